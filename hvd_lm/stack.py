@@ -1,0 +1,124 @@
+"""Checks of the installed Horovod stack: `horovodrun --check-build`, parsed.
+
+`horovodrun --check-build` prints, per section (Available Frameworks / Controllers / Tensor
+Operations), one line per component, ``[X] Name`` when built in and ``[ ] Name`` when not
+(Horovod docs, "Install": "Check build"). :func:`parse_check_build` turns that text into data and
+:func:`missing_components` names what a training host needs but lacks.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_LINE = re.compile(r"^\s*\[(?P<mark>[ Xx])\]\s+(?P<name>\S.*?)\s*$")
+_VERSION = re.compile(r"Horovod v(?P<version>\S+?):?\s*$")
+
+
+@dataclass
+class BuildInfo:
+    """What one Horovod build supports.
+
+    Attributes:
+        version: Horovod version string, e.g. ``"0.28.1"``.
+        frameworks / controllers / tensor_operations: section -> {component name: built in?}.
+    """
+
+    version: str = ""
+    frameworks: dict[str, bool] = field(default_factory=dict)
+    controllers: dict[str, bool] = field(default_factory=dict)
+    tensor_operations: dict[str, bool] = field(default_factory=dict)
+
+
+def parse_check_build(text: str) -> BuildInfo:
+    """Parse the text printed by ``horovodrun --check-build``.
+
+    Raises:
+        ValueError: when the text holds no ``Horovod vX.Y.Z`` header or no ``[X]``/``[ ]`` lines,
+            i.e. it is not check-build output.
+    """
+    info = BuildInfo()
+    section: dict[str, bool] | None = None
+    seen = 0
+    for line in text.splitlines():
+        m = _VERSION.search(line)
+        if m:
+            info.version = m.group("version")
+            continue
+        low = line.strip().lower()
+        if low.startswith("available frameworks"):
+            section = info.frameworks
+        elif low.startswith("available controllers"):
+            section = info.controllers
+        elif low.startswith("available tensor operations"):
+            section = info.tensor_operations
+        else:
+            m = _LINE.match(line)
+            if m and section is not None:
+                section[m.group("name")] = m.group("mark") in "Xx"
+                seen += 1
+    if not info.version or not seen:
+        raise ValueError(f"not `horovodrun --check-build` output:\n{text[:500]}")
+    return info
+
+
+def missing_components(info: BuildInfo, need_nccl: bool = False) -> list[str]:
+    """Names of the components hvd_lm needs that ``info`` lacks (empty list when all are there).
+
+    Needed: the PyTorch framework, the MPI and Gloo controllers, and with ``need_nccl`` (CUDA
+    hosts) the NCCL tensor operations.
+    """
+    missing = []
+    if not info.frameworks.get("PyTorch"):
+        missing.append("PyTorch framework")
+    for ctl in ("MPI", "Gloo"):
+        if not info.controllers.get(ctl):
+            missing.append(f"{ctl} controller")
+    if need_nccl and not info.tensor_operations.get("NCCL"):
+        missing.append("NCCL tensor operations")
+    return missing
+
+
+def horovodrun_path() -> str:
+    """Path of ``horovodrun`` beside the running interpreter (the venv's), else on PATH.
+
+    Raises:
+        FileNotFoundError: when neither exists (Horovod is not installed).
+    """
+    here = Path(sys.executable).parent / "horovodrun"
+    if here.exists():
+        return str(here)
+    found = shutil.which("horovodrun")
+    if not found:
+        raise FileNotFoundError("horovodrun not found: run `make setup` (scripts/setup.sh)")
+    return found
+
+
+def check_build(need_nccl: bool | None = None) -> BuildInfo:
+    """Run ``horovodrun --check-build`` and verify it; return the parsed info.
+
+    Args:
+        need_nccl: require NCCL; ``None`` means "when torch sees a CUDA build".
+
+    Raises:
+        RuntimeError: naming every missing component, or when the command fails.
+    """
+    proc = subprocess.run([horovodrun_path(), "--check-build"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"horovodrun --check-build failed ({proc.returncode}):\n{proc.stderr}")
+    info = parse_check_build(proc.stdout)
+    if need_nccl is None:
+        import torch
+
+        need_nccl = bool(torch.version.cuda)
+    missing = missing_components(info, need_nccl=need_nccl)
+    if missing:
+        raise RuntimeError(
+            f"Horovod {info.version} lacks: {', '.join(missing)}. Rebuild with "
+            "HVD_LM_REBUILD=1 scripts/setup.sh (see scripts/build_horovod.sh)."
+        )
+    return info

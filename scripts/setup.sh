@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# One setup path for `make test` and `make demo`: idempotent, and fast when nothing changed.
+#
+#   1. MPI: the MPI whose `mpicc` is on PATH (clusters: `module load openmpi` first); where none is
+#      installed and this is Debian/Ubuntu as root, OpenMPI from apt-get; otherwise stop and say what
+#      to install.
+#   2. A virtual environment in .venv with torch (TORCH_SPEC, default the CPU wheel torch==2.13.0; a
+#      torch already in .venv is kept, so CUDA clusters install their own build first, see README).
+#   3. This package (editable) and its Python dependencies, mpi4py built against that MPI.
+#   4. Horovod 0.28.1 built by scripts/build_horovod.sh (cached wheel, keyed by versions).
+#   5. `hvd-lm check-build`: PyTorch, MPI and Gloo (and NCCL on CUDA hosts) must be built in.
+#
+# Environment: PYTHON (interpreter for the venv, default python3), VENV (default .venv),
+# TORCH_SPEC (default torch==2.13.0), HVD_LM_CACHE (wheel cache, default
+# ${XDG_CACHE_HOME:-$HOME/.cache}/hvd_lm/wheels).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+say() { printf '[setup] %s\n' "$*"; }
+
+# ---- 1. MPI -------------------------------------------------------------------------------------
+need_debs=()
+command -v mpicc >/dev/null 2>&1 || need_debs+=(libopenmpi-dev openmpi-bin)
+# hdf5-tools (h5ls/h5dump) are the independent readers the shard tests use.
+command -v h5dump >/dev/null 2>&1 || need_debs+=(hdf5-tools)
+if ((${#need_debs[@]})); then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        say "installing ${need_debs[*]} with apt-get"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_debs[@]}" >/dev/null
+    elif ! command -v mpicc >/dev/null 2>&1; then
+        cat >&2 <<'MSG'
+[setup] ERROR: no MPI compiler wrapper `mpicc` on PATH.
+  Install an MPI with its development files, then run this again:
+    Debian/Ubuntu:   sudo apt-get install libopenmpi-dev openmpi-bin
+    RHEL/Rocky:      sudo dnf install openmpi-devel && module load mpi/openmpi-x86_64
+    HPC cluster:     module load openmpi   (or your site's MPI module)
+MSG
+        exit 1
+    else
+        say "warning: h5dump not found (apt-get install hdf5-tools); its tests will be skipped"
+    fi
+fi
+say "MPI: $(mpirun --version 2>&1 | head -n 1)"
+
+# ---- 2. virtual environment ---------------------------------------------------------------------
+if [ ! -x "$VENV/bin/python" ]; then
+    say "creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip --disable-pip-version-check -q)
+if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
+    say "installing $TORCH_SPEC"
+    "${PIP[@]}" install "$TORCH_SPEC"
+fi
+
+# ---- 3. project + dependencies ------------------------------------------------------------------
+# The stamp is the hash of pyproject.toml: reinstall only when the dependencies changed.
+stamp="$VENV/.hvd_lm-deps"
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "installing hvd_lm and its dependencies (mpi4py built against $(command -v mpicc))"
+    "${PIP[@]}" install setuptools wheel
+    # mpi4py from source so that it links the MPI on PATH, the one Horovod is built against.
+    "${PIP[@]}" install --no-binary mpi4py -e '.[test]'
+    echo "$want" >"$stamp"
+fi
+
+# ---- 4. Horovod ---------------------------------------------------------------------------------
+bash scripts/build_horovod.sh "$PY"
+
+# ---- 5. verify ----------------------------------------------------------------------------------
+"$VENV/bin/hvd-lm" check-build
+say "ready: source $VENV/bin/activate"

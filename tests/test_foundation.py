@@ -1,0 +1,105 @@
+"""Foundation: the Horovod stack is built right, and DistributedOptimizer matches one process."""
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from hvd_lm.stack import check_build, horovodrun_path, missing_components, parse_check_build
+from tests._mp import REPO, horovodrun_cmd, mpirun_cmd, run
+from tests.scripts.problem import make_problem, train_steps
+
+CANNED = """Horovod v0.28.1:
+
+Available Frameworks:
+    [ ] TensorFlow
+    [X] PyTorch
+    [ ] MXNet
+
+Available Controllers:
+    [X] MPI
+    [ ] Gloo
+
+Available Tensor Operations:
+    [ ] NCCL
+    [ ] DDL
+    [ ] CCL
+    [X] MPI
+    [ ] Gloo
+"""
+
+
+def test_parse_check_build_canned_text():
+    info = parse_check_build(CANNED)
+    assert info.version == "0.28.1"
+    assert info.frameworks == {"TensorFlow": False, "PyTorch": True, "MXNet": False}
+    assert info.controllers == {"MPI": True, "Gloo": False}
+    assert missing_components(info) == ["Gloo controller"]
+    assert missing_components(info, need_nccl=True) == ["Gloo controller", "NCCL tensor operations"]
+    with pytest.raises(ValueError):
+        parse_check_build("usage: horovodrun [-h]")
+
+
+def test_real_check_build_has_pytorch_mpi_gloo():
+    out = subprocess.run([horovodrun_path(), "--check-build"], capture_output=True, text=True,
+                         check=True).stdout
+    info = parse_check_build(out)
+    assert info.version == "0.28.1"
+    assert info.frameworks["PyTorch"] and info.controllers["MPI"] and info.controllers["Gloo"]
+    assert check_build(need_nccl=False).version == "0.28.1"
+
+
+def _reference(steps: int, global_batch: int) -> np.ndarray:
+    model, x, y = make_problem(global_batch)
+    train_steps(model, torch.optim.SGD(model.parameters(), lr=0.1), x, y, steps)
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher,compression,tol", [
+    ("horovodrun-gloo", "fp16", 2e-3),
+    ("horovodrun-gloo", "none", 1e-6),
+    ("mpirun", "fp16", 2e-3),
+])
+def test_distributed_optimizer_matches_single_process(tmp_path, launcher, compression, tol):
+    """2 ranks x batch 8 == 1 process x batch 16 after 5 SGD steps.
+
+    Tolerances: fp32 allreduce of two addends differs from the one-process gradient only by
+    rounding (1e-6); fp16 compression rounds each gradient to 11 significant bits (relative
+    2^-11 ~ 5e-4) before the average, and 5 steps of lr 0.1 keep the drift below 2e-3.
+    """
+    out = tmp_path / "params.npy"
+    argv = ["tests/scripts/dopt_steps.py", out, "--steps", "5", "--per-rank-batch", "8",
+            "--compression", compression]
+    cmd = mpirun_cmd(2, argv) if launcher == "mpirun" else horovodrun_cmd(2, argv, "gloo")
+    proc = run(cmd, timeout=240)
+    assert len(re.findall(r"rank \d/2 done", proc.stdout)) == 2, proc.stdout
+    got, want = np.load(out), _reference(5, 16)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=tol, rtol=0)
+    # The run must have moved the parameters (else the comparison proves nothing).
+    init = torch.cat([p.detach().flatten() for p in make_problem(16)[0].parameters()]).numpy()
+    assert np.abs(got - init).max() > max(10 * tol, 1e-2)
+
+
+def test_environment_yml_matches_pyproject():
+    """environment.yml names every pyproject dependency with the same lower bound."""
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    want = {}
+    for spec in deps["dependencies"] + deps["optional-dependencies"]["test"]:
+        name, ver = re.match(r"([A-Za-z0-9_.-]+)>=(\S+)", spec).groups()
+        want[{"torch": "pytorch"}.get(name.lower(), name.lower())] = ver
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    have = {}
+    for item in env["dependencies"]:
+        if isinstance(item, str):
+            m = re.match(r"([A-Za-z0-9_.-]+)(?:>=(\S+))?", item)
+            have[m.group(1).lower()] = m.group(2)
+    for name, ver in want.items():
+        assert name in have, f"environment.yml lacks {name} (pyproject.toml needs it)"
+        assert have[name] == ver, f"{name}: environment.yml >={have[name]}, pyproject >={ver}"
