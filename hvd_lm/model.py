@@ -1,0 +1,207 @@
+"""The byte-level language model: a multiplicative LSTM (or a plain LSTM for comparison).
+
+mLSTM (Krause et al. 2016, "Multiplicative LSTM for sequence modelling"), as used by Radford et al.
+2017 ("Learning to Generate Reviews and Discovering Sentiment") and NVIDIA/sentiment-discovery's
+``mLSTMCell``. For input embedding x_t [B, E] and state (h, c) [B, H]:
+
+    m_t = (W_mx x_t) * (W_mh h_{t-1})                  intermediate state, [B, H]
+    [i, f, u, o] = W_x x_t + W_h m_t + b               four gates, [B, 4H] (order as in the reference)
+    c_t = sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(u)
+    h_t = sigmoid(o) * tanh(c_t)
+
+Fused gate matmuls: the input terms W_x x_t and W_mx x_t of all T steps are one [T*B, E] x [E, 5H]
+matmul before the recurrence; each step then does two [B, H] x [H, *] matmuls. Optional weight
+normalisation (Salimans & Kingma 2016) of the four recurrent/gate weights, as the reference.
+Logits are a linear map of h_t onto the 256 byte values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from hvd_lm.tokenizer import VOCAB_SIZE
+
+State = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of a :class:`LanguageModel`.
+
+    Attributes:
+        cell: ``"mlstm"`` (the reference's) or ``"lstm"`` (torch.nn.LSTM, for comparison).
+        embed_dim: byte embedding width E (reference: 64).
+        hidden_size: recurrent width H (reference: 4096; 256 to 8192 supported).
+        weight_norm: weight-normalise the recurrent and gate weights (mLSTM only).
+        vocab_size: number of byte values (256).
+    """
+
+    cell: str = "mlstm"
+    embed_dim: int = 64
+    hidden_size: int = 4096
+    weight_norm: bool = False
+    vocab_size: int = VOCAB_SIZE
+
+    def __post_init__(self) -> None:
+        if self.cell not in ("mlstm", "lstm"):
+            raise ValueError(f"model.cell must be 'mlstm' or 'lstm', got {self.cell!r}")
+        if not 1 <= self.hidden_size <= 16384:
+            raise ValueError(f"model.hidden_size must be in 1..16384, got {self.hidden_size}")
+        if self.embed_dim < 1:
+            raise ValueError(f"model.embed_dim must be >= 1, got {self.embed_dim}")
+
+
+class MLSTM(nn.Module):
+    """One mLSTM layer over a whole sequence (see the module docstring for the equations).
+
+    Parameters (names follow sentiment-discovery): ``w_x`` [4H, E] with bias ``b`` [4H],
+    ``w_mx`` [H, E], ``w_mh`` [H, H], ``w_h`` [4H, H].
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, weight_norm: bool = False):
+        super().__init__()
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.w_x = nn.Linear(input_size, 4 * hidden_size, bias=True)
+        self.w_mx = nn.Linear(input_size, hidden_size, bias=False)
+        self.w_mh = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.w_h = nn.Linear(hidden_size, 4 * hidden_size, bias=False)
+        bound = hidden_size ** -0.5
+        for lin in (self.w_x, self.w_mx, self.w_mh, self.w_h):
+            nn.init.uniform_(lin.weight, -bound, bound)
+        nn.init.zeros_(self.w_x.bias)
+        # Forget-gate bias 1 (Jozefowicz et al. 2015): long memory from the first step.
+        with torch.no_grad():
+            self.w_x.bias[hidden_size:2 * hidden_size].fill_(1.0)
+        if weight_norm:
+            from torch.nn.utils.parametrizations import weight_norm as wn
+
+            for name in ("w_x", "w_mx", "w_mh", "w_h"):
+                setattr(self, name, wn(getattr(self, name), dim=0))
+
+    def forward(self, x: torch.Tensor, state: State, mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, State]:
+        """Run the recurrence.
+
+        Args:
+            x: inputs [T, B, E].
+            state: (h, c), each [B, H].
+            mask: optional bool [T, B]; where False the step is padding and the state is carried
+                unchanged (so a padded batch gives the same final state as each text alone).
+
+        Returns:
+            (hs [T, B, H], (h_T, c_T)).
+        """
+        T, B, _ = x.shape
+        H = self.hidden_size
+        # Fused input projections for all steps: [T, B, 4H] and [T, B, H] from one pass each.
+        xg = self.w_x(x)
+        xm = self.w_mx(x)
+        w_mh, w_h = self.w_mh.weight, self.w_h.weight
+        h, c = state
+        outs = []
+        for t in range(T):
+            m = xm[t] * (h @ w_mh.t())
+            gates = xg[t] + m @ w_h.t()
+            i, f, u, o = gates.split(H, dim=1)
+            c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(u)
+            h_new = torch.sigmoid(o) * torch.tanh(c_new)
+            if mask is not None:
+                keep = mask[t].unsqueeze(1)
+                c_new = torch.where(keep, c_new, c)
+                h_new = torch.where(keep, h_new, h)
+            h, c = h_new, c_new
+            outs.append(h)
+        return torch.stack(outs), (h, c)
+
+
+class LanguageModel(nn.Module):
+    """Byte embedding -> recurrent layer -> 256 logits.
+
+    ``forward(tokens [B, T] int64, state) -> (logits [B, T, 256], state)``; state is (h, c), each
+    [B, H], carried across consecutive TBPTT windows by the caller (detached) and reset at stream
+    starts with :meth:`init_state`.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.embed_dim)
+        if config.cell == "mlstm":
+            self.rnn = MLSTM(config.embed_dim, config.hidden_size, config.weight_norm)
+        else:
+            self.rnn = nn.LSTM(config.embed_dim, config.hidden_size)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+
+    def init_state(self, batch_size: int, device: torch.device | str = "cpu",
+                   dtype: torch.dtype = torch.float32) -> State:
+        """Zero state (h, c), each [batch_size, H]."""
+        z = torch.zeros(batch_size, self.config.hidden_size, device=device, dtype=dtype)
+        return z, z.clone()
+
+    def encode(self, tokens: torch.Tensor, state: State | None = None,
+               mask: torch.Tensor | None = None, reset: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, State]:
+        """Hidden states of ``tokens`` [B, T] (int64 byte ids).
+
+        Args:
+            state: (h, c), each [B, H]; None = zeros.
+            mask: optional bool [B, T], False on padding (mLSTM: state held; see :class:`MLSTM`).
+                For the plain LSTM padding must be at the end; it is handled with packed sequences.
+            reset: optional bool [B, T]; True zeroes that row's state before that position (a
+                stream or shard start inside the window). The window is run in segments split at
+                the reset columns, so both cells support it.
+
+        Returns:
+            (hs [B, T, H], (h, c) each [B, H]).
+        """
+        B, T = tokens.shape
+        if state is None:
+            state = self.init_state(B, tokens.device, self.embed.weight.dtype)
+        if reset is not None and bool(reset.any()):
+            cols = torch.nonzero(reset.any(0)).flatten().tolist()
+            edges = sorted(set([0, *cols, T]))
+            outs = []
+            for a, b in zip(edges[:-1], edges[1:]):
+                keep = (~reset[:, a]).unsqueeze(1).to(state[0].dtype)
+                state = (state[0] * keep, state[1] * keep)
+                hs, state = self.encode(tokens[:, a:b], state,
+                                        None if mask is None else mask[:, a:b])
+                outs.append(hs)
+            return torch.cat(outs, 1), state
+        x = self.embed(tokens).transpose(0, 1)  # [T, B, E]
+        if isinstance(self.rnn, MLSTM):
+            hs, state = self.rnn(x, state, None if mask is None else mask.t())
+        elif mask is None:
+            hs, (h, c) = self.rnn(x, (state[0].unsqueeze(0), state[1].unsqueeze(0)))
+            state = (h[0], c[0])
+        else:
+            lengths = mask.sum(1).cpu()
+            packed = nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+            out, (h, c) = self.rnn(packed, (state[0].unsqueeze(0), state[1].unsqueeze(0)))
+            hs, _ = nn.utils.rnn.pad_packed_sequence(out, total_length=T)
+            state = (h[0], c[0])
+        return hs.transpose(0, 1), state
+
+    def forward(self, tokens: torch.Tensor, state: State | None = None,
+                reset: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+        """Logits [B, T, 256] for next-byte prediction, and the final state (see :meth:`encode`)."""
+        hs, state = self.encode(tokens, state, reset=reset)
+        return self.decoder(hs), state
+
+    def flops_per_char(self) -> int:
+        """Model FLOPs per character for one forward + backward pass (3x the forward's multiply-adds
+        x 2), counting the matmuls only (the usual convention, e.g. Kaplan et al. 2020)."""
+        E, H, V = self.config.embed_dim, self.config.hidden_size, self.config.vocab_size
+        if self.config.cell == "mlstm":
+            macs = E * 5 * H + H * H + H * 4 * H + H * V
+        else:
+            macs = E * 4 * H + H * 4 * H + H * V
+        return 3 * 2 * macs
+
+
+def model_config_dict(config: ModelConfig) -> dict:
+    """Plain-dict form of ``config`` (what checkpoints store)."""
+    return asdict(config)

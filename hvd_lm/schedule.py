@@ -1,0 +1,68 @@
+"""Large-batch learning-rate rules and the warmup + linear-decay schedule.
+
+From the reference talk (Puri et al. 2018, "Large Batch Training - LR scaling"): a base LR tuned at a
+reference global batch (Radford et al.: Adam, 5e-4 at batch 128) is scaled to the actual global
+batch B by
+
+    none:    lr = base
+    linear:  lr = base * B / B_ref          (Goyal et al. 2017)
+    sqrt:    lr = base * sqrt(B / B_ref)    (Hoffer et al. 2017)
+
+optionally capped (3e-3 did best across batch sizes in the reference), then warmed up linearly from
+0 and decayed linearly to 0 at the last step ("decay to 0 over 100k steps or 3 epochs, whichever
+comes first").
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+LR_RULES = ("none", "linear", "sqrt")
+
+
+def scaled_lr(base_lr: float, ref_batch: int, global_batch: int, rule: str,
+              cap: float | None = None) -> float:
+    """Peak learning rate for ``global_batch`` sequences per optimizer step.
+
+    Args:
+        base_lr: LR at ``ref_batch`` (e.g. 5e-4 at 128).
+        ref_batch: reference global batch, in sequences.
+        global_batch: actual global batch = world size x per-rank batch x backward passes per step.
+        rule: ``"none"``, ``"linear"`` or ``"sqrt"``.
+        cap: upper bound on the result, or None.
+
+    Raises:
+        ValueError: unknown rule or non-positive batch sizes / LR.
+    """
+    if rule not in LR_RULES:
+        raise ValueError(f"lr rule must be one of {LR_RULES}, got {rule!r}")
+    if ref_batch <= 0 or global_batch <= 0 or base_lr <= 0:
+        raise ValueError(f"need positive base_lr/ref_batch/global_batch, got "
+                         f"{base_lr}/{ref_batch}/{global_batch}")
+    ratio = global_batch / ref_batch
+    lr = base_lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[rule]
+    return min(lr, cap) if cap is not None else lr
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, decay: str = "linear") -> float:
+    """Multiplier of the peak LR for optimizer step ``step`` (0-based, counting applied steps only).
+
+    Linear warmup over ``warmup_steps`` (step 0 gets 1/warmup), then with ``decay="linear"`` a
+    linear fall to 0 at ``total_steps``; ``decay="none"`` holds the peak.
+    """
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if decay == "none":
+        return 1.0
+    span = max(1, total_steps - warmup_steps)
+    return max(0.0, 1.0 - (step - warmup_steps) / span)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int,
+                   decay: str = "linear") -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` applying :func:`lr_factor`. Call its ``step()`` only after an optimizer step
+    that was applied (not one skipped for gradient overflow), so skipped steps do not advance it."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, warmup_steps, total_steps, decay))
