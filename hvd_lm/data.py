@@ -1,0 +1,198 @@
+"""Per-rank TBPTT streams over the HDF5 shards of one manifest split.
+
+Layout of one epoch (Radford et al. 2017 / sentiment-discovery "batchify" generalised to ranks):
+the split's shards, in an order fixed by ``seed`` and the epoch, are one byte stream of N tokens.
+Its N - 1 prediction targets (positions 1..N-1) are cut into S = world_size x batch_size contiguous
+*streams* of near-equal length (the first N mod S are one longer). Rank r owns streams
+r*B .. r*B+B-1, one per batch row. Step k feeds each row the window of its stream
+``[k*T, (k+1)*T)``: inputs are the bytes just before the targets. So, per epoch, every byte but the
+very first is a target exactly once, on exactly one rank, and rows shorter than the longest
+stream are padded with ``IGNORE`` targets in the last window. The hidden state is carried across
+consecutive windows of a row and reset where a row starts a stream or crosses into a new shard
+(``reset`` marks those positions).
+
+The data position (epoch, step) is all a checkpoint needs: windows are a pure function of it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hvd_lm.shards import Manifest, ShardInfo, read_tokens, verify_shard
+
+IGNORE = -100  # target id that torch.nn.functional.cross_entropy(ignore_index=IGNORE) skips
+
+
+@dataclass
+class Batch:
+    """One TBPTT window for the B rows of one rank.
+
+    Attributes:
+        inputs: int64 [B, T] byte ids.
+        targets: int64 [B, T] next-byte ids, ``IGNORE`` on padding.
+        reset: bool [B, T]; True where the state must be zeroed before that position.
+        chars: number of real (non-padding) targets.
+    """
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    reset: torch.Tensor
+    chars: int
+
+
+class ConcatStream:
+    """Random access to the concatenation of shards, with a read-ahead buffer per caller slot.
+
+    Args:
+        shards: the shards, in stream order.
+        buffer_bytes: bytes fetched per HDF5 read (sequential reads amortise file opens).
+    """
+
+    def __init__(self, shards: list[ShardInfo], buffer_bytes: int = 1 << 20):
+        self.shards = shards
+        self.starts = np.concatenate([[0], np.cumsum([s.tokens for s in shards])]).astype(np.int64)
+        self.total = int(self.starts[-1])
+        self.buffer_bytes = buffer_bytes
+        self._buf: dict[int, tuple[int, np.ndarray]] = {}
+
+    def shard_starts(self) -> np.ndarray:
+        """Global offsets where each shard begins, int64 [num_shards]."""
+        return self.starts[:-1]
+
+    def _read(self, start: int, stop: int) -> np.ndarray:
+        out = []
+        i = int(np.searchsorted(self.starts, start, side="right")) - 1
+        while start < stop:
+            s_lo, s_hi = int(self.starts[i]), int(self.starts[i + 1])
+            hi = min(stop, s_hi)
+            out.append(read_tokens(self.shards[i].path, start - s_lo, hi - s_lo))
+            start, i = hi, i + 1
+        return np.concatenate(out) if len(out) != 1 else out[0]
+
+    def read(self, start: int, stop: int, slot: int = 0) -> np.ndarray:
+        """Bytes ``[start, stop)`` of the stream (uint8), via the buffer of ``slot``."""
+        stop = min(stop, self.total)
+        if start >= stop:
+            return np.zeros(0, np.uint8)
+        b0, buf = self._buf.get(slot, (0, np.zeros(0, np.uint8)))
+        if not (b0 <= start and stop <= b0 + len(buf)):
+            b0 = start
+            buf = self._read(start, min(self.total, max(stop, start + self.buffer_bytes)))
+            self._buf[slot] = (b0, buf)
+        return buf[start - b0:stop - b0]
+
+
+def epoch_shard_order(num_shards: int, seed: int, epoch: int) -> list[int]:
+    """Shard order of ``epoch``: a permutation fixed by (seed, epoch); epoch 0 of seed s is the same
+    on every rank and every run."""
+    return np.random.default_rng([seed, epoch]).permutation(num_shards).tolist()
+
+
+def stream_bounds(total: int, num_streams: int) -> np.ndarray:
+    """Target ranges of the streams: int64 [num_streams + 1] boundaries over positions 1..total-1.
+
+    Stream s predicts positions ``[b[s], b[s+1])``; lengths differ by at most 1.
+
+    Raises:
+        ValueError: when there are fewer targets than streams.
+    """
+    targets = total - 1
+    if targets < num_streams:
+        raise ValueError(f"{total} bytes are too few for {num_streams} streams "
+                         "(world size x batch size); use fewer ranks or a smaller batch")
+    base, extra = divmod(targets, num_streams)
+    lengths = np.full(num_streams, base, dtype=np.int64)
+    lengths[:extra] += 1
+    return np.concatenate([[1], 1 + np.cumsum(lengths)]).astype(np.int64)
+
+
+class RankStreams:
+    """The B streams of one rank over one split, for one epoch at a time.
+
+    Args:
+        manifest: the shard directory's manifest.
+        split: manifest split name (``train``, ``val``...).
+        rank, world_size: this rank and the number of ranks.
+        batch_size: rows per rank (B).
+        seq_len: window length T, in bytes.
+        seed: fixes the shard order of each epoch.
+        shuffle_shards: permute the shard order per epoch (False: manifest order, e.g. for eval).
+        max_bytes: use only the first ``max_bytes`` of the (ordered) split, 0 = all.
+        verify: check every shard's sha256 against the manifest first (raises ShardChecksumError).
+
+    Raises:
+        KeyError: the split is not in the manifest. ValueError: too little data.
+    """
+
+    def __init__(self, manifest: Manifest, split: str, rank: int, world_size: int,
+                 batch_size: int, seq_len: int, seed: int = 0, shuffle_shards: bool = True,
+                 max_bytes: int = 0, verify: bool = False):
+        self.shards = manifest.split(split)
+        if verify:
+            for info in self.shards:
+                verify_shard(info)
+        self.rank, self.world_size = rank, world_size
+        self.batch_size, self.seq_len = batch_size, seq_len
+        self.seed, self.shuffle_shards, self.max_bytes = seed, shuffle_shards, max_bytes
+        self.total_bytes = sum(s.tokens for s in self.shards)
+        if max_bytes:
+            self.total_bytes = min(self.total_bytes, max_bytes)
+        self.bounds = stream_bounds(self.total_bytes, world_size * batch_size)
+        rows = slice(rank * batch_size, (rank + 1) * batch_size + 1)
+        self.row_bounds = self.bounds[rows]  # [B + 1]
+        longest = int(np.max(np.diff(self.bounds)))
+        self.steps_per_epoch = math.ceil(longest / seq_len)
+        self._epoch = -1
+        self._stream: ConcatStream | None = None
+
+    @property
+    def chars_per_epoch(self) -> int:
+        """Targets per epoch over all ranks: total bytes - 1."""
+        return self.total_bytes - 1
+
+    def _set_epoch(self, epoch: int) -> None:
+        if epoch != self._epoch:
+            order = (epoch_shard_order(len(self.shards), self.seed, epoch)
+                     if self.shuffle_shards else range(len(self.shards)))
+            self._stream = ConcatStream([self.shards[i] for i in order])
+            self._epoch = epoch
+
+    def window(self, epoch: int, step: int) -> Batch:
+        """The window of step ``step`` (0-based within ``epoch``) for this rank's rows."""
+        self._set_epoch(epoch)
+        stream = self._stream
+        B, T = self.batch_size, self.seq_len
+        inputs = np.zeros((B, T), np.int64)
+        targets = np.full((B, T), IGNORE, np.int64)
+        reset = np.zeros((B, T), bool)
+        shard_starts = stream.shard_starts()
+        chars = 0
+        for b in range(B):
+            lo, hi = int(self.row_bounds[b]), int(self.row_bounds[b + 1])
+            t0 = lo + step * T  # first target position of the window
+            t1 = min(hi, t0 + T)
+            if t0 >= t1:
+                continue
+            seg = stream.read(t0 - 1, t1, slot=b)  # inputs t0-1..t1-2, targets t0..t1-1
+            n = t1 - t0
+            inputs[b, :n] = seg[:-1]
+            targets[b, :n] = seg[1:]
+            chars += n
+            if step == 0:
+                reset[b, 0] = True
+            # A shard start at input position p = t0-1+j: reset before consuming it.
+            for s in shard_starts[(shard_starts >= t0 - 1) & (shard_starts < t1 - 1)]:
+                j = int(s) - (t0 - 1)
+                if 0 <= j < n:
+                    reset[b, j] = True
+        return Batch(torch.from_numpy(inputs), torch.from_numpy(targets),
+                     torch.from_numpy(reset), chars)
+
+    def __iter__(self):
+        """Windows of epoch 0, in order (evaluation)."""
+        for step in range(self.steps_per_epoch):
+            yield self.window(0, step)
