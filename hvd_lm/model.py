@@ -97,14 +97,16 @@ class MLSTM(nn.Module):
         T, B, _ = x.shape
         H = self.hidden_size
         # Fused input projections for all steps: [T, B, 4H] and [T, B, H] from one pass each.
-        xg = self.w_x(x)
-        xm = self.w_mx(x)
-        w_mh, w_h = self.w_mh.weight, self.w_h.weight
+        # unbind, not xg[t]: the backward of T unbind outputs is one stack, while T selects
+        # would each fill and add a whole [T, B, 4H] zero gradient (measured: 45% of step time).
+        xg = self.w_x(x).unbind(0)
+        xm = self.w_mx(x).unbind(0)
+        w_mh, w_h = self.w_mh.weight.t(), self.w_h.weight.t()
         h, c = state
         outs = []
         for t in range(T):
-            m = xm[t] * (h @ w_mh.t())
-            gates = xg[t] + m @ w_h.t()
+            m = xm[t] * (h @ w_mh)
+            gates = xg[t] + m @ w_h
             i, f, u, o = gates.split(H, dim=1)
             c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(u)
             h_new = torch.sigmoid(o) * torch.tanh(c_new)

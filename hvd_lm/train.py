@@ -32,7 +32,7 @@ from hvd_lm import checkpoint as ckpt_io
 from hvd_lm import distributed as dist
 from hvd_lm import precision as prec
 from hvd_lm.config import TrainConfig, save_yaml
-from hvd_lm.data import IGNORE, RankStreams
+from hvd_lm.data import IGNORE, Batch, RankStreams
 from hvd_lm.evaluate import bpc as eval_bpc
 from hvd_lm.model import LanguageModel
 from hvd_lm.schedule import make_scheduler, scaled_lr
@@ -57,6 +57,19 @@ def resolve_device(name: str, local_rank: int) -> torch.device:
         torch.cuda.set_device(dev)
         return dev
     return torch.device(name)
+
+
+def window_nll(model: LanguageModel, batch: Batch, state, device: torch.device, precision: str):
+    """Forward one TBPTT window: (sum of -ln p over its real targets, a 0-d fp32 tensor with
+    grad; the new state). The incoming state is detached (truncated BPTT); the logits are upcast
+    so the softmax and loss are fp32 whatever the autocast precision (as the reference requires)."""
+    state = (state[0].detach(), state[1].detach())
+    x, y = batch.inputs.to(device), batch.targets.to(device)
+    with prec.autocast(device, precision):
+        logits, state = model(x, state, reset=batch.reset.to(device))
+    nats = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
+                           ignore_index=IGNORE, reduction="sum")
+    return nats, state
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
@@ -284,12 +297,7 @@ def train(cfg: TrainConfig) -> dict:
         for _ in range(k):
             epoch, w = divmod(window, windows_per_epoch)
             batch = streams.window(epoch, w)
-            x, y = batch.inputs.to(device), batch.targets.to(device)
-            rnn_state = (rnn_state[0].detach(), rnn_state[1].detach())
-            with prec.autocast(device, cfg.run.precision):
-                logits, rnn_state = model(x, rnn_state, reset=batch.reset.to(device))
-            nats = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                   ignore_index=IGNORE, reduction="sum")
+            nats, rnn_state = window_nll(model, batch, rnn_state, device, cfg.run.precision)
             loss = nats / max(1, batch.chars) / k
             if step + skipped in nan_steps and ctx.is_root:  # counts attempts, not applied steps
                 loss = loss * float("nan")

@@ -25,6 +25,8 @@ def launch_env(**extra: str) -> dict[str, str]:
     env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
     # Containers often forbid the ptrace-based single-copy transport of OpenMPI's vader BTL.
     env.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+    # Ranks share this machine's 2 cores: let idle MPI ranks yield instead of busy-polling.
+    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     env.update(extra)
     return env
 
