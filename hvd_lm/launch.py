@@ -1,0 +1,575 @@
+"""``hvd-lm launch``: render a launch template for a scheduler and size, or write a scaling sweep.
+
+The templates in ``launch/`` (repository root) are plain, runnable shell scripts. Every size/config
+setting sits in a knobs block at the top as ``NAME="${NAME:-default}"  # comment`` (environment
+overrides win) and, for batch schedulers, in ``#SBATCH``/``#PBS`` directive lines. Rendering
+replaces those defaults and directives with concrete values and leaves the rest of the script
+untouched, so a rendered script reads (and runs) exactly like the template.
+
+A world of N ranks is N GPUs, one rank per GPU (Horovod docs, "Running Horovod"); ``--gpus`` is the
+world size and ``--gpus-per-node`` the ranks per node. ``--device cpu`` renders the same layout
+without asking the scheduler for GPUs (CPU clusters, tests).
+
+``--sweep 1,8,16,32,64,128`` writes one job per GPU count for a weak-scaling study as in the
+reference's table (Puri et al. 2018, "Distributed data parallel scaling"): the per-GPU batch is
+fixed, so the global batch is GPUs x per-GPU batch (x backward passes per step) and the peak LR
+follows the configured rule (:func:`hvd_lm.schedule.scaled_lr`, which ``hvd-lm train`` applies the
+same way). ``hvd-lm scaling-report`` (hvd_lm.scaling_report) turns the finished runs into the
+s/iter and speedup table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+#: scheduler name -> template file in the launch directory
+SCHEDULERS = {
+    "horovodrun": "horovodrun_local.sh",
+    "horovodrun-multinode": "horovodrun_multinode.sh",
+    "mpirun": "mpirun.sh",
+    "slurm": "slurm.sbatch",
+    "pbs": "pbs.qsub",
+}
+#: how each rendered job is started (for the sweep's submit script)
+SUBMIT = {"horovodrun": "bash", "horovodrun-multinode": "bash", "mpirun": "bash",
+          "slurm": "sbatch", "pbs": "qsub"}
+
+_KNOB = re.compile(r'^(?P<name>[A-Z][A-Z0-9_]*)="\$\{(?P=name):-(?P<default>.*)\}"'
+                   r'(?P<rest>\s*(?:#.*)?)$', re.M)
+# Characters that cannot sit inside a double-quoted "${NAME:-...}" default as literal text.
+_UNSAFE = re.compile(r'[$`"\\}\n]')
+_WALLTIME = re.compile(r"^(?:(?P<d>\d+)-)?(?P<h>\d+)(?::(?P<m>\d+))?(?::(?P<s>\d+))?$")
+
+
+def template_dir() -> Path:
+    """The launch templates: ``$HVD_LM_LAUNCH_DIR`` or ``launch/`` beside the ``hvd_lm`` package.
+
+    Raises:
+        FileNotFoundError: the directory is missing (e.g. a non-editable install without the
+            repository checkout).
+    """
+    d = Path(os.environ.get("HVD_LM_LAUNCH_DIR") or Path(__file__).resolve().parents[1] / "launch")
+    if not d.is_dir():
+        raise FileNotFoundError(f"launch templates not found at {d}: run from a checkout of the "
+                                "repository or set HVD_LM_LAUNCH_DIR")
+    return d
+
+
+@dataclass(frozen=True)
+class JobSize:
+    """Layout of one job.
+
+    Attributes:
+        gpus: world size = ranks = GPUs (one rank per GPU).
+        nodes: nodes.
+        tasks_per_node: ranks (GPUs) per node.
+    """
+
+    gpus: int
+    nodes: int
+    tasks_per_node: int
+
+
+def job_size(gpus: int, gpus_per_node: int, nodes: int | None = None) -> JobSize:
+    """Nodes for ``gpus`` ranks at ``gpus_per_node`` per node (derived, or checked when given).
+
+    Fewer GPUs than one node holds use one node with ``gpus`` ranks; more must fill whole nodes.
+
+    Raises:
+        ValueError: non-positive counts, GPUs that do not fill whole nodes, or ``nodes`` that
+            disagrees with the derived count.
+    """
+    if gpus < 1 or gpus_per_node < 1:
+        raise ValueError(f"need --gpus >= 1 and --gpus-per-node >= 1, got {gpus} and "
+                         f"{gpus_per_node}")
+    if gpus <= gpus_per_node:
+        size = JobSize(gpus, 1, gpus)
+    elif gpus % gpus_per_node:
+        raise ValueError(f"{gpus} GPUs do not fill {gpus_per_node}-GPU nodes evenly "
+                         f"({gpus / gpus_per_node:.2f} nodes); use a multiple of {gpus_per_node}")
+    else:
+        size = JobSize(gpus, gpus // gpus_per_node, gpus_per_node)
+    if nodes is not None and nodes != size.nodes:
+        raise ValueError(f"--nodes {nodes} does not match {gpus} GPUs at {gpus_per_node} per node "
+                         f"(that is {size.nodes} node{'s' * (size.nodes > 1)} x "
+                         f"{size.tasks_per_node} GPUs)")
+    return size
+
+
+def walltime_hms(text: str) -> str:
+    """``[D-]HH[:MM[:SS]]`` or plain minutes -> ``H:MM:SS`` (accepted by SLURM and PBS).
+
+    Raises:
+        ValueError: not a duration in those forms.
+    """
+    m = _WALLTIME.match(text.strip())
+    if not m:
+        raise ValueError(f"--walltime {text!r}: expected [D-]HH:MM:SS, HH:MM or minutes")
+    d, h, mi, s = (int(m.group(k) or 0) for k in "dhms")
+    if m.group("m") is None and m.group("d") is None:  # plain number = minutes (SLURM's rule)
+        h, mi = 0, h
+    total = ((d * 24 + h) * 60 + mi) * 60 + s
+    if total <= 0:
+        raise ValueError(f"--walltime {text!r} must be positive")
+    return f"{total // 3600}:{total // 60 % 60:02d}:{total % 60:02d}"
+
+
+def _check_value(name: str, value: str) -> str:
+    if _UNSAFE.search(value):
+        raise ValueError(f"{name}={value!r}: the characters $ ` \" \\ }} and newlines cannot be "
+                         "rendered into a template default; edit the script instead")
+    return value
+
+
+def set_knobs(text: str, knobs: dict[str, str]) -> str:
+    """Replace the defaults of ``NAME="${NAME:-default}"`` lines.
+
+    Raises:
+        KeyError: a knob the template does not have (naming the ones it has).
+        ValueError: a value with shell-special characters.
+    """
+    found = {m.group("name") for m in _KNOB.finditer(text)}
+    missing = set(knobs) - found
+    if missing:
+        raise KeyError(f"template has no knob(s) {sorted(missing)} (it has {sorted(found)})")
+
+    def sub(m: re.Match) -> str:
+        name = m.group("name")
+        if name not in knobs:
+            return m.group(0)
+        value = _check_value(name, knobs[name])
+        if value.startswith("-"):  # "${X:- --flag}" reads better than "${X:---flag}"
+            value = " " + value
+        return _keep_comment_column(m.group(0), f'{name}="${{{name}:-{value}}}"', m.group("rest"))
+
+    return _KNOB.sub(sub, text)
+
+
+def _keep_comment_column(old_line: str, new_code: str, rest: str) -> str:
+    """``new_code`` + ``rest`` with a trailing ``# comment`` kept at its old column when it fits."""
+    comment = rest.strip()
+    if not comment:
+        return new_code
+    column = len(old_line) - len(rest) + (len(rest) - len(rest.lstrip()))
+    return new_code + " " * max(1, column - len(new_code)) + comment
+
+
+def knob_defaults(text: str) -> dict[str, str]:
+    """``{NAME: default}`` of a template's knobs block."""
+    return {m.group("name"): m.group("default") for m in _KNOB.finditer(text)}
+
+
+def set_directive(text: str, prefix: str, key: str, value: str, sep: str) -> str:
+    """Set the scheduler directive ``<prefix> <key><sep><value>`` (``#SBATCH --time=1:00:00``,
+    ``#PBS -l walltime=1:00:00``), enabling a disabled ``#<prefix>`` line; a directive the
+    template lacks is added after its last directive line. A trailing ``# comment`` is kept."""
+    value = _check_value(key, value)
+    pat = re.compile(rf"^#?{re.escape(prefix)} {re.escape(key)}{re.escape(sep)}\S*(?P<rest>.*)$",
+                     re.M)
+    line = f"{prefix} {key}{sep}{value}"
+    if pat.search(text):
+        return pat.sub(lambda m: _keep_comment_column(m.group(0), line, m.group("rest")), text,
+                       count=1)
+    lines = text.split("\n")
+    last = max((i for i, x in enumerate(lines) if x.startswith(prefix + " ")), default=0)
+    lines.insert(last + 1, line)
+    return "\n".join(lines)
+
+
+@dataclass
+class RenderSpec:
+    """Everything a rendered script depends on (see ``hvd-lm launch --help`` for each)."""
+
+    scheduler: str
+    size: JobSize
+    device: str = "cuda"
+    partition: str | None = None
+    walltime: str | None = None
+    config: str | None = None
+    out_dir: str | None = None
+    train_args: tuple[str, ...] = ()
+    job_name: str = "hvd-lm"
+    python: str | None = None
+    launcher: str | None = None
+    controller: str | None = None
+    hosts: tuple[str, ...] = ()
+    network_interface: str | None = None
+    cpus_per_task: int | None = None
+    header: tuple[str, ...] = ()
+
+
+def render(spec: RenderSpec, templates: Path | None = None) -> str:
+    """The template of ``spec.scheduler`` with its knobs and directives filled in.
+
+    Raises:
+        ValueError: unknown scheduler, a layout the scheduler cannot express (more than one node
+            for ``horovodrun``; host list of the wrong length), unsafe values.
+    """
+    if spec.scheduler not in SCHEDULERS:
+        raise ValueError(f"--scheduler must be one of {list(SCHEDULERS)}, got {spec.scheduler!r}")
+    templates = templates or template_dir()
+    text = (templates / SCHEDULERS[spec.scheduler]).read_text()
+    size, sched = spec.size, spec.scheduler
+    if spec.hosts and len(spec.hosts) != size.nodes:
+        raise ValueError(f"--hosts lists {len(spec.hosts)} hosts but the job needs {size.nodes} "
+                         f"node(s) ({size.gpus} GPUs at {size.tasks_per_node} per node)")
+    for arg in spec.train_args:
+        if not arg or re.search(r"\s", arg):
+            raise ValueError(f"training flag {arg!r}: values with whitespace cannot go into "
+                             "TRAIN_ARGS; put them in the YAML config (--config)")
+
+    knobs = {"LAUNCH_DIR": str(templates.resolve()),
+             "PYTHON": spec.python or sys.executable,
+             "TRAIN_ARGS": " ".join(spec.train_args)}
+    if spec.config:
+        knobs["CONFIG"] = str(Path(spec.config).resolve())
+    if spec.out_dir:
+        knobs["OUT_DIR"] = spec.out_dir
+    if sched in ("horovodrun", "horovodrun-multinode", "mpirun"):
+        knobs["NP"] = str(size.gpus)
+    if sched == "horovodrun" and size.nodes > 1:
+        raise ValueError(f"--scheduler horovodrun runs on one node, but {size.gpus} GPUs need "
+                         f"{size.nodes} nodes: use horovodrun-multinode, mpirun, slurm or pbs")
+    if sched in ("horovodrun", "horovodrun-multinode") and spec.controller:
+        knobs["CONTROLLER"] = spec.controller
+    if sched == "horovodrun-multinode":
+        if spec.hosts:
+            knobs["HOSTS"] = ",".join(f"{h}:{size.tasks_per_node}" for h in spec.hosts)
+        elif size.nodes == 1:
+            knobs["HOSTS"] = f"localhost:{size.gpus}"
+        else:  # hosts unknown until the machines are: the script asks for a hostfile
+            knobs["HOSTS"], knobs["HOSTFILE"] = "", "hostfile"
+        if spec.network_interface:
+            knobs["NETWORK_INTERFACE"] = spec.network_interface
+    if sched == "mpirun":
+        if spec.hosts:
+            knobs["HOSTS"] = ",".join(f"{h}:{size.tasks_per_node}" for h in spec.hosts)
+        elif size.nodes > 1:
+            knobs["HOSTFILE"] = "hostfile"
+    if sched == "slurm":
+        if spec.launcher:
+            knobs["LAUNCHER"] = spec.launcher
+        d = "#SBATCH"
+        text = set_directive(text, d, "--job-name", spec.job_name, "=")
+        text = set_directive(text, d, "--nodes", str(size.nodes), "=")
+        text = set_directive(text, d, "--ntasks-per-node", str(size.tasks_per_node), "=")
+        if spec.device == "cuda":
+            text = set_directive(text, d, "--gpus-per-node", str(size.tasks_per_node), "=")
+        if spec.cpus_per_task:
+            text = set_directive(text, d, "--cpus-per-task", str(spec.cpus_per_task), "=")
+        if spec.walltime:
+            text = set_directive(text, d, "--time", walltime_hms(spec.walltime), "=")
+        if spec.partition:
+            text = set_directive(text, d, "--partition", spec.partition, "=")
+    if sched == "pbs":
+        tpn = size.tasks_per_node
+        select = f"{size.nodes}:ncpus={tpn * (spec.cpus_per_task or 1)}"
+        if spec.device == "cuda":
+            select += f":ngpus={tpn}"
+        select += f":mpiprocs={tpn}"
+        text = set_directive(text, "#PBS", "-N", spec.job_name, " ")
+        text = set_directive(text, "#PBS", "-l select", select, "=")
+        if spec.walltime:
+            text = set_directive(text, "#PBS", "-l walltime", walltime_hms(spec.walltime), "=")
+        if spec.partition:
+            text = set_directive(text, "#PBS", "-q", spec.partition, " ")
+    text = set_knobs(text, knobs)
+    if spec.header:
+        first, _, rest = text.partition("\n")
+        text = "\n".join([first, *(f"# {h}" for h in spec.header), rest])
+    return text
+
+
+class _Raising(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print and sys.exit(2)
+        raise ValueError(message)
+
+
+def train_config(config: str | None, train_args: list[str]):
+    """The :class:`hvd_lm.config.TrainConfig` that ``hvd-lm train [--config FILE] TRAIN_ARGS``
+    would run (so the sweep's batch and LR are the ones training will use).
+
+    Raises:
+        ValueError: an unknown or malformed training flag, a bad config file, or a flag the launch
+            command owns (``--config``, ``--out-dir``).
+    """
+    from hvd_lm.config import add_arguments, from_args
+
+    for owned, instead in (("--config", "--config before --"), ("--out-dir", "--run-dir")):
+        if any(a == owned or a.startswith(owned + "=") for a in train_args):
+            raise ValueError(f"training flag {owned} is set by hvd-lm launch: use {instead}")
+    parser = _Raising(prog="hvd-lm train", add_help=False)
+    add_arguments(parser)
+    ns = parser.parse_args(train_args)
+    ns.config = config
+    return from_args(ns)
+
+
+@dataclass
+class JobPlan:
+    """One job's size, batch and LR (a row of the sweep table).
+
+    Attributes:
+        gpus / nodes / tasks_per_node: layout (see :class:`JobSize`).
+        global_batch: sequences per optimizer step = GPUs x per-GPU batch x backward passes.
+        lr: peak LR ``hvd-lm train`` derives for that global batch.
+        steps: optimizer steps (``--max-steps``), or None for the config's.
+        out_dir: the run directory, or None for the template's.
+        script: where the rendered script was written ('' until then).
+    """
+
+    gpus: int
+    nodes: int
+    tasks_per_node: int
+    global_batch: int
+    lr: float
+    steps: int | None = None
+    out_dir: str | None = None
+    script: str = ""
+
+    @property
+    def size(self) -> JobSize:
+        return JobSize(self.gpus, self.nodes, self.tasks_per_node)
+
+
+def plan_job(gpus: int, gpus_per_node: int, cfg, nodes: int | None = None,
+             steps: int | None = None, out_dir: str | None = None) -> JobPlan:
+    """Layout (:func:`job_size`), global batch = GPUs x ``cfg.data.batch_size`` x
+    ``cfg.dist.backward_passes_per_step`` and peak LR = ``scaled_lr(cfg.optim.lr,
+    cfg.optim.lr_ref_batch, global batch, cfg.optim.lr_rule, cfg.optim.lr_cap)``, exactly as
+    ``hvd-lm train`` computes it at that world size.
+
+    Raises:
+        ValueError: as :func:`job_size`.
+    """
+    from hvd_lm.schedule import scaled_lr
+
+    size = job_size(gpus, gpus_per_node, nodes)
+    gb = gpus * cfg.data.batch_size * cfg.dist.backward_passes_per_step
+    lr = scaled_lr(cfg.optim.lr, cfg.optim.lr_ref_batch, gb, cfg.optim.lr_rule, cfg.optim.lr_cap)
+    return JobPlan(gpus, size.nodes, size.tasks_per_node, gb, lr, steps, out_dir)
+
+
+def plan_sweep(gpu_counts: list[int], gpus_per_node: int, cfg, steps: int,
+               runs_dir: str) -> list[JobPlan]:
+    """Weak-scaling jobs (per-GPU batch fixed; see :func:`plan_job`), ``steps`` each, run
+    directories ``<runs_dir>/gNNN``, fewest GPUs first.
+
+    Raises:
+        ValueError: empty/duplicate GPU counts, ``steps`` < 1, or a count that does not fill whole
+            nodes.
+    """
+    if not gpu_counts or len(set(gpu_counts)) != len(gpu_counts):
+        raise ValueError(f"--sweep needs distinct GPU counts, got {gpu_counts}")
+    if steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {steps}")
+    return [plan_job(g, gpus_per_node, cfg, steps=steps,
+                     out_dir=f"{runs_dir.rstrip('/')}/g{g:03d}") for g in sorted(gpu_counts)]
+
+
+def sweep_table(jobs: list[JobPlan]) -> str:
+    """The sweep as a text table: GPUs, nodes, global batch, LR, steps, script."""
+    rows = [f"{'GPUs':>5} {'nodes':>5} {'global batch':>12} {'LR':>9} {'steps':>7}  script"]
+    rows += [f"{j.gpus:>5} {j.nodes:>5} {j.global_batch:>12} {j.lr:>9.3g} {j.steps:>7}  {j.script}"
+             for j in jobs]
+    return "\n".join(rows)
+
+
+def _lr_rule_text(cfg) -> str:
+    o = cfg.optim
+    cap = f", cap {o.lr_cap:g}" if o.lr_cap is not None else ""
+    return f"LR rule {o.lr_rule}: {o.lr:g} at global batch {o.lr_ref_batch}{cap}"
+
+
+def _parse_counts(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--sweep expects comma-separated GPU counts, got {text!r}") from None
+    if any(c < 1 for c in counts):
+        raise ValueError(f"--sweep GPU counts must be >= 1, got {text!r}")
+    return counts
+
+
+def _render_job(args: argparse.Namespace, job: JobPlan, train_args: list[str], job_name: str,
+                cfg, templates: Path) -> str:
+    per_gpu = cfg.data.batch_size * cfg.dist.backward_passes_per_step
+    if job.steps is not None:
+        train_args = [*train_args, "--max-steps", str(job.steps)]
+    kind = "Scaling sweep job, rendered" if args.sweep else "Rendered"
+    header = (f"{kind} by `hvd-lm launch --scheduler {args.scheduler}`: its knobs and directives "
+              "are filled in, the rest is the template",
+              f"{job.gpus} GPUs = {job.nodes} node(s) x {job.tasks_per_node}; global batch "
+              f"{job.global_batch} ({per_gpu} per GPU); peak LR {job.lr:.4g} "
+              f"({_lr_rule_text(cfg)})" + (f"; {job.steps} steps" if job.steps else ""))
+    return render(RenderSpec(
+        scheduler=args.scheduler, size=job.size, device=args.device, partition=args.partition,
+        walltime=args.walltime, config=args.config, out_dir=job.out_dir,
+        train_args=tuple(train_args), job_name=job_name, python=args.python,
+        launcher=args.launcher, controller=args.controller,
+        hosts=tuple(h for h in (args.hosts or "").split(",") if h),
+        network_interface=args.network_interface, cpus_per_task=args.cpus_per_task,
+        header=header), templates)
+
+
+def _write_script(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    """``hvd-lm launch``: write (or print) one rendered script, or a sweep directory."""
+    try:
+        return _launch(args)
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) else e
+        print(f"hvd-lm launch: ERROR: {msg}", file=sys.stderr)
+        return 2
+
+
+def _launch(args: argparse.Namespace) -> int:
+    train_args = list(args.train_args)
+    while train_args and train_args[0] == "--":  # argparse may keep the separator
+        train_args.pop(0)
+    templates = Path(args.template_dir) if args.template_dir else template_dir()
+    cfg = train_config(args.config, train_args)
+    submit_with = SUBMIT[args.scheduler]
+
+    if not args.sweep:
+        if args.gpus is None:
+            raise ValueError("--gpus is required (or --sweep)")
+        gpn = args.gpus_per_node or (args.gpus if args.scheduler == "horovodrun" else 8)
+        job = plan_job(args.gpus, gpn, cfg, args.nodes, out_dir=args.run_dir)
+        text = _render_job(args, job, train_args, args.job_name, cfg, templates)
+        if args.out in (None, "-"):
+            sys.stdout.write(text)
+        else:
+            _write_script(Path(args.out), text)
+            print(f"wrote {args.out} ({job.gpus} GPUs = {job.nodes} x {job.tasks_per_node}); "
+                  f"start it with: {submit_with} {args.out}", file=sys.stderr)
+        return 0
+
+    if args.gpus is not None or args.nodes is not None:
+        raise ValueError("--sweep sets the GPU and node counts: drop --gpus/--nodes")
+    steps = args.steps or cfg.optim.max_steps
+    if not steps:
+        raise ValueError("a sweep needs a step count per job: --steps N (or --max-steps after --)")
+    out = Path(args.out or "sweep")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} must be a directory for --sweep")
+    gpn = args.gpus_per_node or 8
+    runs_dir = (args.run_dir or "runs/scaling").rstrip("/")
+    jobs = plan_sweep(_parse_counts(args.sweep), gpn, cfg, steps, runs_dir)
+    template = Path(SCHEDULERS[args.scheduler])
+    for job in jobs:
+        path = out / f"{template.stem}_g{job.gpus:03d}{template.suffix}"
+        _write_script(path, _render_job(args, job, train_args, f"{args.job_name}-g{job.gpus}",
+                                        cfg, templates))
+        job.script = str(path)
+    how = "one after another" if submit_with == "bash" else "into the queue"
+    _write_script(out / "submit_all.sh", (
+        "#!/usr/bin/env bash\n"
+        f"# Start every job of the scaling sweep ({how}). Run it from the directory the runs\n"
+        f"# should go under ({runs_dir}/gNNN is relative to it).\n"
+        'set -euo pipefail\nsweep_dir="$(dirname "${BASH_SOURCE[0]}")"\n'
+        + "".join(f'{submit_with} "$sweep_dir/{Path(j.script).name}"\n' for j in jobs)))
+    (out / "sweep.json").write_text(json.dumps({
+        "scheduler": args.scheduler, "gpus_per_node": gpn,
+        "per_gpu_batch": cfg.data.batch_size * cfg.dist.backward_passes_per_step,
+        "lr": cfg.optim.lr, "lr_ref_batch": cfg.optim.lr_ref_batch, "lr_rule": cfg.optim.lr_rule,
+        "lr_cap": cfg.optim.lr_cap, "jobs": [asdict(j) for j in jobs]}, indent=2) + "\n")
+    print(f"scaling sweep ({args.scheduler}, {gpn} GPUs per node): per-GPU batch "
+          f"{cfg.data.batch_size * cfg.dist.backward_passes_per_step} fixed (weak scaling), "
+          f"{_lr_rule_text(cfg)}")
+    print(sweep_table(jobs))
+    print(f"start all: bash {out / 'submit_all.sh'}; then: hvd-lm scaling-report {runs_dir}/g*")
+    return 0
+
+
+def add_launch_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``hvd-lm launch``."""
+    p.add_argument("--scheduler", required=True, choices=list(SCHEDULERS),
+                   help="which template: " + ", ".join(f"{k} ({v})" for k, v in SCHEDULERS.items()))
+    size = p.add_argument_group("size")
+    size.add_argument("--gpus", type=int, help="world size: ranks = GPUs, one rank per GPU")
+    size.add_argument("--gpus-per-node", type=int,
+                      help="ranks (GPUs) per node (default 8, a DGX-1 as in the reference; "
+                           "horovodrun: all on one node)")
+    size.add_argument("--nodes", type=int, help="nodes (default: derived; checked when given)")
+    size.add_argument("--sweep", metavar="N,N,...",
+                      help="weak-scaling study: one job per GPU count, e.g. 1,8,16,32,64,128; "
+                           "--out is then a directory")
+    size.add_argument("--steps", type=int,
+                      help="--sweep: optimizer steps per job (default: --max-steps after --)")
+    size.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                      help="cuda asks the scheduler for one GPU per rank; cpu renders the same "
+                           "ranks without a GPU request (CPU clusters, tests)")
+    size.add_argument("--cpus-per-task", type=int, help="CPU cores per rank (SLURM, PBS ncpus)")
+    sched = p.add_argument_group("scheduler")
+    sched.add_argument("--partition", "--queue", dest="partition",
+                       help="SLURM partition / PBS queue (default: the cluster's)")
+    sched.add_argument("--walltime", help="time limit, [D-]HH:MM:SS or minutes (SLURM, PBS)")
+    sched.add_argument("--job-name", default="hvd-lm", help="job name (SLURM, PBS)")
+    sched.add_argument("--launcher", choices=["srun", "mpirun"],
+                       help="SLURM: how ranks start inside the allocation (template default srun)")
+    sched.add_argument("--controller", choices=["gloo", "mpi"],
+                       help="horovodrun: Horovod controller (template default gloo)")
+    sched.add_argument("--hosts", help="horovodrun-multinode/mpirun: comma-separated node names, "
+                                       "one per node (default: a hostfile named 'hostfile')")
+    sched.add_argument("--network-interface", help="horovodrun-multinode: NIC, e.g. ib0")
+    run = p.add_argument_group("run")
+    run.add_argument("--config", help="YAML training config (hvd-lm train --config)")
+    run.add_argument("--run-dir", help="training out-dir (default: the template's; sweep: "
+                                       "runs/scaling/gNNN)")
+    run.add_argument("--python", help="Python with hvd_lm + horovod (default: this one, "
+                                      f"{sys.executable})")
+    run.add_argument("--out", help="file to write (default: stdout); --sweep: directory "
+                                   "(default ./sweep)")
+    run.add_argument("--template-dir", help="templates (default: the repository's launch/)")
+    p.add_argument("train_args", nargs="*", metavar="-- TRAIN_FLAGS",
+                   help="hvd-lm train flags after --, e.g. -- --shards data/shards --lr-rule sqrt")
+
+
+def add_subcommands(subparsers) -> None:
+    """Register ``launch`` and ``scaling-report`` on the ``hvd-lm`` sub-command parsers."""
+    from hvd_lm import scaling_report
+
+    p = subparsers.add_parser(
+        "launch", help="render a launch script (horovodrun, mpirun, SLURM, PBS) or a scaling sweep",
+        description="Render a launch template (launch/) for a scheduler and size, or write the "
+                    "jobs of a weak-scaling sweep. Flags after -- are hvd-lm train flags.",
+        epilog="examples:\n"
+               "  hvd-lm launch --scheduler slurm --gpus 128 --gpus-per-node 8 --walltime 4:00:00 "
+               "--out job.sbatch -- --shards data/shards\n"
+               "  hvd-lm launch --scheduler slurm --sweep 1,8,16,32,64,128 --steps 200 --out sweep "
+               "-- --shards data/shards --batch-size 32 --lr-rule sqrt --lr-cap 3e-3",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_launch_arguments(p)
+    p.set_defaults(func=cmd_launch)
+
+    r = subparsers.add_parser("scaling-report", help="s/iter, speedup and efficiency vs GPUs "
+                                                     "from a sweep's metrics.jsonl files",
+                              description="s/iter, speedup (N x t1 / tN under weak scaling) "
+                                          "and efficiency against GPU count, from the runs' "
+                                          "metrics.jsonl files, as a table, PNG and JSON.")
+    scaling_report.add_arguments(r)
+    r.set_defaults(func=scaling_report.cmd_scaling_report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hvd_lm.launch ...`` (the same sub-commands without hvd_lm.cli)."""
+    parser = argparse.ArgumentParser(prog="hvd-lm")
+    add_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# hvd_lm on several machines with horovodrun: NP ranks (one per GPU) over HOSTS or HOSTFILE.
+# Run it on one of the machines; horovodrun starts the ranks on all of them over ssh (passwordless
+# ssh between the nodes, the same paths and Python environment on every node).
+#
+#   HOSTS=node1:8,node2:8 NP=16 bash launch/horovodrun_multinode.sh
+#   HOSTFILE=hosts.txt NP=16 NETWORK_INTERFACE=ib0 bash launch/horovodrun_multinode.sh
+#   hvd-lm launch --scheduler horovodrun-multinode --gpus 16 --hosts node1,node2 --out job.sh -- ...
+#
+# Horovod docs, "Running Horovod": `horovodrun -np 16 -H server1:4,server2:4,... python train.py`
+# or `-hostfile FILE` with lines "server1 slots=4"; `--network-interface` picks the NIC used for
+# Horovod's own traffic; `--gloo`/`--mpi` picks the controller.
+
+# ---- knobs: every one can be overridden from the environment -----------------------------------
+NP="${NP:-2}"                          # total ranks = GPUs (world size)
+HOSTS="${HOSTS:-localhost:2}"          # host:slots list, e.g. node1:8,node2:8 ('' = use HOSTFILE)
+HOSTFILE="${HOSTFILE:-}"               # file with one "hostname slots=N" line per node (used when HOSTS is '')
+CONTROLLER="${CONTROLLER:-gloo}"       # gloo (needs no MPI) or mpi (horovodrun then calls mpirun)
+NETWORK_INTERFACE="${NETWORK_INTERFACE:-}"  # NIC(s) for Horovod traffic, e.g. ib0 or eth0,eth1 ('' = common NICs)
+SSH_PORT="${SSH_PORT:-}"               # ssh port of the other nodes ('' = 22)
+BIND_GPU="${BIND_GPU:-0}"              # 1 = CUDA_VISIBLE_DEVICES=<local rank> per rank; 0 = torch uses cuda:<local rank>
+LAUNCH_DIR="${LAUNCH_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"  # this repository's launch/ directory
+HOROVODRUN="${HOROVODRUN:-horovodrun}" # horovodrun executable (e.g. /path/to/.venv/bin/horovodrun)
+PYTHON="${PYTHON:-python3}"            # interpreter that has hvd_lm and horovod (same path on every node)
+CONFIG="${CONFIG:-}"                   # YAML file for `hvd-lm train --config` ('' = flags only)
+OUT_DIR="${OUT_DIR:-runs/horovodrun-np$NP}"  # run dir on a shared filesystem (rank 0 writes it)
+TRAIN_ARGS="${TRAIN_ARGS:-}"           # more `hvd-lm train` flags, space-separated (e.g. --shards DIR --max-steps N)
+# ---- end of knobs ------------------------------------------------------------------------------
+
+set -euo pipefail
+# shellcheck source=launch/env.sh
+source "$LAUNCH_DIR/env.sh"
+# shellcheck source=launch/lib.sh
+source "$LAUNCH_DIR/lib.sh"
+
+launch=("$HOROVODRUN" -np "$NP")
+if [ -n "$HOSTS" ]; then
+  launch+=(-H "$HOSTS")
+elif [ -n "$HOSTFILE" ] && [ -f "$HOSTFILE" ]; then
+  launch+=(-hostfile "$HOSTFILE")
+else
+  echo "set HOSTS (node1:8,node2:8) or HOSTFILE (a file with lines 'node1 slots=8');" \
+    "HOSTFILE='$HOSTFILE' does not exist" >&2
+  exit 2
+fi
+case "$CONTROLLER" in
+  gloo | mpi) launch+=("--$CONTROLLER") ;;
+  *) echo "CONTROLLER must be gloo or mpi, got '$CONTROLLER'" >&2; exit 2 ;;
+esac
+if [ -n "$NETWORK_INTERFACE" ]; then
+  launch+=(--network-interface "$NETWORK_INTERFACE")
+fi
+if [ -n "$SSH_PORT" ]; then
+  launch+=(-p "$SSH_PORT")
+fi
+hvd_lm_train_cmd
+hvd_lm_bind_prefix
+hvd_lm_banner "horovodrun, $NP ranks on ${HOSTS:-$HOSTFILE} ($CONTROLLER controller)" \
+  "${launch[@]}" "${HVD_LM_BIND[@]}" "${HVD_LM_CMD[@]}"
+exec "${launch[@]}" "${HVD_LM_BIND[@]}" "${HVD_LM_CMD[@]}"

@@ -1,0 +1,106 @@
+# shellcheck shell=bash disable=SC2034  # the HVD_LM_* globals set here are read by the templates
+# Helpers shared by the hvd_lm launch templates (sourced after env.sh). No knobs live here: every
+# setting is in the knobs block at the top of each template or in env.sh.
+#
+# Functions fill UPPER_CASE global arrays (bash functions cannot return arrays):
+#   hvd_lm_train_cmd          -> HVD_LM_CMD      the `python -m hvd_lm train ...` command
+#   hvd_lm_bind_prefix        -> HVD_LM_BIND     optional per-rank GPU binding wrapper
+#   hvd_lm_mpirun_env_flags   -> HVD_LM_MPI_X    `-x NAME` for the variables ranks need
+#   hvd_lm_run_preemptible    runs a launcher, turning scheduler signals into a checkpoint
+
+# Build HVD_LM_CMD from the knobs PYTHON, CONFIG, OUT_DIR and TRAIN_ARGS:
+#   $PYTHON -m hvd_lm train [--config $CONFIG] --out-dir $OUT_DIR [--resume auto] $TRAIN_ARGS
+# `--resume auto` is added only when $OUT_DIR already holds a checkpoint, so a requeued or
+# resubmitted job continues from it and a fresh job starts at step 0. TRAIN_ARGS is split on
+# whitespace (values with spaces belong in the YAML config).
+hvd_lm_train_cmd() {
+  local extra=()
+  read -r -a extra <<< "${TRAIN_ARGS:-}"
+  HVD_LM_CMD=("${PYTHON:-python3}" -m hvd_lm train)
+  if [ -n "${CONFIG:-}" ]; then
+    HVD_LM_CMD+=(--config "$CONFIG")
+  fi
+  HVD_LM_CMD+=(--out-dir "$OUT_DIR")
+  if [ -f "$OUT_DIR/checkpoints/latest" ]; then
+    HVD_LM_CMD+=(--resume auto)
+  fi
+  HVD_LM_CMD+=("${extra[@]}")
+}
+
+# HVD_LM_BIND = (bash $LAUNCH_DIR/bind_gpu.sh) when BIND_GPU=1, else empty: with it each rank sees
+# only the GPU of its local rank (CUDA_VISIBLE_DEVICES); without it every rank sees all GPUs of
+# its node and `hvd-lm train --device auto` picks cuda:<local rank>. Both give one GPU per rank.
+hvd_lm_bind_prefix() {
+  HVD_LM_BIND=()
+  if [ "${BIND_GPU:-0}" = 1 ]; then
+    HVD_LM_BIND=(bash "$LAUNCH_DIR/bind_gpu.sh")
+  fi
+}
+
+# HVD_LM_MPI_X = (-x NAME ...) for OpenMPI's mpirun: PATH, LD_LIBRARY_PATH, PYTHONPATH,
+# VIRTUAL_ENV and every exported NCCL_*, HOROVOD_*, OMP_* variable (Horovod docs, "Running
+# Horovod": `mpirun ... -x NCCL_DEBUG=INFO -x LD_LIBRARY_PATH -x PATH`). OMPI_MCA_* variables are
+# forwarded by OpenMPI itself.
+hvd_lm_mpirun_env_flags() {
+  HVD_LM_MPI_X=()
+  local name
+  while IFS= read -r name; do
+    case "$name" in
+      PATH | LD_LIBRARY_PATH | PYTHONPATH | VIRTUAL_ENV | NCCL_* | HOROVOD_* | OMP_*)
+        HVD_LM_MPI_X+=(-x "$name") ;;
+    esac
+  done < <(compgen -e)
+}
+
+# Print what is about to run (to the job log): time, host, description, command line.
+hvd_lm_banner() {
+  echo "$(date '+%F %T') $(hostname): $1"
+  shift
+  printf 'command:'
+  printf ' %q' "$@"
+  printf '\n'
+}
+
+# hvd_lm_run_preemptible CMD...: run CMD (the launcher: srun/mpirun + training) in the background
+# and wait for it. On SIGUSR1 (SLURM `--signal=B:USR1@120`, `scancel --signal=USR1 --batch`) or
+# SIGTERM (PBS preemption, SLURM cancel) send SIGUSR1 to CMD: srun and OpenMPI's mpirun forward
+# SIGUSR1 to every rank, and `hvd-lm train` then writes a checkpoint on all ranks at the same step
+# and exits 0 (summary stop=signal). (OpenMPI's mpirun forwards SIGTERM but then kills the ranks at
+# once, before they can checkpoint, hence the translation.) Returns CMD's exit status;
+# HVD_LM_SIGNALLED=1 when a signal was forwarded.
+hvd_lm_run_preemptible() {
+  HVD_LM_SIGNALLED=0
+  HVD_LM_INTERRUPTED=0
+  "$@" &
+  HVD_LM_PID=$!
+  trap '_hvd_lm_forward USR1' USR1
+  trap '_hvd_lm_forward TERM' TERM
+  local rc
+  while :; do
+    rc=0
+    wait "$HVD_LM_PID" || rc=$?
+    # A trapped signal interrupts `wait` (status > 128) while CMD still runs: wait again.
+    if [ "$rc" -gt 128 ] && [ "$HVD_LM_INTERRUPTED" = 1 ]; then
+      HVD_LM_INTERRUPTED=0
+      continue
+    fi
+    break
+  done
+  trap - USR1 TERM
+  return "$rc"
+}
+
+_hvd_lm_forward() {
+  HVD_LM_INTERRUPTED=1
+  HVD_LM_SIGNALLED=1
+  echo "$(date '+%F %T') launch: got SIG$1; sending SIGUSR1 to the training (pid $HVD_LM_PID):" \
+    "checkpoint on all ranks, then stop" >&2
+  kill -USR1 "$HVD_LM_PID" 2>/dev/null || true
+}
+
+# True when the last training run in $OUT_DIR stopped for a signal after checkpointing
+# (summary.json: "stop": "signal"), i.e. requeueing it makes sense.
+hvd_lm_stopped_by_signal() {
+  "${PYTHON:-python3}" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["stop"] != "signal")' \
+    "$OUT_DIR/summary.json" 2>/dev/null
+}

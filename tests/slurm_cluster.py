@@ -1,0 +1,294 @@
+"""A private one-node SLURM cluster on localhost for tests (Debian's SLURM 22.05 + MUNGE).
+
+:func:`running_cluster` starts ``munged``, ``slurmctld`` and ``slurmd`` in the foreground as child
+processes of the test run, with everything in one directory: a fresh MUNGE key and socket,
+``slurm.conf`` (one node ``localhost`` with 2+ CPUs, ``proctrack/linuxproc``, ``task/none``,
+``select/cons_tres``, no accounting), state, spool, logs and pid files, on free TCP ports. Client
+commands reach it through ``SLURM_CONF`` only, so a system SLURM or MUNGE is never touched.
+Teardown cancels the cluster's jobs and stops exactly the three processes it started (tracked by
+PID; they also get SIGTERM if the test process dies, via ``PR_SET_PDEATHSIG``).
+
+Missing packages are installed with ``apt-get`` when running as root on Debian/Ubuntu
+(:func:`ensure_tools`); otherwise :class:`Unavailable` is raised for the caller to skip. Every wait
+is bounded and every failure message carries the daemon logs.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator
+
+#: binary -> Debian package that provides it
+SLURM_TOOLS = {"munged": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd",
+               "sbatch": "slurm-client", "scontrol": "slurm-client", "squeue": "slurm-client",
+               "scancel": "slurm-client", "sinfo": "slurm-client", "srun": "slurm-client"}
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                   "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+NODE = "localhost"
+
+
+class Unavailable(RuntimeError):
+    """The cluster cannot run here (tools missing and not installable); callers skip."""
+
+
+def find_tool(name: str) -> str | None:
+    """Path of ``name`` on PATH or in /usr/sbin, /sbin (daemons live there, often off PATH)."""
+    return shutil.which(name) or next(
+        (str(p) for p in (Path("/usr/sbin") / name, Path("/sbin") / name) if p.is_file()), None)
+
+
+def ensure_tools(tools: dict[str, str], timeout: float = 900) -> dict[str, str]:
+    """Paths of ``tools`` (binary -> Debian package), installing missing packages with apt-get.
+
+    Raises:
+        Unavailable: a tool is missing and cannot be installed (not root, no apt-get, apt failed),
+            with the reason and apt's output.
+    """
+    missing = {pkg for tool, pkg in tools.items() if not find_tool(tool)}
+    if missing:
+        if os.geteuid() != 0 or not shutil.which("apt-get"):
+            raise Unavailable(f"missing {sorted(missing)} and cannot install them (needs root and "
+                              f"apt-get): apt-get install {' '.join(sorted(missing))}")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        lock = ["-o", "DPkg::Lock::Timeout=120"]
+        for cmd in (["apt-get", *lock, "update", "-qq"],
+                    ["apt-get", *lock, "install", "-y", "-qq", "--no-install-recommends",
+                     *sorted(missing)]):
+            try:
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                      timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise Unavailable(f"{' '.join(cmd)} did not finish in {timeout:.0f} s") from None
+            if proc.returncode != 0:
+                raise Unavailable(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
+                                  f"{(proc.stdout + proc.stderr)[-3000:]}")
+    paths = {tool: find_tool(tool) for tool in tools}
+    still = [t for t, p in paths.items() if not p]
+    if still:
+        raise Unavailable(f"{still} still missing after installing {sorted(missing)}")
+    return paths
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: SIGTERM this child when the test process exits (Linux PR_SET_PDEATHSIG=1)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
+class SlurmCluster:
+    """One-node SLURM cluster rooted at ``root`` (see the module docstring).
+
+    Attributes:
+        root: directory with slurm.conf, munge key and socket, state, spool and logs.
+        env: environment for client commands (SLURM_CONF set, outer SLURM_* job variables dropped).
+        cpus: CPUs the node offers (at least 2, so a 2-task job fits).
+    """
+
+    def __init__(self, root: Path, tools: dict[str, str], cpus: int | None = None):
+        self.root = Path(root)
+        self.tools = tools
+        self.cpus = max(2, cpus or os.cpu_count() or 2)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.conf = self.root / "slurm.conf"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        self.env["SLURM_CONF"] = str(self.conf)
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def write_config(self) -> None:
+        """MUNGE key (created if missing, mode 0400) and slurm.conf on two free ports."""
+        r = self.root
+        for d in ("state", "spool", "log", "run"):
+            (r / d).mkdir(parents=True, exist_ok=True)
+        key = r / "munge.key"
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+            key.chmod(0o400)
+        user = "root" if os.geteuid() == 0 else os.environ.get("USER", "root")
+        self.conf.write_text("\n".join([
+            "# one-node test cluster written by tests/slurm_cluster.py",
+            "ClusterName=hvdlmtest",
+            f"SlurmctldHost={NODE}(127.0.0.1)",
+            f"SlurmctldPort={_free_port()}",
+            f"SlurmdPort={_free_port()}",
+            f"SlurmUser={user}",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={r / 'run/munge.sock'}",
+            f"StateSaveLocation={r / 'state'}",
+            f"SlurmdSpoolDir={r / 'spool'}",
+            f"SlurmctldPidFile={r / 'run/slurmctld.pid'}",
+            f"SlurmdPidFile={r / 'run/slurmd.pid'}",
+            f"SlurmctldLogFile={r / 'log/slurmctld.log'}",
+            f"SlurmdLogFile={r / 'log/slurmd.log'}",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "MpiDefault=none",
+            "SlurmdParameters=config_overrides",
+            "ReturnToService=2",
+            "JobCompType=jobcomp/none",
+            "AccountingStorageType=accounting_storage/none",
+            "KillWait=5",
+            "MinJobAge=600",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            f"NodeName={NODE} NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN",
+            f"PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
+            "",
+        ]))
+
+    def _spawn(self, name: str, cmd: list[str]) -> None:
+        out = open(self.root / "log" / f"{name}.out", "ab")
+        self.procs[name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=self.env,
+                                            cwd=self.root, preexec_fn=_die_with_parent)
+        out.close()
+
+    def start(self, timeout: float = 60) -> None:
+        """Start munged, slurmctld, slurmd; return once the node is idle.
+
+        Raises:
+            RuntimeError: a daemon exited or the node was not idle within ``timeout`` s (with the
+                daemon logs).
+        """
+        self.write_config()
+        r, t = self.root, self.tools
+        sock = r / "run/munge.sock"
+        self._spawn("munged", [t["munged"], "--foreground", "--force", f"--socket={sock}",
+                               f"--key-file={r / 'munge.key'}",
+                               f"--pid-file={r / 'run/munged.pid'}",
+                               f"--log-file={r / 'log/munged.log'}",
+                               f"--seed-file={r / 'run/munged.seed'}"])
+        self._wait(lambda: sock.exists(), 15, "munged to create its socket")
+        self._spawn("slurmctld", [t["slurmctld"], "-D", "-i", "-f", str(self.conf)])
+        self._spawn("slurmd", [t["slurmd"], "-D", "-N", NODE, "-f", str(self.conf)])
+        self._wait(lambda: self.node_state() == "idle", timeout, f"node {NODE} to become idle")
+
+    def stop(self) -> None:
+        """Cancel this cluster's jobs (bounded wait), then stop the daemons it started."""
+        if self.procs.get("slurmctld") and self.procs["slurmctld"].poll() is None:
+            with contextlib.suppress(Exception):
+                jobs = self.client(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
+                if jobs:
+                    self.client(["scancel", *jobs], check=False)
+                    deadline = time.monotonic() + 20
+                    while (time.monotonic() < deadline and
+                           self.client(["squeue", "-h", "-o", "%i"], check=False).stdout.split()):
+                        time.sleep(0.5)
+        for name in ("slurmd", "slurmctld", "munged"):
+            proc = self.procs.pop(name, None)
+            if proc is None or proc.poll() is not None:
+                continue
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+    def _wait(self, ok, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            dead = {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
+            if dead:
+                raise RuntimeError(f"{dead} exited while waiting for {what}\n{self.logs()}")
+            if ok():
+                return
+            time.sleep(0.25)
+        raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}\n{self.logs()}")
+
+    def logs(self, chars: int = 2500) -> str:
+        """The tails of the daemon logs (for failure messages)."""
+        parts = []
+        for f in sorted((self.root / "log").glob("*")):
+            text = f.read_text(errors="replace")
+            parts.append(f"--- {f.name}\n{text[-chars:]}")
+        return "\n".join(parts)
+
+    # ---- client commands -----------------------------------------------------------------------
+    def client(self, cmd: list[str], check: bool = True, timeout: float = 30,
+               env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        """Run a SLURM client command against this cluster."""
+        exe = self.tools.get(cmd[0]) or cmd[0]
+        run_env = {k: v for k, v in (env or self.env).items() if not k.startswith("SLURM_")}
+        run_env["SLURM_CONF"] = str(self.conf)
+        proc = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=timeout,
+                              env=run_env, cwd=cwd or self.root)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc
+
+    def node_state(self) -> str:
+        """The node's state as sinfo prints it (idle, alloc, mix, down*, ...); '' if unknown."""
+        proc = self.client(["sinfo", "-h", "-n", NODE, "-o", "%T"], check=False)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    def sbatch(self, script: Path, cwd: Path, env: dict, *args: str) -> str:
+        """Submit ``script`` from ``cwd`` with ``env`` (exported to the job); returns the job id."""
+        proc = self.client(["sbatch", "--parsable", *args, str(script)], env=env, cwd=cwd)
+        return proc.stdout.strip().split(";")[0]
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job -o`` as a dict (JobState, ExitCode, Restarts, StdOut, ...)."""
+        out = self.client(["scontrol", "show", "job", "-o", job_id]).stdout
+        return dict(re.findall(r"(\w+)=(\S*)", out))
+
+    def wait_job(self, job_id: str, timeout: float, until=None) -> dict[str, str]:
+        """Poll the job until ``until(info)`` (default: a terminal state); on timeout cancel it
+        and raise AssertionError with its log and the daemon logs."""
+        until = until or (lambda info: info.get("JobState") in TERMINAL_STATES)
+        deadline = time.monotonic() + timeout
+        info: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if until(info):
+                return info
+            time.sleep(0.25)
+        self.client(["scancel", job_id], check=False)
+        log = Path(info.get("StdOut", ""))
+        text = log.read_text(errors="replace")[-4000:] if log.is_file() else "(no job log)"
+        raise AssertionError(f"job {job_id} not done in {timeout:.0f} s: {info}\n--- job log\n"
+                             f"{text}\n{self.logs()}")
+
+    def release_requeued(self, job_id: str, timeout: float = 60) -> None:
+        """Start a requeued job now. SLURM holds a requeued job for about 2 minutes (its BeginTime);
+        a real cluster just waits. Starting it within the same second as the requeue fails with
+        "Job credential revoked", hence the pause before ``scontrol update StartTime=now``."""
+        self.wait_job(job_id, timeout, lambda i: i.get("JobState") == "PENDING"
+                      and int(i.get("Restarts", "0")) >= 1)
+        time.sleep(2)
+        self.client(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+
+
+@contextlib.contextmanager
+def running_cluster(root: Path, start_timeout: float = 60) -> Iterator[SlurmCluster]:
+    """A started :class:`SlurmCluster` under ``root``; stopped (only its own daemons) on exit.
+
+    Raises:
+        Unavailable: SLURM/MUNGE missing and not installable, or not running as root (slurmd
+            must be root to start jobs as the submitting user).
+        RuntimeError: the daemons did not come up (logs included).
+    """
+    if os.geteuid() != 0:
+        raise Unavailable("a local SLURM cluster needs root (slurmd runs job steps as the user)")
+    cluster = SlurmCluster(root, ensure_tools(SLURM_TOOLS))
+    try:
+        cluster.start(start_timeout)
+        yield cluster
+    finally:
+        cluster.stop()

@@ -1,0 +1,321 @@
+"""Launch templates, `hvd-lm launch` rendering and sweeps, and `hvd-lm scaling-report`.
+
+The templates run for real as 2-rank jobs (mpirun.sh, horovodrun_local.sh, pbs.qsub with a
+fabricated $PBS_NODEFILE); every template and rendered script must pass shellcheck; the scaling
+report is checked against the reference talk's table (Puri et al. 2018)."""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvd_lm import launch as L
+from hvd_lm import scaling_report as S
+from hvd_lm.schedule import scaled_lr
+from tests._mp import REPO, launch_env, run
+from tests.shardutil import default_shards
+from tests.slurm_cluster import Unavailable, ensure_tools
+
+LAUNCH = REPO / "launch"
+TEMPLATES = sorted(LAUNCH.glob("*.sh")) + [LAUNCH / "slurm.sbatch", LAUNCH / "pbs.qsub"]
+TINY = ("--hidden-size 32 --embed-dim 8 --seq-len 16 --batch-size 2 --max-steps 6 --log-every 1 "
+        "--threads 1 --lr 1e-2 --eval-chars 2000")
+
+
+def cli(*argv: str) -> int:
+    """Run `hvd-lm <argv>` through the parser that add_subcommands builds."""
+    parser = argparse.ArgumentParser(prog="hvd-lm")
+    add = parser.add_subparsers(dest="command", required=True)
+    L.add_subcommands(add)
+    args = parser.parse_args(list(argv))
+    return args.func(args)
+
+
+@pytest.fixture(scope="module")
+def shellcheck():
+    try:
+        return ensure_tools({"shellcheck": "shellcheck"})["shellcheck"]
+    except Unavailable as e:
+        pytest.skip(f"shellcheck unavailable: {e}")
+
+
+def check_shell(shellcheck: str, *paths: Path) -> None:
+    # From the repository root, so `# shellcheck source=launch/env.sh` is followed (-x).
+    proc = subprocess.run([shellcheck, "-x", *map(str, paths)], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---- templates run as-is -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return default_shards(tmp_path_factory.mktemp("shards"))
+
+
+def assert_two_rank_run(run_dir: Path, output: str) -> None:
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    start = [r for r in recs if r["kind"] == "start"]
+    end = [r for r in recs if r["kind"] == "end"]
+    losses = [r["loss"] for r in recs if r["kind"] == "train"]
+    assert [s["world_size"] for s in start] == [2], output
+    assert len(end) == 1 and end[0]["stop"] == "done" and end[0]["world_size"] == 2, output
+    assert len(losses) == 6 and losses[-1] < losses[0], losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("template,knobs", [
+    ("mpirun.sh", {}),
+    ("horovodrun_local.sh", {"CONTROLLER": "gloo"}),
+    ("horovodrun_multinode.sh", {"HOSTS": "localhost:2", "NETWORK_INTERFACE": "lo"}),
+])
+def test_template_runs_two_ranks(template, knobs, shards, tmp_path):
+    env = launch_env(NP="2", OUT_DIR=str(tmp_path / "run"),
+                     TRAIN_ARGS=f"--shards {shards} {TINY}", **knobs)
+    proc = run(["bash", LAUNCH / template], timeout=240, env=env, cwd=tmp_path)
+    assert_two_rank_run(tmp_path / "run", proc.stdout + proc.stderr)
+
+
+@pytest.mark.slow
+def test_pbs_template_runs_on_fabricated_nodefile(shards, tmp_path):
+    """No PBS server can be installed here: run the job script the way PBS would, with
+    $PBS_NODEFILE listing localhost twice (select=1:mpiprocs=2) and PBS_O_WORKDIR set."""
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("localhost\nlocalhost\n")
+    env = launch_env(PBS_NODEFILE=str(nodefile), PBS_O_WORKDIR=str(tmp_path), PBS_JOBID="42.pbs",
+                     PBS_JOBNAME="hvdlm", LAUNCH_DIR=str(LAUNCH),
+                     TRAIN_ARGS=f"--shards {shards} {TINY}")
+    proc = run(["bash", LAUNCH / "pbs.qsub"], timeout=240, env=env, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert "PBS job 42.pbs: 2 ranks on localhost" in out, out
+    assert_two_rank_run(tmp_path / "runs" / "hvdlm-42.pbs", out)
+
+
+def test_batch_templates_refuse_to_run_outside_their_scheduler(tmp_path):
+    env = launch_env(LAUNCH_DIR=str(LAUNCH))
+    for name, var in (("slurm.sbatch", "SLURM_JOB_ID"), ("pbs.qsub", "PBS_NODEFILE")):
+        env.pop(var, None)
+        proc = run(["bash", LAUNCH / name], timeout=30, env=env, cwd=tmp_path, check=False)
+        assert proc.returncode != 0 and var in proc.stderr, proc.stderr
+        # Submitted from elsewhere (the scheduler runs a copy): say where env.sh was looked for.
+        proc = run(["bash", LAUNCH / name], timeout=30, check=False, cwd=tmp_path,
+                   env={k: v for k, v in env.items() if k != "LAUNCH_DIR"})
+        assert proc.returncode == 2 and f"LAUNCH_DIR={tmp_path}/launch" in proc.stderr
+
+
+def test_bind_gpu_maps_local_rank_to_cuda_visible_devices(tmp_path):
+    wrapper = ["bash", LAUNCH / "bind_gpu.sh", "bash", "-c", "echo $CUDA_VISIBLE_DEVICES"]
+    env = launch_env(OMPI_COMM_WORLD_LOCAL_RANK="1")
+    assert run(wrapper, env=env, timeout=30).stdout.strip() == "1"
+    env = launch_env(SLURM_LOCALID="2", GPU_IDS="0,2,4,6")
+    assert run(wrapper, env=env, timeout=30).stdout.strip() == "4"
+    env = {k: v for k, v in launch_env().items()
+           if k not in ("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                        "HOROVOD_LOCAL_RANK")}
+    proc = run(wrapper, env=env, timeout=30, check=False)
+    assert proc.returncode == 2 and "no local rank" in proc.stderr
+
+
+def test_env_sh_exports_set_knobs_and_unsets_empty_ones():
+    env = {k: v for k, v in launch_env(NCCL_DEBUG="INFO", NCCL_SOCKET_IFNAME="").items()
+           if k not in ("OMP_NUM_THREADS", "HOROVOD_TIMELINE")}
+    proc = run(["bash", "-c", f"source {LAUNCH / 'env.sh'}; env"], env=env, timeout=30)
+    exported = dict(x.split("=", 1) for x in proc.stdout.splitlines() if "=" in x)
+    assert exported["NCCL_DEBUG"] == "INFO" and exported["OMP_NUM_THREADS"] == "1"
+    assert "NCCL_SOCKET_IFNAME" not in exported and "HOROVOD_TIMELINE" not in exported
+
+
+# ---- rendering -------------------------------------------------------------------------------
+def test_128_gpus_at_8_per_node_is_16_nodes(tmp_path):
+    assert L.job_size(128, 8) == L.JobSize(gpus=128, nodes=16, tasks_per_node=8)
+    assert L.job_size(2, 8) == L.JobSize(gpus=2, nodes=1, tasks_per_node=2)
+    assert cli("launch", "--scheduler", "slurm", "--gpus", "128", "--gpus-per-node", "8",
+               "--walltime", "4:00:00", "--partition", "gpu", "--out", str(tmp_path / "j"),
+               "--", "--shards", "data/shards") == 0
+    text = (tmp_path / "j").read_text()
+    for line in ("#SBATCH --nodes=16", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --time=4:00:00", "#SBATCH --partition=gpu"):
+        assert re.search(rf"^{line}\s", text, re.M), line
+    assert '\nTRAIN_ARGS="${TRAIN_ARGS:- --shards data/shards}"' in text
+    pbs = L.render(L.RenderSpec("pbs", L.job_size(128, 8), partition="gpu", cpus_per_task=4))
+    assert "\n#PBS -l select=16:ncpus=32:ngpus=8:mpiprocs=8\n" in pbs and "\n#PBS -q gpu\n" in pbs
+    assert 'NP="${NP:-128}"' in L.render(L.RenderSpec("mpirun", L.job_size(128, 8)))
+
+
+@pytest.mark.parametrize("gpus,gpn,nodes,msg", [
+    (128, 8, 8, "--nodes 8 does not match 128 GPUs at 8 per node (that is 16 nodes x 8"),
+    (12, 8, None, "12 GPUs do not fill 8-GPU nodes evenly"),
+    (0, 8, None, "need --gpus >= 1"),
+])
+def test_bad_sizes_are_errors(gpus, gpn, nodes, msg):
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        L.job_size(gpus, gpn, nodes)
+
+
+def test_launch_errors_are_reported_not_raised(capsys):
+    assert cli("launch", "--scheduler", "horovodrun", "--gpus", "16", "--gpus-per-node", "8") == 2
+    assert "horovodrun runs on one node" in capsys.readouterr().err
+    assert cli("launch", "--scheduler", "slurm", "--gpus", "8", "--", "--no-such-flag") == 2
+    assert "--no-such-flag" in capsys.readouterr().err
+    assert cli("launch", "--scheduler", "slurm", "--gpus", "8", "--", "--out-dir", "x") == 2
+    assert "--run-dir" in capsys.readouterr().err
+    assert cli("launch", "--scheduler", "slurm", "--gpus", "8", "--", "--shards", "a$b") == 2
+    assert "cannot be rendered" in capsys.readouterr().err
+
+
+def test_rendering_changes_only_knobs_directives_and_header():
+    spec = L.RenderSpec("slurm", L.job_size(16, 8), walltime="90", partition="p", config=None,
+                        out_dir="runs/x", train_args=("--shards", "s"), header=("hello",))
+    template = (LAUNCH / "slurm.sbatch").read_text().splitlines()
+    rendered = L.render(spec).splitlines()
+    assert rendered[1] == "# hello" and len(rendered) == len(template) + 1
+    knob_names = set(L.knob_defaults("\n".join(template)))
+    for old, new in zip(template, rendered[:1] + rendered[2:]):
+        if old != new:
+            name = new.split("=", 1)[0]
+            assert name in knob_names or re.match(r"#SBATCH --(nodes|ntasks-per-node|gpus-per-"
+                                                  r"node|time|partition|job-name)=", new), new
+    assert L.knob_defaults("\n".join(rendered))["OUT_DIR"] == "runs/x"
+    assert L.walltime_hms("90") == "1:30:00" and L.walltime_hms("1-02:00:00") == "26:00:00"
+
+
+@pytest.mark.parametrize("rule,cap", [("sqrt", "3e-3"), ("linear", None), ("none", None)])
+def test_sweep_is_weak_scaling_with_scaled_lr(rule, cap, tmp_path, capsys):
+    extra = ["--batch-size", "32", "--lr", "5e-4", "--lr-ref-batch", "128", "--lr-rule", rule]
+    extra += ["--lr-cap", cap] if cap else []
+    assert cli("launch", "--scheduler", "slurm", "--sweep", "1,8,16,32,64,128", "--steps", "200",
+               "--out", str(tmp_path / "sweep"), "--", "--shards", "d", *extra) == 0
+    printed = capsys.readouterr().out
+    sweep = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    got = [(j["gpus"], j["nodes"], j["global_batch"], j["lr"], j["steps"]) for j in sweep["jobs"]]
+    want = [(g, max(1, g // 8), 32 * g, scaled_lr(5e-4, 128, 32 * g, rule,
+                                                 float(cap) if cap else None), 200)
+            for g in (1, 8, 16, 32, 64, 128)]
+    assert got == want
+    table = [line.split() for line in printed.splitlines() if re.match(r"^\s+\d+\s+\d+\s", line)]
+    assert [float(row[3]) for row in table] == [float(f"{w[3]:.3g}") for w in want]
+    g128 = (tmp_path / "sweep" / "slurm_g128.sbatch").read_text()
+    assert "#SBATCH --nodes=16" in g128 and "--max-steps 200" in g128
+    assert 'OUT_DIR="${OUT_DIR:-runs/scaling/g128}"' in g128
+
+
+def test_every_template_and_rendered_script_passes_shellcheck(shellcheck, tmp_path):
+    check_shell(shellcheck, *TEMPLATES)
+    rendered = []
+    for sched in L.SCHEDULERS:
+        gpus = "8" if sched == "horovodrun" else "16"
+        out = tmp_path / f"{sched}.sh"
+        hosts = ["--hosts", "n1,n2"] if sched in ("mpirun", "horovodrun-multinode") else []
+        assert cli("launch", "--scheduler", sched, "--gpus", gpus, "--gpus-per-node", "8",
+                   "--walltime", "2:00:00", "--queue", "q", *hosts, "--out", str(out),
+                   "--", "--shards", "data/shards", "--lr-rule", "sqrt") == 0
+        rendered.append(out)
+    assert cli("launch", "--scheduler", "pbs", "--sweep", "1,8,16", "--steps", "50",
+               "--out", str(tmp_path / "sweep"), "--", "--shards", "d") == 0
+    rendered += sorted(p for p in (tmp_path / "sweep").iterdir() if p.suffix != ".json")
+    check_shell(shellcheck, *rendered)
+
+
+# ---- scaling report ---------------------------------------------------------------------------
+def fake_run(root: Path, gpus: int, s_iter: float, per_gpu: int = 32, warmup: float = 9.0,
+             records: int = 5) -> Path:
+    """A metrics.jsonl as rank 0 of `hvd-lm train` writes it: one slow warm-up record, then
+    ``records`` records at ``s_iter``."""
+    d = root / f"g{gpus:03d}"
+    d.mkdir(parents=True)
+    recs = [{"kind": "start", "step": 0, "world_size": gpus, "global_batch": gpus * per_gpu}]
+    recs += [{"kind": "train", "step": 10 * (i + 1), "loss": 1.0,
+              "step_time": warmup if i == 0 else s_iter,
+              "chars_per_s": gpus * per_gpu * 256 / s_iter} for i in range(records + 1)]
+    recs.append({"kind": "end", "step": 10 * (records + 1), "stop": "done", "world_size": gpus})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return d
+
+
+def talk_runs(root: Path, column: str) -> list[Path]:
+    return [fake_run(root, g, t) for g, (t, _) in S.REFERENCE[column].items()]
+
+
+# Entries of the talk's table that N x t1 / tN (from its own rounded s/iter column) does not
+# reproduce to within 0.1x; see docs/launch.md.
+TALK_MISMATCHES = {("no-ib", 16): 11.89, ("no-ib", 64): 45.88, ("ib", 16): 14.24,
+                   ("ib", 32): 28.48, ("ib", 128): 113.93}
+
+
+@pytest.mark.parametrize("column", list(S.REFERENCE))
+def test_report_reproduces_the_talks_speedup_column(column, tmp_path, capsys):
+    runs = talk_runs(tmp_path, column)
+    png, js = tmp_path / "scaling.png", tmp_path / "scaling.json"
+    assert cli("scaling-report", *map(str, runs), "--reference", column, "--plot", str(png),
+               "--json", str(js)) == 0
+    printed = capsys.readouterr().out
+    rows = json.loads(js.read_text())["rows"]
+    t1 = S.REFERENCE[column][1][0]
+    for row in rows:
+        g, (t, talk_speed) = row["gpus"], S.REFERENCE[column][row["gpus"]]
+        assert row["step_time"] == pytest.approx(t)  # the warm-up record was skipped
+        assert row["speedup"] == pytest.approx(g * t1 / t)
+        assert row["efficiency"] == pytest.approx(t1 / t)
+        if (column, g) in TALK_MISMATCHES:
+            assert row["speedup"] == pytest.approx(TALK_MISMATCHES[(column, g)], abs=0.01)
+            assert abs(row["speedup"] - talk_speed) > 0.5
+        else:
+            assert row["speedup"] == pytest.approx(talk_speed, abs=0.07)
+    assert "baseline: 1 GPU" in printed and "talk speed" in printed
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_ib_128_gpus_is_113_9x_not_109x(tmp_path):
+    rows, _ = S.scaling_rows([S.read_run(p) for p in talk_runs(tmp_path, "ib")])
+    assert f"{rows[-1].speedup:.1f}" == "113.9" and rows[-1].gpus == 128
+
+
+def test_missing_one_gpu_baseline(tmp_path, capsys):
+    runs = [str(fake_run(tmp_path, g, t)) for g, t in ((8, 0.85), (16, 0.91))]
+    assert cli("scaling-report", *runs, "--no-plot") == 2
+    assert "no 1-GPU baseline run among world sizes [8, 16]" in capsys.readouterr().err
+    assert cli("scaling-report", *runs, "--no-plot", "--baseline", "smallest") == 0
+    out = capsys.readouterr().out
+    assert "speedup is relative to 8 GPUs" in out
+    row16 = [line for line in out.splitlines() if line.split()[:1] == ["16"]][0].split()
+    assert float(row16[2].rstrip("x")) == pytest.approx(round(2 * 0.85 / 0.91, 1))
+
+
+def test_report_input_errors(tmp_path, capsys):
+    a, b = fake_run(tmp_path / "a", 1, 0.8), fake_run(tmp_path / "b", 1, 0.9)
+    assert cli("scaling-report", str(a), str(b), "--no-plot") == 2
+    assert "two runs with world size 1" in capsys.readouterr().err
+    assert cli("scaling-report", str(tmp_path / "nope"), "--no-plot") == 2
+    assert "no metrics.jsonl" in capsys.readouterr().err
+    short = fake_run(tmp_path / "c", 1, 0.8, records=0)
+    assert cli("scaling-report", str(short), "--no-plot") == 2
+    assert "no 'train' record" in capsys.readouterr().err
+
+
+def test_resumed_run_skips_warmup_after_each_start(tmp_path):
+    d = fake_run(tmp_path, 2, 0.5)
+    with open(d / "metrics.jsonl", "a") as f:  # a requeued attempt: new start, slow first record
+        start = {"kind": "start", "step": 60, "world_size": 2, "global_batch": 64}
+        f.write(json.dumps(start) + "\n")
+        for st in (7.0, 0.5, 0.5):
+            f.write(json.dumps({"kind": "train", "step": 70, "step_time": st}) + "\n")
+    timing = S.read_run(d)
+    assert timing.step_time == 0.5 and timing.records == 7
+
+
+def test_json_to_stdout(tmp_path, capsys):
+    runs = [str(fake_run(tmp_path, g, t)) for g, t in ((1, 0.81), (8, 0.85))]
+    assert cli("scaling-report", *runs, "--json", "-", "--no-plot") == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert [r["gpus"] for r in payload["rows"]] == [1, 8]
+    assert payload["rows"][1]["speedup"] == pytest.approx(8 * 0.81 / 0.85)
+
+
+def test_module_entry_point_has_both_subcommands():
+    proc = subprocess.run([sys.executable, "-m", "hvd_lm.launch", "--help"], capture_output=True,
+                          text=True, cwd=REPO, env=launch_env(), timeout=60)
+    assert proc.returncode == 0 and "launch" in proc.stdout and "scaling-report" in proc.stdout
