@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The full ``hvd-lm`` parser (sub-commands register themselves here)."""
     from hvd_lm.config import add_arguments
 
-    p = argparse.ArgumentParser(prog="hvd-lm", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="hvd-lm", description="Horovod/MPI data-parallel training of byte-level mLSTM "
+        "language models on review text, and sentiment transfer (see README.md).")
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("check-build", help="verify Horovod has PyTorch, MPI and Gloo built in")
     c.add_argument("--nccl", action="store_true", help="also require NCCL (default: on CUDA hosts)")
@@ -89,11 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--device", default="auto")
     e.set_defaults(func=_cmd_eval)
 
-    try:  # TEMP
-        from data_prep.cli import add_subcommands
-        add_subcommands(sub)
-    except ImportError:  # TEMP
-        pass
+    from data_prep.cli import add_subcommands as add_data_prep
+    from hvd_lm.demo import add_subcommands as add_demo
+    from hvd_lm.launch import add_subcommands as add_launch
+    from hvd_lm.transfer import add_subcommands as add_transfer
+
+    add_data_prep(sub)
+    add_transfer(sub)
+    add_launch(sub)
+    add_demo(sub)
     return p
 
 

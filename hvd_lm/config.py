@@ -86,7 +86,8 @@ class RunConfig:
     keep_checkpoints: int = _f(3, "keep the last K step checkpoints")
     resume: str = _f("", "checkpoint file or run directory to resume from ('auto' = out_dir)")
     nan_check: bool = _f(True, "skip (and count) steps whose loss or gradients are not finite")
-    inject_nan_steps: str = _f("", "testing aid: comma-separated steps whose loss is made NaN")
+    inject_nan_steps: str = _f("", "testing aid: comma-separated step attempts (applied + "
+                                "skipped, 0-based) whose loss rank 0 makes NaN")
     tensorboard: bool = _f(True, "write TensorBoard events when tensorboard is installed")
 
 

@@ -1,0 +1,105 @@
+"""Fetch the demo's public review files, verifying each one's sha256 before it is kept.
+
+Each file is streamed to a temporary file beside its destination while its SHA-256 is computed;
+only a file whose size and digest match ``configs/sources.yaml`` is renamed into place
+(``os.replace``), so a failed or corrupted download never leaves a file that looks complete. A file
+already present with the right digest is not fetched again.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+
+class ChecksumMismatch(ValueError):
+    """A downloaded (or present) file does not have the sha256 its source list names."""
+
+
+@dataclass
+class Source:
+    """One file to fetch: URL path under the base URL, local name, expected sha256 and size."""
+
+    path: str
+    save_as: str
+    sha256: str
+    bytes: int
+
+
+def load_sources(path: str | Path) -> tuple[str, list[Source]]:
+    """(base URL, sources) from a YAML source list. Raises ValueError naming file and field."""
+    data = yaml.safe_load(Path(path).read_text())
+    try:
+        return data["base_url"], [Source(**f) for f in data["files"]]
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{path}: bad source list ({e}); need base_url and files[path, save_as, "
+                         "sha256, bytes]") from None
+
+
+def sha256_file(path: Path, block: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch(url: str, dest: Path, sha256: str, size: int | None = None, timeout: float = 60) -> Path:
+    """Download ``url`` to ``dest`` atomically, keeping it only when its sha256 matches.
+
+    Raises:
+        ChecksumMismatch: wrong size or digest (nothing is left at ``dest``).
+        urllib.error.URLError: the server could not be reached or answered an error.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.part.{os.getpid()}")
+    h = hashlib.sha256()
+    n = 0
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp, open(tmp, "wb") as out:
+            while chunk := resp.read(1 << 20):
+                h.update(chunk)
+                out.write(chunk)
+                n += len(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        if size is not None and n != size:
+            raise ChecksumMismatch(f"{url}: got {n} bytes, expected {size}")
+        if h.hexdigest() != sha256:
+            raise ChecksumMismatch(f"{url}: sha256 {h.hexdigest()} != expected {sha256}")
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
+
+
+def download_all(sources_file: str | Path, out_dir: str | Path, mirror: str | None = None,
+                 log=print) -> list[Path]:
+    """Fetch every file of ``sources_file`` into ``out_dir`` (skipping verified ones present).
+
+    Args:
+        mirror: base URL used instead of the list's ``base_url`` (e.g. a local copy).
+
+    Returns:
+        The local paths, in list order.
+
+    Raises:
+        ChecksumMismatch, urllib.error.URLError: as :func:`fetch`.
+    """
+    base, sources = load_sources(sources_file)
+    base = (mirror or base).rstrip("/")
+    out = []
+    for s in sources:
+        dest = Path(out_dir) / s.save_as
+        if dest.exists() and sha256_file(dest) == s.sha256:
+            log(f"ok (cached)  {dest}")
+        else:
+            fetch(f"{base}/{s.path}", dest, s.sha256, s.bytes)
+            log(f"downloaded   {dest}  ({s.bytes:,} bytes, sha256 verified)")
+        out.append(dest)
+    return out
