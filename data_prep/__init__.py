@@ -1,0 +1,6 @@
+"""data_prep: review text -> byte-level token shards (HDF5) with a manifest.
+
+``python -m data_prep prepare|verify|bench`` (see docs/data_prep.md). Readers in
+:mod:`data_prep.readers`, the pipeline in :mod:`data_prep.pipeline`, the shard format in
+:mod:`hvd_lm.shards`, the tokenizer in :mod:`hvd_lm.tokenizer`.
+"""

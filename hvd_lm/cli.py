@@ -96,7 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     from hvd_lm.launch import add_subcommands as add_launch
     from hvd_lm.transfer import add_subcommands as add_transfer
 
-    add_data_prep(sub)
+    bench = sub.add_parser("bench", help="benchmarks: train, allreduce, fusion, prepare")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    from hvd_lm.bench import add_bench_subcommands as add_bench_train
+
+    add_bench_train(bench_sub)
+    add_data_prep(sub, bench_subparsers=bench_sub, bench_name="prepare")
     add_transfer(sub)
     add_launch(sub)
     add_demo(sub)

@@ -1,0 +1,183 @@
+"""``bench``: throughput of ``prepare`` against the raw read rate of the same input.
+
+The real Amazon text in ``../shared/data/amazon`` is about 19 MB, too small to time, so the
+benchmark builds a synthetic scale-up: every real review (all five sources, read with
+:mod:`data_prep.readers`) becomes a JSON line ``{"reviewText": ..., "source": ...}``, and the
+lines are repeated, each round in a new seeded shuffle, into one gzip'd JSON-lines file of at
+least ``--size-mb`` MB (uncompressed; default 200). It then measures, in one run:
+
+* **raw**: inflating the file and iterating over its lines in one thread with nothing else
+  (``for line in gzip.open(path, "rb")``), the ceiling of any reader of this file;
+* **prepare** with each ``--workers`` count (default 1 and 2), end to end (read, sort, write,
+  manifest), as MB/s of uncompressed input;
+* the ratio (MB/s per worker) / raw;
+* for context, the raw rate per process when that many processes inflate the file at once (how
+  far the machine itself scales).
+
+MB are 10**6 bytes. De-duplication is off by default (``--dedup`` turns it on), so every
+repeated document flows through the sort and into the shards, the heavier case.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from data_prep import readers
+from data_prep.dist import Context, now
+from data_prep.pipeline import PrepareConfig, prepare
+
+#: Where the shared data lives beside the repository.
+DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "amazon"
+_PATTERNS = ("*.json.gz", "*.review.gz", "*.tsv.gz", "*.csv.gz")
+
+
+def real_documents(data_dir: Path) -> list:
+    """``(source file name, text)`` of every review in the shared Amazon files, in file order.
+
+    Raises:
+        FileNotFoundError: no such directory or no review files in it.
+    """
+    files = sorted(p for pat in _PATTERNS for p in Path(data_dir).rglob(pat))
+    if not files:
+        raise FileNotFoundError(f"{data_dir}: no Amazon review files ({', '.join(_PATTERNS)})")
+    docs = []
+    for p in files:
+        spec = readers.resolve_input(p)
+        docs.extend((p.name, text) for _, text in readers.read_documents(spec))
+    return docs
+
+
+def build_corpus(data_dir: Path, workdir: Path, size_mb: float, seed: int) -> tuple:
+    """Write (or reuse) the benchmark corpus ``workdir/bench-{size}mb-seed{seed}.jsonl.gz``.
+
+    Returns:
+        ``(path, info)`` with ``info`` = records, uncompressed bytes, distinct documents,
+        whether it was reused.
+    """
+    path = workdir / f"bench-{size_mb:g}mb-seed{seed}.jsonl.gz"
+    meta_path = path.with_suffix(".meta.json")
+    if path.exists() and meta_path.exists():
+        info = json.loads(meta_path.read_text())
+        return path, dict(info, reused=True)
+    docs = real_documents(data_dir)
+    lines = [(json.dumps({"reviewText": t, "source": s}) + "\n").encode() for s, t in docs]
+    rng = random.Random(seed)
+    target = int(size_mb * 1e6)
+    written = records = 0
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", compresslevel=6,
+                                               fileobj=raw, mtime=0) as gz:
+        while written < target:
+            order = list(range(len(lines)))
+            rng.shuffle(order)
+            for i in order:
+                gz.write(lines[i])
+                written += len(lines[i])
+                records += 1
+                if written >= target:
+                    break
+    os.replace(tmp, path)
+    info = {"records": records, "bytes": written, "distinct_documents": len(set(t for _, t in
+                                                                                docs)),
+            "real_documents": len(docs), "gzip_bytes": path.stat().st_size, "seed": seed}
+    meta_path.write_text(json.dumps(info))
+    return path, dict(info, reused=False)
+
+
+def raw_rate(path: Path) -> tuple:
+    """Inflate ``path`` and iterate over its lines (``for line in gzip.open(path, "rb")``), one
+    thread, nothing else: the ceiling of any reader of this file. Returns (MB/s, bytes,
+    seconds)."""
+    n = 0
+    t = now()
+    with gzip.open(path, "rb") as f:
+        for line in f:
+            n += len(line)
+    dt = now() - t
+    return n / 1e6 / dt, n, dt
+
+
+def _raw_worker(path: str) -> float:
+    return raw_rate(Path(path))[0]
+
+
+def parallel_raw_rate(path: Path, processes: int) -> float:
+    """Mean per-process raw rate (MB/s) when ``processes`` processes each inflate and iterate the
+    whole file at the same time: how far the machine itself scales (shared cores, memory
+    bandwidth), the ceiling per worker at that parallelism."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(processes, mp_context=mp.get_context("fork")) as ex:
+        rates = list(ex.map(_raw_worker, [str(path)] * processes))
+    return sum(rates) / len(rates)
+
+
+def pipeline_rate(path: Path, workers: int, out: Path, dedup: bool,
+                  max_memory_mb: int) -> tuple:
+    """Run ``prepare`` on ``path`` with ``workers`` processes. Returns (MB/s, summary)."""
+    if out.exists():
+        shutil.rmtree(out)
+    cfg = PrepareConfig(inputs=[str(path)], out=str(out), workers=workers, dedup=dedup,
+                        max_memory_mb=max_memory_mb, progress=False,
+                        command=["bench", f"--workers={workers}"])
+    t = now()
+    summary = prepare(cfg, Context(workers, progress=False, use_mpi=False))
+    dt = now() - t
+    shutil.rmtree(out)
+    return summary["counters"]["bytes_in"] / 1e6 / dt, summary
+
+
+def run_bench(data_dir: Path = DEFAULT_DATA, workdir: Optional[Path] = None,
+              size_mb: float = 200, seed: int = 0, workers: tuple = (1, 2), dedup: bool = False,
+              max_memory_mb: int = 1024, echo=print) -> dict:
+    """Build the corpus and measure raw and pipeline rates (see the module docstring).
+
+    Returns:
+        ``{"corpus": info, "raw_mb_s": float, "runs": [{"workers", "mb_s", "per_worker_mb_s",
+        "ratio", "parallel_raw_mb_s", "phase_s"}]}``; ``ratio`` = per-worker MB/s / raw MB/s.
+    """
+    own_dir = workdir is None
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="hvd_lm_bench_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        echo(f"building corpus in {workdir} from {data_dir} ...")
+        path, info = build_corpus(Path(data_dir), workdir, size_mb, seed)
+        echo(f"corpus: {path}: {info['bytes'] / 1e6:.1f} MB uncompressed, "
+             f"{info['gzip_bytes'] / 1e6:.1f} MB gzip, {info['records']:,} JSON lines"
+             + (" (reused)" if info["reused"] else ""))
+        echo(f"  synthetic scale-up: the {info['real_documents']:,} real Amazon reviews of the "
+             f"shared data repeated with a seeded shuffle (seed {seed}); not new text")
+        raw, _, raw_s = raw_rate(path)
+        echo(f"raw read (gzip.open + iterate lines, 1 thread, nothing else): {raw:.1f} MB/s "
+             f"({raw_s:.2f} s)")
+        runs = []
+        for w in workers:
+            par = raw if w == 1 else parallel_raw_rate(path, w)
+            if w > 1:
+                echo(f"raw read in {w} processes at once: {par:.1f} MB/s each "
+                     f"({w * par / raw:.2f}x the 1-process total: the machine's own scaling)")
+            rate, summary = pipeline_rate(path, w, workdir / f"out-w{w}", dedup, max_memory_mb)
+            per = rate / w
+            run = {"workers": w, "mb_s": round(rate, 2), "per_worker_mb_s": round(per, 2),
+                   "ratio": round(per / raw, 3), "parallel_raw_mb_s": round(par, 2),
+                   "phase_s": summary["run"]["phase_s"],
+                   "documents": summary["counters"]["documents"]}
+            runs.append(run)
+            echo(f"prepare --workers {w}: {rate:.1f} MB/s, {per:.1f} MB/s per worker = "
+                 f"{per / raw:.2f} x raw (target >= 0.5); phases (s): "
+                 + ", ".join(f"{k} {v:.2f}" for k, v in run["phase_s"].items()))
+        echo(f"(dedup {'on' if dedup else 'off'}; {os.cpu_count()} CPU cores; MB = 10**6 bytes)")
+        return {"corpus": {k: v for k, v in info.items()}, "corpus_path": str(path),
+                "raw_mb_s": round(raw, 2), "runs": runs, "dedup": dedup,
+                "cpu_count": os.cpu_count()}
+    finally:
+        if own_dir:
+            shutil.rmtree(workdir, ignore_errors=True)

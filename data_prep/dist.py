@@ -1,0 +1,226 @@
+"""Where the pipeline runs: ``--workers`` local processes per rank, and optionally several MPI
+ranks (``mpirun -np K python -m data_prep prepare ...``).
+
+A phase is a list of independent tasks. :meth:`Context.run` gives task ``i`` to rank
+``i % world_size``; each rank runs its share in-process (one worker) or in a
+``concurrent.futures.ProcessPoolExecutor`` (several; a worker that dies, e.g. OOM-killed,
+fails the phase instead of hanging it), then every rank receives every result (``allgather``),
+so all ranks see the same outcome and the same error. mpi4py is imported only when the
+environment says the process was started by an MPI launcher with more than one rank
+(``OMPI_COMM_WORLD_SIZE``, ``PMI_SIZE``, ``PMIX_SIZE`` or ``MPI_LOCALNRANKS``), so a plain run
+needs no MPI library.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import traceback
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable, Optional, Sequence
+
+from tqdm import tqdm
+
+_WORLD_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
+_COUNTER = None  # shared progress counter inside pool workers
+
+
+class PhaseError(RuntimeError):
+    """A task of a phase failed on some rank or worker; the message holds every failure
+    (rank, task, error) and is the same on all ranks."""
+
+
+def launcher_world_size() -> int:
+    """World size announced by an MPI launcher's environment (1 when none)."""
+    for name in _WORLD_ENV:
+        try:
+            if int(os.environ.get(name, "1")) > 1:
+                return int(os.environ[name])
+        except ValueError:
+            continue
+    return 1
+
+
+def _init_worker(counter) -> None:
+    global _COUNTER
+    _COUNTER = counter
+
+
+def _add_progress(n: int) -> None:
+    with _COUNTER.get_lock():
+        _COUNTER.value += n
+
+
+def _call(fn: Callable, task: Any) -> Any:
+    return fn(task, _add_progress if _COUNTER is not None else None)
+
+
+class Context:
+    """Rank, world size and local workers of this process.
+
+    Attributes:
+        rank, size: MPI rank and world size (0 and 1 without MPI).
+        workers: local worker processes per rank (>= 1).
+        comm: the mpi4py communicator, or ``None``.
+        progress: show tqdm bars (rank 0 only).
+    """
+
+    def __init__(self, workers: int = 1, progress: bool = True, use_mpi: Optional[bool] = None):
+        if workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {workers}")
+        self.workers = workers
+        self.comm = None
+        self.rank, self.size = 0, 1
+        if use_mpi or (use_mpi is None and launcher_world_size() > 1):
+            from mpi4py import MPI  # lazy: only under an MPI launcher
+
+            self.comm = MPI.COMM_WORLD
+            self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.progress = progress and self.rank == 0
+
+    @property
+    def is_root(self) -> bool:
+        """True on rank 0 (the rank that plans and writes the manifest)."""
+        return self.rank == 0
+
+    @property
+    def slots(self) -> int:
+        """Processes working in parallel over all ranks (world size x workers)."""
+        return self.size * self.workers
+
+    def barrier(self) -> None:
+        """Wait for all ranks (no-op without MPI)."""
+        if self.comm is not None:
+            self.comm.Barrier()
+
+    def bcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        return obj if self.comm is None else self.comm.bcast(obj, root=0)
+
+    def root_call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on rank 0 and return its result on every rank; an exception there is
+        raised on every rank (as :class:`PhaseError` elsewhere, as itself on rank 0)."""
+        result, error = None, None
+        if self.is_root:
+            try:
+                result = fn()
+            except Exception as e:  # noqa: BLE001 - re-raised below on every rank
+                error = e
+        if self.comm is None:
+            if error is not None:
+                raise error
+            return result
+        status = self.comm.bcast((None, result) if error is None else (str(error), None), root=0)
+        if error is not None:
+            raise error
+        if status[0] is not None:
+            raise PhaseError(status[0])
+        return status[1]
+
+    def run(self, fn: Callable[[Any, Optional[Callable[[int], None]]], Any], tasks: Sequence,
+            desc: str = "", total: Optional[int] = None) -> list:
+        """Run ``fn(task, progress)`` for every task, spread over ranks and workers.
+
+        Args:
+            fn: a module-level function (picklable); ``progress`` is ``None`` or a callable
+                taking an int (units of ``total``, e.g. bytes read).
+            tasks: picklable task descriptions.
+            desc: progress-bar label.
+            total: progress total of this rank's tasks in ``fn``'s units; ``None`` counts tasks.
+        Returns:
+            Results in task order, on every rank.
+        Raises:
+            PhaseError: any task failed anywhere (message lists the failures).
+        """
+        mine = list(range(self.rank, len(tasks), self.size))
+        results: dict[int, Any] = {}
+        errors: list[str] = []
+        by_bytes = total is not None
+
+        def make_bar():
+            if not (self.progress and mine):
+                return None
+            label = desc if self.size == 1 else f"{desc} (rank 0 of {self.size})"
+            return tqdm(total=total if by_bytes else len(mine), desc=label,
+                        unit="B" if by_bytes else "task", unit_scale=by_bytes, leave=False,
+                        dynamic_ncols=True, disable=None)
+
+        if self.workers == 1 or len(mine) <= 1:
+            bar = make_bar()
+            cb = bar.update if (bar is not None and by_bytes) else None
+            try:
+                for i in mine:
+                    try:
+                        results[i] = fn(tasks[i], cb)
+                    except Exception as e:  # noqa: BLE001 - reported on every rank
+                        errors.append(self._describe(e, i))
+                        break
+                    if bar is not None and not by_bytes:
+                        bar.update(1)
+            finally:
+                if bar is not None:
+                    bar.close()
+        else:
+            self._run_pool(fn, tasks, mine, results, errors, make_bar, by_bytes)
+        if self.comm is not None:
+            gathered = self.comm.allgather((results, errors))
+            results, errors = {}, []
+            for r, e in gathered:
+                results.update(r)
+                errors.extend(e)
+        if errors:
+            raise PhaseError("; ".join(dict.fromkeys(errors)))  # each distinct message once
+        return [results[i] for i in range(len(tasks))]
+
+    def _describe(self, e: BaseException, i: int) -> str:
+        where = f"rank {self.rank}: " if self.size > 1 else ""
+        if isinstance(e, BrokenProcessPool):
+            return (f"{where}a worker process died (killed, or out of memory: lower "
+                    "--max-memory-mb or --workers); rerun with --resume to continue")
+        text = str(e) or type(e).__name__
+        if not isinstance(e, (ValueError, OSError, RuntimeError)):
+            text = "".join(traceback.format_exception_only(type(e), e)).strip()
+        return f"{where}{text}"
+
+    def _run_pool(self, fn, tasks, mine, results, errors, make_bar, by_bytes) -> None:
+        method = "forkserver" if self.comm is not None else "fork"
+        if method not in mp.get_all_start_methods():
+            method = "spawn"
+        ctx = mp.get_context(method)
+        counter = ctx.Value("q", 0)
+        shown = 0
+        bar = None
+        with ProcessPoolExecutor(max_workers=min(self.workers, len(mine)), mp_context=ctx,
+                                 initializer=_init_worker, initargs=(counter,)) as ex:
+            futures = {ex.submit(_call, fn, tasks[i]): i for i in mine}
+            # the bar (and tqdm's monitor thread) only after the workers were forked
+            bar = make_bar()
+            pending = set(futures)
+            try:
+                while pending:
+                    done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+                    for fut in done:
+                        i = futures[fut]
+                        try:
+                            results[i] = fut.result()
+                        except Exception as e:  # noqa: BLE001 - includes BrokenProcessPool
+                            errors.append(self._describe(e, i))
+                        if bar is not None and not by_bytes:
+                            bar.update(1)
+                    if bar is not None and by_bytes:
+                        value = counter.value
+                        bar.update(value - shown)
+                        shown = value
+                    if errors:
+                        ex.shutdown(wait=True, cancel_futures=True)
+                        return
+            finally:
+                if bar is not None:
+                    bar.close()
+
+
+def now() -> float:
+    """Monotonic seconds (``time.perf_counter``)."""
+    return time.perf_counter()

@@ -1,0 +1,56 @@
+"""``verify DIR``: re-check a shard directory against its manifest.
+
+For every shard listed in ``manifest.json``: the file exists, ``format_version`` matches, the
+token and document counts match the manifest, the structure is sound (offsets, one EOD per
+document) and the SHA-256 of the tokens matches (:func:`hvd_lm.shards.verify_shard`). Shards are
+checked in parallel over ``--workers`` processes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from data_prep.dist import Context
+from hvd_lm import shards
+
+
+def _check(info: shards.ShardInfo, progress=None) -> Optional[str]:
+    try:
+        shards.verify_shard(info)
+    except (ValueError, OSError) as e:  # checksum, format, missing or unreadable file
+        return str(e)
+    finally:
+        if progress is not None:
+            progress(info.tokens)
+    return None
+
+
+def verify_directory(directory, ctx: Optional[Context] = None) -> tuple[list, list]:
+    """Check every shard of ``directory`` against its manifest.
+
+    Args:
+        directory: a directory written by ``prepare``.
+        ctx: workers/ranks to spread the shards over (default: one process).
+    Returns:
+        ``(shards checked, problems)``: the manifest's :class:`~hvd_lm.shards.ShardInfo` list and
+        one message per mismatch (empty when everything verifies). An unreadable or invalid
+        manifest is one problem and no shards.
+    """
+    ctx = ctx or Context(1, progress=False)
+    try:
+        manifest = shards.load_manifest(Path(directory))
+    except (ValueError, OSError) as e:
+        return [], [str(e)]
+    problems = [p for p in ctx.run(_check, manifest.shards, desc="verify",
+                                   total=sum(s.tokens for s in
+                                             manifest.shards[ctx.rank::ctx.size]))
+                if p is not None]
+    totals = manifest.meta.get("totals", {})
+    listed = {"shards": len(manifest.shards), "tokens": sum(s.tokens for s in manifest.shards),
+              "documents": sum(s.documents for s in manifest.shards)}
+    for key, value in listed.items():
+        if key in totals and totals[key] != value:
+            problems.append(f"{manifest.directory / shards.MANIFEST_NAME}: totals.{key} is "
+                            f"{totals[key]} but the shard entries add up to {value}")
+    return manifest.shards, problems

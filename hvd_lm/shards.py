@@ -1,0 +1,551 @@
+"""The shard format and the manifest: the only module that knows their dataset, attribute and
+field names.
+
+Shard file (HDF5, written with h5py; one file per shard, named ``{split}-{index:05d}.h5``)
+------------------------------------------------------------------------------------------
+datasets
+    ``tokens``       uint8, shape ``(n_tokens,)``: the contiguous token stream of the shard.
+                     Each document is its UTF-8 bytes followed by one ``EOD`` (0) byte
+                     (:mod:`hvd_lm.tokenizer`), so ``n_tokens`` = sum of (document bytes + 1).
+    ``doc_offsets``  int64, shape ``(documents + 1,)``: start of each document in ``tokens``;
+                     ``doc_offsets[0] == 0``, strictly increasing, ``doc_offsets[-1] == n_tokens``;
+                     document ``i`` is ``tokens[doc_offsets[i]:doc_offsets[i+1]]`` (its EOD last).
+    Both are chunked for sequential reads (``tokens`` in chunks of :data:`TOKEN_CHUNK` = 1 MiB,
+    ``doc_offsets`` in chunks of 65,536 entries = 512 KiB) and optionally compressed
+    (``gzip`` level 4 or ``lzf``, each with the shuffle filter off: bytes gain nothing from it).
+attributes (on the file's root group)
+    ``format_version``  int, :data:`FORMAT_VERSION` (1).
+    ``tokenizer``       str, e.g. ``"bytes-utf8-eod0"`` (:data:`hvd_lm.tokenizer.TOKENIZER_NAME`).
+    ``source_files``    list of str: names of the input files the corpus was built from.
+    ``documents``       int, number of documents (= ``len(doc_offsets) - 1``).
+    ``bytes``           int, number of tokens (= ``len(tokens)``; one token is one byte).
+    ``sha256``          str, hex SHA-256 of the raw ``tokens`` bytes (not of the HDF5 file).
+    optional: ``split`` (str), ``shard_index`` (int), ``config_sha256`` (str, fingerprint of the
+    preparation settings, used by ``--resume``).
+
+``format_version``, ``documents``, ``bytes`` and ``sha256`` are computed by :func:`write_shard`;
+the caller supplies ``tokenizer``, ``source_files`` and the optional ones. The files carry no
+timestamps (h5py's default ``track_times=False``), so the same tokens and attributes give a
+byte-identical file.
+
+Manifest (``manifest.json``, one per shard directory, written last and atomically)
+-------------------------------------------------------------------------------------
+A JSON object::
+
+    {"format_version": 1,
+     "tokenizer": "bytes-utf8-eod0", "eod": 0, "vocab_size": 256,
+     "splits": {"train": {"shards": [{"file": "train-00000.h5", "tokens": 123, "documents": 4,
+                                      "sha256": "<64 hex>"}, ...],
+                          "tokens": 123, "documents": 4},
+                "val": {...}, "test": {...}},
+     "totals": {"shards": 3, "tokens": ..., "documents": ...},
+     ... anything else (the writer's provenance: command, seed, normalisation, versions,
+         counters) ...}
+
+Shard ``file`` names are relative to the manifest's directory. :func:`load_manifest` checks the
+fields above and returns a :class:`Manifest`; everything except ``splits`` is in ``meta``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+#: Version of the shard file layout and manifest schema described above.
+FORMAT_VERSION: int = 1
+#: File name of the manifest inside a shard directory.
+MANIFEST_NAME: str = "manifest.json"
+#: Chunk length of the ``tokens`` dataset (1 MiB of uint8).
+TOKEN_CHUNK: int = 1 << 20
+#: Chunk length of the ``doc_offsets`` dataset (65,536 int64 = 512 KiB).
+OFFSET_CHUNK: int = 1 << 16
+#: Compression names accepted by :func:`write_shard` (``None`` and ``"none"`` mean none).
+COMPRESSIONS = ("none", "gzip", "lzf")
+#: Split names, in the order their documents are taken from the shuffled stream.
+SPLITS = ("train", "val", "test")
+
+_TOKENS = "tokens"
+_OFFSETS = "doc_offsets"
+_REQUIRED_ATTRS = ("tokenizer", "source_files")
+_COMPUTED_ATTRS = ("format_version", "documents", "bytes", "sha256")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_READ_CHUNK = 16 * TOKEN_CHUNK  # bytes per read when streaming a shard (16 MiB)
+
+
+class ShardChecksumError(ValueError):
+    """The SHA-256 of a shard's tokens differs from the expected one.
+
+    Attributes: ``path`` (Path), ``expected`` and ``actual`` (hex str).
+    """
+
+    def __init__(self, path: Path, expected: str, actual: str):
+        self.path, self.expected, self.actual = Path(path), expected, actual
+        super().__init__(f"{path}: sha256 of tokens is {actual}, expected {expected}")
+
+    def __reduce__(self):  # picklable across worker processes
+        return (type(self), (self.path, self.expected, self.actual))
+
+
+class ShardFormatError(ValueError):
+    """A shard file is unreadable or does not follow the format (or disagrees with the manifest):
+    the message names the file and the field."""
+
+
+@dataclass
+class ShardInfo:
+    """One shard as listed in a manifest.
+
+    Attributes:
+        path: absolute path of the shard file.
+        split: ``"train"``, ``"val"`` or ``"test"``.
+        tokens: number of tokens (bytes) in the shard's stream.
+        documents: number of documents.
+        sha256: hex SHA-256 of the tokens.
+    """
+
+    path: Path
+    split: str
+    tokens: int
+    documents: int
+    sha256: str
+
+
+@dataclass
+class Manifest:
+    """A loaded ``manifest.json``.
+
+    Attributes:
+        directory: absolute path of the shard directory.
+        shards: every shard, in manifest order (splits in file order, shards in listed order).
+        meta: the manifest's other fields (totals, provenance, counters, ...).
+    """
+
+    directory: Path
+    shards: list[ShardInfo]
+    meta: dict = field(default_factory=dict)
+
+    def split(self, name: str) -> list[ShardInfo]:
+        """The shards of one split, in manifest order.
+
+        Raises:
+            KeyError: the split has no shards (message names the split and the manifest file).
+        """
+        found = [s for s in self.shards if s.split == name]
+        if not found:
+            have = sorted({s.split for s in self.shards})
+            raise KeyError(f"split {name!r} has no shards in {self.directory / MANIFEST_NAME} "
+                           f"(splits present: {', '.join(have) or 'none'})")
+        return found
+
+
+@dataclass
+class Shard:
+    """A shard read into memory by :func:`open_shard`.
+
+    Attributes:
+        path: the shard file.
+        tokens: uint8 array, shape ``(n_tokens,)``.
+        doc_offsets: int64 array, shape ``(documents + 1,)``.
+        attrs: the file's attributes as plain Python values.
+    """
+
+    path: Path
+    tokens: np.ndarray
+    doc_offsets: np.ndarray
+    attrs: dict
+
+    def document(self, i: int) -> np.ndarray:
+        """Tokens of document ``i`` including its trailing EOD (uint8 view)."""
+        return self.tokens[self.doc_offsets[i]:self.doc_offsets[i + 1]]
+
+
+def _plain(value: Any) -> Any:
+    """HDF5 attribute value -> plain Python (str, int, list of str)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_tempfile(path: Path) -> Path:
+    """A fresh temporary file name next to ``path`` (same file system, so ``os.replace`` is
+    atomic); the name starts with ``.`` and ends with ``.tmp``. The file is not created here, so
+    it gets the default permissions when it is."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+def _check_stream(path: Path, tokens: np.ndarray, doc_offsets: np.ndarray) -> None:
+    if tokens.dtype != np.uint8 or tokens.ndim != 1:
+        raise ValueError(f"{path}: tokens must be a 1-D uint8 array, got {tokens.dtype} "
+                         f"shape {tokens.shape}")
+    if doc_offsets.dtype != np.int64 or doc_offsets.ndim != 1 or len(doc_offsets) < 1:
+        raise ValueError(f"{path}: doc_offsets must be a 1-D int64 array of length documents+1, "
+                         f"got {doc_offsets.dtype} shape {doc_offsets.shape}")
+    if doc_offsets[0] != 0 or doc_offsets[-1] != len(tokens):
+        raise ValueError(f"{path}: doc_offsets must start at 0 and end at len(tokens)="
+                         f"{len(tokens)}, got {doc_offsets[0]}..{doc_offsets[-1]}")
+    if len(doc_offsets) > 1 and not np.all(np.diff(doc_offsets) > 0):
+        raise ValueError(f"{path}: doc_offsets must be strictly increasing")
+
+
+def write_shard(path, tokens: np.ndarray, doc_offsets: np.ndarray, attrs: dict,
+                compression=None) -> str:
+    """Write one shard file atomically and return the SHA-256 of its tokens.
+
+    The file is written to a temporary name in the same directory, flushed and fsync'ed, then
+    renamed over ``path`` (``os.replace``), so a reader (or a killed run) sees either no file or
+    the complete one.
+
+    Args:
+        path: destination ``.h5`` file.
+        tokens: uint8 array, shape ``(n_tokens,)``.
+        doc_offsets: int64 array, shape ``(documents + 1,)``, 0 first, ``n_tokens`` last,
+            strictly increasing.
+        attrs: at least ``tokenizer`` (str) and ``source_files`` (list of str); optional
+            ``split``, ``shard_index``, ``config_sha256``. ``format_version``, ``documents``,
+            ``bytes`` and ``sha256`` are computed here and may not be given.
+        compression: ``None``/``"none"``, ``"gzip"`` (level 4) or ``"lzf"``.
+    Returns:
+        Hex SHA-256 of ``tokens.tobytes()``.
+    Raises:
+        ValueError: wrong dtypes/shapes/offsets, missing or reserved attributes, unknown
+            compression (message names the file).
+        OSError: the file cannot be written.
+    """
+    path = Path(path)
+    tokens = np.ascontiguousarray(tokens)
+    doc_offsets = np.ascontiguousarray(doc_offsets)
+    _check_stream(path, tokens, doc_offsets)
+    missing = [k for k in _REQUIRED_ATTRS if k not in attrs]
+    if missing:
+        raise ValueError(f"{path}: attrs lack {', '.join(missing)}")
+    reserved = [k for k in _COMPUTED_ATTRS if k in attrs]
+    if reserved:
+        raise ValueError(f"{path}: attrs {', '.join(reserved)} are computed by write_shard")
+    comp = None if compression in (None, "none") else compression
+    if comp not in (None, "gzip", "lzf"):
+        raise ValueError(f"{path}: unknown compression {compression!r} (one of {COMPRESSIONS})")
+    digest = hashlib.sha256(tokens.data).hexdigest()
+
+    def _ds(f, name, data, chunk):
+        kw = {"compression": comp, "compression_opts": 4 if comp == "gzip" else None}
+        if len(data):
+            kw["chunks"] = (min(chunk, len(data)),)
+        else:
+            kw = {}
+        f.create_dataset(name, data=data, **kw)
+
+    tmp = _atomic_tempfile(path)
+    try:
+        with h5py.File(tmp, "w") as f:
+            _ds(f, _TOKENS, tokens, TOKEN_CHUNK)
+            _ds(f, _OFFSETS, doc_offsets, OFFSET_CHUNK)
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["tokenizer"] = str(attrs["tokenizer"])
+            f.attrs["source_files"] = [str(s) for s in attrs["source_files"]]
+            f.attrs["documents"] = len(doc_offsets) - 1
+            f.attrs["bytes"] = len(tokens)
+            f.attrs["sha256"] = digest
+            for k, v in attrs.items():
+                if k not in _REQUIRED_ATTRS:
+                    f.attrs[k] = v
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return digest
+
+
+def _open_h5(path: Path) -> h5py.File:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: shard file not found")
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:
+        raise ShardFormatError(f"{path}: not a readable HDF5 file ({e})") from e
+
+
+def read_tokens(path, start: int, stop: int) -> np.ndarray:
+    """A slice ``tokens[start:stop]`` of a shard's stream, read without verification.
+
+    Args:
+        path: shard file.
+        start, stop: token (byte) positions, Python slice semantics.
+    Returns:
+        uint8 array of shape ``(stop - start,)`` (shorter at the end of the stream).
+    Raises:
+        FileNotFoundError, ShardFormatError: missing or unreadable file.
+    """
+    with _open_h5(Path(path)) as f:
+        return f[_TOKENS][start:stop]
+
+
+def _stream_check(path: Path, f: h5py.File) -> tuple[dict, str, int, np.ndarray, str | None]:
+    """Read a shard's attributes and offsets, stream its tokens through SHA-256 (16 MiB reads)
+    and check the internal structure.
+
+    Returns:
+        (attrs, sha256 hex of the tokens, n_tokens, doc_offsets, first structural problem or
+        None). Problems found while streaming are returned, not raised, so that callers can
+        report a checksum mismatch first.
+    Raises:
+        ShardFormatError: missing datasets or wrong dtypes/shapes (nothing to hash).
+    """
+    try:
+        tok, offs = f[_TOKENS], f[_OFFSETS]
+    except KeyError as e:
+        raise ShardFormatError(f"{path}: missing dataset ({e})") from e
+    attrs = {k: _plain(v) for k, v in f.attrs.items()}
+    if tok.dtype != np.uint8 or tok.ndim != 1:
+        raise ShardFormatError(f"{path}: dataset {_TOKENS} is {tok.dtype} shape {tok.shape}, "
+                               "expected 1-D uint8")
+    if offs.dtype != np.int64 or offs.ndim != 1 or offs.shape[0] < 1:
+        raise ShardFormatError(f"{path}: dataset {_OFFSETS} is {offs.dtype} shape {offs.shape},"
+                               " expected 1-D int64 of length documents+1")
+    n = tok.shape[0]
+    offsets = offs[...]
+    problem = None
+    if offsets[0] != 0 or offsets[-1] != n or (len(offsets) > 1 and
+                                               not np.all(np.diff(offsets) > 0)):
+        problem = f"{path}: {_OFFSETS} must rise strictly from 0 to {n}"
+        ends = np.zeros(0, dtype=np.int64)
+    else:
+        ends = offsets[1:] - 1  # position of each document's EOD
+    h = hashlib.sha256()
+    zeros = 0
+    for a in range(0, n, _READ_CHUNK):
+        chunk = tok[a:a + _READ_CHUNK]
+        h.update(chunk.data)
+        zeros += int(np.count_nonzero(chunk == 0))
+        lo, hi = np.searchsorted(ends, [a, a + len(chunk)])
+        if problem is None and hi > lo and np.any(chunk[ends[lo:hi] - a] != 0):
+            problem = (f"{path}: a document does not end with EOD (0) "
+                       f"in tokens[{a}:{a + len(chunk)}]")
+    if problem is None and zeros != len(offsets) - 1:
+        problem = f"{path}: {zeros} EOD (0) bytes in tokens but {len(offsets) - 1} documents"
+    for key, actual in (("documents", len(offsets) - 1), ("bytes", n)):
+        if problem is None and attrs.get(key) != actual:
+            problem = (f"{path}: attribute {key}={attrs.get(key)!r} but the datasets hold "
+                       f"{actual}")
+    return attrs, h.hexdigest(), n, offsets, problem
+
+
+def _scan(path: Path) -> tuple[dict, str, int, np.ndarray, str | None]:
+    with _open_h5(path) as f:
+        version = _plain(f.attrs.get("format_version"))
+        if version != FORMAT_VERSION:
+            raise ShardFormatError(f"{path}: format_version={version!r}, expected "
+                                   f"{FORMAT_VERSION}")
+        try:
+            return _stream_check(path, f)
+        except (OSError, RuntimeError) as e:  # HDF5 read errors (e.g. a corrupt chunk)
+            raise ShardFormatError(f"{path}: unreadable data ({e})") from e
+
+
+def check_shard(path) -> dict:
+    """Check one shard file on its own: format version, dataset types, offsets, one EOD per
+    document, counts in the attributes, and the SHA-256 of the tokens (streamed in 16 MiB reads)
+    against its ``sha256`` attribute.
+
+    Returns:
+        The file's attributes (plain Python values).
+    Raises:
+        FileNotFoundError: no such file.
+        ShardChecksumError: the tokens do not hash to the ``sha256`` attribute.
+        ShardFormatError: unreadable file or a structural mismatch (names file and field).
+    """
+    path = Path(path)
+    attrs, digest, _, _, problem = _scan(path)
+    if attrs.get("sha256") != digest:
+        raise ShardChecksumError(path, str(attrs.get("sha256")), digest)
+    if problem:
+        raise ShardFormatError(problem)
+    return attrs
+
+
+def verify_shard(info: ShardInfo) -> None:
+    """Re-check a shard against its manifest entry: everything :func:`check_shard` checks, plus
+    the token and document counts and the SHA-256 recorded in the manifest.
+
+    Raises:
+        FileNotFoundError: the shard file is missing.
+        ShardChecksumError: recomputed SHA-256 differs from ``info.sha256`` or from the file's
+            own ``sha256`` attribute (message names the file, expected and actual).
+        ShardFormatError: unreadable, wrong ``format_version``, broken structure, or counts that
+            differ from the manifest (message names the file, the field, expected and actual).
+    """
+    path = Path(info.path)
+    attrs, digest, n, offsets, problem = _scan(path)
+    if digest != info.sha256:
+        raise ShardChecksumError(path, info.sha256, digest)
+    if attrs.get("sha256") != digest:
+        raise ShardChecksumError(path, str(attrs.get("sha256")), digest)
+    if n != info.tokens:
+        raise ShardFormatError(f"{path}: tokens={n}, manifest says {info.tokens}")
+    if len(offsets) - 1 != info.documents:
+        raise ShardFormatError(f"{path}: documents={len(offsets) - 1}, manifest says "
+                               f"{info.documents}")
+    if problem:
+        raise ShardFormatError(problem)
+
+
+def open_shard(path, verify: bool = True) -> Shard:
+    """Read a whole shard into memory.
+
+    Args:
+        path: shard file.
+        verify: recompute the SHA-256 of the tokens and compare it with the ``sha256`` attribute.
+    Returns:
+        :class:`Shard` with ``tokens`` (uint8), ``doc_offsets`` (int64) and ``attrs`` (dict).
+    Raises:
+        FileNotFoundError, ShardFormatError: missing or unreadable file, missing datasets.
+        ShardChecksumError: ``verify`` and the checksum differs.
+    """
+    path = Path(path)
+    with _open_h5(path) as f:
+        try:
+            tokens = f[_TOKENS][...]
+            offsets = f[_OFFSETS][...]
+        except KeyError as e:
+            raise ShardFormatError(f"{path}: missing dataset ({e})") from e
+        attrs = {k: _plain(v) for k, v in f.attrs.items()}
+    if verify:
+        actual = hashlib.sha256(tokens.data).hexdigest()
+        if attrs.get("sha256") != actual:
+            raise ShardChecksumError(path, str(attrs.get("sha256")), actual)
+    return Shard(path=path, tokens=tokens, doc_offsets=offsets, attrs=attrs)
+
+
+def write_manifest(directory, manifest_dict: dict) -> Path:
+    """Write ``manifest.json`` into ``directory`` atomically (temp file, fsync, ``os.replace``).
+
+    Args:
+        directory: the shard directory (must exist).
+        manifest_dict: the JSON object (schema in the module docstring).
+    Returns:
+        Path of the written manifest.
+    Raises:
+        TypeError: the dict is not JSON-serialisable. OSError: write failure.
+    """
+    path = Path(directory) / MANIFEST_NAME
+    text = json.dumps(manifest_dict, indent=1, sort_keys=False) + "\n"
+    tmp = _atomic_tempfile(path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def manifest_entry(file_name: str, tokens: int, documents: int, sha256: str) -> dict:
+    """One shard's entry in a manifest's ``splits.<name>.shards`` list."""
+    return {"file": file_name, "tokens": int(tokens), "documents": int(documents),
+            "sha256": sha256}
+
+
+def build_manifest(entries: dict[str, list[dict]], tokenizer: str, **meta) -> dict:
+    """Assemble a manifest dict (schema in the module docstring).
+
+    Args:
+        entries: split name -> list of :func:`manifest_entry` dicts, in stream order.
+        tokenizer: tokenizer name.
+        **meta: extra top-level fields (provenance, counters, ...).
+    """
+    from hvd_lm.tokenizer import EOD, VOCAB_SIZE
+
+    splits = {}
+    for name, shards in entries.items():
+        splits[name] = {"shards": shards, "tokens": sum(s["tokens"] for s in shards),
+                        "documents": sum(s["documents"] for s in shards)}
+    totals = {"shards": sum(len(s["shards"]) for s in splits.values()),
+              "tokens": sum(s["tokens"] for s in splits.values()),
+              "documents": sum(s["documents"] for s in splits.values())}
+    return {"format_version": FORMAT_VERSION, "tokenizer": tokenizer, "eod": EOD,
+            "vocab_size": VOCAB_SIZE, "splits": splits, "totals": totals, **meta}
+
+
+def _field(path: Path, where: str, value: Any, kind: type, check=None, what: str = "") -> Any:
+    if not isinstance(value, kind) or isinstance(value, bool) or (check and not check(value)):
+        raise ValueError(f"{path}: field {where} is {value!r}, expected {what or kind.__name__}")
+    return value
+
+
+def load_manifest(directory) -> Manifest:
+    """Load and check ``directory/manifest.json``.
+
+    Returns:
+        :class:`Manifest` with absolute shard paths.
+    Raises:
+        FileNotFoundError: no manifest in ``directory``.
+        ValueError: invalid JSON, wrong ``format_version``, or a missing/ill-typed field (the
+            message names the file and the field, e.g. ``splits.train.shards[3].sha256``).
+    """
+    directory = Path(directory).resolve()
+    path = directory / MANIFEST_NAME
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no manifest (run `python -m data_prep prepare` "
+                                "first)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    _field(path, "(top level)", data, dict, what="a JSON object")
+    version = data.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ValueError(f"{path}: field format_version is {version!r}, expected "
+                         f"{FORMAT_VERSION}")
+    splits = _field(path, "splits", data.get("splits"), dict, what="an object")
+    shards: list[ShardInfo] = []
+    for name, block in splits.items():
+        _field(path, f"splits.{name}", block, dict, what="an object")
+        lst = _field(path, f"splits.{name}.shards", block.get("shards"), list, what="a list")
+        for i, entry in enumerate(lst):
+            where = f"splits.{name}.shards[{i}]"
+            _field(path, where, entry, dict, what="an object")
+            fname = _field(path, f"{where}.file", entry.get("file"), str,
+                           lambda s: s and "/" not in s and "\\" not in s and s not in (".", ".."),
+                           "a file name without directories")
+            tokens = _field(path, f"{where}.tokens", entry.get("tokens"), int,
+                            lambda v: v >= 0, "an int >= 0")
+            docs = _field(path, f"{where}.documents", entry.get("documents"), int,
+                          lambda v: v >= 0, "an int >= 0")
+            sha = _field(path, f"{where}.sha256", entry.get("sha256"), str,
+                         lambda s: bool(_HEX64.match(s)), "64 lower-case hex digits")
+            shards.append(ShardInfo(path=directory / fname, split=name, tokens=tokens,
+                                    documents=docs, sha256=sha))
+    meta = {k: v for k, v in data.items() if k != "splits"}
+    return Manifest(directory=directory, shards=shards, meta=meta)

@@ -1,0 +1,249 @@
+"""Readers (data_prep.readers) against independent parses of the real shared files, striping,
+and each bad-input behaviour at the reader level."""
+import csv
+import gzip
+import io
+import json
+import re
+
+import pytest
+
+from data_prep import readers
+from data_prep.readers import (BadRecord, CorruptInput, InputError, ReadStats, read_documents,
+                               resolve_input)
+
+AMAZON = "amazon"
+MUSIC = f"{AMAZON}/mcauley2014_5core/reviews_Digital_Music_5.json.gz"
+TSV = f"{AMAZON}/amazon_customer_reviews_us/amazon_reviews_us_Gift_Card_v1_00.tsv.gz"
+KAGGLE = f"{AMAZON}/kaggle_musical_instruments/Musical_instruments_reviews.csv.gz"
+FOOD = f"{AMAZON}/amazon_fine_food/Reviews.csv.gz"
+BLITZER = f"{AMAZON}/blitzer_mdsd/sorted_data_acl"
+
+
+def _text(path, encoding="utf-8"):
+    return gzip.decompress(path.read_bytes()).decode(encoding)
+
+
+def independent(shared_data, rel):
+    """Texts of a real file parsed without data_prep (json / csv / regex), in file order."""
+    path = shared_data / rel
+    if rel == MUSIC:
+        return [json.loads(line)["reviewText"] for line in _text(path).splitlines()]
+    if rel == TSV:
+        rows = csv.DictReader(io.StringIO(_text(path), newline=""), delimiter="\t",
+                              quoting=csv.QUOTE_NONE)
+        return [r["review_body"] for r in rows]
+    if rel in (KAGGLE, FOOD):
+        rows = csv.DictReader(io.StringIO(_text(path, "utf-8-sig"), newline=""))
+        return [r["reviewText" if rel == KAGGLE else "Text"] for r in rows]
+    return re.findall(r"<review_text>\n(.*?)\n</review_text>", _text(path), re.S)
+
+
+REAL = [MUSIC, TSV, KAGGLE, FOOD, f"{BLITZER}/books/positive.review.gz",
+        f"{BLITZER}/dvd/negative.review.gz", f"{BLITZER}/electronics/positive.review.gz"]
+COUNTS = {MUSIC: 6908, TSV: 1452, KAGGLE: 499, FOOD: 1000}
+
+
+@pytest.mark.parametrize("rel", REAL)
+def test_every_record_of_the_real_files_byte_exact(shared_data, rel):
+    spec = resolve_input(shared_data / rel)
+    stats = ReadStats()
+    got = list(read_documents(spec, stats=stats))
+    want = independent(shared_data, rel)
+    assert len(got) == COUNTS.get(rel, 1000) == len(want) == stats.records
+    assert [t for _, t in got] == want  # all records, byte-exact
+    assert stats.bytes_in == len(gzip.decompress((shared_data / rel).read_bytes()))
+    assert stats.bad_records == stats.utf8_replaced == 0
+    # line numbers point at the start of each record
+    lines = _text(shared_data / rel, "utf-8-sig").split("\n")
+    for line_no, text in got[:200]:
+        first = lines[line_no - 1]
+        if spec.format == "review":
+            assert first == "<review>"
+        elif spec.format == "json":
+            assert json.loads(first)["reviewText"] == text
+        else:
+            assert first.split("\t" if spec.format == "tsv" else ",")[0] != ""
+
+
+def test_inferred_formats_and_fields(shared_data):
+    cases = {MUSIC: ("json", "reviewText", "first record"), TSV: ("tsv", "review_body", "header"),
+             KAGGLE: ("csv", "reviewText", "header"), FOOD: ("csv", "Text", "header"),
+             f"{BLITZER}/books/negative.review.gz": ("review", "review_text", "default")}
+    for rel, (fmt, field, how) in cases.items():
+        spec = resolve_input(shared_data / rel)
+        assert (spec.format, spec.text_field, spec.field_source) == (fmt, field, how)
+        assert spec.format_source == "file name" and spec.compressed
+    assert resolve_input(shared_data / FOOD).columns[0] == "Id"  # BOM dropped
+
+
+def _write(path, data: bytes, compress=True):
+    path.write_bytes(gzip.compress(data, mtime=0) if compress else data)
+    return path
+
+
+def test_loose_json_is_sniffed_and_read(shared_data, tmp_path):
+    records = [json.loads(line) for line in _text(shared_data / MUSIC).splitlines()[:200]]
+    path = _write(tmp_path / "reviews_Books.json.gz",
+                  "".join(f"{r!r}\n" for r in records).encode())
+    spec = resolve_input(path)
+    assert spec.format == "loose-json" and spec.format_source == "file name + content"
+    assert [t for _, t in read_documents(spec)] == [r["reviewText"] for r in records]
+
+
+def test_plain_text_one_document_per_line(shared_data, tmp_path):
+    texts = [t for t in independent(shared_data, MUSIC)[:200] if "\n" not in t and "\r" not in t]
+    path = _write(tmp_path / "docs.txt", ("\r\n".join(texts) + "\n\n").encode(), compress=False)
+    stats = ReadStats()
+    got = list(read_documents(resolve_input(path), stats=stats))
+    assert [t for _, t in got] == [t for t in texts if t.strip()]
+    assert [n for n, _ in got][:3] == [1, 2, 3] and stats.blank_lines >= 1
+
+
+@pytest.mark.parametrize("rel", [MUSIC, TSV])
+def test_stripes_partition_the_records(shared_data, rel):
+    spec = resolve_input(shared_data / rel)
+    full = list(read_documents(spec))
+    parts, bytes_in = [], []
+    for s in range(3):
+        stats = ReadStats()
+        parts.append(list(read_documents(spec, s, 3, stats=stats, block_size=4096)))
+        bytes_in.append(stats.bytes_in)
+    assert all(parts)
+    assert sorted(r for p in parts for r in p) == sorted(full)  # each record exactly once
+    assert bytes_in[1] == bytes_in[2] == 0 and bytes_in[0] == sum(len(t) for t in [
+        gzip.decompress((shared_data / rel).read_bytes())])
+    with pytest.raises(ValueError, match="stripes"):
+        list(read_documents(resolve_input(shared_data / KAGGLE), 0, 2))
+
+
+# ---- bad input -----------------------------------------------------------------------------
+
+GOOD = [{"reviewText": "one"}, {"reviewText": "two"}, {"reviewText": "three"}]
+
+
+def _jsonl(tmp_path, lines, name="x.json.gz"):
+    return _write(tmp_path / name, b"".join(line + b"\n" for line in lines))
+
+
+def _lines(records):
+    return [json.dumps(r).encode() for r in records]
+
+
+@pytest.mark.parametrize("bad,reason", [
+    (b'{"reviewText": "unterminated', "invalid JSON"),
+    (b'["a list"]', "expected an object"),
+    (b'{"summary": "no text"}', "no field 'reviewText'"),
+    (b'{"reviewText": null}', "is NoneType"),
+])
+def test_malformed_record_names_file_and_line(tmp_path, bad, reason):
+    lines = _lines(GOOD)
+    lines.insert(1, bad)
+    spec = resolve_input(_jsonl(tmp_path, lines), text_field="reviewText")
+    with pytest.raises(BadRecord) as e:
+        list(read_documents(spec))
+    assert e.value.line == 2 and e.value.path == spec.path and reason in str(e.value)
+    assert str(e.value).startswith(f"{spec.path}:2: ")
+    stats = ReadStats()
+    got = list(read_documents(spec, stats=stats, skip_bad=True))
+    assert got == [(1, "one"), (3, "two"), (4, "three")]
+    assert stats.bad_records == 1 and stats.bad_samples[0][:2] == (spec.path, 2)
+
+
+def test_bad_samples_keep_the_first_few(tmp_path):
+    lines = [b"{bad"] * 12 + _lines(GOOD)
+    spec = resolve_input(_jsonl(tmp_path, lines), text_field="reviewText")
+    stats = ReadStats()
+    assert len(list(read_documents(spec, stats=stats, skip_bad=True))) == 3
+    assert stats.bad_records == 12
+    assert [s[1] for s in stats.bad_samples] == list(range(1, readers.MAX_BAD_SAMPLES + 1))
+
+
+def test_invalid_utf8_replaced_or_strict(tmp_path):
+    lines = _lines(GOOD)
+    lines[1] = b'{"reviewText": "caf\xe9 \xff"}'  # Latin-1 bytes, invalid UTF-8
+    spec = resolve_input(_jsonl(tmp_path, lines))
+    stats = ReadStats()
+    got = list(read_documents(spec, stats=stats))
+    assert got[1] == (2, "caf\ufffd \ufffd") and stats.utf8_replaced == 1
+    with pytest.raises(BadRecord, match="invalid UTF-8") as e:
+        list(read_documents(spec, utf8_errors="strict"))
+    assert e.value.line == 2
+
+
+def test_truncated_gzip_keeps_the_complete_lines(shared_data, tmp_path):
+    data = (shared_data / MUSIC).read_bytes()
+    path = tmp_path / "cut.json.gz"
+    path.write_bytes(data[:len(data) // 3])
+    spec = resolve_input(path)
+    with pytest.raises(BadRecord, match="truncated") as e:
+        list(read_documents(spec))
+    stats = ReadStats()
+    got = list(read_documents(spec, stats=stats, skip_bad=True))
+    full = list(read_documents(resolve_input(shared_data / MUSIC)))
+    assert 0 < len(got) < len(full) and got == full[:len(got)]
+    assert e.value.line == len(got) + 1  # the cut line, dropped
+    assert stats.truncated_files == 1 and stats.bad_records == 1
+
+
+def test_corrupt_gzip_raises_corrupt_input(shared_data, tmp_path):
+    data = bytearray((shared_data / TSV).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path = tmp_path / "bad.tsv.gz"
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptInput, match="corrupt compressed stream") as e:
+        list(read_documents(resolve_input(path), skip_bad=True))
+    assert e.value.path == str(path)  # never skipped by the reader itself
+
+
+def test_empty_files_yield_nothing(tmp_path):
+    for name, data in [("e.json", b""), ("e.json.gz", gzip.compress(b"")), ("e.txt", b"\n\n"),
+                       ("e.review", b""), ("e.csv", b"")]:
+        path = tmp_path / name
+        path.write_bytes(data)
+        assert list(read_documents(resolve_input(path))) == []
+
+
+def test_csv_bad_rows_and_missing_column(tmp_path):
+    path = _write(tmp_path / "r.csv", b'id,Text\n1,"good, quoted\nover two lines"\n2\n3,fine\n',
+                  compress=False)
+    spec = resolve_input(path)
+    assert spec.text_field == "Text" and spec.header_lines == 1
+    with pytest.raises(BadRecord, match="1 fields, expected 2") as e:
+        list(read_documents(spec))
+    assert e.value.line == 4
+    got = list(read_documents(spec, skip_bad=True))
+    assert got == [(2, "good, quoted\nover two lines"), (5, "fine")]
+    with pytest.raises(InputError, match="no column 'body'.*columns: id, Text"):
+        resolve_input(path, text_field="body")
+    path2 = _write(tmp_path / "n.csv", b"id,name\n1,x\n", compress=False)
+    with pytest.raises(InputError, match="pass --text-field"):
+        resolve_input(path2)
+
+
+def test_review_blocks_broken(tmp_path):
+    ok = ("<review>\n<title>\nT\n</title>\n<review_text>\nline 1\n\nline 3\n</review_text>\n"
+          "</review>\n")
+    no_text = "<review>\n<title>\nT\n</title>\n</review>\n"
+    unclosed = "<review>\n<review_text>\ncut"
+    path = _write(tmp_path / "x.review", (ok + no_text + ok + unclosed).encode(), compress=False)
+    spec = resolve_input(path)
+    with pytest.raises(BadRecord, match="no <review_text>") as e:
+        list(read_documents(spec))
+    assert e.value.line == 11
+    stats = ReadStats()
+    got = list(read_documents(spec, stats=stats, skip_bad=True))
+    assert got == [(1, "line 1\n\nline 3"), (16, "line 1\n\nline 3")]
+    assert stats.bad_records == 2 and "not closed" in stats.bad_samples[1][2]
+
+
+def test_unknown_format_and_missing_file(tmp_path):
+    path = _write(tmp_path / "data.bin", b"hello\n", compress=False)
+    with pytest.raises(InputError, match="--format"):
+        resolve_input(path)
+    assert [t for _, t in read_documents(resolve_input(path, "text"))] == ["hello"]
+    with pytest.raises(InputError, match="no such file"):
+        resolve_input(tmp_path / "missing.json")
+    with pytest.raises(InputError, match="unknown format"):
+        resolve_input(path, "xml")
+
