@@ -145,7 +145,7 @@ def run_demo(config_path: str | Path) -> Path:
     out = _run([*_launcher(cfg["launch"]), "-m", "hvd_lm", "eval", train_dir, shards,
                 "--split", "val", "--batch-size", "8"], env)
     line = [ln for ln in out.splitlines() if '"bpc"' in ln][-1]  # horovodrun prefixes "[0]<stdout>:"
-    eval_result = json.loads(line[line.index("{"):])
+    eval_result, _ = json.JSONDecoder().raw_decode(line[line.index("{"):])  # ignore any suffix
     comp = compressor_bpc(val_bytes(shards), tuple(cfg.get("evaluate", {}).get(
         "compressors", ["xz", "gzip"])))
     (run_dir / "eval.json").write_text(json.dumps({**eval_result, "compressors": comp}, indent=1))
