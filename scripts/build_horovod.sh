@@ -17,6 +17,9 @@
 set -euo pipefail
 PY=${1:?usage: build_horovod.sh PYTHON}
 HVD_VERSION=0.28.1
+# Horovod 0.28.1's own runtime requirements (its setup.py install_requires), installed beside the
+# wheel, which is installed with --no-deps so that pip never swaps the torch build.
+HVD_DEPS=(cffi cloudpickle psutil pyyaml packaging)
 say() { printf '[horovod] %s\n' "$*"; }
 
 if [ "${HVD_LM_REBUILD:-0}" != 1 ] && "$PY" - "$HVD_VERSION" <<'PYEOF' 2>/dev/null
@@ -42,14 +45,14 @@ wheels=("$cache"/horovod-"$HVD_VERSION"-*.whl)
 if [ "${HVD_LM_REBUILD:-0}" != 1 ] && ((${#wheels[@]})); then
     say "installing cached wheel ${wheels[0]}"
     "$PY" -m pip --disable-pip-version-check -q install --force-reinstall --no-deps "${wheels[0]}"
-    "$PY" -m pip --disable-pip-version-check -q install cloudpickle psutil pyyaml packaging
+    "$PY" -m pip --disable-pip-version-check -q install "${HVD_DEPS[@]}"
     exit 0
 fi
 
 say "building horovod $HVD_VERSION from source (about 8 minutes on 2 cores); cache key $key"
 work=$(mktemp -d "${TMPDIR:-/tmp}/hvd_lm-horovod.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-"$PY" -m pip --disable-pip-version-check -q install setuptools wheel packaging cloudpickle psutil pyyaml
+"$PY" -m pip --disable-pip-version-check -q install setuptools wheel "${HVD_DEPS[@]}"
 command -v cmake >/dev/null 2>&1 || "$PY" -m pip --disable-pip-version-check -q install cmake
 "$PY" -m pip --disable-pip-version-check -q download --no-deps --no-binary :all: \
     "horovod==$HVD_VERSION" -d "$work"

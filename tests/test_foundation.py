@@ -103,3 +103,12 @@ def test_environment_yml_matches_pyproject():
     for name, ver in want.items():
         assert name in have, f"environment.yml lacks {name} (pyproject.toml needs it)"
         assert have[name] == ver, f"{name}: environment.yml >={have[name]}, pyproject >={ver}"
+
+
+def test_setup_scripts_pass_shellcheck():
+    import shutil
+
+    if not shutil.which("shellcheck"):
+        pytest.skip("shellcheck not installed (apt-get install shellcheck)")
+    subprocess.run(["shellcheck", REPO / "scripts/setup.sh", REPO / "scripts/build_horovod.sh",
+                    REPO / ".ci/run"], check=True)
