@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_cmd_check_build)
 
     t = sub.add_parser("train", help="train the LM (under horovodrun/mpirun, or one process)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       description="Flags override --config; each names its YAML field and "
+                       "default in brackets.")
     add_arguments(t)
     t.set_defaults(func=_cmd_train)
 
