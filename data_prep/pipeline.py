@@ -4,12 +4,13 @@ Phases (each a list of independent tasks run by :class:`data_prep.dist.Context` 
 ``--workers`` processes and MPI ranks):
 
 1. **map** -- one task per *unit*: an input file, or one stripe of a one-record-per-line file
-   when there are fewer files than processes (:func:`data_prep.readers.iter_lines`). Each
-   document is read, optionally normalised, encoded (:func:`hvd_lm.tokenizer.encode_bytes`),
-   dropped when shorter than ``--min-chars`` characters, and given the key
-   ``blake2b(bytes, key=seed, digest_size=16)``. Records (key, bytes + EOD) go to bucket spill
-   files by the key's top bits (range partitioning), through buffers bounded by the memory
-   budget.
+   when there are fewer files than processes (:func:`data_prep.readers.iter_lines`). Documents
+   come in lists (:func:`data_prep.readers.read_document_batches`: JSON lines are parsed from
+   raw bytes with orjson); each is optionally normalised, encoded (UTF-8, as
+   :func:`hvd_lm.tokenizer.encode_bytes`), dropped when shorter than ``--min-chars``
+   characters, and given the key ``blake2b(bytes, key=seed, digest_size=16)``. Records (key,
+   bytes + EOD) go to bucket spill files by the key's top bits (range partitioning), through
+   buffers bounded by the memory budget.
 2. **sort** -- one task per bucket: load its records (a bucket larger than the budget is first
    split 16 ways by the next key bits, recursively: an external MSD radix sort), sort by key,
    drop exact duplicates (equal key = equal bytes, up to a 2**-128 collision chance), write the
@@ -58,6 +59,7 @@ KILL_HOOK_ENV = "HVD_LM_PREP_KILL_AFTER_SHARDS"
 _SHARD_NAME = re.compile(r"^(train|val|test)-\d{5}\.h5$")
 _REC = np.dtype([("k0", ">u8"), ("k1", ">u8"), ("n", "<u8")])  # spill index record, 24 bytes
 _MAX_BUCKET_BITS = 10
+_EOD_BYTE = bytes([EOD])
 _SPLIT_BITS = 4
 
 
@@ -268,23 +270,32 @@ def _fresh_dir(path: Path) -> Path:
 
 
 class _Spill:
-    """Per-bucket record buffers of one unit, appended to ``b{bucket}.idx``/``.dat`` whenever
-    their total passes ``limit`` bytes."""
+    """Per-bucket record buffers of one unit (lists of 16-byte keys and of document bytes),
+    appended to ``b{bucket}.idx``/``.dat`` whenever their total passes ``limit`` bytes.
+
+    ``.idx`` holds one :data:`_REC` record per document (key, then its byte count incl. EOD as
+    little-endian uint64); ``.dat`` the documents, each followed by EOD, in the same order.
+    """
 
     def __init__(self, directory: Path, n_buckets: int, limit: int):
         self.dir, self.limit, self.size = directory, limit, 0
-        self.idx = [bytearray() for _ in range(n_buckets)]
-        self.dat = [bytearray() for _ in range(n_buckets)]
+        self.keys = [[] for _ in range(n_buckets)]
+        self.data = [[] for _ in range(n_buckets)]
 
     def flush(self) -> None:
-        for b, (ix, dt) in enumerate(zip(self.idx, self.dat)):
-            if ix:
+        for b, (keys, data) in enumerate(zip(self.keys, self.data)):
+            if keys:
+                recs = np.empty(len(keys), dtype=_REC)
+                raw = recs.view(np.uint8).reshape(len(keys), _REC.itemsize)
+                raw[:, :16] = np.frombuffer(b"".join(keys), np.uint8).reshape(len(keys), 16)
+                recs["n"] = np.fromiter(map(len, data), np.int64, len(data)) + 1
                 with open(self.dir / f"b{b:05d}.idx", "ab") as f:
-                    f.write(ix)
+                    f.write(recs.tobytes())
                 with open(self.dir / f"b{b:05d}.dat", "ab") as f:
-                    f.write(dt)
-                ix.clear()
-                dt.clear()
+                    f.write(_EOD_BYTE.join(data))
+                    f.write(_EOD_BYTE)
+                keys.clear()
+                data.clear()
         self.size = 0
 
 
@@ -292,6 +303,10 @@ def map_unit(task: MapTask, progress=None) -> None:
     """Phase 1 for one unit: read, filter, encode, key and spill its documents into
     ``WORK/map/u{unit}/`` (written as ``.partial`` and renamed when complete), with its
     :class:`UnitStats` in ``stats.json``.
+
+    Documents come in lists (:func:`data_prep.readers.read_document_batches`); the key is the
+    keyed BLAKE2b of the bytes, computed by copying a hash object that has absorbed the key
+    (the same digest as ``blake2b(data, key=seed, digest_size=16)``).
 
     Raises:
         BadRecord: malformed record without ``skip_bad``. CorruptInput: damaged gzip stream
@@ -303,35 +318,42 @@ def map_unit(task: MapTask, progress=None) -> None:
     stats = UnitStats()
     n_buckets = 1 << task.bits
     spill = _Spill(part, n_buckets, task.buffer_bytes)
-    seed_key = str(task.seed).encode()
-    blake, normalize, min_chars, shift = (hashlib.blake2b, task.normalize, task.min_chars,
-                                          64 - task.bits)
-    idx, dat = spill.idx, spill.dat
+    keyed = hashlib.blake2b(digest_size=16, key=str(task.seed).encode())
+    normalize, min_chars, limit = task.normalize, task.min_chars, spill.limit
+    shift = 16 - task.bits  # bucket = top ``bits`` bits of the key (bits <= _MAX_BUCKET_BITS)
+    keys, dats = spill.keys, spill.data
     try:
-        docs = readers.read_documents(task.spec, task.stripe, task.n_stripes, stats=stats,
-                                      skip_bad=task.skip_bad, utf8_errors=task.utf8_errors,
-                                      progress=progress)
-        for _, text in docs:
-            if normalize:
-                text = normalize_text(text)
-            if "\0" in text:
-                stats.nul_removed += text.count("\0")
-                text = text.replace("\0", "")
-            if len(text) < min_chars:
-                stats.too_short += 1
-                continue
-            data = encode_bytes(text)
-            key = blake(data, digest_size=16, key=seed_key).digest()
-            b = int.from_bytes(key[:8], "big") >> shift
-            n = len(data) + 1
-            idx[b] += key
-            idx[b] += n.to_bytes(8, "little")
-            dat[b] += data
-            dat[b].append(EOD)
-            stats.kept += 1
-            stats.kept_bytes += n
-            spill.size += n + 24
-            if spill.size >= spill.limit:
+        batches = readers.read_document_batches(
+            task.spec, task.stripe, task.n_stripes, stats=stats, skip_bad=task.skip_bad,
+            utf8_errors=task.utf8_errors, progress=progress)
+        for texts in batches:
+            kept = nbytes = too_short = 0
+            for text in texts:
+                if normalize:
+                    text = normalize_text(text)
+                if "\0" in text:
+                    stats.nul_removed += text.count("\0")
+                    text = text.replace("\0", "")
+                if len(text) < min_chars:
+                    too_short += 1
+                    continue
+                try:
+                    data = text.encode("utf-8")
+                except UnicodeEncodeError:  # lone surrogates: the tokenizer's replacement
+                    data = encode_bytes(text)
+                h = keyed.copy()
+                h.update(data)
+                key = h.digest()
+                b = ((key[0] << 8) | key[1]) >> shift
+                keys[b].append(key)
+                dats[b].append(data)
+                kept += 1
+                nbytes += len(data)
+            stats.kept += kept
+            stats.kept_bytes += nbytes + kept
+            stats.too_short += too_short
+            spill.size += nbytes + 25 * kept
+            if spill.size >= limit:
                 spill.flush()
     except readers.CorruptInput as e:
         if not task.skip_bad:
