@@ -101,10 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     from hvd_lm.bench import add_bench_subcommands as add_bench_train
 
+    from hvd_lm.bench_allreduce import add_bench_subcommands as add_bench_allreduce
+    from hvd_lm.scaling_model import add_subcommands as add_scaling_model
+
     add_bench_train(bench_sub)
+    add_bench_allreduce(bench_sub)
     add_data_prep(sub, bench_subparsers=bench_sub, bench_name="prepare")
     add_transfer(sub)
     add_launch(sub)
+    add_scaling_model(sub)
     add_demo(sub)
     return p
 

@@ -1,0 +1,257 @@
+"""The scaling model's arithmetic against hand-computed values (no timing)."""
+
+import argparse
+import math
+
+import pytest
+
+from hvd_lm import scaling_model as sm
+from hvd_lm.scaling_model import Link, ScalingConfig
+
+MB = 1e6
+
+
+def test_ring_allreduce_by_hand():
+    a, bw, S = 1e-5, 10.0, 1e8  # 10 us, 10 GB/s, 100 MB
+    # 2(n-1) alpha + 2(n-1)/n S/beta
+    assert sm.ring_allreduce_time(S, 2, a, bw) == pytest.approx(2e-5 + 0.01)
+    assert sm.ring_allreduce_time(S, 8, a, bw) == pytest.approx(1.4e-4 + 0.0175)
+    assert sm.ring_allreduce_time(S, 128, a, bw) == pytest.approx(2.54e-3 + 0.01984375)
+    assert sm.ring_allreduce_time(S, 1, a, bw) == 0.0
+    for bad in [(S, 0, a, bw), (-1, 2, a, bw), (S, 2, -1, bw), (S, 2, a, 0)]:
+        with pytest.raises(ValueError):
+            sm.ring_allreduce_time(*bad)
+
+
+def test_hierarchical_by_hand():
+    intra, inter = Link(100.0, 2e-6), Link(10.0, 1e-5)
+    S = 8e8
+    half = 7 * 2e-6 + 7 / 8 * S / 100e9          # reduce-scatter (= allgather) in the node
+    cross = 2 * 1 * 1e-5 + 2 * 1 / 2 * (S / 8) / (10e9 / 8)  # 2 nodes, 8 shards share the NICs
+    t = sm.hierarchical_allreduce_time(S, 16, 8, intra, inter)
+    assert t == pytest.approx(2 * half + cross)
+    assert t == pytest.approx(0.094048)
+    staged = sm.hierarchical_allreduce_time(S, 16, 8, intra, inter, staging_GBps=5.0)
+    assert staged - t == pytest.approx(2 * (S / 8) / 5e9)
+    # within a node it is the plain ring; partial nodes are refused
+    assert sm.hierarchical_allreduce_time(S, 8, 8, intra, inter) == pytest.approx(
+        sm.ring_allreduce_time(S, 8, 2e-6, 100.0))
+    with pytest.raises(ValueError):
+        sm.hierarchical_allreduce_time(S, 12, 8, intra, inter)
+
+
+def test_flat_ring_uses_slowest_link_across_nodes():
+    intra, inter = Link(100.0, 2e-6), Link(10.0, 1e-5)
+    S = 8e8
+    assert sm.flat_ring_time(S, 16, 8, intra, inter) == pytest.approx(
+        2 * 15 * 1e-5 + 2 * 15 / 16 * S / 10e9)
+    assert sm.flat_ring_time(S, 4, 8, intra, inter) == pytest.approx(
+        sm.ring_allreduce_time(S, 4, 2e-6, 100.0))
+    # hierarchical sends 2(m-1)/m S per node instead of 2(n-1)/n S: less for few nodes
+    assert sm.hierarchical_allreduce_time(S, 16, 8, intra, inter) < sm.flat_ring_time(
+        S, 16, 8, intra, inter)
+
+
+def test_fusion_buffer_counts():
+    small = [65536] * 200
+    assert sm.fused_buffer_count(small, 1024 * 1024) == 13 == math.ceil(200 * 65536 / 2 ** 20)
+    assert sm.fused_buffer_count(small, 0) == 200
+    assert sm.fused_buffer_count(small, 64 * 2 ** 20) == 1
+    assert sm.fused_buffer_sizes([100, 50, 200, 10], 150) == [150, 200, 10]
+    with pytest.raises(ValueError):
+        sm.fused_buffer_count(small, -1)
+
+
+def test_mlstm_parameter_list_and_overlap_fraction():
+    H, E = 4096, 64
+    params = dict(sm.mlstm_parameters(H, E))
+    assert params == {"embed.weight": 256 * E, "rnn.w_x.weight": 4 * H * E,
+                      "rnn.w_x.bias": 4 * H, "rnn.w_mx.weight": H * E,
+                      "rnn.w_mh.weight": H * H, "rnn.w_h.weight": 4 * H * H,
+                      "decoder.weight": 256 * H, "decoder.bias": 256}
+    total = sum(params.values())
+    assert total == 86_278_400
+    frac = sm.overlappable_fraction(list(params.items()))
+    assert frac == pytest.approx((256 * H + 256) / total)
+    assert frac == pytest.approx(0.012156, abs=1e-6)
+    early, late = sm.split_by_readiness(list(params.items()))
+    assert [n for n, _ in early] == ["decoder.bias", "decoder.weight"]
+    assert late[-1][0] == "embed.weight"  # differentiated last
+    with pytest.raises(ValueError):
+        sm.overlappable_fraction([])
+
+
+def _cfg(**kw):
+    base = dict(compute_time_s=1.0, params=[("rnn.w", 10_000_000), ("decoder.weight", 1000)],
+                grad_bytes=4, compression="none", intra=Link(100.0, 0.0), inter=Link(10.0, 0.0),
+                cycle_time_s=0.0, negotiation=False, backward_fraction=0.0)
+    base.update(kw)
+    return ScalingConfig(**base)
+
+
+def test_fp16_halves_the_bandwidth_term():
+    fp32, fp16 = _cfg(), _cfg(compression="fp16")
+    for n in (2, 16, 128):
+        assert sm.step_time(fp16, n)["comm_s"] == pytest.approx(
+            sm.step_time(fp32, n)["comm_s"] / 2)
+    assert fp16.gradient_bytes == fp32.gradient_bytes / 2
+
+
+def test_step_time_by_hand_with_fusion_cycle_and_overlap():
+    # one early tensor (decoder, 1e6 values) and two late ones; fp32, no latency
+    params = [("rnn.a", 2_000_000), ("rnn.b", 2_000_000), ("decoder.weight", 1_000_000)]
+    cfg = _cfg(params=params, fusion_threshold_bytes=10e6, cycle_time_s=2e-3,
+               per_cycle_overhead_s=1e-4, backward_fraction=0.5, sync_overhead_s=0.01)
+    n = 16  # flat ring over 2 nodes: beta = 10 GB/s
+    ar = lambda b: 2 * 15 / 16 * b / 10e9  # noqa: E731
+    early = 1e-3 + 1e-4 + ar(4e6)             # half a cycle + overhead + one buffer
+    late = 1e-3 + 1e-4 + ar(8e6) + ar(8e6)    # 16 MB > 10 MB threshold: two buffers, one cycle
+    r = sm.step_time(cfg, n)
+    assert r["buffers"] == 3
+    assert r["comm_s"] == pytest.approx(early + late)
+    assert r["exposed_comm_s"] == pytest.approx(late)  # early hidden in the 0.5 s backward
+    assert r["s_per_iter"] == pytest.approx(1.0 + late + 0.01)
+    # no window: the early group's time is exposed too
+    r0 = sm.step_time(_cfg(params=params, fusion_threshold_bytes=10e6, cycle_time_s=2e-3,
+                           per_cycle_overhead_s=1e-4, backward_fraction=0.0), n)
+    assert r0["exposed_comm_s"] == pytest.approx(early + late)
+
+
+def test_fusion_copies_only_for_multi_tensor_buffers():
+    cfg = _cfg(fusion_threshold_bytes=10e6, fusion_copy_GBps=20.0)
+    ar = lambda b: 2 * 15 / 16 * b / 10e9  # noqa: E731
+    # [3e6, 3e6, 3e6] fuse into one 9 MB buffer (copied in and out); 12 MB stays alone
+    assert sm.group_comm_time(cfg, [3e6, 3e6, 3e6, 12e6], 16) == pytest.approx(
+        ar(9e6) + 2 * 9e6 / 20e9 + ar(12e6))
+    assert sm.fused_buffers([3e6, 3e6, 3e6, 12e6], 10e6) == [[3e6, 3e6, 3e6], [12e6]]
+    assert sm.group_comm_time(cfg, [3e6], 1) == 0.0
+
+
+def test_speedup_and_efficiency_definitions():
+    cfg = _cfg(sync_overhead_s=0.02)
+    one = sm.step_time(cfg, 1)
+    assert one["s_per_iter"] == 1.0 and one["speedup"] == 1.0 and one["sync_s"] == 0.0
+    for r in sm.predict(cfg, [8, 16, 128]):
+        assert r["speedup"] == pytest.approx(r["n"] * one["s_per_iter"] / r["s_per_iter"])
+        assert r["efficiency"] == pytest.approx(r["speedup"] / r["n"])
+        assert 0 < r["efficiency"] < 1
+
+
+def test_monotonic_sanity():
+    cfg = sm.reference_config(4096, "ib", 0.81)
+    rows = sm.predict(cfg, [1, 2, 4, 8, 16, 32, 64, 128])
+    times = [r["s_per_iter"] for r in rows]
+    assert times == sorted(times)
+    speed = [r["speedup"] for r in rows]
+    assert speed == sorted(speed)
+    # slower network -> slower step; bigger batch -> better efficiency; fp32 grads -> slower
+    slow = sm.reference_config(4096, "10gbe", 0.81)
+    assert sm.step_time(slow, 128)["s_per_iter"] > rows[-1]["s_per_iter"]
+    big = sm.reference_config(4096, "ib", 0.81, batch_per_gpu=512)
+    assert sm.step_time(big, 128)["efficiency"] > rows[-1]["efficiency"]
+    fp32 = sm.reference_config(4096, "ib", 0.81, grad_bytes=4, compression="none")
+    assert sm.step_time(fp32, 128)["s_per_iter"] > rows[-1]["s_per_iter"]
+
+
+def test_config_errors():
+    with pytest.raises(ValueError):
+        _cfg(compression="int8")
+    with pytest.raises(ValueError):
+        _cfg(algorithm="tree")
+    with pytest.raises(ValueError):
+        _cfg(compute_time_s=0)
+    with pytest.raises(ValueError):
+        Link(0.0, 1e-6)
+    with pytest.raises(ValueError):
+        sm.step_time(_cfg(), 0)
+
+
+def test_fit_alpha_beta_recovers_the_line():
+    n, alpha, beta = 2, 20e-6, 5.0
+    sizes = [4096 * 4 ** i for i in range(8)]
+    times = [sm.ring_allreduce_time(s, n, alpha, beta) for s in sizes]
+    f = sm.fit_alpha_beta(sizes, times, n)
+    assert f["alpha_s"] == pytest.approx(alpha, rel=1e-6)
+    assert f["beta_GBps"] == pytest.approx(beta, rel=1e-6)
+    assert f["max_rel_error"] < 1e-9
+    with pytest.raises(ValueError):
+        sm.fit_alpha_beta([4096], [1e-3], 2)
+    with pytest.raises(ValueError):
+        sm.fit_alpha_beta([4096, 8192], [1e-3, 0.0], 2)
+
+
+def _bench_data(overhead=300e-6, factor=1.25):
+    recs = []
+    for s in [4096 * 4 ** i for i in range(9)]:  # 4 KiB .. 256 MiB
+        t = 30e-6 + s / 2e9
+        recs.append({"label": "mpi4py", "case": "single", "size_bytes": s, "time_s": t,
+                     "ranks": 2})
+        # default cycle (1 ms): small messages hidden under the cycle; large ones slower
+        recs.append({"label": "hvd-mpi", "case": "single", "size_bytes": s, "ranks": 2,
+                     "cycle_time_ms": 1.0, "compression": "none",
+                     "time_s": max(1e-3, t + overhead) if s < 2 ** 24 else factor * t})
+        if s <= 65536:  # small cycle: the overhead shows
+            recs.append({"label": "hvd-mpi cycle=0.2ms", "case": "single", "size_bytes": s,
+                         "ranks": 2, "cycle_time_ms": 0.2, "compression": "none",
+                         "time_s": t + overhead})
+    return {"ranks": 2, "records": recs}
+
+
+def test_calibrate_from_bench_json():
+    cal = sm.calibrate_from_bench(_bench_data())
+    assert cal.latency_label == "hvd-mpi cycle=0.2ms"
+    assert cal.per_cycle_overhead_s == pytest.approx(300e-6, rel=1e-6)
+    assert cal.measured_bandwidth_ratio == pytest.approx(1.25, rel=1e-6)
+    assert cal.bandwidth_factor == pytest.approx(1.25, rel=1e-6)
+    faster = sm.calibrate_from_bench(_bench_data(factor=0.9))
+    assert faster.measured_bandwidth_ratio == pytest.approx(0.9) and faster.bandwidth_factor == 1
+    with pytest.raises(ValueError):
+        sm.calibrate_from_bench(_bench_data(), horovod_label="hvd-gloo")
+
+
+def test_validation_rows_and_calibration():
+    v = sm.validate()
+    assert len(v["rows"]) == 18
+    for r in v["rows"]:
+        if r["gpus"] == 1:
+            assert r["model_error"] == pytest.approx(0.0, abs=1e-12)
+        assert r["model_s_per_iter"] >= r["pure_s_per_iter"]
+    # t_sync is fitted on exactly one row: 4096-d with IB at 8 GPUs
+    row8 = [r for r in v["rows"] if r["column"] == "4096-d w/ IB" and r["gpus"] == 8][0]
+    assert row8["model_error"] == pytest.approx(0.0, abs=1e-9)
+    assert 0 < v["sync_overhead_s"] < 0.05
+    # the published s/iter implies n t1/tn, e.g. 128 x 0.81 / 1.12 = 92.6 (their column agrees)
+    r128 = [r for r in v["rows"] if r["column"] == "4096-d w/o IB" and r["gpus"] == 128][0]
+    assert r128["published_n_t1_over_tn"] == pytest.approx(92.57, abs=0.01)
+
+
+def test_effective_bandwidth_reproduces_row():
+    bw = sm.effective_inter_bandwidth(sync_overhead_s=0.037)
+    cfg = sm.reference_config(4096, Link(bw, 5e-6), 0.81, sync_overhead_s=0.037)
+    assert sm.step_time(cfg, 128)["s_per_iter"] == pytest.approx(0.91, rel=1e-6)
+
+
+def test_recommend_and_plot(tmp_path):
+    r = sm.recommend()
+    names = {row["setting"] for row in r["rows"]}
+    assert any("batch 512" in s for s in names) and any("hierarchical" in s for s in names)
+    base = {row["scenario"]: row for row in r["rows"] if row["setting"].startswith("reference")}
+    assert base["as-published"]["s_per_iter"] == pytest.approx(0.91, rel=1e-6)
+    png = tmp_path / "v.png"
+    sm.plot_validation(sm.validate(), png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_registers_and_runs(tmp_path, capsys):
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="command")
+    sm.add_subcommands(sub)
+    out = tmp_path / "p.json"
+    args = p.parse_args(["scaling-model", "predict", "--hidden-size", "1024", "--gpus", "1,2,16",
+                         "--json", str(out)])
+    assert args.func(args) == 0
+    assert "overlappable" in capsys.readouterr().out
+    import json
+
+    rows = json.loads(out.read_text())["predictions"]
+    assert [r["n"] for r in rows] == [1, 2, 16]
