@@ -9,7 +9,8 @@ In one invocation (so that a shared, noisy machine affects every figure alike):
 3. the same model and data with ``torch.nn.parallel.DistributedDataParallel`` (gloo backend) as the
    peer, at the largest N.
 
-It prints chars/s per rank and in total, weak-scaling efficiency (chars/s at N / (N x chars/s at
+Each configuration runs ``--repeats`` times, interleaved with the others, and the median run is
+reported with the spread. It prints chars/s per rank and in total, weak-scaling efficiency (chars/s at N / (N x chars/s at
 1)), model FLOPs per char (:meth:`LanguageModel.flops_per_char`), achieved GFLOP/s per rank and its
 fraction of the measured matmul rate, the share of step time Horovod waited on the allreduce, and
 the Horovod/DDP throughput ratio. ``--json FILE`` saves everything.
@@ -165,10 +166,17 @@ def _bench_train(args: argparse.Namespace) -> int:
     ranks = sorted({int(r) for r in args.ranks.split(",")})
     peak = matmul_gflops(threads=args.threads)
     print(f"matmul peak (fp32, {args.threads} thread(s), 2048^3): {peak:.1f} GFLOP/s per rank")
+    configs = [("horovod", n) for n in ranks] + [("ddp", ranks[-1])]
+    trials: dict[tuple[str, int], list[dict]] = {c: [] for c in configs}
+    for _ in range(args.repeats):  # interleaved, so drifting machine load hits every config alike
+        for backend, n in configs:
+            trials[(backend, n)].append(_launch(backend, n, args))
     runs = []
-    for n in ranks:
-        runs.append(_launch("horovod", n, args))
-    runs.append(_launch("ddp", ranks[-1], args))
+    for c in configs:  # the median run of each config by total chars/s, with the spread
+        ts = sorted(trials[c], key=lambda r: r["chars_per_s_total"])
+        med = dict(ts[len(ts) // 2])
+        med["chars_per_s_total_trials"] = [r["chars_per_s_total"] for r in trials[c]]
+        runs.append(med)
     peak_after = matmul_gflops(threads=args.threads)
     base = runs[0]["chars_per_s_per_rank"]
     print(f"model: {args.cell} H={args.hidden_size} E={args.embed_dim}, per-rank batch "
@@ -189,7 +197,11 @@ def _bench_train(args: argparse.Namespace) -> int:
               f"{'-' if wait is None else f'{wait:.1%}':>7}")
     hvd_n = [r for r in runs if r["backend"] == "horovod" and r["ranks"] == ranks[-1]][0]
     ratio = hvd_n["chars_per_s_total"] / runs[-1]["chars_per_s_total"]
-    print(f"Horovod / DDP throughput at {ranks[-1]} ranks: {ratio:.3f}x")
+    print(f"Horovod / DDP throughput at {ranks[-1]} ranks: {ratio:.3f}x (medians of "
+          f"{args.repeats} interleaved runs; per-run totals, chars/s: "
+          + "; ".join(f"{r['backend']} x{r['ranks']} "
+                      + ",".join(f"{v:.0f}" for v in r["chars_per_s_total_trials"])
+                      for r in runs) + ")")
     print(f"matmul peak re-measured after the runs: {peak_after:.1f} GFLOP/s")
     if args.json:
         with open(args.json, "w") as f:
@@ -218,6 +230,8 @@ def add_bench_subcommands(subparsers) -> None:
                               "DDP, fraction of matmul peak")
     _common(p)
     p.add_argument("--ranks", default="1,2", help="rank counts to run, e.g. 1,2")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved runs per config; the "
+                   "median is reported")
     p.add_argument("--timeout", type=float, default=900, help="per-run limit, s")
     p.add_argument("--json", default="", help="write the results here")
     p.set_defaults(func=_bench_train)
