@@ -375,62 +375,26 @@ def iter_lines(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *, keepends
         BadRecord: truncated gzip stream (unless ``skip_bad``), at the cut line.
         CorruptInput: failed CRC or invalid compressed data.
     """
-    stats = stats if stats is not None else ReadStats()
-    line_no = 1
-    pending: Optional[list] = None  # pieces of a partial line owned by this stripe
-    open_line = False  # a partial line (owned or not) is open
-    first_stripe = stripe == 0
-
-    def emit(raw: bytes):
-        if not keepends and raw.endswith(b"\r"):
-            raw = raw[:-1]
-        try:
-            text, ok = raw.decode("utf-8"), True
-        except UnicodeDecodeError:
-            text, ok = raw.decode("utf-8", errors="replace"), False
-        if line_no == 1 and text.startswith("\ufeff"):
-            text = text[1:]
-        return line_no, text, ok
-
-    nl = b"\n" if keepends else b""
-    try:
-        for b, data in enumerate(_blocks(spec.path, spec.compressed, block_size, progress)):
-            if first_stripe:
-                stats.bytes_in += len(data)
-            owned = n_stripes == 1 or b % n_stripes == stripe
-            start = 0
-            if open_line:
-                i = data.find(b"\n")
-                if i < 0:
-                    if pending is not None:
-                        pending.append(data)
-                    continue
-                if pending is not None:
-                    pending.append(data[:i] + nl)
-                    yield emit(b"".join(pending))
-                line_no += 1
-                pending, open_line, start = None, False, i + 1
-            end = data.rfind(b"\n") + 1
-            if end > start:
-                if owned:
-                    for raw in data[start:end - 1].split(b"\n"):
-                        yield emit(raw + nl if keepends else raw)
-                        line_no += 1
-                else:
-                    line_no += data.count(b"\n", start, end)
-            if end < len(data) and len(data) > start:
-                open_line = True
-                pending = [data[max(start, end):]] if owned else None
-        if pending is not None:
-            yield emit(b"".join(pending))
-    except _Truncated as e:
-        if first_stripe:
-            stats.truncated_files += 1
-            where = (f"inside line {line_no} (the partial line is dropped)" if open_line
-                     else f"after line {line_no - 1}")
-            _bad(stats, skip_bad, spec.path, line_no, f"gzip stream truncated {where}: {e}")
-    except (gzip.BadGzipFile, zlib.error, OSError) as e:
-        raise CorruptInput(spec.path, line_no, f"corrupt compressed stream: {e}") from e
+    for first, chunk in iter_segments(spec, stripe, n_stripes, stats=stats, skip_bad=skip_bad,
+                                      progress=progress, block_size=block_size):
+        lines = chunk.split(b"\n")
+        ends_nl = lines[-1] == b""
+        if ends_nl:
+            lines.pop()
+        last = len(lines) - 1
+        for k, raw in enumerate(lines):
+            if keepends:
+                if k < last or ends_nl:
+                    raw += b"\n"
+            elif raw.endswith(b"\r"):
+                raw = raw[:-1]
+            try:
+                text, ok = raw.decode("utf-8"), True
+            except UnicodeDecodeError:
+                text, ok = raw.decode("utf-8", errors="replace"), False
+            if first + k == 1 and text.startswith("\ufeff"):
+                text = text[1:]
+            yield first + k, text, ok
 
 
 def iter_segments(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
