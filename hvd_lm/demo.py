@@ -189,8 +189,25 @@ def _transfer_line(tr: dict) -> str:
     return line
 
 
+def _cmd_download(args: argparse.Namespace) -> int:
+    from hvd_lm.download import ChecksumMismatch, download_all
+
+    try:
+        download_all(args.sources, args.out, mirror=args.mirror)
+    except (ChecksumMismatch, OSError, ValueError) as e:
+        print(f"hvd-lm download: ERROR: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def add_subcommands(subparsers) -> None:
-    """Register ``hvd-lm demo``."""
+    """Register ``hvd-lm demo`` and ``hvd-lm download``."""
+    d = subparsers.add_parser("download", help="fetch the demo's public review files, each "
+                              "verified against its sha256")
+    d.add_argument("--sources", default=str(REPO / "configs" / "sources.yaml"))
+    d.add_argument("--out", default=str(REPO / "data" / "amazon"), help="destination folder")
+    d.add_argument("--mirror", default=None, help="base URL to use instead of the list's")
+    d.set_defaults(func=_cmd_download)
     p = subparsers.add_parser("demo", help="end to end on real reviews: prepare, train on 2 ranks, "
                               "evaluate vs xz/gzip, SST-2 transfer, report")
     p.add_argument("--config", default=str(REPO / "configs" / "demo.yaml"), help="demo YAML")

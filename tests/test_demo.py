@@ -63,6 +63,9 @@ def test_download_verifies_sha256_and_rejects_corruption(mirror, tmp_path):
     files = download_all(REPO / "configs" / "sources.yaml", out, mirror=url, log=lambda m: None)
     assert [f.relative_to(out).as_posix() for f in files] == [s.save_as for s in sources]
     assert sum(f.stat().st_size for f in files) == sum(s.bytes for s in sources)
+    # The CLI sees them verified and fetches nothing again.
+    proc = run([REPO / ".venv/bin/hvd-lm", "download", "--mirror", url, "--out", out], timeout=60)
+    assert proc.stdout.count("ok (cached)") == len(sources)
     # A corrupted copy on the server (one flipped byte) is rejected and leaves no file behind.
     victim = root / sources[0].path
     data = bytearray(victim.read_bytes())
