@@ -58,8 +58,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if ctx.is_root:
         import json
 
-        print(json.dumps({"checkpoint": str(args.checkpoint), "split": args.split, "bpc": value,
-                          "chars": chars, "step": ck["step"], "world_size": ctx.size}))
+        sys.stdout.write(json.dumps({"checkpoint": str(args.checkpoint), "split": args.split,
+                                     "bpc": value, "chars": chars, "step": ck["step"],
+                                     "world_size": ctx.size}) + "\n")  # one write: one line
+        sys.stdout.flush()
     return 0
 
 

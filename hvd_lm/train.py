@@ -126,10 +126,11 @@ class _Log:
                     self.tb.add_scalar(f"{kind}/{k}", v, step)
         shown = " ".join(f"{k}={_fmt(v)}" for k, v in values.items())
         msg = f"[{kind}] step={step} {shown}"
-        if self.bar is not None:
+        if self.bar is not None and not self.bar.disable:  # a terminal: keep the bar below
             self.bar.write(msg, file=sys.stdout)
-        else:
-            print(msg, flush=True)
+        else:  # one write per line: launchers tag each write (stdout may be unbuffered)
+            sys.stdout.write(msg + "\n")
+            sys.stdout.flush()
 
     def tick(self, n: int = 1, **postfix) -> None:
         if self.bar is not None:
