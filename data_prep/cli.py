@@ -168,7 +168,7 @@ def add_subcommands(subparsers, bench_subparsers=None, bench_name: str = "bench"
                    help="invalid UTF-8: replace with U+FFFD and count (default), or treat the "
                    "record as malformed")
     p.add_argument("--keep-work", action="store_true",
-                   help=f"keep the work directory (OUT/.prepare) after success")
+                   help="keep the work directory (OUT/.prepare) after success")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--summary-json", default=None, metavar="FILE",
                    help="also write the summary as JSON to FILE")

@@ -49,6 +49,7 @@ import numpy as np
 from data_prep import readers
 from data_prep.dist import Context, PhaseError, now
 from hvd_lm import shards
+from hvd_lm.atomic import write_text
 from hvd_lm.tokenizer import EOD, TOKENIZER_NAME, encode_bytes, normalize_text
 
 MiB = 1 << 20
@@ -248,9 +249,7 @@ def _nibble(k0: np.ndarray, k1: np.ndarray, pos: int) -> np.ndarray:
 
 
 def _atomic_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(obj, indent=1))
 
 
 def _finish_dir(partial: Path, final: Path) -> None:

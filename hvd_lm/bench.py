@@ -144,16 +144,10 @@ def _launch(backend: str, ranks: int, args: argparse.Namespace) -> dict:
         argv += ["--shards", args.shards]
     cmd = ["mpirun", "-np", str(ranks), "-bind-to", "none", "-map-by", "slot",
            "-mca", "pml", "ob1", "-mca", "btl", "^openib", *argv]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(29500 + ranks + (7 if backend == "ddp" else 0)))
-    if os.geteuid() == 0:
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
-    # With ranks sharing cores (here: one thread per rank, as many ranks as cores), OpenMPI's
-    # busy-polling in Horovod's MPI controller steals the compute threads' cores (measured: 4.7x
-    # slower steps at 2 ranks on 2 cores); yielding when idle removes that. GPU clusters with
-    # spare cores per rank do not need it.
-    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    from hvd_lm.launch import local_mpi_env
+
+    env = local_mpi_env(OMP_NUM_THREADS=str(args.threads), MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=str(29500 + ranks + (7 if backend == "ddp" else 0)))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     for line in proc.stdout.splitlines():
         if line.startswith("BENCH "):

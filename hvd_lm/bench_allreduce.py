@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import re
 import shutil
@@ -273,16 +272,9 @@ def _worker(args: argparse.Namespace) -> int:
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Launch environment: one thread per rank, OpenMPI as root / in containers, ranks yielding
     the cores when idle (ranks share this machine's cores; see :mod:`hvd_lm.bench`)."""
-    env = dict(os.environ)
-    bindir = str(Path(sys.executable).parent)
-    env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
-    repo = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = f"{repo}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
-    env.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
-    if os.geteuid() == 0:
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
-    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    from hvd_lm.launch import local_mpi_env
+
+    env = local_mpi_env(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
     for k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE"):
         env.pop(k, None)  # every configuration states its own
     env.update(extra or {})

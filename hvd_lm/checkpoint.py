@@ -11,13 +11,14 @@ name). Written to a temporary file in the same directory, fsync'd, then renamed 
 
 from __future__ import annotations
 
-import os
 import random
 import re
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from hvd_lm.atomic import atomic_path, write_text
 
 CHECKPOINT_FORMAT = 1
 _STEP_FILE = re.compile(r"^step_(\d{8})\.pt$")
@@ -63,15 +64,9 @@ def save(payload: dict, run_dir: str | Path, step: int, keep: int = 3) -> Path:
     d = checkpoint_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"step_{step:08d}.pt"
-    tmp = d / f".{path.name}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save({"format": CHECKPOINT_FORMAT, **payload}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    latest_tmp = d / f".latest.tmp.{os.getpid()}"
-    latest_tmp.write_text(path.name + "\n")
-    os.replace(latest_tmp, d / "latest")
+    with atomic_path(path) as tmp:
+        torch.save({"format": CHECKPOINT_FORMAT, **payload}, tmp)
+    write_text(d / "latest", path.name + "\n")
     if keep > 0:
         for old in list_checkpoints(run_dir)[:-keep]:
             old.unlink(missing_ok=True)

@@ -253,7 +253,6 @@ def from_args(args: argparse.Namespace) -> TrainConfig:
 
 def save_yaml(cfg: TrainConfig, path: str | Path) -> None:
     """Write ``cfg`` as YAML, atomically (temp file + rename)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    tmp.replace(path)
+    from hvd_lm.atomic import write_text
+
+    write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -80,15 +79,6 @@ def _launcher(cfg: dict) -> list[str]:
     raise ValueError(f"launch.launcher must be horovodrun, mpirun or none, got {kind!r}")
 
 
-def _env() -> dict:
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")  # ranks share this machine's cores
-    if os.geteuid() == 0:
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    return env
-
-
 def val_bytes(shards: Path) -> bytes:
     """The validation split's token stream, as bytes (what the LM is evaluated on)."""
     from hvd_lm.shards import load_manifest, read_tokens
@@ -116,7 +106,9 @@ def run_demo(config_path: str | Path) -> Path:
     run_dir = REPO / "runs" / cfg["name"]
     shards, train_dir = run_dir / "shards", run_dir / "train"
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = _env()
+    from hvd_lm.launch import local_mpi_env
+
+    env = local_mpi_env()
     timings = {}
 
     print("\n== 1/5 corpus ==", flush=True)

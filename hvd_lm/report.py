@@ -12,6 +12,8 @@ from pathlib import Path
 
 import matplotlib
 
+from hvd_lm.atomic import write_text
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -143,8 +145,4 @@ def write_report(run_dir: str | Path, train_dir: str | Path, name: str, eval_res
         lines += ["## Sentiment transfer", "", (t / "transfer.md").read_text().strip(), ""]
         if (t / "neuron_hist.png").exists():
             lines += [f"![sentiment neuron]({(t / 'neuron_hist.png').relative_to(run_dir)})", ""]
-    path = run_dir / "report.md"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(path)
-    return path
+    return write_text(run_dir / "report.md", "\n".join(lines) + "\n")

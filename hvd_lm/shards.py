@@ -50,15 +50,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
+
+from hvd_lm.atomic import atomic_path, write_text
 
 #: Version of the shard file layout and manifest schema described above.
 FORMAT_VERSION: int = 1
@@ -179,26 +179,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_tempfile(path: Path) -> Path:
-    """A fresh temporary file name next to ``path`` (same file system, so ``os.replace`` is
-    atomic); the name starts with ``.`` and ends with ``.tmp``. The file is not created here, so
-    it gets the default permissions when it is."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-
-
 def _check_stream(path: Path, tokens: np.ndarray, doc_offsets: np.ndarray) -> None:
     if tokens.dtype != np.uint8 or tokens.ndim != 1:
         raise ValueError(f"{path}: tokens must be a 1-D uint8 array, got {tokens.dtype} "
@@ -260,8 +240,7 @@ def write_shard(path, tokens: np.ndarray, doc_offsets: np.ndarray, attrs: dict,
             kw = {}
         f.create_dataset(name, data=data, **kw)
 
-    tmp = _atomic_tempfile(path)
-    try:
+    with atomic_path(path) as tmp:
         with h5py.File(tmp, "w") as f:
             _ds(f, _TOKENS, tokens, TOKEN_CHUNK)
             _ds(f, _OFFSETS, doc_offsets, OFFSET_CHUNK)
@@ -274,13 +253,6 @@ def write_shard(path, tokens: np.ndarray, doc_offsets: np.ndarray, attrs: dict,
             for k, v in attrs.items():
                 if k not in _REQUIRED_ATTRS:
                     f.attrs[k] = v
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
     return digest
 
 
@@ -456,19 +428,7 @@ def write_manifest(directory, manifest_dict: dict) -> Path:
         TypeError: the dict is not JSON-serialisable. OSError: write failure.
     """
     path = Path(directory) / MANIFEST_NAME
-    text = json.dumps(manifest_dict, indent=1, sort_keys=False) + "\n"
-    tmp = _atomic_tempfile(path)
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return path
+    return write_text(path, json.dumps(manifest_dict, indent=1, sort_keys=False) + "\n")
 
 
 def manifest_entry(file_name: str, tokens: int, documents: int, sha256: str) -> dict:

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from hvd_lm import tokenizer
+from hvd_lm.atomic import atomic_path, write_text
 
 #: Feature types: final cell state, final hidden state, mean / max over time of the hidden states.
 FEATURE_KINDS = ("cell", "hidden", "mean", "max")
@@ -317,17 +318,10 @@ class FeatureCache:
         """Write ``features`` and ``meta`` atomically; returns the .npy path."""
         self.dir.mkdir(parents=True, exist_ok=True)
         p = self.path(key)
-        tmp = self.dir / f".{key}.{os.getpid()}.tmp.npy"
-        np.save(tmp, np.ascontiguousarray(features, dtype=np.float32))
-        os.replace(tmp, p)
-        _write_atomic(self.dir / f"{key}.json", json.dumps(meta, indent=1, sort_keys=True))
+        with atomic_path(p, suffix=".npy") as tmp:
+            np.save(tmp, np.ascontiguousarray(features, dtype=np.float32))
+        write_text(self.dir / f"{key}.json", json.dumps(meta, indent=1, sort_keys=True))
         return p
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -484,10 +478,9 @@ def plot_neuron_histogram(values: np.ndarray, labels: np.ndarray, index: int, th
     ax.set_title(title or f"Sentiment unit {index} by class")
     ax.legend()
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fig.savefig(tmp, format="png", dpi=100)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 
@@ -733,9 +726,9 @@ def run_transfer(args: argparse.Namespace) -> dict | None:
         "baseline": baseline,
         "notes": notes,
     }
-    _write_atomic(out / "transfer.json", json.dumps(report, indent=2) + "\n")
+    write_text(out / "transfer.json", json.dumps(report, indent=2) + "\n")
     md = format_markdown(report)
-    _write_atomic(out / "transfer.md", md)
+    write_text(out / "transfer.md", md)
     return report
 
 

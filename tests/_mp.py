@@ -4,7 +4,6 @@ Every launch has a timeout: a hung collective fails the test instead of hanging 
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,20 +14,11 @@ BIN = Path(sys.executable).parent
 
 
 def launch_env(**extra: str) -> dict[str, str]:
-    """Environment for launched ranks: the venv first on PATH, the repo importable, one thread per
-    rank, and OpenMPI allowed to run as root (CI runs as root) and inside containers."""
-    env = dict(os.environ)
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
-    env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
-    # Containers often forbid the ptrace-based single-copy transport of OpenMPI's vader BTL.
-    env.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
-    # Ranks share this machine's 2 cores: let idle MPI ranks yield instead of busy-polling.
-    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-    env.update(extra)
-    return env
+    """Environment for launched ranks: :func:`hvd_lm.launch.local_mpi_env` (the venv first on
+    PATH, the repo importable, one thread per rank, OpenMPI as root, idle ranks yielding)."""
+    from hvd_lm.launch import local_mpi_env
+
+    return local_mpi_env(**extra)
 
 
 def run(cmd: list[str], timeout: float = 300, env: dict | None = None, cwd: Path = REPO,

@@ -183,7 +183,10 @@ def test_uniform_model_gives_exactly_8_bpc(shards):
 
 
 def test_eval_cli_matches_in_process_bpc(shards, tmp_path):
-    one_process(shards, tmp_path / "r", "--batch-size", "2", "--max-steps", "3")
+    one_process(shards, tmp_path / "r", "--batch-size", "2", "--max-steps", "3",
+                "--checkpoint-every", "1", "--keep-checkpoints", "2")
+    assert [p.name for p in list_checkpoints(tmp_path / "r")] == ["step_00000002.pt",
+                                                                  "step_00000003.pt"]
     proc = run([sys.executable, "-m", "hvd_lm", "eval", tmp_path / "r", shards, "--split", "val",
                 "--batch-size", "3"], timeout=120)
     got = json.loads(proc.stdout.strip().splitlines()[-1])
