@@ -2,5 +2,5 @@
 
 ``python -m data_prep prepare|verify|bench`` (see docs/data_prep.md). Readers in
 :mod:`data_prep.readers`, the pipeline in :mod:`data_prep.pipeline`, the shard format in
-:mod:`hvd_lm.shards`, the tokenizer in :mod:`hvd_lm.tokenizer`.
+:mod:`hvd_lm.core.shards`, the tokenizer in :mod:`hvd_lm.core.tokenizer`.
 """

@@ -1,13 +1,13 @@
 """``prepare``: review text files -> shuffled, de-duplicated, split, sharded token streams.
 
-Phases (each a list of independent tasks run by :class:`data_prep.dist.Context` over
+Phases (each a list of independent tasks run by :class:`data_prep.parallel.Context` over
 ``--workers`` processes and MPI ranks):
 
 1. **map** -- one task per *unit*: an input file, or one stripe of a one-record-per-line file
    when there are fewer files than processes (:func:`data_prep.readers.iter_lines`). Documents
    come in lists (:func:`data_prep.readers.read_document_batches`: JSON lines are parsed from
    raw bytes with orjson); each is optionally normalised, encoded (UTF-8, as
-   :func:`hvd_lm.tokenizer.encode_bytes`), dropped when shorter than ``--min-chars``
+   :func:`hvd_lm.core.tokenizer.encode_bytes`), dropped when shorter than ``--min-chars``
    characters, and given the key ``blake2b(bytes, key=seed, digest_size=16)``. Records (key,
    bytes + EOD) go to bucket spill files by the key's top bits (range partitioning), through
    buffers bounded by the memory budget.
@@ -21,7 +21,7 @@ Phases (each a list of independent tasks run by :class:`data_prep.dist.Context` 
    ``--split``); within a split, a shard is closed before a document that would take it past
    ``--shard-size`` bytes. Shards are pure functions of the ordered stream.
 4. **write** -- one task per shard: gather its byte ranges, write it atomically
-   (:func:`hvd_lm.shards.write_shard`).
+   (:func:`hvd_lm.core.shards.write_shard`).
 5. rank 0 writes ``manifest.json`` last, then removes the work directory.
 
 So the same inputs and settings give byte-identical shards for any number of workers, ranks or
@@ -36,6 +36,7 @@ import hashlib
 import json
 import math
 import os
+import platform
 import re
 import shutil
 import signal
@@ -44,15 +45,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import h5py
 import numpy as np
 
+import hvd_lm
 from data_prep import readers
-from data_prep.dist import Context, PhaseError, now
-from hvd_lm import shards
-from hvd_lm.atomic import write_text
-from hvd_lm.tokenizer import EOD, TOKENIZER_NAME, encode_bytes, normalize_text
+from data_prep.parallel import Context, PhaseError, now
+from hvd_lm.core import shards
+from hvd_lm.core.config import option
+from hvd_lm.core.atomic import write_text
+from hvd_lm.core.tokenizer import EOD, TOKENIZER_NAME, encode_bytes, normalize_text
+from hvd_lm.core.units import MIB, parse_bytes
 
-MiB = 1 << 20
+MiB = MIB
 WORK_DIR = ".prepare"
 #: Environment hook for tests: after this many shards written by one process, it kills itself
 #: with SIGKILL (simulates a crash midway; ``--resume`` must recover).
@@ -68,16 +73,39 @@ class PrepareError(RuntimeError):
     """The run cannot proceed (bad settings, output directory in use, no documents)."""
 
 
+def parse_size(text: str) -> int:
+    """``"64M"``, ``"1.5G"``, ``"4096"``, ``"512K"`` -> bytes (binary units: K=1024;
+    :func:`hvd_lm.core.units.parse_bytes`)."""
+    return parse_bytes(text)
+
+
+def parse_split(text) -> tuple:
+    """``"1000,1,1"``, ``"0.9,0.05,0.05"`` or a sequence of numbers -> (train, val, test) ratios;
+    missing ones are 0.
+
+    Raises:
+        ValueError: not 1-3 non-negative numbers with a positive sum.
+    """
+    try:
+        parts = [float(x) for x in (str(text).split(",") if isinstance(text, str) else text)]
+    except (TypeError, ValueError):
+        raise ValueError(f"--split {text!r}: expected up to three numbers, e.g. 1000,1,1") from None
+    if not 1 <= len(parts) <= 3 or any(p < 0 or math.isnan(p) for p in parts) or sum(parts) <= 0:
+        raise ValueError(f"--split {text!r}: expected 1-3 non-negative numbers with a positive sum")
+    return tuple(parts + [0.0] * (3 - len(parts)))
+
+
 @dataclass
 class PrepareConfig:
-    """Settings of one ``prepare`` run (the CLI flags of the same names).
+    """Settings of one ``prepare`` run: the ``prepare`` flags, the ``prepare:`` YAML section
+    (:mod:`hvd_lm.core.config`), and what the manifest records.
 
     Attributes:
         inputs: input file paths.
         out: output directory.
         format, text_field: ``--format`` / ``--text-field`` for every input (``None``: inferred
             per file).
-        normalize: collapse whitespace (:func:`hvd_lm.tokenizer.normalize_text`) before
+        normalize: collapse whitespace (:func:`hvd_lm.core.tokenizer.normalize_text`) before
             encoding and de-duplication.
         min_chars: drop documents with fewer characters (after normalisation).
         dedup: drop exact duplicates (same bytes after normalisation).
@@ -93,29 +121,54 @@ class PrepareConfig:
         utf8_errors: ``"replace"`` or ``"strict"`` (see :mod:`data_prep.readers`).
         keep_work: leave ``OUT/.prepare`` in place after success.
         progress: tqdm bars on rank 0.
-        command: the command line, recorded in the manifest.
+        summary_json: also write the summary as JSON to this file ('' = no).
+        command: the command line, recorded in the manifest (set by the program).
     """
 
-    inputs: list
-    out: str
-    format: Optional[str] = None
-    text_field: Optional[str] = None
-    normalize: bool = False
-    min_chars: int = 1
-    dedup: bool = True
-    seed: int = 1234
-    split: tuple = (1000.0, 1.0, 1.0)
-    shard_size: int = 64 * MiB
-    compression: str = "none"
-    workers: int = 1
-    max_memory_mb: int = 1024
-    resume: bool = False
-    overwrite: bool = False
-    skip_bad: bool = False
-    utf8_errors: str = "replace"
-    keep_work: bool = False
-    progress: bool = True
-    command: list = field(default_factory=list)
+    inputs: list[str] = option(default_factory=list, help="input files (.gz or not)",
+                               positional=True, required=True, metavar="INPUT")
+    out: str = option("", "output directory for shards and manifest.json", required=True)
+    format: Optional[str] = option(None, "input format of every INPUT (default: inferred from "
+                                   "each file name)", choices=readers.FORMATS)
+    text_field: Optional[str] = option(None, "JSON key / CSV column / .review tag holding the "
+                                       "text (default: reviewText, review_body, Text, ... "
+                                       "whichever the file has; review_text)")
+    normalize: bool = option(False, "collapse whitespace runs to one space and strip (Radford "
+                             "et al. 2017); recorded in the manifest", switch=True)
+    min_chars: int = option(1, "drop documents with fewer characters (after --normalize)",
+                            ge=0)
+    dedup: bool = option(True, "drop exact duplicates (--no-dedup keeps them)", switch=False,
+                         flag="--no-dedup")
+    seed: int = option(1234, "shuffle seed", ge=0)
+    split: tuple[float, ...] = option((1000.0, 1.0, 1.0), "split ratios TRAIN,VAL,TEST (as in "
+                                      "sentiment-discovery)", parse=parse_split,
+                                      metavar="TRAIN,VAL,TEST")
+    shard_size: int = option(64 * MiB, "target bytes per shard, suffixes K/M/G",
+                             parse=parse_size, metavar="BYTES", ge=1)
+    compression: str = option("none", "HDF5 compression of the datasets",
+                              choices=shards.COMPRESSIONS)
+    workers: int = option(1, "local worker processes per rank", ge=1)
+    max_memory_mb: int = option(1024, "memory budget per rank in MiB, shared by its workers",
+                                ge=1)
+    resume: bool = option(False, "continue an interrupted run in --out: keep finished work and "
+                          "verified shards, redo the rest", switch=True)
+    overwrite: bool = option(False, "replace an earlier run in --out", switch=True)
+    skip_bad: bool = option(False, "count and sample malformed records instead of stopping at "
+                            "the first", switch=True)
+    utf8_errors: str = option("replace", "invalid UTF-8: replace with U+FFFD and count, or "
+                              "treat the record as malformed", choices=("replace", "strict"))
+    keep_work: bool = option(False, "keep the work directory (OUT/.prepare) after success",
+                             switch=True)
+    progress: bool = option(True, "progress bars (--no-progress: none)", switch=False,
+                            flag="--no-progress")
+    summary_json: str = option("", "also write the summary as JSON to FILE", metavar="FILE")
+    command: list[str] = option(default_factory=list, help="command line (recorded)", cli=False)
+
+    def check(self) -> None:
+        """--resume and --overwrite exclude each other; the split ratios are well formed."""
+        if self.resume and self.overwrite:
+            raise ValueError("--resume and --overwrite exclude each other")
+        self.split = parse_split(self.split)
 
 
 @dataclass
@@ -194,26 +247,6 @@ class WriteTask:
 
 
 # ---- helpers -------------------------------------------------------------------------------
-
-
-def parse_size(text: str) -> int:
-    """``"64M"``, ``"1.5G"``, ``"4096"``, ``"512K"`` -> bytes (binary units: K=1024)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
-    if not m:
-        raise ValueError(f"not a size: {text!r} (examples: 4096, 512K, 64M, 1G)")
-    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
-    return int(float(m.group(1)) * mult)
-
-
-def parse_split(text: str) -> tuple:
-    """``"1000,1,1"`` or ``"0.9,0.05,0.05"`` -> (train, val, test) ratios; missing ones are 0."""
-    try:
-        parts = [float(x) for x in str(text).split(",")]
-    except ValueError:
-        raise ValueError(f"--split {text!r}: expected up to three numbers, e.g. 1000,1,1") from None
-    if not 1 <= len(parts) <= 3 or any(p < 0 or math.isnan(p) for p in parts) or sum(parts) <= 0:
-        raise ValueError(f"--split {text!r}: expected 1-3 non-negative numbers with a positive sum")
-    return tuple(parts + [0.0] * (3 - len(parts)))
 
 
 def split_counts(n: int, ratios: tuple) -> dict:
@@ -601,12 +634,6 @@ def _fingerprint(obj) -> str:
 
 
 def _versions() -> dict:
-    import platform
-
-    import h5py
-
-    import hvd_lm
-
     return {"hvd_lm": hvd_lm.__version__, "h5py": h5py.__version__,
             "hdf5": h5py.version.hdf5_version, "numpy": np.__version__,
             "python": platform.python_version()}

@@ -2,17 +2,30 @@
 
 For every shard listed in ``manifest.json``: the file exists, ``format_version`` matches, the
 token and document counts match the manifest, the structure is sound (offsets, one EOD per
-document) and the SHA-256 of the tokens matches (:func:`hvd_lm.shards.verify_shard`). Shards are
+document) and the SHA-256 of the tokens matches (:func:`hvd_lm.core.shards.verify_shard`). Shards are
 checked in parallel over ``--workers`` processes.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from data_prep.dist import Context
-from hvd_lm import shards
+from data_prep.parallel import Context
+from hvd_lm.core import shards
+from hvd_lm.core.config import option
+
+
+@dataclass
+class VerifyConfig:
+    """``verify DIR``."""
+
+    directory: str = option("", "directory holding manifest.json", positional=True,
+                            required=True)
+    workers: int = option(1, "parallel processes", ge=1)
+    progress: bool = option(True, "progress bar (--no-progress: none)", switch=False,
+                            flag="--no-progress")
 
 
 def _check(info: shards.ShardInfo, progress=None) -> Optional[str]:
@@ -33,7 +46,7 @@ def verify_directory(directory, ctx: Optional[Context] = None) -> tuple[list, li
         directory: a directory written by ``prepare``.
         ctx: workers/ranks to spread the shards over (default: one process).
     Returns:
-        ``(shards checked, problems)``: the manifest's :class:`~hvd_lm.shards.ShardInfo` list and
+        ``(shards checked, problems)``: the manifest's :class:`~hvd_lm.core.shards.ShardInfo` list and
         one message per mismatch (empty when everything verifies). An unreadable or invalid
         manifest is one problem and no shards.
     """

@@ -8,16 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hvd_lm.dist.launcher import local_mpi_env
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 BIN = Path(sys.executable).parent
 
 
 def launch_env(**extra: str) -> dict[str, str]:
-    """Environment for launched ranks: :func:`hvd_lm.launch.local_mpi_env` (the venv first on
-    PATH, the repo importable, one thread per rank, OpenMPI as root, idle ranks yielding)."""
-    from hvd_lm.launch import local_mpi_env
-
+    """Environment for launched ranks: :func:`hvd_lm.dist.launcher.local_mpi_env` (the venv first
+    on PATH, the repo importable, one thread per rank, OpenMPI as root, idle ranks yielding)."""
     return local_mpi_env(**extra)
 
 

@@ -1,5 +1,5 @@
 """Build small shard directories for training tests from real review text (or synthetic text when
-../shared is absent), through hvd_lm.shards' own writer."""
+../shared is absent), through hvd_lm.core.shards' own writer."""
 from __future__ import annotations
 
 import gzip
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hvd_lm.shards import build_manifest, manifest_entry, write_manifest, write_shard
-from hvd_lm.tokenizer import TOKENIZER_NAME, encode_document
+from hvd_lm.core.shards import build_manifest, manifest_entry, write_manifest, write_shard
+from hvd_lm.core.tokenizer import TOKENIZER_NAME, encode_document
 from tests._mp import SHARED
 
 MUSIC = SHARED / "data/amazon/mcauley2014_5core/reviews_Digital_Music_5.json.gz"

@@ -1,12 +1,15 @@
-"""``hvd-lm bench allreduce`` / ``bench fusion``: helpers, JSON parsing, and one real 2-rank run."""
+"""``hvd-lm bench allreduce`` / ``bench fusion``: helpers, JSON parsing, and one real 2-rank run.
+(hvd_lm.perf.bench_allreduce, hvd_lm.perf.bench_train, hvd_lm.perf.results)"""
 
-import argparse
 import json
 import sys
 
 import pytest
 
-from hvd_lm import bench_allreduce as ba
+from hvd_lm.cli import build_parser
+from hvd_lm.perf import bench_allreduce as ba
+from hvd_lm.perf import bench_train as bt
+from hvd_lm.perf import results as R
 from tests._mp import REPO, launch_env, run
 
 
@@ -31,9 +34,7 @@ def test_groups():
 
 
 def test_configurations():
-    p = argparse.ArgumentParser()
-    ba._allreduce_args(p)
-    confs = ba.configurations(p.parse_args([]))
+    confs = ba.configurations(ba.AllreduceConfig())
     labels = [c["label"] for c in confs]
     assert labels[:4] == ["mpi4py", "torch-gloo", "hvd-mpi", "hvd-gloo"]
     assert "hvd-mpi fusion=0MB" in labels and "hvd-mpi cycle=5ms" in labels
@@ -57,23 +58,23 @@ def _records():
 
 def test_derived_fields_ratios_and_json_roundtrip(tmp_path, capsys):
     recs = _records()
-    ba.derive(recs)
+    R.derive(recs)
     r = recs[0]
     assert r["algbw_GBps"] == pytest.approx(4096 / r["time_s"] / 1e9)
     assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"])  # 2(n-1)/n = 1 at n = 2
-    ratios = ba.ratios_to_mpi(recs)
+    ratios = R.ratios_to_mpi(recs)
     assert {x["size_bytes"] for x in ratios} == {4096, 65536, 1048576}
     assert all(x["label"] == "hvd-mpi" and x["time_ratio"] > 1 for x in ratios)
-    fits = ba.fit_records(recs)
+    fits = R.fit_records(recs)
     assert fits["mpi4py"]["beta_GBps"] == pytest.approx(4.0, rel=1e-6)
     data = {"ranks": 2, "records": recs, "fits": fits}
     path = tmp_path / "b.json"
     path.write_text(json.dumps(data))
-    loaded = ba.load_bench_json(path)
+    loaded = R.load_bench_json(path)
     ba.print_report(loaded)
     out = capsys.readouterr().out
     assert "time / raw MPI" in out and "synthetic200x64k" in out
-    from hvd_lm.scaling_model import calibrate_from_bench
+    from hvd_lm.perf.scaling_model import calibrate_from_bench
 
     cal = calibrate_from_bench(loaded)  # no sizes >= 16 MiB here: ratio of fitted slopes
     assert cal.bandwidth_factor == pytest.approx(4 / 3, rel=1e-6)
@@ -85,10 +86,10 @@ def test_derived_fields_ratios_and_json_roundtrip(tmp_path, capsys):
                                                         "size_bytes": 4, "time_s": 0,
                                                         "ranks": 2}]}))
     with pytest.raises(ValueError):
-        ba.load_bench_json(bad)
+        R.load_bench_json(bad)
     bad.write_text(json.dumps({"records": []}))
     with pytest.raises(ValueError):
-        ba.load_bench_json(bad)
+        R.load_bench_json(bad)
 
 
 def test_autotune_log_parsing(tmp_path):
@@ -97,15 +98,15 @@ def test_autotune_log_parsing(tmp_path):
     rows = "0,0,0, 1,5,4,10.5\n0,0,0, 1,50,32,30.25\n0,0,0, 1,25,16,20\n"
     log = tmp_path / "a.csv"
     log.write_text(head + rows + "0,0,0, 1,50,32,30.25\n")  # finished: best row last
-    r = ba.parse_autotune_log(log)
+    r = bt.parse_autotune_log(log)
     assert r["finished"] and len(r["samples"]) == 3
     assert r["best"]["cycle_time_ms"] == 50 and r["best"]["tensor_fusion_threshold"] == 32
     log.write_text(head + rows)  # not finished: best sample so far
-    r = ba.parse_autotune_log(log)
+    r = bt.parse_autotune_log(log)
     assert not r["finished"] and r["best"]["score"] == 30.25
     log.write_text("nothing\n")
     with pytest.raises(ValueError):
-        ba.parse_autotune_log(log)
+        bt.parse_autotune_log(log)
 
 
 def test_summarize_fusion():
@@ -115,30 +116,30 @@ def test_summarize_fusion():
              "cycle_time_ms": 1.0, "step_time_s": 0.2, "allreduce_wait_share": 0.1},
             {"label": "fusion=128MB cycle=1ms", "fusion_threshold_mb": 128.0,
              "cycle_time_ms": 1.0, "step_time_s": 0.4, "allreduce_wait_share": 0.2}]
-    s = {x["label"]: x for x in ba.summarize_fusion(runs)}
+    s = {x["label"]: x for x in bt.summarize_fusion(runs)}
     assert s["fusion=128MB cycle=1ms"]["step_time_s"] == pytest.approx(0.3)
     assert s["fusion=128MB cycle=1ms"]["step_time_min_s"] == pytest.approx(0.2)
     assert s["fusion=0MB cycle=1ms"]["relative_to_default"] == pytest.approx(1.0)
 
 
 def test_registers_bench_subcommands():
-    p = argparse.ArgumentParser()
-    sub = p.add_subparsers(dest="cmd")
-    ba.add_bench_subcommands(sub)
-    a = p.parse_args(["allreduce", "--sizes", "4K,64K", "--np", "2"])
-    assert a.func is ba._bench_allreduce and a.np == 2
-    f = p.parse_args(["fusion", "--fusion-mb", "0,64"])
-    assert f.func is ba._bench_fusion and f.hidden_size == 256
+    argv = ["bench", "allreduce", "--sizes", "4K,64K", "--np", "2"]
+    a = build_parser(argv).parse_args(argv)
+    assert a.command_obj is ba.BENCH_ALLREDUCE and a.command_obj.settings(a).np == 2
+    argv = ["bench", "fusion", "--fusion-mb", "0,64"]
+    f = build_parser(argv).parse_args(argv)
+    cfg = f.command_obj.settings(f)
+    assert f.command_obj is bt.BENCH_FUSION and cfg.hidden_size == 256 and cfg.fusion_mb == [0, 64]
 
 
 @pytest.mark.slow
 def test_real_allreduce_bench_two_ranks(tmp_path):
     out = tmp_path / "ar.json"
-    run([sys.executable, "-m", "hvd_lm.bench_allreduce", "allreduce", "--np", "2",
+    run([sys.executable, "-m", "hvd_lm", "bench", "allreduce", "--np", "2",
          "--sizes", "4096,65536", "--iters", "3", "--warmup", "1", "--fusion-mb", "",
          "--cycle-ms", "", "--groups", "synthetic8x16k", "--json", str(out)],
         timeout=240, env=launch_env(), cwd=REPO)
-    data = ba.load_bench_json(out)
+    data = R.load_bench_json(out)
     labels = {r["label"] for r in data["records"]}
     assert {"mpi4py", "torch-gloo", "hvd-mpi", "hvd-mpi+fp16", "hvd-gloo",
             "hvd-gloo+fp16"} == labels
@@ -157,7 +158,7 @@ def test_median_over_repeats():
     recs = [{"label": "a", "case": "single", "size_bytes": 4, "time_s": t} for t in (3, 1, 2)]
     recs.append({"label": "a", "case": "grouped", "size_bytes": 4, "group": "g", "mode": "async",
                  "time_s": 5})
-    out = ba.median_over_repeats(recs)
+    out = R.median_over_repeats(recs)
     single = [r for r in out if r["case"] == "single"][0]
     assert single["time_s"] == 2 and single["time_s_repeats"] == [3, 1, 2]
     assert len(out) == 2

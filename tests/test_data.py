@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from hvd_lm.data import IGNORE, RankStreams, epoch_shard_order, stream_bounds
-from hvd_lm.shards import load_manifest, read_tokens
+from hvd_lm.train.data import IGNORE, RankStreams, epoch_shard_order, stream_bounds
+from hvd_lm.core.shards import load_manifest, read_tokens
 from tests.shardutil import default_shards
 
 

@@ -1,6 +1,5 @@
 """End to end: ``prepare`` on the real shared files, determinism over workers/ranks/memory,
 kill + resume, ``verify``, independent HDF5 readers, and the bad-input behaviours."""
-import argparse
 import gzip
 import hashlib
 import json
@@ -16,13 +15,14 @@ import numpy as np
 import pytest
 
 from data_prep import pipeline
-from data_prep.cli import add_subcommands, cmd_prepare, cmd_verify
-from data_prep.dist import Context, PhaseError
+from data_prep.cli import PREPARE, VERIFY, build_parser
+from hvd_lm.core import config as configlib
+from data_prep.parallel import Context, PhaseError
 from data_prep.pipeline import (KILL_HOOK_ENV, MapTask, PrepareConfig, PrepareError, SortTask,
                                 map_unit, plan_shards, prepare, sort_bucket, split_counts)
 from data_prep.readers import resolve_input
-from hvd_lm.shards import MANIFEST_NAME, check_shard, load_manifest, open_shard
-from hvd_lm.tokenizer import normalize_text
+from hvd_lm.core.shards import MANIFEST_NAME, check_shard, load_manifest, open_shard
+from hvd_lm.core.tokenizer import normalize_text
 from tests.test_data_prep_readers import BLITZER, FOOD, KAGGLE, MUSIC, TSV, independent
 
 REPO = Path(__file__).resolve().parents[1]
@@ -361,15 +361,16 @@ def test_plan_cuts_at_document_boundaries(tmp_path):
     assert plans[2].pieces == ((0, 3, 4, 40, 45), (1, 0, 1, 0, 2))
 
 
-def test_subcommands_plug_into_another_parser():
-    parser = argparse.ArgumentParser(prog="hvd-lm")
-    add_subcommands(parser.add_subparsers(dest="command", required=True))
+def test_subcommands_parse_into_the_config():
+    parser = build_parser()
     args = parser.parse_args(["prepare", "a.json", "--out", "d", "--split", "98,1,1",
                               "--shard-size", "8M"])
-    assert args.func is cmd_prepare and args.split == (98.0, 1.0, 1.0)
-    assert args.shard_size == 8 << 20
-    assert parser.parse_args(["verify", "d"]).func is cmd_verify
-    assert callable(parser.parse_args(["bench", "--size-mb", "1"]).func)
+    cfg = configlib.from_args(PrepareConfig, args)
+    assert args.command_obj is PREPARE and cfg.split == (98.0, 1.0, 1.0)
+    assert cfg.shard_size == 8 << 20 and cfg.inputs == ["a.json"] and cfg.dedup
+    assert parser.parse_args(["verify", "d"]).command_obj is VERIFY
+    assert parser.parse_args(["bench", "--size-mb", "1"]).command_obj.config.__name__ == \
+        "BenchPrepareConfig"
 
 
 def test_bench_smoke(shared_data, tmp_path):

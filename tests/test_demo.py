@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hvd_lm.download import ChecksumMismatch, download_all, load_sources
-from hvd_lm.evaluate import compressor_bpc
-from hvd_lm.report import read_metrics, training_summary, write_report
+from hvd_lm.jobs.download import ChecksumMismatch, download_all, load_sources
+from hvd_lm.train.evaluate import compressor_bpc
+from hvd_lm.jobs.report import training_summary, write_report
+from hvd_lm.train.log import read_metrics
 from tests._mp import REPO, SHARED, launch_env, run
 
 AMAZON = SHARED / "data" / "amazon"

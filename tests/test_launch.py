@@ -5,7 +5,6 @@ fabricated $PBS_NODEFILE); every template and rendered script must pass shellche
 report is checked against the reference talk's table (Puri et al. 2018)."""
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import subprocess
@@ -14,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from hvd_lm import launch as L
-from hvd_lm import scaling_report as S
-from hvd_lm.schedule import scaled_lr
+from hvd_lm.cli import main
+from hvd_lm.jobs import launch as L
+from hvd_lm.perf import scaling_report as S
+from hvd_lm.train.schedule import scaled_lr
 from tests._mp import REPO, launch_env, run
 from tests.shardutil import default_shards
 from tests.slurm_cluster import Unavailable, ensure_tools
@@ -28,12 +28,8 @@ TINY = ("--hidden-size 32 --embed-dim 8 --seq-len 16 --batch-size 2 --max-steps 
 
 
 def cli(*argv: str) -> int:
-    """Run `hvd-lm <argv>` through the parser that add_subcommands builds."""
-    parser = argparse.ArgumentParser(prog="hvd-lm")
-    add = parser.add_subparsers(dest="command", required=True)
-    L.add_subcommands(add)
-    args = parser.parse_args(list(argv))
-    return args.func(args)
+    """Run `hvd-lm <argv>` in this process (the real command table, hvd_lm.cli)."""
+    return main(list(argv))
 
 
 @pytest.fixture(scope="module")
@@ -316,6 +312,6 @@ def test_json_to_stdout(tmp_path, capsys):
 
 
 def test_module_entry_point_has_both_subcommands():
-    proc = subprocess.run([sys.executable, "-m", "hvd_lm.launch", "--help"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "hvd_lm", "--help"], capture_output=True,
                           text=True, cwd=REPO, env=launch_env(), timeout=60)
     assert proc.returncode == 0 and "launch" in proc.stdout and "scaling-report" in proc.stdout

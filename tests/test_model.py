@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_lm.model import LanguageModel, ModelConfig
+from hvd_lm.core.model import LanguageModel, ModelConfig, parameter_shapes
 
 
 def sigmoid(x):
@@ -86,3 +86,12 @@ def test_config_rejects_bad_values():
         ModelConfig(cell="gru")
     with pytest.raises(ValueError, match="hidden_size"):
         ModelConfig(hidden_size=0)
+
+
+@pytest.mark.parametrize("cell", ["mlstm", "lstm"])
+def test_parameter_shapes_match_the_built_model(cell):
+    """The analytic parameter list (what the scaling model and the allreduce bench use) equals
+    the real model's named parameters, in order."""
+    cfg = ModelConfig(cell=cell, hidden_size=24, embed_dim=8)
+    built = [(n, tuple(p.shape)) for n, p in LanguageModel(cfg).named_parameters()]
+    assert parameter_shapes(cfg) == built

@@ -1,12 +1,12 @@
 """The scaling model's arithmetic against hand-computed values (no timing)."""
 
-import argparse
 import math
 
 import pytest
 
-from hvd_lm import scaling_model as sm
-from hvd_lm.scaling_model import Link, ScalingConfig
+from hvd_lm.cli import main
+from hvd_lm.perf import scaling_model as sm
+from hvd_lm.perf.scaling_model import Link, ScalingConfig
 
 MB = 1e6
 
@@ -243,13 +243,9 @@ def test_recommend_and_plot(tmp_path):
 
 
 def test_cli_registers_and_runs(tmp_path, capsys):
-    p = argparse.ArgumentParser()
-    sub = p.add_subparsers(dest="command")
-    sm.add_subcommands(sub)
     out = tmp_path / "p.json"
-    args = p.parse_args(["scaling-model", "predict", "--hidden-size", "1024", "--gpus", "1,2,16",
-                         "--json", str(out)])
-    assert args.func(args) == 0
+    assert main(["scaling-model", "predict", "--hidden-size", "1024", "--gpus", "1,2,16",
+                 "--json", str(out)]) == 0
     assert "overlappable" in capsys.readouterr().out
     import json
 

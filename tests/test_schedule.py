@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from hvd_lm.schedule import lr_factor, make_scheduler, scaled_lr
+from hvd_lm.train.schedule import lr_factor, make_scheduler, scaled_lr
 
 
 @pytest.mark.parametrize("rule,batch,want", [

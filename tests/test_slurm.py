@@ -4,13 +4,12 @@ OpenMPI's mpirun inside the allocation, including the preemption flow: SIGUSR1 t
 -> checkpoint on all ranks -> ``scontrol requeue`` -> the job continues with ``--resume auto``."""
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 
-from hvd_lm.launch import add_subcommands
+from hvd_lm.cli import main
 from tests._mp import launch_env
 from tests.shardutil import default_shards
 from tests.slurm_cluster import TERMINAL_STATES, Unavailable, running_cluster
@@ -38,15 +37,12 @@ def shards(tmp_path_factory):
 
 def render(tmp: Path, shards: Path, *opts: str, steps: int, log_every: int) -> Path:
     """Render a 2-rank CPU job through the `hvd-lm launch` command line."""
-    parser = argparse.ArgumentParser()
-    add_subcommands(parser.add_subparsers(dest="command"))
     out = tmp / "job.sbatch"
-    args = parser.parse_args([
+    assert main([
         "launch", "--scheduler", "slurm", "--gpus", "2", "--gpus-per-node", "2", "--device", "cpu",
         "--walltime", "10", "--job-name", "hvdlm-test", "--run-dir", str(tmp / "run"),
         "--out", str(out), *opts, "--", "--shards", str(shards), *TINY,
-        "--max-steps", str(steps), "--log-every", str(log_every)])
-    assert args.func(args) == 0
+        "--max-steps", str(steps), "--log-every", str(log_every)]) == 0
     return out
 
 

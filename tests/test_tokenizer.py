@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from hvd_lm.tokenizer import (EOD, TOKENIZER_NAME, VOCAB_SIZE, decode, encode, encode_bytes,
+from hvd_lm.core.tokenizer import (EOD, TOKENIZER_NAME, VOCAB_SIZE, decode, encode, encode_bytes,
                               encode_document, normalize_text)
 
 TEXTS = ["Great album!", "caf\u00e9 na\u00efve \u00fcber",

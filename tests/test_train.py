@@ -15,12 +15,12 @@ import psutil
 import pytest
 import torch
 
-from hvd_lm.checkpoint import list_checkpoints, load, resolve
-from hvd_lm.data import RankStreams
-from hvd_lm.evaluate import bpc
-from hvd_lm.model import LanguageModel, ModelConfig
-from hvd_lm.schedule import lr_factor
-from hvd_lm.shards import load_manifest
+from hvd_lm.train.checkpoint import list_checkpoints, load, resolve
+from hvd_lm.train.data import RankStreams
+from hvd_lm.train.evaluate import bpc
+from hvd_lm.core.model import LanguageModel, ModelConfig
+from hvd_lm.train.schedule import lr_factor
+from hvd_lm.core.shards import load_manifest
 from tests._mp import horovodrun_cmd, launch_env, mpirun_cmd, run
 from tests.shardutil import default_shards
 

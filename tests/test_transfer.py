@@ -1,4 +1,4 @@
-"""Sentiment transfer (hvd_lm.transfer, hvd_lm.datasets): padding-invariant features, distributed
+"""Sentiment transfer (hvd_lm.transfer.run, hvd_lm.transfer.datasets): padding-invariant features, distributed
 featurization == one process, classifier/neuron on separable and shuffled data, dataset loaders
 and their errors, the feature cache, and the command end to end."""
 from __future__ import annotations
@@ -15,10 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_lm import datasets as D
-from hvd_lm import transfer as T
-from hvd_lm.checkpoint import save
-from hvd_lm.model import LanguageModel, ModelConfig
+from hvd_lm.transfer import datasets as D
+from hvd_lm.transfer import classify as C
+from hvd_lm.transfer import features as F
+from hvd_lm.transfer import run as R
+from hvd_lm.train.checkpoint import save
+from hvd_lm.core.model import LanguageModel, ModelConfig
 from tests._mp import REPO, SHARED, horovodrun_cmd, run
 
 SST2 = SHARED / "data/sst2"
@@ -39,7 +41,7 @@ def tiny_model(cell: str = "mlstm", hidden: int = 32, seed: int = 0) -> Language
 
 
 def write_checkpoint(run_dir, cell: str = "mlstm", hidden: int = 32, seed: int = 0):
-    """A checkpoint in hvd_lm.train's layout (model, config.model, config.data, step)."""
+    """A checkpoint in hvd_lm.train.loop's layout (model, config.model, config.data, step)."""
     m = tiny_model(cell, hidden, seed)
     return save({"model": m.state_dict(), "step": 0,
                  "config": {"model": asdict(m.config), "data": {"seq_len": 16}}}, run_dir, 0)
@@ -47,8 +49,9 @@ def write_checkpoint(run_dir, cell: str = "mlstm", hidden: int = 32, seed: int =
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    T.add_subcommands(p.add_subparsers(dest="command", required=True))
-    return p.parse_args(["transfer", *map(str, argv)])
+    R.TRANSFER.add_arguments(p)
+    p.set_defaults(func=lambda a: R.TRANSFER.invoke(a, "hvd-lm transfer"))
+    return p.parse_args(list(map(str, argv)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,13 +59,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cell", ["mlstm", "lstm"])
-@pytest.mark.parametrize("kind", T.FEATURE_KINDS)
+@pytest.mark.parametrize("kind", F.FEATURE_KINDS)
 def test_features_alone_equal_padded_batch(cell, kind):
     """Each text alone (batch 1, no padding) == the same text inside one length-sorted, padded
     batch run in 64-step chunks; float rounding only (matmuls of different M)."""
     model = tiny_model(cell)
-    alone = np.stack([T.featurize(model, [t], kind, batch_size=1).features[0] for t in TEXTS])
-    batched = T.featurize(model, TEXTS, kind, batch_size=len(TEXTS), time_chunk=64).features
+    alone = np.stack([F.featurize(model, [t], kind, batch_size=1).features[0] for t in TEXTS])
+    batched = F.featurize(model, TEXTS, kind, batch_size=len(TEXTS), time_chunk=64).features
     assert batched.shape == (len(TEXTS), 32) and batched.dtype == np.float32
     np.testing.assert_allclose(batched, alone, rtol=0, atol=1e-5)
     # Rows really differ (order is kept) and the empty text is all zeros.
@@ -74,21 +77,21 @@ def test_padding_without_mask_would_change_features():
     """Power check for the test above: had the padding been fed through the model, the short
     text's final cell state would change."""
     model = tiny_model()
-    short, long_ = T.encode_texts(["ok", "a much longer text here"])
+    short, long_ = F.encode_texts(["ok", "a much longer text here"])
     tokens = torch.zeros(2, len(long_), dtype=torch.long)
     tokens[0, :len(short)] = torch.from_numpy(short.astype(np.int64))
     tokens[1] = torch.from_numpy(long_.astype(np.int64))
     with torch.no_grad():
         _, (_, c_unmasked) = model.encode(tokens)
-    alone = T.featurize(model, ["ok"], "cell").features[0]
+    alone = F.featurize(model, ["ok"], "cell").features[0]
     assert np.abs(c_unmasked[0].numpy() - alone).max() > 1e-3
 
 
 def test_max_chars_truncates_to_prefix():
     model = tiny_model()
     text = "abcdefghij" * 30
-    res = T.featurize(model, [text, "short"], "cell", max_chars=25)
-    prefix = T.featurize(model, [text[:25]], "cell", max_chars=0).features[0]
+    res = F.featurize(model, [text, "short"], "cell", max_chars=25)
+    prefix = F.featurize(model, [text[:25]], "cell", max_chars=0).features[0]
     np.testing.assert_allclose(res.features[0], prefix, atol=1e-6)
     assert res.truncated == 1 and res.chars == 25 + 5 and res.chars_per_s > 0
 
@@ -96,14 +99,14 @@ def test_max_chars_truncates_to_prefix():
 @pytest.mark.parametrize("size", [1, 2, 3, 5])
 def test_plan_batches_cover_every_text_once(size):
     lengths = np.array([5, 0, 9, 9, 3, 12, 1, 7, 7, 2, 4])
-    got = [T.plan_batches(lengths, 3, r, size) for r in range(size)]
+    got = [F.plan_batches(lengths, 3, r, size) for r in range(size)]
     flat = np.concatenate([b for bs in got for b in bs])
     assert sorted(flat.tolist()) == list(range(len(lengths)))
     for bs in got:
         for b in bs:
             assert (np.diff(lengths[b]) <= 0).all()  # longest first within a batch
     # Batches do not depend on the world size: the union is the 1-rank plan.
-    one = {tuple(b) for b in T.plan_batches(lengths, 3)}
+    one = {tuple(b) for b in F.plan_batches(lengths, 3)}
     assert {tuple(b) for bs in got for b in bs} == one
 
 
@@ -121,8 +124,8 @@ def test_two_ranks_featurize_like_one_process(tmp_path):
     got = np.load(out)
     assert int(got["world_size"]) == 2
     model = tiny_model()
-    for kind in T.FEATURE_KINDS:
-        ref = T.featurize(model, texts, kind, batch_size=4).features
+    for kind in F.FEATURE_KINDS:
+        ref = F.featurize(model, texts, kind, batch_size=4).features
         assert got[kind].shape == ref.shape
         np.testing.assert_allclose(got[kind], ref, rtol=0, atol=1e-6, err_msg=kind)
 
@@ -143,11 +146,11 @@ def synthetic_features(n: int, h: int = 48, unit: int = 7, seed: int = 0):
 def test_l1_logreg_finds_the_planted_unit():
     (Xtr, ytr), (Xva, yva), (Xte, yte) = (synthetic_features(n, seed=s)
                                           for n, s in ((600, 0), (300, 1), (600, 2)))
-    clf = T.fit_logreg(Xtr, ytr, Xva, yva, Xte, yte, penalty="l1")
+    clf = C.fit_logreg(Xtr, ytr, Xva, yva, Xte, yte, penalty="l1")
     assert clf["accuracy"]["val"] >= 0.99 and clf["accuracy"]["test"] >= 0.99
-    assert clf["C"] in T.DEFAULT_C_GRID and len(clf["grid"]) == len(T.DEFAULT_C_GRID)
+    assert clf["C"] in C.DEFAULT_C_GRID and len(clf["grid"]) == len(C.DEFAULT_C_GRID)
     assert 1 <= clf["nonzero"] < 48  # L1 drops most of the noise units
-    neuron = T.sentiment_neuron(clf["coef"], {"train": (Xtr, ytr), "test": (Xte, yte)})
+    neuron = C.sentiment_neuron(clf["coef"], {"train": (Xtr, ytr), "test": (Xte, yte)})
     assert neuron["index"] == 7 and neuron["sign"] == 1
     assert neuron["accuracy"]["test"] >= 0.99  # P(|N(0, .3)| > 1) ~ 1e-3
     assert abs(neuron["threshold"]) < 0.3
@@ -156,13 +159,13 @@ def test_l1_logreg_finds_the_planted_unit():
 def test_standardized_and_degenerate_models():
     (Xtr, ytr), (Xva, yva) = synthetic_features(400, seed=6), synthetic_features(200, seed=7)
     Xtr[:, 3] *= 100.0  # a large-scale noise unit must not matter after z-scoring
-    clf = T.fit_logreg(Xtr, ytr, Xva, yva, standardize=True)
+    clf = C.fit_logreg(Xtr, ytr, Xva, yva, standardize=True)
     assert clf["accuracy"]["val"] >= 0.99
-    assert T.sentiment_neuron(clf["coef"], {"train": (Xtr, ytr)})["index"] == 7
+    assert C.sentiment_neuron(clf["coef"], {"train": (Xtr, ytr)})["index"] == 7
     # C so small that L1 zeroes every weight: no sentiment unit rather than an arbitrary one.
-    clf = T.fit_logreg(Xtr, ytr, Xva, yva, grid=[1e-6])
+    clf = C.fit_logreg(Xtr, ytr, Xva, yva, grid=[1e-6])
     assert clf["nonzero"] == 0
-    assert T.sentiment_neuron(clf["coef"], {"train": (Xtr, ytr)})["index"] is None
+    assert C.sentiment_neuron(clf["coef"], {"train": (Xtr, ytr)})["index"] is None
 
 
 def test_shuffled_labels_give_chance_accuracy():
@@ -173,9 +176,9 @@ def test_shuffled_labels_give_chance_accuracy():
     rng = np.random.default_rng(9)
     ytr, yva, yte = rng.permutation(ytr), rng.permutation(yva), rng.permutation(yte)
     for penalty in ("l1", "l2"):
-        clf = T.fit_logreg(Xtr, ytr, Xva, yva, Xte, yte, penalty=penalty)
+        clf = C.fit_logreg(Xtr, ytr, Xva, yva, Xte, yte, penalty=penalty)
         assert 0.44 <= clf["accuracy"]["test"] <= 0.56, (penalty, clf["accuracy"])
-        neuron = T.sentiment_neuron(clf["coef"], {"train": (Xtr, ytr), "test": (Xte, yte)})
+        neuron = C.sentiment_neuron(clf["coef"], {"train": (Xtr, ytr), "test": (Xte, yte)})
         assert 0.44 <= neuron["accuracy"]["test"] <= 0.56
 
 
@@ -185,16 +188,16 @@ def test_fit_threshold_matches_brute_force():
         n = int(rng.integers(1, 25))
         x = rng.integers(-4, 5, n).astype(float)  # many ties
         y = rng.integers(0, 2, n)
-        thr, sign, acc = T.fit_threshold(x, y)
-        assert acc == pytest.approx(T.threshold_accuracy(x, y, thr, sign))
+        thr, sign, acc = C.fit_threshold(x, y)
+        assert acc == pytest.approx(C.threshold_accuracy(x, y, thr, sign))
         cands = np.concatenate([[x.min() - 1], np.unique(x) + 0.5])
-        best = max(T.threshold_accuracy(x, y, t, s) for t in cands for s in (1, -1))
+        best = max(C.threshold_accuracy(x, y, t, s) for t in cands for s in (1, -1))
         assert acc == pytest.approx(best), (x, y)
 
 
 def test_neuron_histogram_png(tmp_path):
     X, y = synthetic_features(200)
-    p = T.plot_neuron_histogram(X[:, 7], y, 7, 0.0, tmp_path / "h.png")
+    p = C.plot_neuron_histogram(X[:, 7], y, 7, 0.0, tmp_path / "h.png")
     assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [f.name for f in tmp_path.iterdir()] == ["h.png"]  # no temp file left
 

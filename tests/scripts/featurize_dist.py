@@ -12,9 +12,9 @@ import json
 import numpy as np
 import torch
 
-from hvd_lm import distributed as dist
-from hvd_lm.checkpoint import load_model
-from hvd_lm.transfer import featurize
+from hvd_lm.dist import horovod as dist
+from hvd_lm.train.checkpoint import load_model
+from hvd_lm.transfer.run import featurize
 
 ap = argparse.ArgumentParser()
 ap.add_argument("checkpoint")

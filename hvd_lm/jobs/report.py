@@ -12,26 +12,11 @@ from pathlib import Path
 
 import matplotlib
 
-from hvd_lm.atomic import write_text
+from hvd_lm.core.atomic import write_text
+from hvd_lm.train.log import read_metrics
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
-
-def read_metrics(path: str | Path) -> list[dict]:
-    """Records of a ``metrics.jsonl`` file, in order.
-
-    Raises:
-        ValueError: a line that is not JSON (naming file and line number).
-    """
-    out = []
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not JSON ({e})") from None
-    return out
 
 
 def training_summary(records: list[dict]) -> dict:

@@ -8,12 +8,16 @@ already present with the right digest is not fetched again.
 from __future__ import annotations
 
 import hashlib
-import os
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+import hvd_lm
+from hvd_lm.core.atomic import atomic_path
+from hvd_lm.core.config import Command, option
+from hvd_lm.core.digest import file_sha256
 
 
 class ChecksumMismatch(ValueError):
@@ -40,15 +44,6 @@ def load_sources(path: str | Path) -> tuple[str, list[Source]]:
                          "sha256, bytes]") from None
 
 
-def sha256_file(path: Path, block: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def fetch(url: str, dest: Path, sha256: str, size: int | None = None, timeout: float = 60) -> Path:
     """Download ``url`` to ``dest`` atomically, keeping it only when its sha256 matches.
 
@@ -57,24 +52,18 @@ def fetch(url: str, dest: Path, sha256: str, size: int | None = None, timeout: f
         urllib.error.URLError: the server could not be reached or answered an error.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.part.{os.getpid()}")
     h = hashlib.sha256()
     n = 0
-    try:
+    with atomic_path(dest) as tmp:  # a mismatch raises inside: the temporary file is removed
         with urllib.request.urlopen(url, timeout=timeout) as resp, open(tmp, "wb") as out:
             while chunk := resp.read(1 << 20):
                 h.update(chunk)
                 out.write(chunk)
                 n += len(chunk)
-            out.flush()
-            os.fsync(out.fileno())
         if size is not None and n != size:
             raise ChecksumMismatch(f"{url}: got {n} bytes, expected {size}")
         if h.hexdigest() != sha256:
             raise ChecksumMismatch(f"{url}: sha256 {h.hexdigest()} != expected {sha256}")
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
     return dest
 
 
@@ -96,10 +85,31 @@ def download_all(sources_file: str | Path, out_dir: str | Path, mirror: str | No
     out = []
     for s in sources:
         dest = Path(out_dir) / s.save_as
-        if dest.exists() and sha256_file(dest) == s.sha256:
+        if dest.exists() and file_sha256(dest) == s.sha256:
             log(f"ok (cached)  {dest}")
         else:
             fetch(f"{base}/{s.path}", dest, s.sha256, s.bytes)
             log(f"downloaded   {dest}  ({s.bytes:,} bytes, sha256 verified)")
         out.append(dest)
     return out
+
+
+@dataclass
+class DownloadConfig:
+    """``hvd-lm download``."""
+
+    sources: str = option(str(hvd_lm.REPO_ROOT / "configs" / "sources.yaml"),
+                          "YAML list of files (base_url, files[path, save_as, sha256, bytes])")
+    out: str = option(str(hvd_lm.REPO_ROOT / "data" / "amazon"), "destination folder")
+    mirror: str | None = option(None, "base URL to use instead of the list's")
+
+
+def download_command(cfg: DownloadConfig) -> int:
+    """``hvd-lm download``: every file present and verified (else one ERROR line, exit 1)."""
+    download_all(cfg.sources, cfg.out, mirror=cfg.mirror)
+    return 0
+
+
+DOWNLOAD = Command(DownloadConfig, download_command,
+                   description="Fetch the demo's public review files into --out, each kept only "
+                   "if its size and sha256 match the source list.")

@@ -18,12 +18,21 @@ reference's table (Puri et al. 2018, "Distributed data parallel scaling") is in 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Optional
+
+import matplotlib
+
+from hvd_lm.core.atomic import write_text
+from hvd_lm.core.config import Command, option
+from hvd_lm.train.log import read_metrics
+
+matplotlib.use("Agg")  # files only, never a window
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
 #: The talk's scaling table, GPUs -> (s/iter, speedup as printed). Columns: 4096-d mLSTM without
 #: and with InfiniBand, 8192-d mLSTM with InfiniBand (weak scaling, DGX-1 nodes of 8 V100s).
@@ -100,8 +109,6 @@ def read_run(path: str | Path, skip: int = 1) -> RunTiming:
         ValueError: malformed records, no start record, starts with different world sizes, or no
             train record left after skipping.
     """
-    from hvd_lm.report import read_metrics
-
     f = metrics_file(path)
     starts, times, rates, since_start = [], [], [], 0
     for rec in read_metrics(f):
@@ -194,11 +201,6 @@ def plot(rows: list[ScalingRow], path: str | Path, reference: str | None = None,
     """Write a PNG with three panels against GPUs (log2 axis): s/iter, speedup (with the ideal
     line, and the talk's column when ``reference`` is set) and efficiency. Uses matplotlib's Agg
     backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     gpus = [r.gpus for r in rows]
     base = gpus[0]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
@@ -238,27 +240,30 @@ def plot(rows: list[ScalingRow], path: str | Path, reference: str | None = None,
     return out
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Arguments of ``hvd-lm scaling-report``."""
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR",
-                   help="run directories (or metrics.jsonl files), one per GPU count")
-    p.add_argument("--skip", type=int, default=1,
-                   help="warm-up train records to drop after each start record (default 1)")
-    p.add_argument("--baseline", choices=["one", "smallest"], default="one",
-                   help="speedup baseline: the 1-GPU run (error when missing) or the smallest run")
-    p.add_argument("--reference", choices=list(REFERENCE),
-                   help="show the talk's column beside the measurements (Puri et al. 2018)")
-    p.add_argument("--plot", default="scaling.png", help="PNG to write (default scaling.png)")
-    p.add_argument("--no-plot", action="store_true", help="do not write a PNG")
-    p.add_argument("--json", help="also write the rows as JSON to this file ('-' = stdout only)")
-    p.add_argument("--title", default="hvd_lm weak scaling", help="plot title")
+@dataclass
+class ScalingReportConfig:
+    """Settings of ``hvd-lm scaling-report``."""
+
+    runs: list[str] = option(default_factory=list, help="run directories (or metrics.jsonl "
+                             "files), one per GPU count", positional=True, required=True,
+                             metavar="RUN_DIR")
+    skip: int = option(1, "warm-up train records to drop after each start record", ge=0)
+    baseline: str = option("one", "speedup baseline: the 1-GPU run (error when missing) or the "
+                           "smallest run", choices=("one", "smallest"))
+    reference: Optional[str] = option(None, "show the talk's column beside the measurements "
+                                      "(Puri et al. 2018)", choices=tuple(REFERENCE))
+    plot: str = option("scaling.png", "PNG to write")
+    write_plot: bool = option(True, "write the PNG (--no-plot: do not)", switch=False,
+                              flag="--no-plot")
+    json: Optional[str] = option(None, "also write the rows as JSON to this file ('-' = stdout "
+                                 "only)")
+    title: str = option("hvd_lm weak scaling", "plot title")
 
 
-def cmd_scaling_report(args: argparse.Namespace) -> int:
-    """``hvd-lm scaling-report``: print the table; write the PNG and JSON when asked."""
+def report(args: ScalingReportConfig) -> int:
+    """Print the table; write the PNG and JSON when asked. 2 with one ``ERROR:`` line when a run
+    cannot be read."""
     try:
-        if args.skip < 0:
-            raise ValueError(f"--skip must be >= 0, got {args.skip}")
         runs = [read_run(r, args.skip) for r in args.runs]
         rows, note = scaling_rows(runs, args.baseline, args.reference)
     except (ValueError, FileNotFoundError) as e:
@@ -268,16 +273,22 @@ def cmd_scaling_report(args: argparse.Namespace) -> int:
                "reference": args.reference, "rows": [asdict(r) for r in rows]}
     if args.json == "-":
         print(json.dumps(payload, indent=2))
-        return 0 if args.no_plot else _plot(rows, args)
+        return _plot(rows, args) if args.write_plot else 0
     print(note)
     print(format_table(rows, args.reference))
     if args.json:
-        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
+        write_text(args.json, json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.json}")
-    return 0 if args.no_plot else _plot(rows, args)
+    return _plot(rows, args) if args.write_plot else 0
 
 
-def _plot(rows: list[ScalingRow], args: argparse.Namespace) -> int:
+def _plot(rows: list[ScalingRow], args: ScalingReportConfig) -> int:
     out = plot(rows, args.plot, args.reference, args.title)
     print(f"wrote {out}", file=sys.stderr if args.json == "-" else sys.stdout)
     return 0
+
+
+SCALING_REPORT = Command(
+    ScalingReportConfig, report,
+    description="s/iter, speedup (N x t1 / tN under weak scaling) and efficiency against GPU "
+    "count, from the runs' metrics.jsonl files, as a table, PNG and JSON.")

@@ -46,18 +46,27 @@ with the reference talk (Puri et al. 2018) on DGX-1V figures (:data:`DGX1V_LINKS
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
+import statistics
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
-from hvd_lm.scaling_report import REFERENCE
+from typing import Optional
 
-GB = 1e9
-MIB = 1024 * 1024
+import matplotlib
+
+from hvd_lm.core.atomic import write_text
+from hvd_lm.core.config import Command, option
+from hvd_lm.core.model import mlstm_parameters
+from hvd_lm.core.units import GB, MIB
+from hvd_lm.perf.results import fit_alpha_beta, load_bench_json
+from hvd_lm.perf.scaling_report import REFERENCE
+
+matplotlib.use("Agg")  # files only, never a window
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
 
 # ---- links --------------------------------------------------------------------------------------
@@ -199,21 +208,6 @@ def fused_buffer_count(tensor_bytes: Sequence[float], threshold_bytes: float) ->
     """Number of allreduces a group of ready tensors becomes (:func:`fused_buffer_sizes`); for many
     equal small tensors it is ceil(total bytes / threshold)."""
     return len(fused_buffer_sizes(tensor_bytes, threshold_bytes))
-
-
-def mlstm_parameters(hidden_size: int, embed_dim: int = 64, cell: str = "mlstm"
-                     ) -> list[tuple[str, int]]:
-    """(name, element count) of :class:`hvd_lm.model.LanguageModel`'s parameters, in registration
-    order, built on the meta device (no memory): embed [256,E], w_x [4H,E] + bias [4H],
-    w_mx [H,E], w_mh [H,H], w_h [4H,H], decoder [256,H] + bias [256]."""
-    import torch
-
-    from hvd_lm.model import LanguageModel, ModelConfig
-
-    with torch.device("meta"):
-        model = LanguageModel(ModelConfig(cell=cell, hidden_size=hidden_size,
-                                          embed_dim=embed_dim))
-    return [(name, p.numel()) for name, p in model.named_parameters()]
 
 
 #: Parameter-name prefixes whose gradient is final before BPTT's backward starts.
@@ -381,38 +375,6 @@ def predict(cfg: ScalingConfig, gpus: Sequence[int] = (1, 8, 16, 32, 64, 128)) -
 
 # ---- calibration from `hvd-lm bench allreduce --json` -------------------------------------------
 
-def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float], n: int) -> dict:
-    """Least-squares fit of t = a + b S to allreduce times, weighted by 1/t (relative errors, so
-    small sizes fix a and large ones b), read as the ring model a = 2(n-1) alpha,
-    b = 2(n-1)/n / beta (Hockney; Thakur et al. 2005).
-
-    Returns:
-        ``intercept_s`` (a), ``slope_s_per_byte`` (b), ``alpha_s``, ``beta_GBps``,
-        ``max_rel_error`` of the fit.
-
-    Raises:
-        ValueError: fewer than 2 distinct sizes, a non-positive time, or n < 2.
-    """
-    import numpy as np
-
-    s, t = np.asarray(sizes, float), np.asarray(times, float)
-    if n < 2:
-        raise ValueError(f"an allreduce fit needs >= 2 ranks, got {n}")
-    if len(set(s.tolist())) < 2 or len(s) != len(t):
-        raise ValueError("need times at >= 2 distinct sizes")
-    if (t <= 0).any():
-        raise ValueError("times must be > 0 s")
-    A = np.stack([np.ones_like(s), s], 1) / t[:, None]
-    (a, b), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
-    if a < 0:  # latency below resolution: fit through the origin
-        a, b = 0.0, float(np.sum(s / t) / np.sum((s / t) ** 2))
-    if b <= 0:
-        raise ValueError("fitted bandwidth term is not positive (times do not grow with size)")
-    pred = a + b * s
-    return {"intercept_s": float(a), "slope_s_per_byte": float(b),
-            "alpha_s": float(a) / (2 * (n - 1)), "beta_GBps": 2 * (n - 1) / n / float(b) / GB,
-            "max_rel_error": float(np.max(np.abs(pred - t) / t)), "ranks": n}
-
 
 @dataclass
 class Calibration:
@@ -490,15 +452,13 @@ def calibrate_from_bench(data: dict, horovod_label: str = "hvd-mpi", mpi_label: 
 
 
 def _median(xs: Sequence[float]) -> float:
-    import statistics
-
     return statistics.median(xs)
 
 
 # ---- validation against the reference talk ------------------------------------------------------
 
 #: Puri et al. 2018 (the reference talk), "Distributed data parallel scaling": s/iter and their
-#: speedup column, per GPU count; the numbers live once, in :data:`hvd_lm.scaling_report.REFERENCE`.
+#: speedup column, per GPU count; the numbers live once, in :data:`hvd_lm.perf.scaling_report.REFERENCE`.
 PUBLISHED = {
     "4096-d w/o IB": {"hidden_size": 4096, "inter": "10gbe", "rows": REFERENCE["no-ib"]},
     "4096-d w/ IB": {"hidden_size": 4096, "inter": "ib", "rows": REFERENCE["ib"]},
@@ -648,11 +608,6 @@ def recommend(calibration: Calibration | None = None, sync_overhead_s: float | N
 
 def plot_validation(result: dict, path: str | Path) -> None:
     """PNG (matplotlib, Agg) of published vs predicted s/iter and speedup per column."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     colors = dict(zip(PUBLISHED, ("tab:red", "tab:blue", "tab:green")))
     for col in PUBLISHED:
@@ -686,11 +641,9 @@ def plot_validation(result: dict, path: str | Path) -> None:
 
 # ---- CLI ----------------------------------------------------------------------------------------
 
-def _load_calibration(args: argparse.Namespace) -> Calibration | None:
+def _load_calibration(args: "ScalingModelConfig") -> Calibration | None:
     if not args.bench_json:
         return None
-    from hvd_lm.bench_allreduce import load_bench_json
-
     return calibrate_from_bench(load_bench_json(args.bench_json), args.horovod_label,
                                 args.mpi_label, args.latency_label or None)
 
@@ -711,7 +664,9 @@ def _print_validation(v: dict) -> None:
               f"{s['pure_max_abs_error']:.1%})")
 
 
-def _cmd(args: argparse.Namespace) -> int:
+def run(args: "ScalingModelConfig") -> int:
+    """Print (and with ``--json`` write) the predictions, the validation or the recommendations;
+    1 with one ``ERROR:`` line on a bad calibration file or setting."""
     try:
         cal = _load_calibration(args)
         if cal is not None:
@@ -742,7 +697,7 @@ def _cmd(args: argparse.Namespace) -> int:
                 per_cycle_overhead_s=cal.per_cycle_overhead_s if cal else 0.0,
                 fusion_copy_GBps=args.copy_bw or None,
                 bandwidth_factor=cal.bandwidth_factor if cal else 1.0, sync_overhead_s=sync)
-            rows = predict(cfg, [int(x) for x in args.gpus.split(",")])
+            rows = predict(cfg, list(args.gpus))
             print(f"{cfg.gradient_bytes / 1e6:.1f} MB of gradients per step, overlappable "
                   f"{rows[0]['overlappable_fraction']:.1%}, t_sync {sync * 1e3:.1f} ms")
             print(f"{'GPUs':>5} {'s/iter':>8} {'comm':>8} {'exposed':>8} {'buffers':>7} "
@@ -776,66 +731,55 @@ def _cmd(args: argparse.Namespace) -> int:
         print(f"hvd-lm scaling-model: ERROR: {e}", file=sys.stderr)
         return 1
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2, default=str))
+        write_text(args.json, json.dumps(out, indent=2, default=str))
     return 0
 
 
-def add_subcommands(subparsers) -> None:
-    """Register ``scaling-model`` (``hvd-lm scaling-model {predict,validate,recommend}``)."""
-    p = subparsers.add_parser("scaling-model", help="alpha-beta model of s/iter, speedup and "
-                              "efficiency on 1-128 GPUs; validation against the reference",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("mode", nargs="?", default="predict", choices=["predict", "validate",
-                                                                  "recommend"])
-    p.add_argument("--hidden-size", type=int, default=4096, help="mLSTM width H")
-    p.add_argument("--embed-dim", type=int, default=64)
-    p.add_argument("--params", type=int, default=0, help="parameter count instead of H (then no "
-                   "overlap is assumed)")
-    p.add_argument("--compute-time", type=float, default=0.81, help="1-GPU compute s/iter at "
-                   "--ref-batch (reference: 0.81 for 4096-d on a V100)")
-    p.add_argument("--ref-batch", type=int, default=256,
-                   help="batch --compute-time was measured at")
-    p.add_argument("--batch-per-gpu", type=int, default=0, help="per-GPU batch (0: --ref-batch)")
-    p.add_argument("--gpus", default="1,8,16,32,64,128")
-    p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--inter", default="ib", choices=["ib", "10gbe"], help="DGX-1V inter-node "
-                   "link preset")
-    p.add_argument("--intra-bw", type=float, default=0.0, help="intra-node GB/s (0: NVLink preset)")
-    p.add_argument("--intra-latency", type=float, default=5e-6, help="s")
-    p.add_argument("--inter-bw", type=float, default=0.0, help="inter-node GB/s per node "
-                   "(0: --inter preset)")
-    p.add_argument("--inter-latency", type=float, default=5e-6, help="s")
-    p.add_argument("--algorithm", default="ring", choices=["ring", "hierarchical"])
-    p.add_argument("--staging-bw", type=float, default=0.0, help="hierarchical host staging GB/s "
-                   "(0: none)")
-    p.add_argument("--grad-bytes", type=int, default=2, choices=[2, 4], help="bytes per gradient "
-                   "value (2: mixed-precision training)")
-    p.add_argument("--compression", default="fp16", choices=["none", "fp16"])
-    p.add_argument("--fusion-threshold-mb", type=float, default=128.0)
-    p.add_argument("--copy-bw", type=float, default=V100_COPY_GBPS, help="fusion-buffer copy "
-                   "GB/s (0: free)")
-    p.add_argument("--cycle-time-ms", type=float, default=1.0)
-    p.add_argument("--sync-overhead", type=float, default=None, help="t_sync, s (default: "
-                   "calibrated on the reference's 8-GPU row)")
-    p.add_argument("--bench-json", default="", help="`hvd-lm bench allreduce --json` output: "
-                   "calibrates Horovod's per-op overhead and bandwidth factor")
-    p.add_argument("--horovod-label", default="hvd-mpi")
-    p.add_argument("--mpi-label", default="mpi4py")
-    p.add_argument("--latency-label", default="", help="configuration for the per-op overhead "
-                   "(default: the --horovod-label one with the smallest cycle time)")
-    p.add_argument("--plot", default="", help="validate: write a PNG here")
-    p.add_argument("--json", default="", help="write the results here")
-    p.set_defaults(func=_cmd)
+@dataclass
+class ScalingModelConfig:
+    """Settings of ``hvd-lm scaling-model {predict,validate,recommend}``."""
+
+    mode: str = option("predict", "predict s/iter on 1-128 GPUs, validate against the reference "
+                       "table, or recommend settings at 128 GPUs", positional=True,
+                       choices=("predict", "validate", "recommend"))
+    hidden_size: int = option(4096, "mLSTM width H", ge=1)
+    embed_dim: int = option(64, "byte embedding width", ge=1)
+    params: int = option(0, "parameter count instead of H (then no overlap is assumed)", ge=0)
+    compute_time: float = option(0.81, "1-GPU compute s/iter at --ref-batch (reference: 0.81 for "
+                                 "4096-d on a V100)", gt=0)
+    ref_batch: int = option(256, "batch --compute-time was measured at", ge=1)
+    batch_per_gpu: int = option(0, "per-GPU batch (0: --ref-batch)", ge=0)
+    gpus: list[int] = option(default_factory=lambda: [1, 8, 16, 32, 64, 128],
+                             help="GPU counts, comma-separated", ge=1)
+    gpus_per_node: int = option(8, "GPUs per node", ge=1)
+    inter: str = option("ib", "DGX-1V inter-node link preset", choices=("ib", "10gbe"))
+    intra_bw: float = option(0.0, "intra-node GB/s (0: NVLink preset)", ge=0)
+    intra_latency: float = option(5e-6, "intra-node latency, s", ge=0)
+    inter_bw: float = option(0.0, "inter-node GB/s per node (0: --inter preset)", ge=0)
+    inter_latency: float = option(5e-6, "inter-node latency, s", ge=0)
+    algorithm: str = option("ring", "allreduce algorithm", choices=("ring", "hierarchical"))
+    staging_bw: float = option(0.0, "hierarchical host staging GB/s (0: none)", ge=0)
+    grad_bytes: int = option(2, "bytes per gradient value (2: mixed-precision training)",
+                             choices=(2, 4))
+    compression: str = option("fp16", "gradient compression on the wire",
+                              choices=("none", "fp16"))
+    fusion_threshold_mb: float = option(128.0, "HOROVOD_FUSION_THRESHOLD, MiB", ge=0)
+    copy_bw: float = option(V100_COPY_GBPS, "fusion-buffer copy GB/s (0: free)", ge=0)
+    cycle_time_ms: float = option(1.0, "HOROVOD_CYCLE_TIME, ms", ge=0)
+    sync_overhead: Optional[float] = option(None, "t_sync, s (default: calibrated on the "
+                                            "reference's 8-GPU row)", ge=0)
+    bench_json: str = option("", "`hvd-lm bench allreduce --json` output: calibrates Horovod's "
+                             "per-op overhead and bandwidth factor")
+    horovod_label: str = option("hvd-mpi", "bench configuration of Horovod")
+    mpi_label: str = option("mpi4py", "bench configuration of raw MPI")
+    latency_label: str = option("", "configuration for the per-op overhead (default: the "
+                                "--horovod-label one with the smallest cycle time)")
+    plot: str = option("", "validate: write a PNG here")
+    json: str = option("", "write the results here")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m hvd_lm.scaling_model ...`` (same as ``hvd-lm scaling-model ...``)."""
-    p = argparse.ArgumentParser(prog="python -m hvd_lm.scaling_model")
-    sub = p.add_subparsers(dest="command", required=True)
-    add_subcommands(sub)
-    args = p.parse_args(["scaling-model", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.func(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+SCALING_MODEL = Command(
+    ScalingModelConfig, run,
+    description="Alpha-beta model of data-parallel mLSTM training on 1-128 GPUs: predict s/iter, "
+    "speedup and efficiency; validate against the reference talk's table; recommend settings "
+    "at 128 GPUs.")

@@ -18,40 +18,27 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 
 import torch
 
+from hvd_lm.core.units import MIB
+from hvd_lm.dist.launcher import RankContext
 
-@dataclass
-class DistContext:
-    """Where this process sits in the job.
-
-    Attributes:
-        rank: global rank, 0..size-1.
-        size: world size (number of ranks).
-        local_rank / local_size: rank and rank count on this node (GPU binding).
-    """
-
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-
-    @property
-    def is_root(self) -> bool:
-        """True on rank 0, the rank that logs and writes checkpoints."""
-        return self.rank == 0
+#: Horovod 0.28.1's defaults (horovod/common/operations.cc): fusion threshold, bytes; cycle, ms.
+HOROVOD_DEFAULT_FUSION_BYTES = 128 * MIB
+HOROVOD_DEFAULT_CYCLE_MS = 1.0
 
 
 def _hvd():
+    # Imported on first use: `hvd-lm --help`, prepare, launch rendering and the CPU-only tools run
+    # without loading Horovod's extension (and its MPI/Gloo libraries).
     import horovod.torch as hvd
 
     return hvd
 
 
 def init(fusion_threshold_mb: float | None = None, cycle_time_ms: float | None = None
-         ) -> DistContext:
+         ) -> RankContext:
     """Set Horovod's tensor-fusion knobs, then ``hvd.init()``.
 
     Args:
@@ -61,12 +48,12 @@ def init(fusion_threshold_mb: float | None = None, cycle_time_ms: float | None =
             ``HOROVOD_CYCLE_TIME`` (default 1 ms in 0.28). None keeps the environment's value.
     """
     if fusion_threshold_mb is not None:
-        os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_threshold_mb * 1024 * 1024))
+        os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_threshold_mb * MIB))
     if cycle_time_ms is not None:
         os.environ["HOROVOD_CYCLE_TIME"] = str(cycle_time_ms)
     hvd = _hvd()
     hvd.init()
-    return DistContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+    return RankContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), "horovod")
 
 
 def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module,
@@ -171,3 +158,44 @@ def barrier() -> None:
 def shutdown() -> None:
     """``hvd.shutdown()``."""
     _hvd().shutdown()
+
+
+# ---- raw collectives for the benchmarks (hvd_lm.perf.bench_allreduce) -------------------------
+
+def controller() -> str:
+    """The controller Horovod runs with after :func:`init`: ``"mpi"`` or ``"gloo"``."""
+    return "mpi" if _hvd().mpi_enabled() else "gloo"
+
+
+def allreduce_inplace(tensor: torch.Tensor, name: str, op: str = "sum",
+                      compression: str = "none") -> None:
+    """``hvd.allreduce_`` of ``tensor`` in place (op ``sum`` or ``average``); with
+    ``compression="fp16"`` the tensor is cast to float16 around the allreduce, as
+    ``hvd.Compression.fp16`` does inside ``DistributedOptimizer``."""
+    hvd = _hvd()
+    hop = {"sum": hvd.Sum, "average": hvd.Average}[op]
+    if compression == "fp16":
+        c = tensor.to(torch.float16)
+        hvd.allreduce_(c, op=hop, name=name)
+        tensor.copy_(c)
+    else:
+        hvd.allreduce_(tensor, op=hop, name=name)
+
+
+def allreduce_group(tensors: list[torch.Tensor], prefix: str, op: str = "average") -> None:
+    """Allreduce a list of tensors in place the way ``DistributedOptimizer`` does: an
+    ``allreduce_async_`` on each (Horovod's background thread fuses what is ready together), then
+    ``synchronize`` on each."""
+    hvd = _hvd()
+    hop = {"sum": hvd.Sum, "average": hvd.Average}[op]
+    handles = [hvd.allreduce_async_(t, op=hop, name=f"{prefix}.{i}")
+               for i, t in enumerate(tensors)]
+    for h in handles:
+        hvd.synchronize(h)
+
+
+def allreduce_max(value: float, name: str) -> float:
+    """Maximum of ``value`` over all ranks."""
+    hvd = _hvd()
+    return float(hvd.allreduce(torch.tensor([value], dtype=torch.float64), op=hvd.Max,
+                               name=name)[0])

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hvd_lm.shards import Manifest, ShardInfo, read_tokens, verify_shard
+from hvd_lm.core.shards import Manifest, ShardInfo, read_tokens, verify_shard
 
 IGNORE = -100  # target id that torch.nn.functional.cross_entropy(ignore_index=IGNORE) skips
 

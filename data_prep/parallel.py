@@ -5,10 +5,9 @@ A phase is a list of independent tasks. :meth:`Context.run` gives task ``i`` to 
 ``i % world_size``; each rank runs its share in-process (one worker) or in a
 ``concurrent.futures.ProcessPoolExecutor`` (several; a worker that dies, e.g. OOM-killed,
 fails the phase instead of hanging it), then every rank receives every result (``allgather``),
-so all ranks see the same outcome and the same error. mpi4py is imported only when the
-environment says the process was started by an MPI launcher with more than one rank
-(``OMPI_COMM_WORLD_SIZE``, ``PMI_SIZE``, ``PMIX_SIZE`` or ``MPI_LOCALNRANKS``), so a plain run
-needs no MPI library.
+so all ranks see the same outcome and the same error. MPI (:mod:`hvd_lm.dist.mpi`) is used only
+when the launcher's environment says the process was started by an MPI launcher with more than one
+rank (:func:`hvd_lm.dist.launcher.started_by_mpi`), so a plain run needs no MPI library.
 """
 
 from __future__ import annotations
@@ -23,24 +22,15 @@ from typing import Any, Callable, Optional, Sequence
 
 from tqdm import tqdm
 
-_WORLD_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
+from hvd_lm.dist import mpi
+from hvd_lm.dist.launcher import RankContext, started_by_mpi
+
 _COUNTER = None  # shared progress counter inside pool workers
 
 
 class PhaseError(RuntimeError):
     """A task of a phase failed on some rank or worker; the message holds every failure
     (rank, task, error) and is the same on all ranks."""
-
-
-def launcher_world_size() -> int:
-    """World size announced by an MPI launcher's environment (1 when none)."""
-    for name in _WORLD_ENV:
-        try:
-            if int(os.environ.get(name, "1")) > 1:
-                return int(os.environ[name])
-        except ValueError:
-            continue
-    return 1
 
 
 def _init_worker(counter) -> None:
@@ -61,9 +51,10 @@ class Context:
     """Rank, world size and local workers of this process.
 
     Attributes:
+        ranks: the :class:`hvd_lm.dist.launcher.RankContext` (rank 0 of 1 without MPI).
         rank, size: MPI rank and world size (0 and 1 without MPI).
         workers: local worker processes per rank (>= 1).
-        comm: the mpi4py communicator, or ``None``.
+        comm: the :class:`hvd_lm.dist.mpi.MpiWorld`, or ``None``.
         progress: show tqdm bars (rank 0 only).
     """
 
@@ -72,12 +63,11 @@ class Context:
             raise ValueError(f"--workers must be >= 1, got {workers}")
         self.workers = workers
         self.comm = None
-        self.rank, self.size = 0, 1
-        if use_mpi or (use_mpi is None and launcher_world_size() > 1):
-            from mpi4py import MPI  # lazy: only under an MPI launcher
-
-            self.comm = MPI.COMM_WORLD
-            self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.ranks = RankContext()
+        if use_mpi or (use_mpi is None and started_by_mpi()):
+            self.comm = mpi.world()
+            self.ranks = RankContext(self.comm.rank, self.comm.size, launcher="mpi")
+        self.rank, self.size = self.ranks.rank, self.ranks.size
         self.progress = progress and self.rank == 0
 
     @property
@@ -93,11 +83,11 @@ class Context:
     def barrier(self) -> None:
         """Wait for all ranks (no-op without MPI)."""
         if self.comm is not None:
-            self.comm.Barrier()
+            self.comm.barrier()
 
     def bcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
-        return obj if self.comm is None else self.comm.bcast(obj, root=0)
+        return obj if self.comm is None else self.comm.bcast(obj)
 
     def root_call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on rank 0 and return its result on every rank; an exception there is
@@ -112,7 +102,7 @@ class Context:
             if error is not None:
                 raise error
             return result
-        status = self.comm.bcast((None, result) if error is None else (str(error), None), root=0)
+        status = self.comm.bcast((None, result) if error is None else (str(error), None))
         if error is not None:
             raise error
         if status[0] is not None:

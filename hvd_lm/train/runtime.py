@@ -1,4 +1,9 @@
-"""Mixed precision: autocast contexts and the dynamic loss scaler (torch.amp docs, "Automatic Mixed
+"""The device and precision a rank computes with.
+
+Device (:func:`resolve_device`): one GPU per local rank (Horovod docs, "Horovod with PyTorch":
+``torch.cuda.set_device(hvd.local_rank())``), or the CPU.
+
+Mixed precision: autocast contexts and the dynamic loss scaler (torch.amp docs, "Automatic Mixed
 Precision"; Micikevicius et al. 2018, as the reference used through apex).
 
 * fp32: no autocast.
@@ -39,3 +44,21 @@ def make_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler | 
     """A dynamic ``GradScaler`` for fp16 on CUDA, else None."""
     check(device, precision)
     return torch.amp.GradScaler("cuda") if precision == "fp16" else None
+
+
+def resolve_device(name: str, local_rank: int) -> torch.device:
+    """``cuda:<local_rank>`` for ``auto`` when CUDA is available (one GPU per local rank), else
+    CPU; an explicit ``cpu``/``cuda``/``cuda:N`` is honoured (``cuda`` means ``cuda:local_rank``).
+
+    Raises:
+        ValueError: CUDA asked for but not available.
+    """
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"run.device={name!r} but torch sees no CUDA device")
+        dev = torch.device(name if ":" in name else f"cuda:{local_rank % torch.cuda.device_count()}")
+        torch.cuda.set_device(dev)
+        return dev
+    return torch.device(name)

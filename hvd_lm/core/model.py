@@ -17,12 +17,15 @@ Logits are a linear map of h_t onto the 256 byte values.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
+from torch.nn.utils.parametrizations import weight_norm as wn
 
-from hvd_lm.tokenizer import VOCAB_SIZE
+from hvd_lm.core.config import option
+from hvd_lm.core.tokenizer import VOCAB_SIZE
 
 State = tuple[torch.Tensor, torch.Tensor]
 
@@ -39,11 +42,13 @@ class ModelConfig:
         vocab_size: number of byte values (256).
     """
 
-    cell: str = "mlstm"
-    embed_dim: int = 64
-    hidden_size: int = 4096
-    weight_norm: bool = False
-    vocab_size: int = VOCAB_SIZE
+    cell: str = option("mlstm", "recurrent cell: mlstm (reference) or lstm",
+                       choices=("mlstm", "lstm"))
+    embed_dim: int = option(64, "byte embedding width", ge=1)
+    hidden_size: int = option(4096, "recurrent state width H (reference 4096)", ge=1, le=16384)
+    weight_norm: bool = option(False, "weight-normalise recurrent and gate weights (as the "
+                               "reference)")
+    vocab_size: int = option(VOCAB_SIZE, "output classes (256 byte values)", ge=1)
 
     def __post_init__(self) -> None:
         if self.cell not in ("mlstm", "lstm"):
@@ -76,8 +81,6 @@ class MLSTM(nn.Module):
         with torch.no_grad():
             self.w_x.bias[hidden_size:2 * hidden_size].fill_(1.0)
         if weight_norm:
-            from torch.nn.utils.parametrizations import weight_norm as wn
-
             for name in ("w_x", "w_mx", "w_mh", "w_h"):
                 setattr(self, name, wn(getattr(self, name), dim=0))
 
@@ -202,6 +205,33 @@ class LanguageModel(nn.Module):
         else:
             macs = E * 4 * H + H * 4 * H + H * V
         return 3 * 2 * macs
+
+
+def parameter_shapes(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of :class:`LanguageModel`'s parameters in registration order, computed
+    from the config without building a model (``weight_norm`` off): embed [256, E]; mLSTM
+    ``w_x`` [4H, E] + bias [4H], ``w_mx`` [H, E], ``w_mh`` [H, H], ``w_h`` [4H, H] (LSTM:
+    ``weight_ih`` [4H, E], ``weight_hh`` [4H, H], two biases [4H]); decoder [256, H] + bias [256].
+    """
+    E, H, V = config.embed_dim, config.hidden_size, config.vocab_size
+    if config.cell == "mlstm":
+        rnn = [("rnn.w_x.weight", (4 * H, E)), ("rnn.w_x.bias", (4 * H,)),
+               ("rnn.w_mx.weight", (H, E)), ("rnn.w_mh.weight", (H, H)),
+               ("rnn.w_h.weight", (4 * H, H))]
+    else:
+        rnn = [("rnn.weight_ih_l0", (4 * H, E)), ("rnn.weight_hh_l0", (4 * H, H)),
+               ("rnn.bias_ih_l0", (4 * H,)), ("rnn.bias_hh_l0", (4 * H,))]
+    return [("embed.weight", (V, E)), *rnn, ("decoder.weight", (V, H)), ("decoder.bias", (V,))]
+
+
+def mlstm_parameters(hidden_size: int, embed_dim: int = 64, cell: str = "mlstm"
+                     ) -> list[tuple[str, int]]:
+    """(name, element count) of the parameters of ``LanguageModel(ModelConfig(cell,
+    embed_dim, hidden_size))`` in registration order (:func:`parameter_shapes`): what the
+    gradient allreduce moves, for the scaling model and the allreduce benchmark."""
+    shapes = parameter_shapes(ModelConfig(cell=cell, hidden_size=hidden_size,
+                                          embed_dim=embed_dim))
+    return [(name, int(math.prod(shape))) for name, shape in shapes]
 
 
 def model_config_dict(config: ModelConfig) -> dict:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+from sklearn.model_selection import train_test_split
 
 #: Accepted label spellings (lower-cased, stripped) and the class they map to.
 LABEL_MAP: dict[str, int] = {
@@ -290,8 +291,6 @@ def carve_validation(train: LabelledSplit, fraction: float = DEFAULT_VAL_FRACTIO
     Raises:
         DatasetError: fraction outside (0, 1) or too few examples per class.
     """
-    from sklearn.model_selection import train_test_split
-
     if not 0 < fraction < 1:
         raise DatasetError(f"validation fraction must be in (0, 1), got {fraction}")
     idx = np.arange(len(train))
@@ -309,8 +308,6 @@ def carve_validation(train: LabelledSplit, fraction: float = DEFAULT_VAL_FRACTIO
 def subsample(split: LabelledSplit, n: int, seed: int = 0) -> LabelledSplit:
     """At most ``n`` examples of ``split``: a seeded subsample, stratified by label when every
     class can be represented, kept in original order. Returns ``split`` itself if ``n >= len``."""
-    from sklearn.model_selection import train_test_split
-
     if n <= 0 or n >= len(split):
         return split
     idx = np.arange(len(split))

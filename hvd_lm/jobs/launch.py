@@ -13,8 +13,8 @@ without asking the scheduler for GPUs (CPU clusters, tests).
 ``--sweep 1,8,16,32,64,128`` writes one job per GPU count for a weak-scaling study as in the
 reference's table (Puri et al. 2018, "Distributed data parallel scaling"): the per-GPU batch is
 fixed, so the global batch is GPUs x per-GPU batch (x backward passes per step) and the peak LR
-follows the configured rule (:func:`hvd_lm.schedule.scaled_lr`, which ``hvd-lm train`` applies the
-same way). ``hvd-lm scaling-report`` (hvd_lm.scaling_report) turns the finished runs into the
+follows the configured rule (:func:`hvd_lm.train.schedule.scaled_lr`, which ``hvd-lm train`` applies the
+same way). ``hvd-lm scaling-report`` (hvd_lm.perf.scaling_report) turns the finished runs into the
 s/iter and speedup table.
 """
 
@@ -27,26 +27,14 @@ import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Optional
 
+import hvd_lm
+from hvd_lm.core.atomic import write_text
+from hvd_lm.core.config import Command, option
+from hvd_lm.train.config import add_arguments, from_args
+from hvd_lm.train.schedule import scaled_lr
 
-def local_mpi_env(**extra: str) -> dict[str, str]:
-    """Environment for ranks launched on this machine by ``mpirun``/``horovodrun`` (tests,
-    benchmarks, the demo): this interpreter's bin folder first on ``PATH``, the repository on
-    ``PYTHONPATH``, one OpenMP thread per rank unless set, OpenMPI allowed to run as root and in
-    containers (no ptrace single-copy), and ``OMPI_MCA_mpi_yield_when_idle=1``: with ranks sharing
-    cores, OpenMPI's busy-polling in Horovod's MPI controller steals the compute threads' cores
-    (measured 4.7x slower 2-rank steps on 2 cores). ``extra`` is applied last."""
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    repo = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = f"{repo}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    if os.geteuid() == 0:
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
-    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-    env.update(extra)
-    return env
 
 #: scheduler name -> template file in the launch directory
 SCHEDULERS = {
@@ -74,7 +62,7 @@ def template_dir() -> Path:
         FileNotFoundError: the directory is missing (e.g. a non-editable install without the
             repository checkout).
     """
-    d = Path(os.environ.get("HVD_LM_LAUNCH_DIR") or Path(__file__).resolve().parents[1] / "launch")
+    d = Path(os.environ.get("HVD_LM_LAUNCH_DIR") or hvd_lm.REPO_ROOT / "launch")
     if not d.is_dir():
         raise FileNotFoundError(f"launch templates not found at {d}: run from a checkout of the "
                                 "repository or set HVD_LM_LAUNCH_DIR")
@@ -312,15 +300,13 @@ class _Raising(argparse.ArgumentParser):
 
 
 def train_config(config: str | None, train_args: list[str]):
-    """The :class:`hvd_lm.config.TrainConfig` that ``hvd-lm train [--config FILE] TRAIN_ARGS``
+    """The :class:`hvd_lm.train.config.TrainConfig` that ``hvd-lm train [--config FILE] TRAIN_ARGS``
     would run (so the sweep's batch and LR are the ones training will use).
 
     Raises:
         ValueError: an unknown or malformed training flag, a bad config file, or a flag the launch
             command owns (``--config``, ``--out-dir``).
     """
-    from hvd_lm.config import add_arguments, from_args
-
     for owned, instead in (("--config", "--config before --"), ("--out-dir", "--run-dir")):
         if any(a == owned or a.startswith(owned + "=") for a in train_args):
             raise ValueError(f"training flag {owned} is set by hvd-lm launch: use {instead}")
@@ -368,8 +354,6 @@ def plan_job(gpus: int, gpus_per_node: int, cfg, nodes: int | None = None,
     Raises:
         ValueError: as :func:`job_size`.
     """
-    from hvd_lm.schedule import scaled_lr
-
     size = job_size(gpus, gpus_per_node, nodes)
     gb = gpus * cfg.data.batch_size * cfg.dist.backward_passes_per_step
     lr = scaled_lr(cfg.optim.lr, cfg.optim.lr_ref_batch, gb, cfg.optim.lr_rule, cfg.optim.lr_cap)
@@ -417,7 +401,7 @@ def _parse_counts(text: str) -> list[int]:
     return counts
 
 
-def _render_job(args: argparse.Namespace, job: JobPlan, train_args: list[str], job_name: str,
+def _render_job(args: LaunchConfig, job: JobPlan, train_args: list[str], job_name: str,
                 cfg, templates: Path) -> str:
     per_gpu = cfg.data.batch_size * cfg.dist.backward_passes_per_step
     if job.steps is not None:
@@ -440,21 +424,16 @@ def _render_job(args: argparse.Namespace, job: JobPlan, train_args: list[str], j
 
 def _write_script(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    write_text(path, text)
     path.chmod(0o755)
 
 
-def cmd_launch(args: argparse.Namespace) -> int:
-    """``hvd-lm launch``: write (or print) one rendered script, or a sweep directory."""
-    try:
-        return _launch(args)
-    except (ValueError, KeyError, FileNotFoundError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) else e
-        print(f"hvd-lm launch: ERROR: {msg}", file=sys.stderr)
-        return 2
+def launch(args: LaunchConfig) -> int:
+    """Write (or print) one rendered script, or a sweep directory (:class:`LaunchConfig`).
 
-
-def _launch(args: argparse.Namespace) -> int:
+    Raises:
+        ValueError, KeyError, FileNotFoundError: a size, flag or template problem.
+    """
     train_args = list(args.train_args)
     while train_args and train_args[0] == "--":  # argparse may keep the separator
         train_args.pop(0)
@@ -500,7 +479,7 @@ def _launch(args: argparse.Namespace) -> int:
         f"# should go under ({runs_dir}/gNNN is relative to it).\n"
         'set -euo pipefail\nsweep_dir="$(dirname "${BASH_SOURCE[0]}")"\n'
         + "".join(f'{submit_with} "$sweep_dir/{Path(j.script).name}"\n' for j in jobs)))
-    (out / "sweep.json").write_text(json.dumps({
+    write_text(out / "sweep.json", json.dumps({
         "scheduler": args.scheduler, "gpus_per_node": gpn,
         "per_gpu_batch": cfg.data.batch_size * cfg.dist.backward_passes_per_step,
         "lr": cfg.optim.lr, "lr_ref_batch": cfg.optim.lr_ref_batch, "lr_rule": cfg.optim.lr_rule,
@@ -513,83 +492,58 @@ def _launch(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_launch_arguments(p: argparse.ArgumentParser) -> None:
-    """Arguments of ``hvd-lm launch``."""
-    p.add_argument("--scheduler", required=True, choices=list(SCHEDULERS),
-                   help="which template: " + ", ".join(f"{k} ({v})" for k, v in SCHEDULERS.items()))
-    size = p.add_argument_group("size")
-    size.add_argument("--gpus", type=int, help="world size: ranks = GPUs, one rank per GPU")
-    size.add_argument("--gpus-per-node", type=int,
-                      help="ranks (GPUs) per node (default 8, a DGX-1 as in the reference; "
-                           "horovodrun: all on one node)")
-    size.add_argument("--nodes", type=int, help="nodes (default: derived; checked when given)")
-    size.add_argument("--sweep", metavar="N,N,...",
-                      help="weak-scaling study: one job per GPU count, e.g. 1,8,16,32,64,128; "
-                           "--out is then a directory")
-    size.add_argument("--steps", type=int,
-                      help="--sweep: optimizer steps per job (default: --max-steps after --)")
-    size.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                      help="cuda asks the scheduler for one GPU per rank; cpu renders the same "
-                           "ranks without a GPU request (CPU clusters, tests)")
-    size.add_argument("--cpus-per-task", type=int, help="CPU cores per rank (SLURM, PBS ncpus)")
-    sched = p.add_argument_group("scheduler")
-    sched.add_argument("--partition", "--queue", dest="partition",
-                       help="SLURM partition / PBS queue (default: the cluster's)")
-    sched.add_argument("--walltime", help="time limit, [D-]HH:MM:SS or minutes (SLURM, PBS)")
-    sched.add_argument("--job-name", default="hvd-lm", help="job name (SLURM, PBS)")
-    sched.add_argument("--launcher", choices=["srun", "mpirun"],
-                       help="SLURM: how ranks start inside the allocation (template default srun)")
-    sched.add_argument("--controller", choices=["gloo", "mpi"],
-                       help="horovodrun: Horovod controller (template default gloo)")
-    sched.add_argument("--hosts", help="horovodrun-multinode/mpirun: comma-separated node names, "
-                                       "one per node (default: a hostfile named 'hostfile')")
-    sched.add_argument("--network-interface", help="horovodrun-multinode: NIC, e.g. ib0")
-    run = p.add_argument_group("run")
-    run.add_argument("--config", help="YAML training config (hvd-lm train --config)")
-    run.add_argument("--run-dir", help="training out-dir (default: the template's; sweep: "
-                                       "runs/scaling/gNNN)")
-    run.add_argument("--python", help="Python with hvd_lm + horovod (default: this one, "
-                                      f"{sys.executable})")
-    run.add_argument("--out", help="file to write (default: stdout); --sweep: directory "
-                                   "(default ./sweep)")
-    run.add_argument("--template-dir", help="templates (default: the repository's launch/)")
-    p.add_argument("train_args", nargs="*", metavar="-- TRAIN_FLAGS",
-                   help="hvd-lm train flags after --, e.g. -- --shards data/shards --lr-rule sqrt")
+@dataclass
+class LaunchConfig:
+    """Settings of ``hvd-lm launch`` (flags only: its ``--config`` is the training YAML the
+    rendered job passes to ``hvd-lm train``)."""
+
+    scheduler: str = option("", "which template: " + ", ".join(
+        f"{k} ({v})" for k, v in SCHEDULERS.items()), choices=tuple(SCHEDULERS), required=True)
+    # size
+    gpus: Optional[int] = option(None, "world size: ranks = GPUs, one rank per GPU", ge=1)
+    gpus_per_node: Optional[int] = option(None, "ranks (GPUs) per node (default 8, a DGX-1 as in "
+                                          "the reference; horovodrun: all on one node)", ge=1)
+    nodes: Optional[int] = option(None, "nodes (default: derived; checked when given)", ge=1)
+    sweep: str = option("", "weak-scaling study: one job per GPU count, e.g. "
+                        "1,8,16,32,64,128; --out is then a directory", metavar="N,N,...")
+    steps: Optional[int] = option(None, "--sweep: optimizer steps per job (default: --max-steps "
+                                  "after --)", ge=1)
+    device: str = option("cuda", "cuda asks the scheduler for one GPU per rank; cpu renders the "
+                         "same ranks without a GPU request (CPU clusters, tests)",
+                         choices=("cuda", "cpu"))
+    cpus_per_task: Optional[int] = option(None, "CPU cores per rank (SLURM, PBS ncpus)", ge=1)
+    # scheduler
+    partition: Optional[str] = option(None, "SLURM partition / PBS queue (default: the "
+                                      "cluster's)", aliases=("--queue",))
+    walltime: Optional[str] = option(None, "time limit, [D-]HH:MM:SS or minutes (SLURM, PBS)")
+    job_name: str = option("hvd-lm", "job name (SLURM, PBS)")
+    launcher: Optional[str] = option(None, "SLURM: how ranks start inside the allocation "
+                                     "(template default srun)", choices=("srun", "mpirun"))
+    controller: Optional[str] = option(None, "horovodrun: Horovod controller (template default "
+                                       "gloo)", choices=("gloo", "mpi"))
+    hosts: Optional[str] = option(None, "horovodrun-multinode/mpirun: comma-separated node "
+                                  "names, one per node (default: a hostfile named 'hostfile')")
+    network_interface: Optional[str] = option(None, "horovodrun-multinode: NIC, e.g. ib0")
+    # run
+    config: Optional[str] = option(None, "YAML training config (hvd-lm train --config)")
+    run_dir: Optional[str] = option(None, "training out-dir (default: the template's; sweep: "
+                                    "runs/scaling/gNNN)")
+    python: Optional[str] = option(None, "Python with hvd_lm + horovod (default: this one)")
+    out: Optional[str] = option(None, "file to write (default: stdout); --sweep: directory "
+                                "(default ./sweep)")
+    template_dir: Optional[str] = option(None, "templates (default: the repository's launch/)")
+    train_args: list[str] = option(default_factory=list, help="hvd-lm train flags after --, "
+                                   "e.g. -- --shards data/amazon --lr-rule sqrt",
+                                   positional=True, metavar="-- TRAIN_FLAGS")
 
 
-def add_subcommands(subparsers) -> None:
-    """Register ``launch`` and ``scaling-report`` on the ``hvd-lm`` sub-command parsers."""
-    from hvd_lm import scaling_report
-
-    p = subparsers.add_parser(
-        "launch", help="render a launch script (horovodrun, mpirun, SLURM, PBS) or a scaling sweep",
-        description="Render a launch template (launch/) for a scheduler and size, or write the "
-                    "jobs of a weak-scaling sweep. Flags after -- are hvd-lm train flags.",
-        epilog="examples:\n"
-               "  hvd-lm launch --scheduler slurm --gpus 128 --gpus-per-node 8 --walltime 4:00:00 "
-               "--out job.sbatch -- --shards data/shards\n"
-               "  hvd-lm launch --scheduler slurm --sweep 1,8,16,32,64,128 --steps 200 --out sweep "
-               "-- --shards data/shards --batch-size 32 --lr-rule sqrt --lr-cap 3e-3",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_launch_arguments(p)
-    p.set_defaults(func=cmd_launch)
-
-    r = subparsers.add_parser("scaling-report", help="s/iter, speedup and efficiency vs GPUs "
-                                                     "from a sweep's metrics.jsonl files",
-                              description="s/iter, speedup (N x t1 / tN under weak scaling) "
-                                          "and efficiency against GPU count, from the runs' "
-                                          "metrics.jsonl files, as a table, PNG and JSON.")
-    scaling_report.add_arguments(r)
-    r.set_defaults(func=scaling_report.cmd_scaling_report)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m hvd_lm.launch ...`` (the same sub-commands without hvd_lm.cli)."""
-    parser = argparse.ArgumentParser(prog="hvd-lm")
-    add_subcommands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+LAUNCH = Command(
+    LaunchConfig, launch, config_flag=False, usage_errors=(ValueError, KeyError,
+                                                            FileNotFoundError),
+    description="Render a launch template (launch/) for a scheduler and size, or write the jobs "
+    "of a weak-scaling sweep. Flags after -- are hvd-lm train flags.",
+    epilog="examples:\n"
+    "  hvd-lm launch --scheduler slurm --gpus 128 --gpus-per-node 8 --walltime 4:00:00 "
+    "--out job.sbatch -- --shards data/amazon\n"
+    "  hvd-lm launch --scheduler slurm --sweep 1,8,16,32,64,128 --steps 200 --out sweep -- "
+    "--shards data/amazon --batch-size 32 --lr-rule sqrt --lr-cap 3e-3")

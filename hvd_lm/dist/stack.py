@@ -15,6 +15,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
+from hvd_lm.core.config import Command, option
+
 _LINE = re.compile(r"^\s*\[(?P<mark>[ Xx])\]\s+(?P<name>\S.*?)\s*$")
 _VERSION = re.compile(r"Horovod v(?P<version>\S+?):?\s*$")
 
@@ -112,8 +116,6 @@ def check_build(need_nccl: bool | None = None) -> BuildInfo:
         raise RuntimeError(f"horovodrun --check-build failed ({proc.returncode}):\n{proc.stderr}")
     info = parse_check_build(proc.stdout)
     if need_nccl is None:
-        import torch
-
         need_nccl = bool(torch.version.cuda)
     missing = missing_components(info, need_nccl=need_nccl)
     if missing:
@@ -122,3 +124,24 @@ def check_build(need_nccl: bool | None = None) -> BuildInfo:
             "HVD_LM_REBUILD=1 scripts/setup.sh (see scripts/build_horovod.sh)."
         )
     return info
+
+
+@dataclass
+class CheckBuildConfig:
+    """``hvd-lm check-build``."""
+
+    nccl: bool = option(False, "also require NCCL (default: only on CUDA hosts)", switch=True)
+
+
+def check_build_command(cfg: CheckBuildConfig) -> int:
+    """``hvd-lm check-build``: print the built components (errors: what is missing, exit 1)."""
+    info = check_build(need_nccl=True if cfg.nccl else None)
+    built = [n for sec in (info.frameworks, info.controllers, info.tensor_operations)
+             for n, ok in sec.items() if ok]
+    print(f"Horovod {info.version}: built with {', '.join(dict.fromkeys(built))}")
+    return 0
+
+
+CHECK_BUILD = Command(CheckBuildConfig, check_build_command, config_flag=False,
+                      description="Parse `horovodrun --check-build` and fail naming any of "
+                      "PyTorch, MPI, Gloo (and NCCL on CUDA hosts) that is missing.")

@@ -6,7 +6,7 @@ Shard file (HDF5, written with h5py; one file per shard, named ``{split}-{index:
 datasets
     ``tokens``       uint8, shape ``(n_tokens,)``: the contiguous token stream of the shard.
                      Each document is its UTF-8 bytes followed by one ``EOD`` (0) byte
-                     (:mod:`hvd_lm.tokenizer`), so ``n_tokens`` = sum of (document bytes + 1).
+                     (:mod:`hvd_lm.core.tokenizer`), so ``n_tokens`` = sum of (document bytes + 1).
     ``doc_offsets``  int64, shape ``(documents + 1,)``: start of each document in ``tokens``;
                      ``doc_offsets[0] == 0``, strictly increasing, ``doc_offsets[-1] == n_tokens``;
                      document ``i`` is ``tokens[doc_offsets[i]:doc_offsets[i+1]]`` (its EOD last).
@@ -15,7 +15,7 @@ datasets
     (``gzip`` level 4 or ``lzf``, each with the shuffle filter off: bytes gain nothing from it).
 attributes (on the file's root group)
     ``format_version``  int, :data:`FORMAT_VERSION` (1).
-    ``tokenizer``       str, e.g. ``"bytes-utf8-eod0"`` (:data:`hvd_lm.tokenizer.TOKENIZER_NAME`).
+    ``tokenizer``       str, e.g. ``"bytes-utf8-eod0"`` (:data:`hvd_lm.core.tokenizer.TOKENIZER_NAME`).
     ``source_files``    list of str: names of the input files the corpus was built from.
     ``documents``       int, number of documents (= ``len(doc_offsets) - 1``).
     ``bytes``           int, number of tokens (= ``len(tokens)``; one token is one byte).
@@ -58,7 +58,8 @@ from typing import Any
 import h5py
 import numpy as np
 
-from hvd_lm.atomic import atomic_path, write_text
+from hvd_lm.core.atomic import atomic_path, write_text
+from hvd_lm.core.tokenizer import EOD, VOCAB_SIZE
 
 #: Version of the shard file layout and manifest schema described above.
 FORMAT_VERSION: int = 1
@@ -445,8 +446,6 @@ def build_manifest(entries: dict[str, list[dict]], tokenizer: str, **meta) -> di
         tokenizer: tokenizer name.
         **meta: extra top-level fields (provenance, counters, ...).
     """
-    from hvd_lm.tokenizer import EOD, VOCAB_SIZE
-
     splits = {}
     for name, shards in entries.items():
         splits[name] = {"shards": shards, "tokens": sum(s["tokens"] for s in shards),

@@ -1,0 +1,21 @@
+"""SHA-256 of files: the one helper behind verified downloads, feature-cache keys and the
+checkpoint identity a saved classifier records (shards keep their own, over tokens, in
+:mod:`hvd_lm.core.shards`)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+
+def file_sha256(path: str | Path, block: int = 1 << 22) -> str:
+    """Hex SHA-256 of a file's bytes, read ``block`` bytes at a time.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,232 @@
+"""``hvd-lm demo``: the main job end to end on real reviews, driven by one YAML file.
+
+The file is one :class:`DemoConfig` tree whose sections are the other commands' own settings
+(``prepare`` = :class:`data_prep.pipeline.PrepareConfig`, ``train`` =
+:class:`hvd_lm.train.config.TrainConfig`, ``transfer`` = :class:`hvd_lm.transfer.run.TransferConfig`);
+the whole file is validated before the first step runs. Steps (each the project's own command, run
+as a subprocess with its output shown and its settings passed as a YAML file in the run folder):
+
+1. corpus: the real Amazon review files in ``corpus.shared_dir`` when present, else the public
+   copies listed in ``corpus.sources`` downloaded (sha256-verified) into ``corpus.download_dir``;
+2. ``python -m data_prep prepare --config runs/<name>/prepare.yaml`` -> ``runs/<name>/shards``;
+3. ``horovodrun -np N python -m hvd_lm train --config runs/<name>/train.yaml`` (or mpirun);
+4. ``python -m hvd_lm eval ... --output runs/<name>/eval_lm.json`` on the validation split, and
+   ``xz -9`` / ``gzip -9`` bits per character on the same bytes
+   (:func:`hvd_lm.train.evaluate.compressor_bpc`);
+5. ``python -m hvd_lm transfer --config runs/<name>/transfer.yaml`` (SST-2, TF-IDF baseline);
+6. ``runs/<name>/report.md`` with tables and PNG plots (:mod:`hvd_lm.jobs.report`), and a summary.
+
+Every result is read from the files a step writes, never from its printed output. Like the CLI
+table, this job sits above both packages, so it imports ``data_prep`` (for the section's type).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import hvd_lm
+from data_prep.pipeline import PrepareConfig
+from hvd_lm.core import config as configlib
+from hvd_lm.core.atomic import write_text
+from hvd_lm.core.config import Command, option
+from hvd_lm.core.shards import load_manifest, read_tokens
+from hvd_lm.dist.launcher import horovodrun_argv, local_mpi_env, mpirun_argv
+from hvd_lm.jobs.download import download_all
+from hvd_lm.jobs.report import training_summary, write_report
+from hvd_lm.train.config import TrainConfig
+from hvd_lm.train.evaluate import compressor_bpc
+from hvd_lm.train.log import read_metrics
+from hvd_lm.transfer.run import TransferConfig
+
+REPO = hvd_lm.REPO_ROOT
+CORPUS_SUFFIXES = (".gz", ".json", ".csv", ".tsv", ".review", ".txt")
+
+
+@dataclass
+class CorpusConfig:
+    """Where the review text comes from (paths relative to the repository root)."""
+
+    shared_dir: str = option("../shared/data/amazon", "real review files, used when this "
+                             "folder exists")
+    sources: str = option("configs/sources.yaml", "otherwise these public files are "
+                          "downloaded...")
+    download_dir: str = option("data/amazon", "...here, each verified against its sha256")
+
+
+@dataclass
+class DemoLaunchConfig:
+    """How the training (and evaluation) ranks start on this machine."""
+
+    launcher: str = option("horovodrun", "horovodrun, mpirun, or none (one process)",
+                           choices=("horovodrun", "mpirun", "none"))
+    np: int = option(2, "ranks", ge=1)
+    controller: str = option("mpi", "horovodrun --mpi or --gloo", choices=("mpi", "gloo"))
+
+
+@dataclass
+class EvaluateConfig:
+    """The baselines the LM's validation BPC is compared with."""
+
+    compressors: list[str] = option(default_factory=lambda: ["xz", "gzip"],
+                                    help="BPC of `xz -9` and `gzip -9` on the same bytes",
+                                    choices=("xz", "gzip"))
+    batch_size: int = option(8, "eval rows per rank", ge=1)
+
+
+@dataclass
+class DemoConfig:
+    """``configs/demo.yaml``: every step's settings."""
+
+    name: str = option("demo", "outputs go to runs/<name>/")
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    prepare: PrepareConfig = field(default_factory=PrepareConfig)
+    launch: DemoLaunchConfig = field(default_factory=DemoLaunchConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    transfer_enabled: bool = option(True, "run the transfer step")
+    transfer: TransferConfig = field(default_factory=TransferConfig)
+
+    def check(self) -> None:
+        """The name is a plain folder name."""
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            raise ValueError(f"name must be a plain folder name, got {self.name!r}")
+
+
+def _run(cmd: list, env: dict | None = None) -> None:
+    """Run ``cmd`` showing its output live. Raises RuntimeError on failure."""
+    print("$ " + " ".join(map(str, cmd)), flush=True)
+    proc = subprocess.run([str(c) for c in cmd], env=env, cwd=REPO)
+    if proc.returncode != 0:
+        raise RuntimeError(f"step failed ({proc.returncode}): {' '.join(map(str, cmd))}")
+
+
+def corpus_files(cfg: CorpusConfig) -> list[Path]:
+    """Input files: the shared real files if present, else the verified downloads."""
+    shared = (REPO / cfg.shared_dir).resolve()
+    if shared.is_dir():
+        files = sorted(p for p in shared.rglob("*") if p.is_file()
+                       and p.suffix in CORPUS_SUFFIXES)
+        if files:
+            print(f"corpus: {len(files)} real review files from {shared}")
+            return files
+    print(f"corpus: {shared} not found; downloading the public sources of {cfg.sources}")
+    return download_all(REPO / cfg.sources, REPO / cfg.download_dir)
+
+
+def launcher_argv(cfg: DemoLaunchConfig, argv: list[str]) -> list[str]:
+    """``argv`` (after the interpreter) started by ``cfg``'s launcher on this machine."""
+    if cfg.launcher == "horovodrun":
+        return horovodrun_argv(cfg.np, argv, cfg.controller)
+    if cfg.launcher == "mpirun":
+        return mpirun_argv(cfg.np, argv)
+    return [sys.executable, *argv]
+
+
+def val_bytes(shards: Path) -> bytes:
+    """The validation split's token stream, as bytes (what the LM is evaluated on)."""
+    parts = [read_tokens(s.path, 0, s.tokens) for s in load_manifest(shards).split("val")]
+    return np.concatenate(parts).tobytes()
+
+
+def demo(cfg: DemoConfig) -> int:
+    """Run every step of the demo described by ``cfg`` (validated as a whole when it was
+    loaded: :data:`DEMO`); print where the report went; return 0.
+
+    Raises:
+        RuntimeError: a failed step.
+    """
+    t0 = time.time()
+    run_dir = REPO / "runs" / cfg.name
+    shards, train_dir = run_dir / "shards", run_dir / "train"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = local_mpi_env()
+    timings = {}
+
+    print("\n== 1/5 corpus ==", flush=True)
+    files = corpus_files(cfg.corpus)
+
+    print("\n== 2/5 prepare shards ==", flush=True)
+    t = time.time()
+    prep = cfg.prepare
+    prep.inputs, prep.out, prep.resume = [str(f) for f in files], str(shards), True
+    prep.summary_json = str(run_dir / "prepare_summary.json")
+    configlib.save_yaml(prep, run_dir / "prepare.yaml")
+    _run([sys.executable, "-m", "data_prep", "prepare", "--config", run_dir / "prepare.yaml"],
+         env)
+    timings["prepare_s"] = time.time() - t
+
+    print("\n== 3/5 train ==", flush=True)
+    t = time.time()
+    cfg.train.data.shards = str(shards)
+    cfg.train.run.out_dir = str(train_dir)
+    if (train_dir / "checkpoints").is_dir():
+        cfg.train.run.resume = "auto"  # a second `make demo` continues (or ends at once)
+    configlib.save_yaml(cfg.train, run_dir / "train.yaml")
+    _run(launcher_argv(cfg.launch, ["-m", "hvd_lm", "train", "--config",
+                                    str(run_dir / "train.yaml")]), env)
+    timings["train_s"] = time.time() - t
+
+    print("\n== 4/5 evaluate ==", flush=True)
+    lm_json = run_dir / "eval_lm.json"
+    lm_json.unlink(missing_ok=True)
+    _run(launcher_argv(cfg.launch, ["-m", "hvd_lm", "eval", str(train_dir), str(shards),
+                                    "--split", "val", "--batch-size",
+                                    str(cfg.evaluate.batch_size), "--output", str(lm_json)]),
+         env)
+    eval_result = json.loads(lm_json.read_text())
+    comp = compressor_bpc(val_bytes(shards), tuple(cfg.evaluate.compressors))
+    write_text(run_dir / "eval.json", json.dumps({**eval_result, "compressors": comp}, indent=1))
+
+    transfer_dir = None
+    if cfg.transfer_enabled:
+        print("\n== 5/5 sentiment transfer ==", flush=True)
+        t = time.time()
+        transfer_dir = run_dir / "transfer"
+        cfg.transfer.checkpoint, cfg.transfer.out = str(train_dir), str(transfer_dir)
+        configlib.save_yaml(cfg.transfer, run_dir / "transfer.yaml")
+        _run([sys.executable, "-m", "hvd_lm", "transfer", "--config", run_dir / "transfer.yaml"],
+             env)
+        timings["transfer_s"] = time.time() - t
+
+    summary_json = Path(prep.summary_json)
+    prep_summary = json.loads(summary_json.read_text()) if summary_json.exists() else None
+    report = write_report(run_dir, train_dir, cfg.name, eval_result, comp, transfer_dir,
+                          prep_summary)
+    s = training_summary(read_metrics(train_dir / "metrics.jsonl"))
+    lm = eval_result["bpc"]
+    print("\n== summary ==")
+    print(f"trained {s['steps']} steps on {s['world_size']} ranks, "
+          f"{s['median_chars_per_s']:.0f} chars/s")
+    print("validation BPC: LM {:.3f} | ".format(lm)
+          + " | ".join(f"{c} -9 {v:.3f}" for c, v in comp.items())
+          + ("  -> the LM beats them" if all(lm < v for v in comp.values())
+             else "  -> the LM does not beat them all"))
+    if transfer_dir:
+        tr = json.loads((transfer_dir / "transfer.json").read_text())
+        print("SST-2: " + transfer_line(tr))
+    print(f"total {time.time() - t0:.0f} s ({', '.join(f'{k} {v:.0f}' for k, v in timings.items())})")
+    print(f"report: {report}")
+    return 0
+
+
+def transfer_line(tr: dict) -> str:
+    """One line of headline accuracies from a ``transfer.json`` report (hvd_lm.transfer)."""
+    acc, neuron = tr["classifier"]["accuracy"], tr["neuron"]
+    line = (f"LM {tr['features']['kind']} features val acc {acc['val']:.3f} "
+            f"(C={tr['classifier']['C']:g}, {tr['classifier']['nonzero']} non-zero), "
+            f"neuron {neuron['index']} alone {neuron['accuracy']['val']:.3f}")
+    if tr.get("baseline"):
+        line += f"; TF-IDF baseline val acc {tr['baseline']['accuracy']['val']:.3f}"
+    return line
+
+
+DEMO = Command(DemoConfig, demo, flags=False,
+               default_config=str(REPO / "configs" / "demo.yaml"),
+               description="End to end on real reviews: prepare, train on 2 ranks, evaluate vs "
+               "xz/gzip, SST-2 transfer, report (every step's settings in one YAML file).")

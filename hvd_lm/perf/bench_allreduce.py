@@ -1,0 +1,454 @@
+"""``hvd-lm bench allreduce`` and ``hvd-lm bench fusion``: the collective layer measured on its own.
+
+``bench allreduce`` times, in one run (so that a shared, noisy machine affects every figure alike),
+an in-place sum-allreduce of one float32 tensor per message size (4 KiB to 256 MiB, powers of 4 by
+default) with
+
+* raw MPI: mpi4py ``Comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)`` under ``mpirun``;
+* ``torch.distributed`` with the gloo backend (``all_reduce``) under ``mpirun``;
+* Horovod (``hvd.allreduce_``) with the MPI controller (``mpirun`` + ``HOROVOD_CONTROLLER=mpi``,
+  what ``horovodrun --mpi`` does) and the Gloo controller (``horovodrun --gloo``), each with
+  compression none and fp16 (``hvd.Compression.fp16``: cast to float16 before and back after, as
+  ``DistributedOptimizer`` does), at Horovod's defaults (``HOROVOD_FUSION_THRESHOLD`` 128 MiB,
+  ``HOROVOD_CYCLE_TIME`` 1 ms in 0.28.1) and, for the MPI controller, at each other fusion
+  threshold and cycle time asked for (Horovod docs: "Tensor Fusion");
+
+and a *grouped* case, closer to training: a list of gradient tensors allreduced together per step
+(``hvd.allreduce_async_`` on each, then ``hvd.synchronize`` on each, op Average: what
+``hvd.DistributedOptimizer`` does), for the mLSTM's own parameter list
+(:class:`hvd_lm.core.model.LanguageModel`, e.g. hidden size 1024: 8 tensors, 23.4 MB) and a synthetic
+200 x 64 KiB set, where tensor fusion decides how many allreduces are issued. Raw MPI and
+torch.distributed run the same groups twice: one allreduce per tensor, and one allreduce of a
+flat buffer packed and unpacked around it (ideal fusion).
+
+Reported per size: mean time per operation (max over ranks; with ``--repeats R`` the median of R
+launches run round robin), algorithm bandwidth
+``algbw = S / t`` and bus bandwidth ``busbw = algbw x 2(n-1)/n`` in GB/s (1e9 bytes/s), as
+nccl-tests define them (nccl-tests ``doc/PERFORMANCE.md``); S is the float32 payload, also for
+fp16 compression (which puts S/2 on the wire). Then, per size, the ratio of each Horovod
+configuration's time to raw MPI's, and a least-squares alpha-beta fit per configuration
+(Hockney's model; for the ring algorithm t = 2(n-1) alpha + 2(n-1)/n S/beta, Thakur et al. 2005,
+"Optimization of collective communication operations in MPICH"). ``--json FILE`` saves it all;
+:func:`hvd_lm.perf.scaling_model.calibrate_from_bench` reads Horovod's overhead over raw MPI from it;
+:mod:`hvd_lm.perf.results` owns the records, the JSON file and the fit.
+
+Workers: ``python -m hvd_lm.perf.bench_allreduce --backend {mpi,torch_gloo,horovod} ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from hvd_lm.core import config as configlib
+from hvd_lm.core.atomic import write_text
+from hvd_lm.core.config import Command, option
+from hvd_lm.core.model import mlstm_parameters
+from hvd_lm.core.units import KIB, MIB, parse_bytes
+from hvd_lm.dist import horovod as dist
+from hvd_lm.dist.horovod import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
+from hvd_lm.dist.launcher import horovodrun_argv, local_mpi_env, mpirun_argv
+from hvd_lm.perf.baselines import MpiComm, TorchGlooComm
+from hvd_lm.perf.results import (busbw_factor, derive, fit_records, median_over_repeats,
+                                 ratios_to_mpi)
+
+DEFAULT_SIZES = [4 * KIB * 4 ** i for i in range(9)]  # 4 KiB, 16 KiB, ..., 256 MiB
+DEFAULT_GROUPS = ("mlstm1024", "synthetic200x64k")
+
+
+# ---- small helpers ------------------------------------------------------------------------------
+
+def parse_size(text: str) -> int:
+    """``"4096"``, ``"4K"``, ``"64KiB"``, ``"1M"``, ``"256MB"`` -> bytes (K/M/G are powers of 1024;
+    :func:`hvd_lm.core.units.parse_bytes`), a whole number of float32 elements.
+
+    Raises:
+        ValueError: not a positive size, or not a multiple of 4 bytes.
+    """
+    value = parse_bytes(text)
+    if value <= 0 or value % 4:
+        raise ValueError(f"size {text!r} must be a positive multiple of 4 bytes (float32)")
+    return value
+
+
+def parse_sizes(text: str) -> list[int]:
+    """Comma-separated sizes (see :func:`parse_size`) -> sorted unique bytes."""
+    return sorted({parse_size(s) for s in text.split(",") if s.strip()})
+
+
+def human_bytes(n: float) -> str:
+    """4096 -> ``"4K"``, 268435456 -> ``"256M"`` (binary prefixes, as the sizes are given)."""
+    for unit, div in (("G", 1024 ** 3), ("M", MIB), ("K", KIB)):
+        if n >= div and n % div == 0:
+            return f"{n // div:d}{unit}"
+    return f"{n:.0f}"
+
+
+def iters_for(size: int, iters: int, budget_bytes: int = 1 << 30) -> int:
+    """Timed iterations for a message of ``size`` bytes: ``iters``, fewer for big messages so that
+    each size moves at most ``budget_bytes`` (at least 3)."""
+    return max(3, min(iters, budget_bytes // max(size, 1)))
+
+
+def group_tensor_numels(spec: str) -> list[int]:
+    """Element counts (float32) of a named gradient group.
+
+    ``mlstm<H>`` (e.g. ``mlstm1024``): the parameter list of ``LanguageModel(ModelConfig(
+    hidden_size=H, embed_dim=64))`` in registration order; ``synthetic<N>x<size>`` (e.g.
+    ``synthetic200x64k``): N tensors of ``size`` bytes.
+
+    Raises:
+        ValueError: unknown spec.
+    """
+    m = re.fullmatch(r"mlstm(\d+)", spec)
+    if m:
+        return [numel for _, numel in mlstm_parameters(int(m.group(1)))]
+    m = re.fullmatch(r"synthetic(\d+)x(.+)", spec)
+    if m:
+        return [parse_size(m.group(2)) // 4] * int(m.group(1))
+    raise ValueError(f"unknown group {spec!r}: use mlstm<H> (e.g. mlstm1024) or "
+                     "synthetic<N>x<size> (e.g. synthetic200x64k)")
+
+
+# ---- settings -----------------------------------------------------------------------------------
+
+@dataclass
+class AllreduceConfig:
+    """``hvd-lm bench allreduce``."""
+
+    np: int = option(2, "ranks", ge=1)
+    sizes: str = option("", "message sizes, e.g. 4K,64K,1M (default: 4K to 256M, powers of 4)")
+    max_size: str = option("", "drop sizes above this (quick runs), e.g. 4M")
+    iters: int = option(20, "timed iterations per size (fewer for big sizes: at most 1 GiB "
+                        "moved per size, at least 3)", ge=1)
+    warmup: int = option(2, "untimed iterations first", ge=0)
+    repeats: int = option(1, "launches per configuration (round robin); each figure is the "
+                          "median", ge=1)
+    backends: list[str] = option(default_factory=lambda: ["mpi", "torch_gloo", "horovod"],
+                                 help="who allreduces", choices=("mpi", "torch_gloo", "horovod"))
+    controllers: list[str] = option(default_factory=lambda: ["mpi", "gloo"],
+                                    help="Horovod controllers", choices=("mpi", "gloo"))
+    compressions: list[str] = option(default_factory=lambda: ["none", "fp16"],
+                                     help="Horovod compressions", choices=("none", "fp16"))
+    fusion_mb: list[float] = option(default_factory=lambda: [0.0, 64.0], help="extra "
+                                    "HOROVOD_FUSION_THRESHOLD values, MiB (MPI controller; the "
+                                    "default 128 MiB always runs)", ge=0)
+    cycle_ms: list[float] = option(default_factory=lambda: [0.2, 5.0], help="extra "
+                                   "HOROVOD_CYCLE_TIME values, ms (MPI controller; the default "
+                                   "1 ms always runs)", gt=0)
+    variant_max_size: str = option("4M", "largest single-tensor size for the fusion/cycle "
+                                   "variants")
+    groups: list[str] = option(default_factory=lambda: list(DEFAULT_GROUPS), help="grouped "
+                               "cases: mlstm<H>, synthetic<N>x<size>; empty for none")
+    port: int = option(29533, "torch.distributed MASTER_PORT", ge=1, le=65535)
+    timeout: float = option(600.0, "per-launch limit, s", gt=0)
+    json: str = option("", "write the results here")
+
+
+@dataclass
+class AllreduceWorkerConfig:
+    """One rank (``python -m hvd_lm.perf.bench_allreduce FLAGS``)."""
+
+    backend: str = option("horovod", "who allreduces", choices=("mpi", "torch_gloo", "horovod"))
+    sizes: str = option("", "message sizes, bytes, comma-separated")
+    iters: int = option(20, "timed iterations per size", ge=1)
+    warmup: int = option(2, "untimed iterations first", ge=0)
+    compressions: list[str] = option(default_factory=lambda: ["none", "fp16"],
+                                     help="Horovod compressions", choices=("none", "fp16"))
+    groups: list[str] = option(default_factory=list, help="grouped cases")
+
+
+# ---- worker (one rank) --------------------------------------------------------------------------
+
+class HorovodComm:
+    """Horovod's collectives (:mod:`hvd_lm.dist.horovod`) behind the baselines' interface."""
+
+    def __init__(self) -> None:
+        ctx = dist.init()  # Horovod: init (knobs from the environment of this launch)
+        self.rank, self.size = ctx.rank, ctx.size
+        self.controller = dist.controller()
+
+    def allreduce(self, t: torch.Tensor, compression: str = "none", name: str = "") -> None:
+        """In-place sum-allreduce (fp16: cast around it, as ``Compression.fp16``)."""
+        dist.allreduce_inplace(t, name, "sum", compression)
+
+    def allreduce_group(self, tensors: list[torch.Tensor], prefix: str = "bench.g") -> None:
+        """``allreduce_async_`` on each, then ``synchronize`` (as DistributedOptimizer)."""
+        dist.allreduce_group(tensors, prefix, "average")
+
+    def max(self, x: float) -> float:
+        """Maximum over ranks."""
+        return dist.allreduce_max(x, "bench.max")
+
+    def close(self) -> None:
+        """Nothing to do."""
+
+
+def make_comm(backend: str):
+    """The communicator of ``backend``: raw MPI or torch gloo (:mod:`hvd_lm.perf.baselines`) or
+    Horovod (:class:`HorovodComm`).
+
+    Raises:
+        ValueError: unknown backend.
+    """
+    if backend == "mpi":
+        return MpiComm()
+    if backend == "torch_gloo":
+        return TorchGlooComm()
+    if backend == "horovod":
+        return HorovodComm()
+    raise ValueError(f"unknown backend {backend!r}")
+
+
+def _single(comm, t: torch.Tensor, compression: str, name: str) -> None:
+    if isinstance(comm, HorovodComm):
+        comm.allreduce(t, compression, name)
+    else:
+        comm.allreduce(t)
+
+
+def _grouped(comm, tensors: list[torch.Tensor], mode: str, flat: torch.Tensor,
+             prefix: str) -> None:
+    """``async``: each tensor issued together, then waited for; ``flat``: packed into one buffer,
+    one allreduce, unpacked (ideal fusion)."""
+    if mode == "flat":
+        torch.cat([t.view(-1) for t in tensors], out=flat)
+        _single(comm, flat, "none", f"{prefix}.flat")
+        off = 0
+        for t in tensors:
+            t.view(-1).copy_(flat[off:off + t.numel()])
+            off += t.numel()
+    elif isinstance(comm, HorovodComm):
+        comm.allreduce_group(tensors, prefix)
+    else:
+        comm.allreduce_group(tensors)
+
+
+def _time(comm, fn, iters: int, warmup: int) -> float:
+    """Mean seconds per call of ``fn`` over ``iters`` calls after ``warmup``; max over ranks."""
+    for _ in range(warmup):
+        fn()
+    comm.max(0.0)  # barrier
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return comm.max((time.perf_counter() - t0) / iters)
+
+
+def worker(args: AllreduceWorkerConfig) -> int:
+    """Time every size and group on this rank's backend; rank 0 prints ``RESULT [records]``."""
+    torch.set_num_threads(1)
+    comm = make_comm(args.backend)
+    n = comm.size
+    base = {"backend": args.backend, "ranks": n}
+    if args.backend == "horovod":
+        base |= {"controller": comm.controller,
+                 "fusion_threshold_bytes": int(os.environ.get("HOROVOD_FUSION_THRESHOLD",
+                                                              HOROVOD_DEFAULT_FUSION_BYTES)),
+                 "cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME",
+                                                       HOROVOD_DEFAULT_CYCLE_MS))}
+    compressions = list(args.compressions) if args.backend == "horovod" else ["none"]
+    records = []
+    for size in parse_sizes(args.sizes) if args.sizes else []:
+        t = torch.zeros(size // 4)
+        k = iters_for(size, args.iters)
+        for comp in compressions:
+            sec = _time(comm, lambda: _single(comm, t, comp, f"bench.s{size}"), k, args.warmup)
+            records.append(base | {"case": "single", "compression": comp, "size_bytes": size,
+                                   "iters": k, "time_s": sec})
+        del t
+    for spec in args.groups:
+        numels = group_tensor_numels(spec)
+        tensors = [torch.zeros(m) for m in numels]
+        total = 4 * sum(numels)
+        flat = torch.zeros(sum(numels))
+        k = iters_for(total, args.iters)
+        modes = ["async"] if args.backend == "horovod" else ["async", "flat"]
+        for mode in modes:
+            sec = _time(comm, lambda: _grouped(comm, tensors, mode, flat, f"bench.{spec}"), k,
+                        args.warmup)
+            records.append(base | {"case": "grouped", "group": spec, "mode": mode,
+                                   "tensors": len(numels), "compression": "none",
+                                   "size_bytes": total, "iters": k, "time_s": sec})
+    if comm.rank == 0:
+        print("RESULT " + json.dumps(records), flush=True)
+    comm.close()
+    return 0
+
+
+# ---- driver -------------------------------------------------------------------------------------
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Launch environment: one thread per rank, OpenMPI as root / in containers, ranks yielding
+    the cores when idle (:func:`hvd_lm.dist.launcher.local_mpi_env`); every configuration states
+    its own Horovod knobs."""
+    env = local_mpi_env(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
+    for k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE"):
+        env.pop(k, None)
+    env.update(extra or {})
+    return env
+
+
+def _run_worker(cmd: list[str], env: dict, timeout: float) -> list[dict]:
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    for line in proc.stdout.splitlines():
+        if "RESULT " in line:  # horovodrun prefixes rank output with "[0]<stdout>:"
+            return json.loads(line[line.index("RESULT ") + 7:])
+    raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                       f"{proc.stderr[-3000:]}")
+
+
+def configurations(args: AllreduceConfig) -> list[dict]:
+    """The launches of one ``bench allreduce`` run: raw MPI, torch gloo, Horovod per controller at
+    its defaults, then the MPI controller at each other fusion threshold / cycle time (those only
+    up to ``--variant-max-size``: they matter for small messages and for the grouped case)."""
+    backends = list(args.backends)
+    confs = []
+    if "mpi" in backends:
+        confs.append({"label": "mpi4py", "backend": "mpi", "launcher": "mpirun", "env": {}})
+    if "torch_gloo" in backends:
+        confs.append({"label": "torch-gloo", "backend": "torch_gloo", "launcher": "mpirun",
+                      "env": {}})
+    if "horovod" in backends:
+        for ctl in args.controllers:
+            confs.append({"label": f"hvd-{ctl}", "backend": "horovod",
+                          "launcher": "mpirun" if ctl == "mpi" else "horovodrun",
+                          "env": {"HOROVOD_CONTROLLER": ctl} if ctl == "mpi" else {}})
+        ctl = "mpi" if "mpi" in args.controllers else args.controllers[0]
+        for mb in args.fusion_mb:
+            if int(mb * MIB) != HOROVOD_DEFAULT_FUSION_BYTES:
+                confs.append({"label": f"hvd-{ctl} fusion={mb:g}MB", "backend": "horovod",
+                              "launcher": "mpirun" if ctl == "mpi" else "horovodrun",
+                              "variant": True,
+                              "env": {"HOROVOD_FUSION_THRESHOLD": str(int(mb * MIB))}
+                              | ({"HOROVOD_CONTROLLER": ctl} if ctl == "mpi" else {})})
+        for ms in args.cycle_ms:
+            if ms != HOROVOD_DEFAULT_CYCLE_MS:
+                confs.append({"label": f"hvd-{ctl} cycle={ms:g}ms", "backend": "horovod",
+                              "launcher": "mpirun" if ctl == "mpi" else "horovodrun",
+                              "variant": True, "env": {"HOROVOD_CYCLE_TIME": f"{ms:g}"}
+                              | ({"HOROVOD_CONTROLLER": ctl} if ctl == "mpi" else {})})
+    return confs
+
+
+def _sizes(args: AllreduceConfig) -> list[int]:
+    sizes = parse_sizes(args.sizes) if args.sizes else list(DEFAULT_SIZES)
+    if args.max_size:
+        sizes = [s for s in sizes if s <= parse_size(args.max_size)]
+    if not sizes:
+        raise ValueError("no message sizes left (check --sizes / --max-size)")
+    return sizes
+
+
+def _table(records: list[dict], fmt, title: str) -> None:
+    single = [r for r in records if r["case"] == "single"]
+    labels = list(dict.fromkeys(r["label"] for r in single))
+    sizes = sorted({r["size_bytes"] for r in single})
+    cell = {(r["label"], r["size_bytes"]): r for r in single}
+    w = max(12, *(len(lb) for lb in labels)) + 1
+    print(f"\n{title}")
+    print(f"{'size':>6} " + "".join(f"{lb:>{w}}" for lb in labels))
+    for s in sizes:
+        row = "".join(f"{fmt(cell[(lb, s)]) if (lb, s) in cell else '-':>{w}}" for lb in labels)
+        print(f"{human_bytes(s):>6} {row}")
+
+
+def print_report(data: dict) -> None:
+    """The tables of a ``bench allreduce`` result (``data`` as written by ``--json``)."""
+    recs, n = data["records"], data["ranks"]
+    _table(recs, lambda r: f"{r['time_s'] * 1e6:.0f}",
+           f"single tensor, {n} ranks: time per allreduce, us (mean, max over ranks)")
+    _table(recs, lambda r: f"{r['busbw_GBps']:.2f}",
+           f"single tensor: bus bandwidth, GB/s (algbw x 2(n-1)/n = x {busbw_factor(n):.2f})")
+    ref = {r["size_bytes"]: r for r in recs if r["case"] == "single" and r["label"] == "mpi4py"}
+    if ref:
+        _table([r | {"ratio": r["time_s"] / ref[r["size_bytes"]]["time_s"]} for r in recs
+                if r["case"] == "single" and r["size_bytes"] in ref],
+               lambda r: f"{r['ratio']:.2f}", "time / raw MPI (mpi4py) time, per size")
+    if data.get("fits"):
+        print("\nalpha-beta fit, t = 2(n-1) alpha + 2(n-1)/n S / beta (weighted least squares):")
+        print(f"{'configuration':34} {'a=t(0), us':>11} {'alpha, us':>10} {'beta, GB/s':>11} "
+              f"{'max rel err':>11}")
+        for label, f in data["fits"].items():
+            print(f"{label:34} {f['intercept_s'] * 1e6:>11.1f} {f['alpha_s'] * 1e6:>10.1f} "
+                  f"{f['beta_GBps']:>11.2f} {f['max_rel_error']:>11.1%}")
+    grouped = [r for r in recs if r["case"] == "grouped"]
+    if grouped:
+        print("\ngrouped gradients per step (Horovod: allreduce_async_ + synchronize, op Average)")
+        print(f"{'group':22} {'configuration':34} {'mode':6} {'tensors':>7} {'MB':>7} "
+              f"{'ms/step':>9} {'busbw GB/s':>10}")
+        for r in grouped:
+            print(f"{r['group']:22} {r['label']:34} {r['mode']:6} {r['tensors']:>7} "
+                  f"{r['size_bytes'] / 1e6:>7.2f} {r['time_s'] * 1e3:>9.3f} "
+                  f"{r['busbw_GBps']:>10.2f}")
+
+
+def run_allreduce_bench(args: AllreduceConfig) -> dict:
+    """Launch every configuration (see :func:`configurations`), ``--repeats`` times round robin
+    (drift on a shared machine then hits every configuration alike), and collect the records,
+    each the median over the repeats (:func:`median_over_repeats`)."""
+    sizes = _sizes(args)
+    variant_sizes = [s for s in sizes if s <= parse_size(args.variant_max_size)] or sizes[:1]
+    records = []
+    for rep in range(args.repeats):
+        for conf in configurations(args):
+            szs = variant_sizes if conf.get("variant") else sizes
+            wcfg = AllreduceWorkerConfig(conf["backend"], ",".join(map(str, szs)), args.iters,
+                                         args.warmup, list(args.compressions),
+                                         list(args.groups))
+            argv = ["-m", "hvd_lm.perf.bench_allreduce", *configlib.to_argv(wcfg)]
+            extra = dict(conf["env"])
+            if conf["backend"] == "torch_gloo":
+                extra.update(MASTER_PORT=str(args.port), GLOO_SOCKET_IFNAME="lo")
+            cmd = (mpirun_argv(args.np, argv) if conf["launcher"] == "mpirun"
+                   else horovodrun_argv(args.np, argv, "gloo"))
+            t0 = time.perf_counter()
+            recs = _run_worker(cmd, _env(extra), args.timeout)
+            print(f"  {conf['label']} (repeat {rep}): {len(recs)} records in "
+                  f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+            for r in recs:
+                r["label"] = conf["label"] + ("+fp16" if r.get("compression") == "fp16" else "")
+            records += recs
+    records = median_over_repeats(records)
+    derive(records)
+    return {"ranks": args.np, "repeats": args.repeats, "sizes": sizes, "records": records,
+            "fits": fit_records(records),
+            "ratios_to_mpi": ratios_to_mpi(records),
+            "horovod_defaults": {"fusion_threshold_bytes": HOROVOD_DEFAULT_FUSION_BYTES,
+                                 "cycle_time_ms": HOROVOD_DEFAULT_CYCLE_MS},
+            "host": {"cpus": os.cpu_count(), "load_avg_1min": os.getloadavg()[0]},
+            "args": configlib.to_dict(args)}
+
+
+def bench_allreduce(args: AllreduceConfig) -> int:
+    """Run, print the tables, and with ``--json`` save; 1 with one ``ERROR:`` line when a
+    launch fails."""
+    try:
+        data = run_allreduce_bench(args)
+    except (ValueError, RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f"hvd-lm bench allreduce: ERROR: {e}", file=sys.stderr)
+        return 1
+    print_report(data)
+    if args.json:
+        write_text(args.json, json.dumps(data, indent=2))
+    return 0
+
+
+# ---- command line -------------------------------------------------------------------------------
+
+BENCH_ALLREDUCE = Command(AllreduceConfig, bench_allreduce,
+                          description="Allreduce latency and bandwidth, 4 KiB - 256 MiB and "
+                          "grouped gradients: Horovod (MPI and Gloo controllers, fp16, fusion "
+                          "threshold, cycle time) vs raw MPI (mpi4py) vs torch.distributed gloo.")
+WORKER = Command(AllreduceWorkerConfig, worker, config_flag=False)
+
+
+if __name__ == "__main__":  # one rank of a run: python -m hvd_lm.perf.bench_allreduce FLAGS
+    sys.exit(WORKER.main(None, "python -m hvd_lm.perf.bench_allreduce"))

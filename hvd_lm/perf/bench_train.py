@@ -1,0 +1,430 @@
+"""``hvd-lm bench train`` and ``hvd-lm bench fusion``: the training step measured side by side.
+
+``bench train``, in one invocation (so that a shared, noisy machine affects every figure alike):
+
+1. the machine's fp32 matmul rate with one thread (``torch.mm`` of 2048^3, best of 5), GFLOP/s;
+2. the training step of :mod:`hvd_lm.train.loop` (same model, same window loss, same
+   ``clip_and_step``) under ``mpirun -np N`` with Horovod for each N in ``--ranks`` (weak scaling:
+   the per-rank batch is fixed), one thread per rank;
+3. the same model and data with ``torch.nn.parallel.DistributedDataParallel`` (gloo backend,
+   :mod:`hvd_lm.perf.baselines`) as the peer, at the largest N.
+
+Each configuration runs ``--repeats`` times, interleaved with the others, and the median run is
+reported with the spread. It prints chars/s per rank and in total, weak-scaling efficiency
+(chars/s at N / (N x chars/s at 1)), model FLOPs per char (:meth:`LanguageModel.flops_per_char`),
+achieved GFLOP/s per rank and its fraction of the measured matmul rate, the share of step time
+Horovod waited on the allreduce, and the Horovod/DDP throughput ratio. ``--json FILE`` saves it.
+
+``bench fusion`` sweeps ``HOROVOD_FUSION_THRESHOLD`` and ``HOROVOD_CYCLE_TIME`` on the same
+training step (under ``mpirun -np N``), then runs it with ``HOROVOD_AUTOTUNE=1`` (Horovod docs:
+"Autotune") and reads the chosen values from ``HOROVOD_AUTOTUNE_LOG``.
+
+The workers (``python -m hvd_lm.perf.bench_train --backend ...``) train on seeded random bytes
+(throughput does not depend on the values) or, with ``--shards``, on a shard directory's train
+split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hvd_lm.core import config as configlib
+from hvd_lm.core.atomic import write_text
+from hvd_lm.core.config import Command, option
+from hvd_lm.core.model import LanguageModel, ModelConfig
+from hvd_lm.core.shards import load_manifest
+from hvd_lm.core.units import MIB
+from hvd_lm.dist import horovod as dist
+from hvd_lm.dist.horovod import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
+from hvd_lm.dist.launcher import local_mpi_env, mpirun_argv
+from hvd_lm.perf.baselines import TorchGlooComm, ddp
+from hvd_lm.train.data import Batch, RankStreams
+from hvd_lm.train.evaluate import window_nll
+
+
+def matmul_gflops(n: int = 2048, repeats: int = 5, threads: int = 1) -> float:
+    """Best-of-``repeats`` fp32 ``torch.mm`` rate for n x n x n with ``threads`` threads, GFLOP/s."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t)
+    torch.set_num_threads(old)
+    return 2 * n ** 3 / best / 1e9
+
+
+# ---- settings -----------------------------------------------------------------------------------
+
+@dataclass
+class StepConfig:
+    """The training step every run of these benchmarks times."""
+
+    hidden_size: int = option(1024, "mLSTM width H", ge=1)
+    embed_dim: int = option(64, "byte embedding width", ge=1)
+    cell: str = option("mlstm", "recurrent cell", choices=("mlstm", "lstm"))
+    batch_size: int = option(32, "per-rank batch (weak scaling)", ge=1)
+    seq_len: int = option(64, "TBPTT window, chars", ge=1)
+    steps: int = option(5, "timed steps per run", ge=1)
+    warmup: int = option(2, "untimed steps first", ge=0)
+    threads: int = option(1, "torch threads per rank", ge=1)
+    compression: str = option("fp16", "Horovod allreduce compression", choices=("none", "fp16"))
+    shards: str = option("", "train on a shard directory instead of random bytes")
+
+
+@dataclass
+class WorkerConfig(StepConfig):
+    """One rank of a run (``python -m hvd_lm.perf.bench_train FLAGS``)."""
+
+    backend: str = option("horovod", "who allreduces the gradients", choices=("horovod", "ddp"))
+    fusion_threshold_mb: float | None = option(None, "HOROVOD_FUSION_THRESHOLD, MiB", ge=0)
+    cycle_time_ms: float | None = option(None, "HOROVOD_CYCLE_TIME, ms", gt=0)
+
+
+@dataclass
+class BenchTrainConfig(StepConfig):
+    """``hvd-lm bench train``."""
+
+    ranks: list[int] = option(default_factory=lambda: [1, 2], help="rank counts to run, e.g. 1,2",
+                              ge=1)
+    repeats: int = option(3, "interleaved runs per config; the median is reported", ge=1)
+    timeout: float = option(900.0, "per-run limit, s", gt=0)
+    json: str = option("", "write the results here")
+
+
+@dataclass
+class BenchFusionConfig(StepConfig):
+    """``hvd-lm bench fusion``."""
+
+    hidden_size: int = option(256, "mLSTM width H", ge=1)
+    steps: int = option(20, "timed steps per run", ge=1)
+    warmup: int = option(3, "untimed steps first", ge=0)
+    np: int = option(2, "ranks", ge=1)
+    fusion_mb: list[float] = option(default_factory=lambda: [0.0, 1.0, 16.0, 64.0, 128.0],
+                                    help="fusion thresholds, MiB", ge=0)
+    cycle_ms: list[float] = option(default_factory=lambda: [0.2, 1.0, 5.0, 20.0],
+                                   help="cycle times, ms", gt=0)
+    grid: bool = option(False, "every (fusion, cycle) pair, not two one-dimensional sweeps",
+                        switch=True)
+    repeats: int = option(1, "round-robin repeats", ge=1)
+    autotune: bool = option(True, "then a HOROVOD_AUTOTUNE run (--no-autotune: skip it)",
+                            switch=False, flag="--no-autotune")
+    autotune_steps: int = option(150, "timed steps of the autotune run (the tuner needs (warmup "
+                                 "+ samples + 8) x 5 x steps-per-sample steps)", ge=1)
+    autotune_warmup: int = option(1, "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", ge=0)
+    autotune_steps_per_sample: int = option(1, "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", ge=1)
+    autotune_samples: int = option(12, "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", ge=1)
+    timeout: float = option(600.0, "per-run limit, s", gt=0)
+    json: str = option("", "write the results here")
+
+
+# ---- worker (one rank) -------------------------------------------------------------------------
+
+def worker(cfg: WorkerConfig) -> int:
+    """Time ``cfg.steps`` training steps after ``cfg.warmup`` on this rank; rank 0 prints one
+    ``BENCH {json}`` line (chars/s per rank and in total, step time, allreduce wait share)."""
+    torch.set_num_threads(cfg.threads)
+    if cfg.backend == "horovod":
+        ctx = dist.init(cfg.fusion_threshold_mb, cfg.cycle_time_ms)  # Horovod: init
+        rank, size = ctx.rank, ctx.size
+    else:
+        comm = TorchGlooComm()  # the DDP peer: torch.distributed, gloo
+        rank, size = comm.rank, comm.size
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(cell=cfg.cell, hidden_size=cfg.hidden_size,
+                                      embed_dim=cfg.embed_dim))
+    device = torch.device("cpu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    params = list(model.parameters())
+    if cfg.backend == "horovod":
+        opt = dist.distributed_optimizer(opt, model, cfg.compression)  # Horovod: allreduce hooks
+        dist.broadcast_state(model)  # Horovod: rank 0's weights everywhere
+        net = model
+    else:
+        net = ddp(model, comm)
+
+    B, T = cfg.batch_size, cfg.seq_len
+    if cfg.shards:
+        streams = RankStreams(load_manifest(cfg.shards), "train", rank, size, B, T)
+        batches = [streams.window(0, i % streams.steps_per_epoch)
+                   for i in range(cfg.warmup + cfg.steps)]
+    else:
+        g = torch.Generator().manual_seed(1000 + rank)
+        data = torch.randint(0, 256, (cfg.warmup + cfg.steps, B, T + 1), generator=g)
+        batches = [Batch(d[:, :-1].contiguous(), d[:, 1:].contiguous(),
+                         torch.zeros(B, T, dtype=torch.bool), B * T) for d in data]
+
+    state = model.init_state(B, device)
+    times, waits = [], []
+    for i, batch in enumerate(batches):
+        t0 = time.perf_counter()
+        nats, state = window_nll(net, batch, state, device, "fp32")
+        (nats / batch.chars).backward()
+        if cfg.backend == "horovod":
+            _, _, wait = dist.clip_and_step(opt, params, 1.0)  # Horovod: wait, clip, step
+        else:
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            wait = 0.0
+        opt.zero_grad()
+        if i >= cfg.warmup:
+            times.append(time.perf_counter() - t0)
+            waits.append(wait)
+    step_time = sum(times) / len(times)
+    per_rank = B * T / step_time
+    if cfg.backend == "horovod":
+        tot, wait_sum, time_sum = dist.allreduce_sum([per_rank, sum(waits), sum(times)], "bench")
+    else:
+        tot, wait_sum, time_sum = comm.sum([per_rank, 0.0, sum(times)])
+    if rank == 0:
+        print("BENCH " + json.dumps({
+            "backend": cfg.backend, "ranks": size, "hidden_size": cfg.hidden_size,
+            "batch_size": B, "seq_len": T, "step_time_s": step_time,
+            "chars_per_s_per_rank": tot / size, "chars_per_s_total": tot,
+            "allreduce_wait_share": wait_sum / time_sum if cfg.backend == "horovod" else None,
+            "flops_per_char": model.flops_per_char()}), flush=True)
+    if cfg.backend == "ddp":
+        comm.close()
+    return 0
+
+
+# ---- driver -----------------------------------------------------------------------------------
+
+def launch(backend: str, ranks: int, step: StepConfig, timeout: float,
+           env_extra: dict[str, str | None] | None = None) -> dict:
+    """Run :func:`worker` on ``ranks`` ranks under ``mpirun`` and return rank 0's record.
+    ``env_extra``: variables to set (or, for None, remove) for that launch (Horovod's knobs).
+
+    Raises:
+        RuntimeError: the launch failed (with its output). subprocess.TimeoutExpired.
+    """
+    wcfg = WorkerConfig(**{f.name: getattr(step, f.name) for f in dataclasses.fields(StepConfig)},
+                        backend=backend)
+    cmd = mpirun_argv(ranks, ["-m", "hvd_lm.perf.bench_train", *configlib.to_argv(wcfg)])
+    env = local_mpi_env(OMP_NUM_THREADS=str(step.threads), MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=str(29500 + ranks + (7 if backend == "ddp" else 0)))
+    for k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE",
+              "HOROVOD_AUTOTUNE_LOG"):
+        env.pop(k, None)  # every configuration states its own
+    for k, v in (env_extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    for line in proc.stdout.splitlines():
+        if line.startswith("BENCH "):
+            return json.loads(line[6:])
+    raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                       f"{proc.stderr[-3000:]}")
+
+
+def bench_train(cfg: BenchTrainConfig) -> int:
+    """Print (and with ``--json`` save) the ``bench train`` table (see the module docstring)."""
+    ranks = sorted(set(cfg.ranks))
+    peak = matmul_gflops(threads=cfg.threads)
+    print(f"matmul peak (fp32, {cfg.threads} thread(s), 2048^3): {peak:.1f} GFLOP/s per rank")
+    configs = [("horovod", n) for n in ranks] + [("ddp", ranks[-1])]
+    trials: dict[tuple[str, int], list[dict]] = {c: [] for c in configs}
+    for _ in range(cfg.repeats):  # interleaved, so drifting machine load hits every config alike
+        for backend, n in configs:
+            trials[(backend, n)].append(launch(backend, n, cfg, cfg.timeout))
+    runs = []
+    for c in configs:  # the median run of each config by total chars/s, with the spread
+        ts = sorted(trials[c], key=lambda r: r["chars_per_s_total"])
+        med = dict(ts[len(ts) // 2])
+        med["chars_per_s_total_trials"] = [r["chars_per_s_total"] for r in trials[c]]
+        runs.append(med)
+    peak_after = matmul_gflops(threads=cfg.threads)
+    base = runs[0]["chars_per_s_per_rank"]
+    print(f"model: {cfg.cell} H={cfg.hidden_size} E={cfg.embed_dim}, per-rank batch "
+          f"{cfg.batch_size} x {cfg.seq_len} chars, {runs[0]['flops_per_char'] / 1e6:.2f} "
+          "MFLOP/char (fwd+bwd)")
+    print(f"{'backend':8} {'ranks':>5} {'s/step':>8} {'chars/s/rank':>13} {'chars/s':>10} "
+          f"{'weak eff':>8} {'GFLOP/s/rank':>12} {'of peak':>7} {'ar wait':>7}")
+    for r in runs:
+        gf = r["chars_per_s_per_rank"] * r["flops_per_char"] / 1e9
+        r["weak_scaling_efficiency"] = r["chars_per_s_per_rank"] / base
+        r["gflops_per_rank"] = gf
+        r["fraction_of_matmul_peak"] = gf / peak
+        wait = r["allreduce_wait_share"]
+        print(f"{r['backend']:8} {r['ranks']:>5} {r['step_time_s']:>8.3f} "
+              f"{r['chars_per_s_per_rank']:>13.0f} {r['chars_per_s_total']:>10.0f} "
+              f"{r['weak_scaling_efficiency']:>8.3f} {gf:>12.1f} {gf / peak:>7.1%} "
+              f"{'-' if wait is None else f'{wait:.1%}':>7}")
+    hvd_n = [r for r in runs if r["backend"] == "horovod" and r["ranks"] == ranks[-1]][0]
+    ratio = hvd_n["chars_per_s_total"] / runs[-1]["chars_per_s_total"]
+    print(f"Horovod / DDP throughput at {ranks[-1]} ranks: {ratio:.3f}x (medians of "
+          f"{cfg.repeats} interleaved runs; per-run totals, chars/s: "
+          + "; ".join(f"{r['backend']} x{r['ranks']} "
+                      + ",".join(f"{v:.0f}" for v in r["chars_per_s_total_trials"])
+                      for r in runs) + ")")
+    print(f"matmul peak re-measured after the runs: {peak_after:.1f} GFLOP/s")
+    if cfg.json:
+        write_text(cfg.json, json.dumps({
+            "matmul_gflops": peak, "matmul_gflops_after": peak_after, "runs": runs,
+            "horovod_over_ddp": ratio, "args": configlib.to_dict(cfg)}, indent=2, default=str))
+    return 0
+
+
+# ---- bench fusion -----------------------------------------------------------------------------
+
+def parse_autotune_log(path: str | Path) -> dict:
+    """Horovod's ``HOROVOD_AUTOTUNE_LOG`` CSV (horovod/common/parameter_manager.cc): a header
+    ``hierarchical_allreduce,hierarchical_allgather,torus_allreduce,cache_enabled,cycle_time_ms,
+    tensor_fusion_threshold,score``, one row per sample (score in bytes/us), and, once tuning
+    has finished, a last row with the best values.
+
+    Returns:
+        ``{"samples": [row dicts], "best": row dict or None, "finished": bool}``; the fusion
+        threshold is in MB as Horovod logs it, the score in bytes per microsecond.
+
+    Raises:
+        ValueError: not a Horovod autotune log.
+    """
+    lines = [ln.strip() for ln in Path(path).read_text().splitlines() if ln.strip()]
+    if not lines or not lines[0].startswith("hierarchical_allreduce"):
+        raise ValueError(f"{path}: not a Horovod autotune log")
+    head = lines[0].split(",")
+    rows = []
+    for ln in lines[1:]:
+        vals = [v.strip() for v in ln.split(",")]
+        if len(vals) != len(head):
+            continue
+        rows.append({h: float(v) for h, v in zip(head, vals)})
+    # The best-parameters row repeats one earlier sample's values with the best score; Horovod
+    # writes it only when tuning finished. It is recognisable as the last row whose score equals
+    # the maximum of the preceding rows.
+    finished = len(rows) >= 2 and rows[-1]["score"] == max(r["score"] for r in rows[:-1])
+    best = rows[-1] if finished else (max(rows, key=lambda r: r["score"]) if rows else None)
+    return {"samples": rows[:-1] if finished else rows, "best": best, "finished": finished}
+
+
+def fusion_configs(cfg: BenchFusionConfig) -> list[tuple[str, float, float]]:
+    """(label, fusion MiB, cycle ms): fusion thresholds at the default cycle time, then cycle
+    times at the default threshold (or the full grid with ``--grid``)."""
+    dfus, dcyc = HOROVOD_DEFAULT_FUSION_BYTES / MIB, HOROVOD_DEFAULT_CYCLE_MS
+    if cfg.grid:
+        pairs = [(f, c) for f in cfg.fusion_mb for c in cfg.cycle_ms]
+    else:
+        pairs = [(f, dcyc) for f in cfg.fusion_mb] + [(dfus, c) for c in cfg.cycle_ms]
+    pairs = list(dict.fromkeys(pairs))
+    return [(f"fusion={f:g}MB cycle={c:g}ms", f, c) for f, c in pairs]
+
+
+def _knobs(fusion_mb: float, cycle_ms: float) -> dict[str, str | None]:
+    return {"HOROVOD_FUSION_THRESHOLD": str(int(fusion_mb * MIB)),
+            "HOROVOD_CYCLE_TIME": f"{cycle_ms:g}", "HOROVOD_AUTOTUNE": None,
+            "HOROVOD_AUTOTUNE_LOG": None}
+
+
+def bench_fusion(cfg: BenchFusionConfig) -> int:
+    """Print (and with ``--json`` save, after every run) the fusion/cycle-time sweep and the
+    autotune result; 1 with one ``ERROR:`` line when a launch fails."""
+    runs: list[dict] = []
+    autotune = None
+    try:
+        for rep in range(cfg.repeats):  # round robin: drift on a shared machine hits all alike
+            for label, fmb, cms in fusion_configs(cfg):
+                r = launch("horovod", cfg.np, cfg, cfg.timeout, _knobs(fmb, cms))
+                runs.append({"label": label, "fusion_threshold_mb": fmb, "cycle_time_ms": cms,
+                             "repeat": rep, **r})
+                _save_fusion(cfg, runs, None)  # partial results survive an interrupted sweep
+                print(f"  {label} (repeat {rep}): {r['step_time_s']:.4f} s/step",
+                      file=sys.stderr, flush=True)
+        if cfg.autotune:
+            with tempfile.TemporaryDirectory() as tmp:
+                log = Path(tmp) / "autotune.csv"
+                tune_env = {
+                    "HOROVOD_FUSION_THRESHOLD": None, "HOROVOD_CYCLE_TIME": None,
+                    "HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(log),
+                    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": str(cfg.autotune_warmup),
+                    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": str(cfg.autotune_steps_per_sample),
+                    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": str(cfg.autotune_samples)}
+                tuned_step = dataclasses.replace(cfg, steps=cfg.autotune_steps)
+                r = launch("horovod", cfg.np, tuned_step, cfg.timeout, tune_env)
+                autotune = parse_autotune_log(log) | {"run": r, "log": log.read_text()}
+            best = autotune["best"]
+            if best is not None:
+                label = (f"autotuned fusion={best['tensor_fusion_threshold']:g}MB "
+                         f"cycle={best['cycle_time_ms']:g}ms")
+                r = launch("horovod", cfg.np, cfg, cfg.timeout,
+                           _knobs(best["tensor_fusion_threshold"], best["cycle_time_ms"]))
+                runs.append({"label": label, "fusion_threshold_mb":
+                             best["tensor_fusion_threshold"], "cycle_time_ms":
+                             best["cycle_time_ms"], "repeat": 0, **r})
+    except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
+        print(f"hvd-lm bench fusion: ERROR: {e}", file=sys.stderr)
+        return 1
+    summary = summarize_fusion(runs)
+    print(f"\nhvd-lm bench fusion: {cfg.np} ranks, {cfg.cell} H={cfg.hidden_size}, per-rank "
+          f"batch {cfg.batch_size} x {cfg.seq_len}, compression {cfg.compression}, "
+          f"{cfg.steps} timed steps x {cfg.repeats} repeat(s)")
+    print(f"{'configuration':36} {'median s/step':>13} {'min':>9} {'vs default':>10} "
+          f"{'ar wait':>8}")
+    for s in summary:
+        print(f"{s['label']:36} {s['step_time_s']:>13.4f} {s['step_time_min_s']:>9.4f} "
+              f"{s['relative_to_default']:>10.3f} {s['allreduce_wait_share']:>8.1%}")
+    if autotune:
+        b = autotune["best"]
+        print(f"autotune ({len(autotune['samples'])} samples, finished={autotune['finished']}): "
+              + ("no samples logged" if b is None else
+                 f"cycle {b['cycle_time_ms']:g} ms, fusion {b['tensor_fusion_threshold']:g} MB, "
+                 f"hierarchical allreduce {int(b['hierarchical_allreduce'])}, cache "
+                 f"{int(b['cache_enabled'])}, score {b['score']:.1f} bytes/us"))
+    _save_fusion(cfg, runs, autotune)
+    return 0
+
+
+def _save_fusion(cfg: BenchFusionConfig, runs: list[dict], autotune: dict | None) -> None:
+    if cfg.json:
+        write_text(cfg.json, json.dumps(
+            {"runs": runs, "summary": summarize_fusion(runs), "autotune": autotune,
+             "args": configlib.to_dict(cfg)}, indent=2))
+
+
+def summarize_fusion(runs: list[dict]) -> list[dict]:
+    """Median (robust on a shared machine) and minimum step time per configuration label over
+    repeats, relative to Horovod's defaults (fusion 128 MB, cycle 1 ms) when that configuration
+    ran (else to the first)."""
+    out = []
+    for label in dict.fromkeys(r["label"] for r in runs):
+        rs = [r for r in runs if r["label"] == label]
+        out.append({"label": label, "fusion_threshold_mb": rs[0]["fusion_threshold_mb"],
+                    "cycle_time_ms": rs[0]["cycle_time_ms"], "repeats": len(rs),
+                    "step_time_s": statistics.median(r["step_time_s"] for r in rs),
+                    "step_time_min_s": min(r["step_time_s"] for r in rs),
+                    "allreduce_wait_share": sum(r["allreduce_wait_share"] or 0 for r in rs)
+                    / len(rs)})
+    dflt = [s for s in out if s["fusion_threshold_mb"] == HOROVOD_DEFAULT_FUSION_BYTES / MIB
+            and s["cycle_time_ms"] == HOROVOD_DEFAULT_CYCLE_MS and "autotuned" not in s["label"]]
+    ref = (dflt or out)[0]["step_time_s"] if out else 1.0
+    for s in out:
+        s["relative_to_default"] = s["step_time_s"] / ref
+    return out
+
+
+# ---- command line -------------------------------------------------------------------------------
+
+BENCH_TRAIN = Command(BenchTrainConfig, bench_train, description=__doc__.split("\n\n")[1])
+BENCH_FUSION = Command(BenchFusionConfig, bench_fusion,
+                       description="Training step time vs HOROVOD_FUSION_THRESHOLD / "
+                       "HOROVOD_CYCLE_TIME, then what HOROVOD_AUTOTUNE picks.")
+WORKER = Command(WorkerConfig, worker, config_flag=False)
+
+
+if __name__ == "__main__":  # one rank of a run: python -m hvd_lm.perf.bench_train FLAGS
+    sys.exit(WORKER.main(None, "python -m hvd_lm.perf.bench_train"))

@@ -1,0 +1,141 @@
+"""Next-byte negative log-likelihood of TBPTT windows: the training loss (:func:`window_nll`) and
+bits per character (BPC): total -log2 p(next byte) over all predicted bytes / their count.
+
+Summed across ranks with an allreduce, so N ranks over disjoint streams give the same number as one
+process over the whole split (up to float rounding).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import lzma
+import math
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from hvd_lm.core.atomic import write_text
+from hvd_lm.core.config import Command, option
+from hvd_lm.core.model import LanguageModel
+from hvd_lm.core.shards import load_manifest
+from hvd_lm.dist import horovod as dist
+from hvd_lm.train import runtime as prec
+from hvd_lm.train.checkpoint import load_model
+from hvd_lm.train.data import IGNORE, Batch, RankStreams
+
+
+@torch.no_grad()
+def nll_bits(model, streams: RankStreams, device: torch.device, precision: str = "fp32"
+             ) -> tuple[float, int]:
+    """This rank's (sum of -log2 p over its targets, number of targets), state carried through.
+
+    Args:
+        streams: this rank's eval streams (epoch 0 is used).
+    """
+    model.eval()
+    state = None
+    bits, chars = 0.0, 0
+    for batch in streams:
+        x, y = batch.inputs.to(device), batch.targets.to(device)
+        with prec.autocast(device, precision):
+            logits, state = model(x, state, reset=batch.reset.to(device))
+        # float64 log-softmax: the sum over millions of chars stays exact (uniform -> 8.0 bits).
+        nats = F.cross_entropy(logits.double().reshape(-1, logits.shape[-1]), y.reshape(-1),
+                               ignore_index=IGNORE, reduction="sum")
+        bits += float(nats) / math.log(2)
+        chars += batch.chars
+    return bits, chars
+
+
+def bpc(model, streams: RankStreams, device: torch.device, precision: str = "fp32",
+        distributed: bool = True) -> tuple[float, int]:
+    """(BPC over all ranks, characters evaluated over all ranks).
+
+    Raises:
+        ValueError: no characters to evaluate.
+    """
+    bits, chars = nll_bits(model, streams, device, precision)
+    if distributed:
+        bits, chars = dist.allreduce_sum([bits, float(chars)], name="eval_bpc")
+    if chars <= 0:
+        raise ValueError("no characters to evaluate (empty split?)")
+    return bits / chars, int(chars)
+
+
+def compressor_bpc(data: bytes, which: tuple[str, ...] = ("xz", "gzip")) -> dict[str, float]:
+    """Bits per character of general-purpose compressors on ``data``: 8 x compressed / original
+    bytes. ``xz`` is ``lzma.compress(preset=9)`` (the .xz format of ``xz -9``), ``gzip`` is
+    ``gzip.compress(compresslevel=9, mtime=0)`` (``gzip -9``). A trained LM should beat both.
+
+    Raises:
+        ValueError: empty ``data`` or an unknown compressor name.
+    """
+    if not data:
+        raise ValueError("no bytes to compress")
+    funcs = {"xz": lambda b: lzma.compress(b, preset=9),
+             "gzip": lambda b: gzip.compress(b, compresslevel=9, mtime=0)}
+    out = {}
+    for name in which:
+        if name not in funcs:
+            raise ValueError(f"unknown compressor {name!r} (known: {list(funcs)})")
+        out[name] = 8.0 * len(funcs[name](data)) / len(data)
+    return out
+
+
+def window_nll(model: LanguageModel, batch: Batch, state, device: torch.device, precision: str):
+    """Forward one TBPTT window: (sum of -ln p over its real targets, a 0-d fp32 tensor with
+    grad; the new state). The incoming state is detached (truncated BPTT); the logits are upcast
+    so the softmax and loss are fp32 whatever the autocast precision (as the reference requires)."""
+    state = (state[0].detach(), state[1].detach())
+    x, y = batch.inputs.to(device), batch.targets.to(device)
+    with prec.autocast(device, precision):
+        logits, state = model(x, state, reset=batch.reset.to(device))
+    nats = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
+                           ignore_index=IGNORE, reduction="sum")
+    return nats, state
+
+
+@dataclass
+class EvalConfig:
+    """``hvd-lm eval CHECKPOINT SHARDS``: bits per character of a checkpoint on a split."""
+
+    checkpoint: str = option("", "checkpoint file or run directory (its latest)",
+                             positional=True, required=True)
+    shards: str = option("", "shard directory (with manifest.json)", positional=True,
+                         required=True)
+    split: str = option("val", "manifest split")
+    batch_size: int = option(16, "rows per rank", ge=1)
+    seq_len: int = option(0, "window, bytes (0 = the checkpoint's)", ge=0)
+    max_bytes: int = option(0, "evaluate only the first N bytes (0 = all)", ge=0)
+    precision: str = option("fp32", "autocast precision", choices=prec.PRECISIONS)
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    output: str = option("", "also write the result JSON to this file (rank 0)")
+
+
+def eval_command(cfg: EvalConfig) -> int:
+    """``hvd-lm eval``: print (and with ``--output`` write) ``{"bpc", "chars", ...}`` as JSON on
+    rank 0; ranks split the streams and sum bits and chars (Horovod)."""
+    ctx = dist.init()
+    device = prec.resolve_device(cfg.device, ctx.local_rank)
+    model, ck = load_model(cfg.checkpoint, map_location=device)
+    seq_len = cfg.seq_len or ck["config"]["data"]["seq_len"]
+    streams = RankStreams(load_manifest(cfg.shards), cfg.split, ctx.rank, ctx.size,
+                          cfg.batch_size, seq_len, shuffle_shards=False, max_bytes=cfg.max_bytes,
+                          verify=True)
+    value, chars = bpc(model, streams, device, cfg.precision)
+    if ctx.is_root:
+        result = {"checkpoint": str(cfg.checkpoint), "split": cfg.split, "bpc": value,
+                  "chars": chars, "step": ck["step"], "world_size": ctx.size}
+        sys.stdout.write(json.dumps(result) + "\n")  # one write: one line under launchers
+        sys.stdout.flush()
+        if cfg.output:
+            write_text(cfg.output, json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+EVAL = Command(EvalConfig, eval_command,
+               description="Bits per character of a checkpoint on a shard split: the sum of "
+               "-log2 p(next byte) over every predicted byte, divided by their number, summed "
+               "across ranks when launched on several.")

@@ -1,0 +1,36 @@
+"""Fault injection for the tests, kept out of the training loop's body.
+
+* ``HVD_LM_FAULT_RANK`` / ``HVD_LM_FAULT_STEP`` (environment): that rank exits abruptly (code 3)
+  when it reaches that optimizer step, as a crashed process would (the rank-death test).
+* ``run.inject_nan_steps`` (config): comma-separated step *attempts* (applied + skipped,
+  0-based) whose loss rank 0 multiplies by NaN (the skipped-step test).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+
+class Faults:
+    """The faults this rank was asked to inject (none unless configured)."""
+
+    def __init__(self, rank: int, inject_nan_steps: str = ""):
+        self.rank = rank
+        self.nan_attempts = {int(s) for s in inject_nan_steps.split(",") if s.strip()}
+        r, s = os.environ.get("HVD_LM_FAULT_RANK"), os.environ.get("HVD_LM_FAULT_STEP")
+        self.die_at = int(s) if (r is not None and s is not None and int(r) == rank) else None
+
+    def before_step(self, step: int) -> None:
+        """Exit the process (code 3) when this rank was told to die at ``step``."""
+        if self.die_at is not None and step == self.die_at:
+            print(f"rank {self.rank}: injected fault at step {step}", file=sys.stderr, flush=True)
+            os._exit(3)
+
+    def loss(self, loss: torch.Tensor, attempt: int) -> torch.Tensor:
+        """``loss``, made NaN on rank 0 at the configured attempts."""
+        if self.rank == 0 and attempt in self.nan_attempts:
+            return loss * float("nan")
+        return loss

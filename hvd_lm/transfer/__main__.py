@@ -1,0 +1,7 @@
+"""``python -m hvd_lm.transfer CHECKPOINT ...`` == ``hvd-lm transfer CHECKPOINT ...`` (launchable
+under ``horovodrun``/``mpirun``)."""
+import sys
+
+from hvd_lm.transfer.run import main
+
+sys.exit(main())

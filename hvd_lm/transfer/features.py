@@ -1,0 +1,288 @@
+"""LM features of texts, and their cache.
+
+The method of Radford et al. 2017 ("Learning to Generate Reviews and Discovering Sentiment") as
+rebuilt by NVIDIA/sentiment-discovery (``transfer.py``): run the LM over each text's UTF-8 bytes
+(the project's tokenizer) from a zero state; the feature vector is the final cell state c_T (the
+reference's choice), or optionally the final hidden state h_T, or the mean / max over time of h_t.
+Texts are sorted by length, cut into batches, right-padded and masked; padding never changes a
+feature (the model holds/packs the state on masked steps, and each batch is run in time chunks
+over only its still-active rows). Under ``horovodrun``/``mpirun`` the length-sorted batches are
+dealt round-robin to the ranks and the features are gathered back in input order with
+:func:`hvd_lm.dist.horovod.allgather`. Features are cached as ``.npy`` (:class:`FeatureCache`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from hvd_lm.core import tokenizer
+from hvd_lm.core.atomic import atomic_path, write_text
+from hvd_lm.dist import horovod as dist
+from hvd_lm.train import runtime as prec
+
+
+#: Feature types: final cell state, final hidden state, mean / max over time of the hidden states.
+FEATURE_KINDS = ("cell", "hidden", "mean", "max")
+
+
+#: Default truncation, in bytes (UTF-8 chars). On the IMDB train split it keeps 83% of reviews whole
+#: and 85% of all bytes (median 979, p99 5,213 bytes); SST-2 sentences are at most 255 bytes.
+DEFAULT_MAX_CHARS = 2000
+
+
+DEFAULT_CACHE_DIR = "~/.cache/hvd_lm/features"
+
+
+#: Bumped whenever featurization changes meaning, so old cache entries are not reused.
+CACHE_VERSION = 1
+
+
+def encode_texts(texts: Sequence[str], max_chars: int = DEFAULT_MAX_CHARS,
+                 normalize: bool = False) -> list[np.ndarray]:
+    """Byte ids of each text (:func:`hvd_lm.core.tokenizer.encode`), cut to the first ``max_chars``
+    bytes (``max_chars <= 0``: no cut).
+
+    Returns:
+        N uint8 arrays, each of length <= max_chars.
+    """
+    out = []
+    for t in texts:
+        ids = tokenizer.encode(t, normalize=normalize)
+        out.append(ids[:max_chars] if max_chars > 0 else ids)
+    return out
+
+
+def plan_batches(lengths: Sequence[int], batch_size: int, rank: int = 0, size: int = 1
+                 ) -> list[np.ndarray]:
+    """This rank's batches: indices into ``lengths``, longest first.
+
+    All texts are sorted by length (descending, stable), the order is cut into batches of
+    ``batch_size`` and batch ``b`` goes to rank ``b % size`` (round-robin, so every rank gets
+    long and short batches). A batch is the same on any world size, so features do not depend on
+    the number of ranks.
+
+    Returns:
+        list of int64 index arrays, each sorted by descending length.
+    Raises:
+        ValueError: batch_size < 1 or rank outside 0..size-1.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not 0 <= rank < size:
+        raise ValueError(f"rank {rank} outside 0..{size - 1}")
+    order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    return batches[rank::size]
+
+
+@torch.no_grad()
+def encode_batch(model, seqs: Sequence[np.ndarray], kind: str = "cell",
+                 device: torch.device | str = "cpu", time_chunk: int = 256,
+                 precision: str = "fp32") -> torch.Tensor:
+    """Features of one batch of byte sequences.
+
+    The batch is right-padded to its longest sequence and run ``time_chunk`` steps at a time;
+    each chunk runs only the rows that still have bytes, with ``mask`` False on their padding, so
+    a row's features equal those of the same text run alone. An empty sequence gets zeros (the
+    initial state; mean/max of nothing defined as 0).
+
+    Args:
+        model: a :class:`hvd_lm.core.model.LanguageModel` (eval mode).
+        seqs: B uint8/int arrays of byte ids.
+        kind: one of :data:`FEATURE_KINDS`.
+        time_chunk: steps per ``model.encode`` call (bounds the [B, chunk, H] hidden states kept).
+        precision: ``fp32``, ``bf16`` or ``fp16`` (autocast, :mod:`hvd_lm.train.runtime`).
+    Returns:
+        float32 tensor [B, H] on CPU.
+    Raises:
+        ValueError: unknown kind.
+    """
+    if kind not in FEATURE_KINDS:
+        raise ValueError(f"features must be one of {FEATURE_KINDS}, got {kind!r}")
+    device = torch.device(device)
+    B = len(seqs)
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    T = int(lengths.max()) if B else 0
+    tokens = torch.zeros(B, max(T, 1), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if len(s):
+            tokens[i, :len(s)] = torch.from_numpy(np.asarray(s, dtype=np.int64))
+    mask = torch.arange(max(T, 1)).unsqueeze(0) < lengths.unsqueeze(1)
+    tokens, mask, lengths_d = tokens.to(device), mask.to(device), lengths.to(device)
+    h, c = model.init_state(B, device, torch.float32)
+    H = h.shape[1]
+    acc = None
+    if kind == "mean":
+        acc = torch.zeros(B, H, device=device)
+    elif kind == "max":
+        acc = torch.full((B, H), float("-inf"), device=device)
+    for t0 in range(0, T, time_chunk):
+        t1 = min(T, t0 + time_chunk)
+        active = torch.nonzero(lengths_d > t0).flatten()
+        m = mask[active, t0:t1]
+        with prec.autocast(device, precision):
+            hs, (ha, ca) = model.encode(tokens[active, t0:t1], (h[active], c[active]), m)
+        h = h.index_copy(0, active, ha.float())
+        c = c.index_copy(0, active, ca.float())
+        if kind == "mean":
+            acc = acc.index_add(0, active, (hs.float() * m.unsqueeze(-1)).sum(1))
+        elif kind == "max":
+            part = hs.float().masked_fill(~m.unsqueeze(-1), float("-inf")).amax(1)
+            acc = acc.index_copy(0, active, torch.maximum(acc[active], part))
+    if kind == "cell":
+        out = c
+    elif kind == "hidden":
+        out = h
+    elif kind == "mean":
+        out = acc / lengths_d.clamp(min=1).unsqueeze(1).to(acc.dtype)
+    else:
+        out = torch.where(lengths_d.unsqueeze(1) > 0, acc, torch.zeros_like(acc))
+    return out.float().cpu()
+
+
+@dataclass
+class FeatureResult:
+    """Output of :func:`featurize`.
+
+    Attributes:
+        features: float32 [N, H], row i = text i (input order); None on ranks other than 0 when
+            ``gather_to_all`` is False.
+        chars: bytes fed to the model over all ranks (after truncation).
+        seconds: wall time of the featurization on this rank, including the gather.
+        truncated: number of texts cut to ``max_chars``.
+    """
+    features: np.ndarray | None
+    chars: int
+    seconds: float
+    truncated: int
+
+    @property
+    def chars_per_s(self) -> float:
+        """Featurization throughput over all ranks, in chars (bytes) per second."""
+        return self.chars / self.seconds if self.seconds > 0 else float("nan")
+
+
+def featurize(model, texts: Sequence[str], kind: str = "cell",
+              max_chars: int = DEFAULT_MAX_CHARS, batch_size: int = 64,
+              device: torch.device | str = "cpu", ctx=None, progress: bool = False,
+              desc: str = "featurize", time_chunk: int = 256, precision: str = "fp32",
+              normalize: bool = False) -> FeatureResult:
+    """Features of every text, in input order (Radford et al. 2017: final cell state).
+
+    Args:
+        model: a :class:`hvd_lm.core.model.LanguageModel` in eval mode, on ``device``.
+        texts: N strings.
+        kind: ``cell`` (final c_T), ``hidden`` (final h_T), ``mean`` / ``max`` (over t of h_t).
+        max_chars: keep the first ``max_chars`` bytes of each text (<= 0: all).
+        batch_size: texts per batch (per rank).
+        ctx: a :class:`hvd_lm.dist.horovod.DistContext` to split the work over ranks (each rank
+            gets every ``size``-th batch of the length-sorted order, see :func:`plan_batches`;
+            results are gathered with :func:`hvd_lm.dist.horovod.allgather` onto every rank);
+            None = this process does everything.
+        progress: show a tqdm bar (in chars) of this rank's share; pass True on rank 0 only.
+        time_chunk, precision: see :func:`encode_batch`.
+        normalize: collapse whitespace first (:func:`hvd_lm.core.tokenizer.normalize_text`).
+    Returns:
+        :class:`FeatureResult` with features float32 [N, H].
+    Raises:
+        ValueError: unknown kind or bad batch size.
+    """
+    t0 = time.perf_counter()
+    rank, size = (ctx.rank, ctx.size) if ctx is not None else (0, 1)
+    seqs = encode_texts(texts, 0, normalize)
+    truncated = sum(len(s) > max_chars for s in seqs) if max_chars > 0 else 0
+    if max_chars > 0:
+        seqs = [s[:max_chars] for s in seqs]
+    lengths = np.array([len(s) for s in seqs], dtype=np.int64)
+    mine = plan_batches(lengths, batch_size, rank, size)
+    H = model.config.hidden_size
+    bar = tqdm(total=int(sum(lengths[b].sum() for b in mine)), unit="char", unit_scale=True,
+               desc=desc, disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    local_idx, local_feats = [], []
+    for b in mine:
+        local_feats.append(encode_batch(model, [seqs[i] for i in b], kind, device, time_chunk,
+                                        precision))
+        local_idx.append(torch.from_numpy(b.astype(np.int64)))
+        bar.update(int(lengths[b].sum()))
+    bar.close()
+    feats = torch.cat(local_feats) if local_feats else torch.zeros(0, H)
+    idx = torch.cat(local_idx) if local_idx else torch.zeros(0, dtype=torch.long)
+    if size > 1:
+        # One sentinel row (index -1) per rank, so no rank ever sends an empty tensor.
+        feats = torch.cat([torch.zeros(1, H), feats])
+        idx = torch.cat([torch.tensor([-1]), idx])
+        feats = dist.allgather(feats, name=f"transfer_feats_{desc}")
+        idx = dist.allgather(idx, name=f"transfer_idx_{desc}")
+        keep = idx >= 0
+        feats, idx = feats[keep], idx[keep]
+    out = np.zeros((len(texts), H), dtype=np.float32)
+    out[idx.numpy()] = feats.numpy()
+    if len(np.unique(idx.numpy())) != len(texts):
+        raise RuntimeError(f"featurize: gathered {len(idx)} rows for {len(texts)} texts")
+    return FeatureResult(out, int(lengths.sum()), time.perf_counter() - t0, truncated)
+
+
+def texts_sha256(texts: Sequence[str]) -> str:
+    """sha256 of the texts (each UTF-8 encoded and length-prefixed, so boundaries count)."""
+    h = hashlib.sha256()
+    for t in texts:
+        b = t.encode("utf-8", "surrogatepass")
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.hexdigest()
+
+
+def cache_key(checkpoint_sha256: str, split: str, texts_digest: str, options: dict) -> str:
+    """Cache key: sha256 of (the checkpoint file's sha256, the split name, the sha256 of the
+    split's texts in order (:func:`texts_sha256`: the dataset's identity after loading, carving and
+    subsampling, independent of where the file lies), the feature options (kind, max_chars,
+    normalize, precision) and :data:`CACHE_VERSION`). Batch size, device and world size are left
+    out: they do not change the features (beyond float rounding)."""
+    blob = json.dumps({"version": CACHE_VERSION, "checkpoint_sha256": checkpoint_sha256,
+                       "split": split, "texts_sha256": texts_digest, "options": options},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class FeatureCache:
+    """Features as ``<dir>/<key>.npy`` (float32 [N, H]) with a ``<key>.json`` description.
+
+    Writes go to a temporary file in the same folder and are renamed over (``os.replace``), so a
+    reader never sees a partial file and concurrent writers of the same key are harmless.
+    """
+    def __init__(self, directory: str | Path):
+        self.dir = Path(directory).expanduser()
+
+    def path(self, key: str) -> Path:
+        """``<dir>/<key>.npy``."""
+        return self.dir / f"{key}.npy"
+
+    def load(self, key: str, n: int) -> np.ndarray | None:
+        """The cached array, or None if absent, unreadable or not ``n`` rows."""
+        p = self.path(key)
+        if not p.is_file():
+            return None
+        try:
+            arr = np.load(p, allow_pickle=False)
+        except (OSError, ValueError):
+            return None
+        return arr if arr.ndim == 2 and arr.shape[0] == n else None
+
+    def save(self, key: str, features: np.ndarray, meta: dict) -> Path:
+        """Write ``features`` and ``meta`` atomically; returns the .npy path."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        p = self.path(key)
+        with atomic_path(p, suffix=".npy") as tmp:
+            np.save(tmp, np.ascontiguousarray(features, dtype=np.float32))
+        write_text(self.dir / f"{key}.json", json.dumps(meta, indent=1, sort_keys=True))
+        return p

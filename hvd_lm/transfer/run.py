@@ -1,0 +1,319 @@
+"""``hvd-lm transfer``: sentiment transfer from a trained byte-level LM.
+
+The method of Radford et al. 2017 ("Learning to Generate Reviews and Discovering Sentiment") as
+rebuilt by NVIDIA/sentiment-discovery (``transfer.py`` + ``logreg_utils.py``):
+
+1. **Featurize** (:func:`hvd_lm.transfer.features.featurize`): the LM's final cell state (or
+   final hidden state, or mean / max over time of h_t) of each text, batched, padding-invariant,
+   split over ranks under ``horovodrun``/``mpirun``, cached.
+2. **Classify** (:func:`hvd_lm.transfer.classify.fit_logreg`): L1 logistic regression, C chosen
+   on validation.
+3. **Sentiment neuron** (:func:`hvd_lm.transfer.classify.sentiment_neuron`): the largest-|weight|
+   unit alone, with a histogram by class.
+4. **Baseline** (:func:`hvd_lm.transfer.classify.tfidf_baseline`): TF-IDF n-grams + L2 logistic
+   regression on the same splits.
+
+Settings: :class:`TransferConfig` (flags, or the ``transfer:`` section of a YAML file).
+Outputs (rank 0): ``OUT/transfer.json``, ``OUT/transfer.md`` and ``OUT/neuron_hist.png``; the
+markdown table is also printed. See ``docs/transfer.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hvd_lm.core import tokenizer
+from hvd_lm.core.atomic import write_text
+from hvd_lm.core.config import Command, option
+from hvd_lm.core.digest import file_sha256
+from hvd_lm.dist import horovod as dist
+from hvd_lm.dist.launcher import world_size
+from hvd_lm.train import runtime as prec
+from hvd_lm.train.checkpoint import load_model, resolve
+from hvd_lm.transfer import datasets
+from hvd_lm.transfer.classify import (DEFAULT_BASELINE_C_GRID, DEFAULT_C_GRID, fit_logreg,
+                                      plot_neuron_histogram, sentiment_neuron, tfidf_baseline)
+from hvd_lm.transfer.features import (DEFAULT_CACHE_DIR, DEFAULT_MAX_CHARS, FEATURE_KINDS,
+                                      FeatureCache, cache_key, featurize, texts_sha256)
+
+
+def parse_c_grid(text: str) -> tuple[float, ...]:
+    """``"0.1,1,10"`` -> (0.1, 1.0, 10.0).
+
+    Raises:
+        ValueError: not comma-separated numbers, or a C <= 0.
+    """
+    try:
+        vals = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
+    if not vals or min(vals) <= 0:
+        raise ValueError(f"C values must be > 0, got {text!r}")
+    return vals
+
+
+@dataclass
+class TransferConfig:
+    """Settings of ``hvd-lm transfer`` (flags; or a YAML file's keys, e.g. the demo's
+    ``transfer:`` section)."""
+
+    checkpoint: str = option("", "checkpoint file or run directory (its latest)",
+                             positional=True, required=True)
+    out: str = option("", "output folder for transfer.json/.md and the PNG", required=True)
+    # data
+    dataset: str | None = option(None, "named dataset read from --data-dir (sst2: "
+                                 "train/val[/test].csv; imdb: aclImdb folder or tar.gz)",
+                                 choices=("sst2", "imdb"))
+    data_dir: str | None = option(None, "folder (or IMDB tarball) of --dataset")
+    train: str | None = option(None, "CSV/TSV/JSON-lines training file (.gz ok)")
+    val: str | None = option(None, "validation file (absent: carved from train)")
+    test: str | None = option(None, "test file (optional)")
+    text_field: str = option("text", "text column/key of --train/--val/--test")
+    label_field: str = option("label", "label column/key (values 0/1, neg/pos, "
+                              "negative/positive, false/true)")
+    val_fraction: float = option(0.1, "fraction of train carved off as val when no val split "
+                                 "exists", gt=0, le=0.9)
+    max_examples: int = option(0, "use at most N examples per split (seeded, stratified; 0 = "
+                               "all)", ge=0)
+    seed: int = option(0, "seed for carving, subsampling, liblinear", ge=0)
+    # features
+    features: str = option("cell", "final cell state (reference), final hidden state, mean/max "
+                           "of h_t", choices=FEATURE_KINDS)
+    max_chars: int = option(DEFAULT_MAX_CHARS, "keep the first N bytes of each text (0 = no "
+                            "limit)", ge=0)
+    normalize: bool = option(False, "collapse whitespace before encoding "
+                             "(tokenizer.normalize_text)", switch=True)
+    batch_size: int = option(64, "texts per batch per rank", ge=1)
+    time_chunk: int = option(256, "steps per model call (bounds memory for mean/max)", ge=1)
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    precision: str = option("fp32", "autocast precision", choices=prec.PRECISIONS)
+    threads: int = option(0, "torch CPU threads (0 = default)", ge=0)
+    cache_dir: str = option(DEFAULT_CACHE_DIR, "feature cache folder")
+    cache: bool = option(True, "read and write the feature cache (--no-cache: neither)",
+                         switch=False, flag="--no-cache")
+    progress: bool = option(True, "tqdm bar (--no-progress: none)", switch=False,
+                            flag="--no-progress")
+    # classifier
+    penalty: str = option("l1", "logistic-regression penalty", choices=("l1", "l2"))
+    c_grid: tuple[float, ...] = option(DEFAULT_C_GRID, "comma-separated C values tried on val "
+                                       "(default 2^-8..2^2)", parse=parse_c_grid, gt=0)
+    standardize: bool = option(False, "z-score features with train statistics (the reference "
+                               "did not)", switch=True)
+    max_iter: int = option(1000, "liblinear iterations", ge=1)
+    baseline: bool = option(True, "TF-IDF baseline (--no-baseline: skip it)", switch=False,
+                            flag="--no-baseline")
+    baseline_c_grid: tuple[float, ...] = option(DEFAULT_BASELINE_C_GRID, "C values for the "
+                                                "TF-IDF baseline (default 2^-3..2^5)",
+                                                parse=parse_c_grid, gt=0)
+
+
+_KIND_LABEL = {"cell": "final cell state", "hidden": "final hidden state",
+               "mean": "mean of h_t", "max": "max of h_t"}
+
+
+def _fmt_acc(v) -> str:
+    return "-" if v is None else f"{100 * v:.2f}"
+
+
+def format_markdown(report: dict) -> str:
+    """The report as a markdown table (LM classifier, sentiment unit, TF-IDF baseline rows) with
+    a header of checkpoint, dataset and featurization details."""
+    f, clf, neu = report["features"], report["classifier"], report["neuron"]
+    ds = report["dataset"]
+    sizes = ", ".join(f"{k} {v['n']:,}" for k, v in ds["splits"].items())
+    cps = f"{f['chars_per_s']:,.0f} chars/s" if f.get("chars_per_s") else "cached"
+    lines = [
+        f"**Checkpoint** `{report['checkpoint']}` (step {report['checkpoint_step']}, "
+        f"{report['model']['cell']} H={report['model']['hidden_size']})  ",
+        f"**Dataset** {ds['name']} ({sizes})" + ("; val carved from train" if ds["val_carved"]
+                                                 else "") + "  ",
+        f"**Features** {f['kind']} [N, {f['dim']}], max {f['max_chars']} chars "
+        f"({f['truncated']} texts truncated), {cps} on {f['world_size']} rank(s), {f['device']}",
+        "",
+        "| method | features | C | train acc % | val acc % | test acc % | non-zero weights |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    a = clf["accuracy"]
+    lines.append(f"| LM + {clf['penalty'].upper()} logistic regression | {_KIND_LABEL[f['kind']]}, "
+                 f"{f['dim']} | {clf['C']:g} | {_fmt_acc(a['train'])} | {_fmt_acc(a['val'])} | "
+                 f"{_fmt_acc(a['test'])} | {clf['nonzero']} |")
+    a = neu["accuracy"]
+    if neu["index"] is None:
+        lines.append("| sentiment unit: none (all weights 0) | - | - | - | - | - | - |")
+    else:
+        lines.append(f"| sentiment unit #{neu['index']} alone (threshold on train) | 1 | - | "
+                     f"{_fmt_acc(a.get('train'))} | {_fmt_acc(a.get('val'))} | "
+                     f"{_fmt_acc(a.get('test'))} | 1 |")
+    b = report.get("baseline")
+    if b:
+        a = b["accuracy"]
+        lines.append(f"| TF-IDF word 1-2 + char_wb 2-5, L2 LR | n-grams, {b['features']:,} | "
+                     f"{b['C']:g} | {_fmt_acc(a['train'])} | {_fmt_acc(a['val'])} | "
+                     f"{_fmt_acc(a['test'])} | {b['nonzero']:,} |")
+    lines.append("")
+    lines.append("Val accuracy is the split C was chosen on (optimistic); test accuracy, where "
+                 "present, is not used for any choice.")
+    for note in report.get("notes", []):
+        lines.append(f"Note: {note}")
+    return "\n".join(lines) + "\n"
+
+
+def run(cfg: TransferConfig) -> dict | None:
+    """Everything ``hvd-lm transfer`` does (see the module docstring); returns the report on
+    rank 0 and None on other ranks.
+
+    Raises:
+        hvd_lm.transfer.datasets.DatasetError: bad dataset input.
+        FileNotFoundError: no checkpoint.
+        ValueError: bad option.
+    """
+    ctx = None
+    if world_size() > 1:
+        ctx = dist.init()  # Horovod: ranks split the texts
+    rank, size = (ctx.rank, ctx.size) if ctx else (0, 1)
+    is_root = rank == 0
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+
+    splits = datasets.load_splits(
+        cfg.dataset, cfg.data_dir, cfg.train, cfg.val, cfg.test, cfg.text_field,
+        cfg.label_field, cfg.val_fraction, cfg.max_examples, cfg.seed)
+    ckpt_path = resolve(cfg.checkpoint)
+    device = prec.resolve_device(cfg.device, ctx.local_rank if ctx else 0)
+    prec.check(device, cfg.precision)
+    model, ckpt = load_model(ckpt_path, map_location=device)
+    model.to(device)
+    cache = None if not cfg.cache else FeatureCache(cfg.cache_dir)
+    ck_sha = file_sha256(ckpt_path) if (cache is not None and is_root) else ""
+    options = {"kind": cfg.features, "max_chars": cfg.max_chars, "normalize": cfg.normalize,
+               "precision": cfg.precision}
+
+    feats: dict[str, np.ndarray] = {}
+    cache_info: dict[str, dict] = {}
+    chars = truncated = 0
+    seconds = 0.0
+    for name, split in splits.items():
+        key, hit = None, None
+        if cache is not None and is_root:
+            key = cache_key(ck_sha, name, texts_sha256(split.texts), options)
+            hit = cache.load(key, len(split))
+        if ctx is not None and cache is not None:
+            cached = dist.broadcast_object(hit is not None, name=f"transfer_hit_{name}")
+        else:
+            cached = hit is not None
+        if cached:
+            if is_root:
+                feats[name] = hit
+                cache_info[name] = {"hit": True, "path": str(cache.path(key))}
+                if cfg.max_chars > 0:
+                    truncated += sum(len(tokenizer.encode_bytes(t, cfg.normalize)) >
+                                     cfg.max_chars for t in split.texts)
+            continue
+        res = featurize(model, split.texts, cfg.features, cfg.max_chars, cfg.batch_size,
+                        device, ctx, progress=is_root and cfg.progress, desc=name,
+                        time_chunk=cfg.time_chunk, precision=cfg.precision,
+                        normalize=cfg.normalize)
+        chars += res.chars
+        seconds += res.seconds
+        truncated += res.truncated
+        if is_root:
+            feats[name] = res.features
+            info = {"hit": False, "seconds": res.seconds, "chars": res.chars,
+                    "chars_per_s": res.chars_per_s}
+            if cache is not None:
+                meta = {"checkpoint": str(ckpt_path), "checkpoint_sha256": ck_sha, "split": name,
+                        "source": split.source, "n": len(split), "options": options,
+                        "created": time.time()}
+                info["path"] = str(cache.save(key, res.features, meta))
+            cache_info[name] = info
+    if not is_root:
+        return None
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    y = {k: s.labels for k, s in splits.items()}
+    clf = fit_logreg(feats["train"], y["train"], feats["val"], y["val"], feats.get("test"),
+                     y.get("test"), penalty=cfg.penalty, grid=cfg.c_grid, seed=cfg.seed,
+                     max_iter=cfg.max_iter, standardize=cfg.standardize)
+    neuron = sentiment_neuron(clf["coef"], {k: (feats[k], y[k]) for k in splits})
+    neuron["histogram"] = None
+    (out / "neuron_hist.png").unlink(missing_ok=True)  # never leave an older run's plot
+    if neuron["index"] is not None:
+        neuron["histogram"] = str(plot_neuron_histogram(
+            feats["train"][:, neuron["index"]], y["train"], neuron["index"], neuron["threshold"],
+            out / "neuron_hist.png", f"unit {neuron['index']} on {cfg.dataset or 'train'} train"))
+    baseline = None
+    if cfg.baseline:
+        baseline = tfidf_baseline(splits["train"], splits["val"], splits.get("test"),
+                                  cfg.baseline_c_grid, cfg.seed)
+    notes = sorted({n for s in splits.values() for n in s.notes})
+    if "test" not in splits:
+        notes.append("no test split: only train/val accuracies are reported")
+    for what, res, grid, flag in (("LM classifier", clf, cfg.c_grid, "--c-grid"),
+                                  ("baseline", baseline, cfg.baseline_c_grid,
+                                   "--baseline-c-grid")):
+        if res is not None and len(grid) > 1 and res["C"] in (min(grid), max(grid)):
+            end = "largest" if res["C"] == max(grid) else "smallest"
+            notes.append(f"{what}: the chosen C={res['C']:g} is the {end} of the grid; "
+                         f"consider widening {flag}")
+    if neuron["index"] is None:
+        notes.append("the chosen L1 model has no non-zero weight (it predicts one class), so "
+                     "there is no sentiment unit and no histogram")
+    if not clf["converged"]:
+        notes.append("liblinear hit max_iter for some C (ConvergenceWarning); raise --max-iter")
+    report = {
+        "checkpoint": str(ckpt_path), "checkpoint_step": int(ckpt.get("step", -1)),
+        "model": dict(ckpt["config"]["model"]),
+        "dataset": {"name": cfg.dataset or "files",
+                    "splits": {k: s.summary() for k, s in splits.items()},
+                    "val_carved": any("carved" in s.source for s in splits.values()),
+                    "max_examples": cfg.max_examples, "seed": cfg.seed},
+        "features": {"kind": cfg.features, "dim": int(feats["train"].shape[1]),
+                     "max_chars": cfg.max_chars, "normalize": cfg.normalize,
+                     "truncated": truncated, "batch_size": cfg.batch_size,
+                     "precision": cfg.precision, "device": str(device), "world_size": size,
+                     "chars": chars, "seconds": seconds,
+                     "chars_per_s": chars / seconds if seconds > 0 else None,
+                     "cache": cache_info},
+        "classifier": {"penalty": cfg.penalty, "solver": "liblinear",
+                       "standardize": cfg.standardize,
+                       **{k: v for k, v in clf.items() if k not in ("model", "coef")}},
+        "neuron": neuron,
+        "baseline": baseline,
+        "notes": notes,
+    }
+    write_text(out / "transfer.json", json.dumps(report, indent=2) + "\n")
+    md = format_markdown(report)
+    write_text(out / "transfer.md", md)
+    return report
+
+
+def transfer_command(cfg: TransferConfig) -> int:
+    """``hvd-lm transfer``: run, print the markdown table and where the outputs went (rank 0).
+    Bad data or options: exit 2 with one ``ERROR:`` line (:data:`TRANSFER`)."""
+    report = run(cfg)
+    if report is not None:
+        print(format_markdown(report), end="")
+        png = ", neuron_hist.png" if report["neuron"]["histogram"] else ""
+        print(f"wrote {Path(cfg.out) / 'transfer.json'}, transfer.md{png}")
+    return 0
+
+
+TRANSFER = Command(
+    TransferConfig, transfer_command,
+    usage_errors=(datasets.DatasetError, FileNotFoundError, ValueError),
+    description="Featurize labelled texts with a trained LM (final cell state by default), fit "
+    "an L1 logistic regression with C chosen on validation, find the sentiment neuron, and "
+    "compare with a TF-IDF baseline (Radford et al. 2017; NVIDIA/sentiment-discovery "
+    "transfer.py).")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hvd_lm.transfer CHECKPOINT ...`` (same flags as ``hvd-lm transfer``)."""
+    return TRANSFER.main(argv, "python -m hvd_lm.transfer")
