@@ -42,7 +42,7 @@ def prepare_command(cfg: PrepareConfig) -> int:
         summary = prepare(cfg, ctx)
     except (PrepareError, PhaseError, InputError, BadRecord, OSError, ValueError) as e:
         if ctx is None or ctx.is_root:
-            print(f"data_prep prepare: error: {e}", file=sys.stderr)
+            print(f"data_prep prepare: ERROR: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("data_prep prepare: interrupted; rerun with --resume to continue", file=sys.stderr)

@@ -12,8 +12,11 @@ rank (:func:`hvd_lm.dist.launcher.started_by_mpi`), so a plain run needs no MPI 
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
+import signal
+import sys
 import time
 import traceback
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
@@ -33,9 +36,24 @@ class PhaseError(RuntimeError):
     (rank, task, error) and is the same on all ranks."""
 
 
-def _init_worker(counter) -> None:
+def _die_with_parent(parent: int | None) -> None:
+    """Make this worker get SIGKILL when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``,
+    prctl(2)), so ``kill -9`` of ``prepare`` never leaves workers writing behind a ``--resume``;
+    and exit at once if the parent (``parent``; None: a forkserver's child, not checked) is
+    already gone. Elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_PDEATHSIG = 1
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if parent is not None and os.getppid() != parent:  # it died before prctl took effect
+        os._exit(1)
+
+
+def _init_worker(counter, parent: int | None) -> None:
     global _COUNTER
     _COUNTER = counter
+    _die_with_parent(parent)
 
 
 def _add_progress(n: int) -> None:
@@ -183,7 +201,9 @@ class Context:
         shown = 0
         bar = None
         with ProcessPoolExecutor(max_workers=min(self.workers, len(mine)), mp_context=ctx,
-                                 initializer=_init_worker, initargs=(counter,)) as ex:
+                                 initializer=_init_worker,
+                                 initargs=(counter, os.getpid() if method == "fork" else None)
+                                 ) as ex:
             futures = {ex.submit(_call, fn, tasks[i]): i for i in mine}
             # the bar (and tqdm's monitor thread) only after the workers were forked
             bar = make_bar()

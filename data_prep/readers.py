@@ -351,7 +351,8 @@ def _blocks(path: str, compressed: bool, block_size: int,
 def iter_lines(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *, keepends: bool = False,
                stats: Optional[ReadStats] = None, skip_bad: bool = False,
                progress: Optional[Callable[[int], None]] = None,
-               block_size: int = BLOCK_SIZE) -> Iterator[tuple[int, str, bool]]:
+               block_size: int = BLOCK_SIZE,
+               max_line_bytes: Optional[int] = None) -> Iterator[tuple[int, str, bool]]:
     """Decoded lines of a file, optionally only one stripe of them.
 
     Striping: the uncompressed content is cut into blocks of ``block_size`` bytes, and stripe
@@ -368,6 +369,7 @@ def iter_lines(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *, keepends
         skip_bad: count a truncated stream instead of raising.
         progress: called with the number of bytes read from disk since the last call.
         block_size: stripe block size in uncompressed bytes.
+        max_line_bytes: longest line kept (:func:`iter_segments`).
     Yields:
         ``(line_number, text, valid_utf8)``; ``text`` was decoded with U+FFFD replacement where
         ``valid_utf8`` is False. A UTF-8 BOM at the start of line 1 is removed.
@@ -376,7 +378,8 @@ def iter_lines(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *, keepends
         CorruptInput: failed CRC or invalid compressed data.
     """
     for first, chunk in iter_segments(spec, stripe, n_stripes, stats=stats, skip_bad=skip_bad,
-                                      progress=progress, block_size=block_size):
+                                      progress=progress, block_size=block_size,
+                                      max_line_bytes=max_line_bytes):
         lines = chunk.split(b"\n")
         ends_nl = lines[-1] == b""
         if ends_nl:
@@ -400,10 +403,16 @@ def iter_lines(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *, keepends
 def iter_segments(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
                   stats: Optional[ReadStats] = None, skip_bad: bool = False,
                   progress: Optional[Callable[[int], None]] = None,
-                  block_size: int = BLOCK_SIZE) -> Iterator[tuple[int, bytes]]:
+                  block_size: int = BLOCK_SIZE,
+                  max_line_bytes: Optional[int] = None) -> Iterator[tuple[int, bytes]]:
     """The raw lines of one stripe of a file in runs: the lines :func:`iter_lines` yields, same
     blocks, same ownership, same line numbers, same truncated/corrupt handling, but undecoded
     and several at a time.
+
+    A line longer than ``max_line_bytes`` (at least two blocks; ``None``: no limit) is never held
+    in memory: it is dropped as it streams past and reported as a bad record naming the file,
+    the line and its size (raised unless ``skip_bad``), so one huge record cannot exceed
+    ``prepare``'s memory budget.
 
     Yields:
         ``(first_line_number, chunk)``: ``chunk`` holds consecutive complete lines, each ending
@@ -419,6 +428,14 @@ def iter_segments(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
     pending_no = 0
     open_line = False
     first_stripe = stripe == 0
+    limit = None if max_line_bytes is None else max(int(max_line_bytes), 2 * block_size)
+    open_size, oversize = 0, False  # bytes of the open line so far; dropped for its size
+
+    def too_long(size: int) -> None:
+        _bad(stats, skip_bad, spec.path, pending_no,
+             f"a record of {size:,} bytes is longer than the {limit:,} bytes the memory budget "
+             "allows per document (raise --max-memory-mb, or --skip-bad to drop it)")
+
     try:
         for b, data in enumerate(_blocks(spec.path, spec.compressed, block_size, progress)):
             if first_stripe:
@@ -428,12 +445,18 @@ def iter_segments(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
             if open_line:
                 i = data.find(b"\n")
                 if i < 0:
+                    open_size += len(data)
                     if pending is not None:
                         pending.append(data)
+                        if limit is not None and open_size > limit:
+                            pending, oversize = None, True  # stream the rest of it past
                     continue
                 line_no += 1
                 start, open_line = i + 1, False
-                if pending is not None:
+                if oversize:
+                    oversize = False
+                    too_long(open_size + start)
+                elif pending is not None:
                     pending.append(data[:start])
                     if not owned or data.rfind(b"\n") + 1 <= start:
                         yield pending_no, b"".join(pending)
@@ -456,7 +479,10 @@ def iter_segments(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
                 open_line = True
                 pending_no = line_no
                 pending = [data[max(start, end):]] if owned else None
-        if pending is not None:
+                open_size = len(data) - max(start, end)
+        if oversize:
+            too_long(open_size)
+        elif pending is not None:
             yield pending_no, b"".join(pending)
     except _Truncated as e:
         if first_stripe:
@@ -705,7 +731,8 @@ def read_documents(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
                    stats: Optional[ReadStats] = None, skip_bad: bool = False,
                    utf8_errors: str = "replace",
                    progress: Optional[Callable[[int], None]] = None,
-                   block_size: int = BLOCK_SIZE) -> Iterator[tuple[int, str]]:
+                   block_size: int = BLOCK_SIZE,
+                   max_line_bytes: Optional[int] = None) -> Iterator[tuple[int, str]]:
     """The documents of one input file (or of one stripe of it).
 
     Args:
@@ -718,6 +745,7 @@ def read_documents(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
             record is a bad record).
         progress: called with bytes read from disk since the last call.
         block_size: stripe block size (uncompressed bytes).
+        max_line_bytes: longest line (record) kept, see :func:`iter_segments`.
     Yields:
         ``(line_number, text)``: 1-based line where the record starts, and the text exactly as
         stored (no normalisation).
@@ -732,7 +760,8 @@ def read_documents(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
     stats = stats if stats is not None else ReadStats()
     keepends = spec.format in ("csv", "tsv")
     lines = iter_lines(spec, stripe, n_stripes, keepends=keepends, stats=stats,
-                       skip_bad=skip_bad, progress=progress, block_size=block_size)
+                       skip_bad=skip_bad, progress=progress, block_size=block_size,
+                       max_line_bytes=max_line_bytes)
     if spec.format in ("json", "loose-json"):
         return _json_records(spec, lines, stats, skip_bad, utf8_errors,
                              spec.format == "loose-json")
@@ -748,7 +777,8 @@ def read_document_batches(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, 
                           utf8_errors: str = "replace",
                           progress: Optional[Callable[[int], None]] = None,
                           block_size: int = BLOCK_SIZE,
-                          batch: int = 4096) -> Iterator[list]:
+                          batch: int = 4096,
+                          max_line_bytes: Optional[int] = None) -> Iterator[list]:
     """The texts of :func:`read_documents` (same arguments, same texts in the same order, same
     counters and errors) as lists, without line numbers: the bulk path of ``prepare``.
 
@@ -763,13 +793,14 @@ def read_document_batches(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, 
             raise ValueError(f"utf8_errors must be 'replace' or 'strict', got {utf8_errors!r}")
         stats = stats if stats is not None else ReadStats()
         segments = iter_segments(spec, stripe, n_stripes, stats=stats, skip_bad=skip_bad,
-                                 progress=progress, block_size=block_size)
+                                 progress=progress, block_size=block_size,
+                                 max_line_bytes=max_line_bytes)
         yield from _json_batches(spec, segments, stats, skip_bad, utf8_errors)
         return
     out: list = []
     for _, text in read_documents(spec, stripe, n_stripes, stats=stats, skip_bad=skip_bad,
                                   utf8_errors=utf8_errors, progress=progress,
-                                  block_size=block_size):
+                                  block_size=block_size, max_line_bytes=max_line_bytes):
         out.append(text)
         if len(out) >= batch:
             yield out
@@ -784,8 +815,9 @@ def _head_lines(path: str, compressed: bool, max_lines: int = 64) -> list[tuple[
                      field_source="", compressed=compressed)
     out = []
     try:
+        # lines over 1 MiB are skipped: sniffing needs a few records, not a huge one in memory
         for line_no, text, _ in iter_lines(spec, keepends=True, skip_bad=True,
-                                           block_size=1 << 16):
+                                           block_size=1 << 16, max_line_bytes=1 << 20):
             out.append((line_no, text))
             if len(out) >= max_lines:
                 break
@@ -804,6 +836,9 @@ def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = N
             message lists what the file has).
     """
     path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a folder, not a file; pass the files in it (e.g. "
+                         f"{path}/*.json.gz)")
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such file")
     try:
@@ -855,7 +890,9 @@ def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = N
         else:
             fld_src = "given"
         if columns and text_field not in columns:
-            raise InputError(f"{path}: no column {text_field!r} in the {fmt.upper()} header "
+            what = (f"no column {text_field!r}" if text_field is not None else
+                    "no text column among " + ", ".join(TEXT_FIELD_CANDIDATES))
+            raise InputError(f"{path}: {what} in the {fmt.upper()} header "
                              f"(columns: {', '.join(columns)}); pass --text-field")
         if not columns:  # empty file: nothing to read
             text_field = text_field or TEXT_FIELD_CANDIDATES[0]

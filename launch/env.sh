@@ -45,10 +45,16 @@
 # Horovod's own log level: trace, debug, info, warning (default), error, fatal.
 : "${HOROVOD_LOG_LEVEL:=}"
 
+# ---- OpenMPI ------------------------------------------------------------------------------------
+# Seconds mpirun waits after forwarding SIGTERM (a `kill`, PBS/SLURM cancel) before it SIGKILLs
+# the ranks (OpenMPI's default is 1 s, too short for every rank to write its checkpoint). Keep it
+# above one step plus one checkpoint write at your model size.
+: "${OMPI_MCA_odls_base_sigkill_timeout:=120}"
+
 # ---- export the non-empty ones, unset the empty ones --------------------------------------------
 for _hvd_lm_knob in OMP_NUM_THREADS NCCL_DEBUG NCCL_IB_HCA NCCL_IB_DISABLE NCCL_SOCKET_IFNAME \
     HOROVOD_FUSION_THRESHOLD HOROVOD_CYCLE_TIME HOROVOD_HIERARCHICAL_ALLREDUCE HOROVOD_TIMELINE \
-    HOROVOD_LOG_LEVEL; do
+    HOROVOD_LOG_LEVEL OMPI_MCA_odls_base_sigkill_timeout; do
   if [ -n "${!_hvd_lm_knob}" ]; then
     export "${_hvd_lm_knob?}"
   else

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from hvd_lm.cli import main
 from tests._mp import launch_env
@@ -109,3 +110,21 @@ def test_preempted_job_checkpoints_requeues_and_resumes_with_mpirun(slurm, shard
     assert 0 < ends[0]["step"] == starts[1]["step"] < steps and ends[1]["step"] == steps
     losses = [r["loss"] for r in records(run, "train")]
     assert losses[-1] < losses[0], losses
+
+
+def test_sigterm_to_the_srun_step_checkpoints_every_rank(slurm, shards, tmp_path):
+    """`scancel --signal=TERM JOB` (SIGTERM to the srun step, as a cancel or a node drain
+    sends it): srun passes it to both ranks, which checkpoint at the same step and exit 0."""
+    script = render(tmp_path, shards, steps=100000, log_every=2)
+    job_id = slurm.sbatch(script, tmp_path, launch_env())
+    run = tmp_path / "run"
+    slurm.wait_job(job_id, 90, lambda i: i.get("JobState") in TERMINAL_STATES
+                   or ((run / "metrics.jsonl").is_file() and len(records(run, "train")) >= 2))
+    slurm.client(["scancel", "--signal=TERM", job_id], check=False)
+    info = slurm.wait_job(job_id, timeout=120)
+    log = job_log(tmp_path, job_id)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log
+    end, = records(run, "end")
+    assert end["stop"] == "signal" and end["world_size"] == 2, log
+    ck = torch.load(sorted((run / "checkpoints").glob("step_*.pt"))[-1], weights_only=True)
+    assert ck["step"] == end["step"] and ck["rnn_state"][0].shape[0] == 4

@@ -4,14 +4,53 @@ A file is written under a fresh temporary name in its destination folder (same f
 to disk with ``fsync``, then renamed over the destination with ``os.replace`` (atomic on POSIX),
 and the folder entry is fsync'd; on any error the temporary file is removed. A reader, or a run
 killed half way, therefore sees either the old file, or no file, or the complete new one.
+
+A full disk (``ENOSPC``, or ``EDQUOT`` for a quota) becomes :class:`DiskFullError`, one line naming
+the file, the bytes it needed and the bytes free, with the old file still in place.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
+import shutil
 from pathlib import Path
 from typing import Iterator
+
+
+class DiskFullError(OSError):
+    """No space left (or quota exceeded) writing a file; the message names the file, the bytes
+    needed and the bytes free. The previous version of the file, if any, is intact."""
+
+    def __str__(self) -> str:  # the message alone, without OSError's "[Errno 28]" prefix
+        return self.strerror or super().__str__()
+
+
+def free_bytes(directory: str | Path) -> int:
+    """Bytes available to this user on the file system holding ``directory`` (or its nearest
+    existing parent)."""
+    d = Path(directory)
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    return shutil.disk_usage(d).free
+
+
+def human(n: float) -> str:
+    """Bytes as ``"1.2 GB"`` (decimal units, as ``df -H``)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _disk_full(e: OSError, path: Path, needed: int | None, written: int) -> DiskFullError:
+    need = (f"{human(needed)} needed" if needed is not None
+            else f"more than the {human(written)} written before it ran out")
+    return DiskFullError(e.errno, f"{path}: no space left on the device ({need}, "
+                         f"{human(free_bytes(path.parent))} free); the previous file, if any, "
+                         "is unchanged")
 
 
 def fsync_dir(directory: str | Path) -> None:
@@ -37,10 +76,10 @@ def temp_path(path: str | Path, suffix: str = "") -> Path:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
+def atomic_path(path: str | Path, suffix: str = "", needed: int | None = None) -> Iterator[Path]:
     """Yield a temporary path (:func:`temp_path`) to write ``path``'s new content to; on a clean
     exit it is fsync'd and renamed over ``path``, on an exception it is removed and the exception
-    re-raised."""
+    re-raised (a full disk as :class:`DiskFullError`, naming ``needed`` bytes when given)."""
     path = Path(path)
     tmp = temp_path(path, suffix)
     try:
@@ -48,14 +87,29 @@ def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        written = tmp.stat().st_size if tmp.exists() else 0
+        tmp.unlink(missing_ok=True)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT) and not isinstance(e, DiskFullError):
+            raise _disk_full(e, path, needed, written) from None
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
 
 
-def write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically; return ``path``."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+def write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically; return ``path``.
+
+    Raises:
+        DiskFullError: no space for ``len(data)`` bytes (the old file stays).
+    """
+    with atomic_path(path, needed=len(data)) as tmp:
+        tmp.write_bytes(data)
     return Path(path)
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically; return ``path`` (see :func:`write_bytes`)."""
+    return write_bytes(path, text.encode("utf-8"))

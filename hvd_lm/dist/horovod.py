@@ -199,3 +199,28 @@ def allreduce_max(value: float, name: str) -> float:
     hvd = _hvd()
     return float(hvd.allreduce(torch.tensor([value], dtype=torch.float64), op=hvd.Max,
                                name=name)[0])
+
+
+class RootError(RuntimeError):
+    """Raised on every rank but 0 when rank 0's part of :func:`root_call` failed (the message is
+    rank 0's)."""
+
+
+def root_call(fn):
+    """Run ``fn()`` on rank 0 and make every rank agree on the outcome: its result on rank 0 and
+    None elsewhere, or the same error everywhere (rank 0 re-raises its own exception, the others
+    :class:`RootError` with its message) — so a failure of rank 0's setup (a locked run folder, a
+    full disk) stops every rank with one clear line instead of leaving them in a collective."""
+    hvd = _hvd()
+    result, error = None, None
+    if hvd.rank() == 0:
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - re-raised below on every rank
+            error = e
+    message = broadcast_object(None if error is None else str(error), name="root_call")
+    if error is not None:
+        raise error
+    if message is not None:
+        raise RootError(message)
+    return result

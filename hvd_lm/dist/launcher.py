@@ -115,6 +115,58 @@ def started_by_mpi(environ: Mapping[str, str] | None = None) -> bool:
     return ctx.size > 1 and ctx.launcher in MPI_FAMILIES
 
 
+def _proc_ppid(pid: int) -> int | None:
+    """Parent PID of ``pid`` from ``/proc/<pid>/stat`` (Linux), None when unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def _proc_cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def horovodrun_mpi_shell() -> int | None:
+    """PID of the ``/bin/sh -c mpirun ...`` that ``horovodrun --mpi`` turns into (Horovod 0.28.1
+    ``runner/mpi_run.py``: ``os.execve('/bin/sh', ['/bin/sh', '-c', mpirun_command])``) when this
+    rank was started by it on this node (this rank's parent is mpirun, mpirun's parent that
+    shell), else None.
+
+    A signal sent to ``horovodrun --mpi`` (that shell) kills only the shell: mpirun and the ranks
+    never see it. Ranks therefore watch this PID (:class:`hvd_lm.train.log.StopSignals`) and
+    treat its disappearance like SIGTERM.
+    """
+    mpirun = os.getppid()
+    if Path((_proc_cmdline(mpirun) or [""])[0]).name not in ("mpirun", "mpiexec", "orterun"):
+        return None
+    shell = _proc_ppid(mpirun)
+    cmd = _proc_cmdline(shell) if shell else []
+    if len(cmd) >= 3 and Path(cmd[0]).name in ("sh", "dash", "bash") and cmd[1] == "-c" \
+            and cmd[2].lstrip().startswith("mpirun"):
+        return shell
+    return None
+
+
+def alive(pid: int) -> bool:
+    """True while process ``pid`` exists (and is not a zombie)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return state[state.rindex(")") + 2:].split()[0] != "Z"
+
+
 def local_mpi_env(**extra: str) -> dict[str, str]:
     """Environment for ranks launched on this machine by ``mpirun``/``horovodrun`` (tests,
     benchmarks, the demo): this interpreter's bin folder first on ``PATH``, the repository on

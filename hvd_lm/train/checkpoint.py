@@ -11,6 +11,7 @@ name). Written to a temporary file in the same directory, fsync'd, then renamed 
 
 from __future__ import annotations
 
+import io
 import random
 import re
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hvd_lm.core.atomic import atomic_path, write_text
+from hvd_lm.core.atomic import write_bytes, write_text
 from hvd_lm.core.model import LanguageModel, ModelConfig
 
 CHECKPOINT_FORMAT = 1
@@ -58,22 +59,54 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+class CheckpointError(ValueError):
+    """A file that cannot be resumed from or loaded: not a checkpoint, truncated or damaged, or
+    written for a model of another shape; the message names the file and what is wrong."""
+
+
+class NonFiniteError(RuntimeError):
+    """The model's weights are not finite (the run diverged): nothing is written."""
+
+
 def save(payload: dict, run_dir: str | Path, step: int, keep: int = 3) -> Path:
     """Write ``payload`` as ``step_<step>.pt`` atomically, update ``latest``, prune to ``keep``.
 
+    The checkpoint is serialised in memory first, so a full disk is reported with the exact bytes
+    it needed (:class:`hvd_lm.core.atomic.DiskFullError`) and the previous checkpoint stays
+    ``latest``.
+
     Returns:
         The checkpoint's path.
+
+    Raises:
+        NonFiniteError: a model weight is inf/NaN (a diverged run never writes a checkpoint).
+        hvd_lm.core.atomic.DiskFullError: no space left.
     """
+    bad = [k for k, v in payload.get("model", {}).items()
+           if torch.is_tensor(v) and v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise NonFiniteError(f"not writing a checkpoint of step {step}: non-finite weights in "
+                             f"{', '.join(bad[:4])}")
     d = checkpoint_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"step_{step:08d}.pt"
-    with atomic_path(path) as tmp:
-        torch.save({"format": CHECKPOINT_FORMAT, **payload}, tmp)
+    buf = io.BytesIO()
+    torch.save({"format": CHECKPOINT_FORMAT, **payload}, buf)
+    write_bytes(path, buf.getbuffer())
     write_text(d / "latest", path.name + "\n")
     if keep > 0:
         for old in list_checkpoints(run_dir)[:-keep]:
             old.unlink(missing_ok=True)
     return path
+
+
+def estimate_bytes(model: torch.nn.Module, optimizer_states: int, rnn_rows: int) -> int:
+    """Bytes of a checkpoint of ``model`` (float32 weights) with ``optimizer_states`` tensors
+    of the parameters' size (Adam 2, SGD with momentum 1) and ``rnn_rows`` recurrent-state rows
+    (h and c, float32), plus 1 MiB for the rest; within a few percent of the real file."""
+    params = sum(p.numel() for p in model.parameters())
+    hidden = getattr(getattr(model, "config", None), "hidden_size", 0)
+    return 4 * params * (1 + optimizer_states) + 2 * 4 * rnn_rows * hidden + (1 << 20)
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -109,20 +142,88 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
     """Read a checkpoint with ``weights_only=True``.
 
     Raises:
-        ValueError: not a checkpoint of this format (naming the file).
+        FileNotFoundError: no such file.
+        CheckpointError: not an hvd_lm checkpoint (another file type, another format version),
+            or truncated/damaged, naming the file.
     """
-    ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such checkpoint file")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head != b"PK\x03\x04":  # torch.save's zip container (PyTorch "Serialization semantics")
+        kind = {b"\x89HDF": "an HDF5 file (a shard?)", b"{": "JSON"}.get(
+            head if head == b"\x89HDF" else head[:1], f"starts with {head!r}")
+        raise CheckpointError(f"{path}: not an hvd_lm checkpoint ({kind}; checkpoints are "
+                              "torch.save zip files, e.g. runs/NAME/checkpoints/step_N.pt)")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"{path}: truncated or damaged checkpoint ({reason[:160]})") from None
+    except Exception as e:  # noqa: BLE001 - e.g. pickle.UnpicklingError from a foreign object
+        raise CheckpointError(f"{path}: not a loadable hvd_lm checkpoint "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path}: not an hvd_lm checkpoint (format {CHECKPOINT_FORMAT})")
+        raise CheckpointError(f"{path}: not an hvd_lm checkpoint (format {CHECKPOINT_FORMAT})")
     return ckpt
+
+
+def load_newest(run_dir: str | Path, map_location: str | torch.device = "cpu",
+                warn: bool = True) -> tuple[Path, dict]:
+    """The newest checkpoint of a run that loads (``--resume auto``): ``latest`` first, then the
+    step files newest first; each damaged one is skipped with a warning on stderr.
+
+    Raises:
+        FileNotFoundError: no checkpoint at all. CheckpointError: none of them loads.
+    """
+    first = resolve(run_dir)
+    candidates = [first] + [c for c in reversed(list_checkpoints(run_dir)) if c != first]
+    errors = []
+    for c in candidates:
+        try:
+            return c, load(c, map_location)
+        except CheckpointError as e:
+            errors.append(str(e))
+            if warn:
+                print(f"warning: {e}; trying an older checkpoint", file=sys.stderr)
+    raise CheckpointError(f"{run_dir}: no checkpoint loads: " + "; ".join(errors))
+
+
+def load_state(model: torch.nn.Module, state: dict, path: str | Path) -> None:
+    """``model.load_state_dict(state)``, with a mismatch reported as one line.
+
+    Raises:
+        CheckpointError: the checkpoint was written for a model of another shape (names the
+            first differing tensor and both shapes).
+    """
+    own = model.state_dict()
+    for name, t in own.items():
+        if name not in state:
+            raise CheckpointError(f"{path}: written for another model (no {name}); check "
+                                  "--cell/--hidden-size/--embed-dim/--weight-norm")
+        if tuple(state[name].shape) != tuple(t.shape):
+            raise CheckpointError(
+                f"{path}: written for a model of another shape: {name} is "
+                f"{list(state[name].shape)} there, {list(t.shape)} here (check --hidden-size, "
+                "--embed-dim, --cell)")
+    extra = sorted(set(state) - set(own))
+    if extra:
+        raise CheckpointError(f"{path}: written for another model (it has {extra[0]})")
+    model.load_state_dict(state)
 
 
 def load_model(path: str | Path, map_location: str | torch.device = "cpu"):
     """The :class:`~hvd_lm.core.model.LanguageModel` stored in a checkpoint (eval mode) and the
-    checkpoint dict."""
-    ckpt = load(resolve(path), map_location)
+    checkpoint dict.
+
+    Raises:
+        FileNotFoundError / CheckpointError: as :func:`resolve` / :func:`load`.
+    """
+    path = resolve(path)
+    ckpt = load(path, map_location)
     model = LanguageModel(ModelConfig(**ckpt["config"]["model"]))
-    model.load_state_dict(ckpt["model"])
+    load_state(model, ckpt["model"], path)
     model.eval()
     return model, ckpt
 
@@ -166,14 +267,20 @@ class Resume:
     Args:
         source: checkpoint file or run directory (its ``latest``).
         map_location: device the tensors are loaded to.
+        fallback: a run directory's newest checkpoint that loads (:func:`load_newest`, for
+            ``--resume auto``) instead of failing on a damaged ``latest``.
 
     Raises:
-        FileNotFoundError / ValueError: as :func:`resolve` / :func:`load`.
+        FileNotFoundError / CheckpointError: as :func:`resolve` / :func:`load`.
     """
 
-    def __init__(self, source: str | Path, map_location: str | torch.device = "cpu"):
-        self.path = resolve(source)
-        self.ckpt = load(self.path, map_location)
+    def __init__(self, source: str | Path, map_location: str | torch.device = "cpu",
+                 fallback: bool = False, warn: bool = True):
+        if fallback:
+            self.path, self.ckpt = load_newest(source, map_location, warn)
+        else:
+            self.path = resolve(source)
+            self.ckpt = load(self.path, map_location)
 
     @property
     def position(self) -> Position:
@@ -182,8 +289,11 @@ class Resume:
         return Position(c["step"], c["window"], c["skipped_steps"], c["chars_trained"])
 
     def restore_model(self, model: torch.nn.Module, scaler=None) -> None:
-        """Load the model's weights (and the loss scaler's state when both exist)."""
-        model.load_state_dict(self.ckpt["model"])
+        """Load the model's weights (and the loss scaler's state when both exist).
+
+        Raises:
+            CheckpointError: the checkpoint is for a model of another shape."""
+        load_state(model, self.ckpt["model"], self.path)
         if scaler is not None and self.ckpt.get("scaler"):
             scaler.load_state_dict(self.ckpt["scaler"])
 

@@ -24,7 +24,8 @@ from hvd_lm.core.model import ModelConfig
 class DataConfig:
     """Where the training text comes from and how it is cut into TBPTT windows."""
 
-    shards: str = _f("", "shard directory written by `hvd-lm prepare` (holds manifest.json)")
+    shards: str = _f("", "shard directory written by `hvd-lm prepare` (holds manifest.json)",
+                     required=True)
     train_split: str = _f("train", "manifest split to train on")
     val_split: str = _f("val", "manifest split for validation BPC ('' = none)")
     seq_len: int = _f(256, "TBPTT window length, in bytes (chars)", ge=1)
@@ -89,6 +90,10 @@ class RunConfig:
     keep_checkpoints: int = _f(3, "keep the last K step checkpoints (0 = all)", ge=0)
     resume: str = _f("", "checkpoint file or run directory to resume from ('auto' = out_dir)")
     nan_check: bool = _f(True, "skip (and count) steps whose loss or gradients are not finite")
+    max_skipped_steps: int = _f(100, "stop the run (exit 1, no checkpoint) after N consecutive "
+                                "skipped steps: it diverged (0 = never)", ge=0)
+    check_free_space: bool = _f(True, "refuse to start when the out-dir's file system has no "
+                                "room for one checkpoint (size estimated from the model)")
     inject_nan_steps: str = _f("", "testing aid: comma-separated step attempts (applied + "
                                 "skipped, 0-based) whose loss rank 0 makes NaN")
     tensorboard: bool = _f(True, "write TensorBoard events when tensorboard is installed")
@@ -148,12 +153,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(args: argparse.Namespace) -> TrainConfig:
-    """Config from ``--config`` (if given) with every flag the user set applied on top.
+    """Config from ``--config`` (if given) with every flag the user set applied on top; required
+    fields (``data.shards``) are left to the command to check (``hvd-lm launch`` renders jobs
+    whose shards are set on the cluster).
 
     Raises:
         ConfigError: as :func:`from_dict`, naming the file or ``command line`` and the field.
     """
-    return configlib.from_args(TrainConfig, args)
+    return configlib.from_args(TrainConfig, args, required=False)
 
 
 def save_yaml(cfg: TrainConfig, path: str | Path) -> None:

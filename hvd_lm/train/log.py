@@ -4,19 +4,25 @@
   train, eval, skip, checkpoint, end; ``step``; ``time`` in Unix seconds; the values), a stdout
   line per record, a tqdm bar on a terminal, TensorBoard events when ``tensorboard`` is installed.
   :func:`read_metrics` is the one reader of that file (reports, scaling report, tests).
-* :class:`StopSignals`: SIGTERM/SIGUSR1 (SLURM preemption, ``scancel --signal``) -> a stop flag
+* :class:`StopSignals`: SIGTERM/SIGINT/SIGUSR1 (SLURM preemption, ``scancel --signal``, Ctrl-C)
+  -> a stop flag
   the loop allreduces, so every rank checkpoints at the same step.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 from tqdm import tqdm
+
+from hvd_lm.core.atomic import DiskFullError, free_bytes, human
+from hvd_lm.dist.launcher import alive, horovodrun_mpi_shell
 
 try:  # optional: TensorBoard events only when the package is installed
     from torch.utils.tensorboard import SummaryWriter
@@ -25,15 +31,34 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 
 class StopSignals:
-    """Turns SIGTERM/SIGUSR1 into a stop flag (:attr:`received` = the signal number)."""
+    """Turns SIGTERM/SIGINT/SIGUSR1 into a stop flag (:attr:`received` = the signal number):
+    the loop checkpoints on every rank at the same step and exits 0.
 
-    def __init__(self) -> None:
+    Under ``horovodrun --mpi`` a signal to horovodrun kills only the ``/bin/sh -c mpirun`` it
+    became (:func:`hvd_lm.dist.launcher.horovodrun_mpi_shell`); a daemon thread watches that
+    shell once a second and raises the flag (as SIGTERM) when it is gone.
+    """
+
+    def __init__(self, watch_interval_s: float = 1.0) -> None:
         self.received: int | None = None
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, self._handler)
+        shell = horovodrun_mpi_shell()
+        if shell is not None:
+            threading.Thread(target=self._watch, args=(shell, watch_interval_s), daemon=True,
+                             name="launcher-watchdog").start()
 
     def _handler(self, signum, frame) -> None:
         self.received = signum
+
+    def _watch(self, pid: int, interval: float) -> None:
+        while self.received is None:
+            if not alive(pid):
+                print(f"horovodrun (pid {pid}) is gone: checkpointing and stopping",
+                      file=sys.stderr, flush=True)
+                self.received = signal.SIGTERM
+                return
+            time.sleep(interval)
 
 
 def fmt(v) -> str:
@@ -70,7 +95,14 @@ class MetricsLog:
         if not self.enabled:
             return
         rec = {"kind": kind, "step": step, "time": time.time(), **values}
-        self.file.write(json.dumps(rec) + "\n")
+        try:
+            self.file.write(json.dumps(rec) + "\n")
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                free = human(free_bytes(Path(self.file.name).parent))
+                raise DiskFullError(e.errno, f"{self.file.name}: no space left on the device "
+                                    f"appending a metrics record ({free} free)") from None
+            raise
         if self.tb is not None:
             for k, v in values.items():
                 if isinstance(v, (int, float)) and v is not None:

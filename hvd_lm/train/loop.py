@@ -28,19 +28,20 @@ from pathlib import Path
 import torch
 
 from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command
+from hvd_lm.core.config import Command, check_required
 from hvd_lm.core.model import LanguageModel
 from hvd_lm.core.shards import load_manifest, verify_shard
 from hvd_lm.dist import horovod as dist
 from hvd_lm.train import checkpoint as ckpt_io
 from hvd_lm.train import runtime
-from hvd_lm.train.config import TrainConfig, save_yaml
+from hvd_lm.train.config import TrainConfig
 from hvd_lm.train.data import RankStreams
 from hvd_lm.train.evaluate import bpc as eval_bpc
 from hvd_lm.train.evaluate import window_nll
 from hvd_lm.train.faults import Faults
 from hvd_lm.train.log import MetricsLog, StopSignals
 from hvd_lm.train.optim import build_optimizer
+from hvd_lm.train.rundir import open_run_folder
 from hvd_lm.train.schedule import make_scheduler, scaled_lr
 
 LN2 = math.log(2.0)
@@ -53,6 +54,7 @@ def train(cfg: TrainConfig) -> dict:
         ValueError: bad configuration or data (naming the field / file).
         ShardChecksumError: a shard does not match its manifest checksum.
     """
+    check_required(cfg, "config")  # e.g. data.shards (the command line checked it already)
     # ---- process: Horovod, device, precision, threads ---------------------------------------------
     ctx = dist.init(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms)  # Horovod: init
     device = runtime.resolve_device(cfg.run.device, ctx.local_rank)
@@ -60,14 +62,10 @@ def train(cfg: TrainConfig) -> dict:
     threads = cfg.run.threads or max(1, (os.cpu_count() or 1) // ctx.local_size)
     torch.set_num_threads(threads)
     out_dir = Path(cfg.run.out_dir)
-    if ctx.is_root:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        save_yaml(cfg, out_dir / "config.yaml")
 
     # ---- data: this rank's B streams of the train split (and of the val split) -----------------------
-    if not cfg.data.shards:
-        raise ValueError("data.shards is not set (--shards DIR)")
     manifest = load_manifest(cfg.data.shards)
+    check_splits(manifest, cfg)
     B, T, k = cfg.data.batch_size, cfg.data.seq_len, cfg.dist.backward_passes_per_step
     streams = RankStreams(manifest, cfg.data.train_split, ctx.rank, ctx.size, B, T,
                           seed=cfg.data.seed)
@@ -76,7 +74,7 @@ def train(cfg: TrainConfig) -> dict:
             if i % ctx.size == ctx.rank:
                 verify_shard(info)
     val = None
-    if cfg.data.val_split and any(s.split == cfg.data.val_split for s in manifest.shards):
+    if cfg.data.val_split:
         val = RankStreams(manifest, cfg.data.val_split, ctx.rank, ctx.size, B, T,
                           shuffle_shards=False, max_bytes=cfg.run.eval_chars)
 
@@ -103,8 +101,10 @@ def train(cfg: TrainConfig) -> dict:
     pos = ckpt_io.Position()
     rnn_state = model.init_state(B, device)
     resume = None
-    if cfg.run.resume:
-        resume = ckpt_io.Resume(out_dir if cfg.run.resume == "auto" else cfg.run.resume, device)
+    if cfg.run.resume:  # checked before anything is written: a bad source changes nothing
+        auto = cfg.run.resume == "auto"
+        resume = ckpt_io.Resume(out_dir if auto else cfg.run.resume, device, fallback=auto,
+                                warn=ctx.is_root)
         resume.restore_model(model, scaler)
         pos = resume.position
         rnn_state = resume.rnn_rows(ctx.rank, ctx.size, B, device, warn=ctx.is_root) or rnn_state
@@ -122,6 +122,9 @@ def train(cfg: TrainConfig) -> dict:
     # empty Adam state would make Horovod take a zero-gradient step to create it, so not then).
     dist.broadcast_state(model, optimizer if resume is not None else None)
 
+    # ---- the run folder: locked, checked for space, then config.yaml (rank 0; every rank agrees) --------
+    lock = dist.root_call(lambda: open_run_folder(cfg, model, ctx.size * B))  # Horovod: broadcast
+
     # ---- outputs and control ---------------------------------------------------------------------
     log = MetricsLog(out_dir, ctx.is_root, total_steps, pos.step, cfg.run.tensorboard)
     log.record("start", pos.step, world_size=ctx.size, device=str(device),
@@ -133,6 +136,7 @@ def train(cfg: TrainConfig) -> dict:
     signals = StopSignals()
     faults = Faults(ctx.rank, cfg.run.inject_nan_steps)
     chars_base, chars_local = pos.chars_trained, 0  # all ranks before this job; this rank since
+    skipped_in_a_row = 0
     last_ckpt_time = time.time()
     acc = {"nats": 0.0, "chars": 0.0, "wait": 0.0, "busy": 0.0, "t0": time.perf_counter(),
            "steps": 0}
@@ -185,8 +189,10 @@ def train(cfg: TrainConfig) -> dict:
         if applied:
             scheduler.step()
             pos.step += 1
+            skipped_in_a_row = 0
         else:
             pos.skipped_steps += 1
+            skipped_in_a_row += 1
             if not all(bool(torch.isfinite(s).all()) for s in rnn_state):
                 rnn_state = model.init_state(B, device)
             log.record("skip", pos.step, skipped_steps=pos.skipped_steps, grad_norm=grad_norm,
@@ -225,6 +231,11 @@ def train(cfg: TrainConfig) -> dict:
         if applied and cfg.run.eval_every and pos.step % cfg.run.eval_every == 0:
             validate()
 
+        # stop a diverged run (every rank decides alike: the skip decision is global)
+        if cfg.run.max_skipped_steps and skipped_in_a_row >= cfg.run.max_skipped_steps:
+            stop_reason = "diverged"
+            break
+
         # checkpoint: on a stop signal (then leave), every checkpoint_every steps, or when due
         if stop_flag > 0:
             stop_reason = "signal"
@@ -246,7 +257,36 @@ def train(cfg: TrainConfig) -> dict:
         log.record("end", pos.step, **{k: v for k, v in summary.items() if k != "step"})
         write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     log.close()
+    if lock is not None:
+        lock.release()
+    if stop_reason == "diverged":
+        last = ckpt_io.list_checkpoints(out_dir)
+        raise TrainingDiverged(
+            f"training diverged: {skipped_in_a_row} steps in a row had non-finite gradients "
+            f"(step {pos.step}); no checkpoint was written, the last good one is "
+            f"{last[-1] if last else 'none'}; lower --lr or --lr-cap, or raise "
+            "--max-skipped-steps")
     return summary
+
+
+class TrainingDiverged(RuntimeError):
+    """The run stopped after ``run.max_skipped_steps`` consecutive non-finite steps."""
+
+
+def check_splits(manifest, cfg: TrainConfig) -> None:
+    """The manifest has the train split and (unless ``data.val_split`` is '') the val split.
+
+    Raises:
+        ValueError: naming the field, the manifest and the splits it has.
+    """
+    have = sorted({s.split for s in manifest.shards})
+    for field_name, split in (("data.train_split", cfg.data.train_split),
+                              ("data.val_split", cfg.data.val_split)):
+        if split and split not in have:
+            hint = " (--val-split '' trains without validation)" if "val" in field_name else ""
+            raise ValueError(f"{field_name} {split!r} is not a split of "
+                             f"{manifest.directory}/manifest.json (it has: {', '.join(have)})"
+                             f"{hint}")
 
 
 def train_command(cfg: TrainConfig) -> int:

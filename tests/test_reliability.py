@@ -1,0 +1,429 @@
+"""Failure behaviour (README "Failure behaviour"): no job destroys another's work, a diverged run
+stops, signals reach every rank under every launcher, a full disk is one line, bad settings and
+files are one ERROR line before any work, and data_prep's workers never outlive it."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import psutil
+import pytest
+import torch
+
+from hvd_lm.core import atomic
+from hvd_lm.core.lock import FolderBusyError, FolderLock
+from hvd_lm.train import checkpoint as ck
+from tests._mp import REPO, horovodrun_cmd, launch_env, mpirun_cmd, run
+from tests.shardutil import default_shards
+
+TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
+        "--log-every", "1", "--lr", "3e-3", "--threads", "1", "--eval-chars", "2000"]
+HVD_LM = [sys.executable, "-m", "hvd_lm"]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return default_shards(tmp_path_factory.mktemp("shards"))
+
+
+def records(run_dir: Path, kind: str | None = None) -> list[dict]:
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if kind is None or r["kind"] == kind]
+
+
+def hvd_lm(*args, timeout=180, **env) -> subprocess.CompletedProcess:
+    return run([*HVD_LM, *map(str, args)], timeout=timeout, env=launch_env(**env), check=False)
+
+
+def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    """The run failed with exactly one ERROR line (no traceback) holding every needle."""
+    err = proc.stderr
+    assert "Traceback" not in err, err
+    lines = [x for x in err.splitlines() if "ERROR:" in x]
+    assert len(lines) == 1, err
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+# ---- 1. one job per run folder --------------------------------------------------------------------
+
+def test_folder_lock_names_the_holder_and_is_freed_by_death(tmp_path):
+    with FolderLock(tmp_path / "run", "run folder"):
+        with pytest.raises(FolderBusyError, match=rf"pid {os.getpid()} on host"):
+            FolderLock(tmp_path / "run", "run folder")
+    assert not (tmp_path / "run" / ".lock").exists()  # a clean release leaves nothing
+    # A holder killed with SIGKILL: the kernel frees the flock; the next job takes over with a
+    # warning naming the dead holder.
+    code = ("import sys, time; from hvd_lm.core.lock import FolderLock; "
+            f"l = FolderLock({str(tmp_path / 'run2')!r}); print('held', flush=True); "
+            "time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env=launch_env())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(FolderBusyError, match=f"pid {holder.pid}"):
+            FolderLock(tmp_path / "run2")
+        holder.kill()
+        holder.wait(10)
+    finally:
+        holder.kill()
+    proc = subprocess.run([sys.executable, "-c", "from hvd_lm.core.lock import FolderLock; "
+                           f"FolderLock({str(tmp_path / 'run2')!r}).release()"],
+                          capture_output=True, text=True, env=launch_env(), timeout=60)
+    assert proc.returncode == 0 and f"lock of pid {holder.pid}" in proc.stderr
+    assert "which is gone" in proc.stderr
+
+
+@pytest.mark.slow
+def test_second_job_into_a_busy_run_folder_is_refused(shards, tmp_path):
+    out = tmp_path / "run"
+    first = subprocess.Popen([*HVD_LM, "train", "--shards", str(shards), "--out-dir", str(out),
+                              *TINY, "--max-steps", "100000"], env=launch_env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not ((out / "metrics.jsonl").exists() and records(out, "train")):
+            assert time.time() < deadline and first.poll() is None
+            time.sleep(0.3)
+        before = (out / "config.yaml").read_text()
+        second = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY,
+                        "--hidden-size", "64", "--seed", "2", "--max-steps", "5")
+        assert second.returncode == 1
+        one_error_line(second, str(out), "in use by another job", f"pid {first.pid}")
+        assert (out / "config.yaml").read_text() == before  # nothing of B's was written
+        assert {r["world_size"] for r in records(out, "start")} == {1}
+        assert len(records(out, "start")) == 1
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(60)
+    assert records(out, "end")[0]["stop"] == "signal"
+
+
+# ---- 2. divergence ------------------------------------------------------------------------------
+
+def test_diverged_run_stops_and_keeps_the_last_good_checkpoint(shards, tmp_path):
+    """--lr 1e30: the weights overflow after a step or two and every later step is skipped; the
+    run stops after --max-skipped-steps with one line, exit 1, and every checkpoint it left is
+    finite (the last good one stays latest)."""
+    out = tmp_path / "div"
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "200",
+                  "--lr", "1e30", "--max-skipped-steps", "5", "--checkpoint-every", "1")
+    assert proc.returncode == 1
+    one_error_line(proc, "training diverged", "5 steps in a row")
+    end = records(out, "end")[-1]
+    assert end["stop"] == "diverged" and end["skipped_steps"] == 5 and end["step"] < 200
+    saved = ck.list_checkpoints(out)
+    for path in saved:
+        assert all(torch.isfinite(v).all() for v in ck.load(path)["model"].values())
+    if saved:
+        assert ck.resolve(out) == saved[-1] and str(saved[-1]) in proc.stderr
+
+
+def test_save_refuses_non_finite_weights(tmp_path):
+    with pytest.raises(ck.NonFiniteError, match="w"):
+        ck.save({"model": {"w": torch.tensor([1.0, float("nan")])}}, tmp_path, 1)
+    assert ck.list_checkpoints(tmp_path) == []
+
+
+# ---- 3. signals reach every rank under every launcher -----------------------------------------------
+
+def _launch_cmd(kind: str, argv: list) -> list:
+    if kind == "mpirun":
+        return mpirun_cmd(2, argv)
+    return horovodrun_cmd(2, argv, kind.split("-")[1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,sig", [("horovodrun-mpi", signal.SIGTERM),
+                                      ("horovodrun-gloo", signal.SIGINT),
+                                      ("mpirun", signal.SIGTERM)])
+def test_signal_to_the_launcher_checkpoints_every_rank(shards, tmp_path, kind, sig):
+    """The signal goes to the launcher process itself (as `kill PID` or Ctrl-C would); every rank
+    checkpoints at the same step, the job exits 0 and no process is left behind."""
+    out = tmp_path / "sig"
+    argv = ["-m", "hvd_lm", "train", "--shards", str(shards), "--out-dir", str(out), *TINY,
+            "--max-steps", "100000"]
+    proc = subprocess.Popen([str(c) for c in _launch_cmd(kind, argv)], env=launch_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 150
+        while not ((out / "metrics.jsonl").exists() and len(records(out, "train")) >= 2):
+            assert time.time() < deadline and proc.poll() is None, proc.poll()
+            time.sleep(0.3)
+        ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                 if "hvd_lm" in " ".join(p.cmdline()) and p.name().startswith("python")]
+        os.kill(proc.pid, sig)
+        psutil.wait_procs(ranks, timeout=120)
+        assert not [p for p in ranks if p.is_running() and p.status() != "zombie"], \
+            "ranks still running after the launcher was signalled"
+        proc.wait(60)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+    end = records(out, "end")
+    assert len(end) == 1 and end[0]["stop"] == "signal", proc.stdout.read()
+    saved = ck.load(ck.resolve(out))
+    assert saved["step"] == end[0]["step"] and saved["rnn_state"][0].shape == (4, 32)
+
+
+# ---- 5. disk full ---------------------------------------------------------------------------------
+
+def test_disk_full_checkpoint_is_one_line_and_keeps_the_previous(tmp_path, monkeypatch):
+    first = ck.save({"model": {"w": torch.ones(3)}, "step": 1}, tmp_path, 1)
+    real = Path.write_bytes
+
+    def full(self, data):
+        if self.name.startswith(".step_"):
+            real(self, bytes(data)[:10])  # some bytes get out, then the device is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    with pytest.raises(atomic.DiskFullError) as e:
+        ck.save({"model": {"w": torch.ones(1000)}, "step": 2}, tmp_path, 2)
+    msg = str(e.value)
+    assert "step_00000002.pt: no space left" in msg and "needed" in msg and "free" in msg
+    monkeypatch.undo()
+    assert ck.resolve(tmp_path) == first and ck.load(first)["step"] == 1
+    assert not list(ck.checkpoint_dir(tmp_path).glob(".*tmp*"))  # no partial file left
+
+
+def test_start_refuses_when_a_checkpoint_cannot_fit(shards, tmp_path, monkeypatch):
+    from hvd_lm.train import rundir
+    from hvd_lm.train.config import TrainConfig
+
+    cfg = TrainConfig()
+    cfg.run.out_dir = str(tmp_path / "run")
+    model = torch.nn.Linear(1000, 1000)
+    monkeypatch.setattr(rundir, "free_bytes", lambda d: 1000)
+    with pytest.raises(atomic.DiskFullError, match=r"run: a checkpoint needs about 13\.\d MB but only 1\.0 kB is free"):
+        rundir.open_run_folder(cfg, model, rows=4)
+    assert not (tmp_path / "run" / "config.yaml").exists()
+    assert not (tmp_path / "run" / ".lock").exists()
+
+
+# ---- 6. settings: one ERROR line, exit 2, before any work ---------------------------------------
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--log-every", "0"], "run.log_every must be >= 1"),
+    (["--lr", "-0.001"], "optim.lr must be > 0"),
+    (["--lr", "0"], "optim.lr must be > 0"),
+    (["--lr", "nan"], "optim.lr must be a finite number"),
+    (["--lr", "inf"], "optim.lr must be a finite number"),
+    (["--threads", "-1"], "run.threads must be >= 0"),
+    (["--device", "bogus"], "run.device: must be auto, cpu, cuda or cuda:N"),
+    (["--seed", "-1"], "data.seed must be >= 0"),
+    (["--eval-chars", "-1"], "run.eval_chars must be >= 0"),
+    (["--max-steps", "0"], "optim.max_steps must be >= 1"),
+    (["--config", "/no/such.yaml"], "/no/such.yaml: cannot read the config file"),
+])
+def test_bad_train_settings_are_one_line(shards, tmp_path, flags, needle):
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", tmp_path / "r", *flags, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    one_error_line(proc, needle)
+    assert not (tmp_path / "r").exists()
+
+
+def test_yaml_bool_for_an_int_is_rejected(shards, tmp_path):
+    (tmp_path / "c.yaml").write_text("data: {batch_size: true}\n")
+    proc = hvd_lm("train", "--config", tmp_path / "c.yaml", "--shards", shards, "--out-dir",
+                  tmp_path / "r", timeout=60)
+    assert proc.returncode == 2
+    one_error_line(proc, "c.yaml: data.batch_size: expected int, got True")
+
+
+@pytest.mark.parametrize("flag,value", [("--val-split", "nope"), ("--train-split", "nope")])
+def test_unknown_split_is_refused_before_anything_is_written(shards, tmp_path, flag, value):
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", tmp_path / "r", *TINY, flag, value,
+                  "--max-steps", "2", timeout=120)
+    assert proc.returncode == 1
+    one_error_line(proc, f"'{value}' is not a split of", "it has: train, val")
+    assert not (tmp_path / "r").exists()
+
+
+def test_shards_without_manifest_and_corrupt_shard_write_nothing(shards, tmp_path):
+    proc = hvd_lm("train", "--shards", tmp_path, "--out-dir", tmp_path / "r", *TINY, timeout=60)
+    assert proc.returncode == 1
+    one_error_line(proc, "manifest.json")
+    assert not (tmp_path / "r").exists()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in Path(shards).iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    victim = sorted(bad.glob("train-*.h5"))[0]
+    with h5py.File(victim, "r+") as f:  # flip one byte of the token stream
+        f["tokens"][5] ^= 0x20
+    proc = hvd_lm("train", "--shards", bad, "--out-dir", tmp_path / "r", *TINY, timeout=60)
+    assert proc.returncode == 1
+    one_error_line(proc, victim.name)
+    assert not (tmp_path / "r").exists()
+
+
+# ---- 8/9. checkpoints: clear load errors, fallback, no config rewrite, exact chars ---------------
+
+def test_eval_on_files_that_are_not_checkpoints(shards, tmp_path):
+    (tmp_path / "x.json").write_text('{"a": 1}')
+    proc = hvd_lm("eval", tmp_path / "x.json", shards, timeout=60)
+    one_error_line(proc, "x.json: not an hvd_lm checkpoint (JSON")
+    shard = sorted(Path(shards).glob("val-*.h5"))[0]
+    proc = hvd_lm("eval", shard, shards, timeout=60)
+    one_error_line(proc, "not an hvd_lm checkpoint (an HDF5 file")
+    good = ck.save({"model": {"w": torch.ones(300)}, "step": 1, "config": {}}, tmp_path / "r", 1)
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(good.read_bytes()[:200])
+    proc = hvd_lm("eval", cut, shards, timeout=60)
+    one_error_line(proc, "cut.pt: truncated or damaged checkpoint")
+    assert "weights_only" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_resume_auto_skips_a_damaged_newest_checkpoint(shards, tmp_path):
+    out = tmp_path / "r"
+    ok = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "4",
+                "--checkpoint-every", "2")
+    assert ok.returncode == 0, ok.stderr
+    newest = ck.resolve(out)
+    assert newest.name == "step_00000004.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "6",
+                  "--checkpoint-every", "2", "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr
+    assert "step_00000004.pt: truncated or damaged checkpoint" in proc.stderr
+    start = records(out, "start")[-1]
+    assert start["resumed_from"].endswith("step_00000002.pt") and start["step"] == 2
+
+
+def test_failed_resume_with_another_shape_changes_nothing(shards, tmp_path):
+    out = tmp_path / "r"
+    assert hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY,
+                  "--max-steps", "2").returncode == 0
+    before = (out / "config.yaml").read_text()
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "4",
+                  "--resume", "auto", "--hidden-size", "64")
+    assert proc.returncode == 1
+    one_error_line(proc, "written for a model of another shape", "rnn.w_x.weight is [128, 8] there")
+    assert (out / "config.yaml").read_text() == before
+
+
+@pytest.mark.slow
+def test_chars_trained_is_exact_across_a_world_size_change(shards, tmp_path):
+    """2 ranks x 3 steps, then resumed on 1 rank for 3 more: every character counted once."""
+    out = tmp_path / "r"
+    argv = ["-m", "hvd_lm", "train", "--shards", str(shards), "--out-dir", str(out), *TINY,
+            "--max-steps", "3"]
+    run(horovodrun_cmd(2, argv, "gloo"), timeout=240)
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "6",
+                  "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr
+    ends = records(out, "end")
+    # batch 2 rows x 16 bytes per window (every window full at this size): 2 ranks x 3 steps +
+    # 1 rank x 3 steps
+    assert ends[0]["chars_trained"] == 2 * 3 * 2 * 16
+    assert ends[1]["chars_trained"] == 2 * 3 * 2 * 16 + 3 * 2 * 16
+
+
+# ---- 4/7. data_prep: workers die with the parent, a live prepare owns its folder, memory -------------
+
+def _big_input(path: Path, docs: int = 4000) -> Path:
+    import gzip
+
+    with gzip.open(path, "wt") as f:
+        for i in range(docs):
+            f.write(json.dumps({"reviewText": f"review {i} " + "word " * 200}) + "\n")
+    return path
+
+
+@pytest.mark.slow
+def test_prepare_workers_die_with_their_parent_and_the_folder_stays_locked_meanwhile(tmp_path):
+    src = _big_input(tmp_path / "in.json.gz")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "data_prep", "prepare", str(src), str(src), "--out", str(out),
+           "--workers", "2", "--no-progress", "--max-memory-mb", "64", "--shard-size", "1M"]
+    proc = subprocess.Popen(cmd, env=launch_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        workers = []
+        while time.time() < deadline and len(workers) < 2:
+            workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                       if p.name().startswith("python")]
+            time.sleep(0.05)
+        assert len(workers) == 2, "no worker processes seen"
+        busy = run(cmd + ["--resume"], check=False, timeout=60)
+        assert busy.returncode == 1 and "in use by another job" in busy.stderr
+        proc.kill()
+        gone, alive = psutil.wait_procs(workers, timeout=20)
+        assert not alive, f"workers outlived their parent: {alive}"
+    finally:
+        proc.kill()
+    again = run(cmd + ["--resume"], timeout=180)
+    assert "prepared" in again.stdout
+
+
+def test_prepare_refuses_a_document_over_its_memory_budget(tmp_path):
+    src = tmp_path / "in.jsonl"
+    with open(src, "w") as f:
+        f.write(json.dumps({"reviewText": "small one"}) + "\n")
+        f.write(json.dumps({"reviewText": "x" * (40 << 20)}) + "\n")  # 40 MiB
+        f.write(json.dumps({"reviewText": "small two"}) + "\n")
+    base = [sys.executable, "-m", "data_prep", "prepare", str(src), "--max-memory-mb", "128",
+            "--no-progress", "--split", "1,0,0"]
+    proc = run([*base, "--out", str(tmp_path / "a")], check=False, timeout=120)
+    assert proc.returncode == 1
+    assert f"{src}:2: a record of 41,943," in proc.stderr and "--max-memory-mb" in proc.stderr
+    proc = run([*base, "--out", str(tmp_path / "b"), "--skip-bad"], timeout=120)
+    from hvd_lm.core.shards import load_manifest
+    meta = load_manifest(tmp_path / "b").meta
+    assert meta["counters"]["documents"] == 2 and meta["counters"]["bad_records"] == 1
+
+
+@pytest.mark.slow
+def test_prepare_memory_stays_within_budget_for_a_huge_document(tmp_path):
+    """`/usr/bin/time -v`'s maximum RSS of a prepare with one 100 MB document and a 128 MiB
+    budget: the document is streamed past and refused, the process stays under the budget."""
+    time_bin = Path("/usr/bin/time")
+    if not time_bin.exists():
+        pytest.skip("/usr/bin/time (Debian package time) not installed")
+    src = tmp_path / "huge.jsonl"
+    with open(src, "w") as f:
+        f.write(json.dumps({"reviewText": "small"}) + "\n")
+        f.write(json.dumps({"reviewText": "y" * (100 << 20)}) + "\n")
+    proc = run([str(time_bin), "-v", sys.executable, "-m", "data_prep", "prepare", str(src),
+                "--out", str(tmp_path / "o"), "--max-memory-mb", "128", "--no-progress",
+                "--skip-bad", "--split", "1,0,0"], timeout=300)
+    rss_kb = int(next(x for x in proc.stderr.splitlines()
+                      if "Maximum resident set size" in x).split(":")[1])
+    assert rss_kb < 128 * 1024, f"max RSS {rss_kb / 1024:.0f} MiB over the 128 MiB budget"
+
+
+def test_prepare_resume_refuses_to_replace_a_finished_corpus_of_other_inputs(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("".join(json.dumps({"reviewText": f"a {i} text"}) + "\n" for i in range(30)))
+    b.write_text("".join(json.dumps({"reviewText": f"b {i} text"}) + "\n" for i in range(30)))
+    base = [sys.executable, "-m", "data_prep", "prepare", "--out", str(tmp_path / "o"),
+            "--no-progress", "--split", "1,0,0"]
+    run([*base, str(a)], timeout=60)
+    manifest = (tmp_path / "o" / "manifest.json").read_text()
+    proc = run([*base, str(b), "--resume"], check=False, timeout=60)
+    assert proc.returncode == 1 and "finished corpus prepared with other" in proc.stderr
+    assert (tmp_path / "o" / "manifest.json").read_text() == manifest
+
+
+def test_prepare_input_errors_name_the_problem(tmp_path):
+    (tmp_path / "folder").mkdir()
+    proc = run([sys.executable, "-m", "data_prep", "prepare", str(tmp_path / "folder"),
+                "--out", str(tmp_path / "o")], check=False, timeout=60)
+    assert proc.returncode == 1 and "is a folder, not a file" in proc.stderr
+    (tmp_path / "t.csv").write_text("id,stars\n1,5\n")
+    proc = run([sys.executable, "-m", "data_prep", "prepare", str(tmp_path / "t.csv"),
+                "--out", str(tmp_path / "o2")], check=False, timeout=60)
+    assert proc.returncode == 1 and "no text column among" in proc.stderr
+    assert "None" not in proc.stderr
