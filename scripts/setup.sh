@@ -5,14 +5,17 @@
 #      installed and this is Debian/Ubuntu as root, OpenMPI from apt-get; otherwise stop and say what
 #      to install.
 #   2. A virtual environment in .venv with torch (TORCH_SPEC, default the CPU wheel torch==2.13.0; a
-#      torch already in .venv is kept, so CUDA clusters install their own build first, see README).
+#      torch already in .venv is kept, so CUDA clusters install their own build first, see README;
+#      VENV_SYSTEM_SITE=1 makes the venv see the system's packages, e.g. a GPU image's CUDA torch).
 #   3. This package (editable) and its Python dependencies, mpi4py built against that MPI.
 #   4. Horovod 0.28.1 built by scripts/build_horovod.sh (cached wheel, keyed by versions).
 #   5. `hvd-lm check-build`: PyTorch, MPI and Gloo (and NCCL on CUDA hosts) must be built in.
 #
 # Environment: PYTHON (interpreter for the venv, default python3), VENV (default .venv),
-# TORCH_SPEC (default torch==2.13.0), HVD_LM_CACHE (wheel cache, default
-# ${XDG_CACHE_HOME:-$HOME/.cache}/hvd_lm/wheels).
+# VENV_SYSTEM_SITE (1: --system-site-packages), TORCH_SPEC (default torch==2.13.0), HVD_LM_CACHE
+# (wheel cache, default ${XDG_CACHE_HOME:-$HOME/.cache}/hvd_lm/wheels). Offline (air-gapped
+# nodes): PIP_FIND_LINKS=DIR PIP_NO_INDEX=1 with the wheels and the Horovod sdist in DIR
+# (scripts/fetch_offline_wheels.sh), see scripts/build_horovod.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,13 +27,19 @@ say() { printf '[setup] %s\n' "$*"; }
 # ---- 1. MPI -------------------------------------------------------------------------------------
 need_debs=()
 command -v mpicc >/dev/null 2>&1 || need_debs+=(libopenmpi-dev openmpi-bin)
-# hdf5-tools (h5ls/h5dump) are the independent readers the shard tests use.
+# hdf5-tools (h5ls/h5dump) are the independent readers the shard tests use (optional: skipped
+# without them); time (/usr/bin/time -v) measures prepare's memory in a test (optional too).
 command -v h5dump >/dev/null 2>&1 || need_debs+=(hdf5-tools)
+[ -x /usr/bin/time ] || need_debs+=(time)
 if ((${#need_debs[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         say "installing ${need_debs[*]} with apt-get"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_debs[@]}" >/dev/null
+        if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+                apt-get install -y -qq "${need_debs[@]}" >/dev/null; }; then
+            command -v mpicc >/dev/null 2>&1 || { say "ERROR: apt-get could not install" \
+                "OpenMPI (libopenmpi-dev openmpi-bin); install an MPI and run this again"; exit 1; }
+            say "warning: apt-get failed (offline?); tests needing h5dump or /usr/bin/time skip"
+        fi
     elif ! command -v mpicc >/dev/null 2>&1; then
         cat >&2 <<'MSG'
 [setup] ERROR: no MPI compiler wrapper `mpicc` on PATH.
@@ -49,7 +58,11 @@ say "MPI: $(mpirun --version 2>&1 | head -n 1)"
 # ---- 2. virtual environment ---------------------------------------------------------------------
 if [ ! -x "$VENV/bin/python" ]; then
     say "creating $VENV"
-    "$PYTHON" -m venv "$VENV"
+    if [ "${VENV_SYSTEM_SITE:-0}" = 1 ]; then
+        "$PYTHON" -m venv --system-site-packages "$VENV"
+    else
+        "$PYTHON" -m venv "$VENV"
+    fi
 fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check -q)
@@ -65,8 +78,9 @@ want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     say "installing hvd_lm and its dependencies (mpi4py built against $(command -v mpicc))"
     "${PIP[@]}" install setuptools wheel
-    # mpi4py from source so that it links the MPI on PATH, the one Horovod is built against.
-    "${PIP[@]}" install --no-binary mpi4py -e '.[test]'
+    # mpi4py from source so that it links the MPI on PATH, the one Horovod is built against (an
+    # mpi4py already there, e.g. a GPU image's, is kept); no build isolation, so offline works.
+    "${PIP[@]}" install --no-build-isolation --no-binary mpi4py -e '.[test]'
     echo "$want" >"$stamp"
 fi
 

@@ -24,7 +24,7 @@ from tests.slurm_cluster import Unavailable, ensure_tools
 LAUNCH = REPO / "launch"
 TEMPLATES = sorted(LAUNCH.glob("*.sh")) + [LAUNCH / "slurm.sbatch", LAUNCH / "pbs.qsub"]
 TINY = ("--hidden-size 32 --embed-dim 8 --seq-len 16 --batch-size 2 --max-steps 6 --log-every 1 "
-        "--threads 1 --lr 1e-2 --eval-chars 2000")
+        "--threads 1 --lr 1e-2 --eval-chars 2000 --device cpu")
 
 
 def cli(*argv: str) -> int:

@@ -18,7 +18,7 @@ from tests.slurm_cluster import TERMINAL_STATES, Unavailable, running_cluster
 pytestmark = pytest.mark.slow
 
 TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
-        "--threads", "1", "--lr", "1e-2", "--eval-chars", "2000"]
+        "--threads", "1", "--lr", "1e-2", "--eval-chars", "2000", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from tests._mp import horovodrun_cmd, launch_env, mpirun_cmd, run
 from tests.shardutil import default_shards
 
 TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--log-every", "1",
-        "--lr", "3e-3", "--threads", "1", "--eval-chars", "2000"]
+        "--lr", "3e-3", "--threads", "1", "--eval-chars", "2000", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")

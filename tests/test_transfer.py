@@ -375,7 +375,7 @@ def test_cli_under_horovodrun_matches_one_process(tmp_path, capsys):
     ckpt = write_checkpoint(tmp_path / "run")
     data = ["--train", synthetic_reviews(tmp_path / "tr.jsonl", 60, 0), "--test",
             synthetic_reviews(tmp_path / "te.jsonl", 30, 1), "--text-field", "review",
-            "--label-field", "sentiment", "--batch-size", "8", "--no-baseline"]
+            "--label-field", "sentiment", "--batch-size", "8", "--no-baseline", "--device", "cpu"]
     dist_argv = ["-m", "hvd_lm.transfer", ckpt, *data, "--out", tmp_path / "o2",
                  "--cache-dir", tmp_path / "c2"]
     hits = []

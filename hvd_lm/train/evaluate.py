@@ -118,7 +118,7 @@ def eval_command(cfg: EvalConfig) -> int:
     """``hvd-lm eval``: print (and with ``--output`` write) ``{"bpc", "chars", ...}`` as JSON on
     rank 0; ranks split the streams and sum bits and chars (Horovod)."""
     ctx = dist.init()
-    device = prec.resolve_device(cfg.device, ctx.local_rank)
+    device = prec.resolve_device(cfg.device, ctx.local_rank, ctx.local_size)
     model, ck = load_model(cfg.checkpoint, map_location=device)
     seq_len = cfg.seq_len or ck["config"]["data"]["seq_len"]
     streams = RankStreams(load_manifest(cfg.shards), cfg.split, ctx.rank, ctx.size,

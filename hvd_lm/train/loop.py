@@ -57,7 +57,7 @@ def train(cfg: TrainConfig) -> dict:
     check_required(cfg, "config")  # e.g. data.shards (the command line checked it already)
     # ---- process: Horovod, device, precision, threads ---------------------------------------------
     ctx = dist.init(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms)  # Horovod: init
-    device = runtime.resolve_device(cfg.run.device, ctx.local_rank)
+    device = runtime.resolve_device(cfg.run.device, ctx.local_rank, ctx.local_size)
     runtime.check(device, cfg.run.precision)
     threads = cfg.run.threads or max(1, (os.cpu_count() or 1) // ctx.local_size)
     torch.set_num_threads(threads)

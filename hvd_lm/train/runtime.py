@@ -46,19 +46,51 @@ def make_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler | 
     return torch.amp.GradScaler("cuda") if precision == "fp16" else None
 
 
-def resolve_device(name: str, local_rank: int) -> torch.device:
-    """``cuda:<local_rank>`` for ``auto`` when CUDA is available (one GPU per local rank), else
-    CPU; an explicit ``cpu``/``cuda``/``cuda:N`` is honoured (``cuda`` means ``cuda:local_rank``).
+class DeviceError(ValueError):
+    """The device asked for cannot serve this rank (no CUDA, or more local ranks than GPUs)."""
+
+
+def resolve_device(name: str, local_rank: int, local_size: int = 1,
+                   gpus: int | None = None) -> torch.device:
+    """The device of this rank: one GPU per local rank (Horovod docs, "Horovod with PyTorch":
+    ``torch.cuda.set_device(hvd.local_rank())``).
+
+    ``auto`` is ``cuda`` when torch sees a GPU, else ``cpu``; ``cuda`` means ``cuda:<local_rank>``;
+    ``cuda:N`` is honoured. Two ranks must never share a GPU (NCCL refuses: "Duplicate GPU
+    detected"), so a node running more local ranks than it has GPUs is an error here, at start-up.
+
+    Args:
+        name: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (``run.device``).
+        local_rank / local_size: this rank and the rank count on this node.
+        gpus: GPUs torch sees (default ``torch.cuda.device_count()``; tests pass it).
 
     Raises:
-        ValueError: CUDA asked for but not available.
+        DeviceError: CUDA asked for but not available, ``cuda:N`` beyond the GPUs, or more
+            local ranks than GPUs (saying how many of each and what to do).
     """
+    available = torch.cuda.is_available() if gpus is None else gpus > 0
+    n = (torch.cuda.device_count() if available else 0) if gpus is None else gpus
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ValueError(f"run.device={name!r} but torch sees no CUDA device")
-        dev = torch.device(name if ":" in name else f"cuda:{local_rank % torch.cuda.device_count()}")
+        name = "cuda" if available else "cpu"
+    if not name.startswith("cuda"):
+        return torch.device(name)
+    if not available:
+        raise DeviceError(f"run.device={name!r} but torch sees no CUDA device (a CPU build of "
+                          "torch, or no GPU visible: check CUDA_VISIBLE_DEVICES); use --device "
+                          "cpu")
+    if ":" in name:
+        index = int(name.split(":", 1)[1])
+        if index >= n:
+            raise DeviceError(f"run.device={name!r} but torch sees {n} GPU(s) (cuda:0.."
+                              f"cuda:{n - 1})")
+    else:
+        if local_size > n:
+            raise DeviceError(
+                f"{local_size} ranks run on this node but torch sees {n} GPU(s): one rank per "
+                f"GPU (launch at most {n} rank(s) per node, e.g. horovodrun -np {n}), or train "
+                "on the CPU with --device cpu")
+        index = local_rank
+    dev = torch.device(f"cuda:{index}")
+    if gpus is None:
         torch.cuda.set_device(dev)
-        return dev
-    return torch.device(name)
+    return dev

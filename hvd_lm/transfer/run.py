@@ -185,7 +185,8 @@ def run(cfg: TransferConfig) -> dict | None:
         cfg.dataset, cfg.data_dir, cfg.train, cfg.val, cfg.test, cfg.text_field,
         cfg.label_field, cfg.val_fraction, cfg.max_examples, cfg.seed)
     ckpt_path = resolve(cfg.checkpoint)
-    device = prec.resolve_device(cfg.device, ctx.local_rank if ctx else 0)
+    device = prec.resolve_device(cfg.device, ctx.local_rank if ctx else 0,
+                                ctx.local_size if ctx else 1)
     prec.check(device, cfg.precision)
     model, ckpt = load_model(ckpt_path, map_location=device)
     model.to(device)

@@ -1,0 +1,301 @@
+"""How to build Horovod 0.28.1 on this machine: the decisions ``scripts/build_horovod.sh`` acts on.
+
+Horovod 0.28.1 (the last release) needs, on today's stack (each found the hard way on a CPU box
+and on a CUDA 13 / g++ 13 / CMake 4 H100 node, see ``../shared/README.md``):
+
+* C++17: both ``CMakeLists.txt`` and ``horovod/torch/CMakeLists.txt`` ask for C++14, PyTorch >= 2.1
+  headers need C++17 (upstream issue #3996, fixed by PR #3998, unreleased); for CUDA builds
+  ``horovod/common/ops/cuda/CMakeLists.txt`` needs ``CMAKE_CUDA_STANDARD 17`` too.
+* g++ >= 13 no longer includes ``<cstdint>``, ``<string>`` and ``<stdexcept>`` transitively
+  (gcc.gnu.org/gcc-13/porting_to.html): ``group_table.h`` stops at ``std::string`` and
+  ``common.h`` at ``std::logic_error``. Upstream PR #3957 (unreleased) adds the includes to the
+  headers; :func:`patch_sources` does the same (harmless for older compilers, so always).
+* CMake >= 4 refuses ``cmake_minimum_required`` below 3.5: ``CMAKE_POLICY_VERSION_MINIMUM=3.5``.
+* NCCL for the GPU allreduce: a system install (``HOROVOD_NCCL_HOME``, ``/usr``, CUDA's folder) or
+  the ``nvidia-nccl-cu*`` wheel beside a pip-installed CUDA torch, which ships only
+  ``libnccl.so.2``; Horovod's FindNCCL wants ``libnccl.so``, so a private folder with that link is
+  made (:func:`nccl_env`), never touching site-packages.
+* ``HOROVOD_BUILD_CUDA_CC_LIST`` from ``TORCH_CUDA_ARCH_LIST`` or the local GPU (else nvcc builds
+  every architecture it knows, several times slower).
+
+``python -m hvd_lm.dist.build env`` prints the ``export`` lines (and the wheel-cache key);
+``python -m hvd_lm.dist.build patch SRC`` patches an unpacked sdist. Both take their facts from
+:func:`probe` so tests can give fabricated ones.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HOROVOD_VERSION = "0.28.1"
+
+
+class BuildError(RuntimeError):
+    """A prerequisite of the Horovod build is missing; the message says what to install/set."""
+
+
+@dataclass
+class Facts:
+    """What the build decisions depend on (:func:`probe` reads them from this machine).
+
+    Attributes:
+        torch_version / torch_cuda: ``torch.__version__`` and ``torch.version.cuda`` (None: CPU).
+        capabilities: compute capabilities of the visible GPUs, e.g. ``[(9, 0)]``.
+        torch_cuda_arch_list: ``$TORCH_CUDA_ARCH_LIST`` ('' when unset), e.g. ``"8.0 9.0+PTX"``.
+        gxx_major / cmake_major: compiler and CMake major versions (0: not found).
+        nvcc: path of nvcc ('' when not found; CUDA builds need it).
+        nccl_home: ``$HOROVOD_NCCL_HOME`` (or ``$NCCL_HOME``) when set.
+        site_packages: folders searched for the ``nvidia/nccl`` wheel.
+        system_nccl_dirs: folders searched for a system ``libnccl.so*``.
+        mpi_version: first line of ``mpirun --version`` ('' without MPI).
+        python_tag: e.g. ``py311``.
+    """
+
+    torch_version: str = ""
+    torch_cuda: str | None = None
+    capabilities: list[tuple[int, int]] = field(default_factory=list)
+    torch_cuda_arch_list: str = ""
+    gxx_major: int = 0
+    cmake_major: int = 0
+    nvcc: str = ""
+    nccl_home: str = ""
+    site_packages: list[str] = field(default_factory=list)
+    system_nccl_dirs: list[str] = field(default_factory=lambda: [
+        "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/cuda/lib64",
+        "/usr/local/nccl/lib"])
+    mpi_version: str = ""
+    python_tag: str = ""
+
+
+def _major(cmd: list[str], pattern: str) -> int:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    m = re.search(pattern, out)
+    return int(m.group(1)) if m else 0
+
+
+def probe() -> Facts:
+    """The :class:`Facts` of this machine (imports torch; runs g++, cmake, mpirun)."""
+    import torch  # the interpreter the build is for: a CPU or CUDA torch
+
+    caps = []
+    if torch.version.cuda and torch.cuda.is_available():
+        caps = sorted({torch.cuda.get_device_capability(i)
+                       for i in range(torch.cuda.device_count())})
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    nvcc = shutil.which("nvcc") or (f"{cuda_home}/bin/nvcc"
+                                    if os.path.exists(f"{cuda_home}/bin/nvcc") else "")
+    try:
+        mpi = subprocess.run(["mpirun", "--version"], capture_output=True, text=True,
+                             timeout=30).stdout.splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        mpi = ""
+    return Facts(
+        torch_version=torch.__version__, torch_cuda=torch.version.cuda, capabilities=caps,
+        torch_cuda_arch_list=os.environ.get("TORCH_CUDA_ARCH_LIST", ""),
+        gxx_major=_major([os.environ.get("CXX", "g++"), "-dumpversion"], r"^(\d+)"),
+        cmake_major=_major(["cmake", "--version"], r"version (\d+)"),
+        nvcc=nvcc, nccl_home=os.environ.get("HOROVOD_NCCL_HOME", os.environ.get("NCCL_HOME", "")),
+        site_packages=[sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+                       *[p for p in sys.path if p.endswith("site-packages")]],
+        mpi_version=mpi,
+        python_tag=f"py{sys.version_info[0]}{sys.version_info[1]}")
+
+
+def cuda_cc_list(f: Facts) -> str:
+    """``HOROVOD_BUILD_CUDA_CC_LIST``: ``TORCH_CUDA_ARCH_LIST`` (``"8.0 9.0+PTX"`` -> ``"80,90"``)
+    when set, else the local GPUs' capabilities (``"90"``), else '' (nvcc's whole list).
+
+    Raises:
+        BuildError: an unreadable ``TORCH_CUDA_ARCH_LIST``.
+    """
+    if f.torch_cuda_arch_list.strip():
+        out = []
+        for item in re.split(r"[;,\s]+", f.torch_cuda_arch_list.strip()):
+            m = re.fullmatch(r"(\d+)\.(\d+)(\+PTX)?", item)
+            if not m:
+                raise BuildError(f"TORCH_CUDA_ARCH_LIST={f.torch_cuda_arch_list!r}: expected "
+                                 "items like 8.0, 9.0 or 9.0+PTX")
+            out.append(f"{m.group(1)}{m.group(2)}")
+        return ",".join(dict.fromkeys(out))
+    return ",".join(f"{a}{b}" for a, b in f.capabilities)
+
+
+def find_nccl(f: Facts) -> tuple[str, str, str]:
+    """(include dir, lib dir, where) of an NCCL installation: ``HOROVOD_NCCL_HOME``, then the
+    ``nvidia-nccl-cu*`` wheel beside torch, then the system folders.
+
+    Raises:
+        BuildError: none found (says what to install or set).
+    """
+    if f.nccl_home:
+        inc, lib = Path(f.nccl_home) / "include", Path(f.nccl_home) / "lib"
+        if not (inc / "nccl.h").exists():
+            raise BuildError(f"HOROVOD_NCCL_HOME={f.nccl_home}: no include/nccl.h there")
+        return str(inc), str(lib), "HOROVOD_NCCL_HOME"
+    for sp in dict.fromkeys(f.site_packages):
+        wheel = Path(sp) / "nvidia" / "nccl"
+        if (wheel / "include" / "nccl.h").exists() and glob.glob(str(wheel / "lib" / "libnccl.so*")):
+            return str(wheel / "include"), str(wheel / "lib"), f"the nvidia-nccl wheel in {sp}"
+    for d in f.system_nccl_dirs:
+        if glob.glob(f"{d}/libnccl.so*"):
+            inc = next((i for i in ("/usr/include", "/usr/local/cuda/include",
+                                    str(Path(d).parent / "include"))
+                        if os.path.exists(f"{i}/nccl.h")), "")
+            if inc:
+                return inc, d, f"the system install in {d}"
+    raise BuildError(
+        "CUDA torch found but no NCCL for Horovod's GPU allreduce: install the NCCL wheel that "
+        f"matches torch's CUDA {f.torch_cuda} (pip install nvidia-nccl-cu{(f.torch_cuda or '12').split('.')[0]}), "
+        "or the system packages (libnccl2 libnccl-dev), or set HOROVOD_NCCL_HOME to a folder with "
+        "include/nccl.h and lib/libnccl.so*")
+
+
+def nccl_version(include_dir: str) -> str:
+    """``"2.28.3"`` from ``nccl.h``'s NCCL_MAJOR/MINOR/PATCH, '' when unreadable."""
+    try:
+        text = (Path(include_dir) / "nccl.h").read_text(errors="replace")
+    except OSError:
+        return ""
+    parts = [re.search(rf"#define NCCL_{k}\s+(\d+)", text) for k in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(m.group(1) for m in parts) if all(parts) else ""
+
+
+def nccl_link_dir(lib_dir: str, work: Path) -> str:
+    """A folder where ``libnccl.so`` exists: ``lib_dir`` itself when it has one, else ``work``
+    with links ``libnccl.so`` and ``libnccl.so.2`` to ``lib_dir``'s ``libnccl.so.2`` (the pip
+    wheel ships only the ``.so.2``; Horovod's FindNCCL looks for ``libnccl.so``)."""
+    if (Path(lib_dir) / "libnccl.so").exists():
+        return lib_dir
+    target = sorted(glob.glob(f"{lib_dir}/libnccl.so.*"))
+    if not target:
+        raise BuildError(f"{lib_dir}: no libnccl.so*")
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("libnccl.so", "libnccl.so.2"):
+        link = work / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(target[0])
+    return str(work)
+
+
+def build_env(f: Facts, work: Path) -> dict[str, str]:
+    """The environment of the Horovod build for ``f`` (``work``: a scratch folder for the NCCL
+    link), plus ``HVD_LM_CACHE_KEY`` (Horovod, torch, CUDA, NCCL, Python and MPI versions).
+
+    Raises:
+        BuildError: a CUDA torch without nvcc or NCCL (naming what to install).
+    """
+    env = {"HOROVOD_WITH_PYTORCH": "1", "HOROVOD_WITH_MPI": "1", "HOROVOD_WITH_GLOO": "1",
+           "HOROVOD_WITHOUT_TENSORFLOW": "1", "HOROVOD_WITHOUT_MXNET": "1"}
+    if f.cmake_major >= 4:
+        env["CMAKE_POLICY_VERSION_MINIMUM"] = "3.5"
+    nccl = ""
+    if f.torch_cuda:
+        if not f.nvcc:
+            raise BuildError(f"torch is a CUDA {f.torch_cuda} build but nvcc was not found: "
+                             "install the CUDA toolkit (or put its bin/ on PATH, or set "
+                             "CUDA_HOME), or use a CPU torch")
+        inc, lib, _ = find_nccl(f)
+        env.update(HOROVOD_GPU_OPERATIONS="NCCL", HOROVOD_NCCL_INCLUDE=inc,
+                   HOROVOD_NCCL_LIB=nccl_link_dir(lib, work / "nccl-lib"),
+                   HOROVOD_NCCL_LINK="SHARED", HOROVOD_CUDA_HOME=str(Path(f.nvcc).parents[1]))
+        cc = cuda_cc_list(f)
+        if cc:
+            env["HOROVOD_BUILD_CUDA_CC_LIST"] = cc
+        nccl = nccl_version(inc) or "unknown"
+    mpi = re.sub(r"[^A-Za-z0-9.]+", "-", f.mpi_version).strip("-") or "nompi"
+    gpu = f"_nccl-{nccl}" if f.torch_cuda else ""  # CPU keys as before: old caches still hit
+    env["HVD_LM_CACHE_KEY"] = (f"horovod-{HOROVOD_VERSION}_torch-{f.torch_version.replace('+', '-')}"
+                               f"_cuda-{f.torch_cuda or 'cpu'}{gpu}_{f.python_tag}_{mpi}")
+    return env
+
+
+#: (file, pattern that must already be there after patching, replacement or insertion).
+_CXX17 = ("set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)")
+_HEADER_INCLUDES = {
+    # upstream PR #3957: the includes g++ 13 no longer brings in transitively
+    "horovod/common/group_table.h": ("#include <string>", "#include <cstdint>"),
+    "horovod/common/common.h": ("#include <stdexcept>", "#include <cstdint>", "#include <string>"),
+}
+
+
+def patch_sources(src: str | Path) -> list[str]:
+    """Patch an unpacked Horovod 0.28.1 sdist for today's toolchains (idempotent); returns the
+    changes made, one line each.
+
+    Raises:
+        BuildError: a file to patch is missing or the patch did not take (another Horovod
+            version?).
+    """
+    src = Path(src)
+    done = []
+    for rel in ("CMakeLists.txt", "horovod/torch/CMakeLists.txt"):
+        p = src / rel
+        if not p.exists():
+            raise BuildError(f"{p}: missing (not a Horovod {HOROVOD_VERSION} source tree?)")
+        text = p.read_text()
+        if _CXX17[0] in text:
+            p.write_text(text.replace(*_CXX17))
+            done.append(f"{rel}: C++14 -> C++17 (PR #3998)")
+        if _CXX17[1] not in p.read_text():
+            raise BuildError(f"{p}: the C++17 patch did not apply")
+    cuda = src / "horovod/common/ops/cuda/CMakeLists.txt"
+    if cuda.exists():
+        text = cuda.read_text()
+        if "CMAKE_CUDA_STANDARD" not in text:
+            cuda.write_text("set(CMAKE_CUDA_STANDARD 17)\nset(CMAKE_CUDA_STANDARD_REQUIRED ON)\n"
+                            + text)
+            done.append("horovod/common/ops/cuda/CMakeLists.txt: CMAKE_CUDA_STANDARD 17")
+        elif re.search(r"CMAKE_CUDA_STANDARD\s+1[14]\b", text):
+            cuda.write_text(re.sub(r"(CMAKE_CUDA_STANDARD\s+)1[14]\b", r"\g<1>17", text))
+            done.append("horovod/common/ops/cuda/CMakeLists.txt: CMAKE_CUDA_STANDARD 17")
+    for rel, includes in _HEADER_INCLUDES.items():
+        p = src / rel
+        if not p.exists():
+            raise BuildError(f"{p}: missing (not a Horovod {HOROVOD_VERSION} source tree?)")
+        text = p.read_text()
+        missing = [i for i in includes if i not in text]
+        if missing:
+            # after the include guard / pragma once, before everything else
+            m = re.search(r"^(#pragma once|#define [A-Z0-9_]+_H\w*)\s*$", text, re.M)
+            at = m.end() + 1 if m else 0
+            text = text[:at] + "\n".join(missing) + "\n" + text[at:]
+            p.write_text(text)
+            done.append(f"{rel}: + {' '.join(missing)} (g++ >= 13, PR #3957)")
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hvd_lm.dist.build env [WORK]`` (print ``export`` lines) or ``patch SRC``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["env"]:
+            work = Path(argv[1] if len(argv) > 1 else os.environ.get("TMPDIR", "/tmp"))
+            for k, v in build_env(probe(), work).items():
+                print(f"export {k}={shlex.quote(v)}")
+            return 0
+        if argv[:1] == ["patch"] and len(argv) == 2:
+            for line in patch_sources(argv[1]):
+                print(f"[horovod] patched {line}")
+            return 0
+    except BuildError as e:
+        print(f"[horovod] ERROR: {e}", file=sys.stderr)
+        return 1
+    print("usage: python -m hvd_lm.dist.build env [WORKDIR] | patch SRCDIR", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
