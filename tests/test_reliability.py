@@ -24,7 +24,8 @@ from tests._mp import REPO, horovodrun_cmd, launch_env, mpirun_cmd, run
 from tests.shardutil import default_shards
 
 TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
-        "--log-every", "1", "--lr", "3e-3", "--threads", "1", "--eval-chars", "2000"]
+        "--log-every", "1", "--lr", "3e-3", "--threads", "1", "--eval-chars", "2000", "--device",
+        "cpu"]
 HVD_LM = [sys.executable, "-m", "hvd_lm"]
 
 
