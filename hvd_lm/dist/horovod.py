@@ -228,16 +228,21 @@ def allreduce_inplace(tensor: torch.Tensor, name: str, op: str = "sum",
         hvd.allreduce_(tensor, op=hop, name=name)
 
 
-def allreduce_group(tensors: list[torch.Tensor], prefix: str, op: str = "average") -> None:
+def allreduce_group(tensors: list[torch.Tensor], prefix: str, op: str = "average",
+                    compression: str = "none") -> None:
     """Allreduce a list of tensors in place the way ``DistributedOptimizer`` does: an
     ``allreduce_async_`` on each (Horovod's background thread fuses what is ready together), then
-    ``synchronize`` on each."""
+    ``synchronize`` on each; ``compression="fp16"`` casts each to float16 around it."""
     hvd = _hvd()
     hop = {"sum": hvd.Sum, "average": hvd.Average}[op]
+    wire = [t.to(torch.float16) for t in tensors] if compression == "fp16" else tensors
     handles = [hvd.allreduce_async_(t, op=hop, name=f"{prefix}.{i}")
-               for i, t in enumerate(tensors)]
+               for i, t in enumerate(wire)]
     for h in handles:
         hvd.synchronize(h)
+    if wire is not tensors:
+        for t, w in zip(tensors, wire):
+            t.copy_(w)
 
 
 def allreduce_max(value: float, name: str) -> float:
