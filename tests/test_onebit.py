@@ -487,18 +487,20 @@ def test_wire_summary_ratios():
 @pytest.mark.slow
 def test_bench_measures_onebit_bytes_20x_below_fp32_and_10x_below_fp16(tmp_path):
     """``hvd-lm bench allreduce --compression none,fp16,onebit`` under horovodrun --gloo (all
-    traffic through TCP): the bytes each rank writes to its sockets, per step of the H=256 mLSTM
-    (1.97 MB of fp32 values) and per 1 MiB tensor, are >= 20x fewer with onebit than fp32 and
-    >= 10x fewer than fp16 (control messages included)."""
+    traffic through TCP): the bytes each rank writes to its sockets, per step of the H=1024
+    mLSTM (23.4 MB of fp32 values) and per 16 MiB tensor, are >= 20x fewer with onebit than fp32
+    and >= 10x fewer than fp16. Horovod's own control messages count too (~1 KB per operation,
+    more while a rank waits for a slower one): on small buffers (H=256, 1 MiB) they can pull the
+    measured ratio below 20x on a busy machine (docs/performance.md section 7.1)."""
     from hvd_lm.perf import results as R
 
     out = tmp_path / "ar.json"
     run([sys.executable, "-m", "hvd_lm", "bench", "allreduce", "--np", "2", "--backends",
          "horovod", "--controllers", "gloo", "--compression", "none,fp16,onebit", "--sizes",
-         "1M", "--iters", "3", "--warmup", "1", "--fusion-mb", "", "--cycle-ms", "",
-         "--groups", "mlstm256", "--json", out], timeout=300, env=launch_env())
+         "16M", "--iters", "3", "--warmup", "1", "--fusion-mb", "", "--cycle-ms", "",
+         "--groups", "mlstm1024", "--json", out], timeout=300, env=launch_env())
     rows = {r["what"]: r for r in R.load_bench_json(out)["wire"]}
-    for what in (1024 * 1024, "mlstm256"):
+    for what in (16 * 1024 * 1024, "mlstm1024"):
         r = rows[what]
         assert r["none_measured"] >= r["none"]  # the payload, plus Horovod's own messages
         assert r["none_over_onebit_measured"] >= 20
