@@ -251,3 +251,68 @@ def test_cli_registers_and_runs(tmp_path, capsys):
 
     rows = json.loads(out.read_text())["predictions"]
     assert [r["n"] for r in rows] == [1, 2, 16]
+
+
+def test_onebit_collectives_by_hand():
+    """alltoall (pairwise exchange), ring allgather and the 1-bit allreduce's wire time."""
+    intra, inter = Link(100.0, 2e-6), Link(10.0, 1e-5)
+    S = 8e6
+    # within a node: (n-1) alpha + (n-1)/n S / beta_intra
+    assert sm.alltoall_time(S, 4, 8, intra, inter) == pytest.approx(3 * 2e-6 + 3 / 4 * S / 100e9)
+    # 2 nodes x 8: each node sends g (n-g)/n S = 8 x 8/16 S = 4 S through its NICs
+    assert sm.alltoall_time(S, 16, 8, intra, inter) == pytest.approx(15 * 1e-5 + 4 * S / 10e9)
+    assert sm.alltoall_time(S, 1, 8, intra, inter) == 0.0
+    assert sm.ring_allgather_time(1e6, 16, 8, intra, inter) == pytest.approx(
+        15 * 1e-5 + 15 * 1e6 / 10e9)
+    assert sm.ring_allgather_time(1e6, 4, 8, intra, inter) == pytest.approx(
+        3 * 2e-6 + 3 * 1e6 / 100e9)
+    numel, n = 1_000_000, 16
+    part = 8 * math.ceil(math.ceil(numel / n) / 8)
+    part_bytes = part // 8 + 4 * math.ceil(part / 2048)
+    assert sm.onebit_allreduce_time(numel, n, 8, intra, inter) == pytest.approx(
+        sm.alltoall_time(n * part_bytes, n, 8, intra, inter)
+        + sm.ring_allgather_time(part_bytes, n, 8, intra, inter))
+
+
+def test_onebit_step_time_by_hand():
+    """Compressed phase: compute + 3 Horovod cycles + 8-byte allreduce + alltoall + allgather +
+    the compression passes, nothing hidden; 1 GPU pays nothing."""
+    params = [("rnn.w", 4_000_000), ("decoder.weight", 96_000)]
+    cfg = _cfg(params=params, compression="onebit", cycle_time_s=2e-3,
+               per_cycle_overhead_s=1e-4, fusion_copy_GBps=100.0, sync_overhead_s=0.01)
+    n, numel = 16, 4_096_000
+    want = (3 * (1e-3 + 1e-4) + sm.allreduce_time(cfg, 8, n)
+            + sm.onebit_allreduce_time(numel, n, 8, cfg.intra, cfg.inter)
+            + sm.ONEBIT_PASSES * 4 * numel / 100e9)
+    r = sm.step_time(cfg, n)
+    assert r["comm_s"] == pytest.approx(want) and r["exposed_comm_s"] == r["comm_s"]
+    assert r["s_per_iter"] == pytest.approx(1.0 + want + 0.01)
+    assert sm.step_time(cfg, 1)["s_per_iter"] == 1.0
+    # on a slow network a 40M-value model communicates less than half as long as the fp16 ring
+    # (8 ranks per node share the NICs in the alltoall: not the 16x of the bytes)
+    big, slow = [("rnn.w", 40_000_000)], dict(inter=Link(1.25, 3e-5))
+    assert (sm.step_time(_cfg(params=big, compression="onebit", **slow), 128)["comm_s"]
+            < sm.step_time(_cfg(params=big, compression="fp16", **slow), 128)["comm_s"] / 2)
+    with pytest.raises(ValueError):
+        _cfg(compression="twobit")
+
+
+def test_onebit_study_and_cli(capsys):
+    r = sm.onebit_study(warmup_fraction=0.2, gpus=(1, 8, 128))
+    rows = {(x["column"], x["gpus"]): x for x in r["rows"]}
+    one = rows[("10 GbE", 128)]
+    # the end-to-end speedup blends warmup (fp16) and compressed steps by time
+    t = 0.2 * one["fp16_s_per_iter"] + 0.8 * one["onebit_s_per_iter"]
+    assert one["onebit_end_to_end_speedup"] == pytest.approx(128 * 0.81 / t)
+    assert one["fp16_speedup"] == pytest.approx(sm.step_time(
+        sm.reference_config(4096, "10gbe", 0.81, sync_overhead_s=r["sync_overhead_s"]),
+        128)["speedup"])
+    assert rows[("10 GbE", 1)]["onebit_speedup"] == 1.0
+    rec = r["recommended"]["10 GbE"]
+    assert rec["batch_per_gpu"] == 256 and rec["speedup"] == max(
+        x["speedup"] for x in r["settings"] if x["column"] == "10 GbE" and x["batch_per_gpu"] == 256)
+    with pytest.raises(ValueError):
+        sm.onebit_study(warmup_fraction=1.5)
+    assert main(["scaling-model", "onebit", "--gpus", "1,128"]) == 0
+    out = capsys.readouterr().out
+    assert "recommended (10 GbE" in out and "IB as published" in out

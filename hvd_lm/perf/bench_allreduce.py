@@ -13,13 +13,26 @@ default) with
   ``HOROVOD_CYCLE_TIME`` 1 ms in 0.28.1) and, for the MPI controller, at each other fusion
   threshold and cycle time asked for (Horovod docs: "Tensor Fusion");
 
+and 1-bit compression (``--compression onebit``): :func:`hvd_lm.dist.horovod.compressed_allreduce`
+(Tang et al. 2021: sign bits packed 8 per byte plus one fp32 scale per ``--onebit-chunk`` values,
+``hvd.alltoall`` + ``hvd.allgather``, error feedback) of the same float32 tensor, its time including
+the compression arithmetic;
+
 and a *grouped* case, closer to training: a list of gradient tensors allreduced together per step
 (``hvd.allreduce_async_`` on each, then ``hvd.synchronize`` on each, op Average: what
 ``hvd.DistributedOptimizer`` does), for the mLSTM's own parameter list
 (:class:`hvd_lm.core.model.LanguageModel`, e.g. hidden size 1024: 8 tensors, 23.4 MB) and a synthetic
 200 x 64 KiB set, where tensor fusion decides how many allreduces are issued. Raw MPI and
 torch.distributed run the same groups twice: one allreduce per tensor, and one allreduce of a
-flat buffer packed and unpacked around it (ideal fusion).
+flat buffer packed and unpacked around it (ideal fusion); with ``onebit`` Horovod also runs the
+group as one flat compressed allreduce (mode ``onebit``: what 1-bit Adam sends per step).
+
+**Bytes on the wire** per operation and rank, for every Horovod record: ``wire_bytes`` from the
+buffers handed to the collectives (ring allreduce 2(n-1)/n of the payload, fp16 half of it; 1-bit:
+:meth:`hvd_lm.dist.onebit.Layout.wire_bytes`) and, with the Gloo controller (``horovodrun
+--gloo``: every byte goes through a TCP socket), ``wire_bytes_measured``: the growth of the rank's
+``wchar`` in ``/proc/self/io`` (bytes passed to write/send system calls) over the timed loop,
+per operation. The report prints both, and none/fp16 over onebit side by side.
 
 Reported per size: mean time per operation (max over ranks; with ``--repeats R`` the median of R
 launches run round robin), algorithm bandwidth
@@ -55,6 +68,7 @@ from hvd_lm.core.units import KIB, MIB, parse_bytes
 from hvd_lm.dist import horovod as dist
 from hvd_lm.dist.horovod import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.dist.launcher import horovodrun_argv, local_mpi_env, mpirun_argv
+from hvd_lm.dist.onebit import DEFAULT_CHUNK, ErrorFeedback, Layout, ring_allreduce_wire_bytes
 from hvd_lm.perf.baselines import MpiComm, TorchGlooComm
 from hvd_lm.perf.results import (busbw_factor, derive, fit_records, median_over_repeats,
                                  ratios_to_mpi)
@@ -136,7 +150,12 @@ class AllreduceConfig:
     controllers: list[str] = option(default_factory=lambda: ["mpi", "gloo"],
                                     help="Horovod controllers", choices=("mpi", "gloo"))
     compressions: list[str] = option(default_factory=lambda: ["none", "fp16"],
-                                     help="Horovod compressions", choices=("none", "fp16"))
+                                     help="Horovod compressions (onebit: 1-bit compressed "
+                                     "allreduce with error feedback)",
+                                     choices=("none", "fp16", "onebit"),
+                                     aliases=("--compression",))
+    onebit_chunk: int = option(DEFAULT_CHUNK, "onebit: values per fp32 scale (0 = one per "
+                               "rank's part)", ge=0)
     fusion_mb: list[float] = option(default_factory=lambda: [0.0, 64.0], help="extra "
                                     "HOROVOD_FUSION_THRESHOLD values, MiB (MPI controller; the "
                                     "default 128 MiB always runs)", ge=0)
@@ -161,7 +180,9 @@ class AllreduceWorkerConfig:
     iters: int = option(20, "timed iterations per size", ge=1)
     warmup: int = option(2, "untimed iterations first", ge=0)
     compressions: list[str] = option(default_factory=lambda: ["none", "fp16"],
-                                     help="Horovod compressions", choices=("none", "fp16"))
+                                     help="Horovod compressions",
+                                     choices=("none", "fp16", "onebit"))
+    onebit_chunk: int = option(DEFAULT_CHUNK, "onebit: values per fp32 scale", ge=0)
     groups: list[str] = option(default_factory=list, help="grouped cases")
 
 
@@ -174,14 +195,25 @@ class HorovodComm:
         ctx = dist.init()  # Horovod: init (knobs from the environment of this launch)
         self.rank, self.size = ctx.rank, ctx.size
         self.controller = dist.controller()
+        #: name -> 1-bit error buffers (see :meth:`onebit_errors`)
+        self.errors: dict[str, ErrorFeedback] = {}
+
+    def onebit_errors(self, name: str, numel: int, chunk: int) -> None:
+        """Create the error buffers the compressed allreduce ``name`` of ``numel`` values uses."""
+        self.errors[name] = ErrorFeedback(Layout(numel, self.size, chunk), self.rank)
 
     def allreduce(self, t: torch.Tensor, compression: str = "none", name: str = "") -> None:
-        """In-place sum-allreduce (fp16: cast around it, as ``Compression.fp16``)."""
-        dist.allreduce_inplace(t, name, "sum", compression)
+        """In-place sum-allreduce (fp16: cast around it, as ``Compression.fp16``); ``onebit``: the
+        compressed allreduce (an average, with this tensor's error buffers, kept per name)."""
+        if compression == "onebit":
+            t.copy_(dist.compressed_allreduce(t.view(-1), self.errors[name], name))
+        else:
+            dist.allreduce_inplace(t, name, "sum", compression)
 
-    def allreduce_group(self, tensors: list[torch.Tensor], prefix: str = "bench.g") -> None:
+    def allreduce_group(self, tensors: list[torch.Tensor], prefix: str = "bench.g",
+                        compression: str = "none") -> None:
         """``allreduce_async_`` on each, then ``synchronize`` (as DistributedOptimizer)."""
-        dist.allreduce_group(tensors, prefix, "average")
+        dist.allreduce_group(tensors, prefix, "average", compression)
 
     def max(self, x: float) -> float:
         """Maximum over ranks."""
@@ -214,32 +246,64 @@ def _single(comm, t: torch.Tensor, compression: str, name: str) -> None:
         comm.allreduce(t)
 
 
+def _bytes(comp: str, numel: int, n: int, args, measured: bool, wrote: float | None) -> dict:
+    """The record's bytes on the wire per operation: computed, and measured when ``measured``."""
+    return {"wire_bytes": wire_bytes(comp, numel, n, args.onebit_chunk),
+            "wire_bytes_measured": wrote if measured else None}
+
+
 def _grouped(comm, tensors: list[torch.Tensor], mode: str, flat: torch.Tensor,
              prefix: str) -> None:
-    """``async``: each tensor issued together, then waited for; ``flat``: packed into one buffer,
-    one allreduce, unpacked (ideal fusion)."""
-    if mode == "flat":
+    """``async``: each tensor issued together, then waited for (``async+fp16``: cast to fp16
+    around it); ``flat``: packed into one buffer, one allreduce, unpacked (ideal fusion);
+    ``onebit``: packed, one compressed allreduce (1-bit Adam's momentum exchange), unpacked."""
+    if mode in ("flat", "onebit"):
         torch.cat([t.view(-1) for t in tensors], out=flat)
-        _single(comm, flat, "none", f"{prefix}.flat")
+        _single(comm, flat, "none" if mode == "flat" else "onebit", f"{prefix}.flat")
         off = 0
         for t in tensors:
             t.view(-1).copy_(flat[off:off + t.numel()])
             off += t.numel()
     elif isinstance(comm, HorovodComm):
-        comm.allreduce_group(tensors, prefix)
+        comm.allreduce_group(tensors, prefix, "fp16" if mode == "async+fp16" else "none")
     else:
         comm.allreduce_group(tensors)
 
 
-def _time(comm, fn, iters: int, warmup: int) -> float:
-    """Mean seconds per call of ``fn`` over ``iters`` calls after ``warmup``; max over ranks."""
+def written_bytes() -> int | None:
+    """This process's ``wchar`` from ``/proc/self/io`` (bytes handed to write/send system calls,
+    sockets included; proc(5)), or None where there is no such file."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _time(comm, fn, iters: int, warmup: int) -> tuple[float, float | None]:
+    """(mean seconds per call of ``fn`` over ``iters`` calls after ``warmup``, max over ranks;
+    this rank's written bytes per call over the same calls, or None)."""
     for _ in range(warmup):
         fn()
     comm.max(0.0)  # barrier
+    w0 = written_bytes()
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
-    return comm.max((time.perf_counter() - t0) / iters)
+    sec = time.perf_counter() - t0
+    w1 = written_bytes()
+    return comm.max(sec / iters), (None if w0 is None or w1 is None else (w1 - w0) / iters)
+
+
+def wire_bytes(compression: str, numel: int, n: int, chunk: int) -> int:
+    """Bytes one rank sends per operation on ``numel`` float32 values: ring allreduce (fp16: 2
+    bytes per value) or the 1-bit compressed allreduce."""
+    if compression == "onebit":
+        return Layout(numel, n, chunk).wire_bytes()
+    return ring_allreduce_wire_bytes(numel * (2 if compression == "fp16" else 4), n)
 
 
 def worker(args: AllreduceWorkerConfig) -> int:
@@ -256,13 +320,18 @@ def worker(args: AllreduceWorkerConfig) -> int:
                                                        HOROVOD_DEFAULT_CYCLE_MS))}
     compressions = list(args.compressions) if args.backend == "horovod" else ["none"]
     records = []
+    measured = args.backend == "horovod" and comm.controller == "gloo"  # all traffic via TCP
     for size in parse_sizes(args.sizes) if args.sizes else []:
-        t = torch.zeros(size // 4)
+        t = torch.randn(size // 4, generator=torch.Generator().manual_seed(comm.rank))
         k = iters_for(size, args.iters)
         for comp in compressions:
-            sec = _time(comm, lambda: _single(comm, t, comp, f"bench.s{size}"), k, args.warmup)
+            name = f"bench.s{size}.{comp}"
+            if comp == "onebit":
+                comm.onebit_errors(name, t.numel(), args.onebit_chunk)
+            sec, wrote = _time(comm, lambda: _single(comm, t, comp, name), k, args.warmup)
             records.append(base | {"case": "single", "compression": comp, "size_bytes": size,
-                                   "iters": k, "time_s": sec})
+                                   "iters": k, "time_s": sec}
+                           | _bytes(comp, t.numel(), n, args, measured, wrote))
         del t
     for spec in args.groups:
         numels = group_tensor_numels(spec)
@@ -271,12 +340,20 @@ def worker(args: AllreduceWorkerConfig) -> int:
         flat = torch.zeros(sum(numels))
         k = iters_for(total, args.iters)
         modes = ["async"] if args.backend == "horovod" else ["async", "flat"]
+        if args.backend == "horovod" and "fp16" in compressions and "onebit" in compressions:
+            modes.append("async+fp16")  # the fp16 baseline of the per-step byte comparison
+        if args.backend == "horovod" and "onebit" in compressions:
+            modes.append("onebit")
+            comm.onebit_errors(f"bench.{spec}.flat", flat.numel(), args.onebit_chunk)
         for mode in modes:
-            sec = _time(comm, lambda: _grouped(comm, tensors, mode, flat, f"bench.{spec}"), k,
-                        args.warmup)
+            sec, wrote = _time(comm, lambda: _grouped(comm, tensors, mode, flat, f"bench.{spec}"),
+                               k, args.warmup)
+            comp = {"onebit": "onebit", "async+fp16": "fp16"}.get(mode, "none")
             records.append(base | {"case": "grouped", "group": spec, "mode": mode,
-                                   "tensors": len(numels), "compression": "none",
-                                   "size_bytes": total, "iters": k, "time_s": sec})
+                                   "tensors": len(numels), "compression": comp,
+                                   "size_bytes": total, "iters": k, "time_s": sec}
+                           | (_bytes(comp, flat.numel(), n, args, measured, wrote)
+                              if args.backend == "horovod" else {}))
     if comm.rank == 0:
         print("RESULT " + json.dumps(records), flush=True)
     comm.close()
@@ -379,6 +456,7 @@ def print_report(data: dict) -> None:
         for label, f in data["fits"].items():
             print(f"{label:34} {f['intercept_s'] * 1e6:>11.1f} {f['alpha_s'] * 1e6:>10.1f} "
                   f"{f['beta_GBps']:>11.2f} {f['max_rel_error']:>11.1%}")
+    _wire_table(recs)
     grouped = [r for r in recs if r["case"] == "grouped"]
     if grouped:
         print("\ngrouped gradients per step (Horovod: allreduce_async_ + synchronize, op Average)")
@@ -388,6 +466,49 @@ def print_report(data: dict) -> None:
             print(f"{r['group']:22} {r['label']:34} {r['mode']:6} {r['tensors']:>7} "
                   f"{r['size_bytes'] / 1e6:>7.2f} {r['time_s'] * 1e3:>9.3f} "
                   f"{r['busbw_GBps']:>10.2f}")
+
+
+def wire_summary(records: list[dict]) -> list[dict]:
+    """Per controller and single size / group: bytes on the wire per rank for none, fp16 and
+    onebit (computed and measured) and the ratios none / onebit and fp16 / onebit."""
+    rows: dict[tuple, dict] = {}
+    for r in records:
+        if r.get("wire_bytes") is None or r.get("backend") != "horovod" or " " in r["label"]:
+            continue  # fusion / cycle-time variants repeat their defaults' bytes
+        key = (r["label"].split("+")[0], r["case"], r.get("group") or r["size_bytes"])
+        row = rows.setdefault(key, {"controller": key[0], "case": r["case"], "what": key[2]})
+        row[r["compression"]] = r["wire_bytes"]
+        row[r["compression"] + "_measured"] = r.get("wire_bytes_measured")
+    out = []
+    for row in rows.values():
+        if row.get("onebit"):
+            for comp in ("none", "fp16"):
+                for suffix in ("", "_measured"):
+                    a, b = row.get(comp + suffix), row.get("onebit" + suffix)
+                    if a and b:
+                        row[f"{comp}_over_onebit{suffix}"] = a / b
+        out.append(row)
+    return out
+
+
+def _wire_table(records: list[dict]) -> None:
+    rows = wire_summary(records)
+    if not any("onebit" in r for r in rows):
+        return
+    print("\nbytes on the wire per operation and rank (computed from the buffers; measured: "
+          "/proc/self/io wchar, Gloo controller)")
+    print(f"{'controller':10} {'size/group':>17} {'none':>11} {'fp16':>11} {'onebit':>10} "
+          f"{'none/1bit':>9} {'fp16/1bit':>9} {'measured none/fp16/onebit':>32} "
+          f"{'ratios':>12}")
+    for r in rows:
+        what = r["what"] if isinstance(r["what"], str) else human_bytes(r["what"])
+        meas = "/".join(f"{r[c + '_measured']:.0f}" if r.get(c + "_measured") else "-"
+                        for c in ("none", "fp16", "onebit"))
+        ratios = "/".join(f"{r[c]:.1f}" for c in ("none_over_onebit_measured",
+                                                   "fp16_over_onebit_measured") if c in r)
+        print(f"{r['controller']:10} {what:>17} {r.get('none', 0):>11} {r.get('fp16', 0):>11} "
+              f"{r.get('onebit', 0):>10} {r.get('none_over_onebit', 0):>9.1f} "
+              f"{r.get('fp16_over_onebit', 0):>9.1f} {meas:>32} {ratios:>12}")
 
 
 def run_allreduce_bench(args: AllreduceConfig) -> dict:
@@ -402,7 +523,7 @@ def run_allreduce_bench(args: AllreduceConfig) -> dict:
             szs = variant_sizes if conf.get("variant") else sizes
             wcfg = AllreduceWorkerConfig(conf["backend"], ",".join(map(str, szs)), args.iters,
                                          args.warmup, list(args.compressions),
-                                         list(args.groups))
+                                         args.onebit_chunk, list(args.groups))
             argv = ["-m", "hvd_lm.perf.bench_allreduce", *configlib.to_argv(wcfg)]
             extra = dict(conf["env"])
             if conf["backend"] == "torch_gloo":
@@ -414,12 +535,14 @@ def run_allreduce_bench(args: AllreduceConfig) -> dict:
             print(f"  {conf['label']} (repeat {rep}): {len(recs)} records in "
                   f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
             for r in recs:
-                r["label"] = conf["label"] + ("+fp16" if r.get("compression") == "fp16" else "")
+                comp = r.get("compression", "none")
+                r["label"] = conf["label"] + (f"+{comp}" if comp != "none" else "")
             records += recs
     records = median_over_repeats(records)
     derive(records)
     return {"ranks": args.np, "repeats": args.repeats, "sizes": sizes, "records": records,
             "fits": fit_records(records),
+            "wire": wire_summary(records),
             "ratios_to_mpi": ratios_to_mpi(records),
             "horovod_defaults": {"fusion_threshold_bytes": HOROVOD_DEFAULT_FUSION_BYTES,
                                  "cycle_time_ms": HOROVOD_DEFAULT_CYCLE_MS},

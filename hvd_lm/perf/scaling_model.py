@@ -25,6 +25,13 @@ Per training step (weak scaling: the per-GPU batch is fixed) on n GPUs, g per no
   cycle) waits on average half a ``HOROVOD_CYCLE_TIME`` for the next cycle, plus the coordinator's
   negotiation (a bit-vector allreduce, 2 ceil(log2 n) latencies) and Horovod's per-cycle overhead.
 * fp16 compression: 2 bytes per gradient value on the wire instead of 4.
+* 1-bit compression (``compression="onebit"``: the compressed phase of 1-bit Adam / 1-bit LAMB,
+  Tang et al. 2021, :func:`hvd_lm.dist.horovod.compressed_allreduce`): no gradient allreduce;
+  after the backward pass the momentum, packed as :class:`hvd_lm.dist.onebit.Layout` packs it
+  (N/8 sign bytes + 4 bytes per ``onebit_chunk`` values, S_c = n x part bytes), goes through an
+  ``alltoall`` and a ring ``allgather`` of 1/n of that each (:func:`onebit_allreduce_time`), plus
+  a tiny allreduce of the gradient norm; three Horovod cycles; the compression arithmetic is
+  ``ONEBIT_PASSES`` passes over the fp32 momentum at the device copy rate. Nothing overlaps.
 * Compute/communication overlap, from backward order: the decoder's gradient is final right after
   the output layer's backward, before BPTT, so its allreduce can run during BPTT (a window of
   ``backward_fraction x t_comp``); the recurrent weights (``w_mh``, ``w_h``) accumulate over all T
@@ -62,6 +69,7 @@ from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, option
 from hvd_lm.core.model import mlstm_parameters
 from hvd_lm.core.units import GB, MIB
+from hvd_lm.dist.onebit import DEFAULT_CHUNK, Layout
 from hvd_lm.perf.results import fit_alpha_beta, load_bench_json
 from hvd_lm.perf.scaling_report import REFERENCE
 
@@ -177,6 +185,61 @@ def hierarchical_allreduce_time(nbytes: float, n: int, gpus_per_node: int, intra
     return 2 * half + cross + stage
 
 
+def alltoall_time(nbytes: float, n: int, gpus_per_node: int, intra: Link, inter: Link,
+                  bandwidth_factor: float = 1.0) -> float:
+    """Pairwise-exchange alltoall of a ``nbytes`` buffer per rank (each rank sends nbytes/n to
+    each of the n - 1 others in n - 1 steps; Thakur et al. 2005), seconds:
+    ``(n-1) alpha + max(intra term, inter term)``. Within a node the intra term is
+    ``(n-1)/n S / beta_intra`` (per GPU). Across nodes every rank sends ``(n-g)/n S`` to other
+    nodes through its node's NICs, shared by the g local ranks: ``g (n-g)/n S / beta_inter``
+    (per node), while the ``(g-1)/n S`` for local peers go over the intra-node links at the same
+    time. Unlike a ring, whose every node carries about 2 S, an alltoall sends g times more per
+    node across the network than it would with one rank per node. 0 for n = 1."""
+    _check_topology(n, gpus_per_node)
+    if n == 1:
+        return 0.0
+    g = min(n, gpus_per_node)
+    if n <= gpus_per_node:
+        return (n - 1) * intra.latency_s + (n - 1) / n * nbytes * bandwidth_factor / intra.beta
+    local = (g - 1) / n * nbytes * bandwidth_factor / intra.beta
+    remote = g * (n - g) / n * nbytes * bandwidth_factor / inter.beta
+    return (n - 1) * max(intra.latency_s, inter.latency_s) + max(local, remote)
+
+
+def ring_allgather_time(part_bytes: float, n: int, gpus_per_node: int, intra: Link, inter: Link,
+                        bandwidth_factor: float = 1.0) -> float:
+    """Ring allgather of one ``part_bytes`` part per rank, seconds: ``(n-1) alpha + (n-1)
+    part / beta``, with the flat ring's slowest link across nodes (as :func:`flat_ring_time`:
+    each node's NICs carry (n-1) parts). 0 for n = 1."""
+    _check_topology(n, gpus_per_node)
+    if n == 1:
+        return 0.0
+    if n <= gpus_per_node:
+        lat, beta = intra.latency_s, intra.beta
+    else:
+        lat, beta = max(intra.latency_s, inter.latency_s), min(intra.beta, inter.beta)
+    return (n - 1) * lat + (n - 1) * part_bytes * bandwidth_factor / beta
+
+
+def onebit_allreduce_time(numel: int, n: int, gpus_per_node: int, intra: Link, inter: Link,
+                          chunk: int = DEFAULT_CHUNK, bandwidth_factor: float = 1.0) -> float:
+    """The wire part of one 1-bit compressed allreduce of ``numel`` values on n GPUs, seconds:
+    :func:`alltoall_time` of the packed buffer (n parts of ``Layout.part_bytes``) plus
+    :func:`ring_allgather_time` of one part (without the compression arithmetic and Horovod's
+    cycles, which :func:`step_time` adds)."""
+    lay = Layout(numel, n, chunk)
+    return (alltoall_time(n * lay.part_bytes, n, gpus_per_node, intra, inter, bandwidth_factor)
+            + ring_allgather_time(lay.part_bytes, n, gpus_per_node, intra, inter,
+                                  bandwidth_factor))
+
+
+#: Passes over the fp32 momentum (4 bytes per value, read or written) the compressed allreduce's
+#: arithmetic makes on a GPU, memory-bound (assumption): worker error add, norms, sign packing,
+#: error update, the server's decode and mean (over n parts of N/n), its error update, and the
+#: final decode.
+ONEBIT_PASSES = 8
+
+
 def _check_topology(n: int, g: int) -> None:
     if n < 1 or g < 1:
         raise ValueError(f"need >= 1 GPU and >= 1 GPU per node, got n={n}, g={g}")
@@ -244,7 +307,9 @@ class ScalingConfig:
         compute_time_s: 1-GPU compute time per step at ``ref_batch`` (s/iter, measured).
         params: (name, element count) of the gradients (:func:`mlstm_parameters`).
         grad_bytes: bytes per gradient value before compression (4 fp32, 2 fp16 training).
-        compression: "none" or "fp16" (2 bytes per value on the wire).
+        compression: "none", "fp16" (2 bytes per value on the wire) or "onebit" (the compressed
+            phase of 1-bit Adam / LAMB: :func:`onebit_allreduce_time` of the momentum).
+        onebit_chunk: values per fp32 scale with "onebit".
         batch_per_gpu / ref_batch: per-GPU batch, and the batch ``compute_time_s`` was measured at.
         gpus_per_node: g.
         intra / inter: the links (:class:`Link`).
@@ -267,6 +332,7 @@ class ScalingConfig:
     params: list
     grad_bytes: int = 4
     compression: str = "fp16"
+    onebit_chunk: int = DEFAULT_CHUNK
     batch_per_gpu: int = 256
     ref_batch: int = 256
     gpus_per_node: int = 8
@@ -286,8 +352,9 @@ class ScalingConfig:
     def __post_init__(self) -> None:
         if not self.compute_time_s > 0:
             raise ValueError(f"compute time must be > 0 s, got {self.compute_time_s}")
-        if self.compression not in ("none", "fp16"):
-            raise ValueError(f"compression must be 'none' or 'fp16', got {self.compression!r}")
+        if self.compression not in ("none", "fp16", "onebit"):
+            raise ValueError("compression must be 'none', 'fp16' or 'onebit', got "
+                             f"{self.compression!r}")
         if self.algorithm not in ("ring", "hierarchical"):
             raise ValueError(f"algorithm must be 'ring' or 'hierarchical', got {self.algorithm!r}")
         if self.batch_per_gpu < 1 or self.ref_batch < 1:
@@ -298,8 +365,10 @@ class ScalingConfig:
             raise ValueError(f"grad_bytes must be 2 or 4, got {self.grad_bytes}")
 
     @property
-    def wire_bytes_per_value(self) -> int:
-        """Bytes per gradient value on the wire."""
+    def wire_bytes_per_value(self) -> float:
+        """Bytes per gradient value on the wire (onebit: 1/8 + 4 / chunk)."""
+        if self.compression == "onebit":
+            return 1 / 8 + 4 / (self.onebit_chunk or 1 << 30)
         return 2 if self.compression == "fp16" else self.grad_bytes
 
     @property
@@ -351,6 +420,8 @@ def step_time(cfg: ScalingConfig, n: int) -> dict:
     if n < 1:
         raise ValueError(f"GPU count must be >= 1, got {n}")
     tc = cfg.compute_s
+    if cfg.compression == "onebit":
+        return _onebit_step(cfg, n)
     early, late = split_by_readiness(cfg.params)
     w = cfg.wire_bytes_per_value
     eb, lb = [w * m for _, m in early], [w * m for _, m in late]
@@ -366,6 +437,29 @@ def step_time(cfg: ScalingConfig, n: int) -> dict:
             "overlappable_fraction": overlappable_fraction(cfg.params),
             "buffers": (fused_buffer_count(eb, cfg.fusion_threshold_bytes)
                         + fused_buffer_count(lb, cfg.fusion_threshold_bytes)) if n > 1 else 0}
+
+
+def _onebit_step(cfg: ScalingConfig, n: int) -> dict:
+    """:func:`step_time` in the compressed phase of 1-bit Adam / LAMB (see the module)."""
+    tc, numel = cfg.compute_s, sum(m for _, m in cfg.params)
+    comm = 0.0
+    if n > 1:
+        lat = max(cfg.intra.latency_s, cfg.inter.latency_s if n > cfg.gpus_per_node else 0.0)
+        cycle = cfg.cycle_time_s / 2 + cfg.per_cycle_overhead_s
+        if cfg.negotiation:
+            cycle += 2 * math.ceil(math.log2(n)) * lat
+        comm = (3 * cycle  # gradient-norm allreduce, alltoall, allgather: one cycle each
+                + allreduce_time(cfg, 8, n)
+                + onebit_allreduce_time(numel, n, cfg.gpus_per_node, cfg.intra, cfg.inter,
+                                        cfg.onebit_chunk, cfg.bandwidth_factor))
+        if cfg.fusion_copy_GBps:
+            comm += ONEBIT_PASSES * 4 * numel / (cfg.fusion_copy_GBps * GB)
+    sync = cfg.sync_overhead_s if n > 1 else 0.0
+    t = tc + comm + sync
+    speedup = n * tc / t
+    return {"n": n, "s_per_iter": t, "compute_s": tc, "comm_s": comm, "exposed_comm_s": comm,
+            "hidden_comm_s": 0.0, "sync_s": sync, "speedup": speedup, "efficiency": speedup / n,
+            "overlappable_fraction": 0.0, "buffers": 2 if n > 1 else 0}
 
 
 def predict(cfg: ScalingConfig, gpus: Sequence[int] = (1, 8, 16, 32, 64, 128)) -> list[dict]:
@@ -606,6 +700,69 @@ def recommend(calibration: Calibration | None = None, sync_overhead_s: float | N
     return out
 
 
+def onebit_study(calibration: Calibration | None = None, sync_overhead_s: float | None = None,
+                 gpus: Sequence[int] = (1, 8, 16, 32, 64, 128), warmup_fraction: float = 0.15,
+                 chunk: int = DEFAULT_CHUNK, n_recommend: int = 128) -> dict:
+    """1-bit Adam / LAMB against the reference's fp16 gradient allreduce on the talk's columns
+    (4096-d mLSTM, DGX-1V, batch 256 per GPU, t(1) = 0.81 s): ``10 GbE`` (the "w/o I.band" column,
+    which the model reproduces within 2.3%), ``IB as published`` (InfiniBand at the effective
+    per-node bandwidth behind their 0.91 s/iter at 128 GPUs) and ``IB wire`` (4 x EDR).
+
+    Per column and GPU count: the fp16 model's speedup, the compressed phase's, and the
+    end-to-end speedup with ``warmup_fraction`` of the steps in the warmup (fp16 gradient
+    allreduce): ``t = f t_fp16 + (1 - f) t_onebit``. Then, at ``n_recommend`` GPUs, settings of
+    compression x batch per GPU, and the recommended one: the fastest at the reference's batch
+    (256 per GPU, 32k global: larger batches converged worse in the reference, see its LR table).
+
+    Raises:
+        ValueError: ``warmup_fraction`` outside [0, 1].
+    """
+    if not 0 <= warmup_fraction <= 1:
+        raise ValueError(f"warmup fraction must be in [0, 1], got {warmup_fraction}")
+    if sync_overhead_s is None:
+        sync_overhead_s = calibrate_sync_overhead(calibration)
+    bw_eff = effective_inter_bandwidth(sync_overhead_s=sync_overhead_s, calibration=calibration)
+    columns = {"10 GbE": DGX1V_LINKS["10gbe"],
+               "IB as published": replace(DGX1V_LINKS["ib"], bandwidth_GBps=bw_eff),
+               "IB wire": DGX1V_LINKS["ib"]}
+
+    def cfg(inter: Link, **kw) -> ScalingConfig:
+        return reference_config(4096, inter, 0.81, calibration, sync_overhead_s=sync_overhead_s,
+                                onebit_chunk=chunk, **kw)
+
+    def blended(fp16: dict, onebit: dict, n: int) -> float:
+        t = warmup_fraction * fp16["s_per_iter"] + (1 - warmup_fraction) * onebit["s_per_iter"]
+        return n * fp16["compute_s"] / t
+
+    rows = []
+    for col, inter in columns.items():
+        for n in gpus:
+            f16, one = step_time(cfg(inter), n), step_time(cfg(inter, compression="onebit"), n)
+            rows.append({"column": col, "gpus": n, "fp16_s_per_iter": f16["s_per_iter"],
+                         "fp16_speedup": f16["speedup"], "onebit_s_per_iter": one["s_per_iter"],
+                         "onebit_comm_s": one["comm_s"], "fp16_comm_s": f16["exposed_comm_s"],
+                         "onebit_speedup": one["speedup"],
+                         "onebit_end_to_end_speedup": blended(f16, one, n)})
+    settings = []
+    for col, inter in columns.items():
+        for comp in ("fp16", "onebit"):
+            for batch in (256, 512, 1024):
+                f16 = step_time(cfg(inter, batch_per_gpu=batch), n_recommend)
+                r = step_time(cfg(inter, compression=comp, batch_per_gpu=batch), n_recommend)
+                speed = r["speedup"] if comp == "fp16" else blended(f16, r, n_recommend)
+                settings.append({"column": col, "compression": comp, "batch_per_gpu": batch,
+                                 "global_batch": batch * n_recommend, "speedup": speed,
+                                 "compressed_phase_speedup": r["speedup"]})
+    recommended = {}
+    for col in columns:
+        at_ref = [x for x in settings if x["column"] == col and x["batch_per_gpu"] == 256]
+        recommended[col] = max(at_ref, key=lambda x: x["speedup"])
+    return {"sync_overhead_s": sync_overhead_s, "effective_inter_GBps": bw_eff,
+            "warmup_fraction": warmup_fraction, "chunk": chunk, "rows": rows,
+            "settings": settings, "recommended": recommended, "n": n_recommend,
+            "published": {"10 GbE": 92.6, "IB as published": 109.0, "IB wire": 109.0}}
+
+
 def plot_validation(result: dict, path: str | Path) -> None:
     """PNG (matplotlib, Agg) of published vs predicted s/iter and speedup per column."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -664,6 +821,28 @@ def _print_validation(v: dict) -> None:
               f"{s['pure_max_abs_error']:.1%})")
 
 
+def _print_onebit(r: dict) -> None:
+    print(f"4096-d mLSTM, DGX-1V, batch 256/GPU; t_sync {r['sync_overhead_s'] * 1e3:.1f} ms; "
+          f"1-bit: {r['chunk']} values per scale, {r['warmup_fraction']:.0%} of steps in the "
+          f"fp16 warmup; IB as published = {r['effective_inter_GBps']:.2f} GB/s per node")
+    print(f"{'column':16} {'GPUs':>4} {'fp16 s/it':>9} {'speedup':>8} {'1-bit s/it':>10} "
+          f"{'speedup':>8} {'end-to-end':>10} {'comm fp16 ms':>12} {'comm 1-bit ms':>13}")
+    for x in r["rows"]:
+        print(f"{x['column']:16} {x['gpus']:>4} {x['fp16_s_per_iter']:>9.3f} "
+              f"{x['fp16_speedup']:>8.1f} {x['onebit_s_per_iter']:>10.3f} "
+              f"{x['onebit_speedup']:>8.1f} {x['onebit_end_to_end_speedup']:>10.1f} "
+              f"{x['fp16_comm_s'] * 1e3:>12.1f} {x['onebit_comm_s'] * 1e3:>13.1f}")
+    print(f"\nat {r['n']} GPUs (1-bit speedups end to end, warmup included):")
+    print(f"{'column':16} {'compression':>11} {'batch/GPU':>9} {'global':>7} {'speedup':>8} "
+          f"{'published':>9}")
+    for x in r["settings"]:
+        print(f"{x['column']:16} {x['compression']:>11} {x['batch_per_gpu']:>9} "
+              f"{x['global_batch']:>7} {x['speedup']:>8.1f} {r['published'][x['column']]:>9}")
+    for col, x in r["recommended"].items():
+        print(f"recommended ({col}, the reference's 32k batch): {x['compression']} "
+              f"-> {x['speedup']:.1f}x")
+
+
 def run(args: "ScalingModelConfig") -> int:
     """Print (and with ``--json`` write) the predictions, the validation or the recommendations;
     1 with one ``ERROR:`` line on a bad calibration file or setting."""
@@ -688,7 +867,8 @@ def run(args: "ScalingModelConfig") -> int:
                     else calibrate_sync_overhead(cal))
             cfg = ScalingConfig(
                 compute_time_s=args.compute_time, params=params, grad_bytes=args.grad_bytes,
-                compression=args.compression, batch_per_gpu=args.batch_per_gpu or args.ref_batch,
+                compression=args.compression, onebit_chunk=args.onebit_chunk,
+                batch_per_gpu=args.batch_per_gpu or args.ref_batch,
                 ref_batch=args.ref_batch, gpus_per_node=args.gpus_per_node, intra=intra,
                 inter=inter, algorithm=args.algorithm,
                 staging_GBps=args.staging_bw or None,
@@ -714,6 +894,11 @@ def run(args: "ScalingModelConfig") -> int:
             if args.plot:
                 plot_validation(v, args.plot)
                 print(f"plot: {args.plot}")
+        elif args.mode == "onebit":
+            r = onebit_study(cal, args.sync_overhead, list(args.gpus),
+                             args.onebit_warmup_fraction, args.onebit_chunk)
+            _print_onebit(r)
+            out["onebit"] = r
         else:
             r = recommend(cal)
             print(f"{r['n']} GPUs, 4096-d, DGX-1V + IB; published speedup {r['published_speedup']}x"
@@ -740,8 +925,9 @@ class ScalingModelConfig:
     """Settings of ``hvd-lm scaling-model {predict,validate,recommend}``."""
 
     mode: str = option("predict", "predict s/iter on 1-128 GPUs, validate against the reference "
-                       "table, or recommend settings at 128 GPUs", positional=True,
-                       choices=("predict", "validate", "recommend"))
+                       "table, recommend settings at 128 GPUs, or onebit: 1-bit Adam/LAMB vs "
+                       "fp16 on the talk's 10 GbE and IB columns", positional=True,
+                       choices=("predict", "validate", "recommend", "onebit"))
     hidden_size: int = option(4096, "mLSTM width H", ge=1)
     embed_dim: int = option(64, "byte embedding width", ge=1)
     params: int = option(0, "parameter count instead of H (then no overlap is assumed)", ge=0)
@@ -761,8 +947,12 @@ class ScalingModelConfig:
     staging_bw: float = option(0.0, "hierarchical host staging GB/s (0: none)", ge=0)
     grad_bytes: int = option(2, "bytes per gradient value (2: mixed-precision training)",
                              choices=(2, 4))
-    compression: str = option("fp16", "gradient compression on the wire",
-                              choices=("none", "fp16"))
+    compression: str = option("fp16", "gradient compression on the wire (onebit: the "
+                              "compressed phase of 1-bit Adam/LAMB)",
+                              choices=("none", "fp16", "onebit"))
+    onebit_chunk: int = option(DEFAULT_CHUNK, "onebit: values per fp32 scale", ge=0)
+    onebit_warmup_fraction: float = option(0.15, "onebit mode: share of the steps in the "
+                                           "uncompressed warmup", ge=0, le=1)
     fusion_threshold_mb: float = option(128.0, "HOROVOD_FUSION_THRESHOLD, MiB", ge=0)
     copy_bw: float = option(V100_COPY_GBPS, "fusion-buffer copy GB/s (0: free)", ge=0)
     cycle_time_ms: float = option(1.0, "HOROVOD_CYCLE_TIME, ms", ge=0)

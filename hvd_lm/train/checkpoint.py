@@ -248,11 +248,13 @@ class Position:
 def payload(position: Position, model, optimizer, scheduler, scaler, rnn_state, config: dict,
             world_size: int) -> dict:
     """The dict :func:`save` writes: ``position``'s fields, model/optimizer/scheduler/scaler
-    state, every rank's recurrent state ``rnn_state`` = (h, c) each [world x B, H] (gathered in
-    rank order), the RNG states, the config and the world size."""
+    state (``optimizer``: the optimizer or its ``state_dict()``, which for 1-bit optimizers every
+    rank must call), every rank's recurrent state ``rnn_state`` = (h, c) each [world x B, H]
+    (gathered in rank order), the RNG states, the config and the world size."""
     return {"step": position.step, "window": position.window,
             "skipped_steps": position.skipped_steps, "chars_trained": position.chars_trained,
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "model": model.state_dict(),
+            "optimizer": optimizer if isinstance(optimizer, dict) else optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rnn_state": tuple(rnn_state), "rng": rng_state(), "config": config,

@@ -40,7 +40,12 @@ class DataConfig:
 class OptimConfig:
     """Optimiser and large-batch learning-rate schedule (see hvd_lm.train.schedule)."""
 
-    optimizer: str = _f("adam", "optimiser (the reference used Adam)", choices=("adam", "sgd"))
+    optimizer: str = _f("adam", "optimiser: adam (the reference's), sgd, lamb (layerwise trust "
+                        "ratios for large batches, You et al. 2019), onebit-adam / onebit-lamb "
+                        "(after --onebit-warmup-steps the variance freezes and the momentum is "
+                        "allreduced as 1 bit per value with error feedback, Tang et al. 2021 / "
+                        "Li et al. 2021)",
+                        choices=("adam", "sgd", "lamb", "onebit-adam", "onebit-lamb"))
     lr: float = _f(5e-4, "base LR at --lr-ref-batch (reference: 5e-4 at 128)", gt=0)
     lr_ref_batch: int = _f(128, "global batch at which --lr was tuned, in sequences", ge=1)
     lr_rule: str = _f("none", "scale LR to the global batch", choices=("none", "linear", "sqrt"))
@@ -54,6 +59,11 @@ class OptimConfig:
     momentum: float = _f(0.9, "SGD momentum", ge=0)
     weight_decay: float = _f(0.0, "L2 weight decay", ge=0)
     grad_clip: float = _f(1.0, "clip the global gradient norm (0 = off)", ge=0)
+    onebit_warmup_steps: int = _f(100, "onebit-adam/-lamb: uncompressed optimizer steps "
+                                  "(gradients allreduced with --compression) before the "
+                                  "compressed phase", ge=1)
+    onebit_chunk: int = _f(2048, "onebit-adam/-lamb: momentum values per fp32 scale on the wire "
+                           "(0 = one scale per rank's part)", ge=0)
 
 
 @dataclass
@@ -117,6 +127,15 @@ class TrainConfig:
         """Rules across sections (the per-field bounds are declared on the fields)."""
         if self.data.epochs <= 0 and not self.optim.max_steps:
             raise ValueError("need data.epochs > 0 or optim.max_steps")
+        if self.optim.optimizer.startswith("onebit"):
+            if self.run.precision == "fp16":
+                raise ValueError("run.precision fp16 does not work with optim.optimizer "
+                                 f"{self.optim.optimizer}: GradScaler skips steps per rank, the "
+                                 "compressed phase needs every rank to skip together (use fp32 "
+                                 "or bf16)")
+            if self.dist.allreduce_op != "average":
+                raise ValueError(f"dist.allreduce_op must be average with optim.optimizer "
+                                 f"{self.optim.optimizer} (its compressed allreduce averages)")
 
 
 

@@ -150,8 +150,9 @@ def train(cfg: TrainConfig) -> dict:
         h = dist.allgather(rnn_state[0].detach().float().cpu(), name="ckpt_h")
         c = dist.allgather(rnn_state[1].detach().float().cpu(), name="ckpt_c")
         position = ckpt_io.Position(pos.step, pos.window, pos.skipped_steps, chars_total())
+        opt_state = optimizer.state_dict()  # every rank: 1-bit optimizers gather error buffers
         if ctx.is_root:
-            path = ckpt_io.save(ckpt_io.payload(position, model, optimizer, scheduler, scaler,
+            path = ckpt_io.save(ckpt_io.payload(position, model, opt_state, scheduler, scaler,
                                                 (h, c), cfg.to_dict(), ctx.size),
                                 out_dir, pos.step, cfg.run.keep_checkpoints)
             log.record("checkpoint", pos.step, path=str(path))
@@ -224,7 +225,8 @@ def train(cfg: TrainConfig) -> dict:
                        loss_scale=scaler.get_scale() if scaler is not None else None,
                        chars_per_s=chars / wall, step_time=wall / acc["steps"],
                        allreduce_wait=waits / max(busy, 1e-9), grad_norm=grad_norm,
-                       skipped_steps=pos.skipped_steps, epoch=pos.window / windows_per_epoch)
+                       skipped_steps=pos.skipped_steps, epoch=pos.window / windows_per_epoch,
+                       **dist.comm_stats(optimizer))  # bytes on the wire (and 1-bit phase)
             acc.update(nats=0.0, chars=0.0, wait=0.0, busy=0.0, t0=time.perf_counter(), steps=0)
 
         # validate every eval_every steps

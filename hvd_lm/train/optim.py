@@ -1,5 +1,7 @@
-"""The optimiser: Adam (the reference's, Radford et al. 2017 / Puri et al. 2018) or SGD with
-momentum, built at the peak LR the large-batch rule gives (:func:`hvd_lm.train.schedule.scaled_lr`).
+"""The optimiser, built at the peak LR the large-batch rule gives
+(:func:`hvd_lm.train.schedule.scaled_lr`): Adam (the reference's, Radford et al. 2017 / Puri et al.
+2018), SGD with momentum, LAMB (You et al. 2019, from ``pytorch_optimizer``), or the
+communication-compressed 1-bit Adam / 1-bit LAMB (:mod:`hvd_lm.train.onebit`).
 """
 
 from __future__ import annotations
@@ -7,10 +9,22 @@ from __future__ import annotations
 import torch
 
 from hvd_lm.train.config import OptimConfig
+from hvd_lm.train.onebit import OnebitAdam, OnebitLamb
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float) -> torch.optim.Optimizer:
-    """Adam or SGD with momentum over ``model``'s parameters at peak LR ``lr``.
+    """``cfg.optimizer`` over ``model``'s parameters at peak LR ``lr``.
+
+    * ``adam``: ``torch.optim.Adam`` (L2 ``weight_decay``); ``sgd``: with ``momentum``.
+    * ``lamb``: ``pytorch_optimizer.Lamb`` as You et al. 2019 (arXiv:1904.00962 v3, without
+      bias correction): decay inside the trust ratio (``weight_decouple=False``) and
+      ``adam_debias=True``. Without the latter that package divides every step by
+      1 - beta1^t although the trust ratio already normalises the update (10x the paper's step
+      at t = 1); the weight norm in the ratio is capped at 10 (its default).
+      ``tests/test_onebit.py`` checks the update and the trust ratio against numpy.
+    * ``onebit-adam`` / ``onebit-lamb``: :class:`~hvd_lm.train.onebit.OnebitAdam` /
+      :class:`~hvd_lm.train.onebit.OnebitLamb` with ``onebit_warmup_steps`` and ``onebit_chunk``
+      (:func:`hvd_lm.dist.horovod.distributed_optimizer` then wraps them for Horovod).
 
     Raises:
         ValueError: an unknown ``cfg.optimizer``.
@@ -20,4 +34,15 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float) -> torc
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum,
                                weight_decay=cfg.weight_decay)
-    raise ValueError(f"optim.optimizer must be adam or sgd, got {cfg.optimizer!r}")
+    if cfg.optimizer == "lamb":
+        # Imported here for start-up cost: pytorch_optimizer adds ~1.5 s to every process.
+        from pytorch_optimizer import Lamb
+
+        return Lamb(model.parameters(), lr=lr, weight_decay=cfg.weight_decay,
+                    weight_decouple=False, adam_debias=True)
+    if cfg.optimizer in ("onebit-adam", "onebit-lamb"):
+        cls = OnebitAdam if cfg.optimizer == "onebit-adam" else OnebitLamb
+        return cls(model.parameters(), lr=lr, weight_decay=cfg.weight_decay,
+                   warmup_steps=cfg.onebit_warmup_steps, chunk=cfg.onebit_chunk)
+    raise ValueError("optim.optimizer must be adam, sgd, lamb, onebit-adam or onebit-lamb, got "
+                     f"{cfg.optimizer!r}")

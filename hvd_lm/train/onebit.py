@@ -1,0 +1,302 @@
+"""1-bit Adam and 1-bit LAMB: optimisers whose compression phase communicates compressed momentum.
+
+* :class:`OnebitAdam` (Tang et al. 2021, "1-bit Adam", arXiv:2102.02888, Algorithm 1). Warmup
+  (the first ``warmup_steps`` steps): exactly ``torch.optim.Adam`` (L2 weight decay added to the
+  gradient, bias correction, eps outside the square root) on gradients Horovod's
+  ``DistributedOptimizer`` has averaged. Then the variance v is frozen and each step is, per
+  rank i with its *local* gradient g_i::
+
+      m_i = beta1 m + (1 - beta1) (g_i + wd x)       (m: the previous step's synchronised momentum)
+      m   = compressed_allreduce(m_i)                  (1-bit, error feedback; same on every rank)
+      x  <- x - lr / (1 - beta1^t) * m / (sqrt(v / (1 - beta2^T_w)) + eps)
+
+  i.e. momentum SGD preconditioned by the frozen (bias-corrected) variance of step T_w.
+* :class:`OnebitLamb` (Li et al. 2021, "1-bit LAMB", arXiv:2104.06069, Algorithm 1; DeepSpeed's
+  ``OnebitLamb``, by the same authors). Warmup: LAMB (You et al. 2019, arXiv:1904.00962, as
+  ``pytorch_optimizer.Lamb`` computes it: no bias correction, L2 decay inside the trust ratio,
+  ratio ``min(||x||, 10) / (||u|| + eps)``, 1 when either norm is 0), recording per layer an
+  exponential moving average (``coeff_beta``) of the trust ratio. Compression phase: variance
+  frozen, each layer's momentum scaled to a common magnitude (``scaling_coeff``, fixed at the
+  first compressed step) before the compressed allreduce and back after, a *fresh* variance kept
+  from the reconstructed global gradient ``(m - beta1 m_prev) / (1 - beta1)``, and the layer's
+  step scaled by the frozen trust ratio times ``factor = max(sqrt-denominator ratio frozen /
+  fresh)``, clipped to [factor_min, factor_max] and to +-factor_threshold of the previous factor.
+
+Communication is not done here: in the compression phase :meth:`step` hands the flat momentum
+(float32 [N], parameters in order) to ``self.reduce_momentum`` (set by
+:class:`hvd_lm.dist.horovod.OnebitDistributedOptimizer`; None = one process, no compression, as
+DeepSpeed does on one rank). The phase follows from the step count in the state: a checkpoint
+restores it. Settings every step needs live in the param groups (``hvd.DistributedOptimizer``
+rebuilds the optimiser from its param groups).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+
+from hvd_lm.dist.onebit import DEFAULT_CHUNK
+
+#: pytorch_optimizer.Lamb's cap on the weight norm in the trust ratio (its ``Lamb.clamp``).
+LAMB_WEIGHT_NORM_CAP = 10.0
+
+
+class _Onebit(torch.optim.Optimizer):
+    """What 1-bit Adam and 1-bit LAMB share: the phase, the flat momentum, the reducer slot."""
+
+    #: Marks optimisers that :func:`hvd_lm.dist.horovod.distributed_optimizer` wraps in
+    #: :class:`~hvd_lm.dist.horovod.OnebitDistributedOptimizer`.
+    onebit = True
+
+    def __init__(self, params, defaults: dict):
+        if defaults["warmup_steps"] < 1:
+            raise ValueError(f"optim.onebit_warmup_steps must be >= 1 (the variance is frozen at "
+                             f"the end of the warmup), got {defaults['warmup_steps']}")
+        super().__init__(params, defaults)
+        #: Flat momentum float32 [N] -> its compressed average over ranks (None: one process).
+        self.reduce_momentum: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    @property
+    def steps_taken(self) -> int:
+        """Optimizer steps applied so far (0 before the first)."""
+        for p in self._params():
+            if "step" in self.state.get(p, {}):
+                return int(self.state[p]["step"])
+        return 0
+
+    @property
+    def warmup_steps(self) -> int:
+        """T_w: steps of the uncompressed warmup."""
+        return int(self.param_groups[0]["warmup_steps"])
+
+    @property
+    def compressing(self) -> bool:
+        """True once the warmup is over: the next step is a compressed one."""
+        return self.steps_taken >= self.warmup_steps
+
+    @property
+    def momentum_numel(self) -> int:
+        """N: elements of the flat momentum (all parameters)."""
+        return sum(p.numel() for p in self._params())
+
+    def _reduce(self, local: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The compressed average of the per-parameter local momenta, as per-parameter views."""
+        flat = torch.cat([m.reshape(-1).float() for m in local])
+        if self.reduce_momentum is not None:
+            flat = self.reduce_momentum(flat)
+        out, off = [], 0
+        for m in local:
+            out.append(flat[off:off + m.numel()].view_as(m).to(m.dtype))
+            off += m.numel()
+        return out
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step: warmup (uncompressed) or compressed, by the step count (see the module)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self.compressing:
+            self._compressed_step()
+        else:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        self._warmup_update(p, group)
+        return loss
+
+    def _grad(self, p: torch.Tensor) -> torch.Tensor:
+        # A parameter without a gradient still takes part in the collective (zeros), so every
+        # rank's flat momentum has the same layout.
+        return p.grad if p.grad is not None else torch.zeros_like(p)
+
+    def _warmup_update(self, p, group) -> None:
+        raise NotImplementedError
+
+    def _compressed_step(self) -> None:
+        raise NotImplementedError
+
+
+class OnebitAdam(_Onebit):
+    """1-bit Adam (see the module docstring for the update).
+
+    Args:
+        params: parameters or param groups.
+        lr: learning rate.
+        betas: (beta1, beta2).
+        eps: added to the denominator, outside the square root (as torch.optim.Adam).
+        weight_decay: L2 penalty added to the gradient (as torch.optim.Adam).
+        warmup_steps: T_w, uncompressed Adam steps before the variance is frozen (>= 1).
+        chunk: elements per fp32 scale of the compressed momentum (0: one per rank's part).
+
+    Raises:
+        ValueError: ``warmup_steps`` < 1.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, warmup_steps: int = 100,
+                 chunk: int = DEFAULT_CHUNK):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay, warmup_steps=warmup_steps,
+                                      chunk=chunk))
+
+    def _warmup_update(self, p, group) -> None:
+        # torch.optim.Adam's single-tensor update (torch/optim/adam.py), operation for operation.
+        beta1, beta2 = group["betas"]
+        st = self.state[p]
+        if not st:
+            st["step"] = torch.tensor(0.0)
+            st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        st["step"] += 1
+        grad = p.grad
+        if group["weight_decay"] != 0:
+            grad = grad.add(p, alpha=group["weight_decay"])
+        st["exp_avg"].lerp_(grad, 1 - beta1)
+        st["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        step = float(st["step"])
+        step_size = group["lr"] / (1 - beta1 ** step)
+        denom = (st["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** step)).add_(group["eps"])
+        p.addcdiv_(st["exp_avg"], denom, value=-step_size)
+
+    def _compressed_step(self) -> None:
+        params, local = [], []
+        for group in self.param_groups:
+            beta1 = group["betas"][0]
+            for p in group["params"]:
+                grad = self._grad(p)
+                if group["weight_decay"] != 0:
+                    grad = grad.add(p, alpha=group["weight_decay"])
+                params.append((p, group))
+                local.append(self.state[p]["exp_avg"].lerp(grad, 1 - beta1))
+        for (p, group), m in zip(params, self._reduce(local)):
+            beta1, beta2 = group["betas"]
+            st = self.state[p]
+            st["step"] += 1
+            st["exp_avg"].copy_(m)
+            step_size = group["lr"] / (1 - beta1 ** float(st["step"]))
+            # the variance and its bias correction stay those of step T_w
+            denom = (st["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** group["warmup_steps"])
+                     ).add_(group["eps"])
+            p.addcdiv_(st["exp_avg"], denom, value=-step_size)
+
+
+class OnebitLamb(_Onebit):
+    """1-bit LAMB (see the module docstring for the update).
+
+    Args:
+        params: parameters or param groups.
+        lr: learning rate.
+        betas: (beta1, beta2).
+        eps: added to sqrt(v) and to the update norm (pytorch_optimizer.Lamb's default 1e-6).
+        weight_decay: L2 decay added to the update inside the trust ratio (You et al. 2019).
+        warmup_steps: T_w, uncompressed LAMB steps before variance and trust ratios freeze.
+        chunk: elements per fp32 scale of the compressed momentum (0: one per rank's part).
+        coeff_beta: EMA coefficient of the warmup trust ratios (DeepSpeed default 0.9).
+        factor_max / factor_min: bounds of the compression phase's ratio factor (4.0 / 0.5).
+        factor_threshold: largest relative change of the factor per step (0.1).
+
+    Raises:
+        ValueError: ``warmup_steps`` < 1.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.0, warmup_steps: int = 100,
+                 chunk: int = DEFAULT_CHUNK, coeff_beta: float = 0.9, factor_max: float = 4.0,
+                 factor_min: float = 0.5, factor_threshold: float = 0.1):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay, warmup_steps=warmup_steps,
+                                      chunk=chunk, coeff_beta=coeff_beta, factor_max=factor_max,
+                                      factor_min=factor_min, factor_threshold=factor_threshold))
+
+    @staticmethod
+    def trust_ratio(weight: torch.Tensor, update: torch.Tensor, eps: float) -> float:
+        """LAMB's layerwise ratio as pytorch_optimizer.Lamb computes it:
+        ``min(||x||, 10) / (||u|| + eps)``, 1.0 when either norm is 0."""
+        wn = float(torch.linalg.vector_norm(weight).clamp(max=LAMB_WEIGHT_NORM_CAP))
+        un = float(torch.linalg.vector_norm(update))
+        return 1.0 if wn == 0 or un == 0 else wn / (un + eps)
+
+    def _warmup_update(self, p, group) -> None:
+        beta1, beta2 = group["betas"]
+        st = self.state[p]
+        if not st:
+            st["step"] = torch.tensor(0.0)
+            st["exp_avg"] = torch.zeros_like(p)
+            st["exp_avg_sq"] = torch.zeros_like(p)
+            # Python floats, not tensors: Optimizer.load_state_dict would cast float64 tensors
+            # to the parameter's dtype, and the resume would no longer be exact.
+            st["ratio_ema"] = 0.0
+            st["ratio_weight"] = 0.0
+        st["step"] += 1
+        grad = p.grad
+        st["exp_avg"].mul_(beta1).add_(grad, alpha=1 - beta1)
+        st["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        update = st["exp_avg"] / st["exp_avg_sq"].sqrt().add_(group["eps"])
+        if group["weight_decay"] > 0:
+            update.add_(p, alpha=group["weight_decay"])
+        ratio = self.trust_ratio(p, update, group["eps"])
+        if ratio != 1.0:  # a zero norm says nothing about the layer's scale (as DeepSpeed)
+            b = group["coeff_beta"]
+            st["ratio_ema"] = b * st["ratio_ema"] + (1 - b) * ratio
+            st["ratio_weight"] = b * st["ratio_weight"] + (1 - b)
+        p.add_(update, alpha=-group["lr"] * ratio)
+
+    def frozen_ratio(self, p: torch.Tensor) -> float:
+        """The layer's warmup trust-ratio EMA, bias-corrected (divided by the EMA of ones over
+        the same steps); 1.0 when every warmup ratio was undefined."""
+        st = self.state[p]
+        return st["ratio_ema"] / st["ratio_weight"] if st["ratio_weight"] > 0 else 1.0
+
+    def _compressed_step(self) -> None:
+        params = [(p, g) for g in self.param_groups for p in g["params"]]
+        if "scaling_coeff" not in self.state[params[0][0]]:
+            self._freeze(params)
+        prev, local = [], []
+        for p, group in params:
+            st = self.state[p]
+            prev.append(st["exp_avg"].clone())
+            m = st["exp_avg"].mul(group["betas"][0]).add_(self._grad(p),
+                                                           alpha=1 - group["betas"][0])
+            local.append(m.mul_(st["scaling_coeff"]))
+        for (p, group), m, m_prev in zip(params, self._reduce(local), prev):
+            beta1, beta2 = group["betas"]
+            st = self.state[p]
+            st["step"] += 1
+            st["exp_avg"].copy_(m.div(st["scaling_coeff"]))
+            g_rec = (st["exp_avg"] - beta1 * m_prev) / (1 - beta1)
+            st["exp_avg_sq_fresh"].mul_(beta2).addcmul_(g_rec, g_rec, value=1 - beta2)
+            denom = st["exp_avg_sq"].sqrt().add_(group["eps"])
+            prelim = st["exp_avg"] / denom
+            update = prelim + group["weight_decay"] * p if group["weight_decay"] > 0 else prelim
+            factor = float((denom / st["exp_avg_sq_fresh"].sqrt().add_(group["eps"])).max())
+            if group["weight_decay"] > 0:
+                un = float(torch.linalg.vector_norm(update))
+                r = min(1.0, float(torch.linalg.vector_norm(prelim)) / un) if un > 0 else 1.0
+                factor = factor * r + (1.0 - r)
+            factor = min(max(factor, group["factor_min"]), group["factor_max"])
+            last, th = st["last_factor"], group["factor_threshold"]
+            factor = min(max(factor, last * (1 - th)), last * (1 + th))
+            st["last_factor"] = factor
+            st["last_coeff"] = st["frozen_ratio"] * factor
+            p.add_(update, alpha=-group["lr"] * st["last_coeff"])
+
+    def _freeze(self, params) -> None:
+        """At the first compressed step: the frozen trust ratios, the fresh variance (from the
+        frozen one) and each layer's momentum scaling to the layers' mean RMS (1-bit LAMB)."""
+        rms = [float(torch.linalg.vector_norm(self.state[p]["exp_avg"])) / math.sqrt(p.numel())
+               for p, _ in params]
+        united = sum(rms) / len(rms)
+        for (p, _), r in zip(params, rms):
+            st = self.state[p]
+            st["frozen_ratio"] = self.frozen_ratio(p)
+            st["scaling_coeff"] = united / r if r > 0 else 1.0
+            st["exp_avg_sq_fresh"] = st["exp_avg_sq"].clone()
+            st["last_factor"] = 1.0
+            st["last_coeff"] = st["frozen_ratio"]
