@@ -41,6 +41,7 @@ import re
 import shutil
 import signal
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -63,6 +64,8 @@ WORK_DIR = ".prepare"
 #: Environment hook for tests: after this many shards written by one process, it kills itself
 #: with SIGKILL (simulates a crash midway; ``--resume`` must recover).
 KILL_HOOK_ENV = "HVD_LM_PREP_KILL_AFTER_SHARDS"
+#: Testing aid: seconds every map task sleeps first (a test acts while prepare still runs).
+SLEEP_HOOK_ENV = "HVD_LM_PREP_TASK_SLEEP"
 _SHARD_NAME = re.compile(r"^(train|val|test)-\d{5}\.h5$")
 _REC = np.dtype([("k0", ">u8"), ("k1", ">u8"), ("n", "<u8")])  # spill index record, 24 bytes
 _MAX_BUCKET_BITS = 10
@@ -350,6 +353,7 @@ def map_unit(task: MapTask, progress=None) -> None:
         BadRecord: malformed record without ``skip_bad``. CorruptInput: damaged gzip stream
         without ``skip_bad`` (with it, the unit's output is dropped and counted).
     """
+    time.sleep(float(os.environ.get(SLEEP_HOOK_ENV, "0") or 0))
     work = Path(task.work)
     final = work / "map" / f"u{task.unit:05d}"
     part = _fresh_dir(final.with_name(final.name + ".partial"))

@@ -348,8 +348,8 @@ def test_prepare_workers_die_with_their_parent_and_the_folder_stays_locked_meanw
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "data_prep", "prepare", str(src), str(src), "--out", str(out),
            "--workers", "2", "--no-progress", "--max-memory-mb", "64", "--shard-size", "1M"]
-    proc = subprocess.Popen(cmd, env=launch_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, env=launch_env(HVD_LM_PREP_TASK_SLEEP="30"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 60
         workers = []
