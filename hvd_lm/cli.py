@@ -52,6 +52,8 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
                "HOROVOD_FUSION_THRESHOLD / HOROVOD_CYCLE_TIME, and HOROVOD_AUTOTUNE's choice"),
     "prepare": ("data_prep.bench", "BENCH_PREPARE",
                 "measure prepare's MB/s against the raw read rate"),
+    "elastic": ("hvd_lm.perf.bench_elastic", "BENCH_ELASTIC", "elastic training: the cost of a "
+                "commit and of losing a worker, on this machine"),
     "gpu": ("hvd_lm.perf.bench_gpu", "BENCH_GPU", "one GPU: matmul and copy ceilings, mLSTM and "
             "cuDNN-LSTM training chars/s, TFLOP/s and fraction of peak per precision"),
 }

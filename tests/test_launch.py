@@ -6,6 +6,7 @@ report is checked against the reference talk's table (Puri et al. 2018)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -315,3 +316,52 @@ def test_module_entry_point_has_both_subcommands():
     proc = subprocess.run([sys.executable, "-m", "hvd_lm", "--help"], capture_output=True,
                           text=True, cwd=REPO, env=launch_env(), timeout=60)
     assert proc.returncode == 0 and "launch" in proc.stdout and "scaling-report" in proc.stdout
+
+
+# ---- elastic --------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_elastic_template_runs_two_ranks_from_a_hosts_file(shards, tmp_path):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost:2\n")
+    env = launch_env(NP="2", MIN_NP="1", HOSTS_FILE=str(hosts), OUT_DIR=str(tmp_path / "run"),
+                     NETWORK_INTERFACE="lo",  # one host: Horovod would wait for a second
+                     HOROVODRUN=str(Path(sys.executable).parent / "horovodrun"),
+                     PYTHON=sys.executable, TRAIN_ARGS=f"--shards {shards} {TINY}")
+    proc = run(["bash", LAUNCH / "horovodrun_elastic.sh"], timeout=240, env=env, cwd=tmp_path)
+    assert "--host-discovery-script" in proc.stdout and "--elastic true" in proc.stdout
+    assert_two_rank_run(tmp_path / "run", proc.stdout + proc.stderr)
+
+
+def test_discover_hosts_lists_usable_slurm_nodes(tmp_path):
+    """launch/discover_hosts.sh against a stand-in `scontrol`: DOWN/DRAIN nodes and those in
+    EXCLUDE_FILE are left out; slots from SLURM_NTASKS_PER_NODE ("8(x3)" -> 8)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scontrol").write_text(
+        "#!/bin/sh\n"
+        'if [ "$2" = hostnames ]; then printf "n1\\nn2\\nn3\\nn4\\n"; exit 0; fi\n'
+        'case "$3" in n2) s=DOWN+NOT_RESPONDING;; n3) s=DRAINED;; *) s=ALLOCATED;; esac\n'
+        'echo "NodeName=$3 Arch=x86_64 State=$s CPUTot=8"\n')
+    (fake / "scontrol").chmod(0o755)
+    excl = tmp_path / "exclude"
+    excl.write_text("n4\n")
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", SLURM_JOB_NODELIST="n[1-4]",
+               SLURM_NTASKS_PER_NODE="8(x4)")
+    out = subprocess.run(["bash", LAUNCH / "discover_hosts.sh"], env=env, capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    assert out == "n1:8\nn4:8\n"
+    out = subprocess.run(["bash", LAUNCH / "discover_hosts.sh"], capture_output=True, text=True,
+                         env=dict(env, EXCLUDE_FILE=str(excl), SLOTS="4"), timeout=30,
+                         check=True).stdout
+    assert out == "n1:4\n"
+
+
+def test_slurm_elastic_render(tmp_path):
+    out = tmp_path / "job.sbatch"
+    assert cli("launch", "--scheduler", "slurm", "--gpus", "16", "--gpus-per-node", "8",
+               "--elastic", "--min-np", "8", "--out", str(out), "--", "--shards", "d") == 0
+    text = out.read_text()
+    assert 'LAUNCHER="${LAUNCHER:-elastic}"' in text and 'MIN_NP="${MIN_NP:-8}"' in text
+    assert cli("launch", "--scheduler", "mpirun", "--gpus", "2", "--elastic") == 2
+    assert cli("launch", "--scheduler", "slurm", "--gpus", "8", "--min-np", "9",
+               "--elastic") == 2

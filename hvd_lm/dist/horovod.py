@@ -483,3 +483,26 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
         self.errors = ErrorFeedback(layout, self._rank, saved["worker"].device)
         self.errors.worker_error = saved["worker"][self._rank].clone().float()
         self.errors.server_error = saved["server"][self._rank].clone().float()
+
+
+# ---- elastic training (Horovod docs, "Elastic Horovod") -----------------------------------------
+
+def rank_context() -> RankContext:
+    """This process's place in the job as Horovod has it now (after an elastic reset too)."""
+    hvd = _hvd()
+    return RankContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), "horovod")
+
+
+def elastic_state(model: torch.nn.Module, optimizer, **fields):
+    """``hvd.elastic.TorchState`` of ``model`` and ``optimizer`` (their state dicts copied to host
+    memory at each ``commit()``, restored after a failure, broadcast from rank 0 at each sync)
+    plus plain ``fields`` (kept by reference at commit: assign new values, never mutate)."""
+    return _hvd().elastic.TorchState(model=model, optimizer=optimizer, **fields)
+
+
+def elastic_run(fn):
+    """``hvd.elastic.run(fn)``: call ``fn(state)``; on ``HorovodInternalError`` (a worker lost)
+    restore the last commit, on ``HostsUpdatedInterrupt`` (workers added or removed) keep it;
+    then re-form the world (shutdown + init), run the state's reset callbacks, sync from rank 0
+    and call ``fn`` again."""
+    return _hvd().elastic.run(fn)

@@ -40,12 +40,14 @@ from hvd_lm.train.schedule import scaled_lr
 SCHEDULERS = {
     "horovodrun": "horovodrun_local.sh",
     "horovodrun-multinode": "horovodrun_multinode.sh",
+    "horovodrun-elastic": "horovodrun_elastic.sh",
     "mpirun": "mpirun.sh",
     "slurm": "slurm.sbatch",
     "pbs": "pbs.qsub",
 }
 #: how each rendered job is started (for the sweep's submit script)
-SUBMIT = {"horovodrun": "bash", "horovodrun-multinode": "bash", "mpirun": "bash",
+SUBMIT = {"horovodrun": "bash", "horovodrun-multinode": "bash", "horovodrun-elastic": "bash",
+          "mpirun": "bash",
           "slurm": "sbatch", "pbs": "qsub"}
 
 _KNOB = re.compile(r'^(?P<name>[A-Z][A-Z0-9_]*)="\$\{(?P=name):-(?P<default>.*)\}"'
@@ -210,6 +212,8 @@ class RenderSpec:
     network_interface: str | None = None
     cpus_per_task: int | None = None
     header: tuple[str, ...] = ()
+    elastic: bool = False
+    min_np: int | None = None
 
 
 def render(spec: RenderSpec, templates: Path | None = None) -> str:
@@ -239,8 +243,21 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
         knobs["CONFIG"] = str(Path(spec.config).resolve())
     if spec.out_dir:
         knobs["OUT_DIR"] = spec.out_dir
-    if sched in ("horovodrun", "horovodrun-multinode", "mpirun"):
+    if spec.elastic and sched not in ("slurm", "horovodrun-elastic"):
+        raise ValueError(f"--elastic works with --scheduler slurm or horovodrun-elastic, not "
+                         f"{sched}")
+    if sched in ("horovodrun", "horovodrun-multinode", "mpirun", "horovodrun-elastic"):
         knobs["NP"] = str(size.gpus)
+    if sched == "horovodrun-elastic":
+        knobs["MAX_NP"] = str(size.gpus)
+        if spec.network_interface:
+            knobs["NETWORK_INTERFACE"] = spec.network_interface
+    if spec.min_np is not None:
+        if not (spec.elastic or sched == "horovodrun-elastic"):
+            raise ValueError("--min-np is for elastic jobs (--elastic)")
+        if not 1 <= spec.min_np <= size.gpus:
+            raise ValueError(f"--min-np {spec.min_np} must be in 1..{size.gpus} (--gpus)")
+        knobs["MIN_NP"] = str(spec.min_np)
     if sched == "horovodrun" and size.nodes > 1:
         raise ValueError(f"--scheduler horovodrun runs on one node, but {size.gpus} GPUs need "
                          f"{size.nodes} nodes: use horovodrun-multinode, mpirun, slurm or pbs")
@@ -261,7 +278,11 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
         elif size.nodes > 1:
             knobs["HOSTFILE"] = "hostfile"
     if sched == "slurm":
-        if spec.launcher:
+        if spec.elastic:
+            if spec.launcher not in (None, "elastic"):
+                raise ValueError("--elastic runs the ranks with horovodrun: drop --launcher")
+            knobs["LAUNCHER"] = "elastic"
+        elif spec.launcher:
             knobs["LAUNCHER"] = spec.launcher
         d = "#SBATCH"
         text = set_directive(text, d, "--job-name", spec.job_name, "=")
@@ -419,7 +440,7 @@ def _render_job(args: LaunchConfig, job: JobPlan, train_args: list[str], job_nam
         launcher=args.launcher, controller=args.controller,
         hosts=tuple(h for h in (args.hosts or "").split(",") if h),
         network_interface=args.network_interface, cpus_per_task=args.cpus_per_task,
-        header=header), templates)
+        header=header, elastic=args.elastic, min_np=args.min_np), templates)
 
 
 def _write_script(path: Path, text: str) -> None:
@@ -519,6 +540,11 @@ class LaunchConfig:
     job_name: str = option("hvd-lm", "job name (SLURM, PBS)")
     launcher: Optional[str] = option(None, "SLURM: how ranks start inside the allocation "
                                      "(template default srun)", choices=("srun", "mpirun"))
+    elastic: bool = option(False, "elastic Horovod (slurm: horovodrun over the allocation with "
+                           "launch/discover_hosts.sh dropping failed nodes; training with "
+                           "--elastic true)", switch=True)
+    min_np: Optional[int] = option(None, "elastic: fewest ranks the job continues with "
+                                   "(template default 1)", ge=1)
     controller: Optional[str] = option(None, "horovodrun: Horovod controller (template default "
                                        "gloo)", choices=("gloo", "mpi"))
     hosts: Optional[str] = option(None, "horovodrun-multinode/mpirun: comma-separated node "

@@ -104,6 +104,10 @@ class RunConfig:
                                 "skipped steps: it diverged (0 = never)", ge=0)
     check_free_space: bool = _f(True, "refuse to start when the out-dir's file system has no "
                                 "room for one checkpoint (size estimated from the model)")
+    elastic: bool = _f(False, "Horovod elastic training (horovodrun --min-np/--max-np "
+                       "--host-discovery-script, Gloo): survive lost and added workers")
+    commit_every: int = _f(10, "elastic: commit the state in memory every N optimizer steps "
+                           "(a lost worker costs at most the steps since)", ge=1)
     inject_nan_steps: str = _f("", "testing aid: comma-separated step attempts (applied + "
                                 "skipped, 0-based) whose loss rank 0 makes NaN")
     tensorboard: bool = _f(True, "write TensorBoard events when tensorboard is installed")
@@ -136,6 +140,10 @@ class TrainConfig:
             if self.dist.allreduce_op != "average":
                 raise ValueError(f"dist.allreduce_op must be average with optim.optimizer "
                                  f"{self.optim.optimizer} (its compressed allreduce averages)")
+            if self.run.elastic:
+                raise ValueError(f"run.elastic does not work with optim.optimizer "
+                                 f"{self.optim.optimizer}: its error buffers are per rank and "
+                                 "laid out for one world size")
 
 
 

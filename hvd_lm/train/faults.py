@@ -4,12 +4,15 @@
   when it reaches that optimizer step, as a crashed process would (the rank-death test).
 * ``run.inject_nan_steps`` (config): comma-separated step *attempts* (applied + skipped,
   0-based) whose loss rank 0 multiplies by NaN (the skipped-step test).
+* ``HVD_LM_STEP_SLEEP`` (environment): seconds every step sleeps, so a test can act while a tiny
+  model trains (the elastic tests kill and add workers mid-run).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import torch
 
@@ -22,12 +25,15 @@ class Faults:
         self.nan_attempts = {int(s) for s in inject_nan_steps.split(",") if s.strip()}
         r, s = os.environ.get("HVD_LM_FAULT_RANK"), os.environ.get("HVD_LM_FAULT_STEP")
         self.die_at = int(s) if (r is not None and s is not None and int(r) == rank) else None
+        self.sleep = float(os.environ.get("HVD_LM_STEP_SLEEP", "0") or 0)
 
     def before_step(self, step: int) -> None:
         """Exit the process (code 3) when this rank was told to die at ``step``."""
         if self.die_at is not None and step == self.die_at:
             print(f"rank {self.rank}: injected fault at step {step}", file=sys.stderr, flush=True)
             os._exit(3)
+        if self.sleep:
+            time.sleep(self.sleep)
 
     def loss(self, loss: torch.Tensor, attempt: int) -> torch.Tensor:
         """``loss``, made NaN on rank 0 at the configured attempts."""

@@ -14,10 +14,18 @@ One optimizer step (per rank, B rows x T bytes per window, ``backward_passes_per
 Rank 0 logs (tqdm bar, a line every ``log_every`` steps, ``metrics.jsonl``, TensorBoard when
 installed) and writes checkpoints; metrics are sums over ranks. Every Horovod call is marked
 ``# Horovod:`` where it happens (as Horovod's ``examples/pytorch`` scripts do).
+
+With ``run.elastic`` (Horovod elastic, ``horovodrun --min-np/--max-np --host-discovery-script``)
+the loop runs under ``hvd.elastic.run``: every ``run.commit_every`` steps the model, optimizer,
+LR schedule, loss scaler, data position and character count are committed in memory
+(``TorchState``); a lost worker rolls every rank back to the last commit, a changed world size
+re-cuts the streams at the same fraction of the epoch, rescales the LR for the new global batch
+and starts the recurrent state of the re-cut rows from zero (:meth:`Trainer.on_reset`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -29,6 +37,7 @@ import torch
 
 from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, check_required
+from hvd_lm.core.lock import FolderLock
 from hvd_lm.core.model import LanguageModel
 from hvd_lm.core.shards import load_manifest, verify_shard
 from hvd_lm.dist import horovod as dist
@@ -53,222 +62,399 @@ def train(cfg: TrainConfig) -> dict:
     Raises:
         ValueError: bad configuration or data (naming the field / file).
         ShardChecksumError: a shard does not match its manifest checksum.
+        TrainingDiverged: ``run.max_skipped_steps`` non-finite steps in a row.
     """
-    check_required(cfg, "config")  # e.g. data.shards (the command line checked it already)
-    # ---- process: Horovod, device, precision, threads ---------------------------------------------
-    ctx = dist.init(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms)  # Horovod: init
-    device = runtime.resolve_device(cfg.run.device, ctx.local_rank, ctx.local_size)
-    runtime.check(device, cfg.run.precision)
-    threads = cfg.run.threads or max(1, (os.cpu_count() or 1) // ctx.local_size)
-    torch.set_num_threads(threads)
-    out_dir = Path(cfg.run.out_dir)
+    return Trainer(cfg).run()
 
-    # ---- data: this rank's B streams of the train split (and of the val split) -----------------------
-    manifest = load_manifest(cfg.data.shards)
-    check_splits(manifest, cfg)
-    B, T, k = cfg.data.batch_size, cfg.data.seq_len, cfg.dist.backward_passes_per_step
-    streams = RankStreams(manifest, cfg.data.train_split, ctx.rank, ctx.size, B, T,
-                          seed=cfg.data.seed)
-    if cfg.data.verify_shards:  # each rank verifies a disjoint subset of the shards
-        for i, info in enumerate(manifest.shards):
-            if i % ctx.size == ctx.rank:
-                verify_shard(info)
-    val = None
-    if cfg.data.val_split:
-        val = RankStreams(manifest, cfg.data.val_split, ctx.rank, ctx.size, B, T,
-                          shuffle_shards=False, max_bytes=cfg.run.eval_chars)
 
-    # ---- model, optimizer, schedule length ---------------------------------------------------------
-    torch.manual_seed(cfg.data.seed)
-    model = LanguageModel(cfg.model).to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    global_batch = ctx.size * B * k
-    peak_lr = scaled_lr(cfg.optim.lr, cfg.optim.lr_ref_batch, global_batch, cfg.optim.lr_rule,
-                        cfg.optim.lr_cap)
-    windows_per_epoch = streams.steps_per_epoch
-    # Decay to 0 over --max-steps or --epochs, whichever comes first (epochs <= 0: steps only).
-    total_windows = int(cfg.data.epochs * windows_per_epoch) if cfg.data.epochs > 0 else sys.maxsize
-    total_steps = total_windows // k
-    if cfg.optim.max_steps:
-        total_steps = min(total_steps, cfg.optim.max_steps)
-    if total_steps < 1:
-        raise ValueError(f"no optimizer step fits: {windows_per_epoch} windows per epoch x "
-                         f"{cfg.data.epochs} epochs / {k} backward passes per step")
-    optimizer = build_optimizer(model, cfg.optim, peak_lr)
-    scaler = runtime.make_scaler(device, cfg.run.precision)
+class Trainer:
+    """One training run: :meth:`__init__` sets everything up (no collective in elastic mode,
+    where a joining worker gets the state from the others), :meth:`run` trains.
 
-    # ---- resume: weights, position, recurrent state, RNG (optimizer state after wrapping) -------------
-    pos = ckpt_io.Position()
-    rnn_state = model.init_state(B, device)
-    resume = None
-    if cfg.run.resume:  # checked before anything is written: a bad source changes nothing
-        auto = cfg.run.resume == "auto"
-        resume = ckpt_io.Resume(out_dir if auto else cfg.run.resume, device, fallback=auto,
-                                warn=ctx.is_root)
-        resume.restore_model(model, scaler)
-        pos = resume.position
-        rnn_state = resume.rnn_rows(ctx.rank, ctx.size, B, device, warn=ctx.is_root) or rnn_state
-        resume.restore_rng()
+    Raises:
+        as :func:`train`.
+    """
 
-    # Horovod: wrap the optimizer (gradient allreduce with fp16 compression and tensor fusion).
-    optimizer = dist.distributed_optimizer(optimizer, model, cfg.dist.compression, k,
-                                           cfg.dist.allreduce_op)
-    # The scheduler wraps the Horovod optimizer's step(), so it sees the steps really taken.
-    scheduler = make_scheduler(optimizer, cfg.optim.warmup_steps, total_steps, cfg.optim.lr_decay)
-    if resume is not None:
-        resume.restore_optimizer(optimizer, scheduler)
-        resume.release()
-    # Horovod: every rank starts from rank 0's weights (and optimizer state when resuming; an
-    # empty Adam state would make Horovod take a zero-gradient step to create it, so not then).
-    dist.broadcast_state(model, optimizer if resume is not None else None)
+    def __init__(self, cfg: TrainConfig):
+        check_required(cfg, "config")  # e.g. data.shards (the command line checked it already)
+        self.cfg = cfg
+        # ---- process: Horovod, device, precision, threads -----------------------------------------
+        self.ctx = dist.init(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms)  # Horovod: init
+        self.device = runtime.resolve_device(cfg.run.device, self.ctx.local_rank,
+                                             self.ctx.local_size)
+        runtime.check(self.device, cfg.run.precision)
+        self.threads = cfg.run.threads or max(1, (os.cpu_count() or 1) // self.ctx.local_size)
+        torch.set_num_threads(self.threads)
+        self.out_dir = Path(cfg.run.out_dir)
 
-    # ---- the run folder: locked, checked for space, then config.yaml (rank 0; every rank agrees) --------
-    lock = dist.root_call(lambda: open_run_folder(cfg, model, ctx.size * B))  # Horovod: broadcast
+        # ---- data: the manifest, its splits and shards checked; streams cut for this world -------------
+        self.manifest = load_manifest(cfg.data.shards)
+        check_splits(self.manifest, cfg)
+        self.B, self.T = cfg.data.batch_size, cfg.data.seq_len
+        self.k = cfg.dist.backward_passes_per_step
+        if cfg.data.verify_shards:  # each rank verifies a disjoint subset of the shards
+            for i, info in enumerate(self.manifest.shards):
+                if i % self.ctx.size == self.ctx.rank:
+                    verify_shard(info)
+        self.cut_streams()
 
-    # ---- outputs and control ---------------------------------------------------------------------
-    log = MetricsLog(out_dir, ctx.is_root, total_steps, pos.step, cfg.run.tensorboard)
-    log.record("start", pos.step, world_size=ctx.size, device=str(device),
-               global_batch=global_batch, peak_lr=peak_lr, total_steps=total_steps,
-               windows_per_epoch=windows_per_epoch, chars_per_epoch=streams.chars_per_epoch,
-               params=sum(p.numel() for p in params), precision=cfg.run.precision,
-               compression=cfg.dist.compression, threads=threads,
-               resumed_from=str(resume.path) if resume else None)
-    signals = StopSignals()
-    faults = Faults(ctx.rank, cfg.run.inject_nan_steps)
-    chars_base, chars_local = pos.chars_trained, 0  # all ranks before this job; this rank since
-    skipped_in_a_row = 0
-    last_ckpt_time = time.time()
-    acc = {"nats": 0.0, "chars": 0.0, "wait": 0.0, "busy": 0.0, "t0": time.perf_counter(),
-           "steps": 0}
+        # ---- model, optimizer, schedule length -----------------------------------------------------
+        torch.manual_seed(cfg.data.seed)
+        self.model = LanguageModel(cfg.model).to(self.device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # Decay to 0 over --max-steps or --epochs, whichever comes first (epochs <= 0: steps
+        # only); elastic runs keep the length fixed at start across resizes.
+        self.total_windows = (int(cfg.data.epochs * self.windows_per_epoch)
+                              if cfg.data.epochs > 0 else sys.maxsize)
+        self.total_steps = self.total_windows // self.k
+        if cfg.optim.max_steps:
+            self.total_steps = min(self.total_steps, cfg.optim.max_steps)
+        if self.total_steps < 1:
+            raise ValueError(f"no optimizer step fits: {self.windows_per_epoch} windows per epoch "
+                             f"x {cfg.data.epochs} epochs / {self.k} backward passes per step")
+        optimizer = build_optimizer(self.model, cfg.optim, self.peak_lr)
+        self.scaler = runtime.make_scaler(self.device, cfg.run.precision)
 
-    def chars_total() -> int:
-        # Horovod: characters trained on by all ranks, exact across world-size changes.
-        return chars_base + int(dist.allreduce_sum([float(chars_local)], name="chars_total")[0])
+        # ---- resume: weights, position, recurrent state, RNG (optimizer state after wrapping) ---------
+        self.pos = ckpt_io.Position()
+        self.rnn_state = self.model.init_state(self.B, self.device)
+        resume = None
+        if cfg.run.resume:  # checked before anything is written: a bad source changes nothing
+            auto = cfg.run.resume == "auto"
+            resume = ckpt_io.Resume(self.out_dir if auto else cfg.run.resume, self.device,
+                                    fallback=auto, warn=self.ctx.is_root)
+            resume.restore_model(self.model, self.scaler)
+            self.pos = resume.position
+            self.rnn_state = resume.rnn_rows(self.ctx.rank, self.ctx.size, self.B, self.device,
+                                             warn=self.ctx.is_root) or self.rnn_state
+            resume.restore_rng()
 
-    def save_checkpoint() -> None:
-        # Horovod: gather every rank's recurrent state rows (rank order) for an exact resume.
-        h = dist.allgather(rnn_state[0].detach().float().cpu(), name="ckpt_h")
-        c = dist.allgather(rnn_state[1].detach().float().cpu(), name="ckpt_c")
-        position = ckpt_io.Position(pos.step, pos.window, pos.skipped_steps, chars_total())
-        opt_state = optimizer.state_dict()  # every rank: 1-bit optimizers gather error buffers
-        if ctx.is_root:
-            path = ckpt_io.save(ckpt_io.payload(position, model, opt_state, scheduler, scaler,
-                                                (h, c), cfg.to_dict(), ctx.size),
-                                out_dir, pos.step, cfg.run.keep_checkpoints)
-            log.record("checkpoint", pos.step, path=str(path))
+        # Horovod: wrap the optimizer (gradient allreduce with fp16 compression and tensor fusion).
+        self.optimizer = dist.distributed_optimizer(optimizer, self.model, cfg.dist.compression,
+                                                    self.k, cfg.dist.allreduce_op)
+        # The scheduler wraps the Horovod optimizer's step(), so it sees the steps really taken.
+        self.scheduler = make_scheduler(self.optimizer, cfg.optim.warmup_steps, self.total_steps,
+                                        cfg.optim.lr_decay)
+        if resume is not None:
+            resume.restore_optimizer(self.optimizer, self.scheduler)
+            resume.release()
+        if not cfg.run.elastic:
+            # Horovod: every rank starts from rank 0's weights (and optimizer state when resuming;
+            # an empty Adam state would make Horovod take a zero-gradient step to create it).
+            # Elastic runs get it from the state's sync instead (no collective before it).
+            dist.broadcast_state(self.model, self.optimizer if resume is not None else None)
 
-    def validate() -> None:
-        if val is None:
-            return
-        v_bpc, v_chars = eval_bpc(model, val, device, cfg.run.precision)  # Horovod: sums bits
-        model.train()
-        log.record("eval", pos.step, val_bpc=v_bpc, val_chars=v_chars)
-
-    # ---- the loop ---------------------------------------------------------------------------------
-    model.train()
-    stop_reason = "done"
-    while pos.step < total_steps and pos.window + k <= total_windows:
-        t_step = time.perf_counter()
-        faults.before_step(pos.step)
-
-        # forward + backward over k windows; Horovod's hooks allreduce each gradient when ready
-        nats_step, chars_step = 0.0, 0
-        for _ in range(k):
-            epoch, w = divmod(pos.window, windows_per_epoch)
-            batch = streams.window(epoch, w)
-            nats, rnn_state = window_nll(model, batch, rnn_state, device, cfg.run.precision)
-            loss = faults.loss(nats / max(1, batch.chars) / k, pos.step + pos.skipped_steps)
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            nats_step += float(nats.detach())
-            chars_step += batch.chars
-            pos.window += 1
-
-        # Horovod: wait for the allreduce, unscale, clip, step (or skip a non-finite step)
-        applied, grad_norm, wait = dist.clip_and_step(optimizer, params, cfg.optim.grad_clip,
-                                                      scaler, cfg.run.nan_check)
-        optimizer.zero_grad()
-        if applied:
-            scheduler.step()
-            pos.step += 1
-            skipped_in_a_row = 0
+        # ---- the run folder: locked, checked for space, then config.yaml (rank 0) -------------------
+        self.lock: FolderLock | None = None
+        self.log = MetricsLog(self.out_dir, False, 0, 0, False)  # rank 0's opens in take_root
+        if cfg.run.elastic:
+            self.take_root()  # no collective: a joining worker must not wait on the others here
         else:
-            pos.skipped_steps += 1
-            skipped_in_a_row += 1
-            if not all(bool(torch.isfinite(s).all()) for s in rnn_state):
-                rnn_state = model.init_state(B, device)
-            log.record("skip", pos.step, skipped_steps=pos.skipped_steps, grad_norm=grad_norm,
-                       loss_scale=scaler.get_scale() if scaler is not None else None)
+            self.lock = dist.root_call(  # Horovod: every rank learns whether rank 0 got it
+                lambda: open_run_folder(cfg, self.model, self.ctx.size * self.B))
+            self.open_log()
+        self.log.record("start", self.pos.step, world_size=self.ctx.size, device=str(self.device),
+                        global_batch=self.global_batch, peak_lr=self.peak_lr,
+                        total_steps=self.total_steps, windows_per_epoch=self.windows_per_epoch,
+                        chars_per_epoch=self.streams.chars_per_epoch,
+                        params=sum(p.numel() for p in self.params),
+                        precision=cfg.run.precision, compression=cfg.dist.compression,
+                        threads=self.threads, elastic=cfg.run.elastic,
+                        resumed_from=str(resume.path) if resume else None)
 
-        # bookkeeping for the next log line
-        chars_local += chars_step
-        acc["nats"] += nats_step
-        acc["chars"] += chars_step
-        acc["wait"] += wait
-        acc["busy"] += time.perf_counter() - t_step
-        acc["steps"] += 1
+        # ---- control ------------------------------------------------------------------------------
+        self.signals = StopSignals()
+        self.faults = Faults(self.ctx.rank, cfg.run.inject_nan_steps)
+        self.chars_base, self.chars_local = self.pos.chars_trained, 0  # all ranks before; this one
+        self.skipped_in_a_row = 0
+        self.last_ckpt_time = time.time()
+        self.stop_reason = "done"
+        self.committed_rows = None  # elastic: this rank's rows at the last commit, and its place
+        self.commit_seconds: list[float] = []
 
-        # Horovod: control flags; any rank's signal stops all, rank 0's clock times checkpoints
-        due = (cfg.run.checkpoint_minutes > 0 and ctx.is_root
-               and time.time() - last_ckpt_time >= 60 * cfg.run.checkpoint_minutes)
-        stop_flag, due_flag = dist.allreduce_sum(
-            [1.0 if signals.received else 0.0, 1.0 if due else 0.0], name="control")
+    # ---- layout ------------------------------------------------------------------------------------
 
-        # log a line every log_every steps (Horovod: metrics summed over ranks)
-        log.tick(1 if applied else 0)
-        if applied and (pos.step % cfg.run.log_every == 0 or pos.step == total_steps):
-            nats, chars, waits, busy = dist.allreduce_sum(
-                [acc["nats"], acc["chars"], acc["wait"], acc["busy"]], name="log")
-            wall = time.perf_counter() - acc["t0"]
-            loss = nats / max(1.0, chars)
-            log.record("train", pos.step, loss=loss, bpc=loss / LN2,
-                       lr=scheduler.get_last_lr()[0],
-                       loss_scale=scaler.get_scale() if scaler is not None else None,
-                       chars_per_s=chars / wall, step_time=wall / acc["steps"],
-                       allreduce_wait=waits / max(busy, 1e-9), grad_norm=grad_norm,
-                       skipped_steps=pos.skipped_steps, epoch=pos.window / windows_per_epoch,
-                       **dist.comm_stats(optimizer))  # bytes on the wire (and 1-bit phase)
-            acc.update(nats=0.0, chars=0.0, wait=0.0, busy=0.0, t0=time.perf_counter(), steps=0)
+    def cut_streams(self) -> None:
+        """This rank's train (and val) streams for the current world, the global batch and the
+        peak LR the configured rule gives it."""
+        cfg, ctx = self.cfg, self.ctx
+        self.streams = RankStreams(self.manifest, cfg.data.train_split, ctx.rank, ctx.size, self.B,
+                                   self.T, seed=cfg.data.seed)
+        self.val = None
+        if cfg.data.val_split:
+            self.val = RankStreams(self.manifest, cfg.data.val_split, ctx.rank, ctx.size, self.B,
+                                   self.T, shuffle_shards=False, max_bytes=cfg.run.eval_chars)
+        self.windows_per_epoch = self.streams.steps_per_epoch
+        self.global_batch = ctx.size * self.B * self.k
+        self.peak_lr = scaled_lr(cfg.optim.lr, cfg.optim.lr_ref_batch, self.global_batch,
+                                 cfg.optim.lr_rule, cfg.optim.lr_cap)
 
-        # validate every eval_every steps
-        if applied and cfg.run.eval_every and pos.step % cfg.run.eval_every == 0:
-            validate()
+    def open_log(self) -> None:
+        """Rank 0's metrics log (appending), once."""
+        if self.ctx.is_root and not self.log.enabled:
+            self.log = MetricsLog(self.out_dir, True, self.total_steps, self.pos.step,
+                                  self.cfg.run.tensorboard)
 
-        # stop a diverged run (every rank decides alike: the skip decision is global)
-        if cfg.run.max_skipped_steps and skipped_in_a_row >= cfg.run.max_skipped_steps:
-            stop_reason = "diverged"
-            break
+    def take_root(self) -> None:
+        """Elastic: rank 0 owns the run folder (lock, config.yaml) and the log; a rank that is
+        no longer 0 after a reset hands them back."""
+        if self.ctx.is_root and self.lock is None:
+            self.lock = open_run_folder(self.cfg, self.model, self.ctx.size * self.B)
+            self.open_log()
+        elif not self.ctx.is_root and self.lock is not None:
+            self.log.close()
+            self.log = MetricsLog(self.out_dir, False, 0, 0, False)
+            self.lock.release()
+            self.lock = None
 
-        # checkpoint: on a stop signal (then leave), every checkpoint_every steps, or when due
-        if stop_flag > 0:
-            stop_reason = "signal"
-            save_checkpoint()
-            break
-        if applied and ((cfg.run.checkpoint_every and pos.step % cfg.run.checkpoint_every == 0)
-                        or due_flag > 0):
-            save_checkpoint()
-            last_ckpt_time = time.time()
+    # ---- collectives used by the loop --------------------------------------------------------------
 
-    # ---- the end: final validation and checkpoint, summary ---------------------------------------------
-    if stop_reason == "done":
-        if not (cfg.run.eval_every and pos.step % cfg.run.eval_every == 0):
-            validate()
-        save_checkpoint()
-    summary = {"stop": stop_reason, "step": pos.step, "skipped_steps": pos.skipped_steps,
-               "chars_trained": chars_total(), "world_size": ctx.size}
-    if ctx.is_root:
-        log.record("end", pos.step, **{k: v for k, v in summary.items() if k != "step"})
-        write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-    log.close()
-    if lock is not None:
-        lock.release()
-    if stop_reason == "diverged":
-        last = ckpt_io.list_checkpoints(out_dir)
-        raise TrainingDiverged(
-            f"training diverged: {skipped_in_a_row} steps in a row had non-finite gradients "
-            f"(step {pos.step}); no checkpoint was written, the last good one is "
-            f"{last[-1] if last else 'none'}; lower --lr or --lr-cap, or raise "
-            "--max-skipped-steps")
-    return summary
+    def chars_total(self) -> int:
+        """Characters trained on by all ranks, exact across world-size changes (Horovod: sum)."""
+        return self.chars_base + int(dist.allreduce_sum([float(self.chars_local)],
+                                                        name="chars_total")[0])
+
+    def save_checkpoint(self) -> None:
+        """Every rank: gather the recurrent state rows; rank 0 writes the checkpoint."""
+        # Horovod: gather every rank's recurrent state rows (rank order) for an exact resume.
+        h = dist.allgather(self.rnn_state[0].detach().float().cpu(), name="ckpt_h")
+        c = dist.allgather(self.rnn_state[1].detach().float().cpu(), name="ckpt_c")
+        pos = dataclasses.replace(self.pos, chars_trained=self.chars_total())
+        opt_state = self.optimizer.state_dict()  # every rank: 1-bit optimizers gather errors
+        if self.ctx.is_root:
+            path = ckpt_io.save(ckpt_io.payload(pos, self.model, opt_state, self.scheduler,
+                                                self.scaler, (h, c), self.cfg.to_dict(),
+                                                self.ctx.size),
+                                self.out_dir, pos.step, self.cfg.run.keep_checkpoints)
+            self.log.record("checkpoint", pos.step, path=str(path))
+
+    def validate(self) -> None:
+        """Validation BPC over all ranks (Horovod: sums bits and chars), logged by rank 0."""
+        if self.val is None:
+            return
+        v_bpc, v_chars = eval_bpc(self.model, self.val, self.device, self.cfg.run.precision)
+        self.model.train()
+        self.log.record("eval", self.pos.step, val_bpc=v_bpc, val_chars=v_chars)
+
+    # ---- the loop ----------------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        """Train to the end (or a stop signal), then validate, checkpoint and write the summary."""
+        if self.cfg.run.elastic:
+            state = dist.elastic_state(self.model, self.optimizer, **self.commit_fields())
+            state.register_reset_callbacks([lambda: self.on_reset(state)])
+            dist.elastic_run(self.elastic_loop)(state)  # Horovod: elastic (sync, restore, reset)
+        else:
+            self.loop()
+            self.finish()
+        return self.end()
+
+    def elastic_loop(self, state) -> None:
+        """The loop under ``hvd.elastic.run``: the state (synced from rank 0) is where this rank
+        starts; a commit every ``run.commit_every`` applied steps."""
+        self.from_state(state)
+        self.loop(state)
+        self.finish()
+
+    def loop(self, state=None) -> None:
+        """Optimizer steps until ``total_steps``, a stop signal or divergence."""
+        cfg, B, k = self.cfg, self.B, self.k
+        model, optimizer, scheduler, scaler = self.model, self.optimizer, self.scheduler, self.scaler
+        log, pos = self.log, self.pos
+        acc = {"nats": 0.0, "chars": 0.0, "wait": 0.0, "busy": 0.0, "t0": time.perf_counter(),
+               "steps": 0}
+        model.train()
+        while pos.step < self.total_steps and (state is not None
+                                               or pos.window + k <= self.total_windows):
+            t_step = time.perf_counter()
+            self.faults.before_step(pos.step)
+
+            # forward + backward over k windows; Horovod's hooks allreduce each gradient when ready
+            nats_step, chars_step = 0.0, 0
+            for _ in range(k):
+                epoch, w = divmod(pos.window, self.windows_per_epoch)
+                batch = self.streams.window(epoch, w)
+                nats, self.rnn_state = window_nll(model, batch, self.rnn_state, self.device,
+                                                  cfg.run.precision)
+                loss = self.faults.loss(nats / max(1, batch.chars) / k,
+                                        pos.step + pos.skipped_steps)
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+                nats_step += float(nats.detach())
+                chars_step += batch.chars
+                pos.window += 1
+
+            # Horovod: wait for the allreduce, unscale, clip, step (or skip a non-finite step)
+            applied, grad_norm, wait = dist.clip_and_step(optimizer, self.params,
+                                                          cfg.optim.grad_clip, scaler,
+                                                          cfg.run.nan_check)
+            optimizer.zero_grad()
+            if applied:
+                scheduler.step()
+                pos.step += 1
+                self.skipped_in_a_row = 0
+            else:
+                pos.skipped_steps += 1
+                self.skipped_in_a_row += 1
+                if not all(bool(torch.isfinite(s).all()) for s in self.rnn_state):
+                    self.rnn_state = model.init_state(B, self.device)
+                log.record("skip", pos.step, skipped_steps=pos.skipped_steps, grad_norm=grad_norm,
+                           loss_scale=scaler.get_scale() if scaler is not None else None)
+
+            # bookkeeping for the next log line
+            self.chars_local += chars_step
+            acc["nats"] += nats_step
+            acc["chars"] += chars_step
+            acc["wait"] += wait
+            acc["busy"] += time.perf_counter() - t_step
+            acc["steps"] += 1
+
+            # Horovod: control flags; any rank's signal stops all, rank 0's clock times checkpoints
+            due = (cfg.run.checkpoint_minutes > 0 and self.ctx.is_root
+                   and time.time() - self.last_ckpt_time >= 60 * cfg.run.checkpoint_minutes)
+            stop_flag, due_flag = dist.allreduce_sum(
+                [1.0 if self.signals.received else 0.0, 1.0 if due else 0.0], name="control")
+
+            # log a line every log_every steps (Horovod: metrics summed over ranks)
+            log.tick(1 if applied else 0)
+            if applied and (pos.step % cfg.run.log_every == 0 or pos.step == self.total_steps):
+                nats, chars, waits, busy = dist.allreduce_sum(
+                    [acc["nats"], acc["chars"], acc["wait"], acc["busy"]], name="log")
+                wall = time.perf_counter() - acc["t0"]
+                loss = nats / max(1.0, chars)
+                log.record("train", pos.step, loss=loss, bpc=loss / LN2,
+                           lr=scheduler.get_last_lr()[0],
+                           loss_scale=scaler.get_scale() if scaler is not None else None,
+                           chars_per_s=chars / wall, step_time=wall / acc["steps"],
+                           allreduce_wait=waits / max(busy, 1e-9), grad_norm=grad_norm,
+                           skipped_steps=pos.skipped_steps,
+                           epoch=pos.window / self.windows_per_epoch,
+                           world_size=self.ctx.size,
+                           **dist.comm_stats(optimizer))  # bytes on the wire (and 1-bit phase)
+                acc.update(nats=0.0, chars=0.0, wait=0.0, busy=0.0, t0=time.perf_counter(),
+                           steps=0)
+
+            # validate every eval_every steps
+            if applied and cfg.run.eval_every and pos.step % cfg.run.eval_every == 0:
+                self.validate()
+
+            # stop a diverged run (every rank decides alike: the skip decision is global)
+            if cfg.run.max_skipped_steps and self.skipped_in_a_row >= cfg.run.max_skipped_steps:
+                self.stop_reason = "diverged"
+                break
+
+            # checkpoint: on a stop signal (then leave), every checkpoint_every steps, or when due
+            if stop_flag > 0:
+                self.stop_reason = "signal"
+                self.save_checkpoint()
+                break
+            if applied and ((cfg.run.checkpoint_every and pos.step % cfg.run.checkpoint_every == 0)
+                            or due_flag > 0):
+                self.save_checkpoint()
+                self.last_ckpt_time = time.time()
+
+            # elastic: commit in memory every commit_every steps (Horovod: may raise
+            # HostsUpdatedInterrupt when workers are added or removed, after saving)
+            if state is not None and applied and pos.step % cfg.run.commit_every == 0:
+                self.commit(state)
+
+    def finish(self) -> None:
+        """Final validation and checkpoint of a run that reached its end."""
+        if self.stop_reason == "done":
+            if not (self.cfg.run.eval_every and self.pos.step % self.cfg.run.eval_every == 0):
+                self.validate()
+            self.save_checkpoint()
+        self.summary = {"stop": self.stop_reason, "step": self.pos.step,
+                        "skipped_steps": self.pos.skipped_steps,
+                        "chars_trained": self.chars_total(), "world_size": self.ctx.size}
+
+    def end(self) -> dict:
+        """The summary (and ``summary.json``), released folder; raise on divergence."""
+        summary = self.summary
+        if self.ctx.is_root:
+            self.log.record("end", self.pos.step,
+                            **{k: v for k, v in summary.items() if k != "step"})
+            write_text(self.out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        self.log.close()
+        if self.lock is not None:
+            self.lock.release()
+        if self.stop_reason == "diverged":
+            last = ckpt_io.list_checkpoints(self.out_dir)
+            raise TrainingDiverged(
+                f"training diverged: {self.skipped_in_a_row} steps in a row had non-finite "
+                f"gradients (step {self.pos.step}); no checkpoint was written, the last good one "
+                f"is {last[-1] if last else 'none'}; lower --lr or --lr-cap, or raise "
+                "--max-skipped-steps")
+        return summary
+
+    # ---- elastic -----------------------------------------------------------------------------------
+
+    def commit_fields(self) -> dict:
+        """What an elastic commit holds besides model and optimizer (all ranks agree on it; the
+        recurrent rows are per rank and kept beside, :attr:`committed_rows`)."""
+        return {"position": dataclasses.asdict(self.pos),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "world": self.ctx.size}
+
+    def commit(self, state) -> None:
+        """Commit the run in memory (every rank, same step): position with the exact character
+        count (Horovod: a sum), schedule, scaler, then ``state.commit()`` (copies of the model's
+        and optimizer's state; may raise ``HostsUpdatedInterrupt``)."""
+        t0 = time.perf_counter()
+        self.pos.chars_trained = self.chars_total()
+        self.chars_base, self.chars_local = self.pos.chars_trained, 0
+        for name, value in self.commit_fields().items():
+            setattr(state, name, value)
+        self.committed_rows = (self.ctx.rank, self.ctx.size,
+                               tuple(s.detach().clone() for s in self.rnn_state))
+        state.commit()
+        self.commit_seconds.append(time.perf_counter() - t0)
+        if len(self.commit_seconds) == 1 or self.pos.step % self.cfg.run.log_every == 0:
+            self.log.record("commit", self.pos.step, seconds=self.commit_seconds[-1])
+
+    def from_state(self, state) -> None:
+        """Take the (synced) committed position, schedule and scaler; the recurrent rows are this
+        rank's committed ones when it kept its place in the same world, else zero."""
+        self.pos = ckpt_io.Position(**state.position)
+        self.chars_base, self.chars_local = self.pos.chars_trained, 0
+        self.scheduler.load_state_dict(state.scheduler)
+        self.set_peak_lr()
+        if self.scaler is not None and state.scaler:
+            self.scaler.load_state_dict(state.scaler)
+        rows = self.committed_rows
+        if rows and rows[:2] == (self.ctx.rank, self.ctx.size):
+            self.rnn_state = tuple(t.clone() for t in rows[2])
+        else:
+            self.rnn_state = self.model.init_state(self.B, self.device)
+
+    def set_peak_lr(self) -> None:
+        """The scheduler's peak LR for the current global batch (the configured rule), applied to
+        the optimizer at the current step."""
+        sched = self.scheduler
+        sched.base_lrs = [self.peak_lr] * len(self.optimizer.param_groups)
+        for group, base, factor in zip(self.optimizer.param_groups, sched.base_lrs,
+                                       sched.lr_lambdas):
+            group["lr"] = base * factor(sched.last_epoch)
+        sched._last_lr = [g["lr"] for g in self.optimizer.param_groups]  # what get_last_lr reads
+
+    def on_reset(self, state) -> None:
+        """After Horovod re-formed the world (a worker lost or added): the new rank and size, the
+        streams re-cut at the same fraction of the epoch, the peak LR for the new global batch,
+        rank 0's duties, and a ``resize`` record."""
+        old_size, old_wpe = state.world, self.windows_per_epoch
+        self.ctx = dist.rank_context()
+        self.cut_streams()
+        position = dict(state.position)
+        if self.ctx.size != old_size:  # the same fraction of the epoch in the new cut
+            epoch, w = divmod(position["window"], old_wpe)
+            position["window"] = epoch * self.windows_per_epoch + round(
+                w * self.windows_per_epoch / old_wpe)
+            state.position, state.world = position, self.ctx.size
+        self.take_root()
+        self.faults = Faults(self.ctx.rank, self.cfg.run.inject_nan_steps)
+        self.log.record("resize", position["step"], world_size=self.ctx.size,
+                        previous_world_size=old_size, global_batch=self.global_batch,
+                        peak_lr=self.peak_lr, window=position["window"])
 
 
 class TrainingDiverged(RuntimeError):

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# hvd_lm with elastic Horovod: the job keeps training when workers are lost or added.
+#
+#   DISCOVERY=launch/discover_hosts.sh NP=16 MIN_NP=8 MAX_NP=16 bash launch/horovodrun_elastic.sh
+#   HOSTS_FILE=hosts.txt NP=2 MIN_NP=1 bash launch/horovodrun_elastic.sh   # static list, editable
+#   hvd-lm launch --scheduler horovodrun-elastic --gpus 16 --gpus-per-node 8 -- --shards ...
+#
+# Horovod docs, "Elastic Horovod": `horovodrun -np 8 --min-np 4 --max-np 12
+# --host-discovery-script discover_hosts.sh python train.py`. The discovery script prints one
+# "host:slots" line per usable host and is re-run every second: hosts it stops listing are
+# removed, new ones are added (up to MAX_NP ranks). Elastic jobs use the Gloo controller.
+# Horovod 0.28.1 detects the common network interface between hosts and so waits for two hosts
+# before it starts (runner/gloo_run.py, _get_min_start_hosts): on a single host, set
+# NETWORK_INTERFACE (e.g. lo) and it starts at once.
+# `hvd-lm train --elastic` commits its state in memory every --commit-every steps; a lost worker
+# rolls every rank back to the last commit, the world re-forms, and training continues (see
+# docs/launch.md "Elastic training").
+
+# ---- knobs: every one can be overridden from the environment -----------------------------------
+NP="${NP:-2}"                          # ranks to start with
+MIN_NP="${MIN_NP:-1}"                  # fewest ranks the job continues with (fewer: it stops)
+MAX_NP="${MAX_NP:-$NP}"                # most ranks it grows to when hosts are added
+DISCOVERY="${DISCOVERY:-}"             # host discovery script ('' = print HOSTS_FILE's lines)
+HOSTS_FILE="${HOSTS_FILE:-}"           # with DISCOVERY='': a file of "host:slots" lines you may edit while the job runs
+SLOTS="${SLOTS:-}"                     # slots per host for launch/discover_hosts.sh ('' = SLURM's tasks per node)
+ELASTIC_TIMEOUT="${ELASTIC_TIMEOUT:-600}"  # seconds to wait for MIN_NP ranks after a failure
+RESET_LIMIT="${RESET_LIMIT:-}"         # most resets (worker losses/additions) before giving up ('' = no limit)
+NETWORK_INTERFACE="${NETWORK_INTERFACE:-}"  # NIC(s) for Horovod traffic, e.g. ib0 ('' = detected; needs >= 2 hosts: on ONE host set it, e.g. lo)
+LAUNCH_DIR="${LAUNCH_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"  # this repository's launch/ directory
+HOROVODRUN="${HOROVODRUN:-horovodrun}" # horovodrun executable (e.g. /path/to/.venv/bin/horovodrun)
+PYTHON="${PYTHON:-python3}"            # interpreter that has hvd_lm and horovod (same path on every host)
+CONFIG="${CONFIG:-}"                   # YAML file for `hvd-lm train --config` ('' = flags only)
+OUT_DIR="${OUT_DIR:-runs/elastic-np$NP}"  # run dir on a shared filesystem (rank 0 writes it)
+TRAIN_ARGS="${TRAIN_ARGS:-}"           # more `hvd-lm train` flags (e.g. --shards DIR --max-steps N --commit-every 20)
+# ---- end of knobs ------------------------------------------------------------------------------
+
+set -euo pipefail
+# shellcheck source=launch/env.sh
+source "$LAUNCH_DIR/env.sh"
+# shellcheck source=launch/lib.sh
+source "$LAUNCH_DIR/lib.sh"
+
+if [ -z "$DISCOVERY" ]; then
+  if [ -z "$HOSTS_FILE" ] || [ ! -f "$HOSTS_FILE" ]; then
+    echo "set DISCOVERY (a host discovery script, e.g. $LAUNCH_DIR/discover_hosts.sh inside a" \
+      "SLURM job) or HOSTS_FILE (a file of host:slots lines); HOSTS_FILE='$HOSTS_FILE'" >&2
+    exit 2
+  fi
+  mkdir -p "$OUT_DIR"
+  DISCOVERY="$(cd "$OUT_DIR" && pwd)/discover_hosts.sh"  # kept beside the run: it is re-run all along
+  printf '#!/bin/sh\ncat %q\n' "$(cd "$(dirname "$HOSTS_FILE")" && pwd)/$(basename "$HOSTS_FILE")" >"$DISCOVERY"
+  chmod +x "$DISCOVERY"
+fi
+export SLOTS
+launch=("$HOROVODRUN" -np "$NP" --min-np "$MIN_NP" --max-np "$MAX_NP"
+  --host-discovery-script "$DISCOVERY" --elastic-timeout "$ELASTIC_TIMEOUT")
+if [ -n "$RESET_LIMIT" ]; then
+  launch+=(--reset-limit "$RESET_LIMIT")
+fi
+if [ -n "$NETWORK_INTERFACE" ]; then
+  launch+=(--network-interface "$NETWORK_INTERFACE")
+fi
+TRAIN_ARGS="--elastic true $TRAIN_ARGS"
+hvd_lm_train_cmd
+hvd_lm_bind_prefix
+hvd_lm_banner "elastic horovodrun, $NP ranks ($MIN_NP..$MAX_NP), hosts from $DISCOVERY" \
+  "${launch[@]}" "${HVD_LM_BIND[@]}" "${HVD_LM_CMD[@]}"
+exec "${launch[@]}" "${HVD_LM_BIND[@]}" "${HVD_LM_CMD[@]}"

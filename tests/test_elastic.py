@@ -1,0 +1,80 @@
+"""Elastic training (``hvd-lm train --elastic``) under a real ``horovodrun`` with a host
+discovery script, on this machine (hvd_lm.perf.bench_elastic.ElasticJob): a worker killed with
+SIGKILL, then a worker added back. Each "host" is another name of this machine (Horovod
+blacklists a host whose worker failed)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hvd_lm.perf.bench_elastic import ElasticJob, local_names
+from hvd_lm.train.checkpoint import load, resolve
+from tests._mp import launch_env
+from tests.shardutil import default_shards
+
+pytestmark = pytest.mark.slow
+TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
+        "--lr", "3e-3", "--threads", "1", "--eval-chars", "2000", "--device", "cpu"]
+
+
+def test_lose_a_worker_then_get_one_back(tmp_path):
+    names = local_names()
+    if len(names) < 3:
+        pytest.skip(f"needs three names of this machine, found {names}")
+    shards = default_shards(tmp_path / "shards")
+    steps = 240
+    job = ElasticJob(tmp_path, [f"{names[0]}:1", f"{names[1]}:1"],
+                     ["--shards", shards, *TINY, "--log-every", "1", "--max-steps", steps,
+                      "--commit-every", "5"], env={"HVD_LM_STEP_SLEEP": "0.08"})
+    try:
+        job.wait_for(lambda: job.trained(30), "30 steps on 2 ranks")
+        killed_at = max(r["step"] for r in job.records("train"))
+        job.kill_worker(names[1])  # SIGKILL, mid-run
+        job.wait_for(lambda: any(r["world_size"] == 1 for r in job.records("resize")),
+                     "the resize to 1 rank")
+        job.set_hosts([f"{names[0]}:1", f"{names[2]}:1"])  # a slot back, under another name
+        job.wait_for(lambda: any(r["world_size"] == 2 and r["previous_world_size"] == 1
+                                 for r in job.records("resize")),
+                     "the resize back to 2 ranks", timeout=180)
+    finally:
+        out = job.finish()
+    assert job.proc.returncode == 0, out[-5000:]
+    end = job.records("end")
+    assert len(end) == 1 and end[0]["stop"] == "done" and end[0]["step"] == steps, out[-3000:]
+    ck = load(resolve(job.run_dir))
+    assert ck["step"] == steps and all(torch.isfinite(v).all() for v in ck["model"].values())
+    # the metrics show both resizes; training continued from the last commit, never from zero
+    train = job.records("train")
+    sizes = [r["world_size"] for r in train]
+    assert sizes[0] == 2 and 1 in sizes and sizes[-1] == 2
+    down = next(r for r in job.records("resize") if r["world_size"] == 1)
+    before = [r for r in train if r["step"] <= down["step"]][-1]
+    after = [r for r in train if r["time"] > down["time"]][0]
+    assert killed_at - 5 <= down["step"] <= killed_at + 1  # lost at most a commit interval
+    assert after["step"] == down["step"] + 1
+    assert after["loss"] < train[0]["loss"] - 0.5 and abs(after["loss"] - before["loss"]) < 0.5
+    # a checkpoint written after the resizes resumes with the plain (non-elastic) trainer
+    proc = subprocess.run([sys.executable, "-m", "hvd_lm", "train", "--shards", str(shards),
+                           "--out-dir", str(job.run_dir), *TINY, "--max-steps", str(steps + 5),
+                           "--resume", "auto"],
+                          env=launch_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert load(resolve(job.run_dir))["step"] == steps + 5
+
+
+def test_bench_elastic_measures_commit_and_loss(tmp_path, capsys):
+    from hvd_lm.cli import main
+    import json
+
+    shards = default_shards(tmp_path / "shards")
+    out = tmp_path / "e.json"
+    assert main(["bench", "elastic", "--shards", str(shards), "--hidden-size", "32",
+                 "--batch-size", "2", "--seq-len", "16", "--steps", "60", "--kill-at", "20",
+                 "--commit-every", "5", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert 0 <= res["steps_lost"] <= 5 and res["world_sizes"] == [1, 2]
+    assert res["commits"] >= 3 and res["commit_s"] > 0 and res["final_step"] == 60
+    assert "of step time" in capsys.readouterr().out
