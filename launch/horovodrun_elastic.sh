@@ -30,6 +30,7 @@ LAUNCH_DIR="${LAUNCH_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"  # thi
 HOROVODRUN="${HOROVODRUN:-horovodrun}" # horovodrun executable (e.g. /path/to/.venv/bin/horovodrun)
 PYTHON="${PYTHON:-python3}"            # interpreter that has hvd_lm and horovod (same path on every host)
 CONFIG="${CONFIG:-}"                   # YAML file for `hvd-lm train --config` ('' = flags only)
+SHARDS="${SHARDS:-data/amazon}"        # shard folder (manifest.json) when neither TRAIN_ARGS nor CONFIG names one
 OUT_DIR="${OUT_DIR:-runs/elastic-np$NP}"  # run dir on a shared filesystem (rank 0 writes it)
 TRAIN_ARGS="${TRAIN_ARGS:-}"           # more `hvd-lm train` flags (e.g. --shards DIR --max-steps N --commit-every 20)
 # ---- end of knobs ------------------------------------------------------------------------------

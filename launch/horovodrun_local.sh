@@ -2,8 +2,8 @@
 # hvd_lm on ONE machine with horovodrun: NP ranks (one per GPU, or CPU ranks without GPUs).
 #
 #   bash launch/horovodrun_local.sh                                   # 2 ranks, defaults below
-#   NP=8 TRAIN_ARGS="--shards data/shards --max-steps 1000" bash launch/horovodrun_local.sh
-#   hvd-lm launch --scheduler horovodrun --gpus 8 --out job.sh -- --shards data/shards
+#   NP=8 TRAIN_ARGS="--hidden-size 1024 --max-steps 1000" bash launch/horovodrun_local.sh  # SHARDS=data/amazon
+#   hvd-lm launch --scheduler horovodrun --gpus 8 --out job.sh -- --shards data/amazon
 #
 # horovodrun starts every rank itself (Horovod docs, "Running Horovod": `horovodrun -np 4 -H
 # localhost:4 python train.py`) and passes this environment to them; each rank uses
@@ -17,6 +17,7 @@ LAUNCH_DIR="${LAUNCH_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"  # thi
 HOROVODRUN="${HOROVODRUN:-horovodrun}" # horovodrun executable (e.g. /path/to/.venv/bin/horovodrun)
 PYTHON="${PYTHON:-python3}"            # interpreter that has hvd_lm and horovod
 CONFIG="${CONFIG:-}"                   # YAML file for `hvd-lm train --config` ('' = flags only)
+SHARDS="${SHARDS:-data/amazon}"        # shard folder (manifest.json) when neither TRAIN_ARGS nor CONFIG names one
 OUT_DIR="${OUT_DIR:-runs/horovodrun-np$NP}"  # run dir: metrics.jsonl, checkpoints (resumed when it has one)
 TRAIN_ARGS="${TRAIN_ARGS:-}"           # more `hvd-lm train` flags, space-separated (e.g. --shards DIR --max-steps N)
 # ---- end of knobs ------------------------------------------------------------------------------

@@ -8,17 +8,42 @@
 #   hvd_lm_mpirun_env_flags   -> HVD_LM_MPI_X    `-x NAME` for the variables ranks need
 #   hvd_lm_run_preemptible    runs a launcher, turning scheduler signals into a checkpoint
 
-# Build HVD_LM_CMD from the knobs PYTHON, CONFIG, OUT_DIR and TRAIN_ARGS:
-#   $PYTHON -m hvd_lm train [--config $CONFIG] --out-dir $OUT_DIR [--resume auto] $TRAIN_ARGS
+# Build HVD_LM_CMD from the knobs PYTHON, CONFIG, SHARDS, OUT_DIR and TRAIN_ARGS:
+#   $PYTHON -m hvd_lm train [--config $CONFIG] [--shards $SHARDS] --out-dir $OUT_DIR
+#           [--resume auto] $TRAIN_ARGS
+# The shards come from the first of: `--shards DIR` in TRAIN_ARGS, `data.shards` in CONFIG, the
+# SHARDS knob (`--shards $SHARDS` is added only in that last case). A shard folder without a
+# manifest.json stops the job here with one line, before any rank starts (exit 2).
 # `--resume auto` is added only when $OUT_DIR already holds a checkpoint, so a requeued or
 # resubmitted job continues from it and a fresh job starts at step 0. TRAIN_ARGS is split on
 # whitespace (values with spaces belong in the YAML config).
 hvd_lm_train_cmd() {
-  local extra=()
+  local extra=() shards="" from="" i
   read -r -a extra <<< "${TRAIN_ARGS:-}"
+  for ((i = 0; i < ${#extra[@]}; i++)); do
+    case "${extra[i]}" in
+      --shards) shards="${extra[i + 1]:-}"; from="TRAIN_ARGS" ;;
+      --shards=*) shards="${extra[i]#--shards=}"; from="TRAIN_ARGS" ;;
+    esac
+  done
+  if [ -z "$from" ] && [ -n "${CONFIG:-}" ]; then
+    shards="$("${PYTHON:-python3}" -c 'import sys, yaml
+d = yaml.safe_load(open(sys.argv[1])) or {}
+print((d.get("data") or {}).get("shards") or "")' "$CONFIG" 2>/dev/null)" || shards=""
+    [ -n "$shards" ] && from="CONFIG ($CONFIG)"
+  fi
   HVD_LM_CMD=("${PYTHON:-python3}" -m hvd_lm train)
   if [ -n "${CONFIG:-}" ]; then
     HVD_LM_CMD+=(--config "$CONFIG")
+  fi
+  if [ -z "$from" ] && [ -n "${SHARDS:-}" ]; then
+    shards="$SHARDS"; from="SHARDS"
+    HVD_LM_CMD+=(--shards "$shards")
+  fi
+  if [ -n "$from" ] && [ ! -f "$shards/manifest.json" ]; then
+    echo "launch: ERROR: $shards/manifest.json not found (shards from $from): prepare them" \
+      "first (\`python -m data_prep prepare FILES... --out $shards\`) or set SHARDS=DIR" >&2
+    exit 2
   fi
   HVD_LM_CMD+=(--out-dir "$OUT_DIR")
   if [ -f "$OUT_DIR/checkpoints/latest" ]; then

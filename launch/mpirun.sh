@@ -2,7 +2,7 @@
 # hvd_lm with OpenMPI's mpirun: NP ranks (one per GPU) on this machine, HOSTS or a HOSTFILE.
 #
 #   bash launch/mpirun.sh                                             # 2 ranks here
-#   NP=16 HOSTS=node1:8,node2:8 TRAIN_ARGS="--shards data/shards" bash launch/mpirun.sh
+#   NP=16 HOSTS=node1:8,node2:8 TRAIN_ARGS="--shards data/amazon" bash launch/mpirun.sh
 #   hvd-lm launch --scheduler mpirun --gpus 16 --gpus-per-node 8 --out job.sh -- ...
 #
 # Flags as Horovod's docs recommend ("Running Horovod", "Horovod with MPI"):
@@ -29,6 +29,7 @@ BIND_GPU="${BIND_GPU:-0}"              # 1 = CUDA_VISIBLE_DEVICES=<local rank> p
 LAUNCH_DIR="${LAUNCH_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"  # this repository's launch/ directory
 PYTHON="${PYTHON:-python3}"            # interpreter that has hvd_lm and horovod (same path on every node)
 CONFIG="${CONFIG:-}"                   # YAML file for `hvd-lm train --config` ('' = flags only)
+SHARDS="${SHARDS:-data/amazon}"        # shard folder (manifest.json) when neither TRAIN_ARGS nor CONFIG names one
 OUT_DIR="${OUT_DIR:-runs/mpirun-np$NP}"  # run dir (shared filesystem for multi-node runs)
 TRAIN_ARGS="${TRAIN_ARGS:-}"           # more `hvd-lm train` flags, space-separated (e.g. --shards DIR --max-steps N)
 # ---- end of knobs ------------------------------------------------------------------------------

@@ -7,13 +7,15 @@ import gzip
 import http.server
 import json
 import re
+import socket
 import threading
 from pathlib import Path
 
 import pytest
 import yaml
 
-from hvd_lm.jobs.download import ChecksumMismatch, download_all, load_sources
+from hvd_lm.jobs.download import (ChecksumMismatch, DownloadError, download_all, fetch,
+                                   load_sources)
 from hvd_lm.train.evaluate import compressor_bpc
 from hvd_lm.jobs.report import training_summary, write_report
 from hvd_lm.train.log import read_metrics
@@ -77,6 +79,23 @@ def test_download_verifies_sha256_and_rejects_corruption(mirror, tmp_path):
         download_all(REPO / "configs" / "sources.yaml", out, mirror=url, log=lambda m: None)
     assert not (out / sources[0].save_as).exists()
     assert not list((out / sources[0].save_as).parent.glob(".*part*"))
+
+
+def test_download_errors_name_the_url_and_the_mirror_option(mirror, tmp_path):
+    url, root, sources = mirror
+    # A path the server does not have: HTTP 404, named with its URL.
+    with pytest.raises(DownloadError, match=rf"{url}/missing/file: HTTP 404.*--mirror URL"):
+        fetch(f"{url}/missing/file", tmp_path / "x", "0" * 64)
+    # No server at all (a closed port): the CLI prints one ERROR line with the URL, exit 1.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    proc = run([REPO / ".venv/bin/hvd-lm", "download", "--mirror", dead, "--out", tmp_path / "d"],
+               timeout=60, check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    line, = proc.stderr.strip().splitlines()
+    assert f"ERROR: {dead}/{sources[0].path}: cannot fetch" in line and "--mirror URL" in line
+    assert not list((tmp_path / "d").rglob("*.review"))
 
 
 def test_compressor_bpc_known_values():
@@ -143,6 +162,14 @@ def test_mini_demo_end_to_end(tmp_path):
         tr = json.loads((run_dir / "transfer" / "transfer.json").read_text())
         assert tr["baseline"] is not None
         assert re.search(r"report: .*report\.md", proc.stdout)
+        # summary.json (what README's demo figures are checked against) repeats these files.
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["val_bpc"] == ev["bpc"] and summary["compressor_bpc"] == ev["compressors"]
+        assert summary["val_chars"] == ev["chars"] and summary["steps"] == 20
+        assert summary["transfer"]["val_acc"] == tr["classifier"]["accuracy"]["val"]
+        assert summary["transfer"]["baseline_val_acc"] == tr["baseline"]["accuracy"]["val"]
+        assert f"{summary['median_chars_per_s']:.0f} |" in report
+        assert summary["total_s"] >= sum(summary["timings_s"].values())
     finally:
         import shutil
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -126,6 +126,52 @@ def test_env_sh_exports_set_knobs_and_unsets_empty_ones():
     assert "NCCL_SOCKET_IFNAME" not in exported and "HOROVOD_TIMELINE" not in exported
 
 
+
+def _launched(tmp_path: Path, **knobs: str) -> subprocess.CompletedProcess:
+    """horovodrun_local.sh with a HOROVODRUN stub that prints the command it was given."""
+    stub = tmp_path / "horovodrun_stub"
+    stub.write_text('#!/bin/sh\necho "LAUNCHED $*"\n')
+    stub.chmod(0o755)
+    env = launch_env(NP="2", OUT_DIR=str(tmp_path / "run"), HOROVODRUN=str(stub),
+                     PYTHON=sys.executable, **knobs)
+    return run(["bash", LAUNCH / "horovodrun_local.sh"], env=env, cwd=tmp_path, timeout=60,
+               check=False)
+
+
+def _shards_args(proc: subprocess.CompletedProcess) -> list[str]:
+    words = next(x for x in proc.stdout.splitlines() if x.startswith("LAUNCHED ")).split()
+    return [words[i + 1] for i, w in enumerate(words) if w == "--shards"]
+
+
+def test_shards_knob_default_trainargs_and_config_precedence(tmp_path):
+    for d in ("data/amazon", "mine", "fromcfg"):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / d / "manifest.json").write_text("{}")
+    # Nothing names the shards: the SHARDS knob's default, README's prepared folder.
+    assert _shards_args(_launched(tmp_path)) == ["data/amazon"]
+    assert _shards_args(_launched(tmp_path, SHARDS="mine")) == ["mine"]
+    # TRAIN_ARGS wins over SHARDS (only its own --shards reaches train).
+    assert _shards_args(_launched(tmp_path, SHARDS="mine", TRAIN_ARGS="--shards fromcfg")) == [
+        "fromcfg"]
+    # A CONFIG that sets data.shards wins over SHARDS: no --shards flag would override it.
+    cfg = tmp_path / "my.yaml"
+    cfg.write_text("data:\n  shards: fromcfg\n")
+    assert _shards_args(_launched(tmp_path, CONFIG=str(cfg), SHARDS="mine")) == []
+    cfg.write_text("model:\n  hidden_size: 64\n")
+    assert _shards_args(_launched(tmp_path, CONFIG=str(cfg), SHARDS="mine")) == ["mine"]
+
+
+@pytest.mark.parametrize("knobs,named", [
+    ({}, "data/amazon/manifest.json not found (shards from SHARDS)"),
+    ({"TRAIN_ARGS": "--max-steps 5 --shards gone"}, "gone/manifest.json not found (shards from "
+                                                   "TRAIN_ARGS)"),
+])
+def test_missing_shards_stop_the_launch_with_one_line(knobs, named, tmp_path):
+    proc = _launched(tmp_path, **knobs)
+    assert proc.returncode == 2 and "LAUNCHED" not in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and named in proc.stderr, proc.stderr
+    assert "data_prep prepare" in proc.stderr and "Traceback" not in proc.stderr
+
 # ---- rendering -------------------------------------------------------------------------------
 def test_128_gpus_at_8_per_node_is_16_nodes(tmp_path):
     assert L.job_size(128, 8) == L.JobSize(gpus=128, nodes=16, tasks_per_node=8)

@@ -1,6 +1,9 @@
 """The scaling model's arithmetic against hand-computed values (no timing)."""
 
+import json
 import math
+
+import numpy as np
 
 import pytest
 
@@ -207,6 +210,48 @@ def test_calibrate_from_bench_json():
     assert faster.measured_bandwidth_ratio == pytest.approx(0.9) and faster.bandwidth_factor == 1
     with pytest.raises(ValueError):
         sm.calibrate_from_bench(_bench_data(), horovod_label="hvd-gloo")
+
+
+def test_calibration_spread_over_repeated_launches():
+    """Each launch's time is kept (time_s_repeats): the calibration reports the interquartile
+    range of the per-cycle overhead and bandwidth ratio over sizes x launches, compared here with
+    numpy's percentiles of the same samples."""
+    data = _bench_data()
+    noise = {"mpi4py": [1.0, 1.0, 1.0], "hvd-mpi": [0.8, 1.0, 1.6],
+             "hvd-mpi cycle=0.2ms": [1.0, 1.2, 3.0]}
+    for r in data["records"]:
+        r["time_s_repeats"] = [r["time_s"] * f for f in noise[r["label"]]]
+    cal = sm.calibrate_from_bench(data)
+    small = [r for r in data["records"] if r["size_bytes"] <= 65536]
+    by = {(r["label"], r["size_bytes"]): r["time_s_repeats"] for r in small}
+    over = [max(0.0, a - b) for s in {r["size_bytes"] for r in small}
+            for a, b in zip(by[("hvd-mpi cycle=0.2ms", s)], by[("mpi4py", s)])]
+    assert cal.per_cycle_overhead_range_s == pytest.approx(tuple(np.percentile(over, [25, 75])))
+    big = [r for r in data["records"] if r["size_bytes"] >= 2 ** 24]
+    ratios = [h / m for s in {r["size_bytes"] for r in big}
+              for h, m in zip(*(next(r["time_s_repeats"] for r in big
+                                     if r["label"] == lb and r["size_bytes"] == s)
+                                for lb in ("hvd-mpi", "mpi4py")))]
+    assert cal.bandwidth_ratio_range == pytest.approx(tuple(np.percentile(ratios, [25, 75])))
+    assert cal.bandwidth_ratio_range == pytest.approx((1.25 * 0.8, 1.25 * 1.6))  # 3 sizes x 3
+    lo, hi = cal.bounds()
+    assert lo.per_cycle_overhead_s <= cal.per_cycle_overhead_s < hi.per_cycle_overhead_s
+    assert lo.bandwidth_factor <= cal.bandwidth_factor <= hi.bandwidth_factor
+    # A single launch: no spread.
+    one = sm.calibrate_from_bench(_bench_data())
+    assert one.per_cycle_overhead_range_s == pytest.approx((300e-6, 300e-6))
+
+
+def test_validate_names_its_calibration_and_its_spread(tmp_path, capsys):
+    out = tmp_path / "v.json"
+    assert main(["scaling-model", "validate", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"calibration {sm.SHIPPED_CALIBRATION} (vs mpi4py)" in text
+    assert "with the calibration's interquartile range" in text
+    v = json.loads(out.read_text())
+    assert set(v["validation"]["calibration_range"]) == {"low", "high"}
+    assert main(["scaling-model", "validate", "--bench-json", "none"]) == 0
+    assert "calibration: none" in capsys.readouterr().out
 
 
 def test_validation_rows_and_calibration():

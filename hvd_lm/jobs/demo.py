@@ -207,12 +207,45 @@ def demo(cfg: DemoConfig) -> int:
           + " | ".join(f"{c} -9 {v:.3f}" for c, v in comp.items())
           + ("  -> the LM beats them" if all(lm < v for v in comp.values())
              else "  -> the LM does not beat them all"))
+    tr = None
     if transfer_dir:
         tr = json.loads((transfer_dir / "transfer.json").read_text())
         print("SST-2: " + transfer_line(tr))
-    print(f"total {time.time() - t0:.0f} s ({', '.join(f'{k} {v:.0f}' for k, v in timings.items())})")
-    print(f"report: {report}")
+    total = time.time() - t0
+    print(f"total {total:.0f} s ({', '.join(f'{k} {v:.0f}' for k, v in timings.items())})")
+    write_text(run_dir / "summary.json", json.dumps(
+        demo_summary(s, eval_result, comp, tr, total, timings),
+        indent=1) + "\n")
+    print(f"report: {report} (headline figures: {run_dir / 'summary.json'})")
     return 0
+
+
+def demo_summary(train: dict, eval_result: dict, compressors: dict[str, float],
+                 transfer: dict | None, total_s: float, timings: dict[str, float]) -> dict:
+    """The demo's headline figures in one JSON object (``runs/<name>/summary.json``; README's
+    demo paragraph quotes the committed copy ``docs/results/demo.json``, checked by
+    tests/test_readme_figures.py).
+
+    Args:
+        train: :func:`hvd_lm.jobs.report.training_summary` of the run (``median_chars_per_s``
+            in chars/s, ``wall_s`` in seconds).
+        eval_result: ``hvd-lm eval``'s JSON (``bpc`` in bits per char over ``chars`` bytes).
+        transfer: the ``transfer.json`` report, or None when transfer was off.
+        total_s, timings: wall seconds of the whole demo and of its steps.
+    """
+    out = {"total_s": round(total_s, 1), "timings_s": {k: round(v, 1) for k, v in timings.items()},
+           "world_size": train["world_size"], "steps": train["steps"],
+           "median_chars_per_s": train["median_chars_per_s"], "val_bpc": eval_result["bpc"],
+           "val_chars": eval_result["chars"], "compressor_bpc": compressors}
+    if transfer:
+        out["transfer"] = {
+            "dataset": transfer["dataset"]["name"], "features": transfer["features"]["kind"],
+            "val_acc": transfer["classifier"]["accuracy"]["val"],
+            "C": transfer["classifier"]["C"], "nonzero": transfer["classifier"]["nonzero"],
+            "neuron": transfer["neuron"]["index"],
+            "neuron_val_acc": transfer["neuron"]["accuracy"]["val"],
+            "baseline_val_acc": (transfer.get("baseline") or {}).get("accuracy", {}).get("val")}
+    return out
 
 
 def transfer_line(tr: dict) -> str:

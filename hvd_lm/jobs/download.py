@@ -8,6 +8,7 @@ already present with the right digest is not fetched again.
 from __future__ import annotations
 
 import hashlib
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,16 @@ from hvd_lm.core.digest import file_sha256
 
 class ChecksumMismatch(ValueError):
     """A downloaded (or present) file does not have the sha256 its source list names."""
+
+
+class DownloadError(OSError):
+    """A source could not be fetched (no network, DNS, HTTP error); the message names the URL
+    and the way around it (``--mirror``)."""
+
+
+MIRROR_HINT = ("no network to it? Copy the files (paths as in configs/sources.yaml) to a server "
+               "you can reach and pass `hvd-lm download --mirror URL`, or put the corpus in "
+               "../shared/data/amazon")
 
 
 @dataclass
@@ -49,17 +60,24 @@ def fetch(url: str, dest: Path, sha256: str, size: int | None = None, timeout: f
 
     Raises:
         ChecksumMismatch: wrong size or digest (nothing is left at ``dest``).
-        urllib.error.URLError: the server could not be reached or answered an error.
+        DownloadError: the server could not be reached, timed out or answered an HTTP error
+            (the message names ``url`` and ``--mirror``; nothing is left at ``dest``).
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha256()
     n = 0
     with atomic_path(dest) as tmp:  # a mismatch raises inside: the temporary file is removed
-        with urllib.request.urlopen(url, timeout=timeout) as resp, open(tmp, "wb") as out:
-            while chunk := resp.read(1 << 20):
-                h.update(chunk)
-                out.write(chunk)
-                n += len(chunk)
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as resp, open(tmp, "wb") as out:
+                while chunk := resp.read(1 << 20):
+                    h.update(chunk)
+                    out.write(chunk)
+                    n += len(chunk)
+        except urllib.error.HTTPError as e:
+            raise DownloadError(f"{url}: HTTP {e.code} {e.reason}; {MIRROR_HINT}") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+            reason = getattr(e, "reason", None) or e
+            raise DownloadError(f"{url}: cannot fetch ({reason}); {MIRROR_HINT}") from None
         if size is not None and n != size:
             raise ChecksumMismatch(f"{url}: got {n} bytes, expected {size}")
         if h.hexdigest() != sha256:
@@ -78,7 +96,7 @@ def download_all(sources_file: str | Path, out_dir: str | Path, mirror: str | No
         The local paths, in list order.
 
     Raises:
-        ChecksumMismatch, urllib.error.URLError: as :func:`fetch`.
+        ChecksumMismatch, DownloadError: as :func:`fetch`.
     """
     base, sources = load_sources(sources_file)
     base = (mirror or base).rstrip("/")

@@ -65,6 +65,7 @@ from typing import Optional
 
 import matplotlib
 
+from hvd_lm import REPO_ROOT
 from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, option
 from hvd_lm.core.model import mlstm_parameters
@@ -484,6 +485,10 @@ class Calibration:
             ``MPI_Allreduce`` for a single tensor, so this is 1 up to noise.
         latency_label / horovod_label / mpi_label: the configurations compared.
         fits: alpha-beta fits (:func:`fit_alpha_beta`) of the compared configurations.
+        per_cycle_overhead_range_s / bandwidth_ratio_range: the interquartile range (25th, 75th
+            percentile) of the same quantity over every size and repeated launch: how much one
+            noisy measurement could move the calibration.
+        source: the bench JSON it came from.
     """
 
     per_cycle_overhead_s: float = 0.0
@@ -493,6 +498,19 @@ class Calibration:
     horovod_label: str = ""
     mpi_label: str = ""
     fits: dict = field(default_factory=dict)
+    per_cycle_overhead_range_s: tuple = (0.0, 0.0)
+    bandwidth_ratio_range: tuple = (1.0, 1.0)
+    source: str = ""
+
+    def bounds(self) -> tuple["Calibration", "Calibration"]:
+        """The calibration at the low and the high end of both ranges (a cheap, a dear
+        Horovod): the predictions' sensitivity to the measurement's noise."""
+        lo_o, hi_o = self.per_cycle_overhead_range_s
+        lo_r, hi_r = self.bandwidth_ratio_range
+        return (replace(self, per_cycle_overhead_s=lo_o, measured_bandwidth_ratio=lo_r,
+                        bandwidth_factor=max(1.0, lo_r)),
+                replace(self, per_cycle_overhead_s=hi_o, measured_bandwidth_ratio=hi_r,
+                        bandwidth_factor=max(1.0, hi_r)))
 
 
 def calibrate_from_bench(data: dict, horovod_label: str = "hvd-mpi", mpi_label: str = "mpi4py",
@@ -518,6 +536,9 @@ def calibrate_from_bench(data: dict, horovod_label: str = "hvd-mpi", mpi_label: 
             latency_label = min(cands, key=lambda r: r.get("cycle_time_ms", 1.0))["label"]
     by = {lb: {r["size_bytes"]: r["time_s"] for r in recs if r["label"] == lb}
           for lb in (horovod_label, mpi_label, latency_label)}
+    # every launch's time (median_over_repeats keeps them), for the spread
+    reps = {lb: {r["size_bytes"]: r.get("time_s_repeats") or [r["time_s"]] for r in recs
+                 if r["label"] == lb} for lb in (horovod_label, mpi_label, latency_label)}
     for lb in (horovod_label, mpi_label, latency_label):
         if not by.get(lb):
             raise ValueError(f"no single-tensor records for {lb!r}; present: {sorted(labels)}")
@@ -526,6 +547,8 @@ def calibrate_from_bench(data: dict, horovod_label: str = "hvd-mpi", mpi_label: 
         raise ValueError(f"no common sizes <= {small_max} bytes for {latency_label!r} and "
                          f"{mpi_label!r}")
     overhead = max(0.0, _median([by[latency_label][s] - by[mpi_label][s] for s in small]))
+    overhead_samples = [max(0.0, a - b) for s in small
+                        for a, b in zip(reps[latency_label][s], reps[mpi_label][s])]
     common = sorted(set(by[horovod_label]) & set(by[mpi_label]))
     large = [s for s in common if s >= large_min]
     n = data["ranks"]
@@ -537,12 +560,24 @@ def calibrate_from_bench(data: dict, horovod_label: str = "hvd-mpi", mpi_label: 
             pass
     if large:
         ratio = _median([by[horovod_label][s] / by[mpi_label][s] for s in large])
+        ratio_samples = [a / b for s in large
+                         for a, b in zip(reps[horovod_label][s], reps[mpi_label][s])]
     elif len(fits) == 2:
         ratio = fits["horovod"]["slope_s_per_byte"] / fits["mpi"]["slope_s_per_byte"]
+        ratio_samples = [ratio]
     else:
         raise ValueError(f"no sizes >= {large_min} bytes and no alpha-beta fits to compare")
     return Calibration(overhead, max(1.0, ratio), ratio, latency_label, horovod_label, mpi_label,
-                       fits)
+                       fits, _iqr(overhead_samples), _iqr(ratio_samples),
+                       str(data.get("source", "")))
+
+
+def _iqr(xs: Sequence[float]) -> tuple[float, float]:
+    """(25th, 75th) percentile of ``xs`` (both the value for one sample)."""
+    if len(xs) == 1:
+        return (float(xs[0]), float(xs[0]))
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return (q[0], q[2])
 
 
 def _median(xs: Sequence[float]) -> float:
@@ -798,11 +833,19 @@ def plot_validation(result: dict, path: str | Path) -> None:
 
 # ---- CLI ----------------------------------------------------------------------------------------
 
+#: The calibration the docs' figures used: ``hvd-lm bench allreduce --np 2 --repeats 3`` on the
+#: project's 2-core CI machine (the model's default ``--bench-json``).
+SHIPPED_CALIBRATION = REPO_ROOT / "docs" / "allreduce_calibration.json"
+
+
 def _load_calibration(args: "ScalingModelConfig") -> Calibration | None:
-    if not args.bench_json:
+    if args.bench_json in ("", "none"):
         return None
-    return calibrate_from_bench(load_bench_json(args.bench_json), args.horovod_label,
-                                args.mpi_label, args.latency_label or None)
+    path = SHIPPED_CALIBRATION if args.bench_json == "shipped" else Path(args.bench_json)
+    data = load_bench_json(path)
+    data["source"] = str(path)
+    return calibrate_from_bench(data, args.horovod_label, args.mpi_label,
+                                args.latency_label or None)
 
 
 def _print_validation(v: dict) -> None:
@@ -849,10 +892,15 @@ def run(args: "ScalingModelConfig") -> int:
     try:
         cal = _load_calibration(args)
         if cal is not None:
-            print(f"calibration (this machine, vs {cal.mpi_label}): Horovod per-cycle overhead "
-                  f"{cal.per_cycle_overhead_s * 1e6:.0f} us ({cal.latency_label}), bandwidth ratio "
-                  f"{cal.measured_bandwidth_ratio:.3f} ({cal.horovod_label}; model uses "
-                  f"{cal.bandwidth_factor:.3f})")
+            lo_o, hi_o = cal.per_cycle_overhead_range_s
+            lo_r, hi_r = cal.bandwidth_ratio_range
+            print(f"calibration {cal.source} (vs {cal.mpi_label}): Horovod per-cycle overhead "
+                  f"{cal.per_cycle_overhead_s * 1e6:.0f} us (interquartile {lo_o * 1e6:.0f}.."
+                  f"{hi_o * 1e6:.0f}; {cal.latency_label}), bandwidth ratio "
+                  f"{cal.measured_bandwidth_ratio:.3f} ({lo_r:.3f}..{hi_r:.3f}; "
+                  f"{cal.horovod_label}; model uses {cal.bandwidth_factor:.3f})")
+        else:
+            print("calibration: none (Horovod's overhead over raw MPI taken as 0)")
         out: dict = {"calibration": asdict(cal) if cal else None}
         if args.mode == "predict":
             if args.params:
@@ -890,6 +938,16 @@ def run(args: "ScalingModelConfig") -> int:
         elif args.mode == "validate":
             v = validate(cal)
             _print_validation(v)
+            if cal is not None:  # how far the calibration's noise moves the comparison
+                v["calibration_range"] = {}
+                for name, bound in zip(("low", "high"), cal.bounds()):
+                    vb = validate(bound)
+                    v["calibration_range"][name] = vb["summary"]
+                for col, s_ in v["summary"].items():
+                    lo = v["calibration_range"]["low"][col]["model_max_abs_error"]
+                    hi = v["calibration_range"]["high"][col]["model_max_abs_error"]
+                    print(f"{col}: max |error| {s_['model_max_abs_error']:.1%} with the "
+                          f"calibration's interquartile range {min(lo, hi):.1%}..{max(lo, hi):.1%}")
             out["validation"] = v
             if args.plot:
                 plot_validation(v, args.plot)
@@ -958,8 +1016,9 @@ class ScalingModelConfig:
     cycle_time_ms: float = option(1.0, "HOROVOD_CYCLE_TIME, ms", ge=0)
     sync_overhead: Optional[float] = option(None, "t_sync, s (default: calibrated on the "
                                             "reference's 8-GPU row)", ge=0)
-    bench_json: str = option("", "`hvd-lm bench allreduce --json` output: calibrates Horovod's "
-                             "per-op overhead and bandwidth factor")
+    bench_json: str = option("shipped", "`hvd-lm bench allreduce --json` output calibrating "
+                             "Horovod's per-op overhead and bandwidth factor: a file, 'shipped' "
+                             "(docs/allreduce_calibration.json, what the docs used) or 'none'")
     horovod_label: str = option("hvd-mpi", "bench configuration of Horovod")
     mpi_label: str = option("mpi4py", "bench configuration of raw MPI")
     latency_label: str = option("", "configuration for the per-op overhead (default: the "

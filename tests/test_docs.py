@@ -1,0 +1,466 @@
+"""The docs run as written: every fenced shell block of README.md and docs/*.md, in reading order.
+
+Blocks are extracted with mktestdocs (``grab_code_blocks``) and every command in them is run or
+checked the way a new user on this machine would meet it, in one temporary clone of the working
+tree (its tracked files, the repository's ``.venv``) with ``../shared`` beside it, so later blocks
+see what earlier ones wrote (prepare writes ``data/amazon``, train writes ``runs/h256``, transfer
+reads it):
+
+* **run**: help, rendering (``hvd-lm launch``), data preparation and verification, training,
+  evaluation, transfer, the scaling model and the launch templates on this machine. Long runs are
+  shrunk, and only these ways (:func:`shrink`): ``--max-steps N`` becomes ``max(2, N // 500)``
+  (from the config's ``optim.max_steps`` when no flag gives it), ``--hidden-size 64`` is added when
+  neither a flag nor the config sets the width, transfer gets ``--max-examples`` of at most 200,
+  and ranks (``-np``, ``NP``, ``-H localhost:N``) are capped at 2, this machine's cores.
+* **check**: benchmarks, the demo, downloads and anything that needs a cluster (``sbatch``,
+  ``qsub``, several hosts) are parsed by the command's real parser (``hvd-lm``'s, horovodrun's,
+  the template's knobs block, ``bash -n``) and their input paths must exist or be written by an
+  earlier block (outputs of checked commands count as written).
+
+Python blocks run with mktestdocs (``check_md_file``), and every ``-np``/``NP`` above this
+machine's core count must sit next to a sentence saying how to run it here (``--oversubscribe``
+or the core count).
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import io
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests._mp import REPO, SHARED, launch_env
+
+mktestdocs = pytest.importorskip("mktestdocs")
+
+#: Reading order: README first (it creates what the docs use), then docs/ in this order.
+DOCS = ["README.md", "docs/data_prep.md", "docs/launch.md", "docs/transfer.md",
+        "docs/performance.md"]
+CORES = 2                    # ranks are capped here; more needs a documented way (see above)
+#: Inputs no block can create, each with the reason (user files and cluster outputs).
+EXTERNAL = {
+    "runs/scaling/g*": "written by the sweep's jobs on a SLURM cluster",
+    ".whl": "the wheel folder a GPU node's session carries (scripts/gpu_check.sh)",
+    "/shared/fs/data": "an output folder on a cluster's shared filesystem",
+    "/shared/fs/out": "an output folder on a cluster's shared filesystem",
+}
+OUTPUT_FLAGS = {"--out", "--out-dir", "--json", "--plot", "-o"}
+PATHLIKE = re.compile(r"/|\.(ya?ml|json|jsonl|csv|tsv|gz|sbatch|qsub|sh|txt|pt|png)$")
+#: Templates that run on this machine as they are (the rest need hosts or a scheduler).
+LOCAL_TEMPLATES = {"horovodrun_local.sh", "mpirun.sh", "horovodrun_elastic.sh"}
+REMOTE_KNOBS = {"HOSTS", "HOSTFILE", "DISCOVERY"}
+
+
+@dataclass
+class Cmd:
+    """One simple command of a block: where it is, its environment prefix and its words."""
+
+    doc: str
+    line: int
+    text: str
+    env: dict[str, str]
+    argv: list[str]
+    shell: bool = False          # has a redirection: run through bash as written
+
+    def where(self) -> str:
+        return f"{self.doc}:{self.line}: `{self.text.strip()}`"
+
+
+@dataclass
+class Session:
+    """The clone the blocks run in, the shell variables set so far, what checked commands
+    would have written, and a log of what was run or checked (printed on failure)."""
+
+    root: Path
+    env: dict[str, str]
+    variables: dict[str, str] = field(default_factory=dict)
+    produced: set[str] = field(default_factory=set)
+    log: list[str] = field(default_factory=list)
+
+
+# ---- extraction ----------------------------------------------------------------------------------
+def _expand_braces(word: str) -> list[str]:
+    m = re.search(r"\{([^{}]*,[^{}]*)\}", word)
+    if not m:
+        return [word]
+    return [y for alt in m.group(1).split(",")
+            for y in _expand_braces(word[:m.start()] + alt + word[m.end():])]
+
+
+def commands(doc: str) -> list[Cmd]:
+    """The simple commands of every ``bash`` block of ``doc`` (continuations joined, comments
+    dropped, ``&&`` lists split, ``{a,b}`` alternatives expanded into one command each)."""
+    text = (REPO / doc).read_text()
+    out = []
+    pos = 0
+    for block in mktestdocs.grab_code_blocks(text, lang="bash"):
+        start = text.index(block, pos)
+        pos = start + len(block)
+        line0 = text.count("\n", 0, start) + 1
+        logical = re.sub(r"\\\n\s*", " ", block)
+        for i, line in enumerate(logical.splitlines()):
+            words = shlex.split(line, comments=True)
+            if not words:
+                continue
+            shell = any(w.startswith(">") for w in words)
+            parts: list[list[str]] = [[]]
+            for w in words:
+                if w in ("&&", ";"):
+                    parts.append([])
+                else:
+                    parts[-1].append(w)
+            for part in parts:
+                env = {}
+                while part and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", part[0]):
+                    k, v = part.pop(0).split("=", 1)
+                    env[k] = v
+                alts = [[]]
+                for w in part:
+                    alts = [a + [x] for a in alts for x in _expand_braces(w)]
+                for argv in alts:
+                    out.append(Cmd(doc, line0 + i, line, env, argv, shell))
+    return out
+
+
+def test_every_doc_is_covered_and_has_shell_blocks():
+    docs = {"README.md", *(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))}
+    assert docs == set(DOCS), "add new docs to DOCS (in reading order)"
+    assert all(commands(d) for d in DOCS)
+
+
+# ---- classification helpers ----------------------------------------------------------------------
+def _expand(word: str, s: Session) -> list[str]:
+    word = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?",
+                  lambda m: s.variables.get(m.group(1), m.group(0)), word)
+    if any(c in word for c in "*?[") and not _placeholder(word):
+        return sorted(glob.glob(word, root_dir=s.root)) or [word]   # bash: no match, kept as is
+    return [word]
+
+
+def _placeholder(word: str) -> bool:
+    return "..." in word
+
+
+def _hvd_lm_argv(argv: list[str]) -> list[str] | None:
+    """``hvd-lm`` arguments for an hvd_lm / data_prep command line, else None."""
+    prog = Path(argv[0]).name
+    if prog == "hvd-lm":
+        return argv[1:]
+    if prog.startswith("python") and len(argv) > 2 and argv[1] == "-m":
+        mod, rest = argv[2], argv[3:]
+        if mod == "hvd_lm":
+            return rest
+        if mod == "hvd_lm.transfer":
+            return ["transfer", *rest]
+        if mod == "data_prep":
+            return ["bench", "prepare", *rest[1:]] if rest[:1] == ["bench"] else rest
+    return None
+
+
+def _split_launcher(argv: list[str]) -> tuple[list[str], list[str], dict]:
+    """(launcher words, inner command, facts) for horovodrun / mpirun lines, else ([], argv,
+    {}). horovodrun is parsed by Horovod's own parser; mpirun by OpenMPI's option arities."""
+    prog = Path(argv[0]).name
+    if prog == "horovodrun":
+        from horovod.runner import launch as hl
+        saved = sys.argv
+        sys.argv = ["horovodrun", *argv[1:]]
+        try:
+            with contextlib.redirect_stderr(io.StringIO()) as err:
+                args = hl.parse_args()
+        except SystemExit:
+            raise AssertionError(f"horovodrun rejects {argv[1:]}: {err.getvalue()}") from None
+        finally:
+            sys.argv = saved
+        inner = list(args.command)
+        hosts = args.hosts or f"localhost:{args.num_proc}"
+        return argv[:len(argv) - len(inner)], inner, {"np": args.num_proc, "hosts": hosts}
+    if prog == "mpirun":
+        arity = {"-np": 1, "-n": 1, "-bind-to": 1, "--bind-to": 1, "-map-by": 1, "--map-by": 1,
+                 "-H": 1, "--host": 1, "-x": 1, "-hostfile": 1, "--hostfile": 1, "-mca": 2,
+                 "--mca": 2, "--oversubscribe": 0, "-oversubscribe": 0}
+        i, facts = 1, {"np": None, "hosts": "localhost", "oversubscribe": False}
+        while i < len(argv) and argv[i].startswith("-"):
+            opt = argv[i]
+            assert opt in arity, f"mpirun option {opt} unknown to this test: add its arity"
+            if opt in ("-np", "-n"):
+                facts["np"] = int(argv[i + 1])
+            if opt in ("-H", "--host", "-hostfile", "--hostfile"):
+                facts["hosts"] = argv[i + 1]
+            facts["oversubscribe"] |= "oversubscribe" in opt
+            i += 1 + arity[opt]
+        return argv[:i], argv[i:], facts
+    return [], argv, {}
+
+
+def _local_hosts(hosts: str) -> bool:
+    return all(h.split(":")[0] in ("localhost", "127.0.0.1") for h in hosts.split(","))
+
+
+def _cap_ranks(launcher: list[str]) -> list[str]:
+    out = list(launcher)
+    for i, w in enumerate(out[:-1]):
+        if w in ("-np", "-n"):
+            out[i + 1] = str(min(int(out[i + 1]), CORES))
+        if w == "-H" and _local_hosts(out[i + 1]):
+            out[i + 1] = f"localhost:{min(int(out[i + 1].split(':')[1]), CORES)}"
+    return out
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    for i, w in enumerate(argv):
+        if w == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if w.startswith(name + "="):
+            return w.split("=", 1)[1]
+    return None
+
+
+def _config_value(argv: list[str], root: Path, section: str, key: str):
+    cfg = _flag(argv, "--config")
+    if cfg and (root / cfg).is_file():
+        return ((yaml.safe_load((root / cfg).read_text()) or {}).get(section) or {}).get(key)
+    return None
+
+
+def shrink(hvd: list[str], root: Path) -> list[str]:
+    """The documented size reductions (module docstring) of an ``hvd-lm`` argument list: flags
+    appended at the end, where argparse lets the last occurrence win."""
+    out = list(hvd)
+    if hvd[:1] == ["train"]:
+        steps = _flag(out, "--max-steps") or _config_value(out, root, "optim", "max_steps")
+        out += ["--max-steps", str(max(2, int(steps) // 500) if steps else 2)]
+        if not (_flag(out, "--hidden-size")
+                or _config_value(out, root, "model", "hidden_size")):
+            out += ["--hidden-size", "64"]
+    if hvd[:1] == ["transfer"]:
+        n = _flag(out, "--max-examples")
+        out += ["--max-examples", str(min(int(n), 200) if n else 200)]
+    return out
+
+
+def _inputs_and_outputs(argv: list[str]) -> tuple[list[str], list[str]]:
+    ins, outs = [], []
+    for i, w in enumerate(argv):
+        prev = argv[i - 1] if i else ""
+        if w.startswith("-") or "://" in w or _placeholder(w):
+            continue
+        if prev in OUTPUT_FLAGS:
+            outs.append(w)
+        elif PATHLIKE.search(w):
+            ins.append(w)
+    return ins, outs
+
+
+def _check_inputs(cmd: Cmd, argv: list[str], s: Session, skip: set[str] = frozenset()) -> None:
+    ins, outs = _inputs_and_outputs(argv)
+    for p in ins:
+        if p in skip or p in EXTERNAL:
+            continue
+        known = (s.root / p).exists() or any(p == q or p.startswith(q.rstrip("/") + "/")
+                                              for q in s.produced)
+        assert known, f"{cmd.where()}: input {p} does not exist and no earlier block writes it"
+    s.produced.update(outs)
+
+
+def _parse_hvd_lm(cmd: Cmd, hvd: list[str], s: Session) -> None:
+    """Parse with hvd-lm's real parser; validate the settings when nothing is a placeholder."""
+    from hvd_lm.cli import build_parser
+    words = [w for w in hvd if not _placeholder(w)]
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            args = build_parser(words).parse_args(words)
+    except SystemExit:
+        raise AssertionError(f"{cmd.where()}: hvd-lm rejects it: {err.getvalue()}") from None
+    if len(words) == len(hvd) and "-h" not in words and "--help" not in words:
+        cwd = os.getcwd()
+        os.chdir(s.root)
+        try:
+            args.command_obj.settings(args)
+        except Exception as e:  # noqa: BLE001 - reported with the doc line
+            raise AssertionError(f"{cmd.where()}: invalid settings: {e}") from None
+        finally:
+            os.chdir(cwd)
+
+
+def _execute(cmd: Cmd, argv: list[str], s: Session, env: dict | None = None,
+             timeout: float = 600) -> None:
+    run_env = dict(s.env, **(env or {}))
+    if cmd.shell:
+        proc = subprocess.run(["bash", "-c", cmd.text], cwd=s.root, env=run_env, text=True,
+                              capture_output=True, timeout=timeout)
+    else:
+        proc = subprocess.run(argv, cwd=s.root, env=run_env, text=True, capture_output=True,
+                              timeout=timeout)
+    s.log.append(f"ran     {cmd.where()} -> {' '.join(argv)}")
+    assert proc.returncode == 0, (f"{cmd.where()} exited {proc.returncode} (ran {argv})\n"
+                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+# ---- one command ---------------------------------------------------------------------------------
+#: hvd-lm commands that run here (the rest are checked): cheap, or shrunk by :func:`shrink`.
+RUN_COMMANDS = {"prepare", "verify", "train", "eval", "transfer", "launch", "scaling-model",
+                "scaling-report", "check-build"}
+
+
+def _template_knobs(path: Path) -> set[str]:
+    from hvd_lm.jobs.launch import knob_defaults
+    return set(knob_defaults(path.read_text())) | set(
+        re.findall(r"\b([A-Z][A-Z0-9_]+)\b", (REPO / "launch" / "env.sh").read_text()))
+
+
+def _template(cmd: Cmd, script: str, env: dict[str, str], s: Session, run_it: bool) -> None:
+    path = s.root / script
+    assert path.is_file(), f"{cmd.where()}: {script} does not exist"
+    unknown = set(env) - _template_knobs(path)
+    assert not unknown, f"{cmd.where()}: {sorted(unknown)} are not knobs of {script}"
+    subprocess.run(["bash", "-n", str(path)], check=True, timeout=30)
+    remote = REMOTE_KNOBS & {k for k, v in env.items() if v}
+    hosts_file = env.get("HOSTS_FILE")
+    if hosts_file and (s.root / hosts_file).is_file():
+        remote |= set() if _local_hosts(",".join(
+            (s.root / hosts_file).read_text().split())) else {"HOSTS_FILE"}
+    if not run_it or Path(script).name not in LOCAL_TEMPLATES or remote:
+        s.log.append(f"checked {cmd.where()}")
+        return
+    env = dict(env)
+    if "OUT_DIR" not in env:                          # the run dir of the uncapped NP
+        from hvd_lm.jobs.launch import knob_defaults
+        default = knob_defaults(path.read_text())["OUT_DIR"]
+        env["OUT_DIR"] = default.replace("$NP", env.get("NP", str(CORES)))
+    env["NP"] = str(min(int(env.get("NP", CORES)), CORES))
+    train = shlex.split(env.get("TRAIN_ARGS", ""))
+    cfg_args = ["--config", env["CONFIG"]] if env.get("CONFIG") else []
+    env["TRAIN_ARGS"] = " ".join(shrink(["train", *cfg_args, *train], s.root)[1 + len(cfg_args):])
+    _check_inputs(cmd, [*cfg_args, *train], s)
+    _execute(cmd, ["bash", script], s, env=env)
+
+
+def handle(cmd: Cmd, s: Session) -> None:
+    """Run or check one command (see the module docstring)."""
+    argv = [x for w in cmd.argv for x in _expand(w, s)]
+    if not argv:                                     # NAME=value alone: a shell variable
+        for k, v in cmd.env.items():
+            if "${" not in v:                        # a knobs-block line shown as an example
+                s.variables[k] = _expand(v, s)[0]
+            else:
+                assert any(cmd.text.strip() in t.read_text() for t in
+                           (REPO / "launch").iterdir()), f"{cmd.where()}: no template has it"
+        return
+    prog = Path(argv[0]).name
+    if prog == "make":
+        targets = re.findall(r"^([a-z-]+):", (REPO / "Makefile").read_text(), re.M)
+        assert set(argv[1:]) <= set(targets), f"{cmd.where()}: no such make target"
+        s.log.append(f"checked {cmd.where()} (make runs the whole suite / the demo)")
+        return
+    if prog in ("sbatch", "qsub"):
+        script = argv[-1]
+        assert (s.root / script).is_file() or script in s.produced, f"{cmd.where()}: no {script}"
+        if (s.root / script).is_file():
+            subprocess.run(["bash", "-n", str(s.root / script)], check=True, timeout=30)
+            v = _flag(argv, "-v")
+            names = set(cmd.env) | ({kv.split("=")[0] for kv in v.split(",")} if v else set())
+            unknown = names - _template_knobs(s.root / script)
+            assert not unknown, f"{cmd.where()}: {sorted(unknown)} are not knobs of {script}"
+        s.log.append(f"checked {cmd.where()} (needs a scheduler)")
+        return
+    if prog == "bash" and len(argv) > 1:
+        script = argv[1]
+        if script.startswith("launch/"):
+            return _template(cmd, script, cmd.env, s, run_it=True)
+        assert (s.root / script).is_file(), f"{cmd.where()}: {script} does not exist"
+        subprocess.run(["bash", "-n", str(s.root / script)], check=True, timeout=30)
+        s.log.append(f"checked {cmd.where()} (cluster job or GPU node)")
+        return
+    if cmd.shell or prog in ("echo", "cmp", "mkdir", "cp"):
+        return _execute(cmd, argv, s, env=cmd.env)
+    launcher, inner, facts = _split_launcher(argv)
+    hvd = _hvd_lm_argv(inner)
+    assert hvd is not None, f"{cmd.where()}: the docs test does not know `{prog}`"
+    _parse_hvd_lm(cmd, hvd, s)
+    what = hvd[0] if hvd[0] != "bench" else "bench"
+    local = not launcher or _local_hosts(facts["hosts"])
+    placeholders = any(_placeholder(w) for w in argv)
+    if hvd[:1] == ["scaling-model"] and any(_flag(hvd, f) in s.produced - {None}
+                                            for f in ("--bench-json",)):
+        placeholders = True                          # its input was only checked, not made
+    help_only = "-h" in hvd or "--help" in hvd
+    _check_inputs(cmd, hvd, s)
+    if help_only or (what in RUN_COMMANDS and local and not placeholders):
+        if hvd[:1] == ["scaling-report"] and not any((s.root / w).exists() for w in hvd[1:]):
+            s.log.append(f"checked {cmd.where()} (its runs come from a cluster)")
+            return
+        extra = shrink(hvd, s.root)[len(hvd):]        # shrink only appends flags
+        full = [*_cap_ranks(launcher), *inner, *extra]
+        return _execute(cmd, full, s, env=cmd.env)
+    s.log.append(f"checked {cmd.where()}")
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} (the project's shared data) is not present")
+    top = tmp_path_factory.mktemp("docs")
+    root = top / "repo"
+    root.mkdir()
+    (top / "shared").symlink_to(SHARED)
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
+                             check=True).stdout.decode().split("\0")
+    for name in sorted({t.split("/")[0] for t in tracked if t} | {".venv"}):
+        (root / name).symlink_to(REPO / name)
+    env = launch_env()
+    env.pop("OUT_DIR", None)
+    return Session(root, env)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("doc", DOCS)
+def test_shell_blocks_run_as_written(doc, session):
+    for cmd in commands(doc):
+        try:
+            handle(cmd, session)
+        except AssertionError:
+            print("\n".join(session.log[-40:]))
+            raise
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_ranks_above_this_machines_cores_are_explained(doc):
+    text = (REPO / doc).read_text().splitlines()
+    for cmd in commands(doc):
+        launcher, _, facts = ([], [], {})
+        if cmd.argv and Path(cmd.argv[0]).name in ("mpirun", "horovodrun"):
+            launcher, _, facts = _split_launcher(cmd.argv)
+        n = facts.get("np") or (int(cmd.env["NP"]) if cmd.env.get("NP", "").isdigit() else 0)
+        local = not facts or _local_hosts(facts.get("hosts", "localhost"))
+        local &= not (REMOTE_KNOBS & set(cmd.env)) and "sbatch" not in cmd.text
+        if n > CORES and local and not facts.get("oversubscribe"):
+            near = "\n".join(text[max(0, cmd.line - 15):cmd.line + 15])
+            assert re.search(r"oversubscribe|\bcores?\b|-core", near), (
+                f"{cmd.where()}: {n} ranks on one machine; say how to run it on {CORES} cores")
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_python_blocks_run(doc, session, monkeypatch):
+    monkeypatch.chdir(session.root)
+    mktestdocs.check_md_file(REPO / doc, lang="python", memory=True)
+
+
+def test_shrinking_is_what_the_docstring_says(tmp_path):
+    (tmp_path / "c.yaml").write_text("optim: {max_steps: 2000}\nmodel: {hidden_size: 256}\n")
+    assert shrink(["train", "--max-steps", "4000"], tmp_path)[-4:] == [
+        "--max-steps", "8", "--hidden-size", "64"]
+    assert shrink(["train", "--config", "c.yaml"], tmp_path)[-2:] == ["--max-steps", "4"]
+    assert shrink(["transfer", "x", "--max-examples", "2000"], tmp_path)[-2:] == [
+        "--max-examples", "200"]
+    assert _cap_ranks(["mpirun", "-np", "8", "-H", "localhost:8"]) == [
+        "mpirun", "-np", "2", "-H", "localhost:2"]
