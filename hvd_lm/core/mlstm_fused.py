@@ -281,17 +281,14 @@ class WindowGraphs:
         return graphed(*present)
 
     def _capture(self, fn: Callable, args: tuple, key: tuple) -> None:
-        where = [i for i, a in enumerate(args) if a is not None]
+        where, n = [i for i, a in enumerate(args) if a is not None], len(args)
         sample = tuple(args[i].detach().clone().requires_grad_(args[i].requires_grad)
                        for i in where)
 
         def dense(*present):  # make_graphed_callables takes tensors only: re-insert the Nones
-            full = list(args)
+            full: list = [None] * n
             for i, p in zip(where, present):
                 full[i] = p
-            for i in range(len(full)):
-                if i not in where:
-                    full[i] = None
             return fn(*full)
 
         try:

@@ -13,8 +13,9 @@ must be fp32 and contiguous.
 Triton compiles for GPUs; with ``TRITON_INTERPRET=1`` set before this module is imported, its
 interpreter runs the same kernels on CPU tensors (numpy), which is how the tests check them on a
 machine without a GPU. ``tanh`` is written out (:func:`_tanh`) because the interpreter has no
-libdevice: an odd polynomial below |x| = 0.25 (relative error < 2e-8) and
-``(1 - e^{-2|x|}) / (1 + e^{-2|x|})`` above it.
+libdevice: an odd Taylor polynomial below |x| = 0.25 and ``(1 - e^{-2|x|}) / (1 + e^{-2|x|})``
+above it; measured within 1.1e-7 absolute and 2.9e-7 relative error of the exact tanh over
+[-20, 20] (torch's fp32 tanh: 3.1e-8 absolute).
 
 Raises (from the wrappers):
     ValueError: a state tensor that is not fp32, or a non-contiguous tensor.
@@ -42,13 +43,19 @@ def _tanh(x):
 
 
 @triton.jit
+def _elements(N, H, BLOCK: tl.constexpr):
+    """This program's BLOCK element offsets in [B, H] (row-major), which are live (< N), their
+    rows and the offset of their i gate in [B, 4H] (f, u, o follow at +H, +2H, +3H)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    row = offs // H
+    return offs, offs < N, row, row * 4 * H + offs % H
+
+
+@triton.jit
 def _cell_forward_kernel(g_ptr, cprev_ptr, hstate_ptr, keep_ptr, rk_ptr, act_ptr, tc_ptr,
                          hs_ptr, cnext_ptr, hnext_ptr, hcnext_ptr, N, H,
                          HAS_KEEP: tl.constexpr, HAS_RK: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = offs < N
-    row = offs // H
-    gate = row * 4 * H + offs % H
+    offs, live, row, gate = _elements(N, H, BLOCK)
     si = tl.sigmoid(tl.load(g_ptr + gate, mask=live, other=0.0).to(tl.float32))
     sf = tl.sigmoid(tl.load(g_ptr + gate + H, mask=live, other=0.0).to(tl.float32))
     tu = _tanh(tl.load(g_ptr + gate + 2 * H, mask=live, other=0.0).to(tl.float32))
@@ -80,10 +87,7 @@ def _cell_forward_kernel(g_ptr, cprev_ptr, hstate_ptr, keep_ptr, rk_ptr, act_ptr
 def _cell_backward_kernel(dhs_ptr, dhp_ptr, dcp_ptr, rk_ptr, keep_ptr, act_ptr, tc_ptr,
                           cprev_ptr, dg_ptr, dcpout_ptr, dhold_ptr, N, H,
                           HAS_KEEP: tl.constexpr, HAS_RK: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = offs < N
-    row = offs // H
-    gate = row * 4 * H + offs % H
+    offs, live, row, gate = _elements(N, H, BLOCK)
     dh = tl.load(dhs_ptr + offs, mask=live, other=0.0).to(tl.float32)
     dhp = tl.load(dhp_ptr + offs, mask=live, other=0.0)
     dc = tl.load(dcp_ptr + offs, mask=live, other=0.0)

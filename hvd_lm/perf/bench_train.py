@@ -60,19 +60,44 @@ from hvd_lm.train.evaluate import window_nll
 from hvd_lm.train.optim import build_optimizer
 
 
-def matmul_gflops(n: int = 2048, repeats: int = 5, threads: int = 1) -> float:
-    """Best-of-``repeats`` fp32 ``torch.mm`` rate for n x n x n with ``threads`` threads, GFLOP/s."""
+def matmul_gflops(n: int = 2048, repeats: int = 5, threads: int = 1, device: str = "cpu",
+                  dtype: torch.dtype = torch.float32) -> float:
+    """Best-of-``repeats`` ``torch.mm`` rate for n x n x n in ``dtype`` on ``device`` (CPU with
+    ``threads`` threads), GFLOP/s."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+
+    def sync():
+        if a.is_cuda:
+            torch.cuda.synchronize()
+
     torch.mm(a, b)
+    sync()
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
         torch.mm(a, b)
+        sync()
         best = min(best, time.perf_counter() - t)
     torch.set_num_threads(old)
+    if a.is_cuda:
+        del a, b
+        torch.cuda.empty_cache()  # the workers this driver launches get the GPU's memory
     return 2 * n ** 3 / best / 1e9
+
+
+def peak_gflops(step: "StepConfig") -> tuple[float, str]:
+    """The matmul rate the achieved FLOP rate is compared with, and its description: one CPU
+    rank's fp32 rate with ``step.threads`` threads (2048^3), or on CUDA the GPU's rate in the
+    step's GEMM dtype (8192^3)."""
+    if step.device == "cuda":
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(step.precision,
+                                                                     torch.float32)
+        return (matmul_gflops(8192, device="cuda", dtype=dtype),
+                f"{str(dtype)[6:]} on {torch.cuda.get_device_name()}, 8192^3")
+    return matmul_gflops(threads=step.threads), f"fp32, {step.threads} thread(s), 2048^3"
 
 
 # ---- settings -----------------------------------------------------------------------------------
@@ -326,8 +351,8 @@ def summarize_train(trials: dict[tuple[str, str, int], list[dict]], peak: float)
 def bench_train(cfg: BenchTrainConfig) -> int:
     """Print (and with ``--json`` save) the ``bench train`` table (see the module docstring)."""
     ranks = sorted(set(cfg.ranks))
-    peak = matmul_gflops(threads=cfg.threads)
-    print(f"matmul peak (fp32, {cfg.threads} thread(s), 2048^3): {peak:.1f} GFLOP/s per rank")
+    peak, what = peak_gflops(cfg)
+    print(f"matmul peak ({what}): {peak:.1f} GFLOP/s per rank")
     var = variants(cfg)
     configs = [(label, "horovod", n) for label, _ in var for n in ranks]
     if cfg.ddp:
@@ -340,7 +365,7 @@ def bench_train(cfg: BenchTrainConfig) -> int:
                 launch(backend, n, cfg, cfg.timeout, variant=settings[label]))
     summary = summarize_train(trials, peak)
     runs = summary["runs"]
-    peak_after = matmul_gflops(threads=cfg.threads)
+    peak_after, _ = peak_gflops(cfg)
     print(f"model: {cfg.cell} H={cfg.hidden_size} E={cfg.embed_dim}, per-rank batch "
           f"{cfg.batch_size} x {cfg.seq_len} chars, {runs[0]['flops_per_char'] / 1e6:.2f} "
           f"MFLOP/char (fwd+bwd), {cfg.device} {cfg.precision}")
