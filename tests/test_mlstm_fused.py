@@ -374,6 +374,8 @@ def test_bench_variants_and_ratios():
     s = bt.summarize_train(trials, peak=1.0)
     ratios = {(x["variant"], x["ranks"]): x["ratio"] for x in s["impl_ratios"]}
     assert ratios == {("fused/torch", 1): pytest.approx(1.4), ("fused/torch", 2): 1.3}
+    assert s["impl_ratios"][0]["paired_ratios"] == pytest.approx([1.3, 150 / 90, 140 / 110])
+    assert s["impl_ratios"][0]["paired_ratio_median"] == pytest.approx(1.3)
     assert s["horovod_over_ddp"] == pytest.approx(260 / 250)
     eff = {(r["variant"], r["ranks"]): r["weak_scaling_efficiency"] for r in s["runs"]
            if r["backend"] == "horovod"}

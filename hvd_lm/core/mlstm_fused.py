@@ -134,7 +134,8 @@ class MLSTMWindow(torch.autograd.Function):
             dA = torch.empty(T, B, H, dtype=C, device=dev)
             dhp = torch.zeros(B, H, dtype=S, device=dev) if dh_T is None else dh_T.to(S).clone()
             dcp = torch.zeros(B, H, dtype=S, device=dev) if dc_T is None else dc_T.to(S).clone()
-            dhold = torch.empty(B, H, dtype=S, device=dev)
+            # without padding nothing bypasses the cell: dhold is zero and not materialised
+            dhold = torch.empty(B, H, dtype=S, device=dev) if keep is not None else None
             if dhs is None:
                 dhs = torch.zeros(T, B, H, dtype=C, device=dev)
             dhs = dhs.contiguous()  # e.g. the grad of hs.transpose(0, 1): per-step rows dense
@@ -146,7 +147,10 @@ class MLSTMWindow(torch.autograd.Function):
                                  cp_t[t], dG_t[t], dcp, dhold)
                 torch.mm(dG_t[t], w_h_c, out=dM_t[t])
                 torch.mul(dM_t[t], xm_t[t], out=dA_t[t])
-                if C == S:
+                if dhold is None:
+                    dhp = torch.mm(dA_t[t], w_mh_c, out=dhp) if C == S else \
+                        torch.mm(dA_t[t], w_mh_c).to(S)
+                elif C == S:
                     torch.addmm(dhold, dA_t[t], w_mh_c, out=dhp)
                 else:
                     torch.add(dhold, torch.mm(dA_t[t], w_mh_c), out=dhp)
@@ -197,6 +201,8 @@ def mlstm_window(xg: torch.Tensor, xm: torch.Tensor, state: State, w_mh: torch.T
         raise ValueError(f"mlstm_window: shapes do not fit: xg {tuple(xg.shape)}, xm "
                          f"{tuple(xm.shape)}, h0 {tuple(h0.shape)}, c0 {tuple(c0.shape)}, "
                          f"w_mh {tuple(w_mh.shape)}, w_h {tuple(w_h.shape)}")
+    if reset is not None and reset.device.type == "cpu" and not bool(reset.any()):
+        reset = None  # most windows have no stream start: skip the multiplies (no sync on CPU)
     keep = None if mask is None else mask.reshape(T, B, 1).to(torch.bool)
     rk = None if reset is None else (~reset.to(torch.bool)).reshape(T, B, 1).to(c0.dtype)
     if c0.dtype != h0.dtype:

@@ -20,7 +20,8 @@ cell backward, step t: ``dhs_t`` [B, H] (grad of hs[t]), ``dhp`` / ``dcp`` [B, H
 the state entering step t+1), ``rk_next``, ``keep``, ``act``, ``cprev`` as saved. Writes ``dg``
 [B, 4H] (C: grads of the gate pre-activations), ``dcp_out`` [B, H] (S: grad of ``cprev``; may be
 ``dcp``) and ``dhold`` [B, H] (S: the part of the grad of ``hstate`` that bypasses the cell on
-held rows; the GEMM part is added by the caller).
+held rows; the GEMM part is added by the caller; only written when ``keep`` is given, else
+all zero and the caller passes None).
 
 Three implementations of the same two functions, picked by :func:`get_kernels`:
 
@@ -73,7 +74,7 @@ def cell_forward(g: torch.Tensor, cprev: torch.Tensor, hstate: torch.Tensor,
 def cell_backward(dhs_t: torch.Tensor, dhp: torch.Tensor, dcp: torch.Tensor,
                   rk_next: torch.Tensor | None, keep: torch.Tensor | None, act: torch.Tensor,
                   tc: torch.Tensor, cprev: torch.Tensor, dg: torch.Tensor,
-                  dcp_out: torch.Tensor, dhold: torch.Tensor) -> None:
+                  dcp_out: torch.Tensor, dhold: torch.Tensor | None) -> None:
     """One step's elementwise backward (the derivative of :func:`cell_forward`), as pure tensor
     expressions copied into ``dg``, ``dcp_out`` and ``dhold`` (module docstring)."""
     H = cprev.shape[1]
@@ -92,7 +93,6 @@ def cell_backward(dhs_t: torch.Tensor, dhp: torch.Tensor, dcp: torch.Tensor,
     dg.copy_(torch.cat((dgi, dgf, dgu, dgo), dim=1))
     if keep is None:
         dcp_out.copy_(dct * sf)
-        dhold.zero_()
     else:
         dcp_out.copy_(dct * sf + hold_c)
         dhold.copy_(hold_h)
@@ -109,26 +109,28 @@ def torch_cell_forward(g: torch.Tensor, cprev: torch.Tensor, hstate: torch.Tenso
     torch.sigmoid(g, out=act)  # i, f, o (the u block is overwritten next)
     torch.tanh(g[:, 2 * H:3 * H], out=act[:, 2 * H:3 * H])
     si, sf, tu, so = act.split(H, dim=1)
-    c = torch.mul(sf, cprev).add_(si * tu)
-    torch.tanh(c, out=tc)
-    h = torch.mul(so, tc)
-    if keep is not None:
-        c = torch.where(keep, c, cprev)
-        h = torch.where(keep, h, hstate)
-    hs_t.copy_(h)
-    if rk_next is None:
-        c_next.copy_(c)
-        h_next.copy_(h)
+    if keep is None:  # no padding: c and h are written where they go (c_next may be cprev)
+        c = torch.mul(sf, cprev, out=c_next).addcmul_(si, tu)
+        torch.tanh(c, out=tc)
+        h = torch.mul(so, tc, out=h_next)
     else:
-        torch.mul(c, rk_next, out=c_next)
-        torch.mul(h, rk_next, out=h_next)
-    hc_next.copy_(h_next)
+        c = torch.mul(sf, cprev).addcmul_(si, tu)
+        torch.tanh(c, out=tc)
+        h = torch.mul(so, tc)
+        c = torch.where(keep, c, cprev, out=c_next)
+        h = torch.where(keep, h, hstate, out=h_next)
+    hs_t.copy_(h)
+    if rk_next is not None:
+        c.mul_(rk_next)
+        h.mul_(rk_next)
+    hc_next.copy_(h)
 
 
 def torch_cell_backward(dhs_t: torch.Tensor, dhp: torch.Tensor, dcp: torch.Tensor,
                         rk_next: torch.Tensor | None, keep: torch.Tensor | None,
                         act: torch.Tensor, tc: torch.Tensor, cprev: torch.Tensor,
-                        dg: torch.Tensor, dcp_out: torch.Tensor, dhold: torch.Tensor) -> None:
+                        dg: torch.Tensor, dcp_out: torch.Tensor,
+                        dhold: torch.Tensor | None) -> None:
     """:func:`cell_backward` in eager torch ops writing straight into the outputs: the
     ``torch`` kernels."""
     H = cprev.shape[1]
@@ -143,14 +145,12 @@ def torch_cell_backward(dhs_t: torch.Tensor, dhp: torch.Tensor, dcp: torch.Tenso
         hold_c = torch.where(keep, zero, dc)
         dh.masked_fill_(~keep, 0.0)
         dc = torch.where(keep, dc, zero)
-    else:
-        dhold.zero_()
     si, sf, tu, so = act.split(H, dim=1)
+    one = torch.ones((), dtype=act.dtype, device=act.device)
     # local derivatives of the four activations: s (1 - s) for the sigmoids, 1 - tanh^2 for u
     deriv = torch.addcmul(act, act, act, value=-1.0)
-    du = deriv[:, 2 * H:3 * H]
-    torch.mul(tu, tu, out=du).neg_().add_(1.0)
-    dct = torch.mul(tc, tc).neg_().add_(1.0).mul_(so).mul_(dh).add_(dc)  # grad of c_t
+    torch.addcmul(one, tu, tu, value=-1.0, out=deriv[:, 2 * H:3 * H])
+    dct = torch.addcmul(dc, dh, torch.addcmul(one, tc, tc, value=-1.0).mul_(so))  # grad of c_t
     full = dg if dg.dtype == act.dtype else torch.empty_like(act)
     gi, gf, gu, go = full.split(H, dim=1)
     torch.mul(dct, tu, out=gi)

@@ -118,7 +118,8 @@ def _cell_backward_kernel(dhs_ptr, dhp_ptr, dcp_ptr, rk_ptr, keep_ptr, act_ptr, 
     tl.store(dg_ptr + gate + 2 * H, (dct * si * (1.0 - tu * tu)).to(out_ty), mask=live)
     tl.store(dg_ptr + gate + 3 * H, (dh * tanh_c * so * (1.0 - so)).to(out_ty), mask=live)
     tl.store(dcpout_ptr + offs, dct * sf + hold_c, mask=live)
-    tl.store(dhold_ptr + offs, hold_h, mask=live)
+    if HAS_KEEP:
+        tl.store(dhold_ptr + offs, hold_h, mask=live)
 
 
 def _check(state: list[torch.Tensor], others: list[torch.Tensor | None]) -> None:
@@ -143,9 +144,10 @@ def cell_forward(g, cprev, hstate, keep, rk_next, act, tc, hs_t, c_next, h_next,
 def cell_backward(dhs_t, dhp, dcp, rk_next, keep, act, tc, cprev, dg, dcp_out, dhold):
     """The cell backward (:func:`hvd_lm.core.mlstm_kernels.cell_backward`) as one Triton
     kernel."""
-    _check([dhp, dcp, act, tc, cprev, dcp_out, dhold], [dhs_t, rk_next, keep, dg])
+    _check([dhp, dcp, act, tc, cprev, dcp_out], [dhs_t, rk_next, keep, dg, dhold])
     N, H = cprev.numel(), cprev.shape[1]
     _cell_backward_kernel[(triton.cdiv(N, BLOCK),)](
         dhs_t, dhp, dcp, rk_next if rk_next is not None else dhp,
-        keep if keep is not None else dhp, act, tc, cprev, dg, dcp_out, dhold, N, H,
+        keep if keep is not None else dhp, act, tc, cprev, dg, dcp_out,
+        dhold if dhold is not None else dhp, N, H,
         HAS_KEEP=keep is not None, HAS_RK=rk_next is not None, BLOCK=BLOCK)

@@ -48,8 +48,9 @@ def run_cell(kernels: K.Kernels, fwd_in, bwd_in, out_dtype=torch.float32) -> lis
     spec = [torch.empty_like(x) for x in fwd]
     K.cell_forward(g.clone(), cprev, hstate, keep, rk, *spec)
     dhs, dhp, dcp = bwd_in
-    bwd = [torch.empty(B, 4 * H, dtype=out_dtype), torch.empty(B, H), torch.empty(B, H)]
-    kernels.backward(dhs, dhp, dcp.clone(), rk, keep, spec[0], spec[1], cprev, *bwd)
+    bwd = [torch.empty(B, 4 * H, dtype=out_dtype), torch.empty(B, H), torch.zeros(B, H)]
+    kernels.backward(dhs, dhp, dcp.clone(), rk, keep, spec[0], spec[1], cprev, *bwd[:2],
+                     bwd[2] if keep is not None else None)  # dhold: only with a mask
     return fwd + bwd
 
 
