@@ -67,7 +67,8 @@ def assert_within(a, b, tol, what):
     """max |a - b| <= tol x max(1, max |b|): absolute for O(1) tensors, relative to the largest
     element beyond (fp32 sums of hundreds of terms: a gradient of 14 carries ~1e-6 noise)."""
     diff, scale = float((a - b).detach().abs().max()), max(1.0, float(b.detach().abs().max()))
-    assert diff <= tol * scale, f"{what}: max |fused - reference| = {diff:.3g} > {tol:g} x {scale:.3g}"
+    assert diff <= tol * scale, \
+        f"{what}: max |fused - reference| = {diff:.3g} > {tol:g} x {scale:.3g}"
 
 
 @pytest.mark.parametrize("weight_norm", [False, True])
@@ -361,13 +362,15 @@ def test_bench_variants_and_ratios():
     assert labels == ["fused/torch", "fused/torch+graphs", "fused/triton",
                       "fused/triton+graphs", "reference"]
 
-    def rec(chars, ranks, backend="horovod"):
+    def rec(chars, ranks, backend="horovod", steps=()):
         return {"backend": backend, "ranks": ranks, "chars_per_s_total": chars,
                 "chars_per_s_per_rank": chars / ranks, "flops_per_char": 1e6,
-                "allreduce_wait_share": None}
+                "allreduce_wait_share": None, "step_times_s": list(steps)}
 
-    trials = {("fused/torch", "horovod", 1): [rec(130, 1), rec(150, 1), rec(140, 1)],
-              ("reference", "horovod", 1): [rec(100, 1), rec(90, 1), rec(110, 1)],
+    trials = {("fused/torch", "horovod", 1): [rec(130, 1, steps=[1.0, 2.0]), rec(150, 1),
+                                              rec(140, 1, steps=[1.0])],
+              ("reference", "horovod", 1): [rec(100, 1, steps=[1.5, 2.2]), rec(90, 1),
+                                            rec(110, 1, steps=[0.9])],
               ("fused/torch", "horovod", 2): [rec(260, 2)],
               ("reference", "horovod", 2): [rec(200, 2)],
               ("fused/torch", "ddp", 2): [rec(250, 2, "ddp")]}
@@ -376,6 +379,10 @@ def test_bench_variants_and_ratios():
     assert ratios == {("fused/torch", 1): pytest.approx(1.4), ("fused/torch", 2): 1.3}
     assert s["impl_ratios"][0]["paired_ratios"] == pytest.approx([1.3, 150 / 90, 140 / 110])
     assert s["impl_ratios"][0]["paired_ratio_median"] == pytest.approx(1.3)
+    # step by step: reference time / fused time of the steps that alternated in one process
+    assert s["impl_ratios"][0]["step_ratios"] == pytest.approx([1.5, 1.1, 0.9])
+    assert s["impl_ratios"][0]["step_ratio_median"] == pytest.approx(1.1)
+    assert "step_ratios" not in s["impl_ratios"][1]  # 2 ranks: no step times recorded
     assert s["horovod_over_ddp"] == pytest.approx(260 / 250)
     eff = {(r["variant"], r["ranks"]): r["weak_scaling_efficiency"] for r in s["runs"]
            if r["backend"] == "horovod"}
@@ -447,3 +454,14 @@ def test_function_saves_only_when_needed():
     k = K.get_kernels("torch")
     hs, h, c = MLSTMWindow.apply(*tensors, None, None, k, True)
     assert hs.requires_grad and hs.grad_fn is not None
+
+
+@pytest.mark.slow
+def test_bench_worker_alternates_variants_in_one_process():
+    """One mpirun launch of the bench worker with two variants: one record each, labelled,
+    with every timed step's time (the step-by-step pairing the table reports)."""
+    step = bt.StepConfig(hidden_size=16, embed_dim=8, batch_size=2, seq_len=8, steps=3, warmup=1)
+    recs = bt.launch("horovod", 1, step, 300, variants=[
+        {"rnn_impl": "fused", "rnn_kernels": "torch"}, {"rnn_impl": "reference"}])
+    assert [r["variant"] for r in recs] == ["fused/torch", "reference"]
+    assert all(len(r["step_times_s"]) == 3 and r["chars_per_s_total"] > 0 for r in recs)

@@ -231,8 +231,8 @@ def worker(cfg: WorkerConfig) -> int:
             net = model
         else:
             net = ddp(model, comm)
-        runs.append({"label": variant_label(impl, kernels, graphs), "impl": impl, "kernels": kernels,
-                     "graphs": graphs, "model": model, "net": net, "opt": opt,
+        runs.append({"label": variant_label(impl, kernels, graphs), "impl": impl,
+                     "kernels": kernels, "graphs": graphs, "model": model, "net": net, "opt": opt,
                      "params": list(model.parameters()), "state": model.init_state(B, device),
                      "scaler": runtime.make_scaler(device, cfg.precision), "times": [],
                      "waits": []})
