@@ -8,7 +8,8 @@
 #    Horovod 0.28.1 built with NCCL + MPI + Gloo from WHEELHOUSE (the sdist and the wheels
 #    scripts/fetch_offline_wheels.sh downloads; PIP_NO_INDEX: nothing is fetched);
 # 2. `pytest -m cuda` (GPU vs CPU reference tests, tests/test_cuda.py), then the whole suite;
-# 3. `hvd-lm bench gpu` (ceilings, mLSTM vs cuDNN LSTM chars/s and TFLOP/s per precision);
+# 3. `hvd-lm bench gpu` (ceilings; fused and reference mLSTM, CUDA graphs off/on, vs cuDNN LSTM:
+#    chars/s and TFLOP/s per precision);
 # 4. OUT/summary.json and OUT/summary.md: what passed, failed and skipped, and the figures.
 #
 # Sized to finish well inside 10 minutes on a 16-core H100 node (Horovod builds in about 2).
@@ -93,18 +94,19 @@ if "bench_gpu" in summary:
     md += [f"| {r['precision']} | {'x'.join(map(str, r['shape']))} | {r['tflops']:.1f} |"
            for r in b["matmul"]]
     md += ["", f"device-to-device copy: {b['copy_GBps']:.0f} GB/s", "",
-           "| cell | B | precision | chars/s | TFLOP/s | of peak | peak GiB | mLSTM/cuDNN per FLOP |",
-           "|---|---:|---|---:|---:|---:|---:|---:|"]
+           "| cell | impl | B | precision | chars/s | TFLOP/s | of peak | peak GiB "
+           "| mLSTM/cuDNN per FLOP | vs reference |",
+           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in b["train"]:
+        head = f"| {r['cell']} | {r.get('impl', '-')} | {r['batch_size']} | {r['precision']} |"
         if "error" in r:
-            md.append(f"| {r['cell']} | {r['batch_size']} | {r['precision']} | {r['error']} "
-                      "| | | | |")
+            md.append(f"{head} {r['error']} | | | | | |")
             continue
-        ratio = r.get("vs_cudnn_lstm_per_flop")
-        md.append(f"| {r['cell']} | {r['batch_size']} | {r['precision']} | "
-                  f"{r['chars_per_s']:,.0f} | {r['tflops']:.1f} | {r['fraction_of_peak']:.1%} | "
-                  f"{r['peak_memory_gib'] or 0:.1f} | "
-                  f"{'-' if r['cell'] == 'lstm' or ratio is None else f'{ratio:.3f}'} |")
+        ratio, vs_ref = r.get("vs_cudnn_lstm_per_flop"), r.get("vs_reference")
+        md.append(f"{head} {r['chars_per_s']:,.0f} | {r['tflops']:.1f} | "
+                  f"{r['fraction_of_peak']:.1%} | {r['peak_memory_gib'] or 0:.1f} | "
+                  f"{'-' if r['cell'] == 'lstm' or ratio is None else f'{ratio:.3f}'} | "
+                  f"{'-' if vs_ref is None else f'{vs_ref:.2f}x'} |")
 (out / "summary.md").write_text("\n".join(md) + "\n")
 print("\n".join(md))
 PYEOF

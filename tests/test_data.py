@@ -1,8 +1,9 @@
 """Per-rank TBPTT streams: disjoint across ranks, nothing skipped, resets at stream/shard starts."""
 import numpy as np
 import pytest
+import torch
 
-from hvd_lm.train.data import IGNORE, RankStreams, epoch_shard_order, stream_bounds
+from hvd_lm.train.data import IGNORE, Prefetcher, RankStreams, epoch_shard_order, stream_bounds
 from hvd_lm.core.shards import load_manifest, read_tokens
 from tests.shardutil import default_shards
 
@@ -60,3 +61,50 @@ def test_reset_at_shard_starts(manifest):
 def test_order_fixed_by_seed():
     assert epoch_shard_order(10, 1, 0) == epoch_shard_order(10, 1, 0)
     assert epoch_shard_order(10, 1, 0) != epoch_shard_order(10, 1, 1)
+
+
+class CountingStreams(RankStreams):
+    """RankStreams that records which windows were read (and can fail on one)."""
+
+    def __init__(self, *args, fail_at=None, **kw):
+        super().__init__(*args, **kw)
+        self.read, self.fail_at = [], fail_at
+
+    def window(self, epoch, step):
+        self.read.append((epoch, step))
+        if (epoch, step) == self.fail_at:
+            raise OSError("shard unreadable")
+        return super().window(epoch, step)
+
+
+def test_prefetcher_returns_the_same_windows_in_any_order(manifest):
+    """Sequential reads, an epoch boundary, a jump (resume) and a step back all give exactly
+    RankStreams.window's windows; nothing at or past ``limit`` is read ahead."""
+    direct = RankStreams(manifest, "train", 1, 2, 3, 40, seed=5)
+    n = direct.steps_per_epoch
+    streams = CountingStreams(manifest, "train", 1, 2, 3, 40, seed=5)
+    pre = Prefetcher(streams, depth=2, limit=n + 4)
+    try:
+        for index in [0, 1, 2, n - 1, n, n + 1, 7, 3, n + 3]:
+            got, want = pre.get(index), direct.window(*divmod(index, n))
+            assert got.chars == want.chars
+            for a, b in ((got.inputs, want.inputs), (got.targets, want.targets),
+                         (got.reset, want.reset)):
+                assert torch.equal(a, b), index
+    finally:
+        pre.close()
+    assert max(e * n + s for e, s in streams.read) == n + 3  # limit n + 4: n + 4, n + 5 never
+    assert (0, 1) in streams.read[:3]  # window 1 was read ahead while 0 was being used
+
+
+def test_prefetcher_raises_the_readers_error(manifest):
+    streams = CountingStreams(manifest, "train", 0, 1, 2, 50, fail_at=(0, 1))
+    pre = Prefetcher(streams)
+    try:
+        pre.get(0)
+        with pytest.raises(OSError, match="unreadable"):
+            pre.get(1)
+        with pytest.raises(ValueError, match="depth"):
+            Prefetcher(streams, depth=0)
+    finally:
+        pre.close()

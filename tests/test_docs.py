@@ -43,7 +43,7 @@ mktestdocs = pytest.importorskip("mktestdocs")
 
 #: Reading order: README first (it creates what the docs use), then docs/ in this order.
 DOCS = ["README.md", "docs/data_prep.md", "docs/launch.md", "docs/transfer.md",
-        "docs/performance.md"]
+        "docs/performance.md", "docs/mlstm_fused.md"]
 CORES = 2                    # ranks are capped here; more needs a documented way (see above)
 #: Inputs no block can create, each with the reason (user files and cluster outputs).
 EXTERNAL = {
@@ -51,6 +51,7 @@ EXTERNAL = {
     ".whl": "the wheel folder a GPU node's session carries (scripts/gpu_check.sh)",
     "/shared/fs/data": "an output folder on a cluster's shared filesystem",
     "/shared/fs/out": "an output folder on a cluster's shared filesystem",
+    "data/imdb_train.jsonl": "written by the Python heredoc just before it (a GPU node's block)",
 }
 OUTPUT_FLAGS = {"--out", "--out-dir", "--json", "--plot", "-o"}
 PATHLIKE = re.compile(r"/|\.(ya?ml|json|jsonl|csv|tsv|gz|sbatch|qsub|sh|txt|pt|png)$")
@@ -69,6 +70,7 @@ class Cmd:
     env: dict[str, str]
     argv: list[str]
     shell: bool = False          # has a redirection: run through bash as written
+    gpu: bool = False            # its block needs a CUDA GPU (`--device cuda`, `-m cuda`)
 
     def where(self) -> str:
         return f"{self.doc}:{self.line}: `{self.text.strip()}`"
@@ -105,9 +107,26 @@ def commands(doc: str) -> list[Cmd]:
         start = text.index(block, pos)
         pos = start + len(block)
         line0 = text.count("\n", 0, start) + 1
+        gpu = bool(re.search(r"--device cuda|-m cuda\b", block))
+        if gpu or re.search(r"^\s*(for|while|if) |<<", block, re.M):
+            check = subprocess.run(["bash", "-n"], input=block, text=True, capture_output=True)
+            assert check.returncode == 0, f"{doc}:{line0}: bash -n: {check.stderr}"
         logical = re.sub(r"\\\n\s*", " ", block)
+        heredoc, pending = None, ""
         for i, line in enumerate(logical.splitlines()):
-            words = shlex.split(line, comments=True)
+            if heredoc:                               # a heredoc's body is not shell
+                heredoc = None if line.strip() == heredoc else heredoc
+                continue
+            m = re.search(r"<<-?\s*['\"]?(\w+)['\"]?", line)
+            if m:
+                heredoc = m.group(1)
+            line = re.sub(r"^\s*for \w+ in .*; do\s*$|^\s*done\s*$", "", line)
+            line, pending = pending + line, ""
+            try:
+                words = shlex.split(line, comments=True)
+            except ValueError:                        # a quoted string goes on: next line too
+                pending = line + "\n"
+                continue
             if not words:
                 continue
             shell = any(w.startswith(">") for w in words)
@@ -126,7 +145,7 @@ def commands(doc: str) -> list[Cmd]:
                 for w in part:
                     alts = [a + [x] for a in alts for x in _expand_braces(w)]
                 for argv in alts:
-                    out.append(Cmd(doc, line0 + i, line, env, argv, shell))
+                    out.append(Cmd(doc, line0 + i, line, env, argv, shell, gpu))
     return out
 
 
@@ -146,7 +165,8 @@ def _expand(word: str, s: Session) -> list[str]:
 
 
 def _placeholder(word: str) -> bool:
-    return "..." in word
+    """``...``, ``FILES...`` or a variable no earlier line set (a loop's ``$B``)."""
+    return "..." in word or "$" in word
 
 
 def _hvd_lm_argv(argv: list[str]) -> list[str] | None:
@@ -356,7 +376,25 @@ def handle(cmd: Cmd, s: Session) -> None:
                 assert any(cmd.text.strip() in t.read_text() for t in
                            (REPO / "launch").iterdir()), f"{cmd.where()}: no template has it"
         return
+    if Path(argv[0]).name == "timeout":              # timeout [OPTIONS] DURATION COMMAND...
+        i = 1
+        while argv[i].startswith("-"):
+            i += 1
+        argv = argv[i + 1:]
     prog = Path(argv[0]).name
+    if prog == "source":
+        assert (s.root / argv[1]).is_file(), f"{cmd.where()}: no {argv[1]}"
+        return
+    if prog == "pip" or (prog.startswith("python") and argv[1:2] in (["-"], ["-c"])):
+        if argv[1:2] == ["-c"]:
+            compile(argv[2], cmd.where(), "exec")
+        s.log.append(f"checked {cmd.where()} (bash -n / compile only)")
+        return
+    if prog.startswith("python") and argv[1:3] == ["-m", "pytest"]:
+        tests = [w for w in argv[3:] if w.startswith("tests/")]
+        assert tests and all((s.root / w.split("::")[0]).exists() for w in tests), cmd.where()
+        s.log.append(f"checked {cmd.where()} (tests run by `make test`)")
+        return
     if prog == "make":
         targets = re.findall(r"^([a-z-]+):", (REPO / "Makefile").read_text(), re.M)
         assert set(argv[1:]) <= set(targets), f"{cmd.where()}: no such make target"
@@ -394,8 +432,9 @@ def handle(cmd: Cmd, s: Session) -> None:
                                             for f in ("--bench-json",)):
         placeholders = True                          # its input was only checked, not made
     help_only = "-h" in hvd or "--help" in hvd
+    needs_gpu = cmd.gpu and not torch_cuda()
     _check_inputs(cmd, hvd, s)
-    if help_only or (what in RUN_COMMANDS and local and not placeholders):
+    if help_only or (what in RUN_COMMANDS and local and not placeholders and not needs_gpu):
         if hvd[:1] == ["scaling-report"] and not any((s.root / w).exists() for w in hvd[1:]):
             s.log.append(f"checked {cmd.where()} (its runs come from a cluster)")
             return
@@ -403,6 +442,11 @@ def handle(cmd: Cmd, s: Session) -> None:
         full = [*_cap_ranks(launcher), *inner, *extra]
         return _execute(cmd, full, s, env=cmd.env)
     s.log.append(f"checked {cmd.where()}")
+
+
+def torch_cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
 
 
 @pytest.fixture(scope="module")

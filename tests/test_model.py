@@ -6,6 +6,13 @@ import torch
 from hvd_lm.core.model import LanguageModel, ModelConfig, parameter_shapes
 
 
+def config(cell: str, **kw) -> ModelConfig:
+    """``mlstm`` (the fused recurrence, default), ``mlstm-reference`` or ``lstm``."""
+    if cell == "mlstm-reference":
+        return ModelConfig(cell="mlstm", rnn_impl="reference", **kw)
+    return ModelConfig(cell=cell, **kw)
+
+
 def sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
@@ -33,10 +40,12 @@ def numpy_mlstm_logits(model: LanguageModel, tokens: np.ndarray) -> np.ndarray:
     return np.stack(out, 1)
 
 
+@pytest.mark.parametrize("rnn_impl", ["fused", "reference"])
 @pytest.mark.parametrize("weight_norm", [False, True])
-def test_mlstm_forward_matches_numpy(weight_norm):
+def test_mlstm_forward_matches_numpy(weight_norm, rnn_impl):
     torch.manual_seed(0)
-    model = LanguageModel(ModelConfig(hidden_size=16, embed_dim=8, weight_norm=weight_norm)).double()
+    model = LanguageModel(ModelConfig(hidden_size=16, embed_dim=8, weight_norm=weight_norm,
+                                      rnn_impl=rnn_impl)).double()
     with torch.no_grad():  # non-trivial biases and weight-norm gains
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -47,10 +56,10 @@ def test_mlstm_forward_matches_numpy(weight_norm):
     assert logits.shape == (3, 7, 256) and h.shape == c.shape == (3, 16)
 
 
-@pytest.mark.parametrize("cell", ["mlstm", "lstm"])
+@pytest.mark.parametrize("cell", ["mlstm", "mlstm-reference", "lstm"])
 def test_reset_equals_fresh_start(cell):
     torch.manual_seed(0)
-    model = LanguageModel(ModelConfig(cell=cell, hidden_size=12, embed_dim=4))
+    model = LanguageModel(config(cell, hidden_size=12, embed_dim=4))
     tokens = torch.randint(0, 256, (2, 9))
     state = model.init_state(2)
     state = (state[0] + 0.5, state[1] - 0.5)
@@ -65,10 +74,10 @@ def test_reset_equals_fresh_start(cell):
     assert not torch.allclose(hs[1, 4:], whole[1, 4:])
 
 
-@pytest.mark.parametrize("cell", ["mlstm", "lstm"])
+@pytest.mark.parametrize("cell", ["mlstm", "mlstm-reference", "lstm"])
 def test_padding_never_changes_final_state(cell):
     torch.manual_seed(0)
-    model = LanguageModel(ModelConfig(cell=cell, hidden_size=12, embed_dim=4))
+    model = LanguageModel(config(cell, hidden_size=12, embed_dim=4))
     a = torch.randint(0, 256, (1, 5))
     b = torch.randint(0, 256, (1, 9))
     batch = torch.zeros(2, 9, dtype=torch.long)

@@ -13,6 +13,11 @@ Fused gate matmuls: the input terms W_x x_t and W_mx x_t of all T steps are one 
 matmul before the recurrence; each step then does two [B, H] x [H, *] matmuls. Optional weight
 normalisation (Salimans & Kingma 2016) of the four recurrent/gate weights, as the reference.
 Logits are a linear map of h_t onto the 256 byte values.
+
+Two implementations of the recurrence (``ModelConfig.rnn_impl``): ``fused`` (default), the whole
+window as one autograd Function with fused per-step cell kernels and weight gradients as single
+GEMMs (:mod:`hvd_lm.core.mlstm_fused`), and ``reference``, the step-by-step autograd code below,
+kept as the oracle the fused one is tested against.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from torch import nn
 from torch.nn.utils.parametrizations import weight_norm as wn
 
 from hvd_lm.core.config import option
+from hvd_lm.core.mlstm_fused import WindowGraphs, mlstm_window
+from hvd_lm.core.mlstm_kernels import KERNELS, get_kernels
 from hvd_lm.core.tokenizer import VOCAB_SIZE
 
 State = tuple[torch.Tensor, torch.Tensor]
@@ -40,6 +47,12 @@ class ModelConfig:
         hidden_size: recurrent width H (reference: 4096; 256 to 8192 supported).
         weight_norm: weight-normalise the recurrent and gate weights (mLSTM only).
         vocab_size: number of byte values (256).
+        rnn_impl: ``fused`` (one autograd Function per window, :mod:`hvd_lm.core.mlstm_fused`)
+            or ``reference`` (step-by-step autograd, the oracle); mLSTM only.
+        rnn_kernels: the fused path's cell kernels: ``auto`` (triton on CUDA when installed,
+            else torch), ``torch``, ``compile`` (torch.compile of the cell only) or ``triton``.
+        cuda_graphs: on CUDA, capture the fused window (forward + backward) as a CUDA graph and
+            replay it while the window's shape stays the same (eager otherwise).
     """
 
     cell: str = option("mlstm", "recurrent cell: mlstm (reference) or lstm",
@@ -49,10 +62,23 @@ class ModelConfig:
     weight_norm: bool = option(False, "weight-normalise recurrent and gate weights (as the "
                                "reference)")
     vocab_size: int = option(VOCAB_SIZE, "output classes (256 byte values)", ge=1)
+    rnn_impl: str = option("fused", "mLSTM recurrence: fused (one autograd Function per window) "
+                           "or reference (step-by-step autograd, the oracle)",
+                           choices=("fused", "reference"))
+    rnn_kernels: str = option("auto", "fused path's pointwise cell kernels (auto: triton on "
+                              "CUDA when installed, else torch)", choices=KERNELS)
+    cuda_graphs: bool = option(False, "on CUDA, replay the fused window (forward + backward) "
+                               "from a CUDA graph while its shape stays the same")
 
     def __post_init__(self) -> None:
         if self.cell not in ("mlstm", "lstm"):
             raise ValueError(f"model.cell must be 'mlstm' or 'lstm', got {self.cell!r}")
+        if self.rnn_impl not in ("fused", "reference"):
+            raise ValueError(f"model.rnn_impl must be 'fused' or 'reference', "
+                             f"got {self.rnn_impl!r}")
+        if self.rnn_kernels not in KERNELS:
+            raise ValueError(f"model.rnn_kernels must be one of {KERNELS}, "
+                             f"got {self.rnn_kernels!r}")
         if not 1 <= self.hidden_size <= 16384:
             raise ValueError(f"model.hidden_size must be in 1..16384, got {self.hidden_size}")
         if self.embed_dim < 1:
@@ -64,11 +90,21 @@ class MLSTM(nn.Module):
 
     Parameters (names follow sentiment-discovery): ``w_x`` [4H, E] with bias ``b`` [4H],
     ``w_mx`` [H, E], ``w_mh`` [H, H], ``w_h`` [4H, H].
+
+    Args:
+        impl: ``fused`` (:mod:`hvd_lm.core.mlstm_fused`) or ``reference`` (the per-step loop of
+            :meth:`reference_forward`).
+        kernels: the fused path's cell kernels (:data:`hvd_lm.core.mlstm_kernels.KERNELS`).
+        cuda_graphs: replay the fused window from a CUDA graph on CUDA (see
+            :class:`hvd_lm.core.mlstm_fused.WindowGraphs`).
     """
 
-    def __init__(self, input_size: int, hidden_size: int, weight_norm: bool = False):
+    def __init__(self, input_size: int, hidden_size: int, weight_norm: bool = False,
+                 impl: str = "fused", kernels: str = "auto", cuda_graphs: bool = False):
         super().__init__()
         self.input_size, self.hidden_size = input_size, hidden_size
+        self.impl, self.kernels = impl, kernels
+        self.graphs = WindowGraphs() if cuda_graphs else None
         self.w_x = nn.Linear(input_size, 4 * hidden_size, bias=True)
         self.w_mx = nn.Linear(input_size, hidden_size, bias=False)
         self.w_mh = nn.Linear(hidden_size, hidden_size, bias=False)
@@ -84,8 +120,8 @@ class MLSTM(nn.Module):
             for name in ("w_x", "w_mx", "w_mh", "w_h"):
                 setattr(self, name, wn(getattr(self, name), dim=0))
 
-    def forward(self, x: torch.Tensor, state: State, mask: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, State]:
+    def forward(self, x: torch.Tensor, state: State, mask: torch.Tensor | None = None,
+                reset: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
         """Run the recurrence.
 
         Args:
@@ -93,10 +129,30 @@ class MLSTM(nn.Module):
             state: (h, c), each [B, H].
             mask: optional bool [T, B]; where False the step is padding and the state is carried
                 unchanged (so a padded batch gives the same final state as each text alone).
+            reset: optional bool [T, B]; True zeroes that row's state before that step (fused
+                path only: :meth:`LanguageModel.encode` splits the window into segments for the
+                reference path).
 
         Returns:
-            (hs [T, B, H], (h_T, c_T)).
+            (hs [T, B, H], (h_T, c_T)); the fused path returns hs in the compute dtype (bf16/fp16
+            under autocast) and (h_T, c_T) in the incoming state's dtype.
+
+        Raises:
+            ValueError: ``reset`` given to the reference path.
         """
+        if self.impl == "fused":
+            xg, xm = self.w_x(x), self.w_mx(x)  # [T, B, 4H], [T, B, H]: one GEMM each
+            # Weight norm (when on) is applied here, once per window; the Function casts once.
+            return mlstm_window(xg, xm, state, self.w_mh.weight, self.w_h.weight,
+                                get_kernels(self.kernels, x.device), mask, reset, self.graphs)
+        if reset is not None:
+            raise ValueError("MLSTM reference path: resets are applied by LanguageModel.encode")
+        return self.reference_forward(x, state, mask)
+
+    def reference_forward(self, x: torch.Tensor, state: State, mask: torch.Tensor | None = None
+                          ) -> tuple[torch.Tensor, State]:
+        """The step-by-step recurrence (``rnn_impl="reference"``, the oracle): arguments and
+        result as :meth:`forward` without ``reset``."""
         T, B, _ = x.shape
         H = self.hidden_size
         # Fused input projections for all steps: [T, B, 4H] and [T, B, H] from one pass each.
@@ -135,7 +191,8 @@ class LanguageModel(nn.Module):
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.embed_dim)
         if config.cell == "mlstm":
-            self.rnn = MLSTM(config.embed_dim, config.hidden_size, config.weight_norm)
+            self.rnn = MLSTM(config.embed_dim, config.hidden_size, config.weight_norm,
+                             config.rnn_impl, config.rnn_kernels, config.cuda_graphs)
         else:
             self.rnn = nn.LSTM(config.embed_dim, config.hidden_size)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
@@ -156,8 +213,9 @@ class LanguageModel(nn.Module):
             mask: optional bool [B, T], False on padding (mLSTM: state held; see :class:`MLSTM`).
                 For the plain LSTM padding must be at the end; it is handled with packed sequences.
             reset: optional bool [B, T]; True zeroes that row's state before that position (a
-                stream or shard start inside the window). The window is run in segments split at
-                the reset columns, so both cells support it.
+                stream or shard start inside the window). The fused mLSTM applies it inside its
+                window; the reference mLSTM and the LSTM run the window in segments split at the
+                reset columns.
 
         Returns:
             (hs [B, T, H], (h, c) each [B, H]).
@@ -165,7 +223,8 @@ class LanguageModel(nn.Module):
         B, T = tokens.shape
         if state is None:
             state = self.init_state(B, tokens.device, self.embed.weight.dtype)
-        if reset is not None and bool(reset.any()):
+        fused = isinstance(self.rnn, MLSTM) and self.rnn.impl == "fused"
+        if not fused and reset is not None and bool(reset.any()):
             cols = torch.nonzero(reset.any(0)).flatten().tolist()
             edges = sorted(set([0, *cols, T]))
             outs = []
@@ -178,7 +237,8 @@ class LanguageModel(nn.Module):
             return torch.cat(outs, 1), state
         x = self.embed(tokens).transpose(0, 1)  # [T, B, E]
         if isinstance(self.rnn, MLSTM):
-            hs, state = self.rnn(x, state, None if mask is None else mask.t())
+            hs, state = self.rnn(x, state, None if mask is None else mask.t(),
+                                 reset.t() if fused and reset is not None else None)
         elif mask is None:
             hs, (h, c) = self.rnn(x, (state[0].unsqueeze(0), state[1].unsqueeze(0)))
             state = (h[0], c[0])

@@ -143,7 +143,8 @@ def clip_and_step(optimizer, params, max_norm: float, scaler=None, check_finite:
 
     Order (Horovod docs, "Gradient clipping"; torch.amp docs, "Working with unscaled gradients"):
     ``optimizer.synchronize()`` waits for the gradient allreduce; ``scaler.unscale_`` (fp16);
-    ``clip_grad_norm_``; ``step()`` inside ``optimizer.skip_synchronize()``; ``scaler.update()``.
+    ``clip_grad_norm_`` (foreach: multi-tensor kernels); ``step()`` inside
+    ``optimizer.skip_synchronize()``; ``scaler.update()``.
     Every rank holds the same averaged gradients, so every rank takes the same skip decision;
     in a 1-bit optimiser's compressed phase gradients stay local (each rank clips its own), and
     the norm returned and tested is :meth:`OnebitDistributedOptimizer.agree_grad_norm`'s, the same
@@ -163,14 +164,16 @@ def clip_and_step(optimizer, params, max_norm: float, scaler=None, check_finite:
     wait = time.perf_counter() - t0
     if scaler is not None:
         scaler.unscale_(optimizer)
+    # foreach: the norms of all gradients in one multi-tensor kernel (and one scaling kernel),
+    # not one kernel per parameter (torch.nn.utils docs, clip_grad_norm_ / get_total_norm).
     if max_norm > 0:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
     else:
-        norm = torch.linalg.vector_norm(
-            torch.stack([p.grad.detach().float().norm() for p in params if p.grad is not None]))
+        norm = torch.nn.utils.get_total_norm(
+            [p.grad.detach() for p in params if p.grad is not None], foreach=True)
     if isinstance(optimizer, OnebitDistributedOptimizer):
         norm = torch.tensor(optimizer.agree_grad_norm(float(norm)))
-    norm_f = float(norm)
+    norm_f = float(norm)  # the step's one host sync: every rank must take the same skip decision
     with optimizer.skip_synchronize():
         if scaler is not None:
             before = scaler.get_scale()

@@ -11,7 +11,10 @@ In one invocation (so every figure shares the card's clocks and temperature):
    scaling, bf16): chars/s, model TFLOP/s (:meth:`LanguageModel.flops_per_char`), the fraction of
    the measured matmul peak of that precision (8192^3), peak memory;
 3. the same for ``--cell lstm`` (``torch.nn.LSTM``, i.e. cuDNN) as the yardstick, and the
-   mLSTM / cuDNN-LSTM ratio of achieved TFLOP/s at each shape.
+   mLSTM / cuDNN-LSTM ratio of achieved TFLOP/s at each shape;
+4. the mLSTM once per ``--rnn-impl`` (fused, the one autograd Function per window of
+   :mod:`hvd_lm.core.mlstm_fused`, and reference, the per-step loop) and, for fused on CUDA, per
+   ``--cuda-graphs`` (off, on), with each variant's speed over the reference at the same shape.
 
 Timing: CUDA events around ``--steps`` steps after ``--warmup`` (medians of ``--repeats``).
 ``--json FILE`` saves everything. ``--device cpu`` runs the same code on the CPU (small shapes:
@@ -58,6 +61,13 @@ class BenchGpuConfig:
     cells: list[str] = option(default_factory=lambda: ["mlstm", "lstm"],
                               help="cells (lstm = torch.nn.LSTM on cuDNN, the yardstick)",
                               choices=("mlstm", "lstm"))
+    rnn_impls: list[str] = option(default_factory=lambda: ["fused", "reference"],
+                                  help="mLSTM recurrences, side by side", flag="--rnn-impl",
+                                  choices=("fused", "reference"))
+    rnn_kernels: str = option("auto", "fused path's cell kernels", choices=("auto", "torch",
+                                                                           "compile", "triton"))
+    cuda_graphs: list[bool] = option(default_factory=lambda: [False, True],
+                                     help="fused path on CUDA: without and with CUDA graphs")
     steps: int = option(5, "timed training steps per configuration", ge=1)
     warmup: int = option(2, "untimed steps first", ge=0)
     repeats: int = option(3, "timed repeats (median)", ge=1)
@@ -109,15 +119,21 @@ def copy_gbps(mib: int, device: torch.device, timer: _Timer, repeats: int = 3) -
 
 def train_step_rate(cell: str, H: int, E: int, B: int, T: int, precision: str,
                     device: torch.device, timer: _Timer, steps: int, warmup: int,
-                    repeats: int) -> dict:
+                    repeats: int, rnn_impl: str = "fused", rnn_kernels: str = "auto",
+                    cuda_graphs: bool = False) -> dict:
     """chars/s of the training step (forward + backward + clip + Adam) and its peak memory.
+
+    Args:
+        rnn_impl, rnn_kernels, cuda_graphs: the mLSTM's :class:`ModelConfig` fields.
 
     Raises:
         torch.cuda.OutOfMemoryError: the shape does not fit (reported as such by the caller).
     """
     torch.manual_seed(0)
-    model = LanguageModel(ModelConfig(cell=cell, hidden_size=H, embed_dim=E)).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    model = LanguageModel(ModelConfig(cell=cell, hidden_size=H, embed_dim=E, rnn_impl=rnn_impl,
+                                      rnn_kernels=rnn_kernels,
+                                      cuda_graphs=cuda_graphs)).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
     scaler = runtime.make_scaler(device, precision)
     g = torch.Generator().manual_seed(1)
     data = torch.randint(0, 256, (B, T + 1), generator=g)
@@ -146,12 +162,32 @@ def train_step_rate(cell: str, H: int, E: int, B: int, T: int, precision: str,
     times = [timer(step, steps) / steps for _ in range(repeats)]
     s = statistics.median(times)
     chars = B * T / s
-    return {"cell": cell, "hidden_size": H, "batch_size": B, "seq_len": T,
-            "precision": precision, "step_s": s, "step_s_repeats": times,
+    return {"cell": cell, "impl": _impl_name(cell, rnn_impl, cuda_graphs), "hidden_size": H,
+            "batch_size": B, "seq_len": T, "precision": precision, "step_s": s, "step_s_repeats": times,
             "chars_per_s": chars, "flops_per_char": model.flops_per_char(),
             "tflops": chars * model.flops_per_char() / 1e12,
             "peak_memory_gib": (torch.cuda.max_memory_allocated(device) / 2 ** 30
                                 if device.type == "cuda" else None)}
+
+
+def _impl_name(cell: str, rnn_impl: str, cuda_graphs: bool) -> str:
+    if cell != "mlstm":
+        return "cudnn" if cell == "lstm" else "-"
+    return rnn_impl + ("+graphs" if cuda_graphs else "")
+
+
+def variants(cfg: BenchGpuConfig, device: torch.device) -> list[tuple[str, str, bool]]:
+    """(cell, rnn_impl, cuda_graphs) to run: the LSTM once; the mLSTM per ``--rnn-impl`` and,
+    fused on CUDA, per ``--cuda-graphs`` (graphs need CUDA: off elsewhere)."""
+    out = []
+    for cell in cfg.cells:
+        if cell != "mlstm":
+            out.append((cell, "fused", False))
+            continue
+        for impl in cfg.rnn_impls:
+            graphs = cfg.cuda_graphs if impl == "fused" and device.type == "cuda" else [False]
+            out += [(cell, impl, g) for g in dict.fromkeys(graphs)]
+    return out
 
 
 def bench_gpu(cfg: BenchGpuConfig) -> int:
@@ -183,39 +219,49 @@ def bench_gpu(cfg: BenchGpuConfig) -> int:
         print(f"{r['precision']:>8} {'x'.join(map(str, r['shape'])):>22} {r['tflops']:>9.1f}")
     print(f"device-to-device copy: {out['copy_GBps']:.0f} GB/s (read + write)")
 
-    for cell in cfg.cells:
+    for cell, impl, graphs in variants(cfg, device):
         for B in cfg.batch_sizes:
             for prec in cfg.precisions:
                 try:
                     r = train_step_rate(cell, cfg.hidden_size, cfg.embed_dim, B, cfg.seq_len,
-                                        prec, device, timer, cfg.steps, cfg.warmup, cfg.repeats)
+                                        prec, device, timer, cfg.steps, cfg.warmup, cfg.repeats,
+                                        impl, cfg.rnn_kernels, graphs)
                 except RuntimeError as e:  # out of memory, or a kernel the backend lacks
                     first = (str(e).splitlines() or [type(e).__name__])[0][:100]
-                    r = {"cell": cell, "batch_size": B, "precision": prec,
+                    r = {"cell": cell, "impl": _impl_name(cell, impl, graphs), "batch_size": B,
+                         "precision": prec,
                          "error": "out of memory" if "out of memory" in str(e) else first}
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
                 if "tflops" in r:
                     r["fraction_of_peak"] = r["tflops"] / peak[prec]
                 out["train"].append(r)
-    by = {(r["cell"], r["batch_size"], r["precision"]): r for r in out["train"] if "tflops" in r}
-    print(f"\n{'cell':>6} {'B':>5} {'prec':>5} {'chars/s':>11} {'TFLOP/s':>8} {'of peak':>8} "
-          f"{'mem GiB':>8} {'vs cuDNN/FLOP':>13}")
+    by = {(r["impl"], r["batch_size"], r["precision"]): r for r in out["train"]
+          if "tflops" in r}
+    print(f"\n{'cell':>6} {'impl':>15} {'B':>5} {'prec':>5} {'chars/s':>11} {'TFLOP/s':>8} "
+          f"{'of peak':>8} {'mem GiB':>8} {'vs cuDNN/FLOP':>13} {'vs reference':>12}")
     for r in out["train"]:
+        head = f"{r['cell']:>6} {r['impl']:>15} {r['batch_size']:>5} {r['precision']:>5}"
         if "error" in r:
-            print(f"{r['cell']:>6} {r['batch_size']:>5} {r['precision']:>5} {r['error']}")
+            print(f"{head} {r['error']}")
             continue
-        ref = by.get(("lstm", r["batch_size"], r["precision"]))
+        ref = by.get(("cudnn", r["batch_size"], r["precision"]))
         r["vs_cudnn_lstm_per_flop"] = r["tflops"] / ref["tflops"] if ref else None
+        base = by.get(("reference", r["batch_size"], r["precision"]))
+        r["vs_reference"] = (r["chars_per_s"] / base["chars_per_s"]
+                             if base and r["cell"] == "mlstm" else None)
         mem = f"{r['peak_memory_gib']:.1f}" if r["peak_memory_gib"] is not None else "-"
         ratio = f"{r['vs_cudnn_lstm_per_flop']:.3f}" if ref and r["cell"] != "lstm" else "-"
-        print(f"{r['cell']:>6} {r['batch_size']:>5} {r['precision']:>5} {r['chars_per_s']:>11,.0f} "
-              f"{r['tflops']:>8.1f} {r['fraction_of_peak']:>8.1%} {mem:>8} {ratio:>13}")
+        vs_ref = f"{r['vs_reference']:.2f}x" if r["vs_reference"] else "-"
+        print(f"{head} {r['chars_per_s']:>11,.0f} {r['tflops']:>8.1f} "
+              f"{r['fraction_of_peak']:>8.1%} {mem:>8} {ratio:>13} {vs_ref:>12}")
+    best = cfg.rnn_impls[0]
     for B in cfg.batch_sizes:
-        f32, b16 = by.get(("mlstm", B, "fp32")), by.get(("mlstm", B, "bf16"))
+        f32, b16 = by.get((best, B, "fp32")), by.get((best, B, "bf16"))
         if f32 and b16:
             out.setdefault("bf16_over_fp32", {})[B] = b16["chars_per_s"] / f32["chars_per_s"]
-            print(f"mLSTM B={B}: bf16 / fp32 = {b16['chars_per_s'] / f32['chars_per_s']:.2f}x")
+            print(f"mLSTM ({best}) B={B}: bf16 / fp32 = "
+                  f"{b16['chars_per_s'] / f32['chars_per_s']:.2f}x")
     if cfg.json:
         write_text(cfg.json, json.dumps(out, indent=2) + "\n")
     return 0

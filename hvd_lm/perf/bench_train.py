@@ -3,17 +3,21 @@
 ``bench train``, in one invocation (so that a shared, noisy machine affects every figure alike):
 
 1. the machine's fp32 matmul rate with one thread (``torch.mm`` of 2048^3, best of 5), GFLOP/s;
-2. the training step of :mod:`hvd_lm.train.loop` (same model, same window loss, same
-   ``clip_and_step``) under ``mpirun -np N`` with Horovod for each N in ``--ranks`` (weak scaling:
-   the per-rank batch is fixed), one thread per rank;
+2. the training step of :mod:`hvd_lm.train.loop` (same model, same window loss, same optimizer
+   and ``clip_and_step``) under ``mpirun -np N`` with Horovod for each N in ``--ranks`` (weak
+   scaling: the per-rank batch is fixed), one thread per rank, for every mLSTM implementation
+   in ``--rnn-impl`` (``fused`` once per ``--rnn-kernels`` x ``--cuda-graphs`` variant,
+   ``reference`` once): the implementations side by side in one run;
 3. the same model and data with ``torch.nn.parallel.DistributedDataParallel`` (gloo backend,
-   :mod:`hvd_lm.perf.baselines`) as the peer, at the largest N.
+   :mod:`hvd_lm.perf.baselines`) as the peer, at the largest N (``--no-ddp``: skipped).
 
 Each configuration runs ``--repeats`` times, interleaved with the others, and the median run is
 reported with the spread. It prints chars/s per rank and in total, weak-scaling efficiency
-(chars/s at N / (N x chars/s at 1)), model FLOPs per char (:meth:`LanguageModel.flops_per_char`),
-achieved GFLOP/s per rank and its fraction of the measured matmul rate, the share of step time
-Horovod waited on the allreduce, and the Horovod/DDP throughput ratio. ``--json FILE`` saves it.
+(chars/s at N / (N x chars/s at the fewest ranks)), model FLOPs per char
+(:meth:`LanguageModel.flops_per_char`), achieved GFLOP/s per rank and its fraction of the measured
+matmul rate, the share of step time Horovod waited on the allreduce, every fused variant's
+throughput over the reference's at each N, and the Horovod/DDP ratio. ``--json FILE`` saves it.
+``--device cuda --precision bf16`` times the same step on GPUs (one rank per GPU).
 
 ``bench fusion`` sweeps ``HOROVOD_FUSION_THRESHOLD`` and ``HOROVOD_CYCLE_TIME`` on the same
 training step (under ``mpirun -np N``), then runs it with ``HOROVOD_AUTOTUNE=1`` (Horovod docs:
@@ -43,28 +47,57 @@ from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, option
 from hvd_lm.core.model import LanguageModel, ModelConfig
 from hvd_lm.core.shards import load_manifest
+from hvd_lm.core.mlstm_kernels import KERNELS
 from hvd_lm.core.units import MIB
 from hvd_lm.dist import horovod as dist
 from hvd_lm.dist.horovod import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.dist.launcher import local_mpi_env, mpirun_argv
 from hvd_lm.perf.baselines import TorchGlooComm, ddp
+from hvd_lm.train import runtime
+from hvd_lm.train.config import OptimConfig
 from hvd_lm.train.data import Batch, RankStreams
 from hvd_lm.train.evaluate import window_nll
+from hvd_lm.train.optim import build_optimizer
 
 
-def matmul_gflops(n: int = 2048, repeats: int = 5, threads: int = 1) -> float:
-    """Best-of-``repeats`` fp32 ``torch.mm`` rate for n x n x n with ``threads`` threads, GFLOP/s."""
+def matmul_gflops(n: int = 2048, repeats: int = 5, threads: int = 1, device: str = "cpu",
+                  dtype: torch.dtype = torch.float32) -> float:
+    """Best-of-``repeats`` ``torch.mm`` rate for n x n x n in ``dtype`` on ``device`` (CPU with
+    ``threads`` threads), GFLOP/s."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+
+    def sync():
+        if a.is_cuda:
+            torch.cuda.synchronize()
+
     torch.mm(a, b)
+    sync()
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
         torch.mm(a, b)
+        sync()
         best = min(best, time.perf_counter() - t)
     torch.set_num_threads(old)
+    if a.is_cuda:
+        del a, b
+        torch.cuda.empty_cache()  # the workers this driver launches get the GPU's memory
     return 2 * n ** 3 / best / 1e9
+
+
+def peak_gflops(step: "StepConfig") -> tuple[float, str]:
+    """The matmul rate the achieved FLOP rate is compared with, and its description: one CPU
+    rank's fp32 rate with ``step.threads`` threads (2048^3), or on CUDA the GPU's rate in the
+    step's GEMM dtype (8192^3)."""
+    if step.device == "cuda":
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(step.precision,
+                                                                     torch.float32)
+        return (matmul_gflops(8192, device="cuda", dtype=dtype),
+                f"{str(dtype)[6:]} on {torch.cuda.get_device_name()}, 8192^3")
+    return matmul_gflops(threads=step.threads), f"fp32, {step.threads} thread(s), 2048^3"
 
 
 # ---- settings -----------------------------------------------------------------------------------
@@ -83,6 +116,10 @@ class StepConfig:
     threads: int = option(1, "torch threads per rank", ge=1)
     compression: str = option("fp16", "Horovod allreduce compression", choices=("none", "fp16"))
     shards: str = option("", "train on a shard directory instead of random bytes")
+    device: str = option("cpu", "cpu, or cuda (one GPU per rank: cuda:local_rank)",
+                         choices=("cpu", "cuda"))
+    precision: str = option("fp32", "fp32, or bf16/fp16 autocast (fp16: CUDA only)",
+                            choices=runtime.PRECISIONS)
 
 
 @dataclass
@@ -90,6 +127,19 @@ class WorkerConfig(StepConfig):
     """One rank of a run (``python -m hvd_lm.perf.bench_train FLAGS``)."""
 
     backend: str = option("horovod", "who allreduces the gradients", choices=("horovod", "ddp"))
+    rnn_impl: list[str] = option(default_factory=lambda: ["fused"],
+                                 help="one model per entry (with the same entries of "
+                                 "--rnn-kernels/--cuda-graphs), steps alternating",
+                                 choices=("fused", "reference"))
+    rnn_kernels: list[str] = option(default_factory=lambda: ["auto"],
+                                    help="fused path's cell kernels, per model", choices=KERNELS)
+    cuda_graphs: list[bool] = option(default_factory=lambda: [False],
+                                     help="fused path: CUDA graphs, per model")
+
+    def check(self) -> None:
+        """The three per-model lists have one entry per model."""
+        if not len(self.rnn_impl) == len(self.rnn_kernels) == len(self.cuda_graphs):
+            raise ValueError("rnn_impl, rnn_kernels and cuda_graphs need one entry per model")
     fusion_threshold_mb: float | None = option(None, "HOROVOD_FUSION_THRESHOLD, MiB", ge=0)
     cycle_time_ms: float | None = option(None, "HOROVOD_CYCLE_TIME, ms", gt=0)
 
@@ -100,6 +150,19 @@ class BenchTrainConfig(StepConfig):
 
     ranks: list[int] = option(default_factory=lambda: [1, 2], help="rank counts to run, e.g. 1,2",
                               ge=1)
+    rnn_impl: list[str] = option(default_factory=lambda: ["fused", "reference"],
+                                 help="mLSTM implementations, side by side",
+                                 choices=("fused", "reference"))
+    rnn_kernels: list[str] = option(default_factory=lambda: ["auto"],
+                                    help="fused variants: cell kernels (auto, torch, compile, "
+                                    "triton)", choices=KERNELS)
+    cuda_graphs: list[bool] = option(default_factory=lambda: [False],
+                                     help="fused variants: CUDA graphs off/on (e.g. false,true)")
+    ddp: bool = option(True, "also run the DistributedDataParallel peer (--no-ddp: skip it)",
+                       switch=False, flag="--no-ddp")
+    paired: bool = option(True, "time all variants in one process per rank count, their steps "
+                          "alternating (--no-paired: one launch per variant)", switch=False,
+                          flag="--no-paired")
     repeats: int = option(3, "interleaved runs per config; the median is reported", ge=1)
     timeout: float = option(900.0, "per-run limit, s", gt=0)
     json: str = option("", "write the results here")
@@ -133,30 +196,47 @@ class BenchFusionConfig(StepConfig):
 
 # ---- worker (one rank) -------------------------------------------------------------------------
 
+def variant_label(impl: str, kernels: str = "auto", graphs: bool = False) -> str:
+    """A variant's name in the tables: ``reference``, ``fused/<kernels>[+graphs]``."""
+    return "reference" if impl == "reference" else f"fused/{kernels}" + ("+graphs" if graphs
+                                                                          else "")
+
+
 def worker(cfg: WorkerConfig) -> int:
-    """Time ``cfg.steps`` training steps after ``cfg.warmup`` on this rank; rank 0 prints one
-    ``BENCH {json}`` line (chars/s per rank and in total, step time, allreduce wait share)."""
+    """Time ``cfg.steps`` training steps after ``cfg.warmup`` on this rank, for each model
+    variant (``rnn_impl[i]``, ``rnn_kernels[i]``, ``cuda_graphs[i]``, same initial weights and
+    data), the variants' steps alternating so that load on a shared machine hits all alike;
+    rank 0 prints one ``BENCH {json}`` line per variant (chars/s per rank and in total, step
+    time and every timed step's time, allreduce wait share)."""
     torch.set_num_threads(cfg.threads)
     if cfg.backend == "horovod":
         ctx = dist.init(cfg.fusion_threshold_mb, cfg.cycle_time_ms)  # Horovod: init
-        rank, size = ctx.rank, ctx.size
+        rank, size, local_rank = ctx.rank, ctx.size, ctx.local_rank
     else:
         comm = TorchGlooComm()  # the DDP peer: torch.distributed, gloo
-        rank, size = comm.rank, comm.size
-    torch.manual_seed(0)
-    model = LanguageModel(ModelConfig(cell=cfg.cell, hidden_size=cfg.hidden_size,
-                                      embed_dim=cfg.embed_dim))
-    device = torch.device("cpu")
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    params = list(model.parameters())
-    if cfg.backend == "horovod":
-        opt = dist.distributed_optimizer(opt, model, cfg.compression)  # Horovod: allreduce hooks
-        dist.broadcast_state(model)  # Horovod: rank 0's weights everywhere
-        net = model
-    else:
-        net = ddp(model, comm)
-
+        rank, size, local_rank = comm.rank, comm.size, comm.rank
+    device = runtime.resolve_device(cfg.device, local_rank)
+    runtime.check(device, cfg.precision)
     B, T = cfg.batch_size, cfg.seq_len
+    runs = []
+    for impl, kernels, graphs in zip(cfg.rnn_impl, cfg.rnn_kernels, cfg.cuda_graphs):
+        torch.manual_seed(0)
+        model = LanguageModel(ModelConfig(cell=cfg.cell, hidden_size=cfg.hidden_size,
+                                          embed_dim=cfg.embed_dim, rnn_impl=impl,
+                                          rnn_kernels=kernels, cuda_graphs=graphs)).to(device)
+        opt = build_optimizer(model, OptimConfig(), 1e-4)  # Adam as in training (fused)
+        if cfg.backend == "horovod":
+            opt = dist.distributed_optimizer(opt, model, cfg.compression)  # Horovod: hooks
+            dist.broadcast_state(model)  # Horovod: rank 0's weights everywhere
+            net = model
+        else:
+            net = ddp(model, comm)
+        runs.append({"label": variant_label(impl, kernels, graphs), "impl": impl,
+                     "kernels": kernels, "graphs": graphs, "model": model, "net": net, "opt": opt,
+                     "params": list(model.parameters()), "state": model.init_state(B, device),
+                     "scaler": runtime.make_scaler(device, cfg.precision), "times": [],
+                     "waits": []})
+
     if cfg.shards:
         streams = RankStreams(load_manifest(cfg.shards), "train", rank, size, B, T)
         batches = [streams.window(0, i % streams.steps_per_epoch)
@@ -167,35 +247,43 @@ def worker(cfg: WorkerConfig) -> int:
         batches = [Batch(d[:, :-1].contiguous(), d[:, 1:].contiguous(),
                          torch.zeros(B, T, dtype=torch.bool), B * T) for d in data]
 
-    state = model.init_state(B, device)
-    times, waits = [], []
     for i, batch in enumerate(batches):
-        t0 = time.perf_counter()
-        nats, state = window_nll(net, batch, state, device, "fp32")
-        (nats / batch.chars).backward()
+        for r in runs:  # round robin over the variants, step by step
+            t0 = time.perf_counter()
+            nats, r["state"] = window_nll(r["net"], batch, r["state"], device, cfg.precision)
+            loss = nats / batch.chars
+            scaler = r["scaler"]
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            if cfg.backend == "horovod":  # Horovod: wait, clip, step
+                _, _, wait = dist.clip_and_step(r["opt"], r["params"], 1.0, scaler)
+            else:
+                torch.nn.utils.clip_grad_norm_(r["params"], 1.0, foreach=True)
+                r["opt"].step()
+                wait = 0.0
+            r["opt"].zero_grad()
+            if device.type == "cuda":
+                torch.cuda.synchronize()  # the step's kernels are done before the clock is read
+            if i >= cfg.warmup:
+                r["times"].append(time.perf_counter() - t0)
+                r["waits"].append(wait)
+    for r in runs:
+        times, waits = r["times"], r["waits"]
+        step_time = sum(times) / len(times)
+        per_rank = B * T / step_time
         if cfg.backend == "horovod":
-            _, _, wait = dist.clip_and_step(opt, params, 1.0)  # Horovod: wait, clip, step
+            tot, wait_sum, time_sum = dist.allreduce_sum([per_rank, sum(waits), sum(times)],
+                                                         "bench")
         else:
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            wait = 0.0
-        opt.zero_grad()
-        if i >= cfg.warmup:
-            times.append(time.perf_counter() - t0)
-            waits.append(wait)
-    step_time = sum(times) / len(times)
-    per_rank = B * T / step_time
-    if cfg.backend == "horovod":
-        tot, wait_sum, time_sum = dist.allreduce_sum([per_rank, sum(waits), sum(times)], "bench")
-    else:
-        tot, wait_sum, time_sum = comm.sum([per_rank, 0.0, sum(times)])
-    if rank == 0:
-        print("BENCH " + json.dumps({
-            "backend": cfg.backend, "ranks": size, "hidden_size": cfg.hidden_size,
-            "batch_size": B, "seq_len": T, "step_time_s": step_time,
-            "chars_per_s_per_rank": tot / size, "chars_per_s_total": tot,
-            "allreduce_wait_share": wait_sum / time_sum if cfg.backend == "horovod" else None,
-            "flops_per_char": model.flops_per_char()}), flush=True)
+            tot, wait_sum, time_sum = comm.sum([per_rank, 0.0, sum(times)])
+        if rank == 0:
+            print("BENCH " + json.dumps({
+                "backend": cfg.backend, "ranks": size, "hidden_size": cfg.hidden_size,
+                "variant": r["label"], "rnn_impl": r["impl"], "rnn_kernels": r["kernels"],
+                "cuda_graphs": r["graphs"], "device": str(device), "precision": cfg.precision,
+                "batch_size": B, "seq_len": T, "step_time_s": step_time, "step_times_s": times,
+                "chars_per_s_per_rank": tot / size, "chars_per_s_total": tot,
+                "allreduce_wait_share": wait_sum / time_sum if cfg.backend == "horovod" else None,
+                "flops_per_char": r["model"].flops_per_char()}), flush=True)
     if cfg.backend == "ddp":
         comm.close()
     return 0
@@ -204,15 +292,23 @@ def worker(cfg: WorkerConfig) -> int:
 # ---- driver -----------------------------------------------------------------------------------
 
 def launch(backend: str, ranks: int, step: StepConfig, timeout: float,
-           env_extra: dict[str, str | None] | None = None) -> dict:
-    """Run :func:`worker` on ``ranks`` ranks under ``mpirun`` and return rank 0's record.
-    ``env_extra``: variables to set (or, for None, remove) for that launch (Horovod's knobs).
+           env_extra: dict[str, str | None] | None = None,
+           variants: list[dict] | None = None) -> list[dict]:
+    """Run :func:`worker` on ``ranks`` ranks under ``mpirun``; rank 0's records, one per
+    variant. ``env_extra``: variables to set (or, for None, remove) for that launch (Horovod's
+    knobs); ``variants``: the models' ``rnn_impl`` / ``rnn_kernels`` / ``cuda_graphs`` (default:
+    one fused model, auto kernels, no graphs).
 
     Raises:
         RuntimeError: the launch failed (with its output). subprocess.TimeoutExpired.
     """
+    per_model = {}
+    if variants:
+        per_model = {"rnn_impl": [v["rnn_impl"] for v in variants],
+                     "rnn_kernels": [v.get("rnn_kernels", "auto") for v in variants],
+                     "cuda_graphs": [v.get("cuda_graphs", False) for v in variants]}
     wcfg = WorkerConfig(**{f.name: getattr(step, f.name) for f in dataclasses.fields(StepConfig)},
-                        backend=backend)
+                        backend=backend, **per_model)
     cmd = mpirun_argv(ranks, ["-m", "hvd_lm.perf.bench_train", *configlib.to_argv(wcfg)])
     env = local_mpi_env(OMP_NUM_THREADS=str(step.threads), MASTER_ADDR="127.0.0.1",
                         MASTER_PORT=str(29500 + ranks + (7 if backend == "ddp" else 0)))
@@ -225,58 +321,139 @@ def launch(backend: str, ranks: int, step: StepConfig, timeout: float,
         else:
             env[k] = v
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    for line in proc.stdout.splitlines():
-        if line.startswith("BENCH "):
-            return json.loads(line[6:])
-    raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                       f"{proc.stderr[-3000:]}")
+    records = [json.loads(line[6:]) for line in proc.stdout.splitlines()
+               if line.startswith("BENCH ")]
+    if proc.returncode != 0 or len(records) != max(1, len(variants or [])):
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
+                           f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return records
+
+
+def variants(cfg: BenchTrainConfig) -> list[tuple[str, dict]]:
+    """(label, worker settings) of every mLSTM implementation to time: ``reference`` once,
+    ``fused`` once per (kernels, CUDA graphs) pair, in ``--rnn-impl`` order (e.g.
+    ``fused/auto``, ``fused/triton+graphs``, ``reference``); the plain LSTM has one."""
+    if cfg.cell != "mlstm":
+        return [("lstm", {"rnn_impl": "fused"})]
+    out = []
+    for impl in dict.fromkeys(cfg.rnn_impl):
+        if impl == "reference":
+            out.append((variant_label("reference"), {"rnn_impl": "reference"}))
+            continue
+        for kern in dict.fromkeys(cfg.rnn_kernels):
+            for graphs in dict.fromkeys(cfg.cuda_graphs):
+                out.append((variant_label("fused", kern, graphs),
+                            {"rnn_impl": "fused", "rnn_kernels": kern, "cuda_graphs": graphs}))
+    return out
+
+
+def summarize_train(trials: dict[tuple[str, str, int], list[dict]], peak: float) -> dict:
+    """The medians and ratios of ``bench train`` from its trials: ``(variant label, backend,
+    ranks) -> [worker records]``, in run order.
+
+    Returns:
+        ``{"runs": [median record per configuration, with chars_per_s_total_trials,
+        weak_scaling_efficiency (vs the variant's fewest ranks), gflops_per_rank,
+        fraction_of_matmul_peak], "impl_ratios": [{"variant", "ranks", "ratio",
+        "paired_ratios", "paired_ratio_median"}: a fused variant's median total chars/s over
+        the reference's at the same ranks, and repeat by repeat (the two ran back to back, so
+        drifting load cancels)], "horovod_over_ddp": ratio or None}``.
+    """
+    runs = []
+    for (label, backend, n), recs in trials.items():
+        ts = sorted(recs, key=lambda r: r["chars_per_s_total"])
+        med = dict(ts[len(ts) // 2], variant=label)
+        med["chars_per_s_total_trials"] = [r["chars_per_s_total"] for r in recs]
+        runs.append(med)
+    for r in runs:
+        same = [x for x in runs if x["variant"] == r["variant"] and x["backend"] == "horovod"]
+        base = min(same, key=lambda x: x["ranks"]) if same else r
+        gf = r["chars_per_s_per_rank"] * r["flops_per_char"] / 1e9
+        r["weak_scaling_efficiency"] = r["chars_per_s_per_rank"] / base["chars_per_s_per_rank"]
+        r["gflops_per_rank"] = gf
+        r["fraction_of_matmul_peak"] = gf / peak
+    hvd = {(r["variant"], r["ranks"]): r for r in runs if r["backend"] == "horovod"}
+    ratios = []
+    for (v, n), r in hvd.items():
+        if v == "reference" or ("reference", n) not in hvd:
+            continue
+        # paired: repeat i of the variant over repeat i of the reference, run back to back
+        pairs = list(zip(trials[(v, "horovod", n)], trials[("reference", "horovod", n)]))
+        paired = [a["chars_per_s_total"] / b["chars_per_s_total"] for a, b in pairs]
+        x = {"variant": v, "ranks": n, "ratio": r["chars_per_s_total"]
+             / hvd[("reference", n)]["chars_per_s_total"],
+             "paired_ratios": paired, "paired_ratio_median": statistics.median(paired)}
+        # step by step, where the two alternated in one process: reference time / variant time
+        steps = [tb / ta for a, b in pairs for ta, tb in
+                 zip(a.get("step_times_s", []), b.get("step_times_s", []))]
+        if steps:
+            q = statistics.quantiles(steps, n=4) if len(steps) > 1 else steps * 3
+            x.update(step_ratios=steps, step_ratio_median=statistics.median(steps),
+                     step_ratio_quartiles=[q[0], q[2]])
+        ratios.append(x)
+    ddp_run = next((r for r in runs if r["backend"] == "ddp"), None)
+    ratio = None
+    if ddp_run is not None and (ddp_run["variant"], ddp_run["ranks"]) in hvd:
+        ratio = (hvd[(ddp_run["variant"], ddp_run["ranks"])]["chars_per_s_total"]
+                 / ddp_run["chars_per_s_total"])
+    return {"runs": runs, "impl_ratios": ratios, "horovod_over_ddp": ratio}
 
 
 def bench_train(cfg: BenchTrainConfig) -> int:
     """Print (and with ``--json`` save) the ``bench train`` table (see the module docstring)."""
     ranks = sorted(set(cfg.ranks))
-    peak = matmul_gflops(threads=cfg.threads)
-    print(f"matmul peak (fp32, {cfg.threads} thread(s), 2048^3): {peak:.1f} GFLOP/s per rank")
-    configs = [("horovod", n) for n in ranks] + [("ddp", ranks[-1])]
-    trials: dict[tuple[str, int], list[dict]] = {c: [] for c in configs}
+    peak, what = peak_gflops(cfg)
+    print(f"matmul peak ({what}): {peak:.1f} GFLOP/s per rank")
+    var = variants(cfg)
+    # one launch per group: every variant together (paired: steps alternate in one process)
+    if cfg.paired:
+        groups = [("horovod", n, var) for n in ranks]
+    else:
+        groups = [("horovod", n, [v]) for v in var for n in ranks]
+    if cfg.ddp:
+        groups.append(("ddp", ranks[-1], [var[0]]))
+    trials: dict[tuple[str, str, int], list[dict]] = {
+        (name, b, n): [] for b, n, g in groups for name, _ in g}
     for _ in range(cfg.repeats):  # interleaved, so drifting machine load hits every config alike
-        for backend, n in configs:
-            trials[(backend, n)].append(launch(backend, n, cfg, cfg.timeout))
-    runs = []
-    for c in configs:  # the median run of each config by total chars/s, with the spread
-        ts = sorted(trials[c], key=lambda r: r["chars_per_s_total"])
-        med = dict(ts[len(ts) // 2])
-        med["chars_per_s_total_trials"] = [r["chars_per_s_total"] for r in trials[c]]
-        runs.append(med)
-    peak_after = matmul_gflops(threads=cfg.threads)
-    base = runs[0]["chars_per_s_per_rank"]
+        for backend, n, group in groups:
+            recs = launch(backend, n, cfg, cfg.timeout, variants=[v for _, v in group])
+            for (name, _), rec in zip(group, recs):
+                trials[(name, backend, n)].append(rec)
+    summary = summarize_train(trials, peak)
+    runs = summary["runs"]
+    peak_after, _ = peak_gflops(cfg)
     print(f"model: {cfg.cell} H={cfg.hidden_size} E={cfg.embed_dim}, per-rank batch "
           f"{cfg.batch_size} x {cfg.seq_len} chars, {runs[0]['flops_per_char'] / 1e6:.2f} "
-          "MFLOP/char (fwd+bwd)")
-    print(f"{'backend':8} {'ranks':>5} {'s/step':>8} {'chars/s/rank':>13} {'chars/s':>10} "
-          f"{'weak eff':>8} {'GFLOP/s/rank':>12} {'of peak':>7} {'ar wait':>7}")
+          f"MFLOP/char (fwd+bwd), {cfg.device} {cfg.precision}")
+    print(f"{'variant':22} {'backend':8} {'ranks':>5} {'s/step':>8} {'chars/s/rank':>13} "
+          f"{'chars/s':>10} {'weak eff':>8} {'GFLOP/s/rank':>12} {'of peak':>7} {'ar wait':>7}")
     for r in runs:
-        gf = r["chars_per_s_per_rank"] * r["flops_per_char"] / 1e9
-        r["weak_scaling_efficiency"] = r["chars_per_s_per_rank"] / base
-        r["gflops_per_rank"] = gf
-        r["fraction_of_matmul_peak"] = gf / peak
         wait = r["allreduce_wait_share"]
-        print(f"{r['backend']:8} {r['ranks']:>5} {r['step_time_s']:>8.3f} "
+        print(f"{r['variant']:22} {r['backend']:8} {r['ranks']:>5} {r['step_time_s']:>8.3f} "
               f"{r['chars_per_s_per_rank']:>13.0f} {r['chars_per_s_total']:>10.0f} "
-              f"{r['weak_scaling_efficiency']:>8.3f} {gf:>12.1f} {gf / peak:>7.1%} "
-              f"{'-' if wait is None else f'{wait:.1%}':>7}")
-    hvd_n = [r for r in runs if r["backend"] == "horovod" and r["ranks"] == ranks[-1]][0]
-    ratio = hvd_n["chars_per_s_total"] / runs[-1]["chars_per_s_total"]
-    print(f"Horovod / DDP throughput at {ranks[-1]} ranks: {ratio:.3f}x (medians of "
-          f"{cfg.repeats} interleaved runs; per-run totals, chars/s: "
-          + "; ".join(f"{r['backend']} x{r['ranks']} "
-                      + ",".join(f"{v:.0f}" for v in r["chars_per_s_total_trials"])
-                      for r in runs) + ")")
+              f"{r['weak_scaling_efficiency']:>8.3f} {r['gflops_per_rank']:>12.1f} "
+              f"{r['fraction_of_matmul_peak']:>7.1%} {'-' if wait is None else f'{wait:.1%}':>7}")
+    spread = "; ".join(f"{r['variant']} {r['backend']} x{r['ranks']} "
+                       + ",".join(f"{v:.0f}" for v in r["chars_per_s_total_trials"])
+                       for r in runs)
+    for x in summary["impl_ratios"]:
+        print(f"{x['variant']} / reference throughput at {x['ranks']} rank(s): "
+              f"{x['ratio']:.3f}x (ratio of medians); per repeat "
+              + ", ".join(f"{v:.3f}" for v in x["paired_ratios"])
+              + f", median {x['paired_ratio_median']:.3f}x"
+              + (f"; step by step (alternating in one process, {len(x['step_ratios'])} pairs): "
+                 f"median {x['step_ratio_median']:.3f}x, quartiles "
+                 f"{x['step_ratio_quartiles'][0]:.3f}-{x['step_ratio_quartiles'][1]:.3f}"
+                 if "step_ratios" in x else ""))
+    if summary["horovod_over_ddp"] is not None:
+        print(f"Horovod / DDP throughput at {ranks[-1]} ranks ({var[0][0]}): "
+              f"{summary['horovod_over_ddp']:.3f}x")
+    print(f"(medians of {cfg.repeats} interleaved runs; per-run totals, chars/s: {spread})")
     print(f"matmul peak re-measured after the runs: {peak_after:.1f} GFLOP/s")
     if cfg.json:
         write_text(cfg.json, json.dumps({
-            "matmul_gflops": peak, "matmul_gflops_after": peak_after, "runs": runs,
-            "horovod_over_ddp": ratio, "args": configlib.to_dict(cfg)}, indent=2, default=str))
+            "matmul_gflops": peak, "matmul_gflops_after": peak_after, **summary,
+            "args": configlib.to_dict(cfg)}, indent=2, default=str))
     return 0
 
 
@@ -339,7 +516,7 @@ def bench_fusion(cfg: BenchFusionConfig) -> int:
     try:
         for rep in range(cfg.repeats):  # round robin: drift on a shared machine hits all alike
             for label, fmb, cms in fusion_configs(cfg):
-                r = launch("horovod", cfg.np, cfg, cfg.timeout, _knobs(fmb, cms))
+                r = launch("horovod", cfg.np, cfg, cfg.timeout, _knobs(fmb, cms))[0]
                 runs.append({"label": label, "fusion_threshold_mb": fmb, "cycle_time_ms": cms,
                              "repeat": rep, **r})
                 _save_fusion(cfg, runs, None)  # partial results survive an interrupted sweep
@@ -355,14 +532,14 @@ def bench_fusion(cfg: BenchFusionConfig) -> int:
                     "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": str(cfg.autotune_steps_per_sample),
                     "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": str(cfg.autotune_samples)}
                 tuned_step = dataclasses.replace(cfg, steps=cfg.autotune_steps)
-                r = launch("horovod", cfg.np, tuned_step, cfg.timeout, tune_env)
+                r = launch("horovod", cfg.np, tuned_step, cfg.timeout, tune_env)[0]
                 autotune = parse_autotune_log(log) | {"run": r, "log": log.read_text()}
             best = autotune["best"]
             if best is not None:
                 label = (f"autotuned fusion={best['tensor_fusion_threshold']:g}MB "
                          f"cycle={best['cycle_time_ms']:g}ms")
                 r = launch("horovod", cfg.np, cfg, cfg.timeout,
-                           _knobs(best["tensor_fusion_threshold"], best["cycle_time_ms"]))
+                           _knobs(best["tensor_fusion_threshold"], best["cycle_time_ms"]))[0]
                 runs.append({"label": label, "fusion_threshold_mb":
                              best["tensor_fusion_threshold"], "cycle_time_ms":
                              best["cycle_time_ms"], "repeat": 0, **r})

@@ -97,6 +97,8 @@ class RunConfig:
     checkpoint_every: int = _f(0, "checkpoint every N steps (0 = only at the end)", ge=0)
     checkpoint_minutes: float = _f(0.0, "also checkpoint every M minutes of wall time (0 = off)",
                                    ge=0)
+    control_every: int = _f(10, "exchange the control flags (stop signals, timed checkpoints) "
+                            "every N step attempts: a signal is acted on within N steps", ge=1)
     keep_checkpoints: int = _f(3, "keep the last K step checkpoints (0 = all)", ge=0)
     resume: str = _f("", "checkpoint file or run directory to resume from ('auto' = out_dir)")
     nan_check: bool = _f(True, "skip (and count) steps whose loss or gradients are not finite")

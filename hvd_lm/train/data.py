@@ -12,11 +12,13 @@ consecutive windows of a row and reset where a row starts a stream or crosses in
 (``reset`` marks those positions).
 
 The data position (epoch, step) is all a checkpoint needs: windows are a pure function of it.
+:class:`Prefetcher` reads the next window on a background thread while the current one trains.
 """
 
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -196,3 +198,55 @@ class RankStreams:
         """Windows of epoch 0, in order (evaluation)."""
         for step in range(self.steps_per_epoch):
             yield self.window(0, step)
+
+
+class Prefetcher:
+    """Windows of a :class:`RankStreams` read ahead on one background thread, so the HDF5 reads
+    of window i+1 overlap the training step of window i (the step releases the GIL inside
+    torch's kernels). Windows are addressed by their global index (epoch x steps per epoch +
+    step, as ``Position.window``); a request for any other index than the one read ahead (a
+    resume, a jump) is read on the thread too and waited for, so results never depend on timing.
+    Every read runs on the one thread, in request order: the streams' caches see one caller.
+
+    Args:
+        streams: this rank's training streams.
+        depth: windows read ahead (>= 1).
+        limit: no window at or past this global index is read ahead (None: no limit).
+        pin_memory: return page-locked tensors (for ``.to(cuda, non_blocking=True)``).
+
+    Raises (from :meth:`get`): whatever :meth:`RankStreams.window` raised for that window.
+    """
+
+    def __init__(self, streams: RankStreams, depth: int = 1, limit: int | None = None,
+                 pin_memory: bool = False):
+        if depth < 1:
+            raise ValueError(f"prefetch depth must be >= 1, got {depth}")
+        self.streams, self.depth, self.limit = streams, depth, limit
+        self.pin_memory = pin_memory
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="hvd-lm-prefetch")
+        self._ahead: dict[int, Future] = {}
+
+    def _read(self, index: int) -> Batch:
+        epoch, step = divmod(index, self.streams.steps_per_epoch)
+        batch = self.streams.window(epoch, step)
+        if self.pin_memory:
+            batch = Batch(batch.inputs.pin_memory(), batch.targets.pin_memory(),
+                          batch.reset.pin_memory(), batch.chars)
+        return batch
+
+    def get(self, index: int) -> Batch:
+        """The window with global index ``index``; then the next ``depth`` are read ahead."""
+        fut = self._ahead.pop(index, None) or self._pool.submit(self._read, index)
+        for stale in [i for i in self._ahead if i < index or i > index + self.depth]:
+            self._ahead.pop(stale).cancel()
+        for i in range(index + 1, index + 1 + self.depth):
+            if i not in self._ahead and (self.limit is None or i < self.limit):
+                self._ahead[i] = self._pool.submit(self._read, i)
+        return fut.result()
+
+    def close(self) -> None:
+        """Drop what was read ahead and stop the thread."""
+        for fut in self._ahead.values():
+            fut.cancel()
+        self._ahead.clear()
+        self._pool.shutdown(wait=True)

@@ -89,9 +89,11 @@ def window_nll(model: LanguageModel, batch: Batch, state, device: torch.device, 
     grad; the new state). The incoming state is detached (truncated BPTT); the logits are upcast
     so the softmax and loss are fp32 whatever the autocast precision (as the reference requires)."""
     state = (state[0].detach(), state[1].detach())
-    x, y = batch.inputs.to(device), batch.targets.to(device)
+    # non_blocking: a no-op on CPU; from pinned memory (train.data.Prefetcher) an async copy
+    x = batch.inputs.to(device, non_blocking=True)
+    y = batch.targets.to(device, non_blocking=True)
     with prec.autocast(device, precision):
-        logits, state = model(x, state, reset=batch.reset.to(device))
+        logits, state = model(x, state, reset=batch.reset.to(device, non_blocking=True))
     nats = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
                            ignore_index=IGNORE, reduction="sum")
     return nats, state

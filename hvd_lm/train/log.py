@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import signal
 import sys
 import threading
@@ -37,10 +38,17 @@ class StopSignals:
     Under ``horovodrun --mpi`` a signal to horovodrun kills only the ``/bin/sh -c mpirun`` it
     became (:func:`hvd_lm.dist.launcher.horovodrun_mpi_shell`); a daemon thread watches that
     shell once a second and raises the flag (as SIGTERM) when it is gone.
+
+    Under OpenMPI's ``mpirun`` a SIGTERM/SIGINT reaching a rank means mpirun is tearing the job
+    down: it has stopped reading the ranks' stdout/stderr and sends SIGKILL after
+    ``odls_base_sigkill_timeout``. A rank that kept printing (a log line per step, the progress
+    bar) would block on the full pipe and be killed before its checkpoint, so the ranks then send
+    their console to /dev/null (``metrics.jsonl`` still gets every record).
     """
 
     def __init__(self, watch_interval_s: float = 1.0) -> None:
         self.received: int | None = None
+        self.mpirun_tears_down = "OMPI_COMM_WORLD_SIZE" in os.environ
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, self._handler)
         shell = horovodrun_mpi_shell()
@@ -50,6 +58,11 @@ class StopSignals:
 
     def _handler(self, signum, frame) -> None:
         self.received = signum
+        if self.mpirun_tears_down and signum in (signal.SIGTERM, signal.SIGINT):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            for fd in (1, 2):  # what Python, tqdm and Horovod's C++ write to
+                os.dup2(devnull, fd)
+            os.close(devnull)
 
     def _watch(self, pid: int, interval: float) -> None:
         while self.received is None:

@@ -8,8 +8,13 @@ One optimizer step (per rank, B rows x T bytes per window, ``backward_passes_per
 2. ``clip_and_step`` (hvd_lm.dist.horovod): wait for the allreduce, unscale, clip, step — or skip
    the step when the gradients overflowed / are not finite (counted; the LR schedule does not
    advance on a skipped step).
-3. One tiny allreduce of control flags (a preemption signal or a due time-based checkpoint on any
-   rank stops or checkpoints every rank at the same step).
+3. Every ``run.control_every`` step attempts, one tiny allreduce of control flags (a preemption
+   signal or a due time-based checkpoint on any rank stops or checkpoints every rank at the same
+   step).
+
+The host does not wait on the device per window: the next window is read ahead on a thread
+(``train.data.Prefetcher``), the loss is summed on the device and read at log time, and the one
+per-step sync is the gradient norm's finiteness check in ``clip_and_step``.
 
 Rank 0 logs (tqdm bar, a line every ``log_every`` steps, ``metrics.jsonl``, TensorBoard when
 installed) and writes checkpoints; metrics are sums over ranks. Every Horovod call is marked
@@ -44,7 +49,7 @@ from hvd_lm.dist import horovod as dist
 from hvd_lm.train import checkpoint as ckpt_io
 from hvd_lm.train import runtime
 from hvd_lm.train.config import TrainConfig
-from hvd_lm.train.data import RankStreams
+from hvd_lm.train.data import Prefetcher, RankStreams
 from hvd_lm.train.evaluate import bpc as eval_bpc
 from hvd_lm.train.evaluate import window_nll
 from hvd_lm.train.faults import Faults
@@ -258,6 +263,17 @@ class Trainer:
 
     def loop(self, state=None) -> None:
         """Optimizer steps until ``total_steps``, a stop signal or divergence."""
+        # window i+1's bytes are read on a background thread while window i trains (elastic
+        # runs wrap around epochs, so no read-ahead limit there)
+        batches = Prefetcher(self.streams, limit=None if state is not None else self.total_windows,
+                             pin_memory=self.device.type == "cuda")
+        try:
+            self.steps(batches, state)
+        finally:
+            batches.close()
+
+    def steps(self, batches: Prefetcher, state=None) -> None:
+        """The body of :meth:`loop`: one iteration per optimizer step (attempt)."""
         cfg, B, k = self.cfg, self.B, self.k
         model, optimizer, scheduler, scaler = self.model, self.optimizer, self.scheduler, self.scaler
         log, pos = self.log, self.pos
@@ -272,14 +288,14 @@ class Trainer:
             # forward + backward over k windows; Horovod's hooks allreduce each gradient when ready
             nats_step, chars_step = 0.0, 0
             for _ in range(k):
-                epoch, w = divmod(pos.window, self.windows_per_epoch)
-                batch = self.streams.window(epoch, w)
+                batch = batches.get(pos.window)  # read ahead (epoch, step) = divmod(window, wpe)
                 nats, self.rnn_state = window_nll(model, batch, self.rnn_state, self.device,
                                                   cfg.run.precision)
                 loss = self.faults.loss(nats / max(1, batch.chars) / k,
                                         pos.step + pos.skipped_steps)
                 (scaler.scale(loss) if scaler is not None else loss).backward()
-                nats_step += float(nats.detach())
+                # summed on the device (a 0-d tensor), read only at log time: no host sync
+                nats_step = nats_step + nats.detach().double()
                 chars_step += batch.chars
                 pos.window += 1
 
@@ -309,16 +325,19 @@ class Trainer:
             acc["steps"] += 1
 
             # Horovod: control flags; any rank's signal stops all, rank 0's clock times checkpoints
-            due = (cfg.run.checkpoint_minutes > 0 and self.ctx.is_root
-                   and time.time() - self.last_ckpt_time >= 60 * cfg.run.checkpoint_minutes)
-            stop_flag, due_flag = dist.allreduce_sum(
-                [1.0 if self.signals.received else 0.0, 1.0 if due else 0.0], name="control")
+            # (every control_every attempts: the same attempts on every rank)
+            stop_flag = due_flag = 0.0
+            if (pos.step + pos.skipped_steps) % cfg.run.control_every == 0:
+                due = (cfg.run.checkpoint_minutes > 0 and self.ctx.is_root
+                       and time.time() - self.last_ckpt_time >= 60 * cfg.run.checkpoint_minutes)
+                stop_flag, due_flag = dist.allreduce_sum(
+                    [1.0 if self.signals.received else 0.0, 1.0 if due else 0.0], name="control")
 
             # log a line every log_every steps (Horovod: metrics summed over ranks)
             log.tick(1 if applied else 0)
             if applied and (pos.step % cfg.run.log_every == 0 or pos.step == self.total_steps):
-                nats, chars, waits, busy = dist.allreduce_sum(
-                    [acc["nats"], acc["chars"], acc["wait"], acc["busy"]], name="log")
+                nats, chars, waits, busy = dist.allreduce_sum(  # float(): the device sum, read now
+                    [float(acc["nats"]), acc["chars"], acc["wait"], acc["busy"]], name="log")
                 wall = time.perf_counter() - acc["t0"]
                 loss = nats / max(1.0, chars)
                 log.record("train", pos.step, loss=loss, bpc=loss / LN2,

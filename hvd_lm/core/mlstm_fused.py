@@ -1,0 +1,308 @@
+"""The fused mLSTM recurrence: one ``torch.autograd.Function`` over a whole TBPTT window.
+
+The reference path (:class:`hvd_lm.core.model.MLSTM` with ``rnn_impl="reference"``) builds the
+window out of ~15 autograd ops per step; its backward then accumulates each recurrent weight's
+gradient once per step (T GEMMs with K = B and T full-size ``add_``\\ s) and, under autocast,
+re-casts both recurrent weights at every step. This module does what cuDNN's RNN and
+lmnt-com/haste's LSTM do (``haste/lib/lstm_backward_gpu.cu.cc``: per-step data gradients,
+weight gradients as single GEMMs over all steps after the loop):
+
+forward (per window): cast ``W_mh`` [H, H] and ``W_h`` [4H, H] to the compute dtype once (the
+caller applies weight norm once, before); the input projections ``xg = x W_x^T + b`` [T, B, 4H]
+and ``xm = x W_mx^T`` [T, B, H] arrive precomputed (one GEMM each over T*B rows). Per step t::
+
+    a_t   = hprev_t @ W_mh^T                      GEMM 1            [B, H]
+    m_t   = xm_t * a_t                            (the multiplicative input, between the GEMMs)
+    g_t   = xg_t + m_t @ W_h^T                    GEMM 2 (addmm)    [B, 4H]
+    cell  : gates, c_t, h_t, mask, next reset     one fused kernel  (hvd_lm.core.mlstm_kernels)
+
+saving the gate activations, c_{t-1}, a_t, m_t and hprev_t. Backward, per step (t = T-1..0)::
+
+    cell backward                                 one fused kernel -> dg_t [B, 4H]
+    dm_t  = dg_t @ W_h                            GEMM 1            [B, H]
+    da_t  = dm_t * xm_t
+    dhprev = dhold + da_t @ W_mh                  GEMM 2 (addmm)    [B, H]
+
+then, over all T*B rows at once: ``dW_h = dG^T M`` [4H, H], ``dW_mh = dA^T Hprev`` [H, H],
+``dxm = dM * A``; ``dxg = dG`` flows back into the input projection's own single GEMM.
+
+FLOPs per step and row (multiply-adds x 2): forward 2 (H^2 + 4H^2) = 10 H^2; backward data
+gradients 10 H^2, weight gradients 10 H^2 (same as the reference; what changes is their shape:
+K = T*B instead of K = B, and no per-step read-modify-write of the 4H x H gradient, 16 B x 5 H^2
+per step in fp32). Bytes saved per step and row: 4H (activations, S) + H (c_{t-1}, S) + 3H (a, m,
+hprev, C).
+
+Semantics kept exactly from the reference: ``reset`` [T, B] zeroes a row's (h, c) before that
+step (done inside the Function as a multiply by ``rk = 1 - reset``, instead of splitting the
+window into segments); ``mask`` [T, B] False holds the row's state through that step. The cell
+state is kept in the state dtype (fp32) whatever the compute dtype; the outputs hs are in the
+compute dtype, the final (h, c) in the state dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections import Counter
+from typing import Callable
+
+import torch
+
+from hvd_lm.core.mlstm_kernels import Kernels
+
+State = tuple[torch.Tensor, torch.Tensor]
+
+
+def _no_autocast(device: torch.device):
+    """Autocast off inside the Function: every dtype is chosen explicitly."""
+    if device.type in ("cuda", "cpu"):
+        return torch.autocast(device_type=device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+class MLSTMWindow(torch.autograd.Function):
+    """The whole window's recurrence as one autograd node (see the module docstring).
+
+    ``apply(xg, xm, h0, c0, w_mh, w_h, keep, rk, kernels, save)``:
+
+    Args:
+        xg: [T, B, 4H] gate input projections incl. bias (compute dtype C = ``xg.dtype``).
+        xm: [T, B, H] multiplicative input projections (C).
+        h0, c0: [B, H] incoming state (state dtype S = ``c0.dtype``).
+        w_mh: [H, H], w_h: [4H, H]: the recurrent weights (any float dtype; cast to C once).
+        keep: bool [T, B, 1] or None: False where the step is padding (state held).
+        rk: [T, B, 1] (S) or None: 0.0 where the state is zeroed before the step.
+        kernels: the cell kernels (:func:`hvd_lm.core.mlstm_kernels.get_kernels`).
+        save: keep what the backward needs (False: inference, O(1) buffers in T).
+
+    Returns:
+        (hs [T, B, H] in C, h_T [B, H] in S, c_T [B, H] in S).
+    """
+
+    @staticmethod
+    def forward(ctx, xg, xm, h0, c0, w_mh, w_h, keep, rk, kernels: Kernels, save: bool):
+        T, B, H4 = xg.shape
+        H = H4 // 4
+        S, C, dev = c0.dtype, xg.dtype, xg.device
+        n = T if save else 1
+        with _no_autocast(dev):
+            wmh_t = w_mh.to(C).t()  # [H, H]: a = hprev @ W_mh^T; cast once per window
+            wh_t = w_h.to(C).t()    # [H, 4H]
+            act = torch.empty(n, B, H4, dtype=S, device=dev)
+            tc = torch.empty(n, B, H, dtype=S, device=dev)
+            cprev = torch.empty(n + 1, B, H, dtype=S, device=dev)
+            hprev_c = torch.empty(n + 1, B, H, dtype=C, device=dev)
+            a = torch.empty(n, B, H, dtype=C, device=dev)
+            m = torch.empty(n, B, H, dtype=C, device=dev)
+            g = torch.empty(B, H4, dtype=C, device=dev)
+            hs = torch.empty(T, B, H, dtype=C, device=dev)
+            h0s, c0s = h0, c0
+            if rk is not None:
+                h0s, c0s = h0s * rk[0], c0s * rk[0]
+            hstate = h0s.clone()
+            cprev[0].copy_(c0s)
+            hprev_c[0].copy_(h0s)
+            # Per-step views made once in C++ (unbind), not by T x 13 Python indexing calls.
+            xg_t, xm_t, hs_t = xg.unbind(0), xm.unbind(0), hs.unbind(0)
+            act_t, tc_t, a_t, m_t = act.unbind(0), tc.unbind(0), a.unbind(0), m.unbind(0)
+            cp_t, hp_t = cprev.unbind(0), hprev_c.unbind(0)
+            keep_t, rk_next = _steps(keep, rk, T)
+            for t in range(T):
+                s, s1 = (t, t + 1) if save else (0, 0)
+                torch.mm(hp_t[s], wmh_t, out=a_t[s])
+                torch.mul(xm_t[t], a_t[s], out=m_t[s])
+                torch.addmm(xg_t[t], m_t[s], wh_t, out=g)
+                kernels.forward(g, cp_t[s], hstate, keep_t[t], rk_next[t], act_t[s], tc_t[s],
+                                hs_t[t], cp_t[s1], hstate, hp_t[s1])
+            c_T = cprev[n if save else 0].clone()
+        if save:
+            ctx.save_for_backward(xm, w_mh, w_h, keep, rk, act, tc, cprev, hprev_c, a, m)
+            ctx.kernels = kernels
+        return hs, hstate, c_T
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dhs, dh_T, dc_T):
+        xm, w_mh, w_h, keep, rk, act, tc, cprev, hprev_c, a, m = ctx.saved_tensors
+        kernels = ctx.kernels
+        T, B, H = xm.shape
+        S, C, dev = cprev.dtype, xm.dtype, xm.device
+        with _no_autocast(dev):
+            w_mh_c, w_h_c = w_mh.to(C), w_h.to(C)  # cast once per window
+            dG = torch.empty(T, B, 4 * H, dtype=C, device=dev)
+            dM = torch.empty(T, B, H, dtype=C, device=dev)
+            dA = torch.empty(T, B, H, dtype=C, device=dev)
+            dhp = torch.zeros(B, H, dtype=S, device=dev) if dh_T is None else dh_T.to(S).clone()
+            dcp = torch.zeros(B, H, dtype=S, device=dev) if dc_T is None else dc_T.to(S).clone()
+            # without padding nothing bypasses the cell: dhold is zero and not materialised
+            dhold = torch.empty(B, H, dtype=S, device=dev) if keep is not None else None
+            if dhs is None:
+                dhs = torch.zeros(T, B, H, dtype=C, device=dev)
+            dhs = dhs.contiguous()  # e.g. the grad of hs.transpose(0, 1): per-step rows dense
+            dhs_t, dG_t, dM_t, dA_t = dhs.unbind(0), dG.unbind(0), dM.unbind(0), dA.unbind(0)
+            act_t, tc_t, cp_t, xm_t = act.unbind(0), tc.unbind(0), cprev.unbind(0), xm.unbind(0)
+            keep_t, rk_next = _steps(keep, rk, T)
+            for t in range(T - 1, -1, -1):
+                kernels.backward(dhs_t[t], dhp, dcp, rk_next[t], keep_t[t], act_t[t], tc_t[t],
+                                 cp_t[t], dG_t[t], dcp, dhold)
+                torch.mm(dG_t[t], w_h_c, out=dM_t[t])
+                torch.mul(dM_t[t], xm_t[t], out=dA_t[t])
+                if dhold is None:
+                    dhp = torch.mm(dA_t[t], w_mh_c, out=dhp) if C == S else \
+                        torch.mm(dA_t[t], w_mh_c).to(S)
+                elif C == S:
+                    torch.addmm(dhold, dA_t[t], w_mh_c, out=dhp)
+                else:
+                    torch.add(dhold, torch.mm(dA_t[t], w_mh_c), out=dhp)
+            if rk is not None:
+                dhp, dcp = dhp * rk[0], dcp * rk[0]
+            # Weight and input-projection gradients: one GEMM / one kernel over T*B rows each.
+            d_wh = (dG.view(T * B, 4 * H).t() @ m.view(T * B, H)).to(w_h.dtype)
+            d_wmh = (dA.view(T * B, H).t() @ hprev_c[:T].view(T * B, H)).to(w_mh.dtype)
+            dxm = dM * a
+        return dG, dxm, dhp, dcp, d_wmh, d_wh, None, None, None, None
+
+
+def _steps(keep: torch.Tensor | None, rk: torch.Tensor | None, T: int) -> tuple[list, list]:
+    """Per-step views: ``keep[t]`` and the *next* step's reset multiplier ``rk[t + 1]`` (None
+    after the last step), or Nones."""
+    keep_t = list(keep.unbind(0)) if keep is not None else [None] * T
+    rk_next = list(rk.unbind(0))[1:] + [None] if rk is not None else [None] * T
+    return keep_t, rk_next
+
+
+def mlstm_window(xg: torch.Tensor, xm: torch.Tensor, state: State, w_mh: torch.Tensor,
+                 w_h: torch.Tensor, kernels: Kernels, mask: torch.Tensor | None = None,
+                 reset: torch.Tensor | None = None,
+                 graphs: "WindowGraphs | None" = None) -> tuple[torch.Tensor, State]:
+    """Run the fused recurrence over a window (see the module docstring).
+
+    Args:
+        xg: [T, B, 4H] input gate projections incl. bias; xm: [T, B, H].
+        state: (h0, c0), each [B, H] (state dtype, normally fp32).
+        w_mh: [H, H]; w_h: [4H, H] (weight norm already applied).
+        kernels: cell kernels (:func:`hvd_lm.core.mlstm_kernels.get_kernels`).
+        mask: bool [T, B] or None; False = padding (state held).
+        reset: bool [T, B] or None; True = zero the row's state before that step.
+        graphs: a :class:`WindowGraphs` to replay a captured CUDA graph when the window's
+            signature matches (None: always eager).
+
+    Returns:
+        (hs [T, B, H] in xg's dtype, (h_T, c_T) each [B, H] in c0's dtype).
+
+    Raises:
+        ValueError: shapes that do not fit together.
+    """
+    T, B, H4 = xg.shape
+    h0, c0 = state
+    H = H4 // 4
+    if xm.shape != (T, B, H) or h0.shape != (B, H) or c0.shape != (B, H) \
+            or w_mh.shape != (H, H) or w_h.shape != (H4, H) or H4 != 4 * H:
+        raise ValueError(f"mlstm_window: shapes do not fit: xg {tuple(xg.shape)}, xm "
+                         f"{tuple(xm.shape)}, h0 {tuple(h0.shape)}, c0 {tuple(c0.shape)}, "
+                         f"w_mh {tuple(w_mh.shape)}, w_h {tuple(w_h.shape)}")
+    if reset is not None and reset.device.type == "cpu" and not bool(reset.any()):
+        reset = None  # most windows have no stream start: skip the multiplies (no sync on CPU)
+    keep = None if mask is None else mask.reshape(T, B, 1).to(torch.bool)
+    rk = None if reset is None else (~reset.to(torch.bool)).reshape(T, B, 1).to(c0.dtype)
+    if c0.dtype != h0.dtype:
+        raise ValueError(f"mlstm_window: h0 is {h0.dtype} but c0 is {c0.dtype}")
+    save = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (xg, xm, h0, c0, w_mh, w_h))
+    args = (xg, xm, h0, c0, w_mh, w_h, keep, rk)
+
+    def run(*a):
+        return MLSTMWindow.apply(*a, kernels, save)
+
+    if graphs is not None and save:
+        hs, h, c = graphs(run, args)
+    else:
+        hs, h, c = run(*args)
+    return hs, (h, c)
+
+
+def signature(args: tuple) -> tuple:
+    """What a captured CUDA graph depends on: for every argument its shape, dtype, device and
+    ``requires_grad`` (None stays None)."""
+    return tuple(None if a is None else (tuple(a.shape), a.dtype, a.device, a.requires_grad)
+                 for a in args)
+
+
+class WindowGraphs:
+    """CUDA-graph capture of the fused window (forward + backward), one signature at a time.
+
+    The first eligible call with a new signature (shapes, dtypes, devices, requires_grad of the
+    window's arguments; :func:`signature`) captures ``fn`` with
+    ``torch.cuda.make_graphed_callables`` (PyTorch docs, "CUDA Graphs: partial-network capture";
+    its own warm-up iterations run first) on clones of the arguments, then replays it for every
+    call with that signature; other calls run eagerly: a different shape (an eval batch, a
+    shorter last window, text generation), grad disabled, tensors not on ``device_type``, or a
+    capture that failed (reported once on stderr, never retried). Up to ``max_graphs``
+    signatures are kept (each holds its window's saved tensors in a private memory pool).
+
+    Args:
+        device_type: where graphs apply (``cuda``; tests use ``cpu`` with a fake ``capture``).
+        capture: ``capture(fn, sample_args) -> graphed fn`` (default
+            ``torch.cuda.make_graphed_callables``).
+        max_graphs: signatures captured at most.
+
+    Attributes:
+        stats: Counter of ``graphed``, ``eager`` and ``captures`` calls (read by tests/bench).
+    """
+
+    def __init__(self, device_type: str = "cuda", capture: Callable | None = None,
+                 max_graphs: int = 1):
+        self.device_type = device_type
+        self.capture = capture or torch.cuda.make_graphed_callables
+        self.max_graphs = max_graphs
+        self.graphs: dict[tuple, Callable] = {}
+        self.failed: set[tuple] = set()
+        self.stats: Counter = Counter()
+
+    def eligible(self, args: tuple) -> bool:
+        """Grad on, every tensor on ``device_type``, not inside another capture."""
+        tensors = [a for a in args if a is not None]
+        if not torch.is_grad_enabled() or not any(a.requires_grad for a in tensors):
+            return False
+        if any(a.device.type != self.device_type for a in tensors):
+            return False
+        return not (self.device_type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+    def __call__(self, fn: Callable, args: tuple):
+        """``fn(*args)``, from a CUDA graph when one is (or can now be) captured for ``args``'s
+        signature, else eagerly."""
+        if not self.eligible(args):
+            self.stats["eager"] += 1
+            return fn(*args)
+        key = signature(args)
+        if key not in self.graphs and key not in self.failed \
+                and len(self.graphs) < self.max_graphs:
+            self._capture(fn, args, key)
+        graphed = self.graphs.get(key)
+        if graphed is None:
+            self.stats["eager"] += 1
+            return fn(*args)
+        self.stats["graphed"] += 1
+        present = [a for a in args if a is not None]
+        return graphed(*present)
+
+    def _capture(self, fn: Callable, args: tuple, key: tuple) -> None:
+        where, n = [i for i, a in enumerate(args) if a is not None], len(args)
+        sample = tuple(args[i].detach().clone().requires_grad_(args[i].requires_grad)
+                       for i in where)
+
+        def dense(*present):  # make_graphed_callables takes tensors only: re-insert the Nones
+            full: list = [None] * n
+            for i, p in zip(where, present):
+                full[i] = p
+            return fn(*full)
+
+        try:
+            # Autocast must be off (or uncached) while capturing; the Function sets its dtypes.
+            with torch.autocast(device_type=self.device_type, enabled=False):
+                self.graphs[key] = self.capture(dense, sample)
+            self.stats["captures"] += 1
+        except Exception as e:  # noqa: BLE001 - any capture failure means: run eagerly
+            self.failed.add(key)
+            print(f"warning: CUDA graph capture of the mLSTM window failed, running it eagerly "
+                  f"({type(e).__name__}: {e})", file=sys.stderr)

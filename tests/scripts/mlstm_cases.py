@@ -1,0 +1,76 @@
+"""Inputs and comparisons for the fused-mLSTM tests, shared by tests/test_mlstm_fused.py and the
+Triton-interpreter check (tests/scripts/triton_interpreted.py, a separate process)."""
+from __future__ import annotations
+
+import torch
+
+from hvd_lm.core import mlstm_kernels as K
+from hvd_lm.core.mlstm_fused import mlstm_window
+
+SPEC = K.Kernels("spec", K.cell_forward, K.cell_backward)
+
+
+def window_inputs(T, B, H, dtype=torch.float64, seed=0, reset_p=0.0, mask_p=1.0, scale=0.5):
+    """Random (xg, xm, h0, c0, w_mh, w_h) requiring grad, and (mask, reset) [T, B] or None."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return (scale * torch.randn(*shape, generator=g, dtype=dtype)).requires_grad_()
+
+    tensors = (r(T, B, 4 * H), r(T, B, H), r(B, H), r(B, H), r(H, H), r(4 * H, H))
+    mask = torch.rand(T, B, generator=g) < mask_p if mask_p < 1 else None
+    reset = torch.rand(T, B, generator=g) < reset_p if reset_p > 0 else None
+    return tensors, mask, reset
+
+
+def cell_case(B, H, keep, rk, g_dtype=torch.float32, seed=0):
+    """Random inputs of one cell step: (g, cprev, hstate, keep, rk_next) for the forward and
+    (dhs, dhp, dcp) for the backward; ``g``/``dhs`` in ``g_dtype`` as under autocast."""
+    g = torch.Generator().manual_seed(seed)
+    fwd_in = ((2 * torch.randn(B, 4 * H, generator=g)).to(g_dtype),
+              torch.randn(B, H, generator=g), torch.randn(B, H, generator=g),
+              (torch.rand(B, 1, generator=g) < 0.6) if keep else None,
+              (torch.rand(B, 1, generator=g) < 0.6).float() if rk else None)
+    bwd_in = (torch.randn(B, H, generator=g).to(g_dtype), torch.randn(B, H, generator=g),
+              torch.randn(B, H, generator=g))
+    return fwd_in, bwd_in
+
+
+def run_cell(kernels: K.Kernels, fwd_in, bwd_in, out_dtype=torch.float32) -> list[torch.Tensor]:
+    """Both kernels on one case: the forward's six outputs, then the backward's three (fed the
+    specification's forward activations, so a forward error cannot hide a backward one)."""
+    g, cprev, hstate, keep, rk = fwd_in
+    B, H = cprev.shape
+    shapes = [(4 * H, torch.float32), (H, torch.float32), (H, out_dtype), (H, torch.float32),
+              (H, torch.float32), (H, out_dtype)]
+    fwd = [torch.empty(B, n, dtype=d) for n, d in shapes]
+    kernels.forward(g.clone(), cprev, hstate, keep, rk, *fwd)
+    spec = [torch.empty_like(x) for x in fwd]
+    K.cell_forward(g.clone(), cprev, hstate, keep, rk, *spec)
+    dhs, dhp, dcp = bwd_in
+    bwd = [torch.empty(B, 4 * H, dtype=out_dtype), torch.empty(B, H), torch.zeros(B, H)]
+    kernels.backward(dhs, dhp, dcp.clone(), rk, keep, spec[0], spec[1], cprev, *bwd[:2],
+                     bwd[2] if keep is not None else None)  # dhold: only with a mask
+    return fwd + bwd
+
+
+def cell_diff(kernels: K.Kernels, fwd_in, bwd_in, out_dtype=torch.float32) -> float:
+    """Max of |kernels - specification| / max(1, |specification|) over every element of every
+    output of :func:`run_cell` (relative beyond 1: a bf16 output of 3.0 has a step of 2^-6)."""
+    got = run_cell(kernels, fwd_in, bwd_in, out_dtype)
+    want = run_cell(SPEC, fwd_in, bwd_in, out_dtype)
+    return max(float(((a.float() - b.float()).abs() / b.float().abs().clamp(min=1.0)).max())
+               for a, b in zip(got, want))
+
+
+def window_diff(kernels: K.Kernels, seed: int = 5) -> float:
+    """Max |difference| between the fused window run with ``kernels`` and with the torch
+    kernels (fp32, resets and padding): outputs and the gradients of all six inputs."""
+    results = []
+    for k in (kernels, K.get_kernels("torch")):
+        tensors, mask, reset = window_inputs(9, 4, 8, dtype=torch.float32, reset_p=0.2,
+                                             mask_p=0.8, seed=seed)
+        hs, (h, c) = mlstm_window(*tensors[:2], tensors[2:4], *tensors[4:], k, mask, reset)
+        (hs.sum() + h.sum() + c.sum()).backward()
+        results.append([hs, h, c] + [t.grad for t in tensors])
+    return max(float((a - b).detach().abs().max()) for a, b in zip(*results))

@@ -1,0 +1,467 @@
+"""The fused mLSTM recurrence (hvd_lm.core.mlstm_fused, hvd_lm.core.mlstm_kernels) against its
+oracles: float64 gradcheck of the Function with reset and mask; the reference path's forward
+states and every parameter gradient on random inputs and on real shards; the kernels against
+their pure-torch specification (torch.compile, and Triton under its CPU interpreter); the
+CUDA-graph fallback logic; training. Tests marked ``cuda`` run only where CUDA is available."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hvd_lm.core import mlstm_kernels as K
+from hvd_lm.core.mlstm_fused import MLSTMWindow, WindowGraphs, mlstm_window, signature
+from hvd_lm.core.model import LanguageModel, ModelConfig
+from hvd_lm.core.shards import load_manifest
+from hvd_lm.perf import bench_train as bt
+from hvd_lm.train.data import RankStreams
+from hvd_lm.train.evaluate import window_nll
+from tests._mp import horovodrun_cmd, launch_env, run
+from tests.scripts.mlstm_cases import cell_case, cell_diff, window_diff, window_inputs
+from tests.shardutil import default_shards
+from tests.test_train import max_diff, one_process, params_of, records, train_argv
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("reset_p,mask_p", [(0.0, 1.0), (0.3, 0.6)])
+def test_gradcheck_float64_with_reset_and_mask(reset_p, mask_p):
+    """Every input's gradient (projections, state, both weights) against finite differences."""
+    tensors, mask, reset = window_inputs(5, 2, 3, reset_p=reset_p, mask_p=mask_p)
+    if reset is not None:
+        reset[2, 1] = True  # at least one reset inside the window
+    if mask is not None:
+        mask[3, 0] = False  # and one held step
+    kernels = K.get_kernels("torch")
+
+    def fn(xg, xm, h0, c0, w_mh, w_h):
+        hs, (h, c) = mlstm_window(xg, xm, (h0, c0), w_mh, w_h, kernels, mask, reset)
+        return hs, h, c
+
+    assert torch.autograd.gradcheck(fn, tensors, eps=1e-6, atol=1e-8, rtol=1e-6)
+
+
+def pair(seed=0, **cfg) -> tuple[LanguageModel, LanguageModel]:
+    """The same weights in a fused and a reference model."""
+    torch.manual_seed(seed)
+    fused = LanguageModel(ModelConfig(rnn_impl="fused", **cfg))
+    ref = LanguageModel(ModelConfig(rnn_impl="reference", **cfg))
+    ref.load_state_dict(fused.state_dict())
+    with torch.no_grad():  # non-trivial biases, gains and decoder
+        for p, q in zip(fused.parameters(), ref.parameters()):
+            noise = 0.05 * torch.randn_like(p)
+            p.add_(noise)
+            q.add_(noise)
+    return fused, ref
+
+
+def grads(model) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient (those the pass reached)."""
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_within(a, b, tol, what):
+    """max |a - b| <= tol x max(1, max |b|): absolute for O(1) tensors, relative to the largest
+    element beyond (fp32 sums of hundreds of terms: a gradient of 14 carries ~1e-6 noise)."""
+    diff, scale = float((a - b).detach().abs().max()), max(1.0, float(b.detach().abs().max()))
+    assert diff <= tol * scale, \
+        f"{what}: max |fused - reference| = {diff:.3g} > {tol:g} x {scale:.3g}"
+
+
+@pytest.mark.parametrize("weight_norm", [False, True])
+def test_fused_equals_reference_fp32_random(weight_norm):
+    """Forward states and all parameter gradients within 1e-6 (fp32; :func:`assert_within`),
+    with resets inside the window, padding, a non-zero incoming state and gradients into the
+    final state."""
+    fused, ref = pair(hidden_size=48, embed_dim=16, weight_norm=weight_norm)
+    B, T = 5, 40
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, 256, (B, T), generator=g)
+    reset = torch.rand(B, T, generator=g) < 0.1
+    reset[2, 17] = True
+    mask = torch.rand(B, T, generator=g) < 0.85
+    state = (torch.randn(B, 48, generator=g), torch.randn(B, 48, generator=g))
+    w_out = torch.randn(B, T, 48, generator=g)
+    outs = []
+    for model in (fused, ref):
+        hs, (h, c) = model.encode(tokens, state, mask=mask, reset=reset)
+        ((hs * w_out).sum() + 0.3 * h.sum() - 0.2 * c.sum()).backward()
+        outs.append((hs, h, c, grads(model)))
+    (hs_f, h_f, c_f, g_f), (hs_r, h_r, c_r, g_r) = outs
+    for what, a, b in (("hs", hs_f, hs_r), ("h", h_f, h_r), ("c", c_f, c_r)):
+        assert_within(a, b, 1e-6, what)
+    assert g_f.keys() == g_r.keys() and len(g_f) >= 6  # all but the decoder's (encode only)
+    for name in g_f:
+        assert float(g_f[name].abs().max()) > 0, name
+        assert_within(g_f[name], g_r[name], 1e-6, name)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return default_shards(tmp_path_factory.mktemp("shards"))
+
+
+def test_fused_equals_reference_on_real_shards(shards):
+    """Consecutive TBPTT windows of real review bytes (one with a shard start inside it): the
+    window loss, the carried state and every parameter gradient within 1e-6 (fp32)."""
+    streams = RankStreams(load_manifest(shards), "train", 0, 1, 4, 96, shuffle_shards=False)
+    inside = next(w for w in range(1, streams.steps_per_epoch)
+                  if streams.window(0, w).reset[:, 1:].any())
+    fused, ref = pair(hidden_size=64, embed_dim=16)
+    results = []
+    for model in (fused, ref):
+        state = model.init_state(4)
+        total = 0.0
+        for w in range(inside - 2, inside + 1):
+            batch = streams.window(0, w)
+            nats, state = window_nll(model, batch, state, torch.device("cpu"), "fp32")
+            (nats / batch.chars).backward()
+            total += float(nats)
+        results.append((total, state, grads(model)))
+    (n_f, s_f, g_f), (n_r, s_r, g_r) = results
+    assert n_f == pytest.approx(n_r, rel=1e-6)
+    assert_within(s_f[0], s_r[0], 1e-6, "h")
+    assert_within(s_f[1], s_r[1], 1e-6, "c")
+    for name in g_f:
+        assert_within(g_f[name], g_r[name], 1e-6, name)
+
+
+def test_bf16_autocast_close_to_fp32_reference():
+    """CPU bf16 autocast: the fused path (fp32 cell state, bf16 GEMMs) stays within 1e-2
+    relative error (Frobenius) of the fp32 reference, forward and weight gradients."""
+    fused, ref = pair(hidden_size=64, embed_dim=16)
+    tokens = torch.randint(0, 256, (6, 48), generator=torch.Generator().manual_seed(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hs_f, (h_f, c_f) = fused.encode(tokens)
+    assert hs_f.dtype == torch.bfloat16 and c_f.dtype == torch.float32
+    hs_f.float().pow(2).sum().backward()
+    hs_r, (h_r, c_r) = ref.encode(tokens)
+    hs_r.pow(2).sum().backward()
+
+    def rel(a, b):
+        return float((a.float() - b).norm() / b.norm())
+
+    assert rel(hs_f, hs_r) < 1e-2 and rel(c_f, c_r) < 1e-2
+    for name in ("rnn.w_h.weight", "rnn.w_mh.weight", "rnn.w_x.weight"):
+        p_f = dict(fused.named_parameters())[name].grad
+        p_r = dict(ref.named_parameters())[name].grad
+        assert rel(p_f, p_r) < 3e-2, name
+
+
+def test_inference_path_equals_training_path():
+    """Under no_grad the Function keeps O(1) buffers in T; results are identical."""
+    model, _ = pair(hidden_size=32, embed_dim=8)
+    tokens = torch.randint(0, 256, (3, 20), generator=torch.Generator().manual_seed(2))
+    reset = torch.zeros(3, 20, dtype=torch.bool)
+    reset[1, 7] = True
+    hs, (h, c) = model.encode(tokens, reset=reset)
+    with torch.no_grad():
+        hs0, (h0, c0) = model.encode(tokens, reset=reset)
+    assert torch.equal(hs.detach(), hs0) and torch.equal(h.detach(), h0)
+    assert torch.equal(c.detach(), c0)
+
+
+def test_one_step_at_a_time_equals_the_window():
+    """Text generation calls encode with T = 1 and carries the state: the same states as one
+    window, resets and padding included."""
+    model, _ = pair(hidden_size=32, embed_dim=8)
+    g = torch.Generator().manual_seed(4)
+    tokens = torch.randint(0, 256, (3, 12), generator=g)
+    reset = torch.rand(3, 12, generator=g) < 0.2
+    mask = torch.rand(3, 12, generator=g) < 0.8
+    with torch.no_grad():
+        hs, (h, c) = model.encode(tokens, mask=mask, reset=reset)
+        state, steps = None, []
+        for t in range(12):
+            out, state = model.encode(tokens[:, t:t + 1], state, mask[:, t:t + 1],
+                                      reset[:, t:t + 1])
+            steps.append(out)
+    torch.testing.assert_close(torch.cat(steps, 1), hs, rtol=0, atol=1e-6)
+    torch.testing.assert_close(state[1], c, rtol=0, atol=1e-6)
+
+
+def test_shape_errors():
+    (xg, xm, h0, c0, w_mh, w_h), _, _ = window_inputs(3, 2, 4)
+    k = K.get_kernels("torch")
+    with pytest.raises(ValueError, match="shapes"):
+        mlstm_window(xg, xm[:, :1], (h0, c0), w_mh, w_h, k)
+    with pytest.raises(ValueError, match="c0"):
+        mlstm_window(xg, xm, (h0, c0.float()), w_mh, w_h, k)
+
+
+# ---- the kernels --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("keep,rk", [(False, False), (True, False), (False, True),
+                                     (True, True)])
+def test_torch_kernels_equal_the_specification(keep, rk):
+    """The eager torch kernels (out= and in-place ops) against the pure-expression spec."""
+    assert cell_diff(K.get_kernels("torch"), *cell_case(6, 9, keep, rk)) <= 1e-6
+
+
+def test_kernel_names_resolve():
+    assert K.resolve("auto", "cpu") == "torch"
+    assert K.resolve("compile", "cpu") == "compile"
+    with pytest.raises(ValueError, match="kernels"):
+        K.resolve("cudnn", "cpu")
+    with pytest.raises(ValueError, match="rnn_kernels"):
+        ModelConfig(rnn_kernels="cudnn")
+    with pytest.raises(ValueError, match="rnn_impl"):
+        ModelConfig(rnn_impl="fast")
+
+
+@pytest.mark.slow
+def test_compile_kernels_equal_torch_kernels():
+    """torch.compile of the cell functions (never the loop) gives the torch path's numbers, in
+    the cell and through the whole window's forward and backward."""
+    compiled = K.get_kernels("compile")
+    assert cell_diff(compiled, *cell_case(6, 9, True, True)) <= 1e-6
+    assert window_diff(compiled) <= 1e-6
+
+
+def test_triton_kernels_under_the_interpreter():
+    """The Triton kernels under TRITON_INTERPRET=1 (tests/scripts/triton_interpreted.py, its own
+    process): every cell case (fp32 state; fp32 and bf16 gates/outputs/gate gradients, with
+    and without mask and reset, a partial last block) against the specification, and the
+    fused window with them against the torch kernels, outputs and all input gradients."""
+    pytest.importorskip("triton", reason="triton is an optional (GPU) dependency")
+    proc = run([sys.executable, "-m", "tests.scripts.triton_interpreted"], timeout=600,
+               env=launch_env(TRITON_INTERPRET="1"))
+    diffs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(diffs) == 10
+    bad = {case: d for case, d in diffs.items() if not d[0] <= d[1]}
+    assert not bad, bad
+
+
+def test_triton_needs_cuda_or_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="CUDA"):
+        K.get_kernels("triton", "cpu")
+
+
+# ---- CUDA graphs: the fallback logic (capture itself needs a GPU) ------------------------------
+
+class FakeCapture:
+    """Stands in for torch.cuda.make_graphed_callables: records what it was given and returns
+    a callable that runs the function (counting replays)."""
+
+    def __init__(self, fail: bool = False):
+        self.fail, self.samples, self.replays = fail, [], 0
+
+    def __call__(self, fn, sample):
+        if self.fail:
+            raise RuntimeError("capture failed")
+        self.samples.append(sample)
+
+        def graphed(*args):
+            self.replays += 1
+            return fn(*args)
+
+        return graphed
+
+
+def graph_args(T, requires_grad=True):
+    (xg, xm, h0, c0, w_mh, w_h), _, reset = window_inputs(T, 3, 4, dtype=torch.float32,
+                                                          reset_p=0.3)
+    if not requires_grad:
+        xg, xm, w_mh, w_h = (t.detach() for t in (xg, xm, w_mh, w_h))
+    rk = (~reset).reshape(T, 3, 1).float()
+    return (xg, xm, h0.detach(), c0.detach(), w_mh, w_h, None, rk)
+
+
+def test_window_graphs_capture_once_replay_and_fall_back(capsys):
+    cap = FakeCapture()
+    graphs = WindowGraphs(device_type="cpu", capture=cap)
+    calls = []
+
+    def fn(*args):
+        calls.append(args)
+        return tuple(a.sum() if a is not None else None for a in args[:2])
+
+    args = graph_args(5)
+    out = graphs(fn, args)
+    assert graphs.stats == {"captures": 1, "graphed": 1}
+    sample = cap.samples[0]
+    assert len(sample) == 7  # the None (mask) left out: make_graphed_callables takes tensors
+    assert all(s is not a and torch.equal(s, a) for s, a in zip(sample, [a for a in args if a
+                                                                          is not None]))
+    assert [s.requires_grad for s in sample] == [True, True, False, False, True, True, False]
+    assert calls[-1][6] is None and calls[-1][7] is args[7]  # the None put back in place
+    assert torch.equal(out[0], args[0].sum())
+    graphs(fn, graph_args(5))  # same signature: replayed
+    graphs(fn, graph_args(4))  # another shape (the last window, eval): eager
+    with torch.no_grad():
+        graphs(fn, graph_args(5))  # grad off: eager
+    graphs(fn, graph_args(5, requires_grad=False))  # nothing requires grad: eager
+    assert graphs.stats == {"captures": 1, "graphed": 2, "eager": 3}
+    assert cap.replays == 2 and len(cap.samples) == 1
+    assert signature(graph_args(5)) != signature(graph_args(4))
+
+    broken = WindowGraphs(device_type="cpu", capture=FakeCapture(fail=True))
+    for _ in range(2):
+        broken(fn, graph_args(5))
+    assert broken.stats == {"eager": 2} and len(broken.failed) == 1
+    assert capsys.readouterr().err.count("CUDA graph capture of the mLSTM window failed") == 1
+
+
+def test_cuda_graphs_option_is_eager_off_cuda():
+    """--cuda-graphs true on a CPU model: every window runs eagerly, with the same numbers."""
+    torch.manual_seed(0)
+    a = LanguageModel(ModelConfig(hidden_size=16, embed_dim=4, cuda_graphs=True))
+    b = LanguageModel(ModelConfig(hidden_size=16, embed_dim=4))
+    b.load_state_dict(a.state_dict())
+    tokens = torch.randint(0, 256, (2, 6))
+    la, _ = a(tokens)
+    lb, _ = b(tokens)
+    assert torch.equal(la, lb)
+    assert a.rnn.graphs.stats == {"eager": 1} and b.rnn.graphs is None
+
+
+# ---- training ------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_twenty_training_steps_fused_vs_reference(shards, tmp_path):
+    """20 Adam steps (lr 3e-3, H=32, one process) from the same start, fused vs reference.
+
+    The two differ only by fp32 rounding in the gradients (~1e-7 relative, the tests above);
+    Adam's update is m / (sqrt(v) + eps) x lr, so a difference can only grow where a gradient
+    element is ~0 and the ratio is ill-conditioned. Bound: max |diff| <= 1e-5 over every
+    parameter (measured 2.2e-7; 20 x lr = 6e-2 would be the worst case) and the logged losses
+    within 1e-6 relative."""
+    runs = {}
+    for impl in ("fused", "reference"):
+        one_process(shards, tmp_path / impl, "--batch-size", "3", "--max-steps", "20",
+                    "--rnn-impl", impl, "--log-every", "5")
+        runs[impl] = params_of(tmp_path / impl)
+    assert max_diff(runs["fused"], runs["reference"]) <= 1e-5
+    losses = {impl: [r["loss"] for r in records(tmp_path / impl, "train")] for impl in runs}
+    assert len(losses["fused"]) == 4
+    assert losses["fused"] == pytest.approx(losses["reference"], rel=1e-6)
+    assert records(tmp_path / "fused", "start")[0]["world_size"] == 1
+
+
+@pytest.mark.slow
+def test_two_ranks_fused_equal_one_process_with_double_batch(shards, tmp_path):
+    """horovodrun -np 2 x batch 2 with the fused mLSTM == 1 process x batch 4 (no compression:
+    float rounding only, 1e-5)."""
+    steps = ["--max-steps", "6", "--compression", "none", "--rnn-impl", "fused"]
+    run(horovodrun_cmd(2, train_argv(shards, tmp_path / "two", "--batch-size", "2", *steps),
+                       "gloo"), timeout=300)
+    one_process(shards, tmp_path / "one", "--batch-size", "4", *steps)
+    assert max_diff(params_of(tmp_path / "two"), params_of(tmp_path / "one")) <= 1e-5
+
+
+# ---- the benchmark's bookkeeping ----------------------------------------------------------------
+
+def test_bench_variants_and_ratios():
+    cfg = bt.BenchTrainConfig(rnn_impl=["fused", "reference"], rnn_kernels=["torch", "triton"],
+                              cuda_graphs=[False, True])
+    labels = [label for label, _ in bt.variants(cfg)]
+    assert labels == ["fused/torch", "fused/torch+graphs", "fused/triton",
+                      "fused/triton+graphs", "reference"]
+
+    def rec(chars, ranks, backend="horovod", steps=()):
+        return {"backend": backend, "ranks": ranks, "chars_per_s_total": chars,
+                "chars_per_s_per_rank": chars / ranks, "flops_per_char": 1e6,
+                "allreduce_wait_share": None, "step_times_s": list(steps)}
+
+    trials = {("fused/torch", "horovod", 1): [rec(130, 1, steps=[1.0, 2.0]), rec(150, 1),
+                                              rec(140, 1, steps=[1.0])],
+              ("reference", "horovod", 1): [rec(100, 1, steps=[1.5, 2.2]), rec(90, 1),
+                                            rec(110, 1, steps=[0.9])],
+              ("fused/torch", "horovod", 2): [rec(260, 2)],
+              ("reference", "horovod", 2): [rec(200, 2)],
+              ("fused/torch", "ddp", 2): [rec(250, 2, "ddp")]}
+    s = bt.summarize_train(trials, peak=1.0)
+    ratios = {(x["variant"], x["ranks"]): x["ratio"] for x in s["impl_ratios"]}
+    assert ratios == {("fused/torch", 1): pytest.approx(1.4), ("fused/torch", 2): 1.3}
+    assert s["impl_ratios"][0]["paired_ratios"] == pytest.approx([1.3, 150 / 90, 140 / 110])
+    assert s["impl_ratios"][0]["paired_ratio_median"] == pytest.approx(1.3)
+    # step by step: reference time / fused time of the steps that alternated in one process
+    assert s["impl_ratios"][0]["step_ratios"] == pytest.approx([1.5, 1.1, 0.9])
+    assert s["impl_ratios"][0]["step_ratio_median"] == pytest.approx(1.1)
+    assert "step_ratios" not in s["impl_ratios"][1]  # 2 ranks: no step times recorded
+    assert s["horovod_over_ddp"] == pytest.approx(260 / 250)
+    eff = {(r["variant"], r["ranks"]): r["weak_scaling_efficiency"] for r in s["runs"]
+           if r["backend"] == "horovod"}
+    assert eff[("fused/torch", 2)] == pytest.approx(130 / 140)
+    assert s["runs"][0]["chars_per_s_total_trials"] == [130, 150, 140]
+
+
+# ---- CUDA (skipped without a GPU) ---------------------------------------------------------------
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("kernels", ["auto", "torch", "compile"])
+def test_cuda_bf16_fused_close_to_fp32_reference(kernels):
+    """bf16 autocast on CUDA (auto = the Triton kernels): relative error < 1e-2 against the
+    fp32 reference, forward states."""
+    fused, ref = pair(hidden_size=256, embed_dim=64, rnn_kernels=kernels)
+    fused, ref = fused.cuda(), ref.cuda()
+    tokens = torch.randint(0, 256, (16, 64), device="cuda")
+    reset = torch.zeros(16, 64, dtype=torch.bool, device="cuda")
+    reset[3, 20] = True
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        hs_f, (h_f, c_f) = fused.encode(tokens, reset=reset)
+    hs_r, (h_r, c_r) = ref.encode(tokens, reset=reset)
+    for a, b in ((hs_f, hs_r), (h_f, h_r), (c_f, c_r)):
+        assert float((a.float() - b).norm() / b.norm()) < 1e-2
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_graph_path_equals_eager_fused_path():
+    """Four training windows replayed from one CUDA graph give the eager fused path's
+    gradients and states; an eval batch of another shape falls back to eager."""
+    torch.manual_seed(0)
+    graphed = LanguageModel(ModelConfig(hidden_size=128, embed_dim=32, cuda_graphs=True)).cuda()
+    eager = LanguageModel(ModelConfig(hidden_size=128, embed_dim=32)).cuda()
+    eager.load_state_dict(graphed.state_dict())
+    tokens = torch.randint(0, 256, (4, 8, 33), device="cuda")
+    reset = torch.zeros(8, 32, dtype=torch.bool, device="cuda")
+    reset[2, 5] = True
+    states = []
+    for model in (graphed, eager):
+        state = model.init_state(8, "cuda")
+        for w in range(4):
+            logits, state = model(tokens[w, :, :-1], (state[0].detach(), state[1].detach()),
+                                  reset=reset)
+            F.cross_entropy(logits.reshape(-1, 256), tokens[w, :, 1:].reshape(-1)).backward()
+        states.append(tuple(s.clone() for s in state))
+    assert graphed.rnn.graphs.stats == {"captures": 1, "graphed": 4}
+    for (n, p), q in zip(graphed.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)
+    torch.testing.assert_close(states[0], states[1], rtol=1e-5, atol=1e-6)
+    with torch.no_grad():  # eval shape: eager fallback, same numbers
+        a, _ = graphed(tokens[0, :3, :-1])
+        b, _ = eager(tokens[0, :3, :-1])
+    torch.testing.assert_close(a, b)
+    assert graphed.rnn.graphs.stats["eager"] == 1
+
+
+def test_fused_rejects_reset_on_reference_path():
+    model = LanguageModel(ModelConfig(hidden_size=8, embed_dim=4, rnn_impl="reference"))
+    x = torch.randn(3, 2, 4)
+    with pytest.raises(ValueError, match="reset"):
+        model.rnn(x, model.init_state(2), reset=torch.zeros(3, 2, dtype=torch.bool))
+
+
+def test_function_saves_only_when_needed():
+    """``save`` is what makes the backward possible; without it backward is never reached."""
+    tensors, _, _ = window_inputs(3, 2, 4, dtype=torch.float32)
+    k = K.get_kernels("torch")
+    hs, h, c = MLSTMWindow.apply(*tensors, None, None, k, True)
+    assert hs.requires_grad and hs.grad_fn is not None
+
+
+@pytest.mark.slow
+def test_bench_worker_alternates_variants_in_one_process():
+    """One mpirun launch of the bench worker with two variants: one record each, labelled,
+    with every timed step's time (the step-by-step pairing the table reports)."""
+    step = bt.StepConfig(hidden_size=16, embed_dim=8, batch_size=2, seq_len=8, steps=3, warmup=1)
+    recs = bt.launch("horovod", 1, step, 300, variants=[
+        {"rnn_impl": "fused", "rnn_kernels": "torch"}, {"rnn_impl": "reference"}])
+    assert [r["variant"] for r in recs] == ["fused/torch", "reference"]
+    assert all(len(r["step_times_s"]) == 3 and r["chars_per_s_total"] > 0 for r in recs)
