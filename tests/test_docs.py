@@ -294,14 +294,20 @@ def _check_inputs(cmd: Cmd, argv: list[str], s: Session, skip: set[str] = frozen
 def _parse_hvd_lm(cmd: Cmd, hvd: list[str], s: Session) -> None:
     """Parse with hvd-lm's real parser; validate the settings when nothing is a placeholder."""
     from hvd_lm.cli import build_parser
-    words = [w for w in hvd if not _placeholder(w)]
+    words = []
+    for w in hvd:                                     # a placeholder goes with its flag
+        if _placeholder(w):
+            if words and words[-1].startswith("--") and "=" not in words[-1]:
+                words.pop()
+        else:
+            words.append(w)
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             args = build_parser(words).parse_args(words)
     except SystemExit:
         raise AssertionError(f"{cmd.where()}: hvd-lm rejects it: {err.getvalue()}") from None
-    if len(words) == len(hvd) and "-h" not in words and "--help" not in words:
+    if not any(map(_placeholder, hvd)) and "-h" not in words and "--help" not in words:
         cwd = os.getcwd()
         os.chdir(s.root)
         try:

@@ -835,7 +835,7 @@ def plot_validation(result: dict, path: str | Path) -> None:
 
 #: The calibration the docs' figures used: ``hvd-lm bench allreduce --np 2 --repeats 3`` on the
 #: project's 2-core CI machine (the model's default ``--bench-json``).
-SHIPPED_CALIBRATION = REPO_ROOT / "docs" / "allreduce_calibration.json"
+SHIPPED_CALIBRATION = REPO_ROOT / "docs" / "results" / "allreduce_calibration.json"
 
 
 def _load_calibration(args: "ScalingModelConfig") -> Calibration | None:
@@ -1018,7 +1018,7 @@ class ScalingModelConfig:
                                             "reference's 8-GPU row)", ge=0)
     bench_json: str = option("shipped", "`hvd-lm bench allreduce --json` output calibrating "
                              "Horovod's per-op overhead and bandwidth factor: a file, 'shipped' "
-                             "(docs/allreduce_calibration.json, what the docs used) or 'none'")
+                             "(docs/results/allreduce_calibration.json, what the docs used) or 'none'")
     horovod_label: str = option("hvd-mpi", "bench configuration of Horovod")
     mpi_label: str = option("mpi4py", "bench configuration of raw MPI")
     latency_label: str = option("", "configuration for the per-op overhead (default: the "

@@ -1,0 +1,153 @@
+"""Every figure README.md quotes from a measurement or a model is read back from where it came from.
+
+Measurements live in ``docs/results/`` (committed copies of what the commands wrote: the demo's
+``summary.json``, bench JSONs, metrics logs); the scaling model's figures are recomputed here from
+the shipped calibration (``docs/results/allreduce_calibration.json``). Each check formats the
+value the way README prints it and asserts that exact text is there, so a re-run that changes a
+number fails until README says the new one. To refresh after re-measuring: copy the new file over
+the old one in ``docs/results/`` (e.g. ``cp runs/demo/summary.json docs/results/demo.json`` after
+``make demo``) and update README where this test points.
+"""
+from __future__ import annotations
+
+import json
+import pytest
+
+from hvd_lm.perf import scaling_model as sm
+from tests._mp import REPO
+
+README = (REPO / "README.md").read_text()
+RESULTS = REPO / "docs" / "results"
+
+
+def says(text: str, source: str) -> None:
+    """README contains ``text`` (a figure formatted as README prints it)."""
+    flat = " ".join(README.split())              # line breaks inside a sentence do not matter
+    assert " ".join(text.split()) in flat, f"README should say {text!r} (from {source})"
+
+
+def load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def evals(name: str) -> dict[int, float]:
+    recs = [json.loads(x) for x in (RESULTS / name).read_text().splitlines()]
+    return {r["step"]: r["val_bpc"] for r in recs if r["kind"] == "eval"}
+
+
+def test_demo_paragraph():
+    d = load("demo.json")
+    src = "docs/results/demo.json"
+    says(f"validation BPC **{d['val_bpc']:.3f}** for the LM against "
+         f"**{d['compressor_bpc']['xz']:.3f}** for `xz -9` and "
+         f"**{d['compressor_bpc']['gzip']:.3f}** for `gzip -9` on the same "
+         f"{d['val_chars']:,} bytes", src)
+    says(f"median {d['median_chars_per_s']:,.0f} chars/s on {d['world_size']} ranks", src)
+    t = d["transfer"]
+    says(f"SST-2 val {t['val_acc']:.1%} (L1 logistic regression on the mean of h_t, "
+         f"{t['nonzero']} non-zero weights) against {t['baseline_val_acc']:.1%} for TF-IDF", src)
+    minutes, seconds = divmod(round(d["total_s"]), 60)
+    says(f"{minutes} min {seconds} s", src)
+
+
+def test_elastic_figures():
+    e = load("bench_elastic.json")
+    src = "docs/results/bench_elastic.json"
+    says(f"a commit takes {e['commit_s'] * 1e3:.1f} ms, {e['commit_share_of_step_time']:.2%} of "
+         f"step time at `--commit-every {e['commit_every']}`", src)
+    says(f"a worker killed with SIGKILL at step {e['last_step_before_kill']} cost the "
+         f"{e['steps_lost']} steps since the commit at step {e['resumed_from_step']} and "
+         f"{e['kill_to_first_step_s']:.1f} s from the kill to the next step", src)
+
+
+def test_onebit_wire_bytes():
+    w = {(r["controller"], str(r["what"])): r for r in load("onebit_allreduce.json")["wire"]}
+    src = "docs/results/onebit_allreduce.json"
+    computed = w[("hvd-mpi", "mlstm1024")]
+    says(f"{computed['none_over_onebit']:.1f}x fewer bytes than the fp32 gradient allreduce and "
+         f"{computed['fp16_over_onebit']:.1f}x fewer than fp16", src)
+    m = w[("hvd-gloo", "mlstm1024")]
+    says(f"{m['none_measured'] / m['onebit_measured']:.1f}x / "
+         f"{m['fp16_measured'] / m['onebit_measured']:.1f}x for the H=1024 mLSTM's step", src)
+
+
+def test_onebit_convergence():
+    a, o = evals("onebit/adam_300.jsonl"), evals("onebit/onebit-adam_300.jsonl")
+    src = "docs/results/onebit/*_300.jsonl"
+    says(f"validation BPC {o[300]:.3f} (1-bit Adam, 60 warmup steps) vs {a[300]:.3f} (Adam)", src)
+    a, o = evals("onebit/adam_1000.jsonl"), evals("onebit/onebit-adam_1000.jsonl")
+    gap = max(abs(o[s] - a[s]) for s in a)
+    says(f"over 1,000 steps within {gap:.3f} of Adam throughout, {o[1000]:.3f} vs {a[1000]:.3f} "
+         "at the end", "docs/results/onebit/*_1000.jsonl")
+
+
+def _bench_rows(name: str) -> dict:
+    return {(r["backend"], r["ranks"], r.get("variant")): r for r in load(name)["runs"]}
+
+
+@pytest.mark.parametrize("h,flops", [(1024, "35.0"), (256, "2.85")])
+def test_training_throughput_table(h, flops):
+    d = load(f"bench_train_h{h}.json")
+    r = _bench_rows(f"bench_train_h{h}.json")
+    one, two = r[("horovod", 1, None)], r[("horovod", 2, None)]
+    says(f"| H={h} ({flops} MFLOP/char) | 32 x 64 | {one['chars_per_s_total']:,.0f} | "
+         f"{two['chars_per_s_total']:,.0f} | {two['weak_scaling_efficiency']:.3f} | "
+         f"{one['fraction_of_matmul_peak']:.1%} (1 rank) | {d['horovod_over_ddp']:.3f}x |",
+         f"docs/results/bench_train_h{h}.json")
+
+
+@pytest.mark.parametrize("h", [1024, 256])
+def test_fused_recurrence_table(h):
+    d = load(f"bench_train_fused_h{h}.json")
+    r = _bench_rows(f"bench_train_fused_h{h}.json")
+    ratio = next(x for x in d["impl_ratios"] if x["variant"] == "fused/torch")
+    q1, q3 = ratio["step_ratio_quartiles"]
+    says(f"| H={h} | {r[('horovod', 1, 'fused/torch')]['chars_per_s_total']:,.0f} | "
+         f"{r[('horovod', 1, 'reference')]['chars_per_s_total']:,.0f} | "
+         f"{ratio['step_ratio_median']:.3f}x (quartiles {q1:.3f}-{q3:.3f}) |",
+         f"docs/results/bench_train_fused_h{h}.json")
+
+
+@pytest.fixture(scope="module")
+def calibration():
+    return sm.calibrate_from_bench(sm.load_bench_json(sm.SHIPPED_CALIBRATION))
+
+
+def test_allreduce_calibration_figures(calibration):
+    src = str(sm.SHIPPED_CALIBRATION.relative_to(REPO))
+    lo, hi = calibration.per_cycle_overhead_range_s
+    says(f"per-cycle overhead over raw MPI of {calibration.per_cycle_overhead_s * 1e6:.0f} us "
+         f"(interquartile range over sizes and launches {lo * 1e6:.0f}-{hi * 1e6:.0f} us)", src)
+    lo, hi = calibration.bandwidth_ratio_range
+    says(f"Horovod / raw MPI time for large tensors {calibration.measured_bandwidth_ratio:.2f}x "
+         f"({lo:.2f}-{hi:.2f}x)", src)
+
+
+def test_scaling_model_figures(calibration):
+    src = "hvd-lm scaling-model validate/recommend with " + str(
+        sm.SHIPPED_CALIBRATION.relative_to(REPO))
+    v = sm.validate(calibration)["summary"]
+    says(f"within {max(v['4096-d w/o IB']['model_max_abs_error'], v['8192-d w/ IB']['model_max_abs_error']):.1%} "
+         f"for the 10 GbE and 8192-d columns and within "
+         f"{v['4096-d w/ IB']['model_max_abs_error']:.1%} for the 4096-d InfiniBand column", src)
+    rows = {(r["scenario"], r["setting"]): r for r in sm.recommend(calibration)["rows"]}
+    pub = {s: r for (sc, s), r in rows.items() if sc == "as-published"}
+    says(f"keep fp16 gradients (fp32: {pub['fp32 gradients (no compression)']['speedup']:.1f}x "
+         "< 109x)", src)
+    says(f"gives {pub['batch 512 per GPU (or 2 backward passes per step)']['speedup']:.1f}x", src)
+    small = ("no fusion (threshold 0)", "fusion 64 MB", "cycle time 5 ms",
+             "hierarchical allreduce (NCCL across nodes)")
+    assert max(abs(pub[s]["vs_reference_setting"]) for s in small) < 0.01, \
+        "README says fusion, cycle time and hierarchical allreduce change < 1%"
+
+
+def test_onebit_scaling_figures(calibration):
+    src = "hvd-lm scaling-model onebit with the shipped calibration"
+    r = sm.onebit_study(calibration)
+    at = {(x["column"], x["gpus"]): x for x in r["rows"]}
+    g, ib = at[("10 GbE", 128)], at[("IB as published", 128)]
+    says(f"the fp16 reference is {g['fp16_speedup']:.1f}x (published 92.6x); 1-bit Adam's "
+         f"compressed phase {g['onebit_speedup']:.1f}x, {g['onebit_end_to_end_speedup']:.1f}x end "
+         "to end", src)
+    says(f"{ib['onebit_speedup']:.1f}x ({ib['onebit_end_to_end_speedup']:.1f}x end to end)", src)
+
