@@ -35,14 +35,20 @@ def _holder(info: dict) -> str:
             + (f" ({cmd})" if cmd else ""))
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` exists on this host and is not a zombie (``/proc/<pid>/stat``,
+    else ``kill(pid, 0)``)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
         return True
-    return True
+    return state[state.rindex(")") + 2:].split()[0] != "Z"
 
 
 class FolderLock:
@@ -86,7 +92,7 @@ class FolderLock:
         self.previous = self._read() or None
         if self.previous and self.previous.get("host") == socket.gethostname() \
                 and isinstance(self.previous.get("pid"), int) \
-                and not _pid_alive(self.previous["pid"]):
+                and not pid_alive(self.previous["pid"]):
             print(f"warning: {self.folder}: taking over the lock of {_holder(self.previous)}, "
                   "which is gone", file=sys.stderr)
         record = {"host": socket.gethostname(), "pid": os.getpid(), "start": time.time(),

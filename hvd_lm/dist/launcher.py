@@ -152,21 +152,6 @@ def horovodrun_mpi_shell() -> int | None:
     return None
 
 
-def alive(pid: int) -> bool:
-    """True while process ``pid`` exists (and is not a zombie)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return state[state.rindex(")") + 2:].split()[0] != "Z"
-
-
 def local_mpi_env(**extra: str) -> dict[str, str]:
     """Environment for ranks launched on this machine by ``mpirun``/``horovodrun`` (tests,
     benchmarks, the demo): this interpreter's bin folder first on ``PATH``, the repository on

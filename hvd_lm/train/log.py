@@ -23,7 +23,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from hvd_lm.core.atomic import DiskFullError, free_bytes, human
-from hvd_lm.dist.launcher import alive, horovodrun_mpi_shell
+from hvd_lm.core.lock import pid_alive
+from hvd_lm.dist.launcher import horovodrun_mpi_shell
 
 try:  # optional: TensorBoard events only when the package is installed
     from torch.utils.tensorboard import SummaryWriter
@@ -66,7 +67,7 @@ class StopSignals:
 
     def _watch(self, pid: int, interval: float) -> None:
         while self.received is None:
-            if not alive(pid):
+            if not pid_alive(pid):
                 print(f"horovodrun (pid {pid}) is gone: checkpointing and stopping",
                       file=sys.stderr, flush=True)
                 self.received = signal.SIGTERM
