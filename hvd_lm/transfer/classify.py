@@ -10,7 +10,8 @@ keep up with 4096-d features:
   (:func:`fit_path`) by one of three solvers:
 
   - ``liblinear`` (scikit-learn; the reference's): one fit per C, intercept penalised as
-    liblinear does; no warm start (liblinear has none);
+    liblinear does; no warm start (liblinear has none), but its fits release the GIL, so the
+    C values run in parallel threads (one per core);
   - ``saga`` (scikit-learn): C ascending, each fit warm-started from the previous solution
     (``warm_start=True``);
   - ``torch`` (:mod:`hvd_lm.transfer.fista`): every C at once with batched GEMMs, on the GPU
@@ -31,6 +32,7 @@ from __future__ import annotations
 import inspect
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -70,6 +72,11 @@ CPU_AUTO_SOLVER = "torch"
 #: Iteration limits per C when ``max_iter`` is 0: scikit-learn's (liblinear outer iterations,
 #: saga epochs) and FISTA iterations for the batched torch solver.
 DEFAULT_MAX_ITER = {"liblinear": 1000, "saga": 1000, "torch": 20000}
+
+
+#: Tolerances when ``tol`` is 0: scikit-learn's default ``tol`` for liblinear/saga, the relative
+#: duality gap for torch (a certified bound: see :mod:`hvd_lm.transfer.fista`).
+DEFAULT_TOL = {"liblinear": 1e-4, "saga": 1e-4, "torch": 1e-3}
 
 
 def _sk_penalty(penalty: str) -> dict:
@@ -178,8 +185,8 @@ class LogRegPath:
 
 
 def fit_path(X: np.ndarray, y: np.ndarray, grid: Sequence[float], penalty: str = "l1",
-             solver: str = "auto", device: str = "cpu", max_iter: int = 0, tol: float = 1e-4,
-             seed: int = 42) -> LogRegPath:
+             solver: str = "auto", device: str = "cpu", max_iter: int = 0, tol: float = 0.0,
+             seed: int = 42, jobs: int = 0) -> LogRegPath:
     """Logistic regressions for every C of ``grid`` on (already standardised) features.
 
     Args:
@@ -188,8 +195,11 @@ def fit_path(X: np.ndarray, y: np.ndarray, grid: Sequence[float], penalty: str =
         penalty: ``l1`` or ``l2``.
         solver / device: see :func:`resolve_solver`.
         max_iter: per-C iteration limit (0: :data:`DEFAULT_MAX_ITER` of the solver).
-        tol: scikit-learn's ``tol`` (liblinear, saga) or the relative duality gap (torch).
+        tol: scikit-learn's ``tol`` (liblinear, saga) or the relative duality gap (torch); 0:
+            :data:`DEFAULT_TOL` of the solver.
         seed: ``random_state`` of liblinear/saga.
+        jobs: liblinear fits run at once, in threads (0: ``torch.get_num_threads()``, i.e. one
+            per core unless ``--threads`` says otherwise).
     Returns:
         :class:`LogRegPath` in the order of ``grid``.
     Raises:
@@ -199,6 +209,7 @@ def fit_path(X: np.ndarray, y: np.ndarray, grid: Sequence[float], penalty: str =
         raise ValueError(f"penalty must be 'l1' or 'l2', got {penalty!r}")
     solver, device = resolve_solver(solver, device)
     max_iter = max_iter or DEFAULT_MAX_ITER[solver]
+    tol = tol or DEFAULT_TOL[solver]
     Cs = np.asarray(list(grid), dtype=np.float64)
     t0 = time.perf_counter()
     if solver == "torch":
@@ -218,19 +229,31 @@ def fit_path(X: np.ndarray, y: np.ndarray, grid: Sequence[float], penalty: str =
         gmax = np.abs((y - y.mean()) @ X64).max()
         c_zero = 1.0 / gmax if (penalty == "l1" and gmax > 0) else 0.0
         intercept[:] = np.log(y.mean() / (1 - y.mean()))
-    model = LogisticRegression(C=1.0, solver=solver, max_iter=max_iter, tol=tol,
-                               random_state=seed, warm_start=solver == "saga",
-                               **_sk_penalty(penalty))
-    for k in np.argsort(Cs, kind="stable"):  # C ascending: each saga fit starts from the last
-        if Cs[k] <= c_zero:
-            continue
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ConvergenceWarning)
-            model.set_params(C=float(Cs[k]))
-            model.fit(X64, y)
-        converged[k] = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
+    todo = [int(k) for k in np.argsort(Cs, kind="stable") if Cs[k] > c_zero]
+
+    def fit(k: int, model: LogisticRegression) -> None:
+        model.set_params(C=float(Cs[k]))
+        model.fit(X64, y)
         coef[k], intercept[k] = model.coef_.ravel(), float(model.intercept_[0])
         n_iter[k] = int(np.max(model.n_iter_))
+        converged[k] = n_iter[k] < max_iter  # scikit-learn warns exactly then
+
+    def make() -> LogisticRegression:
+        return LogisticRegression(C=1.0, solver=solver, max_iter=max_iter, tol=tol,
+                                  random_state=seed, warm_start=solver == "saga",
+                                  **_sk_penalty(penalty))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # recorded in ``converged``
+        if solver == "saga":  # C ascending: each fit starts from the previous solution
+            model = make()
+            for k in todo:
+                fit(k, model)
+        else:  # liblinear has no warm start; its fits release the GIL: run them in threads,
+            # the largest C (the longest fits) first
+            with ThreadPoolExecutor(max(1, min(jobs or torch.get_num_threads(), len(todo)))
+                                    ) as pool:
+                list(pool.map(lambda k: fit(k, make()), todo[::-1]))
     objective = fista.objective_values(X64, y, coef, intercept, Cs, penalty)
     return LogRegPath(Cs, coef, intercept, n_iter, converged, objective, solver, "cpu",
                 time.perf_counter() - t0)
@@ -256,7 +279,7 @@ def fit_logreg(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarra
                Xte: np.ndarray | None = None, yte: np.ndarray | None = None,
                penalty: str = "l1", grid: Sequence[float] = DEFAULT_C_GRID, seed: int = 42,
                max_iter: int = 0, standardize: bool = True, solver: str = "auto",
-               device: str = "cpu", tol: float = 1e-4) -> dict:
+               device: str = "cpu", tol: float = 0.0) -> dict:
     """Logistic regression on features with C chosen on validation (Radford et al. 2017;
     sentiment-discovery ``logreg_utils.train_logreg``).
 

@@ -21,9 +21,9 @@ Stopping rule: the relative duality gap. The Fenchel dual of P_k is
 ``D_k(u) = -sum_i H(u_i + y_i)`` with ``H(q) = q log q + (1 - q) log(1 - q)``, over u with
 ``sum_i u_i = 0`` (the free intercept) and ``||X^T u||_inf <= 1/C_k`` (l1; for l2 the dual adds
 ``-C_k ||X^T u||^2 / 2``). Every ``check_every`` iterations the residuals ``u = sigmoid(z) - y``
-of the current iterate, centred and scaled into the feasible set, give a dual point, and a row
-stops once ``(P - D) / P <= tol``: its objective is then within ``tol`` (relative) of the
-optimum, whatever the conditioning. That costs one more GEMM per check.
+of the current iterate, made feasible (see :func:`_gap`), give a dual point, and a row stops once
+``(P - D) / P <= tol``: its objective is then within ``tol`` (relative) of the optimum, whatever
+the conditioning. That costs one more GEMM per check.
 
 Rows whose C is at most ``1 / max_j |X_j^T (y - mean(y))|`` (l1) have the closed-form solution
 w = 0, b = logit(mean(y)) (the unpenalised-intercept form of :func:`sklearn.svm.l1_min_c`) and are
@@ -165,10 +165,10 @@ def _lipschitz(X: torch.Tensor, iters: int = 10, seed: int = 0) -> float:
     return est / 4
 
 
-def fit_path(X, y, Cs: Sequence[float], penalty: str = "l1", tol: float = 1e-4,
+def fit_path(X, y, Cs: Sequence[float], penalty: str = "l1", tol: float = 1e-3,
              max_iter: int = 20000, device: str | torch.device | None = None,
              dtype: torch.dtype = torch.float32, check_every: int = 10,
-             shrink: float = 0.9) -> TorchPath:
+             shrink: float = 0.95) -> TorchPath:
     """Logistic regression for every C of ``Cs`` at once (see the module docstring).
 
     Args:
@@ -176,14 +176,17 @@ def fit_path(X, y, Cs: Sequence[float], penalty: str = "l1", tol: float = 1e-4,
         y: labels [N] in {0, 1}.
         Cs: K inverse regularisation strengths (scikit-learn's C), each > 0, any order.
         penalty: ``l1`` (sparse; the prox is soft thresholding) or ``l2``.
-        tol: stop a row at this relative duality gap.
+        tol: stop a row at this relative duality gap (a certified bound on the objective's
+            relative distance to the optimum; the gap of this dual point is loose: at 1e-3 the
+            measured distance was 1e-5 or less on the test problems).
         max_iter: iterations at most (rows not converged by then come back with ``converged``
             False).
         device: ``auto``/None (CUDA if available), ``cpu``, ``cuda``, ``cuda:N``.
         dtype: compute dtype of the data and weights (float32; float64 for reference runs).
         check_every: iterations between duality-gap checks.
         shrink: each iteration first tries L x ``shrink`` (a longer step), then doubles L until
-            the sufficient-decrease test holds (1.0: L only grows, Beck & Teboulle's rule).
+            the sufficient-decrease test holds (1.0: L only grows, Beck & Teboulle's rule, which
+            took 3.7x the GEMMs of 0.95 on a 2,000 x 1,000 problem; 0.5 diverged).
     Returns:
         :class:`TorchPath`.
     Raises:

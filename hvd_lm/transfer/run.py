@@ -113,8 +113,8 @@ class TransferConfig:
     solver: str = option("auto", "path solver: liblinear (one fit per C), saga (warm starts), "
                          "torch (all C at once, batched GEMMs; GPU); auto = torch on a CUDA "
                          f"--device, else {CPU_AUTO_SOLVER}", choices=SOLVERS)
-    tol: float = option(1e-4, "stopping tolerance: scikit-learn's tol (liblinear, saga) or the "
-                        "relative duality gap (torch)", gt=0)
+    tol: float = option(0.0, "stopping tolerance (0 = the solver's default: scikit-learn's tol "
+                        "1e-4 for liblinear/saga, relative duality gap 1e-3 for torch)", ge=0)
     max_iter: int = option(0, "iterations per C at most (0 = the solver's default: 1000 for "
                            "liblinear/saga, 20000 for torch)", ge=0)
     baseline: bool = option(True, "TF-IDF baseline (--no-baseline: skip it)", switch=False,
