@@ -301,8 +301,9 @@ def run(cfg: TransferConfig) -> dict | None:
         notes.append("the chosen L1 model has no non-zero weight (it predicts one class), so "
                      "there is no sentiment unit and no histogram")
     if not clf["converged"]:
-        notes.append(f"the {clf['solver']} solver reached its iteration limit before its "
-                     "tolerance for some C (see classifier.path); raise --max-iter")
+        notes.append(f"the {clf['solver']} solver stopped short of its tolerance for some C "
+                     "(classifier.path[].converged: the iteration limit, --max-iter, or for torch "
+                     "the float32 precision floor)")
     report = {
         "checkpoint": str(ckpt_path), "checkpoint_step": int(ckpt.get("step", -1)),
         "model": dict(ckpt["config"]["model"]),
