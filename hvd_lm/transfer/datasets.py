@@ -12,6 +12,10 @@ int64 array of 0/1 (binary sentiment). Supported inputs:
 * **Any CSV / TSV or JSON-lines file** (optionally gzip-compressed) with a text field and a label
   field (:func:`load_table`).
 
+Unlabelled texts for ``hvd-lm classify``/``visualize`` (:func:`load_texts`): the same CSV/TSV and
+JSON-lines files (labels optional), plain text with one text per non-blank line, or standard
+input; one record reader (:func:`_records`) serves both, with the same file/line/field errors.
+
 Label mapping (:func:`normalize_label`, case-insensitive, surrounding whitespace ignored):
 ``1``, ``1.0``, ``pos``, ``positive``, ``true`` -> 1 and ``0``, ``0.0``, ``neg``, ``negative``,
 ``false`` -> 0 (JSON booleans and the integers 0/1 as well). Anything else (for example ``-1``,
