@@ -29,6 +29,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
              "bits per character of a checkpoint on a shard split"),
     "transfer": ("hvd_lm.transfer.run", "TRANSFER", "sentiment transfer: LM features + L1 "
                  "logistic regression, sentiment neuron, TF-IDF baseline"),
+    "classify": ("hvd_lm.transfer.predict", "CLASSIFY", "apply a classifier saved by transfer "
+                 "to new texts: probability and label per text"),
+    "generate": ("hvd_lm.transfer.generate", "GENERATE", "sample text from the LM; steer it by "
+                 "holding a unit (--neuron N --overwrite V); per-character heatmap"),
+    "visualize": ("hvd_lm.transfer.visualize", "VISUALIZE", "per-character heatmap (HTML/PNG) "
+                  "of a unit (default: the sentiment neuron) over given texts"),
     "launch": ("hvd_lm.jobs.launch", "LAUNCH", "render a launch script (horovodrun, mpirun, "
                "SLURM, PBS) or a scaling sweep"),
     "scaling-report": ("hvd_lm.perf.scaling_report", "SCALING_REPORT",
@@ -50,6 +56,8 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
                   "cycle time) vs mpi4py vs torch gloo"),
     "fusion": ("hvd_lm.perf.bench_train", "BENCH_FUSION", "training step time vs "
                "HOROVOD_FUSION_THRESHOLD / HOROVOD_CYCLE_TIME, and HOROVOD_AUTOTUNE's choice"),
+    "transfer": ("hvd_lm.perf.bench_transfer", "BENCH_TRANSFER", "classifier fit seconds per "
+                 "solver (liblinear, saga, torch) and size, synthetic and real features"),
     "prepare": ("data_prep.bench", "BENCH_PREPARE",
                 "measure prepare's MB/s against the raw read rate"),
     "elastic": ("hvd_lm.perf.bench_elastic", "BENCH_ELASTIC", "elastic training: the cost of a "

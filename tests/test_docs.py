@@ -334,7 +334,8 @@ def _execute(cmd: Cmd, argv: list[str], s: Session, env: dict | None = None,
 
 # ---- one command ---------------------------------------------------------------------------------
 #: hvd-lm commands that run here (the rest are checked): cheap, or shrunk by :func:`shrink`.
-RUN_COMMANDS = {"prepare", "verify", "train", "eval", "transfer", "launch", "scaling-model",
+RUN_COMMANDS = {"prepare", "verify", "train", "eval", "transfer", "classify", "generate",
+                "visualize", "launch", "scaling-model",
                 "scaling-report", "check-build"}
 
 

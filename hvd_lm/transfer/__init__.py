@@ -1,5 +1,8 @@
-"""Sentiment transfer from a trained LM: labelled datasets, LM features (+ cache), the
-classifier, and the ``hvd-lm transfer`` command (:mod:`hvd_lm.transfer.run`).
+"""Sentiment transfer from a trained LM: labelled datasets, LM features (+ cache), the classifier
+fit (scikit-learn solvers and the batched torch solver), the saved classifier, and the commands
+``hvd-lm transfer`` (:mod:`hvd_lm.transfer.run`), ``classify`` (:mod:`~hvd_lm.transfer.predict`),
+``generate`` (:mod:`~hvd_lm.transfer.generate`) and ``visualize``
+(:mod:`~hvd_lm.transfer.visualize`).
 
-``python -m hvd_lm.transfer ...`` runs the command (e.g. under ``horovodrun``).
+``python -m hvd_lm.transfer ...`` runs the transfer command (e.g. under ``horovodrun``).
 """

@@ -1,10 +1,25 @@
 """The classifier on LM features, the sentiment neuron, and the TF-IDF baseline.
 
-From Radford et al. 2017 as rebuilt by NVIDIA/sentiment-discovery (``logreg_utils.py``):
+From Radford et al. 2017 as rebuilt by NVIDIA/sentiment-discovery (``logreg_utils.py``), made to
+keep up with 4096-d features:
 
-* :func:`fit_logreg`: scikit-learn ``LogisticRegression`` with an L1 penalty (``liblinear``), C
-  chosen by validation accuracy on a log2 grid (the reference's grid is 2^-8..2^0), on the raw,
-  unstandardised features as in the reference.
+* :func:`fit_logreg`: L1 (or L2) logistic regression with C chosen by validation accuracy on a
+  log2 grid (the reference's grid is 2^-8..2^0; ours 2^-8..2^2). Features are standardised with
+  the training split's mean and standard deviation by default (:class:`LinearClassifier` keeps
+  them, so a saved classifier applies them itself); the grid is walked as a regularisation path
+  (:func:`fit_path`) by one of three solvers:
+
+  - ``liblinear`` (scikit-learn; the reference's): one fit per C, intercept penalised as
+    liblinear does; no warm start (liblinear has none), but its fits release the GIL, so the
+    C values run in parallel threads (one per core);
+  - ``saga`` (scikit-learn): C ascending, each fit warm-started from the previous solution
+    (``warm_start=True``);
+  - ``torch`` (:mod:`hvd_lm.transfer.fista`): every C at once with batched GEMMs, on the GPU
+    when the features were computed there;
+
+  and ``auto`` picks ``torch`` on a CUDA device and :data:`CPU_AUTO_SOLVER` on the CPU (the
+  fastest in ``hvd-lm bench transfer`` on the 2-core CI machine). For l1, every C at or below
+  the all-zero threshold (:func:`sklearn.svm.l1_min_c`) gets the zero model without a fit.
 * :func:`sentiment_neuron`: the unit with the largest |weight|, its accuracy alone with a threshold
   fit on train (:func:`fit_threshold`), and a histogram of the unit's value by class
   (:func:`plot_neuron_histogram`).
@@ -14,20 +29,25 @@ From Radford et al. 2017 as rebuilt by NVIDIA/sentiment-discovery (``logreg_util
 
 from __future__ import annotations
 
+import inspect
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import matplotlib
 import numpy as np
+import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import FeatureUnion, make_pipeline
-from sklearn.preprocessing import StandardScaler
+from sklearn.pipeline import FeatureUnion
+from sklearn.svm import l1_min_c
 
 from hvd_lm.core.atomic import atomic_path
+from hvd_lm.transfer import fista
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
@@ -39,6 +59,204 @@ DEFAULT_C_GRID = tuple(float(c) for c in 2.0 ** np.arange(-8, 3))
 
 #: Default C grid for the L2 TF-IDF baseline: 2^-3..2^5.
 DEFAULT_BASELINE_C_GRID = tuple(float(c) for c in 2.0 ** np.arange(-3, 6))
+
+
+#: ``--solver`` values; ``auto`` resolves with :func:`resolve_solver`.
+SOLVERS = ("auto", "liblinear", "saga", "torch")
+
+
+#: What ``auto`` picks when the fit runs on the CPU (measured by ``hvd-lm bench transfer``).
+CPU_AUTO_SOLVER = "torch"
+
+
+#: Iteration limits per C when ``max_iter`` is 0: scikit-learn's (liblinear outer iterations,
+#: saga epochs) and FISTA iterations for the batched torch solver.
+DEFAULT_MAX_ITER = {"liblinear": 1000, "saga": 1000, "torch": 20000}
+
+
+#: Tolerances when ``tol`` is 0: scikit-learn's default ``tol`` for liblinear/saga, the relative
+#: duality gap for torch (a certified bound: see :mod:`hvd_lm.transfer.fista`).
+DEFAULT_TOL = {"liblinear": 1e-4, "saga": 1e-4, "torch": 1e-3}
+
+
+def _sk_penalty(penalty: str) -> dict:
+    """``LogisticRegression`` keyword for the penalty: scikit-learn >= 1.8 deprecates
+    ``penalty`` for ``l1_ratio`` (1 = l1, 0 = l2); older versions only know ``penalty``."""
+    if inspect.signature(LogisticRegression).parameters["penalty"].default == "deprecated":
+        return {"l1_ratio": 1.0 if penalty == "l1" else 0.0}
+    return {"penalty": penalty}
+
+
+@dataclass
+class LinearClassifier:
+    """A binary linear classifier on (optionally standardised) features:
+    ``P(y=1 | x) = sigmoid(((x - mean) / scale) . coef + intercept)``.
+
+    Attributes:
+        coef: float64 [D] weights, in standardised units (raw units when ``mean`` is 0 and
+            ``scale`` 1, i.e. not standardised).
+        intercept: bias.
+        mean / scale: float64 [D] training statistics (zeros / ones when not standardised).
+    """
+
+    coef: np.ndarray
+    intercept: float
+    mean: np.ndarray
+    scale: np.ndarray
+
+    def decision_function(self, X: np.ndarray) -> np.ndarray:
+        """Margins float64 [N] of features X [N, D] (float64 arithmetic, so the same features
+        give bit-identical margins wherever the classifier is applied).
+
+        Raises:
+            ValueError: X is not [N, D] with D = ``len(coef)``.
+        """
+        X = np.asarray(X)
+        if X.ndim != 2 or X.shape[1] != self.coef.shape[0]:
+            raise ValueError(f"features of shape {X.shape} for a classifier of "
+                             f"{self.coef.shape[0]} inputs")
+        return ((X.astype(np.float64) - self.mean) / self.scale) @ self.coef + self.intercept
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        """P(y=1) float64 [N]."""
+        return 1.0 / (1.0 + np.exp(-self.decision_function(X)))
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Labels int64 [N]: 1 where the margin is > 0 (scikit-learn's rule)."""
+        return (self.decision_function(X) > 0).astype(np.int64)
+
+    def accuracy(self, X: np.ndarray | None, y: np.ndarray | None) -> float | None:
+        """Fraction of ``predict(X) == y``; None without data."""
+        if X is None or y is None:
+            return None
+        return float((self.predict(X) == np.asarray(y)).mean())
+
+
+def standardizer(X: np.ndarray, standardize: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, scale) float64 [D] of features X [N, D]: the column means and (population)
+    standard deviations, with 1 for constant columns (as ``sklearn.preprocessing.StandardScaler``);
+    zeros and ones when ``standardize`` is False."""
+    X = np.asarray(X)
+    if not standardize:
+        return np.zeros(X.shape[1]), np.ones(X.shape[1])
+    mean = X.mean(0, dtype=np.float64)
+    scale = X.std(0, dtype=np.float64)
+    scale[~(scale > 1e-12 * np.maximum(1.0, np.abs(mean)))] = 1.0
+    return mean, scale
+
+
+def resolve_solver(solver: str, device: str | torch.device = "cpu") -> tuple[str, str]:
+    """(solver, device) for a fit: ``auto`` is ``torch`` on a CUDA ``device`` and
+    :data:`CPU_AUTO_SOLVER` otherwise; scikit-learn solvers always run on ``cpu``; ``torch`` on
+    ``device``.
+
+    Raises:
+        ValueError: unknown solver, or torch on CUDA without CUDA.
+    """
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    dev = fista.resolve_device(device)
+    if solver == "auto":
+        solver = "torch" if dev.type == "cuda" else CPU_AUTO_SOLVER
+    return solver, (str(dev) if solver == "torch" else "cpu")
+
+
+@dataclass
+class LogRegPath:
+    """A regularisation path: one fitted model per C.
+
+    Attributes:
+        Cs: float64 [K] (as given); coef: float64 [K, D]; intercept: float64 [K];
+        n_iter: int64 [K] iterations per C (0: closed-form zero model); converged: bool [K];
+        objective: float64 [K] scikit-learn's objective ``C sum_i loss_i + R(w)`` (the
+            intercept unpenalised, whatever the solver optimised);
+        solver, device: what ran; seconds: wall time of the path.
+    """
+
+    Cs: np.ndarray
+    coef: np.ndarray
+    intercept: np.ndarray
+    n_iter: np.ndarray
+    converged: np.ndarray
+    objective: np.ndarray
+    solver: str
+    device: str
+    seconds: float
+
+
+def fit_path(X: np.ndarray, y: np.ndarray, grid: Sequence[float], penalty: str = "l1",
+             solver: str = "auto", device: str = "cpu", max_iter: int = 0, tol: float = 0.0,
+             seed: int = 42, jobs: int = 0) -> LogRegPath:
+    """Logistic regressions for every C of ``grid`` on (already standardised) features.
+
+    Args:
+        X: float [N, D]; y: int [N] labels 0/1 (both present).
+        grid: K values of C > 0.
+        penalty: ``l1`` or ``l2``.
+        solver / device: see :func:`resolve_solver`.
+        max_iter: per-C iteration limit (0: :data:`DEFAULT_MAX_ITER` of the solver).
+        tol: scikit-learn's ``tol`` (liblinear, saga) or the relative duality gap (torch); 0:
+            :data:`DEFAULT_TOL` of the solver.
+        seed: ``random_state`` of liblinear/saga.
+        jobs: liblinear fits run at once, in threads (0: ``torch.get_num_threads()``, i.e. one
+            per core unless ``--threads`` says otherwise).
+    Returns:
+        :class:`LogRegPath` in the order of ``grid``.
+    Raises:
+        ValueError: bad penalty/solver/grid, labels not 0/1 with both classes.
+    """
+    if penalty not in fista.PENALTIES:
+        raise ValueError(f"penalty must be 'l1' or 'l2', got {penalty!r}")
+    solver, device = resolve_solver(solver, device)
+    max_iter = max_iter or DEFAULT_MAX_ITER[solver]
+    tol = tol or DEFAULT_TOL[solver]
+    Cs = np.asarray(list(grid), dtype=np.float64)
+    t0 = time.perf_counter()
+    if solver == "torch":
+        p = fista.fit_path(X, y, Cs, penalty, tol=tol, max_iter=max_iter, device=device)
+        return LogRegPath(Cs, p.coef, p.intercept, p.n_iter, p.converged, p.objective * Cs, solver,
+                    p.device, time.perf_counter() - t0)
+    X64 = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y)
+    K, D = len(Cs), X64.shape[1]
+    coef, intercept = np.zeros((K, D)), np.zeros(K)
+    n_iter, converged = np.zeros(K, dtype=np.int64), np.ones(K, dtype=bool)
+    if solver == "liblinear":
+        # At C <= l1_min_c liblinear's solution (intercept penalised too) is all zeros.
+        c_zero = l1_min_c(X64, y, loss="log") if penalty == "l1" else 0.0
+    else:
+        # Unpenalised intercept: w = 0, b = logit(mean y) below 1 / max|X^T (y - mean y)|.
+        gmax = np.abs((y - y.mean()) @ X64).max()
+        c_zero = 1.0 / gmax if (penalty == "l1" and gmax > 0) else 0.0
+        intercept[:] = np.log(y.mean() / (1 - y.mean()))
+    todo = [int(k) for k in np.argsort(Cs, kind="stable") if Cs[k] > c_zero]
+
+    def fit(k: int, model: LogisticRegression) -> None:
+        model.set_params(C=float(Cs[k]))
+        model.fit(X64, y)
+        coef[k], intercept[k] = model.coef_.ravel(), float(model.intercept_[0])
+        n_iter[k] = int(np.max(model.n_iter_))
+        converged[k] = n_iter[k] < max_iter  # scikit-learn warns exactly then
+
+    def make() -> LogisticRegression:
+        return LogisticRegression(C=1.0, solver=solver, max_iter=max_iter, tol=tol,
+                                  random_state=seed, warm_start=solver == "saga",
+                                  **_sk_penalty(penalty))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # recorded in ``converged``
+        if solver == "saga":  # C ascending: each fit starts from the previous solution
+            model = make()
+            for k in todo:
+                fit(k, model)
+        else:  # liblinear has no warm start; its fits release the GIL: run them in threads,
+            # the largest C (the longest fits) first
+            with ThreadPoolExecutor(max(1, min(jobs or torch.get_num_threads(), len(todo)))
+                                    ) as pool:
+                list(pool.map(lambda k: fit(k, make()), todo[::-1]))
+    objective = fista.objective_values(X64, y, coef, intercept, Cs, penalty)
+    return LogRegPath(Cs, coef, intercept, n_iter, converged, objective, solver, "cpu",
+                time.perf_counter() - t0)
 
 
 def _accuracy(model, X, y) -> float | None:
@@ -60,45 +278,59 @@ def _grid_search(make, Xtr, ytr, Xva, yva, grid: Sequence[float]) -> tuple[int, 
 def fit_logreg(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray,
                Xte: np.ndarray | None = None, yte: np.ndarray | None = None,
                penalty: str = "l1", grid: Sequence[float] = DEFAULT_C_GRID, seed: int = 42,
-               max_iter: int = 1000, standardize: bool = False) -> dict:
+               max_iter: int = 0, standardize: bool = True, solver: str = "auto",
+               device: str = "cpu", tol: float = 0.0) -> dict:
     """Logistic regression on features with C chosen on validation (Radford et al. 2017;
     sentiment-discovery ``logreg_utils.train_logreg``).
 
-    For each C in ``grid`` a ``LogisticRegression(penalty, C, solver="liblinear")`` is fit on
-    train and scored by validation accuracy; the best C (ties: the smallest) is kept, i.e. the
-    model fit on train at that C (no refit on train+val, as the reference). Validation accuracy is
-    therefore the selection score; test accuracy is the unbiased one.
+    Features are standardised with train statistics (:func:`standardizer`), the path over
+    ``grid`` is fit on train (:func:`fit_path`), every model is scored by validation accuracy,
+    and the best C (ties: the smallest, i.e. the sparsest model) is kept: the model fit on train
+    at that C (no refit on train+val, as the reference). Validation accuracy is therefore the
+    selection score; test accuracy is the unbiased one.
 
     Args:
         X*: float [N, H] features; y*: int [N] labels 0/1.
         penalty: ``l1`` (sparse, the reference) or ``l2``.
-        standardize: z-score features with train statistics first (off: as the reference, so C
-            and the weights keep their meaning in raw feature units).
+        standardize: z-score with train statistics (False: raw features, as the reference;
+            ``auto`` then means liblinear).
+        solver / device / max_iter / tol / seed: see :func:`fit_path`.
     Returns:
-        dict: ``model`` (the fitted estimator or pipeline), ``coef`` float [H] (in the units the
-        model saw), ``C``, ``grid`` {C: val acc}, ``accuracy`` {train, val, test|None},
-        ``nonzero`` (non-zero weights), ``converged``, ``seconds``.
+        dict: ``model`` (:class:`LinearClassifier` at the chosen C), ``coef`` float64 [H] (its
+        weights, in standardised units when standardised), ``C``, ``grid`` {C: val acc},
+        ``accuracy`` {train, val, test|None}, ``nonzero`` (non-zero weights), ``converged``
+        (every C), ``solver``, ``device``, ``path`` (per C: val accuracy, non-zero weights,
+        iterations, converged, objective), ``path_seconds`` (the fit alone) and ``seconds``
+        (standardisation, fit and scoring).
     Raises:
-        ValueError: unknown penalty.
+        ValueError: unknown penalty or solver.
     """
-    if penalty not in ("l1", "l2"):
-        raise ValueError(f"penalty must be 'l1' or 'l2', got {penalty!r}")
     t0 = time.perf_counter()
-
-    def make(C):
-        lr = LogisticRegression(penalty=penalty, C=C, solver="liblinear", max_iter=max_iter,
-                                random_state=seed)
-        return make_pipeline(StandardScaler(), lr) if standardize else lr
-
-    best, models, scores, converged = _grid_search(make, Xtr, ytr, Xva, yva, grid)
+    mean, scale = standardizer(Xtr, standardize)
+    Xs = ((np.asarray(Xtr, dtype=np.float64) - mean) / scale).astype(np.float32)
+    if solver == "auto" and not standardize:
+        # Raw LM states are badly scaled: liblinear (the reference's solver for the reference's
+        # raw features) took 9.9 s on the demo's, the torch solver 124 s without converging.
+        solver = "liblinear"
+    path = fit_path(Xs, ytr, grid, penalty, solver, device, max_iter, tol, seed)
+    models = [LinearClassifier(path.coef[k], float(path.intercept[k]), mean, scale)
+              for k in range(len(path.Cs))]
+    scores = [m.accuracy(Xva, yva) for m in models]
+    top = [k for k in range(len(scores)) if scores[k] == max(scores)]
+    best = min(top, key=lambda k: path.Cs[k])  # ties: the smallest C (the sparsest model)
     model = models[best]
-    coef = (model[-1] if standardize else model).coef_.ravel()
-    return {"model": model, "coef": coef, "C": float(grid[best]),
-            "grid": {f"{c:g}": s for c, s in zip(grid, scores)},
-            "accuracy": {"train": _accuracy(model, Xtr, ytr), "val": scores[best],
-                         "test": _accuracy(model, Xte, yte)},
-            "nonzero": int(np.count_nonzero(coef)), "converged": converged,
-            "seconds": time.perf_counter() - t0}
+    nonzero = [int(np.count_nonzero(c)) for c in path.coef]
+    return {"model": model, "coef": model.coef, "C": float(path.Cs[best]),
+            "grid": {f"{c:g}": s for c, s in zip(path.Cs, scores)},
+            "accuracy": {"train": model.accuracy(Xtr, ytr), "val": scores[best],
+                         "test": model.accuracy(Xte, yte)},
+            "nonzero": nonzero[best], "converged": bool(path.converged.all()),
+            "solver": path.solver, "device": path.device,
+            "path": [{"C": float(c), "val": s, "nonzero": nz, "n_iter": int(it),
+                      "converged": bool(cv), "objective": float(obj)}
+                     for c, s, nz, it, cv, obj in zip(path.Cs, scores, nonzero, path.n_iter,
+                                                      path.converged, path.objective)],
+            "path_seconds": path.seconds, "seconds": time.perf_counter() - t0}
 
 
 def fit_threshold(x: np.ndarray, y: np.ndarray) -> tuple[float, int, float]:
@@ -210,8 +442,8 @@ def tfidf_baseline(train, val, test=None, grid: Sequence[float] = DEFAULT_BASELI
     Xte = union.transform(test.texts) if test is not None else None
 
     def make(C):
-        return LogisticRegression(penalty="l2", C=C, solver="liblinear", max_iter=1000,
-                                  random_state=seed)
+        return LogisticRegression(C=C, solver="liblinear", max_iter=1000, random_state=seed,
+                                  **_sk_penalty("l2"))
 
     best, models, scores, converged = _grid_search(make, Xtr, train.labels, Xva, val.labels, grid)
     model = models[best]

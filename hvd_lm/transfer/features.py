@@ -28,7 +28,9 @@ from tqdm import tqdm
 from hvd_lm.core import tokenizer
 from hvd_lm.core.atomic import atomic_path, write_text
 from hvd_lm.dist import horovod as dist
+from hvd_lm.dist.launcher import RankContext, world_size
 from hvd_lm.train import runtime as prec
+from hvd_lm.train.checkpoint import load_model, resolve
 
 
 #: Feature types: final cell state, final hidden state, mean / max over time of the hidden states.
@@ -45,6 +47,46 @@ DEFAULT_CACHE_DIR = "~/.cache/hvd_lm/features"
 
 #: Bumped whenever featurization changes meaning, so old cache entries are not reused.
 CACHE_VERSION = 1
+
+
+@dataclass
+class LMSession:
+    """A checkpoint's LM ready to featurize on this rank.
+
+    Attributes:
+        ctx: the Horovod :class:`~hvd_lm.dist.launcher.RankContext` when launched on several
+            ranks, else None (one process; Horovod is not initialised).
+        path: the checkpoint file; model: its LanguageModel (eval mode, on ``device``);
+        ckpt: the checkpoint dict; device: one GPU per local rank, or the CPU.
+    """
+
+    ctx: RankContext | None
+    path: Path
+    model: torch.nn.Module
+    ckpt: dict
+    device: torch.device
+
+
+def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32",
+            threads: int = 0) -> LMSession:
+    """Start Horovod when a launcher started several ranks (they split the texts, see
+    :func:`featurize`), pick this rank's device (:func:`hvd_lm.train.runtime.resolve_device`),
+    check the precision there and load the checkpoint's model onto it.
+
+    Args:
+        checkpoint: file or run directory (its latest).
+        threads: torch CPU threads (0: torch's default).
+    Raises:
+        FileNotFoundError: no checkpoint; ValueError: a device/precision that cannot be used.
+    """
+    ctx = dist.init() if world_size() > 1 else None  # Horovod: ranks split the texts
+    if threads > 0:
+        torch.set_num_threads(threads)
+    path = resolve(checkpoint)
+    dev = prec.resolve_device(device, ctx.local_rank if ctx else 0, ctx.local_size if ctx else 1)
+    prec.check(dev, precision)
+    model, ckpt = load_model(path, map_location=dev)
+    return LMSession(ctx, path, model.to(dev), ckpt, dev)
 
 
 def encode_texts(texts: Sequence[str], max_chars: int = DEFAULT_MAX_CHARS,

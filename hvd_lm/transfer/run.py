@@ -6,16 +6,19 @@ rebuilt by NVIDIA/sentiment-discovery (``transfer.py`` + ``logreg_utils.py``):
 1. **Featurize** (:func:`hvd_lm.transfer.features.featurize`): the LM's final cell state (or
    final hidden state, or mean / max over time of h_t) of each text, batched, padding-invariant,
    split over ranks under ``horovodrun``/``mpirun``, cached.
-2. **Classify** (:func:`hvd_lm.transfer.classify.fit_logreg`): L1 logistic regression, C chosen
-   on validation.
+2. **Classify** (:func:`hvd_lm.transfer.classify.fit_logreg`): L1 logistic regression on
+   standardised features, the C grid fit as one regularisation path (liblinear, warm-started
+   saga, or the batched torch solver on the GPU), C chosen on validation; the classifier is
+   saved (:mod:`hvd_lm.transfer.saved`) for ``hvd-lm classify`` / ``visualize`` / ``generate``.
 3. **Sentiment neuron** (:func:`hvd_lm.transfer.classify.sentiment_neuron`): the largest-|weight|
    unit alone, with a histogram by class.
 4. **Baseline** (:func:`hvd_lm.transfer.classify.tfidf_baseline`): TF-IDF n-grams + L2 logistic
    regression on the same splits.
 
 Settings: :class:`TransferConfig` (flags, or the ``transfer:`` section of a YAML file).
-Outputs (rank 0): ``OUT/transfer.json``, ``OUT/transfer.md`` and ``OUT/neuron_hist.png``; the
-markdown table is also printed. See ``docs/transfer.md``.
+Outputs (rank 0): ``OUT/transfer.json``, ``OUT/transfer.md``, ``OUT/neuron_hist.png`` and
+``OUT/classifier.npz`` + ``OUT/classifier.json``; the markdown table is also printed. See
+``docs/transfer.md``.
 """
 
 from __future__ import annotations
@@ -26,21 +29,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from hvd_lm.core import tokenizer
 from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, option
 from hvd_lm.core.digest import file_sha256
 from hvd_lm.dist import horovod as dist
-from hvd_lm.dist.launcher import world_size
 from hvd_lm.train import runtime as prec
-from hvd_lm.train.checkpoint import load_model, resolve
 from hvd_lm.transfer import datasets
-from hvd_lm.transfer.classify import (DEFAULT_BASELINE_C_GRID, DEFAULT_C_GRID, fit_logreg,
-                                      plot_neuron_histogram, sentiment_neuron, tfidf_baseline)
+from hvd_lm.transfer.classify import (CPU_AUTO_SOLVER, DEFAULT_BASELINE_C_GRID, DEFAULT_C_GRID,
+                                      SOLVERS, fit_logreg, plot_neuron_histogram,
+                                      sentiment_neuron, tfidf_baseline)
 from hvd_lm.transfer.features import (DEFAULT_CACHE_DIR, DEFAULT_MAX_CHARS, FEATURE_KINDS,
-                                      FeatureCache, cache_key, featurize, texts_sha256)
+                                      FeatureCache, LMSession, cache_key, featurize, open_lm,
+                                      texts_sha256)
+from hvd_lm.transfer.saved import JSON_NAME, NPZ_NAME, save_classifier
 
 
 def parse_c_grid(text: str) -> tuple[float, ...]:
@@ -65,7 +68,8 @@ class TransferConfig:
 
     checkpoint: str = option("", "checkpoint file or run directory (its latest)",
                              positional=True, required=True)
-    out: str = option("", "output folder for transfer.json/.md and the PNG", required=True)
+    out: str = option("", "output folder for transfer.json/.md, the PNG and classifier.npz/"
+                      ".json", required=True)
     # data
     dataset: str | None = option(None, "named dataset read from --data-dir (sst2: "
                                  "train/val[/test].csv; imdb: aclImdb folder or tar.gz)",
@@ -81,7 +85,7 @@ class TransferConfig:
                                  "exists", gt=0, le=0.9)
     max_examples: int = option(0, "use at most N examples per split (seeded, stratified; 0 = "
                                "all)", ge=0)
-    seed: int = option(0, "seed for carving, subsampling, liblinear", ge=0)
+    seed: int = option(0, "seed for carving, subsampling, liblinear/saga", ge=0)
     # features
     features: str = option("cell", "final cell state (reference), final hidden state, mean/max "
                            "of h_t", choices=FEATURE_KINDS)
@@ -103,9 +107,17 @@ class TransferConfig:
     penalty: str = option("l1", "logistic-regression penalty", choices=("l1", "l2"))
     c_grid: tuple[float, ...] = option(DEFAULT_C_GRID, "comma-separated C values tried on val "
                                        "(default 2^-8..2^2)", parse=parse_c_grid, gt=0)
-    standardize: bool = option(False, "z-score features with train statistics (the reference "
-                               "did not)", switch=True)
-    max_iter: int = option(1000, "liblinear iterations", ge=1)
+    standardize: bool = option(True, "z-score features with train statistics, kept with the "
+                               "classifier (--no-standardize: raw features, as the reference)",
+                               switch=False, flag="--no-standardize")
+    solver: str = option("auto", "path solver: liblinear (C values in parallel threads), saga "
+                         "(warm starts), torch (all C at once, batched GEMMs; GPU); auto: torch "
+                         f"on a CUDA --device, else {CPU_AUTO_SOLVER} (fastest on CPU in hvd-lm "
+                         "bench transfer)", choices=SOLVERS)
+    tol: float = option(0.0, "stopping tolerance (0 = the solver's default: scikit-learn's tol "
+                        "1e-4 for liblinear/saga, relative duality gap 1e-3 for torch)", ge=0)
+    max_iter: int = option(0, "iterations per C at most (0 = the solver's default: 1000 for "
+                           "liblinear/saga, 20000 for torch)", ge=0)
     baseline: bool = option(True, "TF-IDF baseline (--no-baseline: skip it)", switch=False,
                             flag="--no-baseline")
     baseline_c_grid: tuple[float, ...] = option(DEFAULT_BASELINE_C_GRID, "C values for the "
@@ -164,6 +176,79 @@ def format_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass
+class SplitFeatures:
+    """LM features of every split (:func:`featurize_splits`; rank 0 only).
+
+    Attributes:
+        features: split -> float32 [N, H]; cache: split -> hit/path/seconds; chars, seconds:
+            bytes featurized and wall time (cache hits excluded); truncated: texts cut to
+            ``max_chars``.
+    """
+
+    features: dict[str, np.ndarray]
+    cache: dict[str, dict]
+    chars: int
+    seconds: float
+    truncated: int
+
+
+def feature_options(cfg: TransferConfig) -> dict:
+    """The options that define a feature vector (and a feature-cache key): kind, max_chars,
+    normalize, precision."""
+    return {"kind": cfg.features, "max_chars": cfg.max_chars, "normalize": cfg.normalize,
+            "precision": cfg.precision}
+
+
+def featurize_splits(lm: LMSession, splits: dict[str, datasets.LabelledSplit],
+                     cfg: TransferConfig, checkpoint_sha256: str) -> SplitFeatures | None:
+    """Features of each split with the LM of ``lm``, from the cache where it has them (rank 0
+    looks, the answer is broadcast), else featurized over all ranks and cached by rank 0.
+
+    Returns:
+        :class:`SplitFeatures` on rank 0, None on the other ranks.
+    """
+    ctx, is_root = lm.ctx, lm.ctx is None or lm.ctx.rank == 0
+    cache = None if not cfg.cache else FeatureCache(cfg.cache_dir)
+    options = feature_options(cfg)
+    out = SplitFeatures({}, {}, 0, 0.0, 0)
+    for name, split in splits.items():
+        key, hit = None, None
+        if cache is not None and is_root:
+            key = cache_key(checkpoint_sha256, name, texts_sha256(split.texts), options)
+            hit = cache.load(key, len(split))
+        if ctx is not None and cache is not None:
+            cached = dist.broadcast_object(hit is not None, name=f"transfer_hit_{name}")
+        else:
+            cached = hit is not None
+        if cached:
+            if is_root:
+                out.features[name] = hit
+                out.cache[name] = {"hit": True, "path": str(cache.path(key))}
+                if cfg.max_chars > 0:
+                    out.truncated += sum(len(tokenizer.encode_bytes(t, cfg.normalize)) >
+                                         cfg.max_chars for t in split.texts)
+            continue
+        res = featurize(lm.model, split.texts, cfg.features, cfg.max_chars, cfg.batch_size,
+                        lm.device, ctx, progress=is_root and cfg.progress, desc=name,
+                        time_chunk=cfg.time_chunk, precision=cfg.precision,
+                        normalize=cfg.normalize)
+        out.chars += res.chars
+        out.seconds += res.seconds
+        out.truncated += res.truncated
+        if is_root:
+            out.features[name] = res.features
+            info = {"hit": False, "seconds": res.seconds, "chars": res.chars,
+                    "chars_per_s": res.chars_per_s}
+            if cache is not None:
+                meta = {"checkpoint": str(lm.path), "checkpoint_sha256": checkpoint_sha256,
+                        "split": name, "source": split.source, "n": len(split),
+                        "options": options, "created": time.time()}
+                info["path"] = str(cache.save(key, res.features, meta))
+            out.cache[name] = info
+    return out if is_root else None
+
+
 def run(cfg: TransferConfig) -> dict | None:
     """Everything ``hvd-lm transfer`` does (see the module docstring); returns the report on
     rank 0 and None on other ranks.
@@ -173,75 +258,25 @@ def run(cfg: TransferConfig) -> dict | None:
         FileNotFoundError: no checkpoint.
         ValueError: bad option.
     """
-    ctx = None
-    if world_size() > 1:
-        ctx = dist.init()  # Horovod: ranks split the texts
-    rank, size = (ctx.rank, ctx.size) if ctx else (0, 1)
-    is_root = rank == 0
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
-
     splits = datasets.load_splits(
         cfg.dataset, cfg.data_dir, cfg.train, cfg.val, cfg.test, cfg.text_field,
         cfg.label_field, cfg.val_fraction, cfg.max_examples, cfg.seed)
-    ckpt_path = resolve(cfg.checkpoint)
-    device = prec.resolve_device(cfg.device, ctx.local_rank if ctx else 0,
-                                ctx.local_size if ctx else 1)
-    prec.check(device, cfg.precision)
-    model, ckpt = load_model(ckpt_path, map_location=device)
-    model.to(device)
-    cache = None if not cfg.cache else FeatureCache(cfg.cache_dir)
-    ck_sha = file_sha256(ckpt_path) if (cache is not None and is_root) else ""
-    options = {"kind": cfg.features, "max_chars": cfg.max_chars, "normalize": cfg.normalize,
-               "precision": cfg.precision}
-
-    feats: dict[str, np.ndarray] = {}
-    cache_info: dict[str, dict] = {}
-    chars = truncated = 0
-    seconds = 0.0
-    for name, split in splits.items():
-        key, hit = None, None
-        if cache is not None and is_root:
-            key = cache_key(ck_sha, name, texts_sha256(split.texts), options)
-            hit = cache.load(key, len(split))
-        if ctx is not None and cache is not None:
-            cached = dist.broadcast_object(hit is not None, name=f"transfer_hit_{name}")
-        else:
-            cached = hit is not None
-        if cached:
-            if is_root:
-                feats[name] = hit
-                cache_info[name] = {"hit": True, "path": str(cache.path(key))}
-                if cfg.max_chars > 0:
-                    truncated += sum(len(tokenizer.encode_bytes(t, cfg.normalize)) >
-                                     cfg.max_chars for t in split.texts)
-            continue
-        res = featurize(model, split.texts, cfg.features, cfg.max_chars, cfg.batch_size,
-                        device, ctx, progress=is_root and cfg.progress, desc=name,
-                        time_chunk=cfg.time_chunk, precision=cfg.precision,
-                        normalize=cfg.normalize)
-        chars += res.chars
-        seconds += res.seconds
-        truncated += res.truncated
-        if is_root:
-            feats[name] = res.features
-            info = {"hit": False, "seconds": res.seconds, "chars": res.chars,
-                    "chars_per_s": res.chars_per_s}
-            if cache is not None:
-                meta = {"checkpoint": str(ckpt_path), "checkpoint_sha256": ck_sha, "split": name,
-                        "source": split.source, "n": len(split), "options": options,
-                        "created": time.time()}
-                info["path"] = str(cache.save(key, res.features, meta))
-            cache_info[name] = info
+    lm = open_lm(cfg.checkpoint, cfg.device, cfg.precision, cfg.threads)
+    is_root = lm.ctx is None or lm.ctx.rank == 0
+    ck_sha = file_sha256(lm.path) if is_root else ""
+    sf = featurize_splits(lm, splits, cfg, ck_sha)
     if not is_root:
         return None
+    feats, device, ckpt, ckpt_path = sf.features, lm.device, lm.ckpt, lm.path
+    size = lm.ctx.size if lm.ctx else 1
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     y = {k: s.labels for k, s in splits.items()}
     clf = fit_logreg(feats["train"], y["train"], feats["val"], y["val"], feats.get("test"),
                      y.get("test"), penalty=cfg.penalty, grid=cfg.c_grid, seed=cfg.seed,
-                     max_iter=cfg.max_iter, standardize=cfg.standardize)
+                     max_iter=cfg.max_iter, standardize=cfg.standardize, solver=cfg.solver,
+                     device=str(device), tol=cfg.tol)
     neuron = sentiment_neuron(clf["coef"], {k: (feats[k], y[k]) for k in splits})
     neuron["histogram"] = None
     (out / "neuron_hist.png").unlink(missing_ok=True)  # never leave an older run's plot
@@ -267,7 +302,9 @@ def run(cfg: TransferConfig) -> dict | None:
         notes.append("the chosen L1 model has no non-zero weight (it predicts one class), so "
                      "there is no sentiment unit and no histogram")
     if not clf["converged"]:
-        notes.append("liblinear hit max_iter for some C (ConvergenceWarning); raise --max-iter")
+        notes.append(f"the {clf['solver']} solver stopped short of its tolerance for some C "
+                     "(classifier.path[].converged: the iteration limit, --max-iter, or for torch "
+                     "the float32 precision floor)")
     report = {
         "checkpoint": str(ckpt_path), "checkpoint_step": int(ckpt.get("step", -1)),
         "model": dict(ckpt["config"]["model"]),
@@ -277,18 +314,25 @@ def run(cfg: TransferConfig) -> dict | None:
                     "max_examples": cfg.max_examples, "seed": cfg.seed},
         "features": {"kind": cfg.features, "dim": int(feats["train"].shape[1]),
                      "max_chars": cfg.max_chars, "normalize": cfg.normalize,
-                     "truncated": truncated, "batch_size": cfg.batch_size,
+                     "truncated": sf.truncated, "batch_size": cfg.batch_size,
                      "precision": cfg.precision, "device": str(device), "world_size": size,
-                     "chars": chars, "seconds": seconds,
-                     "chars_per_s": chars / seconds if seconds > 0 else None,
-                     "cache": cache_info},
-        "classifier": {"penalty": cfg.penalty, "solver": "liblinear",
-                       "standardize": cfg.standardize,
+                     "chars": sf.chars, "seconds": sf.seconds,
+                     "chars_per_s": sf.chars / sf.seconds if sf.seconds > 0 else None,
+                     "cache": sf.cache},
+        "classifier": {"penalty": cfg.penalty, "standardize": cfg.standardize,
+                       "file": str(out / JSON_NAME),
                        **{k: v for k, v in clf.items() if k not in ("model", "coef")}},
         "neuron": neuron,
         "baseline": baseline,
         "notes": notes,
     }
+    save_classifier(out, clf["model"], {
+        "checkpoint": str(ckpt_path), "checkpoint_sha256": ck_sha,
+        "checkpoint_step": report["checkpoint_step"], "checkpoint_config": ckpt["config"],
+        "features": feature_options(cfg), "dataset": report["dataset"]["name"],
+        "penalty": cfg.penalty, "solver": clf["solver"], "C": clf["C"],
+        "standardize": cfg.standardize, "accuracy": clf["accuracy"],
+        "neuron": {k: neuron[k] for k in ("index", "weight", "sign", "threshold")}})
     write_text(out / "transfer.json", json.dumps(report, indent=2) + "\n")
     md = format_markdown(report)
     write_text(out / "transfer.md", md)
@@ -302,7 +346,9 @@ def transfer_command(cfg: TransferConfig) -> int:
     if report is not None:
         print(format_markdown(report), end="")
         png = ", neuron_hist.png" if report["neuron"]["histogram"] else ""
-        print(f"wrote {Path(cfg.out) / 'transfer.json'}, transfer.md{png}")
+        print(f"wrote {Path(cfg.out) / 'transfer.json'}, transfer.md{png}, {NPZ_NAME} + "
+              f"{JSON_NAME} (fit: {report['classifier']['solver']} on "
+              f"{report['classifier']['device']}, {report['classifier']['path_seconds']:.1f} s)")
     return 0
 
 

@@ -1,0 +1,318 @@
+"""``hvd-lm bench transfer``: seconds of the transfer classifier fit per solver and problem size,
+side by side in one run.
+
+For each problem (synthetic ``--sizes NxD``, and real LM features when ``--checkpoint`` and a
+dataset are given) the features are standardised once (as ``hvd-lm transfer`` does) and the
+whole C grid (default 11 values, 2^-8..2^2) is fit as a regularisation path by each solver of
+``--solvers`` (:func:`hvd_lm.transfer.classify.fit_path`: liblinear, warm-started saga, the
+batched torch solver on ``--device``). Each fit runs in its own process
+(``python -m hvd_lm.perf.bench_transfer --worker``) under ``--time-limit`` seconds, so a solver
+that does not finish is reported as such instead of stalling the benchmark; solvers take turns
+over ``--repeats`` rounds and the median is reported.
+
+Printed per problem and solver: the fit's wall seconds (the path only: data already in memory
+and standardised; moving it to the GPU included for torch), its ratio to the fastest solver of
+that problem, the C chosen on validation, validation accuracy, non-zero weights, and the
+largest relative excess of its objective over the best objective any solver reached at the same
+C (all evaluated as scikit-learn's ``C sum_i loss_i + ||w||_1`` with a free intercept: how well
+each solved the same problem). ``--json FILE`` keeps everything.
+
+Synthetic features (:func:`synthetic_problem`) imitate LM features: a few hundred shared
+factors plus noise (strongly correlated columns), per-column scales over two orders of magnitude,
+labels from a sparse logistic model on 64 units with logistic noise (Bayes accuracy ~90%).
+Real features come from the transfer feature cache (or are computed into it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hvd_lm.core.atomic import write_text
+from hvd_lm.core.config import Command, option, to_argv
+from hvd_lm.core.digest import file_sha256
+from hvd_lm.transfer import classify, datasets, fista
+from hvd_lm.transfer.features import DEFAULT_CACHE_DIR, FEATURE_KINDS, open_lm
+from hvd_lm.transfer.run import TransferConfig, featurize_splits, parse_c_grid
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"6920x4096"`` -> (6920, 4096).
+
+    Raises:
+        ValueError: not NxD with N >= 10 and D >= 1.
+    """
+    try:
+        n, d = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"a size is NxD (texts x features), e.g. 6920x4096, got {text!r}") \
+            from None
+    if n < 10 or d < 1:
+        raise ValueError(f"a size needs N >= 10 and D >= 1, got {text!r}")
+    return n, d
+
+
+def synthetic_problem(n: int, d: int, n_val: int = 872, seed: int = 0, factors: int = 256,
+                      informative: int = 64) -> tuple[np.ndarray, ...]:
+    """(Xtr float32 [n, d], ytr int64 [n], Xva [n_val, d], yva [n_val]) imitating LM features
+    (see the module docstring): X = F A + 0.5 E scaled per column by exp(N(0, 1)), y ~
+    Bernoulli(sigmoid(3 z / std(z))) with z = X w and w non-zero on ``informative`` columns."""
+    rng = np.random.default_rng(seed)
+    r = min(factors, d)
+    A = (rng.normal(size=(r, d)) / np.sqrt(r)).astype(np.float32)
+    scales = np.exp(rng.normal(size=d)).astype(np.float32)
+    w = np.zeros(d, dtype=np.float32)
+    k = min(informative, d)
+    w[rng.choice(d, k, replace=False)] = rng.normal(size=k)
+    out = []
+    for m in (n, n_val):
+        X = rng.normal(size=(m, r)).astype(np.float32) @ A
+        X += 0.5 * rng.normal(size=(m, d)).astype(np.float32)
+        z = X @ w
+        y = (rng.random(m) < 1 / (1 + np.exp(-3 * z / z.std()))).astype(np.int64)
+        out += [X * scales, y]
+    return tuple(out)
+
+
+# ---- settings -----------------------------------------------------------------------------------
+
+@dataclass
+class FitConfig:
+    """The fit every solver runs."""
+
+    c_grid: tuple[float, ...] = option(classify.DEFAULT_C_GRID, "comma-separated C values (default "
+                                       "the transfer grid, 2^-8..2^2: 11 values)",
+                                       parse=parse_c_grid, gt=0)
+    penalty: str = option("l1", "penalty", choices=fista.PENALTIES)
+    tol: float = option(0.0, "tolerance (0 = each solver's default: scikit-learn's tol 1e-4, "
+                        "relative duality gap 1e-3 for torch)", ge=0)
+    max_iter: int = option(0, "iterations per C (0 = each solver's default)", ge=0)
+    device: str = option("auto", "device of the torch solver (auto: cuda when present)")
+    seed: int = option(0, "seed (synthetic data, liblinear/saga)", ge=0)
+
+
+@dataclass
+class WorkerConfig(FitConfig):
+    """One fit (``python -m hvd_lm.perf.bench_transfer --worker PROBLEM.npz --solver S``)."""
+
+    worker: str = option("", "problem file (standardised Xtr, ytr, Xva, yva)", required=True)
+    solver: str = option("torch", "solver", choices=classify.SOLVERS[1:])
+    threads: int = option(0, "CPU threads: torch's, and liblinear's parallel C fits (0 = one "
+                          "per core)", ge=0)
+
+
+@dataclass
+class BenchTransferConfig(FitConfig):
+    """``hvd-lm bench transfer``."""
+
+    sizes: list[str] = option(default_factory=lambda: ["6920x4096"], help="synthetic training "
+                              "sets NxD (texts x features), comma-separated; none: ''")
+    val: int = option(872, "synthetic validation texts (SST-2's val has 872)", ge=10)
+    solvers: list[str] = option(default_factory=lambda: ["liblinear", "saga", "torch"],
+                                help="solvers to time", choices=classify.SOLVERS[1:])
+    threads: list[int] = option(default_factory=lambda: [0], help="CPU thread counts to time "
+                                "liblinear (parallel C fits) and torch with (saga: the first "
+                                "only; 0 = one per core), e.g. 1,2", ge=0)
+    standardize: bool = option(True, "z-score with train statistics first, as transfer "
+                               "(--no-standardize: raw features)", switch=False,
+                               flag="--no-standardize")
+    repeats: int = option(1, "rounds (solvers take turns); the median is reported", ge=1)
+    time_limit: float = option(900.0, "seconds a fit may take before it is stopped", gt=0)
+    checkpoint: str = option("", "also real features: this checkpoint's on --dataset")
+    dataset: str | None = option(None, "dataset of the real features", choices=("sst2", "imdb"))
+    data_dir: str | None = option(None, "its folder (or IMDB tarball)")
+    features: str = option("cell", "feature kind of the real features", choices=FEATURE_KINDS)
+    max_examples: int = option(0, "at most N examples per split of the real data (0 = all)",
+                               ge=0)
+    cache_dir: str = option(DEFAULT_CACHE_DIR, "transfer feature cache")
+    json: str = option("", "write the results here")
+
+    def check(self) -> None:
+        """Sizes parse; a checkpoint needs a dataset."""
+        for s in self.sizes:
+            parse_size(s)
+        if self.checkpoint and not (self.dataset and self.data_dir):
+            raise ValueError("--checkpoint needs --dataset and --data-dir")
+
+
+# ---- one fit (worker process) ------------------------------------------------------------------
+
+def worker(cfg: WorkerConfig) -> int:
+    """Fit the path on the problem file and print one ``BENCH {json}`` line: seconds, and per C
+    the validation accuracy, non-zero weights, objective, iterations, convergence."""
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    with np.load(cfg.worker) as z:
+        Xtr, ytr, Xva, yva = (z[k] for k in ("Xtr", "ytr", "Xva", "yva"))
+    if cfg.solver == "torch":  # warm the device (CUDA context, kernels) outside the timing
+        fista.fit_path(Xtr[:64, :8], np.arange(64) % 2, [1.0], cfg.penalty, max_iter=5,
+                       device=cfg.device)
+    t0 = time.perf_counter()
+    path = classify.fit_path(Xtr, ytr, cfg.c_grid, cfg.penalty, cfg.solver, cfg.device,
+                             cfg.max_iter, cfg.tol, cfg.seed, jobs=torch.get_num_threads())
+    seconds = time.perf_counter() - t0
+    margins = Xva.astype(np.float64) @ path.coef.T + path.intercept
+    acc = ((margins > 0) == yva[:, None]).mean(0)
+    print("BENCH " + json.dumps({
+        "solver": path.solver, "device": path.device, "seconds": seconds,
+        "threads": torch.get_num_threads(), "C": path.Cs.tolist(), "val": acc.tolist(),
+        "nonzero": np.count_nonzero(path.coef, axis=1).tolist(),
+        "objective": path.objective.tolist(), "n_iter": path.n_iter.tolist(),
+        "converged": path.converged.tolist()}), flush=True)
+    return 0
+
+
+def _run_fit(problem: Path, solver: str, threads: int, cfg: BenchTransferConfig) -> dict:
+    wc = WorkerConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(FitConfig)},
+                      worker=str(problem), solver=solver, threads=threads)
+    cmd = [sys.executable, "-m", "hvd_lm.perf.bench_transfer", *to_argv(wc)]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=cfg.time_limit + 60,
+                              env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    except subprocess.TimeoutExpired:
+        return {"solver": solver, "stopped": True, "seconds": time.perf_counter() - t0}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("BENCH ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{solver} fit failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    rec = json.loads(lines[-1][6:])
+    if rec["seconds"] > cfg.time_limit:
+        rec["stopped"] = True
+    return rec
+
+
+# ---- the benchmark ----------------------------------------------------------------------------
+
+def _problems(cfg: BenchTransferConfig):
+    """(name, Xtr, ytr, Xva, yva) of each problem, features as the fit sees them."""
+    for size in cfg.sizes:
+        n, d = parse_size(size)
+        yield (f"synthetic {n:,} x {d:,}", *synthetic_problem(n, d, cfg.val, cfg.seed))
+    if cfg.checkpoint:
+        tc = TransferConfig(checkpoint=cfg.checkpoint, out="-", dataset=cfg.dataset,
+                            data_dir=cfg.data_dir, max_examples=cfg.max_examples,
+                            seed=cfg.seed, features=cfg.features, cache_dir=cfg.cache_dir,
+                            device=cfg.device, progress=False)
+        splits = datasets.load_splits(tc.dataset, tc.data_dir, max_examples=tc.max_examples,
+                                      seed=tc.seed)
+        lm = open_lm(tc.checkpoint, tc.device, tc.precision, tc.threads)
+        sf = featurize_splits(lm, splits, tc, file_sha256(lm.path))
+        tr, va = sf.features["train"], sf.features["val"]
+        yield (f"{cfg.dataset} {cfg.features}, H={tr.shape[1]} ({lm.path.name}): "
+               f"{tr.shape[0]:,} x {tr.shape[1]:,}", tr, splits["train"].labels, va,
+               splits["val"].labels)
+
+
+def _label(solver: str, threads: int) -> str:
+    return solver if threads == 0 else f"{solver}, {threads} thread{'s' * (threads > 1)}"
+
+
+def run(cfg: BenchTransferConfig) -> dict:
+    """Time every solver on every problem (see the module docstring); returns the results."""
+    results = {"config": dataclasses.asdict(cfg), "host": os.uname().nodename,
+               "cpus": os.cpu_count(), "cuda": torch.cuda.get_device_name(0)
+               if torch.cuda.is_available() else None, "problems": []}
+    with tempfile.TemporaryDirectory(prefix="bench_transfer_") as tmp:
+        for name, Xtr, ytr, Xva, yva in _problems(cfg):
+            mean, scale = classify.standardizer(Xtr, cfg.standardize)
+            path = Path(tmp) / "problem.npz"
+            np.savez(path, Xtr=((Xtr - mean) / scale).astype(np.float32), ytr=ytr,
+                     Xva=((Xva - mean) / scale).astype(np.float32), yva=yva)
+            # saga runs on one thread whatever the setting: time it once.
+            combos = [(s, t) for s in cfg.solvers
+                      for t in (cfg.threads if s != "saga" else cfg.threads[:1])]
+            runs: dict[str, list[dict]] = {_label(s, t): [] for s, t in combos}
+            for r in range(cfg.repeats):
+                for s, t in combos:
+                    rec = _run_fit(path, s, t, cfg)
+                    runs[_label(s, t)].append(rec)
+                    print(f"  {name}: {_label(s, t)} round {r + 1}: "
+                          + (f"stopped after {cfg.time_limit:.0f} s" if rec.get("stopped")
+                             else f"{rec['seconds']:.1f} s"), file=sys.stderr, flush=True)
+            results["problems"].append(summarize(name, Xtr.shape, runs))
+    return results
+
+
+def summarize(name: str, shape, runs: dict[str, list[dict]]) -> dict:
+    """Per solver: median seconds, ratio to the fastest finished solver, chosen C, val accuracy,
+    non-zero weights, and the largest relative objective excess over the best per C."""
+    done = {s: [r for r in rs if not r.get("stopped")] for s, rs in runs.items()}
+    best_obj = None
+    for rs in done.values():
+        if rs:
+            obj = np.asarray(rs[0]["objective"])
+            best_obj = obj if best_obj is None else np.minimum(best_obj, obj)
+    rows = {}
+    for s, rs in runs.items():
+        if not done[s]:
+            rows[s] = {"stopped": True, "seconds": min(r["seconds"] for r in rs)}
+            continue
+        r = done[s][0]
+        val = np.asarray(r["val"])
+        top = np.flatnonzero(val == val.max())
+        k = int(min(top, key=lambda i: r["C"][i]))
+        rows[s] = {"seconds": statistics.median(x["seconds"] for x in done[s]),
+                   "all_seconds": [x["seconds"] for x in rs], "device": r["device"],
+                   "threads": r["threads"], "C": r["C"][k], "val": float(val[k]),
+                   "nonzero": r["nonzero"][k], "converged": all(r["converged"]),
+                   "objective_excess": float(np.max((np.asarray(r["objective"]) - best_obj)
+                                                    / best_obj)),
+                   "path": {key: r[key] for key in ("C", "val", "nonzero", "objective",
+                                                    "n_iter", "converged")}}
+    fastest = min((v["seconds"] for v in rows.values() if not v.get("stopped")), default=None)
+    for v in rows.values():
+        if not v.get("stopped") and fastest:
+            v["x_fastest"] = v["seconds"] / fastest
+    return {"problem": name, "shape": list(shape), "solvers": rows}
+
+
+def format_table(results: dict) -> str:
+    """Markdown table: one row per problem and solver."""
+    lines = ["| problem | solver (device, CPU threads) | fit s | x fastest | C | val acc % | "
+             "non-zero | objective excess |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    limit = results["config"]["time_limit"]
+    for p in results["problems"]:
+        for s, v in p["solvers"].items():
+            if v.get("stopped"):
+                lines.append(f"| {p['problem']} | {s} | > {limit:.0f} (stopped) | - | - | - | - "
+                             "| - |")
+                continue
+            conv = "" if v["converged"] else " (not converged)"
+            lines.append(f"| {p['problem']} | {s} ({v['device']}, {v['threads']}) | "
+                         f"{v['seconds']:.1f}{conv} | {v['x_fastest']:.2f} | {v['C']:g} | "
+                         f"{100 * v['val']:.2f} | {v['nonzero']:,} | "
+                         f"{v['objective_excess']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def bench_command(cfg: BenchTransferConfig) -> int:
+    """``hvd-lm bench transfer``: run, print the table, write ``--json``."""
+    results = run(cfg)
+    print(format_table(results), end="")
+    if cfg.json:
+        write_text(cfg.json, json.dumps(results, indent=1) + "\n")
+        print(f"wrote {cfg.json}")
+    return 0
+
+
+BENCH_TRANSFER = Command(
+    BenchTransferConfig, bench_command, usage_errors=(ValueError, datasets.DatasetError),
+    description="Seconds of the transfer classifier fit (11 C values by default) per solver "
+    "(liblinear, warm-started saga, batched torch on CPU or GPU) and problem size, on synthetic "
+    "and real LM features, side by side in one run.")
+WORKER = Command(WorkerConfig, worker)
+
+
+if __name__ == "__main__":
+    sys.exit(WORKER.main(sys.argv[1:], "python -m hvd_lm.perf.bench_transfer"))

@@ -1,0 +1,337 @@
+"""``hvd-lm generate CHECKPOINT``: sample text from the byte-level LM, optionally steering it by
+holding one unit fixed, and draw that unit's per-character value (sentiment-discovery's
+``generate.py``; Radford et al. 2017, "Learning to Generate Reviews and Discovering Sentiment",
+section 4: fixing the sentiment unit's value makes the model write positive or negative reviews).
+
+Only the model's public API is used (:meth:`~hvd_lm.core.model.LanguageModel.init_state`,
+``forward``/``encode`` on [B, T] byte ids with an explicit state), one byte per call while a unit
+is read or pinned.
+
+* **Priming.** The prime's UTF-8 bytes (:func:`hvd_lm.core.tokenizer.encode`) are read from the
+  zero state, as ``hvd-lm transfer`` reads a text; an empty prime starts from one end-of-document
+  byte (0), which precedes every document in training, i.e. "a new review".
+* **Sampling** (:func:`sample_next`): softmax of logits / temperature over the 256 bytes,
+  restricted to the ``top_k`` most likely when ``top_k > 0``, drawn with a CPU
+  ``torch.Generator`` seeded by ``seed`` (so a seed gives the same samples on a given device);
+  temperature 0 is greedy (argmax). ``samples`` rows are drawn as one batch. A sampled
+  end-of-document byte ends that sample's text.
+* **Steering** (``neuron``, ``overwrite``): after every byte read, prime included, the unit's
+  value in the cell state c_t (or the hidden state h_t, ``state="hidden"``) is set to
+  ``overwrite`` before the next step, as sentiment-discovery's ``--overwrite`` does (it wrote h_t
+  times the sign of the classifier weight; here the value is given as is).
+* **Trace** (:func:`trace_unit` for given texts): the unit's value after each byte, read before
+  any pinning (what the model computed), for the heatmap (:mod:`hvd_lm.transfer.heatmap`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from hvd_lm.core import tokenizer
+from hvd_lm.core.atomic import write_text
+from hvd_lm.core.config import Command, option
+from hvd_lm.train import runtime as prec
+from hvd_lm.train.checkpoint import load_model, resolve
+from hvd_lm.transfer.features import featurize
+from hvd_lm.transfer.heatmap import HeatRow, char_values, check_suffix, render
+from hvd_lm.transfer.saved import (USAGE_ERRORS, ClassifierError, SavedClassifier,
+                                   check_checkpoint, load_classifier)
+
+#: Which state a unit is read from / pinned in.
+STATES = ("cell", "hidden")
+
+
+@dataclass
+class Generation:
+    """Output of :func:`generate`.
+
+    Attributes:
+        prime: uint8 [P] the prime's bytes.
+        tokens: int64 [S, length] the sampled bytes of each sample.
+        texts: S strings: prime + sample, decoded (UTF-8, errors replaced), cut at a sampled
+            end-of-document byte.
+        first_logits: float32 [S, 256] (CPU) the logits the first byte was sampled from.
+        unit: float32 [S, P + length] the unit's value after each prime and sampled byte (before
+            pinning), or None without ``neuron``.
+        state: the final (h, c), each [S, H] (after pinning).
+    """
+
+    prime: np.ndarray
+    tokens: np.ndarray
+    texts: list[str]
+    first_logits: torch.Tensor
+    unit: np.ndarray | None
+    state: tuple[torch.Tensor, torch.Tensor]
+
+    def sample_bytes(self, i: int) -> np.ndarray:
+        """uint8: prime + sample ``i`` up to (without) a sampled end-of-document byte."""
+        gen = self.tokens[i]
+        stop = np.flatnonzero(gen == tokenizer.EOD)
+        gen = gen[:stop[0]] if stop.size else gen
+        return np.concatenate([self.prime, gen.astype(np.uint8)])
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_k: int,
+                generator: torch.Generator) -> torch.Tensor:
+    """One byte per row of ``logits`` [S, V]: argmax at temperature 0, else a draw from
+    softmax(logits / temperature) over the ``top_k`` largest (all when 0), in float64 on the CPU.
+
+    Returns:
+        int64 [S] (CPU).
+    """
+    lg = logits.detach().to("cpu", torch.float64)
+    if temperature == 0:
+        return lg.argmax(-1)
+    lg = lg / temperature
+    if 0 < top_k < lg.shape[-1]:
+        kth = torch.topk(lg, top_k, dim=-1).values[..., -1:]
+        lg = lg.masked_fill(lg < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(lg, -1), 1, generator=generator).squeeze(-1)
+
+
+def _pin(state, neuron: int | None, value: float | None, which: str):
+    """Record the unit's value [B] (before pinning) and pin it; returns (state, value or None)."""
+    if neuron is None:
+        return state, None
+    h, c = state
+    idx = 1 if which == "cell" else 0
+    seen = state[idx][:, neuron].float().cpu()
+    if value is not None:
+        s = (c if idx == 1 else h).clone()
+        s[:, neuron] = value
+        state = (h, s) if idx == 1 else (s, c)
+    return state, seen
+
+
+@torch.no_grad()
+def generate(model, prime: str = "", length: int = 200, temperature: float = 1.0,
+             top_k: int = 0, seed: int = 0, samples: int = 1, neuron: int | None = None,
+             overwrite: float | None = None, state: str = "cell",
+             device: torch.device | str = "cpu") -> Generation:
+    """Sample ``samples`` continuations of ``prime`` of ``length`` bytes (see the module
+    docstring).
+
+    Args:
+        model: a :class:`~hvd_lm.core.model.LanguageModel` in eval mode on ``device``.
+        prime: text to continue ("" = a new document).
+        temperature: >= 0 (0 = greedy); top_k: 0 (all) or the k most likely bytes.
+        neuron: unit to trace (and with ``overwrite`` pin) in ``state``; None = neither.
+        overwrite: value the unit is held at after every byte read.
+    Returns:
+        :class:`Generation`.
+    Raises:
+        ValueError: length/samples < 1, temperature < 0, top_k < 0, unit outside 0..H-1,
+            ``overwrite`` without ``neuron``, unknown state.
+    """
+    H = model.config.hidden_size
+    if length < 1 or samples < 1:
+        raise ValueError(f"length and samples must be >= 1, got {length} and {samples}")
+    if temperature < 0 or top_k < 0:
+        raise ValueError(f"temperature and top_k must be >= 0, got {temperature}, {top_k}")
+    if state not in STATES:
+        raise ValueError(f"state must be one of {STATES}, got {state!r}")
+    if neuron is not None and not 0 <= neuron < H:
+        raise ValueError(f"neuron {neuron} is outside 0..{H - 1} (the model has H={H})")
+    if overwrite is not None and neuron is None:
+        raise ValueError("overwrite needs a neuron to pin")
+    device = torch.device(device)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    ids = tokenizer.encode(prime)
+    feed = ids.astype(np.int64) if len(ids) else np.array([tokenizer.EOD], np.int64)
+    tokens = torch.from_numpy(feed).to(device).unsqueeze(0).repeat(samples, 1)  # [S, P']
+    st = model.init_state(samples, device)
+    trace: list[torch.Tensor] = []
+    if neuron is None:
+        logits, st = model(tokens, st)
+        last = logits[:, -1]
+    else:
+        for t in range(tokens.shape[1]):
+            logits, st = model(tokens[:, t:t + 1], st)
+            st, seen = _pin(st, neuron, overwrite, state)
+            trace.append(seen)
+        last = logits[:, -1]
+        if not len(ids):
+            trace = []  # the start byte is not part of the text
+    first = last.float().cpu().clone()
+    out = []
+    for _ in range(length):
+        nxt = sample_next(last, temperature, top_k, gen)
+        out.append(nxt)
+        logits, st = model(nxt.to(device).unsqueeze(1), st)
+        st, seen = _pin(st, neuron, overwrite, state)
+        if seen is not None:
+            trace.append(seen)
+        last = logits[:, -1]
+    sampled = torch.stack(out, 1).numpy()
+    result = Generation(ids.copy(), sampled, [], first,
+                        torch.stack(trace, 1).numpy() if neuron is not None else None,
+                        (st[0].detach(), st[1].detach()))
+    result.texts = [tokenizer.decode(result.sample_bytes(i)) for i in range(samples)]
+    return result
+
+
+@torch.no_grad()
+def trace_unit(model, seqs: Sequence[np.ndarray], neuron: int, state: str = "cell",
+               device: torch.device | str = "cpu") -> list[np.ndarray]:
+    """The unit's value after each byte of each sequence, read from the zero state as
+    ``hvd-lm transfer`` reads a text (one batch, right-padded, masked: a row's values equal
+    those of the text alone).
+
+    Args:
+        seqs: B byte-id arrays; neuron: unit index; state: ``cell`` or ``hidden``.
+    Returns:
+        B float32 arrays, each as long as its sequence.
+    Raises:
+        ValueError: unit outside 0..H-1 or unknown state.
+    """
+    H = model.config.hidden_size
+    if not 0 <= neuron < H:
+        raise ValueError(f"neuron {neuron} is outside 0..{H - 1} (the model has H={H})")
+    if state not in STATES:
+        raise ValueError(f"state must be one of {STATES}, got {state!r}")
+    device = torch.device(device)
+    B = len(seqs)
+    T = max((len(s) for s in seqs), default=0)
+    tokens = torch.zeros(B, max(T, 1), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        tokens[i, :len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))
+    lengths = torch.tensor([len(s) for s in seqs])
+    mask = (torch.arange(max(T, 1)).unsqueeze(0) < lengths.unsqueeze(1)).to(device)
+    tokens = tokens.to(device)
+    st = model.init_state(B, device)
+    vals = torch.zeros(B, T)
+    for t in range(T):
+        _, st = model.encode(tokens[:, t:t + 1], st, mask[:, t:t + 1])
+        vals[:, t] = st[1 if state == "cell" else 0][:, neuron].float().cpu()
+    return [vals[i, :len(s)].numpy().copy() for i, s in enumerate(seqs)]
+
+
+def unit_from_classifier(neuron: int | None, saved: SavedClassifier | None) -> tuple[int | None,
+                                                                                      int]:
+    """(unit, polarity): ``neuron`` when given, else the classifier's sentiment unit; polarity
+    is the sign of the classifier's weight on that unit (+1 without a classifier or weight).
+
+    Raises:
+        ClassifierError: no neuron given and the classifier has no sentiment unit.
+    """
+    if neuron is None and saved is not None:
+        neuron = saved.neuron.get("index")
+        if neuron is None:
+            raise ClassifierError(f"{saved.path}: the classifier has no sentiment unit (every "
+                                  "weight is 0); give --neuron")
+    polarity = 1
+    if saved is not None and neuron is not None and neuron < len(saved.model.coef):
+        polarity = -1 if saved.model.coef[neuron] < 0 else 1
+    return neuron, polarity
+
+
+def open_classifier(path: str, checkpoint: Path) -> SavedClassifier | None:
+    """The classifier at ``path`` (None for ""), refused unless fit on ``checkpoint``."""
+    if not path:
+        return None
+    saved = load_classifier(path)
+    check_checkpoint(saved, checkpoint)
+    return saved
+
+
+@dataclass
+class GenerateConfig:
+    """Settings of ``hvd-lm generate``."""
+
+    checkpoint: str = option("", "checkpoint file or run directory (its latest)",
+                             positional=True, required=True)
+    prime: str = option("", "text the samples continue (empty: a new review)")
+    length: int = option(200, "bytes to generate per sample", ge=1)
+    temperature: float = option(1.0, "softmax temperature (0 = greedy)", ge=0)
+    top_k: int = option(0, "sample among the k most likely bytes (0 = all 256)", ge=0, le=256)
+    seed: int = option(0, "sampling seed (same seed, same samples on a device)", ge=0)
+    samples: int = option(1, "samples drawn (one batch)", ge=1)
+    neuron: int | None = option(None, "unit to pin and/or draw (default with --classifier: its "
+                                "sentiment unit)", ge=0)
+    overwrite: float | None = option(None, "hold the unit at this value while sampling "
+                                     "(sentiment-discovery --overwrite)")
+    state: str = option("cell", "state the unit is read from and pinned in", choices=STATES)
+    classifier: str = option("", "classifier from hvd-lm transfer (folder or classifier.json): "
+                             "default --neuron, and each sample's P(positive); refused if fit on "
+                             "another checkpoint")
+    heatmap: str = option("", "write the unit's value per character of prime + sample: "
+                          "OUT.html or OUT.png")
+    output: str = option("", "also write the samples as JSON lines to this file")
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    threads: int = option(0, "torch CPU threads (0 = default)", ge=0)
+
+    def check(self) -> None:
+        """Cross-field rules (raised as ConfigError naming the settings' source)."""
+        if (self.overwrite is not None or self.heatmap) and self.neuron is None \
+                and not self.classifier:
+            raise ValueError("--overwrite and --heatmap need a unit: --neuron N or --classifier")
+        check_suffix(self.heatmap)
+
+
+def generate_command(cfg: GenerateConfig) -> int:
+    """``hvd-lm generate``: sample, print each sample (and the classifier's P(positive) of it),
+    write the heatmap / JSON lines."""
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    path = resolve(cfg.checkpoint)
+    device = prec.resolve_device(cfg.device, 0)
+    model, _ = load_model(path, map_location=device)
+    model.to(device)
+    saved = open_classifier(cfg.classifier, path)
+    neuron, polarity = unit_from_classifier(cfg.neuron, saved)
+    res = generate(model, cfg.prime, cfg.length, cfg.temperature, cfg.top_k, cfg.seed,
+                   cfg.samples, neuron, cfg.overwrite, cfg.state, device)
+    prob = None
+    if saved is not None:  # the classifier's view of each text, read afresh (no pinning)
+        f = saved.features
+        feats = featurize(model, res.texts, f["kind"], f["max_chars"], device=device,
+                          precision=f["precision"], normalize=f["normalize"]).features
+        prob = saved.model.predict_proba(feats)
+    if neuron is not None:
+        pin = f", held at {cfg.overwrite:g}" if cfg.overwrite is not None else ""
+        orient = f" (classifier weight {'<' if polarity < 0 else '>'} 0)" if saved else ""
+        print(f"unit {neuron} of the {cfg.state} state{orient}{pin}")
+    records = []
+    for i, text in enumerate(res.texts):
+        extra = f", classifier P(positive) = {prob[i]:.3f}" if prob is not None else ""
+        if res.unit is not None:
+            extra += f", unit mean over the sample {res.unit[i, len(res.prime):].mean():.3f}"
+        print(f"=== sample {i} (seed {cfg.seed}{extra}) ===")
+        print(text)
+        rec = {"sample": i, "seed": cfg.seed, "prime": cfg.prime, "text": text}
+        if prob is not None:
+            rec["p_positive"] = float(prob[i])
+        if res.unit is not None:
+            rec["unit"] = neuron
+            rec["unit_values"] = [round(float(v), 5) for v in res.unit[i]]
+        records.append(rec)
+    if cfg.output:
+        write_text(cfg.output, "".join(json.dumps(r, ensure_ascii=False) + "\n"
+                                       for r in records))
+    if cfg.heatmap:
+        rows = []
+        for i in range(len(res.texts)):
+            ids = res.sample_bytes(i)
+            chars, vals = char_values(ids, res.unit[i, :len(ids)])
+            rows.append(HeatRow(f"sample {i}", chars, vals))
+        pin = f", held at {cfg.overwrite:g} while sampling" if cfg.overwrite is not None else ""
+        render(rows, cfg.heatmap, f"unit {neuron} ({cfg.state}) of {path.name}{pin}: value "
+               "after each character (before pinning)", polarity)
+        print(f"wrote {cfg.heatmap}", file=sys.stderr)
+    return 0
+
+
+GENERATE = Command(
+    GenerateConfig, generate_command,
+    usage_errors=USAGE_ERRORS,
+    description="Sample text from the LM (prime, temperature, top-k, seed), optionally holding "
+    "one unit at a value to steer it (the sentiment neuron: --classifier or --neuron N "
+    "--overwrite V), and draw the unit's per-character value as HTML or PNG "
+    "(NVIDIA/sentiment-discovery generate.py).")

@@ -1,0 +1,196 @@
+"""Per-character heatmaps of one LM unit over texts, as HTML or PNG (the pictures of Radford et
+al. 2017 and sentiment-discovery's ``visualize.py``/``generate.py --visualize``).
+
+A unit's value is recorded after the model reads each byte (:func:`hvd_lm.transfer.generate.
+trace_unit`); :func:`char_values` turns bytes into characters (UTF-8, undecodable bytes as U+FFFD,
+the same text as :func:`hvd_lm.core.tokenizer.decode`) and gives each character the value after
+its last byte. Colours come from matplotlib's diverging ``RdYlGn`` map, symmetric about 0 with
+the largest |value| shown at the ends (red low, green high); ``polarity`` -1 flips them, so that
+green means positive sentiment for a unit whose classifier weight is negative.
+
+* :func:`render_html`: one ``<span>`` per character (background colour, the value as its
+  ``title`` tooltip), whitespace kept; one block per text.
+* :func:`render_png`: the characters on a grid of coloured cells (``width`` per line, a new line at
+  each newline), one block per text, with a colour bar; matplotlib's Agg backend.
+
+Both write atomically (:mod:`hvd_lm.core.atomic`); :func:`render` picks by suffix.
+"""
+
+from __future__ import annotations
+
+import codecs
+import html
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+import numpy as np
+
+from hvd_lm.core.atomic import atomic_path, write_text
+
+matplotlib.use("Agg")  # files only, never a window
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+
+#: Suffixes :func:`render` understands.
+HEATMAP_SUFFIXES = (".html", ".htm", ".png")
+CMAP = "RdYlGn"
+
+
+@dataclass
+class HeatRow:
+    """One text of a heatmap: ``title``, its characters and one value per character."""
+
+    title: str
+    chars: list[str]
+    values: np.ndarray
+
+
+def char_values(ids: Sequence[int], values: Sequence[float]) -> tuple[list[str], np.ndarray]:
+    """Characters of the byte sequence ``ids`` (UTF-8, errors replaced, as
+    :func:`hvd_lm.core.tokenizer.decode`) and, for each, the value at its last byte.
+
+    Args:
+        ids: B byte values; values: B numbers (the unit after each byte).
+    Returns:
+        (C characters, float64 [C]).
+    Raises:
+        ValueError: lengths differ.
+    """
+    if len(ids) != len(values):
+        raise ValueError(f"{len(ids)} bytes but {len(values)} values")
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    chars: list[str] = []
+    vals: list[float] = []
+    for b, v in zip(ids, values):
+        for ch in dec.decode(bytes([int(b)])):
+            chars.append(ch)
+            vals.append(float(v))
+    for ch in dec.decode(b"", final=True):  # a cut multi-byte sequence at the end
+        chars.append(ch)
+        vals.append(float(values[-1]))
+    return chars, np.asarray(vals, dtype=np.float64)
+
+
+def _scale(rows: Sequence[HeatRow]) -> float:
+    vmax = max((float(np.abs(r.values).max()) for r in rows if len(r.values)), default=0.0)
+    return vmax if vmax > 0 else 1.0
+
+
+def _colors(values: np.ndarray, vmax: float, polarity: int) -> np.ndarray:
+    """RGBA [N, 4] of ``values`` on the symmetric colour scale."""
+    return matplotlib.colormaps[CMAP](np.clip(polarity * values / vmax, -1, 1) * 0.5 + 0.5)
+
+
+def render_html(rows: Sequence[HeatRow], path: str | Path, heading: str,
+                polarity: int = 1) -> Path:
+    """Write an HTML page with one block per row and one ``<span>`` per character.
+
+    Returns:
+        ``path``.
+    """
+    vmax = _scale(rows)
+    parts = ["<!DOCTYPE html>", "<html><head><meta charset=\"utf-8\">",
+             f"<title>{html.escape(heading)}</title>",
+             "<style>body{font-family:sans-serif;margin:1.5em}"
+             ".text{font-family:monospace;white-space:pre-wrap;line-height:1.7;"
+             "border:1px solid #ccc;padding:.6em;margin-bottom:1.2em}</style>",
+             "</head><body>", f"<h3>{html.escape(heading)}</h3>",
+             f"<p>colour: value / {vmax:.4g} ({CMAP}, red = "
+             f"{'high' if polarity < 0 else 'low'}, green = "
+             f"{'low' if polarity < 0 else 'high'}); hover a character for its value</p>"]
+    for r in rows:
+        rgba = _colors(r.values, vmax, polarity)
+        spans = []
+        for ch, v, c in zip(r.chars, r.values, rgba):
+            hexc = "#%02x%02x%02x" % tuple(int(round(255 * x)) for x in c[:3])
+            spans.append(f"<span style=\"background:{hexc}\" title=\"{v:.4f}\">"
+                         f"{html.escape(ch)}</span>")
+        parts.append(f"<h4>{html.escape(r.title)}</h4>")
+        parts.append("<div class=\"text\">" + "".join(spans) + "</div>")
+    parts.append("</body></html>")
+    return write_text(path, "\n".join(parts) + "\n")
+
+
+def _grid(chars: list[str], width: int) -> list[list[int]]:
+    """Line layout: lists of character indices, at most ``width`` per line, a new line after
+    each newline character."""
+    lines: list[list[int]] = [[]]
+    for i, ch in enumerate(chars):
+        if len(lines[-1]) >= width:
+            lines.append([])
+        lines[-1].append(i)
+        if ch == "\n":
+            lines.append([])
+    return [ln for ln in lines if ln] or [[]]
+
+
+def render_png(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity: int = 1,
+               width: int = 80) -> Path:
+    """Write a PNG: each row's characters on coloured cells, ``width`` per line.
+
+    Returns:
+        ``path``.
+    """
+    vmax = _scale(rows)
+    layout = [(r, _grid(r.chars, width)) for r in rows]
+    n_lines = sum(len(g) + 1 for _, g in layout)  # + a title line per row
+    grid = np.full((n_lines, width), np.nan)
+    texts: list[tuple[int, int, str]] = []
+    titles: list[tuple[int, str]] = []
+    y = 0
+    for r, g in layout:
+        titles.append((y, r.title))
+        y += 1
+        for line in g:
+            for x, i in enumerate(line):
+                grid[y, x] = np.clip(polarity * r.values[i] / vmax, -1, 1)
+                ch = r.chars[i]
+                texts.append((y, x, "\u21b5" if ch == "\n" else (" " if not ch.isprintable()
+                                                                  else ch)))
+            y += 1
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.13 * width + 1.2), 0.25 * n_lines + 0.9))
+    im = ax.imshow(grid, cmap=CMAP, vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
+    for yy, xx, ch in texts:
+        if ch.strip():
+            ax.text(xx, yy, ch, ha="center", va="center", fontsize=8, family="monospace")
+    for yy, title in titles:
+        ax.text(-0.5, yy, title, ha="left", va="center", fontsize=8, weight="bold")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(heading, fontsize=9)
+    cb = fig.colorbar(im, ax=ax, fraction=0.03, pad=0.01)
+    cb.set_ticks([-1, 0, 1])
+    cb.set_ticklabels([f"{-polarity * vmax:.3g}", "0", f"{polarity * vmax:.3g}"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # glyphs the monospace font lacks (emoji)
+        fig.tight_layout()
+        with atomic_path(path, suffix=".png") as tmp:
+            fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return Path(path)
+
+
+def render(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity: int = 1) -> Path:
+    """:func:`render_html` or :func:`render_png` by the suffix of ``path``.
+
+    Raises:
+        ValueError: another suffix.
+    """
+    suffix = Path(path).suffix.lower()
+    if suffix not in HEATMAP_SUFFIXES:
+        raise ValueError(f"{path}: a heatmap is .html or .png, not {suffix or 'no suffix'!r}")
+    if suffix == ".png":
+        return render_png(rows, path, heading, polarity)
+    return render_html(rows, path, heading, polarity)
+
+
+def check_suffix(path: str) -> None:
+    """For settings' ``check()``: ``path`` is empty or ends in a heatmap suffix.
+
+    Raises:
+        ValueError: naming the path.
+    """
+    if path and Path(path).suffix.lower() not in HEATMAP_SUFFIXES:
+        raise ValueError(f"heatmap {path!r} must end in .html or .png")

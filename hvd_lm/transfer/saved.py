@@ -1,0 +1,180 @@
+"""A trained sentiment classifier on disk, tied to the LM checkpoint whose features it reads.
+
+``hvd-lm transfer`` writes two files to its output folder (:func:`save_classifier`):
+
+* ``classifier.npz``: float64 arrays ``coef`` [H] (standardised units), ``intercept`` [1],
+  ``mean`` [H] and ``scale`` [H] (the training split's statistics; zeros and ones when the fit
+  was on raw features): :class:`hvd_lm.transfer.classify.LinearClassifier`;
+* ``classifier.json``: everything needed to apply it again and to say what it is: the format
+  version, the npz file's sha256, the features (kind, max chars, whitespace normalisation,
+  precision), the fit (penalty, solver, C, standardised or not, accuracies), the sentiment unit,
+  and the LM checkpoint's path, step, **sha256** and config.
+
+:func:`load_classifier` reads the pair back (either file or their folder) and checks it is whole
+(the npz's sha256 is the one recorded, the arrays have the recorded width);
+:func:`check_checkpoint` refuses a checkpoint whose sha256 is not the recorded one: features of
+another LM (even another step of the same run) mean nothing to these weights. Both files are
+written atomically, the npz first, so the JSON never points at a missing or older npz.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hvd_lm.core.atomic import atomic_path, write_text
+from hvd_lm.core.digest import file_sha256
+from hvd_lm.transfer.classify import LinearClassifier
+from hvd_lm.transfer.datasets import DatasetError
+
+CLASSIFIER_FORMAT = 1
+NPZ_NAME = "classifier.npz"
+JSON_NAME = "classifier.json"
+
+
+class ClassifierError(ValueError):
+    """A classifier file is missing, incomplete or inconsistent, or belongs to another
+    checkpoint; the message names the file."""
+
+
+#: Errors that mean bad input to the commands reading a saved classifier (classify, generate,
+#: visualize): exit status 2 with one ``ERROR:`` line.
+USAGE_ERRORS = (ClassifierError, DatasetError, FileNotFoundError, ValueError)
+
+
+@dataclass
+class SavedClassifier:
+    """A classifier read back from disk.
+
+    Attributes:
+        model: the :class:`~hvd_lm.transfer.classify.LinearClassifier`.
+        meta: the JSON description (see the module docstring).
+        path: the JSON file it was read from.
+    """
+
+    model: LinearClassifier
+    meta: dict
+    path: Path
+
+    @property
+    def features(self) -> dict:
+        """Feature options the classifier was fit on: ``kind``, ``max_chars``, ``normalize``,
+        ``precision``."""
+        return self.meta["features"]
+
+    @property
+    def neuron(self) -> dict:
+        """The sentiment unit: ``index`` (None when every weight is 0), ``weight``, ``sign``,
+        ``threshold``."""
+        return self.meta.get("neuron") or {"index": None}
+
+
+def _paths(path: str | Path) -> tuple[Path, Path]:
+    """(npz, json) for a folder or either file of the pair."""
+    p = Path(path)
+    if p.is_dir():
+        return p / NPZ_NAME, p / JSON_NAME
+    if p.suffix == ".npz":
+        return p, p.with_suffix(".json")
+    if p.suffix == ".json":
+        return p.with_suffix(".npz"), p
+    raise ClassifierError(f"{p}: not a classifier (give its folder, {NPZ_NAME} or {JSON_NAME})")
+
+
+def save_classifier(out_dir: str | Path, model: LinearClassifier, meta: dict) -> Path:
+    """Write ``OUT/classifier.npz`` then ``OUT/classifier.json`` (``meta`` plus the format
+    version, the npz's sha256, the width and the time), both atomically.
+
+    Args:
+        model: the classifier to store.
+        meta: JSON-able description; must hold ``checkpoint_sha256`` and ``features``.
+    Returns:
+        The JSON file's path.
+    Raises:
+        ValueError: ``meta`` lacks a required key.
+    """
+    for key in ("checkpoint_sha256", "features"):
+        if key not in meta:
+            raise ValueError(f"classifier metadata needs {key!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    npz, js = out / NPZ_NAME, out / JSON_NAME
+    with atomic_path(npz, suffix=".npz") as tmp:
+        np.savez(tmp, coef=np.asarray(model.coef, np.float64),
+                 intercept=np.array([model.intercept], np.float64),
+                 mean=np.asarray(model.mean, np.float64), scale=np.asarray(model.scale, np.float64))
+    full = {"format": CLASSIFIER_FORMAT, "npz": NPZ_NAME, "npz_sha256": file_sha256(npz),
+            "inputs": int(len(model.coef)), "created": time.time(), **meta}
+    write_text(js, json.dumps(full, indent=2, default=str) + "\n")
+    return js
+
+
+def load_classifier(path: str | Path) -> SavedClassifier:
+    """Read a classifier written by :func:`save_classifier`.
+
+    Args:
+        path: its folder, ``classifier.json`` or ``classifier.npz``.
+    Raises:
+        ClassifierError: a file is missing or unreadable, the JSON is not a classifier of this
+            format, the npz is not the one the JSON describes (sha256) or its arrays disagree
+            in shape; the message names the file.
+    """
+    npz, js = _paths(path)
+    for p in (js, npz):
+        if not p.is_file():
+            raise ClassifierError(f"{p}: no such file (a classifier is {JSON_NAME} + {NPZ_NAME}, "
+                                  "written by hvd-lm transfer)")
+    try:
+        meta = json.loads(js.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ClassifierError(f"{js}: unreadable classifier description ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != CLASSIFIER_FORMAT:
+        raise ClassifierError(f"{js}: not a classifier description of format "
+                              f"{CLASSIFIER_FORMAT}")
+    for key in ("npz_sha256", "checkpoint_sha256", "features", "inputs"):
+        if key not in meta:
+            raise ClassifierError(f"{js}: field '{key}' missing")
+    digest = file_sha256(npz)
+    if digest != meta["npz_sha256"]:
+        raise ClassifierError(f"{npz}: sha256 {digest[:12]}... is not the {meta['npz_sha256'][:12]}"
+                              f"... recorded in {js} (the pair was mixed or the npz changed)")
+    try:
+        with np.load(npz, allow_pickle=False) as z:
+            arrays = {k: np.asarray(z[k], np.float64) for k in ("coef", "intercept", "mean",
+                                                               "scale")}
+    except (OSError, ValueError, KeyError) as e:
+        raise ClassifierError(f"{npz}: unreadable classifier arrays ({e})") from None
+    H = int(meta["inputs"])
+    if any(arrays[k].shape != (H,) for k in ("coef", "mean", "scale")) \
+            or arrays["intercept"].shape != (1,):
+        raise ClassifierError(f"{npz}: arrays {({k: v.shape for k, v in arrays.items()})} do not "
+                              f"match the {H} inputs of {js}")
+    model = LinearClassifier(arrays["coef"], float(arrays["intercept"][0]), arrays["mean"],
+                             arrays["scale"])
+    return SavedClassifier(model, meta, js)
+
+
+def check_checkpoint(saved: SavedClassifier, checkpoint: str | Path,
+                     checkpoint_sha256: str | None = None) -> str:
+    """Refuse a checkpoint other than the one the classifier was fit on.
+
+    Args:
+        checkpoint: the checkpoint file about to featurize texts.
+        checkpoint_sha256: its sha256 when already known (else it is computed).
+    Returns:
+        The checkpoint's sha256.
+    Raises:
+        ClassifierError: the sha256 differs (naming both files and both digests' prefixes).
+    """
+    digest = checkpoint_sha256 or file_sha256(checkpoint)
+    want = saved.meta["checkpoint_sha256"]
+    if digest != want:
+        raise ClassifierError(
+            f"{saved.path} was fit on features of checkpoint {saved.meta.get('checkpoint')} "
+            f"(sha256 {want[:12]}...), not {checkpoint} (sha256 {digest[:12]}...): refit it "
+            "with hvd-lm transfer on this checkpoint")
+    return digest

@@ -1,0 +1,107 @@
+"""``hvd-lm visualize CHECKPOINT --input FILE --out OUT.html|OUT.png``: the per-character value of
+one unit over given texts (sentiment-discovery ``visualize.py``; the sentiment-neuron pictures of
+Radford et al. 2017).
+
+The unit is ``--neuron N``, or by default the sentiment unit that ``hvd-lm transfer`` found,
+read from its classifier (``--classifier OUT``; the checkpoint must be the classifier's, by
+sha256), whose feature options (max chars, whitespace normalisation) then apply too. Each text is
+read from the zero state, as transfer featurizes it (:func:`hvd_lm.transfer.generate.trace_unit`),
+and drawn by :mod:`hvd_lm.transfer.heatmap`; with a classifier the colours are oriented so that
+green is the positive side of the unit.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from hvd_lm.core import tokenizer
+from hvd_lm.core.config import Command, option
+from hvd_lm.train import runtime as prec
+from hvd_lm.train.checkpoint import load_model, resolve
+from hvd_lm.transfer import datasets
+from hvd_lm.transfer.features import DEFAULT_MAX_CHARS
+from hvd_lm.transfer.generate import STATES, open_classifier, trace_unit, unit_from_classifier
+from hvd_lm.transfer.heatmap import HeatRow, char_values, check_suffix, render
+from hvd_lm.transfer.saved import USAGE_ERRORS
+
+
+@dataclass
+class VisualizeConfig:
+    """Settings of ``hvd-lm visualize``."""
+
+    checkpoint: str = option("", "checkpoint file or run directory (its latest)",
+                             positional=True, required=True)
+    out: str = option("", "heatmap file: OUT.html (one span per character) or OUT.png",
+                      required=True)
+    input: str = option("-", "texts: CSV/TSV/JSON lines/plain lines (.gz ok), - = standard input")
+    format: str = option("auto", "input format (auto: by suffix, else plain lines)",
+                         choices=datasets.TEXT_FORMATS)
+    text_field: str = option("text", "text column/key of CSV/TSV/JSON-lines input")
+    neuron: int | None = option(None, "unit to draw (default: the classifier's sentiment unit)",
+                                ge=0)
+    classifier: str = option("", "classifier from hvd-lm transfer (folder or classifier.json)")
+    state: str = option("cell", "state the unit is read from", choices=STATES)
+    max_texts: int = option(20, "draw at most the first N texts", ge=1)
+    max_chars: int | None = option(None, "keep the first N bytes of each text (default: the "
+                                   f"classifier's, else {DEFAULT_MAX_CHARS}; 0 = all)", ge=0)
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    threads: int = option(0, "torch CPU threads (0 = default)", ge=0)
+
+    def check(self) -> None:
+        """Cross-field rules."""
+        if self.neuron is None and not self.classifier:
+            raise ValueError("give the unit: --neuron N or --classifier (its sentiment unit)")
+        check_suffix(self.out)
+
+
+def visualize(cfg: VisualizeConfig) -> dict:
+    """Draw the heatmap (see the module docstring); returns what was drawn.
+
+    Raises:
+        ClassifierError / DatasetError / FileNotFoundError / ValueError: bad classifier, input,
+            checkpoint or unit.
+    """
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    path = resolve(cfg.checkpoint)
+    saved = open_classifier(cfg.classifier, path)
+    neuron, polarity = unit_from_classifier(cfg.neuron, saved)
+    inp = datasets.load_texts(cfg.input, cfg.format, cfg.text_field)
+    normalize = bool(saved.features["normalize"]) if saved else False
+    max_chars = cfg.max_chars if cfg.max_chars is not None else (
+        saved.features["max_chars"] if saved else DEFAULT_MAX_CHARS)
+    device = prec.resolve_device(cfg.device, 0)
+    model, _ = load_model(path, map_location=device)
+    model.to(device)
+    texts = inp.texts[:cfg.max_texts]
+    seqs = [tokenizer.encode(t, normalize) for t in texts]
+    seqs = [s[:max_chars] if max_chars > 0 else s for s in seqs]
+    values = trace_unit(model, seqs, neuron, cfg.state, device)
+    rows = [HeatRow(f"line {line}", *char_values(s, v))
+            for line, s, v in zip(inp.lines, seqs, values)]
+    orient = ""
+    if saved is not None:
+        orient = f"; classifier weight {'< 0: colours flipped' if polarity < 0 else '> 0'}"
+    render(rows, cfg.out, f"unit {neuron} ({cfg.state}) of {path.name} after each character"
+           f"{orient}", polarity)
+    return {"neuron": neuron, "polarity": polarity, "texts": len(rows), "out": cfg.out,
+            "chars": sum(len(r.chars) for r in rows)}
+
+
+def visualize_command(cfg: VisualizeConfig) -> int:
+    """``hvd-lm visualize``: draw and say what was written."""
+    r = visualize(cfg)
+    print(f"wrote {r['out']}: unit {r['neuron']} over {r['texts']} text(s), {r['chars']:,} "
+          "characters", file=sys.stderr)
+    return 0
+
+
+VISUALIZE = Command(
+    VisualizeConfig, visualize_command,
+    usage_errors=USAGE_ERRORS,
+    description="Per-character heatmap (HTML or PNG) of one LM unit over given texts: by "
+    "default the sentiment unit of a classifier saved by hvd-lm transfer "
+    "(NVIDIA/sentiment-discovery visualize.py).")

@@ -1,0 +1,73 @@
+"""``hvd-lm bench transfer`` (hvd_lm.perf.bench_transfer): runs every solver on a small problem
+in worker processes and reports them side by side; asserts behaviour (what is reported, that the
+solvers solved the same problem), never speed."""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from hvd_lm.perf import bench_transfer as B
+from tests._mp import run
+
+
+def test_synthetic_problem_is_seeded_and_learnable():
+    a = B.synthetic_problem(400, 30, n_val=200, seed=1)
+    b = B.synthetic_problem(400, 30, n_val=200, seed=1)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    Xtr, ytr, Xva, yva = a
+    assert Xtr.shape == (400, 30) and Xva.shape == (200, 30) and Xtr.dtype == np.float32
+    assert 0.3 < ytr.mean() < 0.7
+    sd = Xtr.std(0)
+    assert sd.max() / sd.min() > 5  # columns on different scales, as raw LM features
+    corr = np.abs(np.corrcoef(Xtr.T)[np.triu_indices(30, 1)]).mean()
+    noise = np.abs(np.corrcoef(np.random.default_rng(0).normal(size=(400, 30)).T)[
+        np.triu_indices(30, 1)]).mean()
+    assert corr > 2.5 * noise  # shared factors (independent columns: ~0.04 at n=400)
+
+
+@pytest.mark.parametrize("text,ok", [("6920x4096", (6920, 4096)), ("25000X4096", (25000, 4096)),
+                                     ("12", None), ("5x3", None), ("axb", None)])
+def test_parse_size(text, ok):
+    if ok:
+        assert B.parse_size(text) == ok
+    else:
+        with pytest.raises(ValueError, match="NxD|N >= 10"):
+            B.parse_size(text)
+
+
+def test_bench_runs_every_solver_side_by_side(tmp_path):
+    out = tmp_path / "b.json"
+    proc = run([sys.executable, "-m", "hvd_lm", "bench", "transfer", "--sizes", "300x12,200x8",
+                "--solvers", "liblinear,saga,torch", "--threads", "1", "--c-grid",
+                "0.01,0.1,1", "--json", out], timeout=300)
+    res = json.loads(out.read_text())
+    assert [p["problem"] for p in res["problems"]] == ["synthetic 300 x 12", "synthetic 200 x 8"]
+    for p in res["problems"]:
+        rows = p["solvers"]
+        assert set(rows) == {"liblinear, 1 thread", "saga, 1 thread", "torch, 1 thread"}
+        assert min(v["x_fastest"] for v in rows.values()) == 1.0
+        for v in rows.values():
+            assert v["seconds"] > 0 and v["threads"] == 1 and v["path"]["C"] == [0.01, 0.1, 1]
+        # saga and torch solve the same problem (free intercept): same optimum within 1e-3;
+        # liblinear penalises its intercept, so only roughly.
+        assert rows["saga, 1 thread"]["objective_excess"] <= 1e-3
+        assert rows["torch, 1 thread"]["objective_excess"] <= 1e-3
+        assert rows["liblinear, 1 thread"]["objective_excess"] <= 0.05
+    assert "| synthetic 300 x 12 | torch, 1 thread (cpu, 1) |" in proc.stdout
+
+
+def test_bench_reports_a_stopped_fit(tmp_path):
+    """A fit over --time-limit is reported as stopped, the others as usual."""
+    rows = B.summarize("p", (10, 2), {
+        "a": [{"seconds": 2.0, "stopped": True}],
+        "b": [{"seconds": 1.0, "device": "cpu", "threads": 1, "C": [1.0, 2.0], "val": [0.5, 0.7],
+               "nonzero": [1, 2], "objective": [3.0, 2.0], "n_iter": [4, 5],
+               "converged": [True, True]}]})["solvers"]
+    assert rows["a"] == {"stopped": True, "seconds": 2.0}
+    assert rows["b"]["C"] == 2.0 and rows["b"]["x_fastest"] == 1.0
+    table = B.format_table({"config": {"time_limit": 1.5}, "problems": [
+        {"problem": "p", "solvers": rows}]})
+    assert "| p | a | > 2 (stopped) |" in table
