@@ -77,9 +77,11 @@ stamp="$VENV/.hvd_lm-deps"
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     say "installing hvd_lm and its dependencies (mpi4py built against $(command -v mpicc))"
-    "${PIP[@]}" install setuptools wheel
     # mpi4py from source so that it links the MPI on PATH, the one Horovod is built against (an
-    # mpi4py already there, e.g. a GPU image's, is kept); no build isolation, so offline works.
+    # mpi4py already there, e.g. a GPU image's, is kept); no build isolation, so offline works,
+    # and so its build requirements come first: mpi4py >= 4.1's sdist generates its C sources
+    # with Cython at build time ("missing build requirement 'Cython >= 3.0.1'" without it).
+    "${PIP[@]}" install setuptools wheel 'cython>=3.0.1'
     "${PIP[@]}" install --no-build-isolation --no-binary mpi4py -e '.[test]'
     echo "$want" >"$stamp"
 fi
