@@ -42,7 +42,7 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -643,6 +643,46 @@ def _fingerprint(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
+def _settings(cfg: PrepareConfig) -> dict:
+    """The settings that decide the shards' bytes (hashed into the manifest's config_sha256)."""
+    return {"tokenizer": TOKENIZER_NAME, "normalize": cfg.normalize,
+            "min_chars": cfg.min_chars, "dedup": cfg.dedup, "seed": cfg.seed,
+            "split": [float(r) for r in cfg.split], "shard_size": int(cfg.shard_size),
+            "compression": cfg.compression, "utf8_errors": cfg.utf8_errors,
+            "skip_bad": cfg.skip_bad}
+
+
+def _fingerprints(cfg: PrepareConfig, specs: list) -> tuple:
+    """(settings + input names/sizes, input paths/sizes/mtimes) hashes, as the manifest keeps."""
+    names = input_names([s.path for s in specs])
+    config_fp = _fingerprint({**_settings(cfg), "inputs": [
+        [name, s.size, s.format, s.text_field] for name, s in zip(names, specs)]})
+    inputs_fp = _fingerprint([[s.path, s.size, os.stat(s.path).st_mtime_ns] for s in specs])
+    return config_fp, inputs_fp
+
+
+def finished_with_other_inputs(cfg: PrepareConfig) -> bool:
+    """Whether ``cfg.out`` holds a finished corpus of other settings or input file versions.
+
+    That is the case in which ``prepare`` with ``resume`` refuses (a re-copied input has a new
+    modification time even when its bytes are the same). False when there is no manifest.
+
+    Raises:
+        readers.InputError: an input is missing, unreadable or of an unknown format.
+    """
+    manifest_path = Path(cfg.out) / shards.MANIFEST_NAME
+    if not manifest_path.exists():
+        return False
+    try:
+        old = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False          # unreadable: prepare redoes it anyway
+    specs = [readers.resolve_input(p, cfg.format, cfg.text_field) for p in cfg.inputs]
+    config_fp, inputs_fp = _fingerprints(cfg, specs)
+    return bool(old.get("config_sha256")) and (old.get("config_sha256"), old.get(
+        "inputs_sha256")) != (config_fp, inputs_fp)
+
+
 def _versions() -> dict:
     return {"hvd_lm": hvd_lm.__version__, "h5py": h5py.__version__,
             "hdf5": h5py.version.hdf5_version, "numpy": np.__version__,
@@ -812,15 +852,8 @@ def _prepare(cfg: PrepareConfig, ctx: Context, out: Path) -> dict:
 
     specs = ctx.root_call(lambda: [readers.resolve_input(p, cfg.format, cfg.text_field)
                                    for p in cfg.inputs])
-    settings = {"tokenizer": TOKENIZER_NAME, "normalize": cfg.normalize,
-                "min_chars": cfg.min_chars, "dedup": cfg.dedup, "seed": cfg.seed,
-                "split": [float(r) for r in cfg.split], "shard_size": int(cfg.shard_size),
-                "compression": cfg.compression, "utf8_errors": cfg.utf8_errors,
-                "skip_bad": cfg.skip_bad}
-    names = input_names([s.path for s in specs])
-    config_fp = _fingerprint({**settings, "inputs": [
-        [name, s.size, s.format, s.text_field] for name, s in zip(names, specs)]})
-    inputs_fp = _fingerprint([[s.path, s.size, os.stat(s.path).st_mtime_ns] for s in specs])
+    names, settings = input_names([s.path for s in specs]), _settings(cfg)
+    config_fp, inputs_fp = _fingerprints(cfg, specs)
 
     # units: whole files, or stripes of line-format files when processes outnumber files
     slots = ctx.slots

@@ -332,6 +332,29 @@ def test_existing_output_needs_resume_or_overwrite(music, reference, tmp_path):
     assert (out / "notes.txt").read_text() == "mine"  # never touches files it did not write
 
 
+def test_finished_with_other_inputs_sees_a_recopied_input(music, tmp_path):
+    """A re-copied input (same bytes, new mtime) makes --resume refuse; the helper says so first."""
+    src = tmp_path / "in" / music.name
+    src.parent.mkdir()
+    shutil.copy2(music, src)
+    out = tmp_path / "o"
+    cfg = dict(shard_size=256 << 10, split=(20, 1, 1))
+    run([src], out, **cfg)
+    same = PrepareConfig(inputs=[str(src)], out=str(out), resume=True, **cfg)
+    assert pipeline.finished_with_other_inputs(same) is False
+    assert run([src], out, resume=True, **cfg)["resumed_complete"]
+    assert pipeline.finished_with_other_inputs(
+        PrepareConfig(inputs=[str(src)], out=str(out), resume=True, shard_size=1 << 20,
+                      split=(20, 1, 1))) is True          # other settings
+    st = src.stat()
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # "copied again"
+    assert pipeline.finished_with_other_inputs(same) is True
+    with pytest.raises(PrepareError, match="versions of the input files"):
+        run([src], out, resume=True, **cfg)
+    assert pipeline.finished_with_other_inputs(
+        PrepareConfig(inputs=[str(src)], out=str(tmp_path / "none"), **cfg)) is False
+
+
 # ---- units ---------------------------------------------------------------------------------
 
 

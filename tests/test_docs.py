@@ -53,7 +53,7 @@ EXTERNAL = {
     "/shared/fs/out": "an output folder on a cluster's shared filesystem",
     "data/imdb_train.jsonl": "written by the Python heredoc just before it (a GPU node's block)",
 }
-OUTPUT_FLAGS = {"--out", "--out-dir", "--json", "--plot", "-o"}
+OUTPUT_FLAGS = {"--out", "--out-dir", "--json", "--plot", "-o", "--output", "--heatmap"}
 PATHLIKE = re.compile(r"/|\.(ya?ml|json|jsonl|csv|tsv|gz|sbatch|qsub|sh|txt|pt|png)$")
 #: Templates that run on this machine as they are (the rest need hosts or a scheduler).
 LOCAL_TEMPLATES = {"horovodrun_local.sh", "mpirun.sh", "horovodrun_elastic.sh"}
@@ -280,15 +280,20 @@ def _inputs_and_outputs(argv: list[str]) -> tuple[list[str], list[str]]:
     return ins, outs
 
 
-def _check_inputs(cmd: Cmd, argv: list[str], s: Session, skip: set[str] = frozenset()) -> None:
+def _check_inputs(cmd: Cmd, argv: list[str], s: Session, skip: set[str] = frozenset()) -> bool:
+    """Every input exists or an earlier block writes it; True when all of them exist (a
+    command whose input only a checked, not run, command would write is checked too)."""
     ins, outs = _inputs_and_outputs(argv)
+    made = True
     for p in ins:
         if p in skip or p in EXTERNAL:
             continue
-        known = (s.root / p).exists() or any(p == q or p.startswith(q.rstrip("/") + "/")
-                                              for q in s.produced)
+        exists = (s.root / p).exists()
+        known = exists or any(p == q or p.startswith(q.rstrip("/") + "/") for q in s.produced)
         assert known, f"{cmd.where()}: input {p} does not exist and no earlier block writes it"
+        made = made and exists
     s.produced.update(outs)
+    return made
 
 
 def _parse_hvd_lm(cmd: Cmd, hvd: list[str], s: Session) -> None:
@@ -397,14 +402,16 @@ def handle(cmd: Cmd, s: Session) -> None:
             compile(argv[2], cmd.where(), "exec")
         s.log.append(f"checked {cmd.where()} (bash -n / compile only)")
         return
-    if prog.startswith("python") and argv[1:3] == ["-m", "pytest"]:
-        tests = [w for w in argv[3:] if w.startswith("tests/")]
+    if (prog.startswith("python") and argv[1:3] == ["-m", "pytest"]) or prog == "pytest":
+        tests = [w for w in argv[1:] if w.startswith("tests/")]
         assert tests and all((s.root / w.split("::")[0]).exists() for w in tests), cmd.where()
         s.log.append(f"checked {cmd.where()} (tests run by `make test`)")
         return
     if prog == "make":
         targets = re.findall(r"^([a-z-]+):", (REPO / "Makefile").read_text(), re.M)
         assert set(argv[1:]) <= set(targets), f"{cmd.where()}: no such make target"
+        if "demo" in argv[1:]:
+            s.produced.add("runs/demo")               # what later blocks may read
         s.log.append(f"checked {cmd.where()} (make runs the whole suite / the demo)")
         return
     if prog in ("sbatch", "qsub"):
@@ -440,8 +447,9 @@ def handle(cmd: Cmd, s: Session) -> None:
         placeholders = True                          # its input was only checked, not made
     help_only = "-h" in hvd or "--help" in hvd
     needs_gpu = cmd.gpu and not torch_cuda()
-    _check_inputs(cmd, hvd, s)
-    if help_only or (what in RUN_COMMANDS and local and not placeholders and not needs_gpu):
+    inputs_made = _check_inputs(cmd, hvd, s)
+    if help_only or (what in RUN_COMMANDS and local and not placeholders and not needs_gpu
+                     and inputs_made):
         if hvd[:1] == ["scaling-report"] and not any((s.root / w).exists() for w in hvd[1:]):
             s.log.append(f"checked {cmd.where()} (its runs come from a cluster)")
             return

@@ -88,7 +88,7 @@ def test_distributed_optimizer_matches_single_process(tmp_path, launcher, compre
 
 
 def test_environment_yml_matches_pyproject():
-    """environment.yml names every pyproject dependency with the same lower bound."""
+    """environment.yml names every pyproject dependency (conda or its pip: list), same lower bound."""
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     want = {}
     for spec in deps["dependencies"] + deps["optional-dependencies"]["test"]:
@@ -96,9 +96,12 @@ def test_environment_yml_matches_pyproject():
         want[{"torch": "pytorch"}.get(name.lower(), name.lower())] = ver
     env = yaml.safe_load((REPO / "environment.yml").read_text())
     have = {}
-    for item in env["dependencies"]:
-        if isinstance(item, str):
-            m = re.match(r"([A-Za-z0-9_.-]+)(?:>=(\S+))?", item)
+    items = []
+    for item in env["dependencies"]:                  # conda packages and the pip: sub-list
+        items += item.get("pip", []) if isinstance(item, dict) else [item]
+    for item in items:
+        m = re.match(r"([A-Za-z0-9_.-]+)(?:>=(\S+))?", item)
+        if m:
             have[m.group(1).lower()] = m.group(2)
     for name, ver in want.items():
         assert name in have, f"environment.yml lacks {name} (pyproject.toml needs it)"

@@ -166,3 +166,13 @@ def test_transfer_fit_times():
     says(f"torch {best('torch'):.1f} s, liblinear {best('liblinear'):.1f} s, saga "
          f"{best('saga'):.1f} s, all choosing the same C", src)
     assert len({v["C"] for v in real.values()}) == 1
+
+
+def test_loaded_calibration_example():
+    cal = sm.calibrate_from_bench(sm.load_bench_json(RESULTS / "allreduce_loaded.json"))
+    lo, hi = cal.per_cycle_overhead_range_s
+    rlo, rhi = cal.bandwidth_ratio_range
+    says(f"(`docs/results/allreduce_loaded.json`) the overhead was "
+         f"{cal.per_cycle_overhead_s * 1e6:.0f} us ({lo * 1e6:.0f}-{hi * 1e6:.0f} us) and the "
+         f"ratio {cal.measured_bandwidth_ratio:.2f}x ({rlo:.2f}-{rhi:.2f}x)",
+         "docs/results/allreduce_loaded.json")

@@ -22,6 +22,7 @@ table, this job sits above both packages, so it imports ``data_prep`` (for the s
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -31,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 import hvd_lm
-from data_prep.pipeline import PrepareConfig
+from data_prep.pipeline import PrepareConfig, finished_with_other_inputs
 from hvd_lm.core import config as configlib
 from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, option
@@ -155,6 +156,11 @@ def demo(cfg: DemoConfig) -> int:
     t = time.time()
     prep = cfg.prepare
     prep.inputs, prep.out, prep.resume = [str(f) for f in files], str(shards), True
+    if finished_with_other_inputs(prep):  # e.g. the corpus was copied again: start afresh
+        print(f"{shards} was prepared from other input files or settings: rebuilding "
+              f"{run_dir} (shards and training run)", flush=True)
+        for d in (shards, train_dir, run_dir / "transfer"):
+            shutil.rmtree(d, ignore_errors=True)
     prep.summary_json = str(run_dir / "prepare_summary.json")
     configlib.save_yaml(prep, run_dir / "prepare.yaml")
     _run([sys.executable, "-m", "data_prep", "prepare", "--config", run_dir / "prepare.yaml"],
