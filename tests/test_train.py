@@ -110,6 +110,30 @@ def test_resume_is_exact(shards, tmp_path):
 
 
 @pytest.mark.slow
+def test_resume_on_another_world_size_keeps_the_epoch_point_and_rescales_lr(shards, tmp_path):
+    """1 rank x 2 rows, 6 steps, then ``--resume auto`` under ``mpirun -np 2``: the streams are
+    cut for 4 rows, so the window index moves to the same point of the epoch (the cut's windows
+    per epoch computed here independently), the peak LR is the rule's for the new global batch,
+    and the recurrent state restarts from zero with a warning."""
+    lr = ["--batch-size", "2", "--lr-rule", "sqrt", "--lr-ref-batch", "2", "--lr-decay", "none"]
+    one_process(shards, tmp_path / "r", *lr, "--max-steps", "6")
+    argv = train_argv(shards, tmp_path / "r", *lr, "--max-steps", "9", "--resume", "auto")
+    out = run(mpirun_cmd(2, argv), timeout=300)
+    assert "recurrent state reset" in out.stderr
+    manifest = load_manifest(shards)
+    wpe1 = RankStreams(manifest, "train", 0, 1, 2, 16).steps_per_epoch
+    wpe2 = RankStreams(manifest, "train", 0, 2, 2, 16).steps_per_epoch
+    assert wpe1 != wpe2
+    epoch, w = divmod(6, wpe1)
+    ck = load(resolve(tmp_path / "r"))
+    assert ck["step"] == 9 and ck["world_size"] == 2 and ck["windows_per_epoch"] == wpe2
+    assert ck["window"] == epoch * wpe2 + round(w * wpe2 / wpe1) + 3
+    train = records(tmp_path / "r", "train")
+    assert [r["lr"] for r in train] == pytest.approx([3e-3] * 6 + [3e-3 * math.sqrt(2)] * 3)
+    assert [r["world_size"] for r in train] == [1] * 6 + [2] * 3
+
+
+@pytest.mark.slow
 def test_nan_step_is_skipped_and_counted(shards, tmp_path):
     """A NaN loss on rank 0 at step 2 poisons the allreduced gradient on both ranks; both skip
     the step, count it, and the LR schedule does not advance."""

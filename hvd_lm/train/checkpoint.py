@@ -246,11 +246,13 @@ class Position:
 
 
 def payload(position: Position, model, optimizer, scheduler, scaler, rnn_state, config: dict,
-            world_size: int) -> dict:
+            world_size: int, windows_per_epoch: int | None = None) -> dict:
     """The dict :func:`save` writes: ``position``'s fields, model/optimizer/scheduler/scaler
     state (``optimizer``: the optimizer or its ``state_dict()``, which for 1-bit optimizers every
     rank must call), every rank's recurrent state ``rnn_state`` = (h, c) each [world x B, H]
-    (gathered in rank order), the RNG states, the config and the world size."""
+    (gathered in rank order), the RNG states, the config, the world size and the windows per
+    epoch of that world's streams (what a resume on another world size needs to find the same
+    point of the epoch)."""
     return {"step": position.step, "window": position.window,
             "skipped_steps": position.skipped_steps, "chars_trained": position.chars_trained,
             "model": model.state_dict(),
@@ -258,7 +260,7 @@ def payload(position: Position, model, optimizer, scheduler, scaler, rnn_state, 
             "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rnn_state": tuple(rnn_state), "rng": rng_state(), "config": config,
-            "world_size": world_size}
+            "world_size": world_size, "windows_per_epoch": windows_per_epoch}
 
 
 class Resume:
@@ -289,6 +291,12 @@ class Resume:
         """The saved :class:`Position`."""
         c = self.ckpt
         return Position(c["step"], c["window"], c["skipped_steps"], c["chars_trained"])
+
+    @property
+    def windows_per_epoch(self) -> int | None:
+        """Windows per epoch of the streams the saving job had (None: written before this was
+        saved)."""
+        return self.ckpt.get("windows_per_epoch")
 
     def restore_model(self, model: torch.nn.Module, scaler=None) -> None:
         """Load the model's weights (and the loss scaler's state when both exist).
@@ -328,4 +336,5 @@ class Resume:
 
     def release(self) -> None:
         """Drop the loaded tensors (the model and optimizer hold their own copies)."""
-        self.ckpt = {k: v for k, v in self.ckpt.items() if k in ("step", "window")}
+        self.ckpt = {k: v for k, v in self.ckpt.items()
+                     if k in ("step", "window", "windows_per_epoch")}

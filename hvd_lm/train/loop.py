@@ -25,7 +25,7 @@ the loop runs under ``hvd.elastic.run``: every ``run.commit_every`` steps the mo
 LR schedule, loss scaler, data position and character count are committed in memory
 (``TorchState``); a lost worker rolls every rank back to the last commit, a changed world size
 re-cuts the streams at the same fraction of the epoch, rescales the LR for the new global batch
-and starts the recurrent state of the re-cut rows from zero (:meth:`Trainer.on_reset`).
+and starts the recurrent state of the re-cut rows from zero (:meth:`Trainer.on_reset`, :meth:`Trainer.from_state`).
 """
 
 from __future__ import annotations
@@ -130,6 +130,10 @@ class Trainer:
                                     fallback=auto, warn=self.ctx.is_root)
             resume.restore_model(self.model, self.scaler)
             self.pos = resume.position
+            old_wpe = resume.windows_per_epoch
+            if old_wpe and old_wpe != self.windows_per_epoch:  # another world size x batch:
+                # the streams are cut differently; continue at the same point of the epoch
+                self.pos.window = self.window_in_new_cut(self.pos.window, old_wpe)
             self.rnn_state = resume.rnn_rows(self.ctx.rank, self.ctx.size, self.B, self.device,
                                              warn=self.ctx.is_root) or self.rnn_state
             resume.restore_rng()
@@ -142,7 +146,8 @@ class Trainer:
                                         cfg.optim.lr_decay)
         if resume is not None:
             resume.restore_optimizer(self.optimizer, self.scheduler)
-            resume.release()
+            self.set_peak_lr()  # the configured rule for this job's global batch (the saving
+            resume.release()    # job's may differ: another world size or batch)
         if not cfg.run.elastic:
             # Horovod: every rank starts from rank 0's weights (and optimizer state when resuming;
             # an empty Adam state would make Horovod take a zero-gradient step to create it).
@@ -229,7 +234,7 @@ class Trainer:
         if self.ctx.is_root:
             path = ckpt_io.save(ckpt_io.payload(pos, self.model, opt_state, self.scheduler,
                                                 self.scaler, (h, c), self.cfg.to_dict(),
-                                                self.ctx.size),
+                                                self.ctx.size, self.windows_per_epoch),
                                 self.out_dir, pos.step, self.cfg.run.keep_checkpoints)
             self.log.record("checkpoint", pos.step, path=str(path))
 
@@ -413,7 +418,7 @@ class Trainer:
         return {"position": dataclasses.asdict(self.pos),
                 "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "world": self.ctx.size}
+                "world": self.ctx.size, "windows_per_epoch": self.windows_per_epoch}
 
     def commit(self, state) -> None:
         """Commit the run in memory (every rank, same step): position with the exact character
@@ -433,8 +438,15 @@ class Trainer:
 
     def from_state(self, state) -> None:
         """Take the (synced) committed position, schedule and scaler; the recurrent rows are this
-        rank's committed ones when it kept its place in the same world, else zero."""
-        self.pos = ckpt_io.Position(**state.position)
+        rank's committed ones when it kept its place in the same world, else zero. When the world
+        size changed since that commit, the window index is moved to the same fraction of the
+        epoch in the new cut (done here, after Horovod's sync: ``sync`` re-sets every field from
+        rank 0's last commit, so a change made in the reset callback would be lost)."""
+        position = dict(state.position)
+        if state.world != self.ctx.size:
+            position["window"] = self.window_in_new_cut(position["window"],
+                                                        state.windows_per_epoch)
+        self.pos = ckpt_io.Position(**position)
         self.chars_base, self.chars_local = self.pos.chars_trained, 0
         self.scheduler.load_state_dict(state.scheduler)
         self.set_peak_lr()
@@ -456,24 +468,29 @@ class Trainer:
             group["lr"] = base * factor(sched.last_epoch)
         sched._last_lr = [g["lr"] for g in self.optimizer.param_groups]  # what get_last_lr reads
 
+    def window_in_new_cut(self, window: int, old_windows_per_epoch: int) -> int:
+        """The window index at the same fraction of the epoch once the streams are cut for the
+        current world (:attr:`windows_per_epoch`): epochs done are kept, the part of the epoch
+        scales by new / old windows per epoch (rounded)."""
+        epoch, w = divmod(window, old_windows_per_epoch)
+        return epoch * self.windows_per_epoch + round(
+            w * self.windows_per_epoch / old_windows_per_epoch)
+
     def on_reset(self, state) -> None:
         """After Horovod re-formed the world (a worker lost or added): the new rank and size, the
-        streams re-cut at the same fraction of the epoch, the peak LR for the new global batch,
-        rank 0's duties, and a ``resize`` record."""
-        old_size, old_wpe = state.world, self.windows_per_epoch
+        streams re-cut, rank 0's duties, and a ``resize`` record (peak LR for the new global
+        batch; the window :meth:`from_state` will continue from)."""
+        old_size = state.world
         self.ctx = dist.rank_context()
         self.cut_streams()
-        position = dict(state.position)
-        if self.ctx.size != old_size:  # the same fraction of the epoch in the new cut
-            epoch, w = divmod(position["window"], old_wpe)
-            position["window"] = epoch * self.windows_per_epoch + round(
-                w * self.windows_per_epoch / old_wpe)
-            state.position, state.world = position, self.ctx.size
+        window = state.position["window"]
+        if self.ctx.size != old_size:
+            window = self.window_in_new_cut(window, state.windows_per_epoch)
         self.take_root()
         self.faults = Faults(self.ctx.rank, self.cfg.run.inject_nan_steps)
-        self.log.record("resize", position["step"], world_size=self.ctx.size,
+        self.log.record("resize", state.position["step"], world_size=self.ctx.size,
                         previous_world_size=old_size, global_batch=self.global_batch,
-                        peak_lr=self.peak_lr, window=position["window"])
+                        peak_lr=self.peak_lr, window=window)
 
 
 class TrainingDiverged(RuntimeError):
