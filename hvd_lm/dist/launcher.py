@@ -115,6 +115,14 @@ def started_by_mpi(environ: Mapping[str, str] | None = None) -> bool:
     return ctx.size > 1 and ctx.launcher in MPI_FAMILIES
 
 
+def under_openmpi(environ: Mapping[str, str] | None = None) -> bool:
+    """True when OpenMPI's ``mpirun`` (directly, or as ``horovodrun --mpi`` runs it) started this
+    process, whatever the world size: its ``OMPI_COMM_WORLD_SIZE`` is set. Such a process must
+    expect mpirun's teardown on SIGTERM/SIGINT (:class:`hvd_lm.train.log.StopSignals`)."""
+    env = os.environ if environ is None else environ
+    return "OMPI_COMM_WORLD_SIZE" in env
+
+
 def _proc_ppid(pid: int) -> int | None:
     """Parent PID of ``pid`` from ``/proc/<pid>/stat`` (Linux), None when unreadable."""
     try:

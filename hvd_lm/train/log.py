@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from hvd_lm.core.atomic import DiskFullError, free_bytes, human
 from hvd_lm.core.lock import pid_alive
-from hvd_lm.dist.launcher import horovodrun_mpi_shell
+from hvd_lm.dist.launcher import horovodrun_mpi_shell, under_openmpi
 
 try:  # optional: TensorBoard events only when the package is installed
     from torch.utils.tensorboard import SummaryWriter
@@ -49,7 +49,7 @@ class StopSignals:
 
     def __init__(self, watch_interval_s: float = 1.0) -> None:
         self.received: int | None = None
-        self.mpirun_tears_down = "OMPI_COMM_WORLD_SIZE" in os.environ
+        self.mpirun_tears_down = under_openmpi()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, self._handler)
         shell = horovodrun_mpi_shell()

@@ -1,0 +1,66 @@
+"""hvd_lm.dist.launcher: the one reader of the launchers' rank/size variables.
+
+Each family's variables are written out here by hand from the launchers' documentation (the
+table in the module docstring), so a wrong name or a wrong lookup order in ``LAUNCHER_VARS``
+fails these tests.
+"""
+import pytest
+
+from hvd_lm.dist.launcher import (RankContext, from_environment, started_by_mpi, under_openmpi,
+                                  world_size)
+
+FAMILIES = {
+    "horovodrun": {"HOROVOD_RANK": "3", "HOROVOD_SIZE": "8", "HOROVOD_LOCAL_RANK": "1",
+                   "HOROVOD_LOCAL_SIZE": "2"},
+    "openmpi": {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8",
+                "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"},
+    "pmi": {"PMI_RANK": "3", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},
+    "slurm": {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1",
+              "SLURM_STEP_TASKS_PER_NODE": "2(x4)"},
+    "torchrun": {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_each_family_is_read_whole(family):
+    ctx = from_environment(FAMILIES[family])
+    assert ctx == RankContext(3, 8, 1, 2, family)
+    assert not ctx.is_root
+    assert world_size(FAMILIES[family]) == 8
+    assert started_by_mpi(FAMILIES[family]) == (family in ("openmpi", "pmi", "slurm"))
+
+
+def test_no_launcher_is_rank_0_of_1():
+    assert from_environment({}) == RankContext(0, 1, 0, 1, "none")
+    assert from_environment({}).is_root
+    assert world_size({}) == 1
+    assert not started_by_mpi({})
+
+
+def test_lookup_order_and_no_mixing():
+    # horovodrun --mpi runs under mpirun: both families are set; Horovod's own comes first, and
+    # nothing is taken from the other family even where the first lacks a variable.
+    env = {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", **FAMILIES["openmpi"]}
+    assert from_environment(env) == RankContext(1, 2, 1, 2, "horovodrun")
+    # srun inside an OpenMPI job step: OpenMPI's variables win over SLURM's.
+    env = {**FAMILIES["slurm"], "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4"}
+    assert from_environment(env) == RankContext(0, 4, 0, 4, "openmpi")
+
+
+def test_family_counts_only_with_its_world_size():
+    # A stray RANK without WORLD_SIZE (common in user shells) is not a launcher.
+    assert from_environment({"RANK": "5"}) == RankContext()
+    assert from_environment({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "0"}) == RankContext()
+
+
+def test_one_rank_under_mpirun_is_not_an_mpi_job_but_is_under_openmpi():
+    env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1"}
+    assert not started_by_mpi(env)
+    assert under_openmpi(env)
+    assert not under_openmpi(FAMILIES["pmi"])
+    assert not under_openmpi({})
+
+
+def test_inconsistent_rank_names_the_variables():
+    with pytest.raises(ValueError, match=r"PMI_RANK='4' is outside 0..3 \(PMI_SIZE='4'\)"):
+        from_environment({"PMI_RANK": "4", "PMI_SIZE": "4"})
