@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                "SLURM, PBS) or a scaling sweep"),
     "scaling-report": ("hvd_lm.perf.scaling_report", "SCALING_REPORT",
                        "s/iter, speedup and efficiency vs GPUs from a sweep's metrics.jsonl"),
-    "scaling-model": ("hvd_lm.perf.scaling_model", "SCALING_MODEL", "alpha-beta model of "
+    "scaling-model": ("hvd_lm.perf.scaling_study", "SCALING_MODEL", "alpha-beta model of "
                       "s/iter, speedup and efficiency on 1-128 GPUs; validation against the "
                       "reference"),
     "download": ("hvd_lm.jobs.download", "DOWNLOAD",

@@ -14,6 +14,8 @@ import json
 import pytest
 
 from hvd_lm.perf import scaling_model as sm
+from hvd_lm.perf import scaling_study as ss
+from hvd_lm.perf.results import load_bench_json
 from tests._mp import REPO
 
 README = (REPO / "README.md").read_text()
@@ -110,11 +112,11 @@ def test_fused_recurrence_table(h):
 
 @pytest.fixture(scope="module")
 def calibration():
-    return sm.calibrate_from_bench(sm.load_bench_json(sm.SHIPPED_CALIBRATION))
+    return sm.calibrate_from_bench(load_bench_json(ss.SHIPPED_CALIBRATION))
 
 
 def test_allreduce_calibration_figures(calibration):
-    src = str(sm.SHIPPED_CALIBRATION.relative_to(REPO))
+    src = str(ss.SHIPPED_CALIBRATION.relative_to(REPO))
     lo, hi = calibration.per_cycle_overhead_range_s
     says(f"per-cycle overhead over raw MPI of {calibration.per_cycle_overhead_s * 1e6:.0f} us "
          f"(interquartile range over sizes and launches {lo * 1e6:.0f}-{hi * 1e6:.0f} us)", src)
@@ -125,12 +127,12 @@ def test_allreduce_calibration_figures(calibration):
 
 def test_scaling_model_figures(calibration):
     src = "hvd-lm scaling-model validate/recommend with " + str(
-        sm.SHIPPED_CALIBRATION.relative_to(REPO))
-    v = sm.validate(calibration)["summary"]
+        ss.SHIPPED_CALIBRATION.relative_to(REPO))
+    v = ss.validate(calibration)["summary"]
     says(f"within {max(v['4096-d w/o IB']['model_max_abs_error'], v['8192-d w/ IB']['model_max_abs_error']):.1%} "
          f"for the 10 GbE and 8192-d columns and within "
          f"{v['4096-d w/ IB']['model_max_abs_error']:.1%} for the 4096-d InfiniBand column", src)
-    rows = {(r["scenario"], r["setting"]): r for r in sm.recommend(calibration)["rows"]}
+    rows = {(r["scenario"], r["setting"]): r for r in ss.recommend(calibration)["rows"]}
     pub = {s: r for (sc, s), r in rows.items() if sc == "as-published"}
     says(f"keep fp16 gradients (fp32: {pub['fp32 gradients (no compression)']['speedup']:.1f}x "
          "< 109x)", src)
@@ -143,7 +145,7 @@ def test_scaling_model_figures(calibration):
 
 def test_onebit_scaling_figures(calibration):
     src = "hvd-lm scaling-model onebit with the shipped calibration"
-    r = sm.onebit_study(calibration)
+    r = ss.onebit_study(calibration)
     at = {(x["column"], x["gpus"]): x for x in r["rows"]}
     g, ib = at[("10 GbE", 128)], at[("IB as published", 128)]
     says(f"the fp16 reference is {g['fp16_speedup']:.1f}x (published 92.6x); 1-bit Adam's "
@@ -169,7 +171,7 @@ def test_transfer_fit_times():
 
 
 def test_loaded_calibration_example():
-    cal = sm.calibrate_from_bench(sm.load_bench_json(RESULTS / "allreduce_loaded.json"))
+    cal = sm.calibrate_from_bench(load_bench_json(RESULTS / "allreduce_loaded.json"))
     lo, hi = cal.per_cycle_overhead_range_s
     rlo, rhi = cal.bandwidth_ratio_range
     says(f"(`docs/results/allreduce_loaded.json`) the overhead was "

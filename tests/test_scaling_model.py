@@ -9,6 +9,8 @@ import pytest
 
 from hvd_lm.cli import main
 from hvd_lm.perf import scaling_model as sm
+from hvd_lm.perf import scaling_study as ss
+from hvd_lm.core.model import mlstm_parameters
 from hvd_lm.perf.scaling_model import Link, ScalingConfig
 
 MB = 1e6
@@ -67,7 +69,7 @@ def test_fusion_buffer_counts():
 
 def test_mlstm_parameter_list_and_overlap_fraction():
     H, E = 4096, 64
-    params = dict(sm.mlstm_parameters(H, E))
+    params = dict(mlstm_parameters(H, E))
     assert params == {"embed.weight": 256 * E, "rnn.w_x.weight": 4 * H * E,
                       "rnn.w_x.bias": 4 * H, "rnn.w_mx.weight": H * E,
                       "rnn.w_mh.weight": H * H, "rnn.w_h.weight": 4 * H * H,
@@ -141,18 +143,18 @@ def test_speedup_and_efficiency_definitions():
 
 
 def test_monotonic_sanity():
-    cfg = sm.reference_config(4096, "ib", 0.81)
+    cfg = ss.reference_config(4096, "ib", 0.81)
     rows = sm.predict(cfg, [1, 2, 4, 8, 16, 32, 64, 128])
     times = [r["s_per_iter"] for r in rows]
     assert times == sorted(times)
     speed = [r["speedup"] for r in rows]
     assert speed == sorted(speed)
     # slower network -> slower step; bigger batch -> better efficiency; fp32 grads -> slower
-    slow = sm.reference_config(4096, "10gbe", 0.81)
+    slow = ss.reference_config(4096, "10gbe", 0.81)
     assert sm.step_time(slow, 128)["s_per_iter"] > rows[-1]["s_per_iter"]
-    big = sm.reference_config(4096, "ib", 0.81, batch_per_gpu=512)
+    big = ss.reference_config(4096, "ib", 0.81, batch_per_gpu=512)
     assert sm.step_time(big, 128)["efficiency"] > rows[-1]["efficiency"]
-    fp32 = sm.reference_config(4096, "ib", 0.81, grad_bytes=4, compression="none")
+    fp32 = ss.reference_config(4096, "ib", 0.81, grad_bytes=4, compression="none")
     assert sm.step_time(fp32, 128)["s_per_iter"] > rows[-1]["s_per_iter"]
 
 
@@ -246,7 +248,7 @@ def test_validate_names_its_calibration_and_its_spread(tmp_path, capsys):
     out = tmp_path / "v.json"
     assert main(["scaling-model", "validate", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert f"calibration {sm.SHIPPED_CALIBRATION} (vs mpi4py)" in text
+    assert f"calibration {ss.SHIPPED_CALIBRATION} (vs mpi4py)" in text
     assert "with the calibration's interquartile range" in text
     v = json.loads(out.read_text())
     assert set(v["validation"]["calibration_range"]) == {"low", "high"}
@@ -255,7 +257,7 @@ def test_validate_names_its_calibration_and_its_spread(tmp_path, capsys):
 
 
 def test_validation_rows_and_calibration():
-    v = sm.validate()
+    v = ss.validate()
     assert len(v["rows"]) == 18
     for r in v["rows"]:
         if r["gpus"] == 1:
@@ -271,19 +273,19 @@ def test_validation_rows_and_calibration():
 
 
 def test_effective_bandwidth_reproduces_row():
-    bw = sm.effective_inter_bandwidth(sync_overhead_s=0.037)
-    cfg = sm.reference_config(4096, Link(bw, 5e-6), 0.81, sync_overhead_s=0.037)
+    bw = ss.effective_inter_bandwidth(sync_overhead_s=0.037)
+    cfg = ss.reference_config(4096, Link(bw, 5e-6), 0.81, sync_overhead_s=0.037)
     assert sm.step_time(cfg, 128)["s_per_iter"] == pytest.approx(0.91, rel=1e-6)
 
 
 def test_recommend_and_plot(tmp_path):
-    r = sm.recommend()
+    r = ss.recommend()
     names = {row["setting"] for row in r["rows"]}
     assert any("batch 512" in s for s in names) and any("hierarchical" in s for s in names)
     base = {row["scenario"]: row for row in r["rows"] if row["setting"].startswith("reference")}
     assert base["as-published"]["s_per_iter"] == pytest.approx(0.91, rel=1e-6)
     png = tmp_path / "v.png"
-    sm.plot_validation(sm.validate(), png)
+    ss.plot_validation(ss.validate(), png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -343,21 +345,21 @@ def test_onebit_step_time_by_hand():
 
 
 def test_onebit_study_and_cli(capsys):
-    r = sm.onebit_study(warmup_fraction=0.2, gpus=(1, 8, 128))
+    r = ss.onebit_study(warmup_fraction=0.2, gpus=(1, 8, 128))
     rows = {(x["column"], x["gpus"]): x for x in r["rows"]}
     one = rows[("10 GbE", 128)]
     # the end-to-end speedup blends warmup (fp16) and compressed steps by time
     t = 0.2 * one["fp16_s_per_iter"] + 0.8 * one["onebit_s_per_iter"]
     assert one["onebit_end_to_end_speedup"] == pytest.approx(128 * 0.81 / t)
     assert one["fp16_speedup"] == pytest.approx(sm.step_time(
-        sm.reference_config(4096, "10gbe", 0.81, sync_overhead_s=r["sync_overhead_s"]),
+        ss.reference_config(4096, "10gbe", 0.81, sync_overhead_s=r["sync_overhead_s"]),
         128)["speedup"])
     assert rows[("10 GbE", 1)]["onebit_speedup"] == 1.0
     rec = r["recommended"]["10 GbE"]
     assert rec["batch_per_gpu"] == 256 and rec["speedup"] == max(
         x["speedup"] for x in r["settings"] if x["column"] == "10 GbE" and x["batch_per_gpu"] == 256)
     with pytest.raises(ValueError):
-        sm.onebit_study(warmup_fraction=1.5)
+        ss.onebit_study(warmup_fraction=1.5)
     assert main(["scaling-model", "onebit", "--gpus", "1,128"]) == 0
     out = capsys.readouterr().out
     assert "recommended (10 GbE" in out and "IB as published" in out

@@ -1,0 +1,496 @@
+"""``hvd-lm scaling-model``: the alpha-beta model of :mod:`hvd_lm.perf.scaling_model` checked
+against the reference talk and used to answer its questions.
+
+* :func:`validate`: the model against the talk's published s/iter and speedup (Puri et al. 2018,
+  "Distributed data parallel scaling", :data:`PUBLISHED`), with one constant, ``t_sync``,
+  fitted on the 4096-d 8-GPU row (:func:`calibrate_sync_overhead`); :func:`plot_validation`.
+* :func:`effective_inter_bandwidth`: the inter-node bandwidth the published IB rows imply.
+* :func:`recommend`: settings (batch, fusion, cycle time, hierarchical allreduce, compression) at
+  128 GPUs; :func:`onebit_study`: 1-bit Adam/LAMB against fp16 compression.
+* The command: :data:`SCALING_MODEL` (:class:`ScalingModelConfig`, :func:`run`), calibrated by
+  default from the shipped ``docs/results/allreduce_calibration.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Optional, Sequence
+
+import matplotlib
+
+from hvd_lm import REPO_ROOT
+from hvd_lm.core.atomic import write_text
+from hvd_lm.core.config import Command, option
+from hvd_lm.core.model import mlstm_parameters
+from hvd_lm.core.units import MIB
+from hvd_lm.dist.onebit import DEFAULT_CHUNK
+from hvd_lm.perf.results import load_bench_json
+from hvd_lm.perf.scaling_model import (
+    Calibration,
+    DGX1V_LINKS,
+    Link,
+    PCIE3_X16_GBPS,
+    ScalingConfig,
+    V100_COPY_GBPS,
+    calibrate_from_bench,
+    predict,
+    step_time,
+)
+from hvd_lm.perf.scaling_report import REFERENCE
+
+matplotlib.use("Agg")  # files only, never a window
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+
+
+# ---- validation against the reference talk ------------------------------------------------------
+
+#: Puri et al. 2018 (the reference talk), "Distributed data parallel scaling": s/iter and their
+#: speedup column, per GPU count; the numbers live once, in :data:`hvd_lm.perf.scaling_report.REFERENCE`.
+PUBLISHED = {
+    "4096-d w/o IB": {"hidden_size": 4096, "inter": "10gbe", "rows": REFERENCE["no-ib"]},
+    "4096-d w/ IB": {"hidden_size": 4096, "inter": "ib", "rows": REFERENCE["ib"]},
+    "8192-d w/ IB": {"hidden_size": 8192, "inter": "ib", "rows": REFERENCE["8192-ib"]},
+}
+
+
+def reference_config(hidden_size: int, inter: str | Link, compute_time_s: float,
+                     calibration: Calibration | None = None, sync_overhead_s: float = 0.0,
+                     **overrides) -> ScalingConfig:
+    """The reference's setup as modelled: mixed-precision training (fp16 gradients, 2 bytes per
+    value on the wire), batch 256 per GPU (32k over 128 GPUs), 8 V100 per DGX-1V, NCCL flat ring,
+    with Horovod's overhead (``calibration``) and defaults (128 MiB fusion, 1 ms cycle) on top.
+    ``inter``: a :data:`DGX1V_LINKS` key or a :class:`Link`."""
+    cal = calibration or Calibration()
+    kw = dict(compute_time_s=compute_time_s, params=mlstm_parameters(hidden_size), grad_bytes=2,
+              compression="fp16", batch_per_gpu=256, ref_batch=256, gpus_per_node=8,
+              intra=DGX1V_LINKS["nvlink"],
+              inter=inter if isinstance(inter, Link) else DGX1V_LINKS[inter], algorithm="ring",
+              per_cycle_overhead_s=cal.per_cycle_overhead_s, fusion_copy_GBps=V100_COPY_GBPS,
+              bandwidth_factor=cal.bandwidth_factor,
+              sync_overhead_s=sync_overhead_s)
+    kw.update(overrides)
+    return ScalingConfig(**kw)
+
+
+def calibrate_sync_overhead(calibration: Calibration | None = None,
+                            column: str = "4096-d w/ IB", n: int = 8) -> float:
+    """The one global fitted constant: the per-step multi-GPU overhead that makes the model meet
+    the published s/iter of ``column`` at n GPUs (default: one DGX-1V, 4096-d), s (>= 0)."""
+    col = PUBLISHED[column]
+    cfg = reference_config(col["hidden_size"], col["inter"], col["rows"][1][0], calibration)
+    return max(0.0, col["rows"][n][0] - step_time(cfg, n)["s_per_iter"])
+
+
+def validate(calibration: Calibration | None = None, sync_overhead_s: float | None = None
+             ) -> dict:
+    """Predicted vs published for every row of the reference's scaling table.
+
+    Two predictions per row: ``pure`` (published link figures and local calibration only, no
+    fitted constant) and ``model`` (plus the global ``t_sync`` of :func:`calibrate_sync_overhead`).
+
+    Returns:
+        ``{"sync_overhead_s", "rows": [...], "summary": {column: max/mean abs error}}``.
+    """
+    if sync_overhead_s is None:
+        sync_overhead_s = calibrate_sync_overhead(calibration)
+    rows = []
+    for col, spec in PUBLISHED.items():
+        t1 = spec["rows"][1][0]
+        pure = reference_config(spec["hidden_size"], spec["inter"], t1, calibration)
+        full = replace(pure, sync_overhead_s=sync_overhead_s)
+        for n, (pub_t, pub_speed) in spec["rows"].items():
+            p, f = step_time(pure, n), step_time(full, n)
+            rows.append({"column": col, "gpus": n, "published_s_per_iter": pub_t,
+                         "published_speedup": pub_speed,
+                         "published_n_t1_over_tn": n * t1 / pub_t,
+                         "pure_s_per_iter": p["s_per_iter"],
+                         "pure_error": p["s_per_iter"] / pub_t - 1,
+                         "model_s_per_iter": f["s_per_iter"],
+                         "model_error": f["s_per_iter"] / pub_t - 1,
+                         "model_speedup": f["speedup"], "model_efficiency": f["efficiency"],
+                         "model_exposed_comm_s": f["exposed_comm_s"],
+                         "gradient_MB": full.gradient_bytes / 1e6})
+    summary = {}
+    for col in PUBLISHED:
+        errs = [abs(r["model_error"]) for r in rows if r["column"] == col and r["gpus"] > 1]
+        perrs = [abs(r["pure_error"]) for r in rows if r["column"] == col and r["gpus"] > 1]
+        summary[col] = {"model_max_abs_error": max(errs), "model_mean_abs_error":
+                        sum(errs) / len(errs), "pure_max_abs_error": max(perrs)}
+    return {"sync_overhead_s": sync_overhead_s, "rows": rows, "summary": summary,
+            "links": {k: asdict(v) for k, v in DGX1V_LINKS.items()},
+            "calibration": asdict(calibration or Calibration())}
+
+
+def effective_inter_bandwidth(column: str = "4096-d w/ IB", n: int = 128,
+                              sync_overhead_s: float = 0.0,
+                              calibration: Calibration | None = None) -> float:
+    """The inter-node bandwidth per node, GB/s, at which the model meets the published s/iter of
+    ``column`` at n GPUs (bisection): what the 2018 software stack achieved, if the rest holds.
+
+    Raises:
+        ValueError: no bandwidth in (1e-3, 1e4) GB/s meets it.
+    """
+    col = PUBLISHED[column]
+    target = col["rows"][n][0]
+    base = reference_config(col["hidden_size"], col["inter"], col["rows"][1][0], calibration,
+                            sync_overhead_s)
+
+    def t(bw: float) -> float:
+        return step_time(replace(base, inter=replace(base.inter, bandwidth_GBps=bw)),
+                         n)["s_per_iter"]
+
+    lo, hi = 1e-3, 1e4
+    if not t(hi) <= target <= t(lo):
+        raise ValueError(f"no inter-node bandwidth reproduces {target} s/iter at {n} GPUs")
+    for _ in range(100):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if t(mid) > target else (lo, mid)
+    return math.sqrt(lo * hi)
+
+
+def recommend(calibration: Calibration | None = None, sync_overhead_s: float | None = None,
+              n: int = 128, published_speedup: float = 109.0) -> dict:
+    """Settings at n GPUs (4096-d, DGX-1V with InfiniBand), each alone and combined, in two
+    scenarios for the inter-node link: ``wire`` (4 x EDR at line rate) and ``as-published`` (the
+    effective per-node bandwidth that reproduces the published 128-GPU s/iter,
+    :func:`effective_inter_bandwidth`). Speedup is n t(1)/t(n) at the setting's own batch;
+    ``throughput_vs_1gpu_ref`` is throughput relative to 1 GPU at batch 256."""
+    if sync_overhead_s is None:
+        sync_overhead_s = calibrate_sync_overhead(calibration)
+    bw_eff = effective_inter_bandwidth(sync_overhead_s=sync_overhead_s, calibration=calibration)
+    fusion_default = 128 * MIB
+    settings = {
+        "reference (fp16 grads, ring, 128 MB fusion, 1 ms cycle, batch 256)": {},
+        "fp32 gradients (no compression)": {"grad_bytes": 4, "compression": "none"},
+        "no fusion (threshold 0)": {"fusion_threshold_bytes": 0},
+        "fusion 64 MB": {"fusion_threshold_bytes": 64 * MIB},
+        "cycle time 5 ms": {"cycle_time_s": 5e-3},
+        "hierarchical allreduce (NCCL across nodes)": {"algorithm": "hierarchical"},
+        "hierarchical allreduce (Horovod MPI variant, host staging)": {
+            "algorithm": "hierarchical", "staging_GBps": PCIE3_X16_GBPS},
+        "batch 512 per GPU (or 2 backward passes per step)": {"batch_per_gpu": 512},
+        "batch 1024 per GPU (or 4 backward passes per step)": {"batch_per_gpu": 1024},
+        "batch 512 + hierarchical (NCCL)": {"batch_per_gpu": 512, "algorithm": "hierarchical"},
+        "(not a setting) without the multi-GPU overhead t_sync": {"sync_overhead_s": 0.0},
+    }
+    out = {"n": n, "published_speedup": published_speedup, "sync_overhead_s": sync_overhead_s,
+           "effective_inter_GBps": bw_eff, "fusion_default_bytes": fusion_default, "rows": []}
+    for scen, inter in (("wire", DGX1V_LINKS["ib"]),
+                        ("as-published", replace(DGX1V_LINKS["ib"], bandwidth_GBps=bw_eff))):
+        for name, kw in settings.items():
+            cfg = reference_config(4096, inter, 0.81, calibration,
+                                   **({"sync_overhead_s": sync_overhead_s} | kw))
+            r = step_time(cfg, n)
+            thr = n * (cfg.batch_per_gpu / 256) * 0.81 / r["s_per_iter"]
+            out["rows"].append({"scenario": scen, "setting": name, "s_per_iter": r["s_per_iter"],
+                                "speedup": r["speedup"], "efficiency": r["efficiency"],
+                                "throughput_vs_1gpu_ref": thr,
+                                "vs_published": r["speedup"] / published_speedup - 1,
+                                "exposed_comm_s": r["exposed_comm_s"]})
+    for row in out["rows"]:  # relative to the same scenario's reference row
+        base = next(b for b in out["rows"] if b["scenario"] == row["scenario"])
+        row["vs_reference_setting"] = row["speedup"] / base["speedup"] - 1
+    return out
+
+
+def onebit_study(calibration: Calibration | None = None, sync_overhead_s: float | None = None,
+                 gpus: Sequence[int] = (1, 8, 16, 32, 64, 128), warmup_fraction: float = 0.15,
+                 chunk: int = DEFAULT_CHUNK, n_recommend: int = 128) -> dict:
+    """1-bit Adam / LAMB against the reference's fp16 gradient allreduce on the talk's columns
+    (4096-d mLSTM, DGX-1V, batch 256 per GPU, t(1) = 0.81 s): ``10 GbE`` (the "w/o I.band" column,
+    which the model reproduces within 2.3%), ``IB as published`` (InfiniBand at the effective
+    per-node bandwidth behind their 0.91 s/iter at 128 GPUs) and ``IB wire`` (4 x EDR).
+
+    Per column and GPU count: the fp16 model's speedup, the compressed phase's, and the
+    end-to-end speedup with ``warmup_fraction`` of the steps in the warmup (fp16 gradient
+    allreduce): ``t = f t_fp16 + (1 - f) t_onebit``. Then, at ``n_recommend`` GPUs, settings of
+    compression x batch per GPU, and the recommended one: the fastest at the reference's batch
+    (256 per GPU, 32k global: larger batches converged worse in the reference, see its LR table).
+
+    Raises:
+        ValueError: ``warmup_fraction`` outside [0, 1].
+    """
+    if not 0 <= warmup_fraction <= 1:
+        raise ValueError(f"warmup fraction must be in [0, 1], got {warmup_fraction}")
+    if sync_overhead_s is None:
+        sync_overhead_s = calibrate_sync_overhead(calibration)
+    bw_eff = effective_inter_bandwidth(sync_overhead_s=sync_overhead_s, calibration=calibration)
+    columns = {"10 GbE": DGX1V_LINKS["10gbe"],
+               "IB as published": replace(DGX1V_LINKS["ib"], bandwidth_GBps=bw_eff),
+               "IB wire": DGX1V_LINKS["ib"]}
+
+    def cfg(inter: Link, **kw) -> ScalingConfig:
+        return reference_config(4096, inter, 0.81, calibration, sync_overhead_s=sync_overhead_s,
+                                onebit_chunk=chunk, **kw)
+
+    def blended(fp16: dict, onebit: dict, n: int) -> float:
+        t = warmup_fraction * fp16["s_per_iter"] + (1 - warmup_fraction) * onebit["s_per_iter"]
+        return n * fp16["compute_s"] / t
+
+    rows = []
+    for col, inter in columns.items():
+        for n in gpus:
+            f16, one = step_time(cfg(inter), n), step_time(cfg(inter, compression="onebit"), n)
+            rows.append({"column": col, "gpus": n, "fp16_s_per_iter": f16["s_per_iter"],
+                         "fp16_speedup": f16["speedup"], "onebit_s_per_iter": one["s_per_iter"],
+                         "onebit_comm_s": one["comm_s"], "fp16_comm_s": f16["exposed_comm_s"],
+                         "onebit_speedup": one["speedup"],
+                         "onebit_end_to_end_speedup": blended(f16, one, n)})
+    settings = []
+    for col, inter in columns.items():
+        for comp in ("fp16", "onebit"):
+            for batch in (256, 512, 1024):
+                f16 = step_time(cfg(inter, batch_per_gpu=batch), n_recommend)
+                r = step_time(cfg(inter, compression=comp, batch_per_gpu=batch), n_recommend)
+                speed = r["speedup"] if comp == "fp16" else blended(f16, r, n_recommend)
+                settings.append({"column": col, "compression": comp, "batch_per_gpu": batch,
+                                 "global_batch": batch * n_recommend, "speedup": speed,
+                                 "compressed_phase_speedup": r["speedup"]})
+    recommended = {}
+    for col in columns:
+        at_ref = [x for x in settings if x["column"] == col and x["batch_per_gpu"] == 256]
+        recommended[col] = max(at_ref, key=lambda x: x["speedup"])
+    return {"sync_overhead_s": sync_overhead_s, "effective_inter_GBps": bw_eff,
+            "warmup_fraction": warmup_fraction, "chunk": chunk, "rows": rows,
+            "settings": settings, "recommended": recommended, "n": n_recommend,
+            "published": {"10 GbE": 92.6, "IB as published": 109.0, "IB wire": 109.0}}
+
+
+def plot_validation(result: dict, path: str | Path) -> None:
+    """PNG (matplotlib, Agg) of published vs predicted s/iter and speedup per column."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    colors = dict(zip(PUBLISHED, ("tab:red", "tab:blue", "tab:green")))
+    for col in PUBLISHED:
+        rs = [r for r in result["rows"] if r["column"] == col]
+        x = [r["gpus"] for r in rs]
+        c = colors[col]
+        axes[0].plot(x, [r["published_s_per_iter"] for r in rs], "o", color=c,
+                     label=f"{col} published")
+        axes[0].plot(x, [r["model_s_per_iter"] for r in rs], "-", color=c,
+                     label=f"{col} model")
+        axes[0].plot(x, [r["pure_s_per_iter"] for r in rs], ":", color=c)
+        axes[1].plot(x, [r["published_speedup"] / r["gpus"] for r in rs], "o", color=c)
+        axes[1].plot(x, [r["published_n_t1_over_tn"] / r["gpus"] for r in rs], "x", color=c)
+        axes[1].plot(x, [r["model_efficiency"] for r in rs], "-", color=c, label=col)
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("GPUs")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("s/iter")
+    axes[0].set_title(f"step time (dots: published; lines: model; dotted: without t_sync "
+                      f"= {result['sync_overhead_s'] * 1e3:.0f} ms)", fontsize=9)
+    axes[1].set_ylabel("efficiency = speedup / n")
+    axes[1].set_title("efficiency: model (lines), published speedup column (o), published "
+                      "n t1/tn (x)", fontsize=9)
+    axes[0].legend(fontsize=7)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---- CLI ----------------------------------------------------------------------------------------
+
+#: The calibration the docs' figures used: ``hvd-lm bench allreduce --np 2 --repeats 3`` on the
+#: project's 2-core CI machine (the model's default ``--bench-json``).
+SHIPPED_CALIBRATION = REPO_ROOT / "docs" / "results" / "allreduce_calibration.json"
+
+
+def _load_calibration(args: "ScalingModelConfig") -> Calibration | None:
+    if args.bench_json in ("", "none"):
+        return None
+    path = SHIPPED_CALIBRATION if args.bench_json == "shipped" else Path(args.bench_json)
+    data = load_bench_json(path)
+    data["source"] = str(path)
+    return calibrate_from_bench(data, args.horovod_label, args.mpi_label,
+                                args.latency_label or None)
+
+
+def _print_validation(v: dict) -> None:
+    print(f"t_sync (fitted once, 4096-d IB, 8 GPUs) = {v['sync_overhead_s'] * 1e3:.1f} ms")
+    print(f"{'column':14} {'GPUs':>4} {'pub s/it':>8} {'pure':>7} {'err':>7} {'model':>7} "
+          f"{'err':>7} {'pub speed':>9} {'n t1/tn pub':>11} {'model speed':>11}")
+    for r in v["rows"]:
+        print(f"{r['column']:14} {r['gpus']:>4} {r['published_s_per_iter']:>8.2f} "
+              f"{r['pure_s_per_iter']:>7.3f} {r['pure_error']:>+7.1%} "
+              f"{r['model_s_per_iter']:>7.3f} {r['model_error']:>+7.1%} "
+              f"{r['published_speedup']:>9.1f} {r['published_n_t1_over_tn']:>11.1f} "
+              f"{r['model_speedup']:>11.1f}")
+    for col, s in v["summary"].items():
+        print(f"{col}: model max |error| {s['model_max_abs_error']:.1%}, mean "
+              f"{s['model_mean_abs_error']:.1%} (without t_sync: max "
+              f"{s['pure_max_abs_error']:.1%})")
+
+
+def _print_onebit(r: dict) -> None:
+    print(f"4096-d mLSTM, DGX-1V, batch 256/GPU; t_sync {r['sync_overhead_s'] * 1e3:.1f} ms; "
+          f"1-bit: {r['chunk']} values per scale, {r['warmup_fraction']:.0%} of steps in the "
+          f"fp16 warmup; IB as published = {r['effective_inter_GBps']:.2f} GB/s per node")
+    print(f"{'column':16} {'GPUs':>4} {'fp16 s/it':>9} {'speedup':>8} {'1-bit s/it':>10} "
+          f"{'speedup':>8} {'end-to-end':>10} {'comm fp16 ms':>12} {'comm 1-bit ms':>13}")
+    for x in r["rows"]:
+        print(f"{x['column']:16} {x['gpus']:>4} {x['fp16_s_per_iter']:>9.3f} "
+              f"{x['fp16_speedup']:>8.1f} {x['onebit_s_per_iter']:>10.3f} "
+              f"{x['onebit_speedup']:>8.1f} {x['onebit_end_to_end_speedup']:>10.1f} "
+              f"{x['fp16_comm_s'] * 1e3:>12.1f} {x['onebit_comm_s'] * 1e3:>13.1f}")
+    print(f"\nat {r['n']} GPUs (1-bit speedups end to end, warmup included):")
+    print(f"{'column':16} {'compression':>11} {'batch/GPU':>9} {'global':>7} {'speedup':>8} "
+          f"{'published':>9}")
+    for x in r["settings"]:
+        print(f"{x['column']:16} {x['compression']:>11} {x['batch_per_gpu']:>9} "
+              f"{x['global_batch']:>7} {x['speedup']:>8.1f} {r['published'][x['column']]:>9}")
+    for col, x in r["recommended"].items():
+        print(f"recommended ({col}, the reference's 32k batch): {x['compression']} "
+              f"-> {x['speedup']:.1f}x")
+
+
+def run(args: "ScalingModelConfig") -> int:
+    """Print (and with ``--json`` write) the predictions, the validation or the recommendations;
+    1 with one ``ERROR:`` line on a bad calibration file or setting."""
+    try:
+        cal = _load_calibration(args)
+        if cal is not None:
+            lo_o, hi_o = cal.per_cycle_overhead_range_s
+            lo_r, hi_r = cal.bandwidth_ratio_range
+            print(f"calibration {cal.source} (vs {cal.mpi_label}): Horovod per-cycle overhead "
+                  f"{cal.per_cycle_overhead_s * 1e6:.0f} us (interquartile {lo_o * 1e6:.0f}.."
+                  f"{hi_o * 1e6:.0f}; {cal.latency_label}), bandwidth ratio "
+                  f"{cal.measured_bandwidth_ratio:.3f} ({lo_r:.3f}..{hi_r:.3f}; "
+                  f"{cal.horovod_label}; model uses {cal.bandwidth_factor:.3f})")
+        else:
+            print("calibration: none (Horovod's overhead over raw MPI taken as 0)")
+        out: dict = {"calibration": asdict(cal) if cal else None}
+        if args.mode == "predict":
+            if args.params:
+                params = [("all", args.params)]
+            else:
+                params = mlstm_parameters(args.hidden_size, args.embed_dim)
+            links = {**DGX1V_LINKS}
+            intra = Link(args.intra_bw, args.intra_latency) if args.intra_bw else links["nvlink"]
+            inter = (Link(args.inter_bw, args.inter_latency) if args.inter_bw
+                     else links[args.inter])
+            sync = (args.sync_overhead if args.sync_overhead is not None
+                    else calibrate_sync_overhead(cal))
+            cfg = ScalingConfig(
+                compute_time_s=args.compute_time, params=params, grad_bytes=args.grad_bytes,
+                compression=args.compression, onebit_chunk=args.onebit_chunk,
+                batch_per_gpu=args.batch_per_gpu or args.ref_batch,
+                ref_batch=args.ref_batch, gpus_per_node=args.gpus_per_node, intra=intra,
+                inter=inter, algorithm=args.algorithm,
+                staging_GBps=args.staging_bw or None,
+                fusion_threshold_bytes=args.fusion_threshold_mb * MIB,
+                cycle_time_s=args.cycle_time_ms / 1e3,
+                per_cycle_overhead_s=cal.per_cycle_overhead_s if cal else 0.0,
+                fusion_copy_GBps=args.copy_bw or None,
+                bandwidth_factor=cal.bandwidth_factor if cal else 1.0, sync_overhead_s=sync)
+            rows = predict(cfg, list(args.gpus))
+            print(f"{cfg.gradient_bytes / 1e6:.1f} MB of gradients per step, overlappable "
+                  f"{rows[0]['overlappable_fraction']:.1%}, t_sync {sync * 1e3:.1f} ms")
+            print(f"{'GPUs':>5} {'s/iter':>8} {'comm':>8} {'exposed':>8} {'buffers':>7} "
+                  f"{'speedup':>8} {'eff':>6}")
+            for r in rows:
+                print(f"{r['n']:>5} {r['s_per_iter']:>8.4f} {r['comm_s']:>8.4f} "
+                      f"{r['exposed_comm_s']:>8.4f} {r['buffers']:>7} {r['speedup']:>8.1f} "
+                      f"{r['efficiency']:>6.1%}")
+            out["predictions"] = rows
+        elif args.mode == "validate":
+            v = validate(cal)
+            _print_validation(v)
+            if cal is not None:  # how far the calibration's noise moves the comparison
+                v["calibration_range"] = {}
+                for name, bound in zip(("low", "high"), cal.bounds()):
+                    vb = validate(bound)
+                    v["calibration_range"][name] = vb["summary"]
+                for col, s_ in v["summary"].items():
+                    lo = v["calibration_range"]["low"][col]["model_max_abs_error"]
+                    hi = v["calibration_range"]["high"][col]["model_max_abs_error"]
+                    print(f"{col}: max |error| {s_['model_max_abs_error']:.1%} with the "
+                          f"calibration's interquartile range {min(lo, hi):.1%}..{max(lo, hi):.1%}")
+            out["validation"] = v
+            if args.plot:
+                plot_validation(v, args.plot)
+                print(f"plot: {args.plot}")
+        elif args.mode == "onebit":
+            r = onebit_study(cal, args.sync_overhead, list(args.gpus),
+                             args.onebit_warmup_fraction, args.onebit_chunk)
+            _print_onebit(r)
+            out["onebit"] = r
+        else:
+            r = recommend(cal)
+            print(f"{r['n']} GPUs, 4096-d, DGX-1V + IB; published speedup {r['published_speedup']}x"
+                  f"; effective inter-node bandwidth behind the published row "
+                  f"{r['effective_inter_GBps']:.2f} GB/s per node")
+            print(f"{'scenario':13} {'setting':62} {'s/iter':>7} {'speedup':>8} {'vs 109x':>8} "
+                  f"{'vs ref':>7} {'thru vs 1GPU@256':>16}")
+            for row in r["rows"]:
+                print(f"{row['scenario']:13} {row['setting']:62} {row['s_per_iter']:>7.3f} "
+                      f"{row['speedup']:>8.1f} {row['vs_published']:>+8.1%} "
+                      f"{row['vs_reference_setting']:>+7.1%} "
+                      f"{row['throughput_vs_1gpu_ref']:>16.1f}")
+            out["recommendations"] = r
+    except (ValueError, OSError, KeyError) as e:
+        print(f"hvd-lm scaling-model: ERROR: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        write_text(args.json, json.dumps(out, indent=2, default=str))
+    return 0
+
+
+@dataclass
+class ScalingModelConfig:
+    """Settings of ``hvd-lm scaling-model {predict,validate,recommend}``."""
+
+    mode: str = option("predict", "predict s/iter on 1-128 GPUs, validate against the reference "
+                       "table, recommend settings at 128 GPUs, or onebit: 1-bit Adam/LAMB vs "
+                       "fp16 on the talk's 10 GbE and IB columns", positional=True,
+                       choices=("predict", "validate", "recommend", "onebit"))
+    hidden_size: int = option(4096, "mLSTM width H", ge=1)
+    embed_dim: int = option(64, "byte embedding width", ge=1)
+    params: int = option(0, "parameter count instead of H (then no overlap is assumed)", ge=0)
+    compute_time: float = option(0.81, "1-GPU compute s/iter at --ref-batch (reference: 0.81 for "
+                                 "4096-d on a V100)", gt=0)
+    ref_batch: int = option(256, "batch --compute-time was measured at", ge=1)
+    batch_per_gpu: int = option(0, "per-GPU batch (0: --ref-batch)", ge=0)
+    gpus: list[int] = option(default_factory=lambda: [1, 8, 16, 32, 64, 128],
+                             help="GPU counts, comma-separated", ge=1)
+    gpus_per_node: int = option(8, "GPUs per node", ge=1)
+    inter: str = option("ib", "DGX-1V inter-node link preset", choices=("ib", "10gbe"))
+    intra_bw: float = option(0.0, "intra-node GB/s (0: NVLink preset)", ge=0)
+    intra_latency: float = option(5e-6, "intra-node latency, s", ge=0)
+    inter_bw: float = option(0.0, "inter-node GB/s per node (0: --inter preset)", ge=0)
+    inter_latency: float = option(5e-6, "inter-node latency, s", ge=0)
+    algorithm: str = option("ring", "allreduce algorithm", choices=("ring", "hierarchical"))
+    staging_bw: float = option(0.0, "hierarchical host staging GB/s (0: none)", ge=0)
+    grad_bytes: int = option(2, "bytes per gradient value (2: mixed-precision training)",
+                             choices=(2, 4))
+    compression: str = option("fp16", "gradient compression on the wire (onebit: the "
+                              "compressed phase of 1-bit Adam/LAMB)",
+                              choices=("none", "fp16", "onebit"))
+    onebit_chunk: int = option(DEFAULT_CHUNK, "onebit: values per fp32 scale", ge=0)
+    onebit_warmup_fraction: float = option(0.15, "onebit mode: share of the steps in the "
+                                           "uncompressed warmup", ge=0, le=1)
+    fusion_threshold_mb: float = option(128.0, "HOROVOD_FUSION_THRESHOLD, MiB", ge=0)
+    copy_bw: float = option(V100_COPY_GBPS, "fusion-buffer copy GB/s (0: free)", ge=0)
+    cycle_time_ms: float = option(1.0, "HOROVOD_CYCLE_TIME, ms", ge=0)
+    sync_overhead: Optional[float] = option(None, "t_sync, s (default: calibrated on the "
+                                            "reference's 8-GPU row)", ge=0)
+    bench_json: str = option("shipped", "`hvd-lm bench allreduce --json` output calibrating "
+                             "Horovod's per-op overhead and bandwidth factor: a file, 'shipped' "
+                             "(docs/results/allreduce_calibration.json, what the docs used) or 'none'")
+    horovod_label: str = option("hvd-mpi", "bench configuration of Horovod")
+    mpi_label: str = option("mpi4py", "bench configuration of raw MPI")
+    latency_label: str = option("", "configuration for the per-op overhead (default: the "
+                                "--horovod-label one with the smallest cycle time)")
+    plot: str = option("", "validate: write a PNG here")
+    json: str = option("", "write the results here")
+
+
+SCALING_MODEL = Command(
+    ScalingModelConfig, run,
+    description="Alpha-beta model of data-parallel mLSTM training on 1-128 GPUs: predict s/iter, "
+    "speedup and efficiency; validate against the reference talk's table; recommend settings "
+    "at 128 GPUs.")
