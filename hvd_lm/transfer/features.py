@@ -227,7 +227,7 @@ def featurize(model, texts: Sequence[str], kind: str = "cell",
         kind: ``cell`` (final c_T), ``hidden`` (final h_T), ``mean`` / ``max`` (over t of h_t).
         max_chars: keep the first ``max_chars`` bytes of each text (<= 0: all).
         batch_size: texts per batch (per rank).
-        ctx: a :class:`hvd_lm.dist.horovod.DistContext` to split the work over ranks (each rank
+        ctx: a :class:`hvd_lm.dist.launcher.RankContext` to split the work over ranks (each rank
             gets every ``size``-th batch of the length-sorted order, see :func:`plan_batches`;
             results are gathered with :func:`hvd_lm.dist.horovod.allgather` onto every rank);
             None = this process does everything.

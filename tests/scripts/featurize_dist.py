@@ -1,4 +1,4 @@
-"""Featurize texts with hvd_lm.transfer.featurize under horovodrun/mpirun; rank 0 saves the result.
+"""Featurize texts with hvd_lm.transfer.features.featurize under horovodrun/mpirun; rank 0 saves the result.
 
 Every rank reads the same texts, takes its round-robin share of the length-sorted batches and the
 features are allgathered back in input order. tests/test_transfer.py compares the saved arrays
