@@ -81,7 +81,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     # mpi4py already there, e.g. a GPU image's, is kept); no build isolation, so offline works,
     # and so its build requirements come first: mpi4py >= 4.1's sdist generates its C sources
     # with Cython at build time ("missing build requirement 'Cython >= 3.0.1'" without it).
-    "${PIP[@]}" install setuptools wheel 'cython>=3.0.1'
+    build_reqs=(setuptools wheel)
+    "$PY" -c 'import mpi4py' >/dev/null 2>&1 || build_reqs+=('cython>=3.0.1')
+    "${PIP[@]}" install "${build_reqs[@]}"
     "${PIP[@]}" install --no-build-isolation --no-binary mpi4py -e '.[test]'
     echo "$want" >"$stamp"
 fi

@@ -147,6 +147,7 @@ def test_one_rank_per_gpu(name, rank, size, gpus, want):
     ("cuda", 8, 4, "--device cpu"),
     ("cuda:2", 1, 2, r"torch sees 2 GPU\(s\) \(cuda:0..cuda:1\)"),
     ("cuda", 1, 0, "torch sees no CUDA device"),
+    ("cuda:1", 2, 4, r"puts all 2 ranks of this node on one GPU .*use --device cuda"),
 ])
 def test_device_errors_say_what_to_do(name, size, gpus, needle):
     with pytest.raises(DeviceError, match=needle):

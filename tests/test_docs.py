@@ -17,6 +17,9 @@ reads it):
   the template's knobs block, ``bash -n``) and their input paths must exist or be written by an
   earlier block (outputs of checked commands count as written).
 
+On a GPU node with fewer GPUs than a non-GPU block's ranks, those ranks run with
+``CUDA_VISIBLE_DEVICES=""`` (``--device auto`` is then the CPU, as on a machine without GPU).
+
 Python blocks run with mktestdocs (``check_md_file``), and every ``-np``/``NP`` above this
 machine's core count must sit next to a sentence saying how to run it here (``--oversubscribe``
 or the core count).
@@ -323,9 +326,28 @@ def _parse_hvd_lm(cmd: Cmd, hvd: list[str], s: Session) -> None:
             os.chdir(cwd)
 
 
+def _ranks(argv: list[str], env: dict[str, str]) -> int:
+    """Ranks a command starts: its ``-np``/``-n`` (mpirun, horovodrun, srun) or the template's
+    ``NP``; 1 for a plain process."""
+    n = int(env.get("NP") or 1)
+    for i, w in enumerate(argv[:-1]):
+        if w in ("-np", "-n") and argv[i + 1].isdigit():
+            n = max(n, int(argv[i + 1]))
+    return n
+
+
+def _gpus() -> int:
+    import torch
+    return torch.cuda.device_count()
+
+
 def _execute(cmd: Cmd, argv: list[str], s: Session, env: dict | None = None,
              timeout: float = 600) -> None:
     run_env = dict(s.env, **(env or {}))
+    if not cmd.gpu and _ranks(argv, run_env) > 1 and _ranks(argv, run_env) > _gpus():
+        # More ranks than GPUs on this machine (a 1-GPU node): ranks cannot share a GPU
+        # (README, "GPU nodes"), so these blocks' `--device auto` ranks run on the CPU, as here.
+        run_env["CUDA_VISIBLE_DEVICES"] = ""
     if cmd.shell:
         proc = subprocess.run(["bash", "-c", cmd.text], cwd=s.root, env=run_env, text=True,
                               capture_output=True, timeout=timeout)
@@ -523,3 +545,11 @@ def test_shrinking_is_what_the_docstring_says(tmp_path):
         "--max-examples", "200"]
     assert _cap_ranks(["mpirun", "-np", "8", "-H", "localhost:8"]) == [
         "mpirun", "-np", "2", "-H", "localhost:2"]
+
+
+def test_ranks_of_a_command():
+    """What decides whether a block's ranks must leave the GPU alone (``_execute``)."""
+    assert _ranks(["horovodrun", "-np", "2", "python", "-m", "hvd_lm", "train"], {}) == 2
+    assert _ranks(["srun", "-n", "4", "hvd-lm", "eval"], {}) == 4
+    assert _ranks(["bash", "launch/horovodrun.sh"], {"NP": "2"}) == 2
+    assert _ranks(["hvd-lm", "train", "--shards", "d"], {}) == 1

@@ -381,7 +381,8 @@ def test_onebit_settings_are_checked():
 # ---- training ------------------------------------------------------------------------------------
 
 TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--log-every", "1",
-        "--lr", "3e-3", "--threads", "1", "--eval-chars", "2000", "--batch-size", "2"]
+        "--lr", "3e-3", "--threads", "1", "--eval-chars", "2000", "--batch-size", "2",
+        "--device", "cpu"]  # 2 ranks: on a 1-GPU node they cannot share the GPU
 
 
 def _train(shards, out, *extra, np_=2):
@@ -452,7 +453,8 @@ def test_onebit_adam_300_steps_within_005_bpc_of_adam(tmp_path):
                                              "val": [texts[600:700]]})
     common = ["--hidden-size", "256", "--seq-len", "64", "--batch-size", "8", "--log-every",
               "50", "--lr", "2e-3", "--threads", "1", "--eval-chars", "0", "--max-steps", "300",
-              "--epochs", "0", "--compression", "none", "--onebit-warmup-steps", "60"]
+              "--epochs", "0", "--compression", "none", "--onebit-warmup-steps", "60",
+              "--device", "cpu"]
     bpc = {}
     for opt in ("adam", "onebit-adam"):
         out = tmp_path / opt

@@ -202,7 +202,7 @@ def test_classify_under_horovodrun_matches_one_process(tmp_path, trained):
     writes the same predictions as one process (to 1e-6)."""
     ckpt, clf = trained["ckpt"], trained["dir"] / "out"
     args = [ckpt, clf, "--input", trained["test"], "--text-field", "review", "--batch-size", "8",
-            "--no-progress"]
+            "--no-progress", "--device", "cpu"]  # 2 ranks cannot share one GPU
     run(horovodrun_cmd(2, ["-m", "hvd_lm", "classify", *args, "--output", tmp_path / "two.csv"],
                        "gloo"), timeout=240)
     assert cli_main(["classify", *map(str, args), "--output", str(tmp_path / "one.csv")]) == 0

@@ -183,7 +183,10 @@ def demo(cfg: DemoConfig) -> int:
     lm_json.unlink(missing_ok=True)
     _run(launcher_argv(cfg.launch, ["-m", "hvd_lm", "eval", str(train_dir), str(shards),
                                     "--split", "val", "--batch-size",
-                                    str(cfg.evaluate.batch_size), "--output", str(lm_json)]),
+                                    str(cfg.evaluate.batch_size), "--output", str(lm_json),
+                                    # the ranks of training: on its device (2 CPU ranks on a
+                                    # 1-GPU node cannot share the GPU)
+                                    "--device", cfg.train.run.device]),
          env)
     eval_result = json.loads(lm_json.read_text())
     comp = compressor_bpc(val_bytes(shards), tuple(cfg.evaluate.compressors))

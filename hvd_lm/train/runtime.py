@@ -56,7 +56,7 @@ def resolve_device(name: str, local_rank: int, local_size: int = 1,
     ``torch.cuda.set_device(hvd.local_rank())``).
 
     ``auto`` is ``cuda`` when torch sees a GPU, else ``cpu``; ``cuda`` means ``cuda:<local_rank>``;
-    ``cuda:N`` is honoured. Two ranks must never share a GPU (NCCL refuses: "Duplicate GPU
+    ``cuda:N`` is honoured when this rank is alone on its node. Two ranks must never share a GPU (NCCL refuses: "Duplicate GPU
     detected"), so a node running more local ranks than it has GPUs is an error here, at start-up.
 
     Args:
@@ -65,8 +65,9 @@ def resolve_device(name: str, local_rank: int, local_size: int = 1,
         gpus: GPUs torch sees (default ``torch.cuda.device_count()``; tests pass it).
 
     Raises:
-        DeviceError: CUDA asked for but not available, ``cuda:N`` beyond the GPUs, or more
-            local ranks than GPUs (saying how many of each and what to do).
+        DeviceError: CUDA asked for but not available, ``cuda:N`` beyond the GPUs or with
+            several local ranks, or more local ranks than GPUs (saying how many of each and
+            what to do).
     """
     available = torch.cuda.is_available() if gpus is None else gpus > 0
     n = (torch.cuda.device_count() if available else 0) if gpus is None else gpus
@@ -80,6 +81,11 @@ def resolve_device(name: str, local_rank: int, local_size: int = 1,
                           "cpu")
     if ":" in name:
         index = int(name.split(":", 1)[1])
+        if local_size > 1:
+            raise DeviceError(
+                f"run.device={name!r} puts all {local_size} ranks of this node on one GPU (NCCL "
+                "refuses: duplicate GPU); use --device cuda (one GPU per local rank, "
+                "cuda:<local_rank>), or launch one rank per node")
         if index >= n:
             raise DeviceError(f"run.device={name!r} but torch sees {n} GPU(s) (cuda:0.."
                               f"cuda:{n - 1})")
