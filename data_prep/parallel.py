@@ -13,6 +13,7 @@ rank (:func:`hvd_lm.dist.launcher.started_by_mpi`), so a plain run needs no MPI 
 from __future__ import annotations
 
 import ctypes
+import errno
 import multiprocessing as mp
 import os
 import signal
@@ -25,6 +26,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from tqdm import tqdm
 
+from hvd_lm.core.atomic import DiskFullError, free_bytes, human
 from hvd_lm.dist import mpi
 from hvd_lm.dist.launcher import RankContext, started_by_mpi
 
@@ -74,6 +76,8 @@ class Context:
         workers: local worker processes per rank (>= 1).
         comm: the :class:`hvd_lm.dist.mpi.MpiWorld`, or ``None``.
         progress: show tqdm bars (rank 0 only).
+        disk: (folder, bytes) named when a task runs out of disk space: the folder the tasks
+            write into and an estimate of what the whole job needs there (None: not named).
     """
 
     def __init__(self, workers: int = 1, progress: bool = True, use_mpi: Optional[bool] = None):
@@ -87,6 +91,7 @@ class Context:
             self.ranks = RankContext(self.comm.rank, self.comm.size, launcher="mpi")
         self.rank, self.size = self.ranks.rank, self.ranks.size
         self.progress = progress and self.rank == 0
+        self.disk: Optional[tuple] = None
 
     @property
     def is_root(self) -> bool:
@@ -187,6 +192,13 @@ class Context:
         if isinstance(e, BrokenProcessPool):
             return (f"{where}a worker process died (killed, or out of memory: lower "
                     "--max-memory-mb or --workers); rerun with --resume to continue")
+        if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+                and not isinstance(e, DiskFullError)):  # a bare "[Errno 28]" names nothing
+            folder, needed = self.disk or (e.filename or os.getcwd(), None)
+            need = f"the job needs about {human(needed)} there, " if needed else ""
+            return (f"{where}{e.filename or folder}: no space left on the device ({need}"
+                    f"{human(free_bytes(folder))} free); free space and rerun with --resume to "
+                    "continue")
         text = str(e) or type(e).__name__
         if not isinstance(e, (ValueError, OSError, RuntimeError)):
             text = "".join(traceback.format_exception_only(type(e), e)).strip()

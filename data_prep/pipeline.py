@@ -863,6 +863,9 @@ def _prepare(cfg: PrepareConfig, ctx: Context, out: Path) -> dict:
         units.extend((i, k, n) for k in range(n))
     per_proc = cfg.max_memory_mb * MiB // cfg.workers
     est = sum(_estimate_bytes(s) for s in specs)
+    # a full disk names the folder and what the job needs there: the map spills and the sorted
+    # buckets (each about the corpus) beside the shards (about the corpus again)
+    ctx.disk = (out, 3 * est)
     bits = max(math.ceil(math.log2(max(1, 4 * slots))),
                math.ceil(math.log2(max(1.0, 1.2 * est / (per_proc / 3)))))
     bits = min(bits, _MAX_BUCKET_BITS)
