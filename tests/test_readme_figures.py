@@ -50,6 +50,11 @@ def test_demo_paragraph():
          f"{t['nonzero']} non-zero weights) against {t['baseline_val_acc']:.1%} for TF-IDF", src)
     minutes, seconds = divmod(round(d["total_s"]), 60)
     says(f"{minutes} min {seconds} s", src)
+    # the transfer section's example: the same run
+    says(f"{d['steps']} steps, val BPC {d['val_bpc']:.3f}; `--features {t['features']}`, CPU): "
+         f"SST-2 val {t['val_acc']:.1%} ({t['nonzero']} of 256 weights non-zero), unit "
+         f"#{t['neuron']} alone {t['neuron_val_acc']:.1%}, TF-IDF baseline "
+         f"{t['baseline_val_acc']:.1%}", src)
 
 
 def test_elastic_figures():
