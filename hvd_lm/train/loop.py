@@ -25,7 +25,8 @@ the loop runs under ``hvd.elastic.run``: every ``run.commit_every`` steps the mo
 LR schedule, loss scaler, data position and character count are committed in memory
 (``TorchState``); a lost worker rolls every rank back to the last commit, a changed world size
 re-cuts the streams at the same fraction of the epoch, rescales the LR for the new global batch
-and starts the recurrent state of the re-cut rows from zero (:meth:`Trainer.on_reset`, :meth:`Trainer.from_state`).
+and starts the recurrent state of the re-cut rows from zero (:meth:`Trainer.on_reset`,
+:meth:`Trainer.from_state`).
 """
 
 from __future__ import annotations
@@ -130,10 +131,10 @@ class Trainer:
                                     fallback=auto, warn=self.ctx.is_root)
             resume.restore_model(self.model, self.scaler)
             self.pos = resume.position
-            old_wpe = resume.windows_per_epoch
-            if old_wpe and old_wpe != self.windows_per_epoch:  # another world size x batch:
-                # the streams are cut differently; continue at the same point of the epoch
-                self.pos.window = self.window_in_new_cut(self.pos.window, old_wpe)
+            if resume.windows_per_epoch:  # another world size x batch cuts other streams:
+                # continue at the same point of the epoch (the same window when cut alike)
+                self.pos.window = self.window_in_new_cut(self.pos.window,
+                                                         resume.windows_per_epoch)
             self.rnn_state = resume.rnn_rows(self.ctx.rank, self.ctx.size, self.B, self.device,
                                              warn=self.ctx.is_root) or self.rnn_state
             resume.restore_rng()
@@ -443,9 +444,7 @@ class Trainer:
         epoch in the new cut (done here, after Horovod's sync: ``sync`` re-sets every field from
         rank 0's last commit, so a change made in the reset callback would be lost)."""
         position = dict(state.position)
-        if state.world != self.ctx.size:
-            position["window"] = self.window_in_new_cut(position["window"],
-                                                        state.windows_per_epoch)
+        position["window"] = self.window_in_new_cut(position["window"], state.windows_per_epoch)
         self.pos = ckpt_io.Position(**position)
         self.chars_base, self.chars_local = self.pos.chars_trained, 0
         self.scheduler.load_state_dict(state.scheduler)
@@ -471,7 +470,8 @@ class Trainer:
     def window_in_new_cut(self, window: int, old_windows_per_epoch: int) -> int:
         """The window index at the same fraction of the epoch once the streams are cut for the
         current world (:attr:`windows_per_epoch`): epochs done are kept, the part of the epoch
-        scales by new / old windows per epoch (rounded)."""
+        scales by new / old windows per epoch (rounded); ``window`` itself when the cut is the
+        same."""
         epoch, w = divmod(window, old_windows_per_epoch)
         return epoch * self.windows_per_epoch + round(
             w * self.windows_per_epoch / old_windows_per_epoch)
@@ -483,9 +483,7 @@ class Trainer:
         old_size = state.world
         self.ctx = dist.rank_context()
         self.cut_streams()
-        window = state.position["window"]
-        if self.ctx.size != old_size:
-            window = self.window_in_new_cut(window, state.windows_per_epoch)
+        window = self.window_in_new_cut(state.position["window"], state.windows_per_epoch)
         self.take_root()
         self.faults = Faults(self.ctx.rank, self.cfg.run.inject_nan_steps)
         self.log.record("resize", state.position["step"], world_size=self.ctx.size,

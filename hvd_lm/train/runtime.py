@@ -56,8 +56,9 @@ def resolve_device(name: str, local_rank: int, local_size: int = 1,
     ``torch.cuda.set_device(hvd.local_rank())``).
 
     ``auto`` is ``cuda`` when torch sees a GPU, else ``cpu``; ``cuda`` means ``cuda:<local_rank>``;
-    ``cuda:N`` is honoured when this rank is alone on its node. Two ranks must never share a GPU (NCCL refuses: "Duplicate GPU
-    detected"), so a node running more local ranks than it has GPUs is an error here, at start-up.
+    ``cuda:N`` is honoured when this rank is alone on its node. Two ranks must never share a GPU
+    (NCCL refuses: "Duplicate GPU detected"), so a node running more local ranks than it has GPUs
+    is an error here, at start-up.
 
     Args:
         name: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (``run.device``).
