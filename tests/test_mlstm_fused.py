@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from hvd_lm.core import mlstm_kernels as K
-from hvd_lm.core.mlstm_fused import MLSTMWindow, WindowGraphs, mlstm_window, signature
+from hvd_lm.core import model as model_module
+from hvd_lm.core.mlstm_fused import (LAYOUTS, MLSTMWindow, WindowGraphs, default_layout,
+                                     mlstm_window, signature, steps_empty, to_layout)
 from hvd_lm.core.model import LanguageModel, ModelConfig
 from hvd_lm.core.shards import load_manifest
 from hvd_lm.perf import bench_train as bt
@@ -27,9 +29,11 @@ from tests.test_train import max_diff, one_process, params_of, records, train_ar
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("reset_p,mask_p", [(0.0, 1.0), (0.3, 0.6)])
-def test_gradcheck_float64_with_reset_and_mask(reset_p, mask_p):
-    """Every input's gradient (projections, state, both weights) against finite differences."""
+def test_gradcheck_float64_with_reset_and_mask(reset_p, mask_p, layout):
+    """Every input's gradient (projections, state, both weights) against finite differences,
+    with the per-step matrices stored in either layout."""
     tensors, mask, reset = window_inputs(5, 2, 3, reset_p=reset_p, mask_p=mask_p)
     if reset is not None:
         reset[2, 1] = True  # at least one reset inside the window
@@ -38,7 +42,8 @@ def test_gradcheck_float64_with_reset_and_mask(reset_p, mask_p):
     kernels = K.get_kernels("torch")
 
     def fn(xg, xm, h0, c0, w_mh, w_h):
-        hs, (h, c) = mlstm_window(xg, xm, (h0, c0), w_mh, w_h, kernels, mask, reset)
+        hs, (h, c) = mlstm_window(xg, xm, (h0, c0), w_mh, w_h, kernels, mask, reset,
+                                  layout=layout)
         return hs, h, c
 
     assert torch.autograd.gradcheck(fn, tensors, eps=1e-6, atol=1e-8, rtol=1e-6)
@@ -71,11 +76,14 @@ def assert_within(a, b, tol, what):
         f"{what}: max |fused - reference| = {diff:.3g} > {tol:g} x {scale:.3g}"
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("weight_norm", [False, True])
-def test_fused_equals_reference_fp32_random(weight_norm):
+def test_fused_equals_reference_fp32_random(weight_norm, layout, monkeypatch):
     """Forward states and all parameter gradients within 1e-6 (fp32; :func:`assert_within`),
     with resets inside the window, padding, a non-zero incoming state and gradients into the
-    final state."""
+    final state; the fused window in either layout (the CPU default depends on the thread
+    count)."""
+    monkeypatch.setattr(model_module, "default_layout", lambda device, kernels: layout)
     fused, ref = pair(hidden_size=48, embed_dim=16, weight_norm=weight_norm)
     B, T = 5, 40
     g = torch.Generator().manual_seed(3)
@@ -129,9 +137,11 @@ def test_fused_equals_reference_on_real_shards(shards):
         assert_within(g_f[name], g_r[name], 1e-6, name)
 
 
-def test_bf16_autocast_close_to_fp32_reference():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_bf16_autocast_close_to_fp32_reference(layout, monkeypatch):
     """CPU bf16 autocast: the fused path (fp32 cell state, bf16 GEMMs) stays within 1e-2
     relative error (Frobenius) of the fp32 reference, forward and weight gradients."""
+    monkeypatch.setattr(model_module, "default_layout", lambda device, kernels: layout)
     fused, ref = pair(hidden_size=64, embed_dim=16)
     tokens = torch.randint(0, 256, (6, 48), generator=torch.Generator().manual_seed(1))
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -152,7 +162,10 @@ def test_bf16_autocast_close_to_fp32_reference():
 
 
 def test_inference_path_equals_training_path():
-    """Under no_grad the Function keeps O(1) buffers in T; results are identical."""
+    """Under no_grad the Function keeps O(1) buffers in T; the results are the training path's
+    to fp32 rounding (in the CPU features layout the per-step GEMMs then read and write
+    matrices of another leading dimension, B instead of T*B, which MKL may sum in another
+    order; measured 1.2e-7)."""
     model, _ = pair(hidden_size=32, embed_dim=8)
     tokens = torch.randint(0, 256, (3, 20), generator=torch.Generator().manual_seed(2))
     reset = torch.zeros(3, 20, dtype=torch.bool)
@@ -160,8 +173,8 @@ def test_inference_path_equals_training_path():
     hs, (h, c) = model.encode(tokens, reset=reset)
     with torch.no_grad():
         hs0, (h0, c0) = model.encode(tokens, reset=reset)
-    assert torch.equal(hs.detach(), hs0) and torch.equal(h.detach(), h0)
-    assert torch.equal(c.detach(), c0)
+    for a, b in ((hs, hs0), (h, h0), (c, c0)):
+        torch.testing.assert_close(a.detach(), b, rtol=0, atol=1e-6)
 
 
 def test_one_step_at_a_time_equals_the_window():
@@ -452,8 +465,52 @@ def test_function_saves_only_when_needed():
     """``save`` is what makes the backward possible; without it backward is never reached."""
     tensors, _, _ = window_inputs(3, 2, 4, dtype=torch.float32)
     k = K.get_kernels("torch")
-    hs, h, c = MLSTMWindow.apply(*tensors, None, None, k, True)
+    hs, h, c = MLSTMWindow.apply(*tensors, None, None, k, True, "rows")
     assert hs.requires_grad and hs.grad_fn is not None
+
+
+def test_layouts_store_the_same_matrices():
+    """``features``: each step one column-major [B, F] matrix, all steps one row-major
+    [F, n*B] matrix (what the weight-gradient GEMMs read); ``to_layout`` copies only when
+    needed and keeps the values."""
+    x = steps_empty(3, 4, 5, torch.float32, "cpu", "features")
+    assert x.shape == (3, 4, 5) and x.stride() == (4, 1, 12)
+    assert x.view(12, 5).t().is_contiguous() and x[1].stride() == (1, 12)
+    assert steps_empty(3, 4, 5, torch.float32, "cpu", "rows").is_contiguous()
+    y = torch.randn(3, 4, 5)
+    f = to_layout(y, "features")
+    assert torch.equal(f, y) and f.stride() == (4, 1, 12) and to_layout(f, "features") is f
+    assert to_layout(f, "rows").is_contiguous() and torch.equal(to_layout(f, "rows"), y)
+    with pytest.raises(ValueError, match="layout"):
+        steps_empty(1, 1, 1, torch.float32, "cpu", "columns")
+
+
+def test_default_layout_follows_device_threads_and_kernels():
+    """features only on a multi-threaded CPU with strided kernels (section 5's measurement)."""
+    torch_k = K.get_kernels("torch")
+    assert default_layout("cpu", torch_k, threads=2) == "features"
+    assert default_layout("cpu", torch_k, threads=1) == "rows"
+    assert default_layout("cuda", torch_k, threads=8) == "rows"
+    rowwise = K.Kernels("rowwise", K.cell_forward, K.cell_backward, strided=False)
+    assert default_layout("cpu", rowwise, threads=2) == "rows"
+    assert not K.get_kernels("compile").strided
+
+
+def test_layouts_give_the_same_window():
+    """The fused window in ``rows`` and ``features`` (fp32, resets, padding, incoming state):
+    outputs and the gradients of all six inputs within 1e-6; the final state is contiguous
+    in both."""
+    results = []
+    for layout in LAYOUTS:
+        tensors, mask, reset = window_inputs(11, 3, 8, dtype=torch.float32, reset_p=0.2,
+                                             mask_p=0.8, seed=7)
+        hs, (h, c) = mlstm_window(*tensors[:2], tensors[2:4], *tensors[4:],
+                                  K.get_kernels("torch"), mask, reset, layout=layout)
+        assert h.is_contiguous() and c.is_contiguous()
+        (hs.pow(2).sum() + h.sum() - c.sum()).backward()
+        results.append([hs, h, c] + [t.grad for t in tensors])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
 @pytest.mark.slow

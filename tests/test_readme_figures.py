@@ -103,16 +103,18 @@ def test_training_throughput_table(h, flops):
          f"docs/results/bench_train_h{h}.json")
 
 
-@pytest.mark.parametrize("h", [1024, 256])
-def test_fused_recurrence_table(h):
-    d = load(f"bench_train_fused_h{h}.json")
-    r = _bench_rows(f"bench_train_fused_h{h}.json")
+@pytest.mark.parametrize("h,threads", [(1024, 2), (256, 2), (1024, 1), (256, 1)])
+def test_fused_recurrence_table(h, threads):
+    name = f"bench_train_fused_h{h}{'_t2' if threads == 2 else ''}.json"
+    d = load(name)
+    assert d["args"]["threads"] == threads
+    r = _bench_rows(name)
     ratio = next(x for x in d["impl_ratios"] if x["variant"] == "fused/torch")
     q1, q3 = ratio["step_ratio_quartiles"]
-    says(f"| H={h} | {r[('horovod', 1, 'fused/torch')]['chars_per_s_total']:,.0f} | "
+    says(f"| H={h} | {threads} | {r[('horovod', 1, 'fused/torch')]['chars_per_s_total']:,.0f} | "
          f"{r[('horovod', 1, 'reference')]['chars_per_s_total']:,.0f} | "
          f"{ratio['step_ratio_median']:.3f}x (quartiles {q1:.3f}-{q3:.3f}) |",
-         f"docs/results/bench_train_fused_h{h}.json")
+         f"docs/results/{name}")
 
 
 @pytest.fixture(scope="module")

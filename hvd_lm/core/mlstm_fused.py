@@ -32,6 +32,14 @@ K = T*B instead of K = B, and no per-step read-modify-write of the 4H x H gradie
 per step in fp32). Bytes saved per step and row: 4H (activations, S) + H (c_{t-1}, S) + 3H (a, m,
 hprev, C).
 
+Layout (:func:`default_layout`, :func:`steps_empty`): every per-step buffer is [n, B, F]; on
+CUDA (and on a one-thread CPU) it is stored ``rows`` (contiguous, as cuDNN and haste do); on a
+multi-threaded CPU ``features``: storage [F, n*B], each step's [B, F] matrix column-major, so
+that MKL runs each per-step GEMM as ``W X^T`` with the large dimension first (1.5x faster on
+two threads at B = 32) while the weight gradients stay single GEMMs over the [F, n*B] rows
+(the input projections are computed straight into it by :func:`project`). ``hs`` and the
+returned state are contiguous in both.
+
 Semantics kept exactly from the reference: ``reset`` [T, B] zeroes a row's (h, c) before that
 step (done inside the Function as a multiply by ``rk = 1 - reset``, instead of splitting the
 window into segments); ``mask`` [T, B] False holds the row's state through that step. The cell
@@ -63,7 +71,7 @@ def _no_autocast(device: torch.device):
 class MLSTMWindow(torch.autograd.Function):
     """The whole window's recurrence as one autograd node (see the module docstring).
 
-    ``apply(xg, xm, h0, c0, w_mh, w_h, keep, rk, kernels, save)``:
+    ``apply(xg, xm, h0, c0, w_mh, w_h, keep, rk, kernels, save, layout)``:
 
     Args:
         xg: [T, B, 4H] gate input projections incl. bias (compute dtype C = ``xg.dtype``).
@@ -74,32 +82,36 @@ class MLSTMWindow(torch.autograd.Function):
         rk: [T, B, 1] (S) or None: 0.0 where the state is zeroed before the step.
         kernels: the cell kernels (:func:`hvd_lm.core.mlstm_kernels.get_kernels`).
         save: keep what the backward needs (False: inference, O(1) buffers in T).
+        layout: ``rows`` or ``features``: how every per-step buffer (and hs) is stored
+            (:func:`steps_empty`); ``xg``/``xm`` must already be in it (:func:`to_layout`).
 
     Returns:
         (hs [T, B, H] in C, h_T [B, H] in S, c_T [B, H] in S).
     """
 
     @staticmethod
-    def forward(ctx, xg, xm, h0, c0, w_mh, w_h, keep, rk, kernels: Kernels, save: bool):
+    def forward(ctx, xg, xm, h0, c0, w_mh, w_h, keep, rk, kernels: Kernels, save: bool,
+                layout: str):
         T, B, H4 = xg.shape
         H = H4 // 4
         S, C, dev = c0.dtype, xg.dtype, xg.device
+
+        def steps(n, F, dtype):  # n per-step [B, F] matrices in this window's layout
+            return steps_empty(n, B, F, dtype, dev, layout)
+
         n = T if save else 1
         with _no_autocast(dev):
             wmh_t = w_mh.to(C).t()  # [H, H]: a = hprev @ W_mh^T; cast once per window
             wh_t = w_h.to(C).t()    # [H, 4H]
-            act = torch.empty(n, B, H4, dtype=S, device=dev)
-            tc = torch.empty(n, B, H, dtype=S, device=dev)
-            cprev = torch.empty(n + 1, B, H, dtype=S, device=dev)
-            hprev_c = torch.empty(n + 1, B, H, dtype=C, device=dev)
-            a = torch.empty(n, B, H, dtype=C, device=dev)
-            m = torch.empty(n, B, H, dtype=C, device=dev)
-            g = torch.empty(B, H4, dtype=C, device=dev)
-            hs = torch.empty(T, B, H, dtype=C, device=dev)
+            act, tc = steps(n, H4, S), steps(n, H, S)
+            cprev, hprev_c = steps(n + 1, H, S), steps(n + 1, H, C)
+            a, m = steps(n, H, C), steps(n, H, C)
+            g = steps(1, H4, C)[0]
+            hs = torch.empty(T, B, H, dtype=C, device=dev)  # rows in both: the decoder's input
             h0s, c0s = h0, c0
             if rk is not None:
                 h0s, c0s = h0s * rk[0], c0s * rk[0]
-            hstate = h0s.clone()
+            hstate = steps(1, H, S)[0].copy_(h0s)
             cprev[0].copy_(c0s)
             hprev_c[0].copy_(h0s)
             # Per-step views made once in C++ (unbind), not by T x 13 Python indexing calls.
@@ -114,31 +126,40 @@ class MLSTMWindow(torch.autograd.Function):
                 torch.addmm(xg_t[t], m_t[s], wh_t, out=g)
                 kernels.forward(g, cp_t[s], hstate, keep_t[t], rk_next[t], act_t[s], tc_t[s],
                                 hs_t[t], cp_t[s1], hstate, hp_t[s1])
-            c_T = cprev[n if save else 0].clone()
+            c_T = cprev[n if save else 0].clone(memory_format=torch.contiguous_format)
         if save:
             ctx.save_for_backward(xm, w_mh, w_h, keep, rk, act, tc, cprev, hprev_c, a, m)
-            ctx.kernels = kernels
-        return hs, hstate, c_T
+            ctx.kernels, ctx.layout = kernels, layout
+        return hs, hstate.contiguous(), c_T
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dhs, dh_T, dc_T):
         xm, w_mh, w_h, keep, rk, act, tc, cprev, hprev_c, a, m = ctx.saved_tensors
-        kernels = ctx.kernels
+        kernels, layout = ctx.kernels, ctx.layout
         T, B, H = xm.shape
         S, C, dev = cprev.dtype, xm.dtype, xm.device
+
+        def steps(n, F, dtype):  # n per-step [B, F] matrices in this window's layout
+            return steps_empty(n, B, F, dtype, dev, layout)
+
+        def state(init, dtype):  # a [B, H] gradient of the state, zero or ``init``
+            out = steps(1, H, dtype)[0]
+            return out.zero_() if init is None else out.copy_(init)
+
         with _no_autocast(dev):
             w_mh_c, w_h_c = w_mh.to(C), w_h.to(C)  # cast once per window
-            dG = torch.empty(T, B, 4 * H, dtype=C, device=dev)
-            dM = torch.empty(T, B, H, dtype=C, device=dev)
-            dA = torch.empty(T, B, H, dtype=C, device=dev)
-            dhp = torch.zeros(B, H, dtype=S, device=dev) if dh_T is None else dh_T.to(S).clone()
-            dcp = torch.zeros(B, H, dtype=S, device=dev) if dc_T is None else dc_T.to(S).clone()
+            if layout == "features":  # dM^T = W_h^T dG^T needs W_h^T row-major: one copy
+                w_mh_c, w_h_c = w_mh_c.t().contiguous().t(), w_h_c.t().contiguous().t()
+            dG, dM, dA = steps(T, 4 * H, C), steps(T, H, C), steps(T, H, C)
+            dhp, dcp = state(dh_T, S), state(dc_T, S)
             # without padding nothing bypasses the cell: dhold is zero and not materialised
-            dhold = torch.empty(B, H, dtype=S, device=dev) if keep is not None else None
+            dhold = steps(1, H, S)[0] if keep is not None else None
             if dhs is None:
                 dhs = torch.zeros(T, B, H, dtype=C, device=dev)
-            dhs = dhs.contiguous()  # e.g. the grad of hs.transpose(0, 1): per-step rows dense
+            # the grad of hs (e.g. of hs.transpose(0, 1)): rows dense for the row kernels; the
+            # strided kernels read it as it comes (one copy saved)
+            dhs = dhs.contiguous() if layout == "rows" else dhs
             dhs_t, dG_t, dM_t, dA_t = dhs.unbind(0), dG.unbind(0), dM.unbind(0), dA.unbind(0)
             act_t, tc_t, cp_t, xm_t = act.unbind(0), tc.unbind(0), cprev.unbind(0), xm.unbind(0)
             keep_t, rk_next = _steps(keep, rk, T)
@@ -156,11 +177,84 @@ class MLSTMWindow(torch.autograd.Function):
                     torch.add(dhold, torch.mm(dA_t[t], w_mh_c), out=dhp)
             if rk is not None:
                 dhp, dcp = dhp * rk[0], dcp * rk[0]
+            dhp, dcp = dhp.contiguous(), dcp.contiguous()
             # Weight and input-projection gradients: one GEMM / one kernel over T*B rows each.
             d_wh = (dG.view(T * B, 4 * H).t() @ m.view(T * B, H)).to(w_h.dtype)
             d_wmh = (dA.view(T * B, H).t() @ hprev_c[:T].view(T * B, H)).to(w_mh.dtype)
             dxm = dM * a
-        return dG, dxm, dhp, dcp, d_wmh, d_wh, None, None, None, None
+        return dG, dxm, dhp, dcp, d_wmh, d_wh, None, None, None, None, None
+
+
+LAYOUTS = ("rows", "features")
+
+
+def default_layout(device: torch.device | str, kernels: Kernels,
+                   threads: int | None = None) -> str:
+    """How the fused window stores its per-step [B, F] matrices (:func:`steps_empty`):
+    ``features`` on a CPU running torch on two or more threads (``threads``, default
+    ``torch.get_num_threads()``) when the kernels take strided tensors
+    (:attr:`Kernels.strided`), else ``rows``.
+
+    Why (measured here, ``docs/mlstm_fused.md`` section 5; H=1024, B=32, T=64): MKL computes a
+    per-step product ``Y [B, N] = X [B, K] W^T`` ~1.5x faster on two threads when Y and X are
+    stored transposed (``Y^T = W X^T``: the large N becomes the GEMM's row dimension, which MKL
+    splits across threads) and the weight operand is row-major in that form (the backward keeps
+    a transposed copy of each weight): the fused step takes 453 ms instead of 581 ms. On one
+    thread the GEMMs run at the same rate either way and the layout's extra copies make it ~5%
+    slower (874 vs 830 ms), so one thread keeps ``rows``. On CUDA the rows layout of cuDNN and
+    haste is kept (the Triton kernels index contiguous rows)."""
+    threads = torch.get_num_threads() if threads is None else threads
+    cpu = torch.device(device).type == "cpu"
+    return "features" if cpu and threads > 1 and kernels.strided else "rows"
+
+
+def steps_empty(n: int, B: int, F: int, dtype: torch.dtype, device: torch.device | str,
+                layout: str) -> torch.Tensor:
+    """An uninitialised [n, B, F] tensor of ``n`` per-step [B, F] matrices.
+
+    ``rows``: contiguous. ``features``: storage [F, n*B] (strides (B, 1, n*B)), step t's
+    matrix being columns t*B .. t*B+B-1: each step is one column-major [B, F] matrix (what the
+    per-step GEMMs write and read) and all steps together one row-major [F, n*B] matrix (the
+    operand of the weight-gradient GEMMs over n*B rows).
+
+    Raises:
+        ValueError: an unknown layout.
+    """
+    if layout == "rows":
+        return torch.empty(n, B, F, dtype=dtype, device=device)
+    if layout == "features":
+        return torch.empty(F, n * B, dtype=dtype, device=device).t().view(n, B, F)
+    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+
+
+def to_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """``x`` [T, B, F] stored as :func:`steps_empty` lays out ``layout``: ``x`` itself when it
+    already is, else one (differentiable) copy."""
+    if layout == "rows":
+        return x.contiguous()
+    if layout != "features":
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return x if x.permute(2, 0, 1).is_contiguous() else \
+        x.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            layout: str) -> torch.Tensor:
+    """The input projection ``x W^T (+ b)`` of all T*B positions in one GEMM, stored in
+    ``layout`` (:func:`steps_empty`), so the window reads it without a copy.
+
+    Args:
+        x: [T, B, E]; weight: [F, E]; bias: [F] or None.
+
+    Returns:
+        [T, B, F] (autocast's dtype when autocast is on, as ``F.linear``).
+    """
+    if layout == "rows":
+        return torch.nn.functional.linear(x, weight, bias)
+    T, B, E = x.shape
+    xt = x.reshape(T * B, E).t()  # [E, T*B]
+    y = torch.mm(weight, xt) if bias is None else torch.addmm(bias.unsqueeze(1), weight, xt)
+    return y.t().view(T, B, -1)  # [F, T*B] storage: features layout
 
 
 def _steps(keep: torch.Tensor | None, rk: torch.Tensor | None, T: int) -> tuple[list, list]:
@@ -173,8 +267,8 @@ def _steps(keep: torch.Tensor | None, rk: torch.Tensor | None, T: int) -> tuple[
 
 def mlstm_window(xg: torch.Tensor, xm: torch.Tensor, state: State, w_mh: torch.Tensor,
                  w_h: torch.Tensor, kernels: Kernels, mask: torch.Tensor | None = None,
-                 reset: torch.Tensor | None = None,
-                 graphs: "WindowGraphs | None" = None) -> tuple[torch.Tensor, State]:
+                 reset: torch.Tensor | None = None, graphs: "WindowGraphs | None" = None,
+                 layout: str | None = None) -> tuple[torch.Tensor, State]:
     """Run the fused recurrence over a window (see the module docstring).
 
     Args:
@@ -186,12 +280,15 @@ def mlstm_window(xg: torch.Tensor, xm: torch.Tensor, state: State, w_mh: torch.T
         reset: bool [T, B] or None; True = zero the row's state before that step.
         graphs: a :class:`WindowGraphs` to replay a captured CUDA graph when the window's
             signature matches (None: always eager).
+        layout: ``rows`` or ``features`` (:func:`steps_empty`); None: :func:`default_layout`.
+            ``xg``/``xm`` are copied into it unless they already are (:func:`project`).
 
     Returns:
-        (hs [T, B, H] in xg's dtype, (h_T, c_T) each [B, H] in c0's dtype).
+        (hs [T, B, H] in xg's dtype and the window's layout, (h_T, c_T) each [B, H] contiguous
+        in c0's dtype).
 
     Raises:
-        ValueError: shapes that do not fit together.
+        ValueError: shapes that do not fit together; an unknown layout.
     """
     T, B, H4 = xg.shape
     h0, c0 = state
@@ -209,10 +306,12 @@ def mlstm_window(xg: torch.Tensor, xm: torch.Tensor, state: State, w_mh: torch.T
         raise ValueError(f"mlstm_window: h0 is {h0.dtype} but c0 is {c0.dtype}")
     save = torch.is_grad_enabled() and any(
         t.requires_grad for t in (xg, xm, h0, c0, w_mh, w_h))
+    layout = layout or default_layout(xg.device, kernels)
+    xg, xm = to_layout(xg, layout), to_layout(xm, layout)
     args = (xg, xm, h0, c0, w_mh, w_h, keep, rk)
 
     def run(*a):
-        return MLSTMWindow.apply(*a, kernels, save)
+        return MLSTMWindow.apply(*a, kernels, save, layout)
 
     if graphs is not None and save:
         hs, h, c = graphs(run, args)

@@ -172,10 +172,14 @@ class Kernels:
     Attributes:
         name: ``torch``, ``compile`` or ``triton``.
         forward / backward: the two kernels.
+        strided: the kernels take [B, F] tensors of any strides (torch ops do; the Triton
+            kernels index rows of contiguous tensors), so the fused window may keep its
+            per-step matrices feature-major (:func:`hvd_lm.core.mlstm_fused.default_layout`).
     """
 
-    def __init__(self, name: str, forward, backward):
+    def __init__(self, name: str, forward, backward, strided: bool = True):
         self.name, self.forward, self.backward = name, forward, backward
+        self.strided = strided
 
     def __repr__(self) -> str:
         return f"Kernels({self.name!r})"
@@ -232,10 +236,11 @@ def get_kernels(name: str, device: torch.device | str = "cpu") -> Kernels:
         # dynamic=None: the first shape compiles static, a second one recompiles with dynamic
         # shapes (transfer feeds shrinking batches) instead of once per shape.
         k = Kernels("compile", torch.compile(cell_forward, fullgraph=True),
-                    torch.compile(cell_backward, fullgraph=True))
+                    torch.compile(cell_backward, fullgraph=True), strided=False)
     else:
         from hvd_lm.core import mlstm_triton  # optional dependency (triton): GPU path only
 
-        k = Kernels("triton", mlstm_triton.cell_forward, mlstm_triton.cell_backward)
+        k = Kernels("triton", mlstm_triton.cell_forward, mlstm_triton.cell_backward,
+                    strided=False)
     _CACHE[name] = k
     return k

@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn.utils.parametrizations import weight_norm as wn
 
 from hvd_lm.core.config import option
-from hvd_lm.core.mlstm_fused import WindowGraphs, mlstm_window
+from hvd_lm.core.mlstm_fused import WindowGraphs, default_layout, mlstm_window, project
 from hvd_lm.core.mlstm_kernels import KERNELS, get_kernels
 from hvd_lm.core.tokenizer import VOCAB_SIZE
 
@@ -141,10 +141,14 @@ class MLSTM(nn.Module):
             ValueError: ``reset`` given to the reference path.
         """
         if self.impl == "fused":
-            xg, xm = self.w_x(x), self.w_mx(x)  # [T, B, 4H], [T, B, H]: one GEMM each
+            kernels = get_kernels(self.kernels, x.device)
+            layout = default_layout(x.device, kernels)
+            # [T, B, 4H], [T, B, H]: one GEMM each, stored as the window stores its steps
+            xg = project(x, self.w_x.weight, self.w_x.bias, layout)
+            xm = project(x, self.w_mx.weight, None, layout)
             # Weight norm (when on) is applied here, once per window; the Function casts once.
-            return mlstm_window(xg, xm, state, self.w_mh.weight, self.w_h.weight,
-                                get_kernels(self.kernels, x.device), mask, reset, self.graphs)
+            return mlstm_window(xg, xm, state, self.w_mh.weight, self.w_h.weight, kernels,
+                                mask, reset, self.graphs, layout)
         if reset is not None:
             raise ValueError("MLSTM reference path: resets are applied by LanguageModel.encode")
         return self.reference_forward(x, state, mask)
