@@ -82,8 +82,9 @@ class MLSTMWindow(torch.autograd.Function):
         rk: [T, B, 1] (S) or None: 0.0 where the state is zeroed before the step.
         kernels: the cell kernels (:func:`hvd_lm.core.mlstm_kernels.get_kernels`).
         save: keep what the backward needs (False: inference, O(1) buffers in T).
-        layout: ``rows`` or ``features``: how every per-step buffer (and hs) is stored
-            (:func:`steps_empty`); ``xg``/``xm`` must already be in it (:func:`to_layout`).
+        layout: ``rows`` or ``features``: how every per-step buffer is stored
+            (:func:`steps_empty`; hs is rows in both); ``xg``/``xm`` must already be in it
+            (:func:`to_layout`).
 
     Returns:
         (hs [T, B, H] in C, h_T [B, H] in S, c_T [B, H] in S).
@@ -284,8 +285,8 @@ def mlstm_window(xg: torch.Tensor, xm: torch.Tensor, state: State, w_mh: torch.T
             ``xg``/``xm`` are copied into it unless they already are (:func:`project`).
 
     Returns:
-        (hs [T, B, H] in xg's dtype and the window's layout, (h_T, c_T) each [B, H] contiguous
-        in c0's dtype).
+        (hs [T, B, H] contiguous in xg's dtype, (h_T, c_T) each [B, H] contiguous in c0's
+        dtype).
 
     Raises:
         ValueError: shapes that do not fit together; an unknown layout.
