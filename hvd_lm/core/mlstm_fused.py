@@ -96,10 +96,7 @@ class MLSTMWindow(torch.autograd.Function):
         T, B, H4 = xg.shape
         H = H4 // 4
         S, C, dev = c0.dtype, xg.dtype, xg.device
-
-        def steps(n, F, dtype):  # n per-step [B, F] matrices in this window's layout
-            return steps_empty(n, B, F, dtype, dev, layout)
-
+        steps = _allocator(B, dev, layout)
         n = T if save else 1
         with _no_autocast(dev):
             wmh_t = w_mh.to(C).t()  # [H, H]: a = hprev @ W_mh^T; cast once per window
@@ -140,9 +137,7 @@ class MLSTMWindow(torch.autograd.Function):
         kernels, layout = ctx.kernels, ctx.layout
         T, B, H = xm.shape
         S, C, dev = cprev.dtype, xm.dtype, xm.device
-
-        def steps(n, F, dtype):  # n per-step [B, F] matrices in this window's layout
-            return steps_empty(n, B, F, dtype, dev, layout)
+        steps = _allocator(B, dev, layout)
 
         def state(init, dtype):  # a [B, H] gradient of the state, zero or ``init``
             out = steps(1, H, dtype)[0]
@@ -226,6 +221,11 @@ def steps_empty(n: int, B: int, F: int, dtype: torch.dtype, device: torch.device
     if layout == "features":
         return torch.empty(F, n * B, dtype=dtype, device=device).t().view(n, B, F)
     raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+
+
+def _allocator(B: int, device: torch.device, layout: str):
+    """``steps(n, F, dtype)``: :func:`steps_empty` for one window's B, device and layout."""
+    return lambda n, F, dtype: steps_empty(n, B, F, dtype, device, layout)
 
 
 def to_layout(x: torch.Tensor, layout: str) -> torch.Tensor:

@@ -11,8 +11,9 @@ The benchmark reads the job's own ``metrics.jsonl``:
    seconds));
 2. a lost worker: one worker is killed with SIGKILL once ``--kill-at`` steps are done; reported
    are the steps rolled back (the last step the two-rank world completed, read from the records
-   after the job, minus the committed step training resumed from; at most ``--commit-every``) and the seconds from the kill to the first step
-   trained on the re-formed world (failure detection, rendezvous, state sync).
+   after the job, minus the committed step training resumed from; at most ``--commit-every``)
+   and the seconds from the kill to the first step trained on the re-formed world (failure
+   detection, rendezvous, state sync).
 
 Targets (issue 15): a commit < 2% of step time at the default interval; a lost worker costs at
 most the steps since the last commit. ``--json FILE`` saves the figures and the raw records.
