@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from hvd_lm.core import mlstm_kernels as K
 from hvd_lm.core.mlstm_fused import (LAYOUTS, MLSTMWindow, WindowGraphs, default_layout,
-                                     mlstm_window, signature, steps_empty, to_layout)
+                                     mlstm_window, saved_bytes, signature, steps_empty,
+                                     to_layout)
 from hvd_lm.core.model import LanguageModel, ModelConfig
 from hvd_lm.core.shards import load_manifest
 from hvd_lm.perf import bench_train as bt
@@ -518,6 +519,38 @@ def test_layouts_give_the_same_window():
         results.append([hs, h, c] + [t.grad for t in tensors])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype,mask_p,reset_p", [(torch.float32, 1.0, 0.0),
+                                                  (torch.bfloat16, 0.8, 0.2)])
+def test_saved_bytes_equal_the_formula(layout, dtype, mask_p, reset_p):
+    """What one window keeps for its backward, counted by torch's saved-tensor hooks (every
+    tensor the Function saves, less the recurrent weights: the parameters' own storage), equals
+    :func:`saved_bytes` (the formula of docs/mlstm_fused.md section 2), in both layouts, with
+    fp32 and bf16 compute dtypes, with and without mask and reset."""
+    T, B, H = 7, 3, 8
+    tensors, mask, reset = window_inputs(T, B, H, dtype=torch.float32, reset_p=reset_p,
+                                         mask_p=mask_p, seed=5)
+    if reset is not None:
+        reset[3, 1] = True
+    xg, xm, h0, c0, w_mh, w_h = tensors
+    xg, xm = xg.detach().to(dtype).requires_grad_(), xm.detach().to(dtype).requires_grad_()
+    seen = []
+
+    def pack(t):
+        seen.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        mlstm_window(xg, xm, (h0, c0), w_mh, w_h, K.get_kernels("torch"), mask, reset,
+                     layout=layout)
+    counted = sum(t.untyped_storage().nbytes() for t in seen
+                  if t is not None and t is not w_mh and t is not w_h)
+    assert counted == saved_bytes(T, B, H, torch.float32, dtype, mask is not None,
+                                  reset is not None)
+    assert saved_bytes(256, 256, 4096, torch.float32, torch.bfloat16) / 1e9 == \
+        pytest.approx(8.6, abs=0.05)  # the figure docs/mlstm_fused.md states
 
 
 @pytest.mark.slow

@@ -184,6 +184,34 @@ class MLSTMWindow(torch.autograd.Function):
 LAYOUTS = ("rows", "features")
 
 
+def saved_bytes(T: int, B: int, H: int, state_dtype: torch.dtype = torch.float32,
+                compute_dtype: torch.dtype = torch.float32, mask: bool = False,
+                reset: bool = False) -> int:
+    """Bytes of activations one training window of :class:`MLSTMWindow` keeps for its
+    backward (the recurrent weights, which it saves too, are the parameters' own storage and
+    not counted). Per (step, row), with S and C the state and compute dtypes' sizes::
+
+        act 4H S + tanh(c) H S + c_{t-1} H S          (state dtype)
+        hprev H C + a H C + m H C + xm H C             (compute dtype)
+        = H (6 S + 4 C)  bytes: 128 KiB at H = 4096 with S = fp32, C = bf16
+
+    plus one more row of c_{t-1} and hprev (the state after the last step), and the mask
+    (1 B) and reset multiplier (S) per (step, row) when given. At B = 256, T = 256, H = 4096
+    that is 8.6 GB (docs/mlstm_fused.md section 2; tests/test_mlstm_fused.py checks it against
+    torch's saved-tensor hooks).
+
+    Args:
+        T: window length (steps); B: rows; H: hidden size.
+        mask, reset: whether the window has padding / stream starts (their per-step flags).
+
+    Returns:
+        bytes (int).
+    """
+    s, c = torch.finfo(state_dtype).bits // 8, torch.finfo(compute_dtype).bits // 8
+    per_step_row = H * (6 * s + 4 * c) + (1 if mask else 0) + (s if reset else 0)
+    return T * B * per_step_row + B * H * (s + c)
+
+
 def default_layout(device: torch.device | str, kernels: Kernels,
                    threads: int | None = None) -> str:
     """How the fused window stores its per-step [B, F] matrices (:func:`steps_empty`):
