@@ -1,49 +1,134 @@
-"""``hvd-lm bench gpu`` on the CPU (``--device cpu``, tiny shapes): every figure is there and the
-derived ones follow from the measured ones (on a GPU node the same command measures the card)."""
+"""``hvd-lm bench gpu`` on the CPU (``--device cpu``, tiny shapes): the step's GEMMs against the
+model's own FLOP count, every derived figure against values known in advance (a clock that
+reads a fixed time per call), failures recorded and the JSON kept as the run goes (on a GPU
+node the same command measures the card)."""
 import json
 
+import pytest
+import torch
+
 from hvd_lm.cli import main
+from hvd_lm.core.model import LanguageModel, ModelConfig
+from hvd_lm.perf import bench_gpu as bg
+
+TINY = ["bench", "gpu", "--device", "cpu", "--hidden-size", "32", "--embed-dim", "8",
+        "--seq-len", "8", "--batch-sizes", "4", "--steps", "1", "--warmup", "0", "--repeats",
+        "1", "--matmul-size", "64", "--copy-mib", "1"]
 
 
-def test_bench_gpu_runs_on_the_cpu_and_its_ratios_add_up(tmp_path, capsys):
+@pytest.mark.parametrize("H,E,T,B", [(32, 8, 8, 4), (256, 64, 256, 128), (1024, 64, 64, 32)])
+def test_step_gemms_add_up_to_the_models_flops(H, E, T, B):
+    """The GEMM list's FLOPs per window == T x B x LanguageModel.flops_per_char() (the model's
+    own count: 6 (5EH + 5H^2 + 256H)), a third in each phase."""
+    gemms = bg.step_gemms(H, E, T, B)
+    per_char = LanguageModel(ModelConfig(hidden_size=H, embed_dim=E)).flops_per_char()
+    assert sum(g.flops for g in gemms) == T * B * per_char
+    for phase in ("forward", "backward data", "weight gradient"):
+        assert 3 * sum(g.flops for g in gemms if g.phase == phase) == T * B * per_char
+
+
+def fixed_clock(seconds_per_call: float):
+    """A timer that runs ``fn`` ``n`` times (the real work) and reads ``n`` x a fixed time."""
+    def timer(fn, n):
+        for _ in range(n):
+            fn()
+        return n * seconds_per_call
+    return timer
+
+
+def test_figures_follow_from_the_clock(tmp_path, capsys):
+    """With every call reading 10 ms: matmul TFLOP/s = 2mkn / 10 ms; the training step =
+    B x T chars per 10 ms; the GEMM ceiling = B x T chars per (4T + 11) GEMM calls of 10 ms
+    (four per-step GEMMs x T, eleven whole-window ones), so each mLSTM variant reaches
+    4T + 11 times its GEMM ceiling; every ratio is 1."""
     out = tmp_path / "g.json"
-    assert main(["bench", "gpu", "--device", "cpu", "--hidden-size", "32", "--embed-dim", "8",
-                 "--seq-len", "8", "--batch-sizes", "4", "--precisions", "fp32,bf16",
-                 "--steps", "1", "--warmup", "0", "--repeats", "1", "--matmul-size", "64",
-                 "--copy-mib", "1", "--json", str(out)]) == 0
-    text = capsys.readouterr().out
-    assert "device-to-device copy" in text and "vs cuDNN/FLOP" in text
+    cfg = bg.BenchGpuConfig(device="cpu", hidden_size=32, embed_dim=8, seq_len=8,
+                            batch_sizes=[4], precisions=["fp32"], steps=2, warmup=0, repeats=1,
+                            matmul_size=64, copy_mib=1, json=str(out))
+    assert bg.bench_gpu(cfg, timer=fixed_clock(0.01)) == 0
     data = json.loads(out.read_text())
-    shapes = [tuple(r["shape"]) for r in data["matmul"]]
-    assert shapes.count((64, 64, 64)) == 2 and (4, 32, 128) in shapes and (4, 32, 32) in shapes
-    assert data["copy_GBps"] > 0
-    runs = {(r["impl"], r["precision"]): r for r in data["train"] if "error" not in r}
-    # oneDNN has no bf16 LSTM on this CPU: that run is reported as an error, the others ran;
-    # both mLSTM recurrences (no CUDA graphs off CUDA)
-    assert {("fused", "fp32"), ("fused", "bf16"), ("reference", "fp32"), ("reference", "bf16"),
-            ("cudnn", "fp32")} <= set(runs)
-    assert len(data["train"]) == 6 and "vs reference" in text
-    peak = {r["precision"]: r["tflops"] for r in data["matmul"] if r["shape"] == [64, 64, 64]}
-    for (impl, prec), r in runs.items():
-        assert r["chars_per_s"] == 4 * 8 / r["step_s"]
-        assert abs(r["tflops"] - r["chars_per_s"] * r["flops_per_char"] / 1e12) < 1e-12
-        assert abs(r["fraction_of_peak"] - r["tflops"] / peak[prec]) < 1e-12
-    m, l = runs[("fused", "fp32")], runs[("cudnn", "fp32")]
-    assert abs(m["vs_cudnn_lstm_per_flop"] - m["tflops"] / l["tflops"]) < 1e-12
-    ref = runs[("reference", "fp32")]
-    assert abs(m["vs_reference"] - m["chars_per_s"] / ref["chars_per_s"]) < 1e-12
-    assert ref["vs_reference"] == 1.0 and l["vs_reference"] is None
-    assert data["bf16_over_fp32"]["4"] > 0
+    assert data["matmul"][0]["tflops"] == pytest.approx(2 * 64 ** 3 / 0.01 / 1e12)
+    assert data["copy_GBps"] == pytest.approx(2 * 2 ** 20 / 0.01 / 1e9)
+    assert len(data["gemms"]) == 15
+    for g in data["gemms"]:
+        assert g["tflops"] == pytest.approx(2 * g["m"] * g["k"] * g["n"] / 0.01 / 1e12)
+    (ceiling,) = data["ceiling"]
+    assert ceiling["chars_per_s"] == pytest.approx(4 * 8 / ((4 * 8 + 11) * 0.01))
+    rows = {r["impl"]: r for r in data["train"]}
+    assert set(rows) == {"fused/torch", "reference", "cudnn"}
+    for r in rows.values():
+        assert r["chars_per_s"] == pytest.approx(4 * 8 / 0.01)
+    for impl in ("fused/torch", "reference"):
+        assert rows[impl]["fraction_of_gemm_ceiling"] == pytest.approx(4 * 8 + 11)
+        assert rows[impl]["vs_reference"] == pytest.approx(1.0)
+        assert rows[impl]["vs_cudnn_lstm_per_flop"] == pytest.approx(
+            rows[impl]["flops_per_char"] / rows["cudnn"]["flops_per_char"])
+    assert "fraction_of_gemm_ceiling" not in rows["cudnn"]
+    assert "GEMM ceiling fp32 B=4" in capsys.readouterr().out
 
 
-def test_variants_add_cuda_graphs_only_for_the_fused_path_on_cuda():
-    import torch
+def test_a_failing_variant_is_recorded_and_the_rest_measured(tmp_path, monkeypatch):
+    """Defect 2 of issue 22 (failed before the fix: only RuntimeError was caught, so a
+    ValueError ended the run and no JSON was written). One variant raising: its rows carry the
+    error, the others their figures, exit 0."""
+    real = bg.train_step_rate
 
-    from hvd_lm.perf.bench_gpu import BenchGpuConfig, variants
+    def flaky(v, *args, **kw):
+        if v.rnn_impl == "reference":
+            raise ValueError("triton mLSTM kernels need contiguous tensors")
+        return real(v, *args, **kw)
 
-    cfg = BenchGpuConfig()
-    assert variants(cfg, torch.device("cuda")) == [
-        ("mlstm", "fused", False), ("mlstm", "fused", True), ("mlstm", "reference", False),
-        ("lstm", "fused", False)]
-    assert variants(cfg, torch.device("cpu")) == [
-        ("mlstm", "fused", False), ("mlstm", "reference", False), ("lstm", "fused", False)]
+    monkeypatch.setattr(bg, "train_step_rate", flaky)
+    out = tmp_path / "g.json"
+    assert main([*TINY, "--precisions", "fp32", "--json", str(out)]) == 0
+    rows = {r["impl"]: r for r in json.loads(out.read_text())["train"]}
+    assert rows["reference"]["error"] == \
+        "ValueError: triton mLSTM kernels need contiguous tensors"
+    assert rows["fused/torch"]["chars_per_s"] > 0 and rows["cudnn"]["chars_per_s"] > 0
+
+
+def test_the_json_holds_every_figure_taken_before_an_interruption(tmp_path, monkeypatch):
+    """Defect 2 of issue 22 (failed before the fix: the JSON was written only at the end). A
+    run interrupted at its last variant (Ctrl-C, a job's time limit) leaves a JSON with the
+    ceilings, the GEMMs and every variant measured before it."""
+    real = bg.train_step_rate
+
+    def interrupted(v, *args, **kw):
+        if v.cell == "lstm":
+            raise KeyboardInterrupt
+        return real(v, *args, **kw)
+
+    monkeypatch.setattr(bg, "train_step_rate", interrupted)
+    out = tmp_path / "g.json"
+    assert main([*TINY, "--precisions", "fp32", "--json", str(out)]) == 130  # interrupted
+    data = json.loads(out.read_text())
+    assert data["matmul"] and data["copy_GBps"] and len(data["gemms"]) == 15
+    assert [r["impl"] for r in data["train"]] == ["fused/torch", "reference"]
+
+
+def test_bench_gpu_measures_on_the_cpu(tmp_path, capsys):
+    """A real run (no fake clock): fp32 and bf16, every variant; oneDNN has no bf16 LSTM on
+    this CPU, so that row holds its error and the others their figures."""
+    out = tmp_path / "g.json"
+    assert main([*TINY, "--precisions", "fp32,bf16", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert "vs cuDNN/FLOP" in capsys.readouterr().out
+    rows = {(r["impl"], r["precision"]): r for r in data["train"]}
+    assert len(rows) == 6
+    assert {k for k, r in rows.items() if "error" in r} <= {("cudnn", "bf16")}
+    assert all(rows[(impl, p)]["chars_per_s"] > 0 for impl in ("fused/torch", "reference")
+               for p in ("fp32", "bf16"))
+    assert {(c["precision"], c["batch_size"]) for c in data["ceiling"]} == {("fp32", 4),
+                                                                          ("bf16", 4)}
+
+
+def test_variants_per_kernels_and_graphs():
+    """Graphs only for the fused path on CUDA; kernels resolved for the device, duplicates
+    dropped (auto is torch on the CPU)."""
+    cfg = bg.BenchGpuConfig(rnn_kernels=["triton", "torch"])
+    assert [v.label for v in bg.variants(cfg, torch.device("cuda"))] == [
+        "fused/triton", "fused/triton+graphs", "fused/torch", "fused/torch+graphs",
+        "reference", "cudnn"]
+    cfg = bg.BenchGpuConfig(rnn_kernels=["auto", "torch"])
+    assert [v.label for v in bg.variants(cfg, torch.device("cpu"))] == [
+        "fused/torch", "reference", "cudnn"]

@@ -174,14 +174,48 @@ class MLSTMWindow(torch.autograd.Function):
             if rk is not None:
                 dhp, dcp = dhp * rk[0], dcp * rk[0]
             dhp, dcp = dhp.contiguous(), dcp.contiguous()
-            # Weight and input-projection gradients: one GEMM / one kernel over T*B rows each.
-            d_wh = (dG.view(T * B, 4 * H).t() @ m.view(T * B, H)).to(w_h.dtype)
-            d_wmh = (dA.view(T * B, H).t() @ hprev_c[:T].view(T * B, H)).to(w_mh.dtype)
+            # Weight and input-projection gradients: one GEMM / one kernel over T*B rows each,
+            # summed and written in fp32 (weight_grad_mm) whatever C is.
+            d_wh = weight_grad_mm(dG.view(T * B, 4 * H).t(), m.view(T * B, H)).to(w_h.dtype)
+            d_wmh = weight_grad_mm(dA.view(T * B, H).t(),
+                                   hprev_c[:T].view(T * B, H)).to(w_mh.dtype)
             dxm = dM * a
         return dG, dxm, dhp, dcp, d_wmh, d_wh, None, None, None, None, None
 
 
 LAYOUTS = ("rows", "features")
+
+
+def weight_grad_path(device_type: str, dtype: torch.dtype) -> str:
+    """How :func:`weight_grad_mm` computes a weight gradient from ``dtype`` operands on
+    ``device_type``: ``native`` (fp32/fp64 operands: the GEMM's own dtype), ``out_dtype``
+    (CUDA with fp16/bf16 operands: cuBLAS accumulates in fp32 and writes fp32, the
+    ``aten::mm.dtype`` overload of PyTorch >= 2.8, pytorch/pytorch#150812) or ``fp32`` (the
+    operands cast to fp32 first: CPU, or a torch without that overload)."""
+    if dtype in (torch.float32, torch.float64):
+        return "native"
+    if device_type == "cuda" and hasattr(torch.ops.aten.mm, "dtype"):
+        return "out_dtype"
+    return "fp32"
+
+
+def weight_grad_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` summed and returned in fp32 (or fp64 for fp64 operands) whatever the operands'
+    dtype: a weight gradient over all T*B rows of a window (``a`` [F1, T*B], ``b`` [T*B, F2]).
+
+    Why: under fp16 autocast a half-precision output would round, and can overflow (65504), a
+    sum of 32-65k rows of loss-scaled products that the per-step reference accumulates into an
+    fp32 ``.grad`` step by step (:func:`weight_grad_path` says how).
+
+    Returns:
+        [F1, F2] in fp32 (fp64 for fp64 operands).
+    """
+    path = weight_grad_path(a.device.type, a.dtype)
+    if path == "native":
+        return a @ b
+    if path == "out_dtype":
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
 
 
 def saved_bytes(T: int, B: int, H: int, state_dtype: torch.dtype = torch.float32,
@@ -329,8 +363,12 @@ def mlstm_window(xg: torch.Tensor, xm: torch.Tensor, state: State, w_mh: torch.T
                          f"w_mh {tuple(w_mh.shape)}, w_h {tuple(w_h.shape)}")
     if reset is not None and reset.device.type == "cpu" and not bool(reset.any()):
         reset = None  # most windows have no stream start: skip the multiplies (no sync on CPU)
-    keep = None if mask is None else mask.reshape(T, B, 1).to(torch.bool)
-    rk = None if reset is None else (~reset.to(torch.bool)).reshape(T, B, 1).to(c0.dtype)
+    # The flags normalised once per window to contiguous [T, B, 1] (the caller may pass views:
+    # LanguageModel.encode gives mask.t() / reset.t()): each step's [B, 1] slice is then dense,
+    # as the row kernels (Triton) index it.
+    keep = None if mask is None else mask.to(torch.bool).reshape(T, B, 1).contiguous()
+    rk = None if reset is None else \
+        (~reset.to(torch.bool)).to(c0.dtype).reshape(T, B, 1).contiguous()
     if c0.dtype != h0.dtype:
         raise ValueError(f"mlstm_window: h0 is {h0.dtype} but c0 is {c0.dtype}")
     save = torch.is_grad_enabled() and any(
@@ -354,6 +392,21 @@ def signature(args: tuple) -> tuple:
     ``requires_grad`` (None stays None)."""
     return tuple(None if a is None else (tuple(a.shape), a.dtype, a.device, a.requires_grad)
                  for a in args)
+
+
+class _FreshGrad(torch.autograd.Function):
+    """Identity whose backward hands on a copy of the incoming gradient (one [F1, F2] copy
+    per leaf and window): what reaches a leaf's ``.grad`` is then never a CUDA graph's static
+    buffer (:meth:`WindowGraphs.__call__`)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        return grad.clone()
 
 
 class WindowGraphs:
@@ -411,7 +464,12 @@ class WindowGraphs:
             self.stats["eager"] += 1
             return fn(*args)
         self.stats["graphed"] += 1
-        present = [a for a in args if a is not None]
+        # A replayed backward returns views of the graph's static gradient buffers, which
+        # autograd may adopt as a leaf's .grad (pytorch/pytorch#181723): the next replay would
+        # then overwrite it, and gradient accumulation (several backward passes per step) would
+        # sum a buffer into itself. Leaves get their gradient as a fresh tensor instead.
+        present = [_FreshGrad.apply(a) if a.requires_grad and a.is_leaf else a
+                   for a in args if a is not None]
         return graphed(*present)
 
     def _capture(self, fn: Callable, args: tuple, key: tuple) -> None:

@@ -2,23 +2,31 @@
 
 In one invocation (so every figure shares the card's clocks and temperature):
 
-1. the card's ceilings: matmul TFLOP/s in bf16, fp16 and fp32 at 8192^3 and at the recurrent
-   shapes of each batch (``[B,H] x [H,4H]`` and ``[B,H] x [H,H]``, the mLSTM's per-step GEMMs),
-   and the device-to-device copy bandwidth (GB/s, bytes read + written, 1 GiB);
-2. the training step (:func:`hvd_lm.train.evaluate.window_nll`, backward, gradient clipping,
-   Adam; the loop's step without Horovod) of the mLSTM at ``--hidden-size`` (4096), ``--seq-len``
-   (256), each ``--batch-sizes`` (128, 256) and ``--precisions`` (fp32, fp16 with dynamic loss
-   scaling, bf16): chars/s, model TFLOP/s (:meth:`LanguageModel.flops_per_char`), the fraction of
-   the measured matmul peak of that precision (8192^3), peak memory;
-3. the same for ``--cell lstm`` (``torch.nn.LSTM``, i.e. cuDNN) as the yardstick, and the
+1. the card's ceilings: square matmul TFLOP/s in bf16, fp16 and fp32 (``--matmul-size``, 8192)
+   and the device-to-device copy bandwidth (GB/s, bytes read + written, ``--copy-mib``);
+2. **every GEMM of the mLSTM's training step** at its own shape, orientation and count
+   (:func:`step_gemms`: input projections, the two recurrent GEMMs per step forward and
+   backward, the decoder, the weight gradients over all T*B rows), each timed alone, per batch
+   and precision; from them the step's **GEMM ceiling**: the chars/s the step would reach if
+   it did nothing but its GEMMs at those measured rates (:func:`gemm_ceiling`);
+3. the training step (:func:`hvd_lm.train.evaluate.window_nll`, backward, gradient clipping,
+   Adam; the loop's step without Horovod) of the mLSTM at ``--hidden-size`` (4096),
+   ``--seq-len`` (256), each ``--batch-sizes`` (128, 256) and ``--precisions`` (fp32, fp16 with
+   dynamic loss scaling, bf16): chars/s, model TFLOP/s (:meth:`LanguageModel.flops_per_char`),
+   the fraction of the square-matmul peak and of the GEMM ceiling, peak memory;
+4. the same for ``--cell lstm`` (``torch.nn.LSTM``, i.e. cuDNN) as the yardstick, and the
    mLSTM / cuDNN-LSTM ratio of achieved TFLOP/s at each shape;
-4. the mLSTM once per ``--rnn-impl`` (fused, the one autograd Function per window of
-   :mod:`hvd_lm.core.mlstm_fused`, and reference, the per-step loop) and, for fused on CUDA, per
-   ``--cuda-graphs`` (off, on), with each variant's speed over the reference at the same shape.
+5. the mLSTM once per ``--rnn-impl`` (fused, the one autograd Function per window of
+   :mod:`hvd_lm.core.mlstm_fused`, and reference, the per-step loop) and, for fused, per
+   ``--rnn-kernels`` and (on CUDA) per ``--cuda-graphs``, each over the reference at the same
+   shape.
 
-Timing: CUDA events around ``--steps`` steps after ``--warmup`` (medians of ``--repeats``).
-``--json FILE`` saves everything. ``--device cpu`` runs the same code on the CPU (small shapes:
-tests; the figures then describe the CPU).
+Every measurement is attempted on its own: one that fails (out of memory, a kernel the
+backend lacks, any exception) is recorded with its error and the run goes on; with ``--json``
+the file is rewritten (atomically) after every measurement, so a run cut short keeps every
+figure taken before. Timing: CUDA events around ``--steps`` steps after ``--warmup`` (medians
+of ``--repeats``). ``--device cpu`` runs the same code on the CPU (small shapes: tests; the
+figures then describe the CPU).
 
 Reference figures from one H100 (torch 2.11, before the fused recurrence): bf16 matmul 792 /
 337 / 198 TFLOP/s at 8192^3 / [128,4096]x[4096,16384] / [128,4096]x[4096,4096]; mLSTM bf16
@@ -30,14 +38,17 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Callable
 
 import torch
 
 from hvd_lm.core import config as configlib
 from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, option
+from hvd_lm.core.mlstm_kernels import KERNELS, resolve
 from hvd_lm.core.model import LanguageModel, ModelConfig
+from hvd_lm.core.tokenizer import VOCAB_SIZE
 from hvd_lm.train import runtime
 from hvd_lm.train.data import Batch
 from hvd_lm.train.evaluate import window_nll
@@ -64,8 +75,9 @@ class BenchGpuConfig:
     rnn_impls: list[str] = option(default_factory=lambda: ["fused", "reference"],
                                   help="mLSTM recurrences, side by side", flag="--rnn-impl",
                                   choices=("fused", "reference"))
-    rnn_kernels: str = option("auto", "fused path's cell kernels", choices=("auto", "torch",
-                                                                           "compile", "triton"))
+    rnn_kernels: list[str] = option(default_factory=lambda: ["auto"],
+                                    help="fused path's cell kernels, side by side",
+                                    choices=KERNELS)
     cuda_graphs: list[bool] = option(default_factory=lambda: [False, True],
                                      help="fused path on CUDA: without and with CUDA graphs")
     steps: int = option(5, "timed training steps per configuration", ge=1)
@@ -73,16 +85,17 @@ class BenchGpuConfig:
     repeats: int = option(3, "timed repeats (median)", ge=1)
     matmul_size: int = option(8192, "square matmul size for the peak", ge=1)
     copy_mib: int = option(1024, "device-to-device copy size, MiB", ge=1)
-    json: str = option("", "write the results here")
+    json: str = option("", "write the results here (rewritten after every measurement)")
 
 
 class _Timer:
-    """Seconds of ``fn()`` calls: CUDA events on a GPU (device time), perf_counter on the CPU."""
+    """Seconds of ``n`` calls of ``fn()``: CUDA events on a GPU (device time), perf_counter on
+    the CPU."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
 
-    def __call__(self, fn, n: int) -> float:
+    def __call__(self, fn: Callable[[], object], n: int) -> float:
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
@@ -98,17 +111,89 @@ class _Timer:
         return time.perf_counter() - t0
 
 
+# ---- the step's GEMMs and their ceiling ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Gemm:
+    """One GEMM of the training step: ``[m, k] @ [k, n]`` run ``count`` times per window.
+
+    Attributes:
+        name: what it computes (the fused recurrence's own names, docs/mlstm_fused.md).
+        phase: ``forward``, ``backward data`` or ``weight gradient``.
+        a_t / b_t: the operand is a transposed view as the step passes it (``x W^T`` reads W
+            [n, k] transposed; ``dG^T M`` reads dG [k, m] transposed), timed the same way.
+    """
+
+    name: str
+    phase: str
+    m: int
+    k: int
+    n: int
+    count: int
+    a_t: bool = False
+    b_t: bool = False
+
+    @property
+    def flops(self) -> int:
+        """FLOPs per window: 2 m k n x count."""
+        return 2 * self.m * self.k * self.n * self.count
+
+
+def step_gemms(H: int, E: int, T: int, B: int, V: int = VOCAB_SIZE) -> list[Gemm]:
+    """Every GEMM of one training window of the fused mLSTM (B rows x T chars, width H, byte
+    embedding E, V = 256 outputs), as :mod:`hvd_lm.core.mlstm_fused` and the model run them.
+
+    Their FLOPs add up to ``T * B * LanguageModel.flops_per_char()``: forward
+    2 (5EH + 5H^2 + HV) per char, the backward's data and weight gradients the same each.
+    """
+    R = T * B  # rows of the whole-window GEMMs
+    return [
+        Gemm("input projection x W_x^T", "forward", R, E, 4 * H, 1, b_t=True),
+        Gemm("input projection x W_mx^T", "forward", R, E, H, 1, b_t=True),
+        Gemm("a_t = h_{t-1} W_mh^T", "forward", B, H, H, T, b_t=True),
+        Gemm("g_t = x_t W_x^T + m_t W_h^T", "forward", B, H, 4 * H, T, b_t=True),
+        Gemm("decoder hs W_d^T", "forward", R, H, V, 1, b_t=True),
+        Gemm("decoder dlogits W_d", "backward data", R, V, H, 1),
+        Gemm("dm_t = dg_t W_h", "backward data", B, 4 * H, H, T),
+        Gemm("dh_{t-1} = da_t W_mh", "backward data", B, H, H, T),
+        Gemm("embedding grad dxg W_x", "backward data", R, 4 * H, E, 1),
+        Gemm("embedding grad dxm W_mx", "backward data", R, H, E, 1),
+        Gemm("dW_d = dlogits^T hs", "weight gradient", V, R, H, 1, a_t=True),
+        Gemm("dW_h = dG^T M", "weight gradient", 4 * H, R, H, 1, a_t=True),
+        Gemm("dW_mh = dA^T Hprev", "weight gradient", H, R, H, 1, a_t=True),
+        Gemm("dW_x = dG^T x", "weight gradient", 4 * H, R, E, 1, a_t=True),
+        Gemm("dW_mx = dXm^T x", "weight gradient", H, R, E, 1, a_t=True),
+    ]
+
+
+def gemm_ceiling(gemms: list[Gemm], tflops: list[float], chars: int) -> dict:
+    """The step's GEMM ceiling: the seconds per window its GEMMs take at their measured rates
+    (``tflops[i]`` for ``gemms[i]``), and the chars/s and model TFLOP/s the step would reach if
+    it spent no time on anything else (pointwise kernels, launches, the optimizer).
+
+    Returns:
+        {"seconds": s, "chars_per_s": chars / s, "tflops": sum of FLOPs / s / 1e12}.
+    """
+    seconds = sum(g.flops / (r * 1e12) for g, r in zip(gemms, tflops))
+    flops = sum(g.flops for g in gemms)
+    return {"seconds": seconds, "chars_per_s": chars / seconds, "tflops": flops / seconds / 1e12}
+
+
 def matmul_tflops(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device,
-                  timer: _Timer, repeats: int = 3, iters: int = 10) -> float:
-    """Median TFLOP/s of ``[m,k] @ [k,n]`` (2mkn FLOPs) in ``dtype`` on random data."""
-    a = torch.randn(m, k, device=device, dtype=dtype)
-    b = torch.randn(k, n, device=device, dtype=dtype)
+                  timer: Callable, repeats: int = 3, iters: int = 10, a_t: bool = False,
+                  b_t: bool = False) -> float:
+    """Median TFLOP/s of ``[m,k] @ [k,n]`` (2mkn FLOPs) in ``dtype`` on random data; ``a_t`` /
+    ``b_t``: that operand is the transposed view of a row-major [k, m] / [n, k] tensor."""
+    a = torch.randn(k, m, device=device, dtype=dtype).t() if a_t else \
+        torch.randn(m, k, device=device, dtype=dtype)
+    b = torch.randn(n, k, device=device, dtype=dtype).t() if b_t else \
+        torch.randn(k, n, device=device, dtype=dtype)
     torch.mm(a, b)
     times = [timer(lambda: torch.mm(a, b), iters) / iters for _ in range(repeats)]
     return 2 * m * k * n / statistics.median(times) / 1e12
 
 
-def copy_gbps(mib: int, device: torch.device, timer: _Timer, repeats: int = 3) -> float:
+def copy_gbps(mib: int, device: torch.device, timer: Callable, repeats: int = 3) -> float:
     """Median device-to-device copy bandwidth, GB/s, counting the bytes read and written."""
     src = torch.empty(mib << 20, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
@@ -117,22 +202,59 @@ def copy_gbps(mib: int, device: torch.device, timer: _Timer, repeats: int = 3) -
     return 2 * (mib << 20) / statistics.median(times) / 1e9
 
 
-def train_step_rate(cell: str, H: int, E: int, B: int, T: int, precision: str,
-                    device: torch.device, timer: _Timer, steps: int, warmup: int,
-                    repeats: int, rnn_impl: str = "fused", rnn_kernels: str = "auto",
-                    cuda_graphs: bool = False) -> dict:
+# ---- the training step -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Variant:
+    """One model variant of the benchmark: the cell and, for the mLSTM, its recurrence."""
+
+    cell: str
+    rnn_impl: str = "fused"
+    rnn_kernels: str = "auto"
+    cuda_graphs: bool = False
+
+    @property
+    def label(self) -> str:
+        """``cudnn`` (the LSTM), ``reference``, or ``fused/<kernels>[+graphs]``."""
+        if self.cell != "mlstm":
+            return "cudnn"
+        if self.rnn_impl != "fused":
+            return self.rnn_impl
+        return f"fused/{self.rnn_kernels}" + ("+graphs" if self.cuda_graphs else "")
+
+
+def variants(cfg: BenchGpuConfig, device: torch.device) -> list[Variant]:
+    """The variants to run: the LSTM once; the mLSTM per ``--rnn-impl`` and, fused, per
+    ``--rnn-kernels`` (resolved for ``device``, duplicates dropped) and on CUDA per
+    ``--cuda-graphs`` (graphs need CUDA: off elsewhere)."""
+    out: list[Variant] = []
+    for cell in cfg.cells:
+        if cell != "mlstm":
+            out.append(Variant(cell))
+            continue
+        for impl in cfg.rnn_impls:
+            if impl != "fused":
+                out.append(Variant(cell, impl))
+                continue
+            graphs = cfg.cuda_graphs if device.type == "cuda" else [False]
+            for kernels in dict.fromkeys(resolve(k, device) for k in cfg.rnn_kernels):
+                out += [Variant(cell, impl, kernels, g) for g in dict.fromkeys(graphs)]
+    return out
+
+
+def train_step_rate(v: Variant, H: int, E: int, B: int, T: int, precision: str,
+                    device: torch.device, timer: Callable, steps: int, warmup: int,
+                    repeats: int) -> dict:
     """chars/s of the training step (forward + backward + clip + Adam) and its peak memory.
 
-    Args:
-        rnn_impl, rnn_kernels, cuda_graphs: the mLSTM's :class:`ModelConfig` fields.
-
     Raises:
-        torch.cuda.OutOfMemoryError: the shape does not fit (reported as such by the caller).
+        whatever the step raises (torch.cuda.OutOfMemoryError when the shape does not fit);
+        :func:`bench_gpu` records it as that variant's error.
     """
     torch.manual_seed(0)
-    model = LanguageModel(ModelConfig(cell=cell, hidden_size=H, embed_dim=E, rnn_impl=rnn_impl,
-                                      rnn_kernels=rnn_kernels,
-                                      cuda_graphs=cuda_graphs)).to(device)
+    model = LanguageModel(ModelConfig(cell=v.cell, hidden_size=H, embed_dim=E,
+                                      rnn_impl=v.rnn_impl, rnn_kernels=v.rnn_kernels,
+                                      cuda_graphs=v.cuda_graphs)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
     scaler = runtime.make_scaler(device, precision)
     g = torch.Generator().manual_seed(1)
@@ -162,109 +284,171 @@ def train_step_rate(cell: str, H: int, E: int, B: int, T: int, precision: str,
     times = [timer(step, steps) / steps for _ in range(repeats)]
     s = statistics.median(times)
     chars = B * T / s
-    return {"cell": cell, "impl": _impl_name(cell, rnn_impl, cuda_graphs), "hidden_size": H,
-            "batch_size": B, "seq_len": T, "precision": precision, "step_s": s, "step_s_repeats": times,
-            "chars_per_s": chars, "flops_per_char": model.flops_per_char(),
+    return {"step_s": s, "step_s_repeats": times, "chars_per_s": chars,
+            "flops_per_char": model.flops_per_char(),
             "tflops": chars * model.flops_per_char() / 1e12,
             "peak_memory_gib": (torch.cuda.max_memory_allocated(device) / 2 ** 30
                                 if device.type == "cuda" else None)}
 
 
-def _impl_name(cell: str, rnn_impl: str, cuda_graphs: bool) -> str:
-    if cell != "mlstm":
-        return "cudnn" if cell == "lstm" else "-"
-    return rnn_impl + ("+graphs" if cuda_graphs else "")
+# ---- the run -------------------------------------------------------------------------------------
+
+class Results:
+    """The benchmark's record, rewritten to ``path`` (atomically) after every measurement, so a
+    run that stops early keeps what it measured."""
+
+    def __init__(self, path: str, head: dict):
+        self.path, self.data = path, {**head, "matmul": [], "gemms": [], "ceiling": [],
+                                      "copy_GBps": None, "train": []}
+
+    def add(self, section: str, record: dict | float) -> None:
+        """Append ``record`` to ``section`` (or set it, for a scalar) and save."""
+        if isinstance(self.data[section], list):
+            self.data[section].append(record)
+        else:
+            self.data[section] = record
+        self.save()
+
+    def save(self) -> None:
+        """Write the JSON (when a path was given)."""
+        if self.path:
+            write_text(self.path, json.dumps(self.data, indent=2) + "\n")
 
 
-def variants(cfg: BenchGpuConfig, device: torch.device) -> list[tuple[str, str, bool]]:
-    """(cell, rnn_impl, cuda_graphs) to run: the LSTM once; the mLSTM per ``--rnn-impl`` and,
-    fused on CUDA, per ``--cuda-graphs`` (graphs need CUDA: off elsewhere)."""
-    out = []
-    for cell in cfg.cells:
-        if cell != "mlstm":
-            out.append((cell, "fused", False))
-            continue
-        for impl in cfg.rnn_impls:
-            graphs = cfg.cuda_graphs if impl == "fused" and device.type == "cuda" else [False]
-            out += [(cell, impl, g) for g in dict.fromkeys(graphs)]
-    return out
+def attempt(fn: Callable[[], dict], device: torch.device) -> dict:
+    """``fn()``, or ``{"error": "Type: first line"}`` when it raises any ``Exception`` (out of
+    memory reads ``out of memory``); the CUDA cache is emptied after a failure. ``KeyboardInterrupt``
+    and ``SystemExit`` pass through: the JSON written so far stays."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - a failed measurement is recorded, the run goes on
+        first = (str(e).strip().splitlines() or [""])[0][:160]
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {"error": "out of memory" if "out of memory" in str(e)
+                else f"{type(e).__name__}: {first}"}
 
 
-def bench_gpu(cfg: BenchGpuConfig) -> int:
-    """Print (and with ``--json`` save) the ceilings, the training rates and the ratios.
+def bench_gpu(cfg: BenchGpuConfig, timer: Callable | None = None) -> int:
+    """Print (and with ``--json`` save as it goes) the ceilings, the step's GEMMs and ceiling,
+    the training rates and the ratios.
+
+    Args:
+        timer: ``timer(fn, n) -> seconds`` (default: CUDA events on a GPU, perf_counter on the
+            CPU; tests pass a fake).
 
     Raises:
         hvd_lm.train.runtime.DeviceError: ``--device cuda`` without a GPU.
     """
     device = runtime.resolve_device(cfg.device, 0, 1)
-    timer = _Timer(device)
+    timer = timer or _Timer(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"device: {name}; torch {torch.__version__}")
-    out: dict = {"device": name, "torch": torch.__version__, "config": configlib.to_dict(cfg),
-                 "matmul": [], "train": []}
-    peak = {}
+    print(f"device: {name}; torch {torch.__version__}", flush=True)
+    res = Results(cfg.json, {"device": name, "torch": torch.__version__,
+                             "config": configlib.to_dict(cfg)})
+    H, E, T = cfg.hidden_size, cfg.embed_dim, cfg.seq_len
+
+    # 1. the card's ceilings
+    peak: dict[str, float] = {}
     for prec in cfg.precisions:
         n = cfg.matmul_size
-        peak[prec] = matmul_tflops(n, n, n, DTYPES[prec], device, timer, cfg.repeats)
-        out["matmul"].append({"precision": prec, "shape": [n, n, n], "tflops": peak[prec]})
-        for B in cfg.batch_sizes:
-            for width in (4, 1):  # [B,H] x [H,4H] (W_h) and [B,H] x [H,H] (W_mh)
-                H = cfg.hidden_size
-                t = matmul_tflops(B, H, width * H, DTYPES[prec], device, timer, cfg.repeats)
-                out["matmul"].append({"precision": prec, "shape": [B, H, width * H],
-                                      "tflops": t})
-    out["copy_GBps"] = copy_gbps(cfg.copy_mib, device, timer, cfg.repeats)
-    print(f"{'matmul':>8} {'shape':>22} {'TFLOP/s':>9}")
-    for r in out["matmul"]:
-        print(f"{r['precision']:>8} {'x'.join(map(str, r['shape'])):>22} {r['tflops']:>9.1f}")
-    print(f"device-to-device copy: {out['copy_GBps']:.0f} GB/s (read + write)")
+        r = attempt(lambda: {"tflops": matmul_tflops(n, n, n, DTYPES[prec], device, timer,
+                                                     cfg.repeats)}, device)
+        res.add("matmul", {"precision": prec, "shape": [n, n, n], **r})
+        if "tflops" in r:
+            peak[prec] = r["tflops"]
+        print(f"matmul {prec} {n}^3: " + (f"{r['tflops']:.1f} TFLOP/s" if "tflops" in r
+                                            else r["error"]), flush=True)
+    r = attempt(lambda: {"GBps": copy_gbps(cfg.copy_mib, device, timer, cfg.repeats)}, device)
+    res.add("copy_GBps", r.get("GBps"))
+    print("device-to-device copy: " + (f"{r['GBps']:.0f} GB/s (read + write)" if "GBps" in r
+                                       else r["error"]), flush=True)
 
-    for cell, impl, graphs in variants(cfg, device):
+    # 2. every GEMM of the mLSTM step at its shape, and the step's GEMM ceiling
+    ceilings: dict[tuple[int, str], dict] = {}
+    if "mlstm" in cfg.cells:
+        print(f"\n{'prec':>5} {'B':>5} {'GEMM':>30} {'m x k x n':>22} {'count':>6} "
+              f"{'TFLOP/s':>8}")
+        for B in cfg.batch_sizes:
+            gemms = step_gemms(H, E, T, B)
+            for prec in cfg.precisions:
+                rates = []
+                for gm in gemms:
+                    r = attempt(lambda: {"tflops": matmul_tflops(
+                        gm.m, gm.k, gm.n, DTYPES[prec], device, timer, cfg.repeats,
+                        a_t=gm.a_t, b_t=gm.b_t)}, device)
+                    res.add("gemms", {"precision": prec, "batch_size": B, **asdict(gm), **r})
+                    rates.append(r.get("tflops"))
+                    shape = f"{gm.m}x{gm.k}x{gm.n}"
+                    print(f"{prec:>5} {B:>5} {gm.name[:30]:>30} {shape:>22} {gm.count:>6} "
+                          + (f"{r['tflops']:>8.1f}" if "tflops" in r else r["error"]),
+                          flush=True)
+                if all(x for x in rates):
+                    c = {"batch_size": B, "precision": prec, **gemm_ceiling(gemms, rates, B * T)}
+                    ceilings[(B, prec)] = c
+                    res.add("ceiling", c)
+                    print(f"  GEMM ceiling {prec} B={B}: {c['chars_per_s']:,.0f} chars/s "
+                          f"({c['tflops']:.1f} TFLOP/s)", flush=True)
+
+    # 3-5. the training step, every variant
+    print(f"\n{'cell':>6} {'impl':>20} {'B':>5} {'prec':>5} {'chars/s':>11} {'TFLOP/s':>8} "
+          f"{'of peak':>8} {'of GEMMs':>8} {'mem GiB':>8}")
+    for v in variants(cfg, device):
         for B in cfg.batch_sizes:
             for prec in cfg.precisions:
-                try:
-                    r = train_step_rate(cell, cfg.hidden_size, cfg.embed_dim, B, cfg.seq_len,
-                                        prec, device, timer, cfg.steps, cfg.warmup, cfg.repeats,
-                                        impl, cfg.rnn_kernels, graphs)
-                except RuntimeError as e:  # out of memory, or a kernel the backend lacks
-                    first = (str(e).splitlines() or [type(e).__name__])[0][:100]
-                    r = {"cell": cell, "impl": _impl_name(cell, impl, graphs), "batch_size": B,
-                         "precision": prec,
-                         "error": "out of memory" if "out of memory" in str(e) else first}
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                if "tflops" in r:
-                    r["fraction_of_peak"] = r["tflops"] / peak[prec]
-                out["train"].append(r)
-    by = {(r["impl"], r["batch_size"], r["precision"]): r for r in out["train"]
-          if "tflops" in r}
-    print(f"\n{'cell':>6} {'impl':>15} {'B':>5} {'prec':>5} {'chars/s':>11} {'TFLOP/s':>8} "
-          f"{'of peak':>8} {'mem GiB':>8} {'vs cuDNN/FLOP':>13} {'vs reference':>12}")
-    for r in out["train"]:
-        head = f"{r['cell']:>6} {r['impl']:>15} {r['batch_size']:>5} {r['precision']:>5}"
-        if "error" in r:
-            print(f"{head} {r['error']}")
-            continue
-        ref = by.get(("cudnn", r["batch_size"], r["precision"]))
-        r["vs_cudnn_lstm_per_flop"] = r["tflops"] / ref["tflops"] if ref else None
-        base = by.get(("reference", r["batch_size"], r["precision"]))
-        r["vs_reference"] = (r["chars_per_s"] / base["chars_per_s"]
-                             if base and r["cell"] == "mlstm" else None)
-        mem = f"{r['peak_memory_gib']:.1f}" if r["peak_memory_gib"] is not None else "-"
-        ratio = f"{r['vs_cudnn_lstm_per_flop']:.3f}" if ref and r["cell"] != "lstm" else "-"
-        vs_ref = f"{r['vs_reference']:.2f}x" if r["vs_reference"] else "-"
-        print(f"{head} {r['chars_per_s']:>11,.0f} {r['tflops']:>8.1f} "
-              f"{r['fraction_of_peak']:>8.1%} {mem:>8} {ratio:>13} {vs_ref:>12}")
-    best = cfg.rnn_impls[0]
-    for B in cfg.batch_sizes:
-        f32, b16 = by.get((best, B, "fp32")), by.get((best, B, "bf16"))
-        if f32 and b16:
-            out.setdefault("bf16_over_fp32", {})[B] = b16["chars_per_s"] / f32["chars_per_s"]
-            print(f"mLSTM ({best}) B={B}: bf16 / fp32 = "
-                  f"{b16['chars_per_s'] / f32['chars_per_s']:.2f}x")
-    if cfg.json:
-        write_text(cfg.json, json.dumps(out, indent=2) + "\n")
+                r = attempt(lambda: train_step_rate(v, H, E, B, T, prec, device, timer,
+                                                    cfg.steps, cfg.warmup, cfg.repeats),
+                            device)
+                row = {"cell": v.cell, "impl": v.label, "hidden_size": H, "batch_size": B,
+                       "seq_len": T, "precision": prec, **r}
+                if "tflops" in r and prec in peak:
+                    row["fraction_of_peak"] = r["tflops"] / peak[prec]
+                if "tflops" in r and v.cell == "mlstm" and (B, prec) in ceilings:
+                    row["fraction_of_gemm_ceiling"] = \
+                        r["chars_per_s"] / ceilings[(B, prec)]["chars_per_s"]
+                res.add("train", row)
+                print(_row_line(row), flush=True)
+    _ratios(res, cfg)
+    res.save()
     return 0
+
+
+def _row_line(r: dict) -> str:
+    head = f"{r['cell']:>6} {r['impl']:>20} {r['batch_size']:>5} {r['precision']:>5}"
+    if "error" in r:
+        return f"{head} {r['error']}"
+
+    def pct(key):
+        return f"{r[key]:>8.1%}" if key in r else f"{'-':>8}"
+
+    mem = f"{r['peak_memory_gib']:.1f}" if r["peak_memory_gib"] is not None else "-"
+    return (f"{head} {r['chars_per_s']:>11,.0f} {r['tflops']:>8.1f} {pct('fraction_of_peak')} "
+            f"{pct('fraction_of_gemm_ceiling')} {mem:>8}")
+
+
+def _ratios(res: Results, cfg: BenchGpuConfig) -> None:
+    """Each mLSTM variant against cuDNN's LSTM (per FLOP) and the reference recurrence (chars/s)
+    at the same batch and precision, and bf16 over fp32 of the first fused variant."""
+    rows = [r for r in res.data["train"] if "tflops" in r]
+    by = {(r["impl"], r["batch_size"], r["precision"]): r for r in rows}
+    print(f"\n{'impl':>20} {'B':>5} {'prec':>5} {'vs cuDNN/FLOP':>13} {'vs reference':>12}")
+    for r in rows:
+        if r["cell"] != "mlstm":
+            continue
+        lstm = by.get(("cudnn", r["batch_size"], r["precision"]))
+        ref = by.get(("reference", r["batch_size"], r["precision"]))
+        r["vs_cudnn_lstm_per_flop"] = r["tflops"] / lstm["tflops"] if lstm else None
+        r["vs_reference"] = r["chars_per_s"] / ref["chars_per_s"] if ref else None
+        a = f"{r['vs_cudnn_lstm_per_flop']:.3f}" if lstm else "-"
+        b = f"{r['vs_reference']:.2f}x" if ref else "-"
+        print(f"{r['impl']:>20} {r['batch_size']:>5} {r['precision']:>5} {a:>13} {b:>12}")
+    fused = next((r["impl"] for r in rows if r["impl"].startswith("fused")), None)
+    for B in cfg.batch_sizes:
+        f32, b16 = by.get((fused, B, "fp32")), by.get((fused, B, "bf16"))
+        if f32 and b16:
+            ratio = b16["chars_per_s"] / f32["chars_per_s"]
+            res.data.setdefault("bf16_over_fp32", {})[str(B)] = ratio
+            print(f"mLSTM ({fused}) B={B}: bf16 / fp32 = {ratio:.2f}x")
 
 
 BENCH_GPU = Command(BenchGpuConfig, bench_gpu, description=__doc__.split("\n\n")[1])

@@ -213,17 +213,26 @@ def load_state(model: torch.nn.Module, state: dict, path: str | Path) -> None:
     model.load_state_dict(state)
 
 
-def load_model(path: str | Path, map_location: str | torch.device = "cpu"):
-    """The :class:`~hvd_lm.core.model.LanguageModel` stored in a checkpoint (eval mode) and the
-    checkpoint dict.
+def load_model(path: str | Path, map_location: str | torch.device = "cpu",
+               rnn_kernels: str = "auto"):
+    """The :class:`~hvd_lm.core.model.LanguageModel` stored in a checkpoint, on
+    ``map_location``, in eval mode, and the checkpoint dict.
+
+    Args:
+        rnn_kernels: the fused mLSTM's cell kernels for this device
+            (:data:`hvd_lm.core.mlstm_kernels.KERNELS`; ``auto``: the device's default). Not
+            the checkpoint's own: kernels are a property of the machine, not of the model, and
+            a model trained with ``triton`` on a GPU must still load on a CPU.
 
     Raises:
         FileNotFoundError / CheckpointError: as :func:`resolve` / :func:`load`.
+        ValueError: an unknown ``rnn_kernels``.
     """
     path = resolve(path)
     ckpt = load(path, map_location)
-    model = LanguageModel(ModelConfig(**ckpt["config"]["model"]))
+    model = LanguageModel(ModelConfig(**{**ckpt["config"]["model"], "rnn_kernels": rnn_kernels}))
     load_state(model, ckpt["model"], path)
+    model.to(map_location)
     model.eval()
     return model, ckpt
 

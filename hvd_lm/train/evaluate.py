@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, option
+from hvd_lm.core.mlstm_kernels import KERNELS
 from hvd_lm.core.model import LanguageModel
 from hvd_lm.core.shards import load_manifest
 from hvd_lm.dist import horovod as dist
@@ -113,6 +114,8 @@ class EvalConfig:
     max_bytes: int = option(0, "evaluate only the first N bytes (0 = all)", ge=0)
     precision: str = option("fp32", "autocast precision", choices=prec.PRECISIONS)
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    rnn_kernels: str = option("auto", "fused mLSTM cell kernels on this device (auto: triton "
+                              "on CUDA when installed, else torch)", choices=KERNELS)
     output: str = option("", "also write the result JSON to this file (rank 0)")
 
 
@@ -121,7 +124,7 @@ def eval_command(cfg: EvalConfig) -> int:
     rank 0; ranks split the streams and sum bits and chars (Horovod)."""
     ctx = dist.init()
     device = prec.resolve_device(cfg.device, ctx.local_rank, ctx.local_size)
-    model, ck = load_model(cfg.checkpoint, map_location=device)
+    model, ck = load_model(cfg.checkpoint, map_location=device, rnn_kernels=cfg.rnn_kernels)
     seq_len = cfg.seq_len or ck["config"]["data"]["seq_len"]
     streams = RankStreams(load_manifest(cfg.shards), cfg.split, ctx.rank, ctx.size,
                           cfg.batch_size, seq_len, shuffle_shards=False, max_bytes=cfg.max_bytes,

@@ -68,7 +68,7 @@ class LMSession:
 
 
 def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32",
-            threads: int = 0) -> LMSession:
+            threads: int = 0, rnn_kernels: str = "auto") -> LMSession:
     """Start Horovod when a launcher started several ranks (they split the texts, see
     :func:`featurize`), pick this rank's device (:func:`hvd_lm.train.runtime.resolve_device`),
     check the precision there and load the checkpoint's model onto it.
@@ -76,6 +76,7 @@ def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32
     Args:
         checkpoint: file or run directory (its latest).
         threads: torch CPU threads (0: torch's default).
+        rnn_kernels: the fused mLSTM's cell kernels (:func:`hvd_lm.train.checkpoint.load_model`).
     Raises:
         FileNotFoundError: no checkpoint; ValueError: a device/precision that cannot be used.
     """
@@ -85,8 +86,8 @@ def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32
     path = resolve(checkpoint)
     dev = prec.resolve_device(device, ctx.local_rank if ctx else 0, ctx.local_size if ctx else 1)
     prec.check(dev, precision)
-    model, ckpt = load_model(path, map_location=dev)
-    return LMSession(ctx, path, model.to(dev), ckpt, dev)
+    model, ckpt = load_model(path, map_location=dev, rnn_kernels=rnn_kernels)
+    return LMSession(ctx, path, model, ckpt, dev)
 
 
 def encode_texts(texts: Sequence[str], max_chars: int = DEFAULT_MAX_CHARS,

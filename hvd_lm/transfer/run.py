@@ -34,6 +34,7 @@ from hvd_lm.core import tokenizer
 from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, option
 from hvd_lm.core.digest import file_sha256
+from hvd_lm.core.mlstm_kernels import KERNELS
 from hvd_lm.dist import horovod as dist
 from hvd_lm.train import runtime as prec
 from hvd_lm.transfer import datasets
@@ -97,6 +98,8 @@ class TransferConfig:
     time_chunk: int = option(256, "steps per model call (bounds memory for mean/max)", ge=1)
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     precision: str = option("fp32", "autocast precision", choices=prec.PRECISIONS)
+    rnn_kernels: str = option("auto", "fused mLSTM cell kernels on this device (auto: triton "
+                              "on CUDA when installed, else torch)", choices=KERNELS)
     threads: int = option(0, "torch CPU threads (0 = default)", ge=0)
     cache_dir: str = option(DEFAULT_CACHE_DIR, "feature cache folder")
     cache: bool = option(True, "read and write the feature cache (--no-cache: neither)",
@@ -261,7 +264,7 @@ def run(cfg: TransferConfig) -> dict | None:
     splits = datasets.load_splits(
         cfg.dataset, cfg.data_dir, cfg.train, cfg.val, cfg.test, cfg.text_field,
         cfg.label_field, cfg.val_fraction, cfg.max_examples, cfg.seed)
-    lm = open_lm(cfg.checkpoint, cfg.device, cfg.precision, cfg.threads)
+    lm = open_lm(cfg.checkpoint, cfg.device, cfg.precision, cfg.threads, cfg.rnn_kernels)
     is_root = lm.ctx is None or lm.ctx.rank == 0
     ck_sha = file_sha256(lm.path) if is_root else ""
     sf = featurize_splits(lm, splits, cfg, ck_sha)

@@ -74,3 +74,32 @@ def window_diff(kernels: K.Kernels, seed: int = 5) -> float:
         (hs.sum() + h.sum() + c.sum()).backward()
         results.append([hs, h, c] + [t.grad for t in tensors])
     return max(float((a - b).detach().abs().max()) for a, b in zip(*results))
+
+
+def model_diff(kernels: str, seed: int = 6) -> float:
+    """Max |difference| between :meth:`LanguageModel.encode` with the fused mLSTM on ``kernels``
+    and on the torch kernels, same weights, fp32: hs, (h, c) and every parameter gradient, on a
+    batch with resets inside the window and padding. ``mask`` and ``reset`` are [B, T] as the
+    model's callers give them, so the window receives their transposed views: the production
+    path, which the window-level cases (contiguous [T, B] flags) do not take. Differences are
+    relative beyond 1 (:func:`cell_diff`)."""
+    from hvd_lm.core.model import LanguageModel, ModelConfig
+
+    g = torch.Generator().manual_seed(seed)
+    B, T = 3, 17
+    tokens = torch.randint(0, 256, (B, T), generator=g)
+    mask = torch.rand(B, T, generator=g) < 0.8
+    reset = torch.rand(B, T, generator=g) < 0.15
+    reset[1, 6] = True
+    w_out = torch.randn(B, T, 12, generator=g)
+    results = []
+    for name in (kernels, "torch"):
+        torch.manual_seed(seed)
+        model = LanguageModel(ModelConfig(hidden_size=12, embed_dim=5, rnn_kernels=name))
+        hs, (h, c) = model.encode(tokens, mask=mask, reset=reset)
+        ((hs * w_out).sum() + h.sum() - c.sum()).backward()
+        results.append([hs, h, c] + [p.grad for p in model.rnn.parameters()]
+                       + [model.embed.weight.grad])
+    # relative beyond 1, as cell_diff: gradients of ~10 carry fp32 rounding of ~1e-6
+    return max(float((a - b).detach().abs().max()) / max(1.0, float(b.detach().abs().max()))
+               for a, b in zip(*results))

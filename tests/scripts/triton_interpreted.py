@@ -15,7 +15,7 @@ import torch
 
 from hvd_lm.core import mlstm_kernels as K
 from hvd_lm.core import mlstm_triton
-from tests.scripts.mlstm_cases import cell_case, cell_diff, window_diff
+from tests.scripts.mlstm_cases import cell_case, cell_diff, model_diff, window_diff
 
 
 def main() -> int:
@@ -32,6 +32,8 @@ def main() -> int:
             name = f"cell {str(dtype)[6:]} keep={keep} reset={rk}"
             out[name] = [cell_diff(kernels, fwd_in, bwd_in, dtype), tol]
     out["fused window vs torch kernels"] = [window_diff(kernels), 1e-6]
+    out["LanguageModel.encode (mask, reset as [B, T]) vs torch kernels"] = [
+        model_diff("triton"), 1e-6]
     try:
         fwd_in, _ = cell_case(2, 3, False, False)
         mlstm_triton.cell_forward(*[t.double() if t is not None else None for t in fwd_in],

@@ -1,0 +1,278 @@
+"""The GPU code path proven before a GPU (issue 22): what the CUDA path does that the CPU path
+did not, run here.
+
+* CUDA graphs' static buffers: :class:`StaticBufferCapture` stands in for
+  ``torch.cuda.make_graphed_callables`` with its buffer semantics (inputs copied into static
+  input buffers, outputs and input gradients returned as detached views of static buffers that
+  the next replay overwrites: ``torch/cuda/graphs.py``, ``make_graphed_autograd_function``), so
+  gradient accumulation through :class:`WindowGraphs` is checked against the eager window.
+* fp16 weight gradients summed over a whole window (T*B rows) against the fp32 computation.
+* The production path under Triton's CPU interpreter (``TRITON_INTERPRET=1``, each in its own
+  process): ``hvd-lm train --rnn-kernels triton`` against ``--rnn-impl reference``, ``hvd-lm
+  eval`` and ``hvd-lm transfer`` featurisation through the Triton kernels against the torch
+  kernels, ``hvd-lm bench gpu --device cpu --rnn-kernels triton``.
+
+The real-GPU checks of the same paths are ``pytest -m cuda`` (tests/test_cuda.py,
+tests/test_mlstm_fused.py) via ``scripts/gpu_check.sh --stage cuda``.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from hvd_lm.core import mlstm_kernels as K
+from hvd_lm.core.mlstm_fused import (WindowGraphs, mlstm_window, weight_grad_mm,
+                                     weight_grad_path)
+from hvd_lm.core.model import LanguageModel, ModelConfig
+from hvd_lm.core.shards import load_manifest
+from hvd_lm.train.data import RankStreams
+from tests._mp import SHARED, launch_env, run
+from tests.shardutil import make_shards, review_texts
+from tests.test_train import max_diff, params_of, records, train_argv
+
+INTERPRET = {"TRITON_INTERPRET": "1"}
+needs_triton = pytest.mark.skipif(not K.triton_available(),
+                                  reason="triton is an optional (GPU) dependency")
+
+
+# ---- CUDA graphs: static buffers and gradient accumulation --------------------------------------
+
+class StaticBufferCapture:
+    """``make_graphed_callables(fn, sample)`` on the CPU: the same autograd surface as the
+    real one (``torch/cuda/graphs.py``), with an eager re-run standing in for each replay.
+
+    Forward: the arguments are copied into static input buffers, ``fn`` runs on those, and
+    its outputs are copied into static output buffers and returned as detached views of them.
+    Backward: the incoming gradients are copied into static buffers, the stored graph is
+    differentiated, the input gradients are copied into static gradient buffers and returned
+    as detached views of them, which the next replay overwrites, exactly what the CUDA graph's
+    private memory pool does.
+    """
+
+    def __init__(self):
+        self.captures = 0
+
+    def __call__(self, fn, sample):
+        self.captures += 1
+        static_in = [s.detach().clone().requires_grad_(s.requires_grad) for s in sample]
+        grad_in = [torch.zeros_like(s) if s.requires_grad else None for s in sample]
+        static_out: list[torch.Tensor] = []
+        graph: dict = {}
+
+        class Replayed(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *inputs):
+                for buf, x in zip(static_in, inputs):
+                    buf.detach().copy_(x)
+                with torch.enable_grad():
+                    outs = fn(*static_in)
+                if not static_out:
+                    static_out.extend(torch.empty_like(o) for o in outs)
+                for buf, o in zip(static_out, outs):
+                    buf.copy_(o.detach())
+                graph["outs"] = outs
+                return tuple(o.detach() for o in static_out)
+
+            @staticmethod
+            @torch.autograd.function.once_differentiable
+            def backward(ctx, *grads):
+                needs = [s for s in static_in if s.requires_grad]
+                got = iter(torch.autograd.grad(graph.pop("outs"), needs, grads,
+                                               allow_unused=True))
+                for buf in grad_in:
+                    if buf is not None:
+                        g = next(got)
+                        buf.copy_(g if g is not None else torch.zeros_like(buf))
+                return tuple(b.detach() if b is not None else None for b in grad_in)
+
+        return lambda *args: Replayed.apply(*args)
+
+
+def test_static_buffer_capture_is_faithful_on_one_window():
+    """One forward + backward through the stand-in equals the eager window (so the
+    accumulation test below tests WindowGraphs, not the stand-in)."""
+    torch.manual_seed(0)
+    a = LanguageModel(ModelConfig(hidden_size=16, embed_dim=4))
+    b = LanguageModel(ModelConfig(hidden_size=16, embed_dim=4))
+    b.load_state_dict(a.state_dict())
+    a.rnn.graphs = WindowGraphs(device_type="cpu", capture=StaticBufferCapture())
+    tokens = torch.randint(0, 256, (3, 9))
+    for m in (a, b):
+        logits, _ = m(tokens)
+        logits.pow(2).mean().backward()
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-6, msg=n)
+    assert a.rnn.graphs.stats == {"captures": 1, "graphed": 1}
+
+
+@pytest.mark.parametrize("weight_norm", [False, True])
+def test_replayed_windows_accumulate_gradients_like_eager(weight_norm):
+    """Defect 3 of issue 22 (failed before the fix: the recurrent weights' .grad became the
+    replay's static buffer, so 4 accumulated windows gave 2x the last one's gradient, not the
+    sum). Four training windows without zero_grad, the state carried, a reset inside: every
+    parameter's accumulated gradient and the final state equal the eager window's (1e-6)."""
+    torch.manual_seed(0)
+    cfg = dict(hidden_size=16, embed_dim=4, weight_norm=weight_norm)
+    graphed, eager = LanguageModel(ModelConfig(**cfg)), LanguageModel(ModelConfig(**cfg))
+    eager.load_state_dict(graphed.state_dict())
+    capture = StaticBufferCapture()
+    graphed.rnn.graphs = WindowGraphs(device_type="cpu", capture=capture)
+    tokens = torch.randint(0, 256, (4, 3, 9), generator=torch.Generator().manual_seed(1))
+    reset = torch.zeros(3, 8, dtype=torch.bool)
+    reset[1, 3] = True
+    states = []
+    for model in (graphed, eager):
+        state = model.init_state(3)
+        for w in range(4):
+            logits, state = model(tokens[w, :, :-1], (state[0].detach(), state[1].detach()),
+                                  reset=reset)
+            torch.nn.functional.cross_entropy(logits.reshape(-1, 256),
+                                              tokens[w, :, 1:].reshape(-1)).backward()
+        states.append([s.clone() for s in state])
+    assert graphed.rnn.graphs.stats == {"captures": 1, "graphed": 4} and capture.captures == 1
+    for (n, p), q in zip(graphed.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-6, msg=n)
+    torch.testing.assert_close(states[0], states[1], rtol=0, atol=1e-6)
+
+
+# ---- fp16 weight gradients over a whole window ---------------------------------------------------
+
+def test_fp16_window_weight_gradients_are_summed_in_fp32():
+    """Defect 4 of issue 22 (failed before the fix: inf). An fp16 window (T*B = 1,024 rows)
+    whose recurrent weight gradients reach ~2e5, beyond fp16's 65,504, as loss scaling makes
+    them: the fused window's dW_h and dW_mh are finite and within 1e-3 (relative Frobenius) of
+    the same window computed with fp32 GEMMs from the same fp16-rounded inputs (measured
+    3-4e-4: the fp16 data gradients dG, dA are the only rounding left, as in the reference
+    path under autocast)."""
+    T, B, H = 32, 32, 8
+    g = torch.Generator().manual_seed(0)
+    xg = torch.randn(T, B, 4 * H, generator=g).half()
+    xm = (2 + torch.rand(T, B, H, generator=g)).half()
+    h0, c0 = torch.rand(B, H, generator=g), torch.rand(B, H, generator=g)
+    w_mh, w_h = 0.5 * torch.rand(H, H, generator=g), 0.3 * torch.randn(4 * H, H, generator=g)
+    grads = {}
+    for dtype in (torch.float16, torch.float32):
+        ins = [xg.to(dtype).requires_grad_(), xm.to(dtype).requires_grad_()]
+        ws = [w_mh.clone().requires_grad_(), w_h.clone().requires_grad_()]
+        hs, _ = mlstm_window(*ins, (h0, c0), *ws, K.get_kernels("torch"), layout="rows")
+        (3000.0 * hs.float()).sum().backward()
+        grads[dtype] = [w.grad for w in ws]
+    for got, want in zip(grads[torch.float16], grads[torch.float32]):
+        assert float(want.abs().max()) > 65504  # the sum would overflow an fp16 output
+        assert got.dtype == torch.float32 and bool(torch.isfinite(got).all())
+        assert float((got - want).norm() / want.norm()) < 1e-3
+
+
+def test_weight_grad_paths():
+    """fp32 output whatever the operands: cuBLAS's fp32-output GEMM on CUDA where torch has
+    it, fp32 operands elsewhere; the values equal an fp64 product of the same operands."""
+    assert weight_grad_path("cuda", torch.bfloat16) == "out_dtype"  # torch >= 2.8
+    assert weight_grad_path("cpu", torch.float16) == "fp32"
+    assert weight_grad_path("cuda", torch.float32) == "native"
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(6, 300, generator=g).bfloat16(), torch.randn(300, 5, generator=g).bfloat16()
+    out = weight_grad_mm(a, b)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), a.double() @ b.double(), rtol=1e-5, atol=1e-5)
+
+
+# ---- the production path under Triton's interpreter ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_shards(tmp_path_factory):
+    """One short review per shard (~100 bytes): shard starts, hence resets, fall inside the
+    training windows, not only at their first column."""
+    texts = [t[:120] for t in review_texts(60)]
+    return make_shards(tmp_path_factory.mktemp("small"),
+                       {"train": [[t] for t in texts[:50]], "val": [[t] for t in texts[50:]]})
+
+
+EMULATED = ["--batch-size", "3", "--max-steps", "20", "--log-every", "5"]
+
+
+@pytest.fixture(scope="module")
+def emulated_runs(small_shards, tmp_path_factory):
+    """``hvd-lm train`` 20 steps with the Triton kernels (interpreted) and with the reference
+    recurrence, same seed and data."""
+    out = tmp_path_factory.mktemp("emulated")
+    for name, flags, env in (("triton", ["--rnn-kernels", "triton"], INTERPRET),
+                             ("reference", ["--rnn-impl", "reference"], {})):
+        run([sys.executable, *train_argv(small_shards, out / name, *EMULATED, *flags)],
+            timeout=600, env=launch_env(**env))
+    return out
+
+
+@needs_triton
+def test_emulated_training_with_triton_kernels_tracks_the_reference(small_shards,
+                                                                     emulated_runs):
+    """Defect 1 of issue 22 (failed before the fix: the Triton kernels raised "need contiguous
+    tensors" on the first window). 20 Adam steps, resets inside windows: parameters within
+    1e-5 of the reference recurrence's and logged losses within 1e-6 relative (the bounds of
+    the torch kernels' test_twenty_training_steps_fused_vs_reference; the Triton kernels'
+    written-out tanh is within 1.1e-7 of torch's)."""
+    streams = RankStreams(load_manifest(small_shards), "train", 0, 1, 3, 16)
+    inside = [w for w in range(20) if streams.window(0, w).reset[:, 1:].any()]
+    assert len(inside) >= 3  # the windows really carry resets inside them
+    tri, ref = emulated_runs / "triton", emulated_runs / "reference"
+    assert records(tri, "start")[0]["params"] == records(ref, "start")[0]["params"]
+    assert max_diff(params_of(tri), params_of(ref)) <= 1e-5
+    losses = [[r["loss"] for r in records(d, "train")] for d in (tri, ref)]
+    assert len(losses[0]) == 4 and losses[0] == pytest.approx(losses[1], rel=1e-6)
+
+
+@needs_triton
+def test_emulated_eval_through_triton_kernels(small_shards, emulated_runs, tmp_path):
+    """``hvd-lm eval --rnn-kernels triton`` (interpreted) gives the torch kernels' BPC of the
+    same checkpoint to 1e-6."""
+    res = {}
+    for kernels in ("triton", "torch"):
+        out = tmp_path / f"{kernels}.json"
+        run([sys.executable, "-m", "hvd_lm", "eval", emulated_runs / "triton", small_shards,
+             "--device", "cpu", "--rnn-kernels", kernels, "--batch-size", "4", "--output", out],
+            timeout=600, env=launch_env(**INTERPRET))
+        res[kernels] = json.loads(out.read_text())
+    assert res["triton"]["chars"] == res["torch"]["chars"] > 0
+    assert res["triton"]["bpc"] == pytest.approx(res["torch"]["bpc"], abs=1e-6)
+
+
+@needs_triton
+def test_emulated_transfer_features_through_triton_kernels(emulated_runs, tmp_path):
+    """``hvd-lm transfer --rnn-kernels triton`` featurises SST-2 sentences of different lengths
+    (padding masks in every batch) through the interpreted Triton kernels: the features it
+    caches equal the torch kernels' to 1e-5, and the transfer reports agree."""
+    sst2 = SHARED / "data/sst2"
+    if not sst2.is_dir():
+        pytest.skip(f"needs {sst2}")
+    feats, reports = {}, {}
+    for kernels in ("triton", "torch"):
+        out, cache = tmp_path / kernels, tmp_path / f"cache-{kernels}"
+        run([sys.executable, "-m", "hvd_lm", "transfer", emulated_runs / "triton", "--out", out,
+             "--dataset", "sst2", "--data-dir", sst2, "--max-examples", "24", "--features",
+             "mean", "--batch-size", "8", "--device", "cpu", "--rnn-kernels", kernels,
+             "--cache-dir", cache, "--no-progress"], timeout=600, env=launch_env(**INTERPRET))
+        feats[kernels] = {p.name: np.load(p) for p in sorted(cache.glob("*.npy"))}
+        reports[kernels] = json.loads((out / "transfer.json").read_text())
+    assert feats["triton"].keys() == feats["torch"].keys() and len(feats["torch"]) >= 2
+    for name, f in feats["torch"].items():
+        np.testing.assert_allclose(feats["triton"][name], f, rtol=0, atol=1e-5, err_msg=name)
+    accuracy = [reports[k]["classifier"]["accuracy"] for k in ("triton", "torch")]
+    assert accuracy[0] == accuracy[1]
+
+
+@needs_triton
+def test_emulated_bench_gpu_with_triton_kernels(tmp_path):
+    """``hvd-lm bench gpu --device cpu --rnn-kernels triton`` completes, every variant with
+    a figure (none recorded as an error)."""
+    out = tmp_path / "bench.json"
+    run([sys.executable, "-m", "hvd_lm", "bench", "gpu", "--device", "cpu", "--rnn-kernels",
+         "triton", "--hidden-size", "16", "--embed-dim", "4", "--seq-len", "8", "--batch-sizes",
+         "2", "--precisions", "fp32", "--steps", "1", "--warmup", "0", "--repeats", "1",
+         "--matmul-size", "32", "--copy-mib", "1", "--json", out], timeout=600,
+        env=launch_env(**INTERPRET))
+    data = json.loads(out.read_text())
+    assert {r["impl"] for r in data["train"]} == {"fused/triton", "reference", "cudnn"}
+    assert not [r for r in data["train"] if "error" in r]
