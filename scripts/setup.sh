@@ -31,6 +31,8 @@ command -v mpicc >/dev/null 2>&1 || need_debs+=(libopenmpi-dev openmpi-bin)
 # without them); time (/usr/bin/time -v) measures prepare's memory in a test (optional too).
 command -v h5dump >/dev/null 2>&1 || need_debs+=(hdf5-tools)
 [ -x /usr/bin/time ] || need_debs+=(time)
+# The linter of the project's shell scripts, shellcheck, runs in a test (optional: skipped without).
+command -v shellcheck >/dev/null 2>&1 || need_debs+=(shellcheck)
 if ((${#need_debs[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         say "installing ${need_debs[*]} with apt-get"
@@ -57,6 +59,15 @@ say "MPI: $(mpirun --version 2>&1 | head -n 1)"
 
 # ---- 2. virtual environment ---------------------------------------------------------------------
 if [ ! -x "$VENV/bin/python" ]; then
+    # Debian/Ubuntu split venv's pip bootstrap (ensurepip) into python3.X-venv: without it
+    # `python3 -m venv` fails after leaving a venv with no pip behind. Say so before, in one line.
+    if ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+        pyver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+        say "ERROR: $PYTHON cannot create a virtual environment (no ensurepip): install" \
+            "python${pyver:-3}-venv (Debian/Ubuntu: apt-get install python${pyver:-3}-venv)," \
+            "or set PYTHON to an interpreter that has it"
+        exit 1
+    fi
     say "creating $VENV"
     if [ "${VENV_SYSTEM_SITE:-0}" = 1 ]; then
         "$PYTHON" -m venv --system-site-packages "$VENV"
@@ -66,6 +77,11 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check -q)
+if ! "$PY" -m pip --version >/dev/null 2>&1; then
+    say "ERROR: $VENV has no pip (made by a Python without ensurepip?): remove it (rm -rf $VENV)" \
+        "and run this again"
+    exit 1
+fi
 if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
     say "installing $TORCH_SPEC"
     "${PIP[@]}" install "$TORCH_SPEC"

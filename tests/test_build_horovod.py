@@ -152,3 +152,21 @@ def test_one_rank_per_gpu(name, rank, size, gpus, want):
 def test_device_errors_say_what_to_do(name, size, gpus, needle):
     with pytest.raises(DeviceError, match=needle):
         resolve_device(name, 0, size, gpus=gpus)
+
+
+def test_the_nccl_wheel_is_found_in_dist_packages(tmp_path, monkeypatch):
+    """Issue 22, defect 7 (failed before the fix: only ``site-packages`` entries were searched).
+    Ubuntu's system Python (the GPU node's ``python3`` with its CUDA torch) installs wheels into
+    ``.../dist-packages``: probe() of this machine with such a folder on sys.path finds the NCCL
+    wheel there; so does a wheel beside torch in a folder of any name."""
+    dist = tmp_path / "usr/lib/python3/dist-packages"
+    wheel = nccl_wheel(dist)
+    monkeypatch.setattr("sys.path", [*__import__("sys").path, str(dist)])
+    facts = B.probe()
+    assert str(dist) in facts.site_packages
+    inc, lib, where = B.find_nccl(B.Facts(**{**facts.__dict__, "torch_cuda": "13.0",
+                                              "nccl_home": "", "system_nccl_dirs": []}))
+    assert (inc, lib) == (str(wheel / "include"), str(wheel / "lib")) and "dist-packages" in where
+    beside = tmp_path / "opt/py/lib/pkgs"
+    nccl_wheel(beside)
+    assert str(beside) in B.package_dirs(str(beside / "torch/__init__.py"), [])

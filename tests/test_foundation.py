@@ -114,4 +114,28 @@ def test_setup_scripts_pass_shellcheck():
     if not shutil.which("shellcheck"):
         pytest.skip("shellcheck not installed (apt-get install shellcheck)")
     subprocess.run(["shellcheck", REPO / "scripts/setup.sh", REPO / "scripts/build_horovod.sh",
+                    REPO / "scripts/gpu_check.sh", REPO / "scripts/fetch_offline_wheels.sh",
                     REPO / ".ci/run"], check=True)
+
+
+def test_setup_says_in_one_line_when_python_cannot_make_a_venv(tmp_path):
+    """Issue 22, defect 7 (before: `python3 -m venv` failed with its own paragraph and left a
+    venv without pip, on which the next setup run failed obscurely). Ubuntu's python3 without
+    python3.X-venv, emulated by an ``ensurepip`` that cannot be imported: setup stops with one
+    ERROR line naming the package, and makes no venv."""
+    import os
+    import sys
+
+    stub = tmp_path / "stub" / "ensurepip"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'ensurepip'\")\n")
+    venv = tmp_path / "venv"
+    env = dict(os.environ, PYTHON=sys.executable, VENV=str(venv),
+               PYTHONPATH=str(tmp_path / "stub"))
+    proc = subprocess.run(["bash", REPO / "scripts/setup.sh"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    errors = [x for x in (proc.stdout + proc.stderr).splitlines() if "ERROR" in x]
+    ver = "%d.%d" % sys.version_info[:2]
+    assert proc.returncode == 1 and len(errors) == 1, proc.stdout + proc.stderr
+    assert f"apt-get install python{ver}-venv" in errors[0]
+    assert not venv.exists()

@@ -27,7 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 1024
+BLOCK = 1024  # elements of [B, H] per program
+NUM_WARPS = 4  # warps per program (Triton's default, stated so ahead-of-time builds match)
 
 
 @triton.jit
@@ -138,7 +139,8 @@ def cell_forward(g, cprev, hstate, keep, rk_next, act, tc, hs_t, c_next, h_next,
     _cell_forward_kernel[(triton.cdiv(N, BLOCK),)](
         g, cprev, hstate, keep if keep is not None else cprev,
         rk_next if rk_next is not None else cprev, act, tc, hs_t, c_next, h_next, hc_next, N, H,
-        HAS_KEEP=keep is not None, HAS_RK=rk_next is not None, BLOCK=BLOCK)
+        HAS_KEEP=keep is not None, HAS_RK=rk_next is not None, BLOCK=BLOCK,
+        num_warps=NUM_WARPS)
 
 
 def cell_backward(dhs_t, dhp, dcp, rk_next, keep, act, tc, cprev, dg, dcp_out, dhold):
@@ -150,4 +152,118 @@ def cell_backward(dhs_t, dhp, dcp, rk_next, keep, act, tc, cprev, dg, dcp_out, d
         dhs_t, dhp, dcp, rk_next if rk_next is not None else dhp,
         keep if keep is not None else dhp, act, tc, cprev, dg, dcp_out,
         dhold if dhold is not None else dhp, N, H,
-        HAS_KEEP=keep is not None, HAS_RK=rk_next is not None, BLOCK=BLOCK)
+        HAS_KEEP=keep is not None, HAS_RK=rk_next is not None, BLOCK=BLOCK,
+        num_warps=NUM_WARPS)
+
+
+# ---- ahead-of-time builds (no GPU needed) ---------------------------------------------------------
+
+#: Triton's pointer type names of the compute dtypes the CUDA path launches the kernels with.
+COMPUTE_TYPES = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
+
+
+def launch_signatures(compute: str, has_keep: bool, has_rk: bool) -> dict[str, dict]:
+    """The argument types both kernels are launched with by :func:`cell_forward` /
+    :func:`cell_backward` for one compute dtype (``g``, ``hs``, ``dg`` and the GEMM copy of h;
+    every state tensor is fp32) and mask/reset case (absent flags are passed as an fp32 state
+    pointer, never read).
+
+    Returns:
+        {kernel name: Triton signature dict (argument -> type; constexprs -> "constexpr")}.
+    """
+    c, f32 = COMPUTE_TYPES[compute], "*fp32"
+    keep = "*i1" if has_keep else f32
+    const = {"N": "i32", "H": "i32", "HAS_KEEP": "constexpr", "HAS_RK": "constexpr",
+             "BLOCK": "constexpr"}
+    return {
+        "_cell_forward_kernel": {"g_ptr": c, "cprev_ptr": f32, "hstate_ptr": f32,
+                                 "keep_ptr": keep, "rk_ptr": f32, "act_ptr": f32, "tc_ptr": f32,
+                                 "hs_ptr": c, "cnext_ptr": f32, "hnext_ptr": f32,
+                                 "hcnext_ptr": c, **const},
+        "_cell_backward_kernel": {"dhs_ptr": c, "dhp_ptr": f32, "dcp_ptr": f32, "rk_ptr": f32,
+                                  "keep_ptr": keep, "act_ptr": f32, "tc_ptr": f32,
+                                  "cprev_ptr": f32, "dg_ptr": c, "dcpout_ptr": f32,
+                                  "dhold_ptr": f32, **const}}
+
+
+def compile_ahead(arch: int = 90, computes: tuple[str, ...] = tuple(COMPUTE_TYPES)) -> list[dict]:
+    """Compile every cell kernel the CUDA path can launch (both kernels x compute dtype x
+    mask/reset cases, :data:`BLOCK`, :data:`NUM_WARPS`) for ``sm_<arch>`` without a GPU
+    (``triton.compile`` with a ``GPUTarget``; Triton's own ptxas), and read each cubin's
+    resources with the ``cuobjdump --dump-resource-usage`` that ships with Triton.
+
+    Returns:
+        one dict per build: kernel, compute, has_keep, has_rk, registers (per thread),
+        stack / local (bytes per thread: spills), shared (bytes per program), cubin_bytes.
+
+    Raises:
+        RuntimeError: cuobjdump missing or its output unreadable.
+    """
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    tool = str(tool) if tool.exists() else shutil.which("cuobjdump")
+    if not tool:
+        raise RuntimeError("cuobjdump not found (it ships with triton's nvidia backend)")
+    kernels = {"_cell_forward_kernel": _cell_forward_kernel,
+               "_cell_backward_kernel": _cell_backward_kernel}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for compute in computes:
+            for has_keep in (False, True):
+                for has_rk in (False, True):
+                    for name, sig in launch_signatures(compute, has_keep, has_rk).items():
+                        src = ASTSource(fn=kernels[name], signature=sig, constexprs={
+                            "HAS_KEEP": has_keep, "HAS_RK": has_rk, "BLOCK": BLOCK})
+                        built = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                               options={"num_warps": NUM_WARPS})
+                        cubin = Path(tmp) / f"{name}.cubin"
+                        cubin.write_bytes(built.asm["cubin"])
+                        out = subprocess.run([tool, "--dump-resource-usage", str(cubin)],
+                                             capture_output=True, text=True, timeout=60).stdout
+                        use = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", out))
+                        if len(use) < 4:
+                            raise RuntimeError(f"cuobjdump: no resource usage for {name}:\n{out}")
+                        rows.append({"kernel": name, "compute": compute, "has_keep": has_keep,
+                                     "has_rk": has_rk, "registers": int(use["REG"]),
+                                     "stack": int(use["STACK"]), "local": int(use["LOCAL"]),
+                                     "shared": int(use["SHARED"]),
+                                     "cubin_bytes": len(built.asm["cubin"])})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hvd_lm.core.mlstm_triton [--arch 90] [--json FILE]``: build every cell
+    kernel for ``sm_<arch>`` ahead of time and print (save) the resource table."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100)")
+    p.add_argument("--json", default="", help="also write the table here")
+    args = p.parse_args(argv)
+    rows = compile_ahead(args.arch)
+    print(f"triton {triton.__version__}, sm_{args.arch}, BLOCK {BLOCK}, {NUM_WARPS} warps")
+    print(f"{'kernel':>22} {'compute':>7} {'keep':>5} {'reset':>5} {'regs':>5} {'spill B':>7} "
+          f"{'smem B':>6}")
+    for r in rows:
+        print(f"{r['kernel']:>22} {r['compute']:>7} {r['has_keep']!s:>5} {r['has_rk']!s:>5} "
+              f"{r['registers']:>5} {r['stack'] + r['local']:>7} {r['shared']:>6}")
+    if args.json:
+        from hvd_lm.core.atomic import write_text
+
+        write_text(args.json, json.dumps({"triton": triton.__version__, "arch": args.arch,
+                                          "block": BLOCK, "num_warps": NUM_WARPS,
+                                          "kernels": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -107,10 +107,20 @@ def probe() -> Facts:
         gxx_major=_major([os.environ.get("CXX", "g++"), "-dumpversion"], r"^(\d+)"),
         cmake_major=_major(["cmake", "--version"], r"version (\d+)"),
         nvcc=nvcc, nccl_home=os.environ.get("HOROVOD_NCCL_HOME", os.environ.get("NCCL_HOME", "")),
-        site_packages=[sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
-                       *[p for p in sys.path if p.endswith("site-packages")]],
+        site_packages=package_dirs(torch.__file__, sys.path),
         mpi_version=mpi,
         python_tag=f"py{sys.version_info[0]}{sys.version_info[1]}")
+
+
+def package_dirs(torch_file: str, path: list[str]) -> list[str]:
+    """Folders where pip may have put the ``nvidia-nccl-cu*`` wheel: the one holding torch
+    (the wheel is installed beside the CUDA torch that needs it), this interpreter's purelib and
+    platlib, and every ``sys.path`` entry named ``site-packages`` or ``dist-packages`` (Debian's
+    and Ubuntu's system Pythons install into ``dist-packages``), without duplicates."""
+    names = ("site-packages", "dist-packages")
+    return list(dict.fromkeys([str(Path(torch_file).resolve().parent.parent),
+                               sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+                               *[p for p in path if Path(p).name in names]]))
 
 
 def cuda_cc_list(f: Facts) -> str:
