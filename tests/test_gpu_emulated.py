@@ -300,3 +300,41 @@ def test_cell_kernels_compile_for_sm90_without_spills(repo_root):
     if table["triton"] == triton.__version__:
         assert [(r["kernel"], r["compute"], r["registers"]) for r in table["kernels"]] == \
             [(r["kernel"], r["compute"], r["registers"]) for r in rows]
+
+
+# ---- scripts/gpu_check.sh: stages that resume each other ------------------------------------------
+
+@pytest.mark.slow
+def test_gpu_check_stages_run_separately_and_merge(repo_root, tmp_path):
+    """``gpu_check.sh --stage cuda`` then ``--stage bench`` as two invocations (as two
+    10-minute runs on a GPU node would be): each reuses the venv (setup is idempotent), records
+    its exit status, and the summary merges both; here the cuda tests skip (no GPU) and the
+    bench runs on the CPU (BENCH_ARGS), its table in summary.md."""
+    import os
+    import subprocess
+
+    wheels, out = tmp_path / "whl", tmp_path / "out"
+    wheels.mkdir()
+    env = dict(launch_env(), BENCH_ARGS="--device cpu --hidden-size 16 --embed-dim 4 "
+               "--seq-len 8 --batch-sizes 2 --precisions fp32 --matmul-size 32 --copy-mib 1 "
+               "--warmup 0", PYTHON=sys.executable)
+    env.pop("PIP_FIND_LINKS", None)
+    for stage in ("cuda", "bench"):
+        proc = subprocess.run(["bash", repo_root / "scripts/gpu_check.sh", "--stage", stage,
+                               wheels, out], env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["stages"]) == {"setup", "cuda", "bench"}
+    assert all(r["exit_status"] == 0 for r in summary["stages"].values())
+    assert summary["cuda"]["tests"] > 0 and summary["cuda"]["failures"] == 0
+    if not torch.cuda.is_available():
+        assert summary["cuda"]["skipped"] == summary["cuda"]["tests"]
+    assert {r["impl"] for r in summary["bench_gpu"]["train"]} == {"fused/torch", "reference",
+                                                                  "cudnn"}
+    md = (out / "summary.md").read_text()
+    assert "| cuda | 0 |" in md and "| bench | 0 |" in md and "GEMM ceiling" in md
+    bad = subprocess.run(["bash", repo_root / "scripts/gpu_check.sh", "--stage", "bogus"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--stage must be one of" in bad.stdout
+    assert os.path.exists(out / "setup.log")

@@ -1,0 +1,111 @@
+"""Merge what the stages of ``scripts/gpu_check.sh`` left in OUT into OUT/summary.json and
+OUT/summary.md, and exit 1 when a recorded stage failed (standard library only: it also runs
+when setup failed and there is no venv).
+
+    python scripts/gpu_check_summary.py OUT
+
+Reads: ``<stage>.json`` (exit status, seconds) for setup, cuda, bench, suite; ``cuda.xml`` and
+``suite.xml`` (pytest's JUnit reports: counts and the failed tests); ``bench_gpu.json``
+(``hvd-lm bench gpu``). Stages run in separate invocations are merged: the newest record of each
+stage wins.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+STAGES = ("setup", "cuda", "bench", "suite")
+
+
+def junit(path: Path) -> dict:
+    """Counts (tests, failures, errors, skipped, seconds) and the failed test ids of a JUnit
+    XML report."""
+    root = ET.parse(path).getroot()
+    s = root if root.tag == "testsuite" else root.find("testsuite")
+    failed = [c.get("classname", "") + "::" + c.get("name", "") for c in s.iter("testcase")
+              if c.find("failure") is not None or c.find("error") is not None]
+    out = {k: int(s.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    return {**out, "seconds": float(s.get("time", 0)), "failed": failed}
+
+
+def summarize(out: Path) -> dict:
+    """The merged summary of the stages recorded in ``out``."""
+    summary: dict = {"stages": {}}
+    for stage in STAGES:
+        f = out / f"{stage}.json"
+        if f.exists():
+            summary["stages"][stage] = json.loads(f.read_text())
+    for name, stage in (("cuda", "cuda"), ("suite", "suite")):
+        if stage in summary["stages"] and (out / f"{name}.xml").exists():
+            r = junit(out / f"{name}.xml")
+            r["stopped_at_time_limit"] = summary["stages"][stage]["exit_status"] == 124
+            summary[name] = r
+    bench = out / "bench_gpu.json"
+    if "bench" in summary["stages"] and bench.exists():
+        summary["bench_gpu"] = json.loads(bench.read_text())
+    return summary
+
+
+def _fmt(x, spec: str, none: str = "-") -> str:
+    return none if x is None else format(x, spec)
+
+
+def markdown(summary: dict) -> str:
+    """summary.md: the stages, the test counts with the failed tests, the bench tables."""
+    md = ["# scripts/gpu_check.sh", "", "| stage | exit status | seconds | finished |",
+          "|---|---:|---:|---|"]
+    for stage, r in summary["stages"].items():
+        md.append(f"| {stage} | {r['exit_status']} | {r['seconds']} | {r['finished']} |")
+    md.append("")
+    for name in ("cuda", "suite"):
+        if name in summary:
+            r = summary[name]
+            md.append(f"- {name}: {r['tests']} tests, {r['failures'] + r['errors']} failed, "
+                      f"{r['skipped']} skipped, {r['seconds']:.0f} s"
+                      + (" (stopped at the time limit: the tests that ran)"
+                         if r["stopped_at_time_limit"] else "")
+                      + "".join(f"\n  - FAILED {x}" for x in r["failed"]))
+    b = summary.get("bench_gpu")
+    if b:
+        md += ["", f"## hvd-lm bench gpu ({b['device']}, torch {b['torch']})", "",
+               "| matmul | shape | TFLOP/s |", "|---|---|---:|"]
+        md += [f"| {r['precision']} | {'x'.join(map(str, r['shape']))} | "
+               f"{_fmt(r.get('tflops'), '.1f', r.get('error', '-'))} |" for r in b["matmul"]]
+        md += ["", f"device-to-device copy: {_fmt(b.get('copy_GBps'), '.0f')} GB/s", ""]
+        if b.get("ceiling"):
+            md += ["| GEMM ceiling | B | chars/s | TFLOP/s |", "|---|---:|---:|---:|"]
+            md += [f"| {c['precision']} | {c['batch_size']} | {c['chars_per_s']:,.0f} | "
+                   f"{c['tflops']:.1f} |" for c in b["ceiling"]]
+            md.append("")
+        md += ["| cell | impl | B | precision | chars/s | TFLOP/s | of peak | of GEMM ceiling "
+               "| peak GiB | mLSTM/cuDNN per FLOP | vs reference |",
+               "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in b["train"]:
+            head = f"| {r['cell']} | {r['impl']} | {r['batch_size']} | {r['precision']} |"
+            if "error" in r:
+                md.append(f"{head} {r['error']} | | | | | | |")
+                continue
+            md.append(f"{head} {r['chars_per_s']:,.0f} | {r['tflops']:.1f} | "
+                      f"{_fmt(r.get('fraction_of_peak'), '.1%')} | "
+                      f"{_fmt(r.get('fraction_of_gemm_ceiling'), '.1%')} | "
+                      f"{_fmt(r.get('peak_memory_gib'), '.1f')} | "
+                      f"{_fmt(r.get('vs_cudnn_lstm_per_flop'), '.3f')} | "
+                      f"{_fmt(r.get('vs_reference'), '.2f')} |")
+    return "\n".join(md) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    """Write OUT/summary.json and OUT/summary.md, print the markdown; 1 when a stage failed."""
+    out = Path(argv[0])
+    summary = summarize(out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    text = markdown(summary)
+    (out / "summary.md").write_text(text)
+    print(text)
+    return int(any(r["exit_status"] != 0 for r in summary["stages"].values()))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
