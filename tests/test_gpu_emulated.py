@@ -281,18 +281,21 @@ def test_emulated_bench_gpu_with_triton_kernels(tmp_path):
 # ---- the kernels built for the H100, here -----------------------------------------------------
 
 @needs_triton
-def test_cell_kernels_compile_for_sm90_without_spills(repo_root):
-    """Every cell kernel the CUDA path can launch (forward and backward x fp32/bf16/fp16 x
-    mask/reset cases, BLOCK and warps as launched) compiles ahead of time for sm_90 (H100)
-    with Triton's own ptxas, without register spills (no local memory, no stack); the table in
-    docs/results/triton_sm90.json (quoted in docs/mlstm_fused.md) is this build's when the
-    Triton version is the one it was made with."""
+def test_cell_kernels_compile_for_sm90_without_spills(repo_root, tmp_path):
+    """``hvd-lm kernels``: every cell kernel the CUDA path can launch (forward and backward x
+    fp32/bf16/fp16 x mask/reset cases, BLOCK and warps as launched) compiles ahead of time for
+    sm_90 (H100) with Triton's own ptxas, without register spills (no local memory, no stack);
+    the table in docs/results/triton_sm90.json (quoted in docs/mlstm_fused.md) is this build's
+    when the Triton version is the one it was made with."""
     import triton
 
-    from hvd_lm.core import mlstm_triton
+    from hvd_lm.cli import main
 
-    rows = mlstm_triton.compile_ahead(90)
-    assert len(rows) == 2 * 3 * 4
+    out = tmp_path / "sm90.json"
+    assert main(["kernels", "--arch", "90", "--json", str(out)]) == 0
+    built = json.loads(out.read_text())
+    rows = built["kernels"]
+    assert len(rows) == 2 * 3 * 4 and built["arch"] == 90
     spills = [r for r in rows if r["stack"] or r["local"]]
     assert not spills, spills
     assert all(0 < r["registers"] <= 255 for r in rows)

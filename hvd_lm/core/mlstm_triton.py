@@ -23,9 +23,16 @@ Raises (from the wrappers):
 
 from __future__ import annotations
 
+import json
+import sys
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
+
+from hvd_lm.core.atomic import write_text
+from hvd_lm.core.config import Command, option
 
 BLOCK = 1024  # elements of [B, H] per program
 NUM_WARPS = 4  # warps per program (Triton's default, stated so ahead-of-time builds match)
@@ -223,7 +230,8 @@ def compile_ahead(arch: int = 90, computes: tuple[str, ...] = tuple(COMPUTE_TYPE
                         src = ASTSource(fn=kernels[name], signature=sig, constexprs={
                             "HAS_KEEP": has_keep, "HAS_RK": has_rk, "BLOCK": BLOCK})
                         built = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                                               options={"num_warps": NUM_WARPS})
+                                               options={"num_warps": NUM_WARPS,
+                                                        "enable_fp_fusion": True})
                         cubin = Path(tmp) / f"{name}.cubin"
                         cubin.write_bytes(built.asm["cubin"])
                         out = subprocess.run([tool, "--dump-resource-usage", str(cubin)],
@@ -239,31 +247,35 @@ def compile_ahead(arch: int = 90, computes: tuple[str, ...] = tuple(COMPUTE_TYPE
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m hvd_lm.core.mlstm_triton [--arch 90] [--json FILE]``: build every cell
-    kernel for ``sm_<arch>`` ahead of time and print (save) the resource table."""
-    import argparse
-    import json
+@dataclass
+class KernelsConfig:
+    """``hvd-lm kernels``: the cell kernels built ahead of time for a GPU, here."""
 
-    p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100)")
-    p.add_argument("--json", default="", help="also write the table here")
-    args = p.parse_args(argv)
-    rows = compile_ahead(args.arch)
-    print(f"triton {triton.__version__}, sm_{args.arch}, BLOCK {BLOCK}, {NUM_WARPS} warps")
+    arch: int = option(90, "compute capability x 10 to build for (90: H100, 80: A100)", ge=50)
+    json: str = option("", "also write the table here")
+
+
+def kernels_command(cfg: KernelsConfig) -> int:
+    """Build every cell kernel for ``sm_<arch>`` (:func:`compile_ahead`) and print (save) the
+    resource table; exit 1 when a kernel spills registers."""
+    rows = compile_ahead(cfg.arch)
+    print(f"triton {triton.__version__}, sm_{cfg.arch}, BLOCK {BLOCK}, {NUM_WARPS} warps")
     print(f"{'kernel':>22} {'compute':>7} {'keep':>5} {'reset':>5} {'regs':>5} {'spill B':>7} "
           f"{'smem B':>6}")
     for r in rows:
         print(f"{r['kernel']:>22} {r['compute']:>7} {r['has_keep']!s:>5} {r['has_rk']!s:>5} "
               f"{r['registers']:>5} {r['stack'] + r['local']:>7} {r['shared']:>6}")
-    if args.json:
-        from hvd_lm.core.atomic import write_text
+    if cfg.json:
+        write_text(cfg.json, json.dumps({"triton": triton.__version__, "arch": cfg.arch,
+                                         "block": BLOCK, "num_warps": NUM_WARPS,
+                                         "kernels": rows}, indent=1) + "\n")
+    spilled = [r for r in rows if r["stack"] or r["local"]]
+    if spilled:
+        print(f"ERROR: {len(spilled)} kernel builds spill registers", file=sys.stderr)
+    return 1 if spilled else 0
 
-        write_text(args.json, json.dumps({"triton": triton.__version__, "arch": args.arch,
-                                          "block": BLOCK, "num_warps": NUM_WARPS,
-                                          "kernels": rows}, indent=1) + "\n")
-    return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+KERNELS_AOT = Command(KernelsConfig, kernels_command,
+                      description="Build the fused mLSTM's Triton cell kernels ahead of time for "
+                      "a GPU architecture, on any machine (no GPU needed), and print each "
+                      "build's registers, spills and shared memory.")
