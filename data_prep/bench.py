@@ -38,7 +38,8 @@ from typing import Optional
 
 from data_prep import readers
 from data_prep.parallel import Context, now
-from data_prep.pipeline import PrepareConfig, prepare
+from data_prep.config import PrepareConfig
+from data_prep.pipeline import prepare
 from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, option
 

@@ -14,12 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_prep import pipeline
 from data_prep.cli import PREPARE, VERIFY, build_parser
-from hvd_lm.core import config as configlib
+from data_prep.config import PrepareConfig, PrepareError, parse_size, parse_split
 from data_prep.parallel import Context, PhaseError
-from data_prep.pipeline import (KILL_HOOK_ENV, MapTask, PrepareConfig, PrepareError, SortTask,
-                                map_unit, plan_shards, prepare, sort_bucket, split_counts)
+from data_prep.pipeline import prepare
+from data_prep.plan import KILL_HOOK_ENV, plan_shards, split_counts
+from data_prep.resume import WORK_DIR, finished_with_other_inputs
+from data_prep.sort import MapTask, SortTask, map_unit, sort_bucket
+from hvd_lm.core import config as configlib
 from data_prep.readers import resolve_input
 from hvd_lm.core.shards import MANIFEST_NAME, check_shard, load_manifest, open_shard
 from hvd_lm.core.tokenizer import normalize_text
@@ -94,7 +96,7 @@ def test_documents_in_equal_documents_out(shared_data, tmp_path):
     assert {i["format"] for i in m.meta["inputs"]} == {"json", "tsv", "csv", "review"}
     for info in m.shards:  # shards stay under the size unless one document is larger
         assert info.tokens <= 2 << 20
-    assert not (tmp_path / pipeline.WORK_DIR).exists()
+    assert not (tmp_path / WORK_DIR).exists()
 
 
 def test_same_shards_for_any_workers_and_memory(music, reference, tmp_path):
@@ -176,7 +178,7 @@ def test_killed_run_resumes_to_identical_shards(music, reference, tmp_path, work
     kept = int(re.search(r"resumed: (\d+) verified shard", p.stdout).group(1))
     assert kept >= 2
     assert shard_files(out) == shard_files(reference[0])
-    assert not list(out.glob(".*.tmp")) and not (out / pipeline.WORK_DIR).exists()
+    assert not list(out.glob(".*.tmp")) and not (out / WORK_DIR).exists()
     assert cli("verify", out).returncode == 0
     p = cli(*args, "--resume")  # resuming a finished run only verifies
     assert p.returncode == 0 and "already complete" in p.stdout
@@ -341,17 +343,17 @@ def test_finished_with_other_inputs_sees_a_recopied_input(music, tmp_path):
     cfg = dict(shard_size=256 << 10, split=(20, 1, 1))
     run([src], out, **cfg)
     same = PrepareConfig(inputs=[str(src)], out=str(out), resume=True, **cfg)
-    assert pipeline.finished_with_other_inputs(same) is False
+    assert finished_with_other_inputs(same) is False
     assert run([src], out, resume=True, **cfg)["resumed_complete"]
-    assert pipeline.finished_with_other_inputs(
+    assert finished_with_other_inputs(
         PrepareConfig(inputs=[str(src)], out=str(out), resume=True, shard_size=1 << 20,
                       split=(20, 1, 1))) is True          # other settings
     st = src.stat()
     os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # "copied again"
-    assert pipeline.finished_with_other_inputs(same) is True
+    assert finished_with_other_inputs(same) is True
     with pytest.raises(PrepareError, match="versions of the input files"):
         run([src], out, resume=True, **cfg)
-    assert pipeline.finished_with_other_inputs(
+    assert finished_with_other_inputs(
         PrepareConfig(inputs=[str(src)], out=str(tmp_path / "none"), **cfg)) is False
 
 
@@ -366,9 +368,9 @@ def test_split_counts():
     with pytest.raises(PrepareError, match="too few"):
         split_counts(2, (1000, 1, 1))
     with pytest.raises(ValueError):
-        pipeline.parse_split("1,-1")
-    assert pipeline.parse_split("98,1") == (98.0, 1.0, 0.0)
-    assert pipeline.parse_size("64M") == 64 << 20 and pipeline.parse_size("1.5K") == 1536
+        parse_split("1,-1")
+    assert parse_split("98,1") == (98.0, 1.0, 0.0)
+    assert parse_size("64M") == 64 << 20 and parse_size("1.5K") == 1536
 
 
 def test_plan_cuts_at_document_boundaries(tmp_path):

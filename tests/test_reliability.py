@@ -418,7 +418,7 @@ def test_prepare_disk_full_is_one_line_and_resume_finishes_the_same_corpus(tmp_p
     """ENOSPC in the map phase's spill writes (injected at the write call; a real 8 MB tmpfs gave
     the same line): one ERROR line naming the output folder, what the job needs there and what is
     free; after space is freed, --resume gives the shards a clean run gives."""
-    import data_prep.pipeline as pipeline
+    import data_prep.sort
     from hvd_lm.cli import main
     from hvd_lm.core.shards import load_manifest
 
@@ -431,7 +431,7 @@ def test_prepare_disk_full_is_one_line_and_resume_finishes_the_same_corpus(tmp_p
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with monkeypatch.context() as m:
-        m.setattr(pipeline._Spill, "flush", full)
+        m.setattr(data_prep.sort._Spill, "flush", full)
         assert main([*base, "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"ERROR: {tmp_path / 'o'}: no space left on the device (the job " \

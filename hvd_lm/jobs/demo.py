@@ -1,7 +1,7 @@
 """``hvd-lm demo``: the main job end to end on real reviews, driven by one YAML file.
 
 The file is one :class:`DemoConfig` tree whose sections are the other commands' own settings
-(``prepare`` = :class:`data_prep.pipeline.PrepareConfig`, ``train`` =
+(``prepare`` = :class:`data_prep.config.PrepareConfig`, ``train`` =
 :class:`hvd_lm.train.config.TrainConfig`, ``transfer`` = :class:`hvd_lm.transfer.run.TransferConfig`);
 the whole file is validated before the first step runs. Steps (each the project's own command, run
 as a subprocess with its output shown and its settings passed as a YAML file in the run folder):
@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 import hvd_lm
-from data_prep.pipeline import PrepareConfig, finished_with_other_inputs
+from data_prep.config import PrepareConfig
+from data_prep.resume import finished_with_other_inputs
 from hvd_lm.core import config as configlib
 from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, option

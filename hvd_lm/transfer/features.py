@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from hvd_lm.core import tokenizer
 from hvd_lm.core.atomic import atomic_path, write_text
+from hvd_lm.core.digest import json_sha256
 from hvd_lm.dist import horovod as dist
 from hvd_lm.dist.launcher import RankContext, world_size
 from hvd_lm.train import runtime as prec
@@ -291,10 +292,8 @@ def cache_key(checkpoint_sha256: str, split: str, texts_digest: str, options: di
     subsampling, independent of where the file lies), the feature options (kind, max_chars,
     normalize, precision) and :data:`CACHE_VERSION`). Batch size, device and world size are left
     out: they do not change the features (beyond float rounding)."""
-    blob = json.dumps({"version": CACHE_VERSION, "checkpoint_sha256": checkpoint_sha256,
-                       "split": split, "texts_sha256": texts_digest, "options": options},
-                      sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return json_sha256({"version": CACHE_VERSION, "checkpoint_sha256": checkpoint_sha256,
+                        "split": split, "texts_sha256": texts_digest, "options": options})
 
 
 class FeatureCache:

@@ -1,0 +1,173 @@
+"""The work directory and the output folder of ``prepare``: what makes ``--resume`` continue a
+run and ``--overwrite`` replace one.
+
+Work lives in ``OUT/.prepare/``: every unit and bucket is written to a ``.partial`` folder and
+renamed when complete (:func:`fresh_dir`, :func:`finish_dir`), and ``state.json`` records the
+fingerprints of the settings and inputs and the layout (units, buckets) the work was cut into.
+A resumed run reuses finished work only when all three match (:func:`setup_output`); a finished
+corpus is recognised by its manifest's fingerprints (:func:`fingerprints`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from data_prep import readers
+from data_prep.config import PrepareConfig, PrepareError
+from data_prep.parallel import Context, PhaseError
+from hvd_lm.core import shards
+from hvd_lm.core.atomic import write_text
+from hvd_lm.core.digest import json_sha256
+from hvd_lm.core.tokenizer import TOKENIZER_NAME
+
+WORK_DIR = ".prepare"
+SHARD_NAME = re.compile(r"^(train|val|test)-\d{5}\.h5$")
+
+
+def atomic_json(path: Path, obj) -> None:
+    """``obj`` as indented JSON in ``path``, written atomically."""
+    write_text(path, json.dumps(obj, indent=1))
+
+
+def finish_dir(partial: Path, final: Path) -> None:
+    """Rename a complete ``partial`` folder to ``final`` (replacing an older one)."""
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(partial, final)
+
+
+def fresh_dir(path: Path) -> Path:
+    """``path`` as a new, empty folder (an earlier one is removed)."""
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def shard_settings(cfg: PrepareConfig) -> dict:
+    """The settings that decide the shards' bytes (hashed into the manifest's config_sha256)."""
+    return {"tokenizer": TOKENIZER_NAME, "normalize": cfg.normalize,
+            "min_chars": cfg.min_chars, "dedup": cfg.dedup, "seed": cfg.seed,
+            "split": [float(r) for r in cfg.split], "shard_size": int(cfg.shard_size),
+            "compression": cfg.compression, "utf8_errors": cfg.utf8_errors,
+            "skip_bad": cfg.skip_bad}
+
+
+def fingerprints(cfg: PrepareConfig, specs: list) -> tuple:
+    """(settings + input names/sizes, input paths/sizes/mtimes) hashes, as the manifest keeps."""
+    names = input_names([s.path for s in specs])
+    config_fp = json_sha256({**shard_settings(cfg), "inputs": [
+        [name, s.size, s.format, s.text_field] for name, s in zip(names, specs)]})
+    inputs_fp = json_sha256([[s.path, s.size, os.stat(s.path).st_mtime_ns] for s in specs])
+    return config_fp, inputs_fp
+
+
+def finished_with_other_inputs(cfg: PrepareConfig) -> bool:
+    """Whether ``cfg.out`` holds a finished corpus of other settings or input file versions.
+
+    That is the case in which ``prepare`` with ``resume`` refuses (a re-copied input has a new
+    modification time even when its bytes are the same). False when there is no manifest.
+
+    Raises:
+        readers.InputError: an input is missing, unreadable or of an unknown format.
+    """
+    manifest_path = Path(cfg.out) / shards.MANIFEST_NAME
+    if not manifest_path.exists():
+        return False
+    try:
+        old = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False          # unreadable: prepare redoes it anyway
+    specs = [readers.resolve_input(p, cfg.format, cfg.text_field) for p in cfg.inputs]
+    config_fp, inputs_fp = fingerprints(cfg, specs)
+    return bool(old.get("config_sha256")) and (old.get("config_sha256"), old.get(
+        "inputs_sha256")) != (config_fp, inputs_fp)
+
+
+def input_names(paths: list) -> list:
+    """Short, unique names of input files: paths relative to their common directory
+    (``books/positive.review.gz``), a bare file name for a single input."""
+    paths = [os.path.abspath(p) for p in paths]
+    if not paths:
+        return []
+    common = os.path.commonpath([os.path.dirname(p) for p in paths])
+    return [os.path.relpath(p, common) for p in paths]
+
+
+def setup_output(cfg: PrepareConfig, config_fp: str, inputs_fp: str, layout: dict,
+                  accept_complete: bool = True) -> dict:
+    """Rank 0: claim the output directory, decide what earlier work to reuse, record the state.
+
+    Returns:
+        ``{"reuse_work": bool, "complete": manifest dict or None}``; ``complete`` is the
+        existing manifest when resuming a finished run with the same settings and inputs.
+    Raises:
+        PrepareError: the directory holds an earlier run and neither --resume nor --overwrite.
+    """
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest_path = out / shards.MANIFEST_NAME
+    work = out / WORK_DIR
+    ours = sorted(p for p in out.iterdir() if SHARD_NAME.match(p.name))
+    if not (cfg.resume or cfg.overwrite) and (manifest_path.exists() or ours):
+        raise PrepareError(f"{out} already holds prepared data (manifest or shards); pass "
+                           "--resume to continue it or --overwrite to replace it")
+    # (a work directory alone, from a run that failed before writing shards, is redone)
+    for p in out.glob(".*.tmp"):  # temp files of a killed writer
+        p.unlink(missing_ok=True)
+    state_path = work / "state.json"
+    state = None
+    if state_path.exists():
+        try:
+            state = json.loads(state_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            state = None
+    if cfg.resume and accept_complete and manifest_path.exists():
+        try:
+            old = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            old = {}
+        if old.get("config_sha256") == config_fp and old.get("inputs_sha256") == inputs_fp:
+            return {"reuse_work": False, "complete": old}
+        if old.get("config_sha256"):  # a finished corpus of other inputs or settings
+            what = ("settings or inputs" if old.get("config_sha256") != config_fp
+                    else "versions of the input files (sizes or modification times)")
+            raise PrepareError(
+                f"{out} holds a finished corpus prepared with other {what}; --resume only "
+                "continues the same run: pass --overwrite to replace it, or use another --out")
+    if manifest_path.exists():  # never leave a manifest that lists shards being replaced
+        manifest_path.unlink()
+    same_inputs = bool(state) and state.get("config_sha256") == config_fp and \
+        state.get("inputs_sha256") == inputs_fp
+    if cfg.overwrite or (state is not None and not same_inputs):
+        for p in ours:
+            p.unlink()
+    reuse = cfg.resume and same_inputs and state.get("layout") == layout
+    if not reuse:
+        if work.exists():
+            shutil.rmtree(work)
+    for sub in ("map", "sorted"):
+        (work / sub).mkdir(parents=True, exist_ok=True)
+        for p in (work / sub).glob("*.partial"):
+            shutil.rmtree(p)
+    atomic_json(state_path, {"config_sha256": config_fp, "inputs_sha256": inputs_fp,
+                              "layout": layout})
+    return {"reuse_work": reuse, "complete": None}
+
+
+def verify_complete(ctx: Context, out: Path) -> bool:
+    """Every shard of an existing manifest verifies (checked in parallel)."""
+    manifest = shards.load_manifest(out)
+    try:
+        ctx.run(_verify_one, manifest.shards, desc="verify")
+    except PhaseError:
+        return False
+    return True
+
+
+def _verify_one(info: shards.ShardInfo, progress=None) -> None:
+    shards.verify_shard(info)
