@@ -31,6 +31,7 @@ from hvd_lm.core.model import LanguageModel, ModelConfig
 from hvd_lm.core.shards import load_manifest
 from hvd_lm.train.data import RankStreams
 from tests._mp import SHARED, launch_env, run
+from tests.scripts.mlstm_cases import StaticBufferCapture
 from tests.shardutil import make_shards, review_texts
 from tests.test_train import max_diff, params_of, records, train_argv
 
@@ -40,57 +41,6 @@ needs_triton = pytest.mark.skipif(not K.triton_available(),
 
 
 # ---- CUDA graphs: static buffers and gradient accumulation --------------------------------------
-
-class StaticBufferCapture:
-    """``make_graphed_callables(fn, sample)`` on the CPU: the same autograd surface as the
-    real one (``torch/cuda/graphs.py``), with an eager re-run standing in for each replay.
-
-    Forward: the arguments are copied into static input buffers, ``fn`` runs on those, and
-    its outputs are copied into static output buffers and returned as detached views of them.
-    Backward: the incoming gradients are copied into static buffers, the stored graph is
-    differentiated, the input gradients are copied into static gradient buffers and returned
-    as detached views of them, which the next replay overwrites, exactly what the CUDA graph's
-    private memory pool does.
-    """
-
-    def __init__(self):
-        self.captures = 0
-
-    def __call__(self, fn, sample):
-        self.captures += 1
-        static_in = [s.detach().clone().requires_grad_(s.requires_grad) for s in sample]
-        grad_in = [torch.zeros_like(s) if s.requires_grad else None for s in sample]
-        static_out: list[torch.Tensor] = []
-        graph: dict = {}
-
-        class Replayed(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, *inputs):
-                for buf, x in zip(static_in, inputs):
-                    buf.detach().copy_(x)
-                with torch.enable_grad():
-                    outs = fn(*static_in)
-                if not static_out:
-                    static_out.extend(torch.empty_like(o) for o in outs)
-                for buf, o in zip(static_out, outs):
-                    buf.copy_(o.detach())
-                graph["outs"] = outs
-                return tuple(o.detach() for o in static_out)
-
-            @staticmethod
-            @torch.autograd.function.once_differentiable
-            def backward(ctx, *grads):
-                needs = [s for s in static_in if s.requires_grad]
-                got = iter(torch.autograd.grad(graph.pop("outs"), needs, grads,
-                                               allow_unused=True))
-                for buf in grad_in:
-                    if buf is not None:
-                        g = next(got)
-                        buf.copy_(g if g is not None else torch.zeros_like(buf))
-                return tuple(b.detach() if b is not None else None for b in grad_in)
-
-        return lambda *args: Replayed.apply(*args)
-
 
 def test_static_buffer_capture_is_faithful_on_one_window():
     """One forward + backward through the stand-in equals the eager window (so the

@@ -22,7 +22,8 @@ from hvd_lm.perf import bench_train as bt
 from hvd_lm.train.data import RankStreams
 from hvd_lm.train.evaluate import window_nll
 from tests._mp import horovodrun_cmd, launch_env, run
-from tests.scripts.mlstm_cases import cell_case, cell_diff, window_diff, window_inputs
+from tests.scripts.mlstm_cases import (StaticBufferCapture, cell_case, cell_diff, window_diff,
+                                      window_inputs)
 from tests.shardutil import default_shards
 from tests.test_train import max_diff, one_process, params_of, records, train_argv
 
@@ -262,69 +263,52 @@ def test_triton_needs_cuda_or_the_interpreter(monkeypatch):
         K.get_kernels("triton", "cpu")
 
 
-# ---- CUDA graphs: the fallback logic (capture itself needs a GPU) ------------------------------
+# ---- CUDA graphs: capture, replay and fallback (capture itself needs a GPU) ----------------------
 
-class FakeCapture:
-    """Stands in for torch.cuda.make_graphed_callables: records what it was given and returns
-    a callable that runs the function (counting replays)."""
-
-    def __init__(self, fail: bool = False):
-        self.fail, self.samples, self.replays = fail, [], 0
-
-    def __call__(self, fn, sample):
-        if self.fail:
-            raise RuntimeError("capture failed")
-        self.samples.append(sample)
-
-        def graphed(*args):
-            self.replays += 1
-            return fn(*args)
-
-        return graphed
+def graph_case(T, seed=0):
+    """A window's arguments (fp32, resets, padding, leaves requiring grad) for WindowGraphs."""
+    tensors, mask, reset = window_inputs(T, 3, 4, dtype=torch.float32, reset_p=0.3, mask_p=0.8,
+                                         seed=seed)
+    return tensors, mask, reset
 
 
-def graph_args(T, requires_grad=True):
-    (xg, xm, h0, c0, w_mh, w_h), _, reset = window_inputs(T, 3, 4, dtype=torch.float32,
-                                                          reset_p=0.3)
-    if not requires_grad:
-        xg, xm, w_mh, w_h = (t.detach() for t in (xg, xm, w_mh, w_h))
-    rk = (~reset).reshape(T, 3, 1).float()
-    return (xg, xm, h0.detach(), c0.detach(), w_mh, w_h, None, rk)
+def run_window(graphs, T, seed=0, grad=True):
+    """hs, h, c and the six inputs' gradients of one window through ``graphs`` (None: eager)."""
+    tensors, mask, reset = graph_case(T, seed)
+    with torch.set_grad_enabled(grad):
+        hs, (h, c) = mlstm_window(*tensors[:2], tensors[2:4], *tensors[4:],
+                                  K.get_kernels("torch"), mask, reset, graphs=graphs)
+        if not grad:
+            return [hs, h, c]
+        (hs.pow(2).sum() + h.sum() - c.sum()).backward()
+    return [hs, h, c] + [t.grad for t in tensors]
 
 
 def test_window_graphs_capture_once_replay_and_fall_back(capsys):
-    cap = FakeCapture()
-    graphs = WindowGraphs(device_type="cpu", capture=cap)
-    calls = []
+    """With a capture that has CUDA graphs' buffer semantics (StaticBufferCapture): the first
+    window of a signature is captured once and replayed for every later one of that signature;
+    another shape (the last window, eval), grad off, or a capture that failed run eagerly (the
+    failure reported once). Every result, replayed or eager, equals the eager window's."""
+    capture = StaticBufferCapture()
+    graphs = WindowGraphs(device_type="cpu", capture=capture)
+    for T, seed, grad in ((5, 0, True), (5, 1, True), (5, 2, True), (4, 3, True),
+                          (5, 4, False)):
+        got, want = run_window(graphs, T, seed, grad), run_window(None, T, seed, grad)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    # grad off never reaches the graphs (nothing to save): only the T=4 window counts as eager
+    assert graphs.stats == {"captures": 1, "graphed": 3, "eager": 1} and capture.captures == 1
 
-    def fn(*args):
-        calls.append(args)
-        return tuple(a.sum() if a is not None else None for a in args[:2])
+    def broken(fn, sample):
+        raise RuntimeError("capture failed")
 
-    args = graph_args(5)
-    out = graphs(fn, args)
-    assert graphs.stats == {"captures": 1, "graphed": 1}
-    sample = cap.samples[0]
-    assert len(sample) == 7  # the None (mask) left out: make_graphed_callables takes tensors
-    assert all(s is not a and torch.equal(s, a) for s, a in zip(sample, [a for a in args if a
-                                                                          is not None]))
-    assert [s.requires_grad for s in sample] == [True, True, False, False, True, True, False]
-    assert calls[-1][6] is None and calls[-1][7] is args[7]  # the None put back in place
-    assert torch.equal(out[0], args[0].sum())
-    graphs(fn, graph_args(5))  # same signature: replayed
-    graphs(fn, graph_args(4))  # another shape (the last window, eval): eager
-    with torch.no_grad():
-        graphs(fn, graph_args(5))  # grad off: eager
-    graphs(fn, graph_args(5, requires_grad=False))  # nothing requires grad: eager
-    assert graphs.stats == {"captures": 1, "graphed": 2, "eager": 3}
-    assert cap.replays == 2 and len(cap.samples) == 1
-    assert signature(graph_args(5)) != signature(graph_args(4))
-
-    broken = WindowGraphs(device_type="cpu", capture=FakeCapture(fail=True))
-    for _ in range(2):
-        broken(fn, graph_args(5))
-    assert broken.stats == {"eager": 2} and len(broken.failed) == 1
+    failing = WindowGraphs(device_type="cpu", capture=broken)
+    for seed in range(2):
+        for a, b in zip(run_window(failing, 5, seed), run_window(None, 5, seed)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert failing.stats == {"eager": 2} and len(failing.failed) == 1
     assert capsys.readouterr().err.count("CUDA graph capture of the mLSTM window failed") == 1
+    assert signature(graph_case(5)[0]) != signature(graph_case(4)[0])
 
 
 def test_cuda_graphs_option_is_eager_off_cuda():

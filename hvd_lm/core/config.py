@@ -420,14 +420,6 @@ def from_args(cls: type, args: argparse.Namespace, source: str | None = None,
     return obj
 
 
-def flag_for(cls: type, dotted: str) -> str:
-    """The command-line spelling of the leaf ``dotted`` (e.g. ``"optim.lr"`` -> ``"--lr"``)."""
-    for path, f, _ in leaves(cls):
-        if ".".join(path) == dotted:
-            return _flag_text(f)
-    raise KeyError(dotted)
-
-
 def to_argv(obj: Any) -> list[str]:
     """The command-line words that :func:`from_args` turns back into ``obj`` (every leaf that
     has a flag: ``--flag value``, lists comma-joined, switches only when set, positionals last),

@@ -23,13 +23,13 @@ kept as the oracle the fused one is tested against.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm as wn
 
-from hvd_lm.core.config import option
+from hvd_lm.core.config import option, validate
 from hvd_lm.core.mlstm_fused import WindowGraphs, default_layout, mlstm_window, project
 from hvd_lm.core.mlstm_kernels import KERNELS, get_kernels
 from hvd_lm.core.tokenizer import VOCAB_SIZE
@@ -71,18 +71,13 @@ class ModelConfig:
                                "from a CUDA graph while its shape stays the same")
 
     def __post_init__(self) -> None:
-        if self.cell not in ("mlstm", "lstm"):
-            raise ValueError(f"model.cell must be 'mlstm' or 'lstm', got {self.cell!r}")
-        if self.rnn_impl not in ("fused", "reference"):
-            raise ValueError(f"model.rnn_impl must be 'fused' or 'reference', "
-                             f"got {self.rnn_impl!r}")
-        if self.rnn_kernels not in KERNELS:
-            raise ValueError(f"model.rnn_kernels must be one of {KERNELS}, "
-                             f"got {self.rnn_kernels!r}")
-        if not 1 <= self.hidden_size <= 16384:
-            raise ValueError(f"model.hidden_size must be in 1..16384, got {self.hidden_size}")
-        if self.embed_dim < 1:
-            raise ValueError(f"model.embed_dim must be >= 1, got {self.embed_dim}")
+        """A model built in code (not from flags or YAML) is checked by its fields' own
+        declarations too (choices, bounds: :func:`hvd_lm.core.config.validate`).
+
+        Raises:
+            hvd_lm.core.config.ConfigError: naming the field and what it accepts.
+        """
+        validate(self, "model")
 
 
 class MLSTM(nn.Module):
@@ -297,7 +292,3 @@ def mlstm_parameters(hidden_size: int, embed_dim: int = 64, cell: str = "mlstm"
                                           embed_dim=embed_dim))
     return [(name, int(math.prod(shape))) for name, shape in shapes]
 
-
-def model_config_dict(config: ModelConfig) -> dict:
-    """Plain-dict form of ``config`` (what checkpoints store)."""
-    return asdict(config)

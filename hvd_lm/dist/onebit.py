@@ -221,16 +221,6 @@ class ErrorFeedback:
                           for j in range(lay.world_size)])[:lay.numel]
 
 
-def simulate_allreduce(xs: list[torch.Tensor], states: list[ErrorFeedback]) -> torch.Tensor:
-    """The compressed allreduce of n ranks' tensors ``xs`` (each [N]) in one process, with the
-    collectives done by indexing (``alltoall``: rank j gets row j of every rank's output;
-    ``allgather``: every rank gets every rank's part). Same result as
-    :func:`hvd_lm.dist.horovod.compressed_allreduce` on n ranks; updates every state."""
-    sent = [st.worker_compress(x) for st, x in zip(states, xs)]
-    parts = [st.server_reduce(torch.stack([s[j] for s in sent])) for j, st in enumerate(states)]
-    return states[0].assemble(torch.stack(parts))
-
-
 def ring_allreduce_wire_bytes(nbytes: int, world_size: int) -> int:
     """Bytes one rank sends in a ring allreduce of ``nbytes`` (reduce-scatter + allgather,
     2(n-1)/n of the buffer; Thakur et al. 2005); 0 for one rank."""

@@ -79,11 +79,6 @@ class _Onebit(torch.optim.Optimizer):
         """True once the warmup is over: the next step is a compressed one."""
         return self.steps_taken >= self.warmup_steps
 
-    @property
-    def momentum_numel(self) -> int:
-        """N: elements of the flat momentum (all parameters)."""
-        return sum(p.numel() for p in self._params())
-
     def _reduce(self, local: list[torch.Tensor]) -> list[torch.Tensor]:
         """The compressed average of the per-parameter local momenta, as per-parameter views."""
         flat = torch.cat([m.reshape(-1).float() for m in local])
