@@ -64,61 +64,41 @@ record() {
         "$1" "$2" "$3" "$(date -u +%FT%TZ)" >"$OUT/$1.json"
 }
 
-run_setup() {
-    local t0 rc
+# run_stage NAME LOG SHOWN COMMAND...: run COMMAND with its output in OUT/LOG, show its last SHOWN
+# lines, record its exit status and seconds
+run_stage() {
+    local name=$1 log=$2 shown=$3 t0 rc
+    shift 3
+    say "$name (log: $OUT/$log)"
     t0=$(date +%s)
-    say "setup (log: $OUT/setup.log)"
-    PYTHON=${PYTHON:-python3} VENV=.venv VENV_SYSTEM_SITE=1 bash scripts/setup.sh \
-        >"$OUT/setup.log" 2>&1
+    "$@" >"$OUT/$log" 2>&1
     rc=$?
-    tail -n 3 "$OUT/setup.log"
-    record setup "$rc" $(($(date +%s) - t0))
+    tail -n "$shown" "$OUT/$log"
+    record "$name" "$rc" $(($(date +%s) - t0))
     return "$rc"
 }
 
-run_cuda() {
-    local t0 rc
-    t0=$(date +%s)
-    say "cuda: pytest -m cuda (log: $OUT/cuda.log)"
-    $PY -m pytest -q -p no:cacheprovider -m cuda --junitxml="$OUT/cuda.xml" >"$OUT/cuda.log" 2>&1
-    rc=$?
-    tail -n 3 "$OUT/cuda.log"
-    record cuda "$rc" $(($(date +%s) - t0))
-}
-
-run_bench() {
-    local t0 rc
-    t0=$(date +%s)
-    say "bench: hvd-lm bench gpu (log: $OUT/bench_gpu.log)"
-    # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
-    timeout -s INT -k 30 "${BENCH_TIMEOUT:-540}" $PY -m hvd_lm bench gpu --steps 3 --repeats 1 \
-        --json "$OUT/bench_gpu.json" ${BENCH_ARGS:-} >"$OUT/bench_gpu.log" 2>&1
-    rc=$?
-    tail -n 40 "$OUT/bench_gpu.log"
-    record bench "$rc" $(($(date +%s) - t0))
-}
-
-run_suite() {
-    local t0 rc
-    t0=$(date +%s)
-    say "suite: pytest -m 'not cuda' (log: $OUT/suite.log)"
-    # SIGINT at the limit: pytest stops and still writes suite.xml for the tests that ran
-    timeout -s INT -k 30 "${SUITE_TIMEOUT:-540}" $PY -m pytest -q -p no:cacheprovider \
-        -m "not cuda" --junitxml="$OUT/suite.xml" >"$OUT/suite.log" 2>&1
-    rc=$?
-    tail -n 3 "$OUT/suite.log"
-    record suite "$rc" $(($(date +%s) - t0))
-}
-
 status=0
-run_setup || status=1  # every stage: idempotent, seconds once done
+# every stage: setup first (idempotent, seconds once done)
+run_stage setup setup.log 3 env PYTHON="${PYTHON:-python3}" VENV=.venv VENV_SYSTEM_SITE=1 \
+    bash scripts/setup.sh || status=1
 if [ "$status" = 0 ]; then
-    case $stage in
-        cuda) run_cuda ;;
-        bench) run_bench ;;
-        suite) run_suite ;;
-        all) run_cuda; run_bench; run_suite ;;
-    esac
+    if [ "$stage" = cuda ] || [ "$stage" = all ]; then
+        run_stage cuda cuda.log 3 $PY -m pytest -q -p no:cacheprovider -m cuda \
+            --junitxml="$OUT/cuda.xml"
+    fi
+    if [ "$stage" = bench ] || [ "$stage" = all ]; then
+        # SIGINT at the limit: the bench's JSON keeps every figure measured before
+        # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+        run_stage bench bench_gpu.log 40 timeout -s INT -k 30 "${BENCH_TIMEOUT:-540}" \
+            $PY -m hvd_lm bench gpu --steps 3 --repeats 1 --json "$OUT/bench_gpu.json" \
+            ${BENCH_ARGS:-}
+    fi
+    if [ "$stage" = suite ] || [ "$stage" = all ]; then
+        # SIGINT at the limit: pytest stops and still writes suite.xml for the tests that ran
+        run_stage suite suite.log 3 timeout -s INT -k 30 "${SUITE_TIMEOUT:-540}" \
+            $PY -m pytest -q -p no:cacheprovider -m "not cuda" --junitxml="$OUT/suite.xml"
+    fi
 fi
 summary_py=$PY
 [ -x "$PY" ] || summary_py=${PYTHON:-python3}
