@@ -20,7 +20,7 @@ from data_prep.pipeline import format_summary, prepare
 from data_prep.readers import BadRecord, InputError
 from data_prep.verify import VerifyConfig, verify_directory
 from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command
+from hvd_lm.core.config import ArgumentParser, Command
 
 _EPILOG_PREPARE = """\
 examples:
@@ -92,7 +92,7 @@ COMMANDS = {
 
 def build_parser(prog: str = "python -m data_prep") -> argparse.ArgumentParser:
     """The ``python -m data_prep`` parser: ``prepare``, ``verify``, ``bench``."""
-    parser = argparse.ArgumentParser(prog=prog, description="Prepare, verify and benchmark "
+    parser = ArgumentParser(prog=prog, description="Prepare, verify and benchmark "
                                      "byte-level token shards of review text.")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)

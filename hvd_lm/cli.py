@@ -5,7 +5,7 @@ its settings' dataclass (flags and YAML generated from it) and the function that
 file only wires them up: it imports the one module the command line names (so ``hvd-lm prepare``
 never loads the training stack and ``hvd-lm --help`` loads nothing), and
 :meth:`~hvd_lm.core.config.Command.invoke` turns an error into one ``ERROR:`` line (``--debug``:
-the traceback).
+the traceback); so does the parser for a bad flag (:class:`hvd_lm.core.config.ArgumentParser`).
 
 Exit status: 0 done, 1 a runtime error, 2 a usage or configuration error (argparse's too).
 """
@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from hvd_lm.core.config import ArgumentParser
 
 #: command -> (module, Command attribute, one-line help).
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -82,7 +84,7 @@ def _add(sub, name: str, entry: tuple[str, str, str], load: bool) -> None:
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The ``hvd-lm`` parser. Every command is listed with its help; only the command named in
     ``argv`` (all of them when ``argv`` is None, e.g. for documentation) gets its arguments."""
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="hvd-lm", description="Horovod/MPI data-parallel training of byte-level mLSTM "
         "language models on review text, and sentiment transfer (see README.md).")
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")

@@ -183,6 +183,8 @@ def test_manifest_round_trip_and_split(tmp_path):
     (lambda d: d["splits"]["val"]["shards"][0].pop("tokens"), r"splits\.val\.shards\[0\]\.tokens"),
     (lambda d: d["splits"]["train"]["shards"][0].update(file="../x.h5"), "file"),
     (lambda d: d["splits"]["train"]["shards"][0].update(documents=-1), "documents"),
+    (lambda d: d.update(vocab_size=300), r"field vocab_size is 300, expected 256"),
+    (lambda d: d.update(tokenizer="sentencepiece"), r"field tokenizer is 'sentencepiece'"),
 ])
 def test_load_manifest_names_the_bad_field(tmp_path, edit, match):
     _manifest(tmp_path)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
 import sys
 import traceback
@@ -457,6 +458,66 @@ def to_argv(obj: Any) -> list[str]:
     return words + (["--", *positional] if positional else [])
 
 
+# ---- argparse, one error line ---------------------------------------------------------------------
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose usage errors are one line, as every other error of the
+    command line: ``PROG: ERROR: argument --precision (run.precision): invalid choice: 'fp8'
+    (choose from 'fp32', 'fp16', 'bf16'); PROG --help lists the flags``, exit status 2 (argparse's),
+    instead of the usage block and a lower-case ``error:`` line.
+
+    The message names the dotted field behind a generated flag (:func:`add_arguments`), and an
+    unrecognized argument is reported by the (sub)command that was given it, with the closest
+    flag it has when one is close (``difflib``). Subparsers (``add_subparsers``) are of this
+    class too (argparse gives them the parent's class).
+    """
+
+    def error(self, message: str):
+        """Print ``PROG: ERROR: MESSAGE`` (with the field) and exit 2."""
+        what = ("commands" if any(isinstance(a, argparse._SubParsersAction)
+                                  for a in self._actions) else "flags")
+        self.exit(2, f"{self.prog}: ERROR: {self._with_field(message)}; {self.prog} --help "
+                  f"lists the {what}\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, with unrecognized arguments reported by the subcommand that got them
+        (naming the closest known flag)."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self._chosen(ns)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}{parser._closest(extras)}")
+        return ns
+
+    def _chosen(self, ns: argparse.Namespace) -> "ArgumentParser":
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                sub = action.choices.get(getattr(ns, action.dest, None) or "")
+                if isinstance(sub, ArgumentParser):
+                    return sub._chosen(ns)
+        return self
+
+    def _closest(self, extras: list[str]) -> str:
+        known = {o[2:]: o for a in self._actions for o in a.option_strings if o[:2] == "--"}
+        for word in extras:
+            if word.startswith("--"):  # compared without the dashes every flag shares
+                close = difflib.get_close_matches(word.split("=")[0][2:], list(known), n=1)
+                if close:
+                    return f" (did you mean {known[close[0]]}?)"
+        return ""
+
+    def _with_field(self, message: str) -> str:
+        """``argument --x: ...`` -> ``argument --x (section.field): ...`` for generated flags."""
+        head, sep, rest = message.partition(": ")
+        if not (sep and head.startswith("argument ")):
+            return message
+        names = head[len("argument "):]
+        for action in self._actions:
+            if names in ("/".join(action.option_strings), action.metavar, action.dest) \
+                    and action.dest.startswith("cfg__"):
+                return f"{head} ({action.dest[5:].replace('__', '.')}): {rest}"
+        return message
+
+
 # ---- commands -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -522,7 +583,7 @@ class Command:
 
     def main(self, argv: list[str] | None, prog: str) -> int:
         """A stand-alone entry point (``python -m ...``): parse ``argv`` and :meth:`invoke`."""
-        parser = argparse.ArgumentParser(prog=prog)
+        parser = ArgumentParser(prog=prog)
         parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
         self.add_arguments(parser)
         return self.invoke(parser.parse_args(argv), prog)

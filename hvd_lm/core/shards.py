@@ -59,7 +59,7 @@ import h5py
 import numpy as np
 
 from hvd_lm.core.atomic import atomic_path, write_text
-from hvd_lm.core.tokenizer import EOD, VOCAB_SIZE
+from hvd_lm.core.tokenizer import EOD, TOKENIZER_NAME, VOCAB_SIZE
 
 #: Version of the shard file layout and manifest schema described above.
 FORMAT_VERSION: int = 1
@@ -470,8 +470,9 @@ def load_manifest(directory) -> Manifest:
         :class:`Manifest` with absolute shard paths.
     Raises:
         FileNotFoundError: no manifest in ``directory``.
-        ValueError: invalid JSON, wrong ``format_version``, or a missing/ill-typed field (the
-            message names the file and the field, e.g. ``splits.train.shards[3].sha256``).
+        ValueError: invalid JSON, wrong ``format_version``, a ``tokenizer`` or ``vocab_size``
+            other than the byte tokenizer's, or a missing/ill-typed field (the message names
+            the file and the field, e.g. ``splits.train.shards[3].sha256``).
     """
     directory = Path(directory).resolve()
     path = directory / MANIFEST_NAME
@@ -487,6 +488,10 @@ def load_manifest(directory) -> Manifest:
     if version != FORMAT_VERSION:
         raise ValueError(f"{path}: field format_version is {version!r}, expected "
                          f"{FORMAT_VERSION}")
+    _field(path, "tokenizer", data.get("tokenizer"), str, lambda t: t == TOKENIZER_NAME,
+           f"{TOKENIZER_NAME!r} (hvd_lm.core.tokenizer: UTF-8 bytes, end of document 0)")
+    _field(path, "vocab_size", data.get("vocab_size"), int, lambda v: v == VOCAB_SIZE,
+           f"{VOCAB_SIZE} (the byte tokenizer's ids 0..{VOCAB_SIZE - 1})")
     splits = _field(path, "splits", data.get("splits"), dict, what="an object")
     shards: list[ShardInfo] = []
     for name, block in splits.items():

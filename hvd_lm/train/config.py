@@ -18,6 +18,7 @@ from pathlib import Path
 from hvd_lm.core import config as configlib
 from hvd_lm.core.config import option as _f
 from hvd_lm.core.model import ModelConfig
+from hvd_lm.train.guard import DEFAULT_BOUND, UNIFORM_LOSS
 
 
 @dataclass
@@ -104,6 +105,15 @@ class RunConfig:
     nan_check: bool = _f(True, "skip (and count) steps whose loss or gradients are not finite")
     max_skipped_steps: int = _f(100, "stop the run (exit 1, no checkpoint) after N consecutive "
                                 "skipped steps: it diverged (0 = never)", ge=0)
+    divergence_loss: float = _f(DEFAULT_BOUND, "stop the run (exit 1) when the logged training "
+                                "loss, nats per char, stays above this (default 2 ln 256: 16 bits "
+                                "per char, twice a uniform guess; hvd_lm/train/guard.py)",
+                                gt=UNIFORM_LOSS)
+    divergence_logs: int = _f(3, "... for this many logged steps in a row (or at the last step); "
+                              "no checkpoint is written meanwhile (0 = off)", ge=0)
+    check_memory: bool = _f(True, "refuse to start when the memory one training step needs "
+                            "(estimated: activations, parameters, gradients, optimizer state) "
+                            "exceeds the free memory (hvd_lm/train/memory.py)")
     check_free_space: bool = _f(True, "refuse to start when the out-dir's file system has no "
                                 "room for one checkpoint (size estimated from the model)")
     elastic: bool = _f(False, "Horovod elastic training (horovodrun --min-np/--max-np "

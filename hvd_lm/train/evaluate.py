@@ -25,6 +25,7 @@ from hvd_lm.dist import horovod as dist
 from hvd_lm.train import runtime as prec
 from hvd_lm.train.checkpoint import load_model
 from hvd_lm.train.data import IGNORE, Batch, RankStreams
+from hvd_lm.train.preflight import check_vocab
 
 
 @torch.no_grad()
@@ -125,8 +126,11 @@ def eval_command(cfg: EvalConfig) -> int:
     ctx = dist.init()
     device = prec.resolve_device(cfg.device, ctx.local_rank, ctx.local_size)
     model, ck = load_model(cfg.checkpoint, map_location=device, rnn_kernels=cfg.rnn_kernels)
+    manifest = load_manifest(cfg.shards)
+    check_vocab(model.config.vocab_size, manifest, f"{cfg.checkpoint}: model.vocab_size",
+                "evaluate it on shards of that vocabulary")
     seq_len = cfg.seq_len or ck["config"]["data"]["seq_len"]
-    streams = RankStreams(load_manifest(cfg.shards), cfg.split, ctx.rank, ctx.size,
+    streams = RankStreams(manifest, cfg.split, ctx.rank, ctx.size,
                           cfg.batch_size, seq_len, shuffle_shards=False, max_bytes=cfg.max_bytes,
                           verify=True)
     value, chars = bpc(model, streams, device, cfg.precision)

@@ -48,12 +48,13 @@ from hvd_lm.core.model import LanguageModel
 from hvd_lm.core.shards import load_manifest, verify_shard
 from hvd_lm.dist import horovod as dist
 from hvd_lm.train import checkpoint as ckpt_io
-from hvd_lm.train import runtime
+from hvd_lm.train import preflight, runtime
 from hvd_lm.train.config import TrainConfig
 from hvd_lm.train.data import Prefetcher, RankStreams
 from hvd_lm.train.evaluate import bpc as eval_bpc
 from hvd_lm.train.evaluate import window_nll
 from hvd_lm.train.faults import Faults
+from hvd_lm.train.guard import DivergenceGuard, TrainingDiverged  # noqa: F401 (raised here)
 from hvd_lm.train.log import MetricsLog, StopSignals
 from hvd_lm.train.optim import build_optimizer
 from hvd_lm.train.rundir import open_run_folder
@@ -66,9 +67,10 @@ def train(cfg: TrainConfig) -> dict:
     """Run (or resume) training as configured; returns a summary dict (on every rank).
 
     Raises:
-        ValueError: bad configuration or data (naming the field / file).
+        ValueError: bad configuration or data (naming the field / file); a ConfigError when the
+            shapes or the memory of a step do not fit (:mod:`hvd_lm.train.preflight`).
         ShardChecksumError: a shard does not match its manifest checksum.
-        TrainingDiverged: ``run.max_skipped_steps`` non-finite steps in a row.
+        TrainingDiverged: the run diverged (:mod:`hvd_lm.train.guard`).
     """
     return Trainer(cfg).run()
 
@@ -95,7 +97,8 @@ class Trainer:
 
         # ---- data: the manifest, its splits and shards checked; streams cut for this world -------------
         self.manifest = load_manifest(cfg.data.shards)
-        check_splits(self.manifest, cfg)
+        # splits, vocabulary, window x rows against the split, one step's memory: before any read
+        preflight.check_all(cfg, self.manifest, self.device, self.ctx.size, self.ctx.local_size)
         self.B, self.T = cfg.data.batch_size, cfg.data.seq_len
         self.k = cfg.dist.backward_passes_per_step
         if cfg.data.verify_shards:  # each rank verifies a disjoint subset of the shards
@@ -124,7 +127,7 @@ class Trainer:
         # ---- resume: weights, position, recurrent state, RNG (optimizer state after wrapping) ---------
         self.pos = ckpt_io.Position()
         self.rnn_state = self.model.init_state(self.B, self.device)
-        resume = None
+        resume, self.summary = None, None
         if cfg.run.resume:  # checked before anything is written: a bad source changes nothing
             auto = cfg.run.resume == "auto"
             resume = ckpt_io.Resume(self.out_dir if auto else cfg.run.resume, self.device,
@@ -138,6 +141,11 @@ class Trainer:
             self.rnn_state = resume.rnn_rows(self.ctx.rank, self.ctx.size, self.B, self.device,
                                              warn=self.ctx.is_root) or self.rnn_state
             resume.restore_rng()
+            if preflight.resume_end(self.pos.step, self.pos.window, self.total_steps,
+                                    sys.maxsize if cfg.run.elastic else self.total_windows,
+                                    self.k, resume.path, cfg, warn=self.ctx.is_root):
+                self.summary = {"stop": "nothing-to-train", "step": self.pos.step}
+                return  # a finished run started again: nothing is written
 
         # Horovod: wrap the optimizer (gradient allreduce with fp16 compression and tensor fusion).
         self.optimizer = dist.distributed_optimizer(optimizer, self.model, cfg.dist.compression,
@@ -177,7 +185,8 @@ class Trainer:
         self.signals = StopSignals()
         self.faults = Faults(self.ctx.rank, cfg.run.inject_nan_steps)
         self.chars_base, self.chars_local = self.pos.chars_trained, 0  # all ranks before; this one
-        self.skipped_in_a_row = 0
+        self.guard = DivergenceGuard(cfg.run.divergence_loss, cfg.run.divergence_logs,
+                                     cfg.run.max_skipped_steps, self.pos.step)
         self.last_ckpt_time = time.time()
         self.stop_reason = "done"
         self.committed_rows = None  # elastic: this rank's rows at the last commit, and its place
@@ -226,7 +235,12 @@ class Trainer:
                                                         name="chars_total")[0])
 
     def save_checkpoint(self) -> None:
-        """Every rank: gather the recurrent state rows; rank 0 writes the checkpoint."""
+        """Every rank: gather the recurrent state rows; rank 0 writes the checkpoint. Held
+        (nothing written) while the newest logged loss is above the divergence bound."""
+        if not self.guard.may_checkpoint():
+            self.log.record("checkpoint_held", self.pos.step,
+                            loss=self.guard.above[-1][1] if self.guard.above else None)
+            return
         # Horovod: gather every rank's recurrent state rows (rank order) for an exact resume.
         h = dist.allgather(self.rnn_state[0].detach().float().cpu(), name="ckpt_h")
         c = dist.allgather(self.rnn_state[1].detach().float().cpu(), name="ckpt_c")
@@ -236,8 +250,10 @@ class Trainer:
             path = ckpt_io.save(ckpt_io.payload(pos, self.model, opt_state, self.scheduler,
                                                 self.scaler, (h, c), self.cfg.to_dict(),
                                                 self.ctx.size, self.windows_per_epoch),
-                                self.out_dir, pos.step, self.cfg.run.keep_checkpoints)
+                                self.out_dir, pos.step, self.cfg.run.keep_checkpoints,
+                                self.guard.confirmed_below())
             self.log.record("checkpoint", pos.step, path=str(path))
+        self.guard.wrote(pos.step)
 
     def validate(self) -> None:
         """Validation BPC over all ranks (Horovod: sums bits and chars), logged by rank 0."""
@@ -251,6 +267,8 @@ class Trainer:
 
     def run(self) -> dict:
         """Train to the end (or a stop signal), then validate, checkpoint and write the summary."""
+        if self.summary is not None:  # nothing to train (preflight.resume_end)
+            return self.summary
         if self.cfg.run.elastic:
             state = dist.elastic_state(self.model, self.optimizer, **self.commit_fields())
             state.register_reset_callbacks([lambda: self.on_reset(state)])
@@ -310,13 +328,12 @@ class Trainer:
                                                           cfg.optim.grad_clip, scaler,
                                                           cfg.run.nan_check)
             optimizer.zero_grad()
+            self.guard.attempt(applied)
             if applied:
                 scheduler.step()
                 pos.step += 1
-                self.skipped_in_a_row = 0
             else:
                 pos.skipped_steps += 1
-                self.skipped_in_a_row += 1
                 if not all(bool(torch.isfinite(s).all()) for s in self.rnn_state):
                     self.rnn_state = model.init_state(B, self.device)
                 log.record("skip", pos.step, skipped_steps=pos.skipped_steps, grad_norm=grad_norm,
@@ -346,6 +363,7 @@ class Trainer:
                     [float(acc["nats"]), acc["chars"], acc["wait"], acc["busy"]], name="log")
                 wall = time.perf_counter() - acc["t0"]
                 loss = nats / max(1.0, chars)
+                self.guard.logged(pos.step, loss)  # the same float on every rank
                 log.record("train", pos.step, loss=loss, bpc=loss / LN2,
                            lr=scheduler.get_last_lr()[0],
                            loss_scale=scaler.get_scale() if scaler is not None else None,
@@ -362,8 +380,8 @@ class Trainer:
             if applied and cfg.run.eval_every and pos.step % cfg.run.eval_every == 0:
                 self.validate()
 
-            # stop a diverged run (every rank decides alike: the skip decision is global)
-            if cfg.run.max_skipped_steps and self.skipped_in_a_row >= cfg.run.max_skipped_steps:
+            # stop a diverged run (every rank decides alike: global skips, allreduced losses)
+            if self.guard.reason:
                 self.stop_reason = "diverged"
                 break
 
@@ -383,7 +401,11 @@ class Trainer:
                 self.commit(state)
 
     def finish(self) -> None:
-        """Final validation and checkpoint of a run that reached its end."""
+        """Final validation and checkpoint of a run that reached its end (unless its newest
+        logged loss is above the divergence bound: then it diverged)."""
+        if self.stop_reason == "done":
+            self.guard.at_end()
+            self.stop_reason = "diverged" if self.guard.reason else "done"
         if self.stop_reason == "done":
             if not (self.cfg.run.eval_every and self.pos.step % self.cfg.run.eval_every == 0):
                 self.validate()
@@ -400,15 +422,12 @@ class Trainer:
                             **{k: v for k, v in summary.items() if k != "step"})
             write_text(self.out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         self.log.close()
+        settled = self.guard.settle(self.out_dir) if (
+            self.stop_reason == "diverged" and self.ctx.is_root) else None
         if self.lock is not None:
             self.lock.release()
         if self.stop_reason == "diverged":
-            last = ckpt_io.list_checkpoints(self.out_dir)
-            raise TrainingDiverged(
-                f"training diverged: {self.skipped_in_a_row} steps in a row had non-finite "
-                f"gradients (step {self.pos.step}); no checkpoint was written, the last good one "
-                f"is {last[-1] if last else 'none'}; lower --lr or --lr-cap, or raise "
-                "--max-skipped-steps")
+            raise self.guard.error(self.pos.step, settled)
         return summary
 
     # ---- elastic -----------------------------------------------------------------------------------
@@ -419,7 +438,8 @@ class Trainer:
         return {"position": dataclasses.asdict(self.pos),
                 "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "world": self.ctx.size, "windows_per_epoch": self.windows_per_epoch}
+                "world": self.ctx.size, "windows_per_epoch": self.windows_per_epoch,
+                "guard": self.guard.state_dict()}
 
     def commit(self, state) -> None:
         """Commit the run in memory (every rank, same step): position with the exact character
@@ -448,6 +468,7 @@ class Trainer:
         self.pos = ckpt_io.Position(**position)
         self.chars_base, self.chars_local = self.pos.chars_trained, 0
         self.scheduler.load_state_dict(state.scheduler)
+        self.guard.load_state_dict(state.guard)
         self.set_peak_lr()
         if self.scaler is not None and state.scaler:
             self.scaler.load_state_dict(state.scaler)
@@ -491,30 +512,11 @@ class Trainer:
                         peak_lr=self.peak_lr, window=window)
 
 
-class TrainingDiverged(RuntimeError):
-    """The run stopped after ``run.max_skipped_steps`` consecutive non-finite steps."""
-
-
-def check_splits(manifest, cfg: TrainConfig) -> None:
-    """The manifest has the train split and (unless ``data.val_split`` is '') the val split.
-
-    Raises:
-        ValueError: naming the field, the manifest and the splits it has.
-    """
-    have = sorted({s.split for s in manifest.shards})
-    for field_name, split in (("data.train_split", cfg.data.train_split),
-                              ("data.val_split", cfg.data.val_split)):
-        if split and split not in have:
-            hint = " (--val-split '' trains without validation)" if "val" in field_name else ""
-            raise ValueError(f"{field_name} {split!r} is not a split of "
-                             f"{manifest.directory}/manifest.json (it has: {', '.join(have)})"
-                             f"{hint}")
-
-
 def train_command(cfg: TrainConfig) -> int:
-    """``hvd-lm train``: 0 when training finished or stopped on a signal (checkpointed)."""
+    """``hvd-lm train``: 0 when training finished, stopped on a signal (checkpointed) or had
+    nothing left to train."""
     summary = train(cfg)
-    return 0 if summary["stop"] in ("done", "signal") else 1
+    return 0 if summary["stop"] in ("done", "signal", "nothing-to-train") else 1
 
 
 TRAIN = Command(TrainConfig, train_command,

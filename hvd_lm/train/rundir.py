@@ -47,11 +47,14 @@ def open_run_folder(cfg: TrainConfig, model: torch.nn.Module, rows: int) -> Fold
             raise DiskFullError(28, f"{out_dir}: a checkpoint needs about {human(need)} but only "
                                 f"{human(free)} is free; free some space or use another "
                                 "--out-dir (--check-free-space false skips this check)")
-        keep = max(1, cfg.run.keep_checkpoints) + 1
-        if cfg.run.check_free_space and free < keep * need:
-            print(f"warning: {out_dir}: {human(free)} free holds fewer than the {keep} "
-                  f"checkpoints of about {human(need)} that --keep-checkpoints "
-                  f"{cfg.run.keep_checkpoints} needs at once", file=sys.stderr)
+        # the kept ones, the one being written, and with --keep-checkpoints 1 the newest one
+        # the divergence guard confirmed (hvd_lm.train.guard) beside the newest
+        keep = cfg.run.keep_checkpoints
+        at_once = max(1, keep) + 1 + (1 if keep == 1 else 0)
+        if cfg.run.check_free_space and free < at_once * need:
+            print(f"warning: {out_dir}: {human(free)} free holds fewer than the {at_once} "
+                  f"checkpoints of about {human(need)} that --keep-checkpoints {keep} needs at "
+                  "once", file=sys.stderr)
         save_yaml(cfg, out_dir / "config.yaml")
     except BaseException:
         lock.release()

@@ -1,0 +1,154 @@
+"""The memory one training step of ``hvd-lm train`` needs on one rank, estimated from the
+configuration before anything is built, and the memory the device has free.
+
+Notation: B rows (``--batch-size``), T bytes per window (``--seq-len``), N = B T positions,
+H hidden size, E embedding width, V = 256 byte values, P parameters; S = 4 bytes (fp32: the
+state, the loss, master weights, gradients and optimizer state), C the compute dtype's bytes
+(4 for fp32, 2 under bf16/fp16 autocast). Activations saved for the backward of one window:
+
+* embedding output, as the two input projections keep it: 2 N E C;
+* the recurrence, ``--rnn-impl fused``: :func:`hvd_lm.core.mlstm_fused.saved_bytes`
+  (T, B, H, reset on: a window that starts a stream) = N H (6 S + 4 C) + B H (S + C) + N S,
+  and under autocast the recurrent weights W_mh and W_h cast once, 5 H^2 C;
+  ``reference``: per step and row 7 H C + 2 H S (the matmuls' inputs h and m, W_mh h, the four
+  gate activations in C; c and tanh(c) in S), xm N H C, and under autocast the two recurrent
+  weights cast again at every step, T 5 H^2 C (autocast caches only leaf tensors' casts, and
+  ``W.t()`` is not a leaf); ``--cell lstm`` (torch's CPU LSTM, measured): 16 N H S;
+* hs N H C, kept by the decoder;
+* the loss: the fp32 log-softmax N V S (``F.cross_entropy``) and the int64 inputs and
+  targets 2 N 8.
+
+Besides them: the fp32 parameters 4 P, their gradients
+4 P, a gradient-sized allreduce buffer (Horovod's fusion buffer, capped at the fusion
+threshold, 128 MiB by default; plus the fp16 copies, 2 P, under ``--compression fp16``; none
+on one rank), the optimizer state (:data:`OPTIMIZER_STATES` tensors of 4 P), the backward's
+workspace (the window's input gradients [T, B, 4H] and [T, B, H] and the gradient of hs
+[T, B, H] in the compute dtype, alive together, and the logits and their gradient in fp32:
+6 N H C + 2 N V S) and, on the host, the shard read buffers (1 MiB per row and split).
+
+Checked against measurements in ``tests/test_reliability.py``: the activations against the
+bytes torch's saved-tensor hooks see (both recurrences, fp32 and bf16, within 2%), and the
+whole estimate against the peak resident memory of real ``hvd-lm train`` processes (within
+15%).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import psutil
+import torch
+
+from hvd_lm.core.atomic import human
+from hvd_lm.core.mlstm_fused import saved_bytes
+from hvd_lm.core.model import parameter_shapes
+from hvd_lm.core.units import MIB
+from hvd_lm.train.config import TrainConfig
+
+#: Tensors of the parameters' size each optimizer keeps per rank: Adam and LAMB their two
+#: moments, SGD its momentum buffer, the 1-bit optimizers two moments, the local momentum
+#: copy they compress and the worker error (the server error is 1/world of it: counted as 1).
+OPTIMIZER_STATES = {"adam": 2, "sgd": 1, "lamb": 2, "onebit-adam": 5, "onebit-lamb": 5}
+#: Horovod's default fusion buffer (HOROVOD_FUSION_THRESHOLD, 128 MiB).
+FUSION_DEFAULT = 128 * MIB
+#: Bytes each batch row's shard reader buffers (hvd_lm.train.data.ConcatStream).
+READ_BUFFER = MIB
+
+
+@dataclass
+class StepMemory:
+    """Bytes one rank needs for one training step, by kind (see the module docstring).
+
+    Attributes:
+        activations: saved for the backward of one window.
+        workspace: the backward's largest short-lived tensors.
+        parameters: fp32 weights.
+        gradients: gradients and the allreduce buffer.
+        optimizer: optimizer state.
+        data: host-side shard read buffers.
+    """
+
+    activations: int
+    workspace: int
+    parameters: int
+    gradients: int
+    optimizer: int
+    data: int
+
+    @property
+    def total(self) -> int:
+        """All of it, bytes."""
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def describe(self) -> str:
+        """``activations 1.2 GB, workspace ...``: each kind in decimal units."""
+        return ", ".join(f"{f.name} {human(getattr(self, f.name))}" for f in fields(self))
+
+
+def compute_bytes(precision: str) -> int:
+    """Bytes per element of the compute dtype: 4 for fp32, 2 under bf16/fp16 autocast."""
+    return 4 if precision == "fp32" else 2
+
+
+def activation_bytes(T: int, B: int, H: int, E: int, V: int, C: int, impl: str = "fused",
+                     cell: str = "mlstm") -> int:
+    """Bytes of activations one training window keeps for its backward (module docstring).
+
+    Args:
+        T, B: window length and rows; H, E, V: hidden, embedding and vocabulary sizes.
+        C: compute dtype bytes (:func:`compute_bytes`).
+        impl: ``fused`` or ``reference`` (``model.rnn_impl``); cell: ``mlstm`` or ``lstm``.
+    """
+    S, N = 4, T * B
+    casts = 5 * H * H * C if C != S else 0  # W_mh [H, H] and W_h [4H, H] in the compute dtype
+    if cell == "lstm":
+        rnn = 16 * N * H * S
+    elif impl == "fused":
+        cdtype = torch.float32 if C == 4 else torch.bfloat16
+        rnn = saved_bytes(T, B, H, torch.float32, cdtype, mask=False, reset=True) + casts
+    else:
+        rnn = N * H * (7 * C + 2 * S) + N * H * C + T * casts
+    return 2 * N * E * C + rnn + N * H * C + N * V * S + 2 * N * 8
+
+
+def step_memory(cfg: TrainConfig, device_type: str, world_size: int = 1,
+                split_bytes: tuple[int, ...] = ()) -> StepMemory:
+    """The estimate for ``cfg`` on one rank.
+
+    Args:
+        device_type: ``cpu`` or ``cuda`` (the read buffers count on the CPU only).
+        world_size: ranks in the job (one rank allocates no allreduce buffer).
+        split_bytes: bytes of the splits read (train, val), to cap the read buffers.
+    """
+    m, d = cfg.model, cfg.data
+    P = sum(math.prod(shape) for _, shape in parameter_shapes(m))
+    C = compute_bytes(cfg.run.precision)
+    fusion = int(cfg.dist.fusion_threshold_mb * MIB) if cfg.dist.fusion_threshold_mb is not None \
+        else FUSION_DEFAULT
+    allreduce = 0
+    if world_size > 1:
+        allreduce = min(4 * P, fusion) + (2 * P if cfg.dist.compression == "fp16" else 0)
+    states = OPTIMIZER_STATES.get(cfg.optim.optimizer, 2)
+    if cfg.optim.optimizer == "sgd" and cfg.optim.momentum == 0:
+        states = 0
+    data = 0
+    if device_type == "cpu":
+        data = d.batch_size * sum(min(READ_BUFFER, n) for n in split_bytes)
+    return StepMemory(
+        activations=activation_bytes(d.seq_len, d.batch_size, m.hidden_size, m.embed_dim,
+                                     m.vocab_size, C, m.rnn_impl, m.cell),
+        workspace=d.seq_len * d.batch_size * (6 * m.hidden_size * C + 2 * m.vocab_size * 4),
+        parameters=4 * P,
+        gradients=4 * P + allreduce,
+        optimizer=4 * P * states,
+        data=data)
+
+
+def free_memory(device: torch.device) -> tuple[int, str]:
+    """(bytes free for new allocations, where the number comes from) on ``device``:
+    ``torch.cuda.mem_get_info`` on a GPU, ``psutil.virtual_memory().available`` on the CPU
+    (memory usable without swapping, as the kernel's MemAvailable)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0]), f"free on {device}"
+    return int(psutil.virtual_memory().available), "available on this node"
