@@ -25,7 +25,8 @@ HOSTS_FILE="${HOSTS_FILE:-}"           # with DISCOVERY='': a file of "host:slot
 SLOTS="${SLOTS:-}"                     # slots per host for launch/discover_hosts.sh ('' = SLURM's tasks per node)
 ELASTIC_TIMEOUT="${ELASTIC_TIMEOUT:-600}"  # seconds to wait for MIN_NP ranks after a failure
 RESET_LIMIT="${RESET_LIMIT:-}"         # most resets (worker losses/additions) before giving up ('' = no limit)
-NETWORK_INTERFACE="${NETWORK_INTERFACE:-}"  # NIC(s) for Horovod traffic, e.g. ib0 ('' = detected; needs >= 2 hosts: on ONE host set it, e.g. lo)
+NETWORK_INTERFACE="${NETWORK_INTERFACE:-}"  # NIC(s) for Horovod traffic, e.g. ib0 ('' = the preflight's pick; on ONE host set it, e.g. lo)
+PREFLIGHT="${PREFLIGHT:-1}"            # 1 = `hvd-lm doctor` checks the hosts discovery lists at start and picks the NIC; 0 = skip
 LAUNCH_DIR="${LAUNCH_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"  # this repository's launch/ directory
 HOROVODRUN="${HOROVODRUN:-horovodrun}" # horovodrun executable (e.g. /path/to/.venv/bin/horovodrun)
 PYTHON="${PYTHON:-python3}"            # interpreter that has hvd_lm and horovod (same path on every host)
@@ -53,6 +54,12 @@ if [ -z "$DISCOVERY" ]; then
   chmod +x "$DISCOVERY"
 fi
 export SLOTS
+TRAIN_ARGS="--elastic true $TRAIN_ARGS"
+hvd_lm_train_cmd
+start_hosts="$("$DISCOVERY" | paste -sd, -)"
+if [ "$(tr ',' '\n' <<< "$start_hosts" | grep -c .)" -gt 1 ]; then
+  hvd_lm_preflight "$start_hosts"      # ssh, versions, shards, the shared NIC (or one line, exit 2)
+fi
 launch=("$HOROVODRUN" -np "$NP" --min-np "$MIN_NP" --max-np "$MAX_NP"
   --host-discovery-script "$DISCOVERY" --elastic-timeout "$ELASTIC_TIMEOUT")
 if [ -n "$RESET_LIMIT" ]; then
@@ -61,8 +68,6 @@ fi
 if [ -n "$NETWORK_INTERFACE" ]; then
   launch+=(--network-interface "$NETWORK_INTERFACE")
 fi
-TRAIN_ARGS="--elastic true $TRAIN_ARGS"
-hvd_lm_train_cmd
 hvd_lm_bind_prefix
 hvd_lm_banner "elastic horovodrun, $NP ranks ($MIN_NP..$MAX_NP), hosts from $DISCOVERY" \
   "${launch[@]}" "${HVD_LM_BIND[@]}" "${HVD_LM_CMD[@]}"
