@@ -9,6 +9,8 @@
 # --host-discovery-script discover_hosts.sh python train.py`. The discovery script prints one
 # "host:slots" line per usable host and is re-run every second: hosts it stops listing are
 # removed, new ones are added (up to MAX_NP ranks). Elastic jobs use the Gloo controller.
+# Horovod blacklists a host whose worker failed; with BLACKLIST_COOLDOWN="MIN MAX" it may come back
+# after MIN*2^k (at most MAX) seconds, when discovery lists it again (--blacklist-cooldown-range).
 # Horovod 0.28.1 detects the common network interface between hosts and so waits for two hosts
 # before it starts (runner/gloo_run.py, _get_min_start_hosts): on a single host, set
 # NETWORK_INTERFACE (e.g. lo) and it starts at once.
@@ -25,6 +27,7 @@ HOSTS_FILE="${HOSTS_FILE:-}"           # with DISCOVERY='': a file of "host:slot
 SLOTS="${SLOTS:-}"                     # slots per host for launch/discover_hosts.sh ('' = SLURM's tasks per node)
 ELASTIC_TIMEOUT="${ELASTIC_TIMEOUT:-600}"  # seconds to wait for MIN_NP ranks after a failure
 RESET_LIMIT="${RESET_LIMIT:-}"         # most resets (worker losses/additions) before giving up ('' = no limit)
+BLACKLIST_COOLDOWN="${BLACKLIST_COOLDOWN:-}"  # "MIN MAX" seconds a host whose worker failed stays out before discovery may add it back ('' = out for good)
 NETWORK_INTERFACE="${NETWORK_INTERFACE:-}"  # NIC(s) for Horovod traffic, e.g. ib0 ('' = the preflight's pick; on ONE host set it, e.g. lo)
 PREFLIGHT="${PREFLIGHT:-1}"            # 1 = `hvd-lm doctor` checks the hosts discovery lists at start and picks the NIC; 0 = skip
 LAUNCH_DIR="${LAUNCH_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"  # this repository's launch/ directory
@@ -64,6 +67,10 @@ launch=("$HOROVODRUN" -np "$NP" --min-np "$MIN_NP" --max-np "$MAX_NP"
   --host-discovery-script "$DISCOVERY" --elastic-timeout "$ELASTIC_TIMEOUT")
 if [ -n "$RESET_LIMIT" ]; then
   launch+=(--reset-limit "$RESET_LIMIT")
+fi
+if [ -n "$BLACKLIST_COOLDOWN" ]; then
+  read -r -a cooldown <<< "$BLACKLIST_COOLDOWN"
+  launch+=(--blacklist-cooldown-range "${cooldown[@]}")
 fi
 if [ -n "$NETWORK_INTERFACE" ]; then
   launch+=(--network-interface "$NETWORK_INTERFACE")

@@ -70,4 +70,11 @@ launch+=("${extra_mpirun[@]}")
 hvd_lm_bind_prefix
 hvd_lm_banner "mpirun, $NP ranks on ${HOSTS:-${HOSTFILE:-this machine}}" \
   "${launch[@]}" "${HVD_LM_BIND[@]}" "${HVD_LM_CMD[@]}"
-exec "${launch[@]}" "${HVD_LM_BIND[@]}" "${HVD_LM_CMD[@]}"
+# Not exec'd: a SIGTERM (kill, Ctrl-C's SIGINT goes to every process anyway) to this script
+# becomes a SIGUSR1 to mpirun, which forwards it to every rank at once; OpenMPI 4.1's own SIGTERM
+# handling tears the job down instead (its daemons signal the ranks only after
+# odls_base_sigkill_timeout, while the ranks' output is no longer read), so the ranks could not
+# checkpoint. They checkpoint at the same step and exit 0, and so does this script.
+rc=0
+hvd_lm_run_preemptible "${launch[@]}" "${HVD_LM_BIND[@]}" "${HVD_LM_CMD[@]}" || rc=$?
+exit "$rc"
