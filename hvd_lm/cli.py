@@ -41,6 +41,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                 "kernels ahead of time for a GPU (no GPU needed): registers, spills, smem"),
     "launch": ("hvd_lm.jobs.launch", "LAUNCH", "render a launch script (horovodrun, mpirun, "
                "SLURM, PBS) or a scaling sweep"),
+    "doctor": ("hvd_lm.jobs.doctor", "DOCTOR", "preflight of a multi-node launch: ssh both ways, "
+               "same Python/hvd_lm, the shared network interface (and the flags to use), "
+               "ports, shards, GPUs per host"),
     "scaling-report": ("hvd_lm.perf.scaling_report", "SCALING_REPORT",
                        "s/iter, speedup and efficiency vs GPUs from a sweep's metrics.jsonl"),
     "scaling-model": ("hvd_lm.perf.scaling_study", "SCALING_MODEL", "alpha-beta model of "

@@ -9,6 +9,8 @@
 # --host-discovery-script discover_hosts.sh python train.py`. The discovery script prints one
 # "host:slots" line per usable host and is re-run every second: hosts it stops listing are
 # removed, new ones are added (up to MAX_NP ranks). Elastic jobs use the Gloo controller.
+# Horovod blacklists a host whose worker failed; with BLACKLIST_COOLDOWN="MIN MAX" it may come back
+# after MIN*2^k (at most MAX) seconds, when discovery lists it again (--blacklist-cooldown-range).
 # Horovod 0.28.1 detects the common network interface between hosts and so waits for two hosts
 # before it starts (runner/gloo_run.py, _get_min_start_hosts): on a single host, set
 # NETWORK_INTERFACE (e.g. lo) and it starts at once.
@@ -25,7 +27,9 @@ HOSTS_FILE="${HOSTS_FILE:-}"           # with DISCOVERY='': a file of "host:slot
 SLOTS="${SLOTS:-}"                     # slots per host for launch/discover_hosts.sh ('' = SLURM's tasks per node)
 ELASTIC_TIMEOUT="${ELASTIC_TIMEOUT:-600}"  # seconds to wait for MIN_NP ranks after a failure
 RESET_LIMIT="${RESET_LIMIT:-}"         # most resets (worker losses/additions) before giving up ('' = no limit)
-NETWORK_INTERFACE="${NETWORK_INTERFACE:-}"  # NIC(s) for Horovod traffic, e.g. ib0 ('' = detected; needs >= 2 hosts: on ONE host set it, e.g. lo)
+BLACKLIST_COOLDOWN="${BLACKLIST_COOLDOWN:-}"  # "MIN MAX" seconds a host whose worker failed stays out before discovery may add it back ('' = out for good)
+NETWORK_INTERFACE="${NETWORK_INTERFACE:-}"  # NIC(s) for Horovod traffic, e.g. ib0 ('' = the preflight's pick; on ONE host set it, e.g. lo)
+PREFLIGHT="${PREFLIGHT:-1}"            # 1 = `hvd-lm doctor` checks the hosts discovery lists at start and picks the NIC; 0 = skip
 LAUNCH_DIR="${LAUNCH_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"  # this repository's launch/ directory
 HOROVODRUN="${HOROVODRUN:-horovodrun}" # horovodrun executable (e.g. /path/to/.venv/bin/horovodrun)
 PYTHON="${PYTHON:-python3}"            # interpreter that has hvd_lm and horovod (same path on every host)
@@ -53,16 +57,24 @@ if [ -z "$DISCOVERY" ]; then
   chmod +x "$DISCOVERY"
 fi
 export SLOTS
+TRAIN_ARGS="--elastic true $TRAIN_ARGS"
+hvd_lm_train_cmd
+start_hosts="$("$DISCOVERY" | paste -sd, -)"
+if [ "$(tr ',' '\n' <<< "$start_hosts" | grep -c .)" -gt 1 ]; then
+  hvd_lm_preflight "$start_hosts"      # ssh, versions, shards, the shared NIC (or one line, exit 2)
+fi
 launch=("$HOROVODRUN" -np "$NP" --min-np "$MIN_NP" --max-np "$MAX_NP"
   --host-discovery-script "$DISCOVERY" --elastic-timeout "$ELASTIC_TIMEOUT")
 if [ -n "$RESET_LIMIT" ]; then
   launch+=(--reset-limit "$RESET_LIMIT")
 fi
+if [ -n "$BLACKLIST_COOLDOWN" ]; then
+  read -r -a cooldown <<< "$BLACKLIST_COOLDOWN"
+  launch+=(--blacklist-cooldown-range "${cooldown[@]}")
+fi
 if [ -n "$NETWORK_INTERFACE" ]; then
   launch+=(--network-interface "$NETWORK_INTERFACE")
 fi
-TRAIN_ARGS="--elastic true $TRAIN_ARGS"
-hvd_lm_train_cmd
 hvd_lm_bind_prefix
 hvd_lm_banner "elastic horovodrun, $NP ranks ($MIN_NP..$MAX_NP), hosts from $DISCOVERY" \
   "${launch[@]}" "${HVD_LM_BIND[@]}" "${HVD_LM_CMD[@]}"

@@ -9,15 +9,18 @@
 #
 # Horovod docs, "Running Horovod": `horovodrun -np 16 -H server1:4,server2:4,... python train.py`
 # or `-hostfile FILE` with lines "server1 slots=4"; `--network-interface` picks the NIC used for
-# Horovod's own traffic; `--gloo`/`--mpi` picks the controller.
+# Horovod's own traffic; `--gloo`/`--mpi` picks the controller. Before any rank starts,
+# `hvd-lm doctor` (PREFLIGHT=1) checks ssh both ways, the same Python/hvd_lm everywhere and the
+# interface every host reaches the others through, and sets NETWORK_INTERFACE from it.
 
 # ---- knobs: every one can be overridden from the environment -----------------------------------
 NP="${NP:-2}"                          # total ranks = GPUs (world size)
 HOSTS="${HOSTS:-localhost:2}"          # host:slots list, e.g. node1:8,node2:8 ('' = use HOSTFILE)
 HOSTFILE="${HOSTFILE:-}"               # file with one "hostname slots=N" line per node (used when HOSTS is '')
 CONTROLLER="${CONTROLLER:-gloo}"       # gloo (needs no MPI) or mpi (horovodrun then calls mpirun)
-NETWORK_INTERFACE="${NETWORK_INTERFACE:-}"  # NIC(s) for Horovod traffic, e.g. ib0 or eth0,eth1 ('' = common NICs)
+NETWORK_INTERFACE="${NETWORK_INTERFACE:-}"  # NIC(s) for Horovod traffic, e.g. ib0 or eth0,eth1 ('' = the preflight's pick)
 SSH_PORT="${SSH_PORT:-}"               # ssh port of the other nodes ('' = 22)
+PREFLIGHT="${PREFLIGHT:-1}"            # 1 = `hvd-lm doctor` checks the hosts first and picks NETWORK_INTERFACE; 0 = skip
 BIND_GPU="${BIND_GPU:-0}"              # 1 = CUDA_VISIBLE_DEVICES=<local rank> per rank; 0 = torch uses cuda:<local rank>
 LAUNCH_DIR="${LAUNCH_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"  # this repository's launch/ directory
 HOROVODRUN="${HOROVODRUN:-horovodrun}" # horovodrun executable (e.g. /path/to/.venv/bin/horovodrun)
@@ -44,6 +47,10 @@ else
     "HOSTFILE='$HOSTFILE' does not exist" >&2
   exit 2
 fi
+hvd_lm_train_cmd
+# ssh, versions, shards and the interface every host reaches the others through, before any rank
+# starts: sets NETWORK_INTERFACE (and NCCL/Gloo/OpenMPI's) or stops here with one line.
+hvd_lm_preflight "$HOSTS" "$HOSTFILE"
 case "$CONTROLLER" in
   gloo | mpi) launch+=("--$CONTROLLER") ;;
   *) echo "CONTROLLER must be gloo or mpi, got '$CONTROLLER'" >&2; exit 2 ;;
@@ -54,7 +61,6 @@ fi
 if [ -n "$SSH_PORT" ]; then
   launch+=(-p "$SSH_PORT")
 fi
-hvd_lm_train_cmd
 hvd_lm_bind_prefix
 hvd_lm_banner "horovodrun, $NP ranks on ${HOSTS:-$HOSTFILE} ($CONTROLLER controller)" \
   "${launch[@]}" "${HVD_LM_BIND[@]}" "${HVD_LM_CMD[@]}"

@@ -7,6 +7,7 @@
 #   hvd_lm_bind_prefix        -> HVD_LM_BIND     optional per-rank GPU binding wrapper
 #   hvd_lm_mpirun_env_flags   -> HVD_LM_MPI_X    `-x NAME` for the variables ranks need
 #   hvd_lm_run_preemptible    runs a launcher, turning scheduler signals into a checkpoint
+#   hvd_lm_preflight          `hvd-lm doctor` on the job's hosts; exports the interface to use
 
 # Build HVD_LM_CMD from the knobs PYTHON, CONFIG, SHARDS, OUT_DIR and TRAIN_ARGS:
 #   $PYTHON -m hvd_lm train [--config $CONFIG] [--shards $SHARDS] --out-dir $OUT_DIR
@@ -16,14 +17,18 @@
 # manifest.json stops the job here with one line, before any rank starts (exit 2).
 # `--resume auto` is added only when $OUT_DIR already holds a checkpoint, so a requeued or
 # resubmitted job continues from it and a fresh job starts at step 0. TRAIN_ARGS is split on
-# whitespace (values with spaces belong in the YAML config).
+# whitespace (values with spaces belong in the YAML config). Sets HVD_LM_SHARDS (the folder, ''
+# when unknown) and HVD_LM_DEVICE (TRAIN_ARGS' --device, '' when not given) for the preflight.
 hvd_lm_train_cmd() {
   local extra=() shards="" from="" i
+  HVD_LM_DEVICE=""
   read -r -a extra <<< "${TRAIN_ARGS:-}"
   for ((i = 0; i < ${#extra[@]}; i++)); do
     case "${extra[i]}" in
       --shards) shards="${extra[i + 1]:-}"; from="TRAIN_ARGS" ;;
       --shards=*) shards="${extra[i]#--shards=}"; from="TRAIN_ARGS" ;;
+      --device) HVD_LM_DEVICE="${extra[i + 1]:-}" ;;
+      --device=*) HVD_LM_DEVICE="${extra[i]#--device=}" ;;
     esac
   done
   if [ -z "$from" ] && [ -n "${CONFIG:-}" ]; then
@@ -45,6 +50,7 @@ print((d.get("data") or {}).get("shards") or "")' "$CONFIG" 2>/dev/null)" || sha
       "first (\`python -m data_prep prepare FILES... --out $shards\`) or set SHARDS=DIR" >&2
     exit 2
   fi
+  HVD_LM_SHARDS="$shards"
   HVD_LM_CMD+=(--out-dir "$OUT_DIR")
   if [ -f "$OUT_DIR/checkpoints/latest" ]; then
     HVD_LM_CMD+=(--resume auto)
@@ -75,6 +81,54 @@ hvd_lm_mpirun_env_flags() {
         HVD_LM_MPI_X+=(-x "$name") ;;
     esac
   done < <(compgen -e)
+}
+
+# hvd_lm_preflight HOSTS [HOSTFILE]: `hvd-lm doctor` on the job's hosts (host:slots,... or a
+# hostfile) before any rank starts, when PREFLIGHT=1 (the templates' default): passwordless ssh
+# both ways, the same Python and hvd_lm on every host, the network interface every host reaches
+# every other one through, ports, the shards (HVD_LM_SHARDS), GPUs per slot. It exports what it
+# picked (NETWORK_INTERFACE, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, OMPI_MCA_btl_tcp_if_include,
+# OMPI_MCA_oob_tcp_if_include; values already set are kept, and checked), so that a node with
+# docker0 or a management NIC cannot make Horovod or OpenMPI hang; or it stops the job with the
+# doctor's one line (exit 2). Bounded: PREFLIGHT_TIMEOUT seconds (45). With PREFLIGHT=0 only the
+# last step runs: a NETWORK_INTERFACE you set becomes those variables' default.
+hvd_lm_preflight() {
+  if [ "${PREFLIGHT:-1}" = 1 ]; then
+    _hvd_lm_doctor "$@"
+  fi
+  # NETWORK_INTERFACE (set, or picked by the doctor) is the default of every library's knob
+  if [ -n "${NETWORK_INTERFACE:-}" ]; then
+    : "${NCCL_SOCKET_IFNAME:=$NETWORK_INTERFACE}" "${GLOO_SOCKET_IFNAME:=$NETWORK_INTERFACE}"
+    : "${OMPI_MCA_btl_tcp_if_include:=$NETWORK_INTERFACE}"
+    : "${OMPI_MCA_oob_tcp_if_include:=$NETWORK_INTERFACE}"
+    export NETWORK_INTERFACE NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME OMPI_MCA_btl_tcp_if_include \
+      OMPI_MCA_oob_tcp_if_include
+  fi
+}
+
+_hvd_lm_doctor() {
+  local args=() out
+  if [ -n "${1:-}" ]; then
+    args+=(--hosts "$1")
+  else
+    args+=(--hostfile "$2")
+  fi
+  if [ -n "${NETWORK_INTERFACE:-}" ]; then
+    args+=(--network-interface "$NETWORK_INTERFACE")
+  fi
+  if [ -n "${HVD_LM_SHARDS:-}" ]; then
+    args+=(--shards "$HVD_LM_SHARDS")
+  fi
+  case "${HVD_LM_DEVICE:-}" in
+    cpu | cuda) args+=(--device "$HVD_LM_DEVICE") ;;
+    cuda:*) args+=(--device cuda) ;;
+  esac
+  if [ -n "${SSH_PORT:-}" ]; then
+    args+=(--ssh-port "$SSH_PORT")
+  fi
+  out="$("${PYTHON:-python3}" -m hvd_lm doctor "${args[@]}" --timeout "${PREFLIGHT_TIMEOUT:-45}" \
+    --format shell)" || exit 2
+  eval "$out"
 }
 
 # Print what is about to run (to the job log): time, host, description, command line.

@@ -1,5 +1,8 @@
-"""Shared pytest fixtures: where the repository and the shared data (``../shared``) are."""
+"""Shared pytest fixtures: where the repository and the shared data (``../shared``) are, and the
+cluster in a box (tests/cluster.py) for the ``cluster`` tests."""
 
+import atexit
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -22,3 +25,24 @@ def shared_data() -> Path:
         pytest.skip(f"shared data not found at {data} (it lives beside the repository, "
                     "see ../shared/README.md)")
     return data
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """Three namespace hosts n1-n3 with sshd, a decoy docker0 and unshaped links
+    (:class:`tests.cluster.Cluster`), shared by every ``cluster`` test of the session and torn
+    down at its end (and at exit, should the session die first); skips with the reason where
+    network namespaces cannot be made."""
+    from tests.cluster import Cluster, Unavailable, check_available, down, session_lock
+
+    with contextlib.ExitStack() as stack:
+        try:
+            check_available()
+            stack.enter_context(session_lock())
+        except Unavailable as e:
+            pytest.skip(f"no cluster in a box here: {e}")
+        stack.callback(down)  # whatever state `up` left, nothing stays behind
+        c = Cluster.up(3)
+        atexit.register(c.down)
+        stack.callback(c.down)
+        yield c

@@ -1,12 +1,19 @@
-"""A private one-node SLURM cluster on localhost for tests (Debian's SLURM 22.05 + MUNGE).
+"""A private SLURM cluster for tests (Debian's SLURM 22.05 + MUNGE): the one owner of SLURM's
+daemons and configuration, on localhost or on the namespace hosts of tests/cluster.py.
 
 :func:`running_cluster` starts ``munged``, ``slurmctld`` and ``slurmd`` in the foreground as child
 processes of the test run, with everything in one directory: a fresh MUNGE key and socket,
 ``slurm.conf`` (one node ``localhost`` with 2+ CPUs, ``proctrack/linuxproc``, ``task/none``,
 ``select/cons_tres``, no accounting), state, spool, logs and pid files, on free TCP ports. Client
 commands reach it through ``SLURM_CONF`` only, so a system SLURM or MUNGE is never touched.
-Teardown cancels the cluster's jobs and stops exactly the three processes it started (tracked by
+Teardown cancels the cluster's jobs and stops exactly the processes it started (tracked by
 PID; they also get SIGTERM if the test process dies, via ``PR_SET_PDEATHSIG``).
+
+With ``nodes`` and ``on_node`` (what :meth:`tests.cluster.Cluster.slurm` passes) it is a
+multi-node cluster: ``slurmctld`` and ``munged`` on the first node, one ``slurmd`` per node, each
+started inside its node (``on_node(name, cwd)``: the argv prefix that runs a command there),
+spool, pid and log files per node (``%n``), and client commands run on the first node. MUNGE's socket is
+a file, so the one ``munged`` serves every node.
 
 Missing packages are installed with ``apt-get`` when running as root on Debian/Ubuntu
 (:func:`ensure_tools`); otherwise :class:`Unavailable` is raised for the caller to skip. Every wait
@@ -95,13 +102,21 @@ class SlurmCluster:
     Attributes:
         root: directory with slurm.conf, munge key and socket, state, spool and logs.
         env: environment for client commands (SLURM_CONF set, outer SLURM_* job variables dropped).
-        cpus: CPUs the node offers (at least 2, so a 2-task job fits).
+        cpus: CPUs each node offers (at least 2, so a 2-task job fits).
+        nodes: (name, address) of each node, the controller first (default: localhost).
+        on_node: ``(name, cwd) -> argv prefix`` that runs a command on that node in ``cwd``
+            (default: here).
     """
 
-    def __init__(self, root: Path, tools: dict[str, str], cpus: int | None = None):
+    def __init__(self, root: Path, tools: dict[str, str], cpus: int | None = None,
+                 nodes: list[tuple[str, str]] | None = None, on_node=None):
         self.root = Path(root)
         self.tools = tools
         self.cpus = max(2, cpus or os.cpu_count() or 2)
+        #: (name, address) of every node, the controller first
+        self.nodes = list(nodes or [(NODE, "127.0.0.1")])
+        #: (node name, working directory) -> argv prefix running a command there
+        self.on_node = on_node or (lambda name, cwd: [])
         self.procs: dict[str, subprocess.Popen] = {}
         self.conf = self.root / "slurm.conf"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
@@ -111,17 +126,20 @@ class SlurmCluster:
     def write_config(self) -> None:
         """MUNGE key (created if missing, mode 0400) and slurm.conf on two free ports."""
         r = self.root
-        for d in ("state", "spool", "log", "run"):
+        for d in ("state", "spool", "log", "run",
+                  *(f"spool-{n}" for n, _ in self.nodes if len(self.nodes) > 1)):
             (r / d).mkdir(parents=True, exist_ok=True)
         key = r / "munge.key"
         if not key.exists():
             key.write_bytes(os.urandom(1024))
             key.chmod(0o400)
         user = "root" if os.geteuid() == 0 else os.environ.get("USER", "root")
+        (ctl, ctl_addr), many = self.nodes[0], len(self.nodes) > 1
+        per_node = "-%n" if many else ""
         self.conf.write_text("\n".join([
-            "# one-node test cluster written by tests/slurm_cluster.py",
+            f"# {len(self.nodes)}-node test cluster written by tests/slurm_cluster.py",
             "ClusterName=hvdlmtest",
-            f"SlurmctldHost={NODE}(127.0.0.1)",
+            f"SlurmctldHost={ctl}({ctl_addr})",
             f"SlurmctldPort={_free_port()}",
             f"SlurmdPort={_free_port()}",
             f"SlurmUser={user}",
@@ -129,11 +147,11 @@ class SlurmCluster:
             "CredType=cred/munge",
             f"AuthInfo=socket={r / 'run/munge.sock'}",
             f"StateSaveLocation={r / 'state'}",
-            f"SlurmdSpoolDir={r / 'spool'}",
+            f"SlurmdSpoolDir={r / 'spool'}{per_node}",
             f"SlurmctldPidFile={r / 'run/slurmctld.pid'}",
-            f"SlurmdPidFile={r / 'run/slurmd.pid'}",
+            f"SlurmdPidFile={r / 'run/slurmd'}{per_node}.pid",
             f"SlurmctldLogFile={r / 'log/slurmctld.log'}",
-            f"SlurmdLogFile={r / 'log/slurmd.log'}",
+            f"SlurmdLogFile={r / 'log/slurmd'}{per_node}.log",
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "SelectType=select/cons_tres",
@@ -147,13 +165,16 @@ class SlurmCluster:
             "MinJobAge=600",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
-            f"NodeName={NODE} NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN",
-            f"PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
+            *(f"NodeName={name} NodeAddr={addr} CPUs={self.cpus} State=UNKNOWN"
+              for name, addr in self.nodes),
+            f"PartitionName=debug Nodes={','.join(n for n, _ in self.nodes)} Default=YES "
+            "MaxTime=INFINITE State=UP",
             "",
         ]))
 
-    def _spawn(self, name: str, cmd: list[str]) -> None:
+    def _spawn(self, name: str, cmd: list[str], node: str | None = None) -> None:
         out = open(self.root / "log" / f"{name}.out", "ab")
+        cmd = [*self.on_node(node or self.nodes[0][0], self.root), *cmd]
         self.procs[name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, env=self.env,
                                             cwd=self.root, preexec_fn=_die_with_parent)
@@ -176,8 +197,12 @@ class SlurmCluster:
                                f"--seed-file={r / 'run/munged.seed'}"])
         self._wait(lambda: sock.exists(), 15, "munged to create its socket")
         self._spawn("slurmctld", [t["slurmctld"], "-D", "-i", "-f", str(self.conf)])
-        self._spawn("slurmd", [t["slurmd"], "-D", "-N", NODE, "-f", str(self.conf)])
-        self._wait(lambda: self.node_state() == "idle", timeout, f"node {NODE} to become idle")
+        for node, _ in self.nodes:
+            self._spawn(f"slurmd-{node}" if len(self.nodes) > 1 else "slurmd",
+                        [t["slurmd"], "-D", "-N", node, "-f", str(self.conf)], node)
+        names = [n for n, _ in self.nodes]
+        self._wait(lambda: all(self.node_state(n) == "idle" for n in names), timeout,
+                   f"node(s) {', '.join(names)} to become idle")
 
     def stop(self) -> None:
         """Cancel this cluster's jobs (bounded wait), then stop the daemons it started."""
@@ -190,7 +215,7 @@ class SlurmCluster:
                     while (time.monotonic() < deadline and
                            self.client(["squeue", "-h", "-o", "%i"], check=False).stdout.split()):
                         time.sleep(0.5)
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in [*(n for n in self.procs if n.startswith("slurmd")), "slurmctld", "munged"]:
             proc = self.procs.pop(name, None)
             if proc is None or proc.poll() is not None:
                 continue
@@ -227,15 +252,18 @@ class SlurmCluster:
         exe = self.tools.get(cmd[0]) or cmd[0]
         run_env = {k: v for k, v in (env or self.env).items() if not k.startswith("SLURM_")}
         run_env["SLURM_CONF"] = str(self.conf)
-        proc = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=timeout,
-                              env=run_env, cwd=cwd or self.root)
+        where = self.on_node(self.nodes[0][0], cwd or self.root)
+        proc = subprocess.run([*where, exe, *cmd[1:]], capture_output=True, text=True,
+                              timeout=timeout, env=run_env, cwd=cwd or self.root)
         if check and proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr.strip()}")
         return proc
 
-    def node_state(self) -> str:
-        """The node's state as sinfo prints it (idle, alloc, mix, down*, ...); '' if unknown."""
-        proc = self.client(["sinfo", "-h", "-n", NODE, "-o", "%T"], check=False)
+    def node_state(self, node: str | None = None) -> str:
+        """A node's state (default: the first) as sinfo prints it (idle, alloc, mix, down*,
+        ...); '' if unknown."""
+        proc = self.client(["sinfo", "-h", "-n", node or self.nodes[0][0], "-o", "%T"],
+                           check=False)
         return proc.stdout.strip() if proc.returncode == 0 else ""
 
     def sbatch(self, script: Path, cwd: Path, env: dict, *args: str) -> str:

@@ -47,20 +47,29 @@ def _hvd():
     return hvd
 
 
-def init(fusion_threshold_mb: float | None = None, cycle_time_ms: float | None = None
-         ) -> RankContext:
-    """Set Horovod's tensor-fusion knobs, then ``hvd.init()``.
+#: Horovod 0.28.1's default for HOROVOD_GLOO_TIMEOUT_SECONDS (horovod/common/gloo/gloo_context.cc)
+HOROVOD_DEFAULT_GLOO_TIMEOUT_S = 30
+
+
+def init(fusion_threshold_mb: float | None = None, cycle_time_ms: float | None = None,
+         gloo_timeout_s: float | None = None) -> RankContext:
+    """Set Horovod's tensor-fusion knobs and Gloo's timeout, then ``hvd.init()``.
 
     Args:
         fusion_threshold_mb: fusion buffer size in MiB -> ``HOROVOD_FUSION_THRESHOLD`` in bytes
             (Horovod's default is 128 MiB; 0 disables fusion). None keeps the environment's value.
         cycle_time_ms: how long Horovod's background thread waits to batch tensors, in ms ->
             ``HOROVOD_CYCLE_TIME`` (default 1 ms in 0.28). None keeps the environment's value.
+        gloo_timeout_s: seconds a Gloo operation (rendezvous, every collective of the Gloo
+            controller) waits for a peer -> ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (whole seconds,
+            rounded up; default 30). None keeps the environment's value.
     """
     if fusion_threshold_mb is not None:
         os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_threshold_mb * MIB))
     if cycle_time_ms is not None:
         os.environ["HOROVOD_CYCLE_TIME"] = str(cycle_time_ms)
+    if gloo_timeout_s is not None:
+        os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(math.ceil(gloo_timeout_s))
     hvd = _hvd()
     hvd.init()
     return RankContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), "horovod")
@@ -197,6 +206,28 @@ def allreduce_sum(values: list[float], name: str) -> list[float]:
 def allgather(tensor: torch.Tensor, name: str) -> torch.Tensor:
     """Concatenation over ranks along dim 0 (rank order) of each rank's ``tensor``."""
     return _hvd().allgather(tensor.contiguous(), name=name)
+
+
+def allgather_object(obj, name: str) -> list:
+    """Every rank's ``obj`` (picklable), in rank order (``hvd.allgather_object``)."""
+    return _hvd().allgather_object(obj, name=name)
+
+
+def gloo_timeout_s() -> float | None:
+    """Seconds a collective of the Gloo controller waits for a lost peer before failing
+    (``HOROVOD_GLOO_TIMEOUT_SECONDS``, default 30); None under the MPI controller, which has no
+    such timeout (a lost link stalls until TCP gives up)."""
+    if _hvd().mpi_enabled():
+        return None
+    return float(os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS") or HOROVOD_DEFAULT_GLOO_TIMEOUT_S)
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    """True for Horovod's ``HorovodInternalError``: a collective failed (a peer lost, a timeout;
+    Horovod has shut down), as opposed to an error of this rank's own work."""
+    from horovod.common.exceptions import HorovodInternalError
+
+    return isinstance(exc, HorovodInternalError)
 
 
 def barrier() -> None:

@@ -80,6 +80,9 @@ class DistConfig:
         None, "tensor fusion buffer, MiB -> HOROVOD_FUSION_THRESHOLD (Horovod default 128)", ge=0)
     cycle_time_ms: typing.Optional[float] = _f(
         None, "fusion cycle time, ms -> HOROVOD_CYCLE_TIME (Horovod default 1)", gt=0)
+    gloo_timeout_s: typing.Optional[float] = _f(
+        None, "seconds a Gloo collective waits for a peer before the job fails naming the lost "
+        "host -> HOROVOD_GLOO_TIMEOUT_SECONDS (Horovod default 30)", gt=0)
 
 
 @dataclass

@@ -27,6 +27,12 @@ LR schedule, loss scaler, data position and character count are committed in mem
 re-cuts the streams at the same fraction of the epoch, rescales the LR for the new global batch
 and starts the recurrent state of the re-cut rows from zero (:meth:`Trainer.on_reset`,
 :meth:`Trainer.from_state`).
+
+Without ``run.elastic``, a lost peer (its host's link down, the host or the process gone) fails
+the collective it was in after Gloo's ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (``dist.gloo_timeout_s``);
+each surviving node's first rank then probes the others (:mod:`hvd_lm.dist.peers`) and the job
+stops with one line naming the lost rank's host and the newest complete checkpoint
+(:class:`LostPeer`), from which ``--resume auto`` continues.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from hvd_lm.core.lock import FolderLock
 from hvd_lm.core.model import LanguageModel
 from hvd_lm.core.shards import load_manifest, verify_shard
 from hvd_lm.dist import horovod as dist
+from hvd_lm.dist.peers import PeerWatch, lost_peers_text
 from hvd_lm.train import checkpoint as ckpt_io
 from hvd_lm.train import preflight, runtime
 from hvd_lm.train.config import TrainConfig
@@ -87,7 +94,8 @@ class Trainer:
         check_required(cfg, "config")  # e.g. data.shards (the command line checked it already)
         self.cfg = cfg
         # ---- process: Horovod, device, precision, threads -----------------------------------------
-        self.ctx = dist.init(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms)  # Horovod: init
+        self.ctx = dist.init(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms,  # Horovod: init
+                             cfg.dist.gloo_timeout_s)
         self.device = runtime.resolve_device(cfg.run.device, self.ctx.local_rank,
                                              self.ctx.local_size)
         runtime.check(self.device, cfg.run.precision)
@@ -162,6 +170,10 @@ class Trainer:
             # an empty Adam state would make Horovod take a zero-gradient step to create it).
             # Elastic runs get it from the state's sync instead (no collective before it).
             dist.broadcast_state(self.model, self.optimizer if resume is not None else None)
+        self.peers: list[dict] = []  # every rank's {rank, host, port} (non-elastic, > 1 rank)
+        if not cfg.run.elastic and self.ctx.size > 1:
+            self.peer_watch = PeerWatch(self.ctx.rank)
+            self.peers = dist.allgather_object(self.peer_watch.info(), name="peers")  # Horovod
 
         # ---- the run folder: locked, checked for space, then config.yaml (rank 0) -------------------
         self.lock: FolderLock | None = None
@@ -179,6 +191,7 @@ class Trainer:
                         params=sum(p.numel() for p in self.params),
                         precision=cfg.run.precision, compression=cfg.dist.compression,
                         threads=self.threads, elastic=cfg.run.elastic,
+                        hosts=[p["host"] for p in self.peers] or None,
                         resumed_from=str(resume.path) if resume else None)
 
         # ---- control ------------------------------------------------------------------------------
@@ -274,9 +287,28 @@ class Trainer:
             state.register_reset_callbacks([lambda: self.on_reset(state)])
             dist.elastic_run(self.elastic_loop)(state)  # Horovod: elastic (sync, restore, reset)
         else:
-            self.loop()
-            self.finish()
+            try:
+                self.loop()
+                self.finish()
+            except Exception as e:
+                if self.peers and dist.is_collective_failure(e):
+                    raise self.lost_peer(e) from e
+                raise
         return self.end()
+
+    def lost_peer(self, error: BaseException) -> "LostPeer":
+        """The one-line error of a collective that lost a peer: who (probed, at most 3 s), when,
+        after which timeout, and the newest complete checkpoint to resume from."""
+        timeout = dist.gloo_timeout_s()
+        bound = (f" (Gloo gave up after HOROVOD_GLOO_TIMEOUT_SECONDS={timeout:g} s)"
+                 if timeout else "")
+        last = ckpt_io.list_checkpoints(self.out_dir)
+        return LostPeer(
+            f"{lost_peers_text(self.peers, self.ctx.rank)}: a collective failed at step "
+            f"{self.pos.step + 1}{bound}; the newest complete checkpoint is "
+            f"{last[-1] if last else 'none (no step was saved)'}; bring the host back or leave "
+            "it out, and run again with --resume auto (the launch templates add it)",
+            report=self.ctx.local_rank == 0)
 
     def elastic_loop(self, state) -> None:
         """The loop under ``hvd.elastic.run``: the state (synced from rank 0) is where this rank
@@ -512,10 +544,29 @@ class Trainer:
                         peak_lr=self.peak_lr, window=window)
 
 
+class LostPeer(RuntimeError):
+    """A collective failed because a peer was lost (the message names its host).
+
+    Attributes:
+        report: True on the ranks that print the line (each node's local rank 0), False on the
+            others, which exit 1 quietly so that the job log gets one line per node, not one per
+            rank.
+    """
+
+    def __init__(self, message: str, report: bool = True):
+        super().__init__(message)
+        self.report = report
+
+
 def train_command(cfg: TrainConfig) -> int:
     """``hvd-lm train``: 0 when training finished, stopped on a signal (checkpointed) or had
     nothing left to train."""
-    summary = train(cfg)
+    try:
+        summary = train(cfg)
+    except LostPeer as e:
+        if e.report:
+            raise
+        return 1
     return 0 if summary["stop"] in ("done", "signal", "nothing-to-train") else 1
 
 

@@ -1,0 +1,725 @@
+"""``hvd-lm doctor --hosts n1:8,n2:8``: the preflight of a multi-node launch.
+
+The most common multi-node complaint in Horovod's tracker is a job that hangs at start or at its
+first allreduce: a node with several interfaces (``docker0``, a bridge, a management NIC) and
+Horovod, OpenMPI or NCCL picking one the other nodes cannot reach (horovod#975, #2568, #1086,
+#281, #584, #98), or ssh that is not passwordless both ways. The doctor finds out before any rank
+starts, within a bounded time, and either prints the settings that work or stops with one line
+that says what does not.
+
+It starts one *agent* (``python -m hvd_lm.jobs.doctor``) on every host, over ssh exactly as the
+launchers reach them (``ssh -o BatchMode=yes -o ConnectTimeout=5 HOST``: a password prompt or an
+unknown host key fails instead of waiting; a host that resolves to this machine runs it
+directly). Each agent reports its hostname, Python, hvd_lm/torch/Horovod/mpi4py versions, its
+IPv4 interfaces (with link speed), GPUs, and whether it reads the shard folder (the manifest's
+sha256 and every shard's size), and listens on an ephemeral TCP port on every address. Then every
+host
+
+* runs ``ssh -o BatchMode=yes OTHER true`` to every other host (OpenMPI's tree spawn and elastic
+  Horovod start processes from any node, so ssh must work both ways), and
+* connects to every other host's listeners, 3 s each, and checks that the answer carries that
+  host's token: an interface counts as *shared* when every host reaches every other one through
+  it. ``docker0`` (``172.17.0.1`` on every node) fails this test: from n1 that address is n1
+  itself.
+
+Of the shared interfaces (loopback only when all hosts are this one machine) the fastest
+(``/sys/class/net/IF/speed``; then by name) is used, or the ones ``--network-interface`` names are
+verified. The result is the exact settings every library needs:
+
+* ``horovodrun --network-interface IF`` (Horovod's own traffic and, for Gloo, ``HOROVOD_GLOO_IFACE``);
+* ``mpirun -mca btl_tcp_if_include IF -mca oob_tcp_if_include IF`` (OpenMPI's TCP BTL and its
+  runtime's out-of-band channel; without them OpenMPI 4.1 tries ``docker0`` and hangs);
+* ``NCCL_SOCKET_IFNAME=IF`` (NCCL's bootstrap and socket transport) and ``GLOO_SOCKET_IFNAME=IF``
+  (torch.distributed's Gloo).
+
+``--format shell`` prints them as ``export`` lines, which the launch templates evaluate before
+training (``PREFLIGHT=1``, their default); a value already in the environment is kept and
+checked, as every template knob is. Every wait is bounded: each connection 3 s, each ssh 5 s to
+connect, the whole check ``--timeout`` seconds (agents exit on their own after it too).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import os
+import queue
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Optional
+
+import hvd_lm
+from hvd_lm.core.config import Command, option
+from hvd_lm.core.digest import file_sha256
+
+#: The environment variables the doctor sets (and checks when already set): name -> what for.
+EXPORTS = {
+    "NETWORK_INTERFACE": "the templates' knob -> horovodrun --network-interface",
+    "NCCL_SOCKET_IFNAME": "NCCL bootstrap and socket transport",
+    "GLOO_SOCKET_IFNAME": "torch.distributed Gloo",
+    "OMPI_MCA_btl_tcp_if_include": "OpenMPI TCP BTL (MPI traffic)",
+    "OMPI_MCA_oob_tcp_if_include": "OpenMPI runtime out-of-band channel",
+}
+PROBE_TIMEOUT = 3.0     # seconds per TCP connection attempt
+SSH_CONNECT = 5         # ssh ConnectTimeout, seconds
+FULL_MESH_HOSTS = 16    # up to this many hosts every pair is checked; above, ring neighbours
+
+
+class DoctorError(RuntimeError):
+    """A check failed; the message is the one line the launch stops with."""
+
+
+# ---- hosts ----------------------------------------------------------------------------------------
+
+def parse_hosts(text: str) -> list[tuple[str, int]]:
+    """``"n1:8,n2:8"`` (horovodrun's ``-H``; ``n1`` alone is 1 slot) -> [(host, slots)], a host
+    listed twice adding up its slots, in first-seen order.
+
+    Raises:
+        ValueError: an empty list, an empty name or a bad slot count.
+    """
+    out: dict[str, int] = {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        host, _, slots = item.partition(":")
+        if not host or (slots and (not slots.isdigit() or int(slots) < 1)):
+            raise ValueError(f"--hosts {text!r}: {item!r} is not host or host:slots (slots >= 1)")
+        out[host] = out.get(host, 0) + int(slots or 1)
+    if not out:
+        raise ValueError("--hosts is empty: give host:slots,... (e.g. n1:8,n2:8) or --hostfile")
+    return list(out.items())
+
+
+def parse_hostfile(path: str) -> list[tuple[str, int]]:
+    """Hosts of an OpenMPI/horovodrun hostfile (``node1 slots=8``, ``node1:8``) or a PBS/SLURM
+    node list (one line per rank: repeated names add slots); ``#`` starts a comment.
+
+    Raises:
+        ValueError: the file is missing or lists no host; a malformed line (named with its
+            number).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"--hostfile {path}: no such file")
+    items = []
+    for i, raw in enumerate(p.read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        words = line.split()
+        slots = 1
+        for w in words[1:]:
+            if w.startswith(("slots=", "max_slots=")) and w.split("=", 1)[1].isdigit():
+                slots = int(w.split("=", 1)[1]) if w.startswith("slots=") else slots
+            else:
+                raise ValueError(f"{path}:{i}: expected 'host', 'host:N' or 'host slots=N', "
+                                 f"got {raw!r}")
+        items.append(f"{words[0]}:{slots}" if ":" not in words[0] else words[0])
+    if not items:
+        raise ValueError(f"{path}: no hosts listed")
+    return parse_hosts(",".join(items))
+
+
+def local_addresses() -> set[str]:
+    """Every IPv4 address of this machine (its network namespace), loopback included."""
+    import psutil
+
+    return {a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+            if a.family == socket.AF_INET}
+
+
+def is_local(host: str) -> bool:
+    """True when ``host`` resolves to an address of this machine (Horovod's rule for starting a
+    rank without ssh); an unresolvable name is not local."""
+    try:
+        addrs = {ai[4][0] for ai in socket.getaddrinfo(host, None, socket.AF_INET)}
+    except OSError:
+        return False
+    return bool(addrs & local_addresses())
+
+
+def peers_of(i: int, n: int) -> list[int]:
+    """Indices of the hosts host ``i`` checks: all others up to :data:`FULL_MESH_HOSTS` hosts,
+    beyond that host 0 and its 4 ring neighbours on each side (O(n) checks per host)."""
+    if n <= FULL_MESH_HOSTS:
+        return [j for j in range(n) if j != i]
+    near = {(i + d) % n for d in (-4, -3, -2, -1, 1, 2, 3, 4)} | {0}
+    return sorted(near - {i})
+
+
+# ---- the agent (one per host) --------------------------------------------------------------------
+
+def interfaces() -> dict[str, dict]:
+    """``{name: {"addrs": [IPv4...], "speed_mbit": int (-1 unknown), "loopback": bool}}`` of
+    every interface that is up and has an IPv4 address (psutil; speed from sysfs)."""
+    import psutil
+
+    stats = psutil.net_if_stats()
+    out = {}
+    for name, addrs in psutil.net_if_addrs().items():
+        v4 = [a.address for a in addrs if a.family == socket.AF_INET]
+        st = stats.get(name)
+        if not v4 or (st is not None and not st.isup):
+            continue
+        try:
+            speed = int(Path(f"/sys/class/net/{name}/speed").read_text().strip())
+        except (OSError, ValueError):
+            speed = -1
+        out[name] = {"addrs": v4, "speed_mbit": speed,
+                     "loopback": all(a.startswith("127.") for a in v4)}
+    return out
+
+
+def gpu_count() -> tuple[int, list[str]]:
+    """(GPUs, their names) from ``nvidia-smi`` (10 s at most), else the driver's
+    ``/proc/driver/nvidia/gpus`` entries, else (0, [])."""
+    try:
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10)
+        if proc.returncode == 0:
+            names = [x.strip() for x in proc.stdout.splitlines() if x.strip()]
+            return len(names), names
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    d = Path("/proc/driver/nvidia/gpus")
+    n = len(list(d.iterdir())) if d.is_dir() else 0
+    return n, []
+
+
+def shard_facts(folder: str) -> dict:
+    """What this host sees of a shard folder: ``{"manifest_sha256", "shards", "bytes"}``, or
+    ``{"error": one line}`` when the manifest or a shard cannot be read."""
+    from hvd_lm.core.shards import load_manifest
+
+    try:
+        man = load_manifest(folder)
+        total = 0
+        for s in man.shards:
+            with open(s.path, "rb") as f:
+                f.read(8)
+            total += s.path.stat().st_size
+        return {"manifest_sha256": file_sha256(Path(folder) / "manifest.json"),
+                "shards": len(man.shards), "bytes": total}
+    except (OSError, ValueError) as e:
+        return {"error": str(e).splitlines()[0]}
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions of the packages every rank imports (None when missing)."""
+    out = {}
+    for name in ("torch", "horovod", "mpi4py", "numpy"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _source_digest() -> str:
+    """sha256 over hvd_lm's Python sources (names and bytes): two checkouts of the same commit
+    agree, a host with another version of the code does not (version strings alone would)."""
+    h = hashlib.sha256()
+    pkg = Path(hvd_lm.__file__).parent
+    for p in sorted(pkg.rglob("*.py")):
+        h.update(str(p.relative_to(pkg)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+class _Listeners:
+    """A TCP listener on an ephemeral port of every IPv4 address; each answers a connection with
+    one JSON line ``{"host", "token"}`` (who was reached) and closes it."""
+
+    def __init__(self, hostname: str, token: str, ifaces: dict[str, dict]):
+        self.reply = (json.dumps({"host": hostname, "token": token}) + "\n").encode()
+        self.ports: dict[str, list] = {}
+        self.socks = []
+        for name, info in ifaces.items():
+            for addr in info["addrs"]:
+                try:
+                    s = socket.create_server((addr, 0))
+                except OSError:
+                    continue
+                self.socks.append(s)
+                self.ports.setdefault(name, []).append([addr, s.getsockname()[1]])
+                threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+
+    def _serve(self, s: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = s.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.settimeout(PROBE_TIMEOUT)
+                    conn.sendall(self.reply)
+                except OSError:
+                    pass
+
+
+def probe(addr: str, port: int, timeout: float = PROBE_TIMEOUT) -> dict:
+    """Connect to a listener; ``{"ok": True, "host", "token"}`` with whom it reached, or
+    ``{"ok": False, "error": "timed out" | "connection refused" | ...}``."""
+    try:
+        with socket.create_connection((addr, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        return {"ok": True, **json.loads(data.decode())}
+    except socket.timeout:
+        return {"ok": False, "error": f"timed out after {timeout:g} s"}
+    except (OSError, ValueError) as e:
+        return {"ok": False, "error": getattr(e, "strerror", None) or str(e)}
+
+
+def ssh_argv(host: str, port: int | None = None) -> list[str]:
+    """``ssh`` as the doctor uses it: batch mode (no password or host-key prompt), a connect
+    timeout, the port when given."""
+    return ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_CONNECT}",
+            *(["-p", str(port)] if port else []), host]
+
+
+def ssh_check(host: str, port: int | None) -> dict:
+    """``ssh HOST true`` in batch mode: ``{"ok": bool, "error": its last stderr line}``."""
+    try:
+        proc = subprocess.run([*ssh_argv(host, port), "true"], capture_output=True, text=True,
+                              timeout=SSH_CONNECT + 15, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"no answer within {SSH_CONNECT + 15} s"}
+    except OSError as e:
+        return {"ok": False, "error": str(e)}
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    return {"ok": proc.returncode == 0,
+            "error": lines[-1] if lines and proc.returncode else ""}
+
+
+@dataclass
+class AgentConfig:
+    """One host's agent (``python -m hvd_lm.jobs.doctor``): facts on stdout, then the checks
+    the driver sends on stdin."""
+
+    shards: str = option("", "shard folder to check ('' = none)")
+    ssh_port: Optional[int] = option(None, "ssh port of the other hosts", ge=1, le=65535)
+    timeout: float = option(60.0, "the agent exits after this many seconds whatever happens",
+                            gt=0)
+
+
+def agent(cfg: AgentConfig) -> int:
+    """Print this host's facts (one JSON line), read the plan (one JSON line: ``probes``,
+    ``ssh``), run it in parallel, print the results (one JSON line), exit at stdin's EOF."""
+    signal.signal(signal.SIGALRM, lambda *_: os._exit(3))
+    signal.alarm(max(1, int(cfg.timeout)))
+    hostname = socket.gethostname()
+    token = secrets.token_hex(8)
+    ifaces = interfaces()
+    listen = _Listeners(hostname, token, ifaces)
+    gpus, gpu_names = gpu_count()
+    facts = {"host": hostname, "token": token, "python": sys.version.split()[0],
+             "executable": sys.executable, "hvd_lm": hvd_lm.__version__,
+             "hvd_lm_path": str(Path(hvd_lm.__file__).parent), "hvd_lm_digest": _source_digest(),
+             "packages": package_versions(), "interfaces": ifaces, "listeners": listen.ports,
+             "gpus": gpus, "gpu_names": gpu_names,
+             "shards": shard_facts(cfg.shards) if cfg.shards else None}
+    print(json.dumps(facts), flush=True)
+    line = sys.stdin.readline()
+    if not line:
+        return 0
+    plan = json.loads(line)
+    with cf.ThreadPoolExecutor(max_workers=32) as pool:
+        probes = [pool.submit(probe, p["addr"], p["port"]) for p in plan["probes"]]
+        sshs = {h: pool.submit(ssh_check, h, cfg.ssh_port) for h in plan["ssh"]}
+        result = {"probes": [dict(p, **f.result()) for p, f in zip(plan["probes"], probes)],
+                  "ssh": {h: f.result() for h, f in sshs.items()}}
+    print(json.dumps(result), flush=True)
+    sys.stdin.read()  # stay reachable until every host is done probing
+    return 0
+
+
+# ---- the driver ------------------------------------------------------------------------------------
+
+@dataclass
+class Agent:
+    """One host's agent process as the driver sees it."""
+
+    host: str
+    slots: int
+    local: bool
+    proc: subprocess.Popen
+    lines: queue.Queue = field(default_factory=queue.Queue)
+    stderr: list = field(default_factory=list)
+
+    def read_line(self, deadline: float) -> dict:
+        """The next JSON line of the agent's stdout.
+
+        Raises:
+            DoctorError: the agent ended or said nothing before ``deadline`` (one line naming
+                the host and, for ssh, its error).
+        """
+        try:
+            line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            raise DoctorError(f"{self.host}: no answer from the doctor's agent within the "
+                              "timeout (a hung ssh or a stalled host)") from None
+        if line is None:
+            self.proc.wait(5)
+            err = next((x for x in reversed(self.stderr) if x.strip()), "").strip()
+            via = "" if self.local else f"ssh {self.host}: "
+            raise DoctorError(f"{via}the doctor's agent on {self.host} exited "
+                              f"{self.proc.returncode}: {err or 'no message'}")
+        return json.loads(line)
+
+
+def _pump(stream, sink) -> None:
+    for line in stream:
+        sink(line)
+    sink(None)
+
+
+def start_agent(host: str, slots: int, cfg: "DoctorConfig") -> Agent:
+    """The agent on ``host``: directly when the host is this machine, else over ssh, with this
+    process's working directory and ``PYTHONPATH`` (what the launchers pass to ranks)."""
+    python = cfg.python or sys.executable
+    argv = [python, "-m", "hvd_lm.jobs.doctor", "--timeout", str(cfg.timeout + 10)]
+    if cfg.shards:
+        argv += ["--shards", cfg.shards]
+    if cfg.ssh_port:
+        argv += ["--ssh-port", str(cfg.ssh_port)]
+    local = is_local(host)
+    if not local:
+        env = f"env PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} " \
+            if os.environ.get("PYTHONPATH") else ""
+        remote = f"cd {shlex.quote(os.getcwd())} 2>/dev/null; {env}{shlex.join(argv)}"
+        argv = [*ssh_argv(host, cfg.ssh_port), remote]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    a = Agent(host, slots, local, proc)
+    threading.Thread(target=_pump, args=(proc.stdout, a.lines.put), daemon=True).start()
+    threading.Thread(target=_pump, args=(proc.stderr, lambda x: x and a.stderr.append(x)),
+                     daemon=True).start()
+    return a
+
+
+@dataclass
+class Report:
+    """What the doctor found (``--format json`` prints it).
+
+    Attributes:
+        hosts: [(host, slots)].
+        facts: host -> the agent's facts (versions, interfaces, GPUs, shards).
+        ssh: "a -> b" -> {"ok", "error"} for every ordered pair checked.
+        reach: interface -> list of failures "a -> b: why" (empty: shared).
+        shared: interfaces every host reaches every other one through.
+        chosen: the interface(s) to use ('' when none is needed: one host).
+        exports: variable -> value the launch should set.
+        errors: every failed check, one line each (the first is raised).
+    """
+
+    hosts: list
+    facts: dict = field(default_factory=dict)
+    ssh: dict = field(default_factory=dict)
+    reach: dict = field(default_factory=dict)
+    shared: list = field(default_factory=list)
+    chosen: str = ""
+    exports: dict = field(default_factory=dict)
+    errors: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _versions(f: dict) -> tuple:
+    return (f["python"], f["executable"], f["hvd_lm"], f["hvd_lm_digest"],
+            tuple(sorted(f["packages"].items())))
+
+
+def check_versions(report: Report) -> None:
+    """Same Python (version and path), hvd_lm (version and source digest) and torch/Horovod/
+    mpi4py/numpy everywhere; a difference is one error naming both hosts."""
+    hosts = list(report.facts)
+    ref = report.facts[hosts[0]]
+    for h in hosts[1:]:
+        f = report.facts[h]
+        if _versions(f) != _versions(ref):
+            diff = []
+            for key in ("python", "executable", "hvd_lm", "hvd_lm_digest"):
+                if f[key] != ref[key]:
+                    diff.append(f"{key} {f[key]} on {h} vs {ref[key]} on {hosts[0]}")
+            for pkg, v in f["packages"].items():
+                if v != ref["packages"].get(pkg):
+                    diff.append(f"{pkg} {v} on {h} vs {ref['packages'].get(pkg)} on {hosts[0]}")
+            report.errors.append("hosts differ: " + "; ".join(diff) + " (every host needs the "
+                                 "same environment at the same path)")
+
+
+def check_shards(report: Report, folder: str) -> None:
+    """Every host reads the shard folder and sees the same manifest."""
+    ref_host, ref = None, None
+    for h, f in report.facts.items():
+        s = f["shards"]
+        if "error" in s:
+            report.errors.append(f"{h}: cannot read the shards: {s['error']}")
+        elif ref is None:
+            ref_host, ref = h, s
+        elif s["manifest_sha256"] != ref["manifest_sha256"]:
+            report.errors.append(f"{h} sees another {folder} than {ref_host} (manifest sha256 "
+                                 f"{s['manifest_sha256'][:12]} vs {ref['manifest_sha256'][:12]}): "
+                                 "put the shards on a shared filesystem or copy them identically")
+
+
+def check_gpus(report: Report, device: str) -> None:
+    """``cuda``: every host needs a GPU per slot; ``auto``: the same, where a host has GPUs."""
+    if device == "cpu":
+        return
+    for h, slots in report.hosts:
+        g = report.facts[h]["gpus"]
+        if (device == "cuda" or g) and g < slots:
+            report.errors.append(f"{h}: {slots} slots but {g} GPU(s): one rank per GPU (lower "
+                                 f"its slots to {g}, or --device cpu)")
+
+
+def analyse_reach(report: Report, results: dict[str, dict]) -> None:
+    """From every host's probe results: per interface name present on every host, the failed
+    (a -> b) connections; shared = none failed. Loopback counts only when every host is this
+    one machine."""
+    hosts = list(report.facts)
+    names = set.intersection(*(set(report.facts[h]["interfaces"]) for h in hosts))
+    own = {h: {a for i in report.facts[h]["interfaces"].values() for a in i["addrs"]}
+           for h in hosts}
+    reach: dict[str, list[str]] = {n: [] for n in sorted(names)}
+    for a, res in results.items():
+        for p in res["probes"]:
+            if p["iface"] not in reach:
+                continue
+            b, addr = p["target"], p["addr"]
+            if not p["ok"]:
+                why = p["error"]
+                if addr in own[a]:
+                    why += f" ({addr} is also {a}'s own address)"
+                reach[p["iface"]].append(f"{a} -> {addr} ({p['iface']} of {b}): {why}")
+            elif p["token"] != report.facts[b]["token"]:
+                reach[p["iface"]].append(f"{a} -> {addr} ({p['iface']} of {b}): reached "
+                                         f"{p['host']}, not {b}")
+    single = len(hosts) == 1
+    for n in list(reach):
+        if report.facts[hosts[0]]["interfaces"][n]["loopback"] and not single:
+            reach[n].append("loopback: reaches only its own host")
+    report.reach = reach
+    report.shared = [n for n, fails in reach.items() if not fails]
+
+
+def choose(report: Report, wanted: str, env: dict[str, str]) -> None:
+    """Pick the interface (or verify ``wanted`` and the interface variables already set in
+    ``env``), then fill :attr:`Report.exports` with what is not set yet."""
+    hosts = list(report.facts)
+    f0 = report.facts[hosts[0]]["interfaces"]
+
+    def speed(n: str) -> int:
+        return min(report.facts[h]["interfaces"][n]["speed_mbit"] for h in hosts)
+
+    def verify(names: list[str], source: str) -> None:
+        for n in names:
+            if n not in report.reach:
+                missing = [h for h in hosts if n not in report.facts[h]["interfaces"]]
+                report.errors.append(f"{source}: interface {n} is missing (or down, or without "
+                                     f"an IPv4 address) on {', '.join(missing)}; shared by all "
+                                     f"hosts: {', '.join(report.shared) or 'none'}")
+            elif report.reach[n]:
+                report.errors.append(f"{source}: interface {n} does not connect the hosts: "
+                                     f"{report.reach[n][0]}; shared by all hosts: "
+                                     f"{', '.join(report.shared) or 'none'}")
+
+    if wanted:
+        names = [x for x in wanted.split(",") if x]
+        verify(names, "--network-interface")
+        report.chosen = ",".join(names)
+    else:
+        usable = sorted(report.shared, key=lambda n: (f0[n]["loopback"], -speed(n), n))
+        if len(hosts) == 1:
+            report.chosen = ""  # one host: nothing crosses a network
+        elif not usable:
+            first = next((f"{n}: {fails[0]}" for n, fails in report.reach.items()
+                          if fails and not f0[n]["loopback"]), "no interface name is common "
+                         "to all hosts")
+            report.errors.append("no network interface connects every pair of hosts (" + first
+                                 + "); fix the network or name one with --network-interface")
+        else:
+            report.chosen = usable[0]
+    for var in EXPORTS:
+        value = env.get(var, "")
+        if value and var != "NETWORK_INTERFACE" and not value.startswith(("^", "=")):
+            verify([x for x in value.split(",") if x], f"{var}={value} (from the environment)")
+    if report.chosen:
+        report.exports = {var: report.chosen for var in EXPORTS if not env.get(var)}
+
+
+def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> Report:
+    """Start the agents, collect facts, run the checks (see the module docstring).
+
+    Raises:
+        ValueError: bad ``--hosts``/``--hostfile``.
+        DoctorError: a host did not answer (ssh, Python) within the timeout.
+    """
+    env = dict(os.environ if env is None else env)
+    hosts = parse_hostfile(cfg.hostfile) if cfg.hostfile else parse_hosts(cfg.hosts)
+    t0 = time.monotonic()
+    deadline = t0 + cfg.timeout
+    report = Report(hosts=hosts)
+    agents = [start_agent(h, s, cfg) for h, s in hosts]
+    try:
+        for a in agents:
+            report.facts[a.host] = a.read_line(deadline)
+        names = [a.host for a in agents]
+        for i, a in enumerate(agents):
+            peers = [names[j] for j in peers_of(i, len(agents))]
+            probes = [{"target": b, "iface": iface, "addr": addr, "port": port}
+                      for b in peers
+                      for iface, lst in report.facts[b]["listeners"].items()
+                      for addr, port in lst]
+            a.proc.stdin.write(json.dumps({"probes": probes, "ssh": peers}) + "\n")
+            a.proc.stdin.flush()
+        results = {a.host: a.read_line(deadline) for a in agents}
+    finally:
+        for a in agents:
+            try:
+                a.proc.stdin.close()
+            except OSError:
+                pass
+        for a in agents:
+            try:
+                a.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(a.proc.pid, signal.SIGKILL)
+                a.proc.wait(5)
+    for a, res in results.items():
+        for b, r in res["ssh"].items():
+            report.ssh[f"{a} -> {b}"] = r
+            if not r["ok"]:
+                report.errors.append(f"ssh {a} -> {b} failed: {r['error'] or 'exit status != 0'}"
+                                     " (passwordless ssh must work between all hosts, both ways)")
+    check_versions(report)
+    analyse_reach(report, results)
+    choose(report, cfg.network_interface, env)
+    if cfg.shards:
+        check_shards(report, cfg.shards)
+    check_gpus(report, cfg.device)
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def render(report: Report) -> str:
+    """The human report (what ``--format text`` prints)."""
+    hosts = list(report.facts)
+    f0 = report.facts[hosts[0]]
+    lines = [f"hvd-lm doctor: {len(hosts)} host(s) "
+             f"({', '.join(f'{h}:{s}' for h, s in report.hosts)}), checked in "
+             f"{report.seconds:.1f} s"]
+    if report.ssh:
+        bad = [k for k, v in report.ssh.items() if not v["ok"]]
+        lines.append(f"  ssh          {len(report.ssh) - len(bad)} of {len(report.ssh)} host "
+                     f"pairs ok (batch mode, both ways)" + (f"; FAILED: {', '.join(bad)}"
+                                                             if bad else ""))
+    pk = ", ".join(f"{k} {v}" for k, v in f0["packages"].items() if v)
+    lines.append(f"  python       {f0['python']} ({f0['executable']}); hvd_lm {f0['hvd_lm']} "
+                 f"(source {f0['hvd_lm_digest']}); {pk}"
+                 + ("" if len(hosts) == 1 else " on every host" if not any(
+                     e.startswith("hosts differ") for e in report.errors) else f" on {hosts[0]}"))
+    for h in hosts:
+        ifs = ", ".join(f"{n} {'/'.join(i['addrs'])}" + (f" {i['speed_mbit']} Mbit/s"
+                                                          if i["speed_mbit"] > 0 else "")
+                        for n, i in report.facts[h]["interfaces"].items())
+        g = report.facts[h]["gpus"]
+        lines.append(f"  {h:12} {ifs}; GPUs: {g}")
+    lines.append(f"  shared       {', '.join(report.shared) or 'none'} (an ephemeral TCP port on "
+                 "it reached from every other host)")
+    for n, fails in report.reach.items():
+        if fails:
+            lines.append(f"  not shared   {n}: {fails[0]}")
+    s = next((f["shards"] for f in report.facts.values() if f["shards"]), None)
+    if s and "error" not in s:
+        lines.append(f"  shards       manifest sha256 {s['manifest_sha256'][:12]}, {s['shards']} "
+                     f"shards ({s['bytes'] / 1e6:.1f} MB) readable on every host")
+    if report.chosen and not report.errors:
+        x = report.chosen
+        lines += [f"  use          {x}:",
+                  f"    horovodrun --network-interface {x}",
+                  f"    mpirun -mca btl_tcp_if_include {x} -mca oob_tcp_if_include {x}",
+                  f"    NCCL_SOCKET_IFNAME={x} GLOO_SOCKET_IFNAME={x}"]
+    elif len(hosts) == 1:
+        lines.append("  use          (one host: no interface needed)")
+    for e in report.errors:
+        lines.append(f"  ERROR        {e}")
+    return "\n".join(lines)
+
+
+@dataclass
+class DoctorConfig:
+    """Settings of ``hvd-lm doctor``."""
+
+    hosts: str = option("", "hosts as horovodrun -H takes them: n1:8,n2:8 (slots = ranks)")
+    hostfile: str = option("", "or a hostfile: 'node1 slots=8' / 'node1:8' lines, or one line "
+                           "per rank ($PBS_NODEFILE)")
+    network_interface: str = option("", "interface(s) to verify instead of picking one, e.g. "
+                                    "eth0 or ib0")
+    shards: str = option("", "shard folder every host must read (the manifest must be the "
+                         "same everywhere)")
+    device: str = option("auto", "cuda: every host needs one GPU per slot; auto: checked on "
+                         "hosts that have GPUs; cpu: not checked", choices=("auto", "cuda", "cpu"))
+    python: str = option("", "interpreter with hvd_lm at the same path on every host (default: "
+                         "this one)")
+    ssh_port: Optional[int] = option(None, "ssh port of the hosts (default 22)", ge=1, le=65535)
+    timeout: float = option(45.0, "seconds the whole check may take (each connection 3 s, each "
+                            "ssh 5 s to connect)", gt=0)
+    format: str = option("text", "text: the report; shell: `export` lines for the launch "
+                         "(report on stderr); json: everything", choices=("text", "shell", "json"))
+
+    def check(self) -> None:
+        """Exactly one of --hosts and --hostfile."""
+        if bool(self.hosts) == bool(self.hostfile):
+            raise ValueError("give --hosts n1:8,n2:8 or --hostfile FILE (one of them)")
+
+
+def doctor(cfg: DoctorConfig) -> int:
+    """Run the checks and print the report; 1 with the first failure as the one error line."""
+    cfg.check()
+    report = run_doctor(cfg)
+    if cfg.format == "json":
+        print(json.dumps({k: v for k, v in vars(report).items()}, indent=1))
+    elif cfg.format == "shell":
+        if not report.errors:
+            print(render(report), file=sys.stderr)
+            for var, value in report.exports.items():
+                print(f"export {var}={shlex.quote(value)}")
+    else:
+        print(render(report))
+    if report.errors:
+        raise DoctorError(report.errors[0])
+    return 0
+
+
+DOCTOR = Command(
+    DoctorConfig, doctor, config_flag=False, usage_errors=(ValueError,),
+    description="Preflight of a multi-node launch: passwordless ssh both ways, the same Python "
+    "and hvd_lm everywhere, the network interface every host reaches every other one through "
+    "(prints the exact --network-interface / btl_tcp_if_include / NCCL_SOCKET_IFNAME to use), "
+    "ports, the shard folder, GPUs per host. Stops with one line when something is wrong.",
+    epilog="examples:\n"
+    "  hvd-lm doctor --hosts node1:8,node2:8 --shards data/amazon\n"
+    "  eval \"$(hvd-lm doctor --hostfile hosts.txt --format shell)\"   # what the templates do")
+AGENT = Command(AgentConfig, agent, config_flag=False)
+
+
+if __name__ == "__main__":  # one host's agent: python -m hvd_lm.jobs.doctor
+    sys.exit(AGENT.main(None, "python -m hvd_lm.jobs.doctor"))

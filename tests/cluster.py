@@ -1,0 +1,691 @@
+"""A cluster in a box: N hosts as Linux network namespaces on this machine (the one owner).
+
+Each node ``n1..nN`` is a network namespace (``hvdlm-n1``...) entered through a *holder* process
+that also has its own UTS namespace (hostname ``n1``) and a private mount namespace in which
+
+* ``/etc/hosts`` lists every node (``10.77.0.<i> n<i>``), so each node resolves the others and
+  itself by name (Horovod and OpenMPI tell hosts apart by name and address);
+* ``/etc/ssh/ssh_config.d`` holds this cluster's client config (key, known hosts, user root,
+  ``BatchMode``, ``ConnectTimeout 5``), so plain ``ssh n2`` works inside every node, as it does
+  for a user with keys in ``~/.ssh`` on a real cluster, for horovodrun, OpenMPI's ``plm_rsh``
+  (tree spawn included) and job scripts alike; root's own ``~/.ssh`` and ``/etc/ssh`` of this
+  machine are never touched;
+* ``/run`` is a private tmpfs (sshd's privilege-separation directory lives there) and ``/sys``
+  is the node's own sysfs.
+
+Every node runs its own ``sshd`` (this cluster's host key, ``AuthorizedKeysFile`` in the cluster
+folder, root login by key only). The nodes' ``eth0`` are veth pairs to a bridge in a separate
+switch namespace (``hvdlm-sw``), so nothing is added to this machine's own namespace and traffic
+stays between the namespaces. Each node also has a decoy ``docker0`` (a bridge with no ports,
+``172.17.0.1/16`` on every node, as Docker leaves it on real nodes): an interface the other nodes
+cannot reach, the cause of Horovod's and OpenMPI's classic multi-node hang (horovod#975, #2568,
+#1086). ``tc qdisc ... tbf`` on both ends of every link sets its bandwidth (:meth:`Cluster.shape`);
+this kernel has no netem, so latency is measured (:meth:`Cluster.ping`), not set. The nodes share
+this machine's filesystem, so paths (the checkout, ``.venv``, shards, run folders) are the same
+everywhere.
+
+Faults: :meth:`Cluster.link` unplugs a node's cable at the switch (its ``eth0`` loses carrier),
+:meth:`Cluster.kill_jobs` kills every process of a node but the cluster's daemons.
+:meth:`Cluster.slurm` starts SLURM over the nodes (tests/slurm_cluster.py: ``slurmctld`` and
+``munged`` on n1, one ``slurmd`` per node).
+
+Setup and teardown are idempotent and take seconds; :meth:`Cluster.down` kills every process in
+the cluster's namespaces (found by namespace, not by name), deletes the namespaces (their veths
+go with them) and the cluster folder. Command line (what a session on this machine uses to
+measure; the tests use the pytest fixture ``cluster`` in tests/conftest.py)::
+
+    python -m tests.cluster up 3 --rate 1gbit     # 3 nodes, 1 Gbit/s links
+    python -m tests.cluster run n1 -- hostname    # a command on node n1 (cwd and env kept)
+    python -m tests.cluster shape 100mbit         # reshape every link (none: unshaped)
+    python -m tests.cluster status | ping | down
+
+Needs root, ``ip``/``tc`` (iproute2), ``nsenter``/``unshare`` (util-linux), ``sshd``
+(openssh-server) and ``ping`` (iputils-ping); missing packages are installed with apt-get as
+``tests/slurm_cluster.py`` does. :class:`Unavailable` (raised by :func:`check_available`) says why
+a cluster cannot be made here; the tests skip with that reason.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from tests.slurm_cluster import SlurmCluster, Unavailable, ensure_tools
+
+PREFIX = "hvdlm"                       # namespace names: hvdlm-sw, hvdlm-n1, ...
+SUBNET = "10.77.0"                     # private, exists only inside the namespaces
+DECOY_IF, DECOY_ADDR = "docker0", "172.17.0.1/16"
+DEFAULT_ROOT = Path(os.environ.get("HVD_LM_CLUSTER_DIR", "/tmp/hvdlm-cluster"))
+#: binary -> Debian package
+TOOLS = {"ip": "iproute2", "tc": "iproute2", "nsenter": "util-linux", "unshare": "util-linux",
+         "sshd": "openssh-server", "ssh": "openssh-client", "ssh-keygen": "openssh-client",
+         "ping": "iputils-ping"}
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)([kmg]?)bit$")
+
+
+def rate_bits(rate: str) -> float:
+    """``"1gbit"`` -> 1e9, ``"100mbit"`` -> 1e8 (tc's decimal units), bits per second.
+
+    Raises:
+        ValueError: not ``<number>[k|m|g]bit``.
+    """
+    m = _RATE.match(rate.strip().lower())
+    if not m:
+        raise ValueError(f"link rate {rate!r}: expected e.g. 10gbit, 1gbit, 100mbit")
+    return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
+
+
+def _sh(cmd: list[str], timeout: float = 30, check: bool = True, **kw
+        ) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: "
+                           f"{(proc.stderr or proc.stdout).strip()}")
+    return proc
+
+
+def _netns_inode(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` runs (a zombie child of this process is reaped and counts as gone)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def our_namespaces() -> list[str]:
+    """Names of this cluster's network namespaces that exist now (``ip netns list``)."""
+    proc = _sh(["ip", "netns", "list"], check=False)
+    names = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+    return [n for n in names if n.startswith(PREFIX + "-")]
+
+
+def pids_in_namespace(ns: str) -> list[int]:
+    """PIDs of every process whose network namespace is ``ns`` (``ip netns pids``)."""
+    proc = _sh(["ip", "netns", "pids", ns], check=False)
+    return [int(p) for p in proc.stdout.split() if p.isdigit()]
+
+
+def check_available() -> dict[str, str]:
+    """The tools' paths, once this machine can make the cluster (root, namespaces).
+
+    Raises:
+        Unavailable: not root, a tool missing and not installable, or namespaces cannot be
+            created (e.g. an unprivileged container), with the reason.
+    """
+    if os.geteuid() != 0:
+        raise Unavailable("network namespaces need root")
+    tools = ensure_tools(TOOLS)
+    probe = f"{PREFIX}-probe"
+    proc = _sh(["ip", "netns", "add", probe], check=False)
+    if proc.returncode != 0:
+        raise Unavailable(f"cannot create a network namespace: {proc.stderr.strip()}")
+    _sh(["ip", "netns", "del", probe], check=False)
+    return tools
+
+
+@dataclass
+class Node:
+    """One host: ``name`` (its hostname), ``ns`` (network namespace), ``addr`` (eth0's IPv4),
+    ``holder`` (PID of the process whose namespaces every command on the node enters)."""
+
+    name: str
+    ns: str
+    addr: str
+    holder: int = 0
+    sshd: int = 0
+
+
+class Cluster:
+    """N namespace hosts (see the module docstring). Create with :meth:`up`; reattach from
+    another process with :meth:`attach`.
+
+    Attributes:
+        root: the cluster folder (keys, configs, logs, state.json).
+        nodes: name -> :class:`Node`, in order ``n1..nN``.
+        rate: the links' tbf rate (``"1gbit"``) or None (unshaped).
+    """
+
+    def __init__(self, root: Path = DEFAULT_ROOT):
+        self.root = Path(root)
+        self.nodes: dict[str, Node] = {}
+        self.rate: str | None = None
+        self._slurm: SlurmCluster | None = None
+
+    # ---- state -------------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        """Node names, n1 first."""
+        return list(self.nodes)
+
+    def _save(self) -> None:
+        state = {"rate": self.rate, "nodes": [vars(n) for n in self.nodes.values()]}
+        (self.root / "state.json").write_text(json.dumps(state, indent=1))
+
+    @classmethod
+    def attach(cls, root: Path = DEFAULT_ROOT) -> "Cluster":
+        """The running cluster described by ``root/state.json``.
+
+        Raises:
+            RuntimeError: no running cluster there (or a node's holder is gone).
+        """
+        c = cls(root)
+        path = Path(root) / "state.json"
+        if not path.is_file():
+            raise RuntimeError(f"no cluster is up ({path} missing): python -m tests.cluster up 3")
+        state = json.loads(path.read_text())
+        c.rate = state["rate"]
+        c.nodes = {n["name"]: Node(**n) for n in state["nodes"]}
+        dead = [n.name for n in c.nodes.values() if _netns_inode(n.holder) is None]
+        if dead:
+            raise RuntimeError(f"the cluster in {root} is broken (holder of {dead} gone): "
+                               "python -m tests.cluster down, then up")
+        return c
+
+    def healthy(self) -> bool:
+        """Every node's holder and sshd are alive, and n1 reaches every node by ssh."""
+        if not self.nodes or any(_netns_inode(n.holder) is None or _netns_inode(n.sshd) is None
+                                 for n in self.nodes.values()):
+            return False
+        first = self.names[0]
+        return all(self.run(first, ["ssh", n, "true"], timeout=15, check=False).returncode == 0
+                   for n in self.names)
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    @classmethod
+    def up(cls, n: int = 3, rate: str | None = None, root: Path = DEFAULT_ROOT) -> "Cluster":
+        """Start (or reuse, when the same size is healthy) an ``n``-node cluster; links shaped to
+        ``rate`` (None: unshaped).
+
+        Raises:
+            Unavailable: see :func:`check_available`.
+            ValueError: n < 2 or n > 200, or a bad rate.
+            RuntimeError: a step failed (the cluster is torn down first).
+        """
+        if not 2 <= n <= 200:
+            raise ValueError(f"a cluster needs 2..200 nodes, got {n}")
+        if rate:
+            rate_bits(rate)
+        with contextlib.suppress(RuntimeError):
+            c = cls.attach(root)
+            if len(c.nodes) == n and c.healthy():
+                c.shape(rate)
+                return c
+        check_available()
+        down(root)
+        c = cls(root)
+        try:
+            c._create(n)
+            c.shape(rate)
+        except BaseException:
+            down(root)
+            raise
+        return c
+
+    def _create(self, n: int) -> None:
+        r = self.root
+        for d in ("ssh", "ssh_config.d", "log", "run"):
+            (r / d).mkdir(parents=True, exist_ok=True)
+        self.nodes = {f"n{i}": Node(f"n{i}", f"{PREFIX}-n{i}", f"{SUBNET}.{i}")
+                      for i in range(1, n + 1)}
+        self._write_ssh_files()
+        (r / "hosts").write_text("127.0.0.1 localhost\n::1 localhost ip6-localhost\n" + "".join(
+            f"{node.addr} {node.name}\n" for node in self.nodes.values()))
+        sw = f"{PREFIX}-sw"
+        _sh(["ip", "netns", "add", sw])
+        self._ip(sw, "link", "set", "lo", "up")
+        self._ip(sw, "link", "add", "br0", "type", "bridge")
+        self._ip(sw, "link", "set", "br0", "up")
+        for i, node in enumerate(self.nodes.values(), 1):
+            _sh(["ip", "netns", "add", node.ns])
+            # veth pair made here, both ends moved out at once: nothing stays in this namespace
+            _sh(["ip", "link", "add", f"{PREFIX}{i}a", "netns", node.ns, "type", "veth",
+                 "peer", "name", f"p{i}", "netns", sw])
+            self._ip(sw, "link", "set", f"p{i}", "master", "br0", "up")
+            self._ip(node.ns, "link", "set", f"{PREFIX}{i}a", "name", "eth0")
+            self._ip(node.ns, "addr", "add", f"{node.addr}/24", "dev", "eth0")
+            self._ip(node.ns, "link", "set", "eth0", "up")
+            self._ip(node.ns, "link", "set", "lo", "up")
+            self._ip(node.ns, "link", "add", DECOY_IF, "type", "bridge")
+            self._ip(node.ns, "addr", "add", DECOY_ADDR, "dev", DECOY_IF)
+            self._ip(node.ns, "link", "set", DECOY_IF, "up")
+            self._start_holder(node)
+            self._start_sshd(node)
+        self._save()
+        deadline = time.monotonic() + 30
+        while not self.healthy():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the nodes did not reach each other by ssh within 30 s:\n"
+                                   + self.logs())
+            time.sleep(0.3)
+
+    def _ip(self, ns: str, *args: str) -> None:
+        _sh(["ip", "-n", ns, *args])
+
+    def _write_ssh_files(self) -> None:
+        s = self.root / "ssh"
+        for key in ("id_ed25519", "host_ed25519"):
+            if not (s / key).exists():
+                _sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{PREFIX}-{key}",
+                     "-f", str(s / key)])
+        shutil.copy(s / "id_ed25519.pub", s / "authorized_keys")
+        names = ",".join([*self.nodes, *(n.addr for n in self.nodes.values())])
+        (s / "known_hosts").write_text(f"{names} {(s / 'host_ed25519.pub').read_text()}")
+        (self.root / "sshd_config").write_text("\n".join([
+            "# sshd of one namespace node (tests/cluster.py)",
+            "Port 22",
+            f"HostKey {s / 'host_ed25519'}",
+            "PidFile none",
+            "PermitRootLogin prohibit-password",
+            f"AuthorizedKeysFile {s / 'authorized_keys'}",
+            "PubkeyAuthentication yes",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM no",
+            "StrictModes no",
+            "PrintMotd no",
+            "MaxStartups 100:30:200",
+            "MaxSessions 100",
+            "ClientAliveInterval 5",
+            "ClientAliveCountMax 3",
+            "Subsystem sftp internal-sftp", ""]))
+        hosts = " ".join([*self.nodes, f"{SUBNET}.*"])
+        (self.root / "ssh_config.d" / "hvdlm-cluster.conf").write_text("\n".join([
+            "# ssh client settings inside the namespace nodes (tests/cluster.py)",
+            f"Host {hosts}",
+            "  User root",
+            f"  IdentityFile {s / 'id_ed25519'}",
+            f"  UserKnownHostsFile {s / 'known_hosts'}",
+            "  StrictHostKeyChecking yes",
+            "  BatchMode yes",
+            "  ConnectTimeout 5",
+            "  ServerAliveInterval 5",
+            "  ServerAliveCountMax 3",
+            "  LogLevel ERROR", ""]))
+
+    def _start_holder(self, node: Node) -> None:
+        r = self.root
+        shares = []
+        for d in shared_tmp(r):
+            d.mkdir(parents=True, exist_ok=True)
+            rel = d.relative_to("/tmp")
+            shares.append(f"mkdir -p /tmp/{rel} && mount --bind /run/hosttmp/{rel} /tmp/{rel}")
+        script = "; ".join([
+            f"hostname {node.name}",
+            f"mount --bind {r / 'hosts'} /etc/hosts",
+            f"mount --bind {r / 'ssh_config.d'} /etc/ssh/ssh_config.d",
+            "mount -t tmpfs -o mode=0755 tmpfs /run",
+            "mkdir -p /run/sshd /run/hosttmp",
+            # the node's own /tmp (SLURM's PMIx and OpenMPI keep per-node files there), with
+            # the cluster folder and pytest's temporary folders shared like the rest of the disk
+            "mount --rbind /tmp /run/hosttmp",
+            "mount -t tmpfs -o mode=1777 tmpfs /tmp",
+            *shares,
+            # the node's own sysfs (its interfaces), with this machine's cgroups kept (slurmd)
+            "mkdir -p /run/cgroup && mount --rbind /sys/fs/cgroup /run/cgroup"
+            " && umount -l /sys && mount -t sysfs sysfs /sys"
+            " && mount --move /run/cgroup /sys/fs/cgroup",
+            "exec sleep infinity"])
+        log = open(r / "log" / f"holder-{node.name}.log", "ab")
+        proc = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{node.ns}", "unshare", "--mount", "--uts",
+             "--propagation", "private", "sh", "-c", script], stdin=subprocess.DEVNULL,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        node.holder = proc.pid
+        deadline = time.monotonic() + 10
+        while _cmdline(proc.pid) != "sleep infinity":
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{node.name}: the namespace holder did not start:\n"
+                                   + self.logs())
+            time.sleep(0.02)
+
+    def _start_sshd(self, node: Node) -> None:
+        log = open(self.root / "log" / f"sshd-{node.name}.log", "ab")
+        proc = subprocess.Popen(self.prefix(node.name) + [
+            find("sshd"), "-D", "-e", "-f", str(self.root / "sshd_config")],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        log.close()
+        node.sshd = proc.pid
+
+    def logs(self, chars: int = 2000) -> str:
+        """Tails of the cluster's logs (holders, sshd, SLURM), for failure messages."""
+        out = []
+        for f in sorted((self.root / "log").glob("*")):
+            text = f.read_text(errors="replace")
+            if text.strip():
+                out.append(f"--- {f.name}\n{text[-chars:]}")
+        return "\n".join(out)
+
+    # ---- commands on a node ----------------------------------------------------------------------
+    def prefix(self, node: str, cwd: str | os.PathLike | None = None) -> list[str]:
+        """argv prefix that runs a command on ``node`` (its network, UTS and mount namespaces;
+        working directory ``cwd``, default this process's)."""
+        return ["nsenter", "-t", str(self.nodes[node].holder), "-n", "-u", "-m",
+                f"--wd={os.fspath(cwd or os.getcwd())}", "--"]
+
+    def run(self, node: str, argv: list, timeout: float = 120, check: bool = True,
+            cwd=None, env: dict | None = None, input: str | None = None
+            ) -> subprocess.CompletedProcess:
+        """Run ``argv`` on ``node`` and wait (at most ``timeout`` s: then its whole process group
+        is killed and ``subprocess.TimeoutExpired`` raised).
+
+        Raises:
+            AssertionError: ``check`` and a non-zero exit, with its output.
+        """
+        proc = self.popen(node, argv, cwd=cwd, env=env,
+                          stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL)
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+        res = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        if check and res.returncode != 0:
+            raise AssertionError(f"{node}: {' '.join(map(str, argv))} exited {res.returncode}\n"
+                                 f"--- stdout\n{out[-6000:]}\n--- stderr\n{err[-6000:]}")
+        return res
+
+    def popen(self, node: str, argv: list, cwd=None, env: dict | None = None,
+              **kw) -> subprocess.Popen:
+        """Start ``argv`` on ``node`` in a new session (its process group = its PID), text
+        output captured unless ``stdout``/``stderr`` are given."""
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+        return subprocess.Popen(self.prefix(node, cwd) + [str(a) for a in argv], env=env,
+                                text=True, start_new_session=True, **kw)
+
+    # ---- links and faults ------------------------------------------------------------------------
+    def shape(self, rate: str | None) -> None:
+        """Every link at ``rate`` in both directions (tbf on the node's eth0 and on its switch
+        port; burst 1 ms of the rate, at least 32 KiB; queue 100 ms); None removes the shaping.
+
+        Raises:
+            ValueError: a malformed rate.
+        """
+        for i, node in enumerate(self.nodes.values(), 1):
+            for ns, dev in ((node.ns, "eth0"), (f"{PREFIX}-sw", f"p{i}")):
+                if rate is None:
+                    _sh(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)
+                else:
+                    burst = max(32 * 1024, int(rate_bits(rate) / 8 / 1000))
+                    _sh(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+                         rate, "burst", str(burst), "latency", "100ms"])
+        self.rate = rate
+        self._save()
+
+    def link(self, node: str, up: bool) -> None:
+        """Plug (``up``) or unplug ``node``'s cable at the switch: its eth0 loses carrier and
+        nothing reaches it; its processes keep running."""
+        i = self.names.index(node) + 1
+        self._ip(f"{PREFIX}-sw", "link", "set", f"p{i}", "up" if up else "down")
+
+    def sshd(self, node: str, running: bool) -> None:
+        """Stop or (re)start ``node``'s sshd (a node that does not accept ssh)."""
+        n = self.nodes[node]
+        if running:
+            if _netns_inode(n.sshd) is None:
+                self._start_sshd(n)
+                self._save()
+                deadline = time.monotonic() + 10
+                while self.run(self.names[0], ["ssh", node, "true"], timeout=15,
+                               check=False).returncode:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{node}: sshd did not come back:\n{self.logs()}")
+                    time.sleep(0.2)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(n.sshd, signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            while _netns_inode(n.sshd) is not None and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    def daemons(self) -> set[int]:
+        """PIDs of the cluster's own processes (holders, sshd listeners, SLURM daemons)."""
+        pids = {p for n in self.nodes.values() for p in (n.holder, n.sshd)}
+        if self._slurm:
+            pids |= {p.pid for p in self._slurm.procs.values()}
+        return pids
+
+    def processes(self, node: str) -> dict[int, str]:
+        """``{pid: command line}`` of every process on ``node`` but the cluster's daemons
+        (a job's ranks, launchers, ssh sessions)."""
+        ns = _netns_inode(self.nodes[node].holder)
+        keep = self.daemons()
+        out = {}
+        for pid in pids_in_namespace(self.nodes[node].ns):
+            if pid not in keep and _netns_inode(pid) == ns:
+                out[pid] = _cmdline(pid)
+        return {p: c for p, c in out.items() if c}
+
+    def kill_jobs(self, node: str | None = None, sig: int = signal.SIGKILL) -> list[int]:
+        """Send ``sig`` to every non-daemon process on ``node`` (all nodes when None); returns
+        the PIDs signalled."""
+        done = []
+        for name in ([node] if node else self.names):
+            for pid in self.processes(name):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+                    done.append(pid)
+        return done
+
+    def wait_idle(self, timeout: float = 20) -> dict[str, dict[int, str]]:
+        """Wait until no node has a job process left; returns what is left after ``timeout``
+        (empty when idle)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = {n: p for n in self.names if (p := self.processes(n))}
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.2)
+
+    def ping(self, src: str, dst: str, count: int = 20) -> dict:
+        """Round-trip time from ``src`` to ``dst`` over the link (ICMP, ``count`` probes 10 ms
+        apart after one warm-up): ``{"min_ms", "avg_ms", "max_ms"}``."""
+        self.run(src, ["ping", "-c", "1", "-W", "2", dst], timeout=10)
+        out = self.run(src, ["ping", "-q", "-c", str(count), "-i", "0.01", dst], timeout=30).stdout
+        m = re.search(r"= ([\d.]+)/([\d.]+)/([\d.]+)", out)
+        if not m:
+            raise RuntimeError(f"ping {src} -> {dst}: no rtt in {out!r}")
+        return {"min_ms": float(m.group(1)), "avg_ms": float(m.group(2)),
+                "max_ms": float(m.group(3))}
+
+    def down(self) -> list[str]:
+        """Stop SLURM (its jobs cancelled) if it runs, then :func:`down` the whole cluster."""
+        if self._slurm is not None:
+            with contextlib.suppress(Exception):
+                self._slurm.stop()
+            self._slurm = None
+        return down(self.root)
+
+    # ---- SLURM -------------------------------------------------------------------------------
+    def slurm(self, start_timeout: float = 90) -> SlurmCluster:
+        """SLURM over the nodes (started on first call): slurmctld and munged on n1, one
+        slurmd per node; client commands run on n1. Stopped by :meth:`down`.
+
+        Raises:
+            Unavailable: SLURM/MUNGE missing and not installable.
+            RuntimeError: the daemons did not come up (logs included).
+        """
+        if self._slurm is None:
+            from tests.slurm_cluster import SLURM_TOOLS
+            slurm = SlurmCluster(self.root / "slurm", ensure_tools(SLURM_TOOLS), cpus=2,
+                                 nodes=[(n.name, n.addr) for n in self.nodes.values()],
+                                 on_node=self.prefix)
+            self._slurm = slurm
+            try:
+                slurm.start(start_timeout)
+            except BaseException:
+                slurm.stop()
+                self._slurm = None
+                raise
+        return self._slurm
+
+
+def shared_tmp(root: Path) -> list[Path]:
+    """Folders under /tmp that every node shares with this machine (each node's /tmp is its
+    own): the cluster folder, pytest's temporary folders (``/tmp/pytest-of-<user>``) and those
+    listed in ``HVD_LM_CLUSTER_SHARE`` (colon-separated). Everything outside /tmp is shared."""
+    user = os.environ.get("USER") or ("root" if os.geteuid() == 0 else str(os.geteuid()))
+    dirs = [Path(root), Path(f"/tmp/pytest-of-{user}"),
+            *(Path(p) for p in os.environ.get("HVD_LM_CLUSTER_SHARE", "").split(":") if p)]
+    return [d.resolve() for d in dirs if d.resolve().is_relative_to("/tmp")
+            and d.resolve() != Path("/tmp")]
+
+
+def find(tool: str) -> str:
+    """Path of a tool (PATH, /usr/sbin, /sbin)."""
+    from tests.slurm_cluster import find_tool
+    path = find_tool(tool)
+    if not path:
+        raise Unavailable(f"{tool} not found")
+    return path
+
+
+def down(root: Path = DEFAULT_ROOT) -> list[str]:
+    """Tear down every namespace of this cluster (whatever state it is in): SIGTERM, then
+    SIGKILL after 3 s, to every process in them; delete them (their veths go too); remove the
+    cluster folder. Idempotent; returns the namespaces deleted.
+
+    Raises:
+        RuntimeError: a process or namespace could not be removed.
+    """
+    names = our_namespaces()
+    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+        pids = {p for ns in names for p in pids_in_namespace(ns)}
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while pids and time.monotonic() < deadline:
+            pids = {p for p in pids if _alive(p)}
+            time.sleep(0.05)
+    left = {ns: [p for p in pids_in_namespace(ns) if _alive(p)] for ns in names}
+    if any(left.values()):
+        raise RuntimeError(f"processes left in the cluster's namespaces: {left}")
+    for ns in names:
+        _sh(["ip", "netns", "del", ns])
+    if Path(root).is_dir():
+        shutil.rmtree(root, ignore_errors=True)
+    still = our_namespaces()
+    if still:
+        raise RuntimeError(f"namespaces left: {still}")
+    return names
+
+
+@contextlib.contextmanager
+def session_lock(root: Path = DEFAULT_ROOT, timeout: float = 900) -> Iterator[None]:
+    """Hold ``<root>.lock`` (flock) so that two test sessions on this machine never share the
+    one set of namespace names; waits at most ``timeout`` s.
+
+    Raises:
+        Unavailable: another session held it for ``timeout`` s.
+    """
+    path = Path(f"{root}.lock")
+    with open(path, "w") as f:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise Unavailable(f"another session holds {path} (its cluster is up)") from None
+                time.sleep(1)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# ---- command line ---------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.cluster up N [--rate R] | down | status | shape RATE | link NODE
+    up|down | ping | run NODE -- CMD...``; one ``ERROR:`` line on failure."""
+    p = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__.split(
+        "\n")[0])
+    p.add_argument("--root", default=str(DEFAULT_ROOT), help="cluster folder")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    u = sub.add_parser("up", help="start N nodes (reuses a healthy cluster of that size)")
+    u.add_argument("n", type=int, nargs="?", default=3)
+    u.add_argument("--rate", default=None, help="tbf rate of every link, e.g. 1gbit")
+    sub.add_parser("down", help="stop everything, delete the namespaces and the folder")
+    sub.add_parser("status", help="nodes, addresses, link rate, job processes")
+    s = sub.add_parser("shape", help="set every link's rate (none: unshaped)")
+    s.add_argument("rate")
+    lk = sub.add_parser("link", help="plug or unplug a node's cable at the switch")
+    lk.add_argument("node")
+    lk.add_argument("state", choices=("up", "down"))
+    sub.add_parser("ping", help="round-trip times n1 -> every other node")
+    r = sub.add_parser("run", help="run a command on a node: run n1 -- CMD ...")
+    r.add_argument("node")
+    r.add_argument("argv", nargs=argparse.REMAINDER)
+    a = p.parse_args(argv)
+    root = Path(a.root)
+    try:
+        if a.cmd == "up":
+            c = Cluster.up(a.n, a.rate, root)
+            print(f"up: {', '.join(f'{n.name}={n.addr}' for n in c.nodes.values())}; links "
+                  f"{c.rate or 'unshaped'}; decoy {DECOY_IF} {DECOY_ADDR} on every node")
+        elif a.cmd == "down":
+            print(f"down: removed {down(root) or 'nothing'}")
+        elif a.cmd == "run":
+            cmd = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
+            c = Cluster.attach(root)
+            return subprocess.call(c.prefix(a.node) + cmd)
+        else:
+            c = Cluster.attach(root)
+            if a.cmd == "shape":
+                c.shape(None if a.rate == "none" else a.rate)
+                print(f"links: {c.rate or 'unshaped'}")
+            elif a.cmd == "link":
+                c.link(a.node, a.state == "up")
+            elif a.cmd == "ping":
+                for n in c.names[1:]:
+                    print(f"{c.names[0]} -> {n}: {c.ping(c.names[0], n)}")
+            else:
+                for n in c.nodes.values():
+                    print(f"{n.name} {n.addr} ns={n.ns} holder={n.holder} sshd={n.sshd} "
+                          f"jobs={len(c.processes(n.name))}")
+                print(f"links: {c.rate or 'unshaped'}")
+    except (Unavailable, RuntimeError, ValueError, KeyError) as e:
+        print(f"tests.cluster: ERROR: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
