@@ -5,9 +5,9 @@ A phase is a list of independent tasks. :meth:`Context.run` gives task ``i`` to 
 ``i % world_size``; each rank runs its share in-process (one worker) or in a
 ``concurrent.futures.ProcessPoolExecutor`` (several; a worker that dies, e.g. OOM-killed,
 fails the phase instead of hanging it), then every rank receives every result (``allgather``),
-so all ranks see the same outcome and the same error. MPI (:mod:`hvd_lm.dist.mpi`) is used only
+so all ranks see the same outcome and the same error. MPI (:mod:`hvd_lm.comm.mpi`) is used only
 when the launcher's environment says the process was started by an MPI launcher with more than one
-rank (:func:`hvd_lm.dist.launcher.started_by_mpi`), so a plain run needs no MPI library.
+rank (:func:`hvd_lm.comm.launcher.started_by_mpi`), so a plain run needs no MPI library.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any, Callable, Optional, Sequence
 from tqdm import tqdm
 
 from hvd_lm.core.atomic import DiskFullError, free_bytes, human
-from hvd_lm.dist import mpi
-from hvd_lm.dist.launcher import RankContext, started_by_mpi
+from hvd_lm.comm import mpi
+from hvd_lm.comm.launcher import RankContext, started_by_mpi
 
 _COUNTER = None  # shared progress counter inside pool workers
 
@@ -71,10 +71,10 @@ class Context:
     """Rank, world size and local workers of this process.
 
     Attributes:
-        ranks: the :class:`hvd_lm.dist.launcher.RankContext` (rank 0 of 1 without MPI).
+        ranks: the :class:`hvd_lm.comm.launcher.RankContext` (rank 0 of 1 without MPI).
         rank, size: MPI rank and world size (0 and 1 without MPI).
         workers: local worker processes per rank (>= 1).
-        comm: the :class:`hvd_lm.dist.mpi.MpiWorld`, or ``None``.
+        comm: the :class:`hvd_lm.comm.mpi.MpiWorld`, or ``None``.
         progress: show tqdm bars (rank 0 only).
         disk: (folder, bytes) named when a task runs out of disk space: the folder the tasks
             write into and an estimate of what the whole job needs there (None: not named).

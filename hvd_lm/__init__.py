@@ -4,9 +4,9 @@ A rebuild, on today's stack, of the system in Puri et al. 2018, "Large Scale Lan
 Converging on 40GB of Text in Four Hours" (code: NVIDIA/sentiment-discovery).
 
 Layers, each importing only those below it: ``core`` (tokenizer, shard format, model, atomic
-writes, configuration machinery) < ``dist`` (launcher environment, Horovod, MPI) < ``train`` <
+writes, configuration machinery) < ``comm`` (launcher environment, Horovod, MPI) < ``train`` <
 ``transfer`` < ``jobs`` (launch, demo, download) < ``perf`` (benchmarks, scaling model) < ``cli``.
-``data_prep`` (beside this package) builds on ``core`` and ``dist.launcher``.
+``data_prep`` (beside this package) builds on ``core`` and ``comm.launcher``.
 """
 from pathlib import Path
 

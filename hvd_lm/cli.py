@@ -20,7 +20,7 @@ from hvd_lm.core.config import ArgumentParser
 
 #: command -> (module, Command attribute, one-line help).
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "check-build": ("hvd_lm.dist.stack", "CHECK_BUILD",
+    "check-build": ("hvd_lm.comm.stack", "CHECK_BUILD",
                     "verify Horovod has PyTorch, MPI and Gloo (and NCCL on CUDA) built in"),
     "prepare": ("data_prep.cli", "PREPARE",
                 "turn review text files into shuffled, split, checksummed HDF5 shards"),

@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 #: Sub-packages of hvd_lm, lowest first: a module may import its own layer and those below.
-LAYERS = ["core", "dist", "train", "transfer", "jobs", "perf", "cli"]
+LAYERS = ["core", "comm", "train", "transfer", "jobs", "perf", "cli"]
 
 
 def module_name(path: Path) -> str:
@@ -98,8 +98,8 @@ def test_data_prep_builds_on_core_and_the_launcher_only():
     graph = project_graph()
     for m, deps in graph.items():
         if m.startswith("data_prep"):
-            up = {d for d in deps if d.startswith("hvd_lm.") and d != "hvd_lm.dist"  # package
-                  and not d.startswith(("hvd_lm.core", "hvd_lm.dist.launcher", "hvd_lm.dist.mpi"))}
+            up = {d for d in deps if d.startswith("hvd_lm.") and d != "hvd_lm.comm"  # package
+                  and not d.startswith(("hvd_lm.core", "hvd_lm.comm.launcher", "hvd_lm.comm.mpi"))}
             assert not up, f"{m} imports {sorted(up)}"
         elif m.startswith("hvd_lm"):
             dp = {d for d in deps if d.startswith("data_prep")}
@@ -107,12 +107,12 @@ def test_data_prep_builds_on_core_and_the_launcher_only():
 
 
 @pytest.mark.parametrize("library,owners", [
-    ("horovod", {"hvd_lm.dist.horovod"}),
-    ("mpi4py", {"hvd_lm.dist.mpi", "hvd_lm.perf.baselines"}),
+    ("horovod", {"hvd_lm.comm.horovod"}),
+    ("mpi4py", {"hvd_lm.comm.mpi", "hvd_lm.perf.baselines"}),
     ("torch.distributed", {"hvd_lm.perf.baselines"}),
 ])
 def test_each_collective_library_has_one_caller(library, owners):
-    """Horovod is called from hvd_lm.dist.horovod only; mpi4py from hvd_lm.dist.mpi and the
+    """Horovod is called from hvd_lm.comm.horovod only; mpi4py from hvd_lm.comm.mpi and the
     raw-MPI baseline; torch.distributed only from the baselines the benchmarks compare Horovod
     with."""
     users = set()

@@ -1,4 +1,4 @@
-"""The Horovod build's decisions (hvd_lm/dist/build.py, acted on by scripts/build_horovod.sh) on
+"""The Horovod build's decisions (hvd_lm/comm/build.py, acted on by scripts/build_horovod.sh) on
 fabricated machines: a CPU box, a CUDA node with NCCL from the pip wheel, from HOROVOD_NCCL_HOME,
 and the failures that must name what to install; the source patches on a miniature sdist; and
 the device rule of one rank per GPU (hvd_lm.train.runtime.resolve_device)."""
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvd_lm.dist import build as B
-from hvd_lm.dist.stack import missing_components, parse_check_build
+from hvd_lm.comm import build as B
+from hvd_lm.comm.stack import missing_components, parse_check_build
 from hvd_lm.train.runtime import DeviceError, resolve_device
 
 NCCL_H = "#define NCCL_MAJOR 2\n#define NCCL_MINOR 28\n#define NCCL_PATCH 3\n"

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from hvd_lm.dist.stack import check_build, horovodrun_path, missing_components, parse_check_build
+from hvd_lm.comm.stack import check_build, horovodrun_path, missing_components, parse_check_build
 from tests._mp import REPO, horovodrun_cmd, mpirun_cmd, run
 from tests.scripts.problem import make_problem, train_steps
 

@@ -1,4 +1,4 @@
-"""hvd_lm.dist.launcher: the one reader of the launchers' rank/size variables.
+"""hvd_lm.comm.launcher: the one reader of the launchers' rank/size variables.
 
 Each family's variables are written out here by hand from the launchers' documentation (the
 table in the module docstring), so a wrong name or a wrong lookup order in ``LAUNCHER_VARS``
@@ -6,7 +6,7 @@ fails these tests.
 """
 import pytest
 
-from hvd_lm.dist.launcher import (RankContext, from_environment, started_by_mpi, under_openmpi,
+from hvd_lm.comm.launcher import (RankContext, from_environment, started_by_mpi, under_openmpi,
                                   world_size)
 
 FAMILIES = {

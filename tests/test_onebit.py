@@ -14,7 +14,7 @@ import torch
 from pytorch_optimizer import Lamb
 
 from hvd_lm.core.config import ConfigError
-from hvd_lm.dist import onebit as ob
+from hvd_lm.comm import onebit as ob
 from hvd_lm.train.checkpoint import load, resolve
 from hvd_lm.train.config import from_dict
 from hvd_lm.train.onebit import OnebitAdam, OnebitLamb
@@ -22,7 +22,7 @@ from tests._mp import horovodrun_cmd, launch_env, mpirun_cmd, run
 from tests.scripts.onebit_rounds import inputs as round_inputs
 from tests.shardutil import default_shards, make_shards, review_texts
 
-# ---- numpy reference: the paper's equations, written independently of hvd_lm.dist.onebit -------
+# ---- numpy reference: the paper's equations, written independently of hvd_lm.comm.onebit -------
 
 
 def np_compress(x: np.ndarray, chunk: int, valid: int) -> np.ndarray:
@@ -107,7 +107,7 @@ def simulate_allreduce(xs: list[torch.Tensor], states: list[ob.ErrorFeedback]) -
     """The compressed allreduce of n ranks' tensors ``xs`` (each [N]) in one process, the
     library's three steps with the collectives done by indexing (``alltoall``: rank j gets row j
     of every rank's output; ``allgather``: every rank gets every rank's part), as
-    :func:`hvd_lm.dist.horovod.compressed_allreduce` runs them on n ranks; updates every state."""
+    :func:`hvd_lm.comm.horovod.compressed_allreduce` runs them on n ranks; updates every state."""
     sent = [st.worker_compress(x) for st, x in zip(states, xs)]
     parts = [st.server_reduce(torch.stack([s[j] for s in sent])) for j, st in enumerate(states)]
     return states[0].assemble(torch.stack(parts))

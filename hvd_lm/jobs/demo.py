@@ -38,7 +38,7 @@ from hvd_lm.core import config as configlib
 from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, option
 from hvd_lm.core.shards import load_manifest, read_tokens
-from hvd_lm.dist.launcher import horovodrun_argv, local_mpi_env, mpirun_argv
+from hvd_lm.comm.launcher import horovodrun_argv, local_mpi_env, mpirun_argv
 from hvd_lm.jobs.download import download_all
 from hvd_lm.jobs.report import training_summary, write_report
 from hvd_lm.train.config import TrainConfig

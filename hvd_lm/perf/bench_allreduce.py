@@ -13,7 +13,7 @@ default) with
   ``HOROVOD_CYCLE_TIME`` 1 ms in 0.28.1) and, for the MPI controller, at each other fusion
   threshold and cycle time asked for (Horovod docs: "Tensor Fusion");
 
-and 1-bit compression (``--compression onebit``): :func:`hvd_lm.dist.horovod.compressed_allreduce`
+and 1-bit compression (``--compression onebit``): :func:`hvd_lm.comm.horovod.compressed_allreduce`
 (Tang et al. 2021: sign bits packed 8 per byte plus one fp32 scale per ``--onebit-chunk`` values,
 ``hvd.alltoall`` + ``hvd.allgather``, error feedback) of the same float32 tensor, its time including
 the compression arithmetic;
@@ -29,7 +29,7 @@ group as one flat compressed allreduce (mode ``onebit``: what 1-bit Adam sends p
 
 **Bytes on the wire** per operation and rank, for every Horovod record: ``wire_bytes`` from the
 buffers handed to the collectives (ring allreduce 2(n-1)/n of the payload, fp16 half of it; 1-bit:
-:meth:`hvd_lm.dist.onebit.Layout.wire_bytes`) and, with the Gloo controller (``horovodrun
+:meth:`hvd_lm.comm.onebit.Layout.wire_bytes`) and, with the Gloo controller (``horovodrun
 --gloo``: every byte goes through a TCP socket), ``wire_bytes_measured``: the growth of the rank's
 ``wchar`` in ``/proc/self/io`` (bytes passed to write/send system calls) over the timed loop,
 per operation. The report prints both, and none/fp16 over onebit side by side.
@@ -65,10 +65,10 @@ from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, option
 from hvd_lm.core.model import mlstm_parameters
 from hvd_lm.core.units import KIB, MIB, parse_bytes
-from hvd_lm.dist import horovod as dist
-from hvd_lm.dist.horovod import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
-from hvd_lm.dist.launcher import horovodrun_argv, local_mpi_env, mpirun_argv
-from hvd_lm.dist.onebit import DEFAULT_CHUNK, ErrorFeedback, Layout, ring_allreduce_wire_bytes
+from hvd_lm.comm import horovod as comm
+from hvd_lm.comm.horovod import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
+from hvd_lm.comm.launcher import horovodrun_argv, local_mpi_env, mpirun_argv
+from hvd_lm.comm.onebit import DEFAULT_CHUNK, ErrorFeedback, Layout, ring_allreduce_wire_bytes
 from hvd_lm.perf.baselines import MpiComm, TorchGlooComm
 from hvd_lm.perf.results import (busbw_factor, derive, fit_records, median_over_repeats,
                                  ratios_to_mpi)
@@ -189,12 +189,12 @@ class AllreduceWorkerConfig:
 # ---- worker (one rank) --------------------------------------------------------------------------
 
 class HorovodComm:
-    """Horovod's collectives (:mod:`hvd_lm.dist.horovod`) behind the baselines' interface."""
+    """Horovod's collectives (:mod:`hvd_lm.comm.horovod`) behind the baselines' interface."""
 
     def __init__(self) -> None:
-        ctx = dist.init()  # Horovod: init (knobs from the environment of this launch)
+        ctx = comm.init()  # Horovod: init (knobs from the environment of this launch)
         self.rank, self.size = ctx.rank, ctx.size
-        self.controller = dist.controller()
+        self.controller = comm.controller()
         #: name -> 1-bit error buffers (see :meth:`onebit_errors`)
         self.errors: dict[str, ErrorFeedback] = {}
 
@@ -206,18 +206,18 @@ class HorovodComm:
         """In-place sum-allreduce (fp16: cast around it, as ``Compression.fp16``); ``onebit``: the
         compressed allreduce (an average, with this tensor's error buffers, kept per name)."""
         if compression == "onebit":
-            t.copy_(dist.compressed_allreduce(t.view(-1), self.errors[name], name))
+            t.copy_(comm.compressed_allreduce(t.view(-1), self.errors[name], name))
         else:
-            dist.allreduce_inplace(t, name, "sum", compression)
+            comm.allreduce_inplace(t, name, "sum", compression)
 
     def allreduce_group(self, tensors: list[torch.Tensor], prefix: str = "bench.g",
                         compression: str = "none") -> None:
         """``allreduce_async_`` on each, then ``synchronize`` (as DistributedOptimizer)."""
-        dist.allreduce_group(tensors, prefix, "average", compression)
+        comm.allreduce_group(tensors, prefix, "average", compression)
 
     def max(self, x: float) -> float:
         """Maximum over ranks."""
-        return dist.allreduce_max(x, "bench.max")
+        return comm.allreduce_max(x, "bench.max")
 
     def close(self) -> None:
         """Nothing to do."""
@@ -239,11 +239,11 @@ def make_comm(backend: str):
     raise ValueError(f"unknown backend {backend!r}")
 
 
-def _single(comm, t: torch.Tensor, compression: str, name: str) -> None:
-    if isinstance(comm, HorovodComm):
-        comm.allreduce(t, compression, name)
+def _single(coll, t: torch.Tensor, compression: str, name: str) -> None:
+    if isinstance(coll, HorovodComm):
+        coll.allreduce(t, compression, name)
     else:
-        comm.allreduce(t)
+        coll.allreduce(t)
 
 
 def _bytes(comp: str, numel: int, n: int, args, measured: bool, wrote: float | None) -> dict:
@@ -252,22 +252,22 @@ def _bytes(comp: str, numel: int, n: int, args, measured: bool, wrote: float | N
             "wire_bytes_measured": wrote if measured else None}
 
 
-def _grouped(comm, tensors: list[torch.Tensor], mode: str, flat: torch.Tensor,
+def _grouped(coll, tensors: list[torch.Tensor], mode: str, flat: torch.Tensor,
              prefix: str) -> None:
     """``async``: each tensor issued together, then waited for (``async+fp16``: cast to fp16
     around it); ``flat``: packed into one buffer, one allreduce, unpacked (ideal fusion);
     ``onebit``: packed, one compressed allreduce (1-bit Adam's momentum exchange), unpacked."""
     if mode in ("flat", "onebit"):
         torch.cat([t.view(-1) for t in tensors], out=flat)
-        _single(comm, flat, "none" if mode == "flat" else "onebit", f"{prefix}.flat")
+        _single(coll, flat, "none" if mode == "flat" else "onebit", f"{prefix}.flat")
         off = 0
         for t in tensors:
             t.view(-1).copy_(flat[off:off + t.numel()])
             off += t.numel()
-    elif isinstance(comm, HorovodComm):
-        comm.allreduce_group(tensors, prefix, "fp16" if mode == "async+fp16" else "none")
+    elif isinstance(coll, HorovodComm):
+        coll.allreduce_group(tensors, prefix, "fp16" if mode == "async+fp16" else "none")
     else:
-        comm.allreduce_group(tensors)
+        coll.allreduce_group(tensors)
 
 
 def written_bytes() -> int | None:
@@ -283,19 +283,19 @@ def written_bytes() -> int | None:
     return None
 
 
-def _time(comm, fn, iters: int, warmup: int) -> tuple[float, float | None]:
+def _time(coll, fn, iters: int, warmup: int) -> tuple[float, float | None]:
     """(mean seconds per call of ``fn`` over ``iters`` calls after ``warmup``, max over ranks;
     this rank's written bytes per call over the same calls, or None)."""
     for _ in range(warmup):
         fn()
-    comm.max(0.0)  # barrier
+    coll.max(0.0)  # barrier
     w0 = written_bytes()
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
     sec = time.perf_counter() - t0
     w1 = written_bytes()
-    return comm.max(sec / iters), (None if w0 is None or w1 is None else (w1 - w0) / iters)
+    return coll.max(sec / iters), (None if w0 is None or w1 is None else (w1 - w0) / iters)
 
 
 def wire_bytes(compression: str, numel: int, n: int, chunk: int) -> int:
@@ -309,26 +309,26 @@ def wire_bytes(compression: str, numel: int, n: int, chunk: int) -> int:
 def worker(args: AllreduceWorkerConfig) -> int:
     """Time every size and group on this rank's backend; rank 0 prints ``RESULT [records]``."""
     torch.set_num_threads(1)
-    comm = make_comm(args.backend)
-    n = comm.size
+    coll = make_comm(args.backend)
+    n = coll.size
     base = {"backend": args.backend, "ranks": n}
     if args.backend == "horovod":
-        base |= {"controller": comm.controller,
+        base |= {"controller": coll.controller,
                  "fusion_threshold_bytes": int(os.environ.get("HOROVOD_FUSION_THRESHOLD",
                                                               HOROVOD_DEFAULT_FUSION_BYTES)),
                  "cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME",
                                                        HOROVOD_DEFAULT_CYCLE_MS))}
     compressions = list(args.compressions) if args.backend == "horovod" else ["none"]
     records = []
-    measured = args.backend == "horovod" and comm.controller == "gloo"  # all traffic via TCP
+    measured = args.backend == "horovod" and coll.controller == "gloo"  # all traffic via TCP
     for size in parse_sizes(args.sizes) if args.sizes else []:
-        t = torch.randn(size // 4, generator=torch.Generator().manual_seed(comm.rank))
+        t = torch.randn(size // 4, generator=torch.Generator().manual_seed(coll.rank))
         k = iters_for(size, args.iters)
         for comp in compressions:
             name = f"bench.s{size}.{comp}"
             if comp == "onebit":
-                comm.onebit_errors(name, t.numel(), args.onebit_chunk)
-            sec, wrote = _time(comm, lambda: _single(comm, t, comp, name), k, args.warmup)
+                coll.onebit_errors(name, t.numel(), args.onebit_chunk)
+            sec, wrote = _time(coll, lambda: _single(coll, t, comp, name), k, args.warmup)
             records.append(base | {"case": "single", "compression": comp, "size_bytes": size,
                                    "iters": k, "time_s": sec}
                            | _bytes(comp, t.numel(), n, args, measured, wrote))
@@ -344,9 +344,9 @@ def worker(args: AllreduceWorkerConfig) -> int:
             modes.append("async+fp16")  # the fp16 baseline of the per-step byte comparison
         if args.backend == "horovod" and "onebit" in compressions:
             modes.append("onebit")
-            comm.onebit_errors(f"bench.{spec}.flat", flat.numel(), args.onebit_chunk)
+            coll.onebit_errors(f"bench.{spec}.flat", flat.numel(), args.onebit_chunk)
         for mode in modes:
-            sec, wrote = _time(comm, lambda: _grouped(comm, tensors, mode, flat, f"bench.{spec}"),
+            sec, wrote = _time(coll, lambda: _grouped(coll, tensors, mode, flat, f"bench.{spec}"),
                                k, args.warmup)
             comp = {"onebit": "onebit", "async+fp16": "fp16"}.get(mode, "none")
             records.append(base | {"case": "grouped", "group": spec, "mode": mode,
@@ -354,9 +354,9 @@ def worker(args: AllreduceWorkerConfig) -> int:
                                    "size_bytes": total, "iters": k, "time_s": sec}
                            | (_bytes(comp, flat.numel(), n, args, measured, wrote)
                               if args.backend == "horovod" else {}))
-    if comm.rank == 0:
+    if coll.rank == 0:
         print("RESULT " + json.dumps(records), flush=True)
-    comm.close()
+    coll.close()
     return 0
 
 
@@ -364,7 +364,7 @@ def worker(args: AllreduceWorkerConfig) -> int:
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Launch environment: one thread per rank, OpenMPI as root / in containers, ranks yielding
-    the cores when idle (:func:`hvd_lm.dist.launcher.local_mpi_env`); every configuration states
+    the cores when idle (:func:`hvd_lm.comm.launcher.local_mpi_env`); every configuration states
     its own Horovod knobs."""
     env = local_mpi_env(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
     for k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE"):

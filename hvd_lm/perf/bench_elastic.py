@@ -37,7 +37,7 @@ import psutil
 
 from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, option
-from hvd_lm.dist.launcher import local_mpi_env
+from hvd_lm.comm.launcher import local_mpi_env
 
 
 def local_names() -> list[str]:

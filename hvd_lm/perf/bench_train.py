@@ -49,9 +49,9 @@ from hvd_lm.core.model import LanguageModel, ModelConfig
 from hvd_lm.core.shards import load_manifest
 from hvd_lm.core.mlstm_kernels import KERNELS
 from hvd_lm.core.units import MIB
-from hvd_lm.dist import horovod as dist
-from hvd_lm.dist.horovod import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
-from hvd_lm.dist.launcher import local_mpi_env, mpirun_argv
+from hvd_lm.comm import horovod as comm
+from hvd_lm.comm.horovod import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
+from hvd_lm.comm.launcher import local_mpi_env, mpirun_argv
 from hvd_lm.perf.baselines import TorchGlooComm, ddp
 from hvd_lm.train import runtime
 from hvd_lm.train.config import OptimConfig
@@ -210,11 +210,11 @@ def worker(cfg: WorkerConfig) -> int:
     time and every timed step's time, allreduce wait share)."""
     torch.set_num_threads(cfg.threads)
     if cfg.backend == "horovod":
-        ctx = dist.init(cfg.fusion_threshold_mb, cfg.cycle_time_ms)  # Horovod: init
+        ctx = comm.init(cfg.fusion_threshold_mb, cfg.cycle_time_ms)  # Horovod: init
         rank, size, local_rank = ctx.rank, ctx.size, ctx.local_rank
     else:
-        comm = TorchGlooComm()  # the DDP peer: torch.distributed, gloo
-        rank, size, local_rank = comm.rank, comm.size, comm.rank
+        peer = TorchGlooComm()  # the DDP peer: torch.distributed, gloo
+        rank, size, local_rank = peer.rank, peer.size, peer.rank
     device = runtime.resolve_device(cfg.device, local_rank)
     runtime.check(device, cfg.precision)
     B, T = cfg.batch_size, cfg.seq_len
@@ -226,11 +226,11 @@ def worker(cfg: WorkerConfig) -> int:
                                           rnn_kernels=kernels, cuda_graphs=graphs)).to(device)
         opt = build_optimizer(model, OptimConfig(), 1e-4)  # Adam as in training (fused)
         if cfg.backend == "horovod":
-            opt = dist.distributed_optimizer(opt, model, cfg.compression)  # Horovod: hooks
-            dist.broadcast_state(model)  # Horovod: rank 0's weights everywhere
+            opt = comm.distributed_optimizer(opt, model, cfg.compression)  # Horovod: hooks
+            comm.broadcast_state(model)  # Horovod: rank 0's weights everywhere
             net = model
         else:
-            net = ddp(model, comm)
+            net = ddp(model, peer)
         runs.append({"label": variant_label(impl, kernels, graphs), "impl": impl,
                      "kernels": kernels, "graphs": graphs, "model": model, "net": net, "opt": opt,
                      "params": list(model.parameters()), "state": model.init_state(B, device),
@@ -255,7 +255,7 @@ def worker(cfg: WorkerConfig) -> int:
             scaler = r["scaler"]
             (scaler.scale(loss) if scaler is not None else loss).backward()
             if cfg.backend == "horovod":  # Horovod: wait, clip, step
-                _, _, wait = dist.clip_and_step(r["opt"], r["params"], 1.0, scaler)
+                _, _, wait = comm.clip_and_step(r["opt"], r["params"], 1.0, scaler)
             else:
                 torch.nn.utils.clip_grad_norm_(r["params"], 1.0, foreach=True)
                 r["opt"].step()
@@ -271,10 +271,10 @@ def worker(cfg: WorkerConfig) -> int:
         step_time = sum(times) / len(times)
         per_rank = B * T / step_time
         if cfg.backend == "horovod":
-            tot, wait_sum, time_sum = dist.allreduce_sum([per_rank, sum(waits), sum(times)],
+            tot, wait_sum, time_sum = comm.allreduce_sum([per_rank, sum(waits), sum(times)],
                                                          "bench")
         else:
-            tot, wait_sum, time_sum = comm.sum([per_rank, 0.0, sum(times)])
+            tot, wait_sum, time_sum = peer.sum([per_rank, 0.0, sum(times)])
         if rank == 0:
             print("BENCH " + json.dumps({
                 "backend": cfg.backend, "ranks": size, "hidden_size": cfg.hidden_size,
@@ -285,7 +285,7 @@ def worker(cfg: WorkerConfig) -> int:
                 "allreduce_wait_share": wait_sum / time_sum if cfg.backend == "horovod" else None,
                 "flops_per_char": r["model"].flops_per_char()}), flush=True)
     if cfg.backend == "ddp":
-        comm.close()
+        peer.close()
     return 0
 
 

@@ -26,8 +26,8 @@ Per training step (weak scaling: the per-GPU batch is fixed) on n GPUs, g per no
   negotiation (a bit-vector allreduce, 2 ceil(log2 n) latencies) and Horovod's per-cycle overhead.
 * fp16 compression: 2 bytes per gradient value on the wire instead of 4.
 * 1-bit compression (``compression="onebit"``: the compressed phase of 1-bit Adam / 1-bit LAMB,
-  Tang et al. 2021, :func:`hvd_lm.dist.horovod.compressed_allreduce`): no gradient allreduce;
-  after the backward pass the momentum, packed as :class:`hvd_lm.dist.onebit.Layout` packs it
+  Tang et al. 2021, :func:`hvd_lm.comm.horovod.compressed_allreduce`): no gradient allreduce;
+  after the backward pass the momentum, packed as :class:`hvd_lm.comm.onebit.Layout` packs it
   (N/8 sign bytes + 4 bytes per ``onebit_chunk`` values, S_c = n x part bytes), goes through an
   ``alltoall`` and a ring ``allgather`` of 1/n of that each (:func:`onebit_allreduce_time`), plus
   a tiny allreduce of the gradient norm; three Horovod cycles; the compression arithmetic is
@@ -60,7 +60,7 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from hvd_lm.core.units import GB, MIB
-from hvd_lm.dist.onebit import DEFAULT_CHUNK, Layout
+from hvd_lm.comm.onebit import DEFAULT_CHUNK, Layout
 from hvd_lm.perf.results import fit_alpha_beta
 
 

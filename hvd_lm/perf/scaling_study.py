@@ -27,7 +27,7 @@ from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, option
 from hvd_lm.core.model import mlstm_parameters
 from hvd_lm.core.units import MIB
-from hvd_lm.dist.onebit import DEFAULT_CHUNK
+from hvd_lm.comm.onebit import DEFAULT_CHUNK
 from hvd_lm.perf.results import load_bench_json
 from hvd_lm.perf.scaling_model import (
     Calibration,

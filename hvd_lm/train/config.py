@@ -69,7 +69,7 @@ class OptimConfig:
 
 @dataclass
 class DistConfig:
-    """Horovod settings (see hvd_lm.dist.horovod)."""
+    """Horovod settings (see hvd_lm.comm.horovod)."""
 
     compression: str = _f("fp16", "allreduce compression (reference: fp16)",
                           choices=("none", "fp16"))

@@ -21,7 +21,7 @@ from hvd_lm.core.config import Command, option
 from hvd_lm.core.mlstm_kernels import KERNELS
 from hvd_lm.core.model import LanguageModel
 from hvd_lm.core.shards import load_manifest
-from hvd_lm.dist import horovod as dist
+from hvd_lm.comm import horovod as comm
 from hvd_lm.train import runtime as prec
 from hvd_lm.train.checkpoint import load_model
 from hvd_lm.train.data import IGNORE, Batch, RankStreams
@@ -60,7 +60,7 @@ def bpc(model, streams: RankStreams, device: torch.device, precision: str = "fp3
     """
     bits, chars = nll_bits(model, streams, device, precision)
     if distributed:
-        bits, chars = dist.allreduce_sum([bits, float(chars)], name="eval_bpc")
+        bits, chars = comm.allreduce_sum([bits, float(chars)], name="eval_bpc")
     if chars <= 0:
         raise ValueError("no characters to evaluate (empty split?)")
     return bits / chars, int(chars)
@@ -123,7 +123,7 @@ class EvalConfig:
 def eval_command(cfg: EvalConfig) -> int:
     """``hvd-lm eval``: print (and with ``--output`` write) ``{"bpc", "chars", ...}`` as JSON on
     rank 0; ranks split the streams and sum bits and chars (Horovod)."""
-    ctx = dist.init()
+    ctx = comm.init()
     device = prec.resolve_device(cfg.device, ctx.local_rank, ctx.local_size)
     model, ck = load_model(cfg.checkpoint, map_location=device, rnn_kernels=cfg.rnn_kernels)
     manifest = load_manifest(cfg.shards)

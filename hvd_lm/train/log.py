@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from hvd_lm.core.atomic import DiskFullError, free_bytes, human
 from hvd_lm.core.lock import pid_alive
-from hvd_lm.dist.launcher import horovodrun_mpi_shell, under_openmpi
+from hvd_lm.comm.launcher import horovodrun_mpi_shell, under_openmpi
 
 try:  # optional: TensorBoard events only when the package is installed
     from torch.utils.tensorboard import SummaryWriter
@@ -37,7 +37,7 @@ class StopSignals:
     the loop checkpoints on every rank at the same step and exits 0.
 
     Under ``horovodrun --mpi`` a signal to horovodrun kills only the ``/bin/sh -c mpirun`` it
-    became (:func:`hvd_lm.dist.launcher.horovodrun_mpi_shell`); a daemon thread watches that
+    became (:func:`hvd_lm.comm.launcher.horovodrun_mpi_shell`); a daemon thread watches that
     shell once a second and raises the flag (as SIGTERM) when it is gone.
 
     Under OpenMPI's ``mpirun`` a SIGTERM/SIGINT reaching a rank means mpirun is tearing the job

@@ -5,7 +5,7 @@ One optimizer step (per rank, B rows x T bytes per window, ``backward_passes_per
 1. k windows: forward with the carried (detached) state, loss = mean NLL over the window's real
    targets / k in fp32, backward (scaled by the loss scaler under fp16); Horovod's hooks start the
    fp16-compressed, fused allreduce of each gradient as soon as it is ready.
-2. ``clip_and_step`` (hvd_lm.dist.horovod): wait for the allreduce, unscale, clip, step — or skip
+2. ``clip_and_step`` (hvd_lm.comm.horovod): wait for the allreduce, unscale, clip, step — or skip
    the step when the gradients overflowed / are not finite (counted; the LR schedule does not
    advance on a skipped step).
 3. Every ``run.control_every`` step attempts, one tiny allreduce of control flags (a preemption
@@ -29,8 +29,8 @@ and starts the recurrent state of the re-cut rows from zero (:meth:`Trainer.on_r
 :meth:`Trainer.from_state`).
 
 Without ``run.elastic``, a lost peer (its host's link down, the host or the process gone) fails
-the collective it was in after Gloo's ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (``dist.gloo_timeout_s``);
-each surviving node's first rank then probes the others (:mod:`hvd_lm.dist.peers`) and the job
+the collective it was in after Gloo's ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (``comm.gloo_timeout_s``);
+each surviving node's first rank then probes the others (:mod:`hvd_lm.comm.peers`) and the job
 stops with one line naming the lost rank's host and the newest complete checkpoint
 (:class:`LostPeer`), from which ``--resume auto`` continues.
 """
@@ -52,8 +52,8 @@ from hvd_lm.core.config import Command, check_required
 from hvd_lm.core.lock import FolderLock
 from hvd_lm.core.model import LanguageModel
 from hvd_lm.core.shards import load_manifest, verify_shard
-from hvd_lm.dist import horovod as dist
-from hvd_lm.dist.peers import PeerWatch, lost_peers_text
+from hvd_lm.comm import horovod as comm
+from hvd_lm.comm.peers import PeerWatch, lost_peers_text
 from hvd_lm.train import checkpoint as ckpt_io
 from hvd_lm.train import preflight, runtime
 from hvd_lm.train.config import TrainConfig
@@ -94,7 +94,7 @@ class Trainer:
         check_required(cfg, "config")  # e.g. data.shards (the command line checked it already)
         self.cfg = cfg
         # ---- process: Horovod, device, precision, threads -----------------------------------------
-        self.ctx = dist.init(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms,  # Horovod: init
+        self.ctx = comm.init(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms,  # Horovod: init
                              cfg.dist.gloo_timeout_s)
         self.device = runtime.resolve_device(cfg.run.device, self.ctx.local_rank,
                                              self.ctx.local_size)
@@ -156,7 +156,7 @@ class Trainer:
                 return  # a finished run started again: nothing is written
 
         # Horovod: wrap the optimizer (gradient allreduce with fp16 compression and tensor fusion).
-        self.optimizer = dist.distributed_optimizer(optimizer, self.model, cfg.dist.compression,
+        self.optimizer = comm.distributed_optimizer(optimizer, self.model, cfg.dist.compression,
                                                     self.k, cfg.dist.allreduce_op)
         # The scheduler wraps the Horovod optimizer's step(), so it sees the steps really taken.
         self.scheduler = make_scheduler(self.optimizer, cfg.optim.warmup_steps, self.total_steps,
@@ -169,11 +169,11 @@ class Trainer:
             # Horovod: every rank starts from rank 0's weights (and optimizer state when resuming;
             # an empty Adam state would make Horovod take a zero-gradient step to create it).
             # Elastic runs get it from the state's sync instead (no collective before it).
-            dist.broadcast_state(self.model, self.optimizer if resume is not None else None)
+            comm.broadcast_state(self.model, self.optimizer if resume is not None else None)
         self.peers: list[dict] = []  # every rank's {rank, host, port} (non-elastic, > 1 rank)
         if not cfg.run.elastic and self.ctx.size > 1:
             self.peer_watch = PeerWatch(self.ctx.rank)
-            self.peers = dist.allgather_object(self.peer_watch.info(), name="peers")  # Horovod
+            self.peers = comm.allgather_object(self.peer_watch.info(), name="peers")  # Horovod
 
         # ---- the run folder: locked, checked for space, then config.yaml (rank 0) -------------------
         self.lock: FolderLock | None = None
@@ -181,7 +181,7 @@ class Trainer:
         if cfg.run.elastic:
             self.take_root()  # no collective: a joining worker must not wait on the others here
         else:
-            self.lock = dist.root_call(  # Horovod: every rank learns whether rank 0 got it
+            self.lock = comm.root_call(  # Horovod: every rank learns whether rank 0 got it
                 lambda: open_run_folder(cfg, self.model, self.ctx.size * self.B))
             self.open_log()
         self.log.record("start", self.pos.step, world_size=self.ctx.size, device=str(self.device),
@@ -244,7 +244,7 @@ class Trainer:
 
     def chars_total(self) -> int:
         """Characters trained on by all ranks, exact across world-size changes (Horovod: sum)."""
-        return self.chars_base + int(dist.allreduce_sum([float(self.chars_local)],
+        return self.chars_base + int(comm.allreduce_sum([float(self.chars_local)],
                                                         name="chars_total")[0])
 
     def save_checkpoint(self) -> None:
@@ -255,8 +255,8 @@ class Trainer:
                             loss=self.guard.above[-1][1] if self.guard.above else None)
             return
         # Horovod: gather every rank's recurrent state rows (rank order) for an exact resume.
-        h = dist.allgather(self.rnn_state[0].detach().float().cpu(), name="ckpt_h")
-        c = dist.allgather(self.rnn_state[1].detach().float().cpu(), name="ckpt_c")
+        h = comm.allgather(self.rnn_state[0].detach().float().cpu(), name="ckpt_h")
+        c = comm.allgather(self.rnn_state[1].detach().float().cpu(), name="ckpt_c")
         pos = dataclasses.replace(self.pos, chars_trained=self.chars_total())
         opt_state = self.optimizer.state_dict()  # every rank: 1-bit optimizers gather errors
         if self.ctx.is_root:
@@ -283,15 +283,15 @@ class Trainer:
         if self.summary is not None:  # nothing to train (preflight.resume_end)
             return self.summary
         if self.cfg.run.elastic:
-            state = dist.elastic_state(self.model, self.optimizer, **self.commit_fields())
+            state = comm.elastic_state(self.model, self.optimizer, **self.commit_fields())
             state.register_reset_callbacks([lambda: self.on_reset(state)])
-            dist.elastic_run(self.elastic_loop)(state)  # Horovod: elastic (sync, restore, reset)
+            comm.elastic_run(self.elastic_loop)(state)  # Horovod: elastic (sync, restore, reset)
         else:
             try:
                 self.loop()
                 self.finish()
             except Exception as e:
-                if self.peers and dist.is_collective_failure(e):
+                if self.peers and comm.is_collective_failure(e):
                     raise self.lost_peer(e) from e
                 raise
         return self.end()
@@ -299,7 +299,7 @@ class Trainer:
     def lost_peer(self, error: BaseException) -> "LostPeer":
         """The one-line error of a collective that lost a peer: who (probed, at most 3 s), when,
         after which timeout, and the newest complete checkpoint to resume from."""
-        timeout = dist.gloo_timeout_s()
+        timeout = comm.gloo_timeout_s()
         bound = (f" (Gloo gave up after HOROVOD_GLOO_TIMEOUT_SECONDS={timeout:g} s)"
                  if timeout else "")
         last = ckpt_io.list_checkpoints(self.out_dir)
@@ -356,7 +356,7 @@ class Trainer:
                 pos.window += 1
 
             # Horovod: wait for the allreduce, unscale, clip, step (or skip a non-finite step)
-            applied, grad_norm, wait = dist.clip_and_step(optimizer, self.params,
+            applied, grad_norm, wait = comm.clip_and_step(optimizer, self.params,
                                                           cfg.optim.grad_clip, scaler,
                                                           cfg.run.nan_check)
             optimizer.zero_grad()
@@ -385,13 +385,13 @@ class Trainer:
             if (pos.step + pos.skipped_steps) % cfg.run.control_every == 0:
                 due = (cfg.run.checkpoint_minutes > 0 and self.ctx.is_root
                        and time.time() - self.last_ckpt_time >= 60 * cfg.run.checkpoint_minutes)
-                stop_flag, due_flag = dist.allreduce_sum(
+                stop_flag, due_flag = comm.allreduce_sum(
                     [1.0 if self.signals.received else 0.0, 1.0 if due else 0.0], name="control")
 
             # log a line every log_every steps (Horovod: metrics summed over ranks)
             log.tick(1 if applied else 0)
             if applied and (pos.step % cfg.run.log_every == 0 or pos.step == self.total_steps):
-                nats, chars, waits, busy = dist.allreduce_sum(  # float(): the device sum, read now
+                nats, chars, waits, busy = comm.allreduce_sum(  # float(): the device sum, read now
                     [float(acc["nats"]), acc["chars"], acc["wait"], acc["busy"]], name="log")
                 wall = time.perf_counter() - acc["t0"]
                 loss = nats / max(1.0, chars)
@@ -404,7 +404,7 @@ class Trainer:
                            skipped_steps=pos.skipped_steps,
                            epoch=pos.window / self.windows_per_epoch,
                            world_size=self.ctx.size,
-                           **dist.comm_stats(optimizer))  # bytes on the wire (and 1-bit phase)
+                           **comm.comm_stats(optimizer))  # bytes on the wire (and 1-bit phase)
                 acc.update(nats=0.0, chars=0.0, wait=0.0, busy=0.0, t0=time.perf_counter(),
                            steps=0)
 
@@ -534,7 +534,7 @@ class Trainer:
         streams re-cut, rank 0's duties, and a ``resize`` record (peak LR for the new global
         batch; the window :meth:`from_state` will continue from)."""
         old_size = state.world
-        self.ctx = dist.rank_context()
+        self.ctx = comm.rank_context()
         self.cut_streams()
         window = self.window_in_new_cut(state.position["window"], state.windows_per_epoch)
         self.take_root()

@@ -24,7 +24,7 @@
 
 Communication is not done here: in the compression phase :meth:`step` hands the flat momentum
 (float32 [N], parameters in order) to ``self.reduce_momentum`` (set by
-:class:`hvd_lm.dist.horovod.OnebitDistributedOptimizer`; None = one process, no compression, as
+:class:`hvd_lm.comm.horovod.OnebitDistributedOptimizer`; None = one process, no compression, as
 DeepSpeed does on one rank). The phase follows from the step count in the state: a checkpoint
 restores it. Settings every step needs live in the param groups (``hvd.DistributedOptimizer``
 rebuilds the optimiser from its param groups).
@@ -37,7 +37,7 @@ from typing import Callable, Optional
 
 import torch
 
-from hvd_lm.dist.onebit import DEFAULT_CHUNK
+from hvd_lm.comm.onebit import DEFAULT_CHUNK
 
 #: pytorch_optimizer.Lamb's cap on the weight norm in the trust ratio (its ``Lamb.clamp``).
 LAMB_WEIGHT_NORM_CAP = 10.0
@@ -46,8 +46,8 @@ LAMB_WEIGHT_NORM_CAP = 10.0
 class _Onebit(torch.optim.Optimizer):
     """What 1-bit Adam and 1-bit LAMB share: the phase, the flat momentum, the reducer slot."""
 
-    #: Marks optimisers that :func:`hvd_lm.dist.horovod.distributed_optimizer` wraps in
-    #: :class:`~hvd_lm.dist.horovod.OnebitDistributedOptimizer`.
+    #: Marks optimisers that :func:`hvd_lm.comm.horovod.distributed_optimizer` wraps in
+    #: :class:`~hvd_lm.comm.horovod.OnebitDistributedOptimizer`.
     onebit = True
 
     def __init__(self, params, defaults: dict):

@@ -29,7 +29,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float) -> torc
       ``tests/test_onebit.py`` checks the update and the trust ratio against numpy.
     * ``onebit-adam`` / ``onebit-lamb``: :class:`~hvd_lm.train.onebit.OnebitAdam` /
       :class:`~hvd_lm.train.onebit.OnebitLamb` with ``onebit_warmup_steps`` and ``onebit_chunk``
-      (:func:`hvd_lm.dist.horovod.distributed_optimizer` then wraps them for Horovod).
+      (:func:`hvd_lm.comm.horovod.distributed_optimizer` then wraps them for Horovod).
 
     Raises:
         ValueError: an unknown ``cfg.optimizer``.

@@ -8,7 +8,7 @@ Texts are sorted by length, cut into batches, right-padded and masked; padding n
 feature (the model holds/packs the state on masked steps, and each batch is run in time chunks
 over only its still-active rows). Under ``horovodrun``/``mpirun`` the length-sorted batches are
 dealt round-robin to the ranks and the features are gathered back in input order with
-:func:`hvd_lm.dist.horovod.allgather`. Features are cached as ``.npy`` (:class:`FeatureCache`).
+:func:`hvd_lm.comm.horovod.allgather`. Features are cached as ``.npy`` (:class:`FeatureCache`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from tqdm import tqdm
 from hvd_lm.core import tokenizer
 from hvd_lm.core.atomic import atomic_path, write_text
 from hvd_lm.core.digest import json_sha256
-from hvd_lm.dist import horovod as dist
-from hvd_lm.dist.launcher import RankContext, world_size
+from hvd_lm.comm import horovod as comm
+from hvd_lm.comm.launcher import RankContext, world_size
 from hvd_lm.train import runtime as prec
 from hvd_lm.train.checkpoint import load_model, resolve
 
@@ -55,7 +55,7 @@ class LMSession:
     """A checkpoint's LM ready to featurize on this rank.
 
     Attributes:
-        ctx: the Horovod :class:`~hvd_lm.dist.launcher.RankContext` when launched on several
+        ctx: the Horovod :class:`~hvd_lm.comm.launcher.RankContext` when launched on several
             ranks, else None (one process; Horovod is not initialised).
         path: the checkpoint file; model: its LanguageModel (eval mode, on ``device``);
         ckpt: the checkpoint dict; device: one GPU per local rank, or the CPU.
@@ -81,7 +81,7 @@ def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32
     Raises:
         FileNotFoundError: no checkpoint; ValueError: a device/precision that cannot be used.
     """
-    ctx = dist.init() if world_size() > 1 else None  # Horovod: ranks split the texts
+    ctx = comm.init() if world_size() > 1 else None  # Horovod: ranks split the texts
     if threads > 0:
         torch.set_num_threads(threads)
     path = resolve(checkpoint)
@@ -229,9 +229,9 @@ def featurize(model, texts: Sequence[str], kind: str = "cell",
         kind: ``cell`` (final c_T), ``hidden`` (final h_T), ``mean`` / ``max`` (over t of h_t).
         max_chars: keep the first ``max_chars`` bytes of each text (<= 0: all).
         batch_size: texts per batch (per rank).
-        ctx: a :class:`hvd_lm.dist.launcher.RankContext` to split the work over ranks (each rank
+        ctx: a :class:`hvd_lm.comm.launcher.RankContext` to split the work over ranks (each rank
             gets every ``size``-th batch of the length-sorted order, see :func:`plan_batches`;
-            results are gathered with :func:`hvd_lm.dist.horovod.allgather` onto every rank);
+            results are gathered with :func:`hvd_lm.comm.horovod.allgather` onto every rank);
             None = this process does everything.
         progress: show a tqdm bar (in chars) of this rank's share; pass True on rank 0 only.
         time_chunk, precision: see :func:`encode_batch`.
@@ -265,8 +265,8 @@ def featurize(model, texts: Sequence[str], kind: str = "cell",
         # One sentinel row (index -1) per rank, so no rank ever sends an empty tensor.
         feats = torch.cat([torch.zeros(1, H), feats])
         idx = torch.cat([torch.tensor([-1]), idx])
-        feats = dist.allgather(feats, name=f"transfer_feats_{desc}")
-        idx = dist.allgather(idx, name=f"transfer_idx_{desc}")
+        feats = comm.allgather(feats, name=f"transfer_feats_{desc}")
+        idx = comm.allgather(idx, name=f"transfer_idx_{desc}")
         keep = idx >= 0
         feats, idx = feats[keep], idx[keep]
     out = np.zeros((len(texts), H), dtype=np.float32)

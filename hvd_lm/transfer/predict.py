@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from hvd_lm.core.atomic import atomic_path, write_text
 from hvd_lm.core.config import Command, option
 from hvd_lm.core.digest import file_sha256
-from hvd_lm.dist import horovod as dist
-from hvd_lm.dist.launcher import world_size
+from hvd_lm.comm import horovod as comm
+from hvd_lm.comm.launcher import world_size
 from hvd_lm.train import runtime as prec
 from hvd_lm.transfer import datasets
 from hvd_lm.transfer.features import featurize, open_lm
@@ -118,7 +118,7 @@ def classify(cfg: ClassifyConfig) -> dict | None:
     is_root = lm.ctx is None or lm.ctx.rank == 0
     digest = file_sha256(lm.path) if is_root else None
     if lm.ctx is not None:
-        digest = dist.broadcast_object(digest, name="classify_checkpoint_sha256")
+        digest = comm.broadcast_object(digest, name="classify_checkpoint_sha256")
     check_checkpoint(saved, lm.path, digest)
     if lm.model.config.hidden_size != len(saved.model.coef):
         raise ClassifierError(f"{saved.path}: {len(saved.model.coef)} inputs, but the model has "

@@ -35,7 +35,7 @@ from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, option
 from hvd_lm.core.digest import file_sha256
 from hvd_lm.core.mlstm_kernels import KERNELS
-from hvd_lm.dist import horovod as dist
+from hvd_lm.comm import horovod as comm
 from hvd_lm.train import runtime as prec
 from hvd_lm.transfer import datasets
 from hvd_lm.transfer.classify import (CPU_AUTO_SOLVER, DEFAULT_BASELINE_C_GRID, DEFAULT_C_GRID,
@@ -221,7 +221,7 @@ def featurize_splits(lm: LMSession, splits: dict[str, datasets.LabelledSplit],
             key = cache_key(checkpoint_sha256, name, texts_sha256(split.texts), options)
             hit = cache.load(key, len(split))
         if ctx is not None and cache is not None:
-            cached = dist.broadcast_object(hit is not None, name=f"transfer_hit_{name}")
+            cached = comm.broadcast_object(hit is not None, name=f"transfer_hit_{name}")
         else:
             cached = hit is not None
         if cached:

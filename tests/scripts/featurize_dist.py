@@ -12,7 +12,7 @@ import json
 import numpy as np
 import torch
 
-from hvd_lm.dist import horovod as dist
+from hvd_lm.comm import horovod as comm
 from hvd_lm.train.checkpoint import load_model
 from hvd_lm.transfer.run import featurize
 
@@ -25,7 +25,7 @@ ap.add_argument("--kinds", default="cell,hidden,mean,max")
 ap.add_argument("--max-chars", type=int, default=2000)
 args = ap.parse_args()
 
-ctx = dist.init()
+ctx = comm.init()
 torch.set_num_threads(1)
 model, _ = load_model(args.checkpoint)
 with open(args.texts) as f:

@@ -1,4 +1,4 @@
-"""Rounds of hvd_lm.dist.horovod.compressed_allreduce on 2+ ranks; each rank saves its inputs,
+"""Rounds of hvd_lm.comm.horovod.compressed_allreduce on 2+ ranks; each rank saves its inputs,
 outputs and final error buffers. tests/test_onebit.py checks them against a numpy implementation
 of the algorithm and against the exact average.
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hvd_lm.dist import horovod as dist
-from hvd_lm.dist.onebit import ErrorFeedback, Layout
+from hvd_lm.comm import horovod as comm
+from hvd_lm.comm.onebit import ErrorFeedback, Layout
 
 
 def inputs(seed: int, t: int, r: int, numel: int) -> torch.Tensor:
@@ -32,10 +32,10 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    ctx = dist.init()
+    ctx = comm.init()
     torch.set_num_threads(1)
     errors = ErrorFeedback(Layout(args.numel, ctx.size, args.chunk), ctx.rank)
-    outs = [dist.compressed_allreduce(inputs(args.seed, t, ctx.rank, args.numel), errors,
+    outs = [comm.compressed_allreduce(inputs(args.seed, t, ctx.rank, args.numel), errors,
                                       name=f"rounds.{t}").numpy() for t in range(args.rounds)]
     np.savez(Path(args.out) / f"rank{ctx.rank}.npz", outputs=np.stack(outs),
              worker_error=errors.worker_error.numpy(), server_error=errors.server_error.numpy())

@@ -13,7 +13,7 @@ Fusion", "Adasum"):
   allreduce), unscale (mixed precision), clip, then ``step()`` inside ``skip_synchronize()``.
 * :func:`allreduce_sum` / :func:`allgather` for metrics and checkpointed per-rank state.
 * :func:`compressed_allreduce`: the 1-bit compressed allreduce with error feedback (Tang et al.
-  2021) on ``hvd.alltoall`` + ``hvd.allgather`` (the math: :mod:`hvd_lm.dist.onebit`), and
+  2021) on ``hvd.alltoall`` + ``hvd.allgather`` (the math: :mod:`hvd_lm.comm.onebit`), and
   :class:`OnebitDistributedOptimizer`, which runs 1-bit Adam / 1-bit LAMB
   (:mod:`hvd_lm.train.onebit`): warmup through ``hvd.DistributedOptimizer``, then the compressed
   allreduce of the momentum.
@@ -31,8 +31,8 @@ from contextlib import contextmanager
 import torch
 
 from hvd_lm.core.units import MIB
-from hvd_lm.dist.launcher import RankContext
-from hvd_lm.dist.onebit import ErrorFeedback, Layout, ring_allreduce_wire_bytes
+from hvd_lm.comm.launcher import RankContext
+from hvd_lm.comm.onebit import ErrorFeedback, Layout, ring_allreduce_wire_bytes
 
 #: Horovod 0.28.1's defaults (horovod/common/operations.cc): fusion threshold, bytes; cycle, ms.
 HOROVOD_DEFAULT_FUSION_BYTES = 128 * MIB
@@ -121,7 +121,7 @@ def _gradient_wire_bytes(model: torch.nn.Module, compression: str, size: int) ->
 def comm_stats(optimizer) -> dict:
     """``{"wire_bytes": bytes this rank sent through the gradient / momentum collectives in the
     last step}`` (set by ``synchronize()``; ring allreduce: 2(n-1)/n of the gradient bytes;
-    compressed allreduce: :meth:`hvd_lm.dist.onebit.Layout.wire_bytes` of the buffers handed to
+    compressed allreduce: :meth:`hvd_lm.comm.onebit.Layout.wire_bytes` of the buffers handed to
     ``alltoall`` and ``allgather``), plus ``"onebit_phase"`` (that step's: ``warmup`` /
     ``compressed``) for 1-bit optimisers. Empty for an optimiser this module did not wrap."""
     if isinstance(optimizer, OnebitDistributedOptimizer):
@@ -316,11 +316,11 @@ def root_call(fn):
 def compressed_allreduce(x: torch.Tensor, errors: ErrorFeedback, name: str) -> torch.Tensor:
     """Average of ``x`` over all ranks through 1-bit compression with error feedback (Tang et al.
     2021, Algorithm 1's compressed allreduce): worker error added and every rank's part compressed
-    (:meth:`~hvd_lm.dist.onebit.ErrorFeedback.worker_compress`), ``hvd.alltoall`` of the parts
+    (:meth:`~hvd_lm.comm.onebit.ErrorFeedback.worker_compress`), ``hvd.alltoall`` of the parts
     (uint8 [n, part_bytes]: signs packed 8 per byte, then the fp32 scales), average of this rank's
     part plus the server error, recompressed
-    (:meth:`~hvd_lm.dist.onebit.ErrorFeedback.server_reduce`), ``hvd.allgather`` of the n
-    compressed parts, decompressed (:meth:`~hvd_lm.dist.onebit.ErrorFeedback.assemble`).
+    (:meth:`~hvd_lm.comm.onebit.ErrorFeedback.server_reduce`), ``hvd.allgather`` of the n
+    compressed parts, decompressed (:meth:`~hvd_lm.comm.onebit.ErrorFeedback.assemble`).
 
     Args:
         x: this rank's tensor, float [N] (N = ``errors.layout.numel``).
@@ -362,7 +362,7 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
     * Compressed phase: gradients stay local (the hooks are silenced by setting Horovod's
       ``backward_passes_per_step`` beyond reach; ``synchronize()`` returns at once); the
       optimiser's step hands its flat momentum to :func:`compressed_allreduce` with this rank's
-      :class:`~hvd_lm.dist.onebit.ErrorFeedback` (created at the first compressed step). With one
+      :class:`~hvd_lm.comm.onebit.ErrorFeedback` (created at the first compressed step). With one
       rank there is nothing to communicate and the momentum is used as is (as DeepSpeed does).
 
     :meth:`state_dict` adds every rank's error buffers (an ``allgather``: call it on every rank,

@@ -17,7 +17,7 @@ torchrun        RANK                   WORLD_SIZE                  LOCAL_RANK   
 (OpenMPI: "mpirun(1)" environment variables; MPICH Hydra's PMI variables; SLURM "srun(1)" OUTPUT
 ENVIRONMENT VARIABLES; PyTorch "torchrun" docs; Horovod sets its own in ``horovodrun``'s Gloo mode.)
 A missing local rank/size falls back to rank/size (one node). Reading the environment needs no MPI
-library; :func:`hvd_lm.dist.horovod.init` gives the authoritative values once Horovod is up.
+library; :func:`hvd_lm.comm.horovod.init` gives the authoritative values once Horovod is up.
 """
 
 from __future__ import annotations
