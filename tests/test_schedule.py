@@ -2,7 +2,9 @@
 import pytest
 import torch
 
-from hvd_lm.train.schedule import lr_factor, make_scheduler, scaled_lr
+import warnings
+
+from hvd_lm.train.schedule import lr_factor, make_scheduler, scaled_lr, set_peak_lr
 
 
 @pytest.mark.parametrize("rule,batch,want", [
@@ -39,3 +41,24 @@ def test_scheduler_drives_optimizer():
         opt.step()
         sched.step()
     assert lrs == pytest.approx([1.0, 0.75, 0.5, 0.25])
+
+
+def test_set_peak_lr_rescales_at_the_same_point_of_the_schedule():
+    """An elastic resize or a resume with another global batch: the new peak times the schedule's
+    factor at the current step (lr_factor, computed by hand here), in the optimizer and in
+    get_last_lr; the step count and the following steps go on from there."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = make_scheduler(opt, warmup_steps=2, total_steps=10)
+    for _ in range(5):
+        opt.step()
+        sched.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # set_peak_lr itself must not warn
+        set_peak_lr(sched, 4.0)
+    want = 4.0 * (1 - (5 - 2) / 8)  # step 5 of a warmup 2, decay to 0 at 10
+    assert sched.last_epoch == 5
+    assert opt.param_groups[0]["lr"] == pytest.approx(want)
+    assert sched.get_last_lr() == pytest.approx([want])
+    opt.step()
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(4.0 * (1 - (6 - 2) / 8))

@@ -144,7 +144,7 @@ def set_knobs(text: str, knobs: dict[str, str]) -> str:
         KeyError: a knob the template does not have (naming the ones it has).
         ValueError: a value with shell-special characters.
     """
-    found = {m.group("name") for m in _KNOB.finditer(text)}
+    found = set(knob_defaults(text))
     missing = set(knobs) - found
     if missing:
         raise KeyError(f"template has no knob(s) {sorted(missing)} (it has {sorted(found)})")

@@ -3,8 +3,8 @@
 ``bench train``, in one invocation (so that a shared, noisy machine affects every figure alike):
 
 1. the machine's fp32 matmul rate with one thread (``torch.mm`` of 2048^3, best of 5), GFLOP/s;
-2. the training step of :mod:`hvd_lm.train.loop` (same model, same window loss, same optimizer
-   and ``clip_and_step``) under ``mpirun -np N`` with Horovod for each N in ``--ranks`` (weak
+2. the training step of :mod:`hvd_lm.train.loop` (same model, same window loss, same optimizer,
+   ``synchronize``, ``unscale_and_clip`` and ``step_or_skip``) under ``mpirun -np N`` with Horovod for each N in ``--ranks`` (weak
    scaling: the per-rank batch is fixed), one thread per rank, for every mLSTM implementation
    in ``--rnn-impl`` (``fused`` once per ``--rnn-kernels`` x ``--cuda-graphs`` variant,
    ``reference`` once): the implementations side by side in one run;
@@ -253,9 +253,14 @@ def worker(cfg: WorkerConfig) -> int:
             nats, r["state"] = window_nll(r["net"], batch, r["state"], device, cfg.precision)
             loss = nats / batch.chars
             scaler = r["scaler"]
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            if cfg.backend == "horovod":  # Horovod: wait, clip, step
-                _, _, wait = comm.clip_and_step(r["opt"], r["params"], 1.0, scaler)
+            runtime.scaled(loss, scaler).backward()
+            if cfg.backend == "horovod":  # the loop's step (hvd_lm.train.loop.Trainer.steps)
+                t_wait = time.perf_counter()
+                r["opt"].synchronize()  # Horovod: wait for the gradient allreduce
+                wait = time.perf_counter() - t_wait
+                norm = runtime.unscale_and_clip(r["opt"], r["params"], 1.0, scaler)
+                with r["opt"].skip_synchronize():  # Horovod: step without a second wait
+                    runtime.step_or_skip(r["opt"], scaler, norm)
             else:
                 torch.nn.utils.clip_grad_norm_(r["params"], 1.0, foreach=True)
                 r["opt"].step()

@@ -295,6 +295,12 @@ class Position:
     skipped_steps: int = 0
     chars_trained: int = 0
 
+    @property
+    def attempts(self) -> int:
+        """Optimizer step attempts, applied and skipped (the fault hooks and the control
+        allreduce count these: the same on every rank)."""
+        return self.step + self.skipped_steps
+
 
 def payload(position: Position, model, optimizer, scheduler, scaler, rnn_state, config: dict,
             world_size: int, windows_per_epoch: int | None = None) -> dict:

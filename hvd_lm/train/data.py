@@ -250,3 +250,17 @@ class Prefetcher:
             fut.cancel()
         self._ahead.clear()
         self._pool.shutdown(wait=True)
+
+
+def window_in_new_cut(window: int, old_windows_per_epoch: int, windows_per_epoch: int) -> int:
+    """The window index at the same fraction of the epoch once the streams are cut for another
+    world (or batch): epochs done are kept, the part of the epoch scales by ``windows_per_epoch``
+    / ``old_windows_per_epoch`` (rounded); ``window`` itself when the cut is the same.
+
+    Args:
+        window: windows trained so far (all epochs) in the old cut.
+        old_windows_per_epoch, windows_per_epoch: windows per epoch of each rank's streams in
+            the old and the new cut (:attr:`RankStreams.steps_per_epoch`).
+    """
+    epoch, w = divmod(window, old_windows_per_epoch)
+    return epoch * windows_per_epoch + round(w * windows_per_epoch / old_windows_per_epoch)

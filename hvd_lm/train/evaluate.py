@@ -22,7 +22,7 @@ from hvd_lm.core.mlstm_kernels import KERNELS
 from hvd_lm.core.model import LanguageModel
 from hvd_lm.core.shards import load_manifest
 from hvd_lm.comm import horovod as comm
-from hvd_lm.train import runtime as prec
+from hvd_lm.train import runtime
 from hvd_lm.train.checkpoint import load_model
 from hvd_lm.train.data import IGNORE, Batch, RankStreams
 from hvd_lm.train.preflight import check_vocab
@@ -41,7 +41,7 @@ def nll_bits(model, streams: RankStreams, device: torch.device, precision: str =
     bits, chars = 0.0, 0
     for batch in streams:
         x, y = batch.inputs.to(device), batch.targets.to(device)
-        with prec.autocast(device, precision):
+        with runtime.autocast(device, precision):
             logits, state = model(x, state, reset=batch.reset.to(device))
         # float64 log-softmax: the sum over millions of chars stays exact (uniform -> 8.0 bits).
         nats = F.cross_entropy(logits.double().reshape(-1, logits.shape[-1]), y.reshape(-1),
@@ -94,7 +94,7 @@ def window_nll(model: LanguageModel, batch: Batch, state, device: torch.device, 
     # non_blocking: a no-op on CPU; from pinned memory (train.data.Prefetcher) an async copy
     x = batch.inputs.to(device, non_blocking=True)
     y = batch.targets.to(device, non_blocking=True)
-    with prec.autocast(device, precision):
+    with runtime.autocast(device, precision):
         logits, state = model(x, state, reset=batch.reset.to(device, non_blocking=True))
     nats = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
                            ignore_index=IGNORE, reduction="sum")
@@ -113,7 +113,7 @@ class EvalConfig:
     batch_size: int = option(16, "rows per rank", ge=1)
     seq_len: int = option(0, "window, bytes (0 = the checkpoint's)", ge=0)
     max_bytes: int = option(0, "evaluate only the first N bytes (0 = all)", ge=0)
-    precision: str = option("fp32", "autocast precision", choices=prec.PRECISIONS)
+    precision: str = option("fp32", "autocast precision", choices=runtime.PRECISIONS)
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     rnn_kernels: str = option("auto", "fused mLSTM cell kernels on this device (auto: triton "
                               "on CUDA when installed, else torch)", choices=KERNELS)
@@ -124,7 +124,7 @@ def eval_command(cfg: EvalConfig) -> int:
     """``hvd-lm eval``: print (and with ``--output`` write) ``{"bpc", "chars", ...}`` as JSON on
     rank 0; ranks split the streams and sum bits and chars (Horovod)."""
     ctx = comm.init()
-    device = prec.resolve_device(cfg.device, ctx.local_rank, ctx.local_size)
+    device = runtime.resolve_device(cfg.device, ctx.local_rank, ctx.local_size)
     model, ck = load_model(cfg.checkpoint, map_location=device, rnn_kernels=cfg.rnn_kernels)
     manifest = load_manifest(cfg.shards)
     check_vocab(model.config.vocab_size, manifest, f"{cfg.checkpoint}: model.vocab_size",

@@ -1,4 +1,6 @@
-"""Fault injection for the tests, kept out of the training loop's body.
+"""Fault injection for the tests, kept out of the training loop's body: the loop calls the hooks of
+the object :func:`for_rank` gives, a :class:`NoFaults` that does nothing unless a test asked for a
+fault with one of these:
 
 * ``HVD_LM_FAULT_RANK`` / ``HVD_LM_FAULT_STEP`` (environment): that rank exits abruptly (code 3)
   when it reaches that optimizer step, as a crashed process would (the rank-death test).
@@ -17,8 +19,27 @@ import time
 import torch
 
 
-class Faults:
-    """The faults this rank was asked to inject (none unless configured)."""
+class NoFaults:
+    """No fault: what the training loop runs with unless a test configured one."""
+
+    def before_step(self, step: int) -> None:
+        """Nothing."""
+
+    def loss(self, loss: torch.Tensor, attempt: int) -> torch.Tensor:
+        """``loss`` unchanged."""
+        return loss
+
+
+def for_rank(rank: int, inject_nan_steps: str = "") -> "NoFaults | Faults":
+    """:class:`Faults` for this rank when a fault is configured (environment or
+    ``run.inject_nan_steps``), else :class:`NoFaults`."""
+    faults = Faults(rank, inject_nan_steps)
+    return faults if (faults.nan_attempts or faults.die_at is not None or faults.sleep) \
+        else NoFaults()
+
+
+class Faults(NoFaults):
+    """The faults this rank was asked to inject."""
 
     def __init__(self, rank: int, inject_nan_steps: str = ""):
         self.rank = rank

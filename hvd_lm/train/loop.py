@@ -1,32 +1,30 @@
 """The training loop: data-parallel TBPTT training of the byte-level LM with Horovod.
 
-One optimizer step (per rank, B rows x T bytes per window, ``backward_passes_per_step`` = k):
+One optimizer step (per rank, B rows x T bytes per window, ``backward_passes_per_step`` = k),
+written out top to bottom in :meth:`Trainer.steps`:
 
 1. k windows: forward with the carried (detached) state, loss = mean NLL over the window's real
    targets / k in fp32, backward (scaled by the loss scaler under fp16); Horovod's hooks start the
    fp16-compressed, fused allreduce of each gradient as soon as it is ready.
-2. ``clip_and_step`` (hvd_lm.comm.horovod): wait for the allreduce, unscale, clip, step — or skip
-   the step when the gradients overflowed / are not finite (counted; the LR schedule does not
-   advance on a skipped step).
+2. ``optimizer.synchronize()`` waits for the allreduce; unscale and clip
+   (:func:`hvd_lm.train.runtime.unscale_and_clip`); step inside ``optimizer.skip_synchronize()``,
+   or skip the step when the gradients overflowed / are not finite
+   (:func:`hvd_lm.train.runtime.step_or_skip`: counted; the LR schedule does not advance on a
+   skipped step). Horovod docs, "Gradient clipping".
 3. Every ``run.control_every`` step attempts, one tiny allreduce of control flags (a preemption
    signal or a due time-based checkpoint on any rank stops or checkpoints every rank at the same
    step).
 
 The host does not wait on the device per window: the next window is read ahead on a thread
 (``train.data.Prefetcher``), the loss is summed on the device and read at log time, and the one
-per-step sync is the gradient norm's finiteness check in ``clip_and_step``.
+per-step sync is the gradient norm (its finiteness decides the skip).
 
 Rank 0 logs (tqdm bar, a line every ``log_every`` steps, ``metrics.jsonl``, TensorBoard when
 installed) and writes checkpoints; metrics are sums over ranks. Every Horovod call is marked
 ``# Horovod:`` where it happens (as Horovod's ``examples/pytorch`` scripts do).
 
-With ``run.elastic`` (Horovod elastic, ``horovodrun --min-np/--max-np --host-discovery-script``)
-the loop runs under ``hvd.elastic.run``: every ``run.commit_every`` steps the model, optimizer,
-LR schedule, loss scaler, data position and character count are committed in memory
-(``TorchState``); a lost worker rolls every rank back to the last commit, a changed world size
-re-cuts the streams at the same fraction of the epoch, rescales the LR for the new global batch
-and starts the recurrent state of the re-cut rows from zero (:meth:`Trainer.on_reset`,
-:meth:`Trainer.from_state`).
+With ``run.elastic`` (Horovod elastic) the same loop runs under ``hvd.elastic.run``, with a
+commit in memory every ``run.commit_every`` steps: :mod:`hvd_lm.train.elastic`.
 
 Without ``run.elastic``, a lost peer (its host's link down, the host or the process gone) fails
 the collective it was in after Gloo's ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (``comm.gloo_timeout_s``);
@@ -47,25 +45,25 @@ from pathlib import Path
 
 import torch
 
+from hvd_lm.comm import horovod as comm
+from hvd_lm.comm.peers import PeerWatch, lost_peers_text
 from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, check_required
 from hvd_lm.core.lock import FolderLock
 from hvd_lm.core.model import LanguageModel
 from hvd_lm.core.shards import load_manifest, verify_shard
-from hvd_lm.comm import horovod as comm
-from hvd_lm.comm.peers import PeerWatch, lost_peers_text
 from hvd_lm.train import checkpoint as ckpt_io
-from hvd_lm.train import preflight, runtime
+from hvd_lm.train import faults, preflight, runtime
 from hvd_lm.train.config import TrainConfig
-from hvd_lm.train.data import Prefetcher, RankStreams
+from hvd_lm.train.data import Prefetcher, RankStreams, window_in_new_cut
+from hvd_lm.train.elastic import ElasticTraining
 from hvd_lm.train.evaluate import bpc as eval_bpc
 from hvd_lm.train.evaluate import window_nll
-from hvd_lm.train.faults import Faults
 from hvd_lm.train.guard import DivergenceGuard, TrainingDiverged  # noqa: F401 (raised here)
 from hvd_lm.train.log import MetricsLog, StopSignals
-from hvd_lm.train.optim import build_optimizer
+from hvd_lm.train.optim import build_optimizer, distributed
 from hvd_lm.train.rundir import open_run_folder
-from hvd_lm.train.schedule import make_scheduler, scaled_lr
+from hvd_lm.train.schedule import make_scheduler, scaled_lr, set_peak_lr
 
 LN2 = math.log(2.0)
 
@@ -82,7 +80,7 @@ def train(cfg: TrainConfig) -> dict:
     return Trainer(cfg).run()
 
 
-class Trainer:
+class Trainer(ElasticTraining):
     """One training run: :meth:`__init__` sets everything up (no collective in elastic mode,
     where a joining worker gets the state from the others), :meth:`run` trains.
 
@@ -144,8 +142,8 @@ class Trainer:
             self.pos = resume.position
             if resume.windows_per_epoch:  # another world size x batch cuts other streams:
                 # continue at the same point of the epoch (the same window when cut alike)
-                self.pos.window = self.window_in_new_cut(self.pos.window,
-                                                         resume.windows_per_epoch)
+                self.pos.window = window_in_new_cut(self.pos.window, resume.windows_per_epoch,
+                                                    self.windows_per_epoch)
             self.rnn_state = resume.rnn_rows(self.ctx.rank, self.ctx.size, self.B, self.device,
                                              warn=self.ctx.is_root) or self.rnn_state
             resume.restore_rng()
@@ -156,15 +154,17 @@ class Trainer:
                 return  # a finished run started again: nothing is written
 
         # Horovod: wrap the optimizer (gradient allreduce with fp16 compression and tensor fusion).
-        self.optimizer = comm.distributed_optimizer(optimizer, self.model, cfg.dist.compression,
-                                                    self.k, cfg.dist.allreduce_op)
+        self.optimizer = distributed(optimizer, self.model, cfg.dist.compression, self.k,
+                                     cfg.dist.allreduce_op)
         # The scheduler wraps the Horovod optimizer's step(), so it sees the steps really taken.
         self.scheduler = make_scheduler(self.optimizer, cfg.optim.warmup_steps, self.total_steps,
                                         cfg.optim.lr_decay)
         if resume is not None:
             resume.restore_optimizer(self.optimizer, self.scheduler)
-            self.set_peak_lr()  # the configured rule for this job's global batch (the saving
-            resume.release()    # job's may differ: another world size or batch)
+            # the configured rule's peak for this job's global batch (the saving job's may differ:
+            # another world size or batch)
+            set_peak_lr(self.scheduler, self.peak_lr)
+            resume.release()
         if not cfg.run.elastic:
             # Horovod: every rank starts from rank 0's weights (and optimizer state when resuming;
             # an empty Adam state would make Horovod take a zero-gradient step to create it).
@@ -196,7 +196,7 @@ class Trainer:
 
         # ---- control ------------------------------------------------------------------------------
         self.signals = StopSignals()
-        self.faults = Faults(self.ctx.rank, cfg.run.inject_nan_steps)
+        self.faults = faults.for_rank(self.ctx.rank, cfg.run.inject_nan_steps)  # tests only
         self.chars_base, self.chars_local = self.pos.chars_trained, 0  # all ranks before; this one
         self.guard = DivergenceGuard(cfg.run.divergence_loss, cfg.run.divergence_logs,
                                      cfg.run.max_skipped_steps, self.pos.step)
@@ -283,9 +283,7 @@ class Trainer:
         if self.summary is not None:  # nothing to train (preflight.resume_end)
             return self.summary
         if self.cfg.run.elastic:
-            state = comm.elastic_state(self.model, self.optimizer, **self.commit_fields())
-            state.register_reset_callbacks([lambda: self.on_reset(state)])
-            comm.elastic_run(self.elastic_loop)(state)  # Horovod: elastic (sync, restore, reset)
+            self.run_elastic()  # hvd_lm.train.elastic
         else:
             try:
                 self.loop()
@@ -310,13 +308,6 @@ class Trainer:
             "it out, and run again with --resume auto (the launch templates add it)",
             report=self.ctx.local_rank == 0)
 
-    def elastic_loop(self, state) -> None:
-        """The loop under ``hvd.elastic.run``: the state (synced from rank 0) is where this rank
-        starts; a commit every ``run.commit_every`` applied steps."""
-        self.from_state(state)
-        self.loop(state)
-        self.finish()
-
     def loop(self, state=None) -> None:
         """Optimizer steps until ``total_steps``, a stop signal or divergence."""
         # window i+1's bytes are read on a background thread while window i trains (elastic
@@ -330,85 +321,47 @@ class Trainer:
 
     def steps(self, batches: Prefetcher, state=None) -> None:
         """The body of :meth:`loop`: one iteration per optimizer step (attempt)."""
-        cfg, B, k = self.cfg, self.B, self.k
-        model, optimizer, scheduler, scaler = self.model, self.optimizer, self.scheduler, self.scaler
-        log, pos = self.log, self.pos
-        acc = {"nats": 0.0, "chars": 0.0, "wait": 0.0, "busy": 0.0, "t0": time.perf_counter(),
-               "steps": 0}
+        cfg, k, pos = self.cfg, self.k, self.pos
+        model, optimizer, scaler = self.model, self.optimizer, self.scaler
+        self.meter = _Meter()
         model.train()
         while pos.step < self.total_steps and (state is not None
                                                or pos.window + k <= self.total_windows):
             t_step = time.perf_counter()
             self.faults.before_step(pos.step)
 
-            # forward + backward over k windows; Horovod's hooks allreduce each gradient when ready
+            # forward, loss, backward over k windows (TBPTT: the recurrent state carried, detached)
             nats_step, chars_step = 0.0, 0
             for _ in range(k):
-                batch = batches.get(pos.window)  # read ahead (epoch, step) = divmod(window, wpe)
+                batch = batches.get(pos.window)  # read ahead on a thread
                 nats, self.rnn_state = window_nll(model, batch, self.rnn_state, self.device,
-                                                  cfg.run.precision)
-                loss = self.faults.loss(nats / max(1, batch.chars) / k,
-                                        pos.step + pos.skipped_steps)
-                (scaler.scale(loss) if scaler is not None else loss).backward()
-                # summed on the device (a 0-d tensor), read only at log time: no host sync
-                nats_step = nats_step + nats.detach().double()
+                                                  cfg.run.precision)  # summed NLL, nats (fp32)
+                loss = self.faults.loss(nats / max(1, batch.chars) / k, pos.attempts)
+                # Horovod: each gradient's allreduce starts from its hook as soon as it is ready
+                runtime.scaled(loss, scaler).backward()
+                nats_step = nats_step + nats.detach().double()  # on the device: no host sync
                 chars_step += batch.chars
                 pos.window += 1
 
-            # Horovod: wait for the allreduce, unscale, clip, step (or skip a non-finite step)
-            applied, grad_norm, wait = comm.clip_and_step(optimizer, self.params,
-                                                          cfg.optim.grad_clip, scaler,
-                                                          cfg.run.nan_check)
+            # Horovod: wait for the fused, fp16-compressed allreduce of every gradient
+            t_wait = time.perf_counter()
+            optimizer.synchronize()
+            wait = time.perf_counter() - t_wait
+            # unscale (fp16) and clip; the norm read on the host is the step's one sync
+            grad_norm = runtime.unscale_and_clip(optimizer, self.params, cfg.optim.grad_clip,
+                                                 scaler)
+            # step, or skip a step whose gradients are not finite (every rank decides alike)
+            with optimizer.skip_synchronize():  # Horovod: the allreduce is done already
+                applied = runtime.step_or_skip(optimizer, scaler, grad_norm, cfg.run.nan_check)
             optimizer.zero_grad()
-            self.guard.attempt(applied)
-            if applied:
-                scheduler.step()
-                pos.step += 1
-            else:
-                pos.skipped_steps += 1
-                if not all(bool(torch.isfinite(s).all()) for s in self.rnn_state):
-                    self.rnn_state = model.init_state(B, self.device)
-                log.record("skip", pos.step, skipped_steps=pos.skipped_steps, grad_norm=grad_norm,
-                           loss_scale=scaler.get_scale() if scaler is not None else None)
 
-            # bookkeeping for the next log line
+            # count it (the LR schedule advances on applied steps only), then log and validate
+            self.count_step(applied, grad_norm)
             self.chars_local += chars_step
-            acc["nats"] += nats_step
-            acc["chars"] += chars_step
-            acc["wait"] += wait
-            acc["busy"] += time.perf_counter() - t_step
-            acc["steps"] += 1
-
-            # Horovod: control flags; any rank's signal stops all, rank 0's clock times checkpoints
-            # (every control_every attempts: the same attempts on every rank)
-            stop_flag = due_flag = 0.0
-            if (pos.step + pos.skipped_steps) % cfg.run.control_every == 0:
-                due = (cfg.run.checkpoint_minutes > 0 and self.ctx.is_root
-                       and time.time() - self.last_ckpt_time >= 60 * cfg.run.checkpoint_minutes)
-                stop_flag, due_flag = comm.allreduce_sum(
-                    [1.0 if self.signals.received else 0.0, 1.0 if due else 0.0], name="control")
-
-            # log a line every log_every steps (Horovod: metrics summed over ranks)
-            log.tick(1 if applied else 0)
+            self.meter.add(nats_step, chars_step, wait, time.perf_counter() - t_step)
+            stop_flag, due_flag = self.control_flags()
             if applied and (pos.step % cfg.run.log_every == 0 or pos.step == self.total_steps):
-                nats, chars, waits, busy = comm.allreduce_sum(  # float(): the device sum, read now
-                    [float(acc["nats"]), acc["chars"], acc["wait"], acc["busy"]], name="log")
-                wall = time.perf_counter() - acc["t0"]
-                loss = nats / max(1.0, chars)
-                self.guard.logged(pos.step, loss)  # the same float on every rank
-                log.record("train", pos.step, loss=loss, bpc=loss / LN2,
-                           lr=scheduler.get_last_lr()[0],
-                           loss_scale=scaler.get_scale() if scaler is not None else None,
-                           chars_per_s=chars / wall, step_time=wall / acc["steps"],
-                           allreduce_wait=waits / max(busy, 1e-9), grad_norm=grad_norm,
-                           skipped_steps=pos.skipped_steps,
-                           epoch=pos.window / self.windows_per_epoch,
-                           world_size=self.ctx.size,
-                           **comm.comm_stats(optimizer))  # bytes on the wire (and 1-bit phase)
-                acc.update(nats=0.0, chars=0.0, wait=0.0, busy=0.0, t0=time.perf_counter(),
-                           steps=0)
-
-            # validate every eval_every steps
+                self.log_train(grad_norm)
             if applied and cfg.run.eval_every and pos.step % cfg.run.eval_every == 0:
                 self.validate()
 
@@ -416,7 +369,6 @@ class Trainer:
             if self.guard.reason:
                 self.stop_reason = "diverged"
                 break
-
             # checkpoint: on a stop signal (then leave), every checkpoint_every steps, or when due
             if stop_flag > 0:
                 self.stop_reason = "signal"
@@ -426,11 +378,60 @@ class Trainer:
                             or due_flag > 0):
                 self.save_checkpoint()
                 self.last_ckpt_time = time.time()
-
             # elastic: commit in memory every commit_every steps (Horovod: may raise
             # HostsUpdatedInterrupt when workers are added or removed, after saving)
             if state is not None and applied and pos.step % cfg.run.commit_every == 0:
                 self.commit(state)
+
+    def count_step(self, applied: bool, grad_norm: float) -> None:
+        """An applied step advances the step count and the LR schedule; a skipped one is counted
+        (and logged), and a non-finite recurrent state restarts from zero."""
+        pos = self.pos
+        self.guard.attempt(applied)
+        self.log.tick(1 if applied else 0)
+        if applied:
+            self.scheduler.step()
+            pos.step += 1
+            return
+        pos.skipped_steps += 1
+        if not all(bool(torch.isfinite(s).all()) for s in self.rnn_state):
+            self.rnn_state = self.model.init_state(self.B, self.device)
+        self.log.record("skip", pos.step, skipped_steps=pos.skipped_steps, grad_norm=grad_norm,
+                        loss_scale=self.scaler.get_scale() if self.scaler is not None else None)
+
+    def control_flags(self) -> tuple[float, float]:
+        """(stop, checkpoint due): every ``run.control_every`` attempts (the same attempts on
+        every rank) one tiny allreduce: any rank's signal stops all, rank 0's clock times
+        checkpoints; (0, 0) between them."""
+        cfg = self.cfg
+        if self.pos.attempts % cfg.run.control_every:
+            return 0.0, 0.0
+        due = (cfg.run.checkpoint_minutes > 0 and self.ctx.is_root
+               and time.time() - self.last_ckpt_time >= 60 * cfg.run.checkpoint_minutes)
+        stop, due_flag = comm.allreduce_sum(  # Horovod: sums of the flags over ranks
+            [1.0 if self.signals.received else 0.0, 1.0 if due else 0.0], name="control")
+        return stop, due_flag
+
+    def log_train(self, grad_norm: float) -> None:
+        """A ``train`` record (rank 0) of the steps since the last one, over all ranks; the loss
+        goes to the divergence guard (the same float on every rank)."""
+        m, pos = self.meter, self.pos
+        # Horovod: metrics summed over ranks (float(): the device sum, read now)
+        nats, chars, waits, busy = comm.allreduce_sum([float(m.nats), m.chars, m.wait, m.busy],
+                                                      name="log")
+        wall = time.perf_counter() - m.t0
+        loss = nats / max(1.0, chars)
+        self.guard.logged(pos.step, loss)
+        scaler = self.scaler
+        self.log.record("train", pos.step, loss=loss, bpc=loss / LN2,
+                        lr=self.scheduler.get_last_lr()[0],
+                        loss_scale=scaler.get_scale() if scaler is not None else None,
+                        chars_per_s=chars / wall, step_time=wall / m.steps,
+                        allreduce_wait=waits / max(busy, 1e-9), grad_norm=grad_norm,
+                        skipped_steps=pos.skipped_steps,
+                        epoch=pos.window / self.windows_per_epoch, world_size=self.ctx.size,
+                        **comm.comm_stats(self.optimizer))  # bytes on the wire (and 1-bit phase)
+        self.meter = _Meter()
 
     def finish(self) -> None:
         """Final validation and checkpoint of a run that reached its end (unless its newest
@@ -462,86 +463,25 @@ class Trainer:
             raise self.guard.error(self.pos.step, settled)
         return summary
 
-    # ---- elastic -----------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Meter:
+    """What the next ``train`` record sums, on this rank: nats (a 0-d device tensor until read),
+    characters, seconds waiting on the allreduce and busy, steps, since ``t0``."""
 
-    def commit_fields(self) -> dict:
-        """What an elastic commit holds besides model and optimizer (all ranks agree on it; the
-        recurrent rows are per rank and kept beside, :attr:`committed_rows`)."""
-        return {"position": dataclasses.asdict(self.pos),
-                "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "world": self.ctx.size, "windows_per_epoch": self.windows_per_epoch,
-                "guard": self.guard.state_dict()}
+    nats: float | torch.Tensor = 0.0
+    chars: float = 0.0
+    wait: float = 0.0
+    busy: float = 0.0
+    steps: int = 0
+    t0: float = dataclasses.field(default_factory=time.perf_counter)
 
-    def commit(self, state) -> None:
-        """Commit the run in memory (every rank, same step): position with the exact character
-        count (Horovod: a sum), schedule, scaler, then ``state.commit()`` (copies of the model's
-        and optimizer's state; may raise ``HostsUpdatedInterrupt``)."""
-        t0 = time.perf_counter()
-        self.pos.chars_trained = self.chars_total()
-        self.chars_base, self.chars_local = self.pos.chars_trained, 0
-        for name, value in self.commit_fields().items():
-            setattr(state, name, value)
-        self.committed_rows = (self.ctx.rank, self.ctx.size,
-                               tuple(s.detach().clone() for s in self.rnn_state))
-        state.commit()
-        self.commit_seconds.append(time.perf_counter() - t0)
-        if len(self.commit_seconds) == 1 or self.pos.step % self.cfg.run.log_every == 0:
-            self.log.record("commit", self.pos.step, seconds=self.commit_seconds[-1])
-
-    def from_state(self, state) -> None:
-        """Take the (synced) committed position, schedule and scaler; the recurrent rows are this
-        rank's committed ones when it kept its place in the same world, else zero. When the world
-        size changed since that commit, the window index is moved to the same fraction of the
-        epoch in the new cut (done here, after Horovod's sync: ``sync`` re-sets every field from
-        rank 0's last commit, so a change made in the reset callback would be lost)."""
-        position = dict(state.position)
-        position["window"] = self.window_in_new_cut(position["window"], state.windows_per_epoch)
-        self.pos = ckpt_io.Position(**position)
-        self.chars_base, self.chars_local = self.pos.chars_trained, 0
-        self.scheduler.load_state_dict(state.scheduler)
-        self.guard.load_state_dict(state.guard)
-        self.set_peak_lr()
-        if self.scaler is not None and state.scaler:
-            self.scaler.load_state_dict(state.scaler)
-        rows = self.committed_rows
-        if rows and rows[:2] == (self.ctx.rank, self.ctx.size):
-            self.rnn_state = tuple(t.clone() for t in rows[2])
-        else:
-            self.rnn_state = self.model.init_state(self.B, self.device)
-
-    def set_peak_lr(self) -> None:
-        """The scheduler's peak LR for the current global batch (the configured rule), applied to
-        the optimizer at the current step."""
-        sched = self.scheduler
-        sched.base_lrs = [self.peak_lr] * len(self.optimizer.param_groups)
-        for group, base, factor in zip(self.optimizer.param_groups, sched.base_lrs,
-                                       sched.lr_lambdas):
-            group["lr"] = base * factor(sched.last_epoch)
-        sched._last_lr = [g["lr"] for g in self.optimizer.param_groups]  # what get_last_lr reads
-
-    def window_in_new_cut(self, window: int, old_windows_per_epoch: int) -> int:
-        """The window index at the same fraction of the epoch once the streams are cut for the
-        current world (:attr:`windows_per_epoch`): epochs done are kept, the part of the epoch
-        scales by new / old windows per epoch (rounded); ``window`` itself when the cut is the
-        same."""
-        epoch, w = divmod(window, old_windows_per_epoch)
-        return epoch * self.windows_per_epoch + round(
-            w * self.windows_per_epoch / old_windows_per_epoch)
-
-    def on_reset(self, state) -> None:
-        """After Horovod re-formed the world (a worker lost or added): the new rank and size, the
-        streams re-cut, rank 0's duties, and a ``resize`` record (peak LR for the new global
-        batch; the window :meth:`from_state` will continue from)."""
-        old_size = state.world
-        self.ctx = comm.rank_context()
-        self.cut_streams()
-        window = self.window_in_new_cut(state.position["window"], state.windows_per_epoch)
-        self.take_root()
-        self.faults = Faults(self.ctx.rank, self.cfg.run.inject_nan_steps)
-        self.log.record("resize", state.position["step"], world_size=self.ctx.size,
-                        previous_world_size=old_size, global_batch=self.global_batch,
-                        peak_lr=self.peak_lr, window=window)
+    def add(self, nats, chars: int, wait: float, busy: float) -> None:
+        """One step attempt's sums."""
+        self.nats = self.nats + nats
+        self.chars += chars
+        self.wait += wait
+        self.busy += busy
+        self.steps += 1
 
 
 class LostPeer(RuntimeError):

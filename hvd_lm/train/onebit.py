@@ -22,10 +22,12 @@
   step scaled by the frozen trust ratio times ``factor = max(sqrt-denominator ratio frozen /
   fresh)``, clipped to [factor_min, factor_max] and to +-factor_threshold of the previous factor.
 
-Communication is not done here: in the compression phase :meth:`step` hands the flat momentum
-(float32 [N], parameters in order) to ``self.reduce_momentum`` (set by
-:class:`hvd_lm.comm.horovod.OnebitDistributedOptimizer`; None = one process, no compression, as
-DeepSpeed does on one rank). The phase follows from the step count in the state: a checkpoint
+The optimisers do not communicate themselves: in the compression phase :meth:`step` hands the
+flat momentum (float32 [N], parameters in order) to ``self.reduce_momentum``, which
+:class:`OnebitDistributedOptimizer` (below, the optimisers on Horovod: the warmup through
+``hvd.DistributedOptimizer``, then :func:`hvd_lm.comm.horovod.compressed_allreduce`; every
+Horovod call through :mod:`hvd_lm.comm.horovod`) sets; None = one process, no compression, as
+DeepSpeed does on one rank. The phase follows from the step count in the state: a checkpoint
 restores it. Settings every step needs live in the param groups (``hvd.DistributedOptimizer``
 rebuilds the optimiser from its param groups).
 """
@@ -33,11 +35,14 @@ rebuilds the optimiser from its param groups).
 from __future__ import annotations
 
 import math
+import sys
+from contextlib import contextmanager
 from typing import Callable, Optional
 
 import torch
 
-from hvd_lm.comm.onebit import DEFAULT_CHUNK
+from hvd_lm.comm import horovod as comm
+from hvd_lm.comm.onebit import DEFAULT_CHUNK, ErrorFeedback, Layout, ring_allreduce_wire_bytes
 
 #: pytorch_optimizer.Lamb's cap on the weight norm in the trust ratio (its ``Lamb.clamp``).
 LAMB_WEIGHT_NORM_CAP = 10.0
@@ -46,8 +51,8 @@ LAMB_WEIGHT_NORM_CAP = 10.0
 class _Onebit(torch.optim.Optimizer):
     """What 1-bit Adam and 1-bit LAMB share: the phase, the flat momentum, the reducer slot."""
 
-    #: Marks optimisers that :func:`hvd_lm.comm.horovod.distributed_optimizer` wraps in
-    #: :class:`~hvd_lm.comm.horovod.OnebitDistributedOptimizer`.
+    #: Marks optimisers that :func:`hvd_lm.train.optim.distributed` wraps in
+    #: :class:`OnebitDistributedOptimizer`.
     onebit = True
 
     def __init__(self, params, defaults: dict):
@@ -295,3 +300,191 @@ class OnebitLamb(_Onebit):
             st["exp_avg_sq_fresh"] = st["exp_avg_sq"].clone()
             st["last_factor"] = 1.0
             st["last_coeff"] = st["frozen_ratio"]
+
+
+# ---- on Horovod ---------------------------------------------------------------------------------
+
+#: backward_passes_per_step that keeps hvd.DistributedOptimizer's gradient hooks from ever starting
+#: an allreduce (each backward pass counts it down by one).
+_NEVER = 2 ** 62
+
+
+class OnebitDistributedOptimizer(torch.optim.Optimizer):
+    """A 1-bit optimiser (:class:`OnebitAdam` / :class:`OnebitLamb`) on Horovod,
+    with the interface the training loop uses for ``hvd.DistributedOptimizer``: ``synchronize()``,
+    ``skip_synchronize()``, ``step()``, ``zero_grad()``, ``state_dict()`` / ``load_state_dict()``,
+    ``param_groups`` (it passes ``isinstance(.., torch.optim.Optimizer)`` for LR schedulers).
+
+    * Warmup (the optimiser's first ``warmup_steps`` steps): ``hvd.DistributedOptimizer`` with
+      ``compression`` averages the gradients (its hooks and ``synchronize()``), then the
+      uncompressed Adam / LAMB step.
+    * Compressed phase: gradients stay local (the hooks are silenced by setting Horovod's
+      ``backward_passes_per_step`` beyond reach; ``synchronize()`` returns at once); the
+      optimiser's step hands its flat momentum to
+      :func:`hvd_lm.comm.horovod.compressed_allreduce` with this rank's
+      :class:`~hvd_lm.comm.onebit.ErrorFeedback` (created at the first compressed step). With one
+      rank there is nothing to communicate and the momentum is used as is (as DeepSpeed does).
+
+    :meth:`state_dict` adds every rank's error buffers (an ``allgather``: call it on every rank,
+    as the training loop does before rank 0 writes a checkpoint); :meth:`load_state_dict` takes
+    this rank's rows back when the world size and chunk match, else it starts from zero errors
+    (with a warning: the resume is then not exact).
+
+    Args:
+        optimizer: a 1-bit optimiser (``optimizer.onebit``), unwrapped.
+        model: its model (parameter names for Horovod).
+        compression: the warmup's gradient compression, ``"fp16"`` or ``"none"``.
+        backward_passes_per_step: local accumulation steps per step.
+        save_errors: include the error buffers in :meth:`state_dict` ((n + 1) x 4 bytes per
+            parameter on rank 0; False: a resume restarts error feedback from zero).
+    """
+
+    def __init__(self, optimizer, model: torch.nn.Module, compression: str = "fp16",
+                 backward_passes_per_step: int = 1, save_errors: bool = True):
+        # torch.optim.Optimizer.__init__ is not called: param_groups, state and defaults are the
+        # Horovod-wrapped optimiser's own (load_state_dict replaces its param group dicts).
+        # Horovod: the warmup's gradient allreduce (hooks, fusion, compression)
+        self._opt = comm.distributed_optimizer(optimizer, model, compression,
+                                               backward_passes_per_step, "average")
+        ctx = comm.rank_context()
+        self._size, self._rank = ctx.size, ctx.rank
+        self._warmup_wire = self._opt.hvd_lm_wire_bytes
+        self.save_errors = save_errors
+        self.errors: ErrorFeedback | None = None
+        self.wire_bytes = 0
+        self.phase = "compressed" if self.compressing else "warmup"
+        self._opt.reduce_momentum = self._reduce if self._size > 1 else None
+        self._silence_hooks_if_compressing()
+
+    # -- what torch.optim.Optimizer users read --------------------------------------------------
+    @property
+    def param_groups(self) -> list[dict]:
+        """The param groups (the wrapped optimiser's; LR schedulers write ``lr`` here)."""
+        return self._opt.param_groups
+
+    @property
+    def state(self):
+        """Per-parameter optimiser state."""
+        return self._opt.state
+
+    @property
+    def defaults(self) -> dict:
+        """The optimiser's default hyperparameters."""
+        return self._opt.defaults
+
+    @property
+    def horovod_optimizer(self):
+        """The ``hvd.DistributedOptimizer`` instance underneath."""
+        return self._opt
+
+    @property
+    def compressing(self) -> bool:
+        """True in the compressed phase (the warmup's steps are done)."""
+        return self._opt.compressing
+
+    # -- the step -------------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Warmup: wait for the gradient allreduce. Compressed phase: nothing (local gradients)."""
+        self.phase = "compressed" if self.compressing else "warmup"
+        if self.compressing:
+            self.wire_bytes = 0
+            return
+        self._opt.synchronize()
+        self.wire_bytes = self._warmup_wire
+
+    @contextmanager
+    def skip_synchronize(self):
+        """``step()`` inside it does not synchronize (Horovod's context manager)."""
+        with self._opt.skip_synchronize():
+            yield
+
+    def step(self, closure=None):
+        """One optimiser step (warmup: after the gradient allreduce; compressed: the compressed
+        allreduce of the momentum happens inside)."""
+        if self.compressing:
+            with self._opt.skip_synchronize():
+                loss = self._opt.step(closure)
+        else:
+            loss = self._opt.step(closure)
+        self._silence_hooks_if_compressing()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients (in the compressed phase bypassing Horovod's check for allreduces
+        in flight: its silenced hooks leave empty handles behind, nothing is in flight)."""
+        if self.compressing:
+            torch.optim.Optimizer.zero_grad(self._opt, set_to_none)
+        else:
+            self._opt.zero_grad()
+
+    def comm_stats(self) -> dict:
+        """The last step's ``wire_bytes`` (warmup: the gradient allreduce's; compressed phase:
+        :meth:`hvd_lm.comm.onebit.Layout.wire_bytes` of the buffers handed to ``alltoall`` and
+        ``allgather``, plus the gradient-norm allreduce) and ``onebit_phase`` (``warmup`` /
+        ``compressed``), for :func:`hvd_lm.comm.horovod.comm_stats`."""
+        return {"wire_bytes": self.wire_bytes, "onebit_phase": self.phase}
+
+    def agree_grad_norm(self, local_norm: float) -> float:
+        """The gradient norm every rank reports and tests for inf/NaN: warmup, ``local_norm`` (the
+        gradients are already averaged); compressed phase, sqrt(mean over ranks of each rank's
+        squared local norm) by one tiny allreduce, so a non-finite gradient on any rank makes
+        every rank skip the step."""
+        if not self.compressing or self._size == 1:
+            return local_norm
+        self.wire_bytes += ring_allreduce_wire_bytes(8, self._size)
+        # Horovod: the mean of the ranks' squared norms
+        return math.sqrt(comm.allreduce_sum([local_norm ** 2], name="onebit.gradnorm")[0]
+                         / self._size)
+
+    def _reduce(self, flat: torch.Tensor) -> torch.Tensor:
+        if self.errors is None:
+            layout = Layout(flat.numel(), self._size, int(self.param_groups[0]["chunk"]))
+            self.errors = ErrorFeedback(layout, self._rank, flat.device)
+        out = comm.compressed_allreduce(flat, self.errors, name="onebit.momentum")  # Horovod
+        self.wire_bytes += self.errors.layout.wire_bytes()
+        return out
+
+    def _silence_hooks_if_compressing(self) -> None:
+        if self.compressing and self._opt.backward_passes_per_step != _NEVER:
+            self._opt.set_backward_passes_per_step(_NEVER)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The optimiser's ``state_dict()`` plus, in the compressed phase, ``"onebit_errors"``:
+        ``world_size``, ``numel``, ``chunk``, ``worker`` float32 [n, n P] and ``server`` float32
+        [n, P], every rank's error buffers in rank order (an ``allgather``: call on every rank)."""
+        sd = self._opt.state_dict()
+        if self.errors is not None and self.save_errors:
+            lay = self.errors.layout
+            sd["onebit_errors"] = {
+                "world_size": lay.world_size, "numel": lay.numel, "chunk": lay.chunk,
+                # Horovod: every rank's error buffers, in rank order
+                "worker": comm.allgather(self.errors.worker_error.unsqueeze(0),
+                                         "onebit.ckpt.worker"),
+                "server": comm.allgather(self.errors.server_error.unsqueeze(0),
+                                         "onebit.ckpt.server")}
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load :meth:`state_dict`'s output: the optimiser state (and with it the phase) and this
+        rank's error buffers."""
+        sd = dict(state_dict)
+        saved = sd.pop("onebit_errors", None)
+        self._opt.load_state_dict(sd)
+        self.errors = None
+        self._silence_hooks_if_compressing()
+        if saved is None:
+            if self.compressing and self._size > 1 and self._rank == 0:
+                print("warning: checkpoint has no 1-bit error buffers: error feedback restarts "
+                      "from zero (resume is not exact)", file=sys.stderr)
+            return
+        layout = Layout(int(saved["numel"]), self._size, int(saved["chunk"]))
+        if saved["world_size"] != self._size or saved["worker"].shape[1] != layout.padded:
+            if self._rank == 0:
+                print(f"warning: 1-bit error buffers were saved by {saved['world_size']} ranks, "
+                      f"this job has {self._size}: error feedback restarts from zero (resume is "
+                      "not exact)", file=sys.stderr)
+            return
+        self.errors = ErrorFeedback(layout, self._rank, saved["worker"].device)
+        self.errors.worker_error = saved["worker"][self._rank].clone().float()
+        self.errors.server_error = saved["server"][self._rank].clone().float()

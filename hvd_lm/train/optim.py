@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from hvd_lm.comm import horovod as comm
 from hvd_lm.train.config import OptimConfig
-from hvd_lm.train.onebit import OnebitAdam, OnebitLamb
+from hvd_lm.train.onebit import OnebitAdam, OnebitDistributedOptimizer, OnebitLamb
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float) -> torch.optim.Optimizer:
@@ -29,7 +30,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float) -> torc
       ``tests/test_onebit.py`` checks the update and the trust ratio against numpy.
     * ``onebit-adam`` / ``onebit-lamb``: :class:`~hvd_lm.train.onebit.OnebitAdam` /
       :class:`~hvd_lm.train.onebit.OnebitLamb` with ``onebit_warmup_steps`` and ``onebit_chunk``
-      (:func:`hvd_lm.comm.horovod.distributed_optimizer` then wraps them for Horovod).
+      (:func:`distributed` then wraps them for Horovod).
 
     Raises:
         ValueError: an unknown ``cfg.optimizer``.
@@ -54,3 +55,23 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float) -> torc
                    warmup_steps=cfg.onebit_warmup_steps, chunk=cfg.onebit_chunk)
     raise ValueError("optim.optimizer must be adam, sgd, lamb, onebit-adam or onebit-lamb, got "
                      f"{cfg.optimizer!r}")
+
+
+def distributed(optimizer: torch.optim.Optimizer, model: torch.nn.Module,
+                compression: str = "fp16", backward_passes_per_step: int = 1,
+                allreduce_op: str = "average") -> torch.optim.Optimizer:
+    """``optimizer`` on Horovod: ``hvd.DistributedOptimizer``
+    (:func:`hvd_lm.comm.horovod.distributed_optimizer`: fp16 compression, tensor fusion, Average
+    or Adasum), or for a 1-bit optimiser (``optimizer.onebit``)
+    :class:`~hvd_lm.train.onebit.OnebitDistributedOptimizer`.
+
+    Raises:
+        ValueError: an unknown compression or op; Adasum with a 1-bit optimiser.
+    """
+    if getattr(optimizer, "onebit", False):
+        if allreduce_op != "average":
+            raise ValueError("dist.allreduce_op must be average with a 1-bit optimizer (its "
+                             "compressed allreduce averages the momentum)")
+        return OnebitDistributedOptimizer(optimizer, model, compression, backward_passes_per_step)
+    return comm.distributed_optimizer(optimizer, model, compression, backward_passes_per_step,
+                                      allreduce_op)

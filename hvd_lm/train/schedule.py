@@ -16,6 +16,7 @@ comes first").
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -66,3 +67,16 @@ def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_st
     that was applied (not one skipped for gradient overflow), so skipped steps do not advance it."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, warmup_steps, total_steps, decay))
+
+
+def set_peak_lr(scheduler: torch.optim.lr_scheduler.LambdaLR, peak_lr: float) -> None:
+    """Make ``peak_lr`` the scheduler's base LR and apply it to the optimiser at the current step
+    (an elastic resize or a resume with another global batch: the rule's new peak, the same
+    point of the schedule). Through the scheduler's public interface: ``base_lrs``, then
+    ``step()`` at the current step again (``last_epoch`` set back by one; ``step()`` recomputes
+    every group's ``lr`` and what ``get_last_lr()`` returns)."""
+    scheduler.base_lrs = [peak_lr] * len(scheduler.optimizer.param_groups)
+    scheduler.last_epoch -= 1
+    with warnings.catch_warnings():  # "step() before optimizer.step()": not a new step here
+        warnings.simplefilter("ignore", UserWarning)
+        scheduler.step()

@@ -30,7 +30,7 @@ from hvd_lm.core.atomic import atomic_path, write_text
 from hvd_lm.core.digest import json_sha256
 from hvd_lm.comm import horovod as comm
 from hvd_lm.comm.launcher import RankContext, world_size
-from hvd_lm.train import runtime as prec
+from hvd_lm.train import runtime
 from hvd_lm.train.checkpoint import load_model, resolve
 
 
@@ -85,8 +85,8 @@ def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32
     if threads > 0:
         torch.set_num_threads(threads)
     path = resolve(checkpoint)
-    dev = prec.resolve_device(device, ctx.local_rank if ctx else 0, ctx.local_size if ctx else 1)
-    prec.check(dev, precision)
+    dev = runtime.resolve_device(device, ctx.local_rank if ctx else 0, ctx.local_size if ctx else 1)
+    runtime.check(dev, precision)
     model, ckpt = load_model(path, map_location=dev, rnn_kernels=rnn_kernels)
     return LMSession(ctx, path, model, ckpt, dev)
 
@@ -174,7 +174,7 @@ def encode_batch(model, seqs: Sequence[np.ndarray], kind: str = "cell",
         t1 = min(T, t0 + time_chunk)
         active = torch.nonzero(lengths_d > t0).flatten()
         m = mask[active, t0:t1]
-        with prec.autocast(device, precision):
+        with runtime.autocast(device, precision):
             hs, (ha, ca) = model.encode(tokens[active, t0:t1], (h[active], c[active]), m)
         h = h.index_copy(0, active, ha.float())
         c = c.index_copy(0, active, ca.float())

@@ -37,7 +37,7 @@ import torch
 from hvd_lm.core import tokenizer
 from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, option
-from hvd_lm.train import runtime as prec
+from hvd_lm.train import runtime
 from hvd_lm.train.checkpoint import load_model, resolve
 from hvd_lm.transfer.features import featurize
 from hvd_lm.transfer.heatmap import HeatRow, char_values, check_suffix, render
@@ -281,7 +281,7 @@ def generate_command(cfg: GenerateConfig) -> int:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     path = resolve(cfg.checkpoint)
-    device = prec.resolve_device(cfg.device, 0)
+    device = runtime.resolve_device(cfg.device, 0)
     model, _ = load_model(path, map_location=device)
     model.to(device)
     saved = open_classifier(cfg.classifier, path)

@@ -36,7 +36,7 @@ from hvd_lm.core.config import Command, option
 from hvd_lm.core.digest import file_sha256
 from hvd_lm.core.mlstm_kernels import KERNELS
 from hvd_lm.comm import horovod as comm
-from hvd_lm.train import runtime as prec
+from hvd_lm.train import runtime
 from hvd_lm.transfer import datasets
 from hvd_lm.transfer.classify import (CPU_AUTO_SOLVER, DEFAULT_BASELINE_C_GRID, DEFAULT_C_GRID,
                                       SOLVERS, fit_logreg, plot_neuron_histogram,
@@ -97,7 +97,7 @@ class TransferConfig:
     batch_size: int = option(64, "texts per batch per rank", ge=1)
     time_chunk: int = option(256, "steps per model call (bounds memory for mean/max)", ge=1)
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
-    precision: str = option("fp32", "autocast precision", choices=prec.PRECISIONS)
+    precision: str = option("fp32", "autocast precision", choices=runtime.PRECISIONS)
     rnn_kernels: str = option("auto", "fused mLSTM cell kernels on this device (auto: triton "
                               "on CUDA when installed, else torch)", choices=KERNELS)
     threads: int = option(0, "torch CPU threads (0 = default)", ge=0)

@@ -19,7 +19,7 @@ import torch
 
 from hvd_lm.core import tokenizer
 from hvd_lm.core.config import Command, option
-from hvd_lm.train import runtime as prec
+from hvd_lm.train import runtime
 from hvd_lm.train.checkpoint import load_model, resolve
 from hvd_lm.transfer import datasets
 from hvd_lm.transfer.features import DEFAULT_MAX_CHARS
@@ -73,7 +73,7 @@ def visualize(cfg: VisualizeConfig) -> dict:
     normalize = bool(saved.features["normalize"]) if saved else False
     max_chars = cfg.max_chars if cfg.max_chars is not None else (
         saved.features["max_chars"] if saved else DEFAULT_MAX_CHARS)
-    device = prec.resolve_device(cfg.device, 0)
+    device = runtime.resolve_device(cfg.device, 0)
     model, _ = load_model(path, map_location=device)
     model.to(device)
     texts = inp.texts[:cfg.max_texts]
