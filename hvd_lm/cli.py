@@ -69,6 +69,9 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
                 "measure prepare's MB/s against the raw read rate"),
     "elastic": ("hvd_lm.perf.bench_elastic", "BENCH_ELASTIC", "elastic training: the cost of a "
                 "commit and of losing a worker, on this machine"),
+    "multinode": ("hvd_lm.perf.bench_multinode", "BENCH_MULTINODE", "across hosts: allreduce "
+                  "alpha-beta fit per node count and the scaling model's predicted training "
+                  "step vs the measured one"),
     "gpu": ("hvd_lm.perf.bench_gpu", "BENCH_GPU", "one GPU: matmul and copy ceilings, mLSTM and "
             "cuDNN-LSTM training chars/s, TFLOP/s and fraction of peak per precision"),
 }

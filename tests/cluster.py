@@ -61,6 +61,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import psutil
+
 from tests.slurm_cluster import SlurmCluster, Unavailable, ensure_tools
 
 PREFIX = "hvdlm"                       # namespace names: hvdlm-sw, hvdlm-n1, ...
@@ -431,7 +433,9 @@ class Cluster:
     # ---- links and faults ------------------------------------------------------------------------
     def shape(self, rate: str | None) -> None:
         """Every link at ``rate`` in both directions (tbf on the node's eth0 and on its switch
-        port; burst 1 ms of the rate, at least 32 KiB; queue 100 ms); None removes the shaping.
+        port; burst 1 ms of the rate, at least 32 KiB: 950 Mbit/s of TCP at 1gbit, where a
+        burst of 100 us (12.5 KB) gave 580 Mbit/s, the segmenting costing CPU; queue 100 ms);
+        None removes the shaping.
 
         Raises:
             ValueError: a malformed rate.
@@ -474,10 +478,16 @@ class Cluster:
                 time.sleep(0.05)
 
     def daemons(self) -> set[int]:
-        """PIDs of the cluster's own processes (holders, sshd listeners, SLURM daemons)."""
+        """PIDs of the cluster's own processes (holders, sshd listeners, SLURM daemons and the
+        helpers slurmctld and munged fork for themselves, e.g. ``slurmctld: slurmscriptd``; a
+        job's ``slurmstepd`` is not theirs: slurmd double-forks it)."""
         pids = {p for n in self.nodes.values() for p in (n.holder, n.sshd)}
         if self._slurm:
-            pids |= {p.pid for p in self._slurm.procs.values()}
+            for name, proc in self._slurm.procs.items():
+                pids.add(proc.pid)
+                if not name.startswith("slurmd"):
+                    with contextlib.suppress(psutil.Error):
+                        pids |= {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
         return pids
 
     def processes(self, node: str) -> dict[int, str]:

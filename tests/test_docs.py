@@ -16,6 +16,8 @@ reads it):
   ``qsub``, several hosts) are parsed by the command's real parser (``hvd-lm``'s, horovodrun's,
   the template's knobs block, ``bash -n``) and their input paths must exist or be written by an
   earlier block (outputs of checked commands count as written).
+* **named**: ``python -m tests.cluster ...`` (the cluster in a box: root and network
+  namespaces; the ``cluster`` tests run it) must name one of its subcommands.
 
 On a GPU node with fewer GPUs than a non-GPU block's ranks, those ranks run with
 ``CUDA_VISIBLE_DEVICES=""`` (``--device auto`` is then the CPU, as on a machine without GPU).
@@ -428,6 +430,12 @@ def handle(cmd: Cmd, s: Session) -> None:
         tests = [w for w in argv[1:] if w.startswith("tests/")]
         assert tests and all((s.root / w.split("::")[0]).exists() for w in tests), cmd.where()
         s.log.append(f"checked {cmd.where()} (tests run by `make test`)")
+        return
+    if prog.startswith("python") and argv[1:3] == ["-m", "tests.cluster"]:
+        assert argv[3:4] and argv[3] in ("up", "down", "status", "shape", "link", "ping",
+                                         "run"), f"{cmd.where()}: not a tests.cluster command"
+        s.log.append(f"checked {cmd.where()} (the cluster in a box needs root and namespaces; "
+                     "the `cluster` tests run it)")
         return
     if prog == "make":
         targets = re.findall(r"^([a-z-]+):", (REPO / "Makefile").read_text(), re.M)

@@ -4,6 +4,8 @@ Each family's variables are written out here by hand from the launchers' documen
 table in the module docstring), so a wrong name or a wrong lookup order in ``LAUNCHER_VARS``
 fails these tests.
 """
+import sys
+
 import pytest
 
 from hvd_lm.comm.launcher import (RankContext, from_environment, started_by_mpi, under_openmpi,
@@ -64,3 +66,27 @@ def test_one_rank_under_mpirun_is_not_an_mpi_job_but_is_under_openmpi():
 def test_inconsistent_rank_names_the_variables():
     with pytest.raises(ValueError, match=r"PMI_RANK='4' is outside 0..3 \(PMI_SIZE='4'\)"):
         from_environment({"PMI_RANK": "4", "PMI_SIZE": "4"})
+
+
+def test_mpirun_and_horovodrun_argv_across_hosts():
+    """With hosts: ``-H``, every forwarded variable passed with ``-x`` (names and prefixes of
+    FORWARDED only, sorted), the interface for OpenMPI's BTL and out-of-band channel; horovodrun
+    gets ``-H`` and ``--network-interface``. Without: this node only, as before."""
+    from hvd_lm.comm.launcher import horovodrun_argv, mpirun_argv
+
+    env = {"PATH": "/b", "HOROVOD_CYCLE_TIME": "1", "NCCL_DEBUG": "INFO", "HOME": "/root",
+           "OMPI_MCA_x": "1", "PYTHONPATH": "/r"}
+    cmd = mpirun_argv(2, ["-m", "x"], "n1:1,n2:1", "eth0", env)
+    assert cmd[:5] == ["mpirun", "-np", "2", "-H", "n1:1,n2:1"]
+    xs = [cmd[i + 1] for i, w in enumerate(cmd) if w == "-x"]
+    assert xs == ["HOROVOD_CYCLE_TIME", "NCCL_DEBUG", "PATH", "PYTHONPATH"]
+    i = cmd.index("btl_tcp_if_include")
+    assert cmd[i - 1:i + 5] == ["-mca", "btl_tcp_if_include", "eth0", "-mca",
+                                "oob_tcp_if_include", "eth0"]
+    assert cmd[-3:] == [sys.executable, "-m", "x"]
+    local = mpirun_argv(2, ["-m", "x"])
+    assert "-H" not in local and "-x" not in local and "btl_tcp_if_include" not in local
+    hr = horovodrun_argv(3, ["-m", "x"], "gloo", "n1:1,n2:1,n3:1", "eth0")
+    assert hr[1:8] == ["-np", "3", "-H", "n1:1,n2:1,n3:1", "--gloo", "--network-interface",
+                       "eth0"]
+    assert horovodrun_argv(2, ["-m", "x"])[3:6] == ["-H", "localhost:2", "--gloo"]

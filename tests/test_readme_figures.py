@@ -185,3 +185,24 @@ def test_loaded_calibration_example():
          f"{cal.per_cycle_overhead_s * 1e6:.0f} us ({lo * 1e6:.0f}-{hi * 1e6:.0f} us) and the "
          f"ratio {cal.measured_bandwidth_ratio:.2f}x ({rlo:.2f}-{rhi:.2f}x)",
          "docs/results/allreduce_loaded.json")
+
+
+def multinode_row(run: dict, r: dict) -> str:
+    """One row of README's measured-vs-predicted table, as README prints it."""
+    f = r["fit"]
+    return (f"| {run['label']} | {r['nodes']} | {f['alpha_s'] * 1e6:.0f} | {f['beta_GBps']:.3f} | "
+            f"{r['compute_s'] * 1e3:.1f} | {(r['comm_s'] + r['loop_s']) * 1e3:.1f} | "
+            f"{r['predicted_s'] * 1e3:.1f} | {r['measured_s'] * 1e3:.1f} | "
+            f"{r['predicted_s'] / r['measured_s']:.2f} |")
+
+
+def test_multinode_table():
+    """Every row of ``hvd-lm bench multinode`` (2 and 3 hosts at each shaped link speed) is in
+    README, and the ratios it states are those of the rows."""
+    runs = load("bench_multinode.json")["runs"]
+    src = "docs/results/bench_multinode.json"
+    for run in runs:
+        for r in run["rows"]:
+            says(multinode_row(run, r), src)
+    ratios = [r["predicted_s"] / r["measured_s"] for run in runs for r in run["rows"]]
+    says(f"predicted / measured {min(ratios):.2f}-{max(ratios):.2f}", src)

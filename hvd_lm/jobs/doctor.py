@@ -61,18 +61,12 @@ from typing import Optional
 import hvd_lm
 from hvd_lm.core.config import Command, option
 from hvd_lm.core.digest import file_sha256
+from hvd_lm.comm.hosts import interfaces, is_local, parse_hostfile, parse_hosts, peers_of
+from hvd_lm.jobs.doctor_checks import (Report, analyse_reach, check_gpus, check_shards,
+                                       check_versions, choose, render)
 
-#: The environment variables the doctor sets (and checks when already set): name -> what for.
-EXPORTS = {
-    "NETWORK_INTERFACE": "the templates' knob -> horovodrun --network-interface",
-    "NCCL_SOCKET_IFNAME": "NCCL bootstrap and socket transport",
-    "GLOO_SOCKET_IFNAME": "torch.distributed Gloo",
-    "OMPI_MCA_btl_tcp_if_include": "OpenMPI TCP BTL (MPI traffic)",
-    "OMPI_MCA_oob_tcp_if_include": "OpenMPI runtime out-of-band channel",
-}
 PROBE_TIMEOUT = 3.0     # seconds per TCP connection attempt
 SSH_CONNECT = 5         # ssh ConnectTimeout, seconds
-FULL_MESH_HOSTS = 16    # up to this many hosts every pair is checked; above, ring neighbours
 
 
 class DoctorError(RuntimeError):
@@ -81,105 +75,7 @@ class DoctorError(RuntimeError):
 
 # ---- hosts ----------------------------------------------------------------------------------------
 
-def parse_hosts(text: str) -> list[tuple[str, int]]:
-    """``"n1:8,n2:8"`` (horovodrun's ``-H``; ``n1`` alone is 1 slot) -> [(host, slots)], a host
-    listed twice adding up its slots, in first-seen order.
-
-    Raises:
-        ValueError: an empty list, an empty name or a bad slot count.
-    """
-    out: dict[str, int] = {}
-    for item in (x.strip() for x in text.split(",")):
-        if not item:
-            continue
-        host, _, slots = item.partition(":")
-        if not host or (slots and (not slots.isdigit() or int(slots) < 1)):
-            raise ValueError(f"--hosts {text!r}: {item!r} is not host or host:slots (slots >= 1)")
-        out[host] = out.get(host, 0) + int(slots or 1)
-    if not out:
-        raise ValueError("--hosts is empty: give host:slots,... (e.g. n1:8,n2:8) or --hostfile")
-    return list(out.items())
-
-
-def parse_hostfile(path: str) -> list[tuple[str, int]]:
-    """Hosts of an OpenMPI/horovodrun hostfile (``node1 slots=8``, ``node1:8``) or a PBS/SLURM
-    node list (one line per rank: repeated names add slots); ``#`` starts a comment.
-
-    Raises:
-        ValueError: the file is missing or lists no host; a malformed line (named with its
-            number).
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"--hostfile {path}: no such file")
-    items = []
-    for i, raw in enumerate(p.read_text().splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        words = line.split()
-        slots = 1
-        for w in words[1:]:
-            if w.startswith(("slots=", "max_slots=")) and w.split("=", 1)[1].isdigit():
-                slots = int(w.split("=", 1)[1]) if w.startswith("slots=") else slots
-            else:
-                raise ValueError(f"{path}:{i}: expected 'host', 'host:N' or 'host slots=N', "
-                                 f"got {raw!r}")
-        items.append(f"{words[0]}:{slots}" if ":" not in words[0] else words[0])
-    if not items:
-        raise ValueError(f"{path}: no hosts listed")
-    return parse_hosts(",".join(items))
-
-
-def local_addresses() -> set[str]:
-    """Every IPv4 address of this machine (its network namespace), loopback included."""
-    import psutil
-
-    return {a.address for addrs in psutil.net_if_addrs().values() for a in addrs
-            if a.family == socket.AF_INET}
-
-
-def is_local(host: str) -> bool:
-    """True when ``host`` resolves to an address of this machine (Horovod's rule for starting a
-    rank without ssh); an unresolvable name is not local."""
-    try:
-        addrs = {ai[4][0] for ai in socket.getaddrinfo(host, None, socket.AF_INET)}
-    except OSError:
-        return False
-    return bool(addrs & local_addresses())
-
-
-def peers_of(i: int, n: int) -> list[int]:
-    """Indices of the hosts host ``i`` checks: all others up to :data:`FULL_MESH_HOSTS` hosts,
-    beyond that host 0 and its 4 ring neighbours on each side (O(n) checks per host)."""
-    if n <= FULL_MESH_HOSTS:
-        return [j for j in range(n) if j != i]
-    near = {(i + d) % n for d in (-4, -3, -2, -1, 1, 2, 3, 4)} | {0}
-    return sorted(near - {i})
-
-
 # ---- the agent (one per host) --------------------------------------------------------------------
-
-def interfaces() -> dict[str, dict]:
-    """``{name: {"addrs": [IPv4...], "speed_mbit": int (-1 unknown), "loopback": bool}}`` of
-    every interface that is up and has an IPv4 address (psutil; speed from sysfs)."""
-    import psutil
-
-    stats = psutil.net_if_stats()
-    out = {}
-    for name, addrs in psutil.net_if_addrs().items():
-        v4 = [a.address for a in addrs if a.family == socket.AF_INET]
-        st = stats.get(name)
-        if not v4 or (st is not None and not st.isup):
-            continue
-        try:
-            speed = int(Path(f"/sys/class/net/{name}/speed").read_text().strip())
-        except (OSError, ValueError):
-            speed = -1
-        out[name] = {"addrs": v4, "speed_mbit": speed,
-                     "loopback": all(a.startswith("127.") for a in v4)}
-    return out
-
 
 def gpu_count() -> tuple[int, list[str]]:
     """(GPUs, their names) from ``nvidia-smi`` (10 s at most), else the driver's
@@ -414,157 +310,6 @@ def start_agent(host: str, slots: int, cfg: "DoctorConfig") -> Agent:
     return a
 
 
-@dataclass
-class Report:
-    """What the doctor found (``--format json`` prints it).
-
-    Attributes:
-        hosts: [(host, slots)].
-        facts: host -> the agent's facts (versions, interfaces, GPUs, shards).
-        ssh: "a -> b" -> {"ok", "error"} for every ordered pair checked.
-        reach: interface -> list of failures "a -> b: why" (empty: shared).
-        shared: interfaces every host reaches every other one through.
-        chosen: the interface(s) to use ('' when none is needed: one host).
-        exports: variable -> value the launch should set.
-        errors: every failed check, one line each (the first is raised).
-    """
-
-    hosts: list
-    facts: dict = field(default_factory=dict)
-    ssh: dict = field(default_factory=dict)
-    reach: dict = field(default_factory=dict)
-    shared: list = field(default_factory=list)
-    chosen: str = ""
-    exports: dict = field(default_factory=dict)
-    errors: list = field(default_factory=list)
-    seconds: float = 0.0
-
-
-def _versions(f: dict) -> tuple:
-    return (f["python"], f["executable"], f["hvd_lm"], f["hvd_lm_digest"],
-            tuple(sorted(f["packages"].items())))
-
-
-def check_versions(report: Report) -> None:
-    """Same Python (version and path), hvd_lm (version and source digest) and torch/Horovod/
-    mpi4py/numpy everywhere; a difference is one error naming both hosts."""
-    hosts = list(report.facts)
-    ref = report.facts[hosts[0]]
-    for h in hosts[1:]:
-        f = report.facts[h]
-        if _versions(f) != _versions(ref):
-            diff = []
-            for key in ("python", "executable", "hvd_lm", "hvd_lm_digest"):
-                if f[key] != ref[key]:
-                    diff.append(f"{key} {f[key]} on {h} vs {ref[key]} on {hosts[0]}")
-            for pkg, v in f["packages"].items():
-                if v != ref["packages"].get(pkg):
-                    diff.append(f"{pkg} {v} on {h} vs {ref['packages'].get(pkg)} on {hosts[0]}")
-            report.errors.append("hosts differ: " + "; ".join(diff) + " (every host needs the "
-                                 "same environment at the same path)")
-
-
-def check_shards(report: Report, folder: str) -> None:
-    """Every host reads the shard folder and sees the same manifest."""
-    ref_host, ref = None, None
-    for h, f in report.facts.items():
-        s = f["shards"]
-        if "error" in s:
-            report.errors.append(f"{h}: cannot read the shards: {s['error']}")
-        elif ref is None:
-            ref_host, ref = h, s
-        elif s["manifest_sha256"] != ref["manifest_sha256"]:
-            report.errors.append(f"{h} sees another {folder} than {ref_host} (manifest sha256 "
-                                 f"{s['manifest_sha256'][:12]} vs {ref['manifest_sha256'][:12]}): "
-                                 "put the shards on a shared filesystem or copy them identically")
-
-
-def check_gpus(report: Report, device: str) -> None:
-    """``cuda``: every host needs a GPU per slot; ``auto``: the same, where a host has GPUs."""
-    if device == "cpu":
-        return
-    for h, slots in report.hosts:
-        g = report.facts[h]["gpus"]
-        if (device == "cuda" or g) and g < slots:
-            report.errors.append(f"{h}: {slots} slots but {g} GPU(s): one rank per GPU (lower "
-                                 f"its slots to {g}, or --device cpu)")
-
-
-def analyse_reach(report: Report, results: dict[str, dict]) -> None:
-    """From every host's probe results: per interface name present on every host, the failed
-    (a -> b) connections; shared = none failed. Loopback counts only when every host is this
-    one machine."""
-    hosts = list(report.facts)
-    names = set.intersection(*(set(report.facts[h]["interfaces"]) for h in hosts))
-    own = {h: {a for i in report.facts[h]["interfaces"].values() for a in i["addrs"]}
-           for h in hosts}
-    reach: dict[str, list[str]] = {n: [] for n in sorted(names)}
-    for a, res in results.items():
-        for p in res["probes"]:
-            if p["iface"] not in reach:
-                continue
-            b, addr = p["target"], p["addr"]
-            if not p["ok"]:
-                why = p["error"]
-                if addr in own[a]:
-                    why += f" ({addr} is also {a}'s own address)"
-                reach[p["iface"]].append(f"{a} -> {addr} ({p['iface']} of {b}): {why}")
-            elif p["token"] != report.facts[b]["token"]:
-                reach[p["iface"]].append(f"{a} -> {addr} ({p['iface']} of {b}): reached "
-                                         f"{p['host']}, not {b}")
-    single = len(hosts) == 1
-    for n in list(reach):
-        if report.facts[hosts[0]]["interfaces"][n]["loopback"] and not single:
-            reach[n].append("loopback: reaches only its own host")
-    report.reach = reach
-    report.shared = [n for n, fails in reach.items() if not fails]
-
-
-def choose(report: Report, wanted: str, env: dict[str, str]) -> None:
-    """Pick the interface (or verify ``wanted`` and the interface variables already set in
-    ``env``), then fill :attr:`Report.exports` with what is not set yet."""
-    hosts = list(report.facts)
-    f0 = report.facts[hosts[0]]["interfaces"]
-
-    def speed(n: str) -> int:
-        return min(report.facts[h]["interfaces"][n]["speed_mbit"] for h in hosts)
-
-    def verify(names: list[str], source: str) -> None:
-        for n in names:
-            if n not in report.reach:
-                missing = [h for h in hosts if n not in report.facts[h]["interfaces"]]
-                report.errors.append(f"{source}: interface {n} is missing (or down, or without "
-                                     f"an IPv4 address) on {', '.join(missing)}; shared by all "
-                                     f"hosts: {', '.join(report.shared) or 'none'}")
-            elif report.reach[n]:
-                report.errors.append(f"{source}: interface {n} does not connect the hosts: "
-                                     f"{report.reach[n][0]}; shared by all hosts: "
-                                     f"{', '.join(report.shared) or 'none'}")
-
-    if wanted:
-        names = [x for x in wanted.split(",") if x]
-        verify(names, "--network-interface")
-        report.chosen = ",".join(names)
-    else:
-        usable = sorted(report.shared, key=lambda n: (f0[n]["loopback"], -speed(n), n))
-        if len(hosts) == 1:
-            report.chosen = ""  # one host: nothing crosses a network
-        elif not usable:
-            first = next((f"{n}: {fails[0]}" for n, fails in report.reach.items()
-                          if fails and not f0[n]["loopback"]), "no interface name is common "
-                         "to all hosts")
-            report.errors.append("no network interface connects every pair of hosts (" + first
-                                 + "); fix the network or name one with --network-interface")
-        else:
-            report.chosen = usable[0]
-    for var in EXPORTS:
-        value = env.get(var, "")
-        if value and var != "NETWORK_INTERFACE" and not value.startswith(("^", "=")):
-            verify([x for x in value.split(",") if x], f"{var}={value} (from the environment)")
-    if report.chosen:
-        report.exports = {var: report.chosen for var in EXPORTS if not env.get(var)}
-
-
 def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> Report:
     """Start the agents, collect facts, run the checks (see the module docstring).
 
@@ -617,51 +362,6 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> Report
     check_gpus(report, cfg.device)
     report.seconds = time.monotonic() - t0
     return report
-
-
-def render(report: Report) -> str:
-    """The human report (what ``--format text`` prints)."""
-    hosts = list(report.facts)
-    f0 = report.facts[hosts[0]]
-    lines = [f"hvd-lm doctor: {len(hosts)} host(s) "
-             f"({', '.join(f'{h}:{s}' for h, s in report.hosts)}), checked in "
-             f"{report.seconds:.1f} s"]
-    if report.ssh:
-        bad = [k for k, v in report.ssh.items() if not v["ok"]]
-        lines.append(f"  ssh          {len(report.ssh) - len(bad)} of {len(report.ssh)} host "
-                     f"pairs ok (batch mode, both ways)" + (f"; FAILED: {', '.join(bad)}"
-                                                             if bad else ""))
-    pk = ", ".join(f"{k} {v}" for k, v in f0["packages"].items() if v)
-    lines.append(f"  python       {f0['python']} ({f0['executable']}); hvd_lm {f0['hvd_lm']} "
-                 f"(source {f0['hvd_lm_digest']}); {pk}"
-                 + ("" if len(hosts) == 1 else " on every host" if not any(
-                     e.startswith("hosts differ") for e in report.errors) else f" on {hosts[0]}"))
-    for h in hosts:
-        ifs = ", ".join(f"{n} {'/'.join(i['addrs'])}" + (f" {i['speed_mbit']} Mbit/s"
-                                                          if i["speed_mbit"] > 0 else "")
-                        for n, i in report.facts[h]["interfaces"].items())
-        g = report.facts[h]["gpus"]
-        lines.append(f"  {h:12} {ifs}; GPUs: {g}")
-    lines.append(f"  shared       {', '.join(report.shared) or 'none'} (an ephemeral TCP port on "
-                 "it reached from every other host)")
-    for n, fails in report.reach.items():
-        if fails:
-            lines.append(f"  not shared   {n}: {fails[0]}")
-    s = next((f["shards"] for f in report.facts.values() if f["shards"]), None)
-    if s and "error" not in s:
-        lines.append(f"  shards       manifest sha256 {s['manifest_sha256'][:12]}, {s['shards']} "
-                     f"shards ({s['bytes'] / 1e6:.1f} MB) readable on every host")
-    if report.chosen and not report.errors:
-        x = report.chosen
-        lines += [f"  use          {x}:",
-                  f"    horovodrun --network-interface {x}",
-                  f"    mpirun -mca btl_tcp_if_include {x} -mca oob_tcp_if_include {x}",
-                  f"    NCCL_SOCKET_IFNAME={x} GLOO_SOCKET_IFNAME={x}"]
-    elif len(hosts) == 1:
-        lines.append("  use          (one host: no interface needed)")
-    for e in report.errors:
-        lines.append(f"  ERROR        {e}")
-    return "\n".join(lines)
 
 
 @dataclass

@@ -53,6 +53,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -166,6 +167,10 @@ class AllreduceConfig:
                                    "variants")
     groups: list[str] = option(default_factory=lambda: list(DEFAULT_GROUPS), help="grouped "
                                "cases: mlstm<H>, synthetic<N>x<size>; empty for none")
+    hosts: str = option("", "run across these hosts, host:slots,... as horovodrun -H takes "
+                        "them (slots must add up to --np; default: this machine)")
+    network_interface: str = option("", "with --hosts: the interface between them (what "
+                                    "`hvd-lm doctor` picks), for Horovod, OpenMPI and Gloo")
     port: int = option(29533, "torch.distributed MASTER_PORT", ge=1, le=65535)
     timeout: float = option(600.0, "per-launch limit, s", gt=0)
     json: str = option("", "write the results here")
@@ -527,11 +532,17 @@ def run_allreduce_bench(args: AllreduceConfig) -> dict:
             argv = ["-m", "hvd_lm.perf.bench_allreduce", *configlib.to_argv(wcfg)]
             extra = dict(conf["env"])
             if conf["backend"] == "torch_gloo":
-                extra.update(MASTER_PORT=str(args.port), GLOO_SOCKET_IFNAME="lo")
-            cmd = (mpirun_argv(args.np, argv) if conf["launcher"] == "mpirun"
-                   else horovodrun_argv(args.np, argv, "gloo"))
+                extra.update(MASTER_PORT=str(args.port),
+                             GLOO_SOCKET_IFNAME=args.network_interface or "lo")
+                if args.hosts:
+                    extra["MASTER_ADDR"] = socket.gethostbyname(args.hosts.split(":")[0])
+            env = _env(extra)
+            cmd = (mpirun_argv(args.np, argv, args.hosts, args.network_interface, env)
+                   if conf["launcher"] == "mpirun"
+                   else horovodrun_argv(args.np, argv, "gloo", args.hosts,
+                                        args.network_interface))
             t0 = time.perf_counter()
-            recs = _run_worker(cmd, _env(extra), args.timeout)
+            recs = _run_worker(cmd, env, args.timeout)
             print(f"  {conf['label']} (repeat {rep}): {len(recs)} records in "
                   f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
             for r in recs:
@@ -540,7 +551,8 @@ def run_allreduce_bench(args: AllreduceConfig) -> dict:
             records += recs
     records = median_over_repeats(records)
     derive(records)
-    return {"ranks": args.np, "repeats": args.repeats, "sizes": sizes, "records": records,
+    return {"ranks": args.np, "hosts": args.hosts or None, "repeats": args.repeats,
+            "sizes": sizes, "records": records,
             "fits": fit_records(records),
             "wire": wire_summary(records),
             "ratios_to_mpi": ratios_to_mpi(records),

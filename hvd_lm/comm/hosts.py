@@ -1,0 +1,109 @@
+"""Host lists and this host's network, for multi-node launches (``hvd-lm doctor``, the
+benchmarks across hosts): ``host:slots`` lists and hostfiles as horovodrun and OpenMPI take them,
+whether a name is this machine (Horovod's rule for starting a rank without ssh), which peers a
+host checks, and this host's IPv4 interfaces (psutil; link speed from sysfs)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+FULL_MESH_HOSTS = 16    # up to this many hosts every pair is checked; above, ring neighbours
+
+
+def parse_hosts(text: str) -> list[tuple[str, int]]:
+    """``"n1:8,n2:8"`` (horovodrun's ``-H``; ``n1`` alone is 1 slot) -> [(host, slots)], a host
+    listed twice adding up its slots, in first-seen order.
+
+    Raises:
+        ValueError: an empty list, an empty name or a bad slot count.
+    """
+    out: dict[str, int] = {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        host, _, slots = item.partition(":")
+        if not host or (slots and (not slots.isdigit() or int(slots) < 1)):
+            raise ValueError(f"--hosts {text!r}: {item!r} is not host or host:slots (slots >= 1)")
+        out[host] = out.get(host, 0) + int(slots or 1)
+    if not out:
+        raise ValueError("--hosts is empty: give host:slots,... (e.g. n1:8,n2:8) or --hostfile")
+    return list(out.items())
+
+
+def parse_hostfile(path: str) -> list[tuple[str, int]]:
+    """Hosts of an OpenMPI/horovodrun hostfile (``node1 slots=8``, ``node1:8``) or a PBS/SLURM
+    node list (one line per rank: repeated names add slots); ``#`` starts a comment.
+
+    Raises:
+        ValueError: the file is missing or lists no host; a malformed line (named with its
+            number).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"--hostfile {path}: no such file")
+    items = []
+    for i, raw in enumerate(p.read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        words = line.split()
+        slots = 1
+        for w in words[1:]:
+            if w.startswith(("slots=", "max_slots=")) and w.split("=", 1)[1].isdigit():
+                slots = int(w.split("=", 1)[1]) if w.startswith("slots=") else slots
+            else:
+                raise ValueError(f"{path}:{i}: expected 'host', 'host:N' or 'host slots=N', "
+                                 f"got {raw!r}")
+        items.append(f"{words[0]}:{slots}" if ":" not in words[0] else words[0])
+    if not items:
+        raise ValueError(f"{path}: no hosts listed")
+    return parse_hosts(",".join(items))
+
+
+def local_addresses() -> set[str]:
+    """Every IPv4 address of this machine (its network namespace), loopback included."""
+    import psutil
+
+    return {a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+            if a.family == socket.AF_INET}
+
+
+def is_local(host: str) -> bool:
+    """True when ``host`` resolves to an address of this machine (Horovod's rule for starting a
+    rank without ssh); an unresolvable name is not local."""
+    try:
+        addrs = {ai[4][0] for ai in socket.getaddrinfo(host, None, socket.AF_INET)}
+    except OSError:
+        return False
+    return bool(addrs & local_addresses())
+
+
+def peers_of(i: int, n: int) -> list[int]:
+    """Indices of the hosts host ``i`` checks: all others up to :data:`FULL_MESH_HOSTS` hosts,
+    beyond that host 0 and its 4 ring neighbours on each side (O(n) checks per host)."""
+    if n <= FULL_MESH_HOSTS:
+        return [j for j in range(n) if j != i]
+    near = {(i + d) % n for d in (-4, -3, -2, -1, 1, 2, 3, 4)} | {0}
+    return sorted(near - {i})
+
+
+def interfaces() -> dict[str, dict]:
+    """``{name: {"addrs": [IPv4...], "speed_mbit": int (-1 unknown), "loopback": bool}}`` of
+    every interface that is up and has an IPv4 address (psutil; speed from sysfs)."""
+    import psutil
+
+    stats = psutil.net_if_stats()
+    out = {}
+    for name, addrs in psutil.net_if_addrs().items():
+        v4 = [a.address for a in addrs if a.family == socket.AF_INET]
+        st = stats.get(name)
+        if not v4 or (st is not None and not st.isup):
+            continue
+        try:
+            speed = int(Path(f"/sys/class/net/{name}/speed").read_text().strip())
+        except (OSError, ValueError):
+            speed = -1
+        out[name] = {"addrs": v4, "speed_mbit": speed,
+                     "loopback": all(a.startswith("127.") for a in v4)}
+    return out

@@ -1,0 +1,213 @@
+"""What ``hvd-lm doctor`` concludes from the hosts' facts: the checks (same code everywhere,
+shards, GPUs), the interfaces every host reaches every other one through, the one it picks and
+the variables it exports, and the human report. Pure functions over the facts and probe results
+the agents return (:mod:`hvd_lm.jobs.doctor` gathers them); no process, socket or ssh here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: The environment variables the doctor sets (and checks when already set): name -> what for.
+EXPORTS = {
+    "NETWORK_INTERFACE": "the templates' knob -> horovodrun --network-interface",
+    "NCCL_SOCKET_IFNAME": "NCCL bootstrap and socket transport",
+    "GLOO_SOCKET_IFNAME": "torch.distributed Gloo",
+    "OMPI_MCA_btl_tcp_if_include": "OpenMPI TCP BTL (MPI traffic)",
+    "OMPI_MCA_oob_tcp_if_include": "OpenMPI runtime out-of-band channel",
+}
+
+
+@dataclass
+class Report:
+    """What the doctor found (``--format json`` prints it).
+
+    Attributes:
+        hosts: [(host, slots)].
+        facts: host -> the agent's facts (versions, interfaces, GPUs, shards).
+        ssh: "a -> b" -> {"ok", "error"} for every ordered pair checked.
+        reach: interface -> list of failures "a -> b: why" (empty: shared).
+        shared: interfaces every host reaches every other one through.
+        chosen: the interface(s) to use ('' when none is needed: one host).
+        exports: variable -> value the launch should set.
+        errors: every failed check, one line each (the first is raised).
+    """
+
+    hosts: list
+    facts: dict = field(default_factory=dict)
+    ssh: dict = field(default_factory=dict)
+    reach: dict = field(default_factory=dict)
+    shared: list = field(default_factory=list)
+    chosen: str = ""
+    exports: dict = field(default_factory=dict)
+    errors: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _versions(f: dict) -> tuple:
+    return (f["python"], f["executable"], f["hvd_lm"], f["hvd_lm_digest"],
+            tuple(sorted(f["packages"].items())))
+
+
+def check_versions(report: Report) -> None:
+    """Same Python (version and path), hvd_lm (version and source digest) and torch/Horovod/
+    mpi4py/numpy everywhere; a difference is one error naming both hosts."""
+    hosts = list(report.facts)
+    ref = report.facts[hosts[0]]
+    for h in hosts[1:]:
+        f = report.facts[h]
+        if _versions(f) != _versions(ref):
+            diff = []
+            for key in ("python", "executable", "hvd_lm", "hvd_lm_digest"):
+                if f[key] != ref[key]:
+                    diff.append(f"{key} {f[key]} on {h} vs {ref[key]} on {hosts[0]}")
+            for pkg, v in f["packages"].items():
+                if v != ref["packages"].get(pkg):
+                    diff.append(f"{pkg} {v} on {h} vs {ref['packages'].get(pkg)} on {hosts[0]}")
+            report.errors.append("hosts differ: " + "; ".join(diff) + " (every host needs the "
+                                 "same environment at the same path)")
+
+
+def check_shards(report: Report, folder: str) -> None:
+    """Every host reads the shard folder and sees the same manifest."""
+    ref_host, ref = None, None
+    for h, f in report.facts.items():
+        s = f["shards"]
+        if "error" in s:
+            report.errors.append(f"{h}: cannot read the shards: {s['error']}")
+        elif ref is None:
+            ref_host, ref = h, s
+        elif s["manifest_sha256"] != ref["manifest_sha256"]:
+            report.errors.append(f"{h} sees another {folder} than {ref_host} (manifest sha256 "
+                                 f"{s['manifest_sha256'][:12]} vs {ref['manifest_sha256'][:12]}): "
+                                 "put the shards on a shared filesystem or copy them identically")
+
+
+def check_gpus(report: Report, device: str) -> None:
+    """``cuda``: every host needs a GPU per slot; ``auto``: the same, where a host has GPUs."""
+    if device == "cpu":
+        return
+    for h, slots in report.hosts:
+        g = report.facts[h]["gpus"]
+        if (device == "cuda" or g) and g < slots:
+            report.errors.append(f"{h}: {slots} slots but {g} GPU(s): one rank per GPU (lower "
+                                 f"its slots to {g}, or --device cpu)")
+
+
+def analyse_reach(report: Report, results: dict[str, dict]) -> None:
+    """From every host's probe results: per interface name present on every host, the failed
+    (a -> b) connections; shared = none failed. Loopback counts only when every host is this
+    one machine."""
+    hosts = list(report.facts)
+    names = set.intersection(*(set(report.facts[h]["interfaces"]) for h in hosts))
+    own = {h: {a for i in report.facts[h]["interfaces"].values() for a in i["addrs"]}
+           for h in hosts}
+    reach: dict[str, list[str]] = {n: [] for n in sorted(names)}
+    for a, res in results.items():
+        for p in res["probes"]:
+            if p["iface"] not in reach:
+                continue
+            b, addr = p["target"], p["addr"]
+            if not p["ok"]:
+                why = p["error"]
+                if addr in own[a]:
+                    why += f" ({addr} is also {a}'s own address)"
+                reach[p["iface"]].append(f"{a} -> {addr} ({p['iface']} of {b}): {why}")
+            elif p["token"] != report.facts[b]["token"]:
+                reach[p["iface"]].append(f"{a} -> {addr} ({p['iface']} of {b}): reached "
+                                         f"{p['host']}, not {b}")
+    single = len(hosts) == 1
+    for n in list(reach):
+        if report.facts[hosts[0]]["interfaces"][n]["loopback"] and not single:
+            reach[n].append("loopback: reaches only its own host")
+    report.reach = reach
+    report.shared = [n for n, fails in reach.items() if not fails]
+
+
+def choose(report: Report, wanted: str, env: dict[str, str]) -> None:
+    """Pick the interface (or verify ``wanted`` and the interface variables already set in
+    ``env``), then fill :attr:`Report.exports` with what is not set yet."""
+    hosts = list(report.facts)
+    f0 = report.facts[hosts[0]]["interfaces"]
+
+    def speed(n: str) -> int:
+        return min(report.facts[h]["interfaces"][n]["speed_mbit"] for h in hosts)
+
+    def verify(names: list[str], source: str) -> None:
+        for n in names:
+            if n not in report.reach:
+                missing = [h for h in hosts if n not in report.facts[h]["interfaces"]]
+                report.errors.append(f"{source}: interface {n} is missing (or down, or without "
+                                     f"an IPv4 address) on {', '.join(missing)}; shared by all "
+                                     f"hosts: {', '.join(report.shared) or 'none'}")
+            elif report.reach[n]:
+                report.errors.append(f"{source}: interface {n} does not connect the hosts: "
+                                     f"{report.reach[n][0]}; shared by all hosts: "
+                                     f"{', '.join(report.shared) or 'none'}")
+
+    if wanted:
+        names = [x for x in wanted.split(",") if x]
+        verify(names, "--network-interface")
+        report.chosen = ",".join(names)
+    else:
+        usable = sorted(report.shared, key=lambda n: (f0[n]["loopback"], -speed(n), n))
+        if len(hosts) == 1:
+            report.chosen = ""  # one host: nothing crosses a network
+        elif not usable:
+            first = next((f"{n}: {fails[0]}" for n, fails in report.reach.items()
+                          if fails and not f0[n]["loopback"]), "no interface name is common "
+                         "to all hosts")
+            report.errors.append("no network interface connects every pair of hosts (" + first
+                                 + "); fix the network or name one with --network-interface")
+        else:
+            report.chosen = usable[0]
+    for var in EXPORTS:
+        value = env.get(var, "")
+        if value and var != "NETWORK_INTERFACE" and not value.startswith(("^", "=")):
+            verify([x for x in value.split(",") if x], f"{var}={value} (from the environment)")
+    if report.chosen:
+        report.exports = {var: report.chosen for var in EXPORTS if not env.get(var)}
+
+
+def render(report: Report) -> str:
+    """The human report (what ``--format text`` prints)."""
+    hosts = list(report.facts)
+    f0 = report.facts[hosts[0]]
+    lines = [f"hvd-lm doctor: {len(hosts)} host(s) "
+             f"({', '.join(f'{h}:{s}' for h, s in report.hosts)}), checked in "
+             f"{report.seconds:.1f} s"]
+    if report.ssh:
+        bad = [k for k, v in report.ssh.items() if not v["ok"]]
+        lines.append(f"  ssh          {len(report.ssh) - len(bad)} of {len(report.ssh)} host "
+                     f"pairs ok (batch mode, both ways)" + (f"; FAILED: {', '.join(bad)}"
+                                                             if bad else ""))
+    pk = ", ".join(f"{k} {v}" for k, v in f0["packages"].items() if v)
+    lines.append(f"  python       {f0['python']} ({f0['executable']}); hvd_lm {f0['hvd_lm']} "
+                 f"(source {f0['hvd_lm_digest']}); {pk}"
+                 + ("" if len(hosts) == 1 else " on every host" if not any(
+                     e.startswith("hosts differ") for e in report.errors) else f" on {hosts[0]}"))
+    for h in hosts:
+        ifs = ", ".join(f"{n} {'/'.join(i['addrs'])}" + (f" {i['speed_mbit']} Mbit/s"
+                                                          if i["speed_mbit"] > 0 else "")
+                        for n, i in report.facts[h]["interfaces"].items())
+        g = report.facts[h]["gpus"]
+        lines.append(f"  {h:12} {ifs}; GPUs: {g}")
+    lines.append(f"  shared       {', '.join(report.shared) or 'none'} (an ephemeral TCP port on "
+                 "it reached from every other host)")
+    for n, fails in report.reach.items():
+        if fails:
+            lines.append(f"  not shared   {n}: {fails[0]}")
+    s = next((f["shards"] for f in report.facts.values() if f["shards"]), None)
+    if s and "error" not in s:
+        lines.append(f"  shards       manifest sha256 {s['manifest_sha256'][:12]}, {s['shards']} "
+                     f"shards ({s['bytes'] / 1e6:.1f} MB) readable on every host")
+    if report.chosen and not report.errors:
+        x = report.chosen
+        lines += [f"  use          {x}:",
+                  f"    horovodrun --network-interface {x}",
+                  f"    mpirun -mca btl_tcp_if_include {x} -mca oob_tcp_if_include {x}",
+                  f"    NCCL_SOCKET_IFNAME={x} GLOO_SOCKET_IFNAME={x}"]
+    elif len(hosts) == 1:
+        lines.append("  use          (one host: no interface needed)")
+    for e in report.errors:
+        lines.append(f"  ERROR        {e}")
+    return "\n".join(lines)

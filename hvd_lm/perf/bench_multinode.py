@@ -1,0 +1,267 @@
+"""``hvd-lm bench multinode``: the scaling model against measured links, across hosts, in one run.
+
+For each node count n of ``--nodes`` (the first n hosts of ``--hosts``, one rank each), the
+benchmark measures, interleaved over ``--repeats`` rounds so that a shared machine's drift hits
+every figure alike:
+
+1. ``hvd-lm bench allreduce`` across the n hosts (Horovod's Gloo controller under ``horovodrun``,
+   as the training runs; ``--compression``; single tensors of ``--sizes`` and the model's own
+   gradient list as a group), and from it the alpha-beta fit of that configuration at n ranks,
+   ``t(S) = a + b S`` read as the ring ``2(n-1) alpha + 2(n-1)/n S / beta`` (Hockney; Thakur,
+   Rabenseifner & Gropp 2005; :func:`hvd_lm.perf.results.fit_alpha_beta`);
+2. the host time of one optimizer step (compute plus Horovod's own work: everything but the
+   gradients' time on the wire): ``hvd-lm train`` as one process with the same per-rank batch,
+   or with ``--colocated`` (the n "hosts" share this machine's cores, as on the cluster in a box)
+   n ranks on this host over loopback, their median step less the loopback gradient allreduce
+   measured alone (:func:`measure_compute`, :func:`loopback_allreduce`): with more ranks than
+   cores the contention between the ranks is part of every step, and only this measures it;
+3. the training step across the n hosts: ``hvd-lm train`` under ``horovodrun -H`` (median
+   ``step_time`` of the ``train`` records, the first ``--skip`` dropped as warm-up).
+
+and predicts 3. from 1. and 2. with the scaling model (:func:`predict_step`:
+:func:`hvd_lm.perf.scaling_model.step_time` with both links set to the fitted one, one rank per
+node, Horovod's default fusion; the fit's intercept already holds Horovod's cycle and negotiation,
+so the model adds none of its own), plus the training loop's own small allreduces (control flags
+every ``--control-every`` steps, metrics every ``--log-every``), each costing the fit's
+intercept. The report prints per n: alpha, beta, compute, predicted communication, predicted and
+measured s/step and their ratio. ``--json FILE`` keeps everything (the allreduce records too).
+The links are what they are: on the cluster in a box (tests/cluster.py) ``tc tbf`` sets them,
+and ``--label`` names the rate in the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hvd_lm.core import config as configlib
+from hvd_lm.core.atomic import write_text
+from hvd_lm.core.config import Command, option
+from hvd_lm.core.model import mlstm_parameters
+from hvd_lm.comm.horovod import HOROVOD_DEFAULT_FUSION_BYTES
+from hvd_lm.comm.hosts import parse_hosts
+from hvd_lm.comm.launcher import horovodrun_argv, local_mpi_env
+from hvd_lm.perf.bench_allreduce import AllreduceConfig, run_allreduce_bench
+from hvd_lm.perf.results import fit_alpha_beta
+from hvd_lm.perf.scaling_model import Link, ScalingConfig, ring_allreduce_time, step_time
+from hvd_lm.perf.scaling_report import metrics_file, read_metrics, read_run
+
+
+@dataclass
+class MultinodeConfig:
+    """Settings of ``hvd-lm bench multinode``."""
+
+    hosts: str = option("", "the hosts, host:slots,... (one rank each is used)", required=True)
+    network_interface: str = option("", "the interface between them (`hvd-lm doctor` prints "
+                                    "it)", required=True)
+    nodes: list[int] = option(default_factory=lambda: [2, 3], help="node counts to measure "
+                              "(the first n hosts)", ge=2)
+    shards: str = option("", "shard folder for the training runs (readable on every host)",
+                         required=True)
+    hidden_size: int = option(512, "mLSTM width of the training runs", ge=8)
+    embed_dim: int = option(64, "byte embedding width", ge=1)
+    batch_size: int = option(1, "per-rank batch (rows)", ge=1)
+    seq_len: int = option(16, "TBPTT window, bytes", ge=2)
+    compression: str = option("none", "gradient compression of the training and the allreduce "
+                              "bench", choices=("none", "fp16"))
+    steps: int = option(100, "optimizer steps per training run", ge=10)
+    log_every: int = option(10, "steps per train record (each record's step_time is their "
+                            "mean)", ge=1)
+    control_every: int = option(10, "hvd-lm train --control-every", ge=1)
+    skip: int = option(1, "train records dropped as warm-up", ge=0)
+    sizes: str = option("64K,256K,1M,4M,16M", "allreduce sizes for the fit (float32 payload)")
+    iters: int = option(10, "timed allreduces per size", ge=1)
+    repeats: int = option(2, "rounds of every measurement (interleaved); medians", ge=1)
+    colocated: bool = option(False, "the hosts share this machine's cores (the cluster in a "
+                             "box): the host time is measured with n ranks on this host",
+                             switch=True)
+    label: str = option("", "what the links are, for the report (e.g. 1gbit)")
+    timeout: float = option(600.0, "limit per launch, s", gt=0)
+    json: str = option("", "write the results here")
+
+
+def train_argv(cfg: MultinodeConfig, out_dir: Path) -> list[str]:
+    """``-m hvd_lm train`` arguments of every run (no validation split: steps only)."""
+    return ["-m", "hvd_lm", "train", "--shards", cfg.shards, "--out-dir", str(out_dir),
+            "--hidden-size", str(cfg.hidden_size), "--embed-dim", str(cfg.embed_dim),
+            "--batch-size", str(cfg.batch_size), "--seq-len", str(cfg.seq_len),
+            "--max-steps", str(cfg.steps), "--log-every", str(cfg.log_every),
+            "--control-every", str(cfg.control_every), "--compression", cfg.compression,
+            "--threads", "1", "--device", "cpu", "--val-split", "", "--check-free-space",
+            "false"]
+
+
+def _run(cmd: list[str], timeout: float) -> None:
+    proc = subprocess.run(cmd, env=local_mpi_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n"
+                           f"{proc.stderr[-2000:]}")
+
+
+def measure_training(cfg: MultinodeConfig, n: int, work: Path) -> float:
+    """Median s/step of ``hvd-lm train`` on the first n hosts (``horovodrun --gloo``)."""
+    hosts = ",".join(f"{h}:1" for h, _ in parse_hosts(cfg.hosts)[:n])
+    out = work / f"train_n{n}"
+    _run(horovodrun_argv(n, train_argv(cfg, out), "gloo", hosts, cfg.network_interface),
+         cfg.timeout)
+    return read_run(out, cfg.skip).step_time
+
+
+def measure_compute(cfg: MultinodeConfig, procs: int, work: Path) -> float:
+    """Seconds per step of the host's own work with ``procs`` ranks on this host: one process
+    (``procs`` = 1: ``hvd-lm train`` without a launcher, its whole step), or
+    ``horovodrun -np procs -H localhost:procs`` over loopback, its whole ``step_time``, from
+    which :func:`run_multinode_bench` takes the loopback gradient allreduce
+    (:func:`loopback_allreduce`). A rank's ``step_time x (1 - allreduce_wait)`` is not it: with
+    more ranks than cores a rank also waits for the others' compute (measured at 3 ranks on 2
+    cores: 38 ms of own work in 107 ms steps). Median over records after ``--skip``.
+
+    Raises:
+        RuntimeError: the run failed, or wrote no ``train`` record after ``--skip``.
+    """
+    out = work / f"compute_p{procs}"
+    argv = train_argv(cfg, out)
+    _run([sys.executable, *argv] if procs == 1 else
+         horovodrun_argv(procs, argv, "gloo", f"localhost:{procs}", "lo"), cfg.timeout)
+    recs = [r for r in read_metrics(metrics_file(out)) if r.get("kind") == "train"][cfg.skip:]
+    if not recs:
+        raise RuntimeError(f"{out}: no train record after skipping {cfg.skip}")
+    return statistics.median(r["step_time"] for r in recs)
+
+
+def loopback_allreduce(cfg: MultinodeConfig, procs: int) -> float:
+    """Seconds of the model's gradient allreduce (the grouped case of ``hvd-lm bench
+    allreduce``, Horovod over Gloo, ``--compression``) with ``procs`` ranks on this host over
+    loopback: the communication inside :func:`measure_compute`'s colocated steps; 0 for one
+    process."""
+    if procs == 1:
+        return 0.0
+    ar = run_allreduce_bench(AllreduceConfig(
+        np=procs, sizes="64K", iters=cfg.iters, backends=["horovod"], controllers=["gloo"],
+        compressions=[cfg.compression], fusion_mb=[], cycle_ms=[],
+        groups=[f"mlstm{cfg.hidden_size}"], timeout=cfg.timeout))
+    return statistics.median(r["time_s"] for r in ar["records"] if r["case"] == "grouped")
+
+
+def predict_step(t_comp: float, params: list, fit: dict, n: int, control_every: int,
+                 log_every: int) -> dict:
+    """The scaling model's step on n nodes (one rank each) over the fitted link, seconds.
+
+    Args:
+        t_comp: compute time of one step (s), measured.
+        params: (name, elements) of the gradients (:func:`hvd_lm.core.model.mlstm_parameters`).
+        fit: :func:`hvd_lm.perf.results.fit_alpha_beta` of Horovod's allreduce at n ranks, time
+            against the float32 payload (so fp16 compression is inside the fit: the model moves
+            4 bytes per value).
+        control_every / log_every: the loop's small allreduces (control flags, metrics), each
+            costing the fit's intercept ``a``.
+
+    Returns:
+        :func:`hvd_lm.perf.scaling_model.step_time`'s dict plus ``loop_s`` (the small
+        allreduces per step) and ``predicted_s`` (s_per_iter + loop_s).
+    """
+    link = Link(fit["beta_GBps"], fit["alpha_s"], "fitted")
+    cfg = ScalingConfig(compute_time_s=t_comp, params=params, grad_bytes=4, compression="none",
+                        batch_per_gpu=1, ref_batch=1, gpus_per_node=1, intra=link, inter=link,
+                        fusion_threshold_bytes=HOROVOD_DEFAULT_FUSION_BYTES, cycle_time_s=0.0,
+                        per_cycle_overhead_s=0.0, negotiation=False, sync_overhead_s=0.0)
+    out = step_time(cfg, n)
+    small = ring_allreduce_time(32, n, link.latency_s, link.bandwidth_GBps)
+    out["loop_s"] = (1 / control_every + 1 / log_every) * small
+    out["predicted_s"] = out["s_per_iter"] + out["loop_s"]
+    return out
+
+
+def run_multinode_bench(cfg: MultinodeConfig) -> dict:
+    """Every measurement, ``repeats`` rounds interleaved; fits, predictions and ratios."""
+    hosts = parse_hosts(cfg.hosts)
+    if max(cfg.nodes) > len(hosts):
+        raise ValueError(f"--nodes {max(cfg.nodes)} but --hosts lists {len(hosts)} hosts")
+    params = mlstm_parameters(cfg.hidden_size, cfg.embed_dim)
+    records: dict[int, list] = {n: [] for n in cfg.nodes}
+    train_t: dict[int, list] = {n: [] for n in cfg.nodes}
+    comp_t: dict[int, list] = {}
+    # run folders are written by rank 0 only, which horovodrun starts on this host
+    with tempfile.TemporaryDirectory(prefix="hvdlm-multinode-") as tmp:
+        for rep in range(cfg.repeats):
+            for procs in sorted({n if cfg.colocated else 1 for n in cfg.nodes}):
+                comp_t.setdefault(procs, []).append(
+                    measure_compute(cfg, procs, Path(tmp) / f"r{rep}")
+                    - loopback_allreduce(cfg, procs))
+            for n in cfg.nodes:
+                work = Path(tmp) / f"r{rep}_n{n}"
+                t0 = time.perf_counter()
+                ar = run_allreduce_bench(AllreduceConfig(
+                    np=n, sizes=cfg.sizes, iters=cfg.iters, backends=["horovod"],
+                    controllers=["gloo"], compressions=[cfg.compression], fusion_mb=[],
+                    cycle_ms=[], groups=[f"mlstm{cfg.hidden_size}"] if cfg.embed_dim == 64
+                    else [], hosts=",".join(f"{h}:1" for h, _ in hosts[:n]),
+                    network_interface=cfg.network_interface, timeout=cfg.timeout))
+                records[n] += ar["records"]
+                train_t[n].append(measure_training(cfg, n, work))
+                print(f"  round {rep}, {n} nodes: allreduce and training in "
+                      f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    rows = []
+    for n in cfg.nodes:
+        single = [r for r in records[n] if r["case"] == "single"]
+        by_size: dict[int, list] = {}
+        for r in single:
+            by_size.setdefault(r["size_bytes"], []).append(r["time_s"])
+        sizes = sorted(by_size)
+        times = [statistics.median(by_size[s]) for s in sizes]
+        fit = fit_alpha_beta(sizes, times, n)
+        t_comp = statistics.median(comp_t[n if cfg.colocated else 1])
+        measured = statistics.median(train_t[n])
+        pred = predict_step(t_comp, params, fit, n, cfg.control_every, cfg.log_every)
+        grouped = [r["time_s"] for r in records[n] if r["case"] == "grouped"]
+        rows.append({"nodes": n, "link": cfg.label, "fit": fit,
+                     "allreduce": [{"size_bytes": s, "time_s": t} for s, t in zip(sizes, times)],
+                     "grouped_allreduce_s": statistics.median(grouped) if grouped else None,
+                     "compute_s": t_comp, "compute_s_runs": comp_t[n if cfg.colocated else 1],
+                     "comm_s": pred["exposed_comm_s"], "loop_s": pred["loop_s"],
+                     "predicted_s": pred["predicted_s"], "measured_s": measured,
+                     "measured_s_runs": train_t[n],
+                     "ratio": measured / pred["predicted_s"],
+                     "error": pred["predicted_s"] / measured - 1})
+    return {"label": cfg.label, "hosts": cfg.hosts, "network_interface": cfg.network_interface,
+            "gradient_bytes": 4 * sum(m for _, m in params), "rows": rows,
+            "host": {"cpus": os.cpu_count(), "load_avg_1min": os.getloadavg()[0]},
+            "args": configlib.to_dict(cfg), "records": {str(n): r for n, r in records.items()}}
+
+
+def print_report(data: dict) -> None:
+    """The table of a ``bench multinode`` result (``data`` as ``--json`` writes it)."""
+    mb = data["gradient_bytes"] / 1e6
+    print(f"\nscaling model vs measured, links {data['label'] or '?'}, gradients {mb:.2f} MB "
+          "(float32 payload), one rank per node")
+    print(f"{'nodes':>5} {'alpha, us':>9} {'beta, GB/s':>10} {'fit err':>7} {'compute, ms':>11} "
+          f"{'comm, ms':>8} {'predicted, ms':>13} {'measured, ms':>12} {'pred/meas':>9}")
+    for r in data["rows"]:
+        f = r["fit"]
+        print(f"{r['nodes']:>5} {f['alpha_s'] * 1e6:>9.0f} {f['beta_GBps']:>10.3f} "
+              f"{f['max_rel_error']:>7.1%} {r['compute_s'] * 1e3:>11.1f} "
+              f"{(r['comm_s'] + r['loop_s']) * 1e3:>8.1f} {r['predicted_s'] * 1e3:>13.1f} "
+              f"{r['measured_s'] * 1e3:>12.1f} {r['predicted_s'] / r['measured_s']:>9.3f}")
+
+
+def bench_multinode(cfg: MultinodeConfig) -> int:
+    """Run, print, and with ``--json`` save."""
+    data = run_multinode_bench(cfg)
+    print_report(data)
+    if cfg.json:
+        write_text(cfg.json, json.dumps(data, indent=1))
+    return 0
+
+
+BENCH_MULTINODE = Command(
+    MultinodeConfig, bench_multinode, usage_errors=(ValueError,),
+    description="Across hosts: Horovod's allreduce and its alpha-beta fit at each node count, "
+    "the compute time, and the scaling model's predicted training step against the measured one.")
