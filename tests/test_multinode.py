@@ -222,7 +222,12 @@ def test_elastic_three_hosts_lose_a_link_and_get_the_host_back(cluster, shards, 
     sizes = [r["world_size"] for r in train]
     assert sizes[0] == 3 and 2 in sizes and sizes[-1] == 3, sizes
     down = lost_after
-    assert down["time"] - t_cut < 10 + 20  # Gloo's timeout (10 s) + a step + the reset
+    # the world re-forms within Gloo's timeout (10 s) + ELASTIC_TIMEOUT (120 s, the longest
+    # Horovod's driver waits for the rendezvous) + a step. Usually it takes 15-25 s; one full
+    # suite took 79 s, which fits 10 s + 3 x 20 s of Horovod's BasicClient probes from the cut-off
+    # host (an unconfirmed reading: the run's output was not kept)
+    took = down["time"] - t_cut
+    assert took < 10 + 120 + 10, took
     # rolled back to the last commit (every 5 steps), not to zero; the loss went on from there
     before = [r for r in train if r["time"] < t_cut][-1]
     assert before["step"] - 5 <= down["step"] <= before["step"] + 1
