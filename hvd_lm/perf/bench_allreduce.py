@@ -68,6 +68,7 @@ from hvd_lm.core.model import mlstm_parameters
 from hvd_lm.core.units import KIB, MIB, parse_bytes
 from hvd_lm.comm import horovod as comm
 from hvd_lm.comm.horovod import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
+from hvd_lm.comm.hosts import parse_hosts
 from hvd_lm.comm.launcher import horovodrun_argv, local_mpi_env, mpirun_argv
 from hvd_lm.comm.onebit import DEFAULT_CHUNK, ErrorFeedback, Layout, ring_allreduce_wire_bytes
 from hvd_lm.perf.baselines import MpiComm, TorchGlooComm
@@ -535,7 +536,7 @@ def run_allreduce_bench(args: AllreduceConfig) -> dict:
                 extra.update(MASTER_PORT=str(args.port),
                              GLOO_SOCKET_IFNAME=args.network_interface or "lo")
                 if args.hosts:
-                    extra["MASTER_ADDR"] = socket.gethostbyname(args.hosts.split(":")[0])
+                    extra["MASTER_ADDR"] = socket.gethostbyname(parse_hosts(args.hosts)[0][0])
             env = _env(extra)
             cmd = (mpirun_argv(args.np, argv, args.hosts, args.network_interface, env)
                    if conf["launcher"] == "mpirun"

@@ -26,13 +26,13 @@ class DataConfig:
     """Where the training text comes from and how it is cut into TBPTT windows."""
 
     shards: str = option("", "shard directory written by `hvd-lm prepare` (holds manifest.json)",
-                     required=True)
+                         required=True)
     train_split: str = option("train", "manifest split to train on")
     val_split: str = option("val", "manifest split for validation BPC ('' = none)")
     seq_len: int = option(256, "TBPTT window length, in bytes (chars)", ge=1)
     batch_size: int = option(32, "parallel streams per rank (per-rank batch, in sequences)", ge=1)
     epochs: float = option(1.0, "passes over the training split (decay to 0 at the end; 0 = "
-                                        "--max-steps alone)", ge=0)
+                           "--max-steps alone)", ge=0)
     seed: int = option(1234, "seed for the data order and model init", ge=0)
     verify_shards: bool = option(True, "verify shard sha256 against the manifest before training")
 
@@ -42,29 +42,30 @@ class OptimConfig:
     """Optimiser and large-batch learning-rate schedule (see hvd_lm.train.schedule)."""
 
     optimizer: str = option("adam", "optimiser: adam (the reference's), sgd, lamb (layerwise trust "
-                        "ratios for large batches, You et al. 2019), onebit-adam / onebit-lamb "
-                        "(after --onebit-warmup-steps the variance freezes and the momentum is "
-                        "allreduced as 1 bit per value with error feedback, Tang et al. 2021 / "
-                        "Li et al. 2021)",
-                        choices=("adam", "sgd", "lamb", "onebit-adam", "onebit-lamb"))
+                            "ratios for large batches, You et al. 2019), onebit-adam / onebit-lamb "
+                            "(after --onebit-warmup-steps the variance freezes and the momentum is "
+                            "allreduced as 1 bit per value with error feedback, Tang et al. 2021 / "
+                            "Li et al. 2021)",
+                            choices=("adam", "sgd", "lamb", "onebit-adam", "onebit-lamb"))
     lr: float = option(5e-4, "base LR at --lr-ref-batch (reference: 5e-4 at 128)", gt=0)
     lr_ref_batch: int = option(128, "global batch at which --lr was tuned, in sequences", ge=1)
-    lr_rule: str = option("none", "scale LR to the global batch", choices=("none", "linear", "sqrt"))
+    lr_rule: str = option("none", "scale LR to the global batch",
+                          choices=("none", "linear", "sqrt"))
     lr_cap: typing.Optional[float] = option(None, "upper bound on the scaled LR (reference: 3e-3)",
-                                        gt=0)
+                                            gt=0)
     warmup_steps: int = option(0, "linear LR warmup, in optimizer steps", ge=0)
     lr_decay: str = option("linear", "decay to 0 at the last step, or hold",
-                       choices=("linear", "none"))
+                           choices=("linear", "none"))
     max_steps: typing.Optional[int] = option(None, "stop after this many optimizer steps "
-                                         "(whichever of this and --epochs comes first)", ge=1)
+                                             "(whichever of this and --epochs comes first)", ge=1)
     momentum: float = option(0.9, "SGD momentum", ge=0)
     weight_decay: float = option(0.0, "L2 weight decay", ge=0)
     grad_clip: float = option(1.0, "clip the global gradient norm (0 = off)", ge=0)
     onebit_warmup_steps: int = option(100, "onebit-adam/-lamb: uncompressed optimizer steps "
-                                  "(gradients allreduced with --compression) before the "
-                                  "compressed phase", ge=1)
-    onebit_chunk: int = option(2048, "onebit-adam/-lamb: momentum values per fp32 scale on the wire "
-                           "(0 = one scale per rank's part)", ge=0)
+                                      "(gradients allreduced with --compression) before the "
+                                      "compressed phase", ge=1)
+    onebit_chunk: int = option(2048, "onebit-adam/-lamb: momentum values per fp32 scale on the "
+                               "wire (0 = one scale per rank's part)", ge=0)
 
 
 @dataclass
@@ -72,9 +73,9 @@ class DistConfig:
     """Horovod settings (see hvd_lm.comm.horovod)."""
 
     compression: str = option("fp16", "allreduce compression (reference: fp16)",
-                          choices=("none", "fp16"))
+                              choices=("none", "fp16"))
     backward_passes_per_step: int = option(1, "local gradient accumulation before each allreduce",
-                                       ge=1)
+                                           ge=1)
     allreduce_op: str = option("average", "gradient reduction", choices=("average", "adasum"))
     fusion_threshold_mb: typing.Optional[float] = option(
         None, "tensor fusion buffer, MiB -> HOROVOD_FUSION_THRESHOLD (Horovod default 128)", ge=0)
@@ -90,41 +91,42 @@ class RunConfig:
     """Output, precision, logging, evaluation and checkpoint cadence."""
 
     out_dir: str = option("runs/default", "run directory: metrics, config, checkpoints")
-    precision: str = option("fp32", "fp32; fp16/bf16 autocast (fp16 on CUDA only, with dynamic loss "
-                        "scaling)", choices=("fp32", "fp16", "bf16"))
+    precision: str = option("fp32", "fp32; fp16/bf16 autocast (fp16 on CUDA only, with dynamic "
+                            "loss scaling)", choices=("fp32", "fp16", "bf16"))
     device: str = option("auto", "cpu, cuda, cuda:N, or auto (cuda:local_rank when available)",
-                     parse=lambda v: _device(v))
+                         parse=lambda v: _device(v))
     threads: int = option(0, "torch intra-op threads per rank (0 = cores / local ranks)", ge=0)
     log_every: int = option(10, "log a metrics line every N steps", ge=1)
     eval_every: int = option(0, "validation BPC every N steps (0 = only at the end)", ge=0)
     eval_chars: int = option(262144, "validation bytes per evaluation (0 = the whole split)", ge=0)
     checkpoint_every: int = option(0, "checkpoint every N steps (0 = only at the end)", ge=0)
-    checkpoint_minutes: float = option(0.0, "also checkpoint every M minutes of wall time (0 = off)",
-                                   ge=0)
+    checkpoint_minutes: float = option(0.0, "also checkpoint every M minutes of wall time "
+                                       "(0 = off)", ge=0)
     control_every: int = option(10, "exchange the control flags (stop signals, timed checkpoints) "
-                            "every N step attempts: a signal is acted on within N steps", ge=1)
+                                "every N step attempts: a signal is acted on within N steps", ge=1)
     keep_checkpoints: int = option(3, "keep the last K step checkpoints (0 = all)", ge=0)
     resume: str = option("", "checkpoint file or run directory to resume from ('auto' = out_dir)")
     nan_check: bool = option(True, "skip (and count) steps whose loss or gradients are not finite")
     max_skipped_steps: int = option(100, "stop the run (exit 1, no checkpoint) after N consecutive "
-                                "skipped steps: it diverged (0 = never)", ge=0)
+                                    "skipped steps: it diverged (0 = never)", ge=0)
     divergence_loss: float = option(DEFAULT_BOUND, "stop the run (exit 1) when the logged training "
-                                "loss, nats per char, stays above this (default 2 ln 256: 16 bits "
-                                "per char, twice a uniform guess; hvd_lm/train/guard.py)",
-                                gt=UNIFORM_LOSS)
-    divergence_logs: int = option(3, "... for this many logged steps in a row (or at the last step); "
-                              "no checkpoint is written meanwhile (0 = off)", ge=0)
+                                    "loss, nats per char, stays above this (default 2 ln 256: "
+                                    "16 bits per char, twice a uniform guess; "
+                                    "hvd_lm/train/guard.py)",
+                                    gt=UNIFORM_LOSS)
+    divergence_logs: int = option(3, "... for this many logged steps in a row (or at the last "
+                                  "step); no checkpoint is written meanwhile (0 = off)", ge=0)
     check_memory: bool = option(True, "refuse to start when the memory one training step needs "
-                            "(estimated: activations, parameters, gradients, optimizer state) "
-                            "exceeds the free memory (hvd_lm/train/memory.py)")
+                                "(estimated: activations, parameters, gradients, optimizer state) "
+                                "exceeds the free memory (hvd_lm/train/memory.py)")
     check_free_space: bool = option(True, "refuse to start when the out-dir's file system has no "
-                                "room for one checkpoint (size estimated from the model)")
+                                    "room for one checkpoint (size estimated from the model)")
     elastic: bool = option(False, "Horovod elastic training (horovodrun --min-np/--max-np "
-                       "--host-discovery-script, Gloo): survive lost and added workers")
+                           "--host-discovery-script, Gloo): survive lost and added workers")
     commit_every: int = option(10, "elastic: commit the state in memory every N optimizer steps "
-                           "(a lost worker costs at most the steps since)", ge=1)
+                               "(a lost worker costs at most the steps since)", ge=1)
     inject_nan_steps: str = option("", "testing aid: comma-separated step attempts (applied + "
-                                "skipped, 0-based) whose loss rank 0 makes NaN")
+                                   "skipped, 0-based) whose loss rank 0 makes NaN")
     tensorboard: bool = option(True, "write TensorBoard events when tensorboard is installed")
 
 

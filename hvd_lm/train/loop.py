@@ -343,7 +343,8 @@ class Trainer(ElasticTraining):
                 chars_step += batch.chars
                 pos.window += 1
 
-            # Horovod: wait for the fused, fp16-compressed allreduce of every gradient
+            # Horovod: wait for the fused allreduce of every gradient (fp16 on the wire with
+            # --compression fp16)
             t_wait = time.perf_counter()
             optimizer.synchronize()
             wait = time.perf_counter() - t_wait
