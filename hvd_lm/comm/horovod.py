@@ -66,9 +66,8 @@ def init(fusion_threshold_mb: float | None = None, cycle_time_ms: float | None =
         os.environ["HOROVOD_CYCLE_TIME"] = str(cycle_time_ms)
     if gloo_timeout_s is not None:
         os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(math.ceil(gloo_timeout_s))
-    hvd = _hvd()
-    hvd.init()
-    return RankContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), "horovod")
+    _hvd().init()
+    return rank_context()
 
 
 def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module,

@@ -6,7 +6,6 @@ summary), so the report can always be checked against them (tests/test_demo.py d
 """
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 

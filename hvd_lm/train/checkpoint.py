@@ -384,12 +384,10 @@ class Resume:
         set_rng_state(self.ckpt["rng"])
 
     def restore_optimizer(self, optimizer, scheduler) -> None:
-        """Optimizer and LR-scheduler state; the param groups' LR is set to the scheduler's
-        (building the scheduler reset it to step 0's)."""
+        """Optimizer and LR-scheduler state (the caller then sets the param groups' LR through
+        :func:`hvd_lm.train.schedule.set_peak_lr`, as the loop does)."""
         optimizer.load_state_dict(self.ckpt["optimizer"])
         scheduler.load_state_dict(self.ckpt["scheduler"])
-        for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
-            group["lr"] = lr
 
     def release(self) -> None:
         """Drop the loaded tensors (the model and optimizer hold their own copies)."""

@@ -17,7 +17,8 @@ written out top to bottom in :meth:`Trainer.steps`:
 
 The host does not wait on the device per window: the next window is read ahead on a thread
 (``train.data.Prefetcher``), the loss is summed on the device and read at log time, and the one
-per-step sync is the gradient norm (its finiteness decides the skip).
+per-step sync is the gradient norm (its finiteness decides the skip; fp16 adds GradScaler.step's
+read of its inf check).
 
 Rank 0 logs (tqdm bar, a line every ``log_every`` steps, ``metrics.jsonl``, TensorBoard when
 installed) and writes checkpoints; metrics are sums over ranks. Every Horovod call is marked
@@ -59,7 +60,7 @@ from hvd_lm.train.data import Prefetcher, RankStreams, window_in_new_cut
 from hvd_lm.train.elastic import ElasticTraining
 from hvd_lm.train.evaluate import bpc as eval_bpc
 from hvd_lm.train.evaluate import window_nll
-from hvd_lm.train.guard import DivergenceGuard, TrainingDiverged  # noqa: F401 (raised here)
+from hvd_lm.train.guard import DivergenceGuard
 from hvd_lm.train.log import MetricsLog, StopSignals
 from hvd_lm.train.optim import build_optimizer, distributed
 from hvd_lm.train.rundir import open_run_folder
@@ -75,7 +76,7 @@ def train(cfg: TrainConfig) -> dict:
         ValueError: bad configuration or data (naming the field / file); a ConfigError when the
             shapes or the memory of a step do not fit (:mod:`hvd_lm.train.preflight`).
         ShardChecksumError: a shard does not match its manifest checksum.
-        TrainingDiverged: the run diverged (:mod:`hvd_lm.train.guard`).
+        hvd_lm.train.guard.TrainingDiverged: the run diverged (:mod:`hvd_lm.train.guard`).
     """
     return Trainer(cfg).run()
 
@@ -348,7 +349,8 @@ class Trainer(ElasticTraining):
             t_wait = time.perf_counter()
             optimizer.synchronize()
             wait = time.perf_counter() - t_wait
-            # unscale (fp16) and clip; the norm read on the host is the step's one sync
+            # unscale (fp16) and clip; the norm read on the host is the step's sync (fp16 adds
+            # GradScaler.step's own read of its inf check)
             grad_norm = runtime.unscale_and_clip(optimizer, self.params, cfg.optim.grad_clip,
                                                  scaler)
             # step, or skip a step whose gradients are not finite (every rank decides alike)

@@ -335,12 +335,10 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
         model: its model (parameter names for Horovod).
         compression: the warmup's gradient compression, ``"fp16"`` or ``"none"``.
         backward_passes_per_step: local accumulation steps per step.
-        save_errors: include the error buffers in :meth:`state_dict` ((n + 1) x 4 bytes per
-            parameter on rank 0; False: a resume restarts error feedback from zero).
     """
 
     def __init__(self, optimizer, model: torch.nn.Module, compression: str = "fp16",
-                 backward_passes_per_step: int = 1, save_errors: bool = True):
+                 backward_passes_per_step: int = 1):
         # torch.optim.Optimizer.__init__ is not called: param_groups, state and defaults are the
         # Horovod-wrapped optimiser's own (load_state_dict replaces its param group dicts).
         # Horovod: the warmup's gradient allreduce (hooks, fusion, compression)
@@ -349,7 +347,6 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
         ctx = comm.rank_context()
         self._size, self._rank = ctx.size, ctx.rank
         self._warmup_wire = self._opt.hvd_lm_wire_bytes
-        self.save_errors = save_errors
         self.errors: ErrorFeedback | None = None
         self.wire_bytes = 0
         self.phase = "compressed" if self.compressing else "warmup"
@@ -454,7 +451,7 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
         ``world_size``, ``numel``, ``chunk``, ``worker`` float32 [n, n P] and ``server`` float32
         [n, P], every rank's error buffers in rank order (an ``allgather``: call on every rank)."""
         sd = self._opt.state_dict()
-        if self.errors is not None and self.save_errors:
+        if self.errors is not None:
             lay = self.errors.layout
             sd["onebit_errors"] = {
                 "world_size": lay.world_size, "numel": lay.numel, "chunk": lay.chunk,

@@ -59,7 +59,7 @@ def unscale_and_clip(optimizer, params: list[torch.Tensor], max_norm: float,
     "Working with unscaled gradients"; Horovod docs, "Gradient clipping".
 
     The norm is one multi-tensor kernel (``foreach``) and is read on the host: the step's one
-    sync, so every rank can take the same skip decision. An optimiser whose gradients stay
+    sync (fp16: with ``GradScaler.step``'s inf check), so every rank can take the same skip decision. An optimiser whose gradients stay
     local (a 1-bit optimiser's compressed phase) agrees on one norm through its
     ``agree_grad_norm`` (:meth:`hvd_lm.train.onebit.OnebitDistributedOptimizer.agree_grad_norm`).
 
@@ -84,14 +84,14 @@ def step_or_skip(optimizer, scaler: torch.amp.GradScaler | None, grad_norm: floa
                  check_finite: bool = True) -> bool:
     """The optimiser step, or none when the gradients are not finite; returns whether it was
     applied. fp16: ``scaler.step`` skips on inf/NaN by itself and ``scaler.update`` lowers the
-    scale (applied = the scale did not drop); otherwise the step is skipped when ``check_finite``
-    and ``grad_norm`` (:func:`unscale_and_clip`, the same on every rank) is not finite.
-    Under Horovod call it inside ``optimizer.skip_synchronize()``."""
+    scale; the norm, taken after ``unscale_``, is non-finite exactly then, so applied = the norm
+    is finite (no ``get_scale()``: each is a host sync). Otherwise the step is skipped when
+    ``check_finite`` and ``grad_norm`` (:func:`unscale_and_clip`, the same on every rank) is not
+    finite. Under Horovod call it inside ``optimizer.skip_synchronize()``."""
     if scaler is not None:
-        before = scaler.get_scale()
         scaler.step(optimizer)
         scaler.update()
-        return scaler.get_scale() >= before
+        return math.isfinite(grad_norm)
     if check_finite and not math.isfinite(grad_norm):
         return False
     optimizer.step()
