@@ -557,6 +557,26 @@ def test_pruning_keeps_the_newest_confirmed_checkpoint(tmp_path):
     assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["step_00000004.pt"]
 
 
+def test_the_checkpoint_a_job_resumed_from_is_confirmed(tmp_path):
+    """Resumed at step 4 with --keep-checkpoints 1: before any loss is logged, step 4's
+    checkpoint (not this job's) is the confirmed one: pruning keeps it, and a divergence
+    moves this job's checkpoints aside and points latest back at it."""
+    from hvd_lm.train.guard import DivergenceGuard
+
+    ck.save({"model": {"w": torch.ones(2)}}, tmp_path, 4, keep=1)
+    guard = DivergenceGuard(max_loss=11.09, logs=1, max_skipped=0, start_step=4)
+    for step in (5, 6):
+        ck.save({"model": {"w": torch.ones(2)}}, tmp_path, step, keep=1,
+                protect_below=guard.confirmed_below())
+        guard.wrote(step)
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["step_00000004.pt",
+                                                               "step_00000006.pt"]
+    guard.logged(6, 20.0)
+    latest, moved = guard.settle(tmp_path)
+    assert latest.name == "step_00000004.pt" and [p.name for p in moved] == ["step_00000006.pt"]
+    assert ck.resolve(tmp_path) == latest
+
+
 @pytest.mark.slow
 def test_finite_divergence_stops_every_rank_at_the_same_step(shards, tmp_path):
     """2 ranks under horovodrun: both decide from the allreduced loss, stop at the same step and

@@ -44,7 +44,7 @@ from hvd_lm.train import checkpoint as ckpt_io
 #: Cross-entropy of the uniform predictor over the byte values, nats per character (ln 256).
 UNIFORM_LOSS = math.log(VOCAB_SIZE)
 #: Default ``run.divergence_loss``: 2 ln 256 = 11.09 nats (16 bits) per character, rounded.
-DEFAULT_BOUND = 11.09
+DEFAULT_BOUND = round(2 * UNIFORM_LOSS, 2)
 
 
 class TrainingDiverged(RuntimeError):
@@ -71,7 +71,9 @@ class DivergenceGuard:
         self.reason: str | None = None
         self.skipped_in_a_row = 0
         self.above: list[tuple[int, float]] = []  # (step, loss) of the logged losses in a row
-        self.last_good_step = start_step          # the newest logged loss within the bound
+        # checkpoints below this step are confirmed: the newest logged loss within the bound,
+        # or, before any, the checkpoint this job resumed from (hence + 1)
+        self.last_good_step = start_step + 1
         self.written: list[int] = []              # steps of the checkpoints this job wrote
 
     # ---- what the loop reports ----------------------------------------------------------------

@@ -42,6 +42,7 @@ import torch
 
 from hvd_lm.core.atomic import human
 from hvd_lm.core.mlstm_fused import saved_bytes
+from hvd_lm.comm.horovod import HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.core.model import parameter_shapes
 from hvd_lm.core.units import MIB
 from hvd_lm.train.config import TrainConfig
@@ -50,8 +51,6 @@ from hvd_lm.train.config import TrainConfig
 #: moments, SGD its momentum buffer, the 1-bit optimizers two moments, the local momentum
 #: copy they compress and the worker error (the server error is 1/world of it: counted as 1).
 OPTIMIZER_STATES = {"adam": 2, "sgd": 1, "lamb": 2, "onebit-adam": 5, "onebit-lamb": 5}
-#: Horovod's default fusion buffer (HOROVOD_FUSION_THRESHOLD, 128 MiB).
-FUSION_DEFAULT = 128 * MIB
 #: Bytes each batch row's shard reader buffers (hvd_lm.train.data.ConcatStream).
 READ_BUFFER = MIB
 
@@ -125,7 +124,7 @@ def step_memory(cfg: TrainConfig, device_type: str, world_size: int = 1,
     P = sum(math.prod(shape) for _, shape in parameter_shapes(m))
     C = compute_bytes(cfg.run.precision)
     fusion = int(cfg.dist.fusion_threshold_mb * MIB) if cfg.dist.fusion_threshold_mb is not None \
-        else FUSION_DEFAULT
+        else HOROVOD_DEFAULT_FUSION_BYTES
     allreduce = 0
     if world_size > 1:
         allreduce = min(4 * P, fusion) + (2 * P if cfg.dist.compression == "fp16" else 0)

@@ -47,10 +47,10 @@ def open_run_folder(cfg: TrainConfig, model: torch.nn.Module, rows: int) -> Fold
             raise DiskFullError(28, f"{out_dir}: a checkpoint needs about {human(need)} but only "
                                 f"{human(free)} is free; free some space or use another "
                                 "--out-dir (--check-free-space false skips this check)")
-        # the kept ones, the one being written, and with --keep-checkpoints 1 the newest one
-        # the divergence guard confirmed (hvd_lm.train.guard) beside the newest
+        # the kept ones, the one being written, and the newest one the divergence guard
+        # confirmed (hvd_lm.train.guard), which may be older than the kept ones
         keep = cfg.run.keep_checkpoints
-        at_once = max(1, keep) + 1 + (1 if keep == 1 else 0)
+        at_once = max(1, keep) + 1 + (1 if keep > 0 else 0)
         if cfg.run.check_free_space and free < at_once * need:
             print(f"warning: {out_dir}: {human(free)} free holds fewer than the {at_once} "
                   f"checkpoints of about {human(need)} that --keep-checkpoints {keep} needs at "
