@@ -10,11 +10,15 @@ every figure alike:
    ``t(S) = a + b S`` read as the ring ``2(n-1) alpha + 2(n-1)/n S / beta`` (Hockney; Thakur,
    Rabenseifner & Gropp 2005; :func:`hvd_lm.perf.results.fit_alpha_beta`);
 2. the host time of one optimizer step (compute plus Horovod's own work: everything but the
-   gradients' time on the wire): ``hvd-lm train`` as one process with the same per-rank batch,
-   or with ``--colocated`` (the n "hosts" share this machine's cores, as on the cluster in a box)
-   n ranks on this host over loopback, their median step less the loopback gradient allreduce
-   measured alone (:func:`measure_compute`, :func:`loopback_allreduce`): with more ranks than
-   cores the contention between the ranks is part of every step, and only this measures it;
+   gradients' time on the wire): ``hvd-lm train`` as one process with the same per-rank batch
+   (:func:`measure_compute`), or with ``--colocated`` (the n "hosts" share this machine's cores,
+   as on the cluster in a box) from inside the run of 3.: the slowest rank's step less its wait
+   for the gradient allreduce (the ``compute_time_max`` of its ``train`` records). With more
+   ranks than cores the contention between the ranks, and with the links' own traffic, is part of
+   every step, and only the run itself has it: one process alone, or n ranks over loopback less
+   the loopback allreduce measured alone, gave 24-147 ms for the 63 ms of 3 hosts on 2 cores.
+   The comparison then tests the model's communication (from the fit of 1.) against what the
+   measured step spent beyond that host time;
 3. the training step across the n hosts: ``hvd-lm train`` under ``horovodrun -H`` (median
    ``step_time`` of the ``train`` records, the first ``--skip`` dropped as warm-up).
 
@@ -80,8 +84,8 @@ class MultinodeConfig:
     iters: int = option(10, "timed allreduces per size", ge=1)
     repeats: int = option(2, "rounds of every measurement (interleaved); medians", ge=1)
     colocated: bool = option(False, "the hosts share this machine's cores (the cluster in a "
-                             "box): the host time is measured with n ranks on this host",
-                             switch=True)
+                             "box): the host time is taken from inside the run across the hosts "
+                             "(the slowest rank's step less its allreduce wait)", switch=True)
     label: str = option("", "what the links are, for the report (e.g. 1gbit)")
     timeout: float = option(600.0, "limit per launch, s", gt=0)
     json: str = option("", "write the results here")
@@ -106,49 +110,41 @@ def _run(cmd: list[str], timeout: float) -> None:
                            f"{proc.stderr[-2000:]}")
 
 
-def measure_training(cfg: MultinodeConfig, n: int, work: Path) -> float:
-    """Median s/step of ``hvd-lm train`` on the first n hosts (``horovodrun --gloo``)."""
+def measure_training(cfg: MultinodeConfig, n: int, work: Path) -> tuple[float, float]:
+    """``hvd-lm train`` on the first n hosts (``horovodrun --gloo``): the median s/step of its
+    ``train`` records after ``--skip``, and the median of their ``compute_time_max`` (the slowest
+    rank's s/step outside the gradient allreduce's wait;
+    :meth:`hvd_lm.train.loop.Trainer.log_train`).
+
+    Raises:
+        RuntimeError: the run failed, or its records hold no ``compute_time_max``.
+    """
     hosts = ",".join(f"{h}:1" for h, _ in parse_hosts(cfg.hosts)[:n])
     out = work / f"train_n{n}"
     _run(horovodrun_argv(n, train_argv(cfg, out), "gloo", hosts, cfg.network_interface),
          cfg.timeout)
-    return read_run(out, cfg.skip).step_time
+    recs = [r for r in read_metrics(metrics_file(out)) if r.get("kind") == "train"][cfg.skip:]
+    compute = [r["compute_time_max"] for r in recs if r.get("compute_time_max") is not None]
+    if not compute:
+        raise RuntimeError(f"{out}: no train record with compute_time_max after skipping "
+                           f"{cfg.skip}")
+    return read_run(out, cfg.skip).step_time, statistics.median(compute)
 
 
-def measure_compute(cfg: MultinodeConfig, procs: int, work: Path) -> float:
-    """Seconds per step of the host's own work with ``procs`` ranks on this host: one process
-    (``procs`` = 1: ``hvd-lm train`` without a launcher, its whole step), or
-    ``horovodrun -np procs -H localhost:procs`` over loopback, its whole ``step_time``, from
-    which :func:`run_multinode_bench` takes the loopback gradient allreduce
-    (:func:`loopback_allreduce`). A rank's ``step_time x (1 - allreduce_wait)`` is not it: with
-    more ranks than cores a rank also waits for the others' compute (measured at 3 ranks on 2
-    cores: 38 ms of own work in 107 ms steps). Median over records after ``--skip``.
+def measure_compute(cfg: MultinodeConfig, work: Path) -> float:
+    """Seconds per step of one process alone (``hvd-lm train`` without a launcher, the same
+    per-rank batch): the host time of a node that has its cores to itself. Median over the
+    ``train`` records after ``--skip``.
 
     Raises:
         RuntimeError: the run failed, or wrote no ``train`` record after ``--skip``.
     """
-    out = work / f"compute_p{procs}"
-    argv = train_argv(cfg, out)
-    _run([sys.executable, *argv] if procs == 1 else
-         horovodrun_argv(procs, argv, "gloo", f"localhost:{procs}", "lo"), cfg.timeout)
+    out = work / "compute_p1"
+    _run([sys.executable, *train_argv(cfg, out)], cfg.timeout)
     recs = [r for r in read_metrics(metrics_file(out)) if r.get("kind") == "train"][cfg.skip:]
     if not recs:
         raise RuntimeError(f"{out}: no train record after skipping {cfg.skip}")
     return statistics.median(r["step_time"] for r in recs)
-
-
-def loopback_allreduce(cfg: MultinodeConfig, procs: int) -> float:
-    """Seconds of the model's gradient allreduce (the grouped case of ``hvd-lm bench
-    allreduce``, Horovod over Gloo, ``--compression``) with ``procs`` ranks on this host over
-    loopback: the communication inside :func:`measure_compute`'s colocated steps; 0 for one
-    process."""
-    if procs == 1:
-        return 0.0
-    ar = run_allreduce_bench(AllreduceConfig(
-        np=procs, sizes="64K", iters=cfg.iters, backends=["horovod"], controllers=["gloo"],
-        compressions=[cfg.compression], fusion_mb=[], cycle_ms=[],
-        groups=[f"mlstm{cfg.hidden_size}"], timeout=cfg.timeout))
-    return statistics.median(r["time_s"] for r in ar["records"] if r["case"] == "grouped")
 
 
 def predict_step(t_comp: float, params: list, fit: dict, n: int, control_every: int,
@@ -188,14 +184,11 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
     params = mlstm_parameters(cfg.hidden_size, cfg.embed_dim)
     records: dict[int, list] = {n: [] for n in cfg.nodes}
     train_t: dict[int, list] = {n: [] for n in cfg.nodes}
-    comp_t: dict[int, list] = {}
+    comp_t: dict[int, list] = {n: [] for n in cfg.nodes}
     # run folders are written by rank 0 only, which horovodrun starts on this host
     with tempfile.TemporaryDirectory(prefix="hvdlm-multinode-") as tmp:
         for rep in range(cfg.repeats):
-            for procs in sorted({n if cfg.colocated else 1 for n in cfg.nodes}):
-                comp_t.setdefault(procs, []).append(
-                    measure_compute(cfg, procs, Path(tmp) / f"r{rep}")
-                    - loopback_allreduce(cfg, procs))
+            alone = None if cfg.colocated else measure_compute(cfg, Path(tmp) / f"r{rep}")
             for n in cfg.nodes:
                 work = Path(tmp) / f"r{rep}_n{n}"
                 t0 = time.perf_counter()
@@ -206,7 +199,9 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
                     else [], hosts=",".join(f"{h}:1" for h, _ in hosts[:n]),
                     network_interface=cfg.network_interface, timeout=cfg.timeout))
                 records[n] += ar["records"]
-                train_t[n].append(measure_training(cfg, n, work))
+                step, in_run = measure_training(cfg, n, work)
+                train_t[n].append(step)
+                comp_t[n].append(in_run if alone is None else alone)
                 print(f"  round {rep}, {n} nodes: allreduce and training in "
                       f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     rows = []
@@ -218,14 +213,14 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
         sizes = sorted(by_size)
         times = [statistics.median(by_size[s]) for s in sizes]
         fit = fit_alpha_beta(sizes, times, n)
-        t_comp = statistics.median(comp_t[n if cfg.colocated else 1])
+        t_comp = statistics.median(comp_t[n])
         measured = statistics.median(train_t[n])
         pred = predict_step(t_comp, params, fit, n, cfg.control_every, cfg.log_every)
         grouped = [r["time_s"] for r in records[n] if r["case"] == "grouped"]
         rows.append({"nodes": n, "link": cfg.label, "fit": fit,
                      "allreduce": [{"size_bytes": s, "time_s": t} for s, t in zip(sizes, times)],
                      "grouped_allreduce_s": statistics.median(grouped) if grouped else None,
-                     "compute_s": t_comp, "compute_s_runs": comp_t[n if cfg.colocated else 1],
+                     "compute_s": t_comp, "compute_s_runs": comp_t[n],
                      "comm_s": pred["exposed_comm_s"], "loop_s": pred["loop_s"],
                      "predicted_s": pred["predicted_s"], "measured_s": measured,
                      "measured_s_runs": train_t[n],

@@ -7,7 +7,8 @@ fault with one of these:
 * ``run.inject_nan_steps`` (config): comma-separated step *attempts* (applied + skipped,
   0-based) whose loss rank 0 multiplies by NaN (the skipped-step test).
 * ``HVD_LM_STEP_SLEEP`` (environment): seconds every step sleeps, so a test can act while a tiny
-  model trains (the elastic tests kill and add workers mid-run).
+  model trains (the elastic tests kill and add workers mid-run); with ``HVD_LM_STEP_SLEEP_RANK``
+  only that rank sleeps (a straggler: the ``compute_time_max`` test).
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class Faults(NoFaults):
         r, s = os.environ.get("HVD_LM_FAULT_RANK"), os.environ.get("HVD_LM_FAULT_STEP")
         self.die_at = int(s) if (r is not None and s is not None and int(r) == rank) else None
         self.sleep = float(os.environ.get("HVD_LM_STEP_SLEEP", "0") or 0)
+        only = os.environ.get("HVD_LM_STEP_SLEEP_RANK", "")
+        if only.strip() and int(only) != rank:
+            self.sleep = 0.0
 
     def before_step(self, step: int) -> None:
         """Exit the process (code 3) when this rank was told to die at ``step``."""

@@ -418,10 +418,14 @@ class Trainer(ElasticTraining):
     def log_train(self, grad_norm: float) -> None:
         """A ``train`` record (rank 0) of the steps since the last one, over all ranks; the loss
         goes to the divergence guard (the same float on every rank)."""
-        m, pos = self.meter, self.pos
+        m, pos, ctx = self.meter, self.pos, self.ctx
+        # each rank's compute (s/step: its step less its allreduce wait) in its own slot, so that
+        # the sum gives every rank's; the slowest sets the step (a straggler shows as max >> mean)
+        own = [0.0] * ctx.size
+        own[ctx.rank] = (m.busy - m.wait) / max(1, m.steps)
         # Horovod: metrics summed over ranks (float(): the device sum, read now)
-        nats, chars, waits, busy = comm.allreduce_sum([float(m.nats), m.chars, m.wait, m.busy],
-                                                      name="log")
+        nats, chars, waits, busy, *compute = comm.allreduce_sum(
+            [float(m.nats), m.chars, m.wait, m.busy, *own], name="log")
         wall = time.perf_counter() - m.t0
         loss = nats / max(1.0, chars)
         self.guard.logged(pos.step, loss)
@@ -430,7 +434,8 @@ class Trainer(ElasticTraining):
                         lr=self.scheduler.get_last_lr()[0],
                         loss_scale=scaler.get_scale() if scaler is not None else None,
                         chars_per_s=chars / wall, step_time=wall / m.steps,
-                        allreduce_wait=waits / max(busy, 1e-9), grad_norm=grad_norm,
+                        allreduce_wait=waits / max(busy, 1e-9), compute_time_max=max(compute),
+                        compute_time_mean=sum(compute) / len(compute), grad_norm=grad_norm,
                         skipped_steps=pos.skipped_steps,
                         epoch=pos.window / self.windows_per_epoch, world_size=self.ctx.size,
                         **comm.comm_stats(self.optimizer))  # bytes on the wire (and 1-bit phase)
