@@ -225,9 +225,15 @@ def allreduce_group(tensors: list[torch.Tensor], prefix: str, op: str = "average
 
 def allreduce_max(value: float, name: str) -> float:
     """Maximum of ``value`` over all ranks."""
+    return allreduce_max_each([value], name)[0]
+
+
+def allreduce_max_each(values: list[float], name: str) -> list[float]:
+    """Element-wise maximum of ``values`` over all ranks (float64; the same length on every
+    rank), e.g. each step's slowest rank."""
     hvd = _hvd()
-    return float(hvd.allreduce(torch.tensor([value], dtype=torch.float64), op=hvd.Max,
-                               name=name)[0])
+    return hvd.allreduce(torch.tensor(values, dtype=torch.float64), op=hvd.Max,
+                         name=name).tolist()
 
 
 class RootError(RuntimeError):

@@ -26,9 +26,9 @@ and predicts 3. from 1. and 2. with the scaling model (:func:`predict_step`:
 :func:`hvd_lm.perf.scaling_model.step_time` with both links set to the fitted one, one rank per
 node, Horovod's default fusion; the fit's intercept already holds Horovod's cycle and negotiation,
 so the model adds none of its own), plus the training loop's own small allreduces (control flags
-every ``--control-every`` steps, metrics every ``--log-every``), each costing the fit's
-intercept. The report prints per n: alpha, beta, compute, predicted communication, predicted and
-measured s/step and their ratio. ``--json FILE`` keeps everything (the allreduce records too).
+every ``--control-every`` steps, the metrics' sum and per-step maximum every ``--log-every``),
+each costing the fit's intercept. The report prints per n: alpha, beta, compute, predicted
+communication, predicted and measured s/step and their ratio. ``--json FILE`` keeps everything (the allreduce records too).
 The links are what they are: on the cluster in a box (tests/cluster.py) ``tc tbf`` sets them,
 and ``--label`` names the rate in the report.
 """
@@ -80,7 +80,9 @@ class MultinodeConfig:
                             "mean)", ge=1)
     control_every: int = option(10, "hvd-lm train --control-every", ge=1)
     skip: int = option(1, "train records dropped as warm-up", ge=0)
-    sizes: str = option("64K,256K,1M,4M,16M", "allreduce sizes for the fit (float32 payload)")
+    sizes: str = option("auto", "allreduce sizes for the fit (float32 payload), e.g. "
+                        "64K,1M,16M; auto: the powers of two around the model's gradient bytes "
+                        "(fit_sizes)")
     iters: int = option(10, "timed allreduces per size", ge=1)
     repeats: int = option(2, "rounds of every measurement (interleaved); medians", ge=1)
     colocated: bool = option(False, "the hosts share this machine's cores (the cluster in a "
@@ -112,9 +114,9 @@ def _run(cmd: list[str], timeout: float) -> None:
 
 def measure_training(cfg: MultinodeConfig, n: int, work: Path) -> tuple[float, float]:
     """``hvd-lm train`` on the first n hosts (``horovodrun --gloo``): the median s/step of its
-    ``train`` records after ``--skip``, and the median of their ``compute_time_max`` (the slowest
-    rank's s/step outside the gradient allreduce's wait;
-    :meth:`hvd_lm.train.loop.Trainer.log_train`).
+    ``train`` records after ``--skip``, and the median of their ``compute_time_max`` (each step's
+    slowest rank's seconds outside the gradient allreduce's wait, averaged over the record's
+    steps; :meth:`hvd_lm.train.loop.Trainer.log_train`).
 
     Raises:
         RuntimeError: the run failed, or its records hold no ``compute_time_max``.
@@ -147,6 +149,18 @@ def measure_compute(cfg: MultinodeConfig, work: Path) -> float:
     return statistics.median(r["step_time"] for r in recs)
 
 
+def fit_sizes(gradient_bytes: int) -> list[int]:
+    """The message sizes of the fit by default, bytes: the powers of two from the one at or below
+    an eighth of ``gradient_bytes`` to the one at or above them (e.g. 512 KiB-8 MiB for the
+    6.50 MB of H=512). The alpha-beta model is a straight line and an allreduce's cost per byte
+    is not one constant from 64 KiB to 16 MiB (Gloo over 3 hosts sharing 2 cores at 1 Gbit/s:
+    19 ns/B at 1-4 MiB, 13 at 16 MiB, which put the fitted 6.5 MB allreduce 25% below the
+    measured one), so the line is fitted where the model uses it."""
+    lo = 1 << max(2, (max(4, gradient_bytes // 8)).bit_length() - 1)
+    hi = 1 << max(2, (gradient_bytes - 1).bit_length())
+    return [1 << k for k in range(lo.bit_length() - 1, hi.bit_length())]
+
+
 def predict_step(t_comp: float, params: list, fit: dict, n: int, control_every: int,
                  log_every: int) -> dict:
     """The scaling model's step on n nodes (one rank each) over the fitted link, seconds.
@@ -157,8 +171,9 @@ def predict_step(t_comp: float, params: list, fit: dict, n: int, control_every: 
         fit: :func:`hvd_lm.perf.results.fit_alpha_beta` of Horovod's allreduce at n ranks, time
             against the float32 payload (so fp16 compression is inside the fit: the model moves
             4 bytes per value).
-        control_every / log_every: the loop's small allreduces (control flags, metrics), each
-            costing the fit's intercept ``a``.
+        control_every / log_every: the loop's small allreduces (control flags every
+            ``control_every`` steps; metrics, two, every ``log_every``), each costing the fit's
+            intercept ``a``.
 
     Returns:
         :func:`hvd_lm.perf.scaling_model.step_time`'s dict plus ``loop_s`` (the small
@@ -171,7 +186,7 @@ def predict_step(t_comp: float, params: list, fit: dict, n: int, control_every: 
                         per_cycle_overhead_s=0.0, negotiation=False, sync_overhead_s=0.0)
     out = step_time(cfg, n)
     small = ring_allreduce_time(32, n, link.latency_s, link.bandwidth_GBps)
-    out["loop_s"] = (1 / control_every + 1 / log_every) * small
+    out["loop_s"] = (1 / control_every + 2 / log_every) * small
     out["predicted_s"] = out["s_per_iter"] + out["loop_s"]
     return out
 
@@ -182,6 +197,8 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
     if max(cfg.nodes) > len(hosts):
         raise ValueError(f"--nodes {max(cfg.nodes)} but --hosts lists {len(hosts)} hosts")
     params = mlstm_parameters(cfg.hidden_size, cfg.embed_dim)
+    sizes_arg = cfg.sizes if cfg.sizes != "auto" else ",".join(
+        str(b) for b in fit_sizes(4 * sum(m for _, m in params)))
     records: dict[int, list] = {n: [] for n in cfg.nodes}
     train_t: dict[int, list] = {n: [] for n in cfg.nodes}
     comp_t: dict[int, list] = {n: [] for n in cfg.nodes}
@@ -193,7 +210,7 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
                 work = Path(tmp) / f"r{rep}_n{n}"
                 t0 = time.perf_counter()
                 ar = run_allreduce_bench(AllreduceConfig(
-                    np=n, sizes=cfg.sizes, iters=cfg.iters, backends=["horovod"],
+                    np=n, sizes=sizes_arg, iters=cfg.iters, backends=["horovod"],
                     controllers=["gloo"], compressions=[cfg.compression], fusion_mb=[],
                     cycle_ms=[], groups=[f"mlstm{cfg.hidden_size}"] if cfg.embed_dim == 64
                     else [], hosts=",".join(f"{h}:1" for h, _ in hosts[:n]),

@@ -418,14 +418,13 @@ class Trainer(ElasticTraining):
     def log_train(self, grad_norm: float) -> None:
         """A ``train`` record (rank 0) of the steps since the last one, over all ranks; the loss
         goes to the divergence guard (the same float on every rank)."""
-        m, pos, ctx = self.meter, self.pos, self.ctx
-        # each rank's compute (s/step: its step less its allreduce wait) in its own slot, so that
-        # the sum gives every rank's; the slowest sets the step (a straggler shows as max >> mean)
-        own = [0.0] * ctx.size
-        own[ctx.rank] = (m.busy - m.wait) / max(1, m.steps)
+        m, pos = self.meter, self.pos
         # Horovod: metrics summed over ranks (float(): the device sum, read now)
-        nats, chars, waits, busy, *compute = comm.allreduce_sum(
-            [float(m.nats), m.chars, m.wait, m.busy, *own], name="log")
+        nats, chars, waits, busy = comm.allreduce_sum([float(m.nats), m.chars, m.wait, m.busy],
+                                                      name="log")
+        # Horovod: each step's slowest rank outside the allreduce wait, which sets the step (a
+        # straggler shows as its mean well above the mean rank's)
+        slowest = comm.allreduce_max_each(m.compute, name="log.compute")
         wall = time.perf_counter() - m.t0
         loss = nats / max(1.0, chars)
         self.guard.logged(pos.step, loss)
@@ -434,8 +433,10 @@ class Trainer(ElasticTraining):
                         lr=self.scheduler.get_last_lr()[0],
                         loss_scale=scaler.get_scale() if scaler is not None else None,
                         chars_per_s=chars / wall, step_time=wall / m.steps,
-                        allreduce_wait=waits / max(busy, 1e-9), compute_time_max=max(compute),
-                        compute_time_mean=sum(compute) / len(compute), grad_norm=grad_norm,
+                        allreduce_wait=waits / max(busy, 1e-9),
+                        compute_time_max=sum(slowest) / m.steps,
+                        compute_time_mean=(busy - waits) / (self.ctx.size * m.steps),
+                        grad_norm=grad_norm,
                         skipped_steps=pos.skipped_steps,
                         epoch=pos.window / self.windows_per_epoch, world_size=self.ctx.size,
                         **comm.comm_stats(self.optimizer))  # bytes on the wire (and 1-bit phase)
@@ -474,13 +475,15 @@ class Trainer(ElasticTraining):
 @dataclasses.dataclass
 class _Meter:
     """What the next ``train`` record sums, on this rank: nats (a 0-d device tensor until read),
-    characters, seconds waiting on the allreduce and busy, steps, since ``t0``."""
+    characters, seconds waiting on the allreduce and busy, steps, since ``t0``; ``compute``: each
+    step's busy less its wait, seconds."""
 
     nats: float | torch.Tensor = 0.0
     chars: float = 0.0
     wait: float = 0.0
     busy: float = 0.0
     steps: int = 0
+    compute: list = dataclasses.field(default_factory=list)
     t0: float = dataclasses.field(default_factory=time.perf_counter)
 
     def add(self, nats, chars: int, wait: float, busy: float) -> None:
@@ -490,6 +493,7 @@ class _Meter:
         self.wait += wait
         self.busy += busy
         self.steps += 1
+        self.compute.append(busy - wait)
 
 
 class LostPeer(RuntimeError):
