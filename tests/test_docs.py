@@ -434,6 +434,10 @@ def handle(cmd: Cmd, s: Session) -> None:
     if prog.startswith("python") and argv[1:3] == ["-m", "tests.cluster"]:
         assert argv[3:4] and argv[3] in ("up", "down", "status", "shape", "link", "ping",
                                          "run"), f"{cmd.where()}: not a tests.cluster command"
+        if argv[3] == "run" and "--" in argv:        # run NODE -- COMMAND: parse an hvd-lm one
+            hvd = _hvd_lm_argv(argv[argv.index("--") + 1:])
+            if hvd is not None:
+                _parse_hvd_lm(cmd, hvd, s)
         s.log.append(f"checked {cmd.where()} (the cluster in a box needs root and namespaces; "
                      "the `cluster` tests run it)")
         return

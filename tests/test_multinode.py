@@ -316,9 +316,9 @@ def test_bench_multinode_predicts_the_step_on_a_shaped_link(cluster, shards, tmp
     each measurement: Horovod's allreduce at 5 sizes (512 KiB-8 MiB, around the gradient) and
     its alpha-beta fit, and 40 training steps across n1 and n2 (the host's step from inside
     them, ``--colocated``: each step's slowest rank less its allreduce wait; the communication
-    is the model's, from the fit). The scaling model's step must be within 20% of the measured one, and the fit's bandwidth within
-    the tbf rate and 50% of it. Why 20% and not the bench's 10% target: this is one short run of
-    each (3 train records, not the bench's 2 rounds of 6) on a 2-core machine that other jobs may
+    is the model's, from the fit). The scaling model's step must be within 20% of the measured
+    one, and the fit's bandwidth within the tbf rate and 50% of it. Why 20% and not the bench's 10% target: this is one short run of
+    each (3 train records, not the bench's rounds of 9) on a 2-core machine that other jobs may
     share; single runs of the same configuration spread by up to 15% here, a wrong model (the
     gradient counted twice, or its allreduce left out) misses by more than 40%."""
     out = tmp_path / "bench.json"

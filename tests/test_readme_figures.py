@@ -209,3 +209,34 @@ def test_multinode_table():
             says(multinode_row(run, r), src)
     ratios = [r["predicted_s"] / r["measured_s"] for run in runs for r in run["rows"]]
     says(f"predicted / measured {min(ratios):.2f}-{max(ratios):.2f}", src)
+
+
+def test_multinode_prose():
+    """The figures README's text quotes from the two ``bench multinode`` results, recomputed: the
+    fitted beta against the tbf rate, the model's communication against the grouped allreduce
+    of the real gradient list, the fit at the gradient's bytes, and the 3-host step's parts."""
+    rate_GBps = {"1gbit": 0.125, "200mbit": 0.025}
+    run = {lb: load(f"bench_multinode_{lb}.json") for lb in rate_GBps}
+    row = {(lb, r["nodes"]): r for lb in run for r in run[lb]["rows"]}
+    pct = {k: r["fit"]["beta_GBps"] / rate_GBps[k[0]] for k, r in row.items()}
+    comm = {k: r["comm_s"] + r["loop_s"] for k, r in row.items()}
+    grouped = {k: r["grouped_allreduce_s"] for k, r in row.items()}
+    two, three = [("1gbit", 2), ("200mbit", 2)], [("1gbit", 3), ("200mbit", 3)]
+    src = "docs/results/bench_multinode_{1gbit,200mbit}.json"
+    says("the fitted beta is {:.0%} (1 Gbit/s) and {:.0%} (200 Mbit/s) of the tbf rate".format(
+        *(pct[k] for k in two)), src)
+    says("the model's communication ({:.0f} and {:.0f} ms) is {:.0%} and {:.0%} below".format(
+        *(comm[k] * 1e3 for k in two), *(1 - comm[k] / grouped[k] for k in two)), src)
+    says("measured alone ({:.0f} and {:.0f} ms)".format(*(grouped[k] * 1e3 for k in two)), src)
+    says("the fitted beta is {:.0%} and {:.0%} of the rate (the 200 Mbit/s fit misses one size "
+         "by {:.0%}".format(*(pct[k] for k in three),
+                            row[three[1]]["fit"]["max_rel_error"]), src)
+    one_mib = {a["size_bytes"]: a["time_s"] for a in row[three[1]]["allreduce"]}[1 << 20]
+    says(f"its 1 MiB point took {one_mib * 1e3:.0f} ms", src)
+    r, f = row[three[0]], row[three[0]]["fit"]
+    at_g = f["intercept_s"] + f["slope_s_per_byte"] * run["1gbit"]["gradient_bytes"]
+    says(f"allreduce of the gradient list ({grouped[three[0]] * 1e3:.0f} ms) costs more than the "
+         f"fit gives for a single tensor of the same bytes ({at_g * 1e3:.0f} ms)", src)
+    says(f"the fit's intercept is {f['intercept_s'] * 1e3:.1f} ms", src)
+    says(f"{r['compute_s'] * 1e3:.0f} ms of compute plus the {grouped[three[0]] * 1e3:.0f} ms "
+         f"allreduce against {r['measured_s'] * 1e3:.0f} ms measured", src)

@@ -12,13 +12,14 @@ every figure alike:
 2. the host time of one optimizer step (compute plus Horovod's own work: everything but the
    gradients' time on the wire): ``hvd-lm train`` as one process with the same per-rank batch
    (:func:`measure_compute`), or with ``--colocated`` (the n "hosts" share this machine's cores,
-   as on the cluster in a box) from inside the run of 3.: the slowest rank's step less its wait
-   for the gradient allreduce (the ``compute_time_max`` of its ``train`` records). With more
+   as on the cluster in a box) from inside the run of 3.: each step's slowest rank less its
+   wait for the gradient allreduce (the ``compute_time_max`` of its ``train`` records). With more
    ranks than cores the contention between the ranks, and with the links' own traffic, is part of
-   every step, and only the run itself has it: one process alone, or n ranks over loopback less
-   the loopback allreduce measured alone, gave 24-147 ms for the 63 ms of 3 hosts on 2 cores.
-   The comparison then tests the model's communication (from the fit of 1.) against what the
-   measured step spent beyond that host time;
+   every step, and only the run itself has it (3 ranks over loopback less the loopback
+   allreduce measured alone gave 24-147 ms across four rounds: ``compute_s_runs`` of
+   docs/results/bench_multinode_1gbit.json as of commit 4980ea5). The comparison then tests
+   the model's communication (from the fit of 1.) against what the measured step spent beyond
+   that host time;
 3. the training step across the n hosts: ``hvd-lm train`` under ``horovodrun -H`` (median
    ``step_time`` of the ``train`` records, the first ``--skip`` dropped as warm-up).
 
@@ -28,7 +29,8 @@ node, Horovod's default fusion; the fit's intercept already holds Horovod's cycl
 so the model adds none of its own), plus the training loop's own small allreduces (control flags
 every ``--control-every`` steps, the metrics' sum and per-step maximum every ``--log-every``),
 each costing the fit's intercept. The report prints per n: alpha, beta, compute, predicted
-communication, predicted and measured s/step and their ratio. ``--json FILE`` keeps everything (the allreduce records too).
+communication, predicted and measured s/step and their ratio (predicted / measured). ``--json
+FILE`` keeps everything (the allreduce records too).
 The links are what they are: on the cluster in a box (tests/cluster.py) ``tc tbf`` sets them,
 and ``--label`` names the rate in the report.
 """
@@ -55,7 +57,7 @@ from hvd_lm.comm.launcher import horovodrun_argv, local_mpi_env
 from hvd_lm.perf.bench_allreduce import AllreduceConfig, run_allreduce_bench
 from hvd_lm.perf.results import fit_alpha_beta
 from hvd_lm.perf.scaling_model import Link, ScalingConfig, ring_allreduce_time, step_time
-from hvd_lm.perf.scaling_report import metrics_file, read_metrics, read_run
+from hvd_lm.perf.scaling_report import read_run
 
 
 @dataclass
@@ -112,6 +114,15 @@ def _run(cmd: list[str], timeout: float) -> None:
                            f"{proc.stderr[-2000:]}")
 
 
+def _timing(out: Path, skip: int):
+    """:func:`hvd_lm.perf.scaling_report.read_run` of a finished run, its errors as RuntimeError
+    (a run that logged too little is a failed measurement, not a bad setting)."""
+    try:
+        return read_run(out, skip)
+    except ValueError as e:
+        raise RuntimeError(str(e)) from e
+
+
 def measure_training(cfg: MultinodeConfig, n: int, work: Path) -> tuple[float, float]:
     """``hvd-lm train`` on the first n hosts (``horovodrun --gloo``): the median s/step of its
     ``train`` records after ``--skip``, and the median of their ``compute_time_max`` (each step's
@@ -119,18 +130,17 @@ def measure_training(cfg: MultinodeConfig, n: int, work: Path) -> tuple[float, f
     steps; :meth:`hvd_lm.train.loop.Trainer.log_train`).
 
     Raises:
-        RuntimeError: the run failed, or its records hold no ``compute_time_max``.
+        RuntimeError: the run failed, or logged no ``train`` record (with ``compute_time_max``)
+            after ``--skip``.
     """
     hosts = ",".join(f"{h}:1" for h, _ in parse_hosts(cfg.hosts)[:n])
     out = work / f"train_n{n}"
     _run(horovodrun_argv(n, train_argv(cfg, out), "gloo", hosts, cfg.network_interface),
          cfg.timeout)
-    recs = [r for r in read_metrics(metrics_file(out)) if r.get("kind") == "train"][cfg.skip:]
-    compute = [r["compute_time_max"] for r in recs if r.get("compute_time_max") is not None]
-    if not compute:
-        raise RuntimeError(f"{out}: no train record with compute_time_max after skipping "
-                           f"{cfg.skip}")
-    return read_run(out, cfg.skip).step_time, statistics.median(compute)
+    timing = _timing(out, cfg.skip)
+    if timing.compute_time_max is None:
+        raise RuntimeError(f"{out}: no train record with compute_time_max")
+    return timing.step_time, timing.compute_time_max
 
 
 def measure_compute(cfg: MultinodeConfig, work: Path) -> float:
@@ -139,25 +149,21 @@ def measure_compute(cfg: MultinodeConfig, work: Path) -> float:
     ``train`` records after ``--skip``.
 
     Raises:
-        RuntimeError: the run failed, or wrote no ``train`` record after ``--skip``.
+        RuntimeError: the run failed, or logged no ``train`` record after ``--skip``.
     """
     out = work / "compute_p1"
     _run([sys.executable, *train_argv(cfg, out)], cfg.timeout)
-    recs = [r for r in read_metrics(metrics_file(out)) if r.get("kind") == "train"][cfg.skip:]
-    if not recs:
-        raise RuntimeError(f"{out}: no train record after skipping {cfg.skip}")
-    return statistics.median(r["step_time"] for r in recs)
+    return _timing(out, cfg.skip).step_time
 
 
 def fit_sizes(gradient_bytes: int) -> list[int]:
     """The message sizes of the fit by default, bytes: the powers of two from the one at or below
-    an eighth of ``gradient_bytes`` to the one at or above them (e.g. 512 KiB-8 MiB for the
-    6.50 MB of H=512). The alpha-beta model is a straight line and an allreduce's cost per byte
-    is not one constant from 64 KiB to 16 MiB (Gloo over 3 hosts sharing 2 cores at 1 Gbit/s:
-    19 ns/B at 1-4 MiB, 13 at 16 MiB, which put the fitted 6.5 MB allreduce 25% below the
-    measured one), so the line is fitted where the model uses it."""
-    lo = 1 << max(2, (max(4, gradient_bytes // 8)).bit_length() - 1)
-    hi = 1 << max(2, (gradient_bytes - 1).bit_length())
+    an eighth of ``gradient_bytes`` to the one at or above them, at least two (e.g. 512 KiB-8 MiB
+    for the 6.50 MB of H=512). The alpha-beta model is a straight line, and an allreduce's cost
+    per byte is not one constant from 64 KiB to 16 MiB (across 3 hosts sharing 2 cores it fell
+    with size), so the line is fitted where the model uses it."""
+    lo = 1 << (max(4, gradient_bytes // 8).bit_length() - 1)
+    hi = max(2 * lo, 1 << (gradient_bytes - 1).bit_length())
     return [1 << k for k in range(lo.bit_length() - 1, hi.bit_length())]
 
 
@@ -197,8 +203,9 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
     if max(cfg.nodes) > len(hosts):
         raise ValueError(f"--nodes {max(cfg.nodes)} but --hosts lists {len(hosts)} hosts")
     params = mlstm_parameters(cfg.hidden_size, cfg.embed_dim)
+    gradient_bytes = 4 * sum(m for _, m in params)
     sizes_arg = cfg.sizes if cfg.sizes != "auto" else ",".join(
-        str(b) for b in fit_sizes(4 * sum(m for _, m in params)))
+        str(b) for b in fit_sizes(gradient_bytes))
     records: dict[int, list] = {n: [] for n in cfg.nodes}
     train_t: dict[int, list] = {n: [] for n in cfg.nodes}
     comp_t: dict[int, list] = {n: [] for n in cfg.nodes}
@@ -241,10 +248,9 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
                      "comm_s": pred["exposed_comm_s"], "loop_s": pred["loop_s"],
                      "predicted_s": pred["predicted_s"], "measured_s": measured,
                      "measured_s_runs": train_t[n],
-                     "ratio": measured / pred["predicted_s"],
-                     "error": pred["predicted_s"] / measured - 1})
+                     "ratio": pred["predicted_s"] / measured})
     return {"label": cfg.label, "hosts": cfg.hosts, "network_interface": cfg.network_interface,
-            "gradient_bytes": 4 * sum(m for _, m in params), "rows": rows,
+            "gradient_bytes": gradient_bytes, "rows": rows,
             "host": {"cpus": os.cpu_count(), "load_avg_1min": os.getloadavg()[0]},
             "args": configlib.to_dict(cfg), "records": {str(n): r for n, r in records.items()}}
 

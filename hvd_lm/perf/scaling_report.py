@@ -60,6 +60,8 @@ class RunTiming:
         step_time: median seconds per optimizer step (s/iter) over the records used.
         records: train records used (after skipping warm-up).
         chars_per_s: median training throughput over all ranks, bytes/s (None if not logged).
+        compute_time_max: median of the records' ``compute_time_max``: seconds per step outside
+            the allreduce wait of each step's slowest rank (None if not logged).
     """
 
     run: str
@@ -68,6 +70,7 @@ class RunTiming:
     step_time: float
     records: int
     chars_per_s: float | None
+    compute_time_max: float | None = None
 
 
 @dataclass
@@ -110,7 +113,7 @@ def read_run(path: str | Path, skip: int = 1) -> RunTiming:
             train record left after skipping.
     """
     f = metrics_file(path)
-    starts, times, rates, since_start = [], [], [], 0
+    starts, times, rates, compute, since_start = [], [], [], [], 0
     for rec in read_metrics(f):
         kind = rec.get("kind")
         if kind == "start":
@@ -122,6 +125,8 @@ def read_run(path: str | Path, skip: int = 1) -> RunTiming:
                 times.append(float(rec["step_time"]))
                 if rec.get("chars_per_s") is not None:
                     rates.append(float(rec["chars_per_s"]))
+                if rec.get("compute_time_max") is not None:
+                    compute.append(float(rec["compute_time_max"]))
     if not starts:
         raise ValueError(f"{f}: no 'start' record, so no world size")
     sizes = {int(s["world_size"]) for s in starts}
@@ -133,7 +138,8 @@ def read_run(path: str | Path, skip: int = 1) -> RunTiming:
     gpus = sizes.pop()
     gb = int(starts[0].get("global_batch") or gpus)
     return RunTiming(str(path), gpus, gb, statistics.median(times), len(times),
-                     statistics.median(rates) if rates else None)
+                     statistics.median(rates) if rates else None,
+                     statistics.median(compute) if compute else None)
 
 
 def scaling_rows(runs: list[RunTiming], baseline: str = "one",
