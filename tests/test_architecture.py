@@ -162,3 +162,18 @@ def test_the_training_step_reads_top_to_bottom_in_the_loop():
     assert all(i >= 0 for i in at), dict(zip(order, at))
     assert at == sorted(at), dict(zip(order, at))
     assert len(src.splitlines()) <= 70  # one screen
+
+
+def test_bench_train_times_the_loops_step():
+    """``hvd-lm bench train``'s worker writes the loop's step out again (it times it without the
+    loop's logging): the same calls in the same order as in Trainer.steps."""
+    import inspect
+
+    from hvd_lm.perf.bench_train import worker
+
+    src = inspect.getsource(worker)
+    order = ["window_nll(", ".backward()", ".synchronize()", "runtime.unscale_and_clip(",
+             ".skip_synchronize()", "runtime.step_or_skip("]
+    at = [src.find(x) for x in order]
+    assert all(i >= 0 for i in at), dict(zip(order, at))
+    assert at == sorted(at), dict(zip(order, at))

@@ -234,6 +234,7 @@ def test_start_refuses_when_a_checkpoint_cannot_fit(shards, tmp_path, monkeypatc
     (["--seed", "-1"], "data.seed must be >= 0"),
     (["--eval-chars", "-1"], "run.eval_chars must be >= 0"),
     (["--max-steps", "0"], "optim.max_steps must be >= 1"),
+    (["--hidden-size", "20000"], "command line: model.hidden_size must be <= 16384"),
     (["--config", "/no/such.yaml"], "/no/such.yaml: cannot read the config file"),
 ])
 def test_bad_train_settings_are_one_line(shards, tmp_path, flags, needle):
@@ -539,6 +540,9 @@ def test_divergence_guard_rules():
     end.logged(5, 12.0)
     end.at_end()
     assert end.reason == "loss"
+    off = DivergenceGuard(11.09, 0, 0)  # loss rule off: a high loss holds nothing back
+    off.logged(10, 50.0)
+    assert off.may_checkpoint() and off.confirmed_below() == 10 and not off.above
     skips = DivergenceGuard(11.09, 0, 2)
     skips.attempt(False)
     skips.attempt(True)

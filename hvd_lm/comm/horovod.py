@@ -11,7 +11,8 @@ Fusion", "Adasum"):
 * :func:`broadcast_state` broadcasts parameters and optimiser state from rank 0. The step itself
   (``optimizer.synchronize()``, unscale, clip, ``step()`` inside ``optimizer.skip_synchronize()``,
   Horovod docs "Gradient clipping") is written out in :meth:`hvd_lm.train.loop.Trainer.steps`.
-* :func:`allreduce_sum` / :func:`allgather` for metrics and checkpointed per-rank state.
+* :func:`allreduce_sum` / :func:`allreduce_max_each` / :func:`allgather` for metrics (sums over
+  ranks, each step's slowest rank) and checkpointed per-rank state.
 * :func:`compressed_allreduce`: the 1-bit compressed allreduce with error feedback (Tang et al.
   2021) on ``hvd.alltoall`` + ``hvd.allgather`` (the math: :mod:`hvd_lm.comm.onebit`), which
   :class:`hvd_lm.train.onebit.OnebitDistributedOptimizer` calls for the momentum of 1-bit Adam /
@@ -86,7 +87,7 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
 
     Returns:
         The wrapped optimiser; ``hvd_lm_wire_bytes`` on it holds the bytes one rank sends per
-        step (:func:`gradient_wire_bytes`).
+        step (:func:`_gradient_wire_bytes`).
 
     Raises:
         ValueError: unknown compression or op.
@@ -101,11 +102,11 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
     wrapped = hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(), compression=comps[compression],
         backward_passes_per_step=backward_passes_per_step, op=ops[allreduce_op])
-    wrapped.hvd_lm_wire_bytes = gradient_wire_bytes(model, compression, hvd.size())
+    wrapped.hvd_lm_wire_bytes = _gradient_wire_bytes(model, compression, hvd.size())
     return wrapped
 
 
-def gradient_wire_bytes(model: torch.nn.Module, compression: str, size: int) -> int:
+def _gradient_wire_bytes(model: torch.nn.Module, compression: str, size: int) -> int:
     """Bytes one rank sends per step allreducing every gradient (ring allreduce, fp16: 2 bytes per
     value, else the parameter's element size)."""
     nbytes = sum(p.numel() * (2 if compression == "fp16" else p.element_size())
@@ -141,10 +142,26 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None):
     return _hvd().broadcast_object(obj, root_rank=root_rank, name=name)
 
 
+def _allreduce_floats(values: list[float], name: str, op: str) -> list[float]:
+    hvd = _hvd()
+    t = torch.tensor(values, dtype=torch.float64)
+    return hvd.allreduce(t, op=getattr(hvd, op), name=name).tolist()
+
+
 def allreduce_sum(values: list[float], name: str) -> list[float]:
     """Element-wise sum of ``values`` over all ranks (float64), e.g. NLL bits and char counts."""
-    t = torch.tensor(values, dtype=torch.float64)
-    return _hvd().allreduce(t, op=_hvd().Sum, name=name).tolist()
+    return _allreduce_floats(values, name, "Sum")
+
+
+def allreduce_max_each(values: list[float], name: str) -> list[float]:
+    """Element-wise maximum of ``values`` over all ranks (float64; the same length on every
+    rank), e.g. each step's slowest rank."""
+    return _allreduce_floats(values, name, "Max")
+
+
+def allreduce_max(value: float, name: str) -> float:
+    """Maximum of ``value`` over all ranks."""
+    return allreduce_max_each([value], name)[0]
 
 
 def allgather(tensor: torch.Tensor, name: str) -> torch.Tensor:
@@ -221,19 +238,6 @@ def allreduce_group(tensors: list[torch.Tensor], prefix: str, op: str = "average
     if wire is not tensors:
         for t, w in zip(tensors, wire):
             t.copy_(w)
-
-
-def allreduce_max(value: float, name: str) -> float:
-    """Maximum of ``value`` over all ranks."""
-    return allreduce_max_each([value], name)[0]
-
-
-def allreduce_max_each(values: list[float], name: str) -> list[float]:
-    """Element-wise maximum of ``values`` over all ranks (float64; the same length on every
-    rank), e.g. each step's slowest rank."""
-    hvd = _hvd()
-    return hvd.allreduce(torch.tensor(values, dtype=torch.float64), op=hvd.Max,
-                         name=name).tolist()
 
 
 class RootError(RuntimeError):

@@ -70,15 +70,6 @@ class ModelConfig:
     cuda_graphs: bool = option(False, "on CUDA, replay the fused window (forward + backward) "
                                "from a CUDA graph while its shape stays the same")
 
-    def __post_init__(self) -> None:
-        """A model built in code (not from flags or YAML) is checked by its fields' own
-        declarations too (choices, bounds: :func:`hvd_lm.core.config.validate`).
-
-        Raises:
-            hvd_lm.core.config.ConfigError: naming the field and what it accepts.
-        """
-        validate(self, "model")
-
 
 class MLSTM(nn.Module):
     """One mLSTM layer over a whole sequence (see the module docstring for the equations).
@@ -183,10 +174,16 @@ class LanguageModel(nn.Module):
     ``forward(tokens [B, T] int64, state) -> (logits [B, T, 256], state)``; state is (h, c), each
     [B, H], carried across consecutive TBPTT windows by the caller (detached) and reset at stream
     starts with :meth:`init_state`.
+
+    Raises:
+        hvd_lm.core.config.ConfigError: a field of ``config`` outside its declared choices or
+            bounds (a config built in code; flags and YAML are checked where they are read,
+            naming their source).
     """
 
     def __init__(self, config: ModelConfig):
         super().__init__()
+        validate(config, "model")
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.embed_dim)
         if config.cell == "mlstm":

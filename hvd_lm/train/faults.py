@@ -8,7 +8,8 @@ fault with one of these:
   0-based) whose loss rank 0 multiplies by NaN (the skipped-step test).
 * ``HVD_LM_STEP_SLEEP`` (environment): seconds every step sleeps, so a test can act while a tiny
   model trains (the elastic tests kill and add workers mid-run); with ``HVD_LM_STEP_SLEEP_RANK``
-  only that rank sleeps (a straggler: the ``compute_time_max`` test).
+  only that rank sleeps (a straggler), or, given as ``r0,r1,...``, rank ``r[s % len]`` at step s
+  (a straggler that moves: the ``compute_time_max`` test).
 """
 
 from __future__ import annotations
@@ -48,16 +49,16 @@ class Faults(NoFaults):
         r, s = os.environ.get("HVD_LM_FAULT_RANK"), os.environ.get("HVD_LM_FAULT_STEP")
         self.die_at = int(s) if (r is not None and s is not None and int(r) == rank) else None
         self.sleep = float(os.environ.get("HVD_LM_STEP_SLEEP", "0") or 0)
-        only = os.environ.get("HVD_LM_STEP_SLEEP_RANK", "")
-        if only.strip() and int(only) != rank:
-            self.sleep = 0.0
+        who = os.environ.get("HVD_LM_STEP_SLEEP_RANK", "")
+        self.sleepers = [int(r) for r in who.split(",") if r.strip()]  # [] = every rank
 
     def before_step(self, step: int) -> None:
         """Exit the process (code 3) when this rank was told to die at ``step``."""
         if self.die_at is not None and step == self.die_at:
             print(f"rank {self.rank}: injected fault at step {step}", file=sys.stderr, flush=True)
             os._exit(3)
-        if self.sleep:
+        if self.sleep and (not self.sleepers
+                           or self.sleepers[step % len(self.sleepers)] == self.rank):
             time.sleep(self.sleep)
 
     def loss(self, loss: torch.Tensor, attempt: int) -> torch.Tensor:

@@ -85,8 +85,9 @@ class DivergenceGuard:
             self.reason = "skipped"
 
     def logged(self, step: int, loss: float) -> None:
-        """The logged (allreduced) training loss at ``step``, nats per character."""
-        if loss <= self.max_loss:  # False for NaN
+        """The logged (allreduced) training loss at ``step``, nats per character. With the loss
+        rule off (``logs`` = 0) every logged step confirms the checkpoints before it."""
+        if not self.logs or loss <= self.max_loss:  # False for NaN
             self.above.clear()
             self.last_good_step = step
             return

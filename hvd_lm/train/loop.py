@@ -472,6 +472,7 @@ class Trainer(ElasticTraining):
             raise self.guard.error(self.pos.step, settled)
         return summary
 
+
 @dataclasses.dataclass
 class _Meter:
     """What the next ``train`` record sums, on this rank: nats (a 0-d device tensor until read),
@@ -483,7 +484,7 @@ class _Meter:
     wait: float = 0.0
     busy: float = 0.0
     steps: int = 0
-    compute: list = dataclasses.field(default_factory=list)
+    compute: list[float] = dataclasses.field(default_factory=list)
     t0: float = dataclasses.field(default_factory=time.perf_counter)
 
     def add(self, nats, chars: int, wait: float, busy: float) -> None:

@@ -102,15 +102,20 @@ def check_shapes(cfg: TrainConfig, manifest: Manifest, world_size: int) -> None:
             f"{d.train_split} split of {manifest.directory}: {max(0, train - 1):,} targets / "
             f"({who}) = {per_row:,} bytes per row; {fits}, or fewer --batch-size rows or ranks")
     if d.val_split:
-        val = split_bytes(manifest, d.val_split)
-        if cfg.run.eval_chars:
-            val = min(val, cfg.run.eval_chars)
+        val = eval_bytes(cfg, manifest)
         if val - 1 < rows:
             raise ConfigError(
                 f"data.batch_size {d.batch_size} (--batch-size) x {world_size} rank(s) = {rows} "
                 f"rows, but the {d.val_split} split evaluated ({val:,} bytes, --eval-chars "
                 f"{cfg.run.eval_chars}) has fewer targets; raise --eval-chars (0 = the whole "
                 "split) or lower --batch-size")
+
+
+def eval_bytes(cfg: TrainConfig, manifest: Manifest) -> int:
+    """Bytes of the validation split one evaluation reads: the split, capped at
+    ``run.eval_chars`` (0 = no cap)."""
+    val = split_bytes(manifest, cfg.data.val_split)
+    return min(val, cfg.run.eval_chars) if cfg.run.eval_chars else val
 
 
 def check_memory(cfg: TrainConfig, manifest: Manifest, device: torch.device, world_size: int,
@@ -125,11 +130,9 @@ def check_memory(cfg: TrainConfig, manifest: Manifest, device: torch.device, wor
     Raises:
         ConfigError: the estimate by kind, the memory free and what to lower.
     """
-    val = split_bytes(manifest, cfg.data.val_split)
-    if cfg.run.eval_chars:
-        val = min(val, cfg.run.eval_chars)
     est = memory.step_memory(cfg, device.type, world_size,
-                             (split_bytes(manifest, cfg.data.train_split), val))
+                             (split_bytes(manifest, cfg.data.train_split),
+                              eval_bytes(cfg, manifest)))
     if not cfg.run.check_memory:
         return est
     sharing = local_size if device.type == "cpu" else 1

@@ -59,9 +59,10 @@ def unscale_and_clip(optimizer, params: list[torch.Tensor], max_norm: float,
     "Working with unscaled gradients"; Horovod docs, "Gradient clipping".
 
     The norm is one multi-tensor kernel (``foreach``) and is read on the host: the step's one
-    sync (fp16: with ``GradScaler.step``'s inf check), so every rank can take the same skip decision. An optimiser whose gradients stay
-    local (a 1-bit optimiser's compressed phase) agrees on one norm through its
-    ``agree_grad_norm`` (:meth:`hvd_lm.train.onebit.OnebitDistributedOptimizer.agree_grad_norm`).
+    sync (fp16: with ``GradScaler.step``'s inf check), so every rank can take the same skip
+    decision. An optimiser whose gradients stay local (a 1-bit optimiser's compressed phase)
+    agrees on one norm through its ``agree_grad_norm``
+    (:meth:`hvd_lm.train.onebit.OnebitDistributedOptimizer.agree_grad_norm`).
 
     Args:
         params: the parameters (tensors with ``.grad``); max_norm: 0 = measure, do not clip.
