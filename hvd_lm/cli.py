@@ -37,7 +37,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                  "holding a unit (--neuron N --overwrite V); per-character heatmap"),
     "visualize": ("hvd_lm.transfer.visualize", "VISUALIZE", "per-character heatmap (HTML/PNG) "
                   "of a unit (default: the sentiment neuron) over given texts"),
-    "kernels": ("hvd_lm.core.mlstm_triton", "KERNELS_AOT", "build the fused mLSTM's Triton "
+    "kernels": ("hvd_lm.perf.kernels_aot", "KERNELS_AOT", "build the fused mLSTM's Triton "
                 "kernels ahead of time for a GPU (no GPU needed): registers, spills, smem"),
     "launch": ("hvd_lm.jobs.launch", "LAUNCH", "render a launch script (horovodrun, mpirun, "
                "SLURM, PBS) or a scaling sweep"),

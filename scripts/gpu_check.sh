@@ -34,9 +34,9 @@ stage=all
 args=()
 while (($#)); do
     case $1 in
-        --stage) stage=${2:-}; shift 2 ;;
+        --stage) stage=${2:-}; shift; (($#)) && shift ;;
         --stage=*) stage=${1#--stage=}; shift ;;
-        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
         *) args+=("$1"); shift ;;
     esac
 done

@@ -37,11 +37,11 @@ def summarize(out: Path) -> dict:
         f = out / f"{stage}.json"
         if f.exists():
             summary["stages"][stage] = json.loads(f.read_text())
-    for name, stage in (("cuda", "cuda"), ("suite", "suite")):
-        if stage in summary["stages"] and (out / f"{name}.xml").exists():
-            r = junit(out / f"{name}.xml")
+    for stage in ("cuda", "suite"):
+        if stage in summary["stages"] and (out / f"{stage}.xml").exists():
+            r = junit(out / f"{stage}.xml")
             r["stopped_at_time_limit"] = summary["stages"][stage]["exit_status"] == 124
-            summary[name] = r
+            summary[stage] = r
     bench = out / "bench_gpu.json"
     if "bench" in summary["stages"] and bench.exists():
         summary["bench_gpu"] = json.loads(bench.read_text())
@@ -73,7 +73,8 @@ def markdown(summary: dict) -> str:
                "| matmul | shape | TFLOP/s |", "|---|---|---:|"]
         md += [f"| {r['precision']} | {'x'.join(map(str, r['shape']))} | "
                f"{_fmt(r.get('tflops'), '.1f', r.get('error', '-'))} |" for r in b["matmul"]]
-        md += ["", f"device-to-device copy: {_fmt(b.get('copy_GBps'), '.0f')} GB/s", ""]
+        copy = _fmt(b.get("copy_GBps"), ".0f", b.get("copy_error") or "-")
+        md += ["", f"device-to-device copy: {copy} GB/s", ""]
         if b.get("ceiling"):
             md += ["| GEMM ceiling | B | chars/s | TFLOP/s |", "|---|---:|---:|---:|"]
             md += [f"| {c['precision']} | {c['batch_size']} | {c['chars_per_s']:,.0f} | "

@@ -439,11 +439,11 @@ def test_cuda_graph_path_equals_eager_fused_path():
     for (n, p), q in zip(graphed.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)
     torch.testing.assert_close(states[0], states[1], rtol=1e-5, atol=1e-6)
-    with torch.no_grad():  # eval shape: eager fallback, same numbers
+    with torch.no_grad():  # grad off never reaches the graphs (nothing to save): same numbers
         a, _ = graphed(tokens[0, :3, :-1])
         b, _ = eager(tokens[0, :3, :-1])
     torch.testing.assert_close(a, b)
-    assert graphed.rnn.graphs.stats["eager"] == 1
+    assert graphed.rnn.graphs.stats == {"captures": 1, "graphed": 4}
 
 
 def test_fused_rejects_reset_on_reference_path():

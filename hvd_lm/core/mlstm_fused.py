@@ -16,7 +16,8 @@ and ``xm = x W_mx^T`` [T, B, H] arrive precomputed (one GEMM each over T*B rows)
     g_t   = xg_t + m_t @ W_h^T                    GEMM 2 (addmm)    [B, 4H]
     cell  : gates, c_t, h_t, mask, next reset     one fused kernel  (hvd_lm.core.mlstm_kernels)
 
-saving the gate activations, c_{t-1}, a_t, m_t and hprev_t. Backward, per step (t = T-1..0)::
+saving the gate activations, tanh(c_t), c_{t-1}, a_t, m_t, xm_t and hprev_t. Backward, per step
+(t = T-1..0)::
 
     cell backward                                 one fused kernel -> dg_t [B, 4H]
     dm_t  = dg_t @ W_h                            GEMM 1            [B, H]
@@ -29,8 +30,8 @@ then, over all T*B rows at once: ``dW_h = dG^T M`` [4H, H], ``dW_mh = dA^T Hprev
 FLOPs per step and row (multiply-adds x 2): forward 2 (H^2 + 4H^2) = 10 H^2; backward data
 gradients 10 H^2, weight gradients 10 H^2 (same as the reference; what changes is their shape:
 K = T*B instead of K = B, and no per-step read-modify-write of the 4H x H gradient, 16 B x 5 H^2
-per step in fp32). Bytes saved per step and row: 4H (activations, S) + H (c_{t-1}, S) + 3H (a, m,
-hprev, C).
+per step in fp32). Bytes saved per step and row: 6H S (activations 4H, tanh(c) H, c_{t-1} H) +
+4H C (hprev, a, m, xm): :func:`saved_bytes`.
 
 Layout (:func:`default_layout`, :func:`steps_empty`): every per-step buffer is [n, B, F]; on
 CUDA (and on a one-thread CPU) it is stored ``rows`` (contiguous, as cuDNN and haste do); on a

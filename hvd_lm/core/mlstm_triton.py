@@ -17,22 +17,18 @@ libdevice: an odd Taylor polynomial below |x| = 0.25 and ``(1 - e^{-2|x|}) / (1 
 above it; measured within 1.1e-7 absolute and 2.9e-7 relative error of the exact tanh over
 [-20, 20] (torch's fp32 tanh: 3.1e-8 absolute).
 
+The ahead-of-time builds of these kernels for a GPU (``hvd-lm kernels``):
+:mod:`hvd_lm.perf.kernels_aot`.
+
 Raises (from the wrappers):
     ValueError: a state tensor that is not fp32, or a non-contiguous tensor.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
-
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command, option
 
 BLOCK = 1024  # elements of [B, H] per program
 NUM_WARPS = 4  # warps per program (Triton's default, stated so ahead-of-time builds match)
@@ -191,91 +187,3 @@ def launch_signatures(compute: str, has_keep: bool, has_rk: bool) -> dict[str, d
                                   "keep_ptr": keep, "act_ptr": f32, "tc_ptr": f32,
                                   "cprev_ptr": f32, "dg_ptr": c, "dcpout_ptr": f32,
                                   "dhold_ptr": f32, **const}}
-
-
-def compile_ahead(arch: int = 90, computes: tuple[str, ...] = tuple(COMPUTE_TYPES)) -> list[dict]:
-    """Compile every cell kernel the CUDA path can launch (both kernels x compute dtype x
-    mask/reset cases, :data:`BLOCK`, :data:`NUM_WARPS`) for ``sm_<arch>`` without a GPU
-    (``triton.compile`` with a ``GPUTarget``; Triton's own ptxas), and read each cubin's
-    resources with the ``cuobjdump --dump-resource-usage`` that ships with Triton.
-
-    Returns:
-        one dict per build: kernel, compute, has_keep, has_rk, registers (per thread),
-        stack / local (bytes per thread: spills), shared (bytes per program), cubin_bytes.
-
-    Raises:
-        RuntimeError: cuobjdump missing or its output unreadable.
-    """
-    import re
-    import shutil
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    tool = str(tool) if tool.exists() else shutil.which("cuobjdump")
-    if not tool:
-        raise RuntimeError("cuobjdump not found (it ships with triton's nvidia backend)")
-    kernels = {"_cell_forward_kernel": _cell_forward_kernel,
-               "_cell_backward_kernel": _cell_backward_kernel}
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for compute in computes:
-            for has_keep in (False, True):
-                for has_rk in (False, True):
-                    for name, sig in launch_signatures(compute, has_keep, has_rk).items():
-                        src = ASTSource(fn=kernels[name], signature=sig, constexprs={
-                            "HAS_KEEP": has_keep, "HAS_RK": has_rk, "BLOCK": BLOCK})
-                        built = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                                               options={"num_warps": NUM_WARPS,
-                                                        "enable_fp_fusion": True})
-                        cubin = Path(tmp) / f"{name}.cubin"
-                        cubin.write_bytes(built.asm["cubin"])
-                        out = subprocess.run([tool, "--dump-resource-usage", str(cubin)],
-                                             capture_output=True, text=True, timeout=60).stdout
-                        use = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", out))
-                        if len(use) < 4:
-                            raise RuntimeError(f"cuobjdump: no resource usage for {name}:\n{out}")
-                        rows.append({"kernel": name, "compute": compute, "has_keep": has_keep,
-                                     "has_rk": has_rk, "registers": int(use["REG"]),
-                                     "stack": int(use["STACK"]), "local": int(use["LOCAL"]),
-                                     "shared": int(use["SHARED"]),
-                                     "cubin_bytes": len(built.asm["cubin"])})
-    return rows
-
-
-@dataclass
-class KernelsConfig:
-    """``hvd-lm kernels``: the cell kernels built ahead of time for a GPU, here."""
-
-    arch: int = option(90, "compute capability x 10 to build for (90: H100, 80: A100)", ge=50)
-    json: str = option("", "also write the table here")
-
-
-def kernels_command(cfg: KernelsConfig) -> int:
-    """Build every cell kernel for ``sm_<arch>`` (:func:`compile_ahead`) and print (save) the
-    resource table; exit 1 when a kernel spills registers."""
-    rows = compile_ahead(cfg.arch)
-    print(f"triton {triton.__version__}, sm_{cfg.arch}, BLOCK {BLOCK}, {NUM_WARPS} warps")
-    print(f"{'kernel':>22} {'compute':>7} {'keep':>5} {'reset':>5} {'regs':>5} {'spill B':>7} "
-          f"{'smem B':>6}")
-    for r in rows:
-        print(f"{r['kernel']:>22} {r['compute']:>7} {r['has_keep']!s:>5} {r['has_rk']!s:>5} "
-              f"{r['registers']:>5} {r['stack'] + r['local']:>7} {r['shared']:>6}")
-    if cfg.json:
-        write_text(cfg.json, json.dumps({"triton": triton.__version__, "arch": cfg.arch,
-                                         "block": BLOCK, "num_warps": NUM_WARPS,
-                                         "kernels": rows}, indent=1) + "\n")
-    spilled = [r for r in rows if r["stack"] or r["local"]]
-    if spilled:
-        print(f"ERROR: {len(spilled)} kernel builds spill registers", file=sys.stderr)
-    return 1 if spilled else 0
-
-
-KERNELS_AOT = Command(KernelsConfig, kernels_command,
-                      description="Build the fused mLSTM's Triton cell kernels ahead of time for "
-                      "a GPU architecture, on any machine (no GPU needed), and print each "
-                      "build's registers, spills and shared memory.")

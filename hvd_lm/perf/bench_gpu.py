@@ -299,7 +299,7 @@ class Results:
 
     def __init__(self, path: str, head: dict):
         self.path, self.data = path, {**head, "matmul": [], "gemms": [], "ceiling": [],
-                                      "copy_GBps": None, "train": []}
+                                      "copy_GBps": None, "copy_error": None, "train": []}
 
     def add(self, section: str, record: dict | float) -> None:
         """Append ``record`` to ``section`` (or set it, for a scalar) and save."""
@@ -361,6 +361,7 @@ def bench_gpu(cfg: BenchGpuConfig, timer: Callable | None = None) -> int:
                                             else r["error"]), flush=True)
     r = attempt(lambda: {"GBps": copy_gbps(cfg.copy_mib, device, timer, cfg.repeats)}, device)
     res.add("copy_GBps", r.get("GBps"))
+    res.add("copy_error", r.get("error"))
     print("device-to-device copy: " + (f"{r['GBps']:.0f} GB/s (read + write)" if "GBps" in r
                                        else r["error"]), flush=True)
 
