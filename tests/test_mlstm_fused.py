@@ -229,9 +229,9 @@ def test_kernel_names_resolve():
     with pytest.raises(ValueError, match="kernels"):
         K.resolve("cudnn", "cpu")
     with pytest.raises(ValueError, match="rnn_kernels"):
-        ModelConfig(rnn_kernels="cudnn")
+        LanguageModel(ModelConfig(rnn_kernels="cudnn"))
     with pytest.raises(ValueError, match="rnn_impl"):
-        ModelConfig(rnn_impl="fast")
+        LanguageModel(ModelConfig(rnn_impl="fast"))
 
 
 @pytest.mark.slow

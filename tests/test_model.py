@@ -91,10 +91,11 @@ def test_padding_never_changes_final_state(cell):
 
 
 def test_config_rejects_bad_values():
+    """A config built in code is checked when the model is built from it."""
     with pytest.raises(ValueError, match="cell"):
-        ModelConfig(cell="gru")
+        LanguageModel(ModelConfig(cell="gru"))
     with pytest.raises(ValueError, match="hidden_size"):
-        ModelConfig(hidden_size=0)
+        LanguageModel(ModelConfig(hidden_size=0))
 
 
 @pytest.mark.parametrize("cell", ["mlstm", "lstm"])

@@ -312,22 +312,23 @@ def test_sigterm_to_the_launcher_leaves_no_process_on_any_node(cluster, shards, 
 
 def test_bench_multinode_predicts_the_step_on_a_shaped_link(cluster, shards, tmp_path):
     """`hvd-lm bench multinode` for real, shortened: 2 hosts, links shaped to 500 Mbit/s (tbf),
-    an H=512 mLSTM (6.5 MB of float32 gradients, batch 1 x 16 bytes per rank), one round of
+    an H=512 mLSTM (6.5 MB of float32 gradients, batch 1 x 16 bytes per rank), two rounds of
     each measurement: Horovod's allreduce at 5 sizes (512 KiB-8 MiB, around the gradient) and
     its alpha-beta fit, and 40 training steps across n1 and n2 (the host's step from inside
     them, ``--colocated``: each step's slowest rank less its allreduce wait; the communication
     is the model's, from the fit). The scaling model's step must be within 20% of the measured
-    one, and the fit's bandwidth within the tbf rate and 50% of it. Why 20% and not the bench's 10% target: this is one short run of
-    each (3 train records, not the bench's rounds of 9) on a 2-core machine that other jobs may
-    share; single runs of the same configuration spread by up to 15% here, a wrong model (the
-    gradient counted twice, or its allreduce left out) misses by more than 40%."""
+    one, and the fit's bandwidth within the tbf rate and 50% of it. Why 20% and not the bench's
+    10% target: these are short runs (3 train records each, not the bench's rounds of 9) on a
+    2-core machine that other jobs may share; one round of each once missed by 21% inside the
+    full suite (passing alone), hence the medians of two. A wrong model (the gradient counted
+    twice, or its allreduce left out) misses by more than 40%."""
     out = tmp_path / "bench.json"
     cluster.shape("500mbit")
     try:
         t0 = time.monotonic()
         cluster.run("n1", [PY, "-m", "hvd_lm", "bench", "multinode", "--hosts", "n1:1,n2:1",
                            "--network-interface", "eth0", "--nodes", "2", "--shards", shards,
-                           "--steps", "40", "--repeats", "1", "--iters", "5", "--colocated",
+                           "--steps", "40", "--repeats", "2", "--iters", "5", "--colocated",
                            "--label", "500mbit", "--json", out], cwd=REPO, env=launch_env(),
                            timeout=240)
         took = time.monotonic() - t0
@@ -337,4 +338,6 @@ def test_bench_multinode_predicts_the_step_on_a_shaped_link(cluster, shards, tmp
     rate_GBps = 500e6 / 8 / 1e9
     assert 0.5 * rate_GBps < row["fit"]["beta_GBps"] <= 1.02 * rate_GBps, row["fit"]
     assert row["comm_s"] > row["compute_s"], row  # the link is a visible part of the step
-    assert abs(row["predicted_s"] / row["measured_s"] - 1) < 0.20, (row, took)
+    figures = {k: row[k] for k in ("compute_s", "compute_s_runs", "comm_s", "loop_s",
+                                   "predicted_s", "measured_s", "measured_s_runs")}
+    assert abs(row["predicted_s"] / row["measured_s"] - 1) < 0.20, (figures, row["fit"], took)
