@@ -3,6 +3,7 @@ stops, signals reach every rank under every launcher, a full disk is one line, b
 files are one ERROR line before any work, and data_prep's workers never outlive it."""
 from __future__ import annotations
 
+import argparse
 import errno
 import json
 import math
@@ -20,7 +21,10 @@ import torch
 
 from hvd_lm.core import atomic
 from hvd_lm.core.lock import FolderBusyError, FolderLock
+from hvd_lm.core.shards import load_manifest
 from hvd_lm.train import checkpoint as ck
+from hvd_lm.train import memory, preflight
+from hvd_lm.train.loop import TRAIN
 from tests._mp import horovodrun_cmd, launch_env, mpirun_cmd, run
 from tests.shardutil import default_shards
 
@@ -311,6 +315,16 @@ def test_resume_auto_skips_a_damaged_newest_checkpoint(shards, tmp_path):
     assert "step_00000004.pt: truncated or damaged checkpoint" in proc.stderr
     start = records(out, "start")[-1]
     assert start["resumed_from"].endswith("step_00000002.pt") and start["step"] == 2
+    # the preflight's memory estimate per rank, as hvd_lm.train.memory computes it for this run
+    parser = argparse.ArgumentParser()
+    TRAIN.add_arguments(parser)
+    cfg = TRAIN.settings(parser.parse_args(
+        ["--shards", str(shards), "--out-dir", str(out), *map(str, TINY), "--max-steps", "6"]))
+    manifest = load_manifest(shards)
+    expect = memory.step_memory(cfg, "cpu", 1,
+                                (preflight.split_bytes(manifest, cfg.data.train_split),
+                                 preflight.eval_bytes(cfg, manifest)))
+    assert start["step_memory_bytes"] == expect.total > 0
 
 
 def test_failed_resume_with_another_shape_changes_nothing(shards, tmp_path):

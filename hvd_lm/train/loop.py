@@ -105,7 +105,8 @@ class Trainer(ElasticTraining):
         # ---- data: the manifest, its splits and shards checked; streams cut for this world -------------
         self.manifest = load_manifest(cfg.data.shards)
         # splits, vocabulary, window x rows against the split, one step's memory: before any read
-        preflight.check_all(cfg, self.manifest, self.device, self.ctx.size, self.ctx.local_size)
+        self.step_memory = preflight.check_all(cfg, self.manifest, self.device, self.ctx.size,
+                                               self.ctx.local_size)
         self.B, self.T = cfg.data.batch_size, cfg.data.seq_len
         self.k = cfg.dist.backward_passes_per_step
         if cfg.data.verify_shards:  # each rank verifies a disjoint subset of the shards
@@ -192,6 +193,7 @@ class Trainer(ElasticTraining):
                         params=sum(p.numel() for p in self.params),
                         precision=cfg.run.precision, compression=cfg.dist.compression,
                         threads=self.threads, elastic=cfg.run.elastic,
+                        step_memory_bytes=self.step_memory.total,  # per rank, estimated
                         hosts=[p["host"] for p in self.peers] or None,
                         resumed_from=str(resume.path) if resume else None)
 
