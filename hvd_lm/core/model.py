@@ -263,6 +263,14 @@ class LanguageModel(nn.Module):
         return 3 * 2 * macs
 
 
+def recurrence_label(rnn_impl: str, rnn_kernels: str = "auto", cuda_graphs: bool = False) -> str:
+    """The mLSTM recurrence's name in the benchmarks' tables: ``reference`` (or another
+    non-fused ``rnn_impl`` as it is), ``fused/<kernels>[+graphs]``."""
+    if rnn_impl != "fused":
+        return rnn_impl
+    return f"fused/{rnn_kernels}" + ("+graphs" if cuda_graphs else "")
+
+
 def parameter_shapes(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of :class:`LanguageModel`'s parameters in registration order, computed
     from the config without building a model (``weight_norm`` off): embed [256, E]; mLSTM

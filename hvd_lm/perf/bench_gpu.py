@@ -47,7 +47,7 @@ from hvd_lm.core import config as configlib
 from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, option
 from hvd_lm.core.mlstm_kernels import KERNELS, resolve
-from hvd_lm.core.model import LanguageModel, ModelConfig
+from hvd_lm.core.model import LanguageModel, ModelConfig, recurrence_label
 from hvd_lm.core.tokenizer import VOCAB_SIZE
 from hvd_lm.train import runtime
 from hvd_lm.train.data import Batch
@@ -218,9 +218,7 @@ class Variant:
         """``cudnn`` (the LSTM), ``reference``, or ``fused/<kernels>[+graphs]``."""
         if self.cell != "mlstm":
             return "cudnn"
-        if self.rnn_impl != "fused":
-            return self.rnn_impl
-        return f"fused/{self.rnn_kernels}" + ("+graphs" if self.cuda_graphs else "")
+        return recurrence_label(self.rnn_impl, self.rnn_kernels, self.cuda_graphs)
 
 
 def variants(cfg: BenchGpuConfig, device: torch.device) -> list[Variant]:

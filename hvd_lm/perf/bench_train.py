@@ -45,7 +45,7 @@ import torch
 from hvd_lm.core import config as configlib
 from hvd_lm.core.atomic import write_text
 from hvd_lm.core.config import Command, option
-from hvd_lm.core.model import LanguageModel, ModelConfig
+from hvd_lm.core.model import LanguageModel, ModelConfig, recurrence_label
 from hvd_lm.core.shards import load_manifest
 from hvd_lm.core.mlstm_kernels import KERNELS
 from hvd_lm.core.units import MIB
@@ -196,12 +196,6 @@ class BenchFusionConfig(StepConfig):
 
 # ---- worker (one rank) -------------------------------------------------------------------------
 
-def variant_label(impl: str, kernels: str = "auto", graphs: bool = False) -> str:
-    """A variant's name in the tables: ``reference``, ``fused/<kernels>[+graphs]``."""
-    return "reference" if impl == "reference" else f"fused/{kernels}" + ("+graphs" if graphs
-                                                                          else "")
-
-
 def worker(cfg: WorkerConfig) -> int:
     """Time ``cfg.steps`` training steps after ``cfg.warmup`` on this rank, for each model
     variant (``rnn_impl[i]``, ``rnn_kernels[i]``, ``cuda_graphs[i]``, same initial weights and
@@ -231,7 +225,7 @@ def worker(cfg: WorkerConfig) -> int:
             net = model
         else:
             net = ddp(model, peer)
-        runs.append({"label": variant_label(impl, kernels, graphs), "impl": impl,
+        runs.append({"label": recurrence_label(impl, kernels, graphs), "impl": impl,
                      "kernels": kernels, "graphs": graphs, "model": model, "net": net, "opt": opt,
                      "params": list(model.parameters()), "state": model.init_state(B, device),
                      "scaler": runtime.make_scaler(device, cfg.precision), "times": [],
@@ -343,11 +337,11 @@ def variants(cfg: BenchTrainConfig) -> list[tuple[str, dict]]:
     out = []
     for impl in dict.fromkeys(cfg.rnn_impl):
         if impl == "reference":
-            out.append((variant_label("reference"), {"rnn_impl": "reference"}))
+            out.append((recurrence_label("reference"), {"rnn_impl": "reference"}))
             continue
         for kern in dict.fromkeys(cfg.rnn_kernels):
             for graphs in dict.fromkeys(cfg.cuda_graphs):
-                out.append((variant_label("fused", kern, graphs),
+                out.append((recurrence_label("fused", kern, graphs),
                             {"rnn_impl": "fused", "rnn_kernels": kern, "cuda_graphs": graphs}))
     return out
 
