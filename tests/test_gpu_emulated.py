@@ -31,7 +31,7 @@ from hvd_lm.core.model import LanguageModel, ModelConfig
 from hvd_lm.core.shards import load_manifest
 from hvd_lm.train.data import RankStreams
 from tests._mp import SHARED, launch_env, run
-from tests.scripts.mlstm_cases import StaticBufferCapture
+from tests.scripts.mlstm_cases import StaticBufferCapture, train_windows
 from tests.shardutil import make_shards, review_texts
 from tests.test_train import max_diff, params_of, records, train_argv
 
@@ -74,15 +74,7 @@ def test_replayed_windows_accumulate_gradients_like_eager(weight_norm):
     tokens = torch.randint(0, 256, (4, 3, 9), generator=torch.Generator().manual_seed(1))
     reset = torch.zeros(3, 8, dtype=torch.bool)
     reset[1, 3] = True
-    states = []
-    for model in (graphed, eager):
-        state = model.init_state(3)
-        for w in range(4):
-            logits, state = model(tokens[w, :, :-1], (state[0].detach(), state[1].detach()),
-                                  reset=reset)
-            torch.nn.functional.cross_entropy(logits.reshape(-1, 256),
-                                              tokens[w, :, 1:].reshape(-1)).backward()
-        states.append([s.clone() for s in state])
+    states = [train_windows(model, tokens, reset) for model in (graphed, eager)]
     assert graphed.rnn.graphs.stats == {"captures": 1, "graphed": 4} and capture.captures == 1
     for (n, p), q in zip(graphed.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-6, msg=n)

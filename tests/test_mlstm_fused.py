@@ -10,7 +10,6 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from hvd_lm.core import mlstm_kernels as K
 from hvd_lm.core.mlstm_fused import (LAYOUTS, MLSTMWindow, WindowGraphs, default_layout,
@@ -22,8 +21,8 @@ from hvd_lm.perf import bench_train as bt
 from hvd_lm.train.data import RankStreams
 from hvd_lm.train.evaluate import window_nll
 from tests._mp import horovodrun_cmd, launch_env, run
-from tests.scripts.mlstm_cases import (StaticBufferCapture, cell_case, cell_diff, window_diff,
-                                      window_inputs)
+from tests.scripts.mlstm_cases import (StaticBufferCapture, cell_case, cell_diff, train_windows,
+                                      window_diff, window_inputs)
 from tests.shardutil import default_shards
 from tests.test_train import max_diff, one_process, params_of, records, train_argv
 
@@ -427,14 +426,7 @@ def test_cuda_graph_path_equals_eager_fused_path():
     tokens = torch.randint(0, 256, (4, 8, 33), device="cuda")
     reset = torch.zeros(8, 32, dtype=torch.bool, device="cuda")
     reset[2, 5] = True
-    states = []
-    for model in (graphed, eager):
-        state = model.init_state(8, "cuda")
-        for w in range(4):
-            logits, state = model(tokens[w, :, :-1], (state[0].detach(), state[1].detach()),
-                                  reset=reset)
-            F.cross_entropy(logits.reshape(-1, 256), tokens[w, :, 1:].reshape(-1)).backward()
-        states.append(tuple(s.clone() for s in state))
+    states = [train_windows(model, tokens, reset) for model in (graphed, eager)]
     assert graphed.rnn.graphs.stats == {"captures": 1, "graphed": 4}
     for (n, p), q in zip(graphed.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)

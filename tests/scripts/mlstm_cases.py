@@ -154,3 +154,20 @@ class StaticBufferCapture:
                 return tuple(b.detach() if b is not None else None for b in grad_in)
 
         return lambda *args: Replayed.apply(*args)
+
+
+def train_windows(model, tokens: torch.Tensor, reset: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Training windows without zero_grad, the state carried (detached, TBPTT) and ``reset``
+    applied in each: ``tokens`` [W, B, T + 1] (window w's inputs and next-byte targets), ``reset``
+    [B, T]; the cross-entropy of each window backpropagated, so ``model``'s ``.grad`` hold the sum
+    over the W windows. Returns the final state (h, c), cloned. The accumulation the CUDA-graph
+    tests compare, graphed against eager (tests/test_gpu_emulated.py on CPU,
+    tests/test_mlstm_fused.py on CUDA)."""
+    W, B = tokens.shape[:2]
+    state = model.init_state(B, tokens.device)
+    for w in range(W):
+        logits, state = model(tokens[w, :, :-1], (state[0].detach(), state[1].detach()),
+                              reset=reset)
+        torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                          tokens[w, :, 1:].reshape(-1)).backward()
+    return tuple(s.clone() for s in state)
