@@ -290,10 +290,10 @@ def _prepare(cfg: PrepareConfig, ctx: Context, out: Path) -> dict:
 
     # the output folder (rank 0): claimed, earlier work kept or dropped; a finished run with the
     # same settings and inputs whose shards all verify is the result as it stands
-    setup = ctx.root_call(lambda: setup_output(cfg, run.config_fp, run.inputs_fp, run.layout))
-    if setup["complete"] is not None:
+    complete = ctx.root_call(lambda: setup_output(cfg, run.config_fp, run.inputs_fp, run.layout))
+    if complete is not None:
         if verify_complete(ctx, out):
-            return dict(_summary(setup["complete"], out), resumed_complete=True)
+            return dict(_summary(complete, out), resumed_complete=True)
         # some shard fails: redo the run, keeping the shards that verify
         ctx.root_call(lambda: setup_output(cfg, run.config_fp, run.inputs_fp, run.layout,
                                            accept_complete=False))

@@ -66,6 +66,28 @@ def fingerprints(cfg: PrepareConfig, specs: list) -> tuple:
     return config_fp, inputs_fp
 
 
+def finished_manifest(out) -> dict:
+    """The manifest of the finished corpus in folder ``out`` as a dict; {} when there is none or it
+    cannot be read (``prepare`` then redoes the run)."""
+    try:
+        return json.loads((Path(out) / shards.MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def other_run(old: dict, config_fp: str, inputs_fp: str) -> str | None:
+    """What differs between the finished corpus whose manifest is ``old`` and a run of these
+    fingerprints (:func:`fingerprints`): ``"settings or inputs"``, ``"versions of the input
+    files (sizes or modification times)"``, or None (the same run, or no finished corpus)."""
+    if not old.get("config_sha256"):
+        return None
+    if old["config_sha256"] != config_fp:
+        return "settings or inputs"
+    if old.get("inputs_sha256") != inputs_fp:
+        return "versions of the input files (sizes or modification times)"
+    return None
+
+
 def finished_with_other_inputs(cfg: PrepareConfig) -> bool:
     """Whether ``cfg.out`` holds a finished corpus of other settings or input file versions.
 
@@ -75,17 +97,11 @@ def finished_with_other_inputs(cfg: PrepareConfig) -> bool:
     Raises:
         readers.InputError: an input is missing, unreadable or of an unknown format.
     """
-    manifest_path = Path(cfg.out) / shards.MANIFEST_NAME
-    if not manifest_path.exists():
+    old = finished_manifest(cfg.out)
+    if not old:
         return False
-    try:
-        old = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False          # unreadable: prepare redoes it anyway
     specs = [readers.resolve_input(p, cfg.format, cfg.text_field) for p in cfg.inputs]
-    config_fp, inputs_fp = fingerprints(cfg, specs)
-    return bool(old.get("config_sha256")) and (old.get("config_sha256"), old.get(
-        "inputs_sha256")) != (config_fp, inputs_fp)
+    return other_run(old, *fingerprints(cfg, specs)) is not None
 
 
 def input_names(paths: list) -> list:
@@ -99,12 +115,12 @@ def input_names(paths: list) -> list:
 
 
 def setup_output(cfg: PrepareConfig, config_fp: str, inputs_fp: str, layout: dict,
-                  accept_complete: bool = True) -> dict:
+                  accept_complete: bool = True) -> dict | None:
     """Rank 0: claim the output directory, decide what earlier work to reuse, record the state.
 
     Returns:
-        ``{"reuse_work": bool, "complete": manifest dict or None}``; ``complete`` is the
-        existing manifest when resuming a finished run with the same settings and inputs.
+        The existing manifest when resuming a finished run with the same settings and inputs
+        (and ``accept_complete``), else None (the work folder is set up for the run).
     Raises:
         PrepareError: the directory holds an earlier run and neither --resume nor --overwrite.
     """
@@ -126,16 +142,12 @@ def setup_output(cfg: PrepareConfig, config_fp: str, inputs_fp: str, layout: dic
             state = json.loads(state_path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             state = None
-    if cfg.resume and accept_complete and manifest_path.exists():
-        try:
-            old = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            old = {}
-        if old.get("config_sha256") == config_fp and old.get("inputs_sha256") == inputs_fp:
-            return {"reuse_work": False, "complete": old}
-        if old.get("config_sha256"):  # a finished corpus of other inputs or settings
-            what = ("settings or inputs" if old.get("config_sha256") != config_fp
-                    else "versions of the input files (sizes or modification times)")
+    if cfg.resume and accept_complete:
+        old = finished_manifest(out)
+        what = other_run(old, config_fp, inputs_fp)
+        if old.get("config_sha256") and what is None:
+            return old
+        if what:  # a finished corpus of other inputs or settings
             raise PrepareError(
                 f"{out} holds a finished corpus prepared with other {what}; --resume only "
                 "continues the same run: pass --overwrite to replace it, or use another --out")
@@ -156,7 +168,7 @@ def setup_output(cfg: PrepareConfig, config_fp: str, inputs_fp: str, layout: dic
             shutil.rmtree(p)
     atomic_json(state_path, {"config_sha256": config_fp, "inputs_sha256": inputs_fp,
                               "layout": layout})
-    return {"reuse_work": reuse, "complete": None}
+    return None
 
 
 def verify_complete(ctx: Context, out: Path) -> bool:
