@@ -134,6 +134,11 @@ class Manifest:
     shards: list[ShardInfo]
     meta: dict = field(default_factory=dict)
 
+    @property
+    def split_names(self) -> list[str]:
+        """The splits that have shards, sorted."""
+        return sorted({s.split for s in self.shards})
+
     def split(self, name: str) -> list[ShardInfo]:
         """The shards of one split, in manifest order.
 
@@ -142,9 +147,8 @@ class Manifest:
         """
         found = [s for s in self.shards if s.split == name]
         if not found:
-            have = sorted({s.split for s in self.shards})
             raise KeyError(f"split {name!r} has no shards in {self.directory / MANIFEST_NAME} "
-                           f"(splits present: {', '.join(have) or 'none'})")
+                           f"(splits present: {', '.join(self.split_names) or 'none'})")
         return found
 
 

@@ -47,7 +47,7 @@ def check_splits(manifest: Manifest, cfg: TrainConfig) -> None:
     Raises:
         ValueError: naming the field, the manifest and the splits it has.
     """
-    have = sorted({s.split for s in manifest.shards})
+    have = manifest.split_names
     for field_name, split in (("data.train_split", cfg.data.train_split),
                               ("data.val_split", cfg.data.val_split)):
         if split and split not in have:
