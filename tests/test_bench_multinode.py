@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_lm.perf.bench_multinode import (MultinodeConfig, fit_sizes, predict_step, print_report,
+from hvd_lm.perf.bench_multinode import (LATENCY_BYTES, MultinodeConfig, fit_sizes,
+                                         measure_backward_window, predict_step, print_report,
                                          train_argv)
 from hvd_lm.perf.results import fit_alpha_beta
 
@@ -60,6 +61,45 @@ def test_predict_step_from_a_fit_of_exact_times():
     assert out["predicted_s"] == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_alpha_from_the_latency_beta_fitted_to_the_rest(n):
+    """With the intercept fixed at a measured 32-byte allreduce (6 ms) the fit recovers the slope
+    of times made from t = 6 ms + S / (50 MB/s) and reads 6 ms as 2(n-1) alpha, even where a free
+    line's intercept would differ (times 2% off at 2 sizes); predict_step then charges each
+    fused allreduce 6 ms + b S and each of the loop's small allreduces 6 ms + 32 b, and a window
+    of 10% of a 10 ms step hides 1 ms of the decoder's."""
+    lat, b = 6e-3, 1 / 50e6
+    sizes = [1 << 19, 1 << 20, 1 << 21, 1 << 22, 1 << 23]
+    exact = [lat + b * s for s in sizes]
+    f = fit_alpha_beta(sizes, exact, n, intercept_s=lat)
+    assert f["intercept_s"] == lat and f["slope_s_per_byte"] == pytest.approx(b, rel=1e-9)
+    assert f["alpha_s"] == pytest.approx(lat / (2 * (n - 1)))
+    noisy = [t * (1.02 if i in (0, 3) else 1) for i, t in enumerate(exact)]
+    assert fit_alpha_beta(sizes, noisy, n, intercept_s=lat)["intercept_s"] == lat
+    assert fit_alpha_beta(sizes, noisy, n)["intercept_s"] != pytest.approx(lat, rel=0.01)
+    out = predict_step(10e-3, PARAMS, f, n, control_every=10, log_every=10,
+                       backward_fraction=0.1)
+    t_dec, t_rnn = lat + b * 200_000, lat + b * 4_000_000
+    assert out["hidden_comm_s"] == pytest.approx(1e-3, rel=1e-6)
+    assert out["exposed_comm_s"] == pytest.approx(t_dec - 1e-3 + t_rnn, rel=1e-6)
+    assert out["loop_s"] == pytest.approx(0.3 * (lat + b * LATENCY_BYTES), rel=1e-6)
+    with pytest.raises(ValueError, match="intercept"):
+        fit_alpha_beta(sizes, exact, n, intercept_s=0.0)
+
+
+def test_backward_window_is_a_part_of_the_step():
+    """The step's parts of one process (H=64): each positive, the window inside the backward, the
+    parts adding up to the step (medians, so within 25%), the fraction the window's share."""
+    cfg = MultinodeConfig(hosts="n1:1,n2:1", network_interface="eth0", shards="/s",
+                          hidden_size=64, embed_dim=16, seq_len=8)
+    w = measure_backward_window(cfg, steps=5, skip=1)
+    assert all(w[k] > 0 for k in ("forward_s", "backward_s", "window_s", "update_s", "step_s"))
+    assert w["window_s"] <= w["backward_s"]
+    parts = w["forward_s"] + w["backward_s"] + w["update_s"]
+    assert parts == pytest.approx(w["step_s"], rel=0.25)
+    assert w["fraction"] == pytest.approx(w["window_s"] / w["step_s"]) and 0 < w["fraction"] < 1
+
+
 def test_train_argv_is_a_valid_training_command():
     """Every run's flags parse with ``hvd-lm train``'s own parser."""
     import argparse
@@ -77,11 +117,17 @@ def test_train_argv_is_a_valid_training_command():
 
 def test_report_prints_every_row(capsys):
     row = {"nodes": 2, "fit": {"alpha_s": 1e-3, "beta_GBps": 0.118, "max_rel_error": 0.05},
+           "latency_s": 4e-3,
            "compute_s": 0.03, "comm_s": 0.05, "loop_s": 0.001, "predicted_s": 0.081,
            "measured_s": 0.09}
-    print_report({"label": "1gbit", "gradient_bytes": 6.5e6, "rows": [row]})
+    parts = {"forward_s": 3e-3, "backward_s": 3e-3, "window_s": 2e-3, "update_s": 2e-3,
+             "step_s": 8e-3, "fraction": 0.25}
+    print_report({"label": "1gbit", "gradient_bytes": 6.5e6, "rows": [row],
+                  "step_parts": parts})
     out = capsys.readouterr().out
     assert "links 1gbit" in out and "0.900" in out and "81.0" in out and "90.0" in out
+    assert " 1000 " in out and "0.118" in out  # alpha and beta of the fit
+    assert "4.0 ms at 2 ranks" in out and "behind 25% of the step" in out
 
 
 def test_fit_sizes_bracket_the_gradient():

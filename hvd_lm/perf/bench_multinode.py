@@ -24,13 +24,23 @@ every figure alike:
    ``step_time`` of the ``train`` records, the first ``--skip`` dropped as warm-up).
 
 and predicts 3. from 1. and 2. with the scaling model (:func:`predict_step`:
-:func:`hvd_lm.perf.scaling_model.step_time` with both links set to the fitted one, one rank per
-node, Horovod's default fusion; the fit's intercept already holds Horovod's cycle and negotiation,
-so the model adds none of its own), plus the training loop's own small allreduces (control flags
-every ``--control-every`` steps, the metrics' sum and per-step maximum every ``--log-every``),
-each costing the fit's intercept. The report prints per n: alpha, beta, compute, predicted
-communication, predicted and measured s/step and their ratio (predicted / measured). ``--json
-FILE`` keeps everything (the allreduce records too).
+:func:`hvd_lm.perf.scaling_model.step_time` with both links set to the measured one, one rank per
+node, Horovod's default fusion), plus the training loop's own small allreduces (control flags
+every ``--control-every`` steps, the metrics' sum and per-step maximum every ``--log-every``).
+The link is Hockney's two parameters, alpha measured where it is defined: the time of a
+:data:`LATENCY_BYTES` allreduce (``--latency-iters`` of them, a launch of its own: Horovod's
+negotiation round, cycle and the ring's latency; a free line through the large sizes alone put
+it at 0.5 ms where 3 ranks sharing 2 cores take about 5 ms) is the fit's intercept, and beta is
+fitted to the sizes' times less it (``fit``; the free line is kept as ``fit_free``). Each fused
+allreduce of S bytes then costs ``t(32 B) + b S`` and each of the loop's small allreduces
+``t(32 B)``. How much of the early gradients' allreduce (the decoder's, ready first)
+hides behind the backward pass is measured too (:func:`measure_backward_window`: the share of the
+step after those gradients are ready, one process, the same model, batch and optimizer); for this
+small model the optimizer's step and the forward pass are most of the step, so the window is a
+quarter of it, not the 2/3 that :class:`~hvd_lm.perf.scaling_model.ScalingConfig` assumes for a
+large one. The report prints per n: alpha, beta, compute, predicted communication, predicted and
+measured s/step and their ratio (predicted / measured). ``--json FILE`` keeps everything (the
+allreduce records too).
 The links are what they are: on the cluster in a box (tests/cluster.py) ``tc tbf`` sets them,
 and ``--label`` names the rate in the report.
 """
@@ -86,6 +96,8 @@ class MultinodeConfig:
                         "64K,1M,16M; auto: the powers of two around the model's gradient bytes "
                         "(fit_sizes)")
     iters: int = option(10, "timed allreduces per size", ge=1)
+    latency_iters: int = option(50, "timed allreduces of 32 bytes (alpha: the per-operation "
+                                "time)", ge=1)
     repeats: int = option(2, "rounds of every measurement (interleaved); medians", ge=1)
     colocated: bool = option(False, "the hosts share this machine's cores (the cluster in a "
                              "box): the host time is taken from inside the run across the hosts "
@@ -156,6 +168,62 @@ def measure_compute(cfg: MultinodeConfig, work: Path) -> float:
     return _timing(out, cfg.skip).step_time
 
 
+def measure_backward_window(cfg: MultinodeConfig, steps: int = 30, skip: int = 5) -> dict:
+    """The parts of one training step on this process alone, one thread, ``cfg``'s model and
+    per-rank batch, the optimizer ``hvd-lm train`` builds (fused Adam) and its gradient clipping:
+    medians over ``steps`` after ``skip``, seconds.
+
+    Returns:
+        ``forward_s`` (embedding, recurrence, decoder and loss), ``backward_s``, ``window_s``
+        (the part of the backward after the last gradient of the early group is ready:
+        :data:`hvd_lm.perf.scaling_model.EARLY_PREFIXES`, whose allreduce Horovod starts then
+        and which that time can hide), ``update_s`` (clip, optimizer step, zero_grad),
+        ``step_s`` and ``fraction`` = window_s / step_s, the share of the step's compute the
+        model lets the early allreduce overlap (``ScalingConfig.backward_fraction``).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from hvd_lm.core.model import LanguageModel, ModelConfig
+    from hvd_lm.perf.scaling_model import EARLY_PREFIXES
+    from hvd_lm.train.config import OptimConfig
+    from hvd_lm.train.optim import build_optimizer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the training runs (--threads 1)
+    try:
+        torch.manual_seed(0)
+        model = LanguageModel(ModelConfig(hidden_size=cfg.hidden_size, embed_dim=cfg.embed_dim))
+        opt = build_optimizer(model, OptimConfig(), 1e-4)
+        ready: dict[str, float] = {}
+        for name, p in model.named_parameters():
+            if name.startswith(EARLY_PREFIXES):
+                p.register_hook(lambda g, name=name: ready.__setitem__(name, time.perf_counter()))
+        gen = torch.Generator().manual_seed(0)
+        parts = []
+        for i in range(skip + steps):
+            x = torch.randint(0, 256, (cfg.batch_size, cfg.seq_len + 1), generator=gen)
+            t0 = time.perf_counter()
+            logits, _ = model(x[:, :-1], model.init_state(cfg.batch_size))
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                   x[:, 1:].reshape(-1))
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+            t3 = time.perf_counter()
+            if i >= skip:
+                parts.append((t1 - t0, t2 - t1, t2 - max(ready.values()), t3 - t2, t3 - t0))
+    finally:
+        torch.set_num_threads(threads)
+    med = [statistics.median(p[k] for p in parts) for k in range(5)]
+    out = dict(zip(("forward_s", "backward_s", "window_s", "update_s", "step_s"), med))
+    out["fraction"] = out["window_s"] / out["step_s"]
+    return out
+
+
 def fit_sizes(gradient_bytes: int) -> list[int]:
     """The message sizes of the fit by default, bytes: the powers of two from the one at or below
     an eighth of ``gradient_bytes`` to the one at or above them, at least two (e.g. 512 KiB-8 MiB
@@ -167,19 +235,27 @@ def fit_sizes(gradient_bytes: int) -> list[int]:
     return [1 << k for k in range(lo.bit_length() - 1, hi.bit_length())]
 
 
+#: Bytes of the allreduce whose time gives alpha (the loop's control flags and metrics are
+#: allreduces of this order: 2-4 float64 values).
+LATENCY_BYTES = 32
+
+
 def predict_step(t_comp: float, params: list, fit: dict, n: int, control_every: int,
-                 log_every: int) -> dict:
-    """The scaling model's step on n nodes (one rank each) over the fitted link, seconds.
+                 log_every: int, backward_fraction: float = 2 / 3) -> dict:
+    """The scaling model's step on n nodes (one rank each) over the measured link, seconds.
 
     Args:
         t_comp: compute time of one step (s), measured.
         params: (name, elements) of the gradients (:func:`hvd_lm.core.model.mlstm_parameters`).
         fit: :func:`hvd_lm.perf.results.fit_alpha_beta` of Horovod's allreduce at n ranks, time
             against the float32 payload (so fp16 compression is inside the fit: the model moves
-            4 bytes per value).
+            4 bytes per value); the bench fixes its intercept at the measured time of a
+            :data:`LATENCY_BYTES` allreduce.
         control_every / log_every: the loop's small allreduces (control flags every
-            ``control_every`` steps; metrics, two, every ``log_every``), each costing the fit's
-            intercept ``a``.
+            ``control_every`` steps; metrics, two, every ``log_every``), each costing one
+            allreduce of :data:`LATENCY_BYTES`.
+        backward_fraction: share of ``t_comp`` the early gradients' allreduce can hide behind
+            (:func:`measure_backward_window`).
 
     Returns:
         :func:`hvd_lm.perf.scaling_model.step_time`'s dict plus ``loop_s`` (the small
@@ -189,12 +265,41 @@ def predict_step(t_comp: float, params: list, fit: dict, n: int, control_every: 
     cfg = ScalingConfig(compute_time_s=t_comp, params=params, grad_bytes=4, compression="none",
                         batch_per_gpu=1, ref_batch=1, gpus_per_node=1, intra=link, inter=link,
                         fusion_threshold_bytes=HOROVOD_DEFAULT_FUSION_BYTES, cycle_time_s=0.0,
-                        per_cycle_overhead_s=0.0, negotiation=False, sync_overhead_s=0.0)
+                        per_cycle_overhead_s=0.0, negotiation=False, sync_overhead_s=0.0,
+                        backward_fraction=backward_fraction)
     out = step_time(cfg, n)
-    small = ring_allreduce_time(32, n, link.latency_s, link.bandwidth_GBps)
+    small = ring_allreduce_time(LATENCY_BYTES, n, link.latency_s, link.bandwidth_GBps)
     out["loop_s"] = (1 / control_every + 2 / log_every) * small
     out["predicted_s"] = out["s_per_iter"] + out["loop_s"]
     return out
+
+
+def estimate(n: int, records: list[dict], latency: list[float], compute: list[float],
+             measured: list[float], params: list, cfg: MultinodeConfig,
+             backward_fraction: float) -> dict:
+    """The fit, the model's step and predicted / measured from measurements at n ranks, each the
+    median of its list: ``records`` (:func:`run_allreduce_bench`'s, the ``single`` ones fitted),
+    ``latency`` (s per :data:`LATENCY_BYTES` allreduce: the fit's intercept), ``compute`` and
+    ``measured`` (s per step). Rows use every round's; ``ratio_rounds`` one round's each.
+
+    Raises:
+        ValueError: as :func:`hvd_lm.perf.results.fit_alpha_beta` (fewer than 2 sizes).
+    """
+    by_size: dict[int, list] = {}
+    for r in records:
+        if r["case"] == "single":
+            by_size.setdefault(r["size_bytes"], []).append(r["time_s"])
+    sizes = sorted(by_size)
+    times = [statistics.median(by_size[s]) for s in sizes]
+    lat_s = statistics.median(latency)
+    fit = fit_alpha_beta(sizes, times, n, intercept_s=lat_s)
+    t_comp, t_step = statistics.median(compute), statistics.median(measured)
+    pred = predict_step(t_comp, params, fit, n, cfg.control_every, cfg.log_every,
+                        backward_fraction)
+    return {"fit": fit, "fit_free": fit_alpha_beta(sizes, times, n),
+            "allreduce": [{"size_bytes": s, "time_s": t} for s, t in zip(sizes, times)],
+            "latency_s": lat_s, "compute_s": t_comp, "measured_s": t_step, "pred": pred,
+            "ratio": pred["predicted_s"] / t_step}
 
 
 def run_multinode_bench(cfg: MultinodeConfig) -> dict:
@@ -207,8 +312,10 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
     sizes_arg = cfg.sizes if cfg.sizes != "auto" else ",".join(
         str(b) for b in fit_sizes(gradient_bytes))
     records: dict[int, list] = {n: [] for n in cfg.nodes}
+    latency: dict[int, list] = {n: [] for n in cfg.nodes}
     train_t: dict[int, list] = {n: [] for n in cfg.nodes}
     comp_t: dict[int, list] = {n: [] for n in cfg.nodes}
+    window = measure_backward_window(cfg)
     # run folders are written by rank 0 only, which horovodrun starts on this host
     with tempfile.TemporaryDirectory(prefix="hvdlm-multinode-") as tmp:
         for rep in range(cfg.repeats):
@@ -216,13 +323,20 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
             for n in cfg.nodes:
                 work = Path(tmp) / f"r{rep}_n{n}"
                 t0 = time.perf_counter()
+                on = ",".join(f"{h}:1" for h, _ in hosts[:n])
                 ar = run_allreduce_bench(AllreduceConfig(
                     np=n, sizes=sizes_arg, iters=cfg.iters, backends=["horovod"],
                     controllers=["gloo"], compressions=[cfg.compression], fusion_mb=[],
                     cycle_ms=[], groups=[f"mlstm{cfg.hidden_size}"] if cfg.embed_dim == 64
-                    else [], hosts=",".join(f"{h}:1" for h, _ in hosts[:n]),
-                    network_interface=cfg.network_interface, timeout=cfg.timeout))
+                    else [], hosts=on, network_interface=cfg.network_interface,
+                    timeout=cfg.timeout))
                 records[n] += ar["records"]
+                lat = run_allreduce_bench(AllreduceConfig(
+                    np=n, sizes=str(LATENCY_BYTES), iters=cfg.latency_iters,
+                    backends=["horovod"], controllers=["gloo"], compressions=["none"],
+                    fusion_mb=[], cycle_ms=[], groups=[], hosts=on,
+                    network_interface=cfg.network_interface, timeout=cfg.timeout))
+                latency[n] += [r["time_s"] for r in lat["records"]]
                 step, in_run = measure_training(cfg, n, work)
                 train_t[n].append(step)
                 comp_t[n].append(in_run if alone is None else alone)
@@ -230,27 +344,27 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
                       f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     rows = []
     for n in cfg.nodes:
-        single = [r for r in records[n] if r["case"] == "single"]
-        by_size: dict[int, list] = {}
-        for r in single:
-            by_size.setdefault(r["size_bytes"], []).append(r["time_s"])
-        sizes = sorted(by_size)
-        times = [statistics.median(by_size[s]) for s in sizes]
-        fit = fit_alpha_beta(sizes, times, n)
-        t_comp = statistics.median(comp_t[n])
-        measured = statistics.median(train_t[n])
-        pred = predict_step(t_comp, params, fit, n, cfg.control_every, cfg.log_every)
+        est = estimate(n, records[n], latency[n], comp_t[n], train_t[n], params, cfg,
+                       window["fraction"])
+        per_round = len(records[n]) // cfg.repeats
+        rounds = [estimate(n, records[n][i * per_round:(i + 1) * per_round], latency[n][i:i + 1],
+                           comp_t[n][i:i + 1], train_t[n][i:i + 1], params, cfg,
+                           window["fraction"]) for i in range(cfg.repeats)]
+        fit, pred = est["fit"], est["pred"]
         grouped = [r["time_s"] for r in records[n] if r["case"] == "grouped"]
-        rows.append({"nodes": n, "link": cfg.label, "fit": fit,
-                     "allreduce": [{"size_bytes": s, "time_s": t} for s, t in zip(sizes, times)],
+        rows.append({"nodes": n, "link": cfg.label, "fit": fit, "fit_free": est["fit_free"],
+                     "allreduce": est["allreduce"],
+                     "latency_s": est["latency_s"], "latency_s_runs": latency[n],
+                     "backward_fraction": window["fraction"],
                      "grouped_allreduce_s": statistics.median(grouped) if grouped else None,
-                     "compute_s": t_comp, "compute_s_runs": comp_t[n],
-                     "comm_s": pred["exposed_comm_s"], "loop_s": pred["loop_s"],
-                     "predicted_s": pred["predicted_s"], "measured_s": measured,
+                     "compute_s": est["compute_s"], "compute_s_runs": comp_t[n],
+                     "comm_s": pred["exposed_comm_s"], "hidden_comm_s": pred["hidden_comm_s"],
+                     "loop_s": pred["loop_s"],
+                     "predicted_s": pred["predicted_s"], "measured_s": est["measured_s"],
                      "measured_s_runs": train_t[n],
-                     "ratio": pred["predicted_s"] / measured})
+                     "ratio": est["ratio"], "ratio_rounds": [r["ratio"] for r in rounds]})
     return {"label": cfg.label, "hosts": cfg.hosts, "network_interface": cfg.network_interface,
-            "gradient_bytes": gradient_bytes, "rows": rows,
+            "gradient_bytes": gradient_bytes, "rows": rows, "step_parts": window,
             "host": {"cpus": os.cpu_count(), "load_avg_1min": os.getloadavg()[0]},
             "args": configlib.to_dict(cfg), "records": {str(n): r for n, r in records.items()}}
 
@@ -268,6 +382,21 @@ def print_report(data: dict) -> None:
               f"{f['max_rel_error']:>7.1%} {r['compute_s'] * 1e3:>11.1f} "
               f"{(r['comm_s'] + r['loop_s']) * 1e3:>8.1f} {r['predicted_s'] * 1e3:>13.1f} "
               f"{r['measured_s'] * 1e3:>12.1f} {r['predicted_s'] / r['measured_s']:>9.3f}")
+    spread = "; ".join(f"{min(r['ratio_rounds']):.2f}-{max(r['ratio_rounds']):.2f} at "
+                       f"{r['nodes']}" for r in data["rows"] if len(r.get("ratio_rounds", [])) > 1)
+    if spread:
+        print(f"pred/meas of each round alone (its own fit, compute and step): {spread} nodes")
+    lat = ", ".join(f"{r['latency_s'] * 1e3:.1f} ms at {r['nodes']}" for r in data["rows"]
+                    if "latency_s" in r)
+    if lat:
+        print(f"alpha: a {LATENCY_BYTES}-byte allreduce took {lat} ranks (2(n-1) alpha); beta: "
+              "fitted to the sizes' times less that")
+    w = data.get("step_parts")
+    if w:
+        print(f"one process's step: forward {w['forward_s'] * 1e3:.1f} ms, backward "
+              f"{w['backward_s'] * 1e3:.1f} ms ({w['window_s'] * 1e3:.1f} ms after the early "
+              f"gradients), update {w['update_s'] * 1e3:.1f} ms: the early allreduce may hide "
+              f"behind {w['fraction']:.0%} of the step")
 
 
 def bench_multinode(cfg: MultinodeConfig) -> int:

@@ -97,27 +97,37 @@ def median_over_repeats(records: list[dict]) -> list[dict]:
     return list(out.values())
 
 
-def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float], n: int) -> dict:
+def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float], n: int,
+                   intercept_s: float | None = None) -> dict:
     """Least-squares fit of t = a + b S to allreduce times, weighted by 1/t (relative errors, so
     small sizes fix a and large ones b), read as the ring model a = 2(n-1) alpha,
-    b = 2(n-1)/n / beta (Hockney; Thakur et al. 2005).
+    b = 2(n-1)/n / beta (Hockney; Thakur et al. 2005). With ``intercept_s`` the intercept is
+    that measured time (e.g. of a 32-byte allreduce: alpha where it is defined) and only b is
+    fitted, to the times less it.
 
     Returns:
         ``intercept_s`` (a), ``slope_s_per_byte`` (b), ``alpha_s``, ``beta_GBps``,
         ``max_rel_error`` of the fit.
 
     Raises:
-        ValueError: fewer than 2 distinct sizes, a non-positive time, or n < 2.
+        ValueError: fewer than 2 distinct sizes (1 with ``intercept_s``), a non-positive time or
+            ``intercept_s``, or n < 2.
     """
     s, t = np.asarray(sizes, float), np.asarray(times, float)
     if n < 2:
         raise ValueError(f"an allreduce fit needs >= 2 ranks, got {n}")
-    if len(set(s.tolist())) < 2 or len(s) != len(t):
+    if len(set(s.tolist())) < (2 if intercept_s is None else 1) or len(s) != len(t):
         raise ValueError("need times at >= 2 distinct sizes")
     if (t <= 0).any():
         raise ValueError("times must be > 0 s")
-    A = np.stack([np.ones_like(s), s], 1) / t[:, None]
-    (a, b), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
+    if intercept_s is not None:
+        if not intercept_s > 0:
+            raise ValueError(f"intercept must be > 0 s, got {intercept_s}")
+        a = float(intercept_s)  # min sum(((a + b S - t) / t)^2) over b alone
+        b = float(np.sum(s * (t - a) / t ** 2) / np.sum((s / t) ** 2))
+    else:
+        A = np.stack([np.ones_like(s), s], 1) / t[:, None]
+        (a, b), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
     if a < 0:  # latency below resolution: fit through the origin
         a, b = 0.0, float(np.sum(s / t) / np.sum((s / t) ** 2))
     if b <= 0:
