@@ -98,7 +98,7 @@ def finished_with_other_inputs(cfg: PrepareConfig) -> bool:
         readers.InputError: an input is missing, unreadable or of an unknown format.
     """
     old = finished_manifest(cfg.out)
-    if not old:
+    if not old.get("config_sha256"):
         return False
     specs = [readers.resolve_input(p, cfg.format, cfg.text_field) for p in cfg.inputs]
     return other_run(old, *fingerprints(cfg, specs)) is not None

@@ -316,8 +316,9 @@ def test_bench_multinode_predicts_the_step_on_a_shaped_link(cluster, shards, tmp
     each measurement: Horovod's allreduce of 32 bytes (alpha) and at 5 sizes (512 KiB-8 MiB,
     around the gradient; beta fitted to them less the 32-byte time), and 40 training steps
     across n1 and n2 (the host's step from inside them, ``--colocated``: each step's slowest
-    rank less its allreduce wait; the communication is the model's, from the fit). The scaling model's step must be within 20% of the measured
-    one, and the fit's bandwidth within the tbf rate and 50% of it. Why 20% and not the bench's
+    rank less its allreduce wait; the communication is the model's, from the fit). The scaling
+    model's step must be within 20% of the measured one, and the fit's bandwidth within the tbf
+    rate and 50% of it. Why 20% and not the bench's
     10% target: these are short runs (3 train records each, not the bench's rounds of 9) on a
     2-core machine that other jobs may share; one round of each once missed by 21% inside the
     full suite (passing alone), hence the medians of two. A wrong model (the gradient counted

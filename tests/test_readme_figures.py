@@ -230,15 +230,20 @@ def test_multinode_prose():
     w = run["1gbit"]["step_parts"]
     says(f"forward {w['forward_s'] * 1e3:.1f} ms, backward {w['backward_s'] * 1e3:.1f} ms "
          f"({w['window_s'] * 1e3:.1f} ms of\n  it after the decoder's gradients), clip and Adam "
-         f"step {w['update_s'] * 1e3:.1f} ms, so the window is {w['fraction']:.0%} of the", src)
+         f"step {w['update_s'] * 1e3:.1f} ms, so the window is {w['fraction']:.0%} of the step "
+         f"({run['200mbit']['step_parts']['fraction']:.0%} measured again before the 200 Mbit/s "
+         "run)", src)
     ratios = [row[k]["ratio"] for k in keys]
     within = [abs(r - 1) for r in ratios if abs(r - 1) < 0.10]
     says("within 5% on three rows and 19% low", src)
     assert len(within) == 3 and max(within) < 0.05 and 1 - ratios[1] == pytest.approx(0.19,
                                                                                      abs=0.005)
-    params = mlstm_parameters(512, 64)
-    previous = [predict_step(row[k]["compute_s"], params, row[k]["fit_free"], k[1], 10,
-                             10)["predicted_s"] / row[k]["measured_s"] for k in keys]
+    args = run["1gbit"]["args"]
+    params = mlstm_parameters(args["hidden_size"], args["embed_dim"])
+    previous = [predict_step(row[k]["compute_s"], params, row[k]["fit_free"], k[1],
+                             run[k[0]]["args"]["control_every"],
+                             run[k[0]]["args"]["log_every"])["predicted_s"] / row[k]["measured_s"]
+                for k in keys]
     says("the previous model (a free\nline's intercept, 2/3 of the step hidden) gave "
          "{:.2f}, {:.2f}, {:.2f} and {:.2f}".format(*previous), src)
 
@@ -255,3 +260,8 @@ def test_multinode_prose():
          f" ms allreduce of the gradient list alone is {parts:.2f} of\nthe "
          f"{g3['measured_s'] * 1e3:.0f} ms step, so even an exact model of the collective would "
          f"miss that row by {1 - parts:.0%}", src)
+    # Known limitations repeats them
+    says(f"within 5% of the measured one on 3 of 4\n  rows; on 3 hosts at 1 Gbit/s it is "
+         f"{ratios[1]:.2f}x the measured step", src)
+    says(f"one run's rounds alone range {span(g3)}, and compute plus the gradient list's "
+         f"allreduce\n  measured apart is itself {parts:.2f}x that step", src)

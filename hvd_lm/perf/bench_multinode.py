@@ -29,16 +29,17 @@ node, Horovod's default fusion), plus the training loop's own small allreduces (
 every ``--control-every`` steps, the metrics' sum and per-step maximum every ``--log-every``).
 The link is Hockney's two parameters, alpha measured where it is defined: the time of a
 :data:`LATENCY_BYTES` allreduce (``--latency-iters`` of them, a launch of its own: Horovod's
-negotiation round, cycle and the ring's latency; a free line through the large sizes alone put
-it at 0.5 ms where 3 ranks sharing 2 cores take about 5 ms) is the fit's intercept, and beta is
-fitted to the sizes' times less it (``fit``; the free line is kept as ``fit_free``). Each fused
+negotiation round, cycle and the ring's latency; a free line through the large sizes alone puts
+its intercept wherever their noise takes it: 0.5 ms in one run across 3 hosts sharing 2 cores,
+7.0 ms in another, where the 32-byte allreduce took about 5 ms) is the fit's intercept, and beta
+is fitted to the sizes' times less it (``fit``; the free line is kept as ``fit_free``). Each fused
 allreduce of S bytes then costs ``t(32 B) + b S`` and each of the loop's small allreduces
 ``t(32 B)``. How much of the early gradients' allreduce (the decoder's, ready first)
 hides behind the backward pass is measured too (:func:`measure_backward_window`: the share of the
 step after those gradients are ready, one process, the same model, batch and optimizer); for this
-small model the optimizer's step and the forward pass are most of the step, so the window is a
-quarter of it, not the 2/3 that :class:`~hvd_lm.perf.scaling_model.ScalingConfig` assumes for a
-large one. The report prints per n: alpha, beta, compute, predicted communication, predicted and
+small model the optimizer's step and the forward pass are most of the step, so the window is
+about 40% of it, not the 2/3 that :class:`~hvd_lm.perf.scaling_model.ScalingConfig` assumes for
+a large one. The report prints per n: alpha, beta, compute, predicted communication, predicted and
 measured s/step and their ratio (predicted / measured). ``--json FILE`` keeps everything (the
 allreduce records too).
 The links are what they are: on the cluster in a box (tests/cluster.py) ``tc tbf`` sets them,
@@ -281,9 +282,11 @@ def estimate(n: int, records: list[dict], latency: list[float], compute: list[fl
     median of its list: ``records`` (:func:`run_allreduce_bench`'s, the ``single`` ones fitted),
     ``latency`` (s per :data:`LATENCY_BYTES` allreduce: the fit's intercept), ``compute`` and
     ``measured`` (s per step). Rows use every round's; ``ratio_rounds`` one round's each.
+    ``fit_free`` (the free line, for the record) is None where it cannot be fitted.
 
     Raises:
-        ValueError: as :func:`hvd_lm.perf.results.fit_alpha_beta` (fewer than 2 sizes).
+        ValueError: as :func:`hvd_lm.perf.results.fit_alpha_beta` (no single-tensor size, or
+            times that do not grow with size).
     """
     by_size: dict[int, list] = {}
     for r in records:
@@ -296,7 +299,11 @@ def estimate(n: int, records: list[dict], latency: list[float], compute: list[fl
     t_comp, t_step = statistics.median(compute), statistics.median(measured)
     pred = predict_step(t_comp, params, fit, n, cfg.control_every, cfg.log_every,
                         backward_fraction)
-    return {"fit": fit, "fit_free": fit_alpha_beta(sizes, times, n),
+    try:
+        free = fit_alpha_beta(sizes, times, n)
+    except ValueError:
+        free = None
+    return {"fit": fit, "fit_free": free,
             "allreduce": [{"size_bytes": s, "time_s": t} for s, t in zip(sizes, times)],
             "latency_s": lat_s, "compute_s": t_comp, "measured_s": t_step, "pred": pred,
             "ratio": pred["predicted_s"] / t_step}
@@ -311,8 +318,8 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
     gradient_bytes = 4 * sum(m for _, m in params)
     sizes_arg = cfg.sizes if cfg.sizes != "auto" else ",".join(
         str(b) for b in fit_sizes(gradient_bytes))
-    records: dict[int, list] = {n: [] for n in cfg.nodes}
-    latency: dict[int, list] = {n: [] for n in cfg.nodes}
+    records: dict[int, list] = {n: [] for n in cfg.nodes}  # per round: that round's records
+    latency: dict[int, list] = {n: [] for n in cfg.nodes}  # per round: s per 32-byte allreduce
     train_t: dict[int, list] = {n: [] for n in cfg.nodes}
     comp_t: dict[int, list] = {n: [] for n in cfg.nodes}
     window = measure_backward_window(cfg)
@@ -330,13 +337,13 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
                     cycle_ms=[], groups=[f"mlstm{cfg.hidden_size}"] if cfg.embed_dim == 64
                     else [], hosts=on, network_interface=cfg.network_interface,
                     timeout=cfg.timeout))
-                records[n] += ar["records"]
+                records[n].append(ar["records"])
                 lat = run_allreduce_bench(AllreduceConfig(
                     np=n, sizes=str(LATENCY_BYTES), iters=cfg.latency_iters,
-                    backends=["horovod"], controllers=["gloo"], compressions=["none"],
+                    backends=["horovod"], controllers=["gloo"], compressions=[cfg.compression],
                     fusion_mb=[], cycle_ms=[], groups=[], hosts=on,
                     network_interface=cfg.network_interface, timeout=cfg.timeout))
-                latency[n] += [r["time_s"] for r in lat["records"]]
+                latency[n].append(statistics.median(r["time_s"] for r in lat["records"]))
                 step, in_run = measure_training(cfg, n, work)
                 train_t[n].append(step)
                 comp_t[n].append(in_run if alone is None else alone)
@@ -344,14 +351,19 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
                       f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     rows = []
     for n in cfg.nodes:
-        est = estimate(n, records[n], latency[n], comp_t[n], train_t[n], params, cfg,
+        every = [r for recs in records[n] for r in recs]
+        est = estimate(n, every, latency[n], comp_t[n], train_t[n], params, cfg,
                        window["fraction"])
-        per_round = len(records[n]) // cfg.repeats
-        rounds = [estimate(n, records[n][i * per_round:(i + 1) * per_round], latency[n][i:i + 1],
-                           comp_t[n][i:i + 1], train_t[n][i:i + 1], params, cfg,
-                           window["fraction"]) for i in range(cfg.repeats)]
+        ratio_rounds = []
+        for i, recs in enumerate(records[n]):  # each round alone; a round too noisy to fit: None
+            try:
+                ratio_rounds.append(estimate(n, recs, latency[n][i:i + 1], comp_t[n][i:i + 1],
+                                             train_t[n][i:i + 1], params, cfg,
+                                             window["fraction"])["ratio"])
+            except ValueError:
+                ratio_rounds.append(None)
         fit, pred = est["fit"], est["pred"]
-        grouped = [r["time_s"] for r in records[n] if r["case"] == "grouped"]
+        grouped = [r["time_s"] for r in every if r["case"] == "grouped"]
         rows.append({"nodes": n, "link": cfg.label, "fit": fit, "fit_free": est["fit_free"],
                      "allreduce": est["allreduce"],
                      "latency_s": est["latency_s"], "latency_s_runs": latency[n],
@@ -362,11 +374,12 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
                      "loop_s": pred["loop_s"],
                      "predicted_s": pred["predicted_s"], "measured_s": est["measured_s"],
                      "measured_s_runs": train_t[n],
-                     "ratio": est["ratio"], "ratio_rounds": [r["ratio"] for r in rounds]})
+                     "ratio": est["ratio"], "ratio_rounds": ratio_rounds})
     return {"label": cfg.label, "hosts": cfg.hosts, "network_interface": cfg.network_interface,
             "gradient_bytes": gradient_bytes, "rows": rows, "step_parts": window,
             "host": {"cpus": os.cpu_count(), "load_avg_1min": os.getloadavg()[0]},
-            "args": configlib.to_dict(cfg), "records": {str(n): r for n, r in records.items()}}
+            "args": configlib.to_dict(cfg),
+            "records": {str(n): [r for recs in rs for r in recs] for n, rs in records.items()}}
 
 
 def print_report(data: dict) -> None:
@@ -382,8 +395,10 @@ def print_report(data: dict) -> None:
               f"{f['max_rel_error']:>7.1%} {r['compute_s'] * 1e3:>11.1f} "
               f"{(r['comm_s'] + r['loop_s']) * 1e3:>8.1f} {r['predicted_s'] * 1e3:>13.1f} "
               f"{r['measured_s'] * 1e3:>12.1f} {r['predicted_s'] / r['measured_s']:>9.3f}")
-    spread = "; ".join(f"{min(r['ratio_rounds']):.2f}-{max(r['ratio_rounds']):.2f} at "
-                       f"{r['nodes']}" for r in data["rows"] if len(r.get("ratio_rounds", [])) > 1)
+    spans = {r["nodes"]: [x for x in r.get("ratio_rounds", []) if x is not None]
+             for r in data["rows"]}
+    spread = "; ".join(f"{min(x):.2f}-{max(x):.2f} at {n}" for n, x in spans.items()
+                       if len(x) > 1)
     if spread:
         print(f"pred/meas of each round alone (its own fit, compute and step): {spread} nodes")
     lat = ", ".join(f"{r['latency_s'] * 1e3:.1f} ms at {r['nodes']}" for r in data["rows"]

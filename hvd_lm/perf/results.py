@@ -116,8 +116,9 @@ def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float], n: int,
     s, t = np.asarray(sizes, float), np.asarray(times, float)
     if n < 2:
         raise ValueError(f"an allreduce fit needs >= 2 ranks, got {n}")
-    if len(set(s.tolist())) < (2 if intercept_s is None else 1) or len(s) != len(t):
-        raise ValueError("need times at >= 2 distinct sizes")
+    need = 2 if intercept_s is None else 1
+    if len(set(s.tolist())) < need or len(s) != len(t):
+        raise ValueError(f"need times at >= {need} distinct size(s)")
     if (t <= 0).any():
         raise ValueError("times must be > 0 s")
     if intercept_s is not None:

@@ -310,8 +310,10 @@ class ScalingConfig:
             (None: free).
         bandwidth_factor: the framework's bandwidth-term slowdown over raw MPI (calibrated, >= 1).
         negotiation: charge Horovod's coordinator bit-vector allreduce per ready group.
-        backward_fraction: share of ``t_comp`` spent in the backward pass (2/3: backward is twice
-            the forward's FLOPs).
+        backward_fraction: share of ``t_comp`` the early group's allreduce can overlap: the
+            backward pass after the early gradients are ready (2/3: backward is twice the
+            forward's FLOPs; ``hvd-lm bench multinode`` measures it,
+            :func:`hvd_lm.perf.bench_multinode.measure_backward_window`).
         sync_overhead_s: per-step overhead of synchronous multi-GPU training (n > 1).
     """
 
