@@ -177,3 +177,18 @@ def test_bench_train_times_the_loops_step():
     at = [src.find(x) for x in order]
     assert all(i >= 0 for i in at), dict(zip(order, at))
     assert at == sorted(at), dict(zip(order, at))
+
+
+def test_bench_multinode_times_the_loops_step():
+    """``hvd-lm bench multinode``'s one-process window measurement calls the loop's step (no
+    Horovod there: no synchronize) in the loop's order."""
+    import inspect
+
+    from hvd_lm.perf.bench_multinode import measure_backward_window
+
+    src = inspect.getsource(measure_backward_window)
+    order = ["window_nll(", ".backward()", "runtime.unscale_and_clip(", "runtime.step_or_skip(",
+             ".zero_grad()"]
+    at = [src.find(x) for x in order]
+    assert all(i >= 0 for i in at), dict(zip(order, at))
+    assert at == sorted(at), dict(zip(order, at))

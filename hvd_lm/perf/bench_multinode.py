@@ -48,6 +48,7 @@ and ``--label`` names the rate in the report.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -136,9 +137,9 @@ def _timing(out: Path, skip: int):
         raise RuntimeError(str(e)) from e
 
 
-def measure_training(cfg: MultinodeConfig, n: int, work: Path) -> tuple[float, float]:
-    """``hvd-lm train`` on the first n hosts (``horovodrun --gloo``): the median s/step of its
-    ``train`` records after ``--skip``, and the median of their ``compute_time_max`` (each step's
+def measure_training(cfg: MultinodeConfig, hosts: str, work: Path) -> tuple[float, float]:
+    """``hvd-lm train`` on ``hosts`` (``host:1,...``, ``horovodrun --gloo``): the median s/step
+    of its ``train`` records after ``--skip``, and the median of their ``compute_time_max`` (each step's
     slowest rank's seconds outside the gradient allreduce's wait, averaged over the record's
     steps; :meth:`hvd_lm.train.loop.Trainer.log_train`).
 
@@ -146,7 +147,7 @@ def measure_training(cfg: MultinodeConfig, n: int, work: Path) -> tuple[float, f
         RuntimeError: the run failed, or logged no ``train`` record (with ``compute_time_max``)
             after ``--skip``.
     """
-    hosts = ",".join(f"{h}:1" for h, _ in parse_hosts(cfg.hosts)[:n])
+    n = len(parse_hosts(hosts))
     out = work / f"train_n{n}"
     _run(horovodrun_argv(n, train_argv(cfg, out), "gloo", hosts, cfg.network_interface),
          cfg.timeout)
@@ -175,19 +176,23 @@ def measure_backward_window(cfg: MultinodeConfig, steps: int = 30, skip: int = 5
     medians over ``steps`` after ``skip``, seconds.
 
     Returns:
-        ``forward_s`` (embedding, recurrence, decoder and loss), ``backward_s``, ``window_s``
+        ``forward_s`` (:func:`hvd_lm.train.evaluate.window_nll`), ``backward_s``, ``window_s``
         (the part of the backward after the last gradient of the early group is ready:
         :data:`hvd_lm.perf.scaling_model.EARLY_PREFIXES`, whose allreduce Horovod starts then
-        and which that time can hide), ``update_s`` (clip, optimizer step, zero_grad),
+        and which that time can hide), ``update_s`` (:func:`hvd_lm.train.runtime.unscale_and_clip`,
+        ``step_or_skip``, zero_grad),
         ``step_s`` and ``fraction`` = window_s / step_s, the share of the step's compute the
         model lets the early allreduce overlap (``ScalingConfig.backward_fraction``).
     """
     import torch
-    import torch.nn.functional as F
 
     from hvd_lm.core.model import LanguageModel, ModelConfig
+    from hvd_lm.core.tokenizer import VOCAB_SIZE
     from hvd_lm.perf.scaling_model import EARLY_PREFIXES
+    from hvd_lm.train import runtime
     from hvd_lm.train.config import OptimConfig
+    from hvd_lm.train.data import Batch
+    from hvd_lm.train.evaluate import window_nll
     from hvd_lm.train.optim import build_optimizer
 
     threads = torch.get_num_threads()
@@ -195,24 +200,28 @@ def measure_backward_window(cfg: MultinodeConfig, steps: int = 30, skip: int = 5
     try:
         torch.manual_seed(0)
         model = LanguageModel(ModelConfig(hidden_size=cfg.hidden_size, embed_dim=cfg.embed_dim))
-        opt = build_optimizer(model, OptimConfig(), 1e-4)
+        optim = OptimConfig()
+        opt = build_optimizer(model, optim, 1e-4)
+        params = [p for p in model.parameters() if p.requires_grad]
         ready: dict[str, float] = {}
         for name, p in model.named_parameters():
             if name.startswith(EARLY_PREFIXES):
                 p.register_hook(lambda g, name=name: ready.__setitem__(name, time.perf_counter()))
         gen = torch.Generator().manual_seed(0)
+        B, T = cfg.batch_size, cfg.seq_len
+        state, cpu = model.init_state(B), torch.device("cpu")
         parts = []
         for i in range(skip + steps):
-            x = torch.randint(0, 256, (cfg.batch_size, cfg.seq_len + 1), generator=gen)
+            x = torch.randint(0, VOCAB_SIZE, (B, T + 1), generator=gen)
+            batch = Batch(x[:, :-1], x[:, 1:], torch.zeros(B, T, dtype=torch.bool), B * T)
+            # the training step's own calls (hvd_lm.train.loop.Trainer.steps) on one process
             t0 = time.perf_counter()
-            logits, _ = model(x[:, :-1], model.init_state(cfg.batch_size))
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                   x[:, 1:].reshape(-1))
+            nats, state = window_nll(model, batch, state, cpu, "fp32")
             t1 = time.perf_counter()
-            loss.backward()
+            (nats / batch.chars).backward()
             t2 = time.perf_counter()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            norm = runtime.unscale_and_clip(opt, params, optim.grad_clip)
+            runtime.step_or_skip(opt, None, norm)
             opt.zero_grad()
             t3 = time.perf_counter()
             if i >= skip:
@@ -331,20 +340,17 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
                 work = Path(tmp) / f"r{rep}_n{n}"
                 t0 = time.perf_counter()
                 on = ",".join(f"{h}:1" for h, _ in hosts[:n])
-                ar = run_allreduce_bench(AllreduceConfig(
+                sweep = AllreduceConfig(
                     np=n, sizes=sizes_arg, iters=cfg.iters, backends=["horovod"],
                     controllers=["gloo"], compressions=[cfg.compression], fusion_mb=[],
                     cycle_ms=[], groups=[f"mlstm{cfg.hidden_size}"] if cfg.embed_dim == 64
                     else [], hosts=on, network_interface=cfg.network_interface,
-                    timeout=cfg.timeout))
-                records[n].append(ar["records"])
-                lat = run_allreduce_bench(AllreduceConfig(
-                    np=n, sizes=str(LATENCY_BYTES), iters=cfg.latency_iters,
-                    backends=["horovod"], controllers=["gloo"], compressions=[cfg.compression],
-                    fusion_mb=[], cycle_ms=[], groups=[], hosts=on,
-                    network_interface=cfg.network_interface, timeout=cfg.timeout))
+                    timeout=cfg.timeout)
+                records[n].append(run_allreduce_bench(sweep)["records"])
+                lat = run_allreduce_bench(dataclasses.replace(
+                    sweep, sizes=str(LATENCY_BYTES), iters=cfg.latency_iters, groups=[]))
                 latency[n].append(statistics.median(r["time_s"] for r in lat["records"]))
-                step, in_run = measure_training(cfg, n, work)
+                step, in_run = measure_training(cfg, on, work)
                 train_t[n].append(step)
                 comp_t[n].append(in_run if alone is None else alone)
                 print(f"  round {rep}, {n} nodes: allreduce and training in "
@@ -367,7 +373,6 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
         rows.append({"nodes": n, "link": cfg.label, "fit": fit, "fit_free": est["fit_free"],
                      "allreduce": est["allreduce"],
                      "latency_s": est["latency_s"], "latency_s_runs": latency[n],
-                     "backward_fraction": window["fraction"],
                      "grouped_allreduce_s": statistics.median(grouped) if grouped else None,
                      "compute_s": est["compute_s"], "compute_s_runs": comp_t[n],
                      "comm_s": pred["exposed_comm_s"], "hidden_comm_s": pred["hidden_comm_s"],
@@ -394,24 +399,20 @@ def print_report(data: dict) -> None:
         print(f"{r['nodes']:>5} {f['alpha_s'] * 1e6:>9.0f} {f['beta_GBps']:>10.3f} "
               f"{f['max_rel_error']:>7.1%} {r['compute_s'] * 1e3:>11.1f} "
               f"{(r['comm_s'] + r['loop_s']) * 1e3:>8.1f} {r['predicted_s'] * 1e3:>13.1f} "
-              f"{r['measured_s'] * 1e3:>12.1f} {r['predicted_s'] / r['measured_s']:>9.3f}")
-    spans = {r["nodes"]: [x for x in r.get("ratio_rounds", []) if x is not None]
-             for r in data["rows"]}
+              f"{r['measured_s'] * 1e3:>12.1f} {r['ratio']:>9.3f}")
+    spans = {r["nodes"]: [x for x in r["ratio_rounds"] if x is not None] for r in data["rows"]}
     spread = "; ".join(f"{min(x):.2f}-{max(x):.2f} at {n}" for n, x in spans.items()
                        if len(x) > 1)
     if spread:
         print(f"pred/meas of each round alone (its own fit, compute and step): {spread} nodes")
-    lat = ", ".join(f"{r['latency_s'] * 1e3:.1f} ms at {r['nodes']}" for r in data["rows"]
-                    if "latency_s" in r)
-    if lat:
-        print(f"alpha: a {LATENCY_BYTES}-byte allreduce took {lat} ranks (2(n-1) alpha); beta: "
-              "fitted to the sizes' times less that")
-    w = data.get("step_parts")
-    if w:
-        print(f"one process's step: forward {w['forward_s'] * 1e3:.1f} ms, backward "
-              f"{w['backward_s'] * 1e3:.1f} ms ({w['window_s'] * 1e3:.1f} ms after the early "
-              f"gradients), update {w['update_s'] * 1e3:.1f} ms: the early allreduce may hide "
-              f"behind {w['fraction']:.0%} of the step")
+    lat = ", ".join(f"{r['latency_s'] * 1e3:.1f} ms at {r['nodes']}" for r in data["rows"])
+    print(f"alpha: a {LATENCY_BYTES}-byte allreduce took {lat} ranks (2(n-1) alpha); beta: "
+          "fitted to the sizes' times less that")
+    w = data["step_parts"]
+    print(f"one process's step: forward {w['forward_s'] * 1e3:.1f} ms, backward "
+          f"{w['backward_s'] * 1e3:.1f} ms ({w['window_s'] * 1e3:.1f} ms after the early "
+          f"gradients), update {w['update_s'] * 1e3:.1f} ms: the early allreduce may hide "
+          f"behind {w['fraction']:.0%} of the step")
 
 
 def bench_multinode(cfg: MultinodeConfig) -> int:
