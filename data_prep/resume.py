@@ -76,11 +76,9 @@ def finished_manifest(out) -> dict:
 
 
 def other_run(old: dict, config_fp: str, inputs_fp: str) -> str | None:
-    """What differs between the finished corpus whose manifest is ``old`` and a run of these
-    fingerprints (:func:`fingerprints`): ``"settings or inputs"``, ``"versions of the input
-    files (sizes or modification times)"``, or None (the same run, or no finished corpus)."""
-    if not old.get("config_sha256"):
-        return None
+    """What differs between a finished corpus (``old``: its manifest, with ``config_sha256``)
+    and a run of these fingerprints (:func:`fingerprints`): ``"settings or inputs"``,
+    ``"versions of the input files (sizes or modification times)"``, or None (the same run)."""
     if old["config_sha256"] != config_fp:
         return "settings or inputs"
     if old.get("inputs_sha256") != inputs_fp:
@@ -142,15 +140,14 @@ def setup_output(cfg: PrepareConfig, config_fp: str, inputs_fp: str, layout: dic
             state = json.loads(state_path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             state = None
-    if cfg.resume and accept_complete:
-        old = finished_manifest(out)
+    old = finished_manifest(out) if cfg.resume and accept_complete else {}
+    if old.get("config_sha256"):  # a finished corpus: this run, or one of other inputs/settings
         what = other_run(old, config_fp, inputs_fp)
-        if old.get("config_sha256") and what is None:
+        if what is None:
             return old
-        if what:  # a finished corpus of other inputs or settings
-            raise PrepareError(
-                f"{out} holds a finished corpus prepared with other {what}; --resume only "
-                "continues the same run: pass --overwrite to replace it, or use another --out")
+        raise PrepareError(
+            f"{out} holds a finished corpus prepared with other {what}; --resume only "
+            "continues the same run: pass --overwrite to replace it, or use another --out")
     if manifest_path.exists():  # never leave a manifest that lists shards being replaced
         manifest_path.unlink()
     same_inputs = bool(state) and state.get("config_sha256") == config_fp and \

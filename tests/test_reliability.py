@@ -23,7 +23,7 @@ from hvd_lm.core import atomic
 from hvd_lm.core.lock import FolderBusyError, FolderLock
 from hvd_lm.core.shards import load_manifest
 from hvd_lm.train import checkpoint as ck
-from hvd_lm.train import memory, preflight
+from hvd_lm.train import preflight
 from hvd_lm.train.loop import TRAIN
 from tests._mp import horovodrun_cmd, launch_env, mpirun_cmd, run
 from tests.shardutil import default_shards
@@ -315,16 +315,19 @@ def test_resume_auto_skips_a_damaged_newest_checkpoint(shards, tmp_path):
     assert "step_00000004.pt: truncated or damaged checkpoint" in proc.stderr
     start = records(out, "start")[-1]
     assert start["resumed_from"].endswith("step_00000002.pt") and start["step"] == 2
-    # the preflight's memory estimate per rank, as hvd_lm.train.memory computes it for this run
+
+
+def test_start_record_holds_the_preflight_memory_estimate(shards, tmp_path):
+    """The start record's step_memory_bytes is the preflight's estimate per rank for that run
+    (preflight.check_memory with the run's settings, one rank on the CPU)."""
+    argv = ["--shards", str(shards), "--out-dir", str(tmp_path / "r"), *map(str, TINY),
+            "--max-steps", "1"]
+    assert hvd_lm("train", *argv).returncode == 0
     parser = argparse.ArgumentParser()
     TRAIN.add_arguments(parser)
-    cfg = TRAIN.settings(parser.parse_args(
-        ["--shards", str(shards), "--out-dir", str(out), *map(str, TINY), "--max-steps", "6"]))
-    manifest = load_manifest(shards)
-    expect = memory.step_memory(cfg, "cpu", 1,
-                                (preflight.split_bytes(manifest, cfg.data.train_split),
-                                 preflight.eval_bytes(cfg, manifest)))
-    assert start["step_memory_bytes"] == expect.total > 0
+    cfg = TRAIN.settings(parser.parse_args(argv))
+    est = preflight.check_memory(cfg, load_manifest(shards), torch.device("cpu"), 1, 1)
+    assert records(tmp_path / "r", "start")[0]["step_memory_bytes"] == est.total > 0
 
 
 def test_failed_resume_with_another_shape_changes_nothing(shards, tmp_path):

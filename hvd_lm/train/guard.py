@@ -86,19 +86,20 @@ class DivergenceGuard:
 
     def logged(self, step: int, loss: float) -> None:
         """The logged (allreduced) training loss at ``step``, nats per character. With the loss
-        rule off (``logs`` = 0) every logged step confirms the checkpoints before it."""
+        rule off (``logs`` = 0) every logged step confirms the checkpoints before it, so
+        ``above`` holds losses only while the rule is on."""
         if not self.logs or loss <= self.max_loss:  # False for NaN
             self.above.clear()
             self.last_good_step = step
             return
         self.above.append((step, loss))
-        if self.logs and len(self.above) >= self.logs:
+        if len(self.above) >= self.logs:
             self.reason = "loss"
 
     def at_end(self) -> None:
         """The run reached its last step: ending with the newest logged loss above the bound
         is a divergence too (its final checkpoint would be a diverged model)."""
-        if self.logs and self.above and self.reason is None:
+        if self.above and self.reason is None:
             self.reason = "loss"
 
     def wrote(self, step: int) -> None:
@@ -111,7 +112,7 @@ class DivergenceGuard:
     def may_checkpoint(self) -> bool:
         """Whether a checkpoint may be written now: no rule fired and the newest logged loss is
         within the bound."""
-        return self.reason is None and not (self.logs and self.above)
+        return self.reason is None and not self.above
 
     def confirmed_below(self) -> int:
         """Checkpoints of steps below this one were confirmed by a later logged loss within the

@@ -18,10 +18,13 @@ written out top to bottom in :meth:`Trainer.steps`:
 The host does not wait on the device per window: the next window is read ahead on a thread
 (``train.data.Prefetcher``), the loss is summed on the device and read at log time, and the one
 per-step sync is the gradient norm (its finiteness decides the skip; fp16 adds GradScaler.step's
-read of its inf check).
+read of its inf check). On CUDA the stream is also drained just before the allreduce wait, which
+costs nothing (the host then blocks on the allreduce, which needs the backward done) and splits
+each step's time into device compute and wait (``compute_time_max``, a slow GPU's straggling).
 
 Rank 0 logs (tqdm bar, a line every ``log_every`` steps, ``metrics.jsonl``, TensorBoard when
-installed) and writes checkpoints; metrics are sums over ranks. Every Horovod call is marked
+installed) and writes checkpoints; metrics are sums over ranks but ``compute_time_max`` (each
+step's slowest rank). Every Horovod call is marked
 ``# Horovod:`` where it happens (as Horovod's ``examples/pytorch`` scripts do).
 
 With ``run.elastic`` (Horovod elastic) the same loop runs under ``hvd.elastic.run``, with a
@@ -105,8 +108,8 @@ class Trainer(ElasticTraining):
         # ---- data: the manifest, its splits and shards checked; streams cut for this world -------------
         self.manifest = load_manifest(cfg.data.shards)
         # splits, vocabulary, window x rows against the split, one step's memory: before any read
-        self.step_memory = preflight.check_all(cfg, self.manifest, self.device, self.ctx.size,
-                                               self.ctx.local_size)
+        step_memory = preflight.check_all(cfg, self.manifest, self.device, self.ctx.size,
+                                          self.ctx.local_size)
         self.B, self.T = cfg.data.batch_size, cfg.data.seq_len
         self.k = cfg.dist.backward_passes_per_step
         if cfg.data.verify_shards:  # each rank verifies a disjoint subset of the shards
@@ -193,7 +196,7 @@ class Trainer(ElasticTraining):
                         params=sum(p.numel() for p in self.params),
                         precision=cfg.run.precision, compression=cfg.dist.compression,
                         threads=self.threads, elastic=cfg.run.elastic,
-                        step_memory_bytes=self.step_memory.total,  # per rank, estimated
+                        step_memory_bytes=step_memory.total,  # per rank, estimated
                         hosts=[p["host"] for p in self.peers] or None,
                         resumed_from=str(resume.path) if resume else None)
 
@@ -347,7 +350,9 @@ class Trainer(ElasticTraining):
                 pos.window += 1
 
             # Horovod: wait for the fused allreduce of every gradient (fp16 on the wire with
-            # --compression fp16)
+            # --compression fp16); on CUDA the backward drained first, so busy - wait is device time
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
             t_wait = time.perf_counter()
             optimizer.synchronize()
             wait = time.perf_counter() - t_wait
