@@ -7,18 +7,23 @@
 #   - Horovod's build and runtime: cffi, pycparser, cloudpickle, psutil, PyYAML, packaging;
 #   - hvd_lm's own (pyproject.toml): orjson, tqdm, matplotlib (and its dependencies),
 #     pytorch-optimizer, psutil, and the test extra mktestdocs;
-#   - Cython and wheel, for building mpi4py from source when the image has none.
+#   - setuptools, Cython and wheel: the editable install of hvd_lm and the Horovod build run
+#     without build isolation, and mpi4py is built from source when the image has none.
 # Wheels are fetched without their dependencies (listed here instead), so that nothing pulls a
-# second torch or numpy; pip on the node resolves them against what is installed.
+# second torch or numpy; pip on the node resolves them against what is installed. The last line
+# states the total: a node that reaches no index gets it carried with the working tree, 64 MiB
+# at most in all on this workplace's GPU machines (the script fails above MAX_MIB, default 48).
 #
 #   bash scripts/fetch_offline_wheels.sh .whl            # CPython 3.12, x86_64 manylinux
 #   PY_VERSION=3.11 bash scripts/fetch_offline_wheels.sh .whl
 #
 # Then carry the folder to the node and run scripts/gpu_check.sh .whl (or scripts/setup.sh with
 # PIP_FIND_LINKS=.whl PIP_NO_INDEX=1). Keep the folder out of git (e.g. .git/info/exclude).
+# tests/test_gpu_node.py rehearses that node here with the folder this script makes.
 set -euo pipefail
 DEST=${1:?usage: fetch_offline_wheels.sh DIR}
 PY_VERSION=${PY_VERSION:-3.12}
+MAX_MIB=${MAX_MIB:-48}
 PIP=(python3 -m pip --disable-pip-version-check -q)
 mkdir -p "$DEST"
 "${PIP[@]}" download --no-deps --no-binary :all: horovod==0.28.1 -d "$DEST"
@@ -31,5 +36,12 @@ done
     cffi pycparser cloudpickle psutil pyyaml packaging \
     orjson tqdm pytorch-optimizer mktestdocs \
     matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil six tzdata \
-    cython wheel
+    cython wheel setuptools
 ls -l "$DEST"
+kib=$(du -sk "$DEST" | cut -f1)
+echo "$(find "$DEST" -maxdepth 1 -type f | wc -l) files, $((kib / 1024)) MiB in $DEST" \
+     "(carried with the working tree: at most 64 MiB in all)"
+if ((kib > MAX_MIB * 1024)); then
+    echo "ERROR: $DEST holds $((kib / 1024)) MiB, over MAX_MIB=$MAX_MIB" >&2
+    exit 1
+fi

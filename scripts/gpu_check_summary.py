@@ -4,10 +4,11 @@ when setup failed and there is no venv).
 
     python scripts/gpu_check_summary.py OUT
 
-Reads: ``<stage>.json`` (exit status, seconds) for setup, cuda, bench, suite; ``cuda.xml`` and
-``suite.xml`` (pytest's JUnit reports: counts and the failed tests); ``bench_gpu.json``
-(``hvd-lm bench gpu``). Stages run in separate invocations are merged: the newest record of each
-stage wins.
+Reads: ``<stage>.json`` (exit status, seconds) for setup, cuda, bench, suite; the parts of the
+pytest stages, ``cuda-<k>.xml`` and ``suite-<k>.xml`` (pytest's JUnit reports: counts and the
+failed tests) with ``<stage>-<k>.budget.json`` (tests/_budget.py: how many were left for the
+next part); ``bench_gpu.json`` (``hvd-lm bench gpu``). Stages run in separate invocations are
+merged: the newest record of each stage wins, the parts of a pytest stage add up.
 """
 from __future__ import annotations
 
@@ -30,6 +31,28 @@ def junit(path: Path) -> dict:
     return {**out, "seconds": float(s.get("time", 0)), "failed": failed}
 
 
+def parts(out: Path, stage: str) -> dict | None:
+    """The parts of a pytest stage added up: counts, seconds, failed tests, ``parts``, and
+    ``left`` (tests the newest part left for the next; None when it wrote no budget report, i.e.
+    it was stopped before its end)."""
+    def number(p: Path) -> int:
+        return int(p.name[len(stage) + 1:-len(".xml")])
+
+    xmls = sorted((p for p in out.glob(f"{stage}-*.xml")
+                   if p.name[len(stage) + 1:-len(".xml")].isdigit()), key=number)
+    if not xmls:
+        return None
+    total: dict = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "seconds": 0.0,
+                   "failed": [], "parts": len(xmls)}
+    for x in xmls:
+        r = junit(x)
+        for k in ("tests", "failures", "errors", "skipped", "seconds", "failed"):
+            total[k] += r[k]
+    report = out / f"{stage}-{number(xmls[-1])}.budget.json"
+    total["left"] = json.loads(report.read_text())["left"] if report.exists() else None
+    return total
+
+
 def summarize(out: Path) -> dict:
     """The merged summary of the stages recorded in ``out``."""
     summary: dict = {"stages": {}}
@@ -38,9 +61,8 @@ def summarize(out: Path) -> dict:
         if f.exists():
             summary["stages"][stage] = json.loads(f.read_text())
     for stage in ("cuda", "suite"):
-        if stage in summary["stages"] and (out / f"{stage}.xml").exists():
-            r = junit(out / f"{stage}.xml")
-            r["stopped_at_time_limit"] = summary["stages"][stage]["exit_status"] == 124
+        r = parts(out, stage) if stage in summary["stages"] else None
+        if r is not None:
             summary[stage] = r
     bench = out / "bench_gpu.json"
     if "bench" in summary["stages"] and bench.exists():
@@ -62,10 +84,13 @@ def markdown(summary: dict) -> str:
     for name in ("cuda", "suite"):
         if name in summary:
             r = summary[name]
-            md.append(f"- {name}: {r['tests']} tests, {r['failures'] + r['errors']} failed, "
-                      f"{r['skipped']} skipped, {r['seconds']:.0f} s"
-                      + (" (stopped at the time limit: the tests that ran)"
-                         if r["stopped_at_time_limit"] else "")
+            left = ("all tests run" if r["left"] == 0 else
+                    f"{r['left']} tests left: run --stage {name} again" if r["left"] else
+                    "the last part was stopped at the stage's limit: run --stage "
+                    f"{name} again")
+            md.append(f"- {name}: {r['tests']} tests in {r['parts']} part(s), "
+                      f"{r['failures'] + r['errors']} failed, {r['skipped']} skipped, "
+                      f"{r['seconds']:.0f} s; {left}"
                       + "".join(f"\n  - FAILED {x}" for x in r["failed"]))
     b = summary.get("bench_gpu")
     if b:
@@ -81,17 +106,18 @@ def markdown(summary: dict) -> str:
                    f"{c['tflops']:.1f} |" for c in b["ceiling"]]
             md.append("")
         md += ["| cell | impl | B | precision | chars/s | TFLOP/s | of peak | of GEMM ceiling "
-               "| peak GiB | mLSTM/cuDNN per FLOP | vs reference |",
-               "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+               "| peak GiB | estimated GiB | mLSTM/cuDNN per FLOP | vs reference |",
+               "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in b["train"]:
             head = f"| {r['cell']} | {r['impl']} | {r['batch_size']} | {r['precision']} |"
             if "error" in r:
-                md.append(f"{head} {r['error']} | | | | | | |")
+                md.append(f"{head} {r['error']} | | | | | | | |")
                 continue
             md.append(f"{head} {r['chars_per_s']:,.0f} | {r['tflops']:.1f} | "
                       f"{_fmt(r.get('fraction_of_peak'), '.1%')} | "
                       f"{_fmt(r.get('fraction_of_gemm_ceiling'), '.1%')} | "
                       f"{_fmt(r.get('peak_memory_gib'), '.1f')} | "
+                      f"{_fmt(r.get('estimated_memory_gib'), '.1f')} | "
                       f"{_fmt(r.get('vs_cudnn_lstm_per_flop'), '.3f')} | "
                       f"{_fmt(r.get('vs_reference'), '.2f')} |")
     return "\n".join(md) + "\n"

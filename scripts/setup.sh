@@ -11,11 +11,18 @@
 #   4. Horovod 0.28.1 built by scripts/build_horovod.sh (cached wheel, keyed by versions).
 #   5. `hvd-lm check-build`: PyTorch, MPI and Gloo (and NCCL on CUDA hosts) must be built in.
 #
+# A finished setup leaves a stamp ($VENV/.hvd_lm-ready: the hash of the files that decide it);
+# while the stamp matches and the venv still imports hvd_lm and Horovod, setup ends in seconds.
+#
 # Environment: PYTHON (interpreter for the venv, default python3), VENV (default .venv),
-# VENV_SYSTEM_SITE (1: --system-site-packages), TORCH_SPEC (default torch==2.13.0), HVD_LM_CACHE
-# (wheel cache, default ${XDG_CACHE_HOME:-$HOME/.cache}/hvd_lm/wheels). Offline (air-gapped
-# nodes): PIP_FIND_LINKS=DIR PIP_NO_INDEX=1 with the wheels and the Horovod sdist in DIR
-# (scripts/fetch_offline_wheels.sh), see scripts/build_horovod.sh.
+# VENV_SYSTEM_SITE (1: --system-site-packages; when PYTHON is itself a virtual environment, as
+# on GPU images whose python3 is /opt/torch/.venv/bin/python3, its site-packages are added by a
+# .pth file: a venv made from a venv sees only the *base* interpreter's packages), TORCH_SPEC
+# (default torch==2.13.0), HVD_LM_CACHE (wheel cache, default
+# ${XDG_CACHE_HOME:-$HOME/.cache}/hvd_lm/wheels), HVD_LM_NO_APT (1: never run apt-get; implied
+# by PIP_NO_INDEX). Offline (air-gapped nodes): PIP_FIND_LINKS=DIR PIP_NO_INDEX=1 with the
+# wheels and the Horovod sdist in DIR (scripts/fetch_offline_wheels.sh), see
+# scripts/build_horovod.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +30,22 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 say() { printf '[setup] %s\n' "$*"; }
+
+# ---- 0. a finished setup: seconds ------------------------------------------------------------
+# The stamp is the hash of everything that decides what setup installs; a venv that no longer
+# imports hvd_lm or Horovod (removed by hand) is set up again.
+ready="$VENV/.hvd_lm-ready"
+ready_key=$(cat pyproject.toml scripts/setup.sh scripts/build_horovod.sh \
+                hvd_lm/comm/build.py 2>/dev/null | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$ready" 2>/dev/null)" = "$ready_key" ] && [ -x "$VENV/bin/hvd-lm" ] \
+        && "$VENV/bin/python" -c 'import hvd_lm, horovod.torch' >/dev/null 2>&1; then
+    say "ready (stamp $ready matches; rm it to set up again): source $VENV/bin/activate"
+    exit 0
+fi
+
+# Offline (no package index) there is no Debian mirror either: never try apt-get there.
+no_apt=${HVD_LM_NO_APT:-0}
+case ${PIP_NO_INDEX:-} in 1|true|yes|on) no_apt=1 ;; esac
 
 # ---- 1. MPI -------------------------------------------------------------------------------------
 need_debs=()
@@ -34,7 +57,7 @@ command -v h5dump >/dev/null 2>&1 || need_debs+=(hdf5-tools)
 # The linter of the project's shell scripts, shellcheck, runs in a test (optional: skipped without).
 command -v shellcheck >/dev/null 2>&1 || need_debs+=(shellcheck)
 if ((${#need_debs[@]})); then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    if [ "$no_apt" != 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         say "installing ${need_debs[*]} with apt-get"
         if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
                 apt-get install -y -qq "${need_debs[@]}" >/dev/null; }; then
@@ -76,6 +99,19 @@ if [ ! -x "$VENV/bin/python" ]; then
     fi
 fi
 PY="$VENV/bin/python"
+if [ "${VENV_SYSTEM_SITE:-0}" = 1 ]; then
+    # PYTHON may itself be a venv (a GPU image's /opt/torch/.venv/bin/python3): --system-site-packages
+    # then reaches only its base interpreter, not the torch, NCCL, mpi4py, h5py installed in it.
+    # A .pth file in the new venv adds the outer venv's site-packages (after the venv's own).
+    outer=$("$PYTHON" -c 'import site, sys; sys.prefix != sys.base_prefix and print("\n".join(site.getsitepackages()))')
+    if [ -n "$outer" ]; then
+        pth=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_hvd_lm_outer_venv.pth
+        if [ "$(cat "$pth" 2>/dev/null)" != "$outer" ]; then
+            say "$PYTHON is a virtual environment: its site-packages are visible in $VENV ($pth)"
+            printf '%s\n' "$outer" >"$pth"
+        fi
+    fi
+fi
 PIP=("$PY" -m pip --disable-pip-version-check -q)
 if ! "$PY" -m pip --version >/dev/null 2>&1; then
     say "ERROR: $VENV has no pip (made by a Python without ensurepip?): remove it (rm -rf $VENV)" \
@@ -109,4 +145,5 @@ bash scripts/build_horovod.sh "$PY"
 
 # ---- 5. verify ----------------------------------------------------------------------------------
 "$VENV/bin/hvd-lm" check-build
+echo "$ready_key" >"$ready"
 say "ready: source $VENV/bin/activate"

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+#: --time-budget / --done-file / --budget-report: a suite in parts (scripts/gpu_check.sh)
+pytest_plugins = ["tests._budget"]
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DIR = REPO_ROOT.parent / "shared"
 

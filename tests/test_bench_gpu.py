@@ -132,3 +132,40 @@ def test_variants_per_kernels_and_graphs():
     cfg = bg.BenchGpuConfig(rnn_kernels=["auto", "torch"])
     assert [v.label for v in bg.variants(cfg, torch.device("cpu"))] == [
         "fused/torch", "reference", "cudnn"]
+
+
+def test_a_variant_leaves_no_graphed_window_alive(monkeypatch):
+    """Each measurement frees its model's CUDA graphs before the next one starts (before: a
+    graphed window sits in reference cycles, as torch.cuda.make_graphed_callables' does, and
+    with its private memory pool outlived the variant until the garbage collector happened to
+    run). On the CPU: WindowGraphs with a capture whose graphed callable is in a cycle, the
+    automatic collector off; after the variant no WindowGraphs and no graphed callable live."""
+    import gc
+    import weakref
+
+    from hvd_lm.core import mlstm_fused, model as model_mod
+
+    made = []
+
+    class Graphed:  # a graphed window: replays fn, and keeps itself alive through a cycle
+        def __init__(self, fn):
+            self.fn, self.me = fn, self
+            made.append(weakref.ref(self))
+
+        def __call__(self, *args):
+            return self.fn(*args)
+
+    monkeypatch.setattr(model_mod, "WindowGraphs", lambda: mlstm_fused.WindowGraphs(
+        device_type="cpu", capture=lambda fn, sample: Graphed(fn)))
+    v = bg.Variant("mlstm", "fused", "torch", cuda_graphs=True)
+    gc.collect()
+    gc.disable()
+    try:
+        r = bg.train_step_rate(v, 16, 4, 2, 4, "fp32", torch.device("cpu"), fixed_clock(0.01),
+                               steps=2, warmup=1, repeats=1)
+        live = [o for o in gc.get_objects() if type(o) is mlstm_fused.WindowGraphs]
+    finally:
+        gc.enable()
+    assert r["chars_per_s"] == pytest.approx(2 * 4 / 0.01)
+    assert made and all(ref() is None for ref in made)
+    assert live == []

@@ -121,6 +121,34 @@ def test_source_patches_apply_once_and_are_checked(tmp_path):
         B.patch_sources(src)
 
 
+@pytest.mark.parametrize("given", ["", "-O2 -g", "-O2 -include string"])
+def test_every_translation_unit_gets_the_gxx13_includes(tmp_path, given):
+    """CXXFLAGS forces <cstdint>, <string> and <stdexcept> into every C++ file the build
+    compiles (the recipe that built on the H100's g++ 13), after the caller's own flags and
+    without repeating one already forced; a file that includes none of them but uses all three
+    compiles with the flags and not without (g++ here)."""
+    import shlex
+    import shutil
+    import subprocess
+
+    env = B.build_env(B.Facts(torch_version="2.13.0+cpu", cxxflags=given), tmp_path)
+    flags = shlex.split(env["CXXFLAGS"])
+    assert flags[:len(shlex.split(given))] == shlex.split(given)
+    forced = [b for a, b in zip(flags, flags[1:]) if a == "-include"]
+    assert sorted(forced) == sorted(B.GXX13_INCLUDES)
+    assert env == B.build_env(B.Facts(torch_version="2.13.0+cpu", cxxflags=given), tmp_path)
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("no g++ to compile with")
+    tu = tmp_path / "tu.cc"
+    tu.write_text("std::uint64_t n = 1;\nstd::string s(\"x\");\n"
+                  "void f() { throw std::logic_error(s); }\n")
+    compile_ = [gxx, "-std=c++17", "-fsyntax-only", str(tu)]
+    assert subprocess.run(compile_, capture_output=True).returncode != 0
+    done = subprocess.run(compile_[:1] + flags + compile_[1:], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
 def test_check_build_requires_nccl_with_a_cuda_torch():
     text = ("Horovod v0.28.1:\n\nAvailable Frameworks:\n    [ ] TensorFlow\n    [X] PyTorch\n"
             "    [ ] MXNet\n\nAvailable Controllers:\n    [X] MPI\n    [X] Gloo\n\n"

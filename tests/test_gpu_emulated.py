@@ -279,7 +279,40 @@ def test_gpu_check_stages_run_separately_and_merge(repo_root, tmp_path):
                                                                   "cudnn"}
     md = (out / "summary.md").read_text()
     assert "| cuda | 0 |" in md and "| bench | 0 |" in md and "GEMM ceiling" in md
+    assert "estimated GiB" in md
     bad = subprocess.run(["bash", repo_root / "scripts/gpu_check.sh", "--stage", "bogus"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--stage must be one of" in bad.stdout
     assert os.path.exists(out / "setup.log")
+
+
+@pytest.mark.slow
+def test_gpu_check_suite_runs_in_parts_within_its_budget(repo_root, tmp_path):
+    """Issue 32 (before: the suite stage ran setup, then pytest for up to 540 s, then 30 s of
+    kill grace, and its summary could be lost past a 10-minute call). With a budget that lets
+    one test start per run, each run of ``--stage suite`` runs one more test of the two chosen,
+    records its part and writes the summary; the third run finds nothing left and still ends
+    green. A whole stage whose budget is spent by setup still writes its summary."""
+    import os
+    import subprocess
+
+    wheels, out = tmp_path / "whl", tmp_path / "out"
+    wheels.mkdir()
+    env = dict(launch_env(), PYTHON=sys.executable, SUITE_BUDGET="0",
+               SUITE_ARGS="tests/test_atomic.py")
+    env.pop("PIP_FIND_LINKS", None)
+    cmd = ["bash", repo_root / "scripts/gpu_check.sh", "--stage", "suite", wheels, out]
+    for part, left in ((1, 1), (2, 0), (3, 0)):
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["suite"]["parts"] == part and summary["suite"]["left"] == left
+        assert summary["suite"]["tests"] == min(part, 2)
+    md = (out / "summary.md").read_text()
+    assert "2 tests in 3 part(s), 0 failed" in md and "all tests run" in md
+    assert len((out / "suite_done.txt").read_text().split()) == 2
+    # a stage budget that setup alone spends: the work still gets its floor, the summary its
+    # reserve, and the invocation ends
+    env.update(STAGE_BUDGET="1", SUITE_BUDGET="")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert os.path.exists(out / "suite-4.xml") and "| suite |" in proc.stdout

@@ -655,6 +655,35 @@ def test_a_step_that_cannot_fit_in_memory_is_refused_with_the_estimate(shards, t
     assert not (tmp_path / "r").exists()
 
 
+def test_the_memory_check_counts_the_cuda_graph_pool(shards, monkeypatch):
+    """With --cuda-graphs on a GPU the graphed window's private pool counts (before: the
+    estimate was the eager one, so a graphed run that needs about twice as much started and ran
+    out of memory). H=4096, B=256, T=256 bf16: the graphed estimate is about 2x the eager one
+    (the issue's figure); a card with memory between the two takes the eager run and refuses the
+    graphed one, naming the pool; on the CPU graphs never apply."""
+    from hvd_lm.core.atomic import human
+    from hvd_lm.core.config import ConfigError
+    from hvd_lm.train import memory, preflight
+    from hvd_lm.train.config import TrainConfig
+
+    cfg = TrainConfig()
+    cfg.model.hidden_size, cfg.data.batch_size, cfg.data.seq_len = 4096, 256, 256
+    cfg.run.precision = "bf16"
+    cuda = torch.device("cuda")
+    eager = memory.step_memory(cfg, "cuda").total
+    cfg.model.cuda_graphs = True
+    graphed = memory.step_memory(cfg, "cuda")
+    assert 1.8 < graphed.total / eager < 2.6
+    assert memory.step_memory(cfg, "cpu").graph_pool == 0
+    free = (eager + graphed.total) // 2
+    monkeypatch.setattr(memory, "free_memory", lambda device: (free, f"free on {device}"))
+    with pytest.raises(ConfigError, match=f"needs about {human(graphed.total)} per rank") as e:
+        preflight.check_memory(cfg, load_manifest(shards), cuda, 1, 1)
+    assert f"graph_pool {human(graphed.graph_pool)}" in str(e.value)
+    cfg.model.cuda_graphs = False
+    assert preflight.check_memory(cfg, load_manifest(shards), cuda, 1, 1).total == eager
+
+
 @pytest.mark.parametrize("cell,impl,precision", [
     ("mlstm", "fused", "fp32"), ("mlstm", "fused", "bf16"), ("mlstm", "reference", "fp32"),
     ("mlstm", "reference", "bf16"), ("lstm", "fused", "fp32")])

@@ -246,3 +246,42 @@ def test_eval_cli_matches_in_process_bpc(shards, tmp_path):
     want, chars = bpc(model, streams, torch.device("cpu"), distributed=False)
     assert got["chars"] == chars and got["bpc"] == pytest.approx(want, rel=1e-6)
     assert 0 < got["bpc"] < 8.5 and math.isfinite(got["bpc"])
+
+
+def test_a_checkpoint_resumes_on_another_device(tmp_path):
+    """A checkpoint read for a job on another device (here the meta device standing in for a
+    GPU, which the CPU lacks) restores the RNG states exactly (torch takes CPU generator states
+    only: loading onto the job's device raised TypeError), the weights and Adam's state, and
+    puts the recurrent state rows on the job's device."""
+    import random
+
+    from hvd_lm.train.checkpoint import Position, Resume, payload, save
+    from hvd_lm.train.schedule import make_scheduler
+
+    torch.manual_seed(3)
+    model = LanguageModel(ModelConfig(hidden_size=8, embed_dim=4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randint(0, 256, (2, 5)), model.init_state(2, torch.device("cpu")))[0] \
+        .float().sum().backward()
+    opt.step()
+    sched = make_scheduler(opt, 0, 10, "linear")
+    rows = (torch.randn(2, 8), torch.randn(2, 8))
+    random.seed(7), np.random.seed(7), torch.manual_seed(7)
+    save(payload(Position(step=1, window=1), model, opt, sched, None, rows, {}, 1),
+         tmp_path, 1)
+    want = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+
+    resume = Resume(tmp_path, "meta")  # the job trains on another device
+    fresh = LanguageModel(ModelConfig(hidden_size=8, embed_dim=4))
+    resume.restore_model(fresh)
+    fresh_opt = torch.optim.Adam(fresh.parameters(), lr=1e-3)
+    resume.restore_optimizer(fresh_opt, make_scheduler(fresh_opt, 0, 10, "linear"))
+    h, c = resume.rnn_rows(0, 1, 2)
+    resume.restore_rng()
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == want
+    assert h.device.type == c.device.type == "meta" and tuple(h.shape) == (2, 8)
+    for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):
+        assert torch.equal(a, b)
+    moments = [s["exp_avg"] for s in fresh_opt.state.values()]
+    assert moments and all(m.device.type == "cpu" for m in moments)
+    assert torch.equal(moments[0], next(iter(opt.state.values()))["exp_avg"])

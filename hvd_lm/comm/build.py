@@ -9,7 +9,11 @@ and on a CUDA 13 / g++ 13 / CMake 4 H100 node, see ``../shared/README.md``):
 * g++ >= 13 no longer includes ``<cstdint>``, ``<string>`` and ``<stdexcept>`` transitively
   (gcc.gnu.org/gcc-13/porting_to.html): ``group_table.h`` stops at ``std::string`` and
   ``common.h`` at ``std::logic_error``. Upstream PR #3957 (unreleased) adds the includes to the
-  headers; :func:`patch_sources` does the same (harmless for older compilers, so always).
+  headers; :func:`patch_sources` does the same, and, as in the build that worked on the H100,
+  :func:`build_env` puts ``-include cstdint -include string -include stdexcept`` into
+  ``CXXFLAGS`` so that every translation unit has them, not only the two headers' includers
+  (:data:`GXX13_INCLUDES`; harmless for older compilers, so always: the CPU builds here use the
+  same flags as the node).
 * CMake >= 4 refuses ``cmake_minimum_required`` below 3.5: ``CMAKE_POLICY_VERSION_MINIMUM=3.5``.
 * NCCL for the GPU allreduce: a system install (``HOROVOD_NCCL_HOME``, ``/usr``, CUDA's folder) or
   the ``nvidia-nccl-cu*`` wheel beside a pip-installed CUDA torch, which ships only
@@ -58,6 +62,7 @@ class Facts:
         system_nccl_dirs: folders searched for a system ``libnccl.so*``.
         mpi_version: first line of ``mpirun --version`` ('' without MPI).
         python_tag: e.g. ``py311``.
+        cxxflags: ``$CXXFLAGS`` of the caller ('' when unset), kept before the added includes.
     """
 
     torch_version: str = ""
@@ -74,6 +79,7 @@ class Facts:
         "/usr/local/nccl/lib"])
     mpi_version: str = ""
     python_tag: str = ""
+    cxxflags: str = ""
 
 
 def _major(cmd: list[str], pattern: str) -> int:
@@ -109,7 +115,8 @@ def probe() -> Facts:
         nvcc=nvcc, nccl_home=os.environ.get("HOROVOD_NCCL_HOME", os.environ.get("NCCL_HOME", "")),
         site_packages=package_dirs(torch.__file__, sys.path),
         mpi_version=mpi,
-        python_tag=f"py{sys.version_info[0]}{sys.version_info[1]}")
+        python_tag=f"py{sys.version_info[0]}{sys.version_info[1]}",
+        cxxflags=os.environ.get("CXXFLAGS", ""))
 
 
 def package_dirs(torch_file: str, path: list[str]) -> list[str]:
@@ -208,7 +215,8 @@ def build_env(f: Facts, work: Path) -> dict[str, str]:
         BuildError: a CUDA torch without nvcc or NCCL (naming what to install).
     """
     env = {"HOROVOD_WITH_PYTORCH": "1", "HOROVOD_WITH_MPI": "1", "HOROVOD_WITH_GLOO": "1",
-           "HOROVOD_WITHOUT_TENSORFLOW": "1", "HOROVOD_WITHOUT_MXNET": "1"}
+           "HOROVOD_WITHOUT_TENSORFLOW": "1", "HOROVOD_WITHOUT_MXNET": "1",
+           "CXXFLAGS": cxxflags(f.cxxflags)}
     if f.cmake_major >= 4:
         env["CMAKE_POLICY_VERSION_MINIMUM"] = "3.5"
     nccl = ""
@@ -230,6 +238,21 @@ def build_env(f: Facts, work: Path) -> dict[str, str]:
     env["HVD_LM_CACHE_KEY"] = (f"horovod-{HOROVOD_VERSION}_torch-{f.torch_version.replace('+', '-')}"
                                f"_cuda-{f.torch_cuda or 'cpu'}{gpu}_{f.python_tag}_{mpi}")
     return env
+
+
+#: The headers g++ >= 13 no longer includes transitively, forced into every C++ translation unit
+#: (``-include``), as the build that worked on the H100 (g++ 13.3) did: the header patches below
+#: cover the two files known to stop, these any other.
+GXX13_INCLUDES = ("cstdint", "string", "stdexcept")
+
+
+def cxxflags(given: str = "") -> str:
+    """``given`` (the caller's ``CXXFLAGS``) followed by ``-include H`` for each header of
+    :data:`GXX13_INCLUDES` it does not force already."""
+    have = given.split()
+    extra = [f"-include {h}" for h in GXX13_INCLUDES
+             if not any(a == "-include" and b == h for a, b in zip(have, have[1:]))]
+    return " ".join([given.strip(), *extra]).strip()
 
 
 #: (file, pattern that must already be there after patching, replacement or insertion).

@@ -13,7 +13,8 @@ In one invocation (so every figure shares the card's clocks and temperature):
    Adam; the loop's step without Horovod) of the mLSTM at ``--hidden-size`` (4096),
    ``--seq-len`` (256), each ``--batch-sizes`` (128, 256) and ``--precisions`` (fp32, fp16 with
    dynamic loss scaling, bf16): chars/s, model TFLOP/s (:meth:`LanguageModel.flops_per_char`),
-   the fraction of the square-matmul peak and of the GEMM ceiling, peak memory;
+   the fraction of the square-matmul peak and of the GEMM ceiling, peak memory beside the
+   preflight's estimate (:func:`estimated_memory`);
 4. the same for ``--cell lstm`` (``torch.nn.LSTM``, i.e. cuDNN) as the yardstick, and the
    mLSTM / cuDNN-LSTM ratio of achieved TFLOP/s at each shape;
 5. the mLSTM once per ``--rnn-impl`` (fused, the one autograd Function per window of
@@ -35,6 +36,8 @@ Reference figures from one H100 (torch 2.11, before the fused recurrence): bf16 
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import json
 import statistics
 import time
@@ -49,7 +52,8 @@ from hvd_lm.core.config import Command, option
 from hvd_lm.core.mlstm_kernels import KERNELS, resolve
 from hvd_lm.core.model import LanguageModel, ModelConfig, recurrence_label
 from hvd_lm.core.tokenizer import VOCAB_SIZE
-from hvd_lm.train import runtime
+from hvd_lm.train import memory, runtime
+from hvd_lm.train.config import TrainConfig
 from hvd_lm.train.data import Batch
 from hvd_lm.train.evaluate import window_nll
 
@@ -240,15 +244,39 @@ def variants(cfg: BenchGpuConfig, device: torch.device) -> list[Variant]:
     return out
 
 
+def free_device_memory(device: torch.device) -> None:
+    """Free what a finished measurement leaves: a CUDA-graphed window
+    (``torch.cuda.make_graphed_callables``) sits in reference cycles that keep its graphs and
+    their private memory pool alive until the garbage collector runs, so six graphed variants
+    in a row could hold six pools when the next variant starts; collect them, then hand the
+    cached blocks back (``torch.cuda.empty_cache``)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
 def train_step_rate(v: Variant, H: int, E: int, B: int, T: int, precision: str,
                     device: torch.device, timer: Callable, steps: int, warmup: int,
                     repeats: int) -> dict:
-    """chars/s of the training step (forward + backward + clip + Adam) and its peak memory.
+    """chars/s of the training step (forward + backward + clip + Adam) and its peak memory;
+    the model, its optimizer and its CUDA graphs are freed before it returns
+    (:func:`free_device_memory`).
 
     Raises:
         whatever the step raises (torch.cuda.OutOfMemoryError when the shape does not fit);
         :func:`bench_gpu` records it as that variant's error.
     """
+    try:
+        return _train_step_rate(v, H, E, B, T, precision, device, timer, steps, warmup,
+                                repeats)
+    finally:  # the measurement's frame is gone here (on success): its objects can be freed
+        free_device_memory(device)
+
+
+def _train_step_rate(v: Variant, H: int, E: int, B: int, T: int, precision: str,
+                     device: torch.device, timer: Callable, steps: int, warmup: int,
+                     repeats: int) -> dict:
     torch.manual_seed(0)
     model = LanguageModel(ModelConfig(cell=v.cell, hidden_size=H, embed_dim=E,
                                       rnn_impl=v.rnn_impl, rnn_kernels=v.rnn_kernels,
@@ -289,6 +317,19 @@ def train_step_rate(v: Variant, H: int, E: int, B: int, T: int, precision: str,
                                 if device.type == "cuda" else None)}
 
 
+def estimated_memory(v: Variant, H: int, E: int, B: int, T: int, precision: str,
+                     device: torch.device) -> int:
+    """Bytes the preflight of ``hvd-lm train`` (:func:`hvd_lm.train.memory.step_memory`, one
+    rank, Adam) estimates for this variant's step: recorded beside the measured peak so that a
+    GPU run checks the estimate, the CUDA-graph pool included."""
+    cfg = TrainConfig()
+    cfg.model = dataclasses.replace(cfg.model, cell=v.cell, hidden_size=H, embed_dim=E,
+                                    rnn_impl=v.rnn_impl, rnn_kernels=v.rnn_kernels,
+                                    cuda_graphs=v.cuda_graphs)
+    cfg.data.batch_size, cfg.data.seq_len, cfg.run.precision = B, T, precision
+    return memory.step_memory(cfg, device.type).total
+
+
 # ---- the run -------------------------------------------------------------------------------------
 
 class Results:
@@ -315,16 +356,18 @@ class Results:
 
 def attempt(fn: Callable[[], dict], device: torch.device) -> dict:
     """``fn()``, or ``{"error": "Type: first line"}`` when it raises any ``Exception`` (out of
-    memory reads ``out of memory``); the CUDA cache is emptied after a failure. ``KeyboardInterrupt``
+    memory reads ``out of memory``); what the failed measurement held is freed
+    (:func:`free_device_memory`). ``KeyboardInterrupt``
     and ``SystemExit`` pass through: the JSON written so far stays."""
     try:
         return fn()
     except Exception as e:  # noqa: BLE001 - a failed measurement is recorded, the run goes on
         first = (str(e).strip().splitlines() or [""])[0][:160]
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        return {"error": "out of memory" if "out of memory" in str(e)
-                else f"{type(e).__name__}: {first}"}
+        error = ("out of memory" if "out of memory" in str(e)
+                 else f"{type(e).__name__}: {first}")
+    # here the exception and its traceback (which held the failed measurement's frames) are gone
+    free_device_memory(device)
+    return {"error": error}
 
 
 def bench_gpu(cfg: BenchGpuConfig, timer: Callable | None = None) -> int:
@@ -391,7 +434,7 @@ def bench_gpu(cfg: BenchGpuConfig, timer: Callable | None = None) -> int:
 
     # 3-5. the training step, every variant
     print(f"\n{'cell':>6} {'impl':>20} {'B':>5} {'prec':>5} {'chars/s':>11} {'TFLOP/s':>8} "
-          f"{'of peak':>8} {'of GEMMs':>8} {'mem GiB':>8}")
+          f"{'of peak':>8} {'of GEMMs':>8} {'GiB peak/est':>12}")
     for v in variants(cfg, device):
         for B in cfg.batch_sizes:
             for prec in cfg.precisions:
@@ -399,7 +442,9 @@ def bench_gpu(cfg: BenchGpuConfig, timer: Callable | None = None) -> int:
                                                     cfg.steps, cfg.warmup, cfg.repeats),
                             device)
                 row = {"cell": v.cell, "impl": v.label, "hidden_size": H, "batch_size": B,
-                       "seq_len": T, "precision": prec, **r}
+                       "seq_len": T, "precision": prec, **r,
+                       "estimated_memory_gib": estimated_memory(v, H, E, B, T, prec, device)
+                       / 2 ** 30}
                 if "tflops" in r and prec in peak:
                     row["fraction_of_peak"] = r["tflops"] / peak[prec]
                 if "tflops" in r and v.cell == "mlstm" and (B, prec) in ceilings:
@@ -420,9 +465,10 @@ def _row_line(r: dict) -> str:
     def pct(key):
         return f"{r[key]:>8.1%}" if key in r else f"{'-':>8}"
 
-    mem = f"{r['peak_memory_gib']:.1f}" if r["peak_memory_gib"] is not None else "-"
+    mem = (f"{r['peak_memory_gib']:.1f}" if r["peak_memory_gib"] is not None else "-") + \
+        f"/{r['estimated_memory_gib']:.1f}"
     return (f"{head} {r['chars_per_s']:>11,.0f} {r['tflops']:>8.1f} {pct('fraction_of_peak')} "
-            f"{pct('fraction_of_gemm_ceiling')} {mem:>8}")
+            f"{pct('fraction_of_gemm_ceiling')} {mem:>12}")
 
 
 def _ratios(res: Results, cfg: BenchGpuConfig) -> None:

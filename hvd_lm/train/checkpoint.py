@@ -43,15 +43,17 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    """Restore what :func:`rng_state` returned."""
+    """Restore what :func:`rng_state` returned, wherever its tensors were loaded: the generator
+    states are CPU ByteTensors for torch (``torch.set_rng_state`` and
+    ``torch.cuda.set_rng_state_all`` take nothing else), so each is moved to the CPU first."""
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"],
+    np.random.set_state((n["kind"], n["keys"].cpu().numpy().astype(np.uint32), n["pos"],
                          n["has_gauss"], n["cached"]))
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -325,9 +327,14 @@ class Resume:
     model first; the optimizer and scheduler once Horovod has wrapped the optimizer, because
     ``hvd.DistributedOptimizer`` builds a new optimizer over the same param groups).
 
+    The checkpoint is read onto the CPU whatever device trains, so that one written on any
+    device resumes on any other: the RNG states must be CPU tensors, and each restore moves the
+    rest where it belongs (``load_state_dict`` copies into the model's and the optimizer's
+    device; :meth:`rnn_rows` moves the recurrent state to ``device``).
+
     Args:
         source: checkpoint file or run directory (its ``latest``).
-        map_location: device the tensors are loaded to.
+        device: where this job trains (the recurrent state rows go there).
         fallback: a run directory's newest checkpoint that loads (:func:`load_newest`, for
             ``--resume auto``) instead of failing on a damaged ``latest``.
 
@@ -335,13 +342,14 @@ class Resume:
         FileNotFoundError / CheckpointError: as :func:`resolve` / :func:`load`.
     """
 
-    def __init__(self, source: str | Path, map_location: str | torch.device = "cpu",
+    def __init__(self, source: str | Path, device: str | torch.device = "cpu",
                  fallback: bool = False, warn: bool = True):
+        self.device = torch.device(device)
         if fallback:
-            self.path, self.ckpt = load_newest(source, map_location, warn)
+            self.path, self.ckpt = load_newest(source, "cpu", warn)
         else:
             self.path = resolve(source)
-            self.ckpt = load(self.path, map_location)
+            self.ckpt = load(self.path, "cpu")
 
     @property
     def position(self) -> Position:
@@ -364,11 +372,11 @@ class Resume:
         if scaler is not None and self.ckpt.get("scaler"):
             scaler.load_state_dict(self.ckpt["scaler"])
 
-    def rnn_rows(self, rank: int, size: int, batch_size: int, device: torch.device,
-                 warn: bool = True):
-        """This rank's B rows of the saved recurrent state (h, c) each [B, H], or None (and a
-        warning on stderr when ``warn``) when the checkpoint was written by a job with another
-        number of rows (world size x batch): its streams are then cut differently."""
+    def rnn_rows(self, rank: int, size: int, batch_size: int, warn: bool = True):
+        """This rank's B rows of the saved recurrent state (h, c) each [B, H] on the job's
+        device, or None (and a warning on stderr when ``warn``) when the checkpoint was written
+        by a job with another number of rows (world size x batch): its streams are then cut
+        differently."""
         h, c = self.ckpt["rnn_state"]
         if h.shape[0] != size * batch_size:
             if warn:
@@ -377,7 +385,7 @@ class Resume:
                       file=sys.stderr)
             return None
         rows = slice(rank * batch_size, (rank + 1) * batch_size)
-        return h[rows].to(device), c[rows].to(device)
+        return h[rows].to(self.device), c[rows].to(self.device)
 
     def restore_rng(self) -> None:
         """Python, numpy and torch RNG states."""

@@ -149,7 +149,7 @@ class Trainer(ElasticTraining):
                 # continue at the same point of the epoch (the same window when cut alike)
                 self.pos.window = window_in_new_cut(self.pos.window, resume.windows_per_epoch,
                                                     self.windows_per_epoch)
-            self.rnn_state = resume.rnn_rows(self.ctx.rank, self.ctx.size, self.B, self.device,
+            self.rnn_state = resume.rnn_rows(self.ctx.rank, self.ctx.size, self.B,
                                              warn=self.ctx.is_root) or self.rnn_state
             resume.restore_rng()
             if preflight.resume_end(self.pos.step, self.pos.window, self.total_steps,

@@ -26,6 +26,15 @@ workspace (the window's input gradients [T, B, 4H] and [T, B, H] and the gradien
 [T, B, H] in the compute dtype, alive together, and the logits and their gradient in fp32:
 6 N H C + 2 N V S) and, on the host, the shard read buffers (1 MiB per row and split).
 
+With ``--cuda-graphs`` on a GPU, the fused window is replayed from a CUDA graph whose private
+memory pool (``torch.cuda.make_graphed_callables``) stays allocated for the whole run and is
+never shared with the eager allocator: :func:`graph_pool_bytes` adds the window's saved
+activations again and its static buffers (inputs, outputs, their gradients and the backward's
+gate gradients: 17 N H C, plus the recurrent weights and their gradients, 10 H^2 C). At H=4096,
+B=256, T=256 bf16 that is about 2.3x the eager estimate. This is a model from the capture's
+buffers, not yet measured on a GPU: ``hvd-lm bench gpu`` records it beside each variant's
+measured peak (``estimated_memory_gib``), so the first card checks it.
+
 Checked against measurements in ``tests/test_reliability.py``: the activations against the
 bytes torch's saved-tensor hooks see (both recurrences, fp32 and bf16, within 2%), and the
 whole estimate against the peak resident memory of real ``hvd-lm train`` processes (within
@@ -66,6 +75,8 @@ class StepMemory:
         gradients: gradients and the allreduce buffer.
         optimizer: optimizer state.
         data: host-side shard read buffers.
+        graph_pool: the CUDA-graph pool of the fused window (``--cuda-graphs`` on a GPU;
+            :func:`graph_pool_bytes`), 0 otherwise.
     """
 
     activations: int
@@ -74,6 +85,7 @@ class StepMemory:
     gradients: int
     optimizer: int
     data: int
+    graph_pool: int = 0
 
     @property
     def total(self) -> int:
@@ -111,6 +123,23 @@ def activation_bytes(T: int, B: int, H: int, E: int, V: int, C: int, impl: str =
     return 2 * N * E * C + rnn + N * H * C + N * V * S + 2 * N * 8
 
 
+def graph_pool_bytes(T: int, B: int, H: int, C: int) -> int:
+    """Bytes of the private memory pool a CUDA-graphed fused window keeps for the whole run
+    (module docstring): the window's saved activations
+    (:func:`hvd_lm.core.mlstm_fused.saved_bytes`) and its static buffers, N = T B positions:
+    the inputs xg [T, B, 4H] and xm [T, B, H], the output hs and its gradient, the inputs'
+    gradients and the backward's gate gradients (dG [T, B, 4H], dA [T, B, H]), 17 N H C in the
+    compute dtype; the recurrent weights W_mh [H, H], W_h [4H, H] cast and their gradients,
+    10 H^2 C.
+
+    Args:
+        T, B: window length and rows; H: hidden size; C: compute dtype bytes.
+    """
+    cdtype = torch.float32 if C == 4 else torch.bfloat16
+    saved = saved_bytes(T, B, H, torch.float32, cdtype, mask=False, reset=True)
+    return saved + 17 * T * B * H * C + 10 * H * H * C
+
+
 def step_memory(cfg: TrainConfig, device_type: str, world_size: int = 1,
                 split_bytes: tuple[int, ...] = ()) -> StepMemory:
     """The estimate for ``cfg`` on one rank.
@@ -134,6 +163,8 @@ def step_memory(cfg: TrainConfig, device_type: str, world_size: int = 1,
     data = 0
     if device_type == "cpu":
         data = d.batch_size * sum(min(READ_BUFFER, n) for n in split_bytes)
+    graphed = (device_type == "cuda" and m.cuda_graphs and m.cell == "mlstm"
+               and m.rnn_impl == "fused")
     return StepMemory(
         activations=activation_bytes(d.seq_len, d.batch_size, m.hidden_size, m.embed_dim,
                                      m.vocab_size, C, m.rnn_impl, m.cell),
@@ -141,7 +172,9 @@ def step_memory(cfg: TrainConfig, device_type: str, world_size: int = 1,
         parameters=4 * P,
         gradients=4 * P + allreduce,
         optimizer=4 * P * states,
-        data=data)
+        data=data,
+        graph_pool=graph_pool_bytes(d.seq_len, d.batch_size, m.hidden_size, C) if graphed
+        else 0)
 
 
 def free_memory(device: torch.device) -> tuple[int, str]:

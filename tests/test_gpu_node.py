@@ -1,0 +1,119 @@
+"""The GPU node, rehearsed on this CPU machine: ``scripts/gpu_check.sh --stage setup`` run the way
+a lent H100 runs it, so that the first call there measures instead of debugging setup.
+
+That node (``../shared/README.md``): its ``python3`` is itself a virtual environment
+(``/opt/torch/.venv``) holding torch, numpy, h5py, mpi4py, scikit-learn, pytest, matplotlib...
+but no Horovod, orjson, pytorch-optimizer or cffi; no package index and no apt. Here the "image"
+is a virtual environment made from this interpreter's base Python, holding this project's own
+packages less the ones that image lacks (linked, not copied: seconds); the wheelhouse is the one
+``scripts/fetch_offline_wheels.sh`` assembles (for this Python's version), the only package
+source; ``apt-get`` is a stand-in that records being called. Horovod comes from the wheel cache
+``make setup`` filled (the rehearsal is about the venv, not the build: the build's flags are
+tested in tests/test_build_horovod.py)."""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+#: Distributions the node's image does not hold (../shared/README.md, device KINDS.md).
+IMAGE_LACKS = {"horovod", "hvd-lm", "hvd_lm", "cffi", "pycparser", "orjson", "pytorch-optimizer",
+               "pytorch_optimizer", "mktestdocs"}
+
+
+@pytest.fixture(scope="session")
+def wheelhouse() -> Path:
+    """scripts/fetch_offline_wheels.sh's folder for this Python, cached per version of the
+    script (~/.cache/hvd_lm/wheelhouse-<py>-<hash>); skips where the registry is unreachable."""
+    script = REPO / "scripts/fetch_offline_wheels.sh"
+    py = "%d.%d" % sys.version_info[:2]
+    key = hashlib.sha256(script.read_bytes()).hexdigest()[:12]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hvd_lm"
+    dest = cache / f"wheelhouse-{py}-{key}"
+    if (dest / ".complete").exists():
+        return dest
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    proc = subprocess.run(["bash", script, tmp], env=dict(os.environ, PY_VERSION=py),
+                          capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        pytest.skip("could not assemble the offline wheelhouse (no package index here?): "
+                    + (proc.stderr.strip().splitlines() or ["?"])[-1])
+    assert "MiB in" in proc.stdout.splitlines()[-1], proc.stdout  # the total is stated
+    (tmp / ".complete").write_text("")
+    tmp.rename(dest)
+    return dest
+
+
+def make_image(root: Path) -> Path:
+    """A virtual environment at ``root`` holding this project's packages less
+    :data:`IMAGE_LACKS` (symlinked from this venv's site-packages); returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", root], check=True, timeout=120)
+    src = Path(sysconfig.get_paths()["purelib"])
+    dst = Path(subprocess.run([root / "bin/python", "-c", "import sysconfig; "
+                               "print(sysconfig.get_paths()['purelib'])"], check=True,
+                              capture_output=True, text=True).stdout.strip())
+    lacking: set[str] = set()
+    for dist in importlib.metadata.distributions(path=[str(src)]):
+        if dist.metadata["Name"].lower().replace("_", "-") in IMAGE_LACKS:
+            # its files' top-level entries, its .dist-info folder among them
+            lacking |= {Path(str(f)).parts[0] for f in dist.files or []}
+    for entry in src.iterdir():
+        name = entry.name
+        if name in lacking or name.startswith(("__editable__", "_hvd_lm", "hvd_lm")) \
+                or (dst / name).exists():
+            continue
+        (dst / name).symlink_to(entry)
+    return root / "bin/python"
+
+
+def apt_stand_in(folder: Path) -> Path:
+    """A folder whose ``apt-get`` records each call in ``calls`` and fails (no mirror)."""
+    folder.mkdir()
+    (folder / "apt-get").write_text(f"#!/bin/sh\necho \"$@\" >>{folder}/calls\nexit 100\n")
+    (folder / "apt-get").chmod(0o755)
+    return folder
+
+
+@pytest.mark.slow
+def test_gpu_check_setup_on_a_nested_venv_image_offline(tmp_path, wheelhouse):
+    """Issue 32 (failed before: a venv made with --system-site-packages from a venv's python
+    sees the base interpreter's packages only, so torch was missing in .venv and
+    `pip install torch==2.13.0` failed with no index; apt-get was tried offline). The setup
+    stage ends green: torch, numpy, h5py and mpi4py come from the image, the rest from the
+    wheelhouse, Horovod from the cached build, `hvd-lm check-build` passes, apt-get is never
+    called; a second run is seconds (the stamp)."""
+    image = make_image(tmp_path / "image")
+    apt = apt_stand_in(tmp_path / "apt")
+    venv, out = tmp_path / "node-venv", tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VIRTUAL_ENV"))}
+    env.update(PYTHON=str(image), VENV=str(venv), PIP_CONFIG_FILE=os.devnull,
+               PATH=f"{apt}:{os.environ['PATH']}")
+    cmd = ["bash", REPO / "scripts/gpu_check.sh", "--stage", "setup", wheelhouse, out]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    log = (out / "setup.log").read_text() if (out / "setup.log").exists() else ""
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + log[-4000:]
+    assert "is a virtual environment: its site-packages are visible" in log
+    assert not (apt / "calls").exists(), (apt / "calls").read_text()
+    probe = ("import torch, numpy, h5py, mpi4py, horovod.torch, hvd_lm, orjson, "
+             "pytorch_optimizer; print(torch.__file__)")
+    where = subprocess.run([venv / "bin/python", "-c", probe], capture_output=True, text=True,
+                           timeout=120)
+    assert where.returncode == 0, where.stderr
+    assert str(tmp_path / "image") in where.stdout  # torch is the image's, not reinstalled
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stages"]["setup"]["exit_status"] == 0
+
+    t0 = time.monotonic()
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-2000:]
+    assert "ready (stamp" in (out / "setup.log").read_text()
+    assert time.monotonic() - t0 < 60
