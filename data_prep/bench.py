@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from data_prep import readers
+from data_prep import readers, sniff
 from data_prep.parallel import Context, now
-from data_prep.config import PrepareConfig
 from data_prep.pipeline import prepare
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command, option
+from data_prep.settings import PrepareConfig
+from hvd_lm.options import Command, option
+from hvd_lm.util.atomic import write_text
 
 #: Where the shared data lives beside the repository.
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "amazon"
@@ -59,7 +59,7 @@ def real_documents(data_dir: Path) -> list:
         raise FileNotFoundError(f"{data_dir}: no Amazon review files ({', '.join(_PATTERNS)})")
     docs = []
     for p in files:
-        spec = readers.resolve_input(p)
+        spec = sniff.resolve_input(p)
         docs.extend((p.name, text) for _, text in readers.read_documents(spec))
     return docs
 

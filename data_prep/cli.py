@@ -1,9 +1,9 @@
 """Command line of ``data_prep``: ``prepare``, ``verify`` and ``bench``.
 
-Each command is a :class:`hvd_lm.core.config.Command`: its settings are one dataclass
-(:class:`data_prep.config.PrepareConfig`, :class:`data_prep.verify.VerifyConfig`,
+Each command is a :class:`hvd_lm.options.Command`: its settings are one dataclass
+(:class:`data_prep.settings.PrepareConfig`, :class:`data_prep.verify.VerifyConfig`,
 :class:`data_prep.bench.BenchPrepareConfig`) whose flags and YAML layout come from
-:mod:`hvd_lm.core.config`; ``hvd-lm prepare|verify|bench prepare`` (:mod:`hvd_lm.cli`) and
+:mod:`hvd_lm.options`; ``hvd-lm prepare|verify|bench prepare`` (:mod:`hvd_lm.cli`) and
 ``python -m data_prep`` (:func:`build_parser`) run the same objects.
 """
 
@@ -14,13 +14,13 @@ import json
 import sys
 
 from data_prep.bench import BENCH_PREPARE
+from data_prep.inputs import BadRecord, InputError
 from data_prep.parallel import Context, PhaseError
-from data_prep.config import PrepareConfig, PrepareError
 from data_prep.pipeline import format_summary, prepare
-from data_prep.readers import BadRecord, InputError
+from data_prep.settings import PrepareConfig, PrepareError
 from data_prep.verify import VerifyConfig, verify_directory
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import ArgumentParser, Command
+from hvd_lm.options import ArgumentParser, Command
+from hvd_lm.util.atomic import write_text
 
 _EPILOG_PREPARE = """\
 examples:

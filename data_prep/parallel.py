@@ -7,7 +7,7 @@ A phase is a list of independent tasks. :meth:`Context.run` gives task ``i`` to 
 fails the phase instead of hanging it), then every rank receives every result (``allgather``),
 so all ranks see the same outcome and the same error. MPI (:mod:`hvd_lm.comm.mpi`) is used only
 when the launcher's environment says the process was started by an MPI launcher with more than one
-rank (:func:`hvd_lm.comm.launcher.started_by_mpi`), so a plain run needs no MPI library.
+rank (:func:`hvd_lm.comm.world.started_by_mpi`), so a plain run needs no MPI library.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any, Callable, Optional, Sequence
 
 from tqdm import tqdm
 
-from hvd_lm.core.atomic import DiskFullError, free_bytes, human
 from hvd_lm.comm import mpi
-from hvd_lm.comm.launcher import RankContext, started_by_mpi
+from hvd_lm.comm.world import RankContext, started_by_mpi
+from hvd_lm.util.atomic import DiskFullError, free_bytes, human
 
 _COUNTER = None  # shared progress counter inside pool workers
 
@@ -71,7 +71,7 @@ class Context:
     """Rank, world size and local workers of this process.
 
     Attributes:
-        ranks: the :class:`hvd_lm.comm.launcher.RankContext` (rank 0 of 1 without MPI).
+        ranks: the :class:`hvd_lm.comm.world.RankContext` (rank 0 of 1 without MPI).
         rank, size: MPI rank and world size (0 and 1 without MPI).
         workers: local worker processes per rank (>= 1).
         comm: the :class:`hvd_lm.comm.mpi.MpiWorld`, or ``None``.

@@ -4,10 +4,10 @@ Phases (each a list of independent tasks run by :class:`data_prep.parallel.Conte
 ``--workers`` processes and MPI ranks):
 
 1. **map** -- one task per *unit*: an input file, or one stripe of a one-record-per-line file
-   when there are fewer files than processes (:func:`data_prep.readers.iter_lines`). Documents
+   when there are fewer files than processes (:func:`data_prep.lines.iter_lines`). Documents
    come in lists (:func:`data_prep.readers.read_document_batches`: JSON lines are parsed from
    raw bytes with orjson); each is optionally normalised, encoded (UTF-8, as
-   :func:`hvd_lm.core.tokenizer.encode_bytes`), dropped when shorter than ``--min-chars``
+   :func:`hvd_lm.formats.tokenizer.encode_bytes`), dropped when shorter than ``--min-chars``
    characters, and given the key ``blake2b(bytes, key=seed, digest_size=16)``. Records (key,
    bytes + EOD) go to bucket spill files by the key's top bits (range partitioning), through
    buffers bounded by the memory budget.
@@ -21,7 +21,7 @@ Phases (each a list of independent tasks run by :class:`data_prep.parallel.Conte
    ``--split``); within a split, a shard is closed before a document that would take it past
    ``--shard-size`` bytes. Shards are pure functions of the ordered stream.
 4. **write** -- one task per shard: gather its byte ranges, write it atomically
-   (:func:`hvd_lm.core.shards.write_shard`).
+   (:func:`hvd_lm.formats.shards.write_shard`).
 5. rank 0 writes ``manifest.json`` last, then removes the work directory.
 
 So the same inputs and settings give byte-identical shards for any number of workers, ranks or
@@ -30,7 +30,7 @@ memory budget. Work lives in ``OUT/.prepare/``; every unit and bucket is written
 and keeps shards that verify, and redoes the rest.
 
 This module runs the phases (:func:`prepare`); each lives in the module of its concern:
-:mod:`data_prep.config` (settings), :mod:`data_prep.sort` (phases 1-2: the external radix sort
+:mod:`data_prep.settings` (settings), :mod:`data_prep.sort` (phases 1-2: the external radix sort
 and its spill files), :mod:`data_prep.plan` (phases 3-4: shard plan and writing),
 :mod:`data_prep.resume` (the work directory, fingerprints, the output folder).
 """
@@ -51,16 +51,24 @@ import h5py
 import numpy as np
 
 import hvd_lm
-from data_prep import readers
-from data_prep.config import DOC_BUDGET_SHARE, MiB, PrepareConfig, PrepareError, check_config
+from data_prep import inputs, sniff
 from data_prep.parallel import Context, now
 from data_prep.plan import WriteTask, plan_shards, split_counts, write_task
-from data_prep.resume import (SHARD_NAME, WORK_DIR, fingerprints, input_names, setup_output,
-                              shard_settings, verify_complete)
+from data_prep.resume import (
+    SHARD_NAME,
+    WORK_DIR,
+    fingerprints,
+    input_names,
+    setup_output,
+    shard_settings,
+    verify_complete,
+)
+from data_prep.settings import DOC_BUDGET_SHARE, MiB, PrepareConfig, PrepareError, check_config
 from data_prep.sort import MAX_BUCKET_BITS, MapTask, SortTask, UnitStats, map_unit, sort_bucket
-from hvd_lm.core import shards
-from hvd_lm.core.lock import FolderLock
-from hvd_lm.core.tokenizer import TOKENIZER_NAME
+from hvd_lm.formats import manifest as manifests
+from hvd_lm.formats import shards
+from hvd_lm.formats.tokenizer import TOKENIZER_NAME
+from hvd_lm.util.lock import FolderLock
 
 
 def _versions() -> dict:
@@ -69,7 +77,7 @@ def _versions() -> dict:
             "python": platform.python_version()}
 
 
-def _estimate_bytes(spec: readers.InputSpec) -> int:
+def _estimate_bytes(spec: inputs.InputSpec) -> int:
     """Uncompressed size estimate: gzip ISIZE trailer (size mod 2**32), at least 3x on disk."""
     if not spec.compressed:
         return spec.size
@@ -104,8 +112,8 @@ def prepare(cfg: PrepareConfig, ctx: Optional[Context] = None) -> dict:
         PrepareError: bad settings, output directory in use, no documents.
         PhaseError: a task failed (malformed record, corrupt input, I/O error); the message
             names file and line.
-        readers.InputError: an input cannot be read as asked.
-        hvd_lm.core.lock.FolderBusyError: another live ``prepare`` is writing ``cfg.out``.
+        inputs.InputError: an input cannot be read as asked.
+        hvd_lm.util.lock.FolderBusyError: another live ``prepare`` is writing ``cfg.out``.
     """
     check_config(cfg)
     ctx = ctx or Context(cfg.workers, cfg.progress)
@@ -155,13 +163,13 @@ def _plan_run(cfg: PrepareConfig, ctx: Context, out: Path) -> _Run:
     """Resolve the inputs (rank 0), fingerprint them, and cut the work: units are whole files,
     or stripes of line-format files when processes outnumber files; enough buckets that one fits
     a third of a process's memory budget and every process gets several."""
-    specs = ctx.root_call(lambda: [readers.resolve_input(p, cfg.format, cfg.text_field)
+    specs = ctx.root_call(lambda: [sniff.resolve_input(p, cfg.format, cfg.text_field)
                                    for p in cfg.inputs])
     config_fp, inputs_fp = fingerprints(cfg, specs)
     slots = ctx.slots
     units = []
     for i, s in enumerate(specs):
-        n = slots if (len(specs) < slots and s.format in readers.LINE_FORMATS) else 1
+        n = slots if (len(specs) < slots and s.format in inputs.LINE_FORMATS) else 1
         units.extend((i, k, n) for k in range(n))
     per_proc = cfg.max_memory_mb * MiB // cfg.workers
     est = sum(_estimate_bytes(s) for s in specs)
@@ -248,7 +256,7 @@ def _finish(run: _Run, plans: list, results: list, stats: UnitStats, dups: int, 
             p.unlink()  # left by an earlier, larger run
     entries = {s: [] for s in shards.SPLITS}
     for p, (digest, _) in zip(plans, results):
-        entries[p.split].append(shards.manifest_entry(p.file, p.tokens, p.documents, digest))
+        entries[p.split].append(manifests.manifest_entry(p.file, p.tokens, p.documents, digest))
     elapsed = now() - t0
     settings = shard_settings(cfg)
     counters = {k: v for k, v in asdict(stats).items() if k != "bad_samples"}
@@ -276,8 +284,8 @@ def _finish(run: _Run, plans: list, results: list, stats: UnitStats, dups: int, 
                 "phase_s": {k: round(v, 3) for k, v in seconds.items()},
                 "mb_per_s": round(stats.bytes_in / 1e6 / max(elapsed, 1e-9), 2)},
     }
-    manifest = shards.build_manifest(entries, TOKENIZER_NAME, **meta)
-    shards.write_manifest(out, manifest)
+    manifest = manifests.build_manifest(entries, TOKENIZER_NAME, **meta)
+    manifests.write_manifest(out, manifest)
     if not cfg.keep_work:
         shutil.rmtree(run.work, ignore_errors=True)
     return _summary(manifest, out)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from data_prep.config import PrepareError
-from hvd_lm.core import shards
+from data_prep.settings import PrepareError
+from hvd_lm.formats import shards
 
 #: Environment hook for tests: after this many shards written by one process, it kills itself
 #: with SIGKILL (simulates a crash midway; ``--resume`` must recover).

@@ -16,13 +16,14 @@ import re
 import shutil
 from pathlib import Path
 
-from data_prep import readers
-from data_prep.config import PrepareConfig, PrepareError
+from data_prep import sniff
 from data_prep.parallel import Context, PhaseError
-from hvd_lm.core import shards
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.digest import json_sha256
-from hvd_lm.core.tokenizer import TOKENIZER_NAME
+from data_prep.settings import PrepareConfig, PrepareError
+from hvd_lm.formats import manifest as manifests
+from hvd_lm.formats import shards
+from hvd_lm.formats.tokenizer import TOKENIZER_NAME
+from hvd_lm.util.atomic import write_text
+from hvd_lm.util.digest import json_sha256
 
 WORK_DIR = ".prepare"
 SHARD_NAME = re.compile(r"^(train|val|test)-\d{5}\.h5$")
@@ -70,7 +71,7 @@ def finished_manifest(out) -> dict:
     """The manifest of the finished corpus in folder ``out`` as a dict; {} when there is none or it
     cannot be read (``prepare`` then redoes the run)."""
     try:
-        return json.loads((Path(out) / shards.MANIFEST_NAME).read_text(encoding="utf-8"))
+        return json.loads((Path(out) / manifests.MANIFEST_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
 
@@ -93,12 +94,12 @@ def finished_with_other_inputs(cfg: PrepareConfig) -> bool:
     modification time even when its bytes are the same). False when there is no manifest.
 
     Raises:
-        readers.InputError: an input is missing, unreadable or of an unknown format.
+        data_prep.inputs.InputError: an input is missing, unreadable or of an unknown format.
     """
     old = finished_manifest(cfg.out)
     if not old.get("config_sha256"):
         return False
-    specs = [readers.resolve_input(p, cfg.format, cfg.text_field) for p in cfg.inputs]
+    specs = [sniff.resolve_input(p, cfg.format, cfg.text_field) for p in cfg.inputs]
     return other_run(old, *fingerprints(cfg, specs)) is not None
 
 
@@ -124,7 +125,7 @@ def setup_output(cfg: PrepareConfig, config_fp: str, inputs_fp: str, layout: dic
     """
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    manifest_path = out / shards.MANIFEST_NAME
+    manifest_path = out / manifests.MANIFEST_NAME
     work = out / WORK_DIR
     ours = sorted(p for p in out.iterdir() if SHARD_NAME.match(p.name))
     if not (cfg.resume or cfg.overwrite) and (manifest_path.exists() or ours):
@@ -170,7 +171,7 @@ def setup_output(cfg: PrepareConfig, config_fp: str, inputs_fp: str, layout: dic
 
 def verify_complete(ctx: Context, out: Path) -> bool:
     """Every shard of an existing manifest verifies (checked in parallel)."""
-    manifest = shards.load_manifest(out)
+    manifest = manifests.load_manifest(out)
     try:
         ctx.run(_verify_one, manifest.shards, desc="verify")
     except PhaseError:
@@ -178,5 +179,5 @@ def verify_complete(ctx: Context, out: Path) -> bool:
     return True
 
 
-def _verify_one(info: shards.ShardInfo, progress=None) -> None:
+def _verify_one(info: manifests.ShardInfo, progress=None) -> None:
     shards.verify_shard(info)

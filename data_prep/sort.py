@@ -25,10 +25,10 @@ from typing import Optional
 
 import numpy as np
 
-from data_prep import readers
-from data_prep.config import MiB
+from data_prep import inputs, readers
 from data_prep.resume import atomic_json, finish_dir, fresh_dir
-from hvd_lm.core.tokenizer import EOD, encode_bytes, normalize_text
+from data_prep.settings import MiB
+from hvd_lm.formats.tokenizer import EOD, encode_bytes, normalize_text
 
 #: Testing aid: seconds every map task sleeps first (a test acts while prepare still runs).
 SLEEP_HOOK_ENV = "HVD_LM_PREP_TASK_SLEEP"
@@ -39,8 +39,8 @@ _SPLIT_BITS = 4
 
 
 @dataclass
-class UnitStats(readers.ReadStats):
-    """Map-phase counters of one unit: :class:`data_prep.readers.ReadStats` plus
+class UnitStats(inputs.ReadStats):
+    """Map-phase counters of one unit: :class:`data_prep.inputs.ReadStats` plus
     ``too_short`` (documents under ``--min-chars``), ``nul_removed`` (NUL characters deleted),
     ``kept`` (documents passed to the sort) and ``kept_bytes`` (their bytes incl. EOD)."""
 
@@ -61,7 +61,7 @@ class MapTask:
     bucket spill files under ``work``, buffering at most ``buffer_bytes`` bytes."""
 
     unit: int
-    spec: readers.InputSpec
+    spec: inputs.InputSpec
     stripe: int
     n_stripes: int
     work: str
@@ -191,7 +191,7 @@ def map_unit(task: MapTask, progress=None) -> None:
             spill.size += nbytes + 25 * kept
             if spill.size >= limit:
                 spill.flush()
-    except readers.CorruptInput as e:
+    except inputs.CorruptInput as e:
         if not task.skip_bad:
             raise
         part = fresh_dir(part)  # drop everything read from this file

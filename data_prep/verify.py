@@ -2,8 +2,8 @@
 
 For every shard listed in ``manifest.json``: the file exists, ``format_version`` matches, the
 token and document counts match the manifest, the structure is sound (offsets, one EOD per
-document) and the SHA-256 of the tokens matches (:func:`hvd_lm.core.shards.verify_shard`). Shards are
-checked in parallel over ``--workers`` processes.
+document) and the SHA-256 of the tokens matches (:func:`hvd_lm.formats.shards.verify_shard`). Shards
+are checked in parallel over ``--workers`` processes.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Optional
 
 from data_prep.parallel import Context
-from hvd_lm.core import shards
-from hvd_lm.core.config import option
+from hvd_lm.formats import manifest as manifests
+from hvd_lm.formats import shards
+from hvd_lm.options import option
 
 
 @dataclass
@@ -28,7 +29,7 @@ class VerifyConfig:
                             flag="--no-progress")
 
 
-def _check(info: shards.ShardInfo, progress=None) -> Optional[str]:
+def _check(info: manifests.ShardInfo, progress=None) -> Optional[str]:
     try:
         shards.verify_shard(info)
     except (ValueError, OSError) as e:  # checksum, format, missing or unreadable file
@@ -46,13 +47,13 @@ def verify_directory(directory, ctx: Optional[Context] = None) -> tuple[list, li
         directory: a directory written by ``prepare``.
         ctx: workers/ranks to spread the shards over (default: one process).
     Returns:
-        ``(shards checked, problems)``: the manifest's :class:`~hvd_lm.core.shards.ShardInfo` list and
-        one message per mismatch (empty when everything verifies). An unreadable or invalid
+        ``(shards checked, problems)``: the manifest's :class:`~hvd_lm.formats.manifests.ShardInfo`
+        list and one message per mismatch (empty when everything verifies). An unreadable or invalid
         manifest is one problem and no shards.
     """
     ctx = ctx or Context(1, progress=False)
     try:
-        manifest = shards.load_manifest(Path(directory))
+        manifest = manifests.load_manifest(Path(directory))
     except (ValueError, OSError) as e:
         return [], [str(e)]
     problems = [p for p in ctx.run(_check, manifest.shards, desc="verify",
@@ -64,6 +65,6 @@ def verify_directory(directory, ctx: Optional[Context] = None) -> tuple[list, li
               "documents": sum(s.documents for s in manifest.shards)}
     for key, value in listed.items():
         if key in totals and totals[key] != value:
-            problems.append(f"{manifest.directory / shards.MANIFEST_NAME}: totals.{key} is "
+            problems.append(f"{manifest.directory / manifests.MANIFEST_NAME}: totals.{key} is "
                             f"{totals[key]} but the shard entries add up to {value}")
     return manifest.shards, problems

@@ -3,10 +3,13 @@
 A rebuild, on today's stack, of the system in Puri et al. 2018, "Large Scale Language Modeling:
 Converging on 40GB of Text in Four Hours" (code: NVIDIA/sentiment-discovery).
 
-Layers, each importing only those below it: ``core`` (tokenizer, shard format, model, atomic
-writes, configuration machinery) < ``comm`` (launcher environment, Horovod, MPI) < ``train`` <
-``transfer`` < ``jobs`` (launch, demo, download) < ``perf`` (benchmarks, scaling model) < ``cli``.
-``data_prep`` (beside this package) builds on ``core`` and ``comm.launcher``.
+Layers, each importing only those below it (tests/test_architecture.py checks it):
+``util`` (atomic writes, locks, digests, units) < ``options`` (the config framework) <
+``formats`` (tokenizer, shards + manifest, checkpoint files) < ``model`` (the LM, its kernels,
+devices, loading a trained model) < ``comm`` (launcher environment, Horovod, MPI) < ``install``
+(building and checking Horovod) < ``train`` < ``transfer`` < ``jobs`` (demo, doctor, download,
+job scripts) < ``perf`` (benchmarks, scaling model) < ``cli``. ``data_prep`` (beside this package)
+builds on ``util``, ``options``, ``formats`` and ``comm.world`` / ``comm.mpi``.
 """
 from pathlib import Path
 

@@ -1,11 +1,11 @@
 """The ``hvd-lm`` command line: one table, command -> (module, command object, help).
 
-Each command is a :class:`hvd_lm.core.config.Command` defined in the module that owns its concept:
+Each command is a :class:`hvd_lm.options.Command` defined in the module that owns its concept:
 its settings' dataclass (flags and YAML generated from it) and the function that runs it. This
 file only wires them up: it imports the one module the command line names (so ``hvd-lm prepare``
 never loads the training stack and ``hvd-lm --help`` loads nothing), and
-:meth:`~hvd_lm.core.config.Command.invoke` turns an error into one ``ERROR:`` line (``--debug``:
-the traceback); so does the parser for a bad flag (:class:`hvd_lm.core.config.ArgumentParser`).
+:meth:`~hvd_lm.options.Command.invoke` turns an error into one ``ERROR:`` line (``--debug``:
+the traceback); so does the parser for a bad flag (:class:`hvd_lm.options.ArgumentParser`).
 
 Exit status: 0 done, 1 a runtime error, 2 a usage or configuration error (argparse's too).
 """
@@ -16,11 +16,11 @@ import argparse
 import importlib
 import sys
 
-from hvd_lm.core.config import ArgumentParser
+from hvd_lm.options import ArgumentParser
 
 #: command -> (module, Command attribute, one-line help).
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "check-build": ("hvd_lm.comm.stack", "CHECK_BUILD",
+    "check-build": ("hvd_lm.install.check_build", "CHECK_BUILD",
                     "verify Horovod has PyTorch, MPI and Gloo (and NCCL on CUDA) built in"),
     "prepare": ("data_prep.cli", "PREPARE",
                 "turn review text files into shuffled, split, checksummed HDF5 shards"),
@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                   "of a unit (default: the sentiment neuron) over given texts"),
     "kernels": ("hvd_lm.perf.kernels_aot", "KERNELS_AOT", "build the fused mLSTM's Triton "
                 "kernels ahead of time for a GPU (no GPU needed): registers, spills, smem"),
-    "launch": ("hvd_lm.jobs.launch", "LAUNCH", "render a launch script (horovodrun, mpirun, "
+    "launch": ("hvd_lm.jobs.job_plans", "LAUNCH", "render a launch script (horovodrun, mpirun, "
                "SLURM, PBS) or a scaling sweep"),
     "doctor": ("hvd_lm.jobs.doctor", "DOCTOR", "preflight of a multi-node launch: ssh both ways, "
                "same Python/hvd_lm, the shared network interface (and the flags to use), "
@@ -61,7 +61,7 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "allreduce": ("hvd_lm.perf.bench_allreduce", "BENCH_ALLREDUCE",
                   "allreduce latency/bandwidth: Horovod (MPI, Gloo controllers; fp16; fusion, "
                   "cycle time) vs mpi4py vs torch gloo"),
-    "fusion": ("hvd_lm.perf.bench_train", "BENCH_FUSION", "training step time vs "
+    "fusion": ("hvd_lm.perf.bench_fusion", "BENCH_FUSION", "training step time vs "
                "HOROVOD_FUSION_THRESHOLD / HOROVOD_CYCLE_TIME, and HOROVOD_AUTOTUNE's choice"),
     "transfer": ("hvd_lm.perf.bench_transfer", "BENCH_TRANSFER", "classifier fit seconds per "
                  "solver (liblinear, saga, torch) and size, synthetic and real features"),

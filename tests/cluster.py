@@ -641,7 +641,7 @@ def session_lock(root: Path = DEFAULT_ROOT, timeout: float = 900) -> Iterator[No
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-# ---- command line ---------------------------------------------------------------------------------
+# ---- command line --------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     """``python -m tests.cluster up N [--rate R] | down | status | shape RATE | link NODE
     up|down | ping | run NODE -- CMD...``; one ``ERROR:`` line on failure."""

@@ -1,5 +1,5 @@
 """Build small shard directories for training tests from real review text (or synthetic text when
-../shared is absent), through hvd_lm.core.shards' own writer."""
+../shared is absent), through hvd_lm.formats.shards' own writer."""
 from __future__ import annotations
 
 import gzip
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hvd_lm.core.shards import build_manifest, manifest_entry, write_manifest, write_shard
-from hvd_lm.core.tokenizer import TOKENIZER_NAME, encode_document
+from hvd_lm.formats.manifest import build_manifest, manifest_entry, write_manifest
+from hvd_lm.formats.shards import write_shard
+from hvd_lm.formats.tokenizer import TOKENIZER_NAME, encode_document
 from tests._mp import SHARED
 
 MUSIC = SHARED / "data/amazon/mcauley2014_5core/reviews_Digital_Music_5.json.gz"

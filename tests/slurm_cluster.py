@@ -12,8 +12,8 @@ PID; they also get SIGTERM if the test process dies, via ``PR_SET_PDEATHSIG``).
 With ``nodes`` and ``on_node`` (what :meth:`tests.cluster.Cluster.slurm` passes) it is a
 multi-node cluster: ``slurmctld`` and ``munged`` on the first node, one ``slurmd`` per node, each
 started inside its node (``on_node(name, cwd)``: the argv prefix that runs a command there),
-spool, pid and log files per node (``%n``), and client commands run on the first node. MUNGE's socket is
-a file, so the one ``munged`` serves every node.
+spool, pid and log files per node (``%n``), and client commands run on the first node. MUNGE's
+socket is a file, so the one ``munged`` serves every node.
 
 Missing packages are installed with ``apt-get`` when running as root on Debian/Ubuntu
 (:func:`ensure_tools`); otherwise :class:`Unavailable` is raised for the caller to skip. Every wait

@@ -1,7 +1,7 @@
-"""hvd_lm.core.atomic: a failed write leaves the old file and no temporary file behind."""
+"""hvd_lm.util.atomic: a failed write leaves the old file and no temporary file behind."""
 import pytest
 
-from hvd_lm.core.atomic import atomic_path, write_text
+from hvd_lm.util.atomic import atomic_path, write_text
 
 
 def test_write_replaces_and_failure_keeps_old(tmp_path):

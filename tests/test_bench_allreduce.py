@@ -8,8 +8,9 @@ import pytest
 
 from hvd_lm.cli import build_parser
 from hvd_lm.perf import bench_allreduce as ba
-from hvd_lm.perf import bench_train as bt
+from hvd_lm.perf import bench_fusion as bf
 from hvd_lm.perf import results as R
+from hvd_lm.perf.allreduce_report import human_bytes, print_report
 from tests._mp import REPO, launch_env, run
 
 
@@ -20,9 +21,9 @@ def test_sizes_and_factors():
     for bad in ("", "abc", "0", "6"):
         with pytest.raises(ValueError):
             ba.parse_size(bad)
-    assert ba.busbw_factor(2) == 1.0 and ba.busbw_factor(8) == pytest.approx(1.75)
+    assert R.busbw_factor(2) == 1.0 and R.busbw_factor(8) == pytest.approx(1.75)
     assert ba.iters_for(4096, 20) == 20 and ba.iters_for(256 * 2 ** 20, 20) == 4
-    assert ba.human_bytes(4096) == "4K" and ba.human_bytes(256 * 2 ** 20) == "256M"
+    assert human_bytes(4096) == "4K" and human_bytes(256 * 2 ** 20) == "256M"
 
 
 def test_groups():
@@ -71,10 +72,10 @@ def test_derived_fields_ratios_and_json_roundtrip(tmp_path, capsys):
     path = tmp_path / "b.json"
     path.write_text(json.dumps(data))
     loaded = R.load_bench_json(path)
-    ba.print_report(loaded)
+    print_report(loaded)
     out = capsys.readouterr().out
     assert "time / raw MPI" in out and "synthetic200x64k" in out
-    from hvd_lm.perf.scaling_model import calibrate_from_bench
+    from hvd_lm.perf.calibration import calibrate_from_bench
 
     cal = calibrate_from_bench(loaded)  # no sizes >= 16 MiB here: ratio of fitted slopes
     assert cal.bandwidth_factor == pytest.approx(4 / 3, rel=1e-6)
@@ -98,15 +99,15 @@ def test_autotune_log_parsing(tmp_path):
     rows = "0,0,0, 1,5,4,10.5\n0,0,0, 1,50,32,30.25\n0,0,0, 1,25,16,20\n"
     log = tmp_path / "a.csv"
     log.write_text(head + rows + "0,0,0, 1,50,32,30.25\n")  # finished: best row last
-    r = bt.parse_autotune_log(log)
+    r = bf.parse_autotune_log(log)
     assert r["finished"] and len(r["samples"]) == 3
     assert r["best"]["cycle_time_ms"] == 50 and r["best"]["tensor_fusion_threshold"] == 32
     log.write_text(head + rows)  # not finished: best sample so far
-    r = bt.parse_autotune_log(log)
+    r = bf.parse_autotune_log(log)
     assert not r["finished"] and r["best"]["score"] == 30.25
     log.write_text("nothing\n")
     with pytest.raises(ValueError):
-        bt.parse_autotune_log(log)
+        bf.parse_autotune_log(log)
 
 
 def test_summarize_fusion():
@@ -116,7 +117,7 @@ def test_summarize_fusion():
              "cycle_time_ms": 1.0, "step_time_s": 0.2, "allreduce_wait_share": 0.1},
             {"label": "fusion=128MB cycle=1ms", "fusion_threshold_mb": 128.0,
              "cycle_time_ms": 1.0, "step_time_s": 0.4, "allreduce_wait_share": 0.2}]
-    s = {x["label"]: x for x in bt.summarize_fusion(runs)}
+    s = {x["label"]: x for x in bf.summarize_fusion(runs)}
     assert s["fusion=128MB cycle=1ms"]["step_time_s"] == pytest.approx(0.3)
     assert s["fusion=128MB cycle=1ms"]["step_time_min_s"] == pytest.approx(0.2)
     assert s["fusion=0MB cycle=1ms"]["relative_to_default"] == pytest.approx(1.0)
@@ -129,7 +130,7 @@ def test_registers_bench_subcommands():
     argv = ["bench", "fusion", "--fusion-mb", "0,64"]
     f = build_parser(argv).parse_args(argv)
     cfg = f.command_obj.settings(f)
-    assert f.command_obj is bt.BENCH_FUSION and cfg.hidden_size == 256 and cfg.fusion_mb == [0, 64]
+    assert f.command_obj is bf.BENCH_FUSION and cfg.hidden_size == 256 and cfg.fusion_mb == [0, 64]
 
 
 @pytest.mark.slow

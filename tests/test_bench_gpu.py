@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hvd_lm.cli import main
-from hvd_lm.core.model import LanguageModel, ModelConfig
+from hvd_lm.model.lm import LanguageModel, ModelConfig
 from hvd_lm.perf import bench_gpu as bg
 
 TINY = ["bench", "gpu", "--device", "cpu", "--hidden-size", "32", "--embed-dim", "8",
@@ -143,7 +143,8 @@ def test_a_variant_leaves_no_graphed_window_alive(monkeypatch):
     import gc
     import weakref
 
-    from hvd_lm.core import mlstm_fused, model as model_mod
+    from hvd_lm.model import lm as model_mod
+    from hvd_lm.model import mlstm_fused
 
     made = []
 

@@ -1,7 +1,8 @@
-"""The Horovod build's decisions (hvd_lm/comm/build.py, acted on by scripts/build_horovod.sh) on
-fabricated machines: a CPU box, a CUDA node with NCCL from the pip wheel, from HOROVOD_NCCL_HOME,
-and the failures that must name what to install; the source patches on a miniature sdist; and
-the device rule of one rank per GPU (hvd_lm.train.runtime.resolve_device)."""
+"""The Horovod build's decisions (hvd_lm/install/horovod_build.py, acted on by
+scripts/build_horovod.sh) on fabricated machines: a CPU box, a CUDA node with NCCL from the pip
+wheel, from HOROVOD_NCCL_HOME, and the failures that must name what to install; the source patches
+on a miniature sdist; and the device rule of one rank per GPU
+(hvd_lm.model.device.resolve_device)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvd_lm.comm import build as B
-from hvd_lm.comm.stack import missing_components, parse_check_build
-from hvd_lm.train.runtime import DeviceError, resolve_device
+from hvd_lm.install import horovod_build as B
+from hvd_lm.install.check_build import missing_components, parse_check_build
+from hvd_lm.model.device import DeviceError, resolve_device
 
 NCCL_H = "#define NCCL_MAJOR 2\n#define NCCL_MINOR 28\n#define NCCL_PATCH 3\n"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests._mp import REPO, launch_env
-from tests.cluster import Cluster, DECOY_ADDR, DECOY_IF, our_namespaces, rate_bits
+from tests.cluster import DECOY_ADDR, DECOY_IF, Cluster, our_namespaces, rate_bits
 from tests.shardutil import default_shards
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -128,7 +128,7 @@ def test_an_unplugged_node_is_unreachable_until_plugged_back(cluster):
         sleeper.wait()
 
 
-# ---- hvd-lm doctor ----------------------------------------------------------------------------------
+# ---- hvd-lm doctor -------------------------------------------------------------------------------
 def test_doctor_picks_the_shared_interface_not_the_decoy(cluster, tmp_path):
     shards = default_shards(tmp_path / "shards")
     proc, took = doctor(cluster, "--hosts", "n1:1,n2:1,n3:1", "--shards", str(shards),

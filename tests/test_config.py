@@ -3,7 +3,7 @@ import argparse
 
 import pytest
 
-from hvd_lm.train.config import add_arguments, from_args, load_yaml
+from hvd_lm.train.settings import add_arguments, from_args, load_yaml
 
 
 def parse(argv):
@@ -46,11 +46,11 @@ def test_bad_flag_choice_is_rejected():
         parse(["--precision", "fp8"])
 
 
-# ---- the generic mechanism (hvd_lm.core.config) every command uses ------------------------------
+# ---- the generic mechanism (hvd_lm.options) every command uses ------------------------------
 
 from dataclasses import dataclass, field  # noqa: E402
 
-from hvd_lm.core import config as C  # noqa: E402
+from hvd_lm import options as C  # noqa: E402
 
 
 @dataclass

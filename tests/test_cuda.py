@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_lm.core.model import LanguageModel, ModelConfig
-from hvd_lm.train import runtime
-from hvd_lm.train.checkpoint import load_model, resolve
+from hvd_lm.formats.checkpoint import resolve
+from hvd_lm.formats.manifest import load_manifest
+from hvd_lm.model import device as devices
+from hvd_lm.model.lm import LanguageModel, ModelConfig
+from hvd_lm.model.load import load_model
 from hvd_lm.train.data import RankStreams
-from hvd_lm.train.evaluate import window_nll
-from hvd_lm.core.shards import load_manifest
+from hvd_lm.train.step import train_step
 from hvd_lm.transfer.features import featurize
 from tests._mp import horovodrun_cmd, launch_env, run
 from tests.shardutil import default_shards
@@ -45,20 +46,15 @@ def losses(device: str, precision: str, data) -> list[float]:
     torch.manual_seed(0)
     model = LanguageModel(ModelConfig(hidden_size=64, embed_dim=16)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    scaler = runtime.make_scaler(torch.device(device), precision)
+    scaler = devices.make_scaler(torch.device(device), precision)
     state = model.init_state(4, device)
+    params = list(model.parameters())
     out = []
-    for b in data:
-        nats, state = window_nll(model, b, state, torch.device(device), precision)
-        loss = nats / b.chars
-        (scaler.scale(loss) if scaler else loss).backward()
-        if scaler:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
-        opt.zero_grad()
-        out.append(float(loss))
+    for b in data:  # the training loop's step, without clipping
+        r = train_step(model, opt, scaler, params, [b], 1, state, torch.device(device), precision,
+                       grad_clip=0.0)
+        state = r.state
+        out.append(float(r.nats) / b.chars)
     return out
 
 

@@ -8,9 +8,10 @@ import re
 
 import pytest
 
-from data_prep import readers
-from data_prep.readers import (BadRecord, CorruptInput, InputError, ReadStats, read_documents,
-                               resolve_input)
+from data_prep import gzip_blocks, inputs, readers
+from data_prep.inputs import BadRecord, CorruptInput, InputError, ReadStats
+from data_prep.readers import read_documents
+from data_prep.sniff import resolve_input
 
 AMAZON = "amazon"
 MUSIC = f"{AMAZON}/mcauley2014_5core/reviews_Digital_Music_5.json.gz"
@@ -156,7 +157,7 @@ def test_bad_samples_keep_the_first_few(tmp_path):
     stats = ReadStats()
     assert len(list(read_documents(spec, stats=stats, skip_bad=True))) == 3
     assert stats.bad_records == 12
-    assert [s[1] for s in stats.bad_samples] == list(range(1, readers.MAX_BAD_SAMPLES + 1))
+    assert [s[1] for s in stats.bad_samples] == list(range(1, inputs.MAX_BAD_SAMPLES + 1))
 
 
 def test_invalid_utf8_replaced_or_strict(tmp_path):
@@ -293,7 +294,7 @@ def test_batches_read_what_read_documents_reads(tmp_path, skip_bad, utf8_errors,
 def _reference_blocks(path, block_size):
     blocks, error = [], None
     try:
-        for b in readers._blocks_gzipfile(str(path), True, block_size, None):
+        for b in gzip_blocks._blocks_gzipfile(str(path), True, block_size, None):
             blocks.append(b)
     except Exception as e:  # noqa: BLE001 - compared below
         error = (type(e), str(e))
@@ -320,7 +321,7 @@ def test_inflater_matches_gzipfile(shared_data, tmp_path, block_size):
         path.write_bytes(data)
         blocks, error = [], None
         try:
-            for b in readers._blocks(str(path), True, block_size, None):
+            for b in gzip_blocks._blocks(str(path), True, block_size, None):
                 blocks.append(b)
         except Exception as e:  # noqa: BLE001 - compared below
             error = (type(e), str(e))

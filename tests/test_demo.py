@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hvd_lm.jobs.download import (ChecksumMismatch, DownloadError, download_all, fetch,
-                                   load_sources)
-from hvd_lm.train.evaluate import compressor_bpc
+from hvd_lm.jobs.download import ChecksumMismatch, DownloadError, download_all, fetch, load_sources
 from hvd_lm.jobs.report import training_summary, write_report
+from hvd_lm.train.evaluate import compressor_bpc
 from hvd_lm.train.log import read_metrics
 from tests._mp import REPO, SHARED, launch_env, run
 

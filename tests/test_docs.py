@@ -1,4 +1,5 @@
-"""The docs run as written: every fenced shell block of README.md and docs/*.md, in reading order.
+"""The docs run as written: every fenced shell block of README.md, docs/*.md and CONTRIBUTING.md,
+in reading order.
 
 Blocks are extracted with mktestdocs (``grab_code_blocks``) and every command in them is run or
 checked the way a new user on this machine would meet it, in one temporary clone of the working
@@ -46,9 +47,12 @@ from tests._mp import REPO, SHARED, launch_env
 
 mktestdocs = pytest.importorskip("mktestdocs")
 
-#: Reading order: README first (it creates what the docs use), then docs/ in this order.
-DOCS = ["README.md", "docs/data_prep.md", "docs/launch.md", "docs/transfer.md",
-        "docs/performance.md", "docs/mlstm_fused.md"]
+#: Reading order: README first (it writes data/amazon and runs/h256, which the docs use), then
+#: docs/ in this order (training.md writes hosts.txt, which launch.md's elastic block reads), then
+#: CONTRIBUTING.md.
+DOCS = ["README.md", "docs/install.md", "docs/architecture.md", "docs/data_prep.md",
+        "docs/training.md", "docs/reliability.md", "docs/transfer.md", "docs/launch.md",
+        "docs/performance.md", "docs/mlstm_fused.md", "CONTRIBUTING.md"]
 CORES = 2                    # ranks are capped here; more needs a documented way (see above)
 #: Inputs no block can create, each with the reason (user files and cluster outputs).
 EXTERNAL = {
@@ -155,7 +159,8 @@ def commands(doc: str) -> list[Cmd]:
 
 
 def test_every_doc_is_covered_and_has_shell_blocks():
-    docs = {"README.md", *(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))}
+    docs = {"README.md", "CONTRIBUTING.md",
+            *(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))}
     assert docs == set(DOCS), "add new docs to DOCS (in reading order)"
     assert all(commands(d) for d in DOCS)
 
@@ -348,7 +353,7 @@ def _execute(cmd: Cmd, argv: list[str], s: Session, env: dict | None = None,
     run_env = dict(s.env, **(env or {}))
     if not cmd.gpu and _ranks(argv, run_env) > 1 and _ranks(argv, run_env) > _gpus():
         # More ranks than GPUs on this machine (a 1-GPU node): ranks cannot share a GPU
-        # (README, "GPU nodes"), so these blocks' `--device auto` ranks run on the CPU, as here.
+        # (docs/install.md, "GPU nodes"), so these blocks' `--device auto` ranks run on the CPU.
         run_env["CUDA_VISIBLE_DEVICES"] = ""
     if cmd.shell:
         proc = subprocess.run(["bash", "-c", cmd.text], cwd=s.root, env=run_env, text=True,
@@ -369,7 +374,7 @@ RUN_COMMANDS = {"prepare", "verify", "train", "eval", "transfer", "classify", "g
 
 
 def _template_knobs(path: Path) -> set[str]:
-    from hvd_lm.jobs.launch import knob_defaults
+    from hvd_lm.jobs.job_scripts import knob_defaults
     return set(knob_defaults(path.read_text())) | set(
         re.findall(r"\b([A-Z][A-Z0-9_]+)\b", (REPO / "launch" / "env.sh").read_text()))
 
@@ -390,7 +395,7 @@ def _template(cmd: Cmd, script: str, env: dict[str, str], s: Session, run_it: bo
         return
     env = dict(env)
     if "OUT_DIR" not in env:                          # the run dir of the uncapped NP
-        from hvd_lm.jobs.launch import knob_defaults
+        from hvd_lm.jobs.job_scripts import knob_defaults
         default = knob_defaults(path.read_text())["OUT_DIR"]
         env["OUT_DIR"] = default.replace("$NP", env.get("NP", str(CORES)))
     env["NP"] = str(min(int(env.get("NP", CORES)), CORES))

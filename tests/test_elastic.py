@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
+from hvd_lm.formats.checkpoint import load, resolve
 from hvd_lm.perf.bench_elastic import ElasticJob, local_names
-from hvd_lm.train.checkpoint import load, resolve
 from hvd_lm.train.schedule import scaled_lr
 from tests._mp import launch_env
 from tests.shardutil import default_shards
@@ -92,8 +92,9 @@ def test_lose_a_worker_then_get_one_back(tmp_path):
 
 
 def test_bench_elastic_measures_commit_and_loss(tmp_path, capsys):
-    from hvd_lm.cli import main
     import json
+
+    from hvd_lm.cli import main
 
     shards = default_shards(tmp_path / "shards")
     out = tmp_path / "e.json"

@@ -3,14 +3,19 @@ from __future__ import annotations
 
 import re
 import subprocess
-import tomllib
 
 import numpy as np
 import pytest
+import tomllib
 import torch
 import yaml
 
-from hvd_lm.comm.stack import check_build, horovodrun_path, missing_components, parse_check_build
+from hvd_lm.install.check_build import (
+    check_build,
+    horovodrun_path,
+    missing_components,
+    parse_check_build,
+)
 from tests._mp import REPO, horovodrun_cmd, mpirun_cmd, run
 from tests.scripts.problem import make_problem, train_steps
 

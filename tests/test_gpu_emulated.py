@@ -24,11 +24,10 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_lm.core import mlstm_kernels as K
-from hvd_lm.core.mlstm_fused import (WindowGraphs, mlstm_window, weight_grad_mm,
-                                     weight_grad_path)
-from hvd_lm.core.model import LanguageModel, ModelConfig
-from hvd_lm.core.shards import load_manifest
+from hvd_lm.formats.manifest import load_manifest
+from hvd_lm.model import mlstm_kernels as K
+from hvd_lm.model.lm import LanguageModel, ModelConfig
+from hvd_lm.model.mlstm_fused import WindowGraphs, mlstm_window, weight_grad_mm, weight_grad_path
 from hvd_lm.train.data import RankStreams
 from tests._mp import SHARED, launch_env, run
 from tests.scripts.mlstm_cases import StaticBufferCapture, train_windows
@@ -247,7 +246,7 @@ def test_cell_kernels_compile_for_sm90_without_spills(repo_root, tmp_path):
             [(r["kernel"], r["compute"], r["registers"]) for r in rows]
 
 
-# ---- scripts/gpu_check.sh: stages that resume each other ------------------------------------------
+# ---- scripts/gpu_check.sh: stages that resume each other -----------------------------------------
 
 @pytest.mark.slow
 def test_gpu_check_stages_run_separately_and_merge(repo_root, tmp_path):

@@ -1,4 +1,4 @@
-"""The fused mLSTM recurrence (hvd_lm.core.mlstm_fused, hvd_lm.core.mlstm_kernels) against its
+"""The fused mLSTM recurrence (hvd_lm.model.mlstm_fused, hvd_lm.model.mlstm_kernels) against its
 oracles: float64 gradcheck of the Function with reset and mask; the reference path's forward
 states and every parameter gradient on random inputs and on real shards; the kernels against
 their pure-torch specification (torch.compile, and Triton under its CPU interpreter); the
@@ -11,18 +11,32 @@ import sys
 import pytest
 import torch
 
-from hvd_lm.core import mlstm_kernels as K
-from hvd_lm.core.mlstm_fused import (LAYOUTS, MLSTMWindow, WindowGraphs, default_layout,
-                                     mlstm_window, saved_bytes, signature, steps_empty,
-                                     to_layout)
-from hvd_lm.core.model import LanguageModel, ModelConfig
-from hvd_lm.core.shards import load_manifest
+from hvd_lm.formats.manifest import load_manifest
+from hvd_lm.model import mlstm_kernels as K
+from hvd_lm.model.lm import LanguageModel, ModelConfig
+from hvd_lm.model.mlstm_fused import (
+    LAYOUTS,
+    MLSTMWindow,
+    WindowGraphs,
+    default_layout,
+    mlstm_window,
+    saved_bytes,
+    signature,
+    steps_empty,
+    to_layout,
+)
 from hvd_lm.perf import bench_train as bt
 from hvd_lm.train.data import RankStreams
-from hvd_lm.train.evaluate import window_nll
+from hvd_lm.train.step import window_nll
 from tests._mp import horovodrun_cmd, launch_env, run
-from tests.scripts.mlstm_cases import (StaticBufferCapture, cell_case, cell_diff, train_windows,
-                                      window_diff, window_inputs)
+from tests.scripts.mlstm_cases import (
+    StaticBufferCapture,
+    cell_case,
+    cell_diff,
+    train_windows,
+    window_diff,
+    window_inputs,
+)
 from tests.shardutil import default_shards
 from tests.test_train import max_diff, one_process, params_of, records, train_argv
 

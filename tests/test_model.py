@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_lm.core.model import LanguageModel, ModelConfig, parameter_shapes
+from hvd_lm.model.lm import LanguageModel, ModelConfig, parameter_shapes
 
 
 def config(cell: str, **kw) -> ModelConfig:

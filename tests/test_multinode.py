@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from hvd_lm.cli import main
-from hvd_lm.train.checkpoint import list_checkpoints, load, resolve
+from hvd_lm.formats.checkpoint import list_checkpoints, load, resolve
 from tests._mp import REPO, SHARED, launch_env, run
 from tests.cluster import Cluster
 from tests.shardutil import default_shards
@@ -89,7 +89,7 @@ def template_env(shards: Path, out: Path, extra: list[str] = (), **knobs: str) -
             "TRAIN_ARGS": " ".join(["--shards", str(shards), *TINY, *extra]), **knobs}
 
 
-# ---- launchers ------------------------------------------------------------------------------------
+# ---- launchers -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_horovodrun_across_two_hosts_equals_one_process(cluster, shards, reference, tmp_path,
                                                         controller):
@@ -166,7 +166,7 @@ def test_data_prep_across_two_hosts_is_byte_identical(cluster, tmp_path):
         man["splits"]
 
 
-# ---- faults ------------------------------------------------------------------------------------------
+# ---- faults --------------------------------------------------------------------------------------
 def wait_for(pred, what: str, proc, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not pred():

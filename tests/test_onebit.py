@@ -13,16 +13,17 @@ import pytest
 import torch
 from pytorch_optimizer import Lamb
 
-from hvd_lm.core.config import ConfigError
-from hvd_lm.comm import onebit as ob
-from hvd_lm.train.checkpoint import load, resolve
-from hvd_lm.train.config import from_dict
-from hvd_lm.train.onebit import OnebitAdam, OnebitLamb
+from hvd_lm.comm import onebit_compression as ob
+from hvd_lm.formats.checkpoint import load, resolve
+from hvd_lm.options import ConfigError
+from hvd_lm.train.onebit_optimizers import OnebitAdam, OnebitLamb
+from hvd_lm.train.settings import from_dict
 from tests._mp import horovodrun_cmd, launch_env, mpirun_cmd, run
 from tests.scripts.onebit_rounds import inputs as round_inputs
 from tests.shardutil import default_shards, make_shards, review_texts
 
-# ---- numpy reference: the paper's equations, written independently of hvd_lm.comm.onebit -------
+# ---- numpy reference: the paper's equations, written independently of
+# hvd_lm.comm.onebit_compression -------
 
 
 def np_compress(x: np.ndarray, chunk: int, valid: int) -> np.ndarray:
@@ -285,8 +286,8 @@ def test_lamb_update_and_trust_ratio_match_numpy():
     """pytorch_optimizer.Lamb as built by --optimizer lamb, and 1-bit LAMB's warmup, against
     numpy: parameters and each layer's trust ratio for 10 steps with weight decay. Lamb's
     default (adam_debias=False) divides the step by 1 - beta1^t: 10x numpy's at t = 1."""
-    from hvd_lm.train.config import OptimConfig
     from hvd_lm.train.optim import build_optimizer
+    from hvd_lm.train.settings import OptimConfig
 
     model, data = _problem(3)
     onebit_model = _clone(model)
@@ -483,7 +484,8 @@ def test_onebit_adam_300_steps_within_005_bpc_of_adam(tmp_path):
 
 
 def test_wire_summary_ratios():
-    from hvd_lm.perf.bench_allreduce import wire_bytes, wire_summary
+    from hvd_lm.perf.allreduce_report import wire_summary
+    from hvd_lm.perf.bench_allreduce import wire_bytes
 
     recs = [{"label": f"hvd-gloo{'+' + c if c != 'none' else ''}", "backend": "horovod",
              "case": "single", "size_bytes": 4096, "compression": c,

@@ -1,31 +1,41 @@
-"""Every figure README.md quotes from a measurement or a model is read back from where it came from.
+"""Every figure README.md and the docs pages quote from a measurement or a model is read back from
+where it came from.
 
 Measurements live in ``docs/results/`` (committed copies of what the commands wrote: the demo's
 ``summary.json``, bench JSONs, metrics logs); the scaling model's figures are recomputed here from
 the shipped calibration (``docs/results/allreduce_calibration.json``). Each check formats the
-value the way README prints it and asserts that exact text is there, so a re-run that changes a
-number fails until README says the new one. To refresh after re-measuring: copy the new file over
-the old one in ``docs/results/`` (e.g. ``cp runs/demo/summary.json docs/results/demo.json`` after
-``make demo``) and update README where this test points.
+value the way the page prints it and asserts that exact text is in the page that quotes it
+(README.md for the demo's paragraph, a ``docs/`` page for the rest), so a re-run that changes a
+number fails until the page says the new one. To refresh after re-measuring: copy the new file
+over the old one in ``docs/results/`` (e.g. ``cp runs/demo/summary.json docs/results/demo.json``
+after ``make demo``) and update the page where this test points.
 """
 from __future__ import annotations
 
 import json
+
 import pytest
 
-from hvd_lm.perf import scaling_model as sm
 from hvd_lm.perf import scaling_study as ss
+from hvd_lm.perf.calibration import calibrate_from_bench
 from hvd_lm.perf.results import load_bench_json
 from tests._mp import REPO
 
-README = (REPO / "README.md").read_text()
 RESULTS = REPO / "docs" / "results"
+#: The pages that quote figures, and the page each test's figures live on.
+README, TRAINING, TRANSFER, PERFORMANCE, RELIABILITY = (
+    "README.md", "docs/training.md", "docs/transfer.md", "docs/performance.md",
+    "docs/reliability.md")
+_PAGES: dict[str, str] = {}
 
 
-def says(text: str, source: str) -> None:
-    """README contains ``text`` (a figure formatted as README prints it)."""
-    flat = " ".join(README.split())              # line breaks inside a sentence do not matter
-    assert " ".join(text.split()) in flat, f"README should say {text!r} (from {source})"
+def says(text: str, source: str, page: str = README) -> None:
+    """``page`` (README.md or a docs page) contains ``text`` (a figure formatted as the page
+    prints it)."""
+    if page not in _PAGES:
+        _PAGES[page] = " ".join((REPO / page).read_text().split())
+    flat = _PAGES[page]                          # line breaks inside a sentence do not matter
+    assert " ".join(text.split()) in flat, f"{page} should say {text!r} (from {source})"
 
 
 def load(name: str) -> dict:
@@ -50,21 +60,21 @@ def test_demo_paragraph():
          f"{t['nonzero']} non-zero weights) against {t['baseline_val_acc']:.1%} for TF-IDF", src)
     minutes, seconds = divmod(round(d["total_s"]), 60)
     says(f"{minutes} min {seconds} s", src)
-    # the transfer section's example: the same run
+    # docs/transfer.md's example: the same run
     says(f"{d['steps']} steps, val BPC {d['val_bpc']:.3f}; `--features {t['features']}`, CPU): "
          f"SST-2 val {t['val_acc']:.1%} ({t['nonzero']} of 256 weights non-zero), unit "
          f"#{t['neuron']} alone {t['neuron_val_acc']:.1%}, TF-IDF baseline "
-         f"{t['baseline_val_acc']:.1%}", src)
+         f"{t['baseline_val_acc']:.1%}", src, TRANSFER)
 
 
 def test_elastic_figures():
     e = load("bench_elastic.json")
     src = "docs/results/bench_elastic.json"
     says(f"a commit takes {e['commit_s'] * 1e3:.1f} ms, {e['commit_share_of_step_time']:.2%} of "
-         f"step time at `--commit-every {e['commit_every']}`", src)
+         f"step time at `--commit-every {e['commit_every']}`", src, TRAINING)
     says(f"a worker killed with SIGKILL at step {e['last_step_before_kill']} cost the "
          f"{e['steps_lost']} steps since the commit at step {e['resumed_from_step']} and "
-         f"{e['kill_to_first_step_s']:.1f} s from the kill to the next step", src)
+         f"{e['kill_to_first_step_s']:.1f} s from the kill to the next step", src, TRAINING)
 
 
 def test_onebit_wire_bytes():
@@ -72,20 +82,22 @@ def test_onebit_wire_bytes():
     src = "docs/results/onebit_allreduce.json"
     computed = w[("hvd-mpi", "mlstm1024")]
     says(f"{computed['none_over_onebit']:.1f}x fewer bytes than the fp32 gradient allreduce and "
-         f"{computed['fp16_over_onebit']:.1f}x fewer than fp16", src)
+         f"{computed['fp16_over_onebit']:.1f}x fewer than fp16", src, TRAINING)
     m = w[("hvd-gloo", "mlstm1024")]
     says(f"{m['none_measured'] / m['onebit_measured']:.1f}x / "
-         f"{m['fp16_measured'] / m['onebit_measured']:.1f}x for the H=1024 mLSTM's step", src)
+         f"{m['fp16_measured'] / m['onebit_measured']:.1f}x for the H=1024 mLSTM's step", src,
+         TRAINING)
 
 
 def test_onebit_convergence():
     a, o = evals("onebit/adam_300.jsonl"), evals("onebit/onebit-adam_300.jsonl")
     src = "docs/results/onebit/*_300.jsonl"
-    says(f"validation BPC {o[300]:.3f} (1-bit Adam, 60 warmup steps) vs {a[300]:.3f} (Adam)", src)
+    says(f"validation BPC {o[300]:.3f} (1-bit Adam, 60 warmup steps) vs {a[300]:.3f} (Adam)", src,
+         TRAINING)
     a, o = evals("onebit/adam_1000.jsonl"), evals("onebit/onebit-adam_1000.jsonl")
     gap = max(abs(o[s] - a[s]) for s in a)
     says(f"over 1,000 steps within {gap:.3f} of Adam throughout, {o[1000]:.3f} vs {a[1000]:.3f} "
-         "at the end", "docs/results/onebit/*_1000.jsonl")
+         "at the end", "docs/results/onebit/*_1000.jsonl", TRAINING)
 
 
 def _bench_rows(name: str) -> dict:
@@ -100,7 +112,7 @@ def test_training_throughput_table(h, flops):
     says(f"| H={h} ({flops} MFLOP/char) | 32 x 64 | {one['chars_per_s_total']:,.0f} | "
          f"{two['chars_per_s_total']:,.0f} | {two['weak_scaling_efficiency']:.3f} | "
          f"{one['fraction_of_matmul_peak']:.1%} (1 rank) | {d['horovod_over_ddp']:.3f}x |",
-         f"docs/results/bench_train_h{h}.json")
+         f"docs/results/bench_train_h{h}.json", PERFORMANCE)
 
 
 @pytest.mark.parametrize("h,threads", [(1024, 2), (256, 2), (1024, 1), (256, 1)])
@@ -114,22 +126,23 @@ def test_fused_recurrence_table(h, threads):
     says(f"| H={h} | {threads} | {r[('horovod', 1, 'fused/torch')]['chars_per_s_total']:,.0f} | "
          f"{r[('horovod', 1, 'reference')]['chars_per_s_total']:,.0f} | "
          f"{ratio['step_ratio_median']:.3f}x (quartiles {q1:.3f}-{q3:.3f}) |",
-         f"docs/results/{name}")
+         f"docs/results/{name}", PERFORMANCE)
 
 
 @pytest.fixture(scope="module")
 def calibration():
-    return sm.calibrate_from_bench(load_bench_json(ss.SHIPPED_CALIBRATION))
+    return calibrate_from_bench(load_bench_json(ss.SHIPPED_CALIBRATION))
 
 
 def test_allreduce_calibration_figures(calibration):
     src = str(ss.SHIPPED_CALIBRATION.relative_to(REPO))
     lo, hi = calibration.per_cycle_overhead_range_s
     says(f"per-cycle overhead over raw MPI of {calibration.per_cycle_overhead_s * 1e6:.0f} us "
-         f"(interquartile range over sizes and launches {lo * 1e6:.0f}-{hi * 1e6:.0f} us)", src)
+         f"(interquartile range over sizes and launches {lo * 1e6:.0f}-{hi * 1e6:.0f} us)", src,
+         PERFORMANCE)
     lo, hi = calibration.bandwidth_ratio_range
     says(f"Horovod / raw MPI time for large tensors {calibration.measured_bandwidth_ratio:.2f}x "
-         f"({lo:.2f}-{hi:.2f}x)", src)
+         f"({lo:.2f}-{hi:.2f}x)", src, PERFORMANCE)
 
 
 def test_scaling_model_figures(calibration):
@@ -138,16 +151,18 @@ def test_scaling_model_figures(calibration):
     v = ss.validate(calibration)["summary"]
     says(f"within {max(v['4096-d w/o IB']['model_max_abs_error'], v['8192-d w/ IB']['model_max_abs_error']):.1%} "
          f"for the 10 GbE and 8192-d columns and within "
-         f"{v['4096-d w/ IB']['model_max_abs_error']:.1%} for the 4096-d InfiniBand column", src)
+         f"{v['4096-d w/ IB']['model_max_abs_error']:.1%} for the 4096-d InfiniBand column", src,
+         PERFORMANCE)
     rows = {(r["scenario"], r["setting"]): r for r in ss.recommend(calibration)["rows"]}
     pub = {s: r for (sc, s), r in rows.items() if sc == "as-published"}
     says(f"keep fp16 gradients (fp32: {pub['fp32 gradients (no compression)']['speedup']:.1f}x "
-         "< 109x)", src)
-    says(f"gives {pub['batch 512 per GPU (or 2 backward passes per step)']['speedup']:.1f}x", src)
+         "< 109x)", src, PERFORMANCE)
+    says(f"gives {pub['batch 512 per GPU (or 2 backward passes per step)']['speedup']:.1f}x", src,
+         PERFORMANCE)
     small = ("no fusion (threshold 0)", "fusion 64 MB", "cycle time 5 ms",
              "hierarchical allreduce (NCCL across nodes)")
     assert max(abs(pub[s]["vs_reference_setting"]) for s in small) < 0.01, \
-        "README says fusion, cycle time and hierarchical allreduce change < 1%"
+        "docs/performance.md says fusion, cycle time and hierarchical allreduce change < 1%"
 
 
 def test_onebit_scaling_figures(calibration):
@@ -157,8 +172,9 @@ def test_onebit_scaling_figures(calibration):
     g, ib = at[("10 GbE", 128)], at[("IB as published", 128)]
     says(f"the fp16 reference is {g['fp16_speedup']:.1f}x (published 92.6x); 1-bit Adam's "
          f"compressed phase {g['onebit_speedup']:.1f}x, {g['onebit_end_to_end_speedup']:.1f}x end "
-         "to end", src)
-    says(f"{ib['onebit_speedup']:.1f}x ({ib['onebit_end_to_end_speedup']:.1f}x end to end)", src)
+         "to end", src, TRAINING)
+    says(f"{ib['onebit_speedup']:.1f}x ({ib['onebit_end_to_end_speedup']:.1f}x end to end)", src,
+         TRAINING)
 
 
 
@@ -169,26 +185,26 @@ def test_transfer_fit_times():
     says(f"torch {synth['torch, 1 thread']['seconds']:.1f} s, liblinear "
          f"{synth['liblinear, 2 threads']['seconds']:.1f} s (2 threads; "
          f"{synth['liblinear, 1 thread']['seconds']:.1f} s on one), saga over "
-         f"{d['config']['time_limit']:.0f} s (stopped)", src)
+         f"{d['config']['time_limit']:.0f} s (stopped)", src, TRANSFER)
     assert synth["saga, 1 thread"]["stopped"]
     best = lambda name: min(v["seconds"] for k, v in real.items() if k.startswith(name))  # noqa: E731
     says(f"torch {best('torch'):.1f} s, liblinear {best('liblinear'):.1f} s, saga "
-         f"{best('saga'):.1f} s, all choosing the same C", src)
+         f"{best('saga'):.1f} s, all choosing the same C", src, TRANSFER)
     assert len({v["C"] for v in real.values()}) == 1
 
 
 def test_loaded_calibration_example():
-    cal = sm.calibrate_from_bench(load_bench_json(RESULTS / "allreduce_loaded.json"))
+    cal = calibrate_from_bench(load_bench_json(RESULTS / "allreduce_loaded.json"))
     lo, hi = cal.per_cycle_overhead_range_s
     rlo, rhi = cal.bandwidth_ratio_range
     says(f"(`docs/results/allreduce_loaded.json`) the overhead was "
          f"{cal.per_cycle_overhead_s * 1e6:.0f} us ({lo * 1e6:.0f}-{hi * 1e6:.0f} us) and the "
          f"ratio {cal.measured_bandwidth_ratio:.2f}x ({rlo:.2f}-{rhi:.2f}x)",
-         "docs/results/allreduce_loaded.json")
+         "docs/results/allreduce_loaded.json", PERFORMANCE)
 
 
 def multinode_row(run: dict, r: dict) -> str:
-    """One row of README's measured-vs-predicted table, as README prints it."""
+    """One row of docs/performance.md's measured-vs-predicted table, as the page prints it."""
     f = r["fit"]
     return (f"| {run['label']} | {r['nodes']} | {f['alpha_s'] * 1e6:.0f} | {f['beta_GBps']:.3f} | "
             f"{r['compute_s'] * 1e3:.1f} | {(r['comm_s'] + r['loop_s']) * 1e3:.1f} | "
@@ -198,25 +214,25 @@ def multinode_row(run: dict, r: dict) -> str:
 
 def test_multinode_table():
     """Every row of ``hvd-lm bench multinode`` (2 and 3 hosts at each shaped link speed, one
-    ``docs/results/bench_multinode_<rate>.json`` per speed) is in README, and the ratios it
-    states are those of the rows."""
+    ``docs/results/bench_multinode_<rate>.json`` per speed) is in docs/performance.md, and the
+    ratios it states are those of the rows."""
     files = sorted(RESULTS.glob("bench_multinode_*.json"))
     assert len(files) >= 2, "two shaped link speeds"
     runs = [json.loads(f.read_text()) for f in files]
     src = ", ".join(f"docs/results/{f.name}" for f in files)
     for run in runs:
         for r in run["rows"]:
-            says(multinode_row(run, r), src)
+            says(multinode_row(run, r), src, PERFORMANCE)
     ratios = [r["predicted_s"] / r["measured_s"] for run in runs for r in run["rows"]]
-    says(f"predicted / measured {min(ratios):.2f}-{max(ratios):.2f}", src)
+    says(f"predicted / measured {min(ratios):.2f}-{max(ratios):.2f}", src, PERFORMANCE)
 
 
 def test_multinode_prose():
-    """The figures README's text quotes from the two ``bench multinode`` results, recomputed:
+    """The figures docs/performance.md quotes from the two ``bench multinode`` results, recomputed:
     the free line's and the 32-byte allreduce's times, one process's step parts and the window's
     share, the previous model's ratios on the same measurements, each round's ratios, the 8 MiB
     allreduce's range, and the 3-host step against its parts measured apart."""
-    from hvd_lm.core.model import mlstm_parameters
+    from hvd_lm.model.lm import mlstm_parameters
     from hvd_lm.perf.bench_multinode import predict_step
 
     run = {lb: load(f"bench_multinode_{lb}.json") for lb in ("1gbit", "200mbit")}
@@ -226,16 +242,17 @@ def test_multinode_prose():
     g3, m3 = row[("1gbit", 3)], row[("200mbit", 3)]
     says(f"{g3['fit_free']['intercept_s'] * 1e3:.1f} ms in this one, "
          f"{m3['fit_free']['intercept_s'] * 1e3:.1f} ms at 200 Mbit/s; the 32-byte allreduce "
-         f"took\n  {g3['latency_s'] * 1e3:.1f} and {m3['latency_s'] * 1e3:.1f} ms)", src)
+         f"took\n  {g3['latency_s'] * 1e3:.1f} and {m3['latency_s'] * 1e3:.1f} ms)", src,
+         PERFORMANCE)
     w = run["1gbit"]["step_parts"]
     says(f"forward {w['forward_s'] * 1e3:.1f} ms, backward {w['backward_s'] * 1e3:.1f} ms "
          f"({w['window_s'] * 1e3:.1f} ms of\n  it after the decoder's gradients), clip and Adam "
          f"step {w['update_s'] * 1e3:.1f} ms, so the window is {w['fraction']:.0%} of the step "
          f"({run['200mbit']['step_parts']['fraction']:.0%} measured again before the 200 Mbit/s "
-         "run)", src)
+         "run)", src, PERFORMANCE)
     ratios = [row[k]["ratio"] for k in keys]
     within = [abs(r - 1) for r in ratios if abs(r - 1) < 0.10]
-    says("within 5% on three rows and 19% low", src)
+    says("within 5% on three rows and 19% low", src, PERFORMANCE)
     assert len(within) == 3 and max(within) < 0.05 and 1 - ratios[1] == pytest.approx(0.19,
                                                                                      abs=0.005)
     args = run["1gbit"]["args"]
@@ -245,23 +262,23 @@ def test_multinode_prose():
                              run[k[0]]["args"]["log_every"])["predicted_s"] / row[k]["measured_s"]
                 for k in keys]
     says("the previous model (a free\nline's intercept, 2/3 of the step hidden) gave "
-         "{:.2f}, {:.2f}, {:.2f} and {:.2f}".format(*previous), src)
+         "{:.2f}, {:.2f}, {:.2f} and {:.2f}".format(*previous), src, PERFORMANCE)
 
     def span(r):
         return f"{min(r['ratio_rounds']):.2f}-{max(r['ratio_rounds']):.2f}"
 
     says(f"gave {span(g3)}\nat 1 Gbit/s and {span(m3)} at 200 Mbit/s (`ratio_rounds`; "
-         f"{span(row[('1gbit', 2)])} and {span(row[('200mbit', 2)])} on 2 hosts)", src)
+         f"{span(row[('1gbit', 2)])} and {span(row[('200mbit', 2)])} on 2 hosts)", src, PERFORMANCE)
     big = [r["time_s"] for r in run["1gbit"]["records"]["3"] if r["case"] == "single"
            and r["size_bytes"] == 8 << 20]
-    says(f"allreduce of 8 MiB took {min(big) * 1e3:.0f}-{max(big) * 1e3:.0f} ms", src)
+    says(f"allreduce of 8 MiB took {min(big) * 1e3:.0f}-{max(big) * 1e3:.0f} ms", src, PERFORMANCE)
     parts = (g3["compute_s"] + g3["grouped_allreduce_s"]) / g3["measured_s"]
     says(f"{g3['compute_s'] * 1e3:.0f} ms of compute plus the {g3['grouped_allreduce_s'] * 1e3:.0f}"
          f" ms allreduce of the gradient list alone is {parts:.2f} of\nthe "
          f"{g3['measured_s'] * 1e3:.0f} ms step, so even an exact model of the collective would "
-         f"miss that row by {1 - parts:.0%}", src)
-    # Known limitations repeats them
+         f"miss that row by {1 - parts:.0%}", src, PERFORMANCE)
+    # docs/reliability.md's known limitations repeat them
     says(f"within 5% of the measured one on 3 of 4\n  rows; on 3 hosts at 1 Gbit/s it is "
-         f"{ratios[1]:.2f}x the measured step", src)
+         f"{ratios[1]:.2f}x the measured step", src, RELIABILITY)
     says(f"one run's rounds alone range {span(g3)}, and compute plus the gradient list's "
-         f"allreduce\n  measured apart is itself {parts:.2f}x that step", src)
+         f"allreduce\n  measured apart is itself {parts:.2f}x that step", src, RELIABILITY)

@@ -19,12 +19,12 @@ import psutil
 import pytest
 import torch
 
-from hvd_lm.core import atomic
-from hvd_lm.core.lock import FolderBusyError, FolderLock
-from hvd_lm.core.shards import load_manifest
-from hvd_lm.train import checkpoint as ck
+from hvd_lm.formats import checkpoint as ck
+from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.train import preflight
 from hvd_lm.train.loop import TRAIN
+from hvd_lm.util import atomic
+from hvd_lm.util.lock import FolderBusyError, FolderLock
 from tests._mp import horovodrun_cmd, launch_env, mpirun_cmd, run
 from tests.shardutil import default_shards
 
@@ -59,7 +59,7 @@ def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
     return lines[0]
 
 
-# ---- 1. one job per run folder --------------------------------------------------------------------
+# ---- 1. one job per run folder -------------------------------------------------------------------
 
 def test_folder_lock_names_the_holder_and_is_freed_by_death(tmp_path):
     with FolderLock(tmp_path / "run", "run folder"):
@@ -68,7 +68,7 @@ def test_folder_lock_names_the_holder_and_is_freed_by_death(tmp_path):
     assert not (tmp_path / "run" / ".lock").exists()  # a clean release leaves nothing
     # A holder killed with SIGKILL: the kernel frees the flock; the next job takes over with a
     # warning naming the dead holder.
-    code = ("import sys, time; from hvd_lm.core.lock import FolderLock; "
+    code = ("import sys, time; from hvd_lm.util.lock import FolderLock; "
             f"l = FolderLock({str(tmp_path / 'run2')!r}); print('held', flush=True); "
             "time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
@@ -81,7 +81,7 @@ def test_folder_lock_names_the_holder_and_is_freed_by_death(tmp_path):
         holder.wait(10)
     finally:
         holder.kill()
-    proc = subprocess.run([sys.executable, "-c", "from hvd_lm.core.lock import FolderLock; "
+    proc = subprocess.run([sys.executable, "-c", "from hvd_lm.util.lock import FolderLock; "
                            f"FolderLock({str(tmp_path / 'run2')!r}).release()"],
                           capture_output=True, text=True, env=launch_env(), timeout=60)
     assert proc.returncode == 0 and f"lock of pid {holder.pid}" in proc.stderr
@@ -139,7 +139,7 @@ def test_save_refuses_non_finite_weights(tmp_path):
     assert ck.list_checkpoints(tmp_path) == []
 
 
-# ---- 3. signals reach every rank under every launcher -----------------------------------------------
+# ---- 3. signals reach every rank under every launcher --------------------------------------------
 
 def _launch_cmd(kind: str, argv: list) -> list:
     if kind == "mpirun":
@@ -188,7 +188,7 @@ def test_signal_to_the_launcher_checkpoints_every_rank(shards, tmp_path, kind, s
     assert saved["step"] == end[0]["step"] and saved["rnn_state"][0].shape == (4, 32)
 
 
-# ---- 5. disk full ---------------------------------------------------------------------------------
+# ---- 5. disk full --------------------------------------------------------------------------------
 
 def test_disk_full_checkpoint_is_one_line_and_keeps_the_previous(tmp_path, monkeypatch):
     first = ck.save({"model": {"w": torch.ones(3)}, "step": 1}, tmp_path, 1)
@@ -212,7 +212,7 @@ def test_disk_full_checkpoint_is_one_line_and_keeps_the_previous(tmp_path, monke
 
 def test_start_refuses_when_a_checkpoint_cannot_fit(shards, tmp_path, monkeypatch):
     from hvd_lm.train import rundir
-    from hvd_lm.train.config import TrainConfig
+    from hvd_lm.train.settings import TrainConfig
 
     cfg = TrainConfig()
     cfg.run.out_dir = str(tmp_path / "run")
@@ -359,7 +359,7 @@ def test_chars_trained_is_exact_across_a_world_size_change(shards, tmp_path):
     assert ends[1]["chars_trained"] == 2 * 3 * 2 * 16 + 3 * 2 * 16
 
 
-# ---- 4/7. data_prep: workers die with the parent, a live prepare owns its folder, memory -------------
+# ---- 4/7. data_prep: workers die with the parent, a live prepare owns its folder, memory ---------
 
 def _big_input(path: Path, docs: int = 4000) -> Path:
     import gzip
@@ -409,7 +409,7 @@ def test_prepare_refuses_a_document_over_its_memory_budget(tmp_path):
     assert proc.returncode == 1
     assert f"{src}:2: a record of 41,943," in proc.stderr and "--max-memory-mb" in proc.stderr
     proc = run([*base, "--out", str(tmp_path / "b"), "--skip-bad"], timeout=120)
-    from hvd_lm.core.shards import load_manifest
+    from hvd_lm.formats.manifest import load_manifest
     meta = load_manifest(tmp_path / "b").meta
     assert meta["counters"]["documents"] == 2 and meta["counters"]["bad_records"] == 1
 
@@ -440,7 +440,7 @@ def test_prepare_disk_full_is_one_line_and_resume_finishes_the_same_corpus(tmp_p
     free; after space is freed, --resume gives the shards a clean run gives."""
     import data_prep.sort
     from hvd_lm.cli import main
-    from hvd_lm.core.shards import load_manifest
+    from hvd_lm.formats.manifest import load_manifest
 
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"reviewText": f"review {i} " * 20}) + "\n"
@@ -635,9 +635,9 @@ def test_impossible_shapes_are_refused_before_anything_is_written(shards, tmp_pa
 
 
 def test_a_step_that_cannot_fit_in_memory_is_refused_with_the_estimate(shards, tmp_path):
-    from hvd_lm.core.atomic import human
     from hvd_lm.train import memory
-    from hvd_lm.train.config import TrainConfig
+    from hvd_lm.train.settings import TrainConfig
+    from hvd_lm.util.atomic import human
 
     flags = ["--hidden-size", "16384", "--embed-dim", "64", "--batch-size", "1", "--seq-len",
              "70000"]
@@ -661,10 +661,10 @@ def test_the_memory_check_counts_the_cuda_graph_pool(shards, monkeypatch):
     out of memory). H=4096, B=256, T=256 bf16: the graphed estimate is about 2x the eager one
     (the issue's figure); a card with memory between the two takes the eager run and refuses the
     graphed one, naming the pool; on the CPU graphs never apply."""
-    from hvd_lm.core.atomic import human
-    from hvd_lm.core.config import ConfigError
+    from hvd_lm.options import ConfigError
     from hvd_lm.train import memory, preflight
-    from hvd_lm.train.config import TrainConfig
+    from hvd_lm.train.settings import TrainConfig
+    from hvd_lm.util.atomic import human
 
     cfg = TrainConfig()
     cfg.model.hidden_size, cfg.data.batch_size, cfg.data.seq_len = 4096, 256, 256
@@ -690,10 +690,10 @@ def test_the_memory_check_counts_the_cuda_graph_pool(shards, monkeypatch):
 def test_activation_estimate_matches_saved_tensor_hooks(cell, impl, precision):
     """The estimate of activations saved for backward vs the bytes torch's saved-tensor hooks
     see in one real training window (each storage once, parameters excluded): within 2%."""
-    from hvd_lm.core.model import LanguageModel, ModelConfig
+    from hvd_lm.model.lm import LanguageModel, ModelConfig
     from hvd_lm.train.data import Batch
-    from hvd_lm.train.evaluate import window_nll
     from hvd_lm.train.memory import activation_bytes, compute_bytes
+    from hvd_lm.train.step import window_nll
 
     T, B, H, E = 64, 16, 128, 64
     torch.manual_seed(0)
@@ -731,7 +731,7 @@ def test_step_memory_estimate_against_peak_rss(shards, tmp_path, flags):
     import re
 
     from hvd_lm.train import memory
-    from hvd_lm.train.config import TrainConfig
+    from hvd_lm.train.settings import TrainConfig
 
     def peak(extra, run_no: int) -> int:
         proc = run(["/usr/bin/time", "-v", *HVD_LM, "train", "--shards", shards, "--out-dir",
@@ -761,7 +761,7 @@ def test_step_memory_estimate_against_peak_rss(shards, tmp_path, flags):
     assert 0.85 <= ratio <= 1.15, f"estimate / measured = {ratio:.3f}"
 
 
-# ---- 12. issue 27: every CLI error is one line -------------------------------------------------------
+# ---- 12. issue 27: every CLI error is one line ---------------------------------------------------
 
 @pytest.mark.parametrize("argv,needles", [
     (["train", "--lr-rule", "bogus"], ["argument --lr-rule (optim.lr_rule): invalid choice: "
@@ -786,7 +786,7 @@ def test_argparse_errors_are_one_line(capsys, argv, needles):
     assert "--help lists the" in err
 
 
-# ---- 13. issue 27: the small ones -----------------------------------------------------------------
+# ---- 13. issue 27: the small ones ----------------------------------------------------------------
 
 def test_truncated_checkpoint_error_is_a_whole_sentence(shards, tmp_path):
     good = ck.save({"model": {"w": torch.ones(300)}, "step": 1, "config": {}}, tmp_path / "r", 1)
@@ -804,9 +804,9 @@ def test_free_space_warning_states_the_real_checkpoint_size(shards, tmp_path, mo
     (it was 1.25 MB for this 231 kB file: a fixed 1 MiB for "the rest")."""
     import re
 
-    from hvd_lm.core.model import LanguageModel, ModelConfig
+    from hvd_lm.model.lm import LanguageModel, ModelConfig
     from hvd_lm.train import rundir
-    from hvd_lm.train.config import TrainConfig
+    from hvd_lm.train.settings import TrainConfig
 
     out = tmp_path / "r"
     assert hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY,

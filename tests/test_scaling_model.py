@@ -4,13 +4,14 @@ import json
 import math
 
 import numpy as np
-
 import pytest
 
 from hvd_lm.cli import main
+from hvd_lm.model.lm import mlstm_parameters
+from hvd_lm.perf import calibration as cal_mod
 from hvd_lm.perf import scaling_model as sm
 from hvd_lm.perf import scaling_study as ss
-from hvd_lm.core.model import mlstm_parameters
+from hvd_lm.perf.results import fit_alpha_beta
 from hvd_lm.perf.scaling_model import Link, ScalingConfig
 
 MB = 1e6
@@ -175,14 +176,14 @@ def test_fit_alpha_beta_recovers_the_line():
     n, alpha, beta = 2, 20e-6, 5.0
     sizes = [4096 * 4 ** i for i in range(8)]
     times = [sm.ring_allreduce_time(s, n, alpha, beta) for s in sizes]
-    f = sm.fit_alpha_beta(sizes, times, n)
+    f = fit_alpha_beta(sizes, times, n)
     assert f["alpha_s"] == pytest.approx(alpha, rel=1e-6)
     assert f["beta_GBps"] == pytest.approx(beta, rel=1e-6)
     assert f["max_rel_error"] < 1e-9
     with pytest.raises(ValueError):
-        sm.fit_alpha_beta([4096], [1e-3], 2)
+        fit_alpha_beta([4096], [1e-3], 2)
     with pytest.raises(ValueError):
-        sm.fit_alpha_beta([4096, 8192], [1e-3, 0.0], 2)
+        fit_alpha_beta([4096, 8192], [1e-3, 0.0], 2)
 
 
 def _bench_data(overhead=300e-6, factor=1.25):
@@ -203,15 +204,15 @@ def _bench_data(overhead=300e-6, factor=1.25):
 
 
 def test_calibrate_from_bench_json():
-    cal = sm.calibrate_from_bench(_bench_data())
+    cal = cal_mod.calibrate_from_bench(_bench_data())
     assert cal.latency_label == "hvd-mpi cycle=0.2ms"
     assert cal.per_cycle_overhead_s == pytest.approx(300e-6, rel=1e-6)
     assert cal.measured_bandwidth_ratio == pytest.approx(1.25, rel=1e-6)
     assert cal.bandwidth_factor == pytest.approx(1.25, rel=1e-6)
-    faster = sm.calibrate_from_bench(_bench_data(factor=0.9))
+    faster = cal_mod.calibrate_from_bench(_bench_data(factor=0.9))
     assert faster.measured_bandwidth_ratio == pytest.approx(0.9) and faster.bandwidth_factor == 1
     with pytest.raises(ValueError):
-        sm.calibrate_from_bench(_bench_data(), horovod_label="hvd-gloo")
+        cal_mod.calibrate_from_bench(_bench_data(), horovod_label="hvd-gloo")
 
 
 def test_calibration_spread_over_repeated_launches():
@@ -223,7 +224,7 @@ def test_calibration_spread_over_repeated_launches():
              "hvd-mpi cycle=0.2ms": [1.0, 1.2, 3.0]}
     for r in data["records"]:
         r["time_s_repeats"] = [r["time_s"] * f for f in noise[r["label"]]]
-    cal = sm.calibrate_from_bench(data)
+    cal = cal_mod.calibrate_from_bench(data)
     small = [r for r in data["records"] if r["size_bytes"] <= 65536]
     by = {(r["label"], r["size_bytes"]): r["time_s_repeats"] for r in small}
     over = [max(0.0, a - b) for s in {r["size_bytes"] for r in small}
@@ -240,7 +241,7 @@ def test_calibration_spread_over_repeated_launches():
     assert lo.per_cycle_overhead_s <= cal.per_cycle_overhead_s < hi.per_cycle_overhead_s
     assert lo.bandwidth_factor <= cal.bandwidth_factor <= hi.bandwidth_factor
     # A single launch: no spread.
-    one = sm.calibrate_from_bench(_bench_data())
+    one = cal_mod.calibrate_from_bench(_bench_data())
     assert one.per_cycle_overhead_range_s == pytest.approx((300e-6, 300e-6))
 
 
@@ -272,10 +273,21 @@ def test_validation_rows_and_calibration():
     assert r128["published_n_t1_over_tn"] == pytest.approx(92.57, abs=0.01)
 
 
-def test_effective_bandwidth_reproduces_row():
-    bw = ss.effective_inter_bandwidth(sync_overhead_s=0.037)
-    cfg = ss.reference_config(4096, Link(bw, 5e-6), 0.81, sync_overhead_s=0.037)
-    assert sm.step_time(cfg, 128)["s_per_iter"] == pytest.approx(0.91, rel=1e-6)
+def test_effective_bandwidth_is_the_root_an_independent_solver_finds():
+    """effective_inter_bandwidth (bisection) against scipy's Brent root finder on the same
+    equation: the bandwidth at which the model's s/iter at 128 GPUs is the talk's 0.91 s."""
+    from dataclasses import replace
+
+    from scipy.optimize import brentq
+
+    base = ss.reference_config(4096, Link(1.0, 5e-6), 0.81, sync_overhead_s=0.037)
+
+    def excess(log_bw: float) -> float:
+        inter = replace(base.inter, bandwidth_GBps=math.exp(log_bw))
+        return sm.step_time(replace(base, inter=inter), 128)["s_per_iter"] - 0.91
+
+    want = math.exp(brentq(excess, math.log(1e-3), math.log(1e4), xtol=1e-12))
+    assert ss.effective_inter_bandwidth(sync_overhead_s=0.037) == pytest.approx(want, rel=1e-6)
 
 
 def test_recommend_and_plot(tmp_path):

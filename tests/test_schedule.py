@@ -1,8 +1,8 @@
 """LR rules against the reference talk's table, and the warmup/decay schedule."""
+import warnings
+
 import pytest
 import torch
-
-import warnings
 
 from hvd_lm.train.schedule import lr_factor, make_scheduler, scaled_lr, set_peak_lr
 

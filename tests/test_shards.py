@@ -1,4 +1,4 @@
-"""The shard format (hvd_lm.core.shards): write/read/verify, manifests, and an independent reader."""
+"""The shard format (hvd_lm.formats.shards): write/read/verify, manifests, and an independent reader."""
 import hashlib
 import json
 import re
@@ -9,11 +9,26 @@ import h5py
 import numpy as np
 import pytest
 
-from hvd_lm.core import shards
-from hvd_lm.core.shards import (FORMAT_VERSION, MANIFEST_NAME, ShardChecksumError, ShardFormatError,
-                           ShardInfo, build_manifest, check_shard, load_manifest, manifest_entry,
-                           open_shard, read_tokens, verify_shard, write_manifest, write_shard)
-from hvd_lm.core.tokenizer import TOKENIZER_NAME, encode_document
+from hvd_lm.formats import shards
+from hvd_lm.formats.manifest import (
+    MANIFEST_NAME,
+    ShardInfo,
+    build_manifest,
+    load_manifest,
+    manifest_entry,
+    write_manifest,
+)
+from hvd_lm.formats.shards import (
+    FORMAT_VERSION,
+    ShardChecksumError,
+    ShardFormatError,
+    check_shard,
+    open_shard,
+    read_tokens,
+    verify_shard,
+    write_shard,
+)
+from hvd_lm.formats.tokenizer import TOKENIZER_NAME, encode_document
 
 DOCS = ["first review", "second, longer review \u00e9\u00e8", "x", "last one \U0001f3b8"]
 ATTRS = {"tokenizer": TOKENIZER_NAME, "source_files": ["a.json.gz", "b/c.csv"]}

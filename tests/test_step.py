@@ -1,14 +1,17 @@
-"""The pieces of the training step written out in hvd_lm.train.loop.Trainer.steps: unscale and
-clip, step or skip, the re-cut window index and the fault hooks, each against a computation
-done here by hand (numpy or plain arithmetic)."""
+"""The pieces of the training step (hvd_lm.train.step): unscale and clip, step or skip, the
+re-cut window index and the fault hooks, each against a computation done here by hand (numpy or
+plain arithmetic)."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from hvd_lm.train import faults, runtime
+from hvd_lm.train import faults, step
 from hvd_lm.train.data import window_in_new_cut
+
+#: fp32/bf16's loss scaler: disabled, every call passes through
+NO_SCALING = torch.amp.GradScaler("cpu", enabled=False)
 
 
 def _params(grads):
@@ -23,7 +26,7 @@ def _params(grads):
 def test_unscale_and_clip_returns_the_norm_before_clipping_and_clips_to_max_norm():
     grads = [[3.0, 4.0], [12.0]]
     ps = _params(grads)
-    norm = runtime.unscale_and_clip(torch.optim.SGD(ps, lr=1.0), ps, 1.0)
+    norm = step.unscale_and_clip(torch.optim.SGD(ps, lr=1.0), ps, 1.0, NO_SCALING)
     want = float(np.linalg.norm(np.concatenate([np.array(g) for g in grads])))  # 13
     assert norm == pytest.approx(want)
     clipped = np.concatenate([p.grad.numpy() for p in ps])
@@ -33,7 +36,7 @@ def test_unscale_and_clip_returns_the_norm_before_clipping_and_clips_to_max_norm
 
 def test_unscale_and_clip_with_zero_max_norm_only_measures():
     ps = _params([[3.0, 4.0]])
-    assert runtime.unscale_and_clip(torch.optim.SGD(ps, lr=1.0), ps, 0.0) == pytest.approx(5.0)
+    assert step.unscale_and_clip(torch.optim.SGD(ps, lr=1.0), ps, 0.0, NO_SCALING) == pytest.approx(5.0)
     assert ps[0].grad.tolist() == [3.0, 4.0]
 
 
@@ -43,18 +46,18 @@ def test_unscale_and_clip_takes_the_optimizers_agreed_norm():
     opt = torch.optim.SGD(ps, lr=1.0)
     seen = []
     opt.agree_grad_norm = lambda local: seen.append(local) or 7.0
-    assert runtime.unscale_and_clip(opt, ps, 0.0) == 7.0
+    assert step.unscale_and_clip(opt, ps, 0.0, NO_SCALING) == 7.0
     assert seen == [pytest.approx(5.0)]
 
 
 def test_step_or_skip_skips_a_non_finite_step_and_applies_a_finite_one():
     ps = _params([[1.0, -2.0]])
     opt = torch.optim.SGD(ps, lr=0.5)
-    assert runtime.step_or_skip(opt, None, math.inf) is False
+    assert step.step_or_skip(opt, NO_SCALING, math.inf) is False
     assert ps[0].tolist() == [0.0, 0.0]  # untouched
-    assert runtime.step_or_skip(opt, None, math.inf, check_finite=False) is True
+    assert step.step_or_skip(opt, NO_SCALING, math.inf, check_finite=False) is True
     assert ps[0].tolist() == [-0.5, 1.0]  # x - lr g
-    assert runtime.step_or_skip(opt, None, 2.2) is True
+    assert step.step_or_skip(opt, NO_SCALING, 2.2) is True
     assert ps[0].tolist() == [-1.0, 2.0]
 
 

@@ -2,8 +2,16 @@
 import numpy as np
 import pytest
 
-from hvd_lm.core.tokenizer import (EOD, TOKENIZER_NAME, VOCAB_SIZE, decode, encode, encode_bytes,
-                              encode_document, normalize_text)
+from hvd_lm.formats.tokenizer import (
+    EOD,
+    TOKENIZER_NAME,
+    VOCAB_SIZE,
+    decode,
+    encode,
+    encode_bytes,
+    encode_document,
+    normalize_text,
+)
 
 TEXTS = ["Great album!", "caf\u00e9 na\u00efve \u00fcber",
          "\u65e5\u672c\u8a9e\u306e\u30ec\u30d3\u30e5\u30fc",

@@ -15,12 +15,12 @@ import psutil
 import pytest
 import torch
 
-from hvd_lm.train.checkpoint import list_checkpoints, load, resolve
+from hvd_lm.formats.checkpoint import list_checkpoints, load, resolve
+from hvd_lm.formats.manifest import load_manifest
+from hvd_lm.model.lm import LanguageModel, ModelConfig
 from hvd_lm.train.data import RankStreams
 from hvd_lm.train.evaluate import bpc
-from hvd_lm.core.model import LanguageModel, ModelConfig
 from hvd_lm.train.schedule import lr_factor
-from hvd_lm.core.shards import load_manifest
 from tests._mp import horovodrun_cmd, launch_env, mpirun_cmd, run
 from tests.shardutil import default_shards
 
@@ -255,7 +255,8 @@ def test_a_checkpoint_resumes_on_another_device(tmp_path):
     puts the recurrent state rows on the job's device."""
     import random
 
-    from hvd_lm.train.checkpoint import Position, Resume, payload, save
+    from hvd_lm.formats.checkpoint import save
+    from hvd_lm.train.resume import Position, Resume, payload
     from hvd_lm.train.schedule import make_scheduler
 
     torch.manual_seed(3)
@@ -267,7 +268,8 @@ def test_a_checkpoint_resumes_on_another_device(tmp_path):
     sched = make_scheduler(opt, 0, 10, "linear")
     rows = (torch.randn(2, 8), torch.randn(2, 8))
     random.seed(7), np.random.seed(7), torch.manual_seed(7)
-    save(payload(Position(step=1, window=1), model, opt, sched, None, rows, {}, 1),
+    scaler = torch.amp.GradScaler("cpu", enabled=False)  # fp32's
+    save(payload(Position(step=1, window=1), model, opt, sched, scaler, rows, {}, 1),
          tmp_path, 1)
     want = (random.random(), float(np.random.rand()), float(torch.rand(1)))
 

@@ -1,6 +1,6 @@
-"""Sentiment transfer (hvd_lm.transfer.run, hvd_lm.transfer.datasets): padding-invariant features, distributed
-featurization == one process, classifier/neuron on separable and shuffled data, dataset loaders
-and their errors, the feature cache, and the command end to end."""
+"""Sentiment transfer (hvd_lm.transfer.run, hvd_lm.transfer.datasets): padding-invariant features,
+distributed featurization == one process, classifier/neuron on separable and shuffled data, dataset
+loaders and their errors, the feature cache, and the command end to end."""
 from __future__ import annotations
 
 import argparse
@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_lm.transfer import datasets as D
+from hvd_lm.formats.checkpoint import save
+from hvd_lm.model.lm import LanguageModel, ModelConfig
 from hvd_lm.transfer import classify as C
+from hvd_lm.transfer import datasets as D
 from hvd_lm.transfer import features as F
 from hvd_lm.transfer import run as R
-from hvd_lm.train.checkpoint import save
-from hvd_lm.core.model import LanguageModel, ModelConfig
 from tests._mp import REPO, SHARED, horovodrun_cmd, run
 
 SST2 = SHARED / "data/sst2"

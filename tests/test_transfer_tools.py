@@ -16,15 +16,14 @@ import pytest
 import torch
 
 from hvd_lm.cli import main as cli_main
-from hvd_lm.core import tokenizer
+from hvd_lm.formats import tokenizer
 from hvd_lm.transfer import datasets as D
 from hvd_lm.transfer import features as F
 from hvd_lm.transfer import generate as G
 from hvd_lm.transfer import heatmap as HM
 from hvd_lm.transfer import saved as S
 from tests._mp import REPO, horovodrun_cmd, run
-from tests.test_transfer import (SST2, need_sst2, synthetic_reviews, tiny_model,
-                                 write_checkpoint)
+from tests.test_transfer import SST2, need_sst2, synthetic_reviews, tiny_model, write_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,9 @@ Fusion", "Adasum"):
 * :func:`allreduce_sum` / :func:`allreduce_max_each` / :func:`allgather` for metrics (sums over
   ranks, each step's slowest rank) and checkpointed per-rank state.
 * :func:`compressed_allreduce`: the 1-bit compressed allreduce with error feedback (Tang et al.
-  2021) on ``hvd.alltoall`` + ``hvd.allgather`` (the math: :mod:`hvd_lm.comm.onebit`), which
-  :class:`hvd_lm.train.onebit.OnebitDistributedOptimizer` calls for the momentum of 1-bit Adam /
-  1-bit LAMB.
+  2021) on ``hvd.alltoall`` + ``hvd.allgather`` (the math: :mod:`hvd_lm.comm.onebit_compression`),
+  which :class:`hvd_lm.train.onebit_optimizers.OnebitDistributedOptimizer` calls for the momentum of
+  1-bit Adam / 1-bit LAMB.
 * :func:`comm_stats`: bytes this rank put on the wire in the last step (metrics).
 """
 
@@ -27,9 +27,9 @@ import os
 
 import torch
 
-from hvd_lm.comm.launcher import RankContext
-from hvd_lm.comm.onebit import ErrorFeedback, ring_allreduce_wire_bytes
-from hvd_lm.core.units import MIB
+from hvd_lm.comm.onebit_compression import ErrorFeedback, ring_allreduce_wire_bytes
+from hvd_lm.comm.world import RankContext
+from hvd_lm.util.units import MIB
 
 #: Horovod 0.28.1's defaults (horovod/common/operations.cc): fusion threshold, bytes; cycle, ms.
 HOROVOD_DEFAULT_FUSION_BYTES = 128 * MIB
@@ -76,8 +76,8 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
                           allreduce_op: str = "average") -> torch.optim.Optimizer:
     """Wrap ``optimizer`` in ``hvd.DistributedOptimizer`` (its gradient hooks start the allreduce
     of each gradient as soon as it is ready; tensor fusion batches them). The 1-bit optimisers
-    are wrapped by :class:`hvd_lm.train.onebit.OnebitDistributedOptimizer`, which calls this for
-    its warmup.
+    are wrapped by :class:`hvd_lm.train.onebit_optimizers.OnebitDistributedOptimizer`, which calls
+    this for its warmup.
 
     Args:
         compression: ``"fp16"`` (gradients cast to fp16 for the allreduce, as the reference) or
@@ -271,11 +271,12 @@ def root_call(fn):
 def compressed_allreduce(x: torch.Tensor, errors: ErrorFeedback, name: str) -> torch.Tensor:
     """Average of ``x`` over all ranks through 1-bit compression with error feedback (Tang et al.
     2021, Algorithm 1's compressed allreduce): worker error added and every rank's part compressed
-    (:meth:`~hvd_lm.comm.onebit.ErrorFeedback.worker_compress`), ``hvd.alltoall`` of the parts
-    (uint8 [n, part_bytes]: signs packed 8 per byte, then the fp32 scales), average of this rank's
-    part plus the server error, recompressed
-    (:meth:`~hvd_lm.comm.onebit.ErrorFeedback.server_reduce`), ``hvd.allgather`` of the n
-    compressed parts, decompressed (:meth:`~hvd_lm.comm.onebit.ErrorFeedback.assemble`).
+    (:meth:`~hvd_lm.comm.onebit_compression.ErrorFeedback.worker_compress`), ``hvd.alltoall`` of the
+    parts (uint8 [n, part_bytes]: signs packed 8 per byte, then the fp32 scales), average of this
+    rank's part plus the server error, recompressed
+    (:meth:`~hvd_lm.comm.onebit_compression.ErrorFeedback.server_reduce`), ``hvd.allgather`` of the
+    n compressed parts, decompressed
+    (:meth:`~hvd_lm.comm.onebit_compression.ErrorFeedback.assemble`).
 
     Args:
         x: this rank's tensor, float [N] (N = ``errors.layout.numel``).

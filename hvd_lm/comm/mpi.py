@@ -3,7 +3,7 @@
 
 mpi4py initialises MPI when imported, which only a process started by an MPI launcher (or a
 singleton) should do, so :func:`world` imports it on first use, and callers ask
-:func:`hvd_lm.comm.launcher.started_by_mpi` first.
+:func:`hvd_lm.comm.world.started_by_mpi` first.
 """
 
 from __future__ import annotations

@@ -115,3 +115,17 @@ def lost_peers_text(table: list[dict], me: int, timeout: float = PROBE_TIMEOUT) 
         rs = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {','.join(map(str, ranks))}"
         parts.append(f"{rs} on host {host} ({why})")
     return "lost " + "; ".join(parts)
+
+
+class LostPeer(RuntimeError):
+    """A collective failed because a peer was lost (the message names its host).
+
+    Attributes:
+        report: True on the ranks that print the line (each node's local rank 0), False on the
+            others, which exit 1 quietly so that the job log gets one line per node, not one per
+            rank.
+    """
+
+    def __init__(self, message: str, report: bool = True):
+        super().__init__(message)
+        self.report = report

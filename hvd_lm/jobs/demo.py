@@ -1,10 +1,11 @@
 """``hvd-lm demo``: the main job end to end on real reviews, driven by one YAML file.
 
 The file is one :class:`DemoConfig` tree whose sections are the other commands' own settings
-(``prepare`` = :class:`data_prep.config.PrepareConfig`, ``train`` =
-:class:`hvd_lm.train.config.TrainConfig`, ``transfer`` = :class:`hvd_lm.transfer.run.TransferConfig`);
-the whole file is validated before the first step runs. Steps (each the project's own command, run
-as a subprocess with its output shown and its settings passed as a YAML file in the run folder):
+(``prepare`` = :class:`data_prep.settings.PrepareConfig`, ``train`` =
+:class:`hvd_lm.train.settings.TrainConfig`, ``transfer`` =
+:class:`hvd_lm.transfer.run.TransferConfig`); the whole file is validated before the first step
+runs. Steps (each the project's own command, run as a subprocess with its output shown and its
+settings passed as a YAML file in the run folder):
 
 1. corpus: the real Amazon review files in ``corpus.shared_dir`` when present, else the public
    copies listed in ``corpus.sources`` downloaded (sha256-verified) into ``corpus.download_dir``;
@@ -32,19 +33,20 @@ from pathlib import Path
 import numpy as np
 
 import hvd_lm
-from data_prep.config import PrepareConfig
 from data_prep.resume import finished_with_other_inputs
-from hvd_lm.core import config as configlib
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command, option
-from hvd_lm.core.shards import load_manifest, read_tokens
-from hvd_lm.comm.launcher import horovodrun_argv, local_mpi_env, mpirun_argv
+from data_prep.settings import PrepareConfig
+from hvd_lm import options as configlib
+from hvd_lm.comm.world import horovodrun_argv, local_mpi_env, mpirun_argv
+from hvd_lm.formats.manifest import load_manifest
+from hvd_lm.formats.shards import read_tokens
 from hvd_lm.jobs.download import download_all
 from hvd_lm.jobs.report import training_summary, write_report
-from hvd_lm.train.config import TrainConfig
+from hvd_lm.options import Command, option
 from hvd_lm.train.evaluate import compressor_bpc
 from hvd_lm.train.log import read_metrics
+from hvd_lm.train.settings import TrainConfig
 from hvd_lm.transfer.run import TransferConfig
+from hvd_lm.util.atomic import write_text
 
 REPO = hvd_lm.REPO_ROOT
 CORPUS_SUFFIXES = (".gz", ".json", ".csv", ".tsv", ".review", ".txt")

@@ -26,7 +26,8 @@ Of the shared interfaces (loopback only when all hosts are this one machine) the
 (``/sys/class/net/IF/speed``; then by name) is used, or the ones ``--network-interface`` names are
 verified. The result is the exact settings every library needs:
 
-* ``horovodrun --network-interface IF`` (Horovod's own traffic and, for Gloo, ``HOROVOD_GLOO_IFACE``);
+* ``horovodrun --network-interface IF`` (Horovod's own traffic and, for Gloo,
+  ``HOROVOD_GLOO_IFACE``);
 * ``mpirun -mca btl_tcp_if_include IF -mca oob_tcp_if_include IF`` (OpenMPI's TCP BTL and its
   runtime's out-of-band channel; without them OpenMPI 4.1 tries ``docker0`` and hangs);
 * ``NCCL_SOCKET_IFNAME=IF`` (NCCL's bootstrap and socket transport) and ``GLOO_SOCKET_IFNAME=IF``
@@ -59,11 +60,18 @@ from pathlib import Path
 from typing import Optional
 
 import hvd_lm
-from hvd_lm.core.config import Command, option
-from hvd_lm.core.digest import file_sha256
 from hvd_lm.comm.hosts import interfaces, is_local, parse_hostfile, parse_hosts, peers_of
-from hvd_lm.jobs.doctor_checks import (Report, analyse_reach, check_gpus, check_shards,
-                                       check_versions, choose, render)
+from hvd_lm.jobs.doctor_checks import (
+    Report,
+    analyse_reach,
+    check_gpus,
+    check_shards,
+    check_versions,
+    choose,
+    render,
+)
+from hvd_lm.options import Command, option
+from hvd_lm.util.digest import file_sha256
 
 PROBE_TIMEOUT = 3.0     # seconds per TCP connection attempt
 SSH_CONNECT = 5         # ssh ConnectTimeout, seconds
@@ -73,7 +81,7 @@ class DoctorError(RuntimeError):
     """A check failed; the message is the one line the launch stops with."""
 
 
-# ---- hosts ----------------------------------------------------------------------------------------
+# ---- hosts ---------------------------------------------------------------------------------------
 
 # ---- the agent (one per host) --------------------------------------------------------------------
 
@@ -96,7 +104,7 @@ def gpu_count() -> tuple[int, list[str]]:
 def shard_facts(folder: str) -> dict:
     """What this host sees of a shard folder: ``{"manifest_sha256", "shards", "bytes"}``, or
     ``{"error": one line}`` when the manifest or a shard cannot be read."""
-    from hvd_lm.core.shards import load_manifest
+    from hvd_lm.formats.manifest import load_manifest
 
     try:
         man = load_manifest(folder)
@@ -246,7 +254,7 @@ def agent(cfg: AgentConfig) -> int:
     return 0
 
 
-# ---- the driver ------------------------------------------------------------------------------------
+# ---- the driver ----------------------------------------------------------------------------------
 
 @dataclass
 class Agent:

@@ -16,9 +16,9 @@ from pathlib import Path
 import yaml
 
 import hvd_lm
-from hvd_lm.core.atomic import atomic_path
-from hvd_lm.core.config import Command, option
-from hvd_lm.core.digest import file_sha256
+from hvd_lm.options import Command, option
+from hvd_lm.util.atomic import atomic_path
+from hvd_lm.util.digest import file_sha256
 
 
 class ChecksumMismatch(ValueError):

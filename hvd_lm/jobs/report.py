@@ -11,8 +11,8 @@ from pathlib import Path
 
 import matplotlib
 
-from hvd_lm.core.atomic import write_text
 from hvd_lm.train.log import read_metrics
+from hvd_lm.util.atomic import write_text
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -3,7 +3,7 @@
 
 This is the one module of the benchmarks that calls mpi4py and ``torch.distributed`` itself:
 they are the baselines, so they must not go through :mod:`hvd_lm.comm`. Ranks are started by
-``mpirun``; rank and world size come from :func:`hvd_lm.comm.launcher.from_environment`, and
+``mpirun``; rank and world size come from :func:`hvd_lm.comm.world.from_environment`, and
 torch's rendezvous from ``MASTER_ADDR``/``MASTER_PORT`` set by the driver.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as tdist
 
-from hvd_lm.comm.launcher import from_environment
+from hvd_lm.comm.world import from_environment
 
 
 class MpiComm:

@@ -21,7 +21,7 @@ the compression arithmetic;
 and a *grouped* case, closer to training: a list of gradient tensors allreduced together per step
 (``hvd.allreduce_async_`` on each, then ``hvd.synchronize`` on each, op Average: what
 ``hvd.DistributedOptimizer`` does), for the mLSTM's own parameter list
-(:class:`hvd_lm.core.model.LanguageModel`, e.g. hidden size 1024: 8 tensors, 23.4 MB) and a synthetic
+(:class:`hvd_lm.model.lm.LanguageModel`, e.g. hidden size 1024: 8 tensors, 23.4 MB) and a synthetic
 200 x 64 KiB set, where tensor fusion decides how many allreduces are issued. Raw MPI and
 torch.distributed run the same groups twice: one allreduce per tensor, and one allreduce of a
 flat buffer packed and unpacked around it (ideal fusion); with ``onebit`` Horovod also runs the
@@ -29,7 +29,8 @@ group as one flat compressed allreduce (mode ``onebit``: what 1-bit Adam sends p
 
 **Bytes on the wire** per operation and rank, for every Horovod record: ``wire_bytes`` from the
 buffers handed to the collectives (ring allreduce 2(n-1)/n of the payload, fp16 half of it; 1-bit:
-:meth:`hvd_lm.comm.onebit.Layout.wire_bytes`) and, with the Gloo controller (``horovodrun
+:meth:`hvd_lm.comm.onebit_compression.Layout.wire_bytes`) and, with the Gloo controller
+(``horovodrun
 --gloo``: every byte goes through a TCP socket), ``wire_bytes_measured``: the growth of the rank's
 ``wchar`` in ``/proc/self/io`` (bytes passed to write/send system calls) over the timed loop,
 per operation. The report prints both, and none/fp16 over onebit side by side.
@@ -42,10 +43,9 @@ fp16 compression (which puts S/2 on the wire). Then, per size, the ratio of each
 configuration's time to raw MPI's, and a least-squares alpha-beta fit per configuration
 (Hockney's model; for the ring algorithm t = 2(n-1) alpha + 2(n-1)/n S/beta, Thakur et al. 2005,
 "Optimization of collective communication operations in MPICH"). ``--json FILE`` saves it all;
-:func:`hvd_lm.perf.scaling_model.calibrate_from_bench` reads Horovod's overhead over raw MPI from it;
-:mod:`hvd_lm.perf.results` owns the records, the JSON file and the fit.
-
-Workers: ``python -m hvd_lm.perf.bench_allreduce --backend {mpi,torch_gloo,horovod} ...``.
+:func:`hvd_lm.perf.calibration.calibrate_from_bench` reads Horovod's overhead over raw MPI from it;
+:mod:`hvd_lm.perf.results` owns the records, the JSON file and the fit. Workers: ``python -m
+hvd_lm.perf.bench_allreduce --backend {mpi,torch_gloo,horovod} ...``.
 """
 
 from __future__ import annotations
@@ -61,19 +61,24 @@ from dataclasses import dataclass
 
 import torch
 
-from hvd_lm.core import config as configlib
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command, option
-from hvd_lm.core.model import mlstm_parameters
-from hvd_lm.core.units import KIB, MIB, parse_bytes
+from hvd_lm import options as configlib
 from hvd_lm.comm import horovod as comm
 from hvd_lm.comm.horovod import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.comm.hosts import parse_hosts
-from hvd_lm.comm.launcher import horovodrun_argv, local_mpi_env, mpirun_argv
-from hvd_lm.comm.onebit import DEFAULT_CHUNK, ErrorFeedback, Layout, ring_allreduce_wire_bytes
+from hvd_lm.comm.onebit_compression import (
+    DEFAULT_CHUNK,
+    ErrorFeedback,
+    Layout,
+    ring_allreduce_wire_bytes,
+)
+from hvd_lm.comm.world import horovodrun_argv, local_mpi_env, mpirun_argv
+from hvd_lm.model.lm import mlstm_parameters
+from hvd_lm.options import Command, option
+from hvd_lm.perf.allreduce_report import print_report, wire_summary
 from hvd_lm.perf.baselines import MpiComm, TorchGlooComm
-from hvd_lm.perf.results import (busbw_factor, derive, fit_records, median_over_repeats,
-                                 ratios_to_mpi)
+from hvd_lm.perf.results import derive, fit_records, median_over_repeats, ratios_to_mpi
+from hvd_lm.util.atomic import write_text
+from hvd_lm.util.units import KIB, MIB, parse_bytes
 
 DEFAULT_SIZES = [4 * KIB * 4 ** i for i in range(9)]  # 4 KiB, 16 KiB, ..., 256 MiB
 DEFAULT_GROUPS = ("mlstm1024", "synthetic200x64k")
@@ -83,7 +88,7 @@ DEFAULT_GROUPS = ("mlstm1024", "synthetic200x64k")
 
 def parse_size(text: str) -> int:
     """``"4096"``, ``"4K"``, ``"64KiB"``, ``"1M"``, ``"256MB"`` -> bytes (K/M/G are powers of 1024;
-    :func:`hvd_lm.core.units.parse_bytes`), a whole number of float32 elements.
+    :func:`hvd_lm.util.units.parse_bytes`), a whole number of float32 elements.
 
     Raises:
         ValueError: not a positive size, or not a multiple of 4 bytes.
@@ -97,14 +102,6 @@ def parse_size(text: str) -> int:
 def parse_sizes(text: str) -> list[int]:
     """Comma-separated sizes (see :func:`parse_size`) -> sorted unique bytes."""
     return sorted({parse_size(s) for s in text.split(",") if s.strip()})
-
-
-def human_bytes(n: float) -> str:
-    """4096 -> ``"4K"``, 268435456 -> ``"256M"`` (binary prefixes, as the sizes are given)."""
-    for unit, div in (("G", 1024 ** 3), ("M", MIB), ("K", KIB)):
-        if n >= div and n % div == 0:
-            return f"{n // div:d}{unit}"
-    return f"{n:.0f}"
 
 
 def iters_for(size: int, iters: int, budget_bytes: int = 1 << 30) -> int:
@@ -370,7 +367,7 @@ def worker(args: AllreduceWorkerConfig) -> int:
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Launch environment: one thread per rank, OpenMPI as root / in containers, ranks yielding
-    the cores when idle (:func:`hvd_lm.comm.launcher.local_mpi_env`); every configuration states
+    the cores when idle (:func:`hvd_lm.comm.world.local_mpi_env`); every configuration states
     its own Horovod knobs."""
     env = local_mpi_env(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
     for k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE"):
@@ -428,93 +425,6 @@ def _sizes(args: AllreduceConfig) -> list[int]:
     if not sizes:
         raise ValueError("no message sizes left (check --sizes / --max-size)")
     return sizes
-
-
-def _table(records: list[dict], fmt, title: str) -> None:
-    single = [r for r in records if r["case"] == "single"]
-    labels = list(dict.fromkeys(r["label"] for r in single))
-    sizes = sorted({r["size_bytes"] for r in single})
-    cell = {(r["label"], r["size_bytes"]): r for r in single}
-    w = max(12, *(len(lb) for lb in labels)) + 1
-    print(f"\n{title}")
-    print(f"{'size':>6} " + "".join(f"{lb:>{w}}" for lb in labels))
-    for s in sizes:
-        row = "".join(f"{fmt(cell[(lb, s)]) if (lb, s) in cell else '-':>{w}}" for lb in labels)
-        print(f"{human_bytes(s):>6} {row}")
-
-
-def print_report(data: dict) -> None:
-    """The tables of a ``bench allreduce`` result (``data`` as written by ``--json``)."""
-    recs, n = data["records"], data["ranks"]
-    _table(recs, lambda r: f"{r['time_s'] * 1e6:.0f}",
-           f"single tensor, {n} ranks: time per allreduce, us (mean, max over ranks)")
-    _table(recs, lambda r: f"{r['busbw_GBps']:.2f}",
-           f"single tensor: bus bandwidth, GB/s (algbw x 2(n-1)/n = x {busbw_factor(n):.2f})")
-    ref = {r["size_bytes"]: r for r in recs if r["case"] == "single" and r["label"] == "mpi4py"}
-    if ref:
-        _table([r | {"ratio": r["time_s"] / ref[r["size_bytes"]]["time_s"]} for r in recs
-                if r["case"] == "single" and r["size_bytes"] in ref],
-               lambda r: f"{r['ratio']:.2f}", "time / raw MPI (mpi4py) time, per size")
-    if data.get("fits"):
-        print("\nalpha-beta fit, t = 2(n-1) alpha + 2(n-1)/n S / beta (weighted least squares):")
-        print(f"{'configuration':34} {'a=t(0), us':>11} {'alpha, us':>10} {'beta, GB/s':>11} "
-              f"{'max rel err':>11}")
-        for label, f in data["fits"].items():
-            print(f"{label:34} {f['intercept_s'] * 1e6:>11.1f} {f['alpha_s'] * 1e6:>10.1f} "
-                  f"{f['beta_GBps']:>11.2f} {f['max_rel_error']:>11.1%}")
-    _wire_table(recs)
-    grouped = [r for r in recs if r["case"] == "grouped"]
-    if grouped:
-        print("\ngrouped gradients per step (Horovod: allreduce_async_ + synchronize, op Average)")
-        print(f"{'group':22} {'configuration':34} {'mode':6} {'tensors':>7} {'MB':>7} "
-              f"{'ms/step':>9} {'busbw GB/s':>10}")
-        for r in grouped:
-            print(f"{r['group']:22} {r['label']:34} {r['mode']:6} {r['tensors']:>7} "
-                  f"{r['size_bytes'] / 1e6:>7.2f} {r['time_s'] * 1e3:>9.3f} "
-                  f"{r['busbw_GBps']:>10.2f}")
-
-
-def wire_summary(records: list[dict]) -> list[dict]:
-    """Per controller and single size / group: bytes on the wire per rank for none, fp16 and
-    onebit (computed and measured) and the ratios none / onebit and fp16 / onebit."""
-    rows: dict[tuple, dict] = {}
-    for r in records:
-        if r.get("wire_bytes") is None or r.get("backend") != "horovod" or " " in r["label"]:
-            continue  # fusion / cycle-time variants repeat their defaults' bytes
-        key = (r["label"].split("+")[0], r["case"], r.get("group") or r["size_bytes"])
-        row = rows.setdefault(key, {"controller": key[0], "case": r["case"], "what": key[2]})
-        row[r["compression"]] = r["wire_bytes"]
-        row[r["compression"] + "_measured"] = r.get("wire_bytes_measured")
-    out = []
-    for row in rows.values():
-        if row.get("onebit"):
-            for comp in ("none", "fp16"):
-                for suffix in ("", "_measured"):
-                    a, b = row.get(comp + suffix), row.get("onebit" + suffix)
-                    if a and b:
-                        row[f"{comp}_over_onebit{suffix}"] = a / b
-        out.append(row)
-    return out
-
-
-def _wire_table(records: list[dict]) -> None:
-    rows = wire_summary(records)
-    if not any("onebit" in r for r in rows):
-        return
-    print("\nbytes on the wire per operation and rank (computed from the buffers; measured: "
-          "/proc/self/io wchar, Gloo controller)")
-    print(f"{'controller':10} {'size/group':>17} {'none':>11} {'fp16':>11} {'onebit':>10} "
-          f"{'none/1bit':>9} {'fp16/1bit':>9} {'measured none/fp16/onebit':>32} "
-          f"{'ratios':>12}")
-    for r in rows:
-        what = r["what"] if isinstance(r["what"], str) else human_bytes(r["what"])
-        meas = "/".join(f"{r[c + '_measured']:.0f}" if r.get(c + "_measured") else "-"
-                        for c in ("none", "fp16", "onebit"))
-        ratios = "/".join(f"{r[c]:.1f}" for c in ("none_over_onebit_measured",
-                                                   "fp16_over_onebit_measured") if c in r)
-        print(f"{r['controller']:10} {what:>17} {r.get('none', 0):>11} {r.get('fp16', 0):>11} "
-              f"{r.get('onebit', 0):>10} {r.get('none_over_onebit', 0):>9.1f} "
-              f"{r.get('fp16_over_onebit', 0):>9.1f} {meas:>32} {ratios:>12}")
 
 
 def run_allreduce_bench(args: AllreduceConfig) -> dict:

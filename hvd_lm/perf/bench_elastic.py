@@ -35,9 +35,9 @@ from pathlib import Path
 
 import psutil
 
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command, option
-from hvd_lm.comm.launcher import local_mpi_env
+from hvd_lm.comm.world import local_mpi_env
+from hvd_lm.options import Command, option
+from hvd_lm.util.atomic import write_text
 
 
 def local_names() -> list[str]:

@@ -9,8 +9,8 @@ In one invocation (so every figure shares the card's clocks and temperature):
    backward, the decoder, the weight gradients over all T*B rows), each timed alone, per batch
    and precision; from them the step's **GEMM ceiling**: the chars/s the step would reach if
    it did nothing but its GEMMs at those measured rates (:func:`gemm_ceiling`);
-3. the training step (:func:`hvd_lm.train.evaluate.window_nll`, backward, gradient clipping,
-   Adam; the loop's step without Horovod) of the mLSTM at ``--hidden-size`` (4096),
+3. the training step (:func:`hvd_lm.train.step.train_step`: forward, backward, gradient
+   clipping, Adam; the loop's own step, without Horovod) of the mLSTM at ``--hidden-size`` (4096),
    ``--seq-len`` (256), each ``--batch-sizes`` (128, 256) and ``--precisions`` (fp32, fp16 with
    dynamic loss scaling, bf16): chars/s, model TFLOP/s (:meth:`LanguageModel.flops_per_char`),
    the fraction of the square-matmul peak and of the GEMM ceiling, peak memory beside the
@@ -18,7 +18,7 @@ In one invocation (so every figure shares the card's clocks and temperature):
 4. the same for ``--cell lstm`` (``torch.nn.LSTM``, i.e. cuDNN) as the yardstick, and the
    mLSTM / cuDNN-LSTM ratio of achieved TFLOP/s at each shape;
 5. the mLSTM once per ``--rnn-impl`` (fused, the one autograd Function per window of
-   :mod:`hvd_lm.core.mlstm_fused`, and reference, the per-step loop) and, for fused, per
+   :mod:`hvd_lm.model.mlstm_fused`, and reference, the per-step loop) and, for fused, per
    ``--rnn-kernels`` and (on CUDA) per ``--cuda-graphs``, each over the reference at the same
    shape.
 
@@ -46,16 +46,17 @@ from typing import Callable
 
 import torch
 
-from hvd_lm.core import config as configlib
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command, option
-from hvd_lm.core.mlstm_kernels import KERNELS, resolve
-from hvd_lm.core.model import LanguageModel, ModelConfig, recurrence_label
-from hvd_lm.core.tokenizer import VOCAB_SIZE
-from hvd_lm.train import memory, runtime
-from hvd_lm.train.config import TrainConfig
+from hvd_lm import options as configlib
+from hvd_lm.formats.tokenizer import VOCAB_SIZE
+from hvd_lm.model import device as devices
+from hvd_lm.model.lm import LanguageModel, ModelConfig, recurrence_label
+from hvd_lm.model.mlstm_kernels import KERNELS, resolve
+from hvd_lm.options import Command, option
+from hvd_lm.train import memory
 from hvd_lm.train.data import Batch
-from hvd_lm.train.evaluate import window_nll
+from hvd_lm.train.settings import TrainConfig
+from hvd_lm.train.step import train_step
+from hvd_lm.util.atomic import write_text
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -145,7 +146,7 @@ class Gemm:
 
 def step_gemms(H: int, E: int, T: int, B: int, V: int = VOCAB_SIZE) -> list[Gemm]:
     """Every GEMM of one training window of the fused mLSTM (B rows x T chars, width H, byte
-    embedding E, V = 256 outputs), as :mod:`hvd_lm.core.mlstm_fused` and the model run them.
+    embedding E, V = 256 outputs), as :mod:`hvd_lm.model.mlstm_fused` and the model run them.
 
     Their FLOPs add up to ``T * B * LanguageModel.flops_per_char()``: forward
     2 (5EH + 5H^2 + HV) per char, the backward's data and weight gradients the same each.
@@ -282,26 +283,17 @@ def _train_step_rate(v: Variant, H: int, E: int, B: int, T: int, precision: str,
                                       rnn_impl=v.rnn_impl, rnn_kernels=v.rnn_kernels,
                                       cuda_graphs=v.cuda_graphs)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
-    scaler = runtime.make_scaler(device, precision)
+    scaler = devices.make_scaler(device, precision)
+    params = [p for p in model.parameters() if p.requires_grad]
     g = torch.Generator().manual_seed(1)
     data = torch.randint(0, 256, (B, T + 1), generator=g)
     batch = Batch(data[:, :-1].contiguous(), data[:, 1:].contiguous(),
                   torch.zeros(B, T, dtype=torch.bool), B * T)
     state = [model.init_state(B, device)]
 
-    def step():
-        nats, state[0] = window_nll(model, batch, state[0], device, precision)
-        loss = nats / batch.chars
-        (scaler.scale(loss) if scaler else loss).backward()
-        if scaler:
-            scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        if scaler:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
+    def step():  # the training loop's step (hvd_lm.train.step), without Horovod
+        state[0] = train_step(model, opt, scaler, params, [batch], 1, state[0], device,
+                              precision, grad_clip=1.0).state
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -379,9 +371,9 @@ def bench_gpu(cfg: BenchGpuConfig, timer: Callable | None = None) -> int:
             CPU; tests pass a fake).
 
     Raises:
-        hvd_lm.train.runtime.DeviceError: ``--device cuda`` without a GPU.
+        hvd_lm.model.device.DeviceError: ``--device cuda`` without a GPU.
     """
-    device = runtime.resolve_device(cfg.device, 0, 1)
+    device = devices.resolve_device(cfg.device, 0, 1)
     timer = timer or _Timer(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"device: {name}; torch {torch.__version__}", flush=True)

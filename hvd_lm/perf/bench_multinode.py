@@ -59,17 +59,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hvd_lm.core import config as configlib
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command, option
-from hvd_lm.core.model import mlstm_parameters
+from hvd_lm import options as configlib
 from hvd_lm.comm.horovod import HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.comm.hosts import parse_hosts
-from hvd_lm.comm.launcher import horovodrun_argv, local_mpi_env
+from hvd_lm.comm.world import horovodrun_argv, local_mpi_env
+from hvd_lm.model.lm import mlstm_parameters
+from hvd_lm.options import Command, option
 from hvd_lm.perf.bench_allreduce import AllreduceConfig, run_allreduce_bench
 from hvd_lm.perf.results import fit_alpha_beta
 from hvd_lm.perf.scaling_model import Link, ScalingConfig, ring_allreduce_time, step_time
 from hvd_lm.perf.scaling_report import read_run
+from hvd_lm.util.atomic import write_text
 
 
 @dataclass
@@ -139,8 +139,8 @@ def _timing(out: Path, skip: int):
 
 def measure_training(cfg: MultinodeConfig, hosts: str, work: Path) -> tuple[float, float]:
     """``hvd-lm train`` on ``hosts`` (``host:1,...``, ``horovodrun --gloo``): the median s/step
-    of its ``train`` records after ``--skip``, and the median of their ``compute_time_max`` (each step's
-    slowest rank's seconds outside the gradient allreduce's wait, averaged over the record's
+    of its ``train`` records after ``--skip``, and the median of their ``compute_time_max`` (each
+    step's slowest rank's seconds outside the gradient allreduce's wait, averaged over the record's
     steps; :meth:`hvd_lm.train.loop.Trainer.log_train`).
 
     Raises:
@@ -176,24 +176,24 @@ def measure_backward_window(cfg: MultinodeConfig, steps: int = 30, skip: int = 5
     medians over ``steps`` after ``skip``, seconds.
 
     Returns:
-        ``forward_s`` (:func:`hvd_lm.train.evaluate.window_nll`), ``backward_s``, ``window_s``
+        ``forward_s`` (:func:`hvd_lm.train.step.window_nll`), ``backward_s``, ``window_s``
         (the part of the backward after the last gradient of the early group is ready:
         :data:`hvd_lm.perf.scaling_model.EARLY_PREFIXES`, whose allreduce Horovod starts then
-        and which that time can hide), ``update_s`` (:func:`hvd_lm.train.runtime.unscale_and_clip`,
-        ``step_or_skip``, zero_grad),
+        and which that time can hide), ``update_s`` (the wait, unscale and clip, step or skip,
+        zero_grad),
         ``step_s`` and ``fraction`` = window_s / step_s, the share of the step's compute the
         model lets the early allreduce overlap (``ScalingConfig.backward_fraction``).
     """
     import torch
 
-    from hvd_lm.core.model import LanguageModel, ModelConfig
-    from hvd_lm.core.tokenizer import VOCAB_SIZE
+    from hvd_lm.formats.tokenizer import VOCAB_SIZE
+    from hvd_lm.model import device as devices
+    from hvd_lm.model.lm import LanguageModel, ModelConfig
     from hvd_lm.perf.scaling_model import EARLY_PREFIXES
-    from hvd_lm.train import runtime
-    from hvd_lm.train.config import OptimConfig
     from hvd_lm.train.data import Batch
-    from hvd_lm.train.evaluate import window_nll
     from hvd_lm.train.optim import build_optimizer
+    from hvd_lm.train.settings import OptimConfig
+    from hvd_lm.train.step import train_step
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the training runs (--threads 1)
@@ -209,23 +209,22 @@ def measure_backward_window(cfg: MultinodeConfig, steps: int = 30, skip: int = 5
                 p.register_hook(lambda g, name=name: ready.__setitem__(name, time.perf_counter()))
         gen = torch.Generator().manual_seed(0)
         B, T = cfg.batch_size, cfg.seq_len
-        state, cpu = model.init_state(B), torch.device("cpu")
+        cpu = torch.device("cpu")
+        state, scaler = model.init_state(B), devices.make_scaler(cpu, "fp32")
         parts = []
         for i in range(skip + steps):
             x = torch.randint(0, VOCAB_SIZE, (B, T + 1), generator=gen)
             batch = Batch(x[:, :-1], x[:, 1:], torch.zeros(B, T, dtype=torch.bool), B * T)
-            # the training step's own calls (hvd_lm.train.loop.Trainer.steps) on one process
-            t0 = time.perf_counter()
-            nats, state = window_nll(model, batch, state, cpu, "fp32")
-            t1 = time.perf_counter()
-            (nats / batch.chars).backward()
-            t2 = time.perf_counter()
-            norm = runtime.unscale_and_clip(opt, params, optim.grad_clip)
-            runtime.step_or_skip(opt, None, norm)
-            opt.zero_grad()
-            t3 = time.perf_counter()
+            # the training loop's own step (hvd_lm.train.step.train_step) on one process, its
+            # parts timed as they end
+            t: dict[str, float] = {"start": time.perf_counter()}
+            state = train_step(model, opt, scaler, params, [batch], 1, state, cpu, "fp32",
+                               optim.grad_clip,
+                               clock=lambda part: t.__setitem__(part, time.perf_counter())).state
             if i >= skip:
-                parts.append((t1 - t0, t2 - t1, t2 - max(ready.values()), t3 - t2, t3 - t0))
+                parts.append((t["forward"] - t["start"], t["backward"] - t["forward"],
+                              t["backward"] - max(ready.values()), t["updated"] - t["backward"],
+                              t["updated"] - t["start"]))
     finally:
         torch.set_num_threads(threads)
     med = [statistics.median(p[k] for p in parts) for k in range(5)]
@@ -256,7 +255,7 @@ def predict_step(t_comp: float, params: list, fit: dict, n: int, control_every: 
 
     Args:
         t_comp: compute time of one step (s), measured.
-        params: (name, elements) of the gradients (:func:`hvd_lm.core.model.mlstm_parameters`).
+        params: (name, elements) of the gradients (:func:`hvd_lm.model.lm.mlstm_parameters`).
         fit: :func:`hvd_lm.perf.results.fit_alpha_beta` of Horovod's allreduce at n ranks, time
             against the float32 payload (so fp16 compression is inside the fit: the model moves
             4 bytes per value); the bench fixes its intercept at the measured time of a

@@ -4,9 +4,10 @@
 
 1. the machine's fp32 matmul rate with one thread (``torch.mm`` of 2048^3, best of 5), GFLOP/s;
 2. the training step of :mod:`hvd_lm.train.loop` (same model, same window loss, same optimizer,
-   ``synchronize``, ``unscale_and_clip`` and ``step_or_skip``) under ``mpirun -np N`` with Horovod for each N in ``--ranks`` (weak
-   scaling: the per-rank batch is fixed), one thread per rank, for every mLSTM implementation
-   in ``--rnn-impl`` (``fused`` once per ``--rnn-kernels`` x ``--cuda-graphs`` variant,
+   ``synchronize``, ``unscale_and_clip`` and ``step_or_skip``) under ``mpirun -np N`` with Horovod
+   for each N in ``--ranks`` (weak scaling: the per-rank batch is fixed), one thread per rank, for
+   every mLSTM implementation in ``--rnn-impl`` (``fused`` once per ``--rnn-kernels`` x
+   ``--cuda-graphs`` variant,
    ``reference`` once): the implementations side by side in one run;
 3. the same model and data with ``torch.nn.parallel.DistributedDataParallel`` (gloo backend,
    :mod:`hvd_lm.perf.baselines`) as the peer, at the largest N (``--no-ddp``: skipped).
@@ -35,29 +36,25 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from hvd_lm.core import config as configlib
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command, option
-from hvd_lm.core.model import LanguageModel, ModelConfig, recurrence_label
-from hvd_lm.core.shards import load_manifest
-from hvd_lm.core.mlstm_kernels import KERNELS
-from hvd_lm.core.units import MIB
+from hvd_lm import options as configlib
 from hvd_lm.comm import horovod as comm
-from hvd_lm.comm.horovod import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
-from hvd_lm.comm.launcher import local_mpi_env, mpirun_argv
+from hvd_lm.comm.world import local_mpi_env, mpirun_argv
+from hvd_lm.formats.manifest import load_manifest
+from hvd_lm.model import device as devices
+from hvd_lm.model.lm import LanguageModel, ModelConfig, recurrence_label
+from hvd_lm.model.mlstm_kernels import KERNELS
+from hvd_lm.options import Command, option
 from hvd_lm.perf.baselines import TorchGlooComm, ddp
-from hvd_lm.train import runtime
-from hvd_lm.train.config import OptimConfig
 from hvd_lm.train.data import Batch, RankStreams
-from hvd_lm.train.evaluate import window_nll
 from hvd_lm.train.optim import build_optimizer
+from hvd_lm.train.settings import OptimConfig
+from hvd_lm.train.step import train_step
+from hvd_lm.util.atomic import write_text
 
 
 def matmul_gflops(n: int = 2048, repeats: int = 5, threads: int = 1, device: str = "cpu",
@@ -119,7 +116,7 @@ class StepConfig:
     device: str = option("cpu", "cpu, or cuda (one GPU per rank: cuda:local_rank)",
                          choices=("cpu", "cuda"))
     precision: str = option("fp32", "fp32, or bf16/fp16 autocast (fp16: CUDA only)",
-                            choices=runtime.PRECISIONS)
+                            choices=devices.PRECISIONS)
 
 
 @dataclass
@@ -168,32 +165,6 @@ class BenchTrainConfig(StepConfig):
     json: str = option("", "write the results here")
 
 
-@dataclass
-class BenchFusionConfig(StepConfig):
-    """``hvd-lm bench fusion``."""
-
-    hidden_size: int = option(256, "mLSTM width H", ge=1)
-    steps: int = option(20, "timed steps per run", ge=1)
-    warmup: int = option(3, "untimed steps first", ge=0)
-    np: int = option(2, "ranks", ge=1)
-    fusion_mb: list[float] = option(default_factory=lambda: [0.0, 1.0, 16.0, 64.0, 128.0],
-                                    help="fusion thresholds, MiB", ge=0)
-    cycle_ms: list[float] = option(default_factory=lambda: [0.2, 1.0, 5.0, 20.0],
-                                   help="cycle times, ms", gt=0)
-    grid: bool = option(False, "every (fusion, cycle) pair, not two one-dimensional sweeps",
-                        switch=True)
-    repeats: int = option(1, "round-robin repeats", ge=1)
-    autotune: bool = option(True, "then a HOROVOD_AUTOTUNE run (--no-autotune: skip it)",
-                            switch=False, flag="--no-autotune")
-    autotune_steps: int = option(150, "timed steps of the autotune run (the tuner needs (warmup "
-                                 "+ samples + 8) x 5 x steps-per-sample steps)", ge=1)
-    autotune_warmup: int = option(1, "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", ge=0)
-    autotune_steps_per_sample: int = option(1, "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", ge=1)
-    autotune_samples: int = option(12, "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", ge=1)
-    timeout: float = option(600.0, "per-run limit, s", gt=0)
-    json: str = option("", "write the results here")
-
-
 # ---- worker (one rank) -------------------------------------------------------------------------
 
 def worker(cfg: WorkerConfig) -> int:
@@ -209,8 +180,8 @@ def worker(cfg: WorkerConfig) -> int:
     else:
         peer = TorchGlooComm()  # the DDP peer: torch.distributed, gloo
         rank, size, local_rank = peer.rank, peer.size, peer.rank
-    device = runtime.resolve_device(cfg.device, local_rank)
-    runtime.check(device, cfg.precision)
+    device = devices.resolve_device(cfg.device, local_rank)
+    devices.check(device, cfg.precision)
     B, T = cfg.batch_size, cfg.seq_len
     runs = []
     for impl, kernels, graphs in zip(cfg.rnn_impl, cfg.rnn_kernels, cfg.cuda_graphs):
@@ -228,7 +199,7 @@ def worker(cfg: WorkerConfig) -> int:
         runs.append({"label": recurrence_label(impl, kernels, graphs), "impl": impl,
                      "kernels": kernels, "graphs": graphs, "model": model, "net": net, "opt": opt,
                      "params": list(model.parameters()), "state": model.init_state(B, device),
-                     "scaler": runtime.make_scaler(device, cfg.precision), "times": [],
+                     "scaler": devices.make_scaler(device, cfg.precision), "times": [],
                      "waits": []})
 
     if cfg.shards:
@@ -244,27 +215,16 @@ def worker(cfg: WorkerConfig) -> int:
     for i, batch in enumerate(batches):
         for r in runs:  # round robin over the variants, step by step
             t0 = time.perf_counter()
-            nats, r["state"] = window_nll(r["net"], batch, r["state"], device, cfg.precision)
-            loss = nats / batch.chars
-            scaler = r["scaler"]
-            runtime.scaled(loss, scaler).backward()
-            if cfg.backend == "horovod":  # the loop's step (hvd_lm.train.loop.Trainer.steps)
-                t_wait = time.perf_counter()
-                r["opt"].synchronize()  # Horovod: wait for the gradient allreduce
-                wait = time.perf_counter() - t_wait
-                norm = runtime.unscale_and_clip(r["opt"], r["params"], 1.0, scaler)
-                with r["opt"].skip_synchronize():  # Horovod: step without a second wait
-                    runtime.step_or_skip(r["opt"], scaler, norm)
-            else:
-                torch.nn.utils.clip_grad_norm_(r["params"], 1.0, foreach=True)
-                r["opt"].step()
-                wait = 0.0
-            r["opt"].zero_grad()
+            # the loop's own step (hvd_lm.train.step.train_step): Horovod's synchronize inside,
+            # or DDP's allreduce inside backward
+            res = train_step(r["net"], r["opt"], r["scaler"], r["params"], [batch], 1,
+                             r["state"], device, cfg.precision, grad_clip=1.0)
+            r["state"] = res.state
             if device.type == "cuda":
                 torch.cuda.synchronize()  # the step's kernels are done before the clock is read
             if i >= cfg.warmup:
                 r["times"].append(time.perf_counter() - t0)
-                r["waits"].append(wait)
+                r["waits"].append(res.wait_s)
     for r in runs:
         times, waits = r["times"], r["waits"]
         step_time = sum(times) / len(times)
@@ -458,147 +418,10 @@ def bench_train(cfg: BenchTrainConfig) -> int:
 
 # ---- bench fusion -----------------------------------------------------------------------------
 
-def parse_autotune_log(path: str | Path) -> dict:
-    """Horovod's ``HOROVOD_AUTOTUNE_LOG`` CSV (horovod/common/parameter_manager.cc): a header
-    ``hierarchical_allreduce,hierarchical_allgather,torus_allreduce,cache_enabled,cycle_time_ms,
-    tensor_fusion_threshold,score``, one row per sample (score in bytes/us), and, once tuning
-    has finished, a last row with the best values.
-
-    Returns:
-        ``{"samples": [row dicts], "best": row dict or None, "finished": bool}``; the fusion
-        threshold is in MB as Horovod logs it, the score in bytes per microsecond.
-
-    Raises:
-        ValueError: not a Horovod autotune log.
-    """
-    lines = [ln.strip() for ln in Path(path).read_text().splitlines() if ln.strip()]
-    if not lines or not lines[0].startswith("hierarchical_allreduce"):
-        raise ValueError(f"{path}: not a Horovod autotune log")
-    head = lines[0].split(",")
-    rows = []
-    for ln in lines[1:]:
-        vals = [v.strip() for v in ln.split(",")]
-        if len(vals) != len(head):
-            continue
-        rows.append({h: float(v) for h, v in zip(head, vals)})
-    # The best-parameters row repeats one earlier sample's values with the best score; Horovod
-    # writes it only when tuning finished. It is recognisable as the last row whose score equals
-    # the maximum of the preceding rows.
-    finished = len(rows) >= 2 and rows[-1]["score"] == max(r["score"] for r in rows[:-1])
-    best = rows[-1] if finished else (max(rows, key=lambda r: r["score"]) if rows else None)
-    return {"samples": rows[:-1] if finished else rows, "best": best, "finished": finished}
-
-
-def fusion_configs(cfg: BenchFusionConfig) -> list[tuple[str, float, float]]:
-    """(label, fusion MiB, cycle ms): fusion thresholds at the default cycle time, then cycle
-    times at the default threshold (or the full grid with ``--grid``)."""
-    dfus, dcyc = HOROVOD_DEFAULT_FUSION_BYTES / MIB, HOROVOD_DEFAULT_CYCLE_MS
-    if cfg.grid:
-        pairs = [(f, c) for f in cfg.fusion_mb for c in cfg.cycle_ms]
-    else:
-        pairs = [(f, dcyc) for f in cfg.fusion_mb] + [(dfus, c) for c in cfg.cycle_ms]
-    pairs = list(dict.fromkeys(pairs))
-    return [(f"fusion={f:g}MB cycle={c:g}ms", f, c) for f, c in pairs]
-
-
-def _knobs(fusion_mb: float, cycle_ms: float) -> dict[str, str | None]:
-    return {"HOROVOD_FUSION_THRESHOLD": str(int(fusion_mb * MIB)),
-            "HOROVOD_CYCLE_TIME": f"{cycle_ms:g}", "HOROVOD_AUTOTUNE": None,
-            "HOROVOD_AUTOTUNE_LOG": None}
-
-
-def bench_fusion(cfg: BenchFusionConfig) -> int:
-    """Print (and with ``--json`` save, after every run) the fusion/cycle-time sweep and the
-    autotune result; 1 with one ``ERROR:`` line when a launch fails."""
-    runs: list[dict] = []
-    autotune = None
-    try:
-        for rep in range(cfg.repeats):  # round robin: drift on a shared machine hits all alike
-            for label, fmb, cms in fusion_configs(cfg):
-                r = launch("horovod", cfg.np, cfg, cfg.timeout, _knobs(fmb, cms))[0]
-                runs.append({"label": label, "fusion_threshold_mb": fmb, "cycle_time_ms": cms,
-                             "repeat": rep, **r})
-                _save_fusion(cfg, runs, None)  # partial results survive an interrupted sweep
-                print(f"  {label} (repeat {rep}): {r['step_time_s']:.4f} s/step",
-                      file=sys.stderr, flush=True)
-        if cfg.autotune:
-            with tempfile.TemporaryDirectory() as tmp:
-                log = Path(tmp) / "autotune.csv"
-                tune_env = {
-                    "HOROVOD_FUSION_THRESHOLD": None, "HOROVOD_CYCLE_TIME": None,
-                    "HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(log),
-                    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": str(cfg.autotune_warmup),
-                    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": str(cfg.autotune_steps_per_sample),
-                    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": str(cfg.autotune_samples)}
-                tuned_step = dataclasses.replace(cfg, steps=cfg.autotune_steps)
-                r = launch("horovod", cfg.np, tuned_step, cfg.timeout, tune_env)[0]
-                autotune = parse_autotune_log(log) | {"run": r, "log": log.read_text()}
-            best = autotune["best"]
-            if best is not None:
-                label = (f"autotuned fusion={best['tensor_fusion_threshold']:g}MB "
-                         f"cycle={best['cycle_time_ms']:g}ms")
-                r = launch("horovod", cfg.np, cfg, cfg.timeout,
-                           _knobs(best["tensor_fusion_threshold"], best["cycle_time_ms"]))[0]
-                runs.append({"label": label, "fusion_threshold_mb":
-                             best["tensor_fusion_threshold"], "cycle_time_ms":
-                             best["cycle_time_ms"], "repeat": 0, **r})
-    except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
-        print(f"hvd-lm bench fusion: ERROR: {e}", file=sys.stderr)
-        return 1
-    summary = summarize_fusion(runs)
-    print(f"\nhvd-lm bench fusion: {cfg.np} ranks, {cfg.cell} H={cfg.hidden_size}, per-rank "
-          f"batch {cfg.batch_size} x {cfg.seq_len}, compression {cfg.compression}, "
-          f"{cfg.steps} timed steps x {cfg.repeats} repeat(s)")
-    print(f"{'configuration':36} {'median s/step':>13} {'min':>9} {'vs default':>10} "
-          f"{'ar wait':>8}")
-    for s in summary:
-        print(f"{s['label']:36} {s['step_time_s']:>13.4f} {s['step_time_min_s']:>9.4f} "
-              f"{s['relative_to_default']:>10.3f} {s['allreduce_wait_share']:>8.1%}")
-    if autotune:
-        b = autotune["best"]
-        print(f"autotune ({len(autotune['samples'])} samples, finished={autotune['finished']}): "
-              + ("no samples logged" if b is None else
-                 f"cycle {b['cycle_time_ms']:g} ms, fusion {b['tensor_fusion_threshold']:g} MB, "
-                 f"hierarchical allreduce {int(b['hierarchical_allreduce'])}, cache "
-                 f"{int(b['cache_enabled'])}, score {b['score']:.1f} bytes/us"))
-    _save_fusion(cfg, runs, autotune)
-    return 0
-
-
-def _save_fusion(cfg: BenchFusionConfig, runs: list[dict], autotune: dict | None) -> None:
-    if cfg.json:
-        write_text(cfg.json, json.dumps(
-            {"runs": runs, "summary": summarize_fusion(runs), "autotune": autotune,
-             "args": configlib.to_dict(cfg)}, indent=2))
-
-
-def summarize_fusion(runs: list[dict]) -> list[dict]:
-    """Median (robust on a shared machine) and minimum step time per configuration label over
-    repeats, relative to Horovod's defaults (fusion 128 MB, cycle 1 ms) when that configuration
-    ran (else to the first)."""
-    out = []
-    for label in dict.fromkeys(r["label"] for r in runs):
-        rs = [r for r in runs if r["label"] == label]
-        out.append({"label": label, "fusion_threshold_mb": rs[0]["fusion_threshold_mb"],
-                    "cycle_time_ms": rs[0]["cycle_time_ms"], "repeats": len(rs),
-                    "step_time_s": statistics.median(r["step_time_s"] for r in rs),
-                    "step_time_min_s": min(r["step_time_s"] for r in rs),
-                    "allreduce_wait_share": sum(r["allreduce_wait_share"] or 0 for r in rs)
-                    / len(rs)})
-    dflt = [s for s in out if s["fusion_threshold_mb"] == HOROVOD_DEFAULT_FUSION_BYTES / MIB
-            and s["cycle_time_ms"] == HOROVOD_DEFAULT_CYCLE_MS and "autotuned" not in s["label"]]
-    ref = (dflt or out)[0]["step_time_s"] if out else 1.0
-    for s in out:
-        s["relative_to_default"] = s["step_time_s"] / ref
-    return out
-
 
 # ---- command line -------------------------------------------------------------------------------
 
 BENCH_TRAIN = Command(BenchTrainConfig, bench_train, description=__doc__.split("\n\n")[1])
-BENCH_FUSION = Command(BenchFusionConfig, bench_fusion,
-                       description="Training step time vs HOROVOD_FUSION_THRESHOLD / "
-                       "HOROVOD_CYCLE_TIME, then what HOROVOD_AUTOTUNE picks.")
 WORKER = Command(WorkerConfig, worker, config_flag=False)
 
 

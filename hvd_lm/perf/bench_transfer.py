@@ -39,12 +39,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command, option, to_argv
-from hvd_lm.core.digest import file_sha256
+from hvd_lm.options import Command, option, to_argv
 from hvd_lm.transfer import classify, datasets, fista
 from hvd_lm.transfer.features import DEFAULT_CACHE_DIR, FEATURE_KINDS, open_lm
 from hvd_lm.transfer.run import TransferConfig, featurize_splits, parse_c_grid
+from hvd_lm.util.atomic import write_text
+from hvd_lm.util.digest import file_sha256
 
 
 def parse_size(text: str) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""``hvd-lm kernels``: the fused mLSTM's Triton cell kernels (:mod:`hvd_lm.core.mlstm_triton`)
+"""``hvd-lm kernels``: the fused mLSTM's Triton cell kernels (:mod:`hvd_lm.model.mlstm_triton`)
 built ahead of time for a GPU architecture on any machine, no GPU needed, and each build's
 registers, spills and shared memory (the table in docs/mlstm_fused.md).
 
@@ -21,16 +21,16 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command, option
+from hvd_lm.options import Command, option
+from hvd_lm.util.atomic import write_text
 
 
 def _triton():
-    """(triton, :mod:`hvd_lm.core.mlstm_triton`), or RuntimeError naming the extra."""
+    """(triton, :mod:`hvd_lm.model.mlstm_triton`), or RuntimeError naming the extra."""
     try:
         import triton
 
-        from hvd_lm.core import mlstm_triton
+        from hvd_lm.model import mlstm_triton
     except ImportError as e:
         raise RuntimeError(f"hvd-lm kernels needs triton ({e}); install it with "
                            "pip install -e .[gpu]") from e
@@ -39,7 +39,7 @@ def _triton():
 
 def compile_ahead(arch: int = 90, computes: tuple[str, ...] = ()) -> list[dict]:
     """Compile every cell kernel the CUDA path can launch (both kernels x compute dtype x
-    mask/reset cases, ``BLOCK``, ``NUM_WARPS`` of :mod:`hvd_lm.core.mlstm_triton`; ``computes``
+    mask/reset cases, ``BLOCK``, ``NUM_WARPS`` of :mod:`hvd_lm.model.mlstm_triton`; ``computes``
     () = every compute dtype) for ``sm_<arch>`` without a GPU
     (``triton.compile`` with a ``GPUTarget``; Triton's own ptxas), and read each cubin's
     resources with the ``cuobjdump --dump-resource-usage`` that ships with Triton.

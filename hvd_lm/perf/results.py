@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hvd_lm.core.units import GB
+from hvd_lm.util.units import GB
 
 
 def busbw_factor(n: int) -> float:
@@ -52,7 +52,7 @@ def load_bench_json(path: str | os.PathLike) -> dict:
 
 def fit_records(records: list[dict]) -> dict[str, dict]:
     """Alpha-beta fit per configuration label over its single-tensor records (see
-    :func:`hvd_lm.perf.scaling_model.fit_alpha_beta`); labels with < 2 sizes, or whose times do not
+    :func:`fit_alpha_beta`); labels with < 2 sizes, or whose times do not
     grow with size (noise), get none."""
     fits = {}
     for label in dict.fromkeys(r["label"] for r in records if r["case"] == "single"):

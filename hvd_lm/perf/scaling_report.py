@@ -27,9 +27,9 @@ from typing import Optional
 
 import matplotlib
 
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command, option
+from hvd_lm.options import Command, option
 from hvd_lm.train.log import read_metrics
+from hvd_lm.util.atomic import write_text
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)

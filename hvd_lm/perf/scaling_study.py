@@ -23,33 +23,32 @@ from typing import Optional, Sequence
 import matplotlib
 
 from hvd_lm import REPO_ROOT
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command, option
-from hvd_lm.core.model import mlstm_parameters
-from hvd_lm.core.units import MIB
-from hvd_lm.comm.onebit import DEFAULT_CHUNK
+from hvd_lm.comm.onebit_compression import DEFAULT_CHUNK
+from hvd_lm.model.lm import mlstm_parameters
+from hvd_lm.options import Command, option
+from hvd_lm.perf.calibration import Calibration, calibrate_from_bench
 from hvd_lm.perf.results import load_bench_json
 from hvd_lm.perf.scaling_model import (
-    Calibration,
     DGX1V_LINKS,
-    Link,
     PCIE3_X16_GBPS,
-    ScalingConfig,
     V100_COPY_GBPS,
-    calibrate_from_bench,
+    Link,
+    ScalingConfig,
     predict,
     step_time,
 )
 from hvd_lm.perf.scaling_report import REFERENCE
+from hvd_lm.util.atomic import write_text
+from hvd_lm.util.units import MIB
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
-
 # ---- validation against the reference talk ------------------------------------------------------
 
 #: Puri et al. 2018 (the reference talk), "Distributed data parallel scaling": s/iter and their
-#: speedup column, per GPU count; the numbers live once, in :data:`hvd_lm.perf.scaling_report.REFERENCE`.
+#: speedup column, per GPU count; the numbers live once, in
+#: :data:`hvd_lm.perf.scaling_report.REFERENCE`.
 PUBLISHED = {
     "4096-d w/o IB": {"hidden_size": 4096, "inter": "10gbe", "rows": REFERENCE["no-ib"]},
     "4096-d w/ IB": {"hidden_size": 4096, "inter": "ib", "rows": REFERENCE["ib"]},

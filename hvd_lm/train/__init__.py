@@ -1,3 +1,4 @@
-"""Training: configuration, TBPTT data streams, LR schedule, precision/device runtime,
-checkpoints, the metrics log, evaluation (bits per character) and the loop itself
-(:mod:`hvd_lm.train.loop`)."""
+"""Training: the loop (:mod:`hvd_lm.train.loop`) around the one training step
+(:mod:`hvd_lm.train.step`), its settings, TBPTT data streams, LR schedule, optimizers (1-bit
+included), resuming, the divergence guard, the metrics log, evaluation (bits per character) and
+the preflight checks."""

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hvd_lm.core.shards import Manifest, ShardInfo, read_tokens, verify_shard
+from hvd_lm.formats.manifest import Manifest, ShardInfo
+from hvd_lm.formats.shards import read_tokens, verify_shard
 
 IGNORE = -100  # target id that torch.nn.functional.cross_entropy(ignore_index=IGNORE) skips
 

@@ -16,9 +16,9 @@ import dataclasses
 import time
 
 from hvd_lm.comm import horovod as comm
-from hvd_lm.train import checkpoint as ckpt_io
 from hvd_lm.train import faults
 from hvd_lm.train.data import window_in_new_cut
+from hvd_lm.train.resume import Position
 from hvd_lm.train.schedule import set_peak_lr
 
 
@@ -46,7 +46,7 @@ class ElasticTraining:
         recurrent rows are per rank and kept beside, :attr:`committed_rows`)."""
         return {"position": dataclasses.asdict(self.pos),
                 "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
                 "world": self.ctx.size, "windows_per_epoch": self.windows_per_epoch,
                 "guard": self.guard.state_dict()}
 
@@ -75,12 +75,12 @@ class ElasticTraining:
         position = dict(state.position)
         position["window"] = window_in_new_cut(position["window"], state.windows_per_epoch,
                                                self.windows_per_epoch)
-        self.pos = ckpt_io.Position(**position)
+        self.pos = Position(**position)
         self.chars_base, self.chars_local = self.pos.chars_trained, 0
         self.scheduler.load_state_dict(state.scheduler)
         self.guard.load_state_dict(state.guard)
         set_peak_lr(self.scheduler, self.peak_lr)
-        if self.scaler is not None and state.scaler:
+        if self.scaler.is_enabled() and state.scaler:
             self.scaler.load_state_dict(state.scaler)
         rows = self.committed_rows
         if rows and rows[:2] == (self.ctx.rank, self.ctx.size):

@@ -1,5 +1,6 @@
-"""Next-byte negative log-likelihood of TBPTT windows: the training loss (:func:`window_nll`) and
-bits per character (BPC): total -log2 p(next byte) over all predicted bytes / their count.
+"""Bits per character (BPC) of a model on a split: total -log2 p(next byte) over all predicted
+bytes / their count (the training loss, the same quantity in nats, is
+:func:`hvd_lm.train.step.window_nll`), and ``hvd-lm eval``.
 
 Summed across ranks with an allreduce, so N ranks over disjoint streams give the same number as one
 process over the whole split (up to float rounding).
@@ -16,16 +17,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command, option
-from hvd_lm.core.mlstm_kernels import KERNELS
-from hvd_lm.core.model import LanguageModel
-from hvd_lm.core.shards import load_manifest
 from hvd_lm.comm import horovod as comm
-from hvd_lm.train import runtime
-from hvd_lm.train.checkpoint import load_model
-from hvd_lm.train.data import IGNORE, Batch, RankStreams
+from hvd_lm.formats.manifest import load_manifest
+from hvd_lm.model import device as devices
+from hvd_lm.model.load import load_model
+from hvd_lm.model.mlstm_kernels import KERNELS
+from hvd_lm.options import Command, option
+from hvd_lm.train.data import IGNORE, RankStreams
 from hvd_lm.train.preflight import check_vocab
+from hvd_lm.util.atomic import write_text
 
 
 @torch.no_grad()
@@ -41,7 +41,7 @@ def nll_bits(model, streams: RankStreams, device: torch.device, precision: str =
     bits, chars = 0.0, 0
     for batch in streams:
         x, y = batch.inputs.to(device), batch.targets.to(device)
-        with runtime.autocast(device, precision):
+        with devices.autocast(device, precision):
             logits, state = model(x, state, reset=batch.reset.to(device))
         # float64 log-softmax: the sum over millions of chars stays exact (uniform -> 8.0 bits).
         nats = F.cross_entropy(logits.double().reshape(-1, logits.shape[-1]), y.reshape(-1),
@@ -86,21 +86,6 @@ def compressor_bpc(data: bytes, which: tuple[str, ...] = ("xz", "gzip")) -> dict
     return out
 
 
-def window_nll(model: LanguageModel, batch: Batch, state, device: torch.device, precision: str):
-    """Forward one TBPTT window: (sum of -ln p over its real targets, a 0-d fp32 tensor with
-    grad; the new state). The incoming state is detached (truncated BPTT); the logits are upcast
-    so the softmax and loss are fp32 whatever the autocast precision (as the reference requires)."""
-    state = (state[0].detach(), state[1].detach())
-    # non_blocking: a no-op on CPU; from pinned memory (train.data.Prefetcher) an async copy
-    x = batch.inputs.to(device, non_blocking=True)
-    y = batch.targets.to(device, non_blocking=True)
-    with runtime.autocast(device, precision):
-        logits, state = model(x, state, reset=batch.reset.to(device, non_blocking=True))
-    nats = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
-                           ignore_index=IGNORE, reduction="sum")
-    return nats, state
-
-
 @dataclass
 class EvalConfig:
     """``hvd-lm eval CHECKPOINT SHARDS``: bits per character of a checkpoint on a split."""
@@ -113,7 +98,7 @@ class EvalConfig:
     batch_size: int = option(16, "rows per rank", ge=1)
     seq_len: int = option(0, "window, bytes (0 = the checkpoint's)", ge=0)
     max_bytes: int = option(0, "evaluate only the first N bytes (0 = all)", ge=0)
-    precision: str = option("fp32", "autocast precision", choices=runtime.PRECISIONS)
+    precision: str = option("fp32", "autocast precision", choices=devices.PRECISIONS)
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     rnn_kernels: str = option("auto", "fused mLSTM cell kernels on this device (auto: triton "
                               "on CUDA when installed, else torch)", choices=KERNELS)
@@ -124,7 +109,7 @@ def eval_command(cfg: EvalConfig) -> int:
     """``hvd-lm eval``: print (and with ``--output`` write) ``{"bpc", "chars", ...}`` as JSON on
     rank 0; ranks split the streams and sum bits and chars (Horovod)."""
     ctx = comm.init()
-    device = runtime.resolve_device(cfg.device, ctx.local_rank, ctx.local_size)
+    device = devices.resolve_device(cfg.device, ctx.local_rank, ctx.local_size)
     model, ck = load_model(cfg.checkpoint, map_location=device, rnn_kernels=cfg.rnn_kernels)
     manifest = load_manifest(cfg.shards)
     check_vocab(model.config.vocab_size, manifest, f"{cfg.checkpoint}: model.vocab_size",

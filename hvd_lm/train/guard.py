@@ -26,7 +26,7 @@ Checkpoints. A logged loss measures the weights of the steps *before* it, so a c
 step s is *confirmed* once a loss logged at a later step is within the bound.
 While the newest logged loss is above the bound no checkpoint is written (:meth:`may_checkpoint`);
 the newest confirmed checkpoint is never pruned by ``--keep-checkpoints``
-(:meth:`confirmed_below`, passed to :func:`hvd_lm.train.checkpoint.save`); and when the run stops
+(:meth:`confirmed_below`, passed to :func:`hvd_lm.formats.checkpoint.save`); and when the run stops
 diverged, :meth:`settle` moves the checkpoints this job wrote that no good loss confirmed to
 ``checkpoints/diverged/`` and points ``latest`` at the newest checkpoint written before the
 divergence (or removes ``latest`` when there is none).
@@ -37,9 +37,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.tokenizer import VOCAB_SIZE
-from hvd_lm.train import checkpoint as ckpt_io
+from hvd_lm.formats import checkpoint as ckpt_io
+from hvd_lm.formats.tokenizer import VOCAB_SIZE
+from hvd_lm.util.atomic import write_text
 
 #: Cross-entropy of the uniform predictor over the byte values, nats per character (ln 256).
 UNIFORM_LOSS = math.log(VOCAB_SIZE)

@@ -4,6 +4,7 @@
   train, eval, skip, checkpoint, end; ``step``; ``time`` in Unix seconds; the values), a stdout
   line per record, a tqdm bar on a terminal, TensorBoard events when ``tensorboard`` is installed.
   :func:`read_metrics` is the one reader of that file (reports, scaling report, tests).
+* :class:`StepMeter`: what the loop sums on each rank between two ``train`` records.
 * :class:`StopSignals`: SIGTERM/SIGINT/SIGUSR1 (SLURM preemption, ``scancel --signal``, Ctrl-C)
   -> a stop flag
   the loop allreduces, so every rank checkpoints at the same step.
@@ -18,13 +19,15 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
-from hvd_lm.core.atomic import DiskFullError, free_bytes, human
-from hvd_lm.core.lock import pid_alive
-from hvd_lm.comm.launcher import horovodrun_mpi_shell, under_openmpi
+from hvd_lm.comm.world import horovodrun_mpi_shell, under_openmpi
+from hvd_lm.util.atomic import DiskFullError, free_bytes, human
+from hvd_lm.util.lock import pid_alive
 
 try:  # optional: TensorBoard events only when the package is installed
     from torch.utils.tensorboard import SummaryWriter
@@ -37,7 +40,7 @@ class StopSignals:
     the loop checkpoints on every rank at the same step and exits 0.
 
     Under ``horovodrun --mpi`` a signal to horovodrun kills only the ``/bin/sh -c mpirun`` it
-    became (:func:`hvd_lm.comm.launcher.horovodrun_mpi_shell`); a daemon thread watches that
+    became (:func:`hvd_lm.comm.world.horovodrun_mpi_shell`); a daemon thread watches that
     shell once a second and raises the flag (as SIGTERM) when it is gone.
 
     Under OpenMPI's ``mpirun`` a SIGTERM/SIGINT reaching a rank means mpirun is tearing the job
@@ -160,3 +163,27 @@ def read_metrics(path: str | Path) -> list[dict]:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{i}: not JSON ({e})") from None
     return out
+
+
+@dataclass
+class StepMeter:
+    """What the next ``train`` record sums, on this rank: nats (a 0-d device tensor until read),
+    characters, seconds waiting on the allreduce and busy, steps, since ``t0``; ``compute``: each
+    step's busy less its wait, seconds."""
+
+    nats: float | torch.Tensor = 0.0
+    chars: float = 0.0
+    wait: float = 0.0
+    busy: float = 0.0
+    steps: int = 0
+    compute: list[float] = field(default_factory=list)
+    t0: float = field(default_factory=time.perf_counter)
+
+    def add(self, nats, chars: int, wait: float, busy: float) -> None:
+        """One step attempt's sums."""
+        self.nats = self.nats + nats
+        self.chars += chars
+        self.wait += wait
+        self.busy += busy
+        self.steps += 1
+        self.compute.append(busy - wait)

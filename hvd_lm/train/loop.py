@@ -1,19 +1,13 @@
 """The training loop: data-parallel TBPTT training of the byte-level LM with Horovod.
 
-One optimizer step (per rank, B rows x T bytes per window, ``backward_passes_per_step`` = k),
-written out top to bottom in :meth:`Trainer.steps`:
-
-1. k windows: forward with the carried (detached) state, loss = mean NLL over the window's real
-   targets / k in fp32, backward (scaled by the loss scaler under fp16); Horovod's hooks start the
-   fp16-compressed, fused allreduce of each gradient as soon as it is ready.
-2. ``optimizer.synchronize()`` waits for the allreduce; unscale and clip
-   (:func:`hvd_lm.train.runtime.unscale_and_clip`); step inside ``optimizer.skip_synchronize()``,
-   or skip the step when the gradients overflowed / are not finite
-   (:func:`hvd_lm.train.runtime.step_or_skip`: counted; the LR schedule does not advance on a
-   skipped step). Horovod docs, "Gradient clipping".
-3. Every ``run.control_every`` step attempts, one tiny allreduce of control flags (a preemption
-   signal or a due time-based checkpoint on any rank stops or checkpoints every rank at the same
-   step).
+One optimizer step (per rank, B rows x T bytes per window, ``backward_passes_per_step`` = k) is
+:func:`hvd_lm.train.step.train_step` (forward, loss, backward, Horovod's synchronize, unscale and
+clip, step or skip: the same function every benchmark times); :meth:`Trainer.steps` is the loop
+around it: count the step (the LR schedule advances on applied steps only), every
+``run.control_every`` attempts one tiny allreduce of control flags (a preemption signal or a
+due time-based checkpoint on any rank stops or checkpoints every rank at the same step), log,
+validate, stop a diverged run, checkpoint. Each line of it that is a collective says so
+(``# Horovod:``): every rank must reach it at the same step.
 
 The host does not wait on the device per window: the next window is read ahead on a thread
 (``train.data.Prefetcher``), the loss is summed on the device and read at log time, and the one
@@ -50,24 +44,27 @@ from pathlib import Path
 import torch
 
 from hvd_lm.comm import horovod as comm
-from hvd_lm.comm.peers import PeerWatch, lost_peers_text
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command, check_required
-from hvd_lm.core.lock import FolderLock
-from hvd_lm.core.model import LanguageModel
-from hvd_lm.core.shards import load_manifest, verify_shard
-from hvd_lm.train import checkpoint as ckpt_io
-from hvd_lm.train import faults, preflight, runtime
-from hvd_lm.train.config import TrainConfig
+from hvd_lm.comm.peers import LostPeer, PeerWatch, lost_peers_text
+from hvd_lm.formats import checkpoint as ckpt_io
+from hvd_lm.formats.manifest import load_manifest
+from hvd_lm.formats.shards import verify_shard
+from hvd_lm.model import device as devices
+from hvd_lm.model.lm import LanguageModel
+from hvd_lm.options import Command, check_required
+from hvd_lm.train import faults, preflight
+from hvd_lm.train import resume as resume_io
 from hvd_lm.train.data import Prefetcher, RankStreams, window_in_new_cut
 from hvd_lm.train.elastic import ElasticTraining
 from hvd_lm.train.evaluate import bpc as eval_bpc
-from hvd_lm.train.evaluate import window_nll
 from hvd_lm.train.guard import DivergenceGuard
-from hvd_lm.train.log import MetricsLog, StopSignals
+from hvd_lm.train.log import MetricsLog, StepMeter, StopSignals
 from hvd_lm.train.optim import build_optimizer, distributed
 from hvd_lm.train.rundir import open_run_folder
 from hvd_lm.train.schedule import make_scheduler, scaled_lr, set_peak_lr
+from hvd_lm.train.settings import TrainConfig
+from hvd_lm.train.step import train_step
+from hvd_lm.util.atomic import write_text
+from hvd_lm.util.lock import FolderLock
 
 LN2 = math.log(2.0)
 
@@ -95,17 +92,17 @@ class Trainer(ElasticTraining):
     def __init__(self, cfg: TrainConfig):
         check_required(cfg, "config")  # e.g. data.shards (the command line checked it already)
         self.cfg = cfg
-        # ---- process: Horovod, device, precision, threads -----------------------------------------
+        # ---- process: Horovod, device, precision, threads ----------------------------------------
         self.ctx = comm.init(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms,  # Horovod: init
                              cfg.dist.gloo_timeout_s)
-        self.device = runtime.resolve_device(cfg.run.device, self.ctx.local_rank,
+        self.device = devices.resolve_device(cfg.run.device, self.ctx.local_rank,
                                              self.ctx.local_size)
-        runtime.check(self.device, cfg.run.precision)
+        devices.check(self.device, cfg.run.precision)
         self.threads = cfg.run.threads or max(1, (os.cpu_count() or 1) // self.ctx.local_size)
         torch.set_num_threads(self.threads)
         self.out_dir = Path(cfg.run.out_dir)
 
-        # ---- data: the manifest, its splits and shards checked; streams cut for this world -------------
+        # ---- data: the manifest, its splits and shards checked; streams cut for this world -------
         self.manifest = load_manifest(cfg.data.shards)
         # splits, vocabulary, window x rows against the split, one step's memory: before any read
         step_memory = preflight.check_all(cfg, self.manifest, self.device, self.ctx.size,
@@ -118,7 +115,7 @@ class Trainer(ElasticTraining):
                     verify_shard(info)
         self.cut_streams()
 
-        # ---- model, optimizer, schedule length -----------------------------------------------------
+        # ---- model, optimizer, schedule length ---------------------------------------------------
         torch.manual_seed(cfg.data.seed)
         self.model = LanguageModel(cfg.model).to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -133,15 +130,15 @@ class Trainer(ElasticTraining):
             raise ValueError(f"no optimizer step fits: {self.windows_per_epoch} windows per epoch "
                              f"x {cfg.data.epochs} epochs / {self.k} backward passes per step")
         optimizer = build_optimizer(self.model, cfg.optim, self.peak_lr)
-        self.scaler = runtime.make_scaler(self.device, cfg.run.precision)
+        self.scaler = devices.make_scaler(self.device, cfg.run.precision)
 
-        # ---- resume: weights, position, recurrent state, RNG (optimizer state after wrapping) ---------
-        self.pos = ckpt_io.Position()
+        # ---- resume: weights, position, recurrent state, RNG (optimizer state after wrapping) ----
+        self.pos = resume_io.Position()
         self.rnn_state = self.model.init_state(self.B, self.device)
         resume, self.summary = None, None
         if cfg.run.resume:  # checked before anything is written: a bad source changes nothing
             auto = cfg.run.resume == "auto"
-            resume = ckpt_io.Resume(self.out_dir if auto else cfg.run.resume, self.device,
+            resume = resume_io.Resume(self.out_dir if auto else cfg.run.resume, self.device,
                                     fallback=auto, warn=self.ctx.is_root)
             resume.restore_model(self.model, self.scaler)
             self.pos = resume.position
@@ -180,7 +177,7 @@ class Trainer(ElasticTraining):
             self.peer_watch = PeerWatch(self.ctx.rank)
             self.peers = comm.allgather_object(self.peer_watch.info(), name="peers")  # Horovod
 
-        # ---- the run folder: locked, checked for space, then config.yaml (rank 0) -------------------
+        # ---- the run folder: locked, checked for space, then config.yaml (rank 0) ----------------
         self.lock: FolderLock | None = None
         self.log = MetricsLog(self.out_dir, False, 0, 0, False)  # rank 0's opens in take_root
         if cfg.run.elastic:
@@ -200,7 +197,7 @@ class Trainer(ElasticTraining):
                         hosts=[p["host"] for p in self.peers] or None,
                         resumed_from=str(resume.path) if resume else None)
 
-        # ---- control ------------------------------------------------------------------------------
+        # ---- control -----------------------------------------------------------------------------
         self.signals = StopSignals()
         self.faults = faults.for_rank(self.ctx.rank, cfg.run.inject_nan_steps)  # tests only
         self.chars_base, self.chars_local = self.pos.chars_trained, 0  # all ranks before; this one
@@ -211,7 +208,7 @@ class Trainer(ElasticTraining):
         self.committed_rows = None  # elastic: this rank's rows at the last commit, and its place
         self.commit_seconds: list[float] = []
 
-    # ---- layout ------------------------------------------------------------------------------------
+    # ---- layout ----------------------------------------------------------------------------------
 
     def cut_streams(self) -> None:
         """This rank's train (and val) streams for the current world, the global batch and the
@@ -246,7 +243,7 @@ class Trainer(ElasticTraining):
             self.lock.release()
             self.lock = None
 
-    # ---- collectives used by the loop --------------------------------------------------------------
+    # ---- collectives used by the loop ------------------------------------------------------------
 
     def chars_total(self) -> int:
         """Characters trained on by all ranks, exact across world-size changes (Horovod: sum)."""
@@ -266,7 +263,7 @@ class Trainer(ElasticTraining):
         pos = dataclasses.replace(self.pos, chars_trained=self.chars_total())
         opt_state = self.optimizer.state_dict()  # every rank: 1-bit optimizers gather errors
         if self.ctx.is_root:
-            path = ckpt_io.save(ckpt_io.payload(pos, self.model, opt_state, self.scheduler,
+            path = ckpt_io.save(resume_io.payload(pos, self.model, opt_state, self.scheduler,
                                                 self.scaler, (h, c), self.cfg.to_dict(),
                                                 self.ctx.size, self.windows_per_epoch),
                                 self.out_dir, pos.step, self.cfg.run.keep_checkpoints,
@@ -282,7 +279,7 @@ class Trainer(ElasticTraining):
         self.model.train()
         self.log.record("eval", self.pos.step, val_bpc=v_bpc, val_chars=v_chars)
 
-    # ---- the loop ----------------------------------------------------------------------------------
+    # ---- the loop --------------------------------------------------------------------------------
 
     def run(self) -> dict:
         """Train to the end (or a stop signal), then validate, checkpoint and write the summary."""
@@ -300,7 +297,7 @@ class Trainer(ElasticTraining):
                 raise
         return self.end()
 
-    def lost_peer(self, error: BaseException) -> "LostPeer":
+    def lost_peer(self, error: BaseException) -> LostPeer:
         """The one-line error of a collective that lost a peer: who (probed, at most 3 s), when,
         after which timeout, and the newest complete checkpoint to resume from."""
         timeout = comm.gloo_timeout_s()
@@ -328,52 +325,36 @@ class Trainer(ElasticTraining):
     def steps(self, batches: Prefetcher, state=None) -> None:
         """The body of :meth:`loop`: one iteration per optimizer step (attempt)."""
         cfg, k, pos = self.cfg, self.k, self.pos
-        model, optimizer, scaler = self.model, self.optimizer, self.scaler
-        self.meter = _Meter()
-        model.train()
+        self.meter = StepMeter()
+        self.model.train()
+
+        def windows():  # the step's k windows, read ahead on a thread; counted as consumed
+            for _ in range(k):
+                yield batches.get(pos.window)
+                pos.window += 1
+
         while pos.step < self.total_steps and (state is not None
                                                or pos.window + k <= self.total_windows):
             t_step = time.perf_counter()
             self.faults.before_step(pos.step)
 
-            # forward, loss, backward over k windows (TBPTT: the recurrent state carried, detached)
-            nats_step, chars_step = 0.0, 0
-            for _ in range(k):
-                batch = batches.get(pos.window)  # read ahead on a thread
-                nats, self.rnn_state = window_nll(model, batch, self.rnn_state, self.device,
-                                                  cfg.run.precision)  # summed NLL, nats (fp32)
-                loss = self.faults.loss(nats / max(1, batch.chars) / k, pos.attempts)
-                # Horovod: each gradient's allreduce starts from its hook as soon as it is ready
-                runtime.scaled(loss, scaler).backward()
-                nats_step = nats_step + nats.detach().double()  # on the device: no host sync
-                chars_step += batch.chars
-                pos.window += 1
-
-            # Horovod: wait for the fused allreduce of every gradient (fp16 on the wire with
-            # --compression fp16); on CUDA the backward drained first, so busy - wait is device time
-            if self.device.type == "cuda":
-                torch.cuda.current_stream(self.device).synchronize()
-            t_wait = time.perf_counter()
-            optimizer.synchronize()
-            wait = time.perf_counter() - t_wait
-            # unscale (fp16) and clip; the norm read on the host is the step's sync (fp16 adds
-            # GradScaler.step's own read of its inf check)
-            grad_norm = runtime.unscale_and_clip(optimizer, self.params, cfg.optim.grad_clip,
-                                                 scaler)
-            # step, or skip a step whose gradients are not finite (every rank decides alike)
-            with optimizer.skip_synchronize():  # Horovod: the allreduce is done already
-                applied = runtime.step_or_skip(optimizer, scaler, grad_norm, cfg.run.nan_check)
-            optimizer.zero_grad()
+            # forward, loss, backward, Horovod: synchronize, unscale and clip, step or skip
+            # (hvd_lm.train.step, the one training step)
+            r = train_step(self.model, self.optimizer, self.scaler, self.params, windows(), k,
+                           self.rnn_state, self.device, cfg.run.precision, cfg.optim.grad_clip,
+                           cfg.run.nan_check,
+                           loss_hook=lambda loss: self.faults.loss(loss, pos.attempts))
+            self.rnn_state = r.state
 
             # count it (the LR schedule advances on applied steps only), then log and validate
-            self.count_step(applied, grad_norm)
-            self.chars_local += chars_step
-            self.meter.add(nats_step, chars_step, wait, time.perf_counter() - t_step)
-            stop_flag, due_flag = self.control_flags()
-            if applied and (pos.step % cfg.run.log_every == 0 or pos.step == self.total_steps):
-                self.log_train(grad_norm)
-            if applied and cfg.run.eval_every and pos.step % cfg.run.eval_every == 0:
-                self.validate()
+            self.count_step(r.applied, r.grad_norm)
+            self.chars_local += r.chars
+            self.meter.add(r.nats, r.chars, r.wait_s, time.perf_counter() - t_step)
+            stop_flag, due_flag = self.control_flags()  # Horovod: allreduce (every control_every)
+            if r.applied and (pos.step % cfg.run.log_every == 0 or pos.step == self.total_steps):
+                self.log_train(r.grad_norm)  # Horovod: allreduce of the metrics
+            if r.applied and cfg.run.eval_every and pos.step % cfg.run.eval_every == 0:
+                self.validate()  # Horovod: allreduce of bits and chars
 
             # stop a diverged run (every rank decides alike: global skips, allreduced losses)
             if self.guard.reason:
@@ -382,15 +363,15 @@ class Trainer(ElasticTraining):
             # checkpoint: on a stop signal (then leave), every checkpoint_every steps, or when due
             if stop_flag > 0:
                 self.stop_reason = "signal"
-                self.save_checkpoint()
+                self.save_checkpoint()  # Horovod: allgather of the recurrent state
                 break
-            if applied and ((cfg.run.checkpoint_every and pos.step % cfg.run.checkpoint_every == 0)
-                            or due_flag > 0):
-                self.save_checkpoint()
+            if r.applied and ((cfg.run.checkpoint_every
+                               and pos.step % cfg.run.checkpoint_every == 0) or due_flag > 0):
+                self.save_checkpoint()  # Horovod: allgather of the recurrent state
                 self.last_ckpt_time = time.time()
             # elastic: commit in memory every commit_every steps (Horovod: may raise
             # HostsUpdatedInterrupt when workers are added or removed, after saving)
-            if state is not None and applied and pos.step % cfg.run.commit_every == 0:
+            if state is not None and r.applied and pos.step % cfg.run.commit_every == 0:
                 self.commit(state)
 
     def count_step(self, applied: bool, grad_norm: float) -> None:
@@ -407,7 +388,7 @@ class Trainer(ElasticTraining):
         if not all(bool(torch.isfinite(s).all()) for s in self.rnn_state):
             self.rnn_state = self.model.init_state(self.B, self.device)
         self.log.record("skip", pos.step, skipped_steps=pos.skipped_steps, grad_norm=grad_norm,
-                        loss_scale=self.scaler.get_scale() if self.scaler is not None else None)
+                        loss_scale=self.scaler.get_scale() if self.scaler.is_enabled() else None)
 
     def control_flags(self) -> tuple[float, float]:
         """(stop, checkpoint due): every ``run.control_every`` attempts (the same attempts on
@@ -438,7 +419,7 @@ class Trainer(ElasticTraining):
         scaler = self.scaler
         self.log.record("train", pos.step, loss=loss, bpc=loss / LN2,
                         lr=self.scheduler.get_last_lr()[0],
-                        loss_scale=scaler.get_scale() if scaler is not None else None,
+                        loss_scale=scaler.get_scale() if scaler.is_enabled() else None,
                         chars_per_s=chars / wall, step_time=wall / m.steps,
                         allreduce_wait=waits / max(busy, 1e-9),
                         compute_time_max=sum(slowest) / m.steps,
@@ -447,7 +428,7 @@ class Trainer(ElasticTraining):
                         skipped_steps=pos.skipped_steps,
                         epoch=pos.window / self.windows_per_epoch, world_size=self.ctx.size,
                         **comm.comm_stats(self.optimizer))  # bytes on the wire (and 1-bit phase)
-        self.meter = _Meter()
+        self.meter = StepMeter()
 
     def finish(self) -> None:
         """Final validation and checkpoint of a run that reached its end (unless its newest
@@ -478,44 +459,6 @@ class Trainer(ElasticTraining):
         if self.stop_reason == "diverged":
             raise self.guard.error(self.pos.step, settled)
         return summary
-
-
-@dataclasses.dataclass
-class _Meter:
-    """What the next ``train`` record sums, on this rank: nats (a 0-d device tensor until read),
-    characters, seconds waiting on the allreduce and busy, steps, since ``t0``; ``compute``: each
-    step's busy less its wait, seconds."""
-
-    nats: float | torch.Tensor = 0.0
-    chars: float = 0.0
-    wait: float = 0.0
-    busy: float = 0.0
-    steps: int = 0
-    compute: list[float] = dataclasses.field(default_factory=list)
-    t0: float = dataclasses.field(default_factory=time.perf_counter)
-
-    def add(self, nats, chars: int, wait: float, busy: float) -> None:
-        """One step attempt's sums."""
-        self.nats = self.nats + nats
-        self.chars += chars
-        self.wait += wait
-        self.busy += busy
-        self.steps += 1
-        self.compute.append(busy - wait)
-
-
-class LostPeer(RuntimeError):
-    """A collective failed because a peer was lost (the message names its host).
-
-    Attributes:
-        report: True on the ranks that print the line (each node's local rank 0), False on the
-            others, which exit 1 quietly so that the job log gets one line per node, not one per
-            rank.
-    """
-
-    def __init__(self, message: str, report: bool = True):
-        super().__init__(message)
-        self.report = report
 
 
 def train_command(cfg: TrainConfig) -> int:

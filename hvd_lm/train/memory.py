@@ -7,7 +7,7 @@ state, the loss, master weights, gradients and optimizer state), C the compute d
 (4 for fp32, 2 under bf16/fp16 autocast). Activations saved for the backward of one window:
 
 * embedding output, as the two input projections keep it: 2 N E C;
-* the recurrence, ``--rnn-impl fused``: :func:`hvd_lm.core.mlstm_fused.saved_bytes`
+* the recurrence, ``--rnn-impl fused``: :func:`hvd_lm.model.mlstm_fused.saved_bytes`
   (T, B, H, reset on: a window that starts a stream) = N H (6 S + 4 C) + B H (S + C) + N S,
   and under autocast the recurrent weights W_mh and W_h cast once, 5 H^2 C;
   ``reference``: per step and row 7 H C + 2 H S (the matmuls' inputs h and m, W_mh h, the four
@@ -49,12 +49,12 @@ from dataclasses import dataclass, fields
 import psutil
 import torch
 
-from hvd_lm.core.atomic import human
-from hvd_lm.core.mlstm_fused import saved_bytes
 from hvd_lm.comm.horovod import HOROVOD_DEFAULT_FUSION_BYTES
-from hvd_lm.core.model import parameter_shapes
-from hvd_lm.core.units import MIB
-from hvd_lm.train.config import TrainConfig
+from hvd_lm.model.lm import parameter_shapes
+from hvd_lm.model.mlstm_fused import saved_bytes
+from hvd_lm.train.settings import TrainConfig
+from hvd_lm.util.atomic import human
+from hvd_lm.util.units import MIB
 
 #: Tensors of the parameters' size each optimizer keeps per rank: Adam and LAMB their two
 #: moments, SGD its momentum buffer, the 1-bit optimizers two moments, the local momentum
@@ -126,7 +126,7 @@ def activation_bytes(T: int, B: int, H: int, E: int, V: int, C: int, impl: str =
 def graph_pool_bytes(T: int, B: int, H: int, C: int) -> int:
     """Bytes of the private memory pool a CUDA-graphed fused window keeps for the whole run
     (module docstring): the window's saved activations
-    (:func:`hvd_lm.core.mlstm_fused.saved_bytes`) and its static buffers, N = T B positions:
+    (:func:`hvd_lm.model.mlstm_fused.saved_bytes`) and its static buffers, N = T B positions:
     the inputs xg [T, B, 4H] and xm [T, B, H], the output hs and its gradient, the inputs'
     gradients and the backward's gate gradients (dG [T, B, 4H], dA [T, B, H]), 17 N H C in the
     compute dtype; the recurrent weights W_mh [H, H], W_h [4H, H] cast and their gradients,

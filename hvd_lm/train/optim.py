@@ -1,7 +1,7 @@
 """The optimiser, built at the peak LR the large-batch rule gives
 (:func:`hvd_lm.train.schedule.scaled_lr`): Adam (the reference's, Radford et al. 2017 / Puri et al.
 2018), SGD with momentum, LAMB (You et al. 2019, from ``pytorch_optimizer``), or the
-communication-compressed 1-bit Adam / 1-bit LAMB (:mod:`hvd_lm.train.onebit`).
+communication-compressed 1-bit Adam / 1-bit LAMB (:mod:`hvd_lm.train.onebit_optimizers`).
 
 Adam is ``torch.optim.Adam(fused=True)`` on CUDA and CPU: one fused kernel updates every
 parameter (torch.optim docs, "Algorithms": fused > foreach > for-loop). Measured here (CPU, one
@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from hvd_lm.comm import horovod as comm
-from hvd_lm.train.config import OptimConfig
-from hvd_lm.train.onebit import OnebitAdam, OnebitDistributedOptimizer, OnebitLamb
+from hvd_lm.train.onebit_optimizers import OnebitAdam, OnebitDistributedOptimizer, OnebitLamb
+from hvd_lm.train.settings import OptimConfig
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float) -> torch.optim.Optimizer:
@@ -28,9 +28,9 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float) -> torc
       1 - beta1^t although the trust ratio already normalises the update (10x the paper's step
       at t = 1); the weight norm in the ratio is capped at 10 (its default).
       ``tests/test_onebit.py`` checks the update and the trust ratio against numpy.
-    * ``onebit-adam`` / ``onebit-lamb``: :class:`~hvd_lm.train.onebit.OnebitAdam` /
-      :class:`~hvd_lm.train.onebit.OnebitLamb` with ``onebit_warmup_steps`` and ``onebit_chunk``
-      (:func:`distributed` then wraps them for Horovod).
+    * ``onebit-adam`` / ``onebit-lamb``: :class:`~hvd_lm.train.onebit_optimizers.OnebitAdam` /
+      :class:`~hvd_lm.train.onebit_optimizers.OnebitLamb` with ``onebit_warmup_steps`` and
+      ``onebit_chunk`` (:func:`distributed` then wraps them for Horovod).
 
     Raises:
         ValueError: an unknown ``cfg.optimizer``.
@@ -63,7 +63,7 @@ def distributed(optimizer: torch.optim.Optimizer, model: torch.nn.Module,
     """``optimizer`` on Horovod: ``hvd.DistributedOptimizer``
     (:func:`hvd_lm.comm.horovod.distributed_optimizer`: fp16 compression, tensor fusion, Average
     or Adasum), or for a 1-bit optimiser (``optimizer.onebit``)
-    :class:`~hvd_lm.train.onebit.OnebitDistributedOptimizer`.
+    :class:`~hvd_lm.train.onebit_optimizers.OnebitDistributedOptimizer`.
 
     Raises:
         ValueError: an unknown compression or op; Adasum with a 1-bit optimiser.

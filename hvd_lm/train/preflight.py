@@ -19,12 +19,12 @@ import sys
 
 import torch
 
-from hvd_lm.core.atomic import human
-from hvd_lm.core.config import ConfigError
-from hvd_lm.core.shards import MANIFEST_NAME, Manifest
-from hvd_lm.core.tokenizer import TOKENIZER_NAME, VOCAB_SIZE
+from hvd_lm.formats.manifest import MANIFEST_NAME, Manifest
+from hvd_lm.formats.tokenizer import TOKENIZER_NAME, VOCAB_SIZE
+from hvd_lm.options import ConfigError
 from hvd_lm.train import memory
-from hvd_lm.train.config import TrainConfig
+from hvd_lm.train.settings import TrainConfig
+from hvd_lm.util.atomic import human
 
 
 def check_all(cfg: TrainConfig, manifest: Manifest, device: torch.device, world_size: int,

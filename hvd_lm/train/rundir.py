@@ -1,10 +1,10 @@
 """The run folder: owned by one job, checked before anything is written into it.
 
 :func:`open_run_folder` runs on rank 0 once the configuration, the shards and the resume source
-have been checked: it takes the folder's lock (:class:`hvd_lm.core.lock.FolderLock`, so a second
+have been checked: it takes the folder's lock (:class:`hvd_lm.util.lock.FolderLock`, so a second
 job into the same ``--out-dir`` fails naming the first), checks that the file system has room
 for a checkpoint (size estimated from the model and optimizer,
-:func:`hvd_lm.train.checkpoint.estimate_bytes`), and only then writes ``config.yaml``.
+:func:`hvd_lm.formats.checkpoint.estimate_bytes`), and only then writes ``config.yaml``.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from hvd_lm.core.atomic import DiskFullError, free_bytes, human
-from hvd_lm.core.lock import FolderLock
-from hvd_lm.train.checkpoint import estimate_bytes
-from hvd_lm.train.config import TrainConfig, save_yaml
+from hvd_lm.formats.checkpoint import estimate_bytes
+from hvd_lm.train.settings import TrainConfig, save_yaml
+from hvd_lm.util.atomic import DiskFullError, free_bytes, human
+from hvd_lm.util.lock import FolderLock
 
 #: Optimizer state tensors per parameter (for the checkpoint size estimate).
 OPTIMIZER_STATES = {"adam": 2, "sgd": 1}
@@ -34,8 +34,8 @@ def open_run_folder(cfg: TrainConfig, model: torch.nn.Module, rows: int) -> Fold
         The held lock (release it when the run ends).
 
     Raises:
-        hvd_lm.core.lock.FolderBusyError: another job holds the folder.
-        hvd_lm.core.atomic.DiskFullError: less free space than one checkpoint needs (with
+        hvd_lm.util.lock.FolderBusyError: another job holds the folder.
+        hvd_lm.util.atomic.DiskFullError: less free space than one checkpoint needs (with
             ``run.check_free_space``), naming the folder, the bytes needed and free.
     """
     out_dir = Path(cfg.run.out_dir)

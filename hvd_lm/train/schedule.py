@@ -1,7 +1,7 @@
 """Large-batch learning-rate rules and the warmup + linear-decay schedule.
 
-From the reference talk (Puri et al. 2018, "Large Batch Training - LR scaling"): a base LR tuned at a
-reference global batch (Radford et al.: Adam, 5e-4 at batch 128) is scaled to the actual global
+From the reference talk (Puri et al. 2018, "Large Batch Training - LR scaling"): a base LR tuned at
+a reference global batch (Radford et al.: Adam, 5e-4 at batch 128) is scaled to the actual global
 batch B by
 
     none:    lr = base

@@ -46,12 +46,11 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import FeatureUnion
 from sklearn.svm import l1_min_c
 
-from hvd_lm.core.atomic import atomic_path
 from hvd_lm.transfer import fista
+from hvd_lm.util.atomic import atomic_path
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
-
 
 #: Default C grid for the L1 logistic regression on LM features: 2^-8..2^2 (reference: 2^-8..2^0).
 DEFAULT_C_GRID = tuple(float(c) for c in 2.0 ** np.arange(-8, 3))

@@ -25,14 +25,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from hvd_lm.core import tokenizer
-from hvd_lm.core.atomic import atomic_path, write_text
-from hvd_lm.core.digest import json_sha256
 from hvd_lm.comm import horovod as comm
-from hvd_lm.comm.launcher import RankContext, world_size
-from hvd_lm.train import runtime
-from hvd_lm.train.checkpoint import load_model, resolve
-
+from hvd_lm.comm.world import RankContext, world_size
+from hvd_lm.formats import tokenizer
+from hvd_lm.formats.checkpoint import resolve
+from hvd_lm.model import device as devices
+from hvd_lm.model.load import load_model
+from hvd_lm.util.atomic import atomic_path, write_text
+from hvd_lm.util.digest import json_sha256
 
 #: Feature types: final cell state, final hidden state, mean / max over time of the hidden states.
 FEATURE_KINDS = ("cell", "hidden", "mean", "max")
@@ -55,7 +55,7 @@ class LMSession:
     """A checkpoint's LM ready to featurize on this rank.
 
     Attributes:
-        ctx: the Horovod :class:`~hvd_lm.comm.launcher.RankContext` when launched on several
+        ctx: the Horovod :class:`~hvd_lm.comm.world.RankContext` when launched on several
             ranks, else None (one process; Horovod is not initialised).
         path: the checkpoint file; model: its LanguageModel (eval mode, on ``device``);
         ckpt: the checkpoint dict; device: one GPU per local rank, or the CPU.
@@ -71,13 +71,13 @@ class LMSession:
 def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32",
             threads: int = 0, rnn_kernels: str = "auto") -> LMSession:
     """Start Horovod when a launcher started several ranks (they split the texts, see
-    :func:`featurize`), pick this rank's device (:func:`hvd_lm.train.runtime.resolve_device`),
+    :func:`featurize`), pick this rank's device (:func:`hvd_lm.train.devices.resolve_device`),
     check the precision there and load the checkpoint's model onto it.
 
     Args:
         checkpoint: file or run directory (its latest).
         threads: torch CPU threads (0: torch's default).
-        rnn_kernels: the fused mLSTM's cell kernels (:func:`hvd_lm.train.checkpoint.load_model`).
+        rnn_kernels: the fused mLSTM's cell kernels (:func:`hvd_lm.model.load.load_model`).
     Raises:
         FileNotFoundError: no checkpoint; ValueError: a device/precision that cannot be used.
     """
@@ -85,16 +85,16 @@ def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32
     if threads > 0:
         torch.set_num_threads(threads)
     path = resolve(checkpoint)
-    dev = runtime.resolve_device(device, ctx.local_rank if ctx else 0, ctx.local_size if ctx else 1)
-    runtime.check(dev, precision)
+    dev = devices.resolve_device(device, ctx.local_rank if ctx else 0, ctx.local_size if ctx else 1)
+    devices.check(dev, precision)
     model, ckpt = load_model(path, map_location=dev, rnn_kernels=rnn_kernels)
     return LMSession(ctx, path, model, ckpt, dev)
 
 
 def encode_texts(texts: Sequence[str], max_chars: int = DEFAULT_MAX_CHARS,
                  normalize: bool = False) -> list[np.ndarray]:
-    """Byte ids of each text (:func:`hvd_lm.core.tokenizer.encode`), cut to the first ``max_chars``
-    bytes (``max_chars <= 0``: no cut).
+    """Byte ids of each text (:func:`hvd_lm.formats.tokenizer.encode`), cut to the first
+    ``max_chars`` bytes (``max_chars <= 0``: no cut).
 
     Returns:
         N uint8 arrays, each of length <= max_chars.
@@ -141,11 +141,11 @@ def encode_batch(model, seqs: Sequence[np.ndarray], kind: str = "cell",
     initial state; mean/max of nothing defined as 0).
 
     Args:
-        model: a :class:`hvd_lm.core.model.LanguageModel` (eval mode).
+        model: a :class:`hvd_lm.model.lm.LanguageModel` (eval mode).
         seqs: B uint8/int arrays of byte ids.
         kind: one of :data:`FEATURE_KINDS`.
         time_chunk: steps per ``model.encode`` call (bounds the [B, chunk, H] hidden states kept).
-        precision: ``fp32``, ``bf16`` or ``fp16`` (autocast, :mod:`hvd_lm.train.runtime`).
+        precision: ``fp32``, ``bf16`` or ``fp16`` (autocast, :mod:`hvd_lm.model.device`).
     Returns:
         float32 tensor [B, H] on CPU.
     Raises:
@@ -174,7 +174,7 @@ def encode_batch(model, seqs: Sequence[np.ndarray], kind: str = "cell",
         t1 = min(T, t0 + time_chunk)
         active = torch.nonzero(lengths_d > t0).flatten()
         m = mask[active, t0:t1]
-        with runtime.autocast(device, precision):
+        with devices.autocast(device, precision):
             hs, (ha, ca) = model.encode(tokens[active, t0:t1], (h[active], c[active]), m)
         h = h.index_copy(0, active, ha.float())
         c = c.index_copy(0, active, ca.float())
@@ -224,18 +224,18 @@ def featurize(model, texts: Sequence[str], kind: str = "cell",
     """Features of every text, in input order (Radford et al. 2017: final cell state).
 
     Args:
-        model: a :class:`hvd_lm.core.model.LanguageModel` in eval mode, on ``device``.
+        model: a :class:`hvd_lm.model.lm.LanguageModel` in eval mode, on ``device``.
         texts: N strings.
         kind: ``cell`` (final c_T), ``hidden`` (final h_T), ``mean`` / ``max`` (over t of h_t).
         max_chars: keep the first ``max_chars`` bytes of each text (<= 0: all).
         batch_size: texts per batch (per rank).
-        ctx: a :class:`hvd_lm.comm.launcher.RankContext` to split the work over ranks (each rank
+        ctx: a :class:`hvd_lm.comm.world.RankContext` to split the work over ranks (each rank
             gets every ``size``-th batch of the length-sorted order, see :func:`plan_batches`;
             results are gathered with :func:`hvd_lm.comm.horovod.allgather` onto every rank);
             None = this process does everything.
         progress: show a tqdm bar (in chars) of this rank's share; pass True on rank 0 only.
         time_chunk, precision: see :func:`encode_batch`.
-        normalize: collapse whitespace first (:func:`hvd_lm.core.tokenizer.normalize_text`).
+        normalize: collapse whitespace first (:func:`hvd_lm.formats.tokenizer.normalize_text`).
     Returns:
         :class:`FeatureResult` with features float32 [N, H].
     Raises:

@@ -3,11 +3,11 @@ holding one unit fixed, and draw that unit's per-character value (sentiment-disc
 ``generate.py``; Radford et al. 2017, "Learning to Generate Reviews and Discovering Sentiment",
 section 4: fixing the sentiment unit's value makes the model write positive or negative reviews).
 
-Only the model's public API is used (:meth:`~hvd_lm.core.model.LanguageModel.init_state`,
+Only the model's public API is used (:meth:`~hvd_lm.model.lm.LanguageModel.init_state`,
 ``forward``/``encode`` on [B, T] byte ids with an explicit state), one byte per call while a unit
 is read or pinned.
 
-* **Priming.** The prime's UTF-8 bytes (:func:`hvd_lm.core.tokenizer.encode`) are read from the
+* **Priming.** The prime's UTF-8 bytes (:func:`hvd_lm.formats.tokenizer.encode`) are read from the
   zero state, as ``hvd-lm transfer`` reads a text; an empty prime starts from one end-of-document
   byte (0), which precedes every document in training, i.e. "a new review".
 * **Sampling** (:func:`sample_next`): softmax of logits / temperature over the 256 bytes,
@@ -34,15 +34,21 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from hvd_lm.core import tokenizer
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command, option
-from hvd_lm.train import runtime
-from hvd_lm.train.checkpoint import load_model, resolve
+from hvd_lm.formats import tokenizer
+from hvd_lm.formats.checkpoint import resolve
+from hvd_lm.model import device as devices
+from hvd_lm.model.load import load_model
+from hvd_lm.options import Command, option
 from hvd_lm.transfer.features import featurize
 from hvd_lm.transfer.heatmap import HeatRow, char_values, check_suffix, render
-from hvd_lm.transfer.saved import (USAGE_ERRORS, ClassifierError, SavedClassifier,
-                                   check_checkpoint, load_classifier)
+from hvd_lm.transfer.saved import (
+    USAGE_ERRORS,
+    ClassifierError,
+    SavedClassifier,
+    check_checkpoint,
+    load_classifier,
+)
+from hvd_lm.util.atomic import write_text
 
 #: Which state a unit is read from / pinned in.
 STATES = ("cell", "hidden")
@@ -119,7 +125,7 @@ def generate(model, prime: str = "", length: int = 200, temperature: float = 1.0
     docstring).
 
     Args:
-        model: a :class:`~hvd_lm.core.model.LanguageModel` in eval mode on ``device``.
+        model: a :class:`~hvd_lm.model.lm.LanguageModel` in eval mode on ``device``.
         prime: text to continue ("" = a new document).
         temperature: >= 0 (0 = greedy); top_k: 0 (all) or the k most likely bytes.
         neuron: unit to trace (and with ``overwrite`` pin) in ``state``; None = neither.
@@ -281,7 +287,7 @@ def generate_command(cfg: GenerateConfig) -> int:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     path = resolve(cfg.checkpoint)
-    device = runtime.resolve_device(cfg.device, 0)
+    device = devices.resolve_device(cfg.device, 0)
     model, _ = load_model(path, map_location=device)
     model.to(device)
     saved = open_classifier(cfg.classifier, path)

@@ -3,7 +3,7 @@ al. 2017 and sentiment-discovery's ``visualize.py``/``generate.py --visualize``)
 
 A unit's value is recorded after the model reads each byte (:func:`hvd_lm.transfer.generate.
 trace_unit`); :func:`char_values` turns bytes into characters (UTF-8, undecodable bytes as U+FFFD,
-the same text as :func:`hvd_lm.core.tokenizer.decode`) and gives each character the value after
+the same text as :func:`hvd_lm.formats.tokenizer.decode`) and gives each character the value after
 its last byte. Colours come from matplotlib's diverging ``RdYlGn`` map, symmetric about 0 with
 the largest |value| shown at the ends (red low, green high); ``polarity`` -1 flips them, so that
 green means positive sentiment for a unit whose classifier weight is negative.
@@ -13,7 +13,7 @@ green means positive sentiment for a unit whose classifier weight is negative.
 * :func:`render_png`: the characters on a grid of coloured cells (``width`` per line, a new line at
   each newline), one block per text, with a colour bar; matplotlib's Agg backend.
 
-Both write atomically (:mod:`hvd_lm.core.atomic`); :func:`render` picks by suffix.
+Both write atomically (:mod:`hvd_lm.util.atomic`); :func:`render` picks by suffix.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Sequence
 import matplotlib
 import numpy as np
 
-from hvd_lm.core.atomic import atomic_path, write_text
+from hvd_lm.util.atomic import atomic_path, write_text
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
@@ -49,7 +49,7 @@ class HeatRow:
 
 def char_values(ids: Sequence[int], values: Sequence[float]) -> tuple[list[str], np.ndarray]:
     """Characters of the byte sequence ``ids`` (UTF-8, errors replaced, as
-    :func:`hvd_lm.core.tokenizer.decode`) and, for each, the value at its last byte.
+    :func:`hvd_lm.formats.tokenizer.decode`) and, for each, the value at its last byte.
 
     Args:
         ids: B byte values; values: B numbers (the unit after each byte).

@@ -28,16 +28,15 @@ import sys
 import time
 from dataclasses import dataclass
 
-from hvd_lm.core.atomic import atomic_path, write_text
-from hvd_lm.core.config import Command, option
-from hvd_lm.core.digest import file_sha256
 from hvd_lm.comm import horovod as comm
-from hvd_lm.comm.launcher import world_size
-from hvd_lm.train import runtime
+from hvd_lm.comm.world import world_size
+from hvd_lm.model import device as devices
+from hvd_lm.options import Command, option
 from hvd_lm.transfer import datasets
 from hvd_lm.transfer.features import featurize, open_lm
-from hvd_lm.transfer.saved import (USAGE_ERRORS, ClassifierError, check_checkpoint,
-                                   load_classifier)
+from hvd_lm.transfer.saved import USAGE_ERRORS, ClassifierError, check_checkpoint, load_classifier
+from hvd_lm.util.atomic import atomic_path, write_text
+from hvd_lm.util.digest import file_sha256
 
 
 @dataclass
@@ -62,7 +61,7 @@ class ClassifyConfig:
     time_chunk: int = option(256, "steps per model call", ge=1)
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     precision: str = option("", "autocast precision (default: the classifier's features')",
-                            choices=("",) + runtime.PRECISIONS)
+                            choices=("",) + devices.PRECISIONS)
     threads: int = option(0, "torch CPU threads (0 = default)", ge=0)
     progress: bool = option(True, "tqdm bar (--no-progress: none)", switch=False,
                             flag="--no-progress")

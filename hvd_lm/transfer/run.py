@@ -30,21 +30,36 @@ from pathlib import Path
 
 import numpy as np
 
-from hvd_lm.core import tokenizer
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command, option
-from hvd_lm.core.digest import file_sha256
-from hvd_lm.core.mlstm_kernels import KERNELS
 from hvd_lm.comm import horovod as comm
-from hvd_lm.train import runtime
+from hvd_lm.formats import tokenizer
+from hvd_lm.model import device as devices
+from hvd_lm.model.mlstm_kernels import KERNELS
+from hvd_lm.options import Command, option
 from hvd_lm.transfer import datasets
-from hvd_lm.transfer.classify import (CPU_AUTO_SOLVER, DEFAULT_BASELINE_C_GRID, DEFAULT_C_GRID,
-                                      SOLVERS, fit_logreg, plot_neuron_histogram,
-                                      sentiment_neuron, tfidf_baseline)
-from hvd_lm.transfer.features import (DEFAULT_CACHE_DIR, DEFAULT_MAX_CHARS, FEATURE_KINDS,
-                                      FeatureCache, LMSession, cache_key, featurize, open_lm,
-                                      texts_sha256)
+from hvd_lm.transfer.classify import (
+    CPU_AUTO_SOLVER,
+    DEFAULT_BASELINE_C_GRID,
+    DEFAULT_C_GRID,
+    SOLVERS,
+    fit_logreg,
+    plot_neuron_histogram,
+    sentiment_neuron,
+    tfidf_baseline,
+)
+from hvd_lm.transfer.features import (
+    DEFAULT_CACHE_DIR,
+    DEFAULT_MAX_CHARS,
+    FEATURE_KINDS,
+    FeatureCache,
+    LMSession,
+    cache_key,
+    featurize,
+    open_lm,
+    texts_sha256,
+)
 from hvd_lm.transfer.saved import JSON_NAME, NPZ_NAME, save_classifier
+from hvd_lm.util.atomic import write_text
+from hvd_lm.util.digest import file_sha256
 
 
 def parse_c_grid(text: str) -> tuple[float, ...]:
@@ -97,7 +112,7 @@ class TransferConfig:
     batch_size: int = option(64, "texts per batch per rank", ge=1)
     time_chunk: int = option(256, "steps per model call (bounds memory for mean/max)", ge=1)
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
-    precision: str = option("fp32", "autocast precision", choices=runtime.PRECISIONS)
+    precision: str = option("fp32", "autocast precision", choices=devices.PRECISIONS)
     rnn_kernels: str = option("auto", "fused mLSTM cell kernels on this device (auto: triton "
                               "on CUDA when installed, else torch)", choices=KERNELS)
     threads: int = option(0, "torch CPU threads (0 = default)", ge=0)

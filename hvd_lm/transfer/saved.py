@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hvd_lm.core.atomic import atomic_path, write_text
-from hvd_lm.core.digest import file_sha256
 from hvd_lm.transfer.classify import LinearClassifier
 from hvd_lm.transfer.datasets import DatasetError
+from hvd_lm.util.atomic import atomic_path, write_text
+from hvd_lm.util.digest import file_sha256
 
 CLASSIFIER_FORMAT = 1
 NPZ_NAME = "classifier.npz"

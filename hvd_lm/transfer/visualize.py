@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-from hvd_lm.core import tokenizer
-from hvd_lm.core.config import Command, option
-from hvd_lm.train import runtime
-from hvd_lm.train.checkpoint import load_model, resolve
+from hvd_lm.formats import tokenizer
+from hvd_lm.formats.checkpoint import resolve
+from hvd_lm.model import device as devices
+from hvd_lm.model.load import load_model
+from hvd_lm.options import Command, option
 from hvd_lm.transfer import datasets
 from hvd_lm.transfer.features import DEFAULT_MAX_CHARS
 from hvd_lm.transfer.generate import STATES, open_classifier, trace_unit, unit_from_classifier
@@ -73,7 +74,7 @@ def visualize(cfg: VisualizeConfig) -> dict:
     normalize = bool(saved.features["normalize"]) if saved else False
     max_chars = cfg.max_chars if cfg.max_chars is not None else (
         saved.features["max_chars"] if saved else DEFAULT_MAX_CHARS)
-    device = runtime.resolve_device(cfg.device, 0)
+    device = devices.resolve_device(cfg.device, 0)
     model, _ = load_model(path, map_location=device)
     model.to(device)
     texts = inp.texts[:cfg.max_texts]

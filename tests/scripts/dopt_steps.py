@@ -8,9 +8,9 @@ usage: dopt_steps.py OUT.npy --steps K --per-rank-batch B --compression {none,fp
 """
 import argparse
 
+import horovod.torch as hvd
 import numpy as np
 import torch
-import horovod.torch as hvd
 
 from tests.scripts.problem import make_problem, train_steps
 

@@ -1,4 +1,5 @@
-"""Featurize texts with hvd_lm.transfer.features.featurize under horovodrun/mpirun; rank 0 saves the result.
+"""Featurize texts with hvd_lm.transfer.features.featurize under horovodrun/mpirun; rank 0 saves the
+result.
 
 Every rank reads the same texts, takes its round-robin share of the length-sorted batches and the
 features are allgathered back in input order. tests/test_transfer.py compares the saved arrays
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 
 from hvd_lm.comm import horovod as comm
-from hvd_lm.train.checkpoint import load_model
+from hvd_lm.model.load import load_model
 from hvd_lm.transfer.run import featurize
 
 ap = argparse.ArgumentParser()

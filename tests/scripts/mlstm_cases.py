@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from hvd_lm.core import mlstm_kernels as K
-from hvd_lm.core.mlstm_fused import mlstm_window
+from hvd_lm.model import mlstm_kernels as K
+from hvd_lm.model.mlstm_fused import mlstm_window
 
 SPEC = K.Kernels("spec", K.cell_forward, K.cell_backward)
 
@@ -83,7 +83,7 @@ def model_diff(kernels: str, seed: int = 6) -> float:
     model's callers give them, so the window receives their transposed views: the production
     path, which the window-level cases (contiguous [T, B] flags) do not take. Differences are
     relative beyond 1 (:func:`cell_diff`)."""
-    from hvd_lm.core.model import LanguageModel, ModelConfig
+    from hvd_lm.model.lm import LanguageModel, ModelConfig
 
     g = torch.Generator().manual_seed(seed)
     B, T = 3, 17

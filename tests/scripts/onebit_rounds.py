@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from hvd_lm.comm import horovod as comm
-from hvd_lm.comm.onebit import ErrorFeedback, Layout
+from hvd_lm.comm.onebit_compression import ErrorFeedback, Layout
 
 
 def inputs(seed: int, t: int, r: int, numel: int) -> torch.Tensor:

@@ -13,8 +13,8 @@ import sys
 
 import torch
 
-from hvd_lm.core import mlstm_kernels as K
-from hvd_lm.core import mlstm_triton
+from hvd_lm.model import mlstm_kernels as K
+from hvd_lm.model import mlstm_triton
 from tests.scripts.mlstm_cases import cell_case, cell_diff, model_diff, window_diff
 
 

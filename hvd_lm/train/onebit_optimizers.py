@@ -42,7 +42,12 @@ from typing import Callable, Optional
 import torch
 
 from hvd_lm.comm import horovod as comm
-from hvd_lm.comm.onebit import DEFAULT_CHUNK, ErrorFeedback, Layout, ring_allreduce_wire_bytes
+from hvd_lm.comm.onebit_compression import (
+    DEFAULT_CHUNK,
+    ErrorFeedback,
+    Layout,
+    ring_allreduce_wire_bytes,
+)
 
 #: pytorch_optimizer.Lamb's cap on the weight norm in the trust ratio (its ``Lamb.clamp``).
 LAMB_WEIGHT_NORM_CAP = 10.0
@@ -322,8 +327,9 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
       ``backward_passes_per_step`` beyond reach; ``synchronize()`` returns at once); the
       optimiser's step hands its flat momentum to
       :func:`hvd_lm.comm.horovod.compressed_allreduce` with this rank's
-      :class:`~hvd_lm.comm.onebit.ErrorFeedback` (created at the first compressed step). With one
-      rank there is nothing to communicate and the momentum is used as is (as DeepSpeed does).
+      :class:`~hvd_lm.comm.onebit_compression.ErrorFeedback` (created at the first compressed step).
+      With one rank there is nothing to communicate and the momentum is used as is (as DeepSpeed
+      does).
 
     :meth:`state_dict` adds every rank's error buffers (an ``allgather``: call it on every rank,
     as the training loop does before rank 0 writes a checkpoint); :meth:`load_state_dict` takes
@@ -416,7 +422,8 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
 
     def comm_stats(self) -> dict:
         """The last step's ``wire_bytes`` (warmup: the gradient allreduce's; compressed phase:
-        :meth:`hvd_lm.comm.onebit.Layout.wire_bytes` of the buffers handed to ``alltoall`` and
+        :meth:`hvd_lm.comm.onebit_compression.Layout.wire_bytes` of the buffers handed to
+        ``alltoall`` and
         ``allgather``, plus the gradient-norm allreduce) and ``onebit_phase`` (``warmup`` /
         ``compressed``), for :func:`hvd_lm.comm.horovod.comm_stats`."""
         return {"wire_bytes": self.wire_bytes, "onebit_phase": self.phase}

@@ -1,6 +1,6 @@
 """The fused mLSTM recurrence: one ``torch.autograd.Function`` over a whole TBPTT window.
 
-The reference path (:class:`hvd_lm.core.model.MLSTM` with ``rnn_impl="reference"``) builds the
+The reference path (:class:`hvd_lm.model.lm.MLSTM` with ``rnn_impl="reference"``) builds the
 window out of ~15 autograd ops per step; its backward then accumulates each recurrent weight's
 gradient once per step (T GEMMs with K = B and T full-size ``add_``\\ s) and, under autocast,
 re-casts both recurrent weights at every step. This module does what cuDNN's RNN and
@@ -14,7 +14,7 @@ and ``xm = x W_mx^T`` [T, B, H] arrive precomputed (one GEMM each over T*B rows)
     a_t   = hprev_t @ W_mh^T                      GEMM 1            [B, H]
     m_t   = xm_t * a_t                            (the multiplicative input, between the GEMMs)
     g_t   = xg_t + m_t @ W_h^T                    GEMM 2 (addmm)    [B, 4H]
-    cell  : gates, c_t, h_t, mask, next reset     one fused kernel  (hvd_lm.core.mlstm_kernels)
+    cell  : gates, c_t, h_t, mask, next reset     one fused kernel  (hvd_lm.model.mlstm_kernels)
 
 saving the gate activations, tanh(c_t), c_{t-1}, a_t, m_t, xm_t and hprev_t. Backward, per step
 (t = T-1..0)::
@@ -57,7 +57,7 @@ from typing import Callable
 
 import torch
 
-from hvd_lm.core.mlstm_kernels import Kernels
+from hvd_lm.model.mlstm_kernels import Kernels
 
 State = tuple[torch.Tensor, torch.Tensor]
 
@@ -81,7 +81,7 @@ class MLSTMWindow(torch.autograd.Function):
         w_mh: [H, H], w_h: [4H, H]: the recurrent weights (any float dtype; cast to C once).
         keep: bool [T, B, 1] or None: False where the step is padding (state held).
         rk: [T, B, 1] (S) or None: 0.0 where the state is zeroed before the step.
-        kernels: the cell kernels (:func:`hvd_lm.core.mlstm_kernels.get_kernels`).
+        kernels: the cell kernels (:func:`hvd_lm.model.mlstm_kernels.get_kernels`).
         save: keep what the backward needs (False: inference, O(1) buffers in T).
         layout: ``rows`` or ``features``: how every per-step buffer is stored
             (:func:`steps_empty`; hs is rows in both); ``xg``/``xm`` must already be in it
@@ -339,7 +339,7 @@ def mlstm_window(xg: torch.Tensor, xm: torch.Tensor, state: State, w_mh: torch.T
         xg: [T, B, 4H] input gate projections incl. bias; xm: [T, B, H].
         state: (h0, c0), each [B, H] (state dtype, normally fp32).
         w_mh: [H, H]; w_h: [4H, H] (weight norm already applied).
-        kernels: cell kernels (:func:`hvd_lm.core.mlstm_kernels.get_kernels`).
+        kernels: cell kernels (:func:`hvd_lm.model.mlstm_kernels.get_kernels`).
         mask: bool [T, B] or None; False = padding (state held).
         reset: bool [T, B] or None; True = zero the row's state before that step.
         graphs: a :class:`WindowGraphs` to replay a captured CUDA graph when the window's

@@ -1,318 +1,36 @@
-"""``hvd-lm launch``: render a launch template for a scheduler and size, or write a scaling sweep.
-
-The templates in ``launch/`` (repository root) are plain, runnable shell scripts. Every size/config
-setting sits in a knobs block at the top as ``NAME="${NAME:-default}"  # comment`` (environment
-overrides win) and, for batch schedulers, in ``#SBATCH``/``#PBS`` directive lines. Rendering
-replaces those defaults and directives with concrete values and leaves the rest of the script
-untouched, so a rendered script reads (and runs) exactly like the template.
-
-A world of N ranks is N GPUs, one rank per GPU (Horovod docs, "Running Horovod"); ``--gpus`` is the
-world size and ``--gpus-per-node`` the ranks per node. ``--device cpu`` renders the same layout
-without asking the scheduler for GPUs (CPU clusters, tests).
+"""``hvd-lm launch``: plan one job or a scaling sweep (sizes, global batch, peak LR), render its
+scripts (:mod:`hvd_lm.jobs.job_scripts`) and optionally submit them.
 
 ``--sweep 1,8,16,32,64,128`` writes one job per GPU count for a weak-scaling study as in the
 reference's table (Puri et al. 2018, "Distributed data parallel scaling"): the per-GPU batch is
 fixed, so the global batch is GPUs x per-GPU batch (x backward passes per step) and the peak LR
-follows the configured rule (:func:`hvd_lm.train.schedule.scaled_lr`, which ``hvd-lm train`` applies the
-same way). ``hvd-lm scaling-report`` (hvd_lm.perf.scaling_report) turns the finished runs into the
-s/iter and speedup table.
+follows the configured rule (:func:`hvd_lm.train.schedule.scaled_lr`, which ``hvd-lm train`` applies
+the same way). ``hvd-lm scaling-report`` (hvd_lm.perf.scaling_report) turns the finished runs into
+the s/iter and speedup table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-import hvd_lm
-from hvd_lm.core.atomic import write_text
-from hvd_lm.core.config import Command, option
-from hvd_lm.train.config import add_arguments, from_args
+from hvd_lm.jobs.job_scripts import (
+    SCHEDULERS,
+    SUBMIT,
+    JobSize,
+    RenderSpec,
+    job_size,
+    render,
+    template_dir,
+)
+from hvd_lm.options import Command, option
 from hvd_lm.train.schedule import scaled_lr
-
-
-#: scheduler name -> template file in the launch directory
-SCHEDULERS = {
-    "horovodrun": "horovodrun_local.sh",
-    "horovodrun-multinode": "horovodrun_multinode.sh",
-    "horovodrun-elastic": "horovodrun_elastic.sh",
-    "mpirun": "mpirun.sh",
-    "slurm": "slurm.sbatch",
-    "pbs": "pbs.qsub",
-}
-#: how each rendered job is started (for the sweep's submit script)
-SUBMIT = {"horovodrun": "bash", "horovodrun-multinode": "bash", "horovodrun-elastic": "bash",
-          "mpirun": "bash",
-          "slurm": "sbatch", "pbs": "qsub"}
-
-_KNOB = re.compile(r'^(?P<name>[A-Z][A-Z0-9_]*)="\$\{(?P=name):-(?P<default>.*)\}"'
-                   r'(?P<rest>\s*(?:#.*)?)$', re.M)
-# Characters that cannot sit inside a double-quoted "${NAME:-...}" default as literal text.
-_UNSAFE = re.compile(r'[$`"\\}\n]')
-_WALLTIME = re.compile(r"^(?:(?P<d>\d+)-)?(?P<h>\d+)(?::(?P<m>\d+))?(?::(?P<s>\d+))?$")
-
-
-def template_dir() -> Path:
-    """The launch templates: ``$HVD_LM_LAUNCH_DIR`` or ``launch/`` beside the ``hvd_lm`` package.
-
-    Raises:
-        FileNotFoundError: the directory is missing (e.g. a non-editable install without the
-            repository checkout).
-    """
-    d = Path(os.environ.get("HVD_LM_LAUNCH_DIR") or hvd_lm.REPO_ROOT / "launch")
-    if not d.is_dir():
-        raise FileNotFoundError(f"launch templates not found at {d}: run from a checkout of the "
-                                "repository or set HVD_LM_LAUNCH_DIR")
-    return d
-
-
-@dataclass(frozen=True)
-class JobSize:
-    """Layout of one job.
-
-    Attributes:
-        gpus: world size = ranks = GPUs (one rank per GPU).
-        nodes: nodes.
-        tasks_per_node: ranks (GPUs) per node.
-    """
-
-    gpus: int
-    nodes: int
-    tasks_per_node: int
-
-
-def job_size(gpus: int, gpus_per_node: int, nodes: int | None = None) -> JobSize:
-    """Nodes for ``gpus`` ranks at ``gpus_per_node`` per node (derived, or checked when given).
-
-    Fewer GPUs than one node holds use one node with ``gpus`` ranks; more must fill whole nodes.
-
-    Raises:
-        ValueError: non-positive counts, GPUs that do not fill whole nodes, or ``nodes`` that
-            disagrees with the derived count.
-    """
-    if gpus < 1 or gpus_per_node < 1:
-        raise ValueError(f"need --gpus >= 1 and --gpus-per-node >= 1, got {gpus} and "
-                         f"{gpus_per_node}")
-    if gpus <= gpus_per_node:
-        size = JobSize(gpus, 1, gpus)
-    elif gpus % gpus_per_node:
-        raise ValueError(f"{gpus} GPUs do not fill {gpus_per_node}-GPU nodes evenly "
-                         f"({gpus / gpus_per_node:.2f} nodes); use a multiple of {gpus_per_node}")
-    else:
-        size = JobSize(gpus, gpus // gpus_per_node, gpus_per_node)
-    if nodes is not None and nodes != size.nodes:
-        raise ValueError(f"--nodes {nodes} does not match {gpus} GPUs at {gpus_per_node} per node "
-                         f"(that is {size.nodes} node{'s' * (size.nodes > 1)} x "
-                         f"{size.tasks_per_node} GPUs)")
-    return size
-
-
-def walltime_hms(text: str) -> str:
-    """``[D-]HH[:MM[:SS]]`` or plain minutes -> ``H:MM:SS`` (accepted by SLURM and PBS).
-
-    Raises:
-        ValueError: not a duration in those forms.
-    """
-    m = _WALLTIME.match(text.strip())
-    if not m:
-        raise ValueError(f"--walltime {text!r}: expected [D-]HH:MM:SS, HH:MM or minutes")
-    d, h, mi, s = (int(m.group(k) or 0) for k in "dhms")
-    if m.group("m") is None and m.group("d") is None:  # plain number = minutes (SLURM's rule)
-        h, mi = 0, h
-    total = ((d * 24 + h) * 60 + mi) * 60 + s
-    if total <= 0:
-        raise ValueError(f"--walltime {text!r} must be positive")
-    return f"{total // 3600}:{total // 60 % 60:02d}:{total % 60:02d}"
-
-
-def _check_value(name: str, value: str) -> str:
-    if _UNSAFE.search(value):
-        raise ValueError(f"{name}={value!r}: the characters $ ` \" \\ }} and newlines cannot be "
-                         "rendered into a template default; edit the script instead")
-    return value
-
-
-def set_knobs(text: str, knobs: dict[str, str]) -> str:
-    """Replace the defaults of ``NAME="${NAME:-default}"`` lines.
-
-    Raises:
-        KeyError: a knob the template does not have (naming the ones it has).
-        ValueError: a value with shell-special characters.
-    """
-    found = set(knob_defaults(text))
-    missing = set(knobs) - found
-    if missing:
-        raise KeyError(f"template has no knob(s) {sorted(missing)} (it has {sorted(found)})")
-
-    def sub(m: re.Match) -> str:
-        name = m.group("name")
-        if name not in knobs:
-            return m.group(0)
-        value = _check_value(name, knobs[name])
-        if value.startswith("-"):  # "${X:- --flag}" reads better than "${X:---flag}"
-            value = " " + value
-        return _keep_comment_column(m.group(0), f'{name}="${{{name}:-{value}}}"', m.group("rest"))
-
-    return _KNOB.sub(sub, text)
-
-
-def _keep_comment_column(old_line: str, new_code: str, rest: str) -> str:
-    """``new_code`` + ``rest`` with a trailing ``# comment`` kept at its old column when it fits."""
-    comment = rest.strip()
-    if not comment:
-        return new_code
-    column = len(old_line) - len(rest) + (len(rest) - len(rest.lstrip()))
-    return new_code + " " * max(1, column - len(new_code)) + comment
-
-
-def knob_defaults(text: str) -> dict[str, str]:
-    """``{NAME: default}`` of a template's knobs block."""
-    return {m.group("name"): m.group("default") for m in _KNOB.finditer(text)}
-
-
-def set_directive(text: str, prefix: str, key: str, value: str, sep: str) -> str:
-    """Set the scheduler directive ``<prefix> <key><sep><value>`` (``#SBATCH --time=1:00:00``,
-    ``#PBS -l walltime=1:00:00``), enabling a disabled ``#<prefix>`` line; a directive the
-    template lacks is added after its last directive line. A trailing ``# comment`` is kept."""
-    value = _check_value(key, value)
-    pat = re.compile(rf"^#?{re.escape(prefix)} {re.escape(key)}{re.escape(sep)}\S*(?P<rest>.*)$",
-                     re.M)
-    line = f"{prefix} {key}{sep}{value}"
-    if pat.search(text):
-        return pat.sub(lambda m: _keep_comment_column(m.group(0), line, m.group("rest")), text,
-                       count=1)
-    lines = text.split("\n")
-    last = max((i for i, x in enumerate(lines) if x.startswith(prefix + " ")), default=0)
-    lines.insert(last + 1, line)
-    return "\n".join(lines)
-
-
-@dataclass
-class RenderSpec:
-    """Everything a rendered script depends on (see ``hvd-lm launch --help`` for each)."""
-
-    scheduler: str
-    size: JobSize
-    device: str = "cuda"
-    partition: str | None = None
-    walltime: str | None = None
-    config: str | None = None
-    out_dir: str | None = None
-    train_args: tuple[str, ...] = ()
-    job_name: str = "hvd-lm"
-    python: str | None = None
-    launcher: str | None = None
-    controller: str | None = None
-    hosts: tuple[str, ...] = ()
-    network_interface: str | None = None
-    cpus_per_task: int | None = None
-    header: tuple[str, ...] = ()
-    elastic: bool = False
-    min_np: int | None = None
-
-
-def render(spec: RenderSpec, templates: Path | None = None) -> str:
-    """The template of ``spec.scheduler`` with its knobs and directives filled in.
-
-    Raises:
-        ValueError: unknown scheduler, a layout the scheduler cannot express (more than one node
-            for ``horovodrun``; host list of the wrong length), unsafe values.
-    """
-    if spec.scheduler not in SCHEDULERS:
-        raise ValueError(f"--scheduler must be one of {list(SCHEDULERS)}, got {spec.scheduler!r}")
-    templates = templates or template_dir()
-    text = (templates / SCHEDULERS[spec.scheduler]).read_text()
-    size, sched = spec.size, spec.scheduler
-    if spec.hosts and len(spec.hosts) != size.nodes:
-        raise ValueError(f"--hosts lists {len(spec.hosts)} hosts but the job needs {size.nodes} "
-                         f"node(s) ({size.gpus} GPUs at {size.tasks_per_node} per node)")
-    for arg in spec.train_args:
-        if not arg or re.search(r"\s", arg):
-            raise ValueError(f"training flag {arg!r}: values with whitespace cannot go into "
-                             "TRAIN_ARGS; put them in the YAML config (--config)")
-
-    knobs = {"LAUNCH_DIR": str(templates.resolve()),
-             "PYTHON": spec.python or sys.executable,
-             "TRAIN_ARGS": " ".join(spec.train_args)}
-    if spec.config:
-        knobs["CONFIG"] = str(Path(spec.config).resolve())
-    if spec.out_dir:
-        knobs["OUT_DIR"] = spec.out_dir
-    if spec.elastic and sched not in ("slurm", "horovodrun-elastic"):
-        raise ValueError(f"--elastic works with --scheduler slurm or horovodrun-elastic, not "
-                         f"{sched}")
-    if sched in ("horovodrun", "horovodrun-multinode", "mpirun", "horovodrun-elastic"):
-        knobs["NP"] = str(size.gpus)
-    if sched == "horovodrun-elastic":
-        knobs["MAX_NP"] = str(size.gpus)
-        if spec.network_interface:
-            knobs["NETWORK_INTERFACE"] = spec.network_interface
-    if spec.min_np is not None:
-        if not (spec.elastic or sched == "horovodrun-elastic"):
-            raise ValueError("--min-np is for elastic jobs (--elastic)")
-        if not 1 <= spec.min_np <= size.gpus:
-            raise ValueError(f"--min-np {spec.min_np} must be in 1..{size.gpus} (--gpus)")
-        knobs["MIN_NP"] = str(spec.min_np)
-    if sched == "horovodrun" and size.nodes > 1:
-        raise ValueError(f"--scheduler horovodrun runs on one node, but {size.gpus} GPUs need "
-                         f"{size.nodes} nodes: use horovodrun-multinode, mpirun, slurm or pbs")
-    if sched in ("horovodrun", "horovodrun-multinode") and spec.controller:
-        knobs["CONTROLLER"] = spec.controller
-    if sched == "horovodrun-multinode":
-        if spec.hosts:
-            knobs["HOSTS"] = ",".join(f"{h}:{size.tasks_per_node}" for h in spec.hosts)
-        elif size.nodes == 1:
-            knobs["HOSTS"] = f"localhost:{size.gpus}"
-        else:  # hosts unknown until the machines are: the script asks for a hostfile
-            knobs["HOSTS"], knobs["HOSTFILE"] = "", "hostfile"
-        if spec.network_interface:
-            knobs["NETWORK_INTERFACE"] = spec.network_interface
-    if sched == "mpirun":
-        if spec.hosts:
-            knobs["HOSTS"] = ",".join(f"{h}:{size.tasks_per_node}" for h in spec.hosts)
-        elif size.nodes > 1:
-            knobs["HOSTFILE"] = "hostfile"
-    if sched == "slurm":
-        if spec.elastic:
-            if spec.launcher not in (None, "elastic"):
-                raise ValueError("--elastic runs the ranks with horovodrun: drop --launcher")
-            knobs["LAUNCHER"] = "elastic"
-        elif spec.launcher:
-            knobs["LAUNCHER"] = spec.launcher
-        d = "#SBATCH"
-        text = set_directive(text, d, "--job-name", spec.job_name, "=")
-        text = set_directive(text, d, "--nodes", str(size.nodes), "=")
-        text = set_directive(text, d, "--ntasks-per-node", str(size.tasks_per_node), "=")
-        if spec.device == "cuda":
-            text = set_directive(text, d, "--gpus-per-node", str(size.tasks_per_node), "=")
-        if spec.cpus_per_task:
-            text = set_directive(text, d, "--cpus-per-task", str(spec.cpus_per_task), "=")
-        if spec.walltime:
-            text = set_directive(text, d, "--time", walltime_hms(spec.walltime), "=")
-        if spec.partition:
-            text = set_directive(text, d, "--partition", spec.partition, "=")
-    if sched == "pbs":
-        tpn = size.tasks_per_node
-        select = f"{size.nodes}:ncpus={tpn * (spec.cpus_per_task or 1)}"
-        if spec.device == "cuda":
-            select += f":ngpus={tpn}"
-        select += f":mpiprocs={tpn}"
-        text = set_directive(text, "#PBS", "-N", spec.job_name, " ")
-        text = set_directive(text, "#PBS", "-l select", select, "=")
-        if spec.walltime:
-            text = set_directive(text, "#PBS", "-l walltime", walltime_hms(spec.walltime), "=")
-        if spec.partition:
-            text = set_directive(text, "#PBS", "-q", spec.partition, " ")
-    text = set_knobs(text, knobs)
-    if spec.header:
-        first, _, rest = text.partition("\n")
-        text = "\n".join([first, *(f"# {h}" for h in spec.header), rest])
-    return text
+from hvd_lm.train.settings import add_arguments, from_args
+from hvd_lm.util.atomic import write_text
 
 
 class _Raising(argparse.ArgumentParser):
@@ -321,8 +39,8 @@ class _Raising(argparse.ArgumentParser):
 
 
 def train_config(config: str | None, train_args: list[str]):
-    """The :class:`hvd_lm.train.config.TrainConfig` that ``hvd-lm train [--config FILE] TRAIN_ARGS``
-    would run (so the sweep's batch and LR are the ones training will use).
+    """The :class:`hvd_lm.train.settings.TrainConfig` that ``hvd-lm train [--config FILE]
+    TRAIN_ARGS`` would run (so the sweep's batch and LR are the ones training will use).
 
     Raises:
         ValueError: an unknown or malformed training flag, a bad config file, or a flag the launch

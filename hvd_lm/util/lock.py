@@ -6,9 +6,10 @@ on ``<folder>/.lock`` and writes the holder into it (host, pid, start time, comm
 job fails at once with an error naming the holder instead of interleaving its files with the
 first's. The kernel releases a ``flock`` when its process dies (even ``kill -9``), so a lock
 left by a dead job is simply free again; the recorded holder is then reported as a warning
-("taking over from pid N on host H, which is gone"). A clean release removes the file. ``flock`` locks are per host: on a network
-file system shared by several nodes only one node's jobs are excluded, which is why the holder
-line names the host (Linux ``flock(2)``: NFS emulates it with byte-range locks since 2.6.12).
+("taking over from pid N on host H, which is gone"). A clean release removes the file. ``flock``
+locks are per host: on a network file system shared by several nodes only one node's jobs are
+excluded, which is why the holder line names the host (Linux ``flock(2)``: NFS emulates it with
+byte-range locks since 2.6.12).
 """
 
 from __future__ import annotations

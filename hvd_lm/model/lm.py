@@ -5,7 +5,7 @@ mLSTM (Krause et al. 2016, "Multiplicative LSTM for sequence modelling"), as use
 ``mLSTMCell``. For input embedding x_t [B, E] and state (h, c) [B, H]:
 
     m_t = (W_mx x_t) * (W_mh h_{t-1})                  intermediate state, [B, H]
-    [i, f, u, o] = W_x x_t + W_h m_t + b               four gates, [B, 4H] (order as in the reference)
+    [i, f, u, o] = W_x x_t + W_h m_t + b               four gates, [B, 4H] (reference order)
     c_t = sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(u)
     h_t = sigmoid(o) * tanh(c_t)
 
@@ -16,7 +16,7 @@ Logits are a linear map of h_t onto the 256 byte values.
 
 Two implementations of the recurrence (``ModelConfig.rnn_impl``): ``fused`` (default), the whole
 window as one autograd Function with fused per-step cell kernels and weight gradients as single
-GEMMs (:mod:`hvd_lm.core.mlstm_fused`), and ``reference``, the step-by-step autograd code below,
+GEMMs (:mod:`hvd_lm.model.mlstm_fused`), and ``reference``, the step-by-step autograd code below,
 kept as the oracle the fused one is tested against.
 """
 
@@ -29,10 +29,10 @@ import torch
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm as wn
 
-from hvd_lm.core.config import option, validate
-from hvd_lm.core.mlstm_fused import WindowGraphs, default_layout, mlstm_window, project
-from hvd_lm.core.mlstm_kernels import KERNELS, get_kernels
-from hvd_lm.core.tokenizer import VOCAB_SIZE
+from hvd_lm.formats.tokenizer import VOCAB_SIZE
+from hvd_lm.model.mlstm_fused import WindowGraphs, default_layout, mlstm_window, project
+from hvd_lm.model.mlstm_kernels import KERNELS, get_kernels
+from hvd_lm.options import option, validate
 
 State = tuple[torch.Tensor, torch.Tensor]
 
@@ -47,7 +47,7 @@ class ModelConfig:
         hidden_size: recurrent width H (reference: 4096; 256 to 8192 supported).
         weight_norm: weight-normalise the recurrent and gate weights (mLSTM only).
         vocab_size: number of byte values (256).
-        rnn_impl: ``fused`` (one autograd Function per window, :mod:`hvd_lm.core.mlstm_fused`)
+        rnn_impl: ``fused`` (one autograd Function per window, :mod:`hvd_lm.model.mlstm_fused`)
             or ``reference`` (step-by-step autograd, the oracle); mLSTM only.
         rnn_kernels: the fused path's cell kernels: ``auto`` (triton on CUDA when installed,
             else torch), ``torch``, ``compile`` (torch.compile of the cell only) or ``triton``.
@@ -78,11 +78,11 @@ class MLSTM(nn.Module):
     ``w_mx`` [H, E], ``w_mh`` [H, H], ``w_h`` [4H, H].
 
     Args:
-        impl: ``fused`` (:mod:`hvd_lm.core.mlstm_fused`) or ``reference`` (the per-step loop of
+        impl: ``fused`` (:mod:`hvd_lm.model.mlstm_fused`) or ``reference`` (the per-step loop of
             :meth:`reference_forward`).
-        kernels: the fused path's cell kernels (:data:`hvd_lm.core.mlstm_kernels.KERNELS`).
+        kernels: the fused path's cell kernels (:data:`hvd_lm.model.mlstm_kernels.KERNELS`).
         cuda_graphs: replay the fused window from a CUDA graph on CUDA (see
-            :class:`hvd_lm.core.mlstm_fused.WindowGraphs`).
+            :class:`hvd_lm.model.mlstm_fused.WindowGraphs`).
     """
 
     def __init__(self, input_size: int, hidden_size: int, weight_norm: bool = False,
@@ -176,7 +176,7 @@ class LanguageModel(nn.Module):
     starts with :meth:`init_state`.
 
     Raises:
-        hvd_lm.core.config.ConfigError: a field of ``config`` outside its declared choices or
+        hvd_lm.options.ConfigError: a field of ``config`` outside its declared choices or
             bounds (a config built in code; flags and YAML are checked where they are read,
             naming their source).
     """

@@ -1,4 +1,4 @@
-"""hvd_lm.comm.launcher: the one reader of the launchers' rank/size variables.
+"""hvd_lm.comm.world: the one reader of the launchers' rank/size variables.
 
 Each family's variables are written out here by hand from the launchers' documentation (the
 table in the module docstring), so a wrong name or a wrong lookup order in ``LAUNCHER_VARS``
@@ -8,8 +8,13 @@ import sys
 
 import pytest
 
-from hvd_lm.comm.launcher import (RankContext, from_environment, started_by_mpi, under_openmpi,
-                                  world_size)
+from hvd_lm.comm.world import (
+    RankContext,
+    from_environment,
+    started_by_mpi,
+    under_openmpi,
+    world_size,
+)
 
 FAMILIES = {
     "horovodrun": {"HOROVOD_RANK": "3", "HOROVOD_SIZE": "8", "HOROVOD_LOCAL_RANK": "1",
@@ -72,7 +77,7 @@ def test_mpirun_and_horovodrun_argv_across_hosts():
     """With hosts: ``-H``, every forwarded variable passed with ``-x`` (names and prefixes of
     FORWARDED only, sorted), the interface for OpenMPI's BTL and out-of-band channel; horovodrun
     gets ``-H`` and ``--network-interface``. Without: this node only, as before."""
-    from hvd_lm.comm.launcher import horovodrun_argv, mpirun_argv
+    from hvd_lm.comm.world import horovodrun_argv, mpirun_argv
 
     env = {"PATH": "/b", "HOROVOD_CYCLE_TIME": "1", "NCCL_DEBUG": "INFO", "HOME": "/root",
            "OMPI_MCA_x": "1", "PYTHONPATH": "/r"}

@@ -1,5 +1,5 @@
 """Triton kernels for the fused mLSTM cell (the ``triton`` kernels of
-:mod:`hvd_lm.core.mlstm_kernels`, same signatures and semantics as its ``cell_forward`` /
+:mod:`hvd_lm.model.mlstm_kernels`, same signatures and semantics as its ``cell_forward`` /
 ``cell_backward``).
 
 One program handles ``BLOCK`` consecutive elements of the [B, H] state: it loads that element's
@@ -136,7 +136,7 @@ def _check(state: list[torch.Tensor], others: list[torch.Tensor | None]) -> None
 
 
 def cell_forward(g, cprev, hstate, keep, rk_next, act, tc, hs_t, c_next, h_next, hc_next):
-    """The cell forward (:func:`hvd_lm.core.mlstm_kernels.cell_forward`) as one Triton kernel."""
+    """The cell forward (:func:`hvd_lm.model.mlstm_kernels.cell_forward`) as one Triton kernel."""
     _check([cprev, hstate, act, tc, c_next, h_next], [g, keep, rk_next, hs_t, hc_next])
     N, H = cprev.numel(), cprev.shape[1]
     _cell_forward_kernel[(triton.cdiv(N, BLOCK),)](
@@ -147,7 +147,7 @@ def cell_forward(g, cprev, hstate, keep, rk_next, act, tc, hs_t, c_next, h_next,
 
 
 def cell_backward(dhs_t, dhp, dcp, rk_next, keep, act, tc, cprev, dg, dcp_out, dhold):
-    """The cell backward (:func:`hvd_lm.core.mlstm_kernels.cell_backward`) as one Triton
+    """The cell backward (:func:`hvd_lm.model.mlstm_kernels.cell_backward`) as one Triton
     kernel."""
     _check([dhp, dcp, act, tc, cprev, dcp_out], [dhs_t, rk_next, keep, dg, dhold])
     N, H = cprev.numel(), cprev.shape[1]
@@ -159,7 +159,7 @@ def cell_backward(dhs_t, dhp, dcp, rk_next, keep, act, tc, cprev, dg, dcp_out, d
         num_warps=NUM_WARPS)
 
 
-# ---- ahead-of-time builds (no GPU needed) ---------------------------------------------------------
+# ---- ahead-of-time builds (no GPU needed) --------------------------------------------------------
 
 #: Triton's pointer type names of the compute dtypes the CUDA path launches the kernels with.
 COMPUTE_TYPES = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}

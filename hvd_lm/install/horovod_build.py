@@ -22,9 +22,10 @@ and on a CUDA 13 / g++ 13 / CMake 4 H100 node, see ``../shared/README.md``):
 * ``HOROVOD_BUILD_CUDA_CC_LIST`` from ``TORCH_CUDA_ARCH_LIST`` or the local GPU (else nvcc builds
   every architecture it knows, several times slower).
 
-``python -m hvd_lm.comm.build env`` prints the ``export`` lines (and the wheel-cache key);
-``python -m hvd_lm.comm.build patch SRC`` patches an unpacked sdist. Both take their facts from
-:func:`probe` so tests can give fabricated ones.
+``python -m hvd_lm.install.horovod_build env`` prints the ``export`` lines (and the wheel-cache
+key);
+``python -m hvd_lm.install.horovod_build patch SRC`` patches an unpacked sdist. Both take their
+facts from :func:`probe` so tests can give fabricated ones.
 """
 
 from __future__ import annotations
@@ -311,7 +312,7 @@ def patch_sources(src: str | Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m hvd_lm.comm.build env [WORK]`` (print ``export`` lines) or ``patch SRC``."""
+    """``python -m hvd_lm.install.horovod_build env [WORK]`` (print ``export`` lines) or ``patch SRC``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["env"]:
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     except BuildError as e:
         print(f"[horovod] ERROR: {e}", file=sys.stderr)
         return 1
-    print("usage: python -m hvd_lm.comm.build env [WORKDIR] | patch SRCDIR", file=sys.stderr)
+    print("usage: python -m hvd_lm.install.horovod_build env [WORKDIR] | patch SRCDIR", file=sys.stderr)
     return 2
 
 

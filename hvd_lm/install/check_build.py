@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from hvd_lm.core.config import Command, option
+from hvd_lm.options import Command, option
 
 _LINE = re.compile(r"^\s*\[(?P<mark>[ Xx])\]\s+(?P<name>\S.*?)\s*$")
 _VERSION = re.compile(r"Horovod v(?P<version>\S+?):?\s*$")

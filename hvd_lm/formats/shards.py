@@ -1,12 +1,13 @@
-"""The shard format and the manifest: the only module that knows their dataset, attribute and
-field names.
+"""The shard format: the only module that knows a shard's dataset and attribute names (the
+manifest's fields are :mod:`hvd_lm.formats.manifest`'s).
 
 Shard file (HDF5, written with h5py; one file per shard, named ``{split}-{index:05d}.h5``)
 ------------------------------------------------------------------------------------------
 datasets
     ``tokens``       uint8, shape ``(n_tokens,)``: the contiguous token stream of the shard.
                      Each document is its UTF-8 bytes followed by one ``EOD`` (0) byte
-                     (:mod:`hvd_lm.core.tokenizer`), so ``n_tokens`` = sum of (document bytes + 1).
+                     (:mod:`hvd_lm.formats.tokenizer`), so ``n_tokens`` = sum of (document bytes +
+                     1).
     ``doc_offsets``  int64, shape ``(documents + 1,)``: start of each document in ``tokens``;
                      ``doc_offsets[0] == 0``, strictly increasing, ``doc_offsets[-1] == n_tokens``;
                      document ``i`` is ``tokens[doc_offsets[i]:doc_offsets[i+1]]`` (its EOD last).
@@ -15,7 +16,7 @@ datasets
     (``gzip`` level 4 or ``lzf``, each with the shuffle filter off: bytes gain nothing from it).
 attributes (on the file's root group)
     ``format_version``  int, :data:`FORMAT_VERSION` (1).
-    ``tokenizer``       str, e.g. ``"bytes-utf8-eod0"`` (:data:`hvd_lm.core.tokenizer.TOKENIZER_NAME`).
+    ``tokenizer``       str, e.g. ``"bytes-utf8-eod0"`` (:mod:`hvd_lm.formats.tokenizer`).
     ``source_files``    list of str: names of the input files the corpus was built from.
     ``documents``       int, number of documents (= ``len(doc_offsets) - 1``).
     ``bytes``           int, number of tokens (= ``len(tokens)``; one token is one byte).
@@ -28,43 +29,24 @@ the caller supplies ``tokenizer``, ``source_files`` and the optional ones. The f
 timestamps (h5py's default ``track_times=False``), so the same tokens and attributes give a
 byte-identical file.
 
-Manifest (``manifest.json``, one per shard directory, written last and atomically)
--------------------------------------------------------------------------------------
-A JSON object::
-
-    {"format_version": 1,
-     "tokenizer": "bytes-utf8-eod0", "eod": 0, "vocab_size": 256,
-     "splits": {"train": {"shards": [{"file": "train-00000.h5", "tokens": 123, "documents": 4,
-                                      "sha256": "<64 hex>"}, ...],
-                          "tokens": 123, "documents": 4},
-                "val": {...}, "test": {...}},
-     "totals": {"shards": 3, "tokens": ..., "documents": ...},
-     ... anything else (the writer's provenance: command, seed, normalisation, versions,
-         counters) ...}
-
-Shard ``file`` names are relative to the manifest's directory. :func:`load_manifest` checks the
-fields above and returns a :class:`Manifest`; everything except ``splits`` is in ``meta``.
+The manifest that lists the shards of a corpus is :mod:`hvd_lm.formats.manifest`'s.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
-from hvd_lm.core.atomic import atomic_path, write_text
-from hvd_lm.core.tokenizer import EOD, TOKENIZER_NAME, VOCAB_SIZE
+from hvd_lm.util.atomic import atomic_path
 
 #: Version of the shard file layout and manifest schema described above.
 FORMAT_VERSION: int = 1
-#: File name of the manifest inside a shard directory.
-MANIFEST_NAME: str = "manifest.json"
 #: Chunk length of the ``tokens`` dataset (1 MiB of uint8).
 TOKEN_CHUNK: int = 1 << 20
 #: Chunk length of the ``doc_offsets`` dataset (65,536 int64 = 512 KiB).
@@ -99,57 +81,6 @@ class ShardChecksumError(ValueError):
 class ShardFormatError(ValueError):
     """A shard file is unreadable or does not follow the format (or disagrees with the manifest):
     the message names the file and the field."""
-
-
-@dataclass
-class ShardInfo:
-    """One shard as listed in a manifest.
-
-    Attributes:
-        path: absolute path of the shard file.
-        split: ``"train"``, ``"val"`` or ``"test"``.
-        tokens: number of tokens (bytes) in the shard's stream.
-        documents: number of documents.
-        sha256: hex SHA-256 of the tokens.
-    """
-
-    path: Path
-    split: str
-    tokens: int
-    documents: int
-    sha256: str
-
-
-@dataclass
-class Manifest:
-    """A loaded ``manifest.json``.
-
-    Attributes:
-        directory: absolute path of the shard directory.
-        shards: every shard, in manifest order (splits in file order, shards in listed order).
-        meta: the manifest's other fields (totals, provenance, counters, ...).
-    """
-
-    directory: Path
-    shards: list[ShardInfo]
-    meta: dict = field(default_factory=dict)
-
-    @property
-    def split_names(self) -> list[str]:
-        """The splits that have shards, sorted."""
-        return sorted({s.split for s in self.shards})
-
-    def split(self, name: str) -> list[ShardInfo]:
-        """The shards of one split, in manifest order.
-
-        Raises:
-            KeyError: the split has no shards (message names the split and the manifest file).
-        """
-        found = [s for s in self.shards if s.split == name]
-        if not found:
-            raise KeyError(f"split {name!r} has no shards in {self.directory / MANIFEST_NAME} "
-                           f"(splits present: {', '.join(self.split_names) or 'none'})")
-        return found
 
 
 @dataclass
@@ -368,9 +299,13 @@ def check_shard(path) -> dict:
     return attrs
 
 
-def verify_shard(info: ShardInfo) -> None:
+def verify_shard(info) -> None:
     """Re-check a shard against its manifest entry: everything :func:`check_shard` checks, plus
     the token and document counts and the SHA-256 recorded in the manifest.
+
+    Args:
+        info: the entry (:class:`hvd_lm.formats.manifest.ShardInfo`: ``path``, ``tokens``,
+            ``documents``, ``sha256``).
 
     Raises:
         FileNotFoundError: the shard file is missing.
@@ -419,101 +354,3 @@ def open_shard(path, verify: bool = True) -> Shard:
         if attrs.get("sha256") != actual:
             raise ShardChecksumError(path, str(attrs.get("sha256")), actual)
     return Shard(path=path, tokens=tokens, doc_offsets=offsets, attrs=attrs)
-
-
-def write_manifest(directory, manifest_dict: dict) -> Path:
-    """Write ``manifest.json`` into ``directory`` atomically (temp file, fsync, ``os.replace``).
-
-    Args:
-        directory: the shard directory (must exist).
-        manifest_dict: the JSON object (schema in the module docstring).
-    Returns:
-        Path of the written manifest.
-    Raises:
-        TypeError: the dict is not JSON-serialisable. OSError: write failure.
-    """
-    path = Path(directory) / MANIFEST_NAME
-    return write_text(path, json.dumps(manifest_dict, indent=1, sort_keys=False) + "\n")
-
-
-def manifest_entry(file_name: str, tokens: int, documents: int, sha256: str) -> dict:
-    """One shard's entry in a manifest's ``splits.<name>.shards`` list."""
-    return {"file": file_name, "tokens": int(tokens), "documents": int(documents),
-            "sha256": sha256}
-
-
-def build_manifest(entries: dict[str, list[dict]], tokenizer: str, **meta) -> dict:
-    """Assemble a manifest dict (schema in the module docstring).
-
-    Args:
-        entries: split name -> list of :func:`manifest_entry` dicts, in stream order.
-        tokenizer: tokenizer name.
-        **meta: extra top-level fields (provenance, counters, ...).
-    """
-    splits = {}
-    for name, shards in entries.items():
-        splits[name] = {"shards": shards, "tokens": sum(s["tokens"] for s in shards),
-                        "documents": sum(s["documents"] for s in shards)}
-    totals = {"shards": sum(len(s["shards"]) for s in splits.values()),
-              "tokens": sum(s["tokens"] for s in splits.values()),
-              "documents": sum(s["documents"] for s in splits.values())}
-    return {"format_version": FORMAT_VERSION, "tokenizer": tokenizer, "eod": EOD,
-            "vocab_size": VOCAB_SIZE, "splits": splits, "totals": totals, **meta}
-
-
-def _field(path: Path, where: str, value: Any, kind: type, check=None, what: str = "") -> Any:
-    if not isinstance(value, kind) or isinstance(value, bool) or (check and not check(value)):
-        raise ValueError(f"{path}: field {where} is {value!r}, expected {what or kind.__name__}")
-    return value
-
-
-def load_manifest(directory) -> Manifest:
-    """Load and check ``directory/manifest.json``.
-
-    Returns:
-        :class:`Manifest` with absolute shard paths.
-    Raises:
-        FileNotFoundError: no manifest in ``directory``.
-        ValueError: invalid JSON, wrong ``format_version``, a ``tokenizer`` or ``vocab_size``
-            other than the byte tokenizer's, or a missing/ill-typed field (the message names
-            the file and the field, e.g. ``splits.train.shards[3].sha256``).
-    """
-    directory = Path(directory).resolve()
-    path = directory / MANIFEST_NAME
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no manifest (run `python -m data_prep prepare` "
-                                "first)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from e
-    _field(path, "(top level)", data, dict, what="a JSON object")
-    version = data.get("format_version")
-    if version != FORMAT_VERSION:
-        raise ValueError(f"{path}: field format_version is {version!r}, expected "
-                         f"{FORMAT_VERSION}")
-    _field(path, "tokenizer", data.get("tokenizer"), str, lambda t: t == TOKENIZER_NAME,
-           f"{TOKENIZER_NAME!r} (hvd_lm.core.tokenizer: UTF-8 bytes, end of document 0)")
-    _field(path, "vocab_size", data.get("vocab_size"), int, lambda v: v == VOCAB_SIZE,
-           f"{VOCAB_SIZE} (the byte tokenizer's ids 0..{VOCAB_SIZE - 1})")
-    splits = _field(path, "splits", data.get("splits"), dict, what="an object")
-    shards: list[ShardInfo] = []
-    for name, block in splits.items():
-        _field(path, f"splits.{name}", block, dict, what="an object")
-        lst = _field(path, f"splits.{name}.shards", block.get("shards"), list, what="a list")
-        for i, entry in enumerate(lst):
-            where = f"splits.{name}.shards[{i}]"
-            _field(path, where, entry, dict, what="an object")
-            fname = _field(path, f"{where}.file", entry.get("file"), str,
-                           lambda s: s and "/" not in s and "\\" not in s and s not in (".", ".."),
-                           "a file name without directories")
-            tokens = _field(path, f"{where}.tokens", entry.get("tokens"), int,
-                            lambda v: v >= 0, "an int >= 0")
-            docs = _field(path, f"{where}.documents", entry.get("documents"), int,
-                          lambda v: v >= 0, "an int >= 0")
-            sha = _field(path, f"{where}.sha256", entry.get("sha256"), str,
-                         lambda s: bool(_HEX64.match(s)), "64 lower-case hex digits")
-            shards.append(ShardInfo(path=directory / fname, split=name, tokens=tokens,
-                                    documents=docs, sha256=sha))
-    meta = {k: v for k, v in data.items() if k != "splits"}
-    return Manifest(directory=directory, shards=shards, meta=meta)

@@ -1,5 +1,5 @@
 """``prepare``'s settings: :class:`PrepareConfig` (the ``prepare`` flags and the ``prepare:`` YAML
-section, through :mod:`hvd_lm.core.config`), the size and split parsers, and the checks that
+section, through :mod:`hvd_lm.options`), the size and split parsers, and the checks that
 need no input file (:func:`check_config`)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from data_prep import readers
-from hvd_lm.core import shards
-from hvd_lm.core.config import option
-from hvd_lm.core.units import MIB, parse_bytes
+from data_prep.inputs import FORMATS
+from hvd_lm.formats import shards
+from hvd_lm.options import option
+from hvd_lm.util.units import MIB, parse_bytes
 
 MiB = MIB
 #: A document (record line) may use at most 1/8 of a worker's memory budget: reading, decoding,
@@ -26,7 +26,7 @@ class PrepareError(RuntimeError):
 
 def parse_size(text: str) -> int:
     """``"64M"``, ``"1.5G"``, ``"4096"``, ``"512K"`` -> bytes (binary units: K=1024;
-    :func:`hvd_lm.core.units.parse_bytes`)."""
+    :func:`hvd_lm.util.units.parse_bytes`)."""
     return parse_bytes(text)
 
 
@@ -49,14 +49,14 @@ def parse_split(text) -> tuple:
 @dataclass
 class PrepareConfig:
     """Settings of one ``prepare`` run: the ``prepare`` flags, the ``prepare:`` YAML section
-    (:mod:`hvd_lm.core.config`), and what the manifest records.
+    (:mod:`hvd_lm.options`), and what the manifest records.
 
     Attributes:
         inputs: input file paths.
         out: output directory.
         format, text_field: ``--format`` / ``--text-field`` for every input (``None``: inferred
             per file).
-        normalize: collapse whitespace (:func:`hvd_lm.core.tokenizer.normalize_text`) before
+        normalize: collapse whitespace (:func:`hvd_lm.formats.tokenizer.normalize_text`) before
             encoding and de-duplication.
         min_chars: drop documents with fewer characters (after normalisation).
         dedup: drop exact duplicates (same bytes after normalisation).
@@ -80,7 +80,7 @@ class PrepareConfig:
                                positional=True, required=True, metavar="INPUT")
     out: str = option("", "output directory for shards and manifest.json", required=True)
     format: Optional[str] = option(None, "input format of every INPUT (default: inferred from "
-                                   "each file name)", choices=readers.FORMATS)
+                                   "each file name)", choices=FORMATS)
     text_field: Optional[str] = option(None, "JSON key / CSV column / .review tag holding the "
                                        "text (default: reviewText, review_body, Text, ... "
                                        "whichever the file has; review_text)")

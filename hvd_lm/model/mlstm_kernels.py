@@ -1,4 +1,4 @@
-"""Pointwise kernels of the fused mLSTM recurrence (:mod:`hvd_lm.core.mlstm_fused`).
+"""Pointwise kernels of the fused mLSTM recurrence (:mod:`hvd_lm.model.mlstm_fused`).
 
 Per time step the fused recurrence runs two recurrent GEMMs and, after the second, one *cell*
 kernel that does all of the step's elementwise work; its backward runs one cell-backward kernel
@@ -30,7 +30,7 @@ Three implementations of the same two functions, picked by :func:`get_kernels`:
 * ``compile``: the same two functions through ``torch.compile`` (Inductor fuses each into one
   kernel: C++/OpenMP on CPU, Triton on CUDA). Only the cell is compiled, never the time loop:
   compiling an RNN loop unrolls it (pytorch/pytorch#97155);
-* ``triton``: hand-written Triton kernels (:mod:`hvd_lm.core.mlstm_triton`), one program per
+* ``triton``: hand-written Triton kernels (:mod:`hvd_lm.model.mlstm_triton`), one program per
   BLOCK elements of [B, H]; CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1`` (tests).
 """
 
@@ -49,7 +49,7 @@ def cell_forward(g: torch.Tensor, cprev: torch.Tensor, hstate: torch.Tensor,
                  h_next: torch.Tensor, hc_next: torch.Tensor) -> None:
     """One step's elementwise forward, as pure tensor expressions copied into the outputs (the
     specification of the cell kernels, and what ``torch.compile`` fuses; shapes and dtypes in
-    the module docstring). The equations are :class:`hvd_lm.core.model.MLSTM`'s:
+    the module docstring). The equations are :class:`hvd_lm.model.lm.MLSTM`'s:
     ``c = sigmoid(f) c_prev + sigmoid(i) tanh(u)``, ``h = sigmoid(o) tanh(c)``, then the mask
     (padding holds the state) and the next step's reset. ``tc`` [B, H] (S) receives tanh(c) of
     the cell's candidate, saved for the backward."""
@@ -174,7 +174,7 @@ class Kernels:
         forward / backward: the two kernels.
         strided: the kernels take [B, F] tensors of any strides (torch ops do; the Triton
             kernels index rows of contiguous tensors), so the fused window may keep its
-            per-step matrices feature-major (:func:`hvd_lm.core.mlstm_fused.default_layout`).
+            per-step matrices feature-major (:func:`hvd_lm.model.mlstm_fused.default_layout`).
     """
 
     def __init__(self, name: str, forward, backward, strided: bool = True):
@@ -238,7 +238,7 @@ def get_kernels(name: str, device: torch.device | str = "cpu") -> Kernels:
         k = Kernels("compile", torch.compile(cell_forward, fullgraph=True),
                     torch.compile(cell_backward, fullgraph=True), strided=False)
     else:
-        from hvd_lm.core import mlstm_triton  # optional dependency (triton): GPU path only
+        from hvd_lm.model import mlstm_triton  # optional dependency (triton): GPU path only
 
         k = Kernels("triton", mlstm_triton.cell_forward, mlstm_triton.cell_backward,
                     strided=False)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hvd_lm.cli import main
-from hvd_lm.jobs import launch as L
+from hvd_lm.jobs import job_scripts as L
 from hvd_lm.perf import scaling_report as S
 from hvd_lm.train.schedule import scaled_lr
 from tests._mp import REPO, launch_env, run
@@ -364,7 +364,7 @@ def test_module_entry_point_has_both_subcommands():
     assert proc.returncode == 0 and "launch" in proc.stdout and "scaling-report" in proc.stdout
 
 
-# ---- elastic --------------------------------------------------------------------------------------
+# ---- elastic -------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_elastic_template_runs_two_ranks_from_a_hosts_file(shards, tmp_path):
     hosts = tmp_path / "hosts.txt"

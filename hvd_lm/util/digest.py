@@ -1,6 +1,6 @@
 """SHA-256 of files and of settings: the helpers behind verified downloads, feature-cache keys,
 prepare's resume fingerprints and the checkpoint identity a saved classifier records (shards
-keep their own, over tokens, in :mod:`hvd_lm.core.shards`)."""
+keep their own, over tokens, in :mod:`hvd_lm.formats.shards`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The device and precision a rank computes with.
+"""The device a rank computes on and the precision it computes in.
 
 Device (:func:`resolve_device`): one GPU per local rank (Horovod docs, "Horovod with PyTorch":
 ``torch.cuda.set_device(hvd.local_rank())``), or the CPU.
@@ -17,7 +17,6 @@ Precision"; Micikevicius et al. 2018, as the reference used through apex).
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 
@@ -41,62 +40,13 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def make_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler | None:
-    """A dynamic ``GradScaler`` for fp16 on CUDA, else None."""
+def make_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
+    """The loss scaler of ``precision``: dynamic (``GradScaler(enabled=True)``) for fp16, a
+    disabled one otherwise, whose ``scale``/``unscale_``/``step``/``update`` pass through
+    (torch.amp docs: "enabled=False ... calls become no-ops"), so the training step has one path
+    for every precision."""
     check(device, precision)
-    return torch.amp.GradScaler("cuda") if precision == "fp16" else None
-
-
-def scaled(loss: torch.Tensor, scaler: torch.amp.GradScaler | None) -> torch.Tensor:
-    """``loss`` times the loss scale (fp16), or ``loss`` itself: what to call ``backward()`` on."""
-    return scaler.scale(loss) if scaler is not None else loss
-
-
-def unscale_and_clip(optimizer, params: list[torch.Tensor], max_norm: float,
-                     scaler: torch.amp.GradScaler | None = None) -> float:
-    """Unscale the gradients (fp16) and clip their global L2 norm to ``max_norm``; call it after
-    the gradients are complete (Horovod: after ``optimizer.synchronize()``). torch.amp docs,
-    "Working with unscaled gradients"; Horovod docs, "Gradient clipping".
-
-    The norm is one multi-tensor kernel (``foreach``) and is read on the host: the step's one
-    sync (fp16: with ``GradScaler.step``'s inf check), so every rank can take the same skip
-    decision. An optimiser whose gradients stay local (a 1-bit optimiser's compressed phase)
-    agrees on one norm through its ``agree_grad_norm``
-    (:meth:`hvd_lm.train.onebit.OnebitDistributedOptimizer.agree_grad_norm`).
-
-    Args:
-        params: the parameters (tensors with ``.grad``); max_norm: 0 = measure, do not clip.
-
-    Returns:
-        The norm before clipping (inf or NaN when a gradient is not finite).
-    """
-    if scaler is not None:
-        scaler.unscale_(optimizer)
-    if max_norm > 0:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-    else:
-        norm = torch.nn.utils.get_total_norm(
-            [p.grad.detach() for p in params if p.grad is not None], foreach=True)
-    agree = getattr(optimizer, "agree_grad_norm", None)
-    return agree(float(norm)) if agree is not None else float(norm)
-
-
-def step_or_skip(optimizer, scaler: torch.amp.GradScaler | None, grad_norm: float,
-                 check_finite: bool = True) -> bool:
-    """The optimiser step, or none when the gradients are not finite; returns whether it was
-    applied. fp16: ``scaler.step`` skips on inf/NaN by itself and ``scaler.update`` lowers the
-    scale; the norm, taken after ``unscale_``, is non-finite exactly then, so applied = the norm
-    is finite (no ``get_scale()``: each is a host sync). Otherwise the step is skipped when
-    ``check_finite`` and ``grad_norm`` (:func:`unscale_and_clip`, the same on every rank) is not
-    finite. Under Horovod call it inside ``optimizer.skip_synchronize()``."""
-    if scaler is not None:
-        scaler.step(optimizer)
-        scaler.update()
-        return math.isfinite(grad_norm)
-    if check_finite and not math.isfinite(grad_norm):
-        return False
-    optimizer.step()
-    return True
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
 
 class DeviceError(ValueError):

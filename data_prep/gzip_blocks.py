@@ -1,0 +1,164 @@
+"""Reading a file in blocks of bytes, gzip or not (recognised by its magic bytes), with a truncated
+stream told apart from a corrupt one: the bottom of :mod:`data_prep.readers` (which documents
+what each case means for the records read).
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from typing import Callable, Iterator, Optional
+
+#: Uncompressed block size (bytes) of the striped line reader.
+BLOCK_SIZE = 1 << 20
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def is_gzip(path: str) -> bool:
+    """True when the file starts with the gzip magic bytes ``1f 8b``."""
+    with open(path, "rb") as f:
+        return f.read(2) == _GZIP_MAGIC
+
+
+def _blocks_gzipfile(path: str, compressed: bool, block_size: int,
+            progress: Optional[Callable[[int], None]]) -> Iterator[bytes]:
+    """Uncompressed content of a file in blocks of exactly ``block_size`` bytes (the last one
+    shorter), so block boundaries depend on the content only. ``GzipFile.read1`` is used because
+    ``read(n)`` loses already-inflated data when the stream turns out truncated.
+
+    Raises:
+        _Truncated: the gzip stream ended early (after yielding every inflated byte).
+        CorruptInput-like OSError/zlib.error/gzip.BadGzipFile: passed up to the caller.
+    """
+    with open(path, "rb") as raw:
+        read = gzip.GzipFile(fileobj=raw, mode="rb").read1 if compressed else raw.read
+        buf = bytearray()
+        done = 0
+        truncated = None
+        while True:
+            try:
+                piece = read(block_size)
+            except EOFError as e:
+                truncated = e
+                piece = b""
+            if progress is not None:
+                pos = raw.tell()
+                progress(pos - done)
+                done = pos
+            if not piece:
+                break
+            if not buf and len(piece) == block_size:
+                yield piece
+                continue
+            buf += piece
+            while len(buf) >= block_size:
+                yield bytes(buf[:block_size])
+                del buf[:block_size]
+        if buf:
+            yield bytes(buf)
+        if truncated is not None:
+            raise _Truncated(str(truncated))
+
+
+#: Compressed bytes per ``read`` of the zlib inflater.
+_READ_SIZE = 1 << 20
+
+
+class _Anomaly(Exception):
+    """The fast inflater met something other than clean gzip members (damage, truncation)."""
+
+
+def _inflate_blocks(path: str, block_size: int,
+                    progress: Optional[Callable[[int], None]]) -> Iterator[bytes]:
+    """Blocks of exactly ``block_size`` uncompressed bytes of a gzip file (the last shorter),
+    inflated by ``zlib.decompressobj`` directly (1 MiB reads, no ``GzipFile`` layers; about 40%
+    faster). Concatenated members and zero padding between them are read as ``GzipFile`` reads
+    them; output per call is capped, so memory stays bounded.
+
+    Raises:
+        _Anomaly: damaged or truncated stream (the caller replays it with ``GzipFile``).
+    """
+    cap = block_size if block_size >= 1 << 16 else 1 << 16
+    d = zlib.decompressobj(31)
+    in_member = False
+    buf = bytearray()
+    done = 0
+    try:
+        with open(path, "rb") as raw:
+            while True:
+                data = raw.read(_READ_SIZE)
+                if progress is not None:
+                    pos = raw.tell()
+                    progress(pos - done)
+                    done = pos
+                if not data:
+                    break
+                while data:
+                    if not in_member:  # a member starts (after zero padding, as GzipFile)
+                        data = data.lstrip(b"\0")
+                        if not data:
+                            break
+                        d = zlib.decompressobj(31)
+                        in_member = True
+                    out = d.decompress(data, cap - len(buf) if cap == block_size else cap)
+                    if d.eof:
+                        in_member, data = False, d.unused_data
+                    else:
+                        data = d.unconsumed_tail
+                    if not buf and len(out) == block_size:
+                        yield out
+                        continue
+                    buf += out
+                    while len(buf) >= block_size:
+                        yield bytes(buf[:block_size])
+                        del buf[:block_size]
+    except (zlib.error, OSError) as e:
+        raise _Anomaly(str(e)) from e
+    if in_member:
+        raise _Anomaly("truncated")
+    if buf:
+        yield bytes(buf)
+
+
+def _blocks(path: str, compressed: bool, block_size: int,
+            progress: Optional[Callable[[int], None]]) -> Iterator[bytes]:
+    """Uncompressed content of a file in blocks of exactly ``block_size`` bytes (the last one
+    shorter), so block boundaries depend on the content only.
+
+    gzip files are inflated by :func:`_inflate_blocks`; the last few blocks are held back, and
+    when the stream turns out damaged or truncated it is replayed with ``GzipFile``
+    (:func:`_blocks_gzipfile`, the reference) from the block after the last one passed on, so
+    the blocks before the failure, the exception and the line it names are the reference's.
+    Held back: as many blocks as one ``GzipFile.read1`` call can lose (``max(block_size,
+    8192)`` bytes) plus one.
+
+    Raises:
+        _Truncated: the gzip stream ended early (after yielding every inflated byte).
+        CorruptInput-like OSError/zlib.error/gzip.BadGzipFile: passed up to the caller.
+    """
+    if not compressed:
+        yield from _blocks_gzipfile(path, compressed, block_size, progress)
+        return
+    hold = -(-max(block_size, 8192) // block_size) + 1
+    held: list = []
+    passed = 0
+    try:
+        for block in _inflate_blocks(path, block_size, progress):
+            held.append(block)
+            if len(held) > 2 * hold:
+                for b in held[:hold]:
+                    yield b
+                passed += hold
+                del held[:hold]
+    except _Anomaly:
+        for i, block in enumerate(_blocks_gzipfile(path, compressed, block_size, None)):
+            if i >= passed:
+                yield block
+        return
+    yield from held
+
+
+class _Truncated(Exception):
+    pass

@@ -1,0 +1,147 @@
+"""The vocabulary of reading inputs, shared by every reader: format names, the errors (naming file
+and line), the counters of what was skipped (:class:`ReadStats`) and an input's resolved
+description (:class:`InputSpec`). The formats themselves are documented in
+:mod:`data_prep.readers`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+#: Format names accepted by ``--format``.
+FORMATS = ("json", "loose-json", "csv", "tsv", "review", "text")
+
+
+#: Formats with exactly one record per line; their files can be read in stripes (see
+#: :func:`iter_lines`) by several workers at once.
+LINE_FORMATS = frozenset({"json", "loose-json", "tsv", "text"})
+
+
+#: Text field names tried, in order, when ``--text-field`` is not given (json, loose-json,
+#: csv, tsv): McAuley/Kaggle ``reviewText``, Amazon Customer Reviews ``review_body``, Fine Food
+#: ``Text``, SST ``sentence``, and common generic names.
+TEXT_FIELD_CANDIDATES = ("reviewText", "review_body", "review_text", "Text", "text", "sentence",
+                         "review", "content", "body")
+
+
+#: Default field of the ``review`` format.
+REVIEW_DEFAULT_FIELD = "review_text"
+
+
+#: How many bad records are kept as samples (per reader and after merging).
+MAX_BAD_SAMPLES = 5
+
+
+CSV_FIELD_LIMIT = 2**31 - 1
+
+
+class InputError(ValueError):
+    """An input cannot be read as asked (unknown format, missing column, unreadable file).
+    Never skipped by ``skip_bad``; the message names the file."""
+
+
+class BadRecord(ValueError):
+    """One malformed record. Attributes ``path``, ``line`` (1-based) and ``reason``;
+    ``str()`` is ``"PATH:LINE: REASON"``."""
+
+    def __init__(self, path: str, line: int, reason: str):
+        self.path, self.line, self.reason = path, line, reason
+        super().__init__(f"{path}:{line}: {reason}")
+
+    def __reduce__(self):  # picklable across worker processes
+        return (type(self), (self.path, self.line, self.reason))
+
+
+class CorruptInput(InputError):
+    """A compressed stream fails its integrity check (CRC) or holds invalid deflate data; raised
+    after the records before the failure were yielded. Attributes ``path``, ``line``."""
+
+    def __init__(self, path: str, line: int, reason: str):
+        self.path, self.line, self.reason = path, line, reason
+        super().__init__(f"{path}:{line}: {reason}")
+
+    def __reduce__(self):  # picklable across worker processes
+        return (type(self), (self.path, self.line, self.reason))
+
+
+@dataclass
+class ReadStats:
+    """Counters of one reader (all counts are records or lines; bytes are uncompressed).
+
+    Attributes:
+        records: documents yielded.
+        blank_lines: whitespace-only lines between records, skipped.
+        bad_records: malformed records skipped (``skip_bad``).
+        utf8_replaced: lines whose invalid UTF-8 was replaced by U+FFFD.
+        truncated_files: gzip streams that ended early.
+        corrupt_files: streams that failed their integrity check (set by the caller that drops
+            the file).
+        bytes_in: uncompressed bytes read (by stripe 0 of a file only, so sums are per file).
+        bad_samples: the first :data:`MAX_BAD_SAMPLES` bad records as ``(path, line, reason)``.
+    """
+
+    records: int = 0
+    blank_lines: int = 0
+    bad_records: int = 0
+    utf8_replaced: int = 0
+    truncated_files: int = 0
+    corrupt_files: int = 0
+    bytes_in: int = 0
+    bad_samples: list = field(default_factory=list)
+
+    def add_bad(self, path: str, line: int, reason: str) -> None:
+        """Count one skipped bad record and keep it as a sample while there are fewer than
+        :data:`MAX_BAD_SAMPLES`."""
+        self.bad_records += 1
+        if len(self.bad_samples) < MAX_BAD_SAMPLES:
+            self.bad_samples.append((path, line, reason))
+
+    def merge(self, other: "ReadStats") -> None:
+        """Add ``other``'s counts; keep the first samples in (path, line) order."""
+        for name in ("records", "blank_lines", "bad_records", "utf8_replaced",
+                     "truncated_files", "corrupt_files", "bytes_in"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.bad_samples = sorted(self.bad_samples + [tuple(s) for s in other.bad_samples],
+                                  key=lambda s: (s[0], s[1]))[:MAX_BAD_SAMPLES]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """How to read one input file (built by :func:`resolve_input`).
+
+    Attributes:
+        path: absolute path.
+        format: one of :data:`FORMATS`.
+        text_field: field/column/tag holding the text (``None`` for ``text``).
+        format_source: ``"given"``, ``"file name"`` or ``"file name + content"``.
+        field_source: ``"given"``, ``"default"``, ``"header"`` or ``"first record"``.
+        columns: CSV/TSV header, else ``None``.
+        header_lines: lines taken by the header (CSV/TSV), else 0.
+        size: bytes on disk. compressed: gzip stream.
+    """
+
+    path: str
+    format: str
+    text_field: Optional[str]
+    format_source: str
+    field_source: str
+    columns: Optional[tuple] = None
+    header_lines: int = 0
+    size: int = 0
+    compressed: bool = False
+
+    def describe(self) -> str:
+        """One line for summaries: ``name: format (how), field F (how)``."""
+        s = f"{os.path.basename(self.path)}: {self.format} ({self.format_source})"
+        if self.text_field is not None:
+            s += f", text field {self.text_field!r} ({self.field_source})"
+        return s + (", gzip" if self.compressed else "")
+
+
+def count_bad(stats: ReadStats, skip_bad: bool, path: str, line: int, reason: str) -> None:
+    """Raise :class:`BadRecord`, or with ``skip_bad`` count and sample it."""
+    if not skip_bad:
+        raise BadRecord(path, line, reason)
+    stats.add_bad(path, line, reason)

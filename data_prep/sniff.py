@@ -1,0 +1,147 @@
+"""What an input is: its format from its name or its first lines, and the field that holds the text
+(``--format`` / ``--text-field`` given or sniffed), as the :class:`~data_prep.inputs.InputSpec` the
+readers take.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import os
+from typing import Optional
+
+from data_prep.gzip_blocks import is_gzip
+from data_prep.inputs import (
+    CSV_FIELD_LIMIT,
+    FORMATS,
+    REVIEW_DEFAULT_FIELD,
+    TEXT_FIELD_CANDIDATES,
+    CorruptInput,
+    InputError,
+    InputSpec,
+)
+from data_prep.lines import iter_lines
+from data_prep.readers import _dialect
+
+_SUFFIX_FORMATS = {".json": "json", ".jsonl": "json", ".ndjson": "json", ".csv": "csv",
+                   ".tsv": "tsv", ".tab": "tsv", ".review": "review", ".txt": "text",
+                   ".text": "text"}
+
+
+def infer_format(path: str) -> Optional[str]:
+    """Format from the file name (``.gz``/``.gzip`` suffix ignored): ``.json``/``.jsonl``/
+    ``.ndjson`` -> json, ``.csv`` -> csv, ``.tsv``/``.tab`` -> tsv, ``.review`` -> review,
+    ``.txt``/``.text`` -> text; ``None`` when unknown."""
+    name = os.path.basename(path).lower()
+    for ext in (".gz", ".gzip"):
+        if name.endswith(ext):
+            name = name[: -len(ext)]
+    return _SUFFIX_FORMATS.get(os.path.splitext(name)[1])
+
+
+def _head_lines(path: str, compressed: bool, max_lines: int = 64) -> list[tuple[int, str]]:
+    """Up to ``max_lines`` decoded lines (with ends) from the start of a file, for sniffing."""
+    spec = InputSpec(path=path, format="text", text_field=None, format_source="",
+                     field_source="", compressed=compressed)
+    out = []
+    try:
+        # lines over 1 MiB are skipped: sniffing needs a few records, not a huge one in memory
+        for line_no, text, _ in iter_lines(spec, keepends=True, skip_bad=True,
+                                           block_size=1 << 16, max_line_bytes=1 << 20):
+            out.append((line_no, text))
+            if len(out) >= max_lines:
+                break
+    except CorruptInput:
+        pass  # reported when the file is read for real
+    return out
+
+
+def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = None) -> InputSpec:
+    """Decide how to read ``path``: format (given, or from the name and the first record) and
+    text field (given, the format's default, or the first of :data:`TEXT_FIELD_CANDIDATES` in the
+    CSV/TSV header or first JSON record).
+
+    Raises:
+        InputError: missing/unreadable file, unknown format, or no usable text field (the
+            message lists what the file has).
+    """
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a folder, not a file; pass the files in it (e.g. "
+                         f"{path}/*.json.gz)")
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such file")
+    try:
+        size = os.path.getsize(path)
+        compressed = is_gzip(path)
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e})") from e
+    if fmt is not None and fmt not in FORMATS:
+        raise InputError(f"{path}: unknown format {fmt!r} (one of {', '.join(FORMATS)})")
+    fsrc = "given"
+    if fmt is None:
+        fmt, fsrc = infer_format(path), "file name"
+        if fmt is None:
+            raise InputError(f"{path}: cannot infer the format from the file name; pass --format "
+                             f"({', '.join(FORMATS)})")
+    head = _head_lines(path, compressed) if size else []
+    first = next(((n, t) for n, t in head if t.strip()), None)
+    if fmt == "json" and fsrc == "file name" and first is not None:
+        try:
+            json.loads(first[1])
+        except ValueError:
+            try:
+                if isinstance(ast.literal_eval(first[1].strip()), dict):
+                    fmt, fsrc = "loose-json", "file name + content"
+            except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+                pass
+    kw = dict(path=path, format=fmt, size=size, compressed=compressed, format_source=fsrc)
+    if fmt == "text":
+        return InputSpec(text_field=None, field_source="", **kw)
+    if fmt == "review":
+        return InputSpec(text_field=text_field or REVIEW_DEFAULT_FIELD,
+                         field_source="given" if text_field else "default", **kw)
+    if fmt in ("csv", "tsv"):
+        csv.field_size_limit(CSV_FIELD_LIMIT)
+        lines = iter(t for n, t in head)
+        try:
+            header = next(csv.reader(lines, **_dialect(fmt)), None)
+        except csv.Error as e:
+            raise InputError(f"{path}:1: unreadable {fmt.upper()} header ({e})") from e
+        if not header:
+            if size and not head:
+                raise InputError(f"{path}: no header row")
+            header = []
+        consumed = len(head) - sum(1 for _ in lines)
+        columns = tuple(header)
+        if text_field is None:
+            text_field = next((c for c in TEXT_FIELD_CANDIDATES if c in columns), None)
+            fld_src = "header"
+        else:
+            fld_src = "given"
+        if columns and text_field not in columns:
+            what = (f"no column {text_field!r}" if text_field is not None else
+                    "no text column among " + ", ".join(TEXT_FIELD_CANDIDATES))
+            raise InputError(f"{path}: {what} in the {fmt.upper()} header "
+                             f"(columns: {', '.join(columns)}); pass --text-field")
+        if not columns:  # empty file: nothing to read
+            text_field = text_field or TEXT_FIELD_CANDIDATES[0]
+        return InputSpec(text_field=text_field, field_source=fld_src, columns=columns,
+                         header_lines=consumed, **kw)
+    # json / loose-json
+    if text_field is not None:
+        return InputSpec(text_field=text_field, field_source="given", **kw)
+    obj = None
+    if first is not None:
+        try:
+            obj = (json.loads(first[1]) if fmt == "json" else ast.literal_eval(first[1].strip()))
+        except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+            obj = None  # reported as a bad record when read
+    if isinstance(obj, dict):
+        found = next((c for c in TEXT_FIELD_CANDIDATES if c in obj), None)
+        if found is None:
+            raise InputError(f"{path}:{first[0]}: none of the usual text fields in the first "
+                             f"record (keys: {', '.join(map(str, obj))}); pass --text-field")
+        return InputSpec(text_field=found, field_source="first record", **kw)
+    return InputSpec(text_field=TEXT_FIELD_CANDIDATES[0], field_source="default", **kw)

@@ -1,0 +1,105 @@
+"""The report of ``hvd-lm bench allreduce``: time,
+bus bandwidth and ratio-to-MPI tables per size, the alpha-beta fits, and the bytes on the wire
+per configuration (:func:`wire_summary`), printed from the records
+:mod:`hvd_lm.perf.results` owns.
+"""
+
+from __future__ import annotations
+
+from hvd_lm.perf.results import busbw_factor
+from hvd_lm.util.units import KIB, MIB
+
+
+def _table(records: list[dict], fmt, title: str) -> None:
+    single = [r for r in records if r["case"] == "single"]
+    labels = list(dict.fromkeys(r["label"] for r in single))
+    sizes = sorted({r["size_bytes"] for r in single})
+    cell = {(r["label"], r["size_bytes"]): r for r in single}
+    w = max(12, *(len(lb) for lb in labels)) + 1
+    print(f"\n{title}")
+    print(f"{'size':>6} " + "".join(f"{lb:>{w}}" for lb in labels))
+    for s in sizes:
+        row = "".join(f"{fmt(cell[(lb, s)]) if (lb, s) in cell else '-':>{w}}" for lb in labels)
+        print(f"{human_bytes(s):>6} {row}")
+
+
+def print_report(data: dict) -> None:
+    """The tables of a ``bench allreduce`` result (``data`` as written by ``--json``)."""
+    recs, n = data["records"], data["ranks"]
+    _table(recs, lambda r: f"{r['time_s'] * 1e6:.0f}",
+           f"single tensor, {n} ranks: time per allreduce, us (mean, max over ranks)")
+    _table(recs, lambda r: f"{r['busbw_GBps']:.2f}",
+           f"single tensor: bus bandwidth, GB/s (algbw x 2(n-1)/n = x {busbw_factor(n):.2f})")
+    ref = {r["size_bytes"]: r for r in recs if r["case"] == "single" and r["label"] == "mpi4py"}
+    if ref:
+        _table([r | {"ratio": r["time_s"] / ref[r["size_bytes"]]["time_s"]} for r in recs
+                if r["case"] == "single" and r["size_bytes"] in ref],
+               lambda r: f"{r['ratio']:.2f}", "time / raw MPI (mpi4py) time, per size")
+    if data.get("fits"):
+        print("\nalpha-beta fit, t = 2(n-1) alpha + 2(n-1)/n S / beta (weighted least squares):")
+        print(f"{'configuration':34} {'a=t(0), us':>11} {'alpha, us':>10} {'beta, GB/s':>11} "
+              f"{'max rel err':>11}")
+        for label, f in data["fits"].items():
+            print(f"{label:34} {f['intercept_s'] * 1e6:>11.1f} {f['alpha_s'] * 1e6:>10.1f} "
+                  f"{f['beta_GBps']:>11.2f} {f['max_rel_error']:>11.1%}")
+    _wire_table(recs)
+    grouped = [r for r in recs if r["case"] == "grouped"]
+    if grouped:
+        print("\ngrouped gradients per step (Horovod: allreduce_async_ + synchronize, op Average)")
+        print(f"{'group':22} {'configuration':34} {'mode':6} {'tensors':>7} {'MB':>7} "
+              f"{'ms/step':>9} {'busbw GB/s':>10}")
+        for r in grouped:
+            print(f"{r['group']:22} {r['label']:34} {r['mode']:6} {r['tensors']:>7} "
+                  f"{r['size_bytes'] / 1e6:>7.2f} {r['time_s'] * 1e3:>9.3f} "
+                  f"{r['busbw_GBps']:>10.2f}")
+
+
+def wire_summary(records: list[dict]) -> list[dict]:
+    """Per controller and single size / group: bytes on the wire per rank for none, fp16 and
+    onebit (computed and measured) and the ratios none / onebit and fp16 / onebit."""
+    rows: dict[tuple, dict] = {}
+    for r in records:
+        if r.get("wire_bytes") is None or r.get("backend") != "horovod" or " " in r["label"]:
+            continue  # fusion / cycle-time variants repeat their defaults' bytes
+        key = (r["label"].split("+")[0], r["case"], r.get("group") or r["size_bytes"])
+        row = rows.setdefault(key, {"controller": key[0], "case": r["case"], "what": key[2]})
+        row[r["compression"]] = r["wire_bytes"]
+        row[r["compression"] + "_measured"] = r.get("wire_bytes_measured")
+    out = []
+    for row in rows.values():
+        if row.get("onebit"):
+            for comp in ("none", "fp16"):
+                for suffix in ("", "_measured"):
+                    a, b = row.get(comp + suffix), row.get("onebit" + suffix)
+                    if a and b:
+                        row[f"{comp}_over_onebit{suffix}"] = a / b
+        out.append(row)
+    return out
+
+
+def _wire_table(records: list[dict]) -> None:
+    rows = wire_summary(records)
+    if not any("onebit" in r for r in rows):
+        return
+    print("\nbytes on the wire per operation and rank (computed from the buffers; measured: "
+          "/proc/self/io wchar, Gloo controller)")
+    print(f"{'controller':10} {'size/group':>17} {'none':>11} {'fp16':>11} {'onebit':>10} "
+          f"{'none/1bit':>9} {'fp16/1bit':>9} {'measured none/fp16/onebit':>32} "
+          f"{'ratios':>12}")
+    for r in rows:
+        what = r["what"] if isinstance(r["what"], str) else human_bytes(r["what"])
+        meas = "/".join(f"{r[c + '_measured']:.0f}" if r.get(c + "_measured") else "-"
+                        for c in ("none", "fp16", "onebit"))
+        ratios = "/".join(f"{r[c]:.1f}" for c in ("none_over_onebit_measured",
+                                                   "fp16_over_onebit_measured") if c in r)
+        print(f"{r['controller']:10} {what:>17} {r.get('none', 0):>11} {r.get('fp16', 0):>11} "
+              f"{r.get('onebit', 0):>10} {r.get('none_over_onebit', 0):>9.1f} "
+              f"{r.get('fp16_over_onebit', 0):>9.1f} {meas:>32} {ratios:>12}")
+
+
+def human_bytes(n: float) -> str:
+    """4096 -> ``"4K"``, 268435456 -> ``"256M"`` (binary prefixes, as the sizes are given)."""
+    for unit, div in (("G", 1024 ** 3), ("M", MIB), ("K", KIB)):
+        if n >= div and n % div == 0:
+            return f"{n // div:d}{unit}"
+    return f"{n:.0f}"

@@ -1,0 +1,189 @@
+"""``hvd-lm bench fusion``: the training step's time against Horovod's tensor fusion threshold and
+cycle time (Horovod docs, "Tensor Fusion", "Autotune"), each configuration a launch of
+``hvd-lm bench train``'s worker (:mod:`hvd_lm.perf.bench_train`), and what Horovod's autotuner
+chose from the same start (``HOROVOD_AUTOTUNE_LOG``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from hvd_lm import options as configlib
+from hvd_lm.comm.horovod import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
+from hvd_lm.options import Command, option
+from hvd_lm.perf.bench_train import StepConfig, launch
+from hvd_lm.util.atomic import write_text
+from hvd_lm.util.units import MIB
+
+
+@dataclass
+class BenchFusionConfig(StepConfig):
+    """``hvd-lm bench fusion``."""
+
+    hidden_size: int = option(256, "mLSTM width H", ge=1)
+    steps: int = option(20, "timed steps per run", ge=1)
+    warmup: int = option(3, "untimed steps first", ge=0)
+    np: int = option(2, "ranks", ge=1)
+    fusion_mb: list[float] = option(default_factory=lambda: [0.0, 1.0, 16.0, 64.0, 128.0],
+                                    help="fusion thresholds, MiB", ge=0)
+    cycle_ms: list[float] = option(default_factory=lambda: [0.2, 1.0, 5.0, 20.0],
+                                   help="cycle times, ms", gt=0)
+    grid: bool = option(False, "every (fusion, cycle) pair, not two one-dimensional sweeps",
+                        switch=True)
+    repeats: int = option(1, "round-robin repeats", ge=1)
+    autotune: bool = option(True, "then a HOROVOD_AUTOTUNE run (--no-autotune: skip it)",
+                            switch=False, flag="--no-autotune")
+    autotune_steps: int = option(150, "timed steps of the autotune run (the tuner needs (warmup "
+                                 "+ samples + 8) x 5 x steps-per-sample steps)", ge=1)
+    autotune_warmup: int = option(1, "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", ge=0)
+    autotune_steps_per_sample: int = option(1, "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", ge=1)
+    autotune_samples: int = option(12, "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", ge=1)
+    timeout: float = option(600.0, "per-run limit, s", gt=0)
+    json: str = option("", "write the results here")
+
+
+def parse_autotune_log(path: str | Path) -> dict:
+    """Horovod's ``HOROVOD_AUTOTUNE_LOG`` CSV (horovod/common/parameter_manager.cc): a header
+    ``hierarchical_allreduce,hierarchical_allgather,torus_allreduce,cache_enabled,cycle_time_ms,
+    tensor_fusion_threshold,score``, one row per sample (score in bytes/us), and, once tuning
+    has finished, a last row with the best values.
+
+    Returns:
+        ``{"samples": [row dicts], "best": row dict or None, "finished": bool}``; the fusion
+        threshold is in MB as Horovod logs it, the score in bytes per microsecond.
+
+    Raises:
+        ValueError: not a Horovod autotune log.
+    """
+    lines = [ln.strip() for ln in Path(path).read_text().splitlines() if ln.strip()]
+    if not lines or not lines[0].startswith("hierarchical_allreduce"):
+        raise ValueError(f"{path}: not a Horovod autotune log")
+    head = lines[0].split(",")
+    rows = []
+    for ln in lines[1:]:
+        vals = [v.strip() for v in ln.split(",")]
+        if len(vals) != len(head):
+            continue
+        rows.append({h: float(v) for h, v in zip(head, vals)})
+    # The best-parameters row repeats one earlier sample's values with the best score; Horovod
+    # writes it only when tuning finished. It is recognisable as the last row whose score equals
+    # the maximum of the preceding rows.
+    finished = len(rows) >= 2 and rows[-1]["score"] == max(r["score"] for r in rows[:-1])
+    best = rows[-1] if finished else (max(rows, key=lambda r: r["score"]) if rows else None)
+    return {"samples": rows[:-1] if finished else rows, "best": best, "finished": finished}
+
+
+def fusion_configs(cfg: BenchFusionConfig) -> list[tuple[str, float, float]]:
+    """(label, fusion MiB, cycle ms): fusion thresholds at the default cycle time, then cycle
+    times at the default threshold (or the full grid with ``--grid``)."""
+    dfus, dcyc = HOROVOD_DEFAULT_FUSION_BYTES / MIB, HOROVOD_DEFAULT_CYCLE_MS
+    if cfg.grid:
+        pairs = [(f, c) for f in cfg.fusion_mb for c in cfg.cycle_ms]
+    else:
+        pairs = [(f, dcyc) for f in cfg.fusion_mb] + [(dfus, c) for c in cfg.cycle_ms]
+    pairs = list(dict.fromkeys(pairs))
+    return [(f"fusion={f:g}MB cycle={c:g}ms", f, c) for f, c in pairs]
+
+
+def _knobs(fusion_mb: float, cycle_ms: float) -> dict[str, str | None]:
+    return {"HOROVOD_FUSION_THRESHOLD": str(int(fusion_mb * MIB)),
+            "HOROVOD_CYCLE_TIME": f"{cycle_ms:g}", "HOROVOD_AUTOTUNE": None,
+            "HOROVOD_AUTOTUNE_LOG": None}
+
+
+def bench_fusion(cfg: BenchFusionConfig) -> int:
+    """Print (and with ``--json`` save, after every run) the fusion/cycle-time sweep and the
+    autotune result; 1 with one ``ERROR:`` line when a launch fails."""
+    runs: list[dict] = []
+    autotune = None
+    try:
+        for rep in range(cfg.repeats):  # round robin: drift on a shared machine hits all alike
+            for label, fmb, cms in fusion_configs(cfg):
+                r = launch("horovod", cfg.np, cfg, cfg.timeout, _knobs(fmb, cms))[0]
+                runs.append({"label": label, "fusion_threshold_mb": fmb, "cycle_time_ms": cms,
+                             "repeat": rep, **r})
+                _save_fusion(cfg, runs, None)  # partial results survive an interrupted sweep
+                print(f"  {label} (repeat {rep}): {r['step_time_s']:.4f} s/step",
+                      file=sys.stderr, flush=True)
+        if cfg.autotune:
+            with tempfile.TemporaryDirectory() as tmp:
+                log = Path(tmp) / "autotune.csv"
+                tune_env = {
+                    "HOROVOD_FUSION_THRESHOLD": None, "HOROVOD_CYCLE_TIME": None,
+                    "HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(log),
+                    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": str(cfg.autotune_warmup),
+                    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": str(cfg.autotune_steps_per_sample),
+                    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": str(cfg.autotune_samples)}
+                tuned_step = dataclasses.replace(cfg, steps=cfg.autotune_steps)
+                r = launch("horovod", cfg.np, tuned_step, cfg.timeout, tune_env)[0]
+                autotune = parse_autotune_log(log) | {"run": r, "log": log.read_text()}
+            best = autotune["best"]
+            if best is not None:
+                label = (f"autotuned fusion={best['tensor_fusion_threshold']:g}MB "
+                         f"cycle={best['cycle_time_ms']:g}ms")
+                r = launch("horovod", cfg.np, cfg, cfg.timeout,
+                           _knobs(best["tensor_fusion_threshold"], best["cycle_time_ms"]))[0]
+                runs.append({"label": label, "fusion_threshold_mb":
+                             best["tensor_fusion_threshold"], "cycle_time_ms":
+                             best["cycle_time_ms"], "repeat": 0, **r})
+    except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
+        print(f"hvd-lm bench fusion: ERROR: {e}", file=sys.stderr)
+        return 1
+    summary = summarize_fusion(runs)
+    print(f"\nhvd-lm bench fusion: {cfg.np} ranks, {cfg.cell} H={cfg.hidden_size}, per-rank "
+          f"batch {cfg.batch_size} x {cfg.seq_len}, compression {cfg.compression}, "
+          f"{cfg.steps} timed steps x {cfg.repeats} repeat(s)")
+    print(f"{'configuration':36} {'median s/step':>13} {'min':>9} {'vs default':>10} "
+          f"{'ar wait':>8}")
+    for s in summary:
+        print(f"{s['label']:36} {s['step_time_s']:>13.4f} {s['step_time_min_s']:>9.4f} "
+              f"{s['relative_to_default']:>10.3f} {s['allreduce_wait_share']:>8.1%}")
+    if autotune:
+        b = autotune["best"]
+        print(f"autotune ({len(autotune['samples'])} samples, finished={autotune['finished']}): "
+              + ("no samples logged" if b is None else
+                 f"cycle {b['cycle_time_ms']:g} ms, fusion {b['tensor_fusion_threshold']:g} MB, "
+                 f"hierarchical allreduce {int(b['hierarchical_allreduce'])}, cache "
+                 f"{int(b['cache_enabled'])}, score {b['score']:.1f} bytes/us"))
+    _save_fusion(cfg, runs, autotune)
+    return 0
+
+
+def _save_fusion(cfg: BenchFusionConfig, runs: list[dict], autotune: dict | None) -> None:
+    if cfg.json:
+        write_text(cfg.json, json.dumps(
+            {"runs": runs, "summary": summarize_fusion(runs), "autotune": autotune,
+             "args": configlib.to_dict(cfg)}, indent=2))
+
+
+def summarize_fusion(runs: list[dict]) -> list[dict]:
+    """Median (robust on a shared machine) and minimum step time per configuration label over
+    repeats, relative to Horovod's defaults (fusion 128 MB, cycle 1 ms) when that configuration
+    ran (else to the first)."""
+    out = []
+    for label in dict.fromkeys(r["label"] for r in runs):
+        rs = [r for r in runs if r["label"] == label]
+        out.append({"label": label, "fusion_threshold_mb": rs[0]["fusion_threshold_mb"],
+                    "cycle_time_ms": rs[0]["cycle_time_ms"], "repeats": len(rs),
+                    "step_time_s": statistics.median(r["step_time_s"] for r in rs),
+                    "step_time_min_s": min(r["step_time_s"] for r in rs),
+                    "allreduce_wait_share": sum(r["allreduce_wait_share"] or 0 for r in rs)
+                    / len(rs)})
+    dflt = [s for s in out if s["fusion_threshold_mb"] == HOROVOD_DEFAULT_FUSION_BYTES / MIB
+            and s["cycle_time_ms"] == HOROVOD_DEFAULT_CYCLE_MS and "autotuned" not in s["label"]]
+    ref = (dflt or out)[0]["step_time_s"] if out else 1.0
+    for s in out:
+        s["relative_to_default"] = s["step_time_s"] / ref
+    return out
+
+
+BENCH_FUSION = Command(BenchFusionConfig, bench_fusion,
+                       description="Training step time vs HOROVOD_FUSION_THRESHOLD / "
+                       "HOROVOD_CYCLE_TIME, then what HOROVOD_AUTOTUNE picks.")

@@ -1,0 +1,167 @@
+"""Resuming training exactly: the position, the RNG states and the payload a checkpoint of a
+run holds, and :class:`Resume`, which applies a checkpoint to a job being built (the file format
+and the checkpoint folder are :mod:`hvd_lm.formats.checkpoint`'s).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hvd_lm.formats.checkpoint import load, load_newest, resolve
+from hvd_lm.model.load import load_state
+
+
+def rng_state() -> dict:
+    """Python, numpy and torch (CPU and CUDA) RNG states as weights_only-loadable values."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached": float(cached)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what :func:`rng_state` returned, wherever its tensors were loaded: the generator
+    states are CPU ByteTensors for torch (``torch.set_rng_state`` and
+    ``torch.cuda.set_rng_state_all`` take nothing else), so each is moved to the CPU first."""
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].cpu().numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["cached"]))
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+@dataclass
+class Position:
+    """Where training stands: what a resume continues from.
+
+    Attributes:
+        step: optimizer steps applied.
+        window: TBPTT windows consumed per row (epoch x windows per epoch + window in epoch).
+        skipped_steps: steps skipped for non-finite gradients.
+        chars_trained: characters (bytes) trained on, summed over all ranks.
+    """
+
+    step: int = 0
+    window: int = 0
+    skipped_steps: int = 0
+    chars_trained: int = 0
+
+    @property
+    def attempts(self) -> int:
+        """Optimizer step attempts, applied and skipped (the fault hooks and the control
+        allreduce count these: the same on every rank)."""
+        return self.step + self.skipped_steps
+
+
+def payload(position: Position, model, optimizer, scheduler, scaler, rnn_state, config: dict,
+            world_size: int, windows_per_epoch: int | None = None) -> dict:
+    """The dict :func:`save` writes: ``position``'s fields, model/optimizer/scheduler/scaler
+    state (``optimizer``: the optimizer or its ``state_dict()``, which for 1-bit optimizers every
+    rank must call), every rank's recurrent state ``rnn_state`` = (h, c) each [world x B, H]
+    (gathered in rank order), the RNG states, the config, the world size and the windows per
+    epoch of that world's streams (what a resume on another world size needs to find the same
+    point of the epoch)."""
+    return {"step": position.step, "window": position.window,
+            "skipped_steps": position.skipped_steps, "chars_trained": position.chars_trained,
+            "model": model.state_dict(),
+            "optimizer": optimizer if isinstance(optimizer, dict) else optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict() if scaler.is_enabled() else None,
+            "rnn_state": tuple(rnn_state), "rng": rng_state(), "config": config,
+            "world_size": world_size, "windows_per_epoch": windows_per_epoch}
+
+
+class Resume:
+    """A checkpoint being resumed from, applied in the order training builds its objects (the
+    model first; the optimizer and scheduler once Horovod has wrapped the optimizer, because
+    ``hvd.DistributedOptimizer`` builds a new optimizer over the same param groups).
+
+    The checkpoint is read onto the CPU whatever device trains, so that one written on any
+    device resumes on any other: the RNG states must be CPU tensors, and each restore moves the
+    rest where it belongs (``load_state_dict`` copies into the model's and the optimizer's
+    device; :meth:`rnn_rows` moves the recurrent state to ``device``).
+
+    Args:
+        source: checkpoint file or run directory (its ``latest``).
+        device: where this job trains (the recurrent state rows go there).
+        fallback: a run directory's newest checkpoint that loads (:func:`load_newest`, for
+            ``--resume auto``) instead of failing on a damaged ``latest``.
+
+    Raises:
+        FileNotFoundError / CheckpointError: as :func:`resolve` / :func:`load`.
+    """
+
+    def __init__(self, source: str | Path, device: str | torch.device = "cpu",
+                 fallback: bool = False, warn: bool = True):
+        self.device = torch.device(device)
+        if fallback:
+            self.path, self.ckpt = load_newest(source, "cpu", warn)
+        else:
+            self.path = resolve(source)
+            self.ckpt = load(self.path, "cpu")
+
+    @property
+    def position(self) -> Position:
+        """The saved :class:`Position`."""
+        c = self.ckpt
+        return Position(c["step"], c["window"], c["skipped_steps"], c["chars_trained"])
+
+    @property
+    def windows_per_epoch(self) -> int | None:
+        """Windows per epoch of the streams the saving job had (None: written before this was
+        saved)."""
+        return self.ckpt.get("windows_per_epoch")
+
+    def restore_model(self, model: torch.nn.Module, scaler=None) -> None:
+        """Load the model's weights (and the loss scaler's state when both exist).
+
+        Raises:
+            CheckpointError: the checkpoint is for a model of another shape."""
+        load_state(model, self.ckpt["model"], self.path)
+        if scaler is not None and scaler.is_enabled() and self.ckpt.get("scaler"):
+            scaler.load_state_dict(self.ckpt["scaler"])
+
+    def rnn_rows(self, rank: int, size: int, batch_size: int, warn: bool = True):
+        """This rank's B rows of the saved recurrent state (h, c) each [B, H] on the job's
+        device, or None (and a warning on stderr when ``warn``) when the checkpoint was written
+        by a job with another number of rows (world size x batch): its streams are then cut
+        differently."""
+        h, c = self.ckpt["rnn_state"]
+        if h.shape[0] != size * batch_size:
+            if warn:
+                print(f"warning: {self.path} was written by {h.shape[0]} rows, this job has "
+                      f"{size * batch_size}: recurrent state reset (resume is not exact)",
+                      file=sys.stderr)
+            return None
+        rows = slice(rank * batch_size, (rank + 1) * batch_size)
+        return h[rows].to(self.device), c[rows].to(self.device)
+
+    def restore_rng(self) -> None:
+        """Python, numpy and torch RNG states."""
+        set_rng_state(self.ckpt["rng"])
+
+    def restore_optimizer(self, optimizer, scheduler) -> None:
+        """Optimizer and LR-scheduler state (the caller then sets the param groups' LR through
+        :func:`hvd_lm.train.schedule.set_peak_lr`, as the loop does)."""
+        optimizer.load_state_dict(self.ckpt["optimizer"])
+        scheduler.load_state_dict(self.ckpt["scheduler"])
+
+    def release(self) -> None:
+        """Drop the loaded tensors (the model and optimizer hold their own copies)."""
+        self.ckpt = {k: v for k, v in self.ckpt.items()
+                     if k in ("step", "window", "windows_per_epoch")}
