@@ -260,7 +260,7 @@ class Trainer(ElasticTraining):
         # Horovod: gather every rank's recurrent state rows (rank order) for an exact resume.
         h = comm.allgather(self.rnn_state[0].detach().float().cpu(), name="ckpt_h")
         c = comm.allgather(self.rnn_state[1].detach().float().cpu(), name="ckpt_c")
-        pos = dataclasses.replace(self.pos, chars_trained=self.chars_total())
+        pos = dataclasses.replace(self.pos, chars_trained=self.chars_total())  # Horovod: sum
         opt_state = self.optimizer.state_dict()  # every rank: 1-bit optimizers gather errors
         if self.ctx.is_root:
             path = ckpt_io.save(resume_io.payload(pos, self.model, opt_state, self.scheduler,
@@ -438,11 +438,12 @@ class Trainer(ElasticTraining):
             self.stop_reason = "diverged" if self.guard.reason else "done"
         if self.stop_reason == "done":
             if not (self.cfg.run.eval_every and self.pos.step % self.cfg.run.eval_every == 0):
-                self.validate()
-            self.save_checkpoint()
+                self.validate()  # Horovod: allreduce of bits and chars
+            self.save_checkpoint()  # Horovod: allgather of the recurrent state
         self.summary = {"stop": self.stop_reason, "step": self.pos.step,
                         "skipped_steps": self.pos.skipped_steps,
-                        "chars_trained": self.chars_total(), "world_size": self.ctx.size}
+                        "chars_trained": self.chars_total(),  # Horovod: sum over ranks
+                        "world_size": self.ctx.size}
 
     def end(self) -> dict:
         """The summary (and ``summary.json``), released folder; raise on divergence."""
