@@ -198,7 +198,7 @@ def test_doctor_names_a_host_with_other_code_shards_or_too_few_gpus(cluster, tmp
     stale = tmp_path / "stale"
     shutil.copytree(REPO / "hvd_lm", stale / "hvd_lm",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    with open(stale / "hvd_lm" / "core" / "units.py", "a") as f:
+    with open(stale / "hvd_lm" / "util" / "units.py", "a") as f:
         f.write("\n# an older edit\n")
     wrapper = tmp_path / "python"
     wrapper.write_text(f'#!/bin/sh\n[ "$(hostname)" = n2 ] && export PYTHONPATH={stale}\n'
