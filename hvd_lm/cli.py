@@ -72,6 +72,8 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "multinode": ("hvd_lm.perf.bench_multinode", "BENCH_MULTINODE", "across hosts: allreduce "
                   "alpha-beta fit per node count and the scaling model's predicted training "
                   "step vs the measured one"),
+    "checkpoint": ("hvd_lm.perf.bench_checkpoint", "BENCH_CHECKPOINT", "the step time around "
+                   "a checkpoint, written synchronously and in the background, side by side"),
     "gpu": ("hvd_lm.perf.bench_gpu", "BENCH_GPU", "one GPU: matmul and copy ceilings, mLSTM and "
             "cuDNN-LSTM training chars/s, TFLOP/s and fraction of peak per precision"),
 }
