@@ -8,6 +8,7 @@ import errno
 import json
 import pickle
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -101,7 +102,7 @@ def test_export_writes_atomically_and_refuses_a_used_folder(exported, tmp_path, 
     import safetensors.torch as st
 
     def full(tensors, filename, metadata=None):
-        open(filename, "wb").write(b"12345")
+        Path(filename).write_bytes(b"12345")  # a partial file, then the device is full
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(st, "save_file", full)
