@@ -37,6 +37,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                  "holding a unit (--neuron N --overwrite V); per-character heatmap"),
     "visualize": ("hvd_lm.transfer.visualize", "VISUALIZE", "per-character heatmap (HTML/PNG) "
                   "of a unit (default: the sentiment neuron) over given texts"),
+    "export": ("hvd_lm.model.load", "EXPORT", "write a checkpoint's model as safetensors + "
+               "config.json, which every command that takes a checkpoint also loads"),
+    "import-openai": ("hvd_lm.model.openai_import", "IMPORT_OPENAI", "OpenAI's released "
+                      "sentiment-neuron mLSTM (15 .npy arrays) as an exported folder"),
     "kernels": ("hvd_lm.perf.kernels_aot", "KERNELS_AOT", "build the fused mLSTM's Triton "
                 "kernels ahead of time for a GPU (no GPU needed): registers, spills, smem"),
     "launch": ("hvd_lm.jobs.job_plans", "LAUNCH", "render a launch script (horovodrun, mpirun, "
@@ -72,6 +76,8 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "multinode": ("hvd_lm.perf.bench_multinode", "BENCH_MULTINODE", "across hosts: allreduce "
                   "alpha-beta fit per node count and the scaling model's predicted training "
                   "step vs the measured one"),
+    "checkpoint": ("hvd_lm.perf.bench_checkpoint", "BENCH_CHECKPOINT", "the step time around "
+                   "a checkpoint, written synchronously and in the background, side by side"),
     "gpu": ("hvd_lm.perf.bench_gpu", "BENCH_GPU", "one GPU: matmul and copy ceilings, mLSTM and "
             "cuDNN-LSTM training chars/s, TFLOP/s and fraction of peak per precision"),
 }

@@ -61,8 +61,12 @@ EXTERNAL = {
     "/shared/fs/data": "an output folder on a cluster's shared filesystem",
     "/shared/fs/out": "an output folder on a cluster's shared filesystem",
     "data/imdb_train.jsonl": "written by the Python heredoc just before it (a GPU node's block)",
+    "generating-reviews-discovering-sentiment/model": "OpenAI's released weights, which a user "
+    "clones from GitHub (tests never download them)",
 }
 OUTPUT_FLAGS = {"--out", "--out-dir", "--json", "--plot", "-o", "--output", "--heatmap"}
+#: hvd-lm commands whose last positional argument is the folder they write.
+POSITIONAL_OUTPUT = {"export", "import-openai"}
 PATHLIKE = re.compile(r"/|\.(ya?ml|json|jsonl|csv|tsv|gz|sbatch|qsub|sh|txt|pt|png)$")
 #: Templates that run on this machine as they are (the rest need hosts or a scheduler).
 LOCAL_TEMPLATES = {"horovodrun_local.sh", "mpirun.sh", "horovodrun_elastic.sh"}
@@ -279,6 +283,10 @@ def shrink(hvd: list[str], root: Path) -> list[str]:
 
 def _inputs_and_outputs(argv: list[str]) -> tuple[list[str], list[str]]:
     ins, outs = [], []
+    if argv[:1] and argv[0] in POSITIONAL_OUTPUT:
+        words = [w for w in argv[1:] if not w.startswith("-")]
+        outs.append(words[-1])
+        argv = [w for w in argv if w != words[-1]]
     for i, w in enumerate(argv):
         prev = argv[i - 1] if i else ""
         if w.startswith("-") or "://" in w or _placeholder(w):
@@ -369,7 +377,7 @@ def _execute(cmd: Cmd, argv: list[str], s: Session, env: dict | None = None,
 # ---- one command ---------------------------------------------------------------------------------
 #: hvd-lm commands that run here (the rest are checked): cheap, or shrunk by :func:`shrink`.
 RUN_COMMANDS = {"prepare", "verify", "train", "eval", "transfer", "classify", "generate",
-                "visualize", "launch", "scaling-model",
+                "visualize", "export", "launch", "scaling-model",
                 "scaling-report", "check-build"}
 
 

@@ -282,3 +282,29 @@ def test_multinode_prose():
          f"{ratios[1]:.2f}x the measured step", src, RELIABILITY)
     says(f"one run's rounds alone range {span(g3)}, and compute plus the gradient list's "
          f"allreduce\n  measured apart is itself {parts:.2f}x that step", src, RELIABILITY)
+
+def test_checkpoint_stall_figures():
+    """hvd-lm bench checkpoint: the table of docs/performance.md section 11 and the ratios it and
+    README quote."""
+    local, slow = load("bench_checkpoint.json"), load("bench_checkpoint_latency2.json")
+    src = "docs/results/bench_checkpoint*.json"
+    for d, label in ((local, "local disk"), (slow, "local disk + 2 s per write")):
+        for mode in ("sync", "async"):
+            r = d[mode]
+            dw = "-" if r["step_during_write_s"] is None else f"{r['step_during_write_s']:.2f}"
+            says(f"| {label} | {mode} | {r['step_s']:.2f} | {r['write_s']:.2f} | "
+                 f"{r['blocked_s']:.2f} | {dw} | {r['stall_s']:.2f} |", src, PERFORMANCE)
+    mb = f"{local['checkpoint_bytes'] / 1e6:.0f} MB"
+    a, b = local["stall_ratio_async_over_sync"], slow["stall_ratio_async_over_sync"]
+    says(f"the checkpoint is {mb} (model and Adam state)", src, PERFORMANCE)
+    says(f"stalled training **{a:.2f}x** as long as a synchronous one: the loop is blocked only "
+         f"for the host copy ({local['async']['blocked_s']:.2f} s instead of the whole "
+         f"{local['sync']['write_s']:.2f} s write)", src, PERFORMANCE)
+    says(f"the background stall was **{b:.2f}x** the synchronous one "
+         f"({slow['async']['stall_s']:.2f} s against {slow['sync']['stall_s']:.2f} s)", src,
+         PERFORMANCE)
+    says(f"load average {local['load_average'][0]:.1f}-{slow['load_average'][1]:.1f}", src,
+         PERFORMANCE)
+    says(f"the H=2048 model ({mb}) written synchronously and in the background: the background "
+         f"write stalled training {a:.2f}x as long on this loaded 2-core machine's disk and "
+         f"{b:.2f}x with 2 s of file-system latency added per write", src)

@@ -1,15 +1,23 @@
-"""A trained model from a checkpoint: what every command that uses a model (eval, transfer,
-generate, visualize, classify) loads it with, below both training and transfer.
+"""A trained model from a checkpoint or an exported folder: what every command that uses a model
+(eval, transfer, generate, visualize, classify) loads it with, below both training and transfer;
+and ``hvd-lm export``, which writes a checkpoint's model as an exported folder
+(:mod:`hvd_lm.formats.export`: safetensors + config.json, read without unpickling).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from hvd_lm.formats.checkpoint import CheckpointError, load, resolve
+from hvd_lm.formats.export import ARCHITECTURE, WEIGHTS, export_folder, read_export, write_export
+from hvd_lm.formats.tokenizer import TOKENIZER_NAME
 from hvd_lm.model.lm import LanguageModel, ModelConfig
+from hvd_lm.options import Command, option
+from hvd_lm.util.digest import file_sha256
 
 
 def load_state(model: torch.nn.Module, state: dict, path: str | Path) -> None:
@@ -35,25 +43,113 @@ def load_state(model: torch.nn.Module, state: dict, path: str | Path) -> None:
     model.load_state_dict(state)
 
 
+def resolve_model(path: str | Path) -> Path:
+    """The file a model is loaded from: an exported folder's weights file
+    (:func:`hvd_lm.formats.export.export_folder`), else the checkpoint
+    :func:`hvd_lm.formats.checkpoint.resolve` finds (a file, or a run directory's latest). Its
+    sha256 is the model's identity (a saved classifier records it).
+
+    Raises:
+        FileNotFoundError: neither, naming what was looked for.
+    """
+    folder = export_folder(path)
+    return folder / WEIGHTS if folder is not None else resolve(path)
+
+
+def architecture(model: dict, source: str | Path) -> dict:
+    """The architecture fields (:data:`hvd_lm.formats.export.ARCHITECTURE`) of a ``model``
+    config dict, with ModelConfig's defaults for those it lacks.
+
+    Raises:
+        CheckpointError: a field ModelConfig does not have, naming ``source``.
+    """
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(model) - fields)
+    if unknown:
+        raise CheckpointError(f"{source}: model config field {unknown[0]!r} is not one of "
+                              f"hvd_lm's ({', '.join(ARCHITECTURE)})")
+    full = dataclasses.asdict(ModelConfig(**model))
+    return {k: full[k] for k in ARCHITECTURE}
+
+
 def load_model(path: str | Path, map_location: str | torch.device = "cpu",
                rnn_kernels: str = "auto"):
-    """The :class:`~hvd_lm.model.lm.LanguageModel` stored in a checkpoint, on
-    ``map_location``, in eval mode, and the checkpoint dict.
+    """The :class:`~hvd_lm.model.lm.LanguageModel` stored in a checkpoint or an exported folder,
+    on ``map_location``, in eval mode, and the checkpoint dict (for an exported folder: its
+    weights as ``model``, ``config`` = ``{"model", "data": {"seq_len"}}``, ``step`` (-1 when
+    unknown) and config.json as ``export``).
 
     Args:
+        path: a checkpoint file, a run directory (its latest), an exported folder or its
+            weights file (:func:`resolve_model`).
         rnn_kernels: the fused mLSTM's cell kernels for this device
             (:data:`hvd_lm.model.mlstm_kernels.KERNELS`; ``auto``: the device's default). Not
             the checkpoint's own: kernels are a property of the machine, not of the model, and
             a model trained with ``triton`` on a GPU must still load on a CPU.
 
     Raises:
-        FileNotFoundError / CheckpointError: as :func:`resolve` / :func:`load`.
+        FileNotFoundError / CheckpointError: as :func:`resolve` / :func:`load`;
+            hvd_lm.formats.export.ExportError (a CheckpointError): a damaged exported folder.
         ValueError: an unknown ``rnn_kernels``.
     """
-    path = resolve(path)
-    ckpt = load(path, map_location)
-    model = LanguageModel(ModelConfig(**{**ckpt["config"]["model"], "rnn_kernels": rnn_kernels}))
+    folder = export_folder(path)
+    if folder is not None:
+        state, meta = read_export(folder)
+        path = folder / WEIGHTS
+        model_cfg = architecture(meta["model"], folder / "config.json")
+        step = meta.get("step")
+        ckpt = {"model": state, "step": -1 if step is None else step, "export": meta,
+                "config": {"model": model_cfg, "data": {"seq_len": meta.get("seq_len") or 256}}}
+    else:
+        path = resolve(path)
+        ckpt = load(path, map_location)
+        model_cfg = ckpt["config"]["model"]
+    model = LanguageModel(ModelConfig(**{**model_cfg, "rnn_kernels": rnn_kernels}))
     load_state(model, ckpt["model"], path)
     model.to(map_location)
     model.eval()
     return model, ckpt
+
+
+# ---- hvd-lm export ------------------------------------------------------------------------------
+
+@dataclass
+class ExportConfig:
+    """``hvd-lm export CHECKPOINT OUT_DIR``."""
+
+    checkpoint: str = option("", "checkpoint file or run directory (its latest)",
+                             positional=True, required=True)
+    out_dir: str = option("", "the exported folder to write (must not exist, or be empty)",
+                          positional=True, required=True)
+
+
+def export_command(cfg: ExportConfig) -> int:
+    """``hvd-lm export``: the checkpoint's model as an exported folder (model.safetensors +
+    config.json: architecture, vocabulary and tokenizer, step, window, the checkpoint's path and
+    sha256, its training config), written atomically.
+
+    Raises:
+        FileNotFoundError / CheckpointError: no checkpoint, or not a loadable one.
+        FileExistsError: OUT_DIR exists and is not empty. DiskFullError: no room.
+    """
+    src = resolve(cfg.checkpoint)
+    ckpt = load(src)
+    model_cfg = architecture(ckpt["config"]["model"], src)
+    model = LanguageModel(ModelConfig(**model_cfg))
+    load_state(model, ckpt["model"], src)  # a checkpoint of another shape: one line
+    out = write_export(cfg.out_dir, model.state_dict(), {
+        "model": model_cfg, "vocab_size": model_cfg["vocab_size"], "tokenizer": TOKENIZER_NAME,
+        "step": ckpt.get("step"), "seq_len": ckpt["config"].get("data", {}).get("seq_len"),
+        "source": {"kind": "hvd_lm checkpoint", "path": str(src), "sha256": file_sha256(src)},
+        "training": ckpt["config"]})
+    params = sum(p.numel() for p in model.parameters())
+    print(f"exported {src} (step {ckpt.get('step')}, {params:,} parameters) to {out}: "
+          f"{WEIGHTS} + config.json")
+    return 0
+
+
+EXPORT = Command(ExportConfig, export_command,
+                 description="Write a checkpoint's model as an exported folder: the weights as "
+                 "safetensors and a config.json (architecture, vocabulary and tokenizer, training "
+                 "step, the checkpoint's sha256), which eval, transfer, classify, generate and "
+                 "visualize load in place of a checkpoint, without unpickling.")

@@ -47,6 +47,7 @@ from hvd_lm.comm.world import local_mpi_env, mpirun_argv
 from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.model import device as devices
 from hvd_lm.model.lm import LanguageModel, ModelConfig, recurrence_label
+from hvd_lm.model.mfu import matmul_gflops
 from hvd_lm.model.mlstm_kernels import KERNELS
 from hvd_lm.options import Command, option
 from hvd_lm.perf.baselines import TorchGlooComm, ddp
@@ -55,34 +56,6 @@ from hvd_lm.train.optim import build_optimizer
 from hvd_lm.train.settings import OptimConfig
 from hvd_lm.train.step import train_step
 from hvd_lm.util.atomic import write_text
-
-
-def matmul_gflops(n: int = 2048, repeats: int = 5, threads: int = 1, device: str = "cpu",
-                  dtype: torch.dtype = torch.float32) -> float:
-    """Best-of-``repeats`` ``torch.mm`` rate for n x n x n in ``dtype`` on ``device`` (CPU with
-    ``threads`` threads), GFLOP/s."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-
-    def sync():
-        if a.is_cuda:
-            torch.cuda.synchronize()
-
-    torch.mm(a, b)
-    sync()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        torch.mm(a, b)
-        sync()
-        best = min(best, time.perf_counter() - t)
-    torch.set_num_threads(old)
-    if a.is_cuda:
-        del a, b
-        torch.cuda.empty_cache()  # the workers this driver launches get the GPU's memory
-    return 2 * n ** 3 / best / 1e9
 
 
 def peak_gflops(step: "StepConfig") -> tuple[float, str]:

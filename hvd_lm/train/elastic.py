@@ -24,7 +24,8 @@ from hvd_lm.train.schedule import set_peak_lr
 
 class ElasticTraining:
     """The elastic half of :class:`hvd_lm.train.loop.Trainer` (a mixin: it works on the trainer's
-    own attributes: model, optimizer, scheduler, scaler, pos, rnn_state, guard, ctx, log)."""
+    own attributes: model, optimizer, scheduler, scaler, pos, rnn_state, guard, ctx, log and the
+    checkpoint writer)."""
 
     def run_elastic(self) -> None:
         """Train under ``hvd.elastic.run`` until the end, a stop signal or divergence; the state
@@ -91,7 +92,9 @@ class ElasticTraining:
     def on_reset(self, state) -> None:
         """After Horovod re-formed the world (a worker lost or added): the new rank and size, the
         streams re-cut, rank 0's duties, and a ``resize`` record (peak LR for the new global
-        batch; the window :meth:`from_state` will continue from)."""
+        batch; the window :meth:`from_state` will continue from). A checkpoint write in flight
+        finishes first: this rank may hand the run folder to another."""
+        self.writer.wait()
         old_size = state.world
         self.ctx = comm.rank_context()
         self.cut_streams()

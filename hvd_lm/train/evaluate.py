@@ -90,7 +90,7 @@ def compressor_bpc(data: bytes, which: tuple[str, ...] = ("xz", "gzip")) -> dict
 class EvalConfig:
     """``hvd-lm eval CHECKPOINT SHARDS``: bits per character of a checkpoint on a split."""
 
-    checkpoint: str = option("", "checkpoint file or run directory (its latest)",
+    checkpoint: str = option("", "checkpoint file, run directory (its latest) or exported folder",
                              positional=True, required=True)
     shards: str = option("", "shard directory (with manifest.json)", positional=True,
                          required=True)

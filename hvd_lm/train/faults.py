@@ -10,6 +10,9 @@ fault with one of these:
   model trains (the elastic tests kill and add workers mid-run); with ``HVD_LM_STEP_SLEEP_RANK``
   only that rank sleeps (a straggler), or, given as ``r0,r1,...``, rank ``r[s % len]`` at step s
   (a straggler that moves: the ``compute_time_max`` test).
+* ``HVD_LM_CHECKPOINT_SLEEP`` (environment): seconds the checkpoint writer sleeps before it
+  writes (:func:`checkpoint_write_delay`; with ``HVD_LM_CHECKPOINT_SLEEP_STEP`` only before the
+  checkpoint of that step), so a test can signal or kill a process while a write is in flight.
 """
 
 from __future__ import annotations
@@ -66,3 +69,12 @@ class Faults(NoFaults):
         if self.rank == 0 and attempt in self.nan_attempts:
             return loss * float("nan")
         return loss
+
+
+def checkpoint_write_delay(step: int) -> float:
+    """Seconds the checkpoint writer (:mod:`hvd_lm.train.async_checkpoint`) sleeps before it
+    writes the checkpoint of ``step``: ``HVD_LM_CHECKPOINT_SLEEP``, for every checkpoint or,
+    with ``HVD_LM_CHECKPOINT_SLEEP_STEP``, for that step's only; 0 when unset."""
+    sleep = float(os.environ.get("HVD_LM_CHECKPOINT_SLEEP", "0") or 0)
+    only = os.environ.get("HVD_LM_CHECKPOINT_SLEEP_STEP", "")
+    return sleep if not only or int(only) == step else 0.0

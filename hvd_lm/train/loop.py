@@ -33,6 +33,7 @@ stops with one line naming the lost rank's host and the newest complete checkpoi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -50,9 +51,11 @@ from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.formats.shards import verify_shard
 from hvd_lm.model import device as devices
 from hvd_lm.model.lm import LanguageModel
+from hvd_lm.model.mfu import device_peak, model_rate
 from hvd_lm.options import Command, check_required
 from hvd_lm.train import faults, preflight
 from hvd_lm.train import resume as resume_io
+from hvd_lm.train.async_checkpoint import CheckpointWriter
 from hvd_lm.train.data import Prefetcher, RankStreams, window_in_new_cut
 from hvd_lm.train.elastic import ElasticTraining
 from hvd_lm.train.evaluate import bpc as eval_bpc
@@ -186,6 +189,8 @@ class Trainer(ElasticTraining):
             self.lock = comm.root_call(  # Horovod: every rank learns whether rank 0 got it
                 lambda: open_run_folder(cfg, self.model, self.ctx.size * self.B))
             self.open_log()
+        # the peak the logged MFU is against (a CPU's is a matmul measured now: hvd_lm.model.mfu)
+        self.peak = device_peak(self.device, cfg.run.precision, cfg.run.peak_tflops, self.threads)
         self.log.record("start", self.pos.step, world_size=self.ctx.size, device=str(self.device),
                         global_batch=self.global_batch, peak_lr=self.peak_lr,
                         total_steps=self.total_steps, windows_per_epoch=self.windows_per_epoch,
@@ -194,6 +199,8 @@ class Trainer(ElasticTraining):
                         precision=cfg.run.precision, compression=cfg.dist.compression,
                         threads=self.threads, elastic=cfg.run.elastic,
                         step_memory_bytes=step_memory.total,  # per rank, estimated
+                        flops_per_char=self.model.flops_per_char(), peak_tflops=self.peak.tflops,
+                        peak_source=self.peak.source, async_checkpoint=cfg.run.async_checkpoint,
                         hosts=[p["host"] for p in self.peers] or None,
                         resumed_from=str(resume.path) if resume else None)
 
@@ -204,7 +211,9 @@ class Trainer(ElasticTraining):
         self.guard = DivergenceGuard(cfg.run.divergence_loss, cfg.run.divergence_logs,
                                      cfg.run.max_skipped_steps, self.pos.step)
         self.last_ckpt_time = time.time()
-        self.stop_reason = "done"
+        self.writer = CheckpointWriter(cfg.run.async_checkpoint, lambda w: self.log.record(
+            "checkpoint", w.step, path=str(w.path), write_s=w.write_s, blocked_s=w.blocked_s))
+        self.stop_reason, self.saved_now = "done", False  # saved_now: at this step attempt
         self.committed_rows = None  # elastic: this rank's rows at the last commit, and its place
         self.commit_seconds: list[float] = []
 
@@ -262,14 +271,14 @@ class Trainer(ElasticTraining):
         c = comm.allgather(self.rnn_state[1].detach().float().cpu(), name="ckpt_c")
         pos = dataclasses.replace(self.pos, chars_trained=self.chars_total())  # Horovod: sum
         opt_state = self.optimizer.state_dict()  # every rank: 1-bit optimizers gather errors
-        if self.ctx.is_root:
-            path = ckpt_io.save(resume_io.payload(pos, self.model, opt_state, self.scheduler,
-                                                self.scaler, (h, c), self.cfg.to_dict(),
-                                                self.ctx.size, self.windows_per_epoch),
-                                self.out_dir, pos.step, self.cfg.run.keep_checkpoints,
-                                self.guard.confirmed_below())
-            self.log.record("checkpoint", pos.step, path=str(path))
+        if self.ctx.is_root:  # written on a thread unless --async-checkpoint false
+            self.writer.submit(resume_io.payload(pos, self.model, opt_state, self.scheduler,
+                                                 self.scaler, (h, c), self.cfg.to_dict(),
+                                                 self.ctx.size, self.windows_per_epoch),
+                               self.out_dir, pos.step, self.cfg.run.keep_checkpoints,
+                               self.guard.confirmed_below())
         self.guard.wrote(pos.step)
+        self.saved_now = True
 
     def validate(self) -> None:
         """Validation BPC over all ranks (Horovod: sums bits and chars), logged by rank 0."""
@@ -300,6 +309,8 @@ class Trainer(ElasticTraining):
     def lost_peer(self, error: BaseException) -> LostPeer:
         """The one-line error of a collective that lost a peer: who (probed, at most 3 s), when,
         after which timeout, and the newest complete checkpoint to resume from."""
+        with contextlib.suppress(Exception):  # the newest checkpoint: the one in flight too
+            self.writer.wait()
         timeout = comm.gloo_timeout_s()
         bound = (f" (Gloo gave up after HOROVOD_GLOO_TIMEOUT_SECONDS={timeout:g} s)"
                  if timeout else "")
@@ -360,6 +371,7 @@ class Trainer(ElasticTraining):
             if self.guard.reason:
                 self.stop_reason = "diverged"
                 break
+            self.writer.poll()  # log a finished background write (raise a failed one's error)
             # checkpoint: on a stop signal (then leave), every checkpoint_every steps, or when due
             if stop_flag > 0:
                 self.stop_reason = "signal"
@@ -377,7 +389,7 @@ class Trainer(ElasticTraining):
     def count_step(self, applied: bool, grad_norm: float) -> None:
         """An applied step advances the step count and the LR schedule; a skipped one is counted
         (and logged), and a non-finite recurrent state restarts from zero."""
-        pos = self.pos
+        pos, self.saved_now = self.pos, False
         self.guard.attempt(applied)
         self.log.tick(1 if applied else 0)
         if applied:
@@ -421,6 +433,9 @@ class Trainer(ElasticTraining):
                         lr=self.scheduler.get_last_lr()[0],
                         loss_scale=scaler.get_scale() if scaler.is_enabled() else None,
                         chars_per_s=chars / wall, step_time=wall / m.steps,
+                        # per rank: TFLOP/s and MFU against one device's peak (hvd_lm.model.mfu)
+                        **model_rate(chars / wall / self.ctx.size, self.model.flops_per_char(),
+                                     self.peak),
                         allreduce_wait=waits / max(busy, 1e-9),
                         compute_time_max=sum(slowest) / m.steps,
                         compute_time_mean=(busy - waits) / (self.ctx.size * m.steps),
@@ -439,14 +454,17 @@ class Trainer(ElasticTraining):
         if self.stop_reason == "done":
             if not (self.cfg.run.eval_every and self.pos.step % self.cfg.run.eval_every == 0):
                 self.validate()  # Horovod: allreduce of bits and chars
-            self.save_checkpoint()  # Horovod: allgather of the recurrent state
+            if not self.saved_now:  # unless the last step's --checkpoint-every wrote it
+                self.save_checkpoint()  # Horovod: allgather of the recurrent state
         self.summary = {"stop": self.stop_reason, "step": self.pos.step,
                         "skipped_steps": self.pos.skipped_steps,
                         "chars_trained": self.chars_total(),  # Horovod: sum over ranks
                         "world_size": self.ctx.size}
 
     def end(self) -> dict:
-        """The summary (and ``summary.json``), released folder; raise on divergence."""
+        """The summary (and ``summary.json``) once the checkpoint in flight is written, released
+        folder; raise on divergence."""
+        self.writer.wait()  # before the summary, the guard's settling and the lock's release
         summary = self.summary
         if self.ctx.is_root:
             self.log.record("end", self.pos.step,

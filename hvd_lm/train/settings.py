@@ -105,6 +105,10 @@ class RunConfig:
     control_every: int = option(10, "exchange the control flags (stop signals, timed checkpoints) "
                                 "every N step attempts: a signal is acted on within N steps", ge=1)
     keep_checkpoints: int = option(3, "keep the last K step checkpoints (0 = all)", ge=0)
+    async_checkpoint: bool = option(True, "write checkpoints on a background thread from a copy "
+                                    "in host memory while training goes on (the next "
+                                    "checkpoint, a signal, a reset and the end wait for it; "
+                                    "hvd_lm/train/async_checkpoint.py)")
     resume: str = option("", "checkpoint file or run directory to resume from ('auto' = out_dir)")
     nan_check: bool = option(True, "skip (and count) steps whose loss or gradients are not finite")
     max_skipped_steps: int = option(100, "stop the run (exit 1, no checkpoint) after N consecutive "
@@ -128,6 +132,10 @@ class RunConfig:
     inject_nan_steps: str = option("", "testing aid: comma-separated step attempts (applied + "
                                    "skipped, 0-based) whose loss rank 0 makes NaN")
     tensorboard: bool = option(True, "write TensorBoard events when tensorboard is installed")
+    peak_tflops: typing.Optional[float] = option(
+        None, "one device's peak TFLOP/s for the logged MFU (default: the GPU's published dense "
+        "peak for --precision, or a matmul measured at start on a CPU; hvd_lm/model/mfu.py)",
+        gt=0)
 
 
 @dataclass

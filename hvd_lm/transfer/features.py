@@ -28,9 +28,8 @@ from tqdm import tqdm
 from hvd_lm.comm import horovod as comm
 from hvd_lm.comm.world import RankContext, world_size
 from hvd_lm.formats import tokenizer
-from hvd_lm.formats.checkpoint import resolve
 from hvd_lm.model import device as devices
-from hvd_lm.model.load import load_model
+from hvd_lm.model.load import load_model, resolve_model
 from hvd_lm.util.atomic import atomic_path, write_text
 from hvd_lm.util.digest import json_sha256
 
@@ -84,7 +83,7 @@ def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32
     ctx = comm.init() if world_size() > 1 else None  # Horovod: ranks split the texts
     if threads > 0:
         torch.set_num_threads(threads)
-    path = resolve(checkpoint)
+    path = resolve_model(checkpoint)
     dev = devices.resolve_device(device, ctx.local_rank if ctx else 0, ctx.local_size if ctx else 1)
     devices.check(dev, precision)
     model, ckpt = load_model(path, map_location=dev, rnn_kernels=rnn_kernels)

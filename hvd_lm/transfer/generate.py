@@ -35,9 +35,8 @@ import numpy as np
 import torch
 
 from hvd_lm.formats import tokenizer
-from hvd_lm.formats.checkpoint import resolve
 from hvd_lm.model import device as devices
-from hvd_lm.model.load import load_model
+from hvd_lm.model.load import load_model, resolve_model
 from hvd_lm.options import Command, option
 from hvd_lm.transfer.features import featurize
 from hvd_lm.transfer.heatmap import HeatRow, char_values, check_suffix, render
@@ -251,7 +250,7 @@ def open_classifier(path: str, checkpoint: Path) -> SavedClassifier | None:
 class GenerateConfig:
     """Settings of ``hvd-lm generate``."""
 
-    checkpoint: str = option("", "checkpoint file or run directory (its latest)",
+    checkpoint: str = option("", "checkpoint file, run directory (its latest) or exported folder",
                              positional=True, required=True)
     prime: str = option("", "text the samples continue (empty: a new review)")
     length: int = option(200, "bytes to generate per sample", ge=1)
@@ -286,7 +285,7 @@ def generate_command(cfg: GenerateConfig) -> int:
     write the heatmap / JSON lines."""
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    path = resolve(cfg.checkpoint)
+    path = resolve_model(cfg.checkpoint)
     device = devices.resolve_device(cfg.device, 0)
     model, _ = load_model(path, map_location=device)
     model.to(device)

@@ -43,8 +43,9 @@ from hvd_lm.util.digest import file_sha256
 class ClassifyConfig:
     """Settings of ``hvd-lm classify``."""
 
-    checkpoint: str = option("", "checkpoint file or run directory (its latest); must be the "
-                             "one the classifier was fit on", positional=True, required=True)
+    checkpoint: str = option("", "checkpoint file, run directory (its latest) or exported "
+                             "folder; must be the one the classifier was fit on",
+                             positional=True, required=True)
     classifier: str = option("", "classifier: hvd-lm transfer's --out folder, its "
                              "classifier.json or classifier.npz", positional=True, required=True)
     input: str = option("-", "texts: CSV/TSV/JSON lines/plain lines (.gz ok), - = standard input")

@@ -82,7 +82,7 @@ class TransferConfig:
     """Settings of ``hvd-lm transfer`` (flags; or a YAML file's keys, e.g. the demo's
     ``transfer:`` section)."""
 
-    checkpoint: str = option("", "checkpoint file or run directory (its latest)",
+    checkpoint: str = option("", "checkpoint file, run directory (its latest) or exported folder",
                              positional=True, required=True)
     out: str = option("", "output folder for transfer.json/.md, the PNG and classifier.npz/"
                       ".json", required=True)

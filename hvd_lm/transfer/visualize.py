@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from hvd_lm.formats import tokenizer
-from hvd_lm.formats.checkpoint import resolve
 from hvd_lm.model import device as devices
-from hvd_lm.model.load import load_model
+from hvd_lm.model.load import load_model, resolve_model
 from hvd_lm.options import Command, option
 from hvd_lm.transfer import datasets
 from hvd_lm.transfer.features import DEFAULT_MAX_CHARS
@@ -33,7 +32,7 @@ from hvd_lm.transfer.saved import USAGE_ERRORS
 class VisualizeConfig:
     """Settings of ``hvd-lm visualize``."""
 
-    checkpoint: str = option("", "checkpoint file or run directory (its latest)",
+    checkpoint: str = option("", "checkpoint file, run directory (its latest) or exported folder",
                              positional=True, required=True)
     out: str = option("", "heatmap file: OUT.html (one span per character) or OUT.png",
                       required=True)
@@ -67,7 +66,7 @@ def visualize(cfg: VisualizeConfig) -> dict:
     """
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    path = resolve(cfg.checkpoint)
+    path = resolve_model(cfg.checkpoint)
     saved = open_classifier(cfg.classifier, path)
     neuron, polarity = unit_from_classifier(cfg.neuron, saved)
     inp = datasets.load_texts(cfg.input, cfg.format, cfg.text_field)

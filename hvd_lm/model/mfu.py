@@ -1,0 +1,153 @@
+"""Model FLOP utilisation (MFU): the model's achieved FLOP rate against the device's peak.
+
+The achieved rate of one rank is its characters per second times the model's FLOPs per character
+(:meth:`hvd_lm.model.lm.LanguageModel.flops_per_char`: forward + backward matmuls, 6 x the
+multiply-adds, the convention of Kaplan et al. 2020 and of torchtitan / Megatron-LM's MFU),
+``tflops = chars_per_s_per_rank x flops_per_char / 1e12``; MFU is that over the peak of one
+device, ``mfu = tflops / peak_tflops`` (Chowdhery et al. 2022, PaLM, appendix B).
+
+The peak (:func:`device_peak`), in this order:
+
+1. ``--peak-tflops`` when given (a GPU this table lacks, or another convention);
+2. on CUDA, the **published dense peak** of the card (:data:`GPU_PEAKS`, keyed by a substring of
+   ``torch.cuda.get_device_name``; each row names its NVIDIA datasheet) in the column of the
+   run's precision: ``bf16`` and ``fp16`` autocast run their matmuls in that type; ``fp32`` runs
+   them on TF32 tensor cores only when torch allows it (``torch.backends.cuda.matmul.allow_tf32``,
+   i.e. ``torch.set_float32_matmul_precision("high")``; off by default since torch 1.12, and
+   hvd_lm never turns it on), so ``fp32`` is compared with the TF32 column then and with the
+   plain FP32 column otherwise. Datasheets print the tensor-core figures "with sparsity"
+   (2:4 structured sparsity, which dense training does not use): the table holds half of them,
+   the dense rate;
+3. otherwise (a CPU, a GPU the table lacks, or a column the card has no figure for: bf16 on a
+   V100) a **measured** rate: the best of 3 ``torch.mm`` of 1024^3 (CPU: with the run's threads;
+   GPU: 4096^3) in the matmul dtype, so on a CPU the MFU is relative to what this machine's BLAS
+   reaches with those threads (what ``hvd-lm bench train`` calls the matmul peak).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+#: Published dense peaks, TFLOP/s: (name substring, fp32, tf32, fp16, bf16, source). Matched in
+#: order, case-insensitively, against ``torch.cuda.get_device_name()`` (e.g. "NVIDIA H100 80GB
+#: HBM3", "NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-32GB"). None: the card has no such unit.
+GPU_PEAKS: list[tuple[str, float, float | None, float, float | None, str]] = [
+    ("H100 NVL", 60.0, 417.5, 835.5, 835.5,
+     "NVIDIA H100 datasheet, H100 NVL (TF32 835, BF16/FP16 1,671 with sparsity; halved)"),
+    ("H100 PCIe", 51.0, 378.0, 756.5, 756.5,
+     "NVIDIA H100 datasheet, H100 PCIe (TF32 756, BF16/FP16 1,513 with sparsity; halved)"),
+    ("H100", 67.0, 494.5, 989.5, 989.5,
+     "NVIDIA H100 datasheet, H100 SXM (TF32 989, BF16/FP16 1,979 with sparsity; halved)"),
+    ("H200 NVL", 60.0, 417.5, 835.5, 835.5,
+     "NVIDIA H200 datasheet, H200 NVL (TF32 835, BF16/FP16 1,671 with sparsity; halved)"),
+    ("H200", 67.0, 494.5, 989.5, 989.5,
+     "NVIDIA H200 datasheet, H200 SXM (TF32 989, BF16/FP16 1,979 with sparsity; halved)"),
+    ("A100", 19.5, 156.0, 312.0, 312.0,
+     "NVIDIA A100 datasheet (FP32 19.5; TF32 156, BF16/FP16 312 dense)"),
+    ("V100S", 16.4, None, 130.0, None,
+     "NVIDIA V100S datasheet (single precision 16.4, tensor performance 130)"),
+    ("V100-PCIE", 14.0, None, 112.0, None,
+     "NVIDIA Tesla V100 datasheet, PCIe (single precision 14, tensor performance 112)"),
+    ("V100", 15.7, None, 125.0, None,
+     "NVIDIA Tesla V100 datasheet, SXM2 (single precision 15.7, tensor performance 125)"),
+]
+_COLUMNS = {"fp32": 1, "tf32": 2, "fp16": 3, "bf16": 4}
+
+
+@dataclass(frozen=True)
+class Peak:
+    """One device's peak FLOP rate: ``tflops`` (TFLOP/s) and where it comes from (``source``:
+    ``--peak-tflops``, a datasheet row and column, or the matmul measured)."""
+
+    tflops: float
+    source: str
+
+
+def matmul_gflops(n: int = 2048, repeats: int = 5, threads: int = 1, device: str = "cpu",
+                  dtype: torch.dtype = torch.float32) -> float:
+    """Best-of-``repeats`` ``torch.mm`` rate for n x n x n (2 n^3 FLOPs) in ``dtype`` on
+    ``device`` (CPU with ``threads`` threads), GFLOP/s, after one untimed call."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+
+    def sync():
+        if a.is_cuda:
+            torch.cuda.synchronize()
+
+    torch.mm(a, b)
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        torch.mm(a, b)
+        sync()
+        best = min(best, time.perf_counter() - t)
+    torch.set_num_threads(old)
+    if a.is_cuda:
+        del a, b
+        torch.cuda.empty_cache()  # the workers a benchmark driver launches get the GPU's memory
+    return 2 * n ** 3 / best / 1e9
+
+
+def matmul_column(precision: str, tf32: bool) -> str:
+    """The peak column a run's matmuls use: ``bf16``/``fp16`` autocast as such; ``fp32`` is
+    ``tf32`` when torch lets fp32 matmuls use TF32 (``tf32``), else ``fp32``."""
+    if precision in ("bf16", "fp16"):
+        return precision
+    return "tf32" if tf32 else "fp32"
+
+
+def published_peak(device_name: str, column: str) -> Peak | None:
+    """The published dense peak of the card named ``device_name`` (as
+    ``torch.cuda.get_device_name`` gives it) in ``column`` (fp32, tf32, fp16, bf16), or None when
+    :data:`GPU_PEAKS` has no row for it or no figure in that column (``tf32`` falls back to the
+    card's ``fp32`` on a card without TF32, V100: it runs fp32 matmuls as such)."""
+    name = device_name.lower()
+    for row in GPU_PEAKS:
+        if row[0].lower() in name:
+            value, used = row[_COLUMNS[column]], column
+            if value is None and column == "tf32":
+                value, used = row[_COLUMNS["fp32"]], "fp32"
+            if value is None:
+                return None
+            return Peak(value, f"{row[5]}: {used} dense, {device_name}")
+    return None
+
+
+def device_peak(device: torch.device, precision: str, override: float | None = None,
+                threads: int = 1) -> Peak:
+    """The peak one rank's MFU is computed against (module docstring: ``override``, the
+    published figure of the CUDA card, or a matmul measured here, ~0.2 s).
+
+    Args:
+        device: the rank's device; precision: ``run.precision`` (fp32, fp16, bf16);
+        override: ``--peak-tflops``; threads: the CPU threads the rank trains with.
+    """
+    if override:
+        return Peak(float(override), "--peak-tflops")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        found = published_peak(name, matmul_column(
+            precision, torch.backends.cuda.matmul.allow_tf32))
+        if found is not None:
+            return found
+        rate = matmul_gflops(4096, repeats=3, device=str(device), dtype=dtype)
+        return Peak(rate / 1e3, f"measured: {str(dtype)[6:]} torch.mm 4096^3 on {name} "
+                    "(no published figure here; --peak-tflops sets one)")
+    rate = matmul_gflops(1024, repeats=3, threads=threads, dtype=dtype)
+    return Peak(rate / 1e3, f"measured: {str(dtype)[6:]} torch.mm 1024^3 on the CPU, "
+                f"{threads} thread(s), best of 3")
+
+
+def model_rate(chars_per_s_per_rank: float, flops_per_char: float, peak: Peak | None
+               ) -> dict[str, float | None]:
+    """``{"tflops": achieved TFLOP/s of one rank, "mfu": that / peak.tflops}`` (module
+    docstring; ``mfu`` None without a peak)."""
+    tflops = chars_per_s_per_rank * flops_per_char / 1e12
+    return {"tflops": tflops, "mfu": tflops / peak.tflops if peak and peak.tflops else None}

@@ -1,0 +1,184 @@
+"""``hvd-lm bench checkpoint``: the training step time around a checkpoint, written synchronously
+and in the background (:mod:`hvd_lm.train.async_checkpoint`), side by side in one run.
+
+One process trains the LM (``--hidden-size``, default 2048: a 266 MB checkpoint with Adam's
+state, large enough for the write to show) with the loop's own step
+(:func:`hvd_lm.train.step.train_step`, Adam) on random bytes. Each round runs ``--steps`` steps
+and checkpoints after step ``--checkpoint-after`` exactly as the loop does (the payload of
+:func:`hvd_lm.train.resume.payload`, rank 0's :class:`~hvd_lm.train.async_checkpoint.
+CheckpointWriter`), then waits for the write at the end of the round. Rounds alternate between
+the two modes (``--repeats`` each), so a drifting machine load hits both alike.
+
+Per mode (medians over its rounds): the step time (the round's steps that did not overlap the
+write); the write's own seconds; **blocked**, what the loop waited in the checkpoint call (the
+whole write when synchronous; the host copy in the background mode); the mean step while the
+background write was in flight (against the step time: the write's contention for cores,
+memory bandwidth and the GIL); the wait for the write at the end of the round (a write longer
+than the round's remaining steps); and the **stall**, what one checkpoint cost training:
+blocked + the steps during the write less as many step times + the end wait. The headline is
+the stall's ratio, background over synchronous.
+
+Checkpoints go to ``--out-dir`` (default: a temporary folder, removed afterwards; give a folder
+on the file system checkpoints really go to, e.g. a cluster's shared one, to measure that).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hvd_lm import options as configlib
+from hvd_lm.model import device as devices
+from hvd_lm.model.lm import LanguageModel, ModelConfig
+from hvd_lm.options import Command, option
+from hvd_lm.train.async_checkpoint import CheckpointWriter
+from hvd_lm.train.data import Batch
+from hvd_lm.train.optim import build_optimizer
+from hvd_lm.train.resume import Position, payload
+from hvd_lm.train.schedule import make_scheduler
+from hvd_lm.train.settings import OptimConfig
+from hvd_lm.train.step import train_step
+from hvd_lm.util.atomic import write_text
+
+MODES = ("sync", "async")
+
+
+@dataclass
+class BenchCheckpointConfig:
+    """``hvd-lm bench checkpoint`` (module docstring)."""
+
+    hidden_size: int = option(2048, "mLSTM width H (2048: a 266 MB checkpoint with Adam)", ge=1)
+    embed_dim: int = option(64, "byte embedding width", ge=1)
+    batch_size: int = option(4, "rows per step", ge=1)
+    seq_len: int = option(16, "TBPTT window, chars", ge=1)
+    steps: int = option(10, "steps per round", ge=2)
+    checkpoint_after: int = option(3, "the checkpoint follows this step of each round", ge=1)
+    repeats: int = option(5, "rounds per mode, the modes alternating", ge=1)
+    threads: int = option(1, "torch threads (the write gets the cores training leaves)", ge=1)
+    added_write_latency: float = option(0.0, "seconds the writer also sleeps before each write, "
+                                        "as a file system whose writes block without using "
+                                        "the CPU (a network file system) would add "
+                                        "(HVD_LM_CHECKPOINT_SLEEP)", ge=0)
+    out_dir: str = option("", "folder the checkpoints are written to ('' = a temporary folder, "
+                          "removed afterwards)")
+    json: str = option("", "also write the results to this JSON file")
+
+    def check(self) -> None:
+        """The checkpoint falls inside a round."""
+        if self.checkpoint_after >= self.steps:
+            raise ValueError(f"checkpoint_after ({self.checkpoint_after}) must be below steps "
+                             f"({self.steps})")
+
+
+def one_round(cfg: BenchCheckpointConfig, mode: str, job: dict, out: Path, index: int) -> dict:
+    """One round (module docstring): step times, which steps overlapped the write, the time the
+    loop was blocked by the checkpoint and waited for it at the end, and the stall."""
+    writer = CheckpointWriter(mode == "async", lambda w: job.__setitem__("last", w))
+    model, opt = job["model"], job["opt"]
+    times, during, blocked = [], [], 0.0
+    for i in range(cfg.steps):
+        in_flight = writer.in_flight
+        t0 = time.perf_counter()
+        r = train_step(model, opt, job["scaler"], job["params"], [job["batches"][i]], 1,
+                       job["state"], job["device"], "fp32", grad_clip=1.0)
+        job["state"] = r.state
+        times.append(time.perf_counter() - t0)
+        if in_flight:
+            during.append(i)
+            writer.poll()
+        if i + 1 == cfg.checkpoint_after:
+            tb = time.perf_counter()
+            step = index * cfg.steps + i + 1
+            writer.submit(payload(Position(step, step), model, opt, job["sched"], job["scaler"],
+                                  job["state"], {"bench": "checkpoint"}, 1), out, step, keep=1)
+            blocked = time.perf_counter() - tb
+    tw = time.perf_counter()
+    writer.wait()
+    tail = time.perf_counter() - tw
+    base = statistics.median(t for i, t in enumerate(times) if i not in during)
+    return {"mode": mode, "step_s": base, "blocked_s": blocked, "tail_wait_s": tail,
+            "stall_s": blocked + sum(times[i] - base for i in during) + tail,
+            "write_s": job["last"].write_s, "steps_during_write": len(during),
+            "step_during_write_s": statistics.mean(times[i] for i in during) if during else None,
+            "step_times_s": times}
+
+
+def bench_checkpoint(cfg: BenchCheckpointConfig) -> int:
+    """Print (and with ``--json`` save) the table of the module docstring."""
+    torch.set_num_threads(cfg.threads)
+    old_sleep = os.environ.pop("HVD_LM_CHECKPOINT_SLEEP", None)
+    if cfg.added_write_latency:
+        os.environ["HVD_LM_CHECKPOINT_SLEEP"] = str(cfg.added_write_latency)
+    load_before = os.getloadavg()[0]
+    torch.manual_seed(0)
+    device = torch.device("cpu")
+    model = LanguageModel(ModelConfig(hidden_size=cfg.hidden_size, embed_dim=cfg.embed_dim))
+    opt = build_optimizer(model, OptimConfig(), 1e-4)
+    B, T = cfg.batch_size, cfg.seq_len
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, 256, (cfg.steps, B, T + 1), generator=g)
+    job = {"model": model, "opt": opt, "params": list(model.parameters()), "device": device,
+           "scaler": devices.make_scaler(device, "fp32"), "state": model.init_state(B),
+           "sched": make_scheduler(opt, 0, 10 ** 6, "none"),
+           "batches": [Batch(d[:, :-1].contiguous(), d[:, 1:].contiguous(),
+                             torch.zeros(B, T, dtype=torch.bool), B * T) for d in data]}
+    out = Path(cfg.out_dir or tempfile.mkdtemp(prefix="hvd_lm_bench_checkpoint_"))
+    rounds: list[dict] = []
+    try:
+        train_step(model, opt, job["scaler"], job["params"], job["batches"][:1], 1,
+                   job["state"], device, "fp32", grad_clip=1.0)  # warm-up (Adam's state made)
+        for rep in range(cfg.repeats):
+            for mode in (MODES if rep % 2 == 0 else MODES[::-1]):
+                rounds.append(one_round(cfg, mode, job, out, len(rounds)))
+                print(f"round {len(rounds)} {mode:5}: stall {rounds[-1]['stall_s']:.3f} s, "
+                      f"write {rounds[-1]['write_s']:.3f} s", flush=True)
+        size = max(p.stat().st_size for p in (out / "checkpoints").glob("step_*.pt"))
+    finally:
+        os.environ.pop("HVD_LM_CHECKPOINT_SLEEP", None)
+        if old_sleep is not None:
+            os.environ["HVD_LM_CHECKPOINT_SLEEP"] = old_sleep
+        if not cfg.out_dir:
+            shutil.rmtree(out, ignore_errors=True)
+    summary = {}
+    for mode in MODES:
+        rs = [r for r in rounds if r["mode"] == mode]
+        med = {k: statistics.median(r[k] for r in rs) for k in
+               ("step_s", "stall_s", "blocked_s", "tail_wait_s", "write_s")}
+        during = [r["step_during_write_s"] for r in rs if r["step_during_write_s"] is not None]
+        med["step_during_write_s"] = statistics.median(during) if during else None
+        summary[mode] = med
+    ratio = summary["async"]["stall_s"] / summary["sync"]["stall_s"]
+    load = (load_before, os.getloadavg()[0])
+    print(f"model: mlstm H={cfg.hidden_size} E={cfg.embed_dim}, batch {B} x {T} chars, "
+          f"{cfg.threads} thread(s); checkpoint {size / 1e6:.0f} MB to "
+          f"{cfg.out_dir or 'a temporary folder'}"
+          + (f", {cfg.added_write_latency:g} s added to each write" if cfg.added_write_latency
+             else "") + f"; load average {load[0]:.1f} before, {load[1]:.1f} after "
+          f"({os.cpu_count()} cores)")
+    print(f"{'mode':6} {'step s':>8} {'write s':>8} {'blocked s':>9} {'step during write s':>19} "
+          f"{'end wait s':>10} {'stall s':>8}")
+    for mode in MODES:
+        s = summary[mode]
+        dw = "-" if s["step_during_write_s"] is None else f"{s['step_during_write_s']:.3f}"
+        print(f"{mode:6} {s['step_s']:>8.3f} {s['write_s']:>8.3f} {s['blocked_s']:>9.3f} "
+              f"{dw:>19} {s['tail_wait_s']:>10.3f} {s['stall_s']:>8.3f}")
+    print(f"stall per checkpoint, async / sync: {ratio:.3f} (medians of {cfg.repeats} rounds "
+          "each, alternating)")
+    if cfg.json:
+        write_text(cfg.json, json.dumps({"checkpoint_bytes": size, "load_average": load,
+                                         "cpu_count": os.cpu_count(), **summary,
+                                         "stall_ratio_async_over_sync": ratio, "rounds": rounds,
+                                         "args": configlib.to_dict(cfg)}, indent=2))
+    return 0
+
+
+BENCH_CHECKPOINT = Command(BenchCheckpointConfig, bench_checkpoint,
+                           description=__doc__.split("\n\n")[1])

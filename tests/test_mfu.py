@@ -1,0 +1,117 @@
+"""Model FLOP utilisation in the training log (hvd_lm.model.mfu): every ``train`` record's
+``tflops`` and ``mfu`` against a hand computation of the model's FLOPs, per rank, against the
+published peak table or a measured CPU matmul, and in TensorBoard."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from hvd_lm.model import mfu
+from tests._mp import horovodrun_cmd, launch_env, run
+from tests.shardutil import default_shards
+
+TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
+        "--log-every", "2", "--threads", "1", "--eval-chars", "2000", "--device", "cpu",
+        "--max-steps", "6"]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return default_shards(tmp_path_factory.mktemp("shards"))
+
+
+def records(run_dir, kind):
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if r["kind"] == kind]
+
+
+def flops_per_char_by_hand(E: int, H: int, V: int = 256) -> int:
+    """mLSTM matmuls per character, forward: x W_x (E x 4H), x W_mx (E x H), h W_mh (H x H),
+    m W_h (H x 4H), h W_dec (H x V) multiply-adds; x 2 FLOPs each, x 3 for forward + backward."""
+    return 3 * 2 * (E * 4 * H + E * H + H * H + H * 4 * H + H * V)
+
+
+def test_published_peaks_and_the_precision_column():
+    """Datasheet figures (dense), looked up by torch's device names; fp32 means TF32 only when
+    torch allows it; a column a card lacks has no figure (V100 bf16) or falls back (V100 tf32)."""
+    P = mfu.published_peak
+    assert P("NVIDIA H100 80GB HBM3", "bf16").tflops == 989.5
+    assert P("NVIDIA H100 80GB HBM3", "fp32").tflops == 67.0
+    assert P("NVIDIA H100 PCIe", "tf32").tflops == 378.0
+    assert P("NVIDIA H100 NVL", "fp16").tflops == 835.5
+    assert P("NVIDIA H200", "bf16").tflops == 989.5
+    assert P("NVIDIA A100-SXM4-80GB", "tf32").tflops == 156.0
+    assert P("NVIDIA A100 80GB PCIe", "bf16").tflops == 312.0
+    assert P("Tesla V100-SXM2-32GB", "fp16").tflops == 125.0
+    assert P("Tesla V100-PCIE-16GB", "fp32").tflops == 14.0
+    v100 = P("Tesla V100-SXM2-16GB", "tf32")
+    assert v100.tflops == 15.7 and "fp32 dense" in v100.source and "datasheet" in v100.source
+    assert P("Tesla V100-SXM2-16GB", "bf16") is None
+    assert P("NVIDIA GeForce RTX 4090", "bf16") is None
+    assert mfu.matmul_column("fp32", tf32=False) == "fp32"
+    assert mfu.matmul_column("fp32", tf32=True) == "tf32"
+    assert mfu.matmul_column("bf16", tf32=True) == "bf16"
+    assert mfu.device_peak(torch.device("cpu"), "fp32", 123.0) == mfu.Peak(123.0, "--peak-tflops")
+
+
+def test_flops_per_char_is_the_hand_count():
+    from hvd_lm.model.lm import LanguageModel, ModelConfig
+    m = LanguageModel(ModelConfig(embed_dim=8, hidden_size=32))
+    assert m.flops_per_char() == flops_per_char_by_hand(8, 32) == 87552
+
+
+@pytest.mark.slow
+def test_train_records_tflops_and_mfu_against_a_measured_cpu_peak(shards, tmp_path):
+    """One process on a CPU: the start record holds the matmul measured at start; each train
+    record's tflops = chars/s x FLOPs per char (by hand) / 1e12 and mfu = tflops / that peak,
+    both in the printed line and as TensorBoard scalars (a stand-in SummaryWriter records the
+    tags, tensorboard is not installed here)."""
+    tags = tmp_path / "tags.json"
+    code = (
+        "import json, sys\n"
+        "import hvd_lm.train.log as L\n"
+        "seen = []\n"
+        "class W:\n"
+        "    def __init__(self, d): pass\n"
+        "    def add_scalar(self, tag, v, step): seen.append(tag)\n"
+        f"    def close(self): open({str(tags)!r}, 'w').write(json.dumps(seen))\n"
+        "L.SummaryWriter = W\n"
+        "from hvd_lm.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n")
+    out = tmp_path / "r"
+    proc = run([sys.executable, "-c", code, "train", "--shards", shards, "--out-dir", out,
+                *TINY], timeout=300, env=launch_env())
+    start = records(out, "start")[0]
+    assert start["peak_source"].startswith("measured: float32 torch.mm 1024^3 on the CPU, 1 ")
+    assert 1e-3 < start["peak_tflops"] < 100  # one core's fp32 BLAS: GFLOP/s to a few TFLOP/s
+    fpc = flops_per_char_by_hand(8, 32)
+    assert start["flops_per_char"] == fpc
+    train = records(out, "train")
+    assert len(train) == 3
+    for r in train:
+        tflops = r["chars_per_s"] * fpc / 1e12
+        assert r["tflops"] == pytest.approx(tflops, rel=1e-12)
+        assert r["mfu"] == pytest.approx(tflops / start["peak_tflops"], rel=1e-12)
+    assert f"mfu={r['mfu']:.4g}" in proc.stdout and f"tflops={r['tflops']:.4g}" in proc.stdout
+    seen = set(json.loads(tags.read_text()))
+    assert {"train/tflops", "train/mfu", "start/peak_tflops"} <= seen
+
+
+@pytest.mark.slow
+def test_tflops_are_per_rank_and_peak_tflops_overrides(shards, tmp_path):
+    """2 ranks: chars/s in the record is the sum over ranks, tflops is one rank's share; with
+    ``--peak-tflops`` the MFU is against that figure and the start record says so."""
+    out = tmp_path / "two"
+    run(horovodrun_cmd(2, ["-m", "hvd_lm", "train", "--shards", shards, "--out-dir", out, *TINY,
+                           "--peak-tflops", "0.05"], "gloo"), timeout=300)
+    start = records(out, "start")[0]
+    assert (start["peak_tflops"], start["peak_source"]) == (0.05, "--peak-tflops")
+    fpc = flops_per_char_by_hand(8, 32)
+    for r in records(out, "train"):
+        assert r["world_size"] == 2
+        tflops = r["chars_per_s"] / 2 * fpc / 1e12
+        assert r["tflops"] == pytest.approx(tflops, rel=1e-12)
+        assert r["mfu"] == pytest.approx(tflops / 0.05, rel=1e-12)
