@@ -250,9 +250,11 @@ def test_kernel_names_resolve():
 @pytest.mark.slow
 def test_compile_kernels_equal_torch_kernels():
     """torch.compile of the cell functions (never the loop) gives the torch path's numbers, in
-    the cell and through the whole window's forward and backward."""
+    the cell and through the whole window's forward and backward (the cell case has the window
+    case's shapes, B=4 and H=8, so Inductor compiles each function once: a compile costs tens
+    of seconds on 2 cores)."""
     compiled = K.get_kernels("compile")
-    assert cell_diff(compiled, *cell_case(6, 9, True, True)) <= 1e-6
+    assert cell_diff(compiled, *cell_case(4, 8, True, True)) <= 1e-6
     assert window_diff(compiled) <= 1e-6
 
 
