@@ -1,0 +1,149 @@
+"""Hostile and careless input (issue 35), through the commands users run: no run destroys another
+run's checkpoints, ``latest`` is never followed out of its folder, downloads stay in ``--out``
+and stop at the listed size, configs and input streams are bounded, directive values cannot
+rewrite a job script, and nothing is deleted that the run did not create. Each case is one clear
+line naming the file, field or host, a non-zero exit, and nothing written where it must not be."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvd_lm.formats import checkpoint as ck
+from tests._mp import launch_env, run
+from tests.shardutil import default_shards
+
+TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
+        "--log-every", "10", "--threads", "1", "--eval-chars", "2000", "--device", "cpu"]
+HVD_LM = [sys.executable, "-m", "hvd_lm"]
+
+
+def hvd_lm(*args, timeout=180, **env) -> subprocess.CompletedProcess:
+    return run([*HVD_LM, *map(str, args)], timeout=timeout, env=launch_env(**env), check=False)
+
+
+def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    """The command failed with exactly one ERROR line (no traceback) holding every needle."""
+    assert proc.returncode != 0, proc.stderr
+    err = proc.stderr
+    assert "Traceback" not in err, err
+    lines = [x for x in err.splitlines() if "ERROR:" in x]
+    assert len(lines) == 1, err
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+def records(run_dir: Path, kind: str) -> list[dict]:
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if r["kind"] == kind]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative name -> bytes)."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return default_shards(tmp_path_factory.mktemp("shards"))
+
+
+@pytest.fixture(scope="module")
+def run_a(shards, tmp_path_factory):
+    """A finished run with checkpoints of steps 10 and 20 (latest: 20)."""
+    out = tmp_path_factory.mktemp("run_a") / "run"
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "20",
+                  "--checkpoint-every", "10", "--keep-checkpoints", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert [p.name for p in ck.list_checkpoints(out)] == ["step_00000010.pt", "step_00000020.pt"]
+    return out
+
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    return out
+
+
+# ---- checkpoints: one owner of what a run folder holds (items 1, 2, 10, 11) ----------------------
+
+def test_pruning_never_deletes_the_checkpoint_just_written(shards, run_a, tmp_path):
+    """A stray step_99999999.pt (damaged) in checkpoints/ with --keep-checkpoints 1: the resumed
+    run's step 30 stays, latest names it, the stray is left alone, and the next --resume auto
+    continues from step 30. A killed save's temporary file is removed by that save; files of
+    other names are not."""
+    out = copy_of(run_a, tmp_path)
+    d = ck.checkpoint_dir(out)
+    (d / "step_99999999.pt").write_bytes(b"PK\x03\x04 not a checkpoint")
+    stale = d / ".step_00000030.pt.4242.deadbeef.tmp"  # what a kill -9 during a save leaves
+    stale.write_bytes(b"\0" * 100_000)
+    others = [d / ".notes.tmp", d / ".model.pt.4242.deadbeef.tmp", out / ".x.1.abcdef12.tmp"]
+    for p in others:
+        p.write_text("not the checkpoint writer's")
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "30",
+                  "--checkpoint-every", "10", "--keep-checkpoints", "1", "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr
+    names = [p.name for p in ck.list_checkpoints(out)]
+    assert "step_00000030.pt" in names and "step_99999999.pt" in names, names
+    assert ck.resolve(out).name == "step_00000030.pt"
+    assert ck.load(d / "step_00000030.pt")["step"] == 30
+    assert not stale.exists() and all(p.exists() for p in others)
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "31",
+                  "--keep-checkpoints", "1", "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr
+    start = records(out, "start")[-1]
+    assert start["step"] == 30 and start["resumed_from"].endswith("step_00000030.pt")
+
+
+def test_a_fresh_run_is_refused_over_another_runs_checkpoints(shards, run_a, tmp_path):
+    out = copy_of(run_a, tmp_path)
+    before = snapshot(out)
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "10",
+                  "--checkpoint-every", "10", "--seed", "7")
+    assert proc.returncode == 2
+    one_error_line(proc, f"{out} holds the checkpoints of another run", "step 20",
+                   str(out / "config.yaml"), "--resume auto", "--overwrite")
+    assert snapshot(out) == before  # nothing written, nothing deleted
+    # resumed from a checkpoint elsewhere into this folder: the same refusal
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "30",
+                  "--resume", run_a / "checkpoints" / "step_00000010.pt")
+    one_error_line(proc, "holds the checkpoints of another run", "resumed from")
+    assert snapshot(out) == before
+    # --overwrite: the earlier run's checkpoints, metrics and summary go; only this run's remain
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "10",
+                  "--checkpoint-every", "10", "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert "--overwrite: deleted" in proc.stderr
+    assert [p.name for p in ck.list_checkpoints(out)] == ["step_00000010.pt"]
+    assert len(records(out, "start")) == 1 and records(out, "start")[0]["step"] == 0
+    assert "overwrite: false" in (out / "config.yaml").read_text()
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--resume", "auto",
+                  "--overwrite")
+    one_error_line(proc, "run.resume and run.overwrite exclude each other")
+
+
+def test_latest_is_never_followed_out_of_its_folder(shards, run_a, tmp_path):
+    out = copy_of(run_a, tmp_path / "a")
+    outside = tmp_path / "x.pt"  # a loadable checkpoint, but not this run's
+    shutil.copy(out / "checkpoints" / "step_00000010.pt", outside)
+    (out / "checkpoints" / "latest").write_text("../../x.pt\n")
+    proc = hvd_lm("eval", out, shards, "--split", "val", timeout=120)
+    one_error_line(proc, str(out / "checkpoints" / "latest"), "'../../x.pt'",
+                   "not a checkpoint of this folder")
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "30",
+                  "--resume", out)
+    one_error_line(proc, "'../../x.pt'", "not a checkpoint of this folder")
+    # --resume auto goes on from the folder's own newest step file, with a warning
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "21",
+                  "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr
+    assert "not a checkpoint of this folder" in proc.stderr
+    assert records(out, "start")[-1]["resumed_from"] == str(out / "checkpoints" /
+                                                            "step_00000020.pt")
+    assert ck.resolve(out) == out / "checkpoints" / "step_00000021.pt"
