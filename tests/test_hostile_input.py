@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from hvd_lm.cli import main
 from hvd_lm.formats import checkpoint as ck
 from tests._mp import launch_env, run
 from tests.shardutil import default_shards
@@ -147,3 +148,65 @@ def test_latest_is_never_followed_out_of_its_folder(shards, run_a, tmp_path):
     assert records(out, "start")[-1]["resumed_from"] == str(out / "checkpoints" /
                                                             "step_00000020.pt")
     assert ck.resolve(out) == out / "checkpoints" / "step_00000021.pt"
+
+
+# ---- YAML: read within a size and alias budget; errors never expand a value (item 5) -------------
+
+def billion_laughs(levels: int = 9) -> str:
+    """A ~360-byte train config whose model.hidden_size is 9**levels aliased strings."""
+    lines = ["model:", "  hidden_size: [&a [lol,lol,lol,lol,lol,lol,lol,lol,lol],"]
+    for prev, cur in zip("abcdefgh", "bcdefghi"[:levels - 2]):
+        lines.append(f"    &{cur} [" + ",".join([f"*{prev}"] * 9) + "],")
+    lines.append("    [" + ",".join([f"*{'abcdefghi'[levels - 2]}"] * 9) + "]]")
+    return "\n".join(lines) + "\n"
+
+
+def timed_main(argv: list[str], mem_bytes: int = 3 << 30) -> tuple[subprocess.CompletedProcess,
+                                                                     float]:
+    """``hvd_lm.cli.main(argv)`` in a child with its address space capped at ``mem_bytes`` (so
+    a blow-up ends as MemoryError, not a swapping machine); returns (process, seconds main took,
+    the command's modules imported before)."""
+    code = ("import sys, time, resource; from hvd_lm.cli import build_parser, main; "
+            "build_parser(sys.argv[1:]); "  # the command's imports, before the clock starts
+            f"resource.setrlimit(resource.RLIMIT_AS, ({mem_bytes}, {mem_bytes})); "
+            "t = time.perf_counter(); rc = main(sys.argv[1:]); "
+            "print(f'seconds={time.perf_counter() - t:.3f}'); sys.exit(rc)")
+    proc = run([sys.executable, "-c", code, *map(str, argv)], timeout=120, check=False)
+    seconds = [float(x.split("=")[1]) for x in proc.stdout.splitlines() if x.startswith("seconds=")]
+    return proc, (seconds[0] if seconds else float("inf"))
+
+
+def test_a_yaml_alias_bomb_fails_fast_with_one_line(shards, tmp_path):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(billion_laughs())
+    assert bomb.stat().st_size < 600
+    proc, seconds = timed_main(["train", "--config", bomb, "--shards", shards, "--out-dir",
+                                tmp_path / "r"])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = one_error_line(proc, str(bomb), "expands to more than 100,000 values")
+    assert len(line) < 400 and seconds < 1.0, (len(line), seconds)
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("text,needle", [
+    # a 120,000-value list in 240 kB: refused by the value budget before any validation
+    ("model:\n  hidden_size: [" + "0," * 120_000 + "0]\n", "expands to more than"),
+    # one 500 kB string where an int goes: the message quotes 200 characters of it
+    ("model:\n  hidden_size: " + "9x" * 250_000 + "\n", "expected int, got '9x9x"),
+    ("run:\n  out_dir: [" + ",".join(["y" * 900] * 500) + "]\n", "expected str, got ["),
+    ("a: &a [*a]\n", "recursive YAML value"),
+    ("model: " + "[" * 5000 + "]" * 5000 + "\n", "invalid YAML"),
+])
+def test_yaml_errors_are_short_and_name_the_file(tmp_path, capsys, text, needle):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    rc = main(["train", "--config", str(cfg), "--shards", str(tmp_path)])
+    line = one_error_line(subprocess.CompletedProcess([], rc, "", capsys.readouterr().err),
+                          str(cfg), needle)
+    assert rc == 2 and len(line) < 600, len(line)
+
+
+def test_a_config_that_never_ends_is_cut_at_its_size_budget(tmp_path):
+    proc, seconds = timed_main(["train", "--config", "/dev/zero", "--shards", tmp_path])
+    one_error_line(proc, "/dev/zero: more than 1,048,576 bytes")
+    assert seconds < 5
