@@ -210,3 +210,91 @@ def test_a_config_that_never_ends_is_cut_at_its_size_budget(tmp_path):
     proc, seconds = timed_main(["train", "--config", "/dev/zero", "--shards", tmp_path])
     one_error_line(proc, "/dev/zero: more than 1,048,576 bytes")
     assert seconds < 5
+
+
+# ---- downloads stay under --out and stop at the listed size (items 3, 4) -------------------------
+
+@pytest.fixture
+def server():
+    """An HTTP server on 127.0.0.1: ``/endless`` streams zeros without a length (stopping at
+    64 MB, so a client that never stops still ends), ``/liar`` announces 10 MB for a file
+    listed at 13 bytes, anything else is 13 bytes; ``sent`` counts what was written."""
+    import http.server
+    import threading
+
+    sent = {"endless": 0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            if self.path.endswith("/endless"):
+                self.end_headers()
+                block = b"\0" * 65536
+                try:
+                    while sent["endless"] < 64 << 20:
+                        self.wfile.write(block)
+                        sent["endless"] += len(block)
+                except OSError:  # the client hung up
+                    pass
+                return
+            body = b"hello, world\n"
+            self.send_header("Content-Length", str(10 << 20 if self.path.endswith("/liar")
+                                                   else len(body)))
+            self.end_headers()
+            try:
+                self.wfile.write(body)
+            except OSError:
+                pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", sent
+    srv.shutdown()
+    srv.server_close()
+
+
+HELLO_SHA = "853ff93762a06ddbf722c4ebe9ddd66d8f63ddaea97f521c3ecc20da7c976020"
+
+
+def sources(path: Path, *entries: tuple[str, str]) -> Path:
+    files = "".join(f"  - path: {p}\n    save_as: {json.dumps(s)}\n    sha256: {HELLO_SHA}\n"
+                    "    bytes: 13\n" for p, s in entries)
+    path.write_text(f"base_url: http://127.0.0.1:9\nfiles:\n{files}")
+    return path
+
+
+@pytest.mark.parametrize("save_as", ["../../escaped.txt", "/tmp/hvd_lm_escaped_{n}.txt",
+                                     "a/../../escaped.txt", "link/escaped.txt"])
+def test_download_never_writes_outside_out(server, tmp_path, save_as):
+    url, _ = server
+    save_as = save_as.format(n=tmp_path.name)
+    out = tmp_path / "a" / "out"
+    (out / "ok").mkdir(parents=True)
+    (out / "link").symlink_to(tmp_path)  # a link inside --out that leads out of it
+    listed = sources(tmp_path / "s.yaml", ("good.txt", "ok/first.txt"), ("x.txt", save_as))
+    proc = hvd_lm("download", "--sources", listed, "--out", out, "--mirror", url, timeout=120)
+    one_error_line(proc, str(listed), save_as)
+    assert not (out / "ok" / "first.txt").exists()  # checked before the first fetch
+    assert sorted(p.name for p in tmp_path.rglob("*escaped*")) == []
+    assert not Path(save_as).exists()
+    assert (tmp_path / "a" / "out" / "ok").is_dir()
+
+
+@pytest.mark.parametrize("name,needle", [("endless", "more than the 13 bytes"),
+                                         ("liar", "announces 10,485,760 bytes")])
+def test_download_stops_at_the_listed_size(server, tmp_path, name, needle):
+    url, sent = server
+    out = tmp_path / "out"
+    listed = sources(tmp_path / "s.yaml", (name, "f.txt"))
+    proc = hvd_lm("download", "--sources", listed, "--out", out, "--mirror", url, timeout=120)
+    one_error_line(proc, f"{url}/{name}", needle)
+    assert sent["endless"] < 32 << 20  # cut off long before the server's 64 MB
+    assert list(out.iterdir()) == []  # no partial file left
+    # the same list with an honest server: kept
+    ok = sources(tmp_path / "ok.yaml", ("plain", "f.txt"))
+    proc = hvd_lm("download", "--sources", ok, "--out", out, "--mirror", url, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "f.txt").read_bytes() == b"hello, world\n"
