@@ -17,6 +17,7 @@ from hvd_lm.cli import main
 from hvd_lm.formats import checkpoint as ck
 from tests._mp import launch_env, run
 from tests.shardutil import default_shards
+from tests.test_transfer import synthetic_reviews, write_checkpoint
 
 TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
         "--log-every", "10", "--threads", "1", "--eval-chars", "2000", "--device", "cpu"]
@@ -161,27 +162,40 @@ def billion_laughs(levels: int = 9) -> str:
     return "\n".join(lines) + "\n"
 
 
-def timed_main(argv: list[str], mem_bytes: int = 3 << 30) -> tuple[subprocess.CompletedProcess,
-                                                                     float]:
+def timed_main(argv: list[str], mem_bytes: int = 3 << 30, stdin=None, warmup: list | None = None
+               ) -> tuple[subprocess.CompletedProcess, float, float]:
     """``hvd_lm.cli.main(argv)`` in a child with its address space capped at ``mem_bytes`` (so
-    a blow-up ends as MemoryError, not a swapping machine); returns (process, seconds main took,
-    the command's modules imported before)."""
+    a blow-up ends as MemoryError, not a swapping machine), the command's modules imported
+    (and ``main(warmup)`` run, when given) before the clock starts; returns (process, seconds
+    main took, MB its peak RSS rose above the RSS before it: Linux's VmHWM, reset through
+    /proc/self/clear_refs)."""
     code = ("import sys, time, resource; from hvd_lm.cli import build_parser, main; "
-            "build_parser(sys.argv[1:]); "  # the command's imports, before the clock starts
+            "argv = sys.argv[1:]; i = argv.index('--'); warm, argv = argv[:i], argv[i + 1:]; "
+            "build_parser(argv); warm and main(warm); "
             f"resource.setrlimit(resource.RLIMIT_AS, ({mem_bytes}, {mem_bytes})); "
-            "t = time.perf_counter(); rc = main(sys.argv[1:]); "
-            "print(f'seconds={time.perf_counter() - t:.3f}'); sys.exit(rc)")
-    proc = run([sys.executable, "-c", code, *map(str, argv)], timeout=120, check=False)
-    seconds = [float(x.split("=")[1]) for x in proc.stdout.splitlines() if x.startswith("seconds=")]
-    return proc, (seconds[0] if seconds else float("inf"))
+            "kb = lambda k: int([x for x in open('/proc/self/status') if x.startswith(k)][0]"
+            ".split()[1]) / 1024; open('/proc/self/clear_refs', 'w').write('5'); "
+            "m0 = kb('VmRSS'); t = time.perf_counter(); rc = main(argv); "
+            "print(f'seconds={time.perf_counter() - t:.3f} grew={kb(\"VmHWM\") - m0:.1f}', "
+            "file=sys.stderr); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, *map(str, warmup or []), "--",
+                           *map(str, argv)], stdin=stdin, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, env=launch_env(), timeout=300,
+                          check=False)
+    stats = [dict(kv.split("=") for kv in x.split()) for x in proc.stderr.splitlines()
+             if x.startswith("seconds=")]
+    proc.stderr = "\n".join(x for x in proc.stderr.splitlines() if not x.startswith("seconds="))
+    if not stats:
+        return proc, float("inf"), float("inf")
+    return proc, float(stats[0]["seconds"]), float(stats[0]["grew"])
 
 
 def test_a_yaml_alias_bomb_fails_fast_with_one_line(shards, tmp_path):
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(billion_laughs())
     assert bomb.stat().st_size < 600
-    proc, seconds = timed_main(["train", "--config", bomb, "--shards", shards, "--out-dir",
-                                tmp_path / "r"])
+    proc, seconds, _ = timed_main(["train", "--config", bomb, "--shards", shards, "--out-dir",
+                                   tmp_path / "r"])
     assert proc.returncode == 2, proc.stderr[-2000:]
     line = one_error_line(proc, str(bomb), "expands to more than 100,000 values")
     assert len(line) < 400 and seconds < 1.0, (len(line), seconds)
@@ -207,7 +221,7 @@ def test_yaml_errors_are_short_and_name_the_file(tmp_path, capsys, text, needle)
 
 
 def test_a_config_that_never_ends_is_cut_at_its_size_budget(tmp_path):
-    proc, seconds = timed_main(["train", "--config", "/dev/zero", "--shards", tmp_path])
+    proc, seconds, _ = timed_main(["train", "--config", "/dev/zero", "--shards", tmp_path])
     one_error_line(proc, "/dev/zero: more than 1,048,576 bytes")
     assert seconds < 5
 
@@ -298,3 +312,54 @@ def test_download_stops_at_the_listed_size(server, tmp_path, name, needle):
     proc = hvd_lm("download", "--sources", ok, "--out", out, "--mirror", url, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (out / "f.txt").read_bytes() == b"hello, world\n"
+
+
+# ---- classify streams its input in bounded memory (item 6) -------------------------------------
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny checkpoint and a classifier ``hvd-lm transfer`` fit on its features."""
+    d = tmp_path_factory.mktemp("trained")
+    ckpt = write_checkpoint(d / "run")
+    train = synthetic_reviews(d / "train.jsonl", 160, 0)
+    assert main(["transfer", str(d / "run"), "--train", str(train), "--text-field", "review",
+                 "--label-field", "sentiment", "--out", str(d / "out"), "--no-cache",
+                 "--no-progress", "--no-baseline", "--batch-size", "16"]) == 0
+    return {"dir": d, "ckpt": ckpt}
+
+
+def test_classify_memory_does_not_grow_with_its_input(trained, tmp_path):
+    """24 MB of one-line texts (60 lines of 400 kB): the peak RSS grows by a fraction of the
+    input (the texts are read, featurized and written a block at a time), and every row is
+    written, in input order."""
+    words = "the a great album song sound bad good love music track voice band really".split()
+    big = tmp_path / "big.txt"
+    with open(big, "w") as f:
+        for i in range(60):
+            f.write(" ".join(words[(i + k) % len(words)] for k in range(80_000))[:400_000] + "\n")
+    size_mb = big.stat().st_size / 1e6
+    (tmp_path / "small.txt").write_text("a great album\n")
+    base = ["classify", trained["ckpt"], trained["dir"] / "out", "--no-progress", "--threads", "1"]
+    proc, _, grew = timed_main([*base, "--input", big, "--output", tmp_path / "p.jsonl"],
+                               warmup=[*base, "--input", tmp_path / "small.txt", "--output",
+                                       tmp_path / "warm.jsonl"])
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [r["line"] for r in rows] == list(range(1, 61))
+    print(f"classify of {size_mb:.1f} MB: peak RSS grew {grew:.1f} MB")
+    assert grew < size_mb / 2, (grew, size_mb)  # was 4.5x the input: every text held at once
+
+
+def test_classify_stops_an_endless_line_at_its_cap(trained, tmp_path):
+    """``--input -`` fed by a process that writes forever without a newline: one line naming
+    standard input's line 1 and the cap, after at most the cap was held."""
+    endless = "import sys\nwhile True: sys.stdout.write('lol ' * 16384)"
+    feeder = subprocess.Popen([sys.executable, "-c", endless], stdout=subprocess.PIPE)
+    try:
+        proc, _, grew = timed_main(["classify", trained["ckpt"], trained["dir"] / "out",
+                                    "--input", "-", "--no-progress"], stdin=feeder.stdout)
+    finally:
+        feeder.kill()
+        feeder.wait()
+    one_error_line(proc, "<stdin>:1: line longer than 1,048,576 bytes", "--max-line-bytes")
+    assert grew < 200, grew
