@@ -363,3 +363,37 @@ def test_classify_stops_an_endless_line_at_its_cap(trained, tmp_path):
         feeder.wait()
     one_error_line(proc, "<stdin>:1: line longer than 1,048,576 bytes", "--max-line-bytes")
     assert grew < 200, grew
+
+
+# ---- job scripts: a value cannot rewrite the scheduler's directives (items 7, 11) --------------
+
+@pytest.mark.parametrize("scheduler,flags,needles", [
+    ("slurm", ["--partition", "gpu --output=FILE --wrap=x"], ["--partition 'gpu --output",
+                                                              "whitespace"]),
+    ("slurm", ["--job-name", "x --chdir=DIR"], ["--job-name 'x --chdir=DIR'", "whitespace"]),
+    ("pbs", ["--queue", "batch -W depend=x"], ["--partition 'batch -W", "whitespace"]),
+    ("pbs", ["--job-name=-Wblock=true"], ["--job-name '-Wblock=true'", "start with '-'"]),
+    ("slurm", ["--partition", "gpu\tdebug"], ["whitespace"]),
+    ("slurm", ["--walltime", "99999999999999999999"], ["--walltime", "more than 365 days"]),
+    ("pbs", ["--walltime", "400-00:00:00"], ["--walltime '400-00:00:00' is 400 days"]),
+    ("horovodrun-multinode", ["--gpus", "16", "--hosts", "a,-oProxyCommand=x"],
+     ["--hosts", "'-oProxyCommand=x' is not a host"]),
+])
+def test_directive_values_are_checked(tmp_path, capsys, scheduler, flags, needles):
+    script = tmp_path / "job.sh"
+    argv = ["launch", "--scheduler", scheduler, "--gpus", "8", "--device", "cpu", "--out",
+            str(script), *flags, "--", "--shards", "d"]
+    rc = main(argv)
+    one_error_line(subprocess.CompletedProcess([], rc, "", capsys.readouterr().err), *needles)
+    assert rc == 2 and not script.exists()
+
+
+def test_directive_values_a_scheduler_takes_still_render(tmp_path):
+    script = tmp_path / "job.sbatch"
+    assert main(["launch", "--scheduler", "slurm", "--gpus", "8", "--partition", "gpu,debug",
+                 "--job-name", "lm_v2.1-large", "--walltime", "365-00:00:00", "--out",
+                 str(script), "--", "--shards", "d"]) == 0
+    lines = script.read_text().splitlines()
+    for want in ("#SBATCH --partition=gpu,debug", "#SBATCH --job-name=lm_v2.1-large",
+                 "#SBATCH --time=8760:00:00"):
+        assert any(x.startswith(want) for x in lines), want
