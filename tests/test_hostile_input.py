@@ -397,3 +397,57 @@ def test_directive_values_a_scheduler_takes_still_render(tmp_path):
     for want in ("#SBATCH --partition=gpu,debug", "#SBATCH --job-name=lm_v2.1-large",
                  "#SBATCH --time=8760:00:00"):
         assert any(x.startswith(want) for x in lines), want
+
+
+# ---- data_prep deletes only what it created (items 8, 11) ----------------------------------------
+
+def prepare_cli(*args, timeout=120) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "data_prep", "prepare", *map(str, args), "--no-progress"],
+               timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def reviews(tmp_path_factory):
+    src = tmp_path_factory.mktemp("reviews") / "reviews.txt"
+    src.write_text("".join(f"review {i}: the album is {'good' * (i % 5 + 1)} and long enough\n"
+                           for i in range(60)))
+    return src
+
+
+def test_prepare_through_a_link_to_a_foreign_folder_touches_nothing(reviews, tmp_path):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("precious")
+    (foreign / ".draft.tmp").write_text("an editor's, not prepare's")
+    (foreign / ".train-00000.h5.1.abcdef01.tmp").write_text("named like prepare's")
+    link = tmp_path / "out"
+    link.symlink_to(foreign)
+    before = snapshot(foreign)
+    for extra in ([], ["--overwrite"], ["--resume"]):
+        proc = prepare_cli(reviews, "--out", link, *extra)
+        one_error_line(proc, f"{link} (a link to {foreign})", "notes.txt",
+                       "none of them prepared data")
+        assert snapshot(foreign) == before and sorted(p.name for p in foreign.iterdir()) == \
+            [".draft.tmp", ".train-00000.h5.1.abcdef01.tmp", "notes.txt"]
+
+
+def test_prepare_removes_only_its_own_temporary_files(reviews, tmp_path):
+    out = tmp_path / "out"
+    assert prepare_cli(reviews, "--out", out).returncode == 0
+    stale = out / ".train-00000.h5.4242.deadbeef.tmp"  # a writer killed in an earlier run
+    stale.write_text("partial shard")
+    others = [out / ".notes.tmp", out / ".x.1.abcdef01.tmp", out / "notes.txt"]
+    for p in others:
+        p.write_text("the user's")
+    proc = prepare_cli(reviews, "--out", out, "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert not stale.exists() and all(p.read_text() == "the user's" for p in others)
+
+
+def test_prepare_of_only_duplicates_leaves_no_work_folder(tmp_path):
+    src = tmp_path / "dup.txt"
+    src.write_text("the same review again and again, long enough\n" * 50)
+    out = tmp_path / "out"
+    proc = prepare_cli(src, "--out", out)
+    one_error_line(proc, "1 documents are too few for the split", "49 duplicates dropped")
+    assert sorted(p.name for p in out.iterdir()) == []
