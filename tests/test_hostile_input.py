@@ -451,3 +451,41 @@ def test_prepare_of_only_duplicates_leaves_no_work_folder(tmp_path):
     proc = prepare_cli(src, "--out", out)
     one_error_line(proc, "1 documents are too few for the split", "49 duplicates dropped")
     assert sorted(p.name for p in out.iterdir()) == []
+
+
+# ---- a shard that is not one, without verification; a hostfile line of 0 slots (item 11) -------
+
+@pytest.mark.parametrize("damage,needle", [
+    ("rename", "no dataset 'tokens' (it has: doc_offsets, tokenz)"),
+    ("int32", "dataset 'tokens' is int32"),
+])
+def test_unverified_shards_are_still_checked_before_anything_is_written(shards, tmp_path, damage,
+                                                                        needle):
+    import h5py
+    import numpy as np
+
+    bad = tmp_path / "shards"
+    shutil.copytree(shards, bad)
+    victim = sorted(bad.glob("train-*.h5"))[0]
+    with h5py.File(victim, "a") as f:
+        if damage == "rename":
+            f.move("tokens", "tokenz")
+        else:
+            tokens = f["tokens"][...]
+            del f["tokens"]
+            f.create_dataset("tokens", data=tokens.astype(np.int32))
+    out = tmp_path / "run"
+    proc = hvd_lm("train", "--shards", bad, "--out-dir", out, *TINY, "--max-steps", "3",
+                  "--verify-shards", "false")
+    one_error_line(proc, str(victim), needle)
+    assert not out.exists()  # no config.yaml, no metrics.jsonl
+
+
+@pytest.mark.parametrize("line", ["node1 slots=0", "node1:0", "node1 slots=-1", "node1:x"])
+def test_a_hostfile_line_without_slots_names_the_file_and_line(tmp_path, capsys, line):
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text(f"# the job's nodes\nnode0 slots=8\n{line}\n")
+    rc = main(["doctor", "--hostfile", str(hostfile)])
+    one_error_line(subprocess.CompletedProcess([], rc, "", capsys.readouterr().err),
+                   f"{hostfile}:3:", repr(line))
+    assert rc == 2

@@ -47,7 +47,7 @@ from hvd_lm.comm import horovod as comm
 from hvd_lm.comm.peers import LostPeer, PeerWatch, lost_peers_text
 from hvd_lm.formats import checkpoint as ckpt_io
 from hvd_lm.formats.manifest import load_manifest
-from hvd_lm.formats.shards import verify_shard
+from hvd_lm.formats.shards import check_layout, verify_shard
 from hvd_lm.model import device as devices
 from hvd_lm.model.lm import LanguageModel
 from hvd_lm.options import Command, check_required
@@ -113,6 +113,9 @@ class Trainer(ElasticTraining):
             for i, info in enumerate(self.manifest.shards):
                 if i % self.ctx.size == self.ctx.rank:
                     verify_shard(info)
+        else:  # still one line naming a shard that is not one, before anything is written
+            for info in self.manifest.shards:
+                check_layout(info)
         self.cut_streams()
 
         # ---- model, optimizer, schedule length ---------------------------------------------------
