@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -284,7 +285,7 @@ def sources(path: Path, *entries: tuple[str, str]) -> Path:
                                      "a/../../escaped.txt", "link/escaped.txt"])
 def test_download_never_writes_outside_out(server, tmp_path, save_as):
     url, _ = server
-    save_as = save_as.format(n=tmp_path.name)
+    save_as = save_as.format(n=uuid.uuid4().hex)
     out = tmp_path / "a" / "out"
     (out / "ok").mkdir(parents=True)
     (out / "link").symlink_to(tmp_path)  # a link inside --out that leads out of it
