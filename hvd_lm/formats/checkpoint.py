@@ -161,8 +161,8 @@ def latest_path(run_dir: str | Path) -> Path | None:
     name = raw.decode("utf-8", "replace").strip()
     if not _STEP_FILE.match(name):
         raise CheckpointError(f"{latest}: names {name[:80]!r}, not a checkpoint of this folder "
-                              "(latest holds one file name, step_NNNNNNNN.pt); remove it and use "
-                              "--resume with a checkpoint file")
+                              "(latest holds one file name, step_NNNNNNNN.pt); fix or remove it, "
+                              "or give a checkpoint file")
     target = d / name
     if not target.is_file():
         return None

@@ -403,7 +403,9 @@ def read_yaml(path: str | Path, max_bytes: int = MAX_YAML_BYTES,
             return None
         _check_expansion(node, str(path), max_nodes)
         return loader.construct_document(node)
-    except yaml.YAMLError as e:
+    except ConfigError:
+        raise
+    except (yaml.YAMLError, ValueError, TypeError) as e:  # e.g. an int of 5,000 digits
         raise ConfigError(f"{path}: invalid YAML: {shorten(str(e))}") from None
     except RecursionError:
         raise ConfigError(f"{path}: YAML nested too deeply") from None
