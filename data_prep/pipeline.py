@@ -57,6 +57,7 @@ from data_prep.plan import WriteTask, plan_shards, split_counts, write_task
 from data_prep.resume import (
     SHARD_NAME,
     WORK_DIR,
+    check_out,
     fingerprints,
     input_names,
     setup_output,
@@ -119,9 +120,11 @@ def prepare(cfg: PrepareConfig, ctx: Optional[Context] = None) -> dict:
     ctx = ctx or Context(cfg.workers, cfg.progress)
     out = Path(cfg.out).resolve()
     # one prepare per output folder: rank 0 holds its lock for the whole run (every rank learns
-    # whether it got it; the lock object itself stays on rank 0)
+    # whether it got it; the lock object itself stays on rank 0); a folder of other files is
+    # refused before the lock touches it
     held: list = []
-    ctx.root_call(lambda: held.append(FolderLock(out, "prepare output folder")))
+    ctx.root_call(lambda: (check_out(cfg.out),
+                           held.append(FolderLock(out, "prepare output folder"))))
     lock = held[0] if held else None
     try:
         return _prepare(cfg, ctx, out)
@@ -230,9 +233,14 @@ def _plan(run: _Run) -> tuple:
             f"no documents to write: {stats.records} records read, {stats.too_short} "
             f"shorter than --min-chars {cfg.min_chars}, {stats.bad_records} bad, "
             f"{stats.blank_lines} blank lines (inputs: {', '.join(cfg.inputs)})")
-    counts = split_counts(n_docs, cfg.split)
-    return stats, sum(b["duplicates"] for b in bstats), counts, \
-        plan_shards(work, run.n_buckets, counts, cfg.shard_size)
+    dups = sum(b["duplicates"] for b in bstats)
+    try:
+        counts = split_counts(n_docs, cfg.split)
+    except PrepareError as e:
+        shutil.rmtree(work, ignore_errors=True)  # nothing worth resuming either
+        raise PrepareError(f"{e}; {stats.records} records read, {dups} duplicates dropped, "
+                           f"{stats.too_short} shorter than --min-chars {cfg.min_chars}") from None
+    return stats, dups, counts, plan_shards(work, run.n_buckets, counts, cfg.shard_size)
 
 
 def _write(run: _Run, plans: list) -> list:

@@ -6,6 +6,11 @@ renamed when complete (:func:`fresh_dir`, :func:`finish_dir`), and ``state.json`
 fingerprints of the settings and inputs and the layout (units, buckets) the work was cut into.
 A resumed run reuses finished work only when all three match (:func:`setup_output`); a finished
 corpus is recognised by its manifest's fingerprints (:func:`fingerprints`).
+
+``prepare`` writes only into a new or empty folder, or one it wrote before (:func:`check_out`: a
+folder of other files and no manifest, shard or work directory is refused untouched), and deletes
+only files of its own names there: its shards, its manifest, its work directory, and the
+temporary files a killed writer of those left (:func:`hvd_lm.util.atomic.remove_stale_temps`).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from data_prep.settings import PrepareConfig, PrepareError
 from hvd_lm.formats import manifest as manifests
 from hvd_lm.formats import shards
 from hvd_lm.formats.tokenizer import TOKENIZER_NAME
-from hvd_lm.util.atomic import write_text
+from hvd_lm.util.atomic import remove_stale_temps, write_text
 from hvd_lm.util.digest import json_sha256
 
 WORK_DIR = ".prepare"
@@ -32,6 +37,34 @@ SHARD_NAME = re.compile(r"^(train|val|test)-\d{5}\.h5$")
 def atomic_json(path: Path, obj) -> None:
     """``obj`` as indented JSON in ``path``, written atomically."""
     write_text(path, json.dumps(obj, indent=1))
+
+
+def written_by_prepare(name: str) -> bool:
+    """Whether ``name`` is a file ``prepare`` writes into its output folder: a shard or the
+    manifest (or, through :func:`check_out`, the work directory and the lock)."""
+    return bool(SHARD_NAME.match(name)) or name == manifests.MANIFEST_NAME
+
+
+def check_out(out: str | Path) -> None:
+    """Refuse an output folder that holds files but nothing ``prepare`` wrote (no manifest, no
+    shard, no work directory): a link to a folder of other files, a folder of inputs, a home
+    directory. Checked before the folder is locked or created, so a refused run touches nothing.
+    (A folder ``prepare`` wrote before may hold other files too: they are never touched.)
+
+    Raises:
+        PrepareError: naming the folder (and where a link leads) and up to three of its entries.
+    """
+    out = Path(out)
+    if not out.is_dir():
+        return
+    names = sorted(p.name for p in out.iterdir())
+    if not names or any(written_by_prepare(n) or n == WORK_DIR for n in names):
+        return
+    where = f"{out} (a link to {out.resolve()})" if out.is_symlink() else str(out)
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    raise PrepareError(f"{where} holds files, none of them prepared data ({shown}); prepare "
+                       "writes into a new or empty folder, or one it wrote before: choose "
+                       "another --out")
 
 
 def finish_dir(partial: Path, final: Path) -> None:
@@ -132,8 +165,7 @@ def setup_output(cfg: PrepareConfig, config_fp: str, inputs_fp: str, layout: dic
         raise PrepareError(f"{out} already holds prepared data (manifest or shards); pass "
                            "--resume to continue it or --overwrite to replace it")
     # (a work directory alone, from a run that failed before writing shards, is redone)
-    for p in out.glob(".*.tmp"):  # temp files of a killed writer
-        p.unlink(missing_ok=True)
+    remove_stale_temps(out, written_by_prepare)  # a killed writer's temporary shards and manifest
     state_path = work / "state.json"
     state = None
     if state_path.exists():

@@ -15,8 +15,9 @@
 # The shards come from the first of: `--shards DIR` in TRAIN_ARGS, `data.shards` in CONFIG, the
 # SHARDS knob (`--shards $SHARDS` is added only in that last case). A shard folder without a
 # manifest.json stops the job here with one line, before any rank starts (exit 2).
-# `--resume auto` is added only when $OUT_DIR already holds a checkpoint, so a requeued or
-# resubmitted job continues from it and a fresh job starts at step 0. TRAIN_ARGS is split on
+# `--resume auto` is added only when $OUT_DIR already holds a checkpoint (`latest` or a step file),
+# so a requeued or resubmitted job continues from it and a fresh job starts at step 0 (`hvd-lm
+# train` refuses a fresh run over another run's checkpoints). TRAIN_ARGS is split on
 # whitespace (values with spaces belong in the YAML config). Sets HVD_LM_SHARDS (the folder, ''
 # when unknown) and HVD_LM_DEVICE (TRAIN_ARGS' --device, '' when not given) for the preflight.
 hvd_lm_train_cmd() {
@@ -32,9 +33,11 @@ hvd_lm_train_cmd() {
     esac
   done
   if [ -z "$from" ] && [ -n "${CONFIG:-}" ]; then
-    shards="$("${PYTHON:-python3}" -c 'import sys, yaml
-d = yaml.safe_load(open(sys.argv[1])) or {}
-print((d.get("data") or {}).get("shards") or "")' "$CONFIG" 2>/dev/null)" || shards=""
+    shards="$("${PYTHON:-python3}" -c 'import sys
+from hvd_lm.options.tree import read_yaml  # within its size and alias budget
+d = read_yaml(sys.argv[1]) or {}
+s = (d.get("data") or {}).get("shards") or ""
+print(s if isinstance(s, str) else "")' "$CONFIG" 2>/dev/null)" || shards=""
     [ -n "$shards" ] && from="CONFIG ($CONFIG)"
   fi
   HVD_LM_CMD=("${PYTHON:-python3}" -m hvd_lm train)
@@ -52,7 +55,7 @@ print((d.get("data") or {}).get("shards") or "")' "$CONFIG" 2>/dev/null)" || sha
   fi
   HVD_LM_SHARDS="$shards"
   HVD_LM_CMD+=(--out-dir "$OUT_DIR")
-  if [ -f "$OUT_DIR/checkpoints/latest" ]; then
+  if [ -f "$OUT_DIR/checkpoints/latest" ] || compgen -G "$OUT_DIR/checkpoints/step_*.pt" >/dev/null; then
     HVD_LM_CMD+=(--resume auto)
   fi
   HVD_LM_CMD+=("${extra[@]}")

@@ -48,14 +48,17 @@ def parse_hostfile(path: str) -> list[tuple[str, int]]:
         if not line:
             continue
         words = line.split()
-        slots = 1
+        host, colon, count = words[0].partition(":")
+        slots = int(count) if colon and count.isdigit() else (None if colon else 1)
         for w in words[1:]:
             if w.startswith(("slots=", "max_slots=")) and w.split("=", 1)[1].isdigit():
                 slots = int(w.split("=", 1)[1]) if w.startswith("slots=") else slots
             else:
-                raise ValueError(f"{path}:{i}: expected 'host', 'host:N' or 'host slots=N', "
-                                 f"got {raw!r}")
-        items.append(f"{words[0]}:{slots}" if ":" not in words[0] else words[0])
+                slots = None
+        if not host or slots is None or slots < 1:
+            raise ValueError(f"{path}:{i}: expected 'host', 'host:N' or 'host slots=N' with "
+                             f"N >= 1, got {raw.strip()[:120]!r}")
+        items.append(f"{host}:{slots}")
     if not items:
         raise ValueError(f"{path}: no hosts listed")
     return parse_hosts(",".join(items))

@@ -9,6 +9,20 @@ weights_only=True)`` reads it (PyTorch "Serialization semantics").
 
 Files: ``<run>/checkpoints/step_00001234.pt`` and ``<run>/checkpoints/latest`` (the newest file's
 name). Written to a temporary file in the same directory, fsync'd, then renamed over.
+
+This module is the one owner of what a checkpoint folder holds and which file is newest:
+
+* ``latest`` names the checkpoint the run wrote last, always a bare ``step_NNNNNNNN.pt`` of the
+  same folder (:func:`latest_path`): a ``latest`` naming a path, ``..`` or anything else is
+  refused, never followed;
+* :func:`save` points ``latest`` at the file it has just written and prunes only checkpoints of
+  lower steps (the run's earlier ones): a file of a higher step (a stray copy, a damaged file,
+  the rest of a timeline the run was rewound from) is neither pruned nor made ``latest``, and
+  the file just written is never pruned;
+* :func:`save` also removes the temporary files a killed save left (``.step_*.pt.*.tmp``,
+  ``.latest.*.tmp``: :func:`hvd_lm.util.atomic.remove_stale_temps`), nothing else;
+* :func:`describe` says which run a folder holds (``hvd-lm train`` refuses to start a fresh run
+  over another run's checkpoints, :mod:`hvd_lm.train.rundir`).
 """
 
 from __future__ import annotations
@@ -20,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from hvd_lm.util.atomic import write_bytes, write_text
+from hvd_lm.util.atomic import remove_stale_temps, write_bytes, write_text
 
 CHECKPOINT_FORMAT = 1
 _STEP_FILE = re.compile(r"^step_(\d{8})\.pt$")
@@ -46,10 +60,16 @@ def save(payload: dict, run_dir: str | Path, step: int, keep: int = 3,
 
     The checkpoint is serialised in memory first, so a full disk is reported with the exact bytes
     it needed (:class:`hvd_lm.util.atomic.DiskFullError`) and the previous checkpoint stays
-    ``latest``.
+    ``latest``. The caller owns the folder (holds the run folder's lock): temporary files that a
+    killed save left in ``checkpoints/`` are removed first.
+
+    Pruning trusts only the run's own history: it considers the checkpoints of steps below
+    ``step`` (the run's earlier ones) and keeps the newest ``keep - 1`` of them besides the one
+    just written, which is never pruned; a checkpoint of a higher step is left alone (it is not
+    this run's: a stray or damaged file, or the rest of a timeline resumed from an older point).
 
     Args:
-        keep: step checkpoints kept, newest first (0 = all).
+        keep: step checkpoints kept, newest first, the one written included (0 = all).
         protect_below: the newest checkpoint of a step below this one is never pruned (the
             divergence guard's newest confirmed checkpoint,
             :meth:`hvd_lm.train.guard.DivergenceGuard.confirmed_below`).
@@ -68,16 +88,17 @@ def save(payload: dict, run_dir: str | Path, step: int, keep: int = 3,
                              f"{', '.join(bad[:4])}")
     d = checkpoint_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(d, lambda name: name == "latest" or bool(_STEP_FILE.match(name)))
     path = d / f"step_{step:08d}.pt"
     buf = io.BytesIO()
     torch.save({"format": CHECKPOINT_FORMAT, **payload}, buf)
     write_bytes(path, buf.getbuffer())
     write_text(d / "latest", path.name + "\n")
     if keep > 0:
-        found = list_checkpoints(run_dir)
-        confirmed = [p for p in found if protect_below is not None
+        older = [p for p in list_checkpoints(run_dir) if step_of(p) < step]
+        confirmed = [p for p in older if protect_below is not None
                      and step_of(p) < protect_below]
-        for old in found[:-keep]:
+        for old in older[:max(0, len(older) - (keep - 1))]:
             if not (confirmed and old == confirmed[-1]):
                 old.unlink(missing_ok=True)
     return path
@@ -120,25 +141,99 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return sorted(p for p in d.iterdir() if _STEP_FILE.match(p.name))
 
 
+def latest_path(run_dir: str | Path) -> Path | None:
+    """The checkpoint a run folder's ``latest`` names, or None when there is no ``latest`` or
+    the file it names is gone.
+
+    ``latest`` must hold one bare step file name (``step_00000030.pt``) of the same
+    ``checkpoints/`` folder; it is never followed elsewhere.
+
+    Raises:
+        CheckpointError: ``latest`` holds a path, ``..``, or anything but a step file's name
+            (naming the file and what it holds), or the name leads out of the folder (a link).
+    """
+    d = checkpoint_dir(run_dir)
+    latest = d / "latest"
+    if not latest.is_file():
+        return None
+    with open(latest, "rb") as f:
+        raw = f.read(256)
+    name = raw.decode("utf-8", "replace").strip()
+    if not _STEP_FILE.match(name):
+        raise CheckpointError(f"{latest}: names {name[:80]!r}, not a checkpoint of this folder "
+                              "(latest holds one file name, step_NNNNNNNN.pt); fix or remove it, "
+                              "or give a checkpoint file")
+    target = d / name
+    if not target.is_file():
+        return None
+    if target.resolve().parent != d.resolve():
+        raise CheckpointError(f"{latest}: {name} leads out of {d} ({target.resolve()}); "
+                              "checkpoints of a run are files in its checkpoints/ folder")
+    return target
+
+
 def resolve(path_or_run: str | Path) -> Path:
-    """A checkpoint file from a file path or a run directory (its ``latest``).
+    """A checkpoint file from a file path or a run directory (its ``latest``,
+    :func:`latest_path`; without one, its newest step file).
 
     Raises:
         FileNotFoundError: naming what was looked for.
+        CheckpointError: a ``latest`` that names something other than a step file of its folder.
     """
     p = Path(path_or_run)
     if p.is_file():
         return p
-    latest = checkpoint_dir(p) / "latest"
-    if latest.is_file():
-        target = checkpoint_dir(p) / latest.read_text().strip()
-        if target.is_file():
-            return target
+    target = latest_path(p)
+    if target is not None:
+        return target
     found = list_checkpoints(p)
     if found:
         return found[-1]
-    raise FileNotFoundError(f"no checkpoint at {p} (looked for a file, {latest} and "
-                            f"{checkpoint_dir(p)}/step_*.pt)")
+    raise FileNotFoundError(f"no checkpoint at {p} (looked for a file, "
+                            f"{checkpoint_dir(p) / 'latest'} and {checkpoint_dir(p)}/step_*.pt)")
+
+
+def describe(run_dir: str | Path) -> str | None:
+    """What run a folder's checkpoints are, in words (for refusing to mix two runs): the newest
+    step, how many step checkpoints, and the folder's ``config.yaml`` when present; None when
+    ``checkpoints/`` holds no step checkpoint."""
+    found = list_checkpoints(run_dir)
+    if not found:
+        return None
+    try:
+        newest = latest_path(run_dir) or found[-1]
+    except CheckpointError:
+        newest = found[-1]
+    config = Path(run_dir) / "config.yaml"
+    return (f"a run at step {step_of(newest)} ({newest}; {len(found)} step checkpoint"
+            f"{'s' * (len(found) > 1)}" + (f"; its settings: {config}" if config.is_file()
+                                            else "") + ")")
+
+
+def remove_all(run_dir: str | Path) -> list[Path]:
+    """Delete a run's checkpoints (``hvd-lm train --overwrite``): its step files, ``latest``,
+    ``diverged/`` step files and the temporary files of killed saves; any other file of
+    ``checkpoints/`` stays (and the folder with it).
+
+    Returns:
+        The removed paths.
+    """
+    d = checkpoint_dir(run_dir)
+    removed = remove_stale_temps(d, lambda name: name == "latest" or bool(_STEP_FILE.match(name)))
+    for folder in (d, d / "diverged"):
+        if not folder.is_dir():
+            continue
+        for p in folder.iterdir():
+            if (_STEP_FILE.match(p.name) or (folder == d and p.name == "latest")) \
+                    and not p.is_dir():
+                p.unlink()
+                removed.append(p)
+    for folder in (d / "diverged", d):
+        try:
+            folder.rmdir()  # only when empty
+        except OSError:
+            pass
+    return removed
 
 
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
@@ -186,14 +281,28 @@ def first_sentence(e: BaseException, limit: int = 200) -> str:
 def load_newest(run_dir: str | Path, map_location: str | torch.device = "cpu",
                 warn: bool = True) -> tuple[Path, dict]:
     """The newest checkpoint of a run that loads (``--resume auto``): ``latest`` first, then the
-    step files newest first; each damaged one is skipped with a warning on stderr.
+    step files of lower steps, newest first (without a usable ``latest``: every step file); each
+    damaged one is skipped with a warning on stderr.
 
     Raises:
         FileNotFoundError: no checkpoint at all. CheckpointError: none of them loads.
     """
-    first = resolve(run_dir)
-    candidates = [first] + [c for c in reversed(list_checkpoints(run_dir)) if c != first]
     errors = []
+    try:
+        first = latest_path(run_dir)
+    except CheckpointError as e:
+        first = None
+        errors.append(str(e))
+        if warn:
+            print(f"warning: {e}; trying the step checkpoints", file=sys.stderr)
+    found = list_checkpoints(run_dir)
+    if first is None and not found:
+        if errors:
+            raise CheckpointError(errors[0])
+        resolve(run_dir)  # raises FileNotFoundError naming what was looked for
+    older = [c for c in reversed(found)
+             if first is None or step_of(c) < step_of(first)]
+    candidates = ([first] if first is not None else []) + older
     for c in candidates:
         try:
             return c, load(c, map_location)

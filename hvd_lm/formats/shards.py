@@ -213,7 +213,42 @@ def read_tokens(path, start: int, stop: int) -> np.ndarray:
         FileNotFoundError, ShardFormatError: missing or unreadable file.
     """
     with _open_h5(Path(path)) as f:
-        return f[_TOKENS][start:stop]
+        try:
+            return f[_TOKENS][start:stop]
+        except KeyError as e:
+            raise ShardFormatError(f"{path}: missing dataset ({e})") from e
+
+
+def check_layout(info) -> None:
+    """The cheap part of :func:`verify_shard`, for ``--verify-shards false``: the file opens, has
+    the format version, the ``tokens`` (1-D uint8) and ``doc_offsets`` (1-D int64) datasets, and
+    as many tokens as its manifest entry says. Reads attributes and shapes only (no data).
+
+    Args:
+        info: the manifest entry (:class:`hvd_lm.formats.manifest.ShardInfo`).
+
+    Raises:
+        FileNotFoundError: the shard file is missing.
+        ShardFormatError: any of those differs, naming the file, the dataset and what it holds.
+    """
+    path = Path(info.path)
+    with _open_h5(path) as f:
+        version = _plain(f.attrs.get("format_version"))
+        if version != FORMAT_VERSION:
+            raise ShardFormatError(f"{path}: format_version={version!r}, expected "
+                                   f"{FORMAT_VERSION}")
+        for name, dtype, what in ((_TOKENS, np.uint8, "uint8 (byte tokens)"),
+                                  (_OFFSETS, np.int64, "int64")):
+            ds = f.get(name)
+            if not isinstance(ds, h5py.Dataset):
+                raise ShardFormatError(f"{path}: no dataset '{name}' (it has: "
+                                       f"{', '.join(sorted(f.keys())) or 'none'})")
+            if ds.dtype != dtype or ds.ndim != 1:
+                raise ShardFormatError(f"{path}: dataset '{name}' is {ds.dtype} shape {ds.shape},"
+                                       f" expected 1-D {what}")
+        n = f[_TOKENS].shape[0]
+    if n != info.tokens:
+        raise ShardFormatError(f"{path}: tokens={n}, manifest says {info.tokens}")
 
 
 def _stream_check(path: Path, f: h5py.File) -> tuple[dict, str, int, np.ndarray, str | None]:

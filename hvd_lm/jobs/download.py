@@ -4,6 +4,12 @@ Each file is streamed to a temporary file beside its destination while its SHA-2
 only a file whose size and digest match ``configs/sources.yaml`` is renamed into place
 (``os.replace``), so a failed or corrupted download never leaves a file that looks complete. A file
 already present with the right digest is not fetched again.
+
+The source list is not trusted further than that: every ``save_as`` must be a relative path that
+stays inside ``--out`` once resolved (no absolute path, no ``..``, no link out of it), checked for
+all files before the first is fetched; and a stream is cut off as soon as it delivers more than
+the listed ``bytes`` (a server announcing more is refused before reading), so an endless or
+oversized answer never fills the disk.
 """
 from __future__ import annotations
 
@@ -11,12 +17,11 @@ import hashlib
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
-
-import yaml
+from pathlib import Path, PurePosixPath
 
 import hvd_lm
-from hvd_lm.options import Command, option
+from hvd_lm.options import Command, ConfigError, option
+from hvd_lm.options.tree import read_yaml, shorten, shown
 from hvd_lm.util.atomic import atomic_path
 from hvd_lm.util.digest import file_sha256
 
@@ -46,20 +51,54 @@ class Source:
 
 
 def load_sources(path: str | Path) -> tuple[str, list[Source]]:
-    """(base URL, sources) from a YAML source list. Raises ValueError naming file and field."""
-    data = yaml.safe_load(Path(path).read_text())
+    """(base URL, sources) from a YAML source list (read within
+    :func:`hvd_lm.options.tree.read_yaml`'s size budget).
+
+    Raises:
+        ValueError: naming the file and the field: missing fields, a ``save_as`` that is not a
+            plain relative path (absolute, ``..``, empty), a size that is not a positive integer.
+    """
     try:
-        return data["base_url"], [Source(**f) for f in data["files"]]
+        data = read_yaml(path)
+        base, files = data["base_url"], data["files"]
+        sources = [Source(**f) for f in files]
+    except ConfigError:
+        raise
     except (KeyError, TypeError) as e:
-        raise ValueError(f"{path}: bad source list ({e}); need base_url and files[path, save_as, "
-                         "sha256, bytes]") from None
+        raise ValueError(f"{path}: bad source list ({shorten(str(e))}); need base_url and "
+                         "files[path, save_as, sha256, bytes]") from None
+    for i, s in enumerate(sources):
+        where = f"{path}: files[{i}]"
+        parts = PurePosixPath(str(s.save_as)).parts if isinstance(s.save_as, str) else ()
+        if not parts or PurePosixPath(s.save_as).is_absolute() or ".." in parts \
+                or "\\" in s.save_as or "\0" in s.save_as:
+            raise ValueError(f"{where}.save_as {shown(s.save_as)}: must be a relative path inside "
+                             "--out (no leading /, no '..')")
+        if isinstance(s.bytes, bool) or not isinstance(s.bytes, int) or s.bytes < 0:
+            raise ValueError(f"{where}.bytes {shown(s.bytes)}: must be the file's size in bytes")
+    return base, sources
+
+
+def destination(out_dir: str | Path, save_as: str) -> Path:
+    """Where a source is saved: ``out_dir / save_as``, which must stay inside ``out_dir`` once
+    links are resolved.
+
+    Raises:
+        ValueError: the path leads out of ``out_dir`` (e.g. through a link inside it).
+    """
+    out = Path(out_dir).resolve()
+    dest = (out / save_as).resolve()
+    if dest == out or out not in dest.parents:
+        raise ValueError(f"save_as {shown(save_as)} leads to {dest}, outside --out {out}")
+    return out / save_as
 
 
 def fetch(url: str, dest: Path, sha256: str, size: int | None = None, timeout: float = 60) -> Path:
     """Download ``url`` to ``dest`` atomically, keeping it only when its sha256 matches.
 
     Raises:
-        ChecksumMismatch: wrong size or digest (nothing is left at ``dest``).
+        ChecksumMismatch: wrong size or digest, or more bytes than ``size`` (the stream is cut
+            off at ``size`` + 1 bytes; nothing is left at ``dest``).
         DownloadError: the server could not be reached, timed out or answered an HTTP error
             (the message names ``url`` and ``--mirror``; nothing is left at ``dest``).
     """
@@ -69,10 +108,19 @@ def fetch(url: str, dest: Path, sha256: str, size: int | None = None, timeout: f
     with atomic_path(dest) as tmp:  # a mismatch raises inside: the temporary file is removed
         try:
             with urllib.request.urlopen(url, timeout=timeout) as resp, open(tmp, "wb") as out:
-                while chunk := resp.read(1 << 20):
+                announced = resp.headers.get("Content-Length")
+                if size is not None and announced and announced.isdigit() \
+                        and int(announced) > size:
+                    raise ChecksumMismatch(f"{url}: the server announces {int(announced):,} "
+                                           f"bytes, the source list {size:,}; not fetched")
+                while chunk := resp.read(1 << 20 if size is None
+                                         else max(1, min(1 << 20, size - n + 1))):
                     h.update(chunk)
                     out.write(chunk)
                     n += len(chunk)
+                    if size is not None and n > size:  # an endless or oversized stream
+                        raise ChecksumMismatch(f"{url}: more than the {size:,} bytes the source "
+                                               "list gives; download stopped, nothing kept")
         except urllib.error.HTTPError as e:
             raise DownloadError(f"{url}: HTTP {e.code} {e.reason}; {MIRROR_HINT}") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
@@ -97,12 +145,16 @@ def download_all(sources_file: str | Path, out_dir: str | Path, mirror: str | No
 
     Raises:
         ChecksumMismatch, DownloadError: as :func:`fetch`.
+        ValueError: a bad source list, or a ``save_as`` leading out of ``out_dir``.
     """
     base, sources = load_sources(sources_file)
     base = (mirror or base).rstrip("/")
+    try:  # every destination checked before anything is fetched
+        dests = [destination(out_dir, s.save_as) for s in sources]
+    except ValueError as e:
+        raise ValueError(f"{sources_file}: {e}") from None
     out = []
-    for s in sources:
-        dest = Path(out_dir) / s.save_as
+    for s, dest in zip(sources, dests):
         if dest.exists() and file_sha256(dest) == s.sha256:
             log(f"ok (cached)  {dest}")
         else:

@@ -41,6 +41,18 @@ _KNOB = re.compile(r'^(?P<name>[A-Z][A-Z0-9_]*)="\$\{(?P=name):-(?P<default>.*)\
 # Characters that cannot sit inside a double-quoted "${NAME:-...}" default as literal text.
 _UNSAFE = re.compile(r'[$`"\\}\n]')
 _WALLTIME = re.compile(r"^(?:(?P<d>\d+)-)?(?P<h>\d+)(?::(?P<m>\d+))?(?::(?P<s>\d+))?$")
+#: Longest ``--walltime``: 365 days (SLURM's and PBS's own limits are per cluster, well below).
+MAX_WALLTIME_S = 365 * 86400
+#: A scheduler directive's value (``#SBATCH --partition=VALUE``, ``#PBS -N VALUE``): one word of
+#: letters, digits and ``_ . , : = + -``, not starting with ``-``, at most 128 characters. sbatch
+#: and qsub split a directive line into options at whitespace, so a value with a space (``gpu
+#: --output=FILE``) would add options of its own; SLURM partition, account and job names and PBS
+#: queue and job names are words of this kind (SLURM ``--partition`` takes ``a,b`` lists, PBS
+#: ``-l select`` takes ``1:ncpus=8``).
+_DIRECTIVE_VALUE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.,:=+-]{0,127}$")
+#: A host or network interface name given to horovodrun/mpirun (``-H``, ``--network-interface``):
+#: letters, digits, ``_ . -`` (and ``,`` between names), not starting with ``-``.
+_HOST_WORD = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}$")
 
 
 def template_dir() -> Path:
@@ -102,18 +114,54 @@ def walltime_hms(text: str) -> str:
     """``[D-]HH[:MM[:SS]]`` or plain minutes -> ``H:MM:SS`` (accepted by SLURM and PBS).
 
     Raises:
-        ValueError: not a duration in those forms.
+        ValueError: not a duration in those forms, not positive, or over
+            :data:`MAX_WALLTIME_S` (365 days).
     """
     m = _WALLTIME.match(text.strip())
     if not m:
         raise ValueError(f"--walltime {text!r}: expected [D-]HH:MM:SS, HH:MM or minutes")
+    if any(len(m.group(k) or "") > 9 for k in "dhms"):  # int() of it could take long
+        raise ValueError(f"--walltime {text[:40]!r}: more than {MAX_WALLTIME_S // 86400} days")
     d, h, mi, s = (int(m.group(k) or 0) for k in "dhms")
     if m.group("m") is None and m.group("d") is None:  # plain number = minutes (SLURM's rule)
         h, mi = 0, h
     total = ((d * 24 + h) * 60 + mi) * 60 + s
     if total <= 0:
         raise ValueError(f"--walltime {text!r} must be positive")
+    if total > MAX_WALLTIME_S:
+        raise ValueError(f"--walltime {text!r} is {total / 86400:,.0f} days, more than "
+                         f"{MAX_WALLTIME_S // 86400}; give [D-]HH:MM:SS, HH:MM or minutes")
     return f"{total // 3600}:{total // 60 % 60:02d}:{total % 60:02d}"
+
+
+def check_directive_value(flag: str, value: str) -> str:
+    """``value`` if a scheduler directive can hold it (:data:`_DIRECTIVE_VALUE`), else an error
+    naming ``flag``.
+
+    Raises:
+        ValueError: whitespace, a leading ``-``, another character, or too long.
+    """
+    if not _DIRECTIVE_VALUE.match(value):
+        why = ("whitespace would start another sbatch/qsub option" if re.search(r"\s", value)
+               else "it may not start with '-'" if value.startswith("-")
+               else "too long" if len(value) > 128 else "it holds another character")
+        raise ValueError(f"{flag} {value[:80]!r}: not a scheduler name ({why}); use one word of "
+                         "letters, digits and _ . , : = + -")
+    return value
+
+
+def check_host_words(flag: str, value: str) -> str:
+    """``value`` (comma-separated host or interface names) if each is a name
+    (:data:`_HOST_WORD`), else an error naming ``flag``.
+
+    Raises:
+        ValueError: an empty name, whitespace, a leading ``-`` (it would read as an option).
+    """
+    for word in value.split(","):
+        if not _HOST_WORD.match(word):
+            raise ValueError(f"{flag} {value[:80]!r}: {word[:80]!r} is not a host or interface "
+                             "name (letters, digits, _ . -; not starting with '-')")
+    return value
 
 
 def _check_value(name: str, value: str) -> str:
@@ -164,8 +212,12 @@ def knob_defaults(text: str) -> dict[str, str]:
 def set_directive(text: str, prefix: str, key: str, value: str, sep: str) -> str:
     """Set the scheduler directive ``<prefix> <key><sep><value>`` (``#SBATCH --time=1:00:00``,
     ``#PBS -l walltime=1:00:00``), enabling a disabled ``#<prefix>`` line; a directive the
-    template lacks is added after its last directive line. A trailing ``# comment`` is kept."""
-    value = _check_value(key, value)
+    template lacks is added after its last directive line. A trailing ``# comment`` is kept.
+
+    Raises:
+        ValueError: a value no directive can hold (:func:`check_directive_value`).
+    """
+    value = check_directive_value(f"{prefix} {key}", value)
     pat = re.compile(rf"^#?{re.escape(prefix)} {re.escape(key)}{re.escape(sep)}\S*(?P<rest>.*)$",
                      re.M)
     line = f"{prefix} {key}{sep}{value}"
@@ -217,6 +269,16 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
     if spec.hosts and len(spec.hosts) != size.nodes:
         raise ValueError(f"--hosts lists {len(spec.hosts)} hosts but the job needs {size.nodes} "
                          f"node(s) ({size.gpus} GPUs at {size.tasks_per_node} per node)")
+    # what goes into directives and launcher options, checked before anything is rendered
+    if spec.partition is not None:
+        check_directive_value("--partition", spec.partition)
+    check_directive_value("--job-name", spec.job_name)
+    if spec.walltime:
+        walltime_hms(spec.walltime)
+    for flag, value in (("--hosts", ",".join(spec.hosts) if spec.hosts else None),
+                        ("--network-interface", spec.network_interface)):
+        if value is not None:
+            check_host_words(flag, value)
     for arg in spec.train_args:
         if not arg or re.search(r"\s", arg):
             raise ValueError(f"training flag {arg!r}: values with whitespace cannot go into "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -33,6 +34,19 @@ import yaml
 from hvd_lm.util.atomic import write_text
 
 MISSING = dataclasses.MISSING
+
+#: Bytes of a YAML file read at most: a config or a source list is a few kB.
+MAX_YAML_BYTES = 1 << 20
+#: Nodes of a YAML document counted with every alias expanded: a "billion laughs" file of a few
+#: hundred bytes (nine lists of nine aliases of the previous one) expands to 9**9 nodes; a real
+#: config has a few hundred.
+MAX_YAML_NODES = 100_000
+#: Characters of a value shown in an error message (:func:`shown`).
+SHOWN_CHARS = 200
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, SHOWN_CHARS, 80, 60
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 8
 
 
 class ConfigError(ValueError):
@@ -119,6 +133,19 @@ def _kind(tp: Any) -> tuple[type, type | None, bool]:
     return tp, None, optional
 
 
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` for an error message, at most about ``limit`` characters, built without
+    expanding the whole value (:mod:`reprlib`: long strings, lists and nesting are cut with
+    ``...``), so a value made of aliases of aliases never becomes a huge message."""
+    text = _REPR.repr(value)
+    return text if len(text) <= limit + 20 else text[:limit] + "..."
+
+
+def shorten(text: str, limit: int = 2 * SHOWN_CHARS) -> str:
+    """``text`` cut to ``limit`` characters (with ``...``): a message quoting its input."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _scalar(value: Any, tp: type, where: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
@@ -129,28 +156,30 @@ def _scalar(value: Any, tp: type, where: str) -> Any:
                 return True
             if low in ("0", "false", "no", "off"):
                 return False
-        raise ConfigError(f"{where}: expected bool (true/false), got {value!r}")
+        raise ConfigError(f"{where}: expected bool (true/false), got {shown(value)}")
     if tp is int:
         if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected int, got {value!r}")
+            raise ConfigError(f"{where}: expected int, got {shown(value)}")
         if isinstance(value, float):
             if not value.is_integer():
-                raise ConfigError(f"{where}: expected int, got {value!r}")
+                raise ConfigError(f"{where}: expected int, got {shown(value)}")
             return int(value)
+        if not isinstance(value, (int, str)):
+            raise ConfigError(f"{where}: expected int, got {shown(value)}")
         try:
-            return int(str(value).strip())
+            return int(value.strip() if isinstance(value, str) else value)
         except ValueError:
-            raise ConfigError(f"{where}: expected int, got {value!r}") from None
+            raise ConfigError(f"{where}: expected int, got {shown(value)}") from None
     if tp is float:
         if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected float, got {value!r}")
+            raise ConfigError(f"{where}: expected float, got {shown(value)}")
         try:
             return float(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected float, got {value!r}") from None
+            raise ConfigError(f"{where}: expected float, got {shown(value)}") from None
     if tp is str:
         if isinstance(value, (dict, list)):
-            raise ConfigError(f"{where}: expected str, got {value!r}")
+            raise ConfigError(f"{where}: expected str, got {shown(value)}")
         return str(value)
     return value
 
@@ -183,7 +212,7 @@ def coerce(value: Any, f: dataclasses.Field, tp: Any, where: str) -> Any:
     except ConfigError:
         raise
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"{where}: {e}") from None
+        raise ConfigError(f"{where}: {shorten(str(e))}") from None
 
 
 def _check_leaf(value: Any, f: dataclasses.Field, where: str) -> None:
@@ -193,16 +222,16 @@ def _check_leaf(value: Any, f: dataclasses.Field, where: str) -> None:
         if v is None:
             continue
         if m.get("choices") and v not in m["choices"]:
-            raise ConfigError(f"{where} must be one of {list(m['choices'])}, got {v!r}")
+            raise ConfigError(f"{where} must be one of {list(m['choices'])}, got {shown(v)}")
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             if isinstance(v, float) and m.get("finite", True) and not math.isfinite(v):
-                raise ConfigError(f"{where} must be a finite number, got {v!r}")
+                raise ConfigError(f"{where} must be a finite number, got {shown(v)}")
             if m.get("ge") is not None and not v >= m["ge"]:
-                raise ConfigError(f"{where} must be >= {m['ge']:g}, got {v!r}")
+                raise ConfigError(f"{where} must be >= {m['ge']:g}, got {shown(v)}")
             if m.get("gt") is not None and not v > m["gt"]:
-                raise ConfigError(f"{where} must be > {m['gt']:g}, got {v!r}")
+                raise ConfigError(f"{where} must be > {m['gt']:g}, got {shown(v)}")
             if m.get("le") is not None and not v <= m["le"]:
-                raise ConfigError(f"{where} must be <= {m['le']:g}, got {v!r}")
+                raise ConfigError(f"{where} must be <= {m['le']:g}, got {shown(v)}")
 
 
 def validate(obj: Any, source: str = "config", path: tuple[str, ...] = ()) -> None:
@@ -269,16 +298,16 @@ def from_dict(cls: type, data: dict | None, source: str = "config") -> Any:
 def _build(cls: type, data: Any, source: str, path: tuple[str, ...]) -> Any:
     where = ".".join(path) or "top level"
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: {where} must be a mapping, got {data!r}")
+        raise ConfigError(f"{source}: {where} must be a mapping, got {shown(data)}")
     hints = _hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in data.items():
         if key not in known:
             if not path and any(_is_section(hints[k]) for k in known):
-                raise ConfigError(f"{source}: unknown section {key!r} (known: "
+                raise ConfigError(f"{source}: unknown section {shown(key)} (known: "
                                   f"{', '.join(known)})")
-            raise ConfigError(f"{source}: unknown field {'.'.join(path + (str(key),))} "
+            raise ConfigError(f"{source}: unknown field {'.'.join(path + (shorten(str(key)),))} "
                               f"(known: {', '.join(known)})")
         tp = hints[key]
         if _is_section(tp):
@@ -291,7 +320,7 @@ def _build(cls: type, data: Any, source: str, path: tuple[str, ...]) -> Any:
     except ConfigError:
         raise
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"{source}: {where}: {e}") from None
+        raise ConfigError(f"{source}: {where}: {shorten(str(e))}") from None
 
 
 def to_dict(obj: Any) -> dict:
@@ -306,23 +335,92 @@ def to_dict(obj: Any) -> dict:
     return plain(dataclasses.asdict(obj))
 
 
-def load_yaml(cls: type, path: str | Path) -> Any:
-    """The tree ``cls`` from a YAML file.
+def _node_children(node: yaml.Node) -> list:
+    if isinstance(node, yaml.SequenceNode):
+        return node.value
+    if isinstance(node, yaml.MappingNode):
+        return [x for pair in node.value for x in pair]
+    return []
+
+
+def _check_expansion(root: yaml.Node, source: str, limit: int) -> None:
+    """Count ``root``'s nodes with every alias expanded (each distinct node counted once with
+    memoisation, so the count itself costs the document's size, not its expansion).
 
     Raises:
-        ConfigError: the file is missing or unreadable, not YAML, or does not fit ``cls``
-            (naming the file and field).
+        ConfigError: more than ``limit`` nodes, or an alias inside itself.
+    """
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            open_nodes.discard(key)
+            n = 1 + sum(sizes[id(c)] for c in _node_children(node))
+            if n > limit:
+                raise ConfigError(f"{source}: the YAML expands to more than {limit:,} values "
+                                  f"(aliases of aliases, at line {node.start_mark.line + 1}); "
+                                  "a config holds a few hundred")
+            sizes[key] = n
+        elif key not in sizes:
+            if key in open_nodes:
+                raise ConfigError(f"{source}: line {node.start_mark.line + 1}: an alias refers "
+                                  "to the value it is part of (a recursive YAML value)")
+            open_nodes.add(key)
+            stack.append((node, True))
+            stack.extend((c, False) for c in _node_children(node) if id(c) not in sizes)
+
+
+def read_yaml(path: str | Path, max_bytes: int = MAX_YAML_BYTES,
+              max_nodes: int = MAX_YAML_NODES) -> Any:
+    """The data of a YAML file, read within a budget before anything looks at it: at most
+    ``max_bytes`` bytes (a FIFO or ``/dev/zero`` stops there too) and ``max_nodes`` values with
+    every alias expanded (PyYAML's safe loader builds an aliased value once and shares it, but
+    anything that walks or prints it expands it: a "billion laughs" file).
+
+    Raises:
+        ConfigError: missing or unreadable file, too large, not UTF-8, not YAML, nested too
+            deeply, or expanding beyond the budget; one line naming the file.
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        with open(path, "rb") as f:
+            raw = f.read(max_bytes + 1)
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the config file ({e.strerror or e})") from None
+    if len(raw) > max_bytes:
+        raise ConfigError(f"{path}: more than {max_bytes:,} bytes; a YAML config is a few kB")
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from None
-    return from_dict(cls, data, str(path))
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)  # libyaml's parser: 10x faster
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node, str(path), max_nodes)
+        return loader.construct_document(node)
+    except ConfigError:
+        raise
+    except (yaml.YAMLError, ValueError, TypeError) as e:  # e.g. an int of 5,000 digits
+        raise ConfigError(f"{path}: invalid YAML: {shorten(str(e))}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: YAML nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def load_yaml(cls: type, path: str | Path) -> Any:
+    """The tree ``cls`` from a YAML file (:func:`read_yaml`: within its size and alias budget).
+
+    Raises:
+        ConfigError: the file is missing or unreadable, too large, not YAML, or does not fit
+            ``cls`` (naming the file and field).
+    """
+    return from_dict(cls, read_yaml(path), str(Path(path)))
 
 
 def save_yaml(obj: Any, path: str | Path) -> None:

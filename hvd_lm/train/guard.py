@@ -135,7 +135,8 @@ class DivergenceGuard:
 
     def settle(self, run_dir: str | Path) -> tuple[Path | None, list[Path]]:
         """Move this job's unconfirmed checkpoints (step >= :meth:`confirmed_below`) to
-        ``checkpoints/diverged/`` and point ``latest`` at the newest remaining checkpoint.
+        ``checkpoints/diverged/`` and point ``latest`` at the newest confirmed checkpoint left
+        (step below :meth:`confirmed_below`).
 
         Returns:
             (the checkpoint now ``latest`` or None, the moved files at their new paths).
@@ -149,7 +150,10 @@ class DivergenceGuard:
                 aside.parent.mkdir(exist_ok=True)
                 path.replace(aside)
                 moved.append(aside)
-        kept = ckpt_io.list_checkpoints(run_dir)
+        # latest goes back to a confirmed checkpoint (a file of a higher step that this job did
+        # not write is not this run's: hvd_lm.formats.checkpoint)
+        kept = [p for p in ckpt_io.list_checkpoints(run_dir)
+                if ckpt_io.step_of(p) < self.last_good_step]
         if kept:
             write_text(d / "latest", kept[-1].name + "\n")
         elif (d / "latest").exists():

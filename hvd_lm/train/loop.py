@@ -48,7 +48,7 @@ from hvd_lm.comm import horovod as comm
 from hvd_lm.comm.peers import LostPeer, PeerWatch, lost_peers_text
 from hvd_lm.formats import checkpoint as ckpt_io
 from hvd_lm.formats.manifest import load_manifest
-from hvd_lm.formats.shards import verify_shard
+from hvd_lm.formats.shards import check_layout, verify_shard
 from hvd_lm.model import device as devices
 from hvd_lm.model.lm import LanguageModel
 from hvd_lm.model.mfu import device_peak, model_rate
@@ -116,6 +116,9 @@ class Trainer(ElasticTraining):
             for i, info in enumerate(self.manifest.shards):
                 if i % self.ctx.size == self.ctx.rank:
                     verify_shard(info)
+        else:  # still one line naming a shard that is not one, before anything is written
+            for info in self.manifest.shards:
+                check_layout(info)
         self.cut_streams()
 
         # ---- model, optimizer, schedule length ---------------------------------------------------
@@ -138,13 +141,13 @@ class Trainer(ElasticTraining):
         # ---- resume: weights, position, recurrent state, RNG (optimizer state after wrapping) ----
         self.pos = resume_io.Position()
         self.rnn_state = self.model.init_state(self.B, self.device)
-        resume, self.summary = None, None
+        resume, self.summary, self.resumed_from = None, None, None
         if cfg.run.resume:  # checked before anything is written: a bad source changes nothing
             auto = cfg.run.resume == "auto"
             resume = resume_io.Resume(self.out_dir if auto else cfg.run.resume, self.device,
                                     fallback=auto, warn=self.ctx.is_root)
             resume.restore_model(self.model, self.scaler)
-            self.pos = resume.position
+            self.pos, self.resumed_from = resume.position, resume.path
             if resume.windows_per_epoch:  # another world size x batch cuts other streams:
                 # continue at the same point of the epoch (the same window when cut alike)
                 self.pos.window = window_in_new_cut(self.pos.window, resume.windows_per_epoch,
@@ -184,10 +187,11 @@ class Trainer(ElasticTraining):
         self.lock: FolderLock | None = None
         self.log = MetricsLog(self.out_dir, False, 0, 0, False)  # rank 0's opens in take_root
         if cfg.run.elastic:
-            self.take_root()  # no collective: a joining worker must not wait on the others here
+            self.take_root(first=True)  # no collective: a joining worker must not wait here
         else:
             self.lock = comm.root_call(  # Horovod: every rank learns whether rank 0 got it
-                lambda: open_run_folder(cfg, self.model, self.ctx.size * self.B))
+                lambda: open_run_folder(cfg, self.model, self.ctx.size * self.B,
+                                        self.resumed_from))
             self.open_log()
         # the peak the logged MFU is against (a CPU's is a matmul measured now: hvd_lm.model.mfu)
         self.peak = device_peak(self.device, cfg.run.precision, cfg.run.peak_tflops, self.threads)
@@ -240,11 +244,13 @@ class Trainer(ElasticTraining):
             self.log = MetricsLog(self.out_dir, True, self.total_steps, self.pos.step,
                                   self.cfg.run.tensorboard)
 
-    def take_root(self) -> None:
+    def take_root(self, first: bool = False) -> None:
         """Elastic: rank 0 owns the run folder (lock, config.yaml) and the log; a rank that is
-        no longer 0 after a reset hands them back."""
+        no longer 0 after a reset hands them back. ``first``: at the job's start (another run's
+        checkpoints are refused then; later the folder's checkpoints are this job's)."""
         if self.ctx.is_root and self.lock is None:
-            self.lock = open_run_folder(self.cfg, self.model, self.ctx.size * self.B)
+            self.lock = open_run_folder(self.cfg, self.model, self.ctx.size * self.B,
+                                        self.resumed_from, first=first)
             self.open_log()
         elif not self.ctx.is_root and self.lock is not None:
             self.log.close()
@@ -314,7 +320,10 @@ class Trainer(ElasticTraining):
         timeout = comm.gloo_timeout_s()
         bound = (f" (Gloo gave up after HOROVOD_GLOO_TIMEOUT_SECONDS={timeout:g} s)"
                  if timeout else "")
-        last = ckpt_io.list_checkpoints(self.out_dir)
+        try:
+            last = [ckpt_io.resolve(self.out_dir)]
+        except (FileNotFoundError, ckpt_io.CheckpointError):
+            last = []
         return LostPeer(
             f"{lost_peers_text(self.peers, self.ctx.rank)}: a collective failed at step "
             f"{self.pos.step + 1}{bound}; the newest complete checkpoint is "

@@ -2,46 +2,107 @@
 
 :func:`open_run_folder` runs on rank 0 once the configuration, the shards and the resume source
 have been checked: it takes the folder's lock (:class:`hvd_lm.util.lock.FolderLock`, so a second
-job into the same ``--out-dir`` fails naming the first), checks that the file system has room
-for a checkpoint (size estimated from the model and optimizer,
-:func:`hvd_lm.formats.checkpoint.estimate_bytes`), and only then writes ``config.yaml``.
+job into the same ``--out-dir`` fails naming the first), refuses a folder that holds another run's
+checkpoints (a fresh run, or one resumed from elsewhere, would overwrite and mix them) unless
+``--overwrite`` deletes them, checks that the file system has room for a checkpoint (size
+estimated from the model and optimizer, :func:`hvd_lm.formats.checkpoint.estimate_bytes`), and
+only then writes ``config.yaml``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
 import torch
 
-from hvd_lm.formats.checkpoint import estimate_bytes
+from hvd_lm.formats import checkpoint as ckpt_io
+from hvd_lm.options import ConfigError
 from hvd_lm.train.settings import TrainConfig, save_yaml
 from hvd_lm.util.atomic import DiskFullError, free_bytes, human
 from hvd_lm.util.lock import FolderLock
 
 #: Optimizer state tensors per parameter (for the checkpoint size estimate).
 OPTIMIZER_STATES = {"adam": 2, "sgd": 1}
+#: Files of a run besides its checkpoints that ``--overwrite`` deletes (``config.yaml`` is
+#: rewritten anyway; ``metrics.jsonl`` is appended to, so an old one would mix two runs).
+RUN_FILES = ("metrics.jsonl", "summary.json")
 
 
-def open_run_folder(cfg: TrainConfig, model: torch.nn.Module, rows: int) -> FolderLock:
-    """Lock ``cfg.run.out_dir``, check room for a checkpoint, write ``config.yaml``.
+class RunFolderError(ConfigError):
+    """The out-dir holds another run's checkpoints; the message names the folder, that run and
+    the ways on (``--resume auto``, ``--overwrite``, another ``--out-dir``)."""
+
+
+def resumes_here(out_dir: Path, resumed_from: str | Path | None) -> bool:
+    """Whether the checkpoint a job resumed from is one of ``out_dir``'s (the run continues)."""
+    if resumed_from is None:
+        return False
+    d = ckpt_io.checkpoint_dir(out_dir).resolve()
+    return Path(resumed_from).resolve().parent == d
+
+
+def check_other_run(cfg: TrainConfig, resumed_from: str | Path | None) -> None:
+    """Refuse (or with ``run.overwrite`` delete) another run's checkpoints in the out-dir.
+
+    A job that resumed from one of the folder's own checkpoints continues that run; any other
+    job (a fresh one, or one resumed from a checkpoint elsewhere) would overwrite the folder's
+    step files with its own and leave a mix of two runs.
+
+    Raises:
+        RunFolderError: the folder holds step checkpoints and neither applies (nothing is
+            touched).
+    """
+    out_dir = Path(cfg.run.out_dir)
+    if resumes_here(out_dir, resumed_from):
+        return
+    other = ckpt_io.describe(out_dir)
+    if other is None:
+        return
+    if not cfg.run.overwrite:
+        how = "" if resumed_from is None else f" (this job resumed from {resumed_from})"
+        raise RunFolderError(
+            f"{out_dir} holds the checkpoints of another run{how}: {other}; continue it with "
+            "--resume auto, start over with --overwrite (deletes them), or use another "
+            "--out-dir")
+    removed = ckpt_io.remove_all(out_dir)
+    for name in RUN_FILES:
+        p = out_dir / name
+        if p.is_file():
+            p.unlink()
+            removed.append(p)
+    print(f"--overwrite: deleted {len(removed)} file(s) of the earlier run in {out_dir} "
+          f"({other})", file=sys.stderr)
+
+
+def open_run_folder(cfg: TrainConfig, model: torch.nn.Module, rows: int,
+                    resumed_from: str | Path | None = None, first: bool = True) -> FolderLock:
+    """Lock ``cfg.run.out_dir``, refuse another run's checkpoints (:func:`check_other_run`, when
+    ``first``), check room for a checkpoint, write ``config.yaml``.
 
     Args:
         model: the model to be checkpointed (its parameter count sizes the estimate).
         rows: recurrent-state rows saved with each checkpoint (world size x batch).
+        resumed_from: the checkpoint this job resumed from (None: a fresh start).
+        first: this job opens the folder for the first time (False: an elastic rank that became
+            rank 0 later, when the checkpoints there are this job's own).
 
     Returns:
         The held lock (release it when the run ends).
 
     Raises:
         hvd_lm.util.lock.FolderBusyError: another job holds the folder.
+        RunFolderError: another run's checkpoints are there (without ``run.overwrite``).
         hvd_lm.util.atomic.DiskFullError: less free space than one checkpoint needs (with
             ``run.check_free_space``), naming the folder, the bytes needed and free.
     """
     out_dir = Path(cfg.run.out_dir)
     lock = FolderLock(out_dir, "run folder")
     try:
-        need = estimate_bytes(model, OPTIMIZER_STATES.get(cfg.optim.optimizer, 2), rows)
+        if first:
+            check_other_run(cfg, resumed_from)
+        need = ckpt_io.estimate_bytes(model, OPTIMIZER_STATES.get(cfg.optim.optimizer, 2), rows)
         free = free_bytes(out_dir)
         if cfg.run.check_free_space and free < need:
             raise DiskFullError(28, f"{out_dir}: a checkpoint needs about {human(need)} but only "
@@ -55,7 +116,10 @@ def open_run_folder(cfg: TrainConfig, model: torch.nn.Module, rows: int) -> Fold
             print(f"warning: {out_dir}: {human(free)} free holds fewer than the {at_once} "
                   f"checkpoints of about {human(need)} that --keep-checkpoints {keep} needs at "
                   "once", file=sys.stderr)
-        save_yaml(cfg, out_dir / "config.yaml")
+        # --overwrite is an action on the folder, not a setting of the run: a config.yaml
+        # given back with --resume auto must not carry it
+        save_yaml(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, overwrite=False)),
+                  out_dir / "config.yaml")
     except BaseException:
         lock.release()
         raise

@@ -110,6 +110,10 @@ class RunConfig:
                                     "checkpoint, a signal, a reset and the end wait for it; "
                                     "hvd_lm/train/async_checkpoint.py)")
     resume: str = option("", "checkpoint file or run directory to resume from ('auto' = out_dir)")
+    overwrite: bool = option(False, "start over in an out-dir that holds another run's "
+                             "checkpoints: delete them (checkpoints/step_*.pt, latest, diverged/), "
+                             "its metrics.jsonl and summary.json first (without it such a folder "
+                             "is refused; not saved in config.yaml)", switch=True)
     nan_check: bool = option(True, "skip (and count) steps whose loss or gradients are not finite")
     max_skipped_steps: int = option(100, "stop the run (exit 1, no checkpoint) after N consecutive "
                                     "skipped steps: it diverged (0 = never)", ge=0)
@@ -154,6 +158,9 @@ class TrainConfig:
 
     def check(self) -> None:
         """Rules across sections (the per-field bounds are declared on the fields)."""
+        if self.run.resume and self.run.overwrite:
+            raise ValueError("run.resume and run.overwrite exclude each other (--resume continues "
+                             "the run in --out-dir, --overwrite deletes it)")
         if self.data.epochs <= 0 and not self.optim.max_steps:
             raise ValueError("need data.epochs > 0 or optim.max_steps")
         if self.optim.optimizer.startswith("onebit"):

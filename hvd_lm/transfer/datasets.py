@@ -12,15 +12,9 @@ int64 array of 0/1 (binary sentiment). Supported inputs:
 * **Any CSV / TSV or JSON-lines file** (optionally gzip-compressed) with a text field and a label
   field (:func:`load_table`).
 
-Unlabelled texts for ``hvd-lm classify``/``visualize`` (:func:`load_texts`): the same CSV/TSV and
-JSON-lines files (labels optional), plain text with one text per non-blank line, or standard
-input; one record reader (:func:`_records`) serves both, with the same file/line/field errors.
-
-Label mapping (:func:`normalize_label`, case-insensitive, surrounding whitespace ignored):
-``1``, ``1.0``, ``pos``, ``positive``, ``true`` -> 1 and ``0``, ``0.0``, ``neg``, ``negative``,
-``false`` -> 0 (JSON booleans and the integers 0/1 as well). Anything else (for example ``-1``,
-``2`` or ``neutral``) stops with a :class:`DatasetError` naming the file, line and field: a silently
-merged or dropped class would give a wrong accuracy.
+Files are read record by record by :mod:`hvd_lm.transfer.texts` (which also reads the unlabelled
+texts of ``hvd-lm classify``/``visualize``), with the same file/line/field errors, labels mapped by
+:func:`hvd_lm.transfer.texts.normalize_label` and lines capped at ``max_line_bytes``.
 
 A split without a validation file gets one carved from its training split
 (:func:`carve_validation`, stratified and seeded), which the transfer report records.
@@ -28,38 +22,28 @@ A split without a validation file gets one carved from its training split
 
 from __future__ import annotations
 
-import csv
-import gzip
-import io
-import json
 import re
-import sys
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import numpy as np
 from sklearn.model_selection import train_test_split
 
-#: Accepted label spellings (lower-cased, stripped) and the class they map to.
-LABEL_MAP: dict[str, int] = {
-    "1": 1, "1.0": 1, "pos": 1, "positive": 1, "true": 1,
-    "0": 0, "0.0": 0, "neg": 0, "negative": 0, "false": 0,
-}
+from hvd_lm.transfer.texts import (  # noqa: F401 - DatasetError and LABEL_MAP are used from here
+    LABEL_MAP,
+    DatasetError,
+    _kind,
+    _open_text,
+    _records,
+    normalize_label,
+)
+
 #: Default fraction of a training split carved off as validation when none is given.
 DEFAULT_VAL_FRACTION = 0.1
 
 _IMDB_MEMBER = re.compile(r"(?:^|/)(train|test)/(pos|neg)/(\d+)_(\d+)\.txt$")
-_CSV_SUFFIXES = (".csv", ".tsv")
-_JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
-
-
-class DatasetError(ValueError):
-    """A dataset file cannot be used: missing file/column, unknown label, bad line, empty split.
-
-    The message names the file, and where it applies the line and the field.
-    """
 
 
 @dataclass
@@ -103,105 +87,10 @@ class LabelledSplit:
                 "source": self.source}
 
 
-def normalize_label(value, where: str) -> int:
-    """Map a raw label to 0/1 using :data:`LABEL_MAP`.
-
-    Args:
-        value: the raw value (str, int, float or bool).
-        where: ``"file:line: field 'x'"``, used in the error message.
-    Returns:
-        0 or 1.
-    Raises:
-        DatasetError: the value is not one of the accepted spellings.
-    """
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, (int, float)) and value in (0, 1):
-        return int(value)
-    key = str(value).strip().lower() if value is not None else ""
-    if key in LABEL_MAP:
-        return LABEL_MAP[key]
-    raise DatasetError(f"{where}: unknown label {value!r} (accepted: 1/pos/positive/true -> 1, "
-                       f"0/neg/negative/false -> 0)")
-
-
 def _check_nonempty(split: LabelledSplit, origin: str) -> LabelledSplit:
     if len(split) == 0:
         raise DatasetError(f"{origin}: split '{split.name}' has no examples")
     return split
-
-
-def _open_text(path: Path) -> io.TextIOBase:
-    if str(path) == "-":
-        return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", newline="")
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
-    return open(path, encoding="utf-8-sig", newline="")
-
-
-def _kind(path: Path, fallback: str | None = None) -> str:
-    name = path.name.lower()
-    if name.endswith(".gz"):
-        name = name[:-3]
-    if name.endswith(".tsv"):
-        return "tsv"
-    if name.endswith(_CSV_SUFFIXES):
-        return "csv"
-    if name.endswith(_JSONL_SUFFIXES):
-        return "jsonl"
-    if fallback:
-        return fallback
-    raise DatasetError(f"{path}: unknown file type (expected .csv, .tsv, .jsonl, .json or .ndjson, "
-                       f"optionally .gz)")
-
-
-def _records(path: Path, stream, kind: str, text_field: str, label_field: str | None
-             ) -> Iterator[tuple[int, str, object]]:
-    """(line number, text, raw label or None) of each record of an open ``stream`` of ``kind``
-    (``csv``, ``tsv``, ``jsonl``, ``lines``); ``label_field`` None reads no label. Blank lines
-    of JSON-lines and plain-lines input are skipped.
-
-    Raises:
-        DatasetError: missing column/key, short row, invalid JSON, non-string text; naming the
-            file and line.
-    """
-    if kind in ("csv", "tsv"):
-        reader = csv.DictReader(stream, delimiter="\t" if kind == "tsv" else ",")
-        cols = reader.fieldnames or []
-        for name in (text_field, label_field):
-            if name is not None and name not in cols:
-                raise DatasetError(f"{path}: line 1: no column '{name}' in header {cols}")
-        for row in reader:
-            text = row.get(text_field)
-            label = row.get(label_field) if label_field is not None else ""
-            if text is None or label is None:
-                missing = text_field if text is None else label_field
-                raise DatasetError(f"{path}:{reader.line_num}: field '{missing}' missing (row has "
-                                   f"{len([v for v in row.values() if v is not None])} values)")
-            yield reader.line_num, text, (label if label_field is not None else None)
-    elif kind == "jsonl":
-        for lineno, line in enumerate(stream, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{where}: invalid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise DatasetError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-            for name in (text_field, label_field):
-                if name is not None and name not in obj:
-                    raise DatasetError(f"{where}: field '{name}' missing (keys: {sorted(obj)})")
-            if not isinstance(obj[text_field], str):
-                raise DatasetError(f"{where}: field '{text_field}' is "
-                                   f"{type(obj[text_field]).__name__}, expected a string")
-            yield lineno, obj[text_field], (obj[label_field] if label_field is not None else None)
-    else:
-        for lineno, line in enumerate(stream, 1):
-            text = line.rstrip("\r\n")
-            if text.strip():
-                yield lineno, text, None
 
 
 def load_table(path: str | Path, split: str, text_field: str = "text",
@@ -232,65 +121,6 @@ def load_table(path: str | Path, split: str, text_field: str = "text",
             texts.append(text)
     return _check_nonempty(LabelledSplit(split, texts, np.array(labels, np.int64), str(path)),
                            str(path))
-
-
-#: ``--format`` of text inputs (:func:`load_texts`); ``auto`` goes by the file name.
-TEXT_FORMATS = ("auto", "csv", "tsv", "jsonl", "lines")
-
-
-@dataclass
-class TextInput:
-    """Texts to classify or visualise (:func:`load_texts`).
-
-    Attributes:
-        texts: N strings, in input order.
-        lines: N line numbers where each text's record ends (1-based).
-        labels: int64 [N] 0/1 when a label field was read, else None.
-        source: the file (``-`` for standard input) and format.
-    """
-
-    texts: list[str]
-    lines: list[int]
-    labels: np.ndarray | None
-    source: str
-
-
-def load_texts(path: str | Path, fmt: str = "auto", text_field: str = "text",
-               label_field: str | None = None) -> TextInput:
-    """Texts from a CSV/TSV (header row), JSON-lines or plain-text file (one text per non-blank
-    line), gzip-compressed or not, or from standard input (``-``).
-
-    Args:
-        fmt: one of :data:`TEXT_FORMATS`; ``auto``: ``.csv``/``.tsv``/``.jsonl``/``.json``/
-            ``.ndjson`` (optionally ``.gz``) by suffix, anything else (and ``-``) plain lines.
-        text_field: column/key of the text (CSV/TSV/JSON lines).
-        label_field: also read 0/1 labels from this column/key (:func:`normalize_label`).
-    Raises:
-        DatasetError: unknown format, missing file, no texts, or any record error (file and
-            line named).
-    """
-    if fmt not in TEXT_FORMATS:
-        raise DatasetError(f"unknown input format {fmt!r} (known: {', '.join(TEXT_FORMATS)})")
-    path = Path(path)
-    stdin = str(path) == "-"
-    if not stdin and not path.is_file():
-        raise DatasetError(f"{path}: no such file")
-    kind = fmt if fmt != "auto" else ("lines" if stdin else _kind(path, "lines"))
-    if kind == "lines" and label_field:
-        raise DatasetError(f"{path}: plain-lines input has no label field "
-                           f"({label_field!r}); use CSV/TSV or JSON lines")
-    name = "<stdin>" if stdin else str(path)
-    texts, lines, labels = [], [], []
-    with _open_text(path) as f:
-        for line, text, label in _records(Path(name), f, kind, text_field, label_field or None):
-            if label_field:
-                labels.append(normalize_label(label, f"{name}:{line}: field '{label_field}'"))
-            texts.append(text)
-            lines.append(line)
-    if not texts:
-        raise DatasetError(f"{name}: no texts")
-    return TextInput(texts, lines, np.array(labels, np.int64) if label_field else None,
-                     f"{name} ({kind})")
 
 
 def load_sst2(data_dir: str | Path) -> dict[str, LabelledSplit]:

@@ -4,22 +4,31 @@
 1. The classifier written by ``hvd-lm transfer`` (:mod:`hvd_lm.transfer.saved`) is read and the
    checkpoint is checked against the sha256 it records: another checkpoint is refused.
 2. Texts are read from CSV/TSV (a header row), JSON lines or plain lines (one text per non-blank
-   line), gzip-compressed or not, or standard input (:func:`hvd_lm.transfer.datasets.load_texts`);
+   line), gzip-compressed or not, or standard input (:func:`hvd_lm.transfer.texts.iter_texts`);
    a bad record stops the run naming the file, line and field, as in ``hvd-lm transfer``.
-3. Features are computed exactly as the classifier's were (feature kind, max chars, whitespace
+3. The input is streamed: texts are read in blocks (:data:`BLOCK_TEXTS` texts or
+   :data:`BLOCK_CHARS` characters, whichever comes first), each block is featurized and its rows
+   written before the next is read, so memory does not grow with the input; a line longer than
+   ``--max-line-bytes`` (default 1 MiB) stops the run naming its line, so an endless stream
+   without a newline cannot grow it either.
+4. Features are computed exactly as the classifier's were (feature kind, max chars, whitespace
    normalisation and precision from its JSON) by :func:`hvd_lm.transfer.features.featurize`:
-   batched, padding-invariant, on GPU or CPU, split over the ranks under ``horovodrun``/``mpirun``
-   (launch ``python -m hvd_lm classify ...``) and gathered back in input order on rank 0.
-4. Rank 0 writes one row per text, in input order: ``line`` (where the record ends in the input),
+   batched (within a block), padding-invariant, on GPU or CPU, split over the ranks under
+   ``horovodrun``/``mpirun`` (launch ``python -m hvd_lm classify ...``; every rank reads the same
+   blocks) and gathered back in input order on rank 0.
+5. Rank 0 writes one row per text, in input order: ``line`` (where the record ends in the input),
    ``probability`` (of the positive class), ``label`` (1 where the margin is > 0, i.e.
    probability > 0.5), the input's label when ``--label-field`` is given, and the text (unless
    ``--no-text``); as CSV/TSV/JSON lines by the output's suffix (``.gz`` compresses), or CSV on
-   standard output for ``-``. With labels the accuracy is reported: on the split the classifier
-   was validated on, it is transfer's validation accuracy (same features, same weights).
+   standard output for ``-``. A file is written under a temporary name and renamed when complete
+   (an error leaves none); standard output gets each block's rows as they are ready. With labels
+   the accuracy is reported: on the split the classifier was validated on, it is transfer's
+   validation accuracy (same features, same weights).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import io
@@ -27,16 +36,25 @@ import json
 import sys
 import time
 from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from tqdm import tqdm
 
 from hvd_lm.comm import horovod as comm
 from hvd_lm.comm.world import world_size
 from hvd_lm.model import device as devices
 from hvd_lm.options import Command, option
-from hvd_lm.transfer import datasets
+from hvd_lm.transfer import texts as text_input
 from hvd_lm.transfer.features import featurize, open_lm
 from hvd_lm.transfer.saved import USAGE_ERRORS, ClassifierError, check_checkpoint, load_classifier
-from hvd_lm.util.atomic import atomic_path, write_text
+from hvd_lm.util.atomic import atomic_path
 from hvd_lm.util.digest import file_sha256
+from hvd_lm.util.units import parse_bytes
+
+#: Texts featurized and written at a time (sorted by length into batches within the block).
+BLOCK_TEXTS = 4096
+#: Characters of text held at a time at most (a block ends when its texts reach this many).
+BLOCK_CHARS = 1 << 20
 
 
 @dataclass
@@ -52,12 +70,15 @@ class ClassifyConfig:
     output: str = option("-", "predictions: .csv, .tsv or .jsonl (.gz ok); - = CSV on standard "
                          "output")
     format: str = option("auto", "input format (auto: by suffix, else plain lines)",
-                         choices=datasets.TEXT_FORMATS)
+                         choices=text_input.TEXT_FORMATS)
     text_field: str = option("text", "text column/key of CSV/TSV/JSON-lines input")
     label_field: str = option("", "also read 0/1 labels from this column/key and report the "
                               "accuracy")
     keep_text: bool = option(True, "copy each text into the output (--no-text: don't)",
                              switch=False, flag="--no-text")
+    max_line_bytes: int = option(text_input.DEFAULT_MAX_LINE_BYTES, "longest input line, bytes "
+                                 "(e.g. 4M); a longer one stops the run naming it, so an endless "
+                                 "line cannot fill memory", parse=parse_bytes, ge=1)
     batch_size: int = option(64, "texts per batch per rank", ge=1)
     time_chunk: int = option(256, "steps per model call", ge=1)
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
@@ -75,28 +96,48 @@ def _output_kind(path: str) -> str:
     return "tsv" if name.endswith(".tsv") else "csv"
 
 
-def format_predictions(rows: list[dict], kind: str) -> str:
-    """``rows`` (dicts with the same keys, in order) as CSV/TSV with a header row, or as JSON
-    lines."""
+def format_predictions(rows: list[dict], kind: str, header: bool = True) -> str:
+    """``rows`` (dicts with the same keys, in order) as CSV/TSV (with a header row when
+    ``header``), or as JSON lines."""
     if kind == "jsonl":
         return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]), delimiter="\t" if kind == "tsv"
                             else ",", lineterminator="\n")
-    writer.writeheader()
+    if header:
+        writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()
 
 
-def _write(path: str, text: str) -> None:
+@contextlib.contextmanager
+def open_predictions(path: str) -> Iterator:
+    """A text file to write predictions to as they come: standard output for ``-``, else a
+    temporary file renamed to ``path`` when the block exits cleanly (removed on an error;
+    gzip-compressed for ``.gz``)."""
     if path == "-":
-        sys.stdout.write(text)
+        yield sys.stdout
         sys.stdout.flush()
-    elif path.lower().endswith(".gz"):
-        with atomic_path(path) as tmp, gzip.open(tmp, "wt", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        write_text(path, text)
+        return
+    with atomic_path(path) as tmp:
+        opener = gzip.open if path.lower().endswith(".gz") else open
+        with opener(tmp, "wt", encoding="utf-8", newline="") as f:
+            yield f
+
+
+def blocks(records: Iterable[tuple], max_texts: int = BLOCK_TEXTS,
+           max_chars: int = BLOCK_CHARS) -> Iterator[list[tuple]]:
+    """``records`` in lists of at most ``max_texts`` records, each list ending once its texts
+    (the records' second item) reach ``max_chars`` characters; read lazily."""
+    block, chars = [], 0
+    for r in records:
+        block.append(r)
+        chars += len(r[1])
+        if len(block) >= max_texts or chars >= max_chars:
+            yield block
+            block, chars = [], 0
+    if block:
+        yield block
 
 
 def classify(cfg: ClassifyConfig) -> dict | None:
@@ -105,7 +146,8 @@ def classify(cfg: ClassifyConfig) -> dict | None:
 
     Raises:
         ClassifierError: bad classifier files, or a checkpoint other than the classifier's.
-        DatasetError: bad input (file, line and field named).
+        DatasetError: bad input (file, line and field named), a line over
+            ``--max-line-bytes``, or no texts.
         FileNotFoundError: no checkpoint. ValueError: bad option.
     """
     if cfg.input == "-" and world_size() > 1:
@@ -113,7 +155,8 @@ def classify(cfg: ClassifyConfig) -> dict | None:
                          "launching several ranks")
     saved = load_classifier(cfg.classifier)
     feat = saved.features
-    inp = datasets.load_texts(cfg.input, cfg.format, cfg.text_field, cfg.label_field or None)
+    stream = text_input.iter_texts(cfg.input, cfg.format, cfg.text_field,
+                                   cfg.label_field or None, cfg.max_line_bytes)
     lm = open_lm(cfg.checkpoint, cfg.device, cfg.precision or feat["precision"], cfg.threads)
     is_root = lm.ctx is None or lm.ctx.rank == 0
     digest = file_sha256(lm.path) if is_root else None
@@ -123,30 +166,47 @@ def classify(cfg: ClassifyConfig) -> dict | None:
     if lm.model.config.hidden_size != len(saved.model.coef):
         raise ClassifierError(f"{saved.path}: {len(saved.model.coef)} inputs, but the model has "
                               f"H={lm.model.config.hidden_size}")
-    res = featurize(lm.model, inp.texts, feat["kind"], feat["max_chars"], cfg.batch_size,
-                    lm.device, lm.ctx, progress=is_root and cfg.progress, desc="classify",
-                    time_chunk=cfg.time_chunk, precision=cfg.precision or feat["precision"],
-                    normalize=feat["normalize"])
+    kind = _output_kind(cfg.output)
+    n = positive = correct = chars = truncated = 0
+    seconds = 0.0
+    bar = tqdm(unit="char", unit_scale=True, desc="classify", file=sys.stderr,
+               disable=not (is_root and cfg.progress), dynamic_ncols=True)
+    with open_predictions(cfg.output) if is_root else contextlib.nullcontext() as out:
+        for block in blocks(stream.records):
+            res = featurize(lm.model, [t for _, t, _ in block], feat["kind"], feat["max_chars"],
+                            cfg.batch_size, lm.device, lm.ctx, progress=False, desc="classify",
+                            time_chunk=cfg.time_chunk, precision=cfg.precision or
+                            feat["precision"], normalize=feat["normalize"])
+            chars, seconds, truncated = (chars + res.chars, seconds + res.seconds,
+                                         truncated + res.truncated)
+            bar.update(res.chars)
+            if not is_root:
+                continue
+            prob = saved.model.predict_proba(res.features)
+            pred = saved.model.predict(res.features)
+            rows = []
+            for (line, text, label), p, y in zip(block, prob, pred):
+                row = {"line": line, "probability": round(float(p), 6), "label": int(y)}
+                if label is not None:
+                    row["true_label"] = label
+                    correct += int(y) == label
+                if cfg.keep_text:
+                    row["text"] = text
+                rows.append(row)
+            out.write(format_predictions(rows, kind, header=n == 0))
+            n += len(rows)
+            positive += int(pred.sum())
+        bar.close()
+        if is_root and n == 0:
+            raise text_input.DatasetError(f"{stream.name}: no texts")
     if not is_root:
         return None
-    prob = saved.model.predict_proba(res.features)
-    pred = saved.model.predict(res.features)
-    rows = []
-    for i in range(len(inp.texts)):
-        row = {"line": inp.lines[i], "probability": round(float(prob[i]), 6),
-               "label": int(pred[i])}
-        if inp.labels is not None:
-            row["true_label"] = int(inp.labels[i])
-        if cfg.keep_text:
-            row["text"] = inp.texts[i]
-        rows.append(row)
-    _write(cfg.output, format_predictions(rows, _output_kind(cfg.output)))
-    return {"n": len(inp.texts), "positive": int(pred.sum()),
-            "accuracy": (float((pred == inp.labels).mean()) if inp.labels is not None
-                         else None),
-            "chars": res.chars, "seconds": res.seconds, "chars_per_s": res.chars_per_s,
-            "truncated": res.truncated, "world_size": lm.ctx.size if lm.ctx else 1,
-            "device": str(lm.device), "input": inp.source, "output": cfg.output,
+    return {"n": n, "positive": positive,
+            "accuracy": correct / n if cfg.label_field else None,
+            "chars": chars, "seconds": seconds,
+            "chars_per_s": chars / seconds if seconds > 0 else float("nan"),
+            "truncated": truncated, "world_size": lm.ctx.size if lm.ctx else 1,
+            "device": str(lm.device), "input": stream.source, "output": cfg.output,
             "classifier": str(saved.path), "time": time.time()}
 
 

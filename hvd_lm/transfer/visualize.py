@@ -12,6 +12,7 @@ green is the positive side of the unit.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ from hvd_lm.formats import tokenizer
 from hvd_lm.model import device as devices
 from hvd_lm.model.load import load_model, resolve_model
 from hvd_lm.options import Command, option
-from hvd_lm.transfer import datasets
+from hvd_lm.transfer import texts as text_input
 from hvd_lm.transfer.features import DEFAULT_MAX_CHARS
 from hvd_lm.transfer.generate import STATES, open_classifier, trace_unit, unit_from_classifier
 from hvd_lm.transfer.heatmap import HeatRow, char_values, check_suffix, render
@@ -38,7 +39,7 @@ class VisualizeConfig:
                       required=True)
     input: str = option("-", "texts: CSV/TSV/JSON lines/plain lines (.gz ok), - = standard input")
     format: str = option("auto", "input format (auto: by suffix, else plain lines)",
-                         choices=datasets.TEXT_FORMATS)
+                         choices=text_input.TEXT_FORMATS)
     text_field: str = option("text", "text column/key of CSV/TSV/JSON-lines input")
     neuron: int | None = option(None, "unit to draw (default: the classifier's sentiment unit)",
                                 ge=0)
@@ -69,19 +70,23 @@ def visualize(cfg: VisualizeConfig) -> dict:
     path = resolve_model(cfg.checkpoint)
     saved = open_classifier(cfg.classifier, path)
     neuron, polarity = unit_from_classifier(cfg.neuron, saved)
-    inp = datasets.load_texts(cfg.input, cfg.format, cfg.text_field)
+    stream = text_input.iter_texts(cfg.input, cfg.format, cfg.text_field)
+    first = list(itertools.islice(stream.records, cfg.max_texts))  # the rest is never read
+    stream.records.close()
+    if not first:
+        raise text_input.DatasetError(f"{stream.name}: no texts")
+    lines, texts = [r[0] for r in first], [r[1] for r in first]
     normalize = bool(saved.features["normalize"]) if saved else False
     max_chars = cfg.max_chars if cfg.max_chars is not None else (
         saved.features["max_chars"] if saved else DEFAULT_MAX_CHARS)
     device = devices.resolve_device(cfg.device, 0)
     model, _ = load_model(path, map_location=device)
     model.to(device)
-    texts = inp.texts[:cfg.max_texts]
     seqs = [tokenizer.encode(t, normalize) for t in texts]
     seqs = [s[:max_chars] if max_chars > 0 else s for s in seqs]
     values = trace_unit(model, seqs, neuron, cfg.state, device)
     rows = [HeatRow(f"line {line}", *char_values(s, v))
-            for line, s, v in zip(inp.lines, seqs, values)]
+            for line, s, v in zip(lines, seqs, values)]
     orient = ""
     if saved is not None:
         orient = f"; classifier weight {'< 0: colours flipped' if polarity < 0 else '> 0'}"

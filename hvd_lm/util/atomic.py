@@ -13,10 +13,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
 import shutil
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 class DiskFullError(OSError):
@@ -73,6 +74,33 @@ def temp_path(path: str | Path, suffix: str = "") -> Path:
     Leftovers of killed writers therefore match ``.*.tmp*``."""
     path = Path(path)
     return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp{suffix}")
+
+
+#: The names :func:`temp_path` gives: ``.<name>.<pid>.<8 hex digits>.tmp<suffix>``.
+TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp(?P<suffix>.*)$")
+
+
+def remove_stale_temps(folder: str | Path, owns: Callable[[str], bool]) -> list[Path]:
+    """Remove the temporary files a killed writer left in ``folder``: only names of
+    :data:`TEMP_NAME`'s pattern whose destination name ``owns`` accepts (e.g. a checkpoint's
+    ``step_00000030.pt``) and whose writer is not this process; nothing else is touched. The
+    caller must own the folder (hold its lock), so no live writer's file is removed.
+
+    Returns:
+        The removed paths.
+    """
+    removed = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        m = TEMP_NAME.match(p.name)
+        if m and owns(m.group("name")) and int(m.group("pid")) != os.getpid() and p.is_file() \
+                and not p.is_symlink():
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
 
 
 @contextlib.contextmanager

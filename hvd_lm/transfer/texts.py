@@ -1,0 +1,274 @@
+"""Reading records of text files, for sentiment transfer and the tools on top of it: CSV/TSV
+(a header row), JSON lines, or plain lines (one text per non-blank line), gzip-compressed or not,
+or standard input; one record reader (:func:`_records`) serves the labelled datasets
+(:mod:`hvd_lm.transfer.datasets`) and the unlabelled texts of ``hvd-lm classify``/``visualize``
+(:func:`iter_texts`, :func:`load_texts`), with the same file/line/field errors.
+
+Input is read in bounded memory: a physical line longer than ``max_line_bytes``
+(:data:`DEFAULT_MAX_LINE_BYTES`, ``--max-line-bytes``) stops the read with one
+:class:`DatasetError` naming the file and line, after reading at most that many characters of it,
+so an endless stream without a newline (``--input -`` fed by ``yes | tr -d '\\n'``) cannot grow
+the process; :func:`iter_texts` yields records one at a time for a caller that streams.
+
+Label mapping (:func:`normalize_label`, case-insensitive, surrounding whitespace ignored):
+``1``, ``1.0``, ``pos``, ``positive``, ``true`` -> 1 and ``0``, ``0.0``, ``neg``, ``negative``,
+``false`` -> 0 (JSON booleans and the integers 0/1 as well). Anything else (for example ``-1``,
+``2`` or ``neutral``) stops with a :class:`DatasetError` naming the file, line and field: a silently
+merged or dropped class would give a wrong accuracy.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+#: Accepted label spellings (lower-cased, stripped) and the class they map to.
+LABEL_MAP: dict[str, int] = {
+    "1": 1, "1.0": 1, "pos": 1, "positive": 1, "true": 1,
+    "0": 0, "0.0": 0, "neg": 0, "negative": 0, "false": 0,
+}
+#: Longest line read, in UTF-8 bytes (``--max-line-bytes``): 1 MiB, 500 times a long review
+#: (features use the first 2,000 bytes of a text, :data:`hvd_lm.transfer.features.DEFAULT_MAX_CHARS`).
+DEFAULT_MAX_LINE_BYTES = 1 << 20
+
+_CSV_SUFFIXES = (".csv", ".tsv")
+_JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+
+
+class DatasetError(ValueError):
+    """A dataset file cannot be used: missing file/column, unknown label, bad line, empty split.
+
+    The message names the file, and where it applies the line and the field.
+    """
+
+
+def normalize_label(value, where: str) -> int:
+    """Map a raw label to 0/1 using :data:`LABEL_MAP`.
+
+    Args:
+        value: the raw value (str, int, float or bool).
+        where: ``"file:line: field 'x'"``, used in the error message.
+    Returns:
+        0 or 1.
+    Raises:
+        DatasetError: the value is not one of the accepted spellings.
+    """
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return int(value)
+    key = str(value).strip().lower() if value is not None else ""
+    if key in LABEL_MAP:
+        return LABEL_MAP[key]
+    raise DatasetError(f"{where}: unknown label {value!r} (accepted: 1/pos/positive/true -> 1, "
+                       f"0/neg/negative/false -> 0)")
+
+
+def read_lines(stream, path, max_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[str]:
+    """The lines of a text ``stream`` (line ends kept), each at most ``max_bytes`` UTF-8 bytes
+    besides its line end; at most ``max_bytes + 1`` characters of a line are ever held.
+
+    Raises:
+        DatasetError: a longer line, naming ``path`` and the line number (1-based).
+    """
+    lineno = 0
+    while True:
+        line = stream.readline(max_bytes + 1)
+        if not line:
+            return
+        lineno += 1
+        body = line.rstrip("\r\n")
+        if len(body) > max_bytes or (4 * len(body) > max_bytes and len(
+                body.encode("utf-8", "surrogatepass")) > max_bytes):
+            raise DatasetError(f"{path}:{lineno}: line longer than {max_bytes:,} bytes "
+                               "(--max-line-bytes); is this the text you meant to read?")
+        yield line
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if str(path) == "-":
+        return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", newline="")
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
+    return open(path, encoding="utf-8-sig", newline="")
+
+
+def _kind(path: Path, fallback: str | None = None) -> str:
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+    if name.endswith(".tsv"):
+        return "tsv"
+    if name.endswith(_CSV_SUFFIXES):
+        return "csv"
+    if name.endswith(_JSONL_SUFFIXES):
+        return "jsonl"
+    if fallback:
+        return fallback
+    raise DatasetError(f"{path}: unknown file type (expected .csv, .tsv, .jsonl, .json or .ndjson, "
+                       f"optionally .gz)")
+
+
+def _records(path: Path, stream, kind: str, text_field: str, label_field: str | None,
+             max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[tuple[int, str, object]]:
+    """(line number, text, raw label or None) of each record of an open ``stream`` of ``kind``
+    (``csv``, ``tsv``, ``jsonl``, ``lines``), read one at a time (:func:`read_lines`);
+    ``label_field`` None reads no label. Blank lines of JSON-lines and plain-lines input are
+    skipped.
+
+    Raises:
+        DatasetError: missing column/key, short row, invalid CSV or JSON, non-string text, a line
+            over ``max_line_bytes``; naming the file and line.
+    """
+    lines = read_lines(stream, path, max_line_bytes)
+    if kind in ("csv", "tsv"):
+        reader = csv.DictReader(lines, delimiter="\t" if kind == "tsv" else ",")
+        try:
+            cols = reader.fieldnames or []
+            for name in (text_field, label_field):
+                if name is not None and name not in cols:
+                    raise DatasetError(f"{path}: line 1: no column '{name}' in header {cols}")
+            for row in reader:
+                text = row.get(text_field)
+                label = row.get(label_field) if label_field is not None else ""
+                if text is None or label is None:
+                    missing = text_field if text is None else label_field
+                    raise DatasetError(f"{path}:{reader.line_num}: field '{missing}' missing "
+                                       f"(row has {len([v for v in row.values() if v is not None])}"
+                                       " values)")
+                yield reader.line_num, text, (label if label_field is not None else None)
+        except csv.Error as e:
+            raise DatasetError(f"{path}:{reader.line_num}: bad CSV ({e})") from None
+    elif kind == "jsonl":
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{where}: invalid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise DatasetError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+            for name in (text_field, label_field):
+                if name is not None and name not in obj:
+                    raise DatasetError(f"{where}: field '{name}' missing (keys: {sorted(obj)})")
+            if not isinstance(obj[text_field], str):
+                raise DatasetError(f"{where}: field '{text_field}' is "
+                                   f"{type(obj[text_field]).__name__}, expected a string")
+            yield lineno, obj[text_field], (obj[label_field] if label_field is not None else None)
+    else:
+        for lineno, line in enumerate(lines, 1):
+            text = line.rstrip("\r\n")
+            if text.strip():
+                yield lineno, text, None
+
+
+#: ``--format`` of text inputs (:func:`load_texts`); ``auto`` goes by the file name.
+TEXT_FORMATS = ("auto", "csv", "tsv", "jsonl", "lines")
+
+
+@dataclass
+class TextInput:
+    """Texts to classify or visualise (:func:`load_texts`).
+
+    Attributes:
+        texts: N strings, in input order.
+        lines: N line numbers where each text's record ends (1-based).
+        labels: int64 [N] 0/1 when a label field was read, else None.
+        source: the file (``-`` for standard input) and format.
+    """
+
+    texts: list[str]
+    lines: list[int]
+    labels: np.ndarray | None
+    source: str
+
+
+@dataclass
+class TextStream:
+    """Texts read one record at a time (:func:`iter_texts`).
+
+    Attributes:
+        name: the file, or ``<stdin>``; kind: its format (``csv``, ``tsv``, ``jsonl``, ``lines``).
+        records: (line number where the record ends, text, label 0/1 or None) per record.
+    """
+
+    name: str
+    kind: str
+    records: Iterator[tuple[int, str, int | None]]
+
+    @property
+    def source(self) -> str:
+        """``name (kind)``, for reports."""
+        return f"{self.name} ({self.kind})"
+
+
+def iter_texts(path: str | Path, fmt: str = "auto", text_field: str = "text",
+               label_field: str | None = None,
+               max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> TextStream:
+    """Texts from a CSV/TSV (header row), JSON-lines or plain-text file (one text per non-blank
+    line), gzip-compressed or not, or from standard input (``-``), one record at a time: the
+    file is opened and read as the iterator is consumed (and closed when it ends).
+
+    Args:
+        fmt: one of :data:`TEXT_FORMATS`; ``auto``: ``.csv``/``.tsv``/``.jsonl``/``.json``/
+            ``.ndjson`` (optionally ``.gz``) by suffix, anything else (and ``-``) plain lines.
+        text_field: column/key of the text (CSV/TSV/JSON lines).
+        label_field: also read 0/1 labels from this column/key (:func:`normalize_label`).
+        max_line_bytes: longest line read (:func:`read_lines`).
+    Returns:
+        The :class:`TextStream` (its records are read as they are consumed).
+    Raises:
+        DatasetError: unknown format, missing file (at once); any record error (file and line
+            named) while iterating.
+    """
+    if fmt not in TEXT_FORMATS:
+        raise DatasetError(f"unknown input format {fmt!r} (known: {', '.join(TEXT_FORMATS)})")
+    path = Path(path)
+    stdin = str(path) == "-"
+    if not stdin and not path.is_file():
+        raise DatasetError(f"{path}: no such file")
+    kind = fmt if fmt != "auto" else ("lines" if stdin else _kind(path, "lines"))
+    if kind == "lines" and label_field:
+        raise DatasetError(f"{path}: plain-lines input has no label field "
+                           f"({label_field!r}); use CSV/TSV or JSON lines")
+    name = "<stdin>" if stdin else str(path)
+
+    def records() -> Iterator[tuple]:
+        with _open_text(path) as f:
+            for line, text, label in _records(Path(name), f, kind, text_field,
+                                              label_field or None, max_line_bytes):
+                yield line, text, (normalize_label(label, f"{name}:{line}: field "
+                                                   f"'{label_field}'") if label_field else None)
+
+    return TextStream(name, kind, records())
+
+
+def load_texts(path: str | Path, fmt: str = "auto", text_field: str = "text",
+               label_field: str | None = None,
+               max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> TextInput:
+    """All texts of an input at once (:func:`iter_texts`, same arguments), for callers that need
+    them together (``hvd-lm visualize``).
+
+    Raises:
+        DatasetError: as :func:`iter_texts`, or no texts.
+    """
+    stream = iter_texts(path, fmt, text_field, label_field, max_line_bytes)
+    texts, lines, labels = [], [], []
+    for line, text, label in stream.records:
+        texts.append(text)
+        lines.append(line)
+        labels.append(label)
+    if not texts:
+        raise DatasetError(f"{stream.name}: no texts")
+    return TextInput(texts, lines, np.array(labels, np.int64) if label_field else None,
+                     stream.source)

@@ -1,0 +1,492 @@
+"""Hostile and careless input (issue 35), through the commands users run: no run destroys another
+run's checkpoints, ``latest`` is never followed out of its folder, downloads stay in ``--out``
+and stop at the listed size, configs and input streams are bounded, directive values cannot
+rewrite a job script, and nothing is deleted that the run did not create. Each case is one clear
+line naming the file, field or host, a non-zero exit, and nothing written where it must not be."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hvd_lm.cli import main
+from hvd_lm.formats import checkpoint as ck
+from tests._mp import launch_env, run
+from tests.shardutil import default_shards
+from tests.test_transfer import synthetic_reviews, write_checkpoint
+
+TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
+        "--log-every", "10", "--threads", "1", "--eval-chars", "2000", "--device", "cpu"]
+HVD_LM = [sys.executable, "-m", "hvd_lm"]
+
+
+def hvd_lm(*args, timeout=180, **env) -> subprocess.CompletedProcess:
+    return run([*HVD_LM, *map(str, args)], timeout=timeout, env=launch_env(**env), check=False)
+
+
+def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    """The command failed with exactly one ERROR line (no traceback) holding every needle."""
+    assert proc.returncode != 0, proc.stderr
+    err = proc.stderr
+    assert "Traceback" not in err, err
+    lines = [x for x in err.splitlines() if "ERROR:" in x]
+    assert len(lines) == 1, err
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+def records(run_dir: Path, kind: str) -> list[dict]:
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if r["kind"] == kind]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative name -> bytes)."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return default_shards(tmp_path_factory.mktemp("shards"))
+
+
+@pytest.fixture(scope="module")
+def run_a(shards, tmp_path_factory):
+    """A finished run with checkpoints of steps 10 and 20 (latest: 20)."""
+    out = tmp_path_factory.mktemp("run_a") / "run"
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "20",
+                  "--checkpoint-every", "10", "--keep-checkpoints", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert [p.name for p in ck.list_checkpoints(out)] == ["step_00000010.pt", "step_00000020.pt"]
+    return out
+
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    return out
+
+
+# ---- checkpoints: one owner of what a run folder holds (items 1, 2, 10, 11) ----------------------
+
+def test_pruning_never_deletes_the_checkpoint_just_written(shards, run_a, tmp_path):
+    """A stray step_99999999.pt (damaged) in checkpoints/ with --keep-checkpoints 1: the resumed
+    run's step 30 stays, latest names it, the stray is left alone, and the next --resume auto
+    continues from step 30. A killed save's temporary file is removed by that save; files of
+    other names are not."""
+    out = copy_of(run_a, tmp_path)
+    d = ck.checkpoint_dir(out)
+    (d / "step_99999999.pt").write_bytes(b"PK\x03\x04 not a checkpoint")
+    stale = d / ".step_00000030.pt.4242.deadbeef.tmp"  # what a kill -9 during a save leaves
+    stale.write_bytes(b"\0" * 100_000)
+    others = [d / ".notes.tmp", d / ".model.pt.4242.deadbeef.tmp", out / ".x.1.abcdef12.tmp"]
+    for p in others:
+        p.write_text("not the checkpoint writer's")
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "30",
+                  "--checkpoint-every", "10", "--keep-checkpoints", "1", "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr
+    names = [p.name for p in ck.list_checkpoints(out)]
+    assert "step_00000030.pt" in names and "step_99999999.pt" in names, names
+    assert ck.resolve(out).name == "step_00000030.pt"
+    assert ck.load(d / "step_00000030.pt")["step"] == 30
+    assert not stale.exists() and all(p.exists() for p in others)
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "31",
+                  "--keep-checkpoints", "1", "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr
+    start = records(out, "start")[-1]
+    assert start["step"] == 30 and start["resumed_from"].endswith("step_00000030.pt")
+
+
+def test_a_fresh_run_is_refused_over_another_runs_checkpoints(shards, run_a, tmp_path):
+    out = copy_of(run_a, tmp_path)
+    before = snapshot(out)
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "10",
+                  "--checkpoint-every", "10", "--seed", "7")
+    assert proc.returncode == 2
+    one_error_line(proc, f"{out} holds the checkpoints of another run", "step 20",
+                   str(out / "config.yaml"), "--resume auto", "--overwrite")
+    assert snapshot(out) == before  # nothing written, nothing deleted
+    # resumed from a checkpoint elsewhere into this folder: the same refusal
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "30",
+                  "--resume", run_a / "checkpoints" / "step_00000010.pt")
+    one_error_line(proc, "holds the checkpoints of another run", "resumed from")
+    assert snapshot(out) == before
+    # --overwrite: the earlier run's checkpoints, metrics and summary go; only this run's remain
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "10",
+                  "--checkpoint-every", "10", "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert "--overwrite: deleted" in proc.stderr
+    assert [p.name for p in ck.list_checkpoints(out)] == ["step_00000010.pt"]
+    assert len(records(out, "start")) == 1 and records(out, "start")[0]["step"] == 0
+    assert "overwrite: false" in (out / "config.yaml").read_text()
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--resume", "auto",
+                  "--overwrite")
+    one_error_line(proc, "run.resume and run.overwrite exclude each other")
+
+
+def test_latest_is_never_followed_out_of_its_folder(shards, run_a, tmp_path):
+    out = copy_of(run_a, tmp_path / "a")
+    outside = tmp_path / "x.pt"  # a loadable checkpoint, but not this run's
+    shutil.copy(out / "checkpoints" / "step_00000010.pt", outside)
+    (out / "checkpoints" / "latest").write_text("../../x.pt\n")
+    proc = hvd_lm("eval", out, shards, "--split", "val", timeout=120)
+    one_error_line(proc, str(out / "checkpoints" / "latest"), "'../../x.pt'",
+                   "not a checkpoint of this folder")
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "30",
+                  "--resume", out)
+    one_error_line(proc, "'../../x.pt'", "not a checkpoint of this folder")
+    # --resume auto goes on from the folder's own newest step file, with a warning
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "21",
+                  "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr
+    assert "not a checkpoint of this folder" in proc.stderr
+    assert records(out, "start")[-1]["resumed_from"] == str(out / "checkpoints" /
+                                                            "step_00000020.pt")
+    assert ck.resolve(out) == out / "checkpoints" / "step_00000021.pt"
+
+
+# ---- YAML: read within a size and alias budget; errors never expand a value (item 5) -------------
+
+def billion_laughs(levels: int = 9) -> str:
+    """A ~360-byte train config whose model.hidden_size is 9**levels aliased strings."""
+    lines = ["model:", "  hidden_size: [&a [lol,lol,lol,lol,lol,lol,lol,lol,lol],"]
+    for prev, cur in zip("abcdefgh", "bcdefghi"[:levels - 2]):
+        lines.append(f"    &{cur} [" + ",".join([f"*{prev}"] * 9) + "],")
+    lines.append("    [" + ",".join([f"*{'abcdefghi'[levels - 2]}"] * 9) + "]]")
+    return "\n".join(lines) + "\n"
+
+
+def timed_main(argv: list[str], mem_bytes: int = 3 << 30, stdin=None, warmup: list | None = None
+               ) -> tuple[subprocess.CompletedProcess, float, float]:
+    """``hvd_lm.cli.main(argv)`` in a child with its address space capped at ``mem_bytes`` (so
+    a blow-up ends as MemoryError, not a swapping machine), the command's modules imported
+    (and ``main(warmup)`` run, when given) before the clock starts; returns (process, seconds
+    main took, MB its peak RSS rose above the RSS before it: Linux's VmHWM, reset through
+    /proc/self/clear_refs)."""
+    code = ("import sys, time, resource; from hvd_lm.cli import build_parser, main; "
+            "argv = sys.argv[1:]; i = argv.index('--'); warm, argv = argv[:i], argv[i + 1:]; "
+            "build_parser(argv); warm and main(warm); "
+            f"resource.setrlimit(resource.RLIMIT_AS, ({mem_bytes}, {mem_bytes})); "
+            "kb = lambda k: int([x for x in open('/proc/self/status') if x.startswith(k)][0]"
+            ".split()[1]) / 1024; open('/proc/self/clear_refs', 'w').write('5'); "
+            "m0 = kb('VmRSS'); t = time.perf_counter(); rc = main(argv); "
+            "print(f'seconds={time.perf_counter() - t:.3f} grew={kb(\"VmHWM\") - m0:.1f}', "
+            "file=sys.stderr); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, *map(str, warmup or []), "--",
+                           *map(str, argv)], stdin=stdin, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, env=launch_env(), timeout=300,
+                          check=False)
+    stats = [dict(kv.split("=") for kv in x.split()) for x in proc.stderr.splitlines()
+             if x.startswith("seconds=")]
+    proc.stderr = "\n".join(x for x in proc.stderr.splitlines() if not x.startswith("seconds="))
+    if not stats:
+        return proc, float("inf"), float("inf")
+    return proc, float(stats[0]["seconds"]), float(stats[0]["grew"])
+
+
+def test_a_yaml_alias_bomb_fails_fast_with_one_line(shards, tmp_path):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(billion_laughs())
+    assert bomb.stat().st_size < 600
+    proc, seconds, _ = timed_main(["train", "--config", bomb, "--shards", shards, "--out-dir",
+                                   tmp_path / "r"])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = one_error_line(proc, str(bomb), "expands to more than 100,000 values")
+    assert len(line) < 400 and seconds < 1.0, (len(line), seconds)
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("text,needle", [
+    # a 120,000-value list in 240 kB: refused by the value budget before any validation
+    ("model:\n  hidden_size: [" + "0," * 120_000 + "0]\n", "expands to more than"),
+    # one 500 kB string where an int goes: the message quotes 200 characters of it
+    ("model:\n  hidden_size: " + "9x" * 250_000 + "\n", "expected int, got '9x9x"),
+    ("run:\n  out_dir: [" + ",".join(["y" * 900] * 500) + "]\n", "expected str, got ["),
+    ("a: &a [*a]\n", "recursive YAML value"),
+    ("model: " + "[" * 5000 + "]" * 5000 + "\n", "invalid YAML"),
+])
+def test_yaml_errors_are_short_and_name_the_file(tmp_path, capsys, text, needle):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    rc = main(["train", "--config", str(cfg), "--shards", str(tmp_path)])
+    line = one_error_line(subprocess.CompletedProcess([], rc, "", capsys.readouterr().err),
+                          str(cfg), needle)
+    assert rc == 2 and len(line) < 600, len(line)
+
+
+def test_a_config_that_never_ends_is_cut_at_its_size_budget(tmp_path):
+    proc, seconds, _ = timed_main(["train", "--config", "/dev/zero", "--shards", tmp_path])
+    one_error_line(proc, "/dev/zero: more than 1,048,576 bytes")
+    assert seconds < 5
+
+
+# ---- downloads stay under --out and stop at the listed size (items 3, 4) -------------------------
+
+@pytest.fixture
+def server():
+    """An HTTP server on 127.0.0.1: ``/endless`` streams zeros without a length (stopping at
+    64 MB, so a client that never stops still ends), ``/liar`` announces 10 MB for a file
+    listed at 13 bytes, anything else is 13 bytes; ``sent`` counts what was written."""
+    import http.server
+    import threading
+
+    sent = {"endless": 0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            if self.path.endswith("/endless"):
+                self.end_headers()
+                block = b"\0" * 65536
+                try:
+                    while sent["endless"] < 64 << 20:
+                        self.wfile.write(block)
+                        sent["endless"] += len(block)
+                except OSError:  # the client hung up
+                    pass
+                return
+            body = b"hello, world\n"
+            self.send_header("Content-Length", str(10 << 20 if self.path.endswith("/liar")
+                                                   else len(body)))
+            self.end_headers()
+            try:
+                self.wfile.write(body)
+            except OSError:
+                pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", sent
+    srv.shutdown()
+    srv.server_close()
+
+
+HELLO_SHA = "853ff93762a06ddbf722c4ebe9ddd66d8f63ddaea97f521c3ecc20da7c976020"
+
+
+def sources(path: Path, *entries: tuple[str, str]) -> Path:
+    files = "".join(f"  - path: {p}\n    save_as: {json.dumps(s)}\n    sha256: {HELLO_SHA}\n"
+                    "    bytes: 13\n" for p, s in entries)
+    path.write_text(f"base_url: http://127.0.0.1:9\nfiles:\n{files}")
+    return path
+
+
+@pytest.mark.parametrize("save_as", ["../../escaped.txt", "/tmp/hvd_lm_escaped_{n}.txt",
+                                     "a/../../escaped.txt", "link/escaped.txt"])
+def test_download_never_writes_outside_out(server, tmp_path, save_as):
+    url, _ = server
+    save_as = save_as.format(n=uuid.uuid4().hex)
+    out = tmp_path / "a" / "out"
+    (out / "ok").mkdir(parents=True)
+    (out / "link").symlink_to(tmp_path)  # a link inside --out that leads out of it
+    listed = sources(tmp_path / "s.yaml", ("good.txt", "ok/first.txt"), ("x.txt", save_as))
+    proc = hvd_lm("download", "--sources", listed, "--out", out, "--mirror", url, timeout=120)
+    one_error_line(proc, str(listed), save_as)
+    assert not (out / "ok" / "first.txt").exists()  # checked before the first fetch
+    assert sorted(p.name for p in tmp_path.rglob("*escaped*")) == []
+    assert not Path(save_as).exists()
+    assert (tmp_path / "a" / "out" / "ok").is_dir()
+
+
+@pytest.mark.parametrize("name,needle", [("endless", "more than the 13 bytes"),
+                                         ("liar", "announces 10,485,760 bytes")])
+def test_download_stops_at_the_listed_size(server, tmp_path, name, needle):
+    url, sent = server
+    out = tmp_path / "out"
+    listed = sources(tmp_path / "s.yaml", (name, "f.txt"))
+    proc = hvd_lm("download", "--sources", listed, "--out", out, "--mirror", url, timeout=120)
+    one_error_line(proc, f"{url}/{name}", needle)
+    assert sent["endless"] < 32 << 20  # cut off long before the server's 64 MB
+    assert list(out.iterdir()) == []  # no partial file left
+    # the same list with an honest server: kept
+    ok = sources(tmp_path / "ok.yaml", ("plain", "f.txt"))
+    proc = hvd_lm("download", "--sources", ok, "--out", out, "--mirror", url, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "f.txt").read_bytes() == b"hello, world\n"
+
+
+# ---- classify streams its input in bounded memory (item 6) -------------------------------------
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny checkpoint and a classifier ``hvd-lm transfer`` fit on its features."""
+    d = tmp_path_factory.mktemp("trained")
+    ckpt = write_checkpoint(d / "run")
+    train = synthetic_reviews(d / "train.jsonl", 160, 0)
+    assert main(["transfer", str(d / "run"), "--train", str(train), "--text-field", "review",
+                 "--label-field", "sentiment", "--out", str(d / "out"), "--no-cache",
+                 "--no-progress", "--no-baseline", "--batch-size", "16"]) == 0
+    return {"dir": d, "ckpt": ckpt}
+
+
+def test_classify_memory_does_not_grow_with_its_input(trained, tmp_path):
+    """24 MB of one-line texts (60 lines of 400 kB): the peak RSS grows by a fraction of the
+    input (the texts are read, featurized and written a block at a time), and every row is
+    written, in input order."""
+    words = "the a great album song sound bad good love music track voice band really".split()
+    big = tmp_path / "big.txt"
+    with open(big, "w") as f:
+        for i in range(60):
+            f.write(" ".join(words[(i + k) % len(words)] for k in range(80_000))[:400_000] + "\n")
+    size_mb = big.stat().st_size / 1e6
+    (tmp_path / "small.txt").write_text("a great album\n")
+    base = ["classify", trained["ckpt"], trained["dir"] / "out", "--no-progress", "--threads", "1"]
+    proc, _, grew = timed_main([*base, "--input", big, "--output", tmp_path / "p.jsonl"],
+                               warmup=[*base, "--input", tmp_path / "small.txt", "--output",
+                                       tmp_path / "warm.jsonl"])
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [r["line"] for r in rows] == list(range(1, 61))
+    print(f"classify of {size_mb:.1f} MB: peak RSS grew {grew:.1f} MB")
+    assert grew < size_mb / 2, (grew, size_mb)  # was 4.5x the input: every text held at once
+
+
+def test_classify_stops_an_endless_line_at_its_cap(trained, tmp_path):
+    """``--input -`` fed by a process that writes forever without a newline: one line naming
+    standard input's line 1 and the cap, after at most the cap was held."""
+    endless = "import sys\nwhile True: sys.stdout.write('lol ' * 16384)"
+    feeder = subprocess.Popen([sys.executable, "-c", endless], stdout=subprocess.PIPE)
+    try:
+        proc, _, grew = timed_main(["classify", trained["ckpt"], trained["dir"] / "out",
+                                    "--input", "-", "--no-progress"], stdin=feeder.stdout)
+    finally:
+        feeder.kill()
+        feeder.wait()
+    one_error_line(proc, "<stdin>:1: line longer than 1,048,576 bytes", "--max-line-bytes")
+    assert grew < 200, grew
+
+
+# ---- job scripts: a value cannot rewrite the scheduler's directives (items 7, 11) --------------
+
+@pytest.mark.parametrize("scheduler,flags,needles", [
+    ("slurm", ["--partition", "gpu --output=FILE --wrap=x"], ["--partition 'gpu --output",
+                                                              "whitespace"]),
+    ("slurm", ["--job-name", "x --chdir=DIR"], ["--job-name 'x --chdir=DIR'", "whitespace"]),
+    ("pbs", ["--queue", "batch -W depend=x"], ["--partition 'batch -W", "whitespace"]),
+    ("pbs", ["--job-name=-Wblock=true"], ["--job-name '-Wblock=true'", "start with '-'"]),
+    ("slurm", ["--partition", "gpu\tdebug"], ["whitespace"]),
+    ("slurm", ["--walltime", "99999999999999999999"], ["--walltime", "more than 365 days"]),
+    ("pbs", ["--walltime", "400-00:00:00"], ["--walltime '400-00:00:00' is 400 days"]),
+    ("horovodrun-multinode", ["--gpus", "16", "--hosts", "a,-oProxyCommand=x"],
+     ["--hosts", "'-oProxyCommand=x' is not a host"]),
+])
+def test_directive_values_are_checked(tmp_path, capsys, scheduler, flags, needles):
+    script = tmp_path / "job.sh"
+    argv = ["launch", "--scheduler", scheduler, "--gpus", "8", "--device", "cpu", "--out",
+            str(script), *flags, "--", "--shards", "d"]
+    rc = main(argv)
+    one_error_line(subprocess.CompletedProcess([], rc, "", capsys.readouterr().err), *needles)
+    assert rc == 2 and not script.exists()
+
+
+def test_directive_values_a_scheduler_takes_still_render(tmp_path):
+    script = tmp_path / "job.sbatch"
+    assert main(["launch", "--scheduler", "slurm", "--gpus", "8", "--partition", "gpu,debug",
+                 "--job-name", "lm_v2.1-large", "--walltime", "365-00:00:00", "--out",
+                 str(script), "--", "--shards", "d"]) == 0
+    lines = script.read_text().splitlines()
+    for want in ("#SBATCH --partition=gpu,debug", "#SBATCH --job-name=lm_v2.1-large",
+                 "#SBATCH --time=8760:00:00"):
+        assert any(x.startswith(want) for x in lines), want
+
+
+# ---- data_prep deletes only what it created (items 8, 11) ----------------------------------------
+
+def prepare_cli(*args, timeout=120) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "data_prep", "prepare", *map(str, args), "--no-progress"],
+               timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def reviews(tmp_path_factory):
+    src = tmp_path_factory.mktemp("reviews") / "reviews.txt"
+    src.write_text("".join(f"review {i}: the album is {'good' * (i % 5 + 1)} and long enough\n"
+                           for i in range(60)))
+    return src
+
+
+def test_prepare_through_a_link_to_a_foreign_folder_touches_nothing(reviews, tmp_path):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("precious")
+    (foreign / ".draft.tmp").write_text("an editor's, not prepare's")
+    (foreign / ".train-00000.h5.1.abcdef01.tmp").write_text("named like prepare's")
+    link = tmp_path / "out"
+    link.symlink_to(foreign)
+    before = snapshot(foreign)
+    for extra in ([], ["--overwrite"], ["--resume"]):
+        proc = prepare_cli(reviews, "--out", link, *extra)
+        one_error_line(proc, f"{link} (a link to {foreign})", "notes.txt",
+                       "none of them prepared data")
+        assert snapshot(foreign) == before and sorted(p.name for p in foreign.iterdir()) == \
+            [".draft.tmp", ".train-00000.h5.1.abcdef01.tmp", "notes.txt"]
+
+
+def test_prepare_removes_only_its_own_temporary_files(reviews, tmp_path):
+    out = tmp_path / "out"
+    assert prepare_cli(reviews, "--out", out).returncode == 0
+    stale = out / ".train-00000.h5.4242.deadbeef.tmp"  # a writer killed in an earlier run
+    stale.write_text("partial shard")
+    others = [out / ".notes.tmp", out / ".x.1.abcdef01.tmp", out / "notes.txt"]
+    for p in others:
+        p.write_text("the user's")
+    proc = prepare_cli(reviews, "--out", out, "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert not stale.exists() and all(p.read_text() == "the user's" for p in others)
+
+
+def test_prepare_of_only_duplicates_leaves_no_work_folder(tmp_path):
+    src = tmp_path / "dup.txt"
+    src.write_text("the same review again and again, long enough\n" * 50)
+    out = tmp_path / "out"
+    proc = prepare_cli(src, "--out", out)
+    one_error_line(proc, "1 documents are too few for the split", "49 duplicates dropped")
+    assert sorted(p.name for p in out.iterdir()) == []
+
+
+# ---- a shard that is not one, without verification; a hostfile line of 0 slots (item 11) -------
+
+@pytest.mark.parametrize("damage,needle", [
+    ("rename", "no dataset 'tokens' (it has: doc_offsets, tokenz)"),
+    ("int32", "dataset 'tokens' is int32"),
+])
+def test_unverified_shards_are_still_checked_before_anything_is_written(shards, tmp_path, damage,
+                                                                        needle):
+    import h5py
+    import numpy as np
+
+    bad = tmp_path / "shards"
+    shutil.copytree(shards, bad)
+    victim = sorted(bad.glob("train-*.h5"))[0]
+    with h5py.File(victim, "a") as f:
+        if damage == "rename":
+            f.move("tokens", "tokenz")
+        else:
+            tokens = f["tokens"][...]
+            del f["tokens"]
+            f.create_dataset("tokens", data=tokens.astype(np.int32))
+    out = tmp_path / "run"
+    proc = hvd_lm("train", "--shards", bad, "--out-dir", out, *TINY, "--max-steps", "3",
+                  "--verify-shards", "false")
+    one_error_line(proc, str(victim), needle)
+    assert not out.exists()  # no config.yaml, no metrics.jsonl
+
+
+@pytest.mark.parametrize("line", ["node1 slots=0", "node1:0", "node1 slots=-1", "node1:x"])
+def test_a_hostfile_line_without_slots_names_the_file_and_line(tmp_path, capsys, line):
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text(f"# the job's nodes\nnode0 slots=8\n{line}\n")
+    rc = main(["doctor", "--hostfile", str(hostfile)])
+    one_error_line(subprocess.CompletedProcess([], rc, "", capsys.readouterr().err),
+                   f"{hostfile}:3:", repr(line))
+    assert rc == 2
