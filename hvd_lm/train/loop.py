@@ -119,16 +119,10 @@ class Trainer(ElasticTraining):
         torch.manual_seed(cfg.data.seed)
         self.model = LanguageModel(cfg.model).to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        # Decay to 0 over --max-steps or --epochs, whichever comes first (epochs <= 0: steps
-        # only); elastic runs keep the length fixed at start across resizes.
-        self.total_windows = (int(cfg.data.epochs * self.windows_per_epoch)
-                              if cfg.data.epochs > 0 else sys.maxsize)
-        self.total_steps = self.total_windows // self.k
-        if cfg.optim.max_steps:
-            self.total_steps = min(self.total_steps, cfg.optim.max_steps)
-        if self.total_steps < 1:
-            raise ValueError(f"no optimizer step fits: {self.windows_per_epoch} windows per epoch "
-                             f"x {cfg.data.epochs} epochs / {self.k} backward passes per step")
+        # Decay to 0 over --max-steps (the data cycled as often as they need) or an explicit
+        # --epochs, whichever comes first; elastic runs keep the length fixed at start.
+        self.total_steps, self.total_windows, self.bound = preflight.run_length(
+            cfg, self.windows_per_epoch, self.k, warn=self.ctx.is_root)
         optimizer = build_optimizer(self.model, cfg.optim, self.peak_lr)
         self.scaler = devices.make_scaler(self.device, cfg.run.precision)
 
@@ -188,7 +182,8 @@ class Trainer(ElasticTraining):
             self.open_log()
         self.log.record("start", self.pos.step, world_size=self.ctx.size, device=str(self.device),
                         global_batch=self.global_batch, peak_lr=self.peak_lr,
-                        total_steps=self.total_steps, windows_per_epoch=self.windows_per_epoch,
+                        total_steps=self.total_steps, bound=self.bound,
+                        windows_per_epoch=self.windows_per_epoch,
                         chars_per_epoch=self.streams.chars_per_epoch,
                         params=sum(p.numel() for p in self.params),
                         precision=cfg.run.precision, compression=cfg.dist.compression,
@@ -204,6 +199,7 @@ class Trainer(ElasticTraining):
         self.guard = DivergenceGuard(cfg.run.divergence_loss, cfg.run.divergence_logs,
                                      cfg.run.max_skipped_steps, self.pos.step)
         self.last_ckpt_time = time.time()
+        self.saved_step: int | None = None  # the step of this run's newest checkpoint
         self.stop_reason = "done"
         self.committed_rows = None  # elastic: this rank's rows at the last commit, and its place
         self.commit_seconds: list[float] = []
@@ -270,6 +266,7 @@ class Trainer(ElasticTraining):
                                 self.guard.confirmed_below())
             self.log.record("checkpoint", pos.step, path=str(path))
         self.guard.wrote(pos.step)
+        self.saved_step = pos.step  # every rank: the end does not write (or print) it again
 
     def validate(self) -> None:
         """Validation BPC over all ranks (Horovod: sums bits and chars), logged by rank 0."""
@@ -439,7 +436,8 @@ class Trainer(ElasticTraining):
         if self.stop_reason == "done":
             if not (self.cfg.run.eval_every and self.pos.step % self.cfg.run.eval_every == 0):
                 self.validate()
-            self.save_checkpoint()
+            if self.saved_step != self.pos.step:  # --checkpoint-every may have saved it
+                self.save_checkpoint()
         self.summary = {"stop": self.stop_reason, "step": self.pos.step,
                         "skipped_steps": self.pos.skipped_steps,
                         "chars_trained": self.chars_total(), "world_size": self.ctx.size}

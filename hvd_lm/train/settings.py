@@ -31,8 +31,10 @@ class DataConfig:
     val_split: str = option("val", "manifest split for validation BPC ('' = none)")
     seq_len: int = option(256, "TBPTT window length, in bytes (chars)", ge=1)
     batch_size: int = option(32, "parallel streams per rank (per-rank batch, in sequences)", ge=1)
-    epochs: float = option(1.0, "passes over the training split (decay to 0 at the end; 0 = "
-                           "--max-steps alone)", ge=0)
+    epochs: typing.Optional[float] = option(
+        None, "passes over the training split, the data cycled as often as needed (decay to 0 "
+        "at the end); unset: 1, or as many as --max-steps needs when it is given (--max-steps "
+        "wins); 0 = --max-steps alone", ge=0)
     seed: int = option(1234, "seed for the data order and model init", ge=0)
     verify_shards: bool = option(True, "verify shard sha256 against the manifest before training")
 
@@ -56,8 +58,9 @@ class OptimConfig:
     warmup_steps: int = option(0, "linear LR warmup, in optimizer steps", ge=0)
     lr_decay: str = option("linear", "decay to 0 at the last step, or hold",
                            choices=("linear", "none"))
-    max_steps: typing.Optional[int] = option(None, "stop after this many optimizer steps "
-                                             "(whichever of this and --epochs comes first)", ge=1)
+    max_steps: typing.Optional[int] = option(None, "stop after this many optimizer steps, the "
+                                             "data cycled for as many epochs as they need (an "
+                                             "explicit --epochs still ends the run first)", ge=1)
     momentum: float = option(0.9, "SGD momentum", ge=0)
     weight_decay: float = option(0.0, "L2 weight decay", ge=0)
     grad_clip: float = option(1.0, "clip the global gradient norm (0 = off)", ge=0)
@@ -144,9 +147,17 @@ class TrainConfig:
         """Plain nested dict (YAML/JSON/torch.load(weights_only=True) safe)."""
         return configlib.to_dict(self)
 
+    def epochs_bound(self) -> float:
+        """The passes over the training split that bound the run: ``data.epochs`` when set;
+        unset, 0 (no bound: as many as ``optim.max_steps`` needs) when ``optim.max_steps`` is
+        given, else 1. 0 means the run ends at ``optim.max_steps`` alone."""
+        if self.data.epochs is not None:
+            return self.data.epochs
+        return 0.0 if self.optim.max_steps else 1.0
+
     def check(self) -> None:
         """Rules across sections (the per-field bounds are declared on the fields)."""
-        if self.data.epochs <= 0 and not self.optim.max_steps:
+        if self.epochs_bound() <= 0 and not self.optim.max_steps:
             raise ValueError("need data.epochs > 0 or optim.max_steps")
         if self.optim.optimizer.startswith("onebit"):
             if self.run.precision == "fp16":
