@@ -6,6 +6,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -141,6 +142,33 @@ def test_max_steps_cycles_the_data_and_resumes_exactly(tmp_path):
         "decide"), proc.stderr
     assert records(tmp_path / "epoch", "start")[0]["bound"] == "epochs"
     assert records(tmp_path / "epoch", "end")[0]["step"] == wpe
+
+
+def test_threads_follow_the_usable_cores_and_a_missing_tensorboard_is_said(shards, tmp_path):
+    """Confined to one core (``taskset``, as a SLURM cpuset or an MPI binding confines a rank),
+    the default ``--threads 0`` gives 1 thread (``os.cpu_count()`` would give this machine's 2),
+    and ``--threads 2`` there warns in one line. ``--tensorboard true`` without the package
+    (a stub that fails to import stands in where it is installed) says so in one line."""
+    stub = tmp_path / "stub" / "tensorboard"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('no tensorboard (test stub)')\n")
+    env = launch_env()
+    env["PYTHONPATH"] = f"{stub.parent}:{env['PYTHONPATH']}"
+    argv = [str(a) for a in ["taskset", "-c", "0", sys.executable,
+                             *train_argv(shards, tmp_path / "a"), "--batch-size", "2",
+                             "--max-steps", "2"]]
+    proc = run([*argv, "--threads", "0", "--tensorboard", "true"], env=env, timeout=120)
+    assert records(tmp_path / "a", "start")[0]["threads"] == 1
+    assert proc.stderr.strip() == (
+        "hvd-lm train: WARNING: --tensorboard true, but the tensorboard package is not installed "
+        "(pip install tensorboard): no TensorBoard events are written; "
+        f"{tmp_path / 'a' / 'metrics.jsonl'} has every record"), proc.stderr
+    assert not (tmp_path / "a" / "tensorboard").exists()
+    argv[argv.index(str(tmp_path / "a"))] = str(tmp_path / "b")
+    proc = run([*argv, "--threads", "2"], env=env, timeout=120)
+    assert proc.stderr.strip() == (
+        f"hvd-lm train: WARNING: 1 rank(s) x 2 threads on {socket.gethostname()} exceed its 1 "
+        "usable cores: steps can run 20-50x slower; use --threads 1 (0 picks that)"), proc.stderr
 
 
 @pytest.mark.slow

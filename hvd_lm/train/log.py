@@ -2,7 +2,8 @@
 
 * :class:`MetricsLog`: ``<out-dir>/metrics.jsonl`` (one JSON record per line: ``kind`` = start,
   train, eval, skip, checkpoint, end; ``step``; ``time`` in Unix seconds; the values), a stdout
-  line per record, a tqdm bar on a terminal, TensorBoard events when ``tensorboard`` is installed.
+  line per record, a tqdm bar on a terminal, TensorBoard events with ``--tensorboard true`` (a
+  warning instead when the ``tensorboard`` package is missing).
   :func:`read_metrics` is the one reader of that file (reports, scaling report, tests).
 * :class:`StepMeter`: what the loop sums on each rank between two ``train`` records.
 * :class:`StopSignals`: SIGTERM/SIGINT/SIGUSR1 (SLURM preemption, ``scancel --signal``, Ctrl-C)
@@ -86,13 +87,14 @@ def fmt(v) -> str:
 
 
 class MetricsLog:
-    """Rank 0's outputs: metrics.jsonl, stdout lines, tqdm bar, TensorBoard (when installed).
+    """Rank 0's outputs: metrics.jsonl, stdout lines, tqdm bar, TensorBoard (when asked for).
 
     Args:
         out_dir: the run directory.
         enabled: False on ranks other than 0 (every method is then a no-op).
         total / initial: optimizer steps of the whole run / already done (the bar).
-        tensorboard: write ``<out_dir>/tensorboard`` events when possible.
+        tensorboard: write ``<out_dir>/tensorboard`` events (one warning line on stderr when
+            the ``tensorboard`` package is missing).
     """
 
     def __init__(self, out_dir: Path, enabled: bool, total: int, initial: int, tensorboard: bool):
@@ -106,6 +108,10 @@ class MetricsLog:
                         disable=None, file=sys.stderr)
         if tensorboard and SummaryWriter is not None:
             self.tb = SummaryWriter(str(out_dir / "tensorboard"))
+        elif tensorboard:
+            print("hvd-lm train: WARNING: --tensorboard true, but the tensorboard package is not "
+                  "installed (pip install tensorboard): no TensorBoard events are written; "
+                  f"{out_dir / 'metrics.jsonl'} has every record", file=sys.stderr, flush=True)
 
     def record(self, kind: str, step: int, **values) -> None:
         """Append ``{"kind", "step", "time", **values}`` and print it as one line."""

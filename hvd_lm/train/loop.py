@@ -16,10 +16,10 @@ read of its inf check). On CUDA the stream is also drained just before the allre
 costs nothing (the host then blocks on the allreduce, which needs the backward done) and splits
 each step's time into device compute and wait (``compute_time_max``, a slow GPU's straggling).
 
-Rank 0 logs (tqdm bar, a line every ``log_every`` steps, ``metrics.jsonl``, TensorBoard when
-installed) and writes checkpoints; metrics are sums over ranks but ``compute_time_max`` (each
-step's slowest rank). Every Horovod call is marked
-``# Horovod:`` where it happens (as Horovod's ``examples/pytorch`` scripts do).
+Rank 0 logs (tqdm bar, a line every ``log_every`` steps, ``metrics.jsonl``, TensorBoard with
+``--tensorboard true``) and writes checkpoints; metrics are sums over ranks but
+``compute_time_max`` (each step's slowest rank). Every Horovod call is marked ``# Horovod:``
+where it happens (as Horovod's ``examples/pytorch`` scripts do).
 
 With ``run.elastic`` (Horovod elastic) the same loop runs under ``hvd.elastic.run``, with a
 commit in memory every ``run.commit_every`` steps: :mod:`hvd_lm.train.elastic`.
@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -98,7 +97,8 @@ class Trainer(ElasticTraining):
         self.device = devices.resolve_device(cfg.run.device, self.ctx.local_rank,
                                              self.ctx.local_size)
         devices.check(self.device, cfg.run.precision)
-        self.threads = cfg.run.threads or max(1, (os.cpu_count() or 1) // self.ctx.local_size)
+        self.threads = preflight.threads_per_rank(cfg.run.threads, self.ctx.local_size,
+                                                  warn=self.ctx.local_rank == 0)
         torch.set_num_threads(self.threads)
         self.out_dir = Path(cfg.run.out_dir)
 

@@ -98,7 +98,9 @@ class RunConfig:
                             "loss scaling)", choices=("fp32", "fp16", "bf16"))
     device: str = option("auto", "cpu, cuda, cuda:N, or auto (cuda:local_rank when available)",
                          parse=lambda v: _device(v))
-    threads: int = option(0, "torch intra-op threads per rank (0 = cores / local ranks)", ge=0)
+    threads: int = option(0, "torch intra-op threads per rank (0 = the cores this process may "
+                          "use / ranks on this host; a warning when ranks x threads exceed them)",
+                          ge=0)
     log_every: int = option(10, "log a metrics line every N steps", ge=1)
     eval_every: int = option(0, "validation BPC every N steps (0 = only at the end)", ge=0)
     eval_chars: int = option(262144, "validation bytes per evaluation (0 = the whole split)", ge=0)
@@ -130,7 +132,9 @@ class RunConfig:
                                "(a lost worker costs at most the steps since)", ge=1)
     inject_nan_steps: str = option("", "testing aid: comma-separated step attempts (applied + "
                                    "skipped, 0-based) whose loss rank 0 makes NaN")
-    tensorboard: bool = option(True, "write TensorBoard events when tensorboard is installed")
+    tensorboard: bool = option(False, "write TensorBoard events to <out-dir>/tensorboard (needs "
+                               "`pip install tensorboard`, which `make setup` leaves out; asked "
+                               "for without it: one warning, metrics.jsonl only)")
 
 
 @dataclass
