@@ -49,14 +49,14 @@ from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.formats.shards import verify_shard
 from hvd_lm.model import device as devices
 from hvd_lm.model.lm import LanguageModel
-from hvd_lm.options import Command, check_required
+from hvd_lm.options import Command, check_required, error_text
 from hvd_lm.train import faults, preflight
 from hvd_lm.train import resume as resume_io
 from hvd_lm.train.data import Prefetcher, RankStreams, window_in_new_cut
 from hvd_lm.train.elastic import ElasticTraining
 from hvd_lm.train.evaluate import bpc as eval_bpc
-from hvd_lm.train.guard import DivergenceGuard
-from hvd_lm.train.log import MetricsLog, StepMeter, StopSignals
+from hvd_lm.train.guard import DivergenceGuard, TrainingDiverged
+from hvd_lm.train.log import MetricsLog, StepMeter, StopSignals, write_failure
 from hvd_lm.train.optim import build_optimizer, distributed
 from hvd_lm.train.rundir import open_run_folder
 from hvd_lm.train.schedule import make_scheduler, scaled_lr, set_peak_lr
@@ -200,6 +200,7 @@ class Trainer(ElasticTraining):
                                      cfg.run.max_skipped_steps, self.pos.step)
         self.last_ckpt_time = time.time()
         self.saved_step: int | None = None  # the step of this run's newest checkpoint
+        self.step_started = time.monotonic()  # monotonic s: when the current step began
         self.stop_reason = "done"
         self.committed_rows = None  # elastic: this rank's rows at the last commit, and its place
         self.commit_seconds: list[float] = []
@@ -282,24 +283,38 @@ class Trainer(ElasticTraining):
         """Train to the end (or a stop signal), then validate, checkpoint and write the summary."""
         if self.summary is not None:  # nothing to train (preflight.resume_end)
             return self.summary
-        if self.cfg.run.elastic:
-            self.run_elastic()  # hvd_lm.train.elastic
-        else:
-            try:
-                self.loop()
-                self.finish()
-            except Exception as e:
-                if self.peers and comm.is_collective_failure(e):
-                    raise self.lost_peer(e) from e
-                raise
-        return self.end()
+        try:
+            if self.cfg.run.elastic:
+                self.run_elastic()  # hvd_lm.train.elastic
+            else:
+                try:
+                    self.loop()
+                    self.finish()
+                except Exception as e:
+                    if self.peers and comm.is_collective_failure(e):
+                        raise self.lost_peer(e) from e
+                    raise
+            return self.end()
+        except Exception as e:
+            # the rank that prints the one-line cause records it for the launch's summary (a
+            # divergence, the same on every rank: rank 0 alone)
+            if (e.report if isinstance(e, LostPeer) else
+                    self.ctx.is_root or not isinstance(e, TrainingDiverged)):
+                last = ckpt_io.list_checkpoints(self.out_dir)
+                write_failure(self.out_dir, self.pos.step, self.ctx.rank, error_text(e),
+                              str(last[-1]) if last else None)
+            raise
 
     def lost_peer(self, error: BaseException) -> LostPeer:
         """The one-line error of a collective that lost a peer: who (probed, at most 3 s), when,
         after which timeout, and the newest complete checkpoint to resume from."""
+        # how long the failed collective waited (from its step's start, an upper bound): Gloo's
+        # timeout is named only when it is what ended it (a killed peer fails at once)
+        waited = time.monotonic() - self.step_started
         timeout = comm.gloo_timeout_s()
         bound = (f" (Gloo gave up after HOROVOD_GLOO_TIMEOUT_SECONDS={timeout:g} s)"
-                 if timeout else "")
+                 if timeout and waited >= 0.8 * timeout else
+                 f" after {waited:.1f} s (its peer's connection closed)")
         last = ckpt_io.list_checkpoints(self.out_dir)
         return LostPeer(
             f"{lost_peers_text(self.peers, self.ctx.rank)}: a collective failed at step "
@@ -333,6 +348,7 @@ class Trainer(ElasticTraining):
         while pos.step < self.total_steps and (state is not None
                                                or pos.window + k <= self.total_windows):
             t_step = time.perf_counter()
+            self.step_started = time.monotonic()  # what a failed collective waited: lost_peer
             self.faults.before_step(pos.step)
 
             # forward, loss, backward, Horovod: synchronize, unscale and clip, step or skip
@@ -433,6 +449,7 @@ class Trainer(ElasticTraining):
         if self.stop_reason == "done":
             self.guard.at_end()
             self.stop_reason = "diverged" if self.guard.reason else "done"
+        self.step_started = time.monotonic()  # the final validation's and save's collectives
         if self.stop_reason == "done":
             if not (self.cfg.run.eval_every and self.pos.step % self.cfg.run.eval_every == 0):
                 self.validate()
