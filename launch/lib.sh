@@ -7,7 +7,7 @@
 #   hvd_lm_bind_prefix        -> HVD_LM_BIND     optional per-rank GPU binding wrapper
 #   hvd_lm_mpirun_env_flags   -> HVD_LM_MPI_X    `-x NAME` for the variables ranks need
 #   hvd_lm_run_preemptible    runs a launcher, turning scheduler signals into a checkpoint
-#   hvd_lm_failure_summary    the closing block of a failed launch: its first failure, last
+#   hvd_lm_failure_summary    the closing block of a failed launch: its cause, last
 #   hvd_lm_preflight          `hvd-lm doctor` on the job's hosts; exports the interface to use
 
 # Build HVD_LM_CMD from the knobs PYTHON, CONFIG, SHARDS, OUT_DIR and TRAIN_ARGS:
@@ -244,10 +244,10 @@ _hvd_lm_forward() {
 }
 
 # hvd_lm_failure_summary RC [RESUME]: when RC != 0, the closing block of a failed launch as the
-# last lines, on stderr (python -m hvd_lm.jobs.failure_summary): the first failure any rank recorded in
-# $OUT_DIR/metrics.jsonl since the launch started (rank, host, step, the one-line cause, the
-# newest complete checkpoint), else the first ERROR line the launch printed, and RESUME: how to
-# run it again (default: this template again with the same OUT_DIR).
+# last lines, on stderr (python -m hvd_lm.jobs.failure_summary): the failure a rank recorded in
+# $OUT_DIR/metrics.jsonl since the launch started (rank 0's when it wrote one: rank, host,
+# step, the one-line cause, the newest complete checkpoint), else the first ERROR line the
+# launch printed, and RESUME: how to run it again (default: this template, the same OUT_DIR).
 hvd_lm_failure_summary() {
   local rc="$1" resume="${2:-run the same launch again with OUT_DIR=$OUT_DIR: it continues with --resume auto}"
   if [ "$rc" != 0 ]; then

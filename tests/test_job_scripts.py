@@ -106,7 +106,7 @@ def test_a_failed_launch_ends_with_its_first_failure(template, knobs, cause, sha
     last = proc.stderr.rstrip().splitlines()[-5:]
     assert proc.returncode != 0 and last[:4] == [
         f"==== hvd-lm: the job failed (exit status {proc.returncode}) ====",
-        f"first failure: rank 0 on host {rec['host']} after step 3 (recorded in "
+        f"where: rank 0 on host {rec['host']}, after step 3 (recorded in "
         f"{out / 'metrics.jsonl'})",
         f"newest complete checkpoint: {ckpt}",
         f"resume: run the same launch again with OUT_DIR={out}: it continues with --resume auto",

@@ -1,5 +1,5 @@
-"""The closing block a launch template prints when its job failed: the first failure, on the
-last lines the user sees (torchrun ends a failed job with "Root Cause (first observed
+"""The closing block a launch template prints when its job failed: its cause, on the last lines
+the user sees (torchrun ends a failed job with "Root Cause (first observed
 failure)" the same way).
 
 A failed multi-rank job buries its one good line: after a lost peer, ``hvd-lm train: ERROR:
@@ -11,7 +11,7 @@ the one-line error, the newest complete checkpoint, the command that resumes); t
 non-zero, and it prints::
 
     ==== hvd-lm: the job failed (exit status 1) ====
-    first failure: rank 0 on host n1 after step 57 (recorded in runs/x/metrics.jsonl)
+    where: rank 0 on host n1, after step 57 (recorded in runs/x/metrics.jsonl)
     newest complete checkpoint: runs/x/checkpoints/step_00000040.pt
     resume: run the same launch again (OUT_DIR=runs/x); it continues with --resume auto
     cause: lost rank 1 on host n2 (10.77.0.2 does not answer within 3 s: ...): ...
@@ -109,15 +109,20 @@ def summary(out_dir: str, rc: int, since: float = 0.0, errors: str = "",
     recs = failure_records(out_dir, since)
     lines = [f"==== hvd-lm: the job failed ({exit_text(rc)}) ===="]
     if recs:
-        r = recs[0]
-        lines.append(f"first failure: rank {r.get('rank')} on host {r.get('host')} after step "
-                     f"{r.get('step')} (recorded in {Path(out_dir) / 'metrics.jsonl'})")
+        # rank 0's view when it recorded one (the launcher runs beside it: a host cut off from
+        # the others may still reach the shared disk and record the mirror image), else the first
+        r = next((x for x in recs if x.get("rank") == 0), recs[0])
+        others = sorted({x.get("rank") for x in recs} - {r.get("rank")}, key=str)
+        also = (f"; rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} recorded "
+                "one too" if others else "")
+        lines.append(f"where: rank {r.get('rank')} on host {r.get('host')}, after step "
+                     f"{r.get('step')} (recorded in {Path(out_dir) / 'metrics.jsonl'}{also})")
         ckpt = r.get("checkpoint") or "none (no step was saved)"
         cause = r.get("error") or first_error_line(errors)
         again = resume or (f"the same launcher with `{r['resume']}`" if r.get("resume") else "")
     else:
         line = first_error_line(errors)
-        lines.append("first failure: no rank recorded one in "
+        lines.append("where: no rank recorded a failure in "
                      f"{Path(out_dir) / 'metrics.jsonl'}"
                      + ("; the first ERROR line of the launch follows" if line else ""))
         ckpt = newest_checkpoint(out_dir)
