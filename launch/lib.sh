@@ -87,9 +87,10 @@ hvd_lm_mpirun_env_flags() {
 # hvd_lm_preflight HOSTS [HOSTFILE]: `hvd-lm doctor` on the job's hosts (host:slots,... or a
 # hostfile) before any rank starts, when PREFLIGHT=1 (the templates' default): passwordless ssh
 # both ways, the same Python and hvd_lm on every host, the network interface every host reaches
-# every other one through, ports, the shards (HVD_LM_SHARDS), GPUs per slot. It exports what it
-# picked (NETWORK_INTERFACE, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, OMPI_MCA_btl_tcp_if_include,
-# OMPI_MCA_oob_tcp_if_include; values already set are kept, and checked), so that a node with
+# every other one through, ports, the shards (HVD_LM_SHARDS), OUT_DIR and CONFIG at the same path
+# on every host, GPUs per slot. It exports what it picked (NETWORK_INTERFACE, NCCL_SOCKET_IFNAME,
+# GLOO_SOCKET_IFNAME, OMPI_MCA_btl_tcp_if_include, OMPI_MCA_oob_tcp_if_include; values already
+# set are kept, and checked), so that a node with
 # docker0 or a management NIC cannot make Horovod or OpenMPI hang; or it stops the job with the
 # doctor's one line (exit 2). Bounded: PREFLIGHT_TIMEOUT seconds (45). With PREFLIGHT=0 only the
 # last step runs: a NETWORK_INTERFACE you set becomes those variables' default.
@@ -120,6 +121,8 @@ _hvd_lm_doctor() {
   if [ -n "${HVD_LM_SHARDS:-}" ]; then
     args+=(--shards "$HVD_LM_SHARDS")
   fi
+  # the run folder (its parent until made) and the config: every host at the same path
+  args+=(--paths "${OUT_DIR:-.}${CONFIG:+,$CONFIG}")
   case "${HVD_LM_DEVICE:-}" in
     cpu | cuda) args+=(--device "$HVD_LM_DEVICE") ;;
     cuda:*) args+=(--device cuda) ;;

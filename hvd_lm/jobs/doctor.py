@@ -20,7 +20,13 @@ host
 * connects to every other host's listeners, 3 s each, and checks that the answer carries that
   host's token: an interface counts as *shared* when every host reaches every other one through
   it. ``docker0`` (``172.17.0.1`` on every node) fails this test: from n1 that address is n1
-  itself.
+  itself;
+
+and every host must see the working folder (every rank starts in it), ``--shards`` and each of
+``--paths`` at the same path; a host that lacks one is named with the path and the reason (a
+shared filesystem), instead of a symptom such as a missing manifest (an agent that cannot enter
+the working folder runs in ``$HOME``). Host names go to ssh after ``--``; one starting with
+``-`` is refused before any ssh.
 
 Of the shared interfaces (loopback only when all hosts are this one machine) the fastest
 (``/sys/class/net/IF/speed``; then by name) is used, or the ones ``--network-interface`` names are
