@@ -47,9 +47,10 @@
 
 # ---- OpenMPI ------------------------------------------------------------------------------------
 # Seconds mpirun waits after forwarding SIGTERM (a `kill`, PBS/SLURM cancel) before it SIGKILLs
-# the ranks (OpenMPI's default is 1 s, too short for every rank to write its checkpoint). Keep it
-# above one step plus one checkpoint write at your model size.
-: "${OMPI_MCA_odls_base_sigkill_timeout:=120}"
+# the ranks (OpenMPI's default is 1 s, short for a checkpoint write; the templates send mpirun
+# SIGUSR1 instead, which is never followed by a kill). mpirun also sleeps this long after a rank
+# failed, before it exits: at 120 s a failed job looked hung for two minutes.
+: "${OMPI_MCA_odls_base_sigkill_timeout:=10}"
 
 # ---- export the non-empty ones, unset the empty ones --------------------------------------------
 for _hvd_lm_knob in OMP_NUM_THREADS NCCL_DEBUG NCCL_IB_HCA NCCL_IB_DISABLE NCCL_SOCKET_IFNAME \

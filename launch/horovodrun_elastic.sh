@@ -78,4 +78,9 @@ fi
 hvd_lm_bind_prefix
 hvd_lm_banner "elastic horovodrun, $NP ranks ($MIN_NP..$MAX_NP), hosts from $DISCOVERY" \
   "${launch[@]}" "${HVD_LM_BIND[@]}" "${HVD_LM_CMD[@]}"
-exec "${launch[@]}" "${HVD_LM_BIND[@]}" "${HVD_LM_CMD[@]}"
+# Not exec'd: a SIGTERM/SIGINT to this script is passed on to horovodrun as SIGTERM (every rank
+# checkpoints at the same step), and a failed job ends with its cause as the last lines.
+rc=0
+hvd_lm_run_preemptible --forward TERM "${launch[@]}" "${HVD_LM_BIND[@]}" "${HVD_LM_CMD[@]}" || rc=$?
+hvd_lm_failure_summary "$rc"
+exit "$rc"

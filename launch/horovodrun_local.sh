@@ -37,4 +37,9 @@ hvd_lm_bind_prefix
 launch=("$HOROVODRUN" -np "$NP" -H "localhost:$NP" "--$CONTROLLER")
 hvd_lm_banner "horovodrun, $NP ranks on this machine ($CONTROLLER controller)" \
   "${launch[@]}" "${HVD_LM_BIND[@]}" "${HVD_LM_CMD[@]}"
-exec "${launch[@]}" "${HVD_LM_BIND[@]}" "${HVD_LM_CMD[@]}"
+# Not exec'd: a SIGTERM/SIGINT to this script is passed on to horovodrun as SIGTERM (every rank
+# checkpoints at the same step), and a failed job ends with its cause as the last lines.
+rc=0
+hvd_lm_run_preemptible --forward TERM "${launch[@]}" "${HVD_LM_BIND[@]}" "${HVD_LM_CMD[@]}" || rc=$?
+hvd_lm_failure_summary "$rc"
+exit "$rc"

@@ -7,6 +7,7 @@
 #   hvd_lm_bind_prefix        -> HVD_LM_BIND     optional per-rank GPU binding wrapper
 #   hvd_lm_mpirun_env_flags   -> HVD_LM_MPI_X    `-x NAME` for the variables ranks need
 #   hvd_lm_run_preemptible    runs a launcher, turning scheduler signals into a checkpoint
+#   hvd_lm_failure_summary    the closing block of a failed launch: its cause, last
 #   hvd_lm_preflight          `hvd-lm doctor` on the job's hosts; exports the interface to use
 
 # Build HVD_LM_CMD from the knobs PYTHON, CONFIG, SHARDS, OUT_DIR and TRAIN_ARGS:
@@ -89,9 +90,10 @@ hvd_lm_mpirun_env_flags() {
 # hvd_lm_preflight HOSTS [HOSTFILE]: `hvd-lm doctor` on the job's hosts (host:slots,... or a
 # hostfile) before any rank starts, when PREFLIGHT=1 (the templates' default): passwordless ssh
 # both ways, the same Python and hvd_lm on every host, the network interface every host reaches
-# every other one through, ports, the shards (HVD_LM_SHARDS), GPUs per slot. It exports what it
-# picked (NETWORK_INTERFACE, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, OMPI_MCA_btl_tcp_if_include,
-# OMPI_MCA_oob_tcp_if_include; values already set are kept, and checked), so that a node with
+# every other one through, ports, the shards (HVD_LM_SHARDS), OUT_DIR and CONFIG at the same path
+# on every host, GPUs per slot. It exports what it picked (NETWORK_INTERFACE, NCCL_SOCKET_IFNAME,
+# GLOO_SOCKET_IFNAME, OMPI_MCA_btl_tcp_if_include, OMPI_MCA_oob_tcp_if_include; values already
+# set are kept, and checked), so that a node with
 # docker0 or a management NIC cannot make Horovod or OpenMPI hang; or it stops the job with the
 # doctor's one line (exit 2). Bounded: PREFLIGHT_TIMEOUT seconds (45). With PREFLIGHT=0 only the
 # last step runs: a NETWORK_INTERFACE you set becomes those variables' default.
@@ -122,6 +124,8 @@ _hvd_lm_doctor() {
   if [ -n "${HVD_LM_SHARDS:-}" ]; then
     args+=(--shards "$HVD_LM_SHARDS")
   fi
+  # the run folder (its parent until made) and the config: every host at the same path
+  args+=(--paths "${OUT_DIR:-.}${CONFIG:+,$CONFIG}")
   case "${HVD_LM_DEVICE:-}" in
     cpu | cuda) args+=(--device "$HVD_LM_DEVICE") ;;
     cuda:*) args+=(--device cuda) ;;
@@ -143,20 +147,40 @@ hvd_lm_banner() {
   printf '\n'
 }
 
-# hvd_lm_run_preemptible CMD...: run CMD (the launcher: srun/mpirun + training) in the background
-# and wait for it. On SIGUSR1 (SLURM `--signal=B:USR1@120`, `scancel --signal=USR1 --batch`) or
-# SIGTERM (PBS preemption, SLURM cancel) send SIGUSR1 to CMD: srun and OpenMPI's mpirun forward
-# SIGUSR1 to every rank, and `hvd-lm train` then writes a checkpoint on all ranks at the same step
-# and exits 0 (summary stop=signal). (OpenMPI's mpirun forwards SIGTERM but then kills the ranks at
-# once, before they can checkpoint, hence the translation.) Returns CMD's exit status;
-# HVD_LM_SIGNALLED=1 when a signal was forwarded.
+# hvd_lm_run_preemptible [--forward SIG] CMD...: run CMD (the launcher: srun/mpirun/horovodrun +
+# training) in the background and wait for it. On SIGUSR1 (SLURM `--signal=B:USR1@120`,
+# `scancel --signal=USR1 --batch`), SIGTERM (PBS preemption, SLURM cancel, `kill`) or SIGINT,
+# send SIG to CMD (default USR1): srun and OpenMPI's mpirun forward SIGUSR1 to every rank, and
+# `hvd-lm train` then writes a checkpoint on all ranks at the same step and exits 0 (summary
+# stop=signal). (OpenMPI's mpirun forwards SIGTERM but then kills the ranks at once, before they
+# can checkpoint, hence the translation; horovodrun passes SIGTERM on itself: --forward TERM.)
+# Its stdout and stderr pass through unchanged; every line holding "ERROR:" is also kept for
+# hvd_lm_failure_summary. Returns CMD's exit status; HVD_LM_SIGNALLED=1 when a signal was
+# forwarded, HVD_LM_SIGNAL its name (USR1, TERM, INT).
 hvd_lm_run_preemptible() {
+  HVD_LM_FORWARD=USR1
+  if [ "${1:-}" = --forward ]; then
+    HVD_LM_FORWARD="$2"
+    shift 2
+  fi
   HVD_LM_SIGNALLED=0
+  HVD_LM_SIGNAL=""
   HVD_LM_INTERRUPTED=0
-  "$@" &
+  HVD_LM_T0="$(date +%s)"
+  HVD_LM_ERRORS="$(mktemp "${TMPDIR:-/tmp}/hvd-lm-errors.XXXXXX")"
+  HVD_LM_FIFOS="$(mktemp -d "${TMPDIR:-/tmp}/hvd-lm-out.XXXXXX")"
+  mkfifo "$HVD_LM_FIFOS/out" "$HVD_LM_FIFOS/err"
+  # the filters outlive a signal to this script (they end at the launcher's last line)
+  (trap '' INT TERM USR1; _hvd_lm_keep_errors <"$HVD_LM_FIFOS/out") &
+  HVD_LM_FILTERS=($!)
+  (trap '' INT TERM USR1; _hvd_lm_keep_errors <"$HVD_LM_FIFOS/err" >&2) &
+  HVD_LM_FILTERS+=($!)
+  # unbuffered: horovodrun (Python) would hold its ranks' lines back in a pipe's buffer
+  PYTHONUNBUFFERED=1 "$@" >"$HVD_LM_FIFOS/out" 2>"$HVD_LM_FIFOS/err" &
   HVD_LM_PID=$!
   trap '_hvd_lm_forward USR1' USR1
   trap '_hvd_lm_forward TERM' TERM
+  trap '_hvd_lm_forward INT' INT
   local rc
   while :; do
     rc=0
@@ -168,16 +192,78 @@ hvd_lm_run_preemptible() {
     fi
     break
   done
-  trap - USR1 TERM
+  trap - USR1 TERM INT
+  _hvd_lm_wait_filters
   return "$rc"
+}
+
+# stdin to stdout unchanged, each line holding "ERROR:" also appended to $HVD_LM_ERRORS
+_hvd_lm_keep_errors() {
+  local line
+  while IFS= read -r line || [ -n "$line" ]; do
+    printf '%s\n' "$line"
+    case "$line" in
+      *ERROR:*) printf '%s\n' "$line" >>"$HVD_LM_ERRORS" ;;
+    esac
+  done
+}
+
+# Wait (5 s at most: a rank left behind may hold the pipe) until the filters printed the
+# launcher's last line, so that nothing follows the summary.
+_hvd_lm_wait_filters() {
+  local i pid
+  for ((i = 0; i < 50; i++)); do
+    for pid in "${HVD_LM_FILTERS[@]}"; do
+      if kill -0 "$pid" 2>/dev/null; then
+        sleep 0.1
+        continue 2
+      fi
+    done
+    break
+  done
+  for pid in "${HVD_LM_FILTERS[@]}"; do
+    kill "$pid" 2>/dev/null || true
+  done
+  rm -rf "$HVD_LM_FIFOS"
 }
 
 _hvd_lm_forward() {
   HVD_LM_INTERRUPTED=1
   HVD_LM_SIGNALLED=1
-  echo "$(date '+%F %T') launch: got SIG$1; sending SIGUSR1 to the training (pid $HVD_LM_PID):" \
-    "checkpoint on all ranks, then stop" >&2
-  kill -USR1 "$HVD_LM_PID" 2>/dev/null || true
+  HVD_LM_SIGNAL="$1"
+  local sig="$HVD_LM_FORWARD"
+  if [ -n "${SLURM_JOB_ID:-}" ] && [ "$1" = TERM ]; then
+    # `scancel JOB` (no --signal) or a node going down: SLURM sends SIGTERM to every process of
+    # the job at once and SIGKILL KillWait seconds later, whatever they are doing.
+    local kill_wait
+    kill_wait="$(timeout 5 scontrol show config 2>/dev/null | awk '$1 == "KillWait" {print $3}')"
+    echo "$(date '+%F %T') launch: got SIGTERM (scancel, or the node going down): asking the" \
+      "ranks to checkpoint, but SLURM kills the job ${kill_wait:-KillWait} s after this" \
+      "signal, so a checkpoint is written only if it fits; to stop with a checkpoint use" \
+      "\`scancel --signal=USR1 --batch $SLURM_JOB_ID\` (checkpoint, then requeue) or" \
+      "\`scancel --signal=TERM $SLURM_JOB_ID\` (checkpoint, then end)" >&2
+  else
+    echo "$(date '+%F %T') launch: got SIG$1; sending SIG$sig to the training (pid" \
+      "$HVD_LM_PID): checkpoint on all ranks, then stop" >&2
+  fi
+  kill "-$sig" "$HVD_LM_PID" 2>/dev/null || true
+}
+
+# hvd_lm_failure_summary RC [RESUME]: when RC != 0, the closing block of a failed launch as the
+# last lines, on stderr (python -m hvd_lm.jobs.failure_summary): the failure a rank recorded in
+# $OUT_DIR/metrics.jsonl since the launch started (rank 0's when it wrote one: rank, host,
+# step, the one-line cause, the newest complete checkpoint), else the first ERROR line the
+# launch printed, and RESUME: how to run it again (default: this template, the same OUT_DIR).
+hvd_lm_failure_summary() {
+  local rc="$1" resume="${2:-run the same launch again with OUT_DIR=$OUT_DIR: it continues with --resume auto}"
+  if [ "$rc" != 0 ]; then
+    "${PYTHON:-python3}" -m hvd_lm.jobs.failure_summary "$OUT_DIR" --rc "$rc" \
+      --since "${HVD_LM_T0:-0}" --errors "${HVD_LM_ERRORS:-}" --resume "$resume" >&2 ||
+      echo "launch: the job failed (exit status $rc)" >&2
+  fi
+  if [ -n "${HVD_LM_ERRORS:-}" ]; then
+    rm -f "$HVD_LM_ERRORS"
+  fi
 }
 
 # True when the last training run in $OUT_DIR stopped for a signal after checkpointing

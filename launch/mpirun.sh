@@ -75,6 +75,8 @@ hvd_lm_banner "mpirun, $NP ranks on ${HOSTS:-${HOSTFILE:-this machine}}" \
 # handling tears the job down instead (its daemons signal the ranks only after
 # odls_base_sigkill_timeout, while the ranks' output is no longer read), so the ranks could not
 # checkpoint. They checkpoint at the same step and exit 0, and so does this script.
+# A failed job ends with its cause (rank, host, checkpoint, how to resume) as the last lines.
 rc=0
 hvd_lm_run_preemptible "${launch[@]}" "${HVD_LM_BIND[@]}" "${HVD_LM_CMD[@]}" || rc=$?
+hvd_lm_failure_summary "$rc"
 exit "$rc"

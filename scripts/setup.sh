@@ -112,6 +112,13 @@ if [ "${VENV_SYSTEM_SITE:-0}" = 1 ]; then
         fi
     fi
 fi
+# The checkout's root at the end of the venv's sys.path (a .pth file: appended, so it never
+# shadows an installed package): `python -m tests.cluster`, the cluster in a box, then runs from
+# any folder, as `hvd-lm` does.
+checkout_pth=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_hvd_lm_checkout.pth
+if [ "$(cat "$checkout_pth" 2>/dev/null)" != "$PWD" ]; then
+    printf '%s\n' "$PWD" >"$checkout_pth"
+fi
 PIP=("$PY" -m pip --disable-pip-version-check -q)
 if ! "$PY" -m pip --version >/dev/null 2>&1; then
     say "ERROR: $VENV has no pip (made by a Python without ensurepip?): remove it (rm -rf $VENV)" \

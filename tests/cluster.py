@@ -22,12 +22,13 @@ cannot reach, the cause of Horovod's and OpenMPI's classic multi-node hang (horo
 #1086). ``tc qdisc ... tbf`` on both ends of every link sets its bandwidth (:meth:`Cluster.shape`);
 this kernel has no netem, so latency is measured (:meth:`Cluster.ping`), not set. The nodes share
 this machine's filesystem, so paths (the checkout, ``.venv``, shards, run folders) are the same
-everywhere.
+everywhere, except under ``/tmp`` (see below).
 
 Faults: :meth:`Cluster.link` unplugs a node's cable at the switch (its ``eth0`` loses carrier),
 :meth:`Cluster.kill_jobs` kills every process of a node but the cluster's daemons.
 :meth:`Cluster.slurm` starts SLURM over the nodes (tests/slurm_cluster.py: ``slurmctld`` and
-``munged`` on n1, one ``slurmd`` per node).
+``munged`` on n1, one ``slurmd`` per node; from the command line ``up N --slurm`` leaves it
+running, its daemons' PIDs in ``state.json``, and ``down`` stops it with everything else).
 
 Setup and teardown are idempotent and take seconds; :meth:`Cluster.down` kills every process in
 the cluster's namespaces (found by namespace, not by name), deletes the namespaces (their veths
@@ -35,9 +36,16 @@ go with them) and the cluster folder. Command line (what a session on this machi
 measure; the tests use the pytest fixture ``cluster`` in tests/conftest.py)::
 
     python -m tests.cluster up 3 --rate 1gbit     # 3 nodes, 1 Gbit/s links
+    python -m tests.cluster up 2 --slurm          # and SLURM, left running: prints SLURM_CONF
     python -m tests.cluster run n1 -- hostname    # a command on node n1 (cwd and env kept)
     python -m tests.cluster shape 100mbit         # reshape every link (none: unshaped)
-    python -m tests.cluster status | ping | down
+    python -m tests.cluster status | ping | down  # down: SLURM, every process, namespace, file
+
+It runs from any folder once ``make setup`` has put the checkout on the venv's path
+(``scripts/setup.sh``: ``_hvd_lm_checkout.pth``). What the nodes share: everything outside
+``/tmp``; under ``/tmp`` each node has its own, but for the cluster folder, pytest's temporary
+folders and the folders listed in ``HVD_LM_CLUSTER_SHARE`` (colon-separated, read by ``up``):
+work in one of those, as a real cluster's jobs work on a shared filesystem.
 
 Needs root, ``ip``/``tc`` (iproute2), ``nsenter``/``unshare`` (util-linux), ``sshd``
 (openssh-server) and ``ping`` (iputils-ping); missing packages are installed with apt-get as
@@ -69,6 +77,8 @@ PREFIX = "hvdlm"                       # namespace names: hvdlm-sw, hvdlm-n1, ..
 SUBNET = "10.77.0"                     # private, exists only inside the namespaces
 DECOY_IF, DECOY_ADDR = "docker0", "172.17.0.1/16"
 DEFAULT_ROOT = Path(os.environ.get("HVD_LM_CLUSTER_DIR", "/tmp/hvdlm-cluster"))
+#: set (to its PID) by the process that holds :func:`session_lock`, for its children
+HOLDER_VAR = "HVD_LM_CLUSTER_HOLDER"
 #: binary -> Debian package
 TOOLS = {"ip": "iproute2", "tc": "iproute2", "nsenter": "util-linux", "unshare": "util-linux",
          "sshd": "openssh-server", "ssh": "openssh-client", "ssh-keygen": "openssh-client",
@@ -191,7 +201,8 @@ class Cluster:
         return list(self.nodes)
 
     def _save(self) -> None:
-        state = {"rate": self.rate, "nodes": [vars(n) for n in self.nodes.values()]}
+        state = {"rate": self.rate, "nodes": [vars(n) for n in self.nodes.values()],
+                 "slurm": self._slurm.pids() if self._slurm else None}
         (self.root / "state.json").write_text(json.dumps(state, indent=1))
 
     @classmethod
@@ -212,7 +223,16 @@ class Cluster:
         if dead:
             raise RuntimeError(f"the cluster in {root} is broken (holder of {dead} gone): "
                                "python -m tests.cluster down, then up")
+        if state.get("slurm"):  # started by another process (up --slurm): its daemons, by PID
+            from tests.slurm_cluster import SLURM_TOOLS
+            with contextlib.suppress(RuntimeError, Unavailable):
+                c._slurm = SlurmCluster.attach(c.root / "slurm", ensure_tools(SLURM_TOOLS),
+                                               state["slurm"], **c._slurm_layout())
         return c
+
+    def _slurm_layout(self) -> dict:
+        return {"cpus": 2, "nodes": [(n.name, n.addr) for n in self.nodes.values()],
+                "on_node": self.prefix}
 
     def healthy(self) -> bool:
         """Every node's holder and sshd are alive, and n1 reaches every node by ssh."""
@@ -541,27 +561,41 @@ class Cluster:
             self._slurm = None
         return down(self.root)
 
+    def slurm_running(self) -> bool:
+        """SLURM's daemons run (started here or by another process)."""
+        return self._slurm is not None and all(p.poll() is None
+                                               for p in self._slurm.procs.values())
+
     # ---- SLURM -------------------------------------------------------------------------------
-    def slurm(self, start_timeout: float = 90) -> SlurmCluster:
-        """SLURM over the nodes (started on first call): slurmctld and munged on n1, one
-        slurmd per node; client commands run on n1. Stopped by :meth:`down`.
+    def slurm(self, start_timeout: float = 90, detach: bool = False) -> SlurmCluster:
+        """SLURM over the nodes (started on first call, or the one running already): slurmctld
+        and munged on n1, one slurmd per node; client commands run on n1 (slurmctld listens on
+        n1's address, which only the nodes reach) with ``SLURM_CONF`` = ``<root>/slurm/
+        slurm.conf``. ``detach``: the daemons outlive this process (``python -m tests.cluster up
+        N --slurm``; their PIDs are in state.json). Stopped by :meth:`down` (and, being in the
+        nodes' namespaces, by :func:`down` from any process).
 
         Raises:
             Unavailable: SLURM/MUNGE missing and not installable.
             RuntimeError: the daemons did not come up (logs included).
         """
-        if self._slurm is None:
-            from tests.slurm_cluster import SLURM_TOOLS
-            slurm = SlurmCluster(self.root / "slurm", ensure_tools(SLURM_TOOLS), cpus=2,
-                                 nodes=[(n.name, n.addr) for n in self.nodes.values()],
-                                 on_node=self.prefix)
-            self._slurm = slurm
-            try:
-                slurm.start(start_timeout)
-            except BaseException:
-                slurm.stop()
-                self._slurm = None
-                raise
+        if self._slurm is not None and all(p.poll() is None for p in self._slurm.procs.values()):
+            return self._slurm
+        if self._slurm is not None:  # a daemon died: start afresh
+            self._slurm.stop()
+            self._slurm = None
+        from tests.slurm_cluster import SLURM_TOOLS
+        slurm = SlurmCluster(self.root / "slurm", ensure_tools(SLURM_TOOLS), detach=detach,
+                             **self._slurm_layout())
+        self._slurm = slurm
+        try:
+            slurm.start(start_timeout)
+        except BaseException:
+            slurm.stop()
+            self._slurm = None
+            raise
+        finally:
+            self._save()
         return self._slurm
 
 
@@ -635,16 +669,45 @@ def session_lock(root: Path = DEFAULT_ROOT, timeout: float = 900) -> Iterator[No
                 if time.monotonic() > deadline:
                     raise Unavailable(f"another session holds {path} (its cluster is up)") from None
                 time.sleep(1)
+        os.environ[HOLDER_VAR] = str(os.getpid())  # its children may use the command line
         try:
             yield
         finally:
+            os.environ.pop(HOLDER_VAR, None)
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # ---- command line --------------------------------------------------------------------------------
+def _not_held(root: Path) -> None:
+    """Refuse to change the cluster while a test session holds it (:func:`session_lock`).
+
+    Raises:
+        RuntimeError: the lock is held.
+    """
+    if os.environ.get(HOLDER_VAR):  # run by the session that holds it (tests/test_journey.py)
+        return
+    with open(f"{root}.lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"a test session holds the cluster in a box ({root}.lock): wait "
+                               "until it ends") from None
+        fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _print_slurm(c: Cluster) -> None:
+    """Start SLURM (detached: it outlives this command) and say how to use it."""
+    slurm = c.slurm(detach=True)
+    print(f"slurm: slurmctld on {c.names[0]}, slurmd on {', '.join(c.names)}; its commands "
+          f"reach slurmctld from the nodes only:\n"
+          f"export SLURM_CONF={slurm.conf}\n"
+          f"python -m tests.cluster run {c.names[0]} -- sbatch job.sbatch   # then squeue, "
+          "scancel, ... the same way; `python -m tests.cluster down` stops it all")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tests.cluster up N [--rate R] | down | status | shape RATE | link NODE
-    up|down | ping | run NODE -- CMD...``; one ``ERROR:`` line on failure."""
+    """``python -m tests.cluster up N [--rate R] [--slurm] | slurm | down | status | shape RATE |
+    link NODE up|down | ping | run NODE -- CMD...``; one ``ERROR:`` line on failure."""
     p = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__.split(
         "\n")[0])
     p.add_argument("--root", default=str(DEFAULT_ROOT), help="cluster folder")
@@ -652,6 +715,10 @@ def main(argv: list[str] | None = None) -> int:
     u = sub.add_parser("up", help="start N nodes (reuses a healthy cluster of that size)")
     u.add_argument("n", type=int, nargs="?", default=3)
     u.add_argument("--rate", default=None, help="tbf rate of every link, e.g. 1gbit")
+    u.add_argument("--slurm", action="store_true", help="and SLURM over them (slurmctld on n1, "
+                   "one slurmd per node), left running; prints the SLURM_CONF to export")
+    sub.add_parser("slurm", help="start SLURM on the running nodes (left running), print the "
+                   "SLURM_CONF to export")
     sub.add_parser("down", help="stop everything, delete the namespaces and the folder")
     sub.add_parser("status", help="nodes, addresses, link rate, job processes")
     s = sub.add_parser("shape", help="set every link's rate (none: unshaped)")
@@ -666,10 +733,19 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     root = Path(a.root)
     try:
+        if a.cmd in ("up", "slurm", "down"):
+            _not_held(root)
         if a.cmd == "up":
             c = Cluster.up(a.n, a.rate, root)
             print(f"up: {', '.join(f'{n.name}={n.addr}' for n in c.nodes.values())}; links "
-                  f"{c.rate or 'unshaped'}; decoy {DECOY_IF} {DECOY_ADDR} on every node")
+                  f"{c.rate or 'unshaped'}; decoy {DECOY_IF} {DECOY_ADDR} on every node; shared "
+                  f"with the nodes: everything outside /tmp, and "
+                  f"{', '.join(map(str, shared_tmp(root)))} (add folders with "
+                  "HVD_LM_CLUSTER_SHARE=DIR:DIR before up)")
+            if a.slurm:
+                _print_slurm(c)
+        elif a.cmd == "slurm":
+            _print_slurm(Cluster.attach(root))
         elif a.cmd == "down":
             print(f"down: removed {down(root) or 'nothing'}")
         elif a.cmd == "run":
@@ -691,6 +767,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{n.name} {n.addr} ns={n.ns} holder={n.holder} sshd={n.sshd} "
                           f"jobs={len(c.processes(n.name))}")
                 print(f"links: {c.rate or 'unshaped'}")
+                conf = c.root / "slurm" / "slurm.conf"
+                print(f"slurm: running, SLURM_CONF={conf}" if c.slurm_running() else
+                      "slurm: not running (python -m tests.cluster slurm)")
     except (Unavailable, RuntimeError, ValueError, KeyError) as e:
         print(f"tests.cluster: ERROR: {e}", file=sys.stderr)
         return 1

@@ -109,7 +109,7 @@ class SlurmCluster:
     """
 
     def __init__(self, root: Path, tools: dict[str, str], cpus: int | None = None,
-                 nodes: list[tuple[str, str]] | None = None, on_node=None):
+                 nodes: list[tuple[str, str]] | None = None, on_node=None, detach: bool = False):
         self.root = Path(root)
         self.tools = tools
         self.cpus = max(2, cpus or os.cpu_count() or 2)
@@ -117,7 +117,10 @@ class SlurmCluster:
         self.nodes = list(nodes or [(NODE, "127.0.0.1")])
         #: (node name, working directory) -> argv prefix running a command there
         self.on_node = on_node or (lambda name, cwd: [])
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, subprocess.Popen | _Daemon] = {}
+        #: daemons in their own session, outliving this process (``python -m tests.cluster up
+        #: --slurm``); else they get SIGTERM when it exits
+        self.detach = detach
         self.conf = self.root / "slurm.conf"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         self.env["SLURM_CONF"] = str(self.conf)
@@ -175,9 +178,10 @@ class SlurmCluster:
     def _spawn(self, name: str, cmd: list[str], node: str | None = None) -> None:
         out = open(self.root / "log" / f"{name}.out", "ab")
         cmd = [*self.on_node(node or self.nodes[0][0], self.root), *cmd]
-        self.procs[name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, env=self.env,
-                                            cwd=self.root, preexec_fn=_die_with_parent)
+        self.procs[name] = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
+            cwd=self.root, **({"start_new_session": True} if self.detach else
+                              {"preexec_fn": _die_with_parent}))
         out.close()
 
     def start(self, timeout: float = 60) -> None:
@@ -203,6 +207,26 @@ class SlurmCluster:
         names = [n for n, _ in self.nodes]
         self._wait(lambda: all(self.node_state(n) == "idle" for n in names), timeout,
                    f"node(s) {', '.join(names)} to become idle")
+
+    def pids(self) -> dict[str, int]:
+        """``{daemon name: PID}`` of the daemons started (what :meth:`attach` takes back)."""
+        return {name: proc.pid for name, proc in self.procs.items()}
+
+    @classmethod
+    def attach(cls, root: Path, tools: dict[str, str], pids: dict[str, int], **kw
+               ) -> "SlurmCluster":
+        """The cluster another process started under ``root`` (detached), from its daemons'
+        PIDs; ``kw`` as the constructor's (``nodes``, ``on_node``, ``cpus``).
+
+        Raises:
+            RuntimeError: one of its daemons is gone.
+        """
+        c = cls(root, tools, **kw)
+        c.procs = {name: _Daemon(pid) for name, pid in pids.items()}
+        dead = [name for name, d in c.procs.items() if d.poll() is not None]
+        if dead:
+            raise RuntimeError(f"SLURM under {root}: {', '.join(dead)} no longer run(s)")
+        return c
 
     def stop(self) -> None:
         """Cancel this cluster's jobs (bounded wait), then stop the daemons it started."""
@@ -301,6 +325,49 @@ class SlurmCluster:
                       and int(i.get("Restarts", "0")) >= 1)
         time.sleep(2)
         self.client(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+
+
+class _Daemon:
+    """A daemon another process started, by PID: what :class:`SlurmCluster` uses of a
+    ``subprocess.Popen`` (``pid``, ``poll``, ``terminate``, ``kill``, ``wait``)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """None while it runs, else -1 (its status went to the process that started it)."""
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                alive = f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            alive = False
+        if not alive:
+            self.returncode = -1
+        return None if alive else self.returncode
+
+    def terminate(self) -> None:
+        """SIGTERM."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Until it is gone.
+
+        Raises:
+            subprocess.TimeoutExpired: still running after ``timeout`` s.
+        """
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
+            time.sleep(0.05)
+        return -1
 
 
 @contextlib.contextmanager

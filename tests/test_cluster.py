@@ -4,7 +4,8 @@ The hosts are real to every program that runs on them: their own hostname, addre
 routing and link; ssh between them is key-based, both ways; each has a decoy ``docker0``
 (``172.17.0.1`` everywhere) that the others cannot reach. The doctor must pick ``eth0`` there,
 refuse ``docker0`` with one line naming it, and stop with one line, within its bound, when ssh,
-the code's version, the shards or the GPUs do not match."""
+the code's version, the shards or the GPUs do not match, or a host lacks a path (the working
+folder, the shards) the others have."""
 from __future__ import annotations
 
 import re
@@ -214,8 +215,10 @@ def test_doctor_names_a_host_with_other_code_shards_or_too_few_gpus(cluster, tmp
        "Path; default_shards(Path('/tmp/local-shards'))", cwd=REPO)
     proc, _ = doctor(cluster, "--hosts", "n1,n2", "--shards", "/tmp/local-shards", "--format",
                      "shell")
-    assert re.search(r"ERROR: n2: cannot read the shards: /tmp/local-shards/manifest.json: no "
-                     r"manifest", one_error_line(proc))
+    assert "ERROR: n2 lacks --shards /tmp/local-shards, which n1 has: every rank starts in the " \
+        "working folder and reads the data, config and run folder at the same path, so they " \
+        "must be on a filesystem every host shares (or copied to the same path on n2)" \
+        in one_error_line(proc)
     proc, _ = doctor(cluster, "--hosts", "n1:2,n2:2", "--device", "cuda", "--format", "shell")
     assert "n1: 2 slots but 0 GPU(s): one rank per GPU" in one_error_line(proc)
 

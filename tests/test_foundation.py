@@ -144,3 +144,24 @@ def test_setup_says_in_one_line_when_python_cannot_make_a_venv(tmp_path):
     assert proc.returncode == 1 and len(errors) == 1, proc.stdout + proc.stderr
     assert f"apt-get install python{ver}-venv" in errors[0]
     assert not venv.exists()
+
+
+def test_setup_makes_the_cluster_in_a_box_runnable_from_any_folder(tmp_path):
+    """setup.sh puts the checkout at the end of the venv's sys.path (``_hvd_lm_checkout.pth``),
+    so ``python -m tests.cluster`` works from any folder, not only the repository root (issue
+    36). A venv without pip stops setup just after that step, in one line."""
+    import os
+    import sys
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHON=sys.executable, VENV=str(venv), HVD_LM_NO_APT="1")
+    proc = subprocess.run(["bash", REPO / "scripts/setup.sh"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1 and "has no pip" in proc.stdout + proc.stderr, proc.stderr
+    found = subprocess.run([venv / "bin/python", "-c", "import importlib.util as u; "
+                            "print(u.find_spec('tests.cluster').origin)"], cwd="/", env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert found.stdout.strip() == str(REPO / "tests" / "cluster.py"), found.stderr
+

@@ -78,6 +78,43 @@ def test_template_runs_two_ranks(template, knobs, shards, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("template,knobs,cause", [
+    ("horovodrun_local.sh", {"CONTROLLER": "gloo", "HVD_LM_FAULT_RANK": "1",
+                             "HVD_LM_FAULT_STEP": "3"},
+     r"lost rank 1 on host \S+ \(127\.0\.0\.1 refuses the connection: the host is up but the "
+     r"rank's process is gone\): a collective failed at step 4 after \d+\.\d s \(its peer's "
+     r"connection closed\); the newest complete checkpoint is \S+step_00000002\.pt; "),
+    ("mpirun.sh", {"EXTRA": "--inject-nan-steps 3,4 --max-skipped-steps 2"},
+     r"training diverged: 2 steps in a row had non-finite gradients \(step 3\)"),
+])
+def test_a_failed_launch_ends_with_its_first_failure(template, knobs, cause, shards, tmp_path):
+    """A rank killed at step 3 (horovodrun: rank 0 names it, and says the collective failed at
+    once, not after Gloo's 30 s timeout) or a run that diverges on both ranks (mpirun): the
+    template's last lines are the closing block read from the ``failure`` record rank 0 wrote to
+    metrics.jsonl: who, after which step, the newest checkpoint, how to resume, the cause."""
+    out = tmp_path / "run"
+    extra = knobs.pop("EXTRA", "")
+    env = launch_env(NP="2", OUT_DIR=str(out), **knobs,
+                     TRAIN_ARGS=f"--shards {shards} {TINY} --checkpoint-every 2 {extra}")
+    proc = run(["bash", LAUNCH / template], timeout=240, env=env, cwd=tmp_path, check=False)
+    rec, = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+            if r["kind"] == "failure"]
+    ckpt = out / "checkpoints" / "step_00000002.pt"
+    assert rec["rank"] == 0 and rec["step"] == 3 and rec["checkpoint"] == str(ckpt), rec
+    assert rec["resume"].endswith(f"--out-dir {out} --shards {shards} {' '.join(TINY.split())}"
+                                  f" --checkpoint-every 2 {extra}".rstrip() + " --resume auto")
+    last = proc.stderr.rstrip().splitlines()[-5:]
+    assert proc.returncode != 0 and last[:4] == [
+        f"==== hvd-lm: the job failed (exit status {proc.returncode}) ====",
+        f"where: rank 0 on host {rec['host']}, after step 3 (recorded in "
+        f"{out / 'metrics.jsonl'})",
+        f"newest complete checkpoint: {ckpt}",
+        f"resume: run the same launch again with OUT_DIR={out}: it continues with --resume auto",
+    ], proc.stderr[-3000:]
+    assert re.match(rf"cause: {cause}", last[4]) and last[4] == f"cause: {rec['error']}", last[4]
+
+
+@pytest.mark.slow
 def test_pbs_template_runs_on_fabricated_nodefile(shards, tmp_path):
     """No PBS server can be installed here: run the job script the way PBS would, with
     $PBS_NODEFILE listing localhost twice (select=1:mpiprocs=2) and PBS_O_WORKDIR set."""
@@ -187,6 +224,17 @@ def test_128_gpus_at_8_per_node_is_16_nodes(tmp_path):
     pbs = L.render(L.RenderSpec("pbs", L.job_size(128, 8), partition="gpu", cpus_per_task=4))
     assert "\n#PBS -l select=16:ncpus=32:ngpus=8:mpiprocs=8\n" in pbs and "\n#PBS -q gpu\n" in pbs
     assert 'NP="${NP:-128}"' in L.render(L.RenderSpec("mpirun", L.job_size(128, 8)))
+
+
+def test_a_cpu_job_reports_ranks_not_gpus(tmp_path, capsys):
+    assert cli("launch", "--scheduler", "slurm", "--gpus", "2", "--gpus-per-node", "1",
+               "--device", "cpu", "--out", str(tmp_path / "j"), "--", "--shards", "s") == 0
+    assert capsys.readouterr().err.strip() == (
+        f"wrote {tmp_path / 'j'} (2 ranks = 2 node(s) x 1 (CPU, no GPU requested)); start it "
+        f"with: sbatch {tmp_path / 'j'}")
+    text = (tmp_path / "j").read_text()
+    assert "# 2 ranks = 2 node(s) x 1 (CPU, no GPU requested); global batch 64 (32 per rank)" \
+        in text and "2 GPUs" not in text
 
 
 @pytest.mark.parametrize("gpus,gpn,nodes,msg", [

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ from hvd_lm.train.data import RankStreams
 from hvd_lm.train.evaluate import bpc
 from hvd_lm.train.schedule import lr_factor
 from tests._mp import horovodrun_cmd, launch_env, mpirun_cmd, run
-from tests.shardutil import default_shards
+from tests.shardutil import default_shards, make_shards, review_texts
 
 TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--log-every", "1",
         "--lr", "3e-3", "--threads", "1", "--eval-chars", "2000", "--device", "cpu"]
@@ -107,6 +108,67 @@ def test_resume_is_exact(shards, tmp_path):
     assert [r["step"] for r in records(tmp_path / "resumed", "train")] == [5, 6, 7, 8]
     ck = torch.load(resolve(tmp_path / "resumed"), weights_only=True)  # plain dicts only
     assert ck["step"] == 8 and ck["window"] == 8
+
+
+@pytest.mark.slow
+def test_max_steps_cycles_the_data_and_resumes_exactly(tmp_path):
+    """On a corpus of a few reviews, ``--max-steps`` past one epoch trains every step (the data
+    cycled; the LR decays over all of them; the start record says ``bound: max_steps``), a
+    resume in the second epoch equals the straight run exactly, the checkpoint of the last step
+    is written (and printed) once; an explicit ``--epochs 1`` still ends the run first, with a
+    warning that ``--max-steps`` is not reached."""
+    texts = review_texts(4)
+    tiny = make_shards(tmp_path / "tiny", {"train": [texts[0:2]], "val": [texts[2:4]]})
+    wpe = RankStreams(load_manifest(tiny), "train", 0, 1, 4, 16).steps_per_epoch
+    assert 5 <= wpe <= 60, wpe
+    every, steps = wpe + 2, 2 * (wpe + 2)  # a checkpoint in epoch 2, the last one in epoch 3
+    common = ["--batch-size", "4", "--max-steps", str(steps), "--warmup-steps", "2"]
+    proc = one_process(tiny, tmp_path / "straight", *common, "--checkpoint-every", str(every))
+    start, = records(tmp_path / "straight", "start")
+    assert start["bound"] == "max_steps" and start["total_steps"] == steps, start
+    assert records(tmp_path / "straight", "end")[0]["step"] == steps
+    train = records(tmp_path / "straight", "train")
+    assert len(train) == steps and train[-1]["epoch"] > 2 and train[-1]["lr"] == 0.0
+    assert [r["step"] for r in records(tmp_path / "straight", "checkpoint")] == [every, steps]
+    assert proc.stdout.count(f"[checkpoint] step={steps} ") == 1, proc.stdout[-2000:]
+    assert "WARNING" not in proc.stderr
+    mid = tmp_path / "straight" / "checkpoints" / f"step_{every:08d}.pt"
+    one_process(tiny, tmp_path / "resumed", *common, "--resume", str(mid))
+    assert max_diff(params_of(tmp_path / "straight"), params_of(tmp_path / "resumed")) == 0.0
+    proc = one_process(tiny, tmp_path / "epoch", *common, "--epochs", "1")
+    assert proc.stderr.strip() == (
+        f"hvd-lm train: WARNING: --max-steps {steps} is not reached: --epochs 1 ends the run at "
+        f"step {wpe} ({wpe} windows per epoch / 1); leave --epochs unset to let --max-steps "
+        "decide"), proc.stderr
+    assert records(tmp_path / "epoch", "start")[0]["bound"] == "epochs"
+    assert records(tmp_path / "epoch", "end")[0]["step"] == wpe
+
+
+def test_threads_follow_the_usable_cores_and_a_missing_tensorboard_is_said(shards, tmp_path):
+    """Confined to one core (``taskset``, as a SLURM cpuset or an MPI binding confines a rank),
+    the default ``--threads 0`` gives 1 thread (``os.cpu_count()`` would give this machine's 2),
+    and ``--threads 2`` there warns in one line. ``--tensorboard true`` without the package
+    (a stub that fails to import stands in where it is installed) says so in one line."""
+    stub = tmp_path / "stub" / "tensorboard"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('no tensorboard (test stub)')\n")
+    env = launch_env()
+    env["PYTHONPATH"] = f"{stub.parent}:{env['PYTHONPATH']}"
+    argv = [str(a) for a in ["taskset", "-c", "0", sys.executable,
+                             *train_argv(shards, tmp_path / "a"), "--batch-size", "2",
+                             "--max-steps", "2"]]
+    proc = run([*argv, "--threads", "0", "--tensorboard", "true"], env=env, timeout=120)
+    assert records(tmp_path / "a", "start")[0]["threads"] == 1
+    assert proc.stderr.strip() == (
+        "hvd-lm train: WARNING: --tensorboard true, but the tensorboard package is not installed "
+        "(pip install tensorboard): no TensorBoard events are written; "
+        f"{tmp_path / 'a' / 'metrics.jsonl'} has every record"), proc.stderr
+    assert not (tmp_path / "a" / "tensorboard").exists()
+    argv[argv.index(str(tmp_path / "a"))] = str(tmp_path / "b")
+    proc = run([*argv, "--threads", "2"], env=env, timeout=120)
+    assert proc.stderr.strip() == (
+        f"hvd-lm train: WARNING: 1 rank(s) x 2 threads on {socket.gethostname()} exceed its 1 "
+        "usable cores: steps can run 20-50x slower; use --threads 1 (0 picks that)"), proc.stderr
 
 
 @pytest.mark.slow

@@ -20,7 +20,13 @@ host
 * connects to every other host's listeners, 3 s each, and checks that the answer carries that
   host's token: an interface counts as *shared* when every host reaches every other one through
   it. ``docker0`` (``172.17.0.1`` on every node) fails this test: from n1 that address is n1
-  itself.
+  itself;
+
+and every host must see the working folder (every rank starts in it), ``--shards`` and each of
+``--paths`` at the same path; a host that lacks one is named with the path and the reason (a
+shared filesystem), instead of a symptom such as a missing manifest (an agent that cannot enter
+the working folder runs in ``$HOME``). Host names go to ssh after ``--``; one starting with
+``-`` is refused before any ssh.
 
 Of the shared interfaces (loopback only when all hosts are this one machine) the fastest
 (``/sys/class/net/IF/speed``; then by name) is used, or the ones ``--network-interface`` names are
@@ -65,6 +71,7 @@ from hvd_lm.jobs.doctor_checks import (
     Report,
     analyse_reach,
     check_gpus,
+    check_paths,
     check_shards,
     check_versions,
     choose,
@@ -193,9 +200,29 @@ def probe(addr: str, port: int, timeout: float = PROBE_TIMEOUT) -> dict:
 
 def ssh_argv(host: str, port: int | None = None) -> list[str]:
     """``ssh`` as the doctor uses it: batch mode (no password or host-key prompt), a connect
-    timeout, the port when given."""
+    timeout, the port when given, and the host after ``--`` (so that a name starting with ``-``
+    is never read as an option such as ``-oProxyCommand=...``; :func:`check_host_names` refuses
+    those names anyway).
+
+    Raises:
+        ValueError: ``host`` starts with ``-`` (see :func:`check_host_names`).
+    """
+    check_host_names([host])
     return ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_CONNECT}",
-            *(["-p", str(port)] if port else []), host]
+            *(["-p", str(port)] if port else []), "--", host]
+
+
+def check_host_names(hosts: list[str]) -> None:
+    """Refuse a host name that starts with ``-`` (no host is named so; ssh would take it for an
+    option, e.g. ``-oProxyCommand=CMD`` runs CMD) or holds whitespace or a control character.
+
+    Raises:
+        ValueError: one line naming the host.
+    """
+    for h in hosts:
+        if h.startswith("-") or any(c.isspace() or ord(c) < 32 for c in h):
+            raise ValueError(f"host name {h!r} is not a host name (it starts with '-' or holds "
+                             "whitespace): refused before any ssh")
 
 
 def ssh_check(host: str, port: int | None) -> dict:
@@ -248,7 +275,8 @@ def agent(cfg: AgentConfig) -> int:
         probes = [pool.submit(probe, p["addr"], p["port"]) for p in plan["probes"]]
         sshs = {h: pool.submit(ssh_check, h, cfg.ssh_port) for h in plan["ssh"]}
         result = {"probes": [dict(p, **f.result()) for p, f in zip(plan["probes"], probes)],
-                  "ssh": {h: f.result() for h, f in sshs.items()}}
+                  "ssh": {h: f.result() for h, f in sshs.items()},
+                  "paths": {p: os.path.exists(p) for p in plan.get("paths", [])}}
     print(json.dumps(result), flush=True)
     sys.stdin.read()  # stay reachable until every host is done probing
     return 0
@@ -266,6 +294,7 @@ class Agent:
     proc: subprocess.Popen
     lines: queue.Queue = field(default_factory=queue.Queue)
     stderr: list = field(default_factory=list)
+    readers: list = field(default_factory=list)  # the threads pumping stdout and stderr
 
     def read_line(self, deadline: float) -> dict:
         """The next JSON line of the agent's stdout.
@@ -280,7 +309,14 @@ class Agent:
             raise DoctorError(f"{self.host}: no answer from the doctor's agent within the "
                               "timeout (a hung ssh or a stalled host)") from None
         if line is None:
-            self.proc.wait(5)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+            # stderr is read on its own thread: its last line (ssh's reason) may still be on the
+            # way when stdout ends and the process exits; wait for that reader to reach EOF
+            for t in self.readers:
+                t.join(5)
             err = next((x for x in reversed(self.stderr) if x.strip()), "").strip()
             via = "" if self.local else f"ssh {self.host}: "
             raise DoctorError(f"{via}the doctor's agent on {self.host} exited "
@@ -299,22 +335,27 @@ def start_agent(host: str, slots: int, cfg: "DoctorConfig") -> Agent:
     process's working directory and ``PYTHONPATH`` (what the launchers pass to ranks)."""
     python = cfg.python or sys.executable
     argv = [python, "-m", "hvd_lm.jobs.doctor", "--timeout", str(cfg.timeout + 10)]
-    if cfg.shards:
-        argv += ["--shards", cfg.shards]
+    if cfg.shards:  # absolute: a host that cannot enter this folder starts the agent elsewhere
+        argv += ["--shards", os.path.abspath(cfg.shards)]
     if cfg.ssh_port:
         argv += ["--ssh-port", str(cfg.ssh_port)]
     local = is_local(host)
     if not local:
         env = f"env PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} " \
             if os.environ.get("PYTHONPATH") else ""
+        # a host that cannot enter this folder runs the agent in $HOME: the plan's path check
+        # then names the folder (not a symptom of it, such as a missing manifest)
         remote = f"cd {shlex.quote(os.getcwd())} 2>/dev/null; {env}{shlex.join(argv)}"
         argv = [*ssh_argv(host, cfg.ssh_port), remote]
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     a = Agent(host, slots, local, proc)
-    threading.Thread(target=_pump, args=(proc.stdout, a.lines.put), daemon=True).start()
-    threading.Thread(target=_pump, args=(proc.stderr, lambda x: x and a.stderr.append(x)),
-                     daemon=True).start()
+    a.readers = [threading.Thread(target=_pump, args=(proc.stdout, a.lines.put), daemon=True),
+                 threading.Thread(target=_pump, args=(proc.stderr,
+                                                      lambda x: x and a.stderr.append(x)),
+                                  daemon=True)]
+    for t in a.readers:
+        t.start()
     return a
 
 
@@ -327,6 +368,8 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> Report
     """
     env = dict(os.environ if env is None else env)
     hosts = parse_hostfile(cfg.hostfile) if cfg.hostfile else parse_hosts(cfg.hosts)
+    check_host_names([h for h, _ in hosts])
+    paths = paths_to_check(cfg)
     t0 = time.monotonic()
     deadline = t0 + cfg.timeout
     report = Report(hosts=hosts)
@@ -341,7 +384,8 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> Report
                       for b in peers
                       for iface, lst in report.facts[b]["listeners"].items()
                       for addr, port in lst]
-            a.proc.stdin.write(json.dumps({"probes": probes, "ssh": peers}) + "\n")
+            a.proc.stdin.write(json.dumps({"probes": probes, "ssh": peers,
+                                           "paths": list(paths)}) + "\n")
             a.proc.stdin.flush()
         results = {a.host: a.read_line(deadline) for a in agents}
     finally:
@@ -362,14 +406,35 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> Report
             if not r["ok"]:
                 report.errors.append(f"ssh {a} -> {b} failed: {r['error'] or 'exit status != 0'}"
                                      " (passwordless ssh must work between all hosts, both ways)")
+    lacking = check_paths(report, results, paths, socket.gethostname())
     check_versions(report)
     analyse_reach(report, results)
     choose(report, cfg.network_interface, env)
     if cfg.shards:
-        check_shards(report, cfg.shards)
+        check_shards(report, cfg.shards, skip=lacking)
     check_gpus(report, cfg.device)
     report.seconds = time.monotonic() - t0
     return report
+
+
+def paths_to_check(cfg: "DoctorConfig") -> dict[str, str]:
+    """``{absolute path: what it is}`` every host must see at the same path: the working folder
+    (every rank starts in it), ``--shards`` and each of ``--paths``. A path that does not exist
+    here (a run folder not made yet) is checked by its nearest existing parent; a relative one is
+    taken from this folder, as the ranks take it."""
+    out = {os.getcwd(): f"the working folder {os.getcwd()}"}
+    named = ([("--shards", cfg.shards)] if cfg.shards else []) + [
+        ("--paths", p.strip()) for p in cfg.paths.split(",") if p.strip()]
+    for label, p in named:
+        full = os.path.abspath(p)
+        q = Path(full)
+        while not q.exists() and q != q.parent:
+            q = q.parent
+        what = f"{label} {p}" + (f" ({full})" if full != p else "")
+        if str(q) != full:
+            what += f" (not made yet: its parent {q})"
+        out.setdefault(str(q), what)
+    return out
 
 
 @dataclass
@@ -385,6 +450,8 @@ class DoctorConfig:
                          "same everywhere)")
     device: str = option("auto", "cuda: every host needs one GPU per slot; auto: checked on "
                          "hosts that have GPUs; cpu: not checked", choices=("auto", "cuda", "cpu"))
+    paths: str = option("", "more paths every host must see at the same path, comma-separated: "
+                        "the run folder, a --config file (one not made yet: its parent)")
     python: str = option("", "interpreter with hvd_lm at the same path on every host (default: "
                          "this one)")
     ssh_port: Optional[int] = option(None, "ssh port of the hosts (default 22)", ge=1, le=65535)

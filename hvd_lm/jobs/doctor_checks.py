@@ -67,11 +67,35 @@ def check_versions(report: Report) -> None:
                                  "same environment at the same path)")
 
 
-def check_shards(report: Report, folder: str) -> None:
-    """Every host reads the shard folder and sees the same manifest."""
+def check_paths(report: Report, results: dict[str, dict], paths: dict[str, str],
+                here: str) -> set[str]:
+    """Every host sees every path of ``paths`` (``{absolute path: what it is}``, each existing
+    on the doctor's own host ``here``; the agents' ``results[host]["paths"]``): one error per
+    host naming the paths it lacks and why that matters (every rank starts in the working
+    folder and reads the others at the same path: a shared filesystem). Returns the hosts that
+    lack one (their shard check would only repeat it)."""
+    lacking = set()
+    for h, res in results.items():
+        missing = [p for p, ok in res.get("paths", {}).items() if not ok and p in paths]
+        if not missing:
+            continue
+        lacking.add(h)
+        what = "; ".join(paths[p] for p in missing)
+        report.errors.append(
+            f"{h} lacks {what}, which {here} has: every rank starts in the working folder and "
+            "reads the data, config and run folder at the same path, so they must be on a "
+            f"filesystem every host shares (or copied to the same path on {h})")
+    return lacking
+
+
+def check_shards(report: Report, folder: str, skip: set[str] = frozenset()) -> None:
+    """Every host reads the shard folder and sees the same manifest (hosts in ``skip`` are
+    already reported as lacking a path)."""
     ref_host, ref = None, None
     for h, f in report.facts.items():
         s = f["shards"]
+        if h in skip:
+            continue
         if "error" in s:
             report.errors.append(f"{h}: cannot read the shards: {s['error']}")
         elif ref is None:

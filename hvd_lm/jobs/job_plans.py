@@ -140,6 +140,17 @@ def _parse_counts(text: str) -> list[int]:
     return counts
 
 
+def _unit(device: str) -> str:
+    """What one rank is: a GPU (``--device cuda``) or a CPU rank (``--device cpu``)."""
+    return "rank" if device == "cpu" else "GPU"
+
+
+def _size_text(job: JobPlan, device: str) -> str:
+    """``16 GPUs = 2 node(s) x 8`` (cuda) or ``2 ranks = 2 node(s) x 1`` (cpu: no GPU asked)."""
+    return (f"{job.gpus} {_unit(device)}s = {job.nodes} node(s) x {job.tasks_per_node}"
+            + (" (CPU, no GPU requested)" if device == "cpu" else ""))
+
+
 def _render_job(args: LaunchConfig, job: JobPlan, train_args: list[str], job_name: str,
                 cfg, templates: Path) -> str:
     per_gpu = cfg.data.batch_size * cfg.dist.backward_passes_per_step
@@ -148,8 +159,8 @@ def _render_job(args: LaunchConfig, job: JobPlan, train_args: list[str], job_nam
     kind = "Scaling sweep job, rendered" if args.sweep else "Rendered"
     header = (f"{kind} by `hvd-lm launch --scheduler {args.scheduler}`: its knobs and directives "
               "are filled in, the rest is the template",
-              f"{job.gpus} GPUs = {job.nodes} node(s) x {job.tasks_per_node}; global batch "
-              f"{job.global_batch} ({per_gpu} per GPU); peak LR {job.lr:.4g} "
+              f"{_size_text(job, args.device)}; global batch "
+              f"{job.global_batch} ({per_gpu} per {_unit(args.device)}); peak LR {job.lr:.4g} "
               f"({_lr_rule_text(cfg)})" + (f"; {job.steps} steps" if job.steps else ""))
     return render(RenderSpec(
         scheduler=args.scheduler, size=job.size, device=args.device, partition=args.partition,
@@ -190,7 +201,7 @@ def launch(args: LaunchConfig) -> int:
             sys.stdout.write(text)
         else:
             _write_script(Path(args.out), text)
-            print(f"wrote {args.out} ({job.gpus} GPUs = {job.nodes} x {job.tasks_per_node}); "
+            print(f"wrote {args.out} ({_size_text(job, args.device)}); "
                   f"start it with: {submit_with} {args.out}", file=sys.stderr)
         return 0
 

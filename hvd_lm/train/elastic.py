@@ -77,6 +77,7 @@ class ElasticTraining:
         position["window"] = window_in_new_cut(position["window"], state.windows_per_epoch,
                                                self.windows_per_epoch)
         self.pos = Position(**position)
+        self.saved_step = None  # rolled back: the last step's weights are not saved yet
         self.chars_base, self.chars_local = self.pos.chars_trained, 0
         self.scheduler.load_state_dict(state.scheduler)
         self.guard.load_state_dict(state.guard)

@@ -1,8 +1,9 @@
 """Rank 0's outputs of a training run, and the stop signals every rank listens for.
 
 * :class:`MetricsLog`: ``<out-dir>/metrics.jsonl`` (one JSON record per line: ``kind`` = start,
-  train, eval, skip, checkpoint, end; ``step``; ``time`` in Unix seconds; the values), a stdout
-  line per record, a tqdm bar on a terminal, TensorBoard events when ``tensorboard`` is installed.
+  train, eval, skip, checkpoint, end, failure (:func:`write_failure`); ``step``; ``time`` in Unix seconds; the values), a stdout
+  line per record, a tqdm bar on a terminal, TensorBoard events with ``--tensorboard true`` (a
+  warning instead when the ``tensorboard`` package is missing).
   :func:`read_metrics` is the one reader of that file (reports, scaling report, tests).
 * :class:`StepMeter`: what the loop sums on each rank between two ``train`` records.
 * :class:`StopSignals`: SIGTERM/SIGINT/SIGUSR1 (SLURM preemption, ``scancel --signal``, Ctrl-C)
@@ -15,7 +16,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shlex
 import signal
+import socket
 import sys
 import threading
 import time
@@ -86,13 +89,14 @@ def fmt(v) -> str:
 
 
 class MetricsLog:
-    """Rank 0's outputs: metrics.jsonl, stdout lines, tqdm bar, TensorBoard (when installed).
+    """Rank 0's outputs: metrics.jsonl, stdout lines, tqdm bar, TensorBoard (when asked for).
 
     Args:
         out_dir: the run directory.
         enabled: False on ranks other than 0 (every method is then a no-op).
         total / initial: optimizer steps of the whole run / already done (the bar).
-        tensorboard: write ``<out_dir>/tensorboard`` events when possible.
+        tensorboard: write ``<out_dir>/tensorboard`` events (one warning line on stderr when
+            the ``tensorboard`` package is missing).
     """
 
     def __init__(self, out_dir: Path, enabled: bool, total: int, initial: int, tensorboard: bool):
@@ -106,6 +110,10 @@ class MetricsLog:
                         disable=None, file=sys.stderr)
         if tensorboard and SummaryWriter is not None:
             self.tb = SummaryWriter(str(out_dir / "tensorboard"))
+        elif tensorboard:
+            print("hvd-lm train: WARNING: --tensorboard true, but the tensorboard package is not "
+                  "installed (pip install tensorboard): no TensorBoard events are written; "
+                  f"{out_dir / 'metrics.jsonl'} has every record", file=sys.stderr, flush=True)
 
     def record(self, kind: str, step: int, **values) -> None:
         """Append ``{"kind", "step", "time", **values}`` and print it as one line."""
@@ -147,6 +155,40 @@ class MetricsLog:
             if self.tb is not None:
                 self.tb.close()
             self.file.close()
+
+
+def resume_command(argv: list[str] | None = None) -> str:
+    """This process's training command with ``--resume auto`` in place of any ``--resume``:
+    what continues a failed run (under the same launcher). ``argv`` defaults to
+    ``sys.argv``."""
+    argv = list(sys.argv if argv is None else argv)
+    prog = "hvd-lm" if Path(argv[0]).name == "hvd-lm" else f"{sys.executable} -m hvd_lm"
+    words, skip = [], False
+    for w in argv[1:]:
+        if skip:
+            skip = False
+        elif w == "--resume":
+            skip = True
+        elif not w.startswith("--resume="):
+            words.append(w)
+    return " ".join([prog, *map(shlex.quote, words), "--resume", "auto"])
+
+
+def write_failure(out_dir: str | Path, step: int, rank: int, error: str,
+                  checkpoint: str | None) -> None:
+    """Append a ``failure`` record (``rank``, ``host``, ``error``: the one line the rank prints,
+    ``checkpoint``: the newest complete one or None, ``resume``: :func:`resume_command`) to
+    ``<out_dir>/metrics.jsonl``: what ``hvd_lm.jobs.failure_summary`` shows as the last lines
+    of a failed launch. Any rank may call it (an appended line, not rank 0's open log); it never
+    raises (the error it records is the one to report)."""
+    rec = {"kind": "failure", "step": step, "time": time.time(), "rank": rank,
+           "host": socket.gethostname(), "error": error, "checkpoint": checkpoint,
+           "resume": resume_command()}
+    try:
+        with open(Path(out_dir) / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
+    except OSError:
+        pass
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -16,10 +16,10 @@ read of its inf check). On CUDA the stream is also drained just before the allre
 costs nothing (the host then blocks on the allreduce, which needs the backward done) and splits
 each step's time into device compute and wait (``compute_time_max``, a slow GPU's straggling).
 
-Rank 0 logs (tqdm bar, a line every ``log_every`` steps, ``metrics.jsonl``, TensorBoard when
-installed) and writes checkpoints; metrics are sums over ranks but ``compute_time_max`` (each
-step's slowest rank). Every Horovod call is marked
-``# Horovod:`` where it happens (as Horovod's ``examples/pytorch`` scripts do).
+Rank 0 logs (tqdm bar, a line every ``log_every`` steps, ``metrics.jsonl``, TensorBoard with
+``--tensorboard true``) and writes checkpoints; metrics are sums over ranks but
+``compute_time_max`` (each step's slowest rank). Every Horovod call is marked ``# Horovod:``
+where it happens (as Horovod's ``examples/pytorch`` scripts do).
 
 With ``run.elastic`` (Horovod elastic) the same loop runs under ``hvd.elastic.run``, with a
 commit in memory every ``run.commit_every`` steps: :mod:`hvd_lm.train.elastic`.
@@ -37,37 +37,25 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 
 from hvd_lm.comm import horovod as comm
-from hvd_lm.comm.peers import LostPeer, PeerWatch, lost_peers_text
+from hvd_lm.comm.peers import LostPeer, lost_peers_text
 from hvd_lm.formats import checkpoint as ckpt_io
-from hvd_lm.formats.manifest import load_manifest
-from hvd_lm.formats.shards import check_layout, verify_shard
-from hvd_lm.model import device as devices
-from hvd_lm.model.lm import LanguageModel
-from hvd_lm.model.mfu import device_peak, model_rate
-from hvd_lm.options import Command, check_required
-from hvd_lm.train import faults, preflight
+from hvd_lm.model.mfu import model_rate
+from hvd_lm.options import Command, error_text
 from hvd_lm.train import resume as resume_io
-from hvd_lm.train.async_checkpoint import CheckpointWriter
-from hvd_lm.train.data import Prefetcher, RankStreams, window_in_new_cut
+from hvd_lm.train.data import Prefetcher
 from hvd_lm.train.elastic import ElasticTraining
 from hvd_lm.train.evaluate import bpc as eval_bpc
-from hvd_lm.train.guard import DivergenceGuard
-from hvd_lm.train.log import MetricsLog, StepMeter, StopSignals
-from hvd_lm.train.optim import build_optimizer, distributed
-from hvd_lm.train.rundir import open_run_folder
-from hvd_lm.train.schedule import make_scheduler, scaled_lr, set_peak_lr
+from hvd_lm.train.guard import TrainingDiverged
+from hvd_lm.train.log import StepMeter, write_failure
 from hvd_lm.train.settings import TrainConfig
+from hvd_lm.train.startup import TrainingRun
 from hvd_lm.train.step import train_step
 from hvd_lm.util.atomic import write_text
-from hvd_lm.util.lock import FolderLock
 
 LN2 = math.log(2.0)
 
@@ -84,179 +72,13 @@ def train(cfg: TrainConfig) -> dict:
     return Trainer(cfg).run()
 
 
-class Trainer(ElasticTraining):
-    """One training run: :meth:`__init__` sets everything up (no collective in elastic mode,
-    where a joining worker gets the state from the others), :meth:`run` trains.
+class Trainer(TrainingRun, ElasticTraining):
+    """One training run: built by :class:`hvd_lm.train.startup.TrainingRun` (no collective in
+    elastic mode, where a joining worker gets the state from the others); :meth:`run` trains.
 
     Raises:
         as :func:`train`.
     """
-
-    def __init__(self, cfg: TrainConfig):
-        check_required(cfg, "config")  # e.g. data.shards (the command line checked it already)
-        self.cfg = cfg
-        # ---- process: Horovod, device, precision, threads ----------------------------------------
-        self.ctx = comm.init(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms,  # Horovod: init
-                             cfg.dist.gloo_timeout_s)
-        self.device = devices.resolve_device(cfg.run.device, self.ctx.local_rank,
-                                             self.ctx.local_size)
-        devices.check(self.device, cfg.run.precision)
-        self.threads = cfg.run.threads or max(1, (os.cpu_count() or 1) // self.ctx.local_size)
-        torch.set_num_threads(self.threads)
-        self.out_dir = Path(cfg.run.out_dir)
-
-        # ---- data: the manifest, its splits and shards checked; streams cut for this world -------
-        self.manifest = load_manifest(cfg.data.shards)
-        # splits, vocabulary, window x rows against the split, one step's memory: before any read
-        step_memory = preflight.check_all(cfg, self.manifest, self.device, self.ctx.size,
-                                          self.ctx.local_size)
-        self.B, self.T = cfg.data.batch_size, cfg.data.seq_len
-        self.k = cfg.dist.backward_passes_per_step
-        if cfg.data.verify_shards:  # each rank verifies a disjoint subset of the shards
-            for i, info in enumerate(self.manifest.shards):
-                if i % self.ctx.size == self.ctx.rank:
-                    verify_shard(info)
-        else:  # still one line naming a shard that is not one, before anything is written
-            for info in self.manifest.shards:
-                check_layout(info)
-        self.cut_streams()
-
-        # ---- model, optimizer, schedule length ---------------------------------------------------
-        torch.manual_seed(cfg.data.seed)
-        self.model = LanguageModel(cfg.model).to(self.device)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        # Decay to 0 over --max-steps or --epochs, whichever comes first (epochs <= 0: steps
-        # only); elastic runs keep the length fixed at start across resizes.
-        self.total_windows = (int(cfg.data.epochs * self.windows_per_epoch)
-                              if cfg.data.epochs > 0 else sys.maxsize)
-        self.total_steps = self.total_windows // self.k
-        if cfg.optim.max_steps:
-            self.total_steps = min(self.total_steps, cfg.optim.max_steps)
-        if self.total_steps < 1:
-            raise ValueError(f"no optimizer step fits: {self.windows_per_epoch} windows per epoch "
-                             f"x {cfg.data.epochs} epochs / {self.k} backward passes per step")
-        optimizer = build_optimizer(self.model, cfg.optim, self.peak_lr)
-        self.scaler = devices.make_scaler(self.device, cfg.run.precision)
-
-        # ---- resume: weights, position, recurrent state, RNG (optimizer state after wrapping) ----
-        self.pos = resume_io.Position()
-        self.rnn_state = self.model.init_state(self.B, self.device)
-        resume, self.summary, self.resumed_from = None, None, None
-        if cfg.run.resume:  # checked before anything is written: a bad source changes nothing
-            auto = cfg.run.resume == "auto"
-            resume = resume_io.Resume(self.out_dir if auto else cfg.run.resume, self.device,
-                                    fallback=auto, warn=self.ctx.is_root)
-            resume.restore_model(self.model, self.scaler)
-            self.pos, self.resumed_from = resume.position, resume.path
-            if resume.windows_per_epoch:  # another world size x batch cuts other streams:
-                # continue at the same point of the epoch (the same window when cut alike)
-                self.pos.window = window_in_new_cut(self.pos.window, resume.windows_per_epoch,
-                                                    self.windows_per_epoch)
-            self.rnn_state = resume.rnn_rows(self.ctx.rank, self.ctx.size, self.B,
-                                             warn=self.ctx.is_root) or self.rnn_state
-            resume.restore_rng()
-            if preflight.resume_end(self.pos.step, self.pos.window, self.total_steps,
-                                    sys.maxsize if cfg.run.elastic else self.total_windows,
-                                    self.k, resume.path, cfg, warn=self.ctx.is_root):
-                self.summary = {"stop": "nothing-to-train", "step": self.pos.step}
-                return  # a finished run started again: nothing is written
-
-        # Horovod: wrap the optimizer (gradient allreduce with fp16 compression and tensor fusion).
-        self.optimizer = distributed(optimizer, self.model, cfg.dist.compression, self.k,
-                                     cfg.dist.allreduce_op)
-        # The scheduler wraps the Horovod optimizer's step(), so it sees the steps really taken.
-        self.scheduler = make_scheduler(self.optimizer, cfg.optim.warmup_steps, self.total_steps,
-                                        cfg.optim.lr_decay)
-        if resume is not None:
-            resume.restore_optimizer(self.optimizer, self.scheduler)
-            # the configured rule's peak for this job's global batch (the saving job's may differ:
-            # another world size or batch)
-            set_peak_lr(self.scheduler, self.peak_lr)
-            resume.release()
-        if not cfg.run.elastic:
-            # Horovod: every rank starts from rank 0's weights (and optimizer state when resuming;
-            # an empty Adam state would make Horovod take a zero-gradient step to create it).
-            # Elastic runs get it from the state's sync instead (no collective before it).
-            comm.broadcast_state(self.model, self.optimizer if resume is not None else None)
-        self.peers: list[dict] = []  # every rank's {rank, host, port} (non-elastic, > 1 rank)
-        if not cfg.run.elastic and self.ctx.size > 1:
-            self.peer_watch = PeerWatch(self.ctx.rank)
-            self.peers = comm.allgather_object(self.peer_watch.info(), name="peers")  # Horovod
-
-        # ---- the run folder: locked, checked for space, then config.yaml (rank 0) ----------------
-        self.lock: FolderLock | None = None
-        self.log = MetricsLog(self.out_dir, False, 0, 0, False)  # rank 0's opens in take_root
-        if cfg.run.elastic:
-            self.take_root(first=True)  # no collective: a joining worker must not wait here
-        else:
-            self.lock = comm.root_call(  # Horovod: every rank learns whether rank 0 got it
-                lambda: open_run_folder(cfg, self.model, self.ctx.size * self.B,
-                                        self.resumed_from))
-            self.open_log()
-        # the peak the logged MFU is against (a CPU's is a matmul measured now: hvd_lm.model.mfu)
-        self.peak = device_peak(self.device, cfg.run.precision, cfg.run.peak_tflops, self.threads)
-        self.log.record("start", self.pos.step, world_size=self.ctx.size, device=str(self.device),
-                        global_batch=self.global_batch, peak_lr=self.peak_lr,
-                        total_steps=self.total_steps, windows_per_epoch=self.windows_per_epoch,
-                        chars_per_epoch=self.streams.chars_per_epoch,
-                        params=sum(p.numel() for p in self.params),
-                        precision=cfg.run.precision, compression=cfg.dist.compression,
-                        threads=self.threads, elastic=cfg.run.elastic,
-                        step_memory_bytes=step_memory.total,  # per rank, estimated
-                        flops_per_char=self.model.flops_per_char(), peak_tflops=self.peak.tflops,
-                        peak_source=self.peak.source, async_checkpoint=cfg.run.async_checkpoint,
-                        hosts=[p["host"] for p in self.peers] or None,
-                        resumed_from=str(resume.path) if resume else None)
-
-        # ---- control -----------------------------------------------------------------------------
-        self.signals = StopSignals()
-        self.faults = faults.for_rank(self.ctx.rank, cfg.run.inject_nan_steps)  # tests only
-        self.chars_base, self.chars_local = self.pos.chars_trained, 0  # all ranks before; this one
-        self.guard = DivergenceGuard(cfg.run.divergence_loss, cfg.run.divergence_logs,
-                                     cfg.run.max_skipped_steps, self.pos.step)
-        self.last_ckpt_time = time.time()
-        self.writer = CheckpointWriter(cfg.run.async_checkpoint, lambda w: self.log.record(
-            "checkpoint", w.step, path=str(w.path), write_s=w.write_s, blocked_s=w.blocked_s))
-        self.stop_reason, self.saved_now = "done", False  # saved_now: at this step attempt
-        self.committed_rows = None  # elastic: this rank's rows at the last commit, and its place
-        self.commit_seconds: list[float] = []
-
-    # ---- layout ----------------------------------------------------------------------------------
-
-    def cut_streams(self) -> None:
-        """This rank's train (and val) streams for the current world, the global batch and the
-        peak LR the configured rule gives it."""
-        cfg, ctx = self.cfg, self.ctx
-        self.streams = RankStreams(self.manifest, cfg.data.train_split, ctx.rank, ctx.size, self.B,
-                                   self.T, seed=cfg.data.seed)
-        self.val = None
-        if cfg.data.val_split:
-            self.val = RankStreams(self.manifest, cfg.data.val_split, ctx.rank, ctx.size, self.B,
-                                   self.T, shuffle_shards=False, max_bytes=cfg.run.eval_chars)
-        self.windows_per_epoch = self.streams.steps_per_epoch
-        self.global_batch = ctx.size * self.B * self.k
-        self.peak_lr = scaled_lr(cfg.optim.lr, cfg.optim.lr_ref_batch, self.global_batch,
-                                 cfg.optim.lr_rule, cfg.optim.lr_cap)
-
-    def open_log(self) -> None:
-        """Rank 0's metrics log (appending), once."""
-        if self.ctx.is_root and not self.log.enabled:
-            self.log = MetricsLog(self.out_dir, True, self.total_steps, self.pos.step,
-                                  self.cfg.run.tensorboard)
-
-    def take_root(self, first: bool = False) -> None:
-        """Elastic: rank 0 owns the run folder (lock, config.yaml) and the log; a rank that is
-        no longer 0 after a reset hands them back. ``first``: at the job's start (another run's
-        checkpoints are refused then; later the folder's checkpoints are this job's)."""
-        if self.ctx.is_root and self.lock is None:
-            self.lock = open_run_folder(self.cfg, self.model, self.ctx.size * self.B,
-                                        self.resumed_from, first=first)
-            self.open_log()
-        elif not self.ctx.is_root and self.lock is not None:
-            self.log.close()
-            self.log = MetricsLog(self.out_dir, False, 0, 0, False)
-            self.lock.release()
-            self.lock = None
 
     # ---- collectives used by the loop ------------------------------------------------------------
 
@@ -284,7 +106,7 @@ class Trainer(ElasticTraining):
                                self.out_dir, pos.step, self.cfg.run.keep_checkpoints,
                                self.guard.confirmed_below())
         self.guard.wrote(pos.step)
-        self.saved_now = True
+        self.saved_step = pos.step  # every rank: the end does not write (or print) it again
 
     def validate(self) -> None:
         """Validation BPC over all ranks (Horovod: sums bits and chars), logged by rank 0."""
@@ -300,26 +122,40 @@ class Trainer(ElasticTraining):
         """Train to the end (or a stop signal), then validate, checkpoint and write the summary."""
         if self.summary is not None:  # nothing to train (preflight.resume_end)
             return self.summary
-        if self.cfg.run.elastic:
-            self.run_elastic()  # hvd_lm.train.elastic
-        else:
-            try:
-                self.loop()
-                self.finish()
-            except Exception as e:
-                if self.peers and comm.is_collective_failure(e):
-                    raise self.lost_peer(e) from e
-                raise
-        return self.end()
+        try:
+            if self.cfg.run.elastic:
+                self.run_elastic()  # hvd_lm.train.elastic
+            else:
+                try:
+                    self.loop()
+                    self.finish()
+                except Exception as e:
+                    if self.peers and comm.is_collective_failure(e):
+                        raise self.lost_peer(e) from e
+                    raise
+            return self.end()
+        except Exception as e:
+            # the rank that prints the one-line cause records it for the launch's summary (a
+            # divergence, the same on every rank: rank 0 alone)
+            if (e.report if isinstance(e, LostPeer) else
+                    self.ctx.is_root or not isinstance(e, TrainingDiverged)):
+                last = ckpt_io.list_checkpoints(self.out_dir)
+                write_failure(self.out_dir, self.pos.step, self.ctx.rank, error_text(e),
+                              str(last[-1]) if last else None)
+            raise
 
     def lost_peer(self, error: BaseException) -> LostPeer:
         """The one-line error of a collective that lost a peer: who (probed, at most 3 s), when,
         after which timeout, and the newest complete checkpoint to resume from."""
         with contextlib.suppress(Exception):  # the newest checkpoint: the one in flight too
             self.writer.wait()
+        # how long the failed collective waited (from its step's start, an upper bound): Gloo's
+        # timeout is named only when it is what ended it (a killed peer fails at once)
+        waited = time.monotonic() - self.step_started
         timeout = comm.gloo_timeout_s()
         bound = (f" (Gloo gave up after HOROVOD_GLOO_TIMEOUT_SECONDS={timeout:g} s)"
-                 if timeout else "")
+                 if timeout and waited >= 0.8 * timeout else
+                 f" after {waited:.1f} s (its peer's connection closed)")
         try:
             last = [ckpt_io.resolve(self.out_dir)]
         except (FileNotFoundError, ckpt_io.CheckpointError):
@@ -356,6 +192,7 @@ class Trainer(ElasticTraining):
         while pos.step < self.total_steps and (state is not None
                                                or pos.window + k <= self.total_windows):
             t_step = time.perf_counter()
+            self.step_started = time.monotonic()  # what a failed collective waited: lost_peer
             self.faults.before_step(pos.step)
 
             # forward, loss, backward, Horovod: synchronize, unscale and clip, step or skip
@@ -398,7 +235,7 @@ class Trainer(ElasticTraining):
     def count_step(self, applied: bool, grad_norm: float) -> None:
         """An applied step advances the step count and the LR schedule; a skipped one is counted
         (and logged), and a non-finite recurrent state restarts from zero."""
-        pos, self.saved_now = self.pos, False
+        pos = self.pos
         self.guard.attempt(applied)
         self.log.tick(1 if applied else 0)
         if applied:
@@ -460,10 +297,11 @@ class Trainer(ElasticTraining):
         if self.stop_reason == "done":
             self.guard.at_end()
             self.stop_reason = "diverged" if self.guard.reason else "done"
+        self.step_started = time.monotonic()  # the final validation's and save's collectives
         if self.stop_reason == "done":
             if not (self.cfg.run.eval_every and self.pos.step % self.cfg.run.eval_every == 0):
                 self.validate()  # Horovod: allreduce of bits and chars
-            if not self.saved_now:  # unless the last step's --checkpoint-every wrote it
+            if self.saved_step != self.pos.step:  # --checkpoint-every may have saved it
                 self.save_checkpoint()  # Horovod: allgather of the recurrent state
         self.summary = {"stop": self.stop_reason, "step": self.pos.step,
                         "skipped_steps": self.pos.skipped_steps,

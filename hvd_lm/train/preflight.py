@@ -10,11 +10,17 @@ into the run folder. Each failure is one line naming the field, its flag and wha
   (:class:`hvd_lm.train.data.RankStreams` cuts the split so; a longer window is padding);
 * :func:`check_memory`: one training step's estimate (:mod:`hvd_lm.train.memory`) times the
   ranks sharing this node's memory fits in what the device has free;
-* :func:`resume_end`: a resumed run that is already at (or past) its last step.
+* :func:`resume_end`: a resumed run that is already at (or past) its last step;
+* :func:`threads_per_rank`: torch's threads per rank, and a warning when this host's ranks x
+  threads exceed the cores this process may run on;
+* :func:`run_length`: how many steps the run has, and which of ``--max-steps`` and ``--epochs``
+  ends it (a warning when an explicit ``--epochs`` ends it before ``--max-steps``).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 
 import torch
@@ -164,7 +170,7 @@ def resume_end(step: int, window: int, total_steps: int, total_windows: int, k: 
         return False
     by_steps = cfg.optim.max_steps is not None and total_steps == cfg.optim.max_steps
     ends = (f"--max-steps {cfg.optim.max_steps} (optim.max_steps)" if by_steps else
-            f"--epochs {cfg.data.epochs:g} (data.epochs, {total_steps:,} steps)")
+            f"--epochs {cfg.epochs_bound():g} (data.epochs, {total_steps:,} steps)")
     if step > total_steps or window > total_windows:
         more = (f"give --max-steps above {step} (it counts from step 0, not from the resumed "
                 "step)" if by_steps else "raise --epochs or give --max-steps")
@@ -175,3 +181,55 @@ def resume_end(step: int, window: int, total_steps: int, total_windows: int, k: 
               "train, nothing written; raise --max-steps or --epochs to continue",
               file=sys.stderr)
     return True
+
+
+def run_length(cfg: TrainConfig, windows_per_epoch: int, k: int, warn: bool = False
+               ) -> tuple[int, int, str]:
+    """(optimizer steps, windows, which bound ends the run: ``"max_steps"`` or ``"epochs"``).
+
+    ``--max-steps`` wins over the default epoch count (the data is cycled as often as it needs,
+    as Lightning's ``max_steps``); an explicit ``--epochs`` still ends the run first when it
+    comes first, with a warning on stderr (when ``warn``) that ``--max-steps`` is not reached.
+    The window count bounds the read-ahead (``sys.maxsize``: none, the steps end the run).
+
+    Raises:
+        ValueError: not one optimizer step fits the epochs.
+    """
+    epochs, max_steps = cfg.epochs_bound(), cfg.optim.max_steps
+    total_windows = int(epochs * windows_per_epoch) if epochs > 0 else sys.maxsize
+    total_steps = total_windows // k
+    if total_steps < 1:
+        raise ValueError(f"no optimizer step fits: {windows_per_epoch} windows per epoch x "
+                         f"{epochs:g} epochs (--epochs) / {k} backward passes per step")
+    if max_steps and max_steps <= total_steps:
+        return max_steps, total_windows, "max_steps"
+    if max_steps and warn:
+        print(f"hvd-lm train: WARNING: --max-steps {max_steps} is not reached: --epochs "
+              f"{epochs:g} ends the run at step {total_steps} ({windows_per_epoch} windows per "
+              f"epoch / {k}); leave --epochs unset to let --max-steps decide", file=sys.stderr,
+              flush=True)
+    return total_steps, total_windows, "epochs"
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on: its affinity set (a SLURM/cgroup cpuset, ``taskset``,
+    an MPI binding), which ``os.cpu_count()`` (every core of the machine) ignores."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_rank(requested: int, local_size: int, warn: bool = False) -> int:
+    """torch's intra-op threads for one of ``local_size`` ranks on this host: ``requested``, or
+    (0) the usable cores / local ranks, at least 1. With ``warn``, one line on stderr when
+    ranks x threads (> 1 each) exceed the usable cores: the ranks' threads then spin against
+    each other (steps measured 20-50x slower than with ``--threads 1``)."""
+    cores = usable_cores()
+    threads = requested or max(1, cores // local_size)
+    if warn and threads > 1 and local_size * threads > cores:
+        print(f"hvd-lm train: WARNING: {local_size} rank(s) x {threads} threads on "
+              f"{socket.gethostname()} exceed its {cores} usable cores: steps can run 20-50x "
+              f"slower; use --threads {max(1, cores // local_size)} (0 picks that)",
+              file=sys.stderr, flush=True)
+    return threads

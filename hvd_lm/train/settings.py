@@ -31,8 +31,10 @@ class DataConfig:
     val_split: str = option("val", "manifest split for validation BPC ('' = none)")
     seq_len: int = option(256, "TBPTT window length, in bytes (chars)", ge=1)
     batch_size: int = option(32, "parallel streams per rank (per-rank batch, in sequences)", ge=1)
-    epochs: float = option(1.0, "passes over the training split (decay to 0 at the end; 0 = "
-                           "--max-steps alone)", ge=0)
+    epochs: typing.Optional[float] = option(
+        None, "passes over the training split, the data cycled as often as needed (decay to 0 "
+        "at the end); unset: 1, or as many as --max-steps needs when it is given (--max-steps "
+        "wins); 0 = --max-steps alone", ge=0)
     seed: int = option(1234, "seed for the data order and model init", ge=0)
     verify_shards: bool = option(True, "verify shard sha256 against the manifest before training")
 
@@ -56,8 +58,9 @@ class OptimConfig:
     warmup_steps: int = option(0, "linear LR warmup, in optimizer steps", ge=0)
     lr_decay: str = option("linear", "decay to 0 at the last step, or hold",
                            choices=("linear", "none"))
-    max_steps: typing.Optional[int] = option(None, "stop after this many optimizer steps "
-                                             "(whichever of this and --epochs comes first)", ge=1)
+    max_steps: typing.Optional[int] = option(None, "stop after this many optimizer steps, the "
+                                             "data cycled for as many epochs as they need (an "
+                                             "explicit --epochs still ends the run first)", ge=1)
     momentum: float = option(0.9, "SGD momentum", ge=0)
     weight_decay: float = option(0.0, "L2 weight decay", ge=0)
     grad_clip: float = option(1.0, "clip the global gradient norm (0 = off)", ge=0)
@@ -95,7 +98,9 @@ class RunConfig:
                             "loss scaling)", choices=("fp32", "fp16", "bf16"))
     device: str = option("auto", "cpu, cuda, cuda:N, or auto (cuda:local_rank when available)",
                          parse=lambda v: _device(v))
-    threads: int = option(0, "torch intra-op threads per rank (0 = cores / local ranks)", ge=0)
+    threads: int = option(0, "torch intra-op threads per rank (0 = the cores this process may "
+                          "use / ranks on this host; a warning when ranks x threads exceed them)",
+                          ge=0)
     log_every: int = option(10, "log a metrics line every N steps", ge=1)
     eval_every: int = option(0, "validation BPC every N steps (0 = only at the end)", ge=0)
     eval_chars: int = option(262144, "validation bytes per evaluation (0 = the whole split)", ge=0)
@@ -135,7 +140,9 @@ class RunConfig:
                                "(a lost worker costs at most the steps since)", ge=1)
     inject_nan_steps: str = option("", "testing aid: comma-separated step attempts (applied + "
                                    "skipped, 0-based) whose loss rank 0 makes NaN")
-    tensorboard: bool = option(True, "write TensorBoard events when tensorboard is installed")
+    tensorboard: bool = option(False, "write TensorBoard events to <out-dir>/tensorboard (needs "
+                               "`pip install tensorboard`, which `make setup` leaves out; asked "
+                               "for without it: one warning, metrics.jsonl only)")
     peak_tflops: typing.Optional[float] = option(
         None, "one device's peak TFLOP/s for the logged MFU (default: the GPU's published dense "
         "peak for --precision, or a matmul measured at start on a CPU; hvd_lm/model/mfu.py)",
@@ -156,12 +163,20 @@ class TrainConfig:
         """Plain nested dict (YAML/JSON/torch.load(weights_only=True) safe)."""
         return configlib.to_dict(self)
 
+    def epochs_bound(self) -> float:
+        """The passes over the training split that bound the run: ``data.epochs`` when set;
+        unset, 0 (no bound: as many as ``optim.max_steps`` needs) when ``optim.max_steps`` is
+        given, else 1. 0 means the run ends at ``optim.max_steps`` alone."""
+        if self.data.epochs is not None:
+            return self.data.epochs
+        return 0.0 if self.optim.max_steps else 1.0
+
     def check(self) -> None:
         """Rules across sections (the per-field bounds are declared on the fields)."""
         if self.run.resume and self.run.overwrite:
             raise ValueError("run.resume and run.overwrite exclude each other (--resume continues "
                              "the run in --out-dir, --overwrite deletes it)")
-        if self.data.epochs <= 0 and not self.optim.max_steps:
+        if self.epochs_bound() <= 0 and not self.optim.max_steps:
             raise ValueError("need data.epochs > 0 or optim.max_steps")
         if self.optim.optimizer.startswith("onebit"):
             if self.run.precision == "fp16":

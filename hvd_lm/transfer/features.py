@@ -232,7 +232,8 @@ def featurize(model, texts: Sequence[str], kind: str = "cell",
             gets every ``size``-th batch of the length-sorted order, see :func:`plan_batches`;
             results are gathered with :func:`hvd_lm.comm.horovod.allgather` onto every rank);
             None = this process does everything.
-        progress: show a tqdm bar (in chars) of this rank's share; pass True on rank 0 only.
+        progress: show a tqdm bar (in chars) of this rank's share when stderr is a terminal
+            (never into a redirected log); pass True on rank 0 only.
         time_chunk, precision: see :func:`encode_batch`.
         normalize: collapse whitespace first (:func:`hvd_lm.formats.tokenizer.normalize_text`).
     Returns:
@@ -250,7 +251,8 @@ def featurize(model, texts: Sequence[str], kind: str = "cell",
     mine = plan_batches(lengths, batch_size, rank, size)
     H = model.config.hidden_size
     bar = tqdm(total=int(sum(lengths[b].sum() for b in mine)), unit="char", unit_scale=True,
-               desc=desc, disable=not progress, file=sys.stderr, dynamic_ncols=True)
+               desc=desc, disable=None if progress else True,  # None: off unless a TTY
+               file=sys.stderr, dynamic_ncols=True)
     local_idx, local_feats = [], []
     for b in mine:
         local_feats.append(encode_batch(model, [seqs[i] for i in b], kind, device, time_chunk,

@@ -1,0 +1,160 @@
+"""The closing block a launch template prints when its job failed: its cause, on the last lines
+the user sees (torchrun ends a failed job with "Root Cause (first observed
+failure)" the same way).
+
+A failed multi-rank job buries its one good line: after a lost peer, ``hvd-lm train: ERROR:
+lost rank 1 on host n2 ...`` was line 24 of 53, tagged ``[0]<stderr>:`` and followed by
+horovodrun's 20-line traceback. The rank that has the cause writes a ``failure`` record to
+``<out-dir>/metrics.jsonl`` (:meth:`hvd_lm.train.loop.Trainer.record_failure`: rank, host, step,
+the one-line error, the newest complete checkpoint, the command that resumes); the templates
+(``launch/lib.sh``: ``hvd_lm_failure_summary``) call this module after the launcher exits
+non-zero, and it prints::
+
+    ==== hvd-lm: the job failed (exit status 1) ====
+    where: rank 0 on host n1, after step 57 (recorded in runs/x/metrics.jsonl)
+    newest complete checkpoint: runs/x/checkpoints/step_00000040.pt
+    resume: run the same launch again (OUT_DIR=runs/x); it continues with --resume auto
+    cause: lost rank 1 on host n2 (10.77.0.2 does not answer within 3 s: ...): ...
+
+Without a record newer than the launch (a rank killed outright, an error before the run folder
+was opened) the cause is the first ``ERROR:`` line the launch printed (kept by the template,
+launcher tags such as ``[1]<stderr>:`` removed), else what the exit status says.
+
+``metrics.jsonl`` is read here line by line, skipping a line that is not JSON (the last one may
+be cut short by a kill), instead of through :func:`hvd_lm.train.log.read_metrics`, which raises
+on it and imports torch: this runs at the end of every failed job and must not fail itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from hvd_lm.options import Command, option
+
+#: launcher tags in front of a rank's line: horovodrun ``[1]<stderr>:``, mpirun
+#: ``--tag-output`` ``[1,0]<stderr>:``, srun ``--label`` ``1: ``
+_TAG = re.compile(r"^(\[[\d,]+\]<std(?:out|err)>:|\d+: )\s*")
+
+
+def failure_records(out_dir: str | Path, since: float = 0.0) -> list[dict]:
+    """The ``failure`` records of ``<out_dir>/metrics.jsonl`` written at or after ``since``
+    (Unix seconds), in file order; [] when there is no such file."""
+    path = Path(out_dir) / "metrics.jsonl"
+    out = []
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("kind") == "failure" and \
+                float(rec.get("time", 0)) >= since:
+            out.append(rec)
+    return out
+
+
+def first_error_line(path: str | Path | None) -> str:
+    """The first line holding ``ERROR:`` in the launch's kept output, launcher tags removed;
+    '' when none."""
+    if not path:
+        return ""
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((_TAG.sub("", x).strip() for x in lines if "ERROR:" in x), "")
+
+
+def exit_text(rc: int) -> str:
+    """What an exit status says: ``exit status 1``, ``killed by SIGKILL, exit status 137``."""
+    if rc > 128:
+        try:
+            return f"killed by {signal.Signals(rc - 128).name}, exit status {rc}"
+        except ValueError:
+            pass
+    return f"exit status {rc}"
+
+
+def newest_checkpoint(out_dir: str | Path) -> str:
+    """The newest complete checkpoint of a run folder (:mod:`hvd_lm.formats.checkpoint`, read
+    only when no failure record names one), or 'none'."""
+    try:
+        from hvd_lm.formats.checkpoint import list_checkpoints
+
+        found = list_checkpoints(out_dir)
+    except Exception:  # noqa: BLE001 - the summary must print whatever happened
+        return "none"
+    return str(found[-1]) if found else "none"
+
+
+def summary(out_dir: str, rc: int, since: float = 0.0, errors: str = "",
+            resume: str = "") -> str:
+    """The closing block (see the module docstring); its last line is the cause.
+
+    Args:
+        out_dir: the run folder (``metrics.jsonl``, ``checkpoints/``).
+        rc: the launcher's exit status.
+        since: Unix seconds the launch started (older failure records belong to earlier runs).
+        errors: a file holding the ``ERROR:`` lines the launch printed ('' = none kept).
+        resume: how to run this launch again ('' = the record's training command).
+    """
+    recs = failure_records(out_dir, since)
+    lines = [f"==== hvd-lm: the job failed ({exit_text(rc)}) ===="]
+    if recs:
+        # rank 0's view when it recorded one (the launcher runs beside it: a host cut off from
+        # the others may still reach the shared disk and record the mirror image), else the first
+        r = next((x for x in recs if x.get("rank") == 0), recs[0])
+        others = sorted({x.get("rank") for x in recs} - {r.get("rank")}, key=str)
+        also = (f"; rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} recorded "
+                "one too" if others else "")
+        lines.append(f"where: rank {r.get('rank')} on host {r.get('host')}, after step "
+                     f"{r.get('step')} (recorded in {Path(out_dir) / 'metrics.jsonl'}{also})")
+        ckpt = r.get("checkpoint") or "none (no step was saved)"
+        cause = r.get("error") or first_error_line(errors)
+        again = resume or (f"the same launcher with `{r['resume']}`" if r.get("resume") else "")
+    else:
+        line = first_error_line(errors)
+        lines.append("where: no rank recorded a failure in "
+                     f"{Path(out_dir) / 'metrics.jsonl'}"
+                     + ("; the first ERROR line of the launch follows" if line else ""))
+        ckpt = newest_checkpoint(out_dir)
+        cause = line or (f"no rank reported an error ({exit_text(rc)}): a rank killed "
+                         "outright (out of memory, kill -9, its node lost?); the launcher's "
+                         "output above says which")
+        again = resume
+    lines.append(f"newest complete checkpoint: {ckpt}")
+    if again:
+        lines.append(f"resume: {again}")
+    lines.append(f"cause: {cause}")
+    return "\n".join(lines)
+
+
+@dataclass
+class SummaryConfig:
+    """``python -m hvd_lm.jobs.failure_summary OUT_DIR --rc N``: what the templates call."""
+
+    out_dir: str = option("", "the run folder", positional=True, required=True)
+    rc: int = option(1, "the launcher's exit status")
+    since: float = option(0.0, "Unix seconds the launch started")
+    errors: str = option("", "file with the ERROR lines the launch printed")
+    resume: str = option("", "how to run the launch again")
+
+
+def main(cfg: SummaryConfig) -> int:
+    """Print the block on stdout (the templates send it to stderr); 0."""
+    print(summary(cfg.out_dir, cfg.rc, cfg.since, cfg.errors, cfg.resume), flush=True)
+    return 0
+
+
+SUMMARY = Command(SummaryConfig, main, config_flag=False)
+
+if __name__ == "__main__":
+    sys.exit(SUMMARY.main(None, "python -m hvd_lm.jobs.failure_summary"))

@@ -1,0 +1,222 @@
+"""A new user's first job across hosts, replayed on the cluster in a box (tests/cluster.py) as
+README.md and docs/ state it, step by step; each step fails where a user would stumble.
+
+Every command runs on a node (n1 unless said) from a work folder the nodes share (under
+pytest's temporary folders), with the venv first on PATH, as a user's shell would have it:
+
+1. the doctor, started from a folder only n1 has, names that folder and the shared filesystem
+   (not a symptom such as a missing manifest);
+2. data preparation across two hosts with the commands of docs/data_prep.md ("Across hosts":
+   the doctor, then mpirun with ``-x PATH`` and the interface it printed), byte-identical to one
+   process;
+3. SLURM, started with ``python -m tests.cluster slurm`` (left running, its ``SLURM_CONF``
+   printed), runs the script ``hvd-lm launch --scheduler slurm`` renders on two nodes (mpirun
+   inside the allocation, after the preflight); a preemption (``scancel --signal=USR1 --batch``)
+   checkpoints, requeues, and the job finishes with ``--resume auto``;
+4. the same run continued with ``launch/horovodrun_multinode.sh`` across n1 and n2; n2's cable
+   pulled: the job fails within Gloo's timeout, its last lines the closing block (the lost
+   host, the newest checkpoint, how to resume); with the cable back the same command finishes;
+5. eval, transfer (SST-2) and classify of that run, on n2 (the run folder is shared).
+
+Tests it took over (each proved the same thing on its own): tests/test_multinode.py's
+``test_data_prep_across_two_hosts_is_byte_identical`` (step 2) and
+``test_lost_link_fails_in_bounded_time_naming_the_host_then_resume_finishes`` (step 4), and
+tests/test_slurm.py's ``test_preempted_job_checkpoints_requeues_and_resumes_with_mpirun``
+(step 3, now on two nodes)."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hvd_lm.formats.checkpoint import list_checkpoints
+from tests._mp import REPO, SHARED, launch_env, run
+from tests.cluster import Cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+MUSIC = SHARED / "data/amazon/mcauley2014_5core/reviews_Digital_Music_5.json.gz"
+SST2 = SHARED / "data/sst2"
+TINY = ("--hidden-size 32 --embed-dim 8 --seq-len 16 --batch-size 2 --threads 1 --device cpu "
+        "--lr 3e-3 --log-every 10 --eval-chars 2000")
+PREP = "--shard-size 256K --split 20,1,1 --no-progress"
+
+
+def records(run_dir: Path, kind: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def doc_commands(doc: str, first_words: str) -> list[str]:
+    """The commands (continuation lines joined, comments dropped) of the fenced bash block of
+    ``doc`` that holds a command starting with ``first_words``."""
+    text = (REPO / doc).read_text()
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        cmds = [re.sub(r"\s+#.*$", "", c).strip()
+                for c in block.replace("\\\n", " ").splitlines() if c.strip()]
+        if any(c.startswith(first_words) for c in cmds):
+            return cmds
+    raise AssertionError(f"{doc}: no bash block with a command starting {first_words!r}")
+
+
+class Journey:
+    """The user's shell: commands on a node, from the shared work folder, timed per step."""
+
+    def __init__(self, cluster: Cluster, work: Path):
+        self.cluster, self.work, self.took = cluster, work, {}
+
+    def sh(self, command: str, node: str = "n1", timeout: float = 240, check: bool = True,
+           cwd=None, **env: str) -> subprocess.CompletedProcess:
+        return self.cluster.run(node, ["bash", "-c", command], timeout=timeout, check=check,
+                                cwd=cwd or self.work, env=launch_env(**env))
+
+    def step(self, name: str, t0: float) -> None:
+        self.took[name] = round(time.monotonic() - t0, 1)
+
+
+def test_first_job_across_hosts(cluster, tmp_path):
+    if not (MUSIC.exists() and (SST2 / "val.csv").exists()):
+        pytest.skip(f"needs {MUSIC} and {SST2} (../shared)")
+    work = tmp_path / "work"
+    work.mkdir()
+    j = Journey(cluster, work)
+    t_all = time.monotonic()
+
+    # 1. started from a folder only n1 has: the doctor names it (and why it matters)
+    t0 = time.monotonic()
+    private = "/tmp/journey-private"  # n1's own /tmp, as a node's local disk
+    j.sh(f"mkdir -p {private}")
+    proc = j.sh(f"cd {private} && hvd-lm doctor --hosts n1:1,n2:1", check=False)
+    assert proc.returncode == 1 and proc.stderr.strip() == (
+        f"hvd-lm doctor: ERROR: n2 lacks the working folder {private}, which n1 has: every rank "
+        "starts in the working folder and reads the data, config and run folder at the same "
+        "path, so they must be on a filesystem every host shares (or copied to the same path "
+        "on n2)"), proc.stderr
+    j.sh(f"rm -rf {private}")
+    j.step("1 doctor names the unshared folder", t0)
+
+    # 2. data preparation across hosts, as docs/data_prep.md says: the doctor, then mpirun
+    t0 = time.monotonic()
+    doctor, mpirun = doc_commands("docs/data_prep.md", "mpirun -np 2 -H node1")
+    nodes = {"node1": "n1", "node2": "n2"}
+    doctor = re.sub(r"node\d", lambda m: nodes[m.group(0)], doctor)
+    out = j.sh(doctor).stdout
+    iface = re.search(r"^  use          (\w+):$", out, re.M)
+    assert iface and iface.group(1) == "eth0", out  # never the decoy docker0
+    mpirun = re.sub(r"node\d", lambda m: nodes[m.group(0)], mpirun)
+    mpirun = mpirun.replace("eth0", iface.group(1)).replace("FILES...", f"{MUSIC} {PREP}")
+    mpirun = mpirun.replace("/shared/fs/out", "data/amazon")
+    proc = j.sh(mpirun, timeout=300)
+    assert proc.stdout.count("prepared ") == 1, proc.stdout
+    run([sys.executable, "-m", "data_prep", "prepare", MUSIC, *PREP.split(), "--out",
+         tmp_path / "one"], timeout=300)
+    two = {p.name: p.read_bytes() for p in sorted((work / "data/amazon").glob("*.h5"))}
+    one = {p.name: p.read_bytes() for p in sorted((tmp_path / "one").glob("*.h5"))}
+    assert len(one) > 2 and one == two
+    man = json.loads((work / "data/amazon/manifest.json").read_text())
+    assert man["run"]["world_size"] == 2
+    j.step("2 prepare across hosts (docs/data_prep.md)", t0)
+
+    # 3. SLURM: started from the command line, a rendered 2-node job, preempted and requeued
+    t0 = time.monotonic()
+    out = j.sh("python -m tests.cluster slurm").stdout
+    conf = re.search(r"^export SLURM_CONF=(\S+)$", out, re.M)
+    assert conf, out
+    slurm = Cluster.attach(cluster.root)._slurm  # the daemons outlived the command
+    assert slurm is not None and str(slurm.conf) == conf.group(1)
+    cluster._slurm = slurm  # the session's cluster stops it at the end
+    j.sh(f"hvd-lm launch --scheduler slurm --gpus 2 --gpus-per-node 1 --device cpu --walltime 10 "
+         f"--job-name journey --launcher mpirun --run-dir runs/first --out job.sbatch -- "
+         f"--shards data/amazon {TINY} --max-steps 120 --checkpoint-every 40")
+    submit = j.sh("python -m tests.cluster run n1 -- sbatch job.sbatch", SLURM_CONF=conf.group(1),
+                  HVD_LM_STEP_SLEEP="0.05")  # exported to the job: it trains for seconds
+    job = re.search(r"Submitted batch job (\d+)", submit.stdout).group(1)
+    first = work / "runs/first"
+    slurm.wait_job(job, 180, lambda i: i.get("JobState") not in ("PENDING", "RUNNING") or (
+        (first / "metrics.jsonl").is_file() and bool(records(first, "train"))))
+    j.sh(f"python -m tests.cluster run n1 -- scancel --signal=USR1 --batch {job}",
+         SLURM_CONF=conf.group(1))
+    slurm.release_requeued(job, timeout=120)
+    info = slurm.wait_job(job, timeout=240)
+    log = (work / f"journey-{job}.out").read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log[-4000:]
+    assert "2 nodes (n[1-2]), 2 ranks via mpirun" in log and "use          eth0:" in log, log
+    assert "got SIGUSR1" in log and "requeueing job" in log, log[-4000:]
+    assert "--resume auto" in log.split("(restart 1)")[1]
+    starts, ends = records(first, "start"), records(first, "end")
+    assert [s["world_size"] for s in starts] == [2, 2] and starts[0]["hosts"] == ["n1", "n2"]
+    assert [e["stop"] for e in ends] == ["signal", "done"] and ends[1]["step"] == 120
+    assert 0 < ends[0]["step"] == starts[1]["step"] < 120
+    assert starts[1]["resumed_from"].endswith(f"step_{ends[0]['step']:08d}.pt")
+    j.step("3 SLURM: preempted, requeued, resumed", t0)
+
+    # 4. the same run, longer, with horovodrun across the hosts; n2's cable pulled mid-run
+    t0 = time.monotonic()
+    args = f"--shards data/amazon {TINY} --max-steps 240 --checkpoint-every 20 --gloo-timeout-s 10"
+    command = (f"NP=2 HOSTS=n1:1,n2:1 OUT_DIR=runs/first TRAIN_ARGS={shlex.quote(args)} "
+               f"bash {REPO}/launch/horovodrun_multinode.sh")
+    proc = cluster.popen("n1", ["bash", "-c", command], cwd=work, stderr=subprocess.STDOUT,
+                         env=launch_env(HVD_LM_STEP_SLEEP="0.05"))
+    try:
+        deadline = time.monotonic() + 150
+        while not (list_checkpoints(first) and int(list_checkpoints(first)[-1].stem[5:]) >= 140):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
+            time.sleep(0.2)
+        t_cut = time.monotonic()
+        cluster.link("n2", up=False)
+        output, _ = proc.communicate(timeout=90)
+        took = time.monotonic() - t_cut
+    finally:
+        if proc.poll() is None:
+            cluster.kill_jobs()
+            proc.kill()
+            proc.wait()
+        cluster.link("n2", up=True)
+    newest = list_checkpoints(first)[-1].relative_to(work)  # as OUT_DIR names it
+    assert proc.returncode != 0 and took < 10 + 15, (took, output[-3000:])
+    assert len(re.findall(r"hvd-lm train: ERROR:", output)) == 1, output[-5000:]
+    last = output.rstrip().splitlines()[-5:]
+    assert last[0] == f"==== hvd-lm: the job failed (exit status {proc.returncode}) ====", last
+    # rank 0's view (n2, cut off, still reached the shared disk: it recorded the mirror image)
+    assert re.fullmatch(r"where: rank 0 on host n1, after step \d+ \(recorded in "
+                        r"runs/first/metrics.jsonl(; rank 1 recorded one too)?\)", last[1]), last
+    assert last[2] == f"newest complete checkpoint: {newest}", last
+    assert last[3] == ("resume: run the same launch again with OUT_DIR=runs/first: it continues "
+                       "with --resume auto"), last
+    assert re.fullmatch(r"cause: lost rank 1 on host n2 \(10\.77\.0\.2 does not answer within 3 "
+                        r"s: its network link is down or the host is gone\): a collective failed "
+                        r"at step \d+ \(Gloo gave up after HOROVOD_GLOO_TIMEOUT_SECONDS=10 s\); "
+                        rf"the newest complete checkpoint is {re.escape(str(newest))}; .*",
+                        last[4]), last
+    assert cluster.wait_idle(30) == {}
+    deadline = time.monotonic() + 30
+    while not cluster.healthy():
+        assert time.monotonic() < deadline, "n2 did not come back"
+        time.sleep(0.5)
+    proc = j.sh(command, timeout=300, HVD_LM_STEP_SLEEP="0.05")  # the same command again
+    assert "--resume auto" in proc.stdout, proc.stdout[-3000:]
+    starts, ends = records(first, "start"), records(first, "end")
+    assert starts[-1]["resumed_from"] == str(newest) and ends[-1]["stop"] == "done"
+    assert ends[-1]["step"] == 240
+    j.step("4 horovodrun across hosts: a pulled link, then resume", t0)
+
+    # 5. eval, transfer and classify of the run, on the other host
+    t0 = time.monotonic()
+    j.sh("hvd-lm eval runs/first data/amazon --split val --output runs/first/eval_val.json "
+         "--device cpu", node="n2")
+    assert 0 < json.loads((first / "eval_val.json").read_text())["bpc"] < 8
+    j.sh(f"hvd-lm transfer runs/first --dataset sst2 --data-dir {SST2} --out runs/first/sst2 "
+         "--max-examples 200 --no-baseline --threads 1 --device cpu", node="n2", timeout=300)
+    proc = j.sh(f"hvd-lm classify runs/first runs/first/sst2 --input {SST2}/val.csv --text-field "
+                "sentence --label-field label --output runs/first/val_predictions.csv "
+                "--threads 1 --device cpu", node="n2", timeout=300)
+    assert "classified 872 texts" in proc.stdout and "\r" not in proc.stderr, proc.stderr[-2000:]
+    assert len((first / "val_predictions.csv").read_text().splitlines()) == 873
+    j.step("5 eval, transfer, classify on n2", t0)
+    j.took["total"] = round(time.monotonic() - t_all, 1)
+    print(f"journey: {j.took}")
