@@ -83,7 +83,7 @@ def test_train_records_tflops_and_mfu_against_a_measured_cpu_peak(shards, tmp_pa
         "sys.exit(main(sys.argv[1:]))\n")
     out = tmp_path / "r"
     proc = run([sys.executable, "-c", code, "train", "--shards", shards, "--out-dir", out,
-                *TINY], timeout=300, env=launch_env())
+                *TINY, "--tensorboard", "true"], timeout=300, env=launch_env())
     start = records(out, "start")[0]
     assert start["peak_source"].startswith("measured: float32 torch.mm 1024^3 on the CPU, 1 ")
     assert 1e-3 < start["peak_tflops"] < 100  # one core's fp32 BLAS: GFLOP/s to a few TFLOP/s

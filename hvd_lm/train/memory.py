@@ -35,6 +35,10 @@ B=256, T=256 bf16 that is about 2.3x the eager estimate. This is a model from th
 buffers, not yet measured on a GPU: ``hvd-lm bench gpu`` records it beside each variant's
 measured peak (``estimated_memory_gib``), so the first card checks it.
 
+With ``--async-checkpoint`` (the default) rank 0 also holds a host copy of the checkpoint being
+written while the next steps run: weights and optimizer state, 4 P (1 + states), and every
+rank's recurrent state; counted on the CPU, where it shares the memory the step uses.
+
 Checked against measurements in ``tests/test_reliability.py``: the activations against the
 bytes torch's saved-tensor hooks see (both recurrences, fp32 and bf16, within 2%), and the
 whole estimate against the peak resident memory of real ``hvd-lm train`` processes (within
@@ -77,6 +81,10 @@ class StepMemory:
         data: host-side shard read buffers.
         graph_pool: the CUDA-graph pool of the fused window (``--cuda-graphs`` on a GPU;
             :func:`graph_pool_bytes`), 0 otherwise.
+        checkpoint_copy: on the CPU with ``--async-checkpoint``, the host copy of a checkpoint
+            being written while the next steps run (:mod:`hvd_lm.train.async_checkpoint`): the
+            weights, the optimizer state and every rank's recurrent state, fp32 (on a GPU it is
+            host memory, not the device's), 0 otherwise.
     """
 
     activations: int
@@ -86,6 +94,7 @@ class StepMemory:
     optimizer: int
     data: int
     graph_pool: int = 0
+    checkpoint_copy: int = 0
 
     @property
     def total(self) -> int:
@@ -174,7 +183,9 @@ def step_memory(cfg: TrainConfig, device_type: str, world_size: int = 1,
         optimizer=4 * P * states,
         data=data,
         graph_pool=graph_pool_bytes(d.seq_len, d.batch_size, m.hidden_size, C) if graphed
-        else 0)
+        else 0,
+        checkpoint_copy=(4 * P * (1 + states) + 2 * 4 * world_size * d.batch_size * m.hidden_size
+                         if device_type == "cpu" and cfg.run.async_checkpoint else 0))
 
 
 def free_memory(device: torch.device) -> tuple[int, str]:

@@ -169,8 +169,8 @@ def classify(cfg: ClassifyConfig) -> dict | None:
     kind = _output_kind(cfg.output)
     n = positive = correct = chars = truncated = 0
     seconds = 0.0
-    bar = tqdm(unit="char", unit_scale=True, desc="classify", file=sys.stderr,
-               disable=not (is_root and cfg.progress), dynamic_ncols=True)
+    bar = tqdm(unit="char", unit_scale=True, desc="classify", file=sys.stderr,  # None: a TTY only
+               disable=None if (is_root and cfg.progress) else True, dynamic_ncols=True)
     with open_predictions(cfg.output) if is_root else contextlib.nullcontext() as out:
         for block in blocks(stream.records):
             res = featurize(lm.model, [t for _, t, _ in block], feat["kind"], feat["max_chars"],
