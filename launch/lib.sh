@@ -221,8 +221,12 @@ _hvd_lm_wait_filters() {
     done
     break
   done
+  # SIGKILL: the filters ignore TERM (they must outlive a signal to this script), and one still
+  # running holds this script's stdout open after it exits (its reader, e.g. a test, would wait
+  # for an end of file that never comes) when a process the launcher left behind (an ssh to a
+  # host whose link went down) still holds the FIFO's write end
   for pid in "${HVD_LM_FILTERS[@]}"; do
-    kill "$pid" 2>/dev/null || true
+    kill -KILL "$pid" 2>/dev/null || true
   done
   rm -rf "$HVD_LM_FIFOS"
 }

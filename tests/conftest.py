@@ -14,6 +14,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DIR = REPO_ROOT.parent / "shared"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Every ``cluster`` test is ``serial`` too: ``make test`` runs the serial tests alone, after
+    the others ran two at a time (the box is one set of namespaces, and its shaped links are
+    measured)."""
+    for item in items:
+        if item.get_closest_marker("cluster") and not item.get_closest_marker("serial"):
+            item.add_marker(pytest.mark.serial)
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     """The repository root."""

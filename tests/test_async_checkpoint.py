@@ -60,14 +60,13 @@ def test_the_copy_is_taken_at_submit_and_written_in_the_background(tmp_path, mon
     w = CheckpointWriter(True, done.append)
     state = {"model": {"w": torch.ones(4)}, "optimizer": {"state": {0: {"m": torch.ones(2)}}},
              "step": 2}
-    t0 = time.perf_counter()
     w.submit(state, tmp_path, 2)
-    assert time.perf_counter() - t0 < 0.4 and w.in_flight
+    assert w.in_flight  # returned while the write (0.5 s at least) runs: latest not moved yet
     state["model"]["w"].mul_(7)                      # training goes on, in place
     state["optimizer"]["state"][0]["m"].add_(1)
     assert ck.resolve(tmp_path) == first and not done
     written = w.wait()
-    assert written.step == 2 and written.write_s >= 0.5 and written.blocked_s < 0.4
+    assert written.step == 2 and written.write_s >= 0.5 and written.blocked_s < written.write_s
     assert done == [written] and ck.resolve(tmp_path) == written.path
     saved = ck.load(written.path)
     assert saved["model"]["w"].tolist() == [1.0] * 4

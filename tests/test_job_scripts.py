@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -459,3 +460,26 @@ def test_slurm_elastic_render(tmp_path):
     assert cli("launch", "--scheduler", "mpirun", "--gpus", "2", "--elastic") == 2
     assert cli("launch", "--scheduler", "slurm", "--gpus", "8", "--min-np", "9",
                "--elastic") == 2
+
+
+def test_a_process_the_launcher_leaves_behind_does_not_hold_the_jobs_output(tmp_path):
+    """launch/lib.sh's hvd_lm_run_preemptible passes the launcher's output through line filters
+    (they keep its ERROR lines for the closing block). A launcher that exits while a process it
+    started still holds its stdout (as horovodrun can leave an ssh to a host whose link went
+    down) must not keep the job's own output open: before, the filters ignored the SIGTERM meant
+    to end them and the reader of the job's output waited for that process (a hung test)."""
+    import time
+
+    script = tmp_path / "job.sh"
+    script.write_text(f"source {REPO / 'launch/lib.sh'}\n"
+                      "hvd_lm_run_preemptible bash -c 'sleep 60 & echo launched; exit 0'\n"
+                      "echo \"launcher rc=$?\"\n")
+    t0 = time.monotonic()
+    proc = subprocess.Popen(["bash", script], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert "launched" in out and "launcher rc=0" in out
+    assert time.monotonic() - t0 < 20  # the job's output ended with it, not with the sleeper

@@ -185,7 +185,14 @@ def test_elastic_three_hosts_lose_a_link_and_get_the_host_back(cluster, shards, 
         hosts.write_text("n1:1\nn2:1\nn3:1\n")
         wait_for(lambda: any(r["world_size"] == 3 and r["previous_world_size"] == 2
                              for r in records(run_dir, "resize")), "n3 back", proc, timeout=150)
-        out, _ = proc.communicate(timeout=300)
+        try:
+            out, _ = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired as e:  # say where it stood: the job's last lines
+            tail = (e.output or b"")[-6000:]
+            tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+            pytest.fail(f"the job did not end within 300 s after n3 came back; its last lines:\n"
+                        f"{tail}\nmetrics: {records(run_dir, 'resize')} last train step "
+                        f"{max((r['step'] for r in records(run_dir, 'train')), default=None)}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

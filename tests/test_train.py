@@ -214,6 +214,7 @@ def test_nan_step_is_skipped_and_counted(shards, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # compares ranks' step times
 def test_train_records_name_the_slowest_ranks_compute(shards, tmp_path):
     """One rank sleeps 0.15 s in every step, rank 1 on even steps and rank 0 on odd ones (a
     straggler that moves), records of 2 steps: each ``train`` record's ``compute_time_max``
