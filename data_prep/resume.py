@@ -29,6 +29,7 @@ from hvd_lm.formats import shards
 from hvd_lm.formats.tokenizer import TOKENIZER_NAME
 from hvd_lm.util.atomic import remove_stale_temps, write_text
 from hvd_lm.util.digest import json_sha256
+from hvd_lm.util.lock import LOCK_NAME
 
 WORK_DIR = ".prepare"
 SHARD_NAME = re.compile(r"^(train|val|test)-\d{5}\.h5$")
@@ -47,7 +48,7 @@ def written_by_prepare(name: str) -> bool:
 
 def check_out(out: str | Path) -> None:
     """Refuse an output folder that holds files but nothing ``prepare`` wrote (no manifest, no
-    shard, no work directory): a link to a folder of other files, a folder of inputs, a home
+    shard, no work directory, no lock): a link to a folder of other files, a folder of inputs, a home
     directory. Checked before the folder is locked or created, so a refused run touches nothing.
     (A folder ``prepare`` wrote before may hold other files too: they are never touched.)
 
@@ -58,7 +59,8 @@ def check_out(out: str | Path) -> None:
     if not out.is_dir():
         return
     names = sorted(p.name for p in out.iterdir())
-    if not names or any(written_by_prepare(n) or n == WORK_DIR for n in names):
+    # the lock alone: a prepare killed after taking it, before it made its work directory
+    if not names or any(written_by_prepare(n) or n in (WORK_DIR, LOCK_NAME) for n in names):
         return
     where = f"{out} (a link to {out.resolve()})" if out.is_symlink() else str(out)
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")

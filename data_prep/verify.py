@@ -47,7 +47,7 @@ def verify_directory(directory, ctx: Optional[Context] = None) -> tuple[list, li
         directory: a directory written by ``prepare``.
         ctx: workers/ranks to spread the shards over (default: one process).
     Returns:
-        ``(shards checked, problems)``: the manifest's :class:`~hvd_lm.formats.manifests.ShardInfo`
+        ``(shards checked, problems)``: the manifest's :class:`~hvd_lm.formats.manifest.ShardInfo`
         list and one message per mismatch (empty when everything verifies). An unreadable or invalid
         manifest is one problem and no shards.
     """

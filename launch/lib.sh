@@ -56,7 +56,13 @@ print(s if isinstance(s, str) else "")' "$CONFIG" 2>/dev/null)" || shards=""
   fi
   HVD_LM_SHARDS="$shards"
   HVD_LM_CMD+=(--out-dir "$OUT_DIR")
-  if [ -f "$OUT_DIR/checkpoints/latest" ] || compgen -G "$OUT_DIR/checkpoints/step_*.pt" >/dev/null; then
+  # (not with --overwrite in TRAIN_ARGS: the user asked to start over, and train refuses both)
+  local overwrite=0 a
+  for a in "${extra[@]}"; do
+    case "$a" in --overwrite | --overwrite=true) overwrite=1 ;; esac
+  done
+  if [ "$overwrite" = 0 ] && { [ -f "$OUT_DIR/checkpoints/latest" ] ||
+    compgen -G "$OUT_DIR/checkpoints/step_*.pt" >/dev/null; }; then
     HVD_LM_CMD+=(--resume auto)
   fi
   HVD_LM_CMD+=("${extra[@]}")
@@ -171,9 +177,13 @@ hvd_lm_run_preemptible() {
   HVD_LM_FIFOS="$(mktemp -d "${TMPDIR:-/tmp}/hvd-lm-out.XXXXXX")"
   mkfifo "$HVD_LM_FIFOS/out" "$HVD_LM_FIFOS/err"
   # the filters outlive a signal to this script (they end at the launcher's last line)
-  (trap '' INT TERM USR1; _hvd_lm_keep_errors <"$HVD_LM_FIFOS/out") &
+  # exec: each filter's PID is awk's own, so that _hvd_lm_wait_filters' SIGKILL ends the
+  # process that holds this script's stdout (a subshell killed would leave its awk running)
+  (trap '' INT TERM USR1; exec "${HVD_LM_AWK[@]}" -v errors="$HVD_LM_ERRORS" \
+    "$HVD_LM_KEEP_ERRORS" <"$HVD_LM_FIFOS/out") &
   HVD_LM_FILTERS=($!)
-  (trap '' INT TERM USR1; _hvd_lm_keep_errors <"$HVD_LM_FIFOS/err" >&2) &
+  (trap '' INT TERM USR1; exec "${HVD_LM_AWK[@]}" -v errors="$HVD_LM_ERRORS" \
+    "$HVD_LM_KEEP_ERRORS" <"$HVD_LM_FIFOS/err" >&2) &
   HVD_LM_FILTERS+=($!)
   # unbuffered: horovodrun (Python) would hold its ranks' lines back in a pipe's buffer
   PYTHONUNBUFFERED=1 "$@" >"$HVD_LM_FIFOS/out" 2>"$HVD_LM_FIFOS/err" &
@@ -197,16 +207,14 @@ hvd_lm_run_preemptible() {
   return "$rc"
 }
 
-# stdin to stdout unchanged, each line holding "ERROR:" also appended to $HVD_LM_ERRORS
-_hvd_lm_keep_errors() {
-  local line
-  while IFS= read -r line || [ -n "$line" ]; do
-    printf '%s\n' "$line"
-    case "$line" in
-      *ERROR:*) printf '%s\n' "$line" >>"$HVD_LM_ERRORS" ;;
-    esac
-  done
-}
+# The filters' awk program: stdin to stdout unchanged, each line holding "ERROR:" also appended
+# to the file `errors` ($HVD_LM_ERRORS). awk, not a `read` loop: bash reads a pipe a byte per
+# system call, which a verbose job's output (NCCL_DEBUG=INFO on many ranks) would back up behind.
+HVD_LM_KEEP_ERRORS='{ print; fflush() } /ERROR:/ { print >> errors; fflush(errors) }'
+# mawk (Debian's and Ubuntu's awk) reads a pipe a block at a time, holding a line back until the
+# block fills, unless -W interactive; gawk and busybox pass each line on as it comes
+HVD_LM_AWK=(awk)
+if awk -W version 2>/dev/null | grep -q mawk; then HVD_LM_AWK=(awk -W interactive); fi
 
 # Wait (5 s at most: a rank left behind may hold the pipe) until the filters printed the
 # launcher's last line, so that nothing follows the summary.

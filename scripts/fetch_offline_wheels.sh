@@ -6,7 +6,8 @@
 # NCCL wheel, mpi4py + MPI, h5py, scikit-learn, pytest, pip/setuptools):
 #   - Horovod's build and runtime: cffi, pycparser, cloudpickle, psutil, PyYAML, packaging;
 #   - hvd_lm's own (pyproject.toml): orjson, tqdm, matplotlib (and its dependencies),
-#     pytorch-optimizer, psutil, and the test extra mktestdocs;
+#     pytorch-optimizer, psutil, safetensors, and the test extra's mktestdocs and pytest-xdist
+#     (with execnet);
 #   - setuptools, Cython and wheel: the editable install of hvd_lm and the Horovod build run
 #     without build isolation, and mpi4py is built from source when the image has none.
 # Wheels are fetched without their dependencies (listed here instead), so that nothing pulls a
@@ -34,7 +35,7 @@ done
 "${PIP[@]}" download --no-deps --only-binary=:all: --python-version "$PY_VERSION" \
     --implementation cp "${platforms[@]}" -d "$DEST" \
     cffi pycparser cloudpickle psutil pyyaml packaging \
-    orjson tqdm pytorch-optimizer mktestdocs \
+    orjson tqdm pytorch-optimizer mktestdocs safetensors pytest-xdist execnet \
     matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil six tzdata \
     cython wheel setuptools
 ls -l "$DEST"

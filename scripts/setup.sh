@@ -31,6 +31,13 @@ VENV=${VENV:-.venv}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 say() { printf '[setup] %s\n' "$*"; }
 
+# A venv keeps the kind it was made with: VENV_SYSTEM_SITE=1 cannot change one made without.
+if [ "${VENV_SYSTEM_SITE:-0}" = 1 ] && grep -qs "include-system-site-packages = false" \
+        "$VENV/pyvenv.cfg"; then
+    say "warning: $VENV was made without --system-site-packages, so VENV_SYSTEM_SITE=1 has no" \
+        "effect on it (the machine's torch and NCCL stay invisible): rm -rf $VENV to remake it"
+fi
+
 # ---- 0. a finished setup: seconds ------------------------------------------------------------
 # The stamp is the hash of everything that decides what setup installs; a venv that no longer
 # imports hvd_lm or Horovod (removed by hand) is set up again.

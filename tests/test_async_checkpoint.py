@@ -166,6 +166,7 @@ def test_kill_9_during_a_background_write_resumes_from_the_previous_checkpoint(s
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # a write's timing against the steps' or a signal's
 def test_a_signal_and_the_end_wait_for_the_write_in_flight(shards, tmp_path):
     """Step 2's write is slowed by 3 s; SIGTERM arrives while it is in flight: the signal's
     checkpoint waits for it, the run ends after both are complete (the end record last),
@@ -195,6 +196,7 @@ def test_a_signal_and_the_end_wait_for_the_write_in_flight(shards, tmp_path):
     assert ckpts[0]["write_s"] >= 3
 
 
+@pytest.mark.serial  # a write's timing against the steps' or a signal's
 def test_bench_checkpoint_measures_both_modes(tmp_path):
     """``hvd-lm bench checkpoint`` at a tiny size, 0.3 s of write latency added: the synchronous
     checkpoint blocks the loop for the whole write, the background one for its copy only."""

@@ -101,6 +101,7 @@ def test_alpha_from_the_latency_beta_fitted_to_the_rest(n):
         fit_alpha_beta(sizes, exact, n, intercept_s=0.0)
 
 
+@pytest.mark.serial  # times the parts of a step
 @pytest.mark.parametrize("where", ["forward", "after-decoder-grads"])
 def test_backward_window_measures_the_backward_after_the_decoder(monkeypatch, where):
     """The step's parts of one process (H=64), with 40 ms of work planted at a known place: in

@@ -90,6 +90,17 @@ def test_a_damaged_folder_is_one_line(exported, tmp_path):
     (bad / "config.json").write_text("{not json")
     with pytest.raises(ex.ExportError, match=r"bad/config.json: not JSON"):
         load_model(bad)
+    # config.json names its weights file: only its own model.safetensors is ever read (a path
+    # out of the folder, whose sha256 config.json would give too, is refused unread)
+    (tmp_path / "elsewhere.safetensors").write_bytes(data)
+    cfg = json.loads((exported["exp"] / "config.json").read_text())
+    for weights in ("../elsewhere.safetensors", str(tmp_path / "elsewhere.safetensors")):
+        (bad / "config.json").write_text(json.dumps({**cfg, "weights": weights}))
+        with pytest.raises(ex.ExportError, match=r"\"weights\" is .* model.safetensors"):
+            load_model(bad)
+    (bad / "config.json").write_text("{" + " " * (ex.MAX_CONFIG_BYTES + 1) + "}")
+    with pytest.raises(ex.ExportError, match=r"over 1,048,576 bytes"):
+        load_model(bad)
 
 
 def test_export_writes_atomically_and_refuses_a_used_folder(exported, tmp_path, monkeypatch,

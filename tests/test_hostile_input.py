@@ -131,6 +131,40 @@ def test_a_fresh_run_is_refused_over_another_runs_checkpoints(shards, run_a, tmp
     one_error_line(proc, "run.resume and run.overwrite exclude each other")
 
 
+def test_a_diverged_runs_folder_is_another_run_too(shards, run_a, tmp_path):
+    """A run that diverged before any checkpoint was confirmed leaves them all in
+    checkpoints/diverged/ and no latest: a fresh run into its folder is refused as well (before,
+    it appended to the old metrics.jsonl and its own divergence overwrote diverged/), and the
+    line does not offer --resume auto (nothing there resumes)."""
+    out = copy_of(run_a, tmp_path)
+    d = ck.checkpoint_dir(out)
+    (d / "diverged").mkdir()
+    for p in ck.list_checkpoints(out):
+        p.rename(d / "diverged" / p.name)
+    (d / "latest").unlink()
+    before = snapshot(out)
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "10")
+    assert proc.returncode == 2
+    line = one_error_line(proc, "a run that diverged (2 checkpoints set aside", "--overwrite")
+    assert "--resume auto" not in line
+    assert snapshot(out) == before
+
+
+def test_the_newest_complete_checkpoint_is_latest_not_a_stray(run_a, tmp_path):
+    """What a failure record and a launch's closing block name to resume from is the checkpoint
+    ``latest`` names (resume's choice), not a stray higher step file; without latest, the newest
+    step file; without checkpoints, none."""
+    from hvd_lm.jobs.failure_summary import newest_checkpoint
+
+    out = copy_of(run_a, tmp_path)
+    (ck.checkpoint_dir(out) / "step_99999999.pt").write_bytes(b"PK\x03\x04 damaged")
+    want = ck.checkpoint_dir(out) / "step_00000020.pt"
+    assert ck.newest_complete(out) == want and newest_checkpoint(out) == str(want)
+    (ck.checkpoint_dir(out) / "latest").unlink()
+    assert ck.newest_complete(out).name == "step_99999999.pt"
+    assert ck.newest_complete(tmp_path / "none") is None and newest_checkpoint(tmp_path) == "none"
+
+
 def test_latest_is_never_followed_out_of_its_folder(shards, run_a, tmp_path):
     out = copy_of(run_a, tmp_path / "a")
     outside = tmp_path / "x.pt"  # a loadable checkpoint, but not this run's
@@ -199,7 +233,7 @@ def test_a_yaml_alias_bomb_fails_fast_with_one_line(shards, tmp_path):
                                    tmp_path / "r"])
     assert proc.returncode == 2, proc.stderr[-2000:]
     line = one_error_line(proc, str(bomb), "expands to more than 100,000 values")
-    assert len(line) < 400 and seconds < 1.0, (len(line), seconds)
+    assert len(line) < 400 and seconds < 5.0, (len(line), seconds)  # was 48 s and 1.8 GB
     assert not (tmp_path / "r").exists()
 
 
@@ -445,6 +479,18 @@ def test_prepare_removes_only_its_own_temporary_files(reviews, tmp_path):
     assert not stale.exists() and all(p.read_text() == "the user's" for p in others)
 
 
+def test_prepare_goes_on_in_a_folder_its_killed_run_left_only_its_lock_in(reviews, tmp_path):
+    """A prepare killed after taking its folder's lock, before it made its work directory,
+    leaves only ``.lock``: the next prepare into that folder runs (before: refused as a folder
+    of foreign files)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock").write_text("pid 1 on a host long gone\n")
+    proc = prepare_cli(reviews, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "manifest.json").is_file()
+
+
 def test_prepare_of_only_duplicates_leaves_no_work_folder(tmp_path):
     src = tmp_path / "dup.txt"
     src.write_text("the same review again and again, long enough\n" * 50)
@@ -490,3 +536,16 @@ def test_a_hostfile_line_without_slots_names_the_file_and_line(tmp_path, capsys,
     one_error_line(subprocess.CompletedProcess([], rc, "", capsys.readouterr().err),
                    f"{hostfile}:3:", repr(line))
     assert rc == 2
+
+
+def test_a_torn_metrics_line_is_skipped_with_one_warning(tmp_path, capsys):
+    """Ranks append failure records to one metrics.jsonl, and appends from several hosts of a
+    shared filesystem can interleave: a line that is not JSON is skipped with a warning naming
+    the file and line, and every other record is read (before: every reader of the run failed)."""
+    from hvd_lm.train.log import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"kind": "start", "step": 0}\n{"kind": "fail{"kind": "failure"\n'
+                    '{"kind": "end", "step": 3}\n')
+    assert [r["kind"] for r in read_metrics(path)] == ["start", "end"]
+    assert f"warning: {path}:2: not a JSON record, skipped" in capsys.readouterr().err

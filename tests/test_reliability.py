@@ -684,6 +684,29 @@ def test_the_memory_check_counts_the_cuda_graph_pool(shards, monkeypatch):
     assert preflight.check_memory(cfg, load_manifest(shards), cuda, 1, 1).total == eager
 
 
+def test_the_async_checkpoints_host_copy_counts_once_per_node(shards, monkeypatch):
+    """On the CPU the background checkpoint's host copy is rank 0's alone: the memory check adds
+    it once per node, not once per local rank (before: 4 ranks were refused memory that fits
+    them by 3 copies)."""
+    from hvd_lm.options import ConfigError
+    from hvd_lm.train import memory
+    from hvd_lm.train.settings import TrainConfig
+
+    cfg = TrainConfig()
+    cfg.model.hidden_size, cfg.data.batch_size, cfg.data.seq_len = 1024, 4, 32
+    manifest = load_manifest(shards)
+    est = preflight.check_memory(cfg, manifest, torch.device("cpu"), 4, 4)
+    assert est.checkpoint_copy > 0
+    need = 4 * est.total - 3 * est.checkpoint_copy
+    monkeypatch.setattr(memory, "free_memory", lambda d: (need, "available on this node"))
+    assert preflight.check_memory(cfg, manifest, torch.device("cpu"), 4, 4).total == est.total
+    monkeypatch.setattr(memory, "free_memory", lambda d: (need - 1, "available on this node"))
+    with pytest.raises(ConfigError, match="4 rank\\(s\\) share"):
+        preflight.check_memory(cfg, manifest, torch.device("cpu"), 4, 4)
+    cfg.run.async_checkpoint = False
+    assert memory.step_memory(cfg, "cpu", 4).checkpoint_copy == 0
+
+
 @pytest.mark.parametrize("cell,impl,precision", [
     ("mlstm", "fused", "fp32"), ("mlstm", "fused", "bf16"), ("mlstm", "reference", "fp32"),
     ("mlstm", "reference", "bf16"), ("lstm", "fused", "fp32")])

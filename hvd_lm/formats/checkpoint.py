@@ -193,12 +193,28 @@ def resolve(path_or_run: str | Path) -> Path:
                             f"{checkpoint_dir(p) / 'latest'} and {checkpoint_dir(p)}/step_*.pt)")
 
 
+def newest_complete(run_dir: str | Path) -> Path | None:
+    """The checkpoint a user resumes from after a failure (:func:`resolve`'s choice: the one
+    ``latest`` names, else the newest step file), or None when there is none or ``latest`` is
+    unreadable; never raises (failure messages call it)."""
+    try:
+        return resolve(run_dir) if checkpoint_dir(run_dir).is_dir() else None
+    except (OSError, CheckpointError):
+        return None
+
+
 def describe(run_dir: str | Path) -> str | None:
     """What run a folder's checkpoints are, in words (for refusing to mix two runs): the newest
-    step, how many step checkpoints, and the folder's ``config.yaml`` when present; None when
-    ``checkpoints/`` holds no step checkpoint."""
+    step, how many step checkpoints, and the folder's ``config.yaml`` when present; a run that
+    diverged before any checkpoint was confirmed (every one set aside in
+    ``checkpoints/diverged/``, ``latest`` removed) counts too; None when ``checkpoints/`` holds
+    neither."""
     found = list_checkpoints(run_dir)
     if not found:
+        aside = sorted((checkpoint_dir(run_dir) / "diverged").glob("step_*.pt"))
+        if aside:
+            return (f"a run that diverged ({len(aside)} checkpoint{'s' * (len(aside) > 1)} set "
+                    f"aside in {aside[0].parent})")
         return None
     try:
         newest = latest_path(run_dir) or found[-1]

@@ -46,6 +46,8 @@ FORMAT = "hvd_lm-export"
 FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
+#: A config.json larger than this is refused unread (an export's is a few kB).
+MAX_CONFIG_BYTES = 1 << 20
 #: The :class:`~hvd_lm.model.lm.ModelConfig` fields config.json's ``model`` holds.
 ARCHITECTURE = ("cell", "embed_dim", "hidden_size", "weight_norm", "vocab_size")
 
@@ -129,8 +131,13 @@ def read_export(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
         raise FileNotFoundError(f"{path}: no exported model (a folder with {CONFIG} and "
                                 f"{WEIGHTS})")
     cfg_path = folder / CONFIG
+    with open(cfg_path, "rb") as f:
+        raw = f.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ExportError(f"{cfg_path}: over {MAX_CONFIG_BYTES:,} bytes, not an export's "
+                          "config.json")
     try:
-        cfg = json.loads(cfg_path.read_text())
+        cfg = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ExportError(f"{cfg_path}: not JSON ({e})") from None
     if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
@@ -141,7 +148,10 @@ def read_export(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     for key in ("weights", "weights_sha256", "model"):
         if key not in cfg:
             raise ExportError(f"{cfg_path}: no {key!r} field")
-    weights = folder / cfg["weights"]
+    if cfg["weights"] != WEIGHTS:  # a name only: never a path to follow out of the folder
+        raise ExportError(f"{cfg_path}: \"weights\" is {str(cfg['weights'])[:80]!r}, an export's "
+                          f"weights are its {WEIGHTS}")
+    weights = folder / WEIGHTS
     if not weights.is_file():
         raise ExportError(f"{weights}: missing (named by {cfg_path})")
     digest = file_sha256(weights)

@@ -5,8 +5,9 @@ failure)" the same way).
 A failed multi-rank job buries its one good line: after a lost peer, ``hvd-lm train: ERROR:
 lost rank 1 on host n2 ...`` was line 24 of 53, tagged ``[0]<stderr>:`` and followed by
 horovodrun's 20-line traceback. The rank that has the cause writes a ``failure`` record to
-``<out-dir>/metrics.jsonl`` (:meth:`hvd_lm.train.loop.Trainer.record_failure`: rank, host, step,
-the one-line error, the newest complete checkpoint, the command that resumes); the templates
+``<out-dir>/metrics.jsonl`` (:meth:`hvd_lm.train.loop.Trainer.run` with
+:func:`hvd_lm.train.log.write_failure`: rank, host, step, the one-line error, the newest complete
+checkpoint, the command that resumes); the templates
 (``launch/lib.sh``: ``hvd_lm_failure_summary``) call this module after the launcher exits
 non-zero, and it prints::
 
@@ -87,12 +88,12 @@ def newest_checkpoint(out_dir: str | Path) -> str:
     """The newest complete checkpoint of a run folder (:mod:`hvd_lm.formats.checkpoint`, read
     only when no failure record names one), or 'none'."""
     try:
-        from hvd_lm.formats.checkpoint import list_checkpoints
+        from hvd_lm.formats.checkpoint import newest_complete
 
-        found = list_checkpoints(out_dir)
+        found = newest_complete(out_dir)
     except Exception:  # noqa: BLE001 - the summary must print whatever happened
         return "none"
-    return str(found[-1]) if found else "none"
+    return str(found) if found else "none"
 
 
 def summary(out_dir: str, rc: int, since: float = 0.0, errors: str = "",

@@ -192,18 +192,17 @@ def write_failure(out_dir: str | Path, step: int, rank: int, error: str,
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """Records of a ``metrics.jsonl`` file, in order.
-
-    Raises:
-        ValueError: a line that is not JSON (naming file and line number).
-    """
+    """Records of a ``metrics.jsonl`` file, in order. Several ranks append ``failure`` records
+    to it when a job fails (:func:`write_failure`), and on a shared filesystem (NFS) appends from
+    several hosts are not atomic: a line that is not JSON is skipped with one warning on stderr
+    naming the file and line, instead of making every reader of the run fail."""
     out = []
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for i, line in enumerate(Path(path).read_text(errors="replace").splitlines(), 1):
         if line.strip():
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not JSON ({e})") from None
+                print(f"warning: {path}:{i}: not a JSON record, skipped ({e})", file=sys.stderr)
     return out
 
 

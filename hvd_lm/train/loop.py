@@ -139,9 +139,11 @@ class Trainer(TrainingRun, ElasticTraining):
             # divergence, the same on every rank: rank 0 alone)
             if (e.report if isinstance(e, LostPeer) else
                     self.ctx.is_root or not isinstance(e, TrainingDiverged)):
-                last = ckpt_io.list_checkpoints(self.out_dir)
+                with contextlib.suppress(Exception):  # a write in flight is the newest
+                    self.writer.wait()
+                last = ckpt_io.newest_complete(self.out_dir)
                 write_failure(self.out_dir, self.pos.step, self.ctx.rank, error_text(e),
-                              str(last[-1]) if last else None)
+                              str(last) if last else None)
             raise
 
     def lost_peer(self, error: BaseException) -> LostPeer:
@@ -156,14 +158,11 @@ class Trainer(TrainingRun, ElasticTraining):
         bound = (f" (Gloo gave up after HOROVOD_GLOO_TIMEOUT_SECONDS={timeout:g} s)"
                  if timeout and waited >= 0.8 * timeout else
                  f" after {waited:.1f} s (its peer's connection closed)")
-        try:
-            last = [ckpt_io.resolve(self.out_dir)]
-        except (FileNotFoundError, ckpt_io.CheckpointError):
-            last = []
+        last = ckpt_io.newest_complete(self.out_dir)
         return LostPeer(
             f"{lost_peers_text(self.peers, self.ctx.rank)}: a collective failed at step "
             f"{self.pos.step + 1}{bound}; the newest complete checkpoint is "
-            f"{last[-1] if last else 'none (no step was saved)'}; bring the host back or leave "
+            f"{last or 'none (no step was saved)'}; bring the host back or leave "
             "it out, and run again with --resume auto (the launch templates add it)",
             report=self.ctx.local_rank == 0)
 
@@ -221,7 +220,8 @@ class Trainer(TrainingRun, ElasticTraining):
             # checkpoint: on a stop signal (then leave), every checkpoint_every steps, or when due
             if stop_flag > 0:
                 self.stop_reason = "signal"
-                self.save_checkpoint()  # Horovod: allgather of the recurrent state
+                if self.saved_step != pos.step:  # a skipped attempt: this step's may be saved
+                    self.save_checkpoint()  # Horovod: allgather of the recurrent state
                 break
             if r.applied and ((cfg.run.checkpoint_every
                                and pos.step % cfg.run.checkpoint_every == 0) or due_flag > 0):

@@ -143,7 +143,8 @@ def check_memory(cfg: TrainConfig, manifest: Manifest, device: torch.device, wor
         return est
     sharing = local_size if device.type == "cpu" else 1
     free, where = memory.free_memory(device)
-    if est.total * sharing > free:
+    # the async checkpoint's host copy is rank 0's alone: once per node, not per rank
+    if est.total * sharing - (sharing - 1) * est.checkpoint_copy > free:
         d, m = cfg.data, cfg.model
         raise ConfigError(
             f"one training step needs about {human(est.total)} per rank ({est.describe()}) and "

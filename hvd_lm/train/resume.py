@@ -17,8 +17,11 @@ from hvd_lm.formats.checkpoint import load, load_newest, resolve
 from hvd_lm.model.load import load_state
 
 
-def rng_state() -> dict:
-    """Python, numpy and torch (CPU and CUDA) RNG states as weights_only-loadable values."""
+def rng_state(device: torch.device | None = None) -> dict:
+    """Python, numpy and torch RNG states as weights_only-loadable values, and on a GPU the
+    generator of ``device`` (this rank's GPU) alone: saving every visible GPU's would create a
+    CUDA context on each (memory taken from the other ranks' GPUs) and tie the checkpoint to
+    that many GPUs."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "python": random.getstate(),
@@ -26,23 +29,30 @@ def rng_state() -> dict:
                   "has_gauss": int(has_gauss), "cached": float(cached)},
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict) -> None:
-    """Restore what :func:`rng_state` returned, wherever its tensors were loaded: the generator
-    states are CPU ByteTensors for torch (``torch.set_rng_state`` and
-    ``torch.cuda.set_rng_state_all`` take nothing else), so each is moved to the CPU first."""
+def set_rng_state(state: dict, device: torch.device | None = None) -> None:
+    """Restore what :func:`rng_state` returned, wherever its tensors were loaded (torch takes
+    generator states as CPU ByteTensors only, so each is moved to the CPU first); the CUDA state
+    goes to ``device`` when that is a GPU (a checkpoint of an earlier version, which held a list
+    of every visible GPU's, gives that GPU's index's entry when it has one)."""
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     n = state["numpy"]
     np.random.set_state((n["kind"], n["keys"].cpu().numpy().astype(np.uint32), n["pos"],
                          n["has_gauss"], n["cached"]))
     torch.set_rng_state(state["torch"].cpu())
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+    cuda = state.get("cuda")
+    if device is None or device.type != "cuda" or cuda is None:
+        return
+    if isinstance(cuda, (list, tuple)):  # every visible GPU's, as written before
+        index = device.index or 0
+        cuda = cuda[index] if index < len(cuda) else None
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda.cpu(), device)
 
 
 @dataclass
@@ -82,7 +92,8 @@ def payload(position: Position, model, optimizer, scheduler, scaler, rnn_state, 
             "optimizer": optimizer if isinstance(optimizer, dict) else optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict() if scaler.is_enabled() else None,
-            "rnn_state": tuple(rnn_state), "rng": rng_state(), "config": config,
+            "rnn_state": tuple(rnn_state),
+            "rng": rng_state(next(model.parameters()).device), "config": config,
             "world_size": world_size, "windows_per_epoch": windows_per_epoch}
 
 
@@ -152,8 +163,8 @@ class Resume:
         return h[rows].to(self.device), c[rows].to(self.device)
 
     def restore_rng(self) -> None:
-        """Python, numpy and torch RNG states."""
-        set_rng_state(self.ckpt["rng"])
+        """Python, numpy and torch RNG states (the GPU's: this job's device)."""
+        set_rng_state(self.ckpt["rng"], self.device)
 
     def restore_optimizer(self, optimizer, scheduler) -> None:
         """Optimizer and LR-scheduler state (the caller then sets the param groups' LR through

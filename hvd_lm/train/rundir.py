@@ -62,10 +62,11 @@ def check_other_run(cfg: TrainConfig, resumed_from: str | Path | None) -> None:
         return
     if not cfg.run.overwrite:
         how = "" if resumed_from is None else f" (this job resumed from {resumed_from})"
+        resumable = bool(ckpt_io.list_checkpoints(out_dir))  # not only diverged/ ones
         raise RunFolderError(
-            f"{out_dir} holds the checkpoints of another run{how}: {other}; continue it with "
-            "--resume auto, start over with --overwrite (deletes them), or use another "
-            "--out-dir")
+            f"{out_dir} holds the checkpoints of another run{how}: {other}; "
+            + ("continue it with --resume auto, " if resumable else "")
+            + "start over with --overwrite (deletes them), or use another --out-dir")
     removed = ckpt_io.remove_all(out_dir)
     for name in RUN_FILES:
         p = out_dir / name

@@ -70,7 +70,7 @@ class LMSession:
 def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32",
             threads: int = 0, rnn_kernels: str = "auto") -> LMSession:
     """Start Horovod when a launcher started several ranks (they split the texts, see
-    :func:`featurize`), pick this rank's device (:func:`hvd_lm.train.devices.resolve_device`),
+    :func:`featurize`), pick this rank's device (:func:`hvd_lm.model.device.resolve_device`),
     check the precision there and load the checkpoint's model onto it.
 
     Args:
