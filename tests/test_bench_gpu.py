@@ -10,6 +10,7 @@ import torch
 from hvd_lm.cli import main
 from hvd_lm.model.lm import LanguageModel, ModelConfig
 from hvd_lm.perf import bench_gpu as bg
+from hvd_lm.perf import ceilings
 
 TINY = ["bench", "gpu", "--device", "cpu", "--hidden-size", "32", "--embed-dim", "8",
         "--seq-len", "8", "--batch-sizes", "4", "--steps", "1", "--warmup", "0", "--repeats",
@@ -20,7 +21,7 @@ TINY = ["bench", "gpu", "--device", "cpu", "--hidden-size", "32", "--embed-dim",
 def test_step_gemms_add_up_to_the_models_flops(H, E, T, B):
     """The GEMM list's FLOPs per window == T x B x LanguageModel.flops_per_char() (the model's
     own count: 6 (5EH + 5H^2 + 256H)), a third in each phase."""
-    gemms = bg.step_gemms(H, E, T, B)
+    gemms = ceilings.step_gemms(H, E, T, B)
     per_char = LanguageModel(ModelConfig(hidden_size=H, embed_dim=E)).flops_per_char()
     assert sum(g.flops for g in gemms) == T * B * per_char
     for phase in ("forward", "backward data", "weight gradient"):
@@ -170,3 +171,50 @@ def test_a_variant_leaves_no_graphed_window_alive(monkeypatch):
     assert r["chars_per_s"] == pytest.approx(2 * 4 / 0.01)
     assert made and all(ref() is None for ref in made)
     assert live == []
+
+
+def test_gap_stats_against_a_hand_count():
+    """Kernels at [0,10], [5,12] (overlapping: one busy stretch 0-12), [20,30], [100,101]:
+    window 101 us, busy 12 + 10 + 1 = 23, gaps of 8 and 70 us."""
+    from hvd_lm.perf.profile_step import gap_stats, top_kernels
+    g = gap_stats([(20, 30), (0, 10), (100, 101), (5, 12)])
+    assert g["window_us"] == 101 and g["busy_us"] == 23 and g["idle_us"] == 78
+    assert g["gaps"] == 2 and g["largest_gap_us"] == 70
+    assert g["gaps_over_us"] == {"5.0": 2, "50.0": 1, "500.0": 0}
+    assert gap_stats([])["gaps"] == 0
+    rows = top_kernels([("a", 1.0), ("b", 5.0), ("a", 3.0)], top=1)
+    assert rows == [{"name": "b", "calls": 1, "total_us": 5.0, "mean_us": 5.0,
+                     "share": pytest.approx(5 / 9)}]
+
+
+def test_profile_of_the_fastest_variant(tmp_path, capsys):
+    """--profile-steps profiles the fastest mLSTM row (the fused one when the clock says it is
+    faster) through the CLI: the JSON's profile names it and holds the operators that ran."""
+    out = tmp_path / "g.json"
+    assert main(TINY + ["--precisions", "fp32", "--cells", "mlstm", "--profile-steps", "2",
+                        "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    best = max(data["train"], key=lambda r: r["chars_per_s"])
+    p = data["profile"]
+    assert p["variant"] == f"{best['impl']} B=4 fp32"
+    assert p["source"] == "cpu operators" and p["steps"] == 2 and p["events"] > 0
+    names = {r["name"] for r in p["top"]}
+    assert any("mm" in n or "addmm" in n or "linear" in n for n in names), names
+    assert 0 <= p["gaps"]["idle_fraction"] < 1
+    assert sum(r["share"] for r in p["top"]) <= 1 + 1e-9
+    assert f"profile of {p['variant']}" in capsys.readouterr().out
+
+
+def test_cudnn_fp32_rows_are_a_fraction_of_the_tf32_peak(monkeypatch):
+    """PyTorch lets cuDNN use TF32 in fp32 (torch.backends.cudnn.allow_tf32) but not its
+    matmuls: cuDNN's fp32 LSTM is measured against the TF32 peak when one was taken (on an
+    H200 it reached 3.2x the fp32 matmul peak); every other row against its own precision."""
+    from hvd_lm.perf.ceilings import peak_key
+    peaks = {"fp32": 51.0, "tf32": 400.0, "bf16": 800.0}
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert peak_key("lstm", "fp32", peaks) == "tf32"
+    assert peak_key("mlstm", "fp32", peaks) == "fp32"
+    assert peak_key("lstm", "bf16", peaks) == "bf16"
+    assert peak_key("lstm", "fp32", {"fp32": 51.0}) == "fp32"
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert peak_key("lstm", "fp32", peaks) == "fp32"

@@ -199,3 +199,11 @@ def test_the_nccl_wheel_is_found_in_dist_packages(tmp_path, monkeypatch):
     beside = tmp_path / "opt/py/lib/pkgs"
     nccl_wheel(beside)
     assert str(beside) in B.package_dirs(str(beside / "torch/__init__.py"), [])
+
+
+@pytest.mark.parametrize("arch,cc", [("9.0a", "90"), ("8.0;9.0a+PTX", "80,90"),
+                                     ("10.0f 9.0", "100,90")])
+def test_arch_specific_items_build_the_plain_capability(tmp_path, arch, cc):
+    """The GPU image sets TORCH_CUDA_ARCH_LIST=9.0a (seen on the H200 node: setup stopped on
+    it); Horovod's CUDA kernels build for the plain capability."""
+    assert B.cuda_cc_list(cuda_facts(tmp_path, torch_cuda_arch_list=arch)) == cc

@@ -117,3 +117,47 @@ def test_gpu_check_setup_on_a_nested_venv_image_offline(tmp_path, wheelhouse):
     assert again.returncode == 0, again.stdout[-2000:]
     assert "ready (stamp" in (out / "setup.log").read_text()
     assert time.monotonic() - t0 < 60
+
+
+def test_gpu_session_runs_every_part_on_the_cpu(tmp_path):
+    """``scripts/gpu_session.sh`` (the one 10-minute call on a lent GPU) rehearsed at tiny shapes
+    (SMALL=1, DEVICE=cpu, the suite's venv as setup): every part's flags reach its command, the
+    training uses the fastest fused bf16 variant of the bench's JSON (recomputed here), and the
+    tarball holds every result but never a checkpoint, whose sha256 it lists instead."""
+    import tarfile
+
+    from tests.shardutil import default_shards
+    data = tmp_path / "data"
+    default_shards(data / "shards")
+    (data / "sst2").mkdir()
+    for split, n in (("train", 40), ("val", 20)):
+        rows = ["label,sentence"] + [f"{i % 2},{'great fun' if i % 2 else 'dull and bad'} {i}"
+                                     for i in range(n)]
+        (data / "sst2" / f"{split}.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    env = {**os.environ, "SMALL": "1", "DEVICE": "cpu", "WIDTH": "16", "TRAIN_BATCH": "4",
+           "SKIP": "setup cudaA", "CUDA_B_S": "10", "PYTHON": sys.executable, "TOTAL_S": "300",
+           "POST_S": "60"}
+    p = subprocess.run(["bash", str(REPO / "scripts/gpu_session.sh"), str(tmp_path / "no.whl"),
+                        str(data), str(out)], env=env, capture_output=True, text=True,
+                       timeout=400)
+    log = p.stdout + p.stderr
+    assert p.returncode == 0, log
+    for part in ("bench b256", "bench b128", "train", "eval", "transfer", "generate",
+                 "generate_unit1.0", "generate_unit-1.0", "visualize"):
+        assert f"] {part}: exit 0" in log, (part, log)
+    rows = [r for f in ("b256", "b128") for r in
+            json.loads((out / f"bench_{f}.json").read_text())["train"]
+            if r["impl"].startswith("fused") and r["precision"] == "bf16" and "chars_per_s" in r]
+    best = max([r for r in rows if r["batch_size"] == 4] or rows, key=lambda r: r["chars_per_s"])
+    assert f"bf16 {best['impl']} at {best['chars_per_s']}" in log
+    assert json.loads((out / "bench_b256.json").read_text())["profile"]["steps"] == 2
+    with tarfile.open(out / "gpu_session.tar.gz") as tar:
+        names = {n.lstrip("./") for n in tar.getnames()}
+    for f in ("bench_b256.json", "bench_b128.json", "run/metrics.jsonl", "eval.json",
+              "transfer/transfer.json", "samples.jsonl", "samples_unit1.0.jsonl", "heatmap.png",
+              "checkpoint.sha256", "train.yaml"):
+        assert f in names, f
+    assert not [n for n in names if n.endswith(".pt")]
+    (digest, path), = [line.split() for line in (out / "checkpoint.sha256").read_text().splitlines()]
+    assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == digest

@@ -132,8 +132,9 @@ def package_dirs(torch_file: str, path: list[str]) -> list[str]:
 
 
 def cuda_cc_list(f: Facts) -> str:
-    """``HOROVOD_BUILD_CUDA_CC_LIST``: ``TORCH_CUDA_ARCH_LIST`` (``"8.0 9.0+PTX"`` -> ``"80,90"``)
-    when set, else the local GPUs' capabilities (``"90"``), else '' (nvcc's whole list).
+    """``HOROVOD_BUILD_CUDA_CC_LIST``: ``TORCH_CUDA_ARCH_LIST`` (``"8.0 9.0+PTX"`` -> ``"80,90"``;
+    the architecture-specific ``9.0a`` / family ``10.0f`` items, as the H100 image sets, build
+    Horovod's few CUDA kernels for the plain capability: ``"90"``, ``"100"``) when set, else the local GPUs' capabilities (``"90"``), else '' (nvcc's whole list).
 
     Raises:
         BuildError: an unreadable ``TORCH_CUDA_ARCH_LIST``.
@@ -141,10 +142,10 @@ def cuda_cc_list(f: Facts) -> str:
     if f.torch_cuda_arch_list.strip():
         out = []
         for item in re.split(r"[;,\s]+", f.torch_cuda_arch_list.strip()):
-            m = re.fullmatch(r"(\d+)\.(\d+)(\+PTX)?", item)
+            m = re.fullmatch(r"(\d+)\.(\d+)[af]?(\+PTX)?", item)
             if not m:
                 raise BuildError(f"TORCH_CUDA_ARCH_LIST={f.torch_cuda_arch_list!r}: expected "
-                                 "items like 8.0, 9.0 or 9.0+PTX")
+                                 "items like 8.0, 9.0, 9.0a or 9.0+PTX")
             out.append(f"{m.group(1)}{m.group(2)}")
         return ",".join(dict.fromkeys(out))
     return ",".join(f"{a}{b}" for a, b in f.capabilities)

@@ -20,7 +20,12 @@ In one invocation (so every figure shares the card's clocks and temperature):
 5. the mLSTM once per ``--rnn-impl`` (fused, the one autograd Function per window of
    :mod:`hvd_lm.model.mlstm_fused`, and reference, the per-step loop) and, for fused, per
    ``--rnn-kernels`` and (on CUDA) per ``--cuda-graphs``, each over the reference at the same
-   shape.
+   shape;
+6. with ``--profile-steps N``, one ``torch.profiler`` window of the fastest mLSTM variant: its
+   top kernels and the idle gaps between them (:mod:`hvd_lm.perf.profile_step`).
+
+cuDNN's LSTM in fp32 is a fraction of a TF32 matmul peak, measured beside the others: PyTorch
+lets cuDNN use TF32 by default but not its matmuls (:func:`hvd_lm.perf.ceilings.peak_key`).
 
 Every measurement is attempted on its own: one that fails (out of memory, a kernel the
 backend lacks, any exception) is recorded with its error and the run goes on; with ``--json``
@@ -29,9 +34,9 @@ figure taken before. Timing: CUDA events around ``--steps`` steps after ``--warm
 of ``--repeats``). ``--device cpu`` runs the same code on the CPU (small shapes: tests; the
 figures then describe the CPU).
 
-Reference figures from one H100 (torch 2.11, before the fused recurrence): bf16 matmul 792 /
-337 / 198 TFLOP/s at 8192^3 / [128,4096]x[4096,16384] / [128,4096]x[4096,4096]; mLSTM bf16
-109k chars/s (B=128), 200k (B=256), fp32 65k (B=128); cuDNN LSTM bf16 689k, fp32 352k (B=128).
+Measured on one H200 (torch 2.11, H=4096, T=256; ``docs/results/gpu_h200/``): bf16 matmul
+806 TFLOP/s at 8192^3; fused/triton bf16 833,765 chars/s at B=256 (0.891 of cuDNN's LSTM per
+FLOP), 649,745 at B=128 with CUDA graphs; the reference loop 240,154 at B=256.
 """
 
 from __future__ import annotations
@@ -40,18 +45,18 @@ import dataclasses
 import gc
 import json
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch
 
 from hvd_lm import options as configlib
-from hvd_lm.formats.tokenizer import VOCAB_SIZE
 from hvd_lm.model import device as devices
 from hvd_lm.model.lm import LanguageModel, ModelConfig, recurrence_label
 from hvd_lm.model.mlstm_kernels import KERNELS, resolve
 from hvd_lm.options import Command, option
+from hvd_lm.perf import profile_step
+from hvd_lm.perf.ceilings import Timer, copy_gbps, gemm_ceiling, matmul_tflops, peak_key, step_gemms
 from hvd_lm.train import memory
 from hvd_lm.train.data import Batch
 from hvd_lm.train.settings import TrainConfig
@@ -90,121 +95,9 @@ class BenchGpuConfig:
     repeats: int = option(3, "timed repeats (median)", ge=1)
     matmul_size: int = option(8192, "square matmul size for the peak", ge=1)
     copy_mib: int = option(1024, "device-to-device copy size, MiB", ge=1)
+    profile_steps: int = option(0, "then profile the fastest mLSTM variant over N steps: top "
+                                "kernels and the gaps between them (0 = no profile)", ge=0)
     json: str = option("", "write the results here (rewritten after every measurement)")
-
-
-class _Timer:
-    """Seconds of ``n`` calls of ``fn()``: CUDA events on a GPU (device time), perf_counter on
-    the CPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def __call__(self, fn: Callable[[], object], n: int) -> float:
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            for _ in range(n):
-                fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        return time.perf_counter() - t0
-
-
-# ---- the step's GEMMs and their ceiling ----------------------------------------------------------
-
-@dataclass(frozen=True)
-class Gemm:
-    """One GEMM of the training step: ``[m, k] @ [k, n]`` run ``count`` times per window.
-
-    Attributes:
-        name: what it computes (the fused recurrence's own names, docs/mlstm_fused.md).
-        phase: ``forward``, ``backward data`` or ``weight gradient``.
-        a_t / b_t: the operand is a transposed view as the step passes it (``x W^T`` reads W
-            [n, k] transposed; ``dG^T M`` reads dG [k, m] transposed), timed the same way.
-    """
-
-    name: str
-    phase: str
-    m: int
-    k: int
-    n: int
-    count: int
-    a_t: bool = False
-    b_t: bool = False
-
-    @property
-    def flops(self) -> int:
-        """FLOPs per window: 2 m k n x count."""
-        return 2 * self.m * self.k * self.n * self.count
-
-
-def step_gemms(H: int, E: int, T: int, B: int, V: int = VOCAB_SIZE) -> list[Gemm]:
-    """Every GEMM of one training window of the fused mLSTM (B rows x T chars, width H, byte
-    embedding E, V = 256 outputs), as :mod:`hvd_lm.model.mlstm_fused` and the model run them.
-
-    Their FLOPs add up to ``T * B * LanguageModel.flops_per_char()``: forward
-    2 (5EH + 5H^2 + HV) per char, the backward's data and weight gradients the same each.
-    """
-    R = T * B  # rows of the whole-window GEMMs
-    return [
-        Gemm("input projection x W_x^T", "forward", R, E, 4 * H, 1, b_t=True),
-        Gemm("input projection x W_mx^T", "forward", R, E, H, 1, b_t=True),
-        Gemm("a_t = h_{t-1} W_mh^T", "forward", B, H, H, T, b_t=True),
-        Gemm("g_t = x_t W_x^T + m_t W_h^T", "forward", B, H, 4 * H, T, b_t=True),
-        Gemm("decoder hs W_d^T", "forward", R, H, V, 1, b_t=True),
-        Gemm("decoder dlogits W_d", "backward data", R, V, H, 1),
-        Gemm("dm_t = dg_t W_h", "backward data", B, 4 * H, H, T),
-        Gemm("dh_{t-1} = da_t W_mh", "backward data", B, H, H, T),
-        Gemm("embedding grad dxg W_x", "backward data", R, 4 * H, E, 1),
-        Gemm("embedding grad dxm W_mx", "backward data", R, H, E, 1),
-        Gemm("dW_d = dlogits^T hs", "weight gradient", V, R, H, 1, a_t=True),
-        Gemm("dW_h = dG^T M", "weight gradient", 4 * H, R, H, 1, a_t=True),
-        Gemm("dW_mh = dA^T Hprev", "weight gradient", H, R, H, 1, a_t=True),
-        Gemm("dW_x = dG^T x", "weight gradient", 4 * H, R, E, 1, a_t=True),
-        Gemm("dW_mx = dXm^T x", "weight gradient", H, R, E, 1, a_t=True),
-    ]
-
-
-def gemm_ceiling(gemms: list[Gemm], tflops: list[float], chars: int) -> dict:
-    """The step's GEMM ceiling: the seconds per window its GEMMs take at their measured rates
-    (``tflops[i]`` for ``gemms[i]``), and the chars/s and model TFLOP/s the step would reach if
-    it spent no time on anything else (pointwise kernels, launches, the optimizer).
-
-    Returns:
-        {"seconds": s, "chars_per_s": chars / s, "tflops": sum of FLOPs / s / 1e12}.
-    """
-    seconds = sum(g.flops / (r * 1e12) for g, r in zip(gemms, tflops))
-    flops = sum(g.flops for g in gemms)
-    return {"seconds": seconds, "chars_per_s": chars / seconds, "tflops": flops / seconds / 1e12}
-
-
-def matmul_tflops(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device,
-                  timer: Callable, repeats: int = 3, iters: int = 10, a_t: bool = False,
-                  b_t: bool = False) -> float:
-    """Median TFLOP/s of ``[m,k] @ [k,n]`` (2mkn FLOPs) in ``dtype`` on random data; ``a_t`` /
-    ``b_t``: that operand is the transposed view of a row-major [k, m] / [n, k] tensor."""
-    a = torch.randn(k, m, device=device, dtype=dtype).t() if a_t else \
-        torch.randn(m, k, device=device, dtype=dtype)
-    b = torch.randn(n, k, device=device, dtype=dtype).t() if b_t else \
-        torch.randn(k, n, device=device, dtype=dtype)
-    torch.mm(a, b)
-    times = [timer(lambda: torch.mm(a, b), iters) / iters for _ in range(repeats)]
-    return 2 * m * k * n / statistics.median(times) / 1e12
-
-
-def copy_gbps(mib: int, device: torch.device, timer: Callable, repeats: int = 3) -> float:
-    """Median device-to-device copy bandwidth, GB/s, counting the bytes read and written."""
-    src = torch.empty(mib << 20, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = [timer(lambda: dst.copy_(src), 5) / 5 for _ in range(repeats)]
-    return 2 * (mib << 20) / statistics.median(times) / 1e9
 
 
 # ---- the training step -------------------------------------------------------------------------
@@ -275,9 +168,10 @@ def train_step_rate(v: Variant, H: int, E: int, B: int, T: int, precision: str,
         free_device_memory(device)
 
 
-def _train_step_rate(v: Variant, H: int, E: int, B: int, T: int, precision: str,
-                     device: torch.device, timer: Callable, steps: int, warmup: int,
-                     repeats: int) -> dict:
+def build_step(v: Variant, H: int, E: int, B: int, T: int, precision: str,
+               device: torch.device) -> tuple[LanguageModel, Callable[[], None]]:
+    """The variant's model and one training step on random bytes (the loop's own step,
+    :func:`hvd_lm.train.step.train_step`, without Horovod: forward, backward, clip, Adam)."""
     torch.manual_seed(0)
     model = LanguageModel(ModelConfig(cell=v.cell, hidden_size=H, embed_dim=E,
                                       rnn_impl=v.rnn_impl, rnn_kernels=v.rnn_kernels,
@@ -285,16 +179,22 @@ def _train_step_rate(v: Variant, H: int, E: int, B: int, T: int, precision: str,
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
     scaler = devices.make_scaler(device, precision)
     params = [p for p in model.parameters() if p.requires_grad]
-    g = torch.Generator().manual_seed(1)
-    data = torch.randint(0, 256, (B, T + 1), generator=g)
+    data = torch.randint(0, 256, (B, T + 1), generator=torch.Generator().manual_seed(1))
     batch = Batch(data[:, :-1].contiguous(), data[:, 1:].contiguous(),
                   torch.zeros(B, T, dtype=torch.bool), B * T)
     state = [model.init_state(B, device)]
 
-    def step():  # the training loop's step (hvd_lm.train.step), without Horovod
+    def step():
         state[0] = train_step(model, opt, scaler, params, [batch], 1, state[0], device,
                               precision, grad_clip=1.0).state
 
+    return model, step
+
+
+def _train_step_rate(v: Variant, H: int, E: int, B: int, T: int, precision: str,
+                     device: torch.device, timer: Callable, steps: int, warmup: int,
+                     repeats: int) -> dict:
+    model, step = build_step(v, H, E, B, T, precision, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     for _ in range(warmup):
@@ -307,6 +207,31 @@ def _train_step_rate(v: Variant, H: int, E: int, B: int, T: int, precision: str,
             "tflops": chars * model.flops_per_char() / 1e12,
             "peak_memory_gib": (torch.cuda.max_memory_allocated(device) / 2 ** 30
                                 if device.type == "cuda" else None)}
+
+
+def profile_fastest(res: "Results", cfg: BenchGpuConfig, device: torch.device) -> None:
+    """``--profile-steps``: one profiler window (:mod:`hvd_lm.perf.profile_step`) of the
+    fastest mLSTM row measured, printed and saved as the JSON's ``profile``."""
+    rows = [r for r in res.data.get("train", []) if r["cell"] == "mlstm" and "chars_per_s" in r]
+    if not rows:
+        return
+    r = max(rows, key=lambda r: r["chars_per_s"])
+    v = next(v for v in variants(cfg, device) if v.cell == "mlstm" and v.label == r["impl"])
+    label = f"{r['impl']} B={r['batch_size']} {r['precision']}"
+
+    def run():
+        _, step = build_step(v, cfg.hidden_size, cfg.embed_dim, r["batch_size"], cfg.seq_len,
+                             r["precision"], device)
+        for _ in range(max(cfg.warmup, 1)):
+            step()
+        return profile_step.profile_window(step, device, cfg.profile_steps)
+
+    p = attempt(run, device)
+    res.add("profile", {"variant": label, **p})
+    if "error" in p:
+        print(f"profile of {label}: {p['error']}", flush=True)
+    else:
+        profile_step.print_profile(p, label)
 
 
 def estimated_memory(v: Variant, H: int, E: int, B: int, T: int, precision: str,
@@ -330,7 +255,8 @@ class Results:
 
     def __init__(self, path: str, head: dict):
         self.path, self.data = path, {**head, "matmul": [], "gemms": [], "ceiling": [],
-                                      "copy_GBps": None, "copy_error": None, "train": []}
+                                      "copy_GBps": None, "copy_error": None, "train": [],
+                                      "profile": None}
 
     def add(self, section: str, record: dict | float) -> None:
         """Append ``record`` to ``section`` (or set it, for a scalar) and save."""
@@ -374,7 +300,7 @@ def bench_gpu(cfg: BenchGpuConfig, timer: Callable | None = None) -> int:
         hvd_lm.model.device.DeviceError: ``--device cuda`` without a GPU.
     """
     device = devices.resolve_device(cfg.device, 0, 1)
-    timer = timer or _Timer(device)
+    timer = timer or Timer(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"device: {name}; torch {torch.__version__}", flush=True)
     res = Results(cfg.json, {"device": name, "torch": torch.__version__,
@@ -392,6 +318,13 @@ def bench_gpu(cfg: BenchGpuConfig, timer: Callable | None = None) -> int:
             peak[prec] = r["tflops"]
         print(f"matmul {prec} {n}^3: " + (f"{r['tflops']:.1f} TFLOP/s" if "tflops" in r
                                             else r["error"]), flush=True)
+    if device.type == "cuda" and "fp32" in cfg.precisions and "lstm" in cfg.cells:
+        n = cfg.matmul_size  # the yardstick cuDNN's fp32 LSTM may reach (ceilings.peak_key)
+        r = attempt(lambda: {"tflops": matmul_tflops(n, n, n, torch.float32, device, timer,
+                                                     cfg.repeats, tf32=True)}, device)
+        res.add("matmul", {"precision": "tf32", "shape": [n, n, n], **r})
+        peak.update({"tf32": r["tflops"]} if "tflops" in r else {})
+        print(f"matmul tf32 {n}^3: {r.get('tflops', r.get('error'))}", flush=True)
     r = attempt(lambda: {"GBps": copy_gbps(cfg.copy_mib, device, timer, cfg.repeats)}, device)
     res.add("copy_GBps", r.get("GBps"))
     res.add("copy_error", r.get("error"))
@@ -437,14 +370,18 @@ def bench_gpu(cfg: BenchGpuConfig, timer: Callable | None = None) -> int:
                        "seq_len": T, "precision": prec, **r,
                        "estimated_memory_gib": estimated_memory(v, H, E, B, T, prec, device)
                        / 2 ** 30}
-                if "tflops" in r and prec in peak:
-                    row["fraction_of_peak"] = r["tflops"] / peak[prec]
+                key = peak_key(v.cell, prec, peak)
+                if "tflops" in r and key in peak:
+                    row["fraction_of_peak"] = r["tflops"] / peak[key]
+                    row["peak_precision"] = key
                 if "tflops" in r and v.cell == "mlstm" and (B, prec) in ceilings:
                     row["fraction_of_gemm_ceiling"] = \
                         r["chars_per_s"] / ceilings[(B, prec)]["chars_per_s"]
                 res.add("train", row)
                 print(_row_line(row), flush=True)
     _ratios(res, cfg)
+    if cfg.profile_steps:
+        profile_fastest(res, cfg, device)
     res.save()
     return 0
 

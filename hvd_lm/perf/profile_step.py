@@ -1,0 +1,132 @@
+"""One ``torch.profiler`` window of a training step: where a step's device time goes.
+
+``hvd-lm bench gpu --profile-steps N`` profiles the fastest mLSTM variant it measured for N
+steps (after its warmup) and reports, from the device's own activity records (CUPTI, through
+PyTorch's Kineto profiler: "torch.profiler" in the PyTorch docs):
+
+- the top kernels by total device time (name, launches, microseconds, share of the busy time);
+- the **gaps**: the window from the first kernel's start to the last kernel's end, the time in
+  it when no kernel ran (idle), and the gaps between consecutive kernels by size. A recurrence
+  of small per-step kernels that the CPU cannot launch fast enough shows as many small gaps
+  and a large idle fraction; CUDA graphs close those.
+
+On the CPU (tests, ``--device cpu``) the same figures are taken from the top-level CPU
+operators instead of kernels.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable, Iterable
+
+import torch
+from torch.autograd import DeviceType
+
+#: gap sizes counted separately, microseconds
+GAP_EDGES_US = (5.0, 50.0, 500.0)
+
+
+def gap_stats(intervals: Iterable[tuple[float, float]]) -> dict:
+    """Busy and idle time of a set of (start, end) intervals, microseconds.
+
+    Args:
+        intervals: (start_us, end_us) of each kernel; may overlap (concurrent streams) and
+            come in any order.
+
+    Returns:
+        ``window_us`` (first start to last end), ``busy_us`` (the union of the intervals),
+        ``idle_us`` and ``idle_fraction``, ``gaps`` (the number of idle stretches between
+        intervals), ``largest_gap_us`` and ``gaps_over_us`` ({edge: count of gaps longer than
+        edge} for each of :data:`GAP_EDGES_US`). All zero for no intervals.
+    """
+    spans = sorted((float(s), float(e)) for s, e in intervals)
+    out = {"window_us": 0.0, "busy_us": 0.0, "idle_us": 0.0, "idle_fraction": 0.0, "gaps": 0,
+           "largest_gap_us": 0.0, "gaps_over_us": {str(e): 0 for e in GAP_EDGES_US}}
+    if not spans:
+        return out
+    gaps: list[float] = []
+    busy = 0.0
+    cur_s, cur_e = spans[0]
+    for s, e in spans[1:]:
+        if s > cur_e:  # an idle stretch: close the merged interval
+            busy += cur_e - cur_s
+            gaps.append(s - cur_e)
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    window = max(e for _, e in spans) - spans[0][0]
+    out.update(window_us=window, busy_us=busy, idle_us=window - busy,
+               idle_fraction=(window - busy) / window if window > 0 else 0.0, gaps=len(gaps),
+               largest_gap_us=max(gaps, default=0.0),
+               gaps_over_us={str(edge): sum(g > edge for g in gaps) for edge in GAP_EDGES_US})
+    return out
+
+
+def top_kernels(events: Iterable[tuple[str, float]], top: int = 20) -> list[dict]:
+    """The ``top`` names by total time.
+
+    Args:
+        events: (name, duration_us) of each kernel launch.
+
+    Returns:
+        rows of ``name``, ``calls``, ``total_us``, ``mean_us`` and ``share`` (of all the events'
+        time), largest total first.
+    """
+    total: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    for name, us in events:
+        total[name] += us
+        calls[name] += 1
+    whole = sum(total.values()) or 1.0
+    rows = sorted(total, key=total.__getitem__, reverse=True)[:top]
+    return [{"name": n, "calls": calls[n], "total_us": total[n], "mean_us": total[n] / calls[n],
+             "share": total[n] / whole} for n in rows]
+
+
+def profile_window(step: Callable[[], object], device: torch.device, steps: int = 3,
+                   top: int = 20) -> dict:
+    """Run ``step()`` ``steps`` times under ``torch.profiler`` and summarise the device's work.
+
+    Args:
+        step: one training step (already warmed up: compiled kernels, captured graphs).
+        device: the step's device; on CUDA the kernels are read, elsewhere the top-level CPU
+            operators.
+
+    Returns:
+        ``source`` ("cuda kernels" or "cpu operators"), ``steps``, ``events`` (their number),
+        ``top`` (:func:`top_kernels`) and ``gaps`` (:func:`gap_stats`).
+    """
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize(device)
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(steps):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    if device.type == "cuda":
+        evs = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+        source = "cuda kernels"
+    else:
+        evs = [e for e in prof.events() if e.device_type == DeviceType.CPU and e.cpu_parent is None
+               and not e.name.startswith("ProfilerStep")]
+        source = "cpu operators"
+    spans = [(e.time_range.start, e.time_range.end) for e in evs]
+    return {"source": source, "steps": steps, "events": len(evs),
+            "top": top_kernels(((e.name, e.time_range.elapsed_us()) for e in evs), top),
+            "gaps": gap_stats(spans)}
+
+
+def print_profile(p: dict, label: str) -> None:
+    """The profile as a table on stdout."""
+    g = p["gaps"]
+    print(f"\nprofile of {label}: {p['steps']} steps, {p['events']} {p['source']}; window "
+          f"{g['window_us'] / 1e3:.1f} ms, busy {g['busy_us'] / 1e3:.1f} ms, idle "
+          f"{g['idle_fraction']:.1%} in {g['gaps']} gaps (largest {g['largest_gap_us']:.0f} us; "
+          + ", ".join(f"{n} over {e} us" for e, n in g["gaps_over_us"].items()) + ")")
+    print(f"{'share':>6} {'total ms':>9} {'calls':>7} {'mean us':>8}  name")
+    for r in p["top"]:
+        print(f"{r['share']:>6.1%} {r['total_us'] / 1e3:>9.2f} {r['calls']:>7} "
+              f"{r['mean_us']:>8.1f}  {r['name'][:90]}")

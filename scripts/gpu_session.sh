@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# Everything one 10-minute call on a lent GPU node can do, in an order that keeps the most
+# valuable figures when the call is cut short (a session is lent about 15 minutes of device time,
+# the machine's start included: one full call). Each part has its own budget in seconds:
+#
+#   probe   nvidia-smi, torch, Triton, cores                                  OUT/probe.txt
+#   setup   scripts/gpu_check.sh --stage setup (venv over the image's Python, Horovod built
+#           from WHEELHOUSE on SETUP_JOBS cores), in the background from the start
+#   cuda A  the cuda tests that need no Horovod, with the image's python3 (CUDA_A_S, 100)
+#   bench   hvd-lm bench gpu at H=WIDTH, T=256: B=256 bf16 with a profiler window of the fastest
+#           mLSTM variant (BENCH256_S, 75), then B=128 in bf16, fp32 and fp16 (BENCH128_S, 110):
+#           cuDNN's LSTM, the fused recurrence (triton and torch kernels, CUDA graphs off and on)
+#           and the reference, with the image's python3 and the tree on PYTHONPATH
+#   cuda B  (setup done) the cuda tests that train through `hvd-lm train` (CUDA_B_S, 80)
+#   model   hvd-lm train at H=WIDTH on DATA's shards with the fastest fused bf16 variant the
+#           bench measured, max_steps from its rate so that the LR decays to 0 in the time left
+#           before POST_S (100) seconds of eval, transfer (SST-2 from DATA/sst2, fit on the GPU),
+#           generate (plain, and the sentiment unit pinned high and low) and visualize
+#   pack    OUT/gpu_session.tar.gz: logs, bench JSONs, metrics, reports, samples, the heatmap and
+#           the checkpoint's sha256 (never the checkpoint)
+#
+# Every part ends by TOTAL_S (570) seconds after the start, under a 10-minute call.
+#
+#   bash scripts/gpu_session.sh [WHEELHOUSE] [DATA] [OUT]      (defaults: .whl, .gpu, gpu_session)
+#
+# DATA holds shards/ (python -m data_prep prepare ... --out DATA/shards, done before the call) and
+# sst2/ (train.csv, val.csv). Environment: WIDTH (4096), TRAIN_BATCH (256), SETUP_JOBS (10: the
+# Horovod build leaves the rest of the 16 cores to the tests and the bench), PYTHON (python3),
+# the budgets above, SKIP (parts not to run: "setup cudaA bench"), IMPL and RATE (the training's fused
+# variant and its chars/s, e.g. "fused/triton 833765", instead of the bench's), DEVICE (cuda; cpu with SMALL=1 rehearses the script on a CPU machine at tiny
+# shapes: tests/test_gpu_node.py).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+T0=$(date +%s)
+DEADLINE=$((T0 + ${TOTAL_S:-570} - 10))  # 10 s kept for the pack
+# budget N: N seconds, or what is left before the deadline when that is less (at least 5)
+budget() { local l=$((DEADLINE - $(date +%s))); ((l > $1)) && l=$1; ((l < 5)) && l=5; echo "$l"; }
+say() { printf '[gpu_session +%ds] %s\n' "$(($(date +%s) - T0))" "$*"; }
+WHEELS=${1:-.whl}
+DATA=$(realpath -m "${2:-.gpu}")
+OUT=$(realpath -m "${3:-gpu_session}")
+mkdir -p "$OUT"
+PY3=${PYTHON:-python3}
+WIDTH=${WIDTH:-4096}
+TRAIN_BATCH=${TRAIN_BATCH:-256}
+DEVICE=${DEVICE:-cuda}
+export PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+shape=(--hidden-size "$WIDTH" --seq-len 256)
+kernels=triton,torch
+if [ "${SMALL:-0}" = 1 ]; then  # a rehearsal on the CPU: tiny shapes, the same steps
+    shape=(--hidden-size "$WIDTH" --seq-len 16 --embed-dim 8 --matmul-size 64 --copy-mib 1
+           --steps 1 --warmup 0 --repeats 1)
+    kernels=torch
+fi
+
+# ---- probe -------------------------------------------------------------------------------------
+{
+    nvidia-smi 2>&1 | head -15
+    "$PY3" -c 'import sys, torch; print(sys.executable, sys.version.split()[0], "torch",
+torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.is_available() and
+torch.cuda.get_device_name(0))'
+    "$PY3" -c 'import triton; print("triton", triton.__version__)' 2>&1
+    echo "cores $(nproc); $(command -v mpirun || echo 'no mpirun')"
+} >"$OUT/probe.txt" 2>&1
+cat "$OUT/probe.txt"
+
+# ---- setup, in the background ------------------------------------------------------------------
+skip() { [[ " ${SKIP:-} " == *" $1 "* ]]; }
+if skip setup; then  # .venv as it is (tests: the suite's own venv)
+    true &
+else
+    say "setup in the background (log: $OUT/gpu_check/setup.log)"
+    MAKEFLAGS=-j${SETUP_JOBS:-10} STAGE_BUDGET=${SETUP_S:-400} \
+        bash scripts/gpu_check.sh --stage setup "$WHEELS" "$OUT/gpu_check" >"$OUT/setup.out" 2>&1 &
+fi
+setup_pid=$!
+
+# ---- cuda tests --------------------------------------------------------------------------------
+NEED_HOROVOD="grad_scaler or eval_bpc or transfer_features or checkpoint_moves or two_gpus"
+CUDA_FILES=(tests/test_cuda.py tests/test_mlstm_fused.py tests/test_transfer_fit.py)
+cuda_tests() {  # cuda_tests PART PYTHON SECONDS SELECTION
+    local secs
+    secs=$(budget "$3")
+    say "cuda tests $1 for at most $secs s"
+    PYTHONPATH=$PWD timeout -s INT -k 10 "$secs" "$2" -m pytest -q -p no:cacheprovider -m cuda \
+        -k "$4" --time-budget $((secs > 40 ? secs - 30 : 10)) --junitxml="$OUT/cuda_$1.xml" \
+        "${CUDA_FILES[@]}" >"$OUT/cuda_$1.log" 2>&1
+    say "cuda tests $1: exit $?"; tail -n 15 "$OUT/cuda_$1.log"
+}
+skip cudaA || cuda_tests A "$PY3" "${CUDA_A_S:-100}" "not ($NEED_HOROVOD)"
+
+# ---- bench -------------------------------------------------------------------------------------
+bench() {  # bench NAME SECONDS ARGS...
+    local name=$1 secs
+    secs=$(budget "$2")
+    shift 2
+    say "bench $name for at most $secs s"
+    PYTHONPATH=$PWD timeout -s INT -k 10 "$secs" "$PY3" -m hvd_lm bench gpu --device "$DEVICE" \
+        "${shape[@]}" --rnn-kernels "$kernels" --json "$OUT/bench_$name.json" "$@" \
+        >"$OUT/bench_$name.log" 2>&1
+    say "bench $name: exit $?"; tail -n 45 "$OUT/bench_$name.log"
+}
+skip bench || bench b256 "${BENCH256_S:-75}" --batch-sizes 256 --precisions bf16 --profile-steps 2
+skip bench || bench b128 "${BENCH128_S:-110}" --batch-sizes 128 --precisions bf16,fp32,fp16
+
+# ---- the model ---------------------------------------------------------------------------------
+say "waiting for setup"
+wait "$setup_pid"
+setup_rc=$?
+[ "$setup_rc" = 0 ] && cuda_tests B .venv/bin/python "${CUDA_B_S:-80}" "$NEED_HOROVOD"
+tail -n 8 "$OUT/setup.out" 2>/dev/null
+VPY=.venv/bin/python
+if [ "$setup_rc" = 0 ] && [ -x "$VPY" ]; then
+    RUN=$OUT/run
+    # the fastest fused bf16 variant measured at TRAIN_BATCH (else at any batch), and its rate
+    read -r impl rate < <("$VPY" - "$OUT" "$TRAIN_BATCH" <<'EOF'
+import json, pathlib, sys
+rows = []
+for f in pathlib.Path(sys.argv[1]).glob("bench_*.json"):
+    rows += [r for r in json.loads(f.read_text()).get("train", [])
+             if r["impl"].startswith("fused") and r["precision"] == "bf16" and "chars_per_s" in r]
+same = [r for r in rows if r["batch_size"] == int(sys.argv[2])] or rows
+best = max(same, key=lambda r: r["chars_per_s"], default=None)
+print(*((best["impl"], best["chars_per_s"]) if best else ("fused/auto", 3e5)))
+EOF
+    )
+    impl=${IMPL:-$impl} rate=${RATE:-$rate}  # or as given
+    kern=${impl#fused/}; graphs=false
+    [ "${kern%+graphs}" != "$kern" ] && graphs=true
+    kern=${kern%+graphs}
+    train_s=$(($(budget 100000) - ${POST_S:-100} - 30))  # 30 s: start-up, the final eval
+    ((train_s < 20)) && train_s=20
+    steps=$("$VPY" -c "print(max(20, int($rate * $train_s / ($TRAIN_BATCH * 256))))")
+    [ "${SMALL:-0}" = 1 ] && steps=20
+    say "train H=$WIDTH B=$TRAIN_BATCH bf16 $impl at ${rate} chars/s measured: $steps steps"
+    cat >"$OUT/train.yaml" <<EOF
+model: {cell: mlstm, hidden_size: $WIDTH, embed_dim: 64, rnn_impl: fused, rnn_kernels: $kern,
+        cuda_graphs: $graphs}
+data: {shards: $DATA/shards, batch_size: $TRAIN_BATCH, seq_len: 256, seed: 1234}
+optim: {optimizer: adam, lr: 5.0e-4, lr_ref_batch: 128, lr_rule: linear, warmup_steps: 50,
+        lr_decay: linear, max_steps: $steps}
+run: {out_dir: $RUN, precision: bf16, device: $DEVICE, log_every: 20, eval_every: 250,
+      eval_chars: 0, checkpoint_minutes: 1.0}
+EOF
+    # SIGUSR1 (checkpoint, then stop) should the run outlast its budget
+    timeout -s USR1 -k 30 "$(budget $((train_s + 40)))" "$VPY" -m hvd_lm train \
+        --config "$OUT/train.yaml" >"$OUT/train.log" 2>&1
+    say "train: exit $?"; tail -n 12 "$OUT/train.log"
+    post() {  # post NAME COMMAND...: one step after training, within the steps' budget
+        say "$1"; local name=$1; shift
+        timeout -k 5 "$(budget "${POST_S:-100}")" "$@" >"$OUT/$name.log" 2>&1
+        say "$name: exit $?"; tail -n 8 "$OUT/$name.log"
+    }
+    post eval "$VPY" -m hvd_lm eval "$RUN" "$DATA/shards" --precision bf16 --device "$DEVICE" \
+        --output "$OUT/eval.json"
+    post transfer "$VPY" -m hvd_lm transfer "$RUN" --dataset sst2 --data-dir "$DATA/sst2" \
+        --features mean --precision bf16 --device "$DEVICE" --out "$OUT/transfer" \
+        --c-grid 0.03,0.125,0.5 --no-progress --no-cache
+    post generate "$VPY" -m hvd_lm generate "$RUN" --samples 3 --length 200 --seed 1 \
+        --device "$DEVICE" --output "$OUT/samples.jsonl"
+    for v in 1.0 -1.0; do
+        post "generate_unit$v" "$VPY" -m hvd_lm generate "$RUN" --samples 3 --length 200 \
+            --seed 1 --device "$DEVICE" --classifier "$OUT/transfer" --overwrite "$v" \
+            --prime "This product is" --output "$OUT/samples_unit$v.jsonl"
+    done
+    post visualize "$VPY" -m hvd_lm visualize "$RUN" --classifier "$OUT/transfer" \
+        --input "$DATA/sst2/val.csv" --text-field sentence --max-texts 12 --device "$DEVICE" --out "$OUT/heatmap.png"
+    find "$RUN" -name '*.pt' -exec sha256sum {} + >"$OUT/checkpoint.sha256" 2>/dev/null
+else
+    say "no model: setup exited $setup_rc"
+fi
+
+# ---- pack --------------------------------------------------------------------------------------
+tar -C "$OUT" -czf "$OUT.tar.gz" --exclude='*.pt' --exclude='*.safetensors' \
+    --exclude='*.npy' --exclude='*.npz' --exclude='cache' . 2>/dev/null
+mv "$OUT.tar.gz" "$OUT/gpu_session.tar.gz"
+say "done: $OUT/gpu_session.tar.gz ($(du -h "$OUT/gpu_session.tar.gz" | cut -f1))"
