@@ -163,8 +163,15 @@ EOF
             --seed 1 --device "$DEVICE" --classifier "$OUT/transfer" --overwrite "$v" \
             --prime "This product is" --output "$OUT/samples_unit$v.jsonl"
     done
+    # texts of our own (a heatmap of a dataset's sentences would publish them with the results)
+    printf '%s\n' "This is the best album I have heard all year, every song is a gem." \
+        "Terrible sound quality, the disc skipped and the songs are boring." \
+        "I expected more, but the second half is wonderful." \
+        "Arrived broken and the seller never answered my emails." \
+        "Not bad for the price, though the strap feels cheap." >"$OUT/heatmap_texts.txt"
     post visualize "$VPY" -m hvd_lm visualize "$RUN" --classifier "$OUT/transfer" \
-        --input "$DATA/sst2/val.csv" --text-field sentence --max-texts 12 --device "$DEVICE" --out "$OUT/heatmap.png"
+        --input "$OUT/heatmap_texts.txt" --format lines --device "$DEVICE" \
+        --out "$OUT/heatmap.png"
     find "$RUN" -name '*.pt' -exec sha256sum {} + >"$OUT/checkpoint.sha256" 2>/dev/null
 else
     say "no model: setup exited $setup_rc"

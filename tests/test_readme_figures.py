@@ -13,8 +13,10 @@ after ``make demo``) and update the page where this test points.
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
+import yaml
 
 from hvd_lm.perf import scaling_study as ss
 from hvd_lm.perf.calibration import calibrate_from_bench
@@ -308,3 +310,81 @@ def test_checkpoint_stall_figures():
     says(f"the H=2048 model ({mb}) written synchronously and in the background: the background "
          f"write stalled training {a:.2f}x as long on this loaded 2-core machine's disk and "
          f"{b:.2f}x with 2 s of file-system latency added per write", src)
+
+
+GPU = "docs/results/gpu_h200"
+#: the README's GPU table: (impl, batch, precision) rows, in its order
+GPU_ROWS = [("fused/triton", 256, "bf16"), ("fused/triton+graphs", 256, "bf16"),
+            ("reference", 256, "bf16"), ("cudnn", 256, "bf16"),
+            ("fused/triton+graphs", 128, "bf16"), ("fused/triton", 128, "bf16"),
+            ("reference", 128, "bf16"), ("cudnn", 128, "bf16"),
+            ("fused/triton+graphs", 128, "fp32"), ("cudnn", 128, "fp32")]
+
+
+def gpu_bench() -> tuple[dict, dict]:
+    """The two bench gpu runs of the H200: rows by (impl, B, precision), and the JSONs."""
+    runs = {b: load(f"gpu_h200/bench_gpu_b{b}.json") for b in (256, 128)}
+    rows = {(r["impl"], r["batch_size"], r["precision"]): r
+            for d in runs.values() for r in d["train"]}
+    return rows, runs
+
+
+def test_gpu_performance_table():
+    rows, runs = gpu_bench()
+    peaks = {m["precision"]: m["tflops"] for m in runs[128]["matmul"]}
+    says(f"(bf16 {peaks['bf16']:.1f} TFLOP/s, fp32 {peaks['fp32']:.1f}", GPU)
+    for key in GPU_ROWS:
+        r = rows[key]
+        name = "cuDNN LSTM" if r["impl"] == "cudnn" else f"mLSTM {r['impl']}"
+        frac = "TF32" if key == ("cudnn", 128, "fp32") else f"{r['fraction_of_peak']:.1%}"
+        says(f"| {name} | {r['batch_size']} | {r['precision']} | {r['chars_per_s']:,.0f} | "
+             f"{r['tflops']:.1f} | {frac} | {r['peak_memory_gib']:.1f} |", GPU)
+    f256 = rows[("fused/triton", 256, "bf16")]
+    says(f"{f256['vs_reference']:.2f}x the reference at B=256 and does "
+         f"{f256['vs_cudnn_lstm_per_flop']:.3f} of cuDNN's LSTM's TFLOP/s", GPU)
+    says(f"({rows[('fused/triton+graphs', 128, 'bf16')]['vs_cudnn_lstm_per_flop']:.3f} at B=128 "
+         f"with CUDA graphs); bf16 is {runs[128]['bf16_over_fp32']['128']:.2f}x fp32", GPU)
+    # the profile and the GEMM ceiling, docs/mlstm_fused.md section 7
+    p = runs[256]["profile"]
+    g = p["gaps"]
+    says(f"{g['window_us'] / 1e3:.1f} ms for 2 steps, the GPU busy {1 - g['idle_fraction']:.1%} "
+         f"of it ({g['gaps']:,} gaps between {p['events']:,} kernels, "
+         f"{g['gaps_over_us']['5.0']} over 5 us", GPU, "docs/mlstm_fused.md")
+    for k in p["top"][:5]:
+        says(f"| {k['share']:.1%} | {k['total_us'] / 1e3:.2f} | {k['calls']} | {k['mean_us']:.1f} |",
+             GPU, "docs/mlstm_fused.md")
+    (ceiling,) = runs[256]["ceiling"]
+    says(f"{f256['fraction_of_gemm_ceiling']:.1%} of its GEMM ceiling "
+         f"({ceiling['chars_per_s']:,.0f} chars/s", GPU, "docs/mlstm_fused.md")
+
+
+def test_model_at_scale():
+    """README's "Model at scale" row and docs/mlstm_fused.md's account of the run, from the
+    run's own files (metrics.jsonl, eval.json, transfer.json) and the demo's."""
+    src = "docs/results/gpu_h4096"
+    recs = [json.loads(x) for x in (RESULTS / "gpu_h4096/metrics.jsonl").read_text().splitlines()]
+    start = next(r for r in recs if r["kind"] == "start")
+    end = next(r for r in recs if r["kind"] == "end")
+    ev = load("gpu_h4096/eval.json")
+    t = load("gpu_h4096/transfer.json")
+    minutes = (end["time"] - start["time"]) / 60
+    says(f"| H=4096, one H200 | {end['chars_trained']:,} | {minutes:.1f} | {ev['bpc']:.3f} | "
+         f"{t['classifier']['accuracy']['val']:.1%} | {t['neuron']['accuracy']['val']:.1%} |", src)
+    says(f"4096-d mLSTM ({start['params']:,} parameters)", src)
+    d = load("demo.json")
+    demo = yaml.safe_load((REPO / "configs/demo.yaml").read_text())
+    chars = d["steps"] * demo["train"]["data"]["batch_size"] * demo["launch"]["np"] * \
+        demo["train"]["data"]["seq_len"]
+    says(f"| H=256 demo, 2 CPU ranks | {chars:,} | {d['timings_s']['train_s'] / 60:.1f} | "
+         f"{d['val_bpc']:.3f} | {d['transfer']['val_acc']:.1%} | "
+         f"{d['transfer']['neuron_val_acc']:.1%} |", src)
+    says(f"The width pays {d['val_bpc'] - ev['bpc']:.2f} bits of BPC over the demo model", src)
+    evals_ = [r for r in recs if r["kind"] == "eval"]
+    train = [r for r in recs if r["kind"] == "train"]
+    page = "docs/mlstm_fused.md"
+    says(f"fell from {evals_[0]['val_bpc']:.3f} to {min(e['val_bpc'] for e in evals_):.3f}",
+         src, page)
+    says(f"median {statistics.median(r['chars_per_s'] for r in train):,.0f} chars/s (MFU "
+         f"{statistics.median(r['mfu'] for r in train):.2f}", src, page)
+    says(f"seen {train[-1]['epoch']:.1f} times", src, page)
+    says(f"`hvd-lm eval` on the same split gives {ev['bpc']:.3f}", src, page)

@@ -26,14 +26,20 @@ workspace (the window's input gradients [T, B, 4H] and [T, B, H] and the gradien
 [T, B, H] in the compute dtype, alive together, and the logits and their gradient in fp32:
 6 N H C + 2 N V S) and, on the host, the shard read buffers (1 MiB per row and split).
 
+On a GPU the fused window's backward needs 2 N H C more than that workspace (measured on one
+H200 at H=4096, T=256, B=128 and 256, fp32 and bf16: the eager peak sat 3.6-3.9 bytes per
+position and unit above the estimate in bf16, 7.8 in fp32; ``docs/results/gpu_h200/``); it is
+added on CUDA only (the CPU figures below hold without it).
+
 With ``--cuda-graphs`` on a GPU, the fused window is replayed from a CUDA graph whose private
 memory pool (``torch.cuda.make_graphed_callables``) stays allocated for the whole run and is
-never shared with the eager allocator: :func:`graph_pool_bytes` adds the window's saved
-activations again and its static buffers (inputs, outputs, their gradients and the backward's
-gate gradients: 17 N H C, plus the recurrent weights and their gradients, 10 H^2 C). At H=4096,
-B=256, T=256 bf16 that is about 2.3x the eager estimate. This is a model from the capture's
-buffers, not yet measured on a GPU: ``hvd-lm bench gpu`` records it beside each variant's
-measured peak (``estimated_memory_gib``), so the first card checks it.
+never shared with the eager allocator: :func:`graph_pool_bytes` adds the pool's static buffers
+(inputs, outputs, their gradients and the backward's gate gradients: 14 N H C, plus the
+recurrent weights cast and their gradients, 10 H^2 C). The window's saved activations live in
+the pool instead of the eager allocator, so they count once. Measured on that H200: the graphed
+peak 7.1 GiB above the eager one at B=256 bf16 (the model: 7.3) and 7.2 at B=128 fp32 (7.6);
+the first model, which counted the saved activations twice and 17 N H C, was 2.4x the
+measured pool.
 
 With ``--async-checkpoint`` (the default) rank 0 also holds a host copy of the checkpoint being
 written while the next steps run: weights and optimizer state, 4 P (1 + states), and every
@@ -133,20 +139,18 @@ def activation_bytes(T: int, B: int, H: int, E: int, V: int, C: int, impl: str =
 
 
 def graph_pool_bytes(T: int, B: int, H: int, C: int) -> int:
-    """Bytes of the private memory pool a CUDA-graphed fused window keeps for the whole run
-    (module docstring): the window's saved activations
-    (:func:`hvd_lm.model.mlstm_fused.saved_bytes`) and its static buffers, N = T B positions:
-    the inputs xg [T, B, 4H] and xm [T, B, H], the output hs and its gradient, the inputs'
-    gradients and the backward's gate gradients (dG [T, B, 4H], dA [T, B, H]), 17 N H C in the
-    compute dtype; the recurrent weights W_mh [H, H], W_h [4H, H] cast and their gradients,
-    10 H^2 C.
+    """Bytes the private memory pool of a CUDA-graphed fused window adds for the whole run
+    (module docstring), N = T B positions: its static buffers, 14 N H C in the compute dtype
+    (the inputs xg [T, B, 4H] and xm [T, B, H], the output hs and its gradient, the inputs'
+    gradients, the backward's gate gradients; fitted to one H200's peaks, where 17 was the
+    count of the buffers' elements), and the recurrent weights W_mh [H, H], W_h [4H, H] cast
+    and their gradients, 10 H^2 C. The saved activations move into the pool and are counted in
+    ``activations``.
 
     Args:
         T, B: window length and rows; H: hidden size; C: compute dtype bytes.
     """
-    cdtype = torch.float32 if C == 4 else torch.bfloat16
-    saved = saved_bytes(T, B, H, torch.float32, cdtype, mask=False, reset=True)
-    return saved + 17 * T * B * H * C + 10 * H * H * C
+    return 14 * T * B * H * C + 10 * H * H * C
 
 
 def step_memory(cfg: TrainConfig, device_type: str, world_size: int = 1,
@@ -172,12 +176,13 @@ def step_memory(cfg: TrainConfig, device_type: str, world_size: int = 1,
     data = 0
     if device_type == "cpu":
         data = d.batch_size * sum(min(READ_BUFFER, n) for n in split_bytes)
-    graphed = (device_type == "cuda" and m.cuda_graphs and m.cell == "mlstm"
-               and m.rnn_impl == "fused")
+    fused_gpu = device_type == "cuda" and m.cell == "mlstm" and m.rnn_impl == "fused"
+    graphed = fused_gpu and m.cuda_graphs
     return StepMemory(
         activations=activation_bytes(d.seq_len, d.batch_size, m.hidden_size, m.embed_dim,
                                      m.vocab_size, C, m.rnn_impl, m.cell),
-        workspace=d.seq_len * d.batch_size * (6 * m.hidden_size * C + 2 * m.vocab_size * 4),
+        workspace=d.seq_len * d.batch_size * ((8 if fused_gpu else 6) * m.hidden_size * C
+                                              + 2 * m.vocab_size * 4),
         parameters=4 * P,
         gradients=4 * P + allreduce,
         optimizer=4 * P * states,
