@@ -314,6 +314,25 @@ def test_eval_cli_matches_in_process_bpc(shards, tmp_path):
     assert 0 < got["bpc"] < 8.5 and math.isfinite(got["bpc"])
 
 
+def test_the_logged_val_bpc_is_what_eval_reports_whatever_the_batch(shards, tmp_path):
+    """Training's last evaluation reads the val split as `hvd-lm eval` does (16 rows per rank,
+    --eval-batch-size), not cut into --batch-size rows: its val_bpc equals eval's on the final
+    checkpoint, where the split cut into the 8 training rows gives another figure (before: the
+    logged 1.696 beside eval's 1.660 of the H200's 4096-d run, 256 rows against 16)."""
+    one_process(shards, tmp_path / "r", "--batch-size", "8", "--max-steps", "40", "--eval-chars",
+                "0", "--lr", "1e-2")
+    (last,) = records(tmp_path / "r", "eval")
+    proc = run([sys.executable, "-m", "hvd_lm", "eval", tmp_path / "r", shards], timeout=120)
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert last["val_chars"] == got["chars"]
+    assert last["val_bpc"] == pytest.approx(got["bpc"], rel=1e-6)
+    model = LanguageModel(ModelConfig(hidden_size=32, embed_dim=8))
+    model.load_state_dict(params_of(tmp_path / "r"))
+    eight = RankStreams(load_manifest(shards), "val", 0, 1, 8, 16, shuffle_shards=False)
+    other, _ = bpc(model, eight, torch.device("cpu"), distributed=False)
+    assert abs(other - got["bpc"]) > 1e-4
+
+
 def test_a_checkpoint_resumes_on_another_device(tmp_path):
     """A checkpoint read for a job on another device (here the meta device standing in for a
     GPU, which the CPU lacks) restores the RNG states exactly (torch takes CPU generator states

@@ -109,12 +109,13 @@ def check_shapes(cfg: TrainConfig, manifest: Manifest, world_size: int) -> None:
             f"({who}) = {per_row:,} bytes per row; {fits}, or fewer --batch-size rows or ranks")
     if d.val_split:
         val = eval_bytes(cfg, manifest)
-        if val - 1 < rows:
+        val_rows = cfg.run.eval_batch_size * world_size
+        if val - 1 < val_rows:
             raise ConfigError(
-                f"data.batch_size {d.batch_size} (--batch-size) x {world_size} rank(s) = {rows} "
-                f"rows, but the {d.val_split} split evaluated ({val:,} bytes, --eval-chars "
-                f"{cfg.run.eval_chars}) has fewer targets; raise --eval-chars (0 = the whole "
-                "split) or lower --batch-size")
+                f"run.eval_batch_size {cfg.run.eval_batch_size} (--eval-batch-size) x "
+                f"{world_size} rank(s) = {val_rows} rows, but the {d.val_split} split evaluated "
+                f"({val:,} bytes, --eval-chars {cfg.run.eval_chars}) has fewer targets; raise "
+                "--eval-chars (0 = the whole split) or lower --eval-batch-size")
 
 
 def eval_bytes(cfg: TrainConfig, manifest: Manifest) -> int:

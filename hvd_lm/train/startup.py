@@ -183,8 +183,11 @@ class TrainingRun:
                                    self.T, seed=cfg.data.seed)
         self.val = None
         if cfg.data.val_split:
-            self.val = RankStreams(self.manifest, cfg.data.val_split, ctx.rank, ctx.size, self.B,
-                                   self.T, shuffle_shards=False, max_bytes=cfg.run.eval_chars)
+            # eval's rows, not the training batch: each row's state starts at zero, so the BPC
+            # of a split cut into more rows is higher (an H200's 256 rows: 1.696 vs eval's 1.660)
+            self.val = RankStreams(self.manifest, cfg.data.val_split, ctx.rank, ctx.size,
+                                   cfg.run.eval_batch_size, self.T, shuffle_shards=False,
+                                   max_bytes=cfg.run.eval_chars)
         self.windows_per_epoch = self.streams.steps_per_epoch
         self.global_batch = ctx.size * self.B * self.k
         self.peak_lr = scaled_lr(cfg.optim.lr, cfg.optim.lr_ref_batch, self.global_batch,
