@@ -33,8 +33,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 T0=$(date +%s)
 DEADLINE=$((T0 + ${TOTAL_S:-570} - 10))  # 10 s kept for the pack
+left() { echo $((DEADLINE - $(date +%s))); }  # seconds before the deadline
 # budget N: N seconds, or what is left before the deadline when that is less (at least 5)
-budget() { local l=$((DEADLINE - $(date +%s))); ((l > $1)) && l=$1; ((l < 5)) && l=5; echo "$l"; }
+budget() { local l; l=$(left); ((l > $1)) && l=$1; ((l < 5)) && l=5; echo "$l"; }
 say() { printf '[gpu_session +%ds] %s\n' "$(($(date +%s) - T0))" "$*"; }
 WHEELS=${1:-.whl}
 DATA=$(realpath -m "${2:-.gpu}")
@@ -128,7 +129,7 @@ EOF
     kern=${impl#fused/}; graphs=false
     [ "${kern%+graphs}" != "$kern" ] && graphs=true
     kern=${kern%+graphs}
-    train_s=$(($(budget 100000) - ${POST_S:-100} - 30))  # 30 s: start-up, the final eval
+    train_s=$(($(left) - ${POST_S:-100} - 30))  # 30 s: start-up, the final eval
     ((train_s < 20)) && train_s=20
     steps=$("$VPY" -c "print(max(20, int($rate * $train_s / ($TRAIN_BATCH * 256))))")
     [ "${SMALL:-0}" = 1 ] && steps=20

@@ -51,6 +51,17 @@ def wait_for(pred, timeout: float = 120, proc: subprocess.Popen | None = None):
     raise AssertionError("timed out")
 
 
+def train_with_a_slow_write(shards, out: Path, max_steps: int, sleep_s: float,
+                            step: int) -> subprocess.Popen:
+    """`hvd-lm train` in the background, checkpointing every 2 steps, the writer of step
+    ``step``'s checkpoint sleeping ``sleep_s`` first (the HVD_LM_CHECKPOINT_SLEEP fault hook)."""
+    argv = [*HVD_LM, "train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps",
+            max_steps, "--checkpoint-every", "2"]
+    return subprocess.Popen(list(map(str, argv)), env=launch_env(
+        HVD_LM_CHECKPOINT_SLEEP=str(sleep_s), HVD_LM_CHECKPOINT_SLEEP_STEP=str(step)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
 def test_the_copy_is_taken_at_submit_and_written_in_the_background(tmp_path, monkeypatch):
     """submit returns before the (slowed) write; changing the tensors afterwards does not change
     the file; ``latest`` moves only when the file is complete; on_written reports it."""
@@ -145,11 +156,7 @@ def test_kill_9_during_a_background_write_resumes_from_the_previous_checkpoint(s
     4 while it is in flight, ``latest`` is still step 2; kill -9 then; ``--resume auto``
     continues from step 2."""
     out = tmp_path / "r"
-    argv = [*HVD_LM, "train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "40",
-            "--checkpoint-every", "2"]
-    proc = subprocess.Popen(list(map(str, argv)), env=launch_env(
-        HVD_LM_CHECKPOINT_SLEEP="120", HVD_LM_CHECKPOINT_SLEEP_STEP="4"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = train_with_a_slow_write(shards, out, 40, 120, step=4)
     try:
         wait_for(lambda: any(r["step"] >= 5 for r in records(out, "train")), proc=proc)
         assert ck.resolve(out).name == "step_00000002.pt"
@@ -172,11 +179,7 @@ def test_a_signal_and_the_end_wait_for_the_write_in_flight(shards, tmp_path):
     checkpoint waits for it, the run ends after both are complete (the end record last),
     exits 0 and ``latest`` is the signal's step."""
     out = tmp_path / "r"
-    argv = [*HVD_LM, "train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "400",
-            "--checkpoint-every", "2"]
-    proc = subprocess.Popen(list(map(str, argv)), env=launch_env(
-        HVD_LM_CHECKPOINT_SLEEP="3", HVD_LM_CHECKPOINT_SLEEP_STEP="2"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = train_with_a_slow_write(shards, out, 400, 3, step=2)
     try:
         wait_for(lambda: any(r["step"] >= 3 for r in records(out, "train")), proc=proc)
         assert not records(out, "checkpoint")     # step 2's write is still in flight

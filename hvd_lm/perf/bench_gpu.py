@@ -309,22 +309,19 @@ def bench_gpu(cfg: BenchGpuConfig, timer: Callable | None = None) -> int:
 
     # 1. the card's ceilings
     peak: dict[str, float] = {}
-    for prec in cfg.precisions:
-        n = cfg.matmul_size
-        r = attempt(lambda: {"tflops": matmul_tflops(n, n, n, DTYPES[prec], device, timer,
-                                                     cfg.repeats)}, device)
+    peaks = list(cfg.precisions)
+    if device.type == "cuda" and "fp32" in cfg.precisions and "lstm" in cfg.cells:
+        peaks.append("tf32")  # the yardstick cuDNN's fp32 LSTM may reach (ceilings.peak_key)
+    n = cfg.matmul_size
+    for prec in peaks:
+        dtype = torch.float32 if prec == "tf32" else DTYPES[prec]
+        r = attempt(lambda: {"tflops": matmul_tflops(n, n, n, dtype, device, timer, cfg.repeats,
+                                                     tf32=prec == "tf32")}, device)
         res.add("matmul", {"precision": prec, "shape": [n, n, n], **r})
         if "tflops" in r:
             peak[prec] = r["tflops"]
         print(f"matmul {prec} {n}^3: " + (f"{r['tflops']:.1f} TFLOP/s" if "tflops" in r
                                             else r["error"]), flush=True)
-    if device.type == "cuda" and "fp32" in cfg.precisions and "lstm" in cfg.cells:
-        n = cfg.matmul_size  # the yardstick cuDNN's fp32 LSTM may reach (ceilings.peak_key)
-        r = attempt(lambda: {"tflops": matmul_tflops(n, n, n, torch.float32, device, timer,
-                                                     cfg.repeats, tf32=True)}, device)
-        res.add("matmul", {"precision": "tf32", "shape": [n, n, n], **r})
-        peak.update({"tf32": r["tflops"]} if "tflops" in r else {})
-        print(f"matmul tf32 {n}^3: {r.get('tflops', r.get('error'))}", flush=True)
     r = attempt(lambda: {"GBps": copy_gbps(cfg.copy_mib, device, timer, cfg.repeats)}, device)
     res.add("copy_GBps", r.get("GBps"))
     res.add("copy_error", r.get("error"))

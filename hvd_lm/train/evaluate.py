@@ -25,6 +25,7 @@ from hvd_lm.model.mlstm_kernels import KERNELS
 from hvd_lm.options import Command, option
 from hvd_lm.train.data import IGNORE, RankStreams
 from hvd_lm.train.preflight import check_vocab
+from hvd_lm.train.settings import EVAL_BATCH_SIZE
 from hvd_lm.util.atomic import write_text
 
 
@@ -95,7 +96,7 @@ class EvalConfig:
     shards: str = option("", "shard directory (with manifest.json)", positional=True,
                          required=True)
     split: str = option("val", "manifest split")
-    batch_size: int = option(16, "rows per rank", ge=1)
+    batch_size: int = option(EVAL_BATCH_SIZE, "rows per rank", ge=1)
     seq_len: int = option(0, "window, bytes (0 = the checkpoint's)", ge=0)
     max_bytes: int = option(0, "evaluate only the first N bytes (0 = all)", ge=0)
     precision: str = option("fp32", "autocast precision", choices=devices.PRECISIONS)
