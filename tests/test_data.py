@@ -50,6 +50,40 @@ def test_every_target_once_per_epoch_across_ranks(manifest, world, batch, seq):
     assert covered[0] == 0 and (covered[1:] == 1).all()
 
 
+def test_rows_share_chunk_aligned_reads(manifest, monkeypatch):
+    """With a read-ahead of one 4 KiB chunk (data.TOKEN_CHUNK and READ_AHEAD patched down, so
+    the ~20 KB test shards span several), every window of 64 rows equals the epoch's byte stream
+    built independently; and the epoch's first window reads about once per chunk its rows touch,
+    not once per row (each row's stream is ~950 bytes: about four rows start in each chunk)."""
+    from hvd_lm.train import data
+
+    monkeypatch.setattr(data, "TOKEN_CHUNK", 4096)
+    monkeypatch.setattr(data, "READ_AHEAD", 4096)
+    shards = manifest.split("train")
+    order = epoch_shard_order(len(shards), 7, 1)
+    stream = np.concatenate([read_tokens(shards[i].path, 0, shards[i].tokens) for i in order])
+    batch, seq = 64, 64
+    rs = RankStreams(manifest, "train", 0, 1, batch, seq, seed=7)
+    first = rs.window(1, 0)
+    starts = np.cumsum([0] + [shards[i].tokens for i in order])
+
+    def chunk(p):  # (shard, chunk) of stream position p
+        j = int(np.searchsorted(starts, p, side="right")) - 1
+        return j, int(p - starts[j]) // 4096
+
+    touched = {chunk(p) for lo in rs.row_bounds[:-1] for p in (lo - 1, lo + seq - 1)}
+    assert rs._stream.reads <= len(touched) + len(shards) < batch / 2, \
+        (rs._stream.reads, len(touched))
+    lo = rs.row_bounds
+    for step in range(rs.steps_per_epoch):
+        win = first if step == 0 else rs.window(1, step)
+        for b in range(batch):
+            t0 = lo[b] + step * seq
+            n = int(max(0, min(lo[b + 1], t0 + seq) - t0))
+            np.testing.assert_array_equal(win.inputs[b, :n].numpy(), stream[t0 - 1:t0 - 1 + n])
+            np.testing.assert_array_equal(win.targets[b, :n].numpy(), stream[t0:t0 + n])
+
+
 def test_reset_at_shard_starts(manifest):
     shards = manifest.split("train")
     rs = RankStreams(manifest, "train", 0, 1, 1, 10_000_000, shuffle_shards=False)

@@ -25,9 +25,12 @@ import numpy as np
 import torch
 
 from hvd_lm.formats.manifest import Manifest, ShardInfo
-from hvd_lm.formats.shards import read_tokens, verify_shard
+from hvd_lm.formats.shards import TOKEN_CHUNK, read_tokens, verify_shard
 
 IGNORE = -100  # target id that torch.nn.functional.cross_entropy(ignore_index=IGNORE) skips
+#: Bytes each batch row's reader fetches per HDF5 read (:class:`ConcatStream`); the memory
+#: estimate counts one such buffer per row (:mod:`hvd_lm.train.memory`).
+READ_AHEAD = 1 << 20
 
 
 @dataclass
@@ -50,29 +53,46 @@ class Batch:
 class ConcatStream:
     """Random access to the concatenation of shards, with a read-ahead buffer per caller slot.
 
+    A miss reads ``buffer_bytes`` from the start of the shard's HDF5 chunk that holds ``start``
+    (:data:`hvd_lm.formats.shards.TOKEN_CHUNK`): a gzip/lzf shard inflates whole chunks, so an
+    aligned read inflates each chunk it needs once. Before reading, a miss looks for another
+    slot's buffer that holds the range and shares it (a view, no copy): the B rows of a window
+    start at adjacent places, so at an epoch's first window a chunk is read about once, not once
+    per row whose stream starts in it (a small corpus's many short rows made that burst stall
+    every epoch's first step, most with gzip shards: ``tests/test_data.py`` counts the reads).
+
     Args:
         shards: the shards, in stream order.
-        buffer_bytes: bytes fetched per HDF5 read (sequential reads amortise file opens).
+        buffer_bytes: bytes fetched per HDF5 read (sequential reads amortise file opens;
+            default :data:`READ_AHEAD`).
+
+    Attributes:
+        reads: HDF5 reads made so far (each one file open and one slice).
     """
 
-    def __init__(self, shards: list[ShardInfo], buffer_bytes: int = 1 << 20):
+    def __init__(self, shards: list[ShardInfo], buffer_bytes: int | None = None):
         self.shards = shards
         self.starts = np.concatenate([[0], np.cumsum([s.tokens for s in shards])]).astype(np.int64)
         self.total = int(self.starts[-1])
-        self.buffer_bytes = buffer_bytes
+        self.buffer_bytes = buffer_bytes or READ_AHEAD
         self._buf: dict[int, tuple[int, np.ndarray]] = {}
+        self.reads = 0
 
     def shard_starts(self) -> np.ndarray:
         """Global offsets where each shard begins, int64 [num_shards]."""
         return self.starts[:-1]
 
+    def _shard_of(self, pos: int) -> int:
+        return int(np.searchsorted(self.starts, pos, side="right")) - 1
+
     def _read(self, start: int, stop: int) -> np.ndarray:
         out = []
-        i = int(np.searchsorted(self.starts, start, side="right")) - 1
+        i = self._shard_of(start)
         while start < stop:
             s_lo, s_hi = int(self.starts[i]), int(self.starts[i + 1])
             hi = min(stop, s_hi)
             out.append(read_tokens(self.shards[i].path, start - s_lo, hi - s_lo))
+            self.reads += 1
             start, i = hi, i + 1
         return np.concatenate(out) if len(out) != 1 else out[0]
 
@@ -83,8 +103,13 @@ class ConcatStream:
             return np.zeros(0, np.uint8)
         b0, buf = self._buf.get(slot, (0, np.zeros(0, np.uint8)))
         if not (b0 <= start and stop <= b0 + len(buf)):
-            b0 = start
-            buf = self._read(start, min(self.total, max(stop, start + self.buffer_bytes)))
+            held = [(o, b) for o, b in self._buf.values() if o <= start and stop <= o + len(b)]
+            if held:
+                b0, buf = max(held, key=lambda ob: ob[0] + len(ob[1]))  # the longest ahead
+            else:
+                s_lo = int(self.starts[self._shard_of(start)])
+                b0 = start - (start - s_lo) % TOKEN_CHUNK
+                buf = self._read(b0, min(self.total, max(stop, b0 + self.buffer_bytes)))
             self._buf[slot] = (b0, buf)
         return buf[start - b0:stop - b0]
 

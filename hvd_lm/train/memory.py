@@ -62,6 +62,7 @@ import torch
 from hvd_lm.comm.horovod import HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.model.lm import parameter_shapes
 from hvd_lm.model.mlstm_fused import saved_bytes
+from hvd_lm.train.data import READ_AHEAD
 from hvd_lm.train.settings import TrainConfig
 from hvd_lm.util.atomic import human
 from hvd_lm.util.units import MIB
@@ -71,7 +72,7 @@ from hvd_lm.util.units import MIB
 #: copy they compress and the worker error (the server error is 1/world of it: counted as 1).
 OPTIMIZER_STATES = {"adam": 2, "sgd": 1, "lamb": 2, "onebit-adam": 5, "onebit-lamb": 5}
 #: Bytes each batch row's shard reader buffers (hvd_lm.train.data.ConcatStream).
-READ_BUFFER = MIB
+READ_BUFFER = READ_AHEAD
 
 
 @dataclass
