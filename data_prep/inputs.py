@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 #: Format names accepted by ``--format``.
-FORMATS = ("json", "loose-json", "csv", "tsv", "review", "text")
+FORMATS = ("json", "loose-json", "csv", "tsv", "review", "text", "tar")
 
 
 #: Formats with exactly one record per line; their files can be read in stripes (see
@@ -28,6 +28,11 @@ TEXT_FIELD_CANDIDATES = ("reviewText", "review_body", "review_text", "Text", "te
 
 #: Default field of the ``review`` format.
 REVIEW_DEFAULT_FIELD = "review_text"
+
+
+#: Members of a ``tar`` archive read as documents when ``--tar-members`` is not given
+#: (comma-separated ``fnmatch`` globs over the member's path in the archive).
+TAR_DEFAULT_MEMBERS = "*.txt"
 
 
 #: How many bad records are kept as samples (per reader and after merging).
@@ -114,7 +119,8 @@ class InputSpec:
     Attributes:
         path: absolute path.
         format: one of :data:`FORMATS`.
-        text_field: field/column/tag holding the text (``None`` for ``text``).
+        text_field: field/column/tag holding the text (``None`` for ``text``); for ``tar``,
+            the member globs (``--tar-members``).
         format_source: ``"given"``, ``"file name"`` or ``"file name + content"``.
         field_source: ``"given"``, ``"default"``, ``"header"`` or ``"first record"``.
         columns: CSV/TSV header, else ``None``.
@@ -136,8 +142,13 @@ class InputSpec:
         """One line for summaries: ``name: format (how), field F (how)``."""
         s = f"{os.path.basename(self.path)}: {self.format} ({self.format_source})"
         if self.text_field is not None:
-            s += f", text field {self.text_field!r} ({self.field_source})"
+            s += f", {text_field_label(self.format)} {self.text_field!r} ({self.field_source})"
         return s + (", gzip" if self.compressed else "")
+
+
+def text_field_label(fmt: str) -> str:
+    """What :attr:`InputSpec.text_field` names for format ``fmt``, for summaries."""
+    return "members" if fmt == "tar" else "text field"
 
 
 def count_bad(stats: ReadStats, skip_bad: bool, path: str, line: int, reason: str) -> None:

@@ -166,8 +166,8 @@ def _plan_run(cfg: PrepareConfig, ctx: Context, out: Path) -> _Run:
     """Resolve the inputs (rank 0), fingerprint them, and cut the work: units are whole files,
     or stripes of line-format files when processes outnumber files; enough buckets that one fits
     a third of a process's memory budget and every process gets several."""
-    specs = ctx.root_call(lambda: [sniff.resolve_input(p, cfg.format, cfg.text_field)
-                                   for p in cfg.inputs])
+    specs = ctx.root_call(lambda: [sniff.resolve_input(p, cfg.format, cfg.text_field,
+                                                       cfg.tar_members) for p in cfg.inputs])
     config_fp, inputs_fp = fingerprints(cfg, specs)
     slots = ctx.slots
     units = []
@@ -340,7 +340,8 @@ def format_summary(summary: dict) -> str:
     lines += [
         f"  inputs: {len(summary['inputs'])} file(s)",
         *[f"    {i['name']}: {i['format']} ({i['format_source']})"
-          + (f", text field {i['text_field']!r} ({i['field_source']})" if i["text_field"] else "")
+          + (f", {inputs.text_field_label(i['format'])} {i['text_field']!r} "
+             f"({i['field_source']})" if i["text_field"] else "")
           for i in summary["inputs"]],
         f"  records read: {c['records']:,}  (blank lines skipped {c['blank_lines']:,})",
         f"  dropped: {c['duplicates']:,} duplicates, {c['too_short']:,} shorter than "

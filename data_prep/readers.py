@@ -23,6 +23,15 @@ Formats (``--format``; inferred from the file name when not given, see :func:`in
     The text is the value lines of the field (default ``review_text``) joined by ``\\n``.
 ``text``
     Plain text, one document per line (the line without its ``\\n`` / ``\\r\\n``).
+``tar``
+    A tar archive (plain, gzip, bzip2 or xz; read as a stream, never extracted to disk) of text
+    files, one document per regular member whose path matches ``--tar-members`` (comma-separated
+    ``fnmatch`` globs, default ``*.txt``; e.g. the IMDB (aclImdb) reviews are
+    ``*/pos/*.txt,*/neg/*.txt``, which leaves out its ``urls_*.txt`` lists). A document's
+    "line" is the member's 1-based position in the archive; errors name the member as
+    ``ARCHIVE[MEMBER]``. A leading UTF-8 BOM is dropped; an empty or whitespace-only member is
+    a blank line. A damaged or truncated archive is :class:`CorruptInput` at the member where
+    reading failed (the whole file is dropped with ``skip_bad``, as for a damaged gzip stream).
 
 Any file may be gzip-compressed (recognised by its magic bytes, not its name). Lines end at
 ``\\n``; JSON/TSV/text lines also lose a trailing ``\\r``; CSV keeps line ends inside quoted
@@ -48,12 +57,24 @@ from __future__ import annotations
 
 import ast
 import csv
+import fnmatch
 import json
+import lzma
 import re
+import tarfile
+import zlib
 from typing import Callable, Iterator, Optional
 
 from data_prep.gzip_blocks import BLOCK_SIZE
-from data_prep.inputs import CSV_FIELD_LIMIT, LINE_FORMATS, InputSpec, ReadStats, count_bad
+from data_prep.inputs import (
+    CSV_FIELD_LIMIT,
+    LINE_FORMATS,
+    CorruptInput,
+    InputError,
+    InputSpec,
+    ReadStats,
+    count_bad,
+)
 from data_prep.lines import iter_lines, iter_segments
 
 try:  # C JSON parser (PyPI ``orjson``): the fast path of :func:`read_document_batches`
@@ -285,6 +306,75 @@ def _text_records(spec, lines, stats, skip_bad, utf8_errors):
         yield line_no, text
 
 
+#: What reading a damaged or truncated tar stream raises (tarfile, and its decompressors).
+_TAR_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError)
+
+
+class _CountingReader:
+    """A binary file whose reads report their sizes to ``progress`` (bytes read from disk)."""
+
+    def __init__(self, raw, progress):
+        self.raw, self.progress = raw, progress
+
+    def read(self, n=-1):
+        data = self.raw.read(n)
+        if self.progress is not None and data:
+            self.progress(len(data))
+        return data
+
+
+def _tar_records(spec, stats, skip_bad, utf8_errors, progress, max_doc_bytes):
+    globs = [g.strip() for g in spec.text_field.split(",") if g.strip()]
+    if not spec.size:
+        return
+    try:
+        raw = open(spec.path, "rb")
+    except OSError as e:
+        raise InputError(f"{spec.path}: cannot read ({e})") from e
+    with raw:
+        try:
+            tar = tarfile.open(fileobj=_CountingReader(raw, progress), mode="r|*")
+        except _TAR_ERRORS as e:
+            raise InputError(f"{spec.path}: not a readable tar archive ({e})") from None
+        members, index = iter(tar), 0
+        while True:
+            try:
+                member = next(members)
+            except StopIteration:
+                return
+            except _TAR_ERRORS as e:
+                raise CorruptInput(spec.path, index + 1, f"damaged or truncated tar archive "
+                                   f"after {index:,} members ({e})") from None
+            index += 1
+            if not member.isfile() or not any(fnmatch.fnmatchcase(member.name, g)
+                                              for g in globs):
+                continue
+            where = f"{spec.path}[{member.name}]"
+            if max_doc_bytes is not None and member.size > max_doc_bytes:
+                count_bad(stats, skip_bad, where, 1, f"a member of {member.size:,} bytes is "
+                          f"longer than the {max_doc_bytes:,} bytes the memory budget allows "
+                          "per document (raise --max-memory-mb, or --skip-bad to drop it)")
+                continue
+            try:
+                data = tar.extractfile(member).read()
+            except _TAR_ERRORS as e:
+                raise CorruptInput(spec.path, index, f"damaged or truncated tar archive in "
+                                   f"member {member.name!r} ({e})") from None
+            stats.bytes_in += len(data)
+            try:
+                text, ok = data.decode("utf-8"), True
+            except UnicodeDecodeError:
+                text, ok = data.decode("utf-8", errors="replace"), False
+            text = text[1:] if text.startswith("\ufeff") else text
+            if not text or text.isspace():
+                stats.blank_lines += 1
+                continue
+            if not ok and not _utf8_ok(stats, skip_bad, utf8_errors, where, 1):
+                continue
+            stats.records += 1
+            yield index, text
+
+
 def _dialect(fmt: str) -> dict:
     if fmt == "tsv":
         return {"delimiter": "\t", "quoting": csv.QUOTE_NONE, "strict": False}
@@ -309,7 +399,8 @@ def read_documents(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
             record is a bad record).
         progress: called with bytes read from disk since the last call.
         block_size: stripe block size (uncompressed bytes).
-        max_line_bytes: longest line (record) kept, see :func:`iter_segments`.
+        max_line_bytes: longest line (record) kept, see :func:`iter_segments`; for ``tar``,
+            the largest member read.
     Yields:
         ``(line_number, text)``: 1-based line where the record starts, and the text exactly as
         stored (no normalisation).
@@ -322,6 +413,8 @@ def read_documents(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
     if utf8_errors not in ("replace", "strict"):
         raise ValueError(f"utf8_errors must be 'replace' or 'strict', got {utf8_errors!r}")
     stats = stats if stats is not None else ReadStats()
+    if spec.format == "tar":
+        return _tar_records(spec, stats, skip_bad, utf8_errors, progress, max_line_bytes)
     keepends = spec.format in ("csv", "tsv")
     lines = iter_lines(spec, stripe, n_stripes, keepends=keepends, stats=stats,
                        skip_bad=skip_bad, progress=progress, block_size=block_size,

@@ -134,7 +134,8 @@ def finished_with_other_inputs(cfg: PrepareConfig) -> bool:
     old = finished_manifest(cfg.out)
     if not old.get("config_sha256"):
         return False
-    specs = [sniff.resolve_input(p, cfg.format, cfg.text_field) for p in cfg.inputs]
+    specs = [sniff.resolve_input(p, cfg.format, cfg.text_field, cfg.tar_members)
+             for p in cfg.inputs]
     return other_run(old, *fingerprints(cfg, specs)) is not None
 
 

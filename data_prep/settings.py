@@ -56,6 +56,8 @@ class PrepareConfig:
         out: output directory.
         format, text_field: ``--format`` / ``--text-field`` for every input (``None``: inferred
             per file).
+        tar_members: ``--tar-members``: which members of a ``tar`` input are documents
+            (``None``: :data:`data_prep.inputs.TAR_DEFAULT_MEMBERS`).
         normalize: collapse whitespace (:func:`hvd_lm.formats.tokenizer.normalize_text`) before
             encoding and de-duplication.
         min_chars: drop documents with fewer characters (after normalisation).
@@ -84,6 +86,10 @@ class PrepareConfig:
     text_field: Optional[str] = option(None, "JSON key / CSV column / .review tag holding the "
                                        "text (default: reviewText, review_body, Text, ... "
                                        "whichever the file has; review_text)")
+    tar_members: Optional[str] = option(None, "tar inputs: the members read as documents, "
+                                        "comma-separated globs over their paths in the archive "
+                                        "(default: *.txt; IMDB: '*/pos/*.txt,*/neg/*.txt')",
+                                        metavar="GLOBS")
     normalize: bool = option(False, "collapse whitespace runs to one space and strip (Radford "
                              "et al. 2017); recorded in the manifest", switch=True)
     min_chars: int = option(1, "drop documents with fewer characters (after --normalize)",

@@ -16,6 +16,7 @@ from data_prep.inputs import (
     CSV_FIELD_LIMIT,
     FORMATS,
     REVIEW_DEFAULT_FIELD,
+    TAR_DEFAULT_MEMBERS,
     TEXT_FIELD_CANDIDATES,
     CorruptInput,
     InputError,
@@ -27,13 +28,17 @@ from data_prep.readers import _dialect
 _SUFFIX_FORMATS = {".json": "json", ".jsonl": "json", ".ndjson": "json", ".csv": "csv",
                    ".tsv": "tsv", ".tab": "tsv", ".review": "review", ".txt": "text",
                    ".text": "text"}
+_TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 
 
 def infer_format(path: str) -> Optional[str]:
     """Format from the file name (``.gz``/``.gzip`` suffix ignored): ``.json``/``.jsonl``/
     ``.ndjson`` -> json, ``.csv`` -> csv, ``.tsv``/``.tab`` -> tsv, ``.review`` -> review,
-    ``.txt``/``.text`` -> text; ``None`` when unknown."""
+    ``.txt``/``.text`` -> text, ``.tar`` (``.tar.gz``, ``.tgz``, ``.tar.bz2``, ``.tar.xz``)
+    -> tar; ``None`` when unknown."""
     name = os.path.basename(path).lower()
+    if name.endswith(_TAR_SUFFIXES):
+        return "tar"
     for ext in (".gz", ".gzip"):
         if name.endswith(ext):
             name = name[: -len(ext)]
@@ -57,10 +62,12 @@ def _head_lines(path: str, compressed: bool, max_lines: int = 64) -> list[tuple[
     return out
 
 
-def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = None) -> InputSpec:
+def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = None,
+                  tar_members: Optional[str] = None) -> InputSpec:
     """Decide how to read ``path``: format (given, or from the name and the first record) and
     text field (given, the format's default, or the first of :data:`TEXT_FIELD_CANDIDATES` in the
-    CSV/TSV header or first JSON record).
+    CSV/TSV header or first JSON record); for a ``tar`` archive, ``tar_members`` (default
+    :data:`TAR_DEFAULT_MEMBERS`) instead of a text field.
 
     Raises:
         InputError: missing/unreadable file, unknown format, or no usable text field (the
@@ -85,6 +92,13 @@ def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = N
         if fmt is None:
             raise InputError(f"{path}: cannot infer the format from the file name; pass --format "
                              f"({', '.join(FORMATS)})")
+    kw = dict(path=path, format=fmt, size=size, compressed=compressed, format_source=fsrc)
+    if fmt == "tar":  # binary: nothing to sniff; the members are read in the archive's order
+        globs = tar_members if tar_members else TAR_DEFAULT_MEMBERS
+        if not [g for g in globs.split(",") if g.strip()]:
+            raise InputError(f"{path}: --tar-members {tar_members!r} holds no glob")
+        return InputSpec(text_field=globs, field_source="given" if tar_members else "default",
+                         **kw)
     head = _head_lines(path, compressed) if size else []
     first = next(((n, t) for n, t in head if t.strip()), None)
     if fmt == "json" and fsrc == "file name" and first is not None:
@@ -96,7 +110,7 @@ def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = N
                     fmt, fsrc = "loose-json", "file name + content"
             except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
                 pass
-    kw = dict(path=path, format=fmt, size=size, compressed=compressed, format_source=fsrc)
+    kw.update(format=fmt, format_source=fsrc)
     if fmt == "text":
         return InputSpec(text_field=None, field_source="", **kw)
     if fmt == "review":

@@ -408,3 +408,27 @@ def test_bench_smoke(shared_data, tmp_path):
     assert result["corpus"]["bytes"] >= 2e6 and result["raw_mb_s"] > 0
     assert [r["workers"] for r in result["runs"]] == [1, 2]
     assert any("synthetic scale-up" in line for line in lines)
+
+
+def test_the_imdb_tarball_through_the_cli(shared_data, tmp_path):
+    """``prepare`` reads IMDB's aclImdb tarball as it ships (--tar-members picks the reviews,
+    not the urls lists): its 25,000 train reviews, byte for byte what the transfer's IMDB loader
+    (hvd_lm.transfer.datasets.load_imdb, another reader) reads; the summary names the members
+    and the manifest records them, so --resume with other members is another run."""
+    from hvd_lm.transfer.datasets import load_imdb
+
+    tar = shared_data / "imdb/aclImdb_train.tar.gz"
+    out = tmp_path / "imdb"
+    p = cli("prepare", tar, "--tar-members", "*/pos/*.txt,*/neg/*.txt", "--out", out,
+            "--split", "1", "--no-dedup", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    assert "aclImdb_train.tar.gz: tar (file name), members '*/pos/*.txt,*/neg/*.txt' (given)" \
+        in p.stdout
+    want = sorted(t.encode() for t in load_imdb(tar)["train"].texts)
+    assert sorted(documents(out)["train"]) == want and len(want) == 25_000
+    inp, = json.loads((out / MANIFEST_NAME).read_text())["inputs"]
+    assert (inp["format"], inp["text_field"]) == ("tar", "*/pos/*.txt,*/neg/*.txt")
+    same = PrepareConfig(inputs=[str(tar)], out=str(out), tar_members="*/pos/*.txt,*/neg/*.txt",
+                         split=(1, 0, 0), dedup=False)
+    assert not finished_with_other_inputs(same)
+    assert finished_with_other_inputs(PrepareConfig(**{**vars(same), "tar_members": "*.txt"}))

@@ -326,3 +326,92 @@ def test_inflater_matches_gzipfile(shared_data, tmp_path, block_size):
         except Exception as e:  # noqa: BLE001 - compared below
             error = (type(e), str(e))
         assert (blocks, error) == _reference_blocks(path, block_size), name
+
+
+# ---- tar archives of text files (IMDB's aclImdb layout) ----------------------------------------
+
+def _tar(path, members, mode="w:gz"):
+    """Write a tar archive of ``members``: name -> bytes (a file), None (a folder) or
+    ("->", target) (a symbolic link)."""
+    import tarfile
+    import time
+
+    with tarfile.open(path, mode) as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.mtime = int(time.time())
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif isinstance(data, tuple):
+                info.type, info.linkname = tarfile.SYMTYPE, data[1]
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+_ACL = {"aclImdb/": None, "aclImdb/README": b"Large Movie Review Dataset v1.0\n",
+        "aclImdb/train/pos/": None, "aclImdb/train/pos/0_9.txt": b"A gem.<br />Loved it.",
+        "aclImdb/train/pos/1_8.txt": "\ufeffCaf\u00e9 scenes, great.".encode(),
+        "aclImdb/train/pos/2_7.txt": b"  \n", "aclImdb/train/pos/3_10.txt": ("->", "0_9.txt"),
+        "aclImdb/train/neg/": None, "aclImdb/train/neg/4_1.txt": b"Dull \xff plot.",
+        "aclImdb/train/neg/5_2.txt": b"Boring.\nTwo lines.",
+        "aclImdb/train/urls_pos.txt": b"http://www.imdb.com/title/tt0453418/usercomments\n"}
+
+
+@pytest.mark.parametrize("suffix,mode", [(".tar.gz", "w:gz"), (".tar", "w"),
+                                         (".tar.bz2", "w:bz2"), (".tar.xz", "w:xz")])
+def test_tar_members_are_documents(tmp_path, suffix, mode):
+    """Each regular member matching --tar-members is one document, in archive order, its
+    position as its line; folders, links, other members are skipped; a BOM is dropped, a blank
+    member counted, invalid UTF-8 replaced (or, strict, a bad record naming the member); the
+    default globs (*.txt) also take the urls list; every compression reads the same."""
+    path = _tar(tmp_path / f"acl{suffix}", _ACL, mode)
+    spec = resolve_input(path, tar_members="*/pos/*.txt, */neg/*.txt")
+    assert (spec.format, spec.format_source, spec.field_source) == ("tar", "file name", "given")
+    assert "members '*/pos/*.txt, */neg/*.txt' (given)" in spec.describe()
+    stats = ReadStats()
+    got = list(read_documents(spec, stats=stats))
+    assert got == [(4, "A gem.<br />Loved it."), (5, "Café scenes, great."),
+                   (9, "Dull \ufffd plot."), (10, "Boring.\nTwo lines.")]
+    assert (stats.records, stats.blank_lines, stats.utf8_replaced) == (4, 1, 1)
+    assert stats.bytes_in == sum(len(_ACL[f"aclImdb/train/{m}"]) for m in
+                                 ("pos/0_9.txt", "pos/1_8.txt", "pos/2_7.txt", "neg/4_1.txt",
+                                  "neg/5_2.txt"))
+    with pytest.raises(BadRecord, match=r"\[aclImdb/train/neg/4_1.txt\]:1: invalid UTF-8"):
+        list(read_documents(spec, utf8_errors="strict"))
+    default = resolve_input(path)
+    assert (default.text_field, default.field_source) == ("*.txt", "default")
+    assert [n for n, _ in read_documents(default)] == [4, 5, 9, 10, 11]
+
+
+def test_tar_damaged_oversized_and_not_a_tar(tmp_path):
+    """A truncated archive is CorruptInput (the whole file, as a damaged gzip stream) after the
+    members before the cut; a member over the per-document budget is a bad record naming it and
+    its size; a file that is no tar archive is an InputError naming it; an empty one is empty."""
+    members = {f"d/{i}.txt": f"review {i} ".encode() * 3000 for i in range(40)}
+    path = _tar(tmp_path / "big.tgz", members)
+    data = path.read_bytes()
+    cut = _tar(tmp_path / "cut.tar.gz", {})
+    cut.write_bytes(data[:len(data) // 2])
+    got = []
+    with pytest.raises(CorruptInput, match="damaged or truncated tar archive") as e:
+        for item in read_documents(resolve_input(cut)):
+            got.append(item)
+    assert e.value.path == str(cut) and 0 < len(got) < 40 and e.value.line > len(got)
+    spec = resolve_input(path)
+    with pytest.raises(BadRecord, match=r"big.tgz\[d/0.txt\]:1: a member of 27,000 bytes"):
+        list(read_documents(spec, max_line_bytes=10_000))
+    stats = ReadStats()
+    assert list(read_documents(spec, stats=stats, skip_bad=True, max_line_bytes=10_000)) == []
+    assert stats.bad_records == 40
+    junk = tmp_path / "notes.tar"
+    junk.write_bytes(b"just some text, not an archive\n" * 40)
+    with pytest.raises(InputError, match=r"notes.tar: not a readable tar archive"):
+        list(read_documents(resolve_input(junk)))
+    (tmp_path / "empty.tar").write_bytes(b"")
+    assert list(read_documents(resolve_input(tmp_path / "empty.tar"))) == []
+    with pytest.raises(InputError, match="holds no glob"):
+        resolve_input(path, tar_members=" , ")

@@ -65,6 +65,8 @@ EXTERNAL = {
     "clones from GitHub (tests never download them)",
 }
 OUTPUT_FLAGS = {"--out", "--out-dir", "--json", "--plot", "-o", "--output", "--heatmap"}
+#: Flags whose value looks like a path but is not one (globs over a tar archive's members).
+PATTERN_FLAGS = {"--tar-members"}
 #: hvd-lm commands whose last positional argument is the folder they write.
 POSITIONAL_OUTPUT = {"export", "import-openai"}
 PATHLIKE = re.compile(r"/|\.(ya?ml|json|jsonl|csv|tsv|gz|sbatch|qsub|sh|txt|pt|png)$")
@@ -289,7 +291,7 @@ def _inputs_and_outputs(argv: list[str]) -> tuple[list[str], list[str]]:
         argv = [w for w in argv if w != words[-1]]
     for i, w in enumerate(argv):
         prev = argv[i - 1] if i else ""
-        if w.startswith("-") or "://" in w or _placeholder(w):
+        if w.startswith("-") or "://" in w or _placeholder(w) or prev in PATTERN_FLAGS:
             continue
         if prev in OUTPUT_FLAGS:
             outs.append(w)
