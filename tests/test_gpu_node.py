@@ -16,6 +16,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -23,6 +24,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from hvd_lm.formats.manifest import load_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 #: Distributions the node's image does not hold (../shared/README.md, device KINDS.md).
@@ -161,3 +164,31 @@ def test_gpu_session_runs_every_part_on_the_cpu(tmp_path):
     assert not [n for n in names if n.endswith(".pt")]
     (digest, path), = [line.split() for line in (out / "checkpoint.sha256").read_text().splitlines()]
     assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == digest
+
+
+def test_gpu_data_fits_the_carry(shared_data, tmp_path):
+    """``scripts/gpu_data.sh`` (the card's data, made here) prepares the Amazon text and the IMDB
+    tarball into gzip-compressed shards (the plain ones, 46.6 MB, would not travel beside the
+    34 MiB wheelhouse under the device tool's 64 MiB), copies SST-2 train/val, and states what
+    would travel; over MAX_CARRY_MIB it fails, saying so."""
+    import h5py
+
+    dest = tmp_path / "gpu"
+    env = {**os.environ, "PYTHON": sys.executable, "SHARED": str(shared_data)}
+    p = subprocess.run(["bash", str(REPO / "scripts/gpu_data.sh"), str(dest),
+                        str(tmp_path / "no.whl")], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert re.search(r"^carry: [\d.]+ MiB of 64 \(tree ", p.stdout, re.M), p.stdout
+    manifest = json.loads((dest / "shards/manifest.json").read_text())
+    tar, = [i for i in manifest["inputs"] if i["format"] == "tar"]
+    assert tar["name"].endswith("aclImdb_train.tar.gz")
+    assert manifest["counters"]["records"] > 40_000  # 15,859 Amazon + 25,000 IMDB reviews
+    for info in load_manifest(dest / "shards").shards:
+        with h5py.File(info.path) as f:
+            assert f["tokens"].compression == "gzip"
+    assert sorted(q.name for q in (dest / "sst2").iterdir()) == ["train.csv", "val.csv"]
+    over = subprocess.run(["bash", str(REPO / "scripts/gpu_data.sh"), str(dest)],
+                          env={**env, "MAX_CARRY_MIB": "1", "IMDB": "0"}, capture_output=True,
+                          text=True, timeout=300)
+    assert over.returncode == 1 and "over MAX_CARRY_MIB=1" in over.stderr, over.stderr
