@@ -14,8 +14,9 @@
 #   cuda B  (setup done) the cuda tests that train through `hvd-lm train` (CUDA_B_S, 80)
 #   model   hvd-lm train at H=WIDTH on DATA's shards with the fastest fused bf16 variant the
 #           bench measured, max_steps from its rate so that the LR decays to 0 in the time left
-#           before POST_S (100) seconds of eval, transfer (SST-2 from DATA/sst2, fit on the GPU),
-#           generate (plain, and the sentiment unit pinned high and low) and visualize
+#           before POST_S (100) seconds of eval, transfer (SST-2 from DATA/sst2, fit on the GPU,
+#           on the mean of h_t), generate (plain, and the sentiment unit pinned high and low),
+#           visualize, and last a second transfer on the final cell state (the reference's)
 #   pack    OUT/gpu_session.tar.gz: logs, bench JSONs, metrics, reports, samples, the heatmap and
 #           the checkpoint's sha256 (never the checkpoint)
 #
@@ -23,10 +24,12 @@
 #
 #   bash scripts/gpu_session.sh [WHEELHOUSE] [DATA] [OUT]      (defaults: .whl, .gpu, gpu_session)
 #
-# DATA holds shards/ (python -m data_prep prepare ... --out DATA/shards, done before the call) and
-# sst2/ (train.csv, val.csv). Environment: WIDTH (4096), TRAIN_BATCH (256), SETUP_JOBS (10: the
-# Horovod build leaves the rest of the 16 cores to the tests and the bench), PYTHON (python3),
-# the budgets above, SKIP (parts not to run: "setup cudaA bench"), IMPL and RATE (the training's fused
+# DATA holds shards/ and sst2/ (train.csv, val.csv), made before the call by scripts/gpu_data.sh
+# (gzip shards of the Amazon + IMDB-train text: it checks that DATA, the wheelhouse and the tree
+# fit the 64 MiB the device tool carries). Environment: WIDTH (4096), TRAIN_BATCH (256),
+# SETUP_JOBS (10: the Horovod build leaves the rest of the 16 cores to the tests and the bench),
+# PYTHON (python3), the budgets above, SKIP (parts not to run: "setup cudaA bench cudaB"),
+# IMPL and RATE (the training's fused
 # variant and its chars/s, e.g. "fused/triton 833765", instead of the bench's), DEVICE (cuda; cpu with SMALL=1 rehearses the script on a CPU machine at tiny
 # shapes: tests/test_gpu_node.py).
 set -uo pipefail
@@ -108,7 +111,8 @@ skip bench || bench b128 "${BENCH128_S:-110}" --batch-sizes 128 --precisions bf1
 say "waiting for setup"
 wait "$setup_pid"
 setup_rc=$?
-[ "$setup_rc" = 0 ] && cuda_tests B .venv/bin/python "${CUDA_B_S:-80}" "$NEED_HOROVOD"
+[ "$setup_rc" = 0 ] && ! skip cudaB && cuda_tests B .venv/bin/python "${CUDA_B_S:-80}" \
+    "$NEED_HOROVOD"
 tail -n 8 "$OUT/setup.out" 2>/dev/null
 VPY=.venv/bin/python
 if [ "$setup_rc" = 0 ] && [ -x "$VPY" ]; then
@@ -173,6 +177,9 @@ EOF
     post visualize "$VPY" -m hvd_lm visualize "$RUN" --classifier "$OUT/transfer" \
         --input "$OUT/heatmap_texts.txt" --format lines --device "$DEVICE" \
         --out "$OUT/heatmap.png"
+    post transfer_cell "$VPY" -m hvd_lm transfer "$RUN" --dataset sst2 \
+        --data-dir "$DATA/sst2" --features cell --precision bf16 --device "$DEVICE" \
+        --out "$OUT/transfer_cell" --c-grid 0.03,0.125,0.5 --no-progress --no-cache --no-baseline
     find "$RUN" -name '*.pt' -exec sha256sum {} + >"$OUT/checkpoint.sha256" 2>/dev/null
 else
     say "no model: setup exited $setup_rc"

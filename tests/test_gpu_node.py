@@ -147,7 +147,7 @@ def test_gpu_session_runs_every_part_on_the_cpu(tmp_path):
     log = p.stdout + p.stderr
     assert p.returncode == 0, log
     for part in ("bench b256", "bench b128", "train", "eval", "transfer", "generate",
-                 "generate_unit1.0", "generate_unit-1.0", "visualize"):
+                 "generate_unit1.0", "generate_unit-1.0", "visualize", "transfer_cell"):
         assert f"] {part}: exit 0" in log, (part, log)
     rows = [r for f in ("b256", "b128") for r in
             json.loads((out / f"bench_{f}.json").read_text())["train"]
@@ -158,10 +158,14 @@ def test_gpu_session_runs_every_part_on_the_cpu(tmp_path):
     with tarfile.open(out / "gpu_session.tar.gz") as tar:
         names = {n.lstrip("./") for n in tar.getnames()}
     for f in ("bench_b256.json", "bench_b128.json", "run/metrics.jsonl", "eval.json",
-              "transfer/transfer.json", "samples.jsonl", "samples_unit1.0.jsonl", "heatmap.png",
+              "transfer/transfer.json", "transfer_cell/transfer.json", "samples.jsonl",
+              "samples_unit1.0.jsonl", "heatmap.png",
               "checkpoint.sha256", "train.yaml"):
         assert f in names, f
     assert not [n for n in names if n.endswith(".pt")]
+    kinds = [json.loads((out / f / "transfer.json").read_text())["features"]["kind"]
+             for f in ("transfer", "transfer_cell")]
+    assert kinds == ["mean", "cell"]
     (digest, path), = [line.split() for line in (out / "checkpoint.sha256").read_text().splitlines()]
     assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == digest
 
