@@ -349,7 +349,8 @@ def _tar_records(spec, stats, skip_bad, utf8_errors, progress, max_doc_bytes):
             if not member.isfile() or not any(fnmatch.fnmatchcase(member.name, g)
                                               for g in globs):
                 continue
-            where = f"{spec.path}[{member.name}]"
+            name = member.name if member.name.isprintable() else repr(member.name)
+            where = f"{spec.path}[{name}]"  # one line, whatever the archive names it
             if max_doc_bytes is not None and member.size > max_doc_bytes:
                 count_bad(stats, skip_bad, where, 1, f"a member of {member.size:,} bytes is "
                           f"longer than the {max_doc_bytes:,} bytes the memory budget allows "
@@ -359,7 +360,7 @@ def _tar_records(spec, stats, skip_bad, utf8_errors, progress, max_doc_bytes):
                 data = tar.extractfile(member).read()
             except _TAR_ERRORS as e:
                 raise CorruptInput(spec.path, index, f"damaged or truncated tar archive in "
-                                   f"member {member.name!r} ({e})") from None
+                                   f"member {name} ({e})") from None
             stats.bytes_in += len(data)
             try:
                 text, ok = data.decode("utf-8"), True

@@ -357,7 +357,7 @@ _ACL = {"aclImdb/": None, "aclImdb/README": b"Large Movie Review Dataset v1.0\n"
         "aclImdb/train/pos/1_8.txt": "\ufeffCaf\u00e9 scenes, great.".encode(),
         "aclImdb/train/pos/2_7.txt": b"  \n", "aclImdb/train/pos/3_10.txt": ("->", "0_9.txt"),
         "aclImdb/train/neg/": None, "aclImdb/train/neg/4_1.txt": b"Dull \xff plot.",
-        "aclImdb/train/neg/5_2.txt": b"Boring.\nTwo lines.",
+        "aclImdb/train/neg/5_2.txt": b"Boring.\nTwo lines.", "aclImdb/train/neg/6\n_3.txt": b"\xfe",
         "aclImdb/train/urls_pos.txt": b"http://www.imdb.com/title/tt0453418/usercomments\n"}
 
 
@@ -375,16 +375,19 @@ def test_tar_members_are_documents(tmp_path, suffix, mode):
     stats = ReadStats()
     got = list(read_documents(spec, stats=stats))
     assert got == [(4, "A gem.<br />Loved it."), (5, "Café scenes, great."),
-                   (9, "Dull \ufffd plot."), (10, "Boring.\nTwo lines.")]
-    assert (stats.records, stats.blank_lines, stats.utf8_replaced) == (4, 1, 1)
+                   (9, "Dull \ufffd plot."), (10, "Boring.\nTwo lines."), (11, "\ufffd")]
+    assert (stats.records, stats.blank_lines, stats.utf8_replaced) == (5, 1, 2)
     assert stats.bytes_in == sum(len(_ACL[f"aclImdb/train/{m}"]) for m in
                                  ("pos/0_9.txt", "pos/1_8.txt", "pos/2_7.txt", "neg/4_1.txt",
-                                  "neg/5_2.txt"))
+                                  "neg/5_2.txt", "neg/6\n_3.txt"))
     with pytest.raises(BadRecord, match=r"\[aclImdb/train/neg/4_1.txt\]:1: invalid UTF-8"):
         list(read_documents(spec, utf8_errors="strict"))
+    strict = ReadStats()
+    list(read_documents(spec, stats=strict, skip_bad=True, utf8_errors="strict"))
+    assert strict.bad_samples[1][0].endswith("acl%s['aclImdb/train/neg/6\\n_3.txt']" % suffix)
     default = resolve_input(path)
     assert (default.text_field, default.field_source) == ("*.txt", "default")
-    assert [n for n, _ in read_documents(default)] == [4, 5, 9, 10, 11]
+    assert [n for n, _ in read_documents(default)] == [4, 5, 9, 10, 11, 12]
 
 
 def test_tar_damaged_oversized_and_not_a_tar(tmp_path):
