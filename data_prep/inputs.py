@@ -156,3 +156,12 @@ def count_bad(stats: ReadStats, skip_bad: bool, path: str, line: int, reason: st
     if not skip_bad:
         raise BadRecord(path, line, reason)
     stats.add_bad(path, line, reason)
+
+
+def utf8_ok(stats: ReadStats, skip_bad: bool, utf8_errors: str, path: str, line: int) -> bool:
+    """Handle a record that held invalid UTF-8; True when it is still to be used."""
+    if utf8_errors == "strict":
+        count_bad(stats, skip_bad, path, line, "invalid UTF-8")
+        return False
+    stats.utf8_replaced += 1
+    return True

@@ -24,14 +24,7 @@ Formats (``--format``; inferred from the file name when not given, see :func:`in
 ``text``
     Plain text, one document per line (the line without its ``\\n`` / ``\\r\\n``).
 ``tar``
-    A tar archive (plain, gzip, bzip2 or xz; read as a stream, never extracted to disk) of text
-    files, one document per regular member whose path matches ``--tar-members`` (comma-separated
-    ``fnmatch`` globs, default ``*.txt``; e.g. the IMDB (aclImdb) reviews are
-    ``*/pos/*.txt,*/neg/*.txt``, which leaves out its ``urls_*.txt`` lists). A document's
-    "line" is the member's 1-based position in the archive; errors name the member as
-    ``ARCHIVE[MEMBER]``. A leading UTF-8 BOM is dropped; an empty or whitespace-only member is
-    a blank line. A damaged or truncated archive is :class:`CorruptInput` at the member where
-    reading failed (the whole file is dropped with ``skip_bad``, as for a damaged gzip stream).
+    A tar archive of text files, one document per member: :mod:`data_prep.tars`.
 
 Any file may be gzip-compressed (recognised by its magic bytes, not its name). Lines end at
 ``\\n``; JSON/TSV/text lines also lose a trailing ``\\r``; CSV keeps line ends inside quoted
@@ -57,25 +50,21 @@ from __future__ import annotations
 
 import ast
 import csv
-import fnmatch
 import json
-import lzma
 import re
-import tarfile
-import zlib
 from typing import Callable, Iterator, Optional
 
 from data_prep.gzip_blocks import BLOCK_SIZE
 from data_prep.inputs import (
     CSV_FIELD_LIMIT,
     LINE_FORMATS,
-    CorruptInput,
-    InputError,
     InputSpec,
     ReadStats,
     count_bad,
+    utf8_ok,
 )
 from data_prep.lines import iter_lines, iter_segments
+from data_prep.tars import read_tar_members
 
 try:  # C JSON parser (PyPI ``orjson``): the fast path of :func:`read_document_batches`
     import orjson
@@ -84,15 +73,6 @@ except ImportError:  # pragma: no cover - a dependency; the stdlib path gives th
 
 
 _TAG = re.compile(r"<([A-Za-z_][\w.-]*)>")
-
-
-def _utf8_ok(stats: ReadStats, skip_bad: bool, utf8_errors: str, path: str, line: int) -> bool:
-    """Handle a record that held invalid UTF-8; True when it is still to be used."""
-    if utf8_errors == "strict":
-        count_bad(stats, skip_bad, path, line, "invalid UTF-8")
-        return False
-    stats.utf8_replaced += 1
-    return True
 
 
 def _json_record(spec, line_no, text, ok, stats, skip_bad, utf8_errors, parse, what):
@@ -117,7 +97,7 @@ def _json_record(spec, line_no, text, ok, stats, skip_bad, utf8_errors, parse, w
                   f"field {key!r} is {type(value).__name__}, expected a string")
         count_bad(stats, skip_bad, spec.path, line_no, reason)
         return None
-    if not ok and not _utf8_ok(stats, skip_bad, utf8_errors, spec.path, line_no):
+    if not ok and not utf8_ok(stats, skip_bad, utf8_errors, spec.path, line_no):
         return None
     stats.records += 1
     return value
@@ -231,7 +211,7 @@ def _delimited_records(spec, lines, stats, skip_bad, utf8_errors):
             count_bad(stats, skip_bad, spec.path, line_no,
                  f"{len(row)} fields, expected {ncols} (header of {spec.format.upper()})")
             continue
-        if state["invalid"] and not _utf8_ok(stats, skip_bad, utf8_errors, spec.path, line_no):
+        if state["invalid"] and not utf8_ok(stats, skip_bad, utf8_errors, spec.path, line_no):
             continue
         stats.records += 1
         yield line_no, row[idx]
@@ -265,7 +245,7 @@ def _review_records(spec, lines, stats, skip_bad, utf8_errors):
                 in_review = False
                 if value is None:
                     count_bad(stats, skip_bad, spec.path, start, f"<review> block has no <{want}>")
-                elif not invalid or _utf8_ok(stats, skip_bad, utf8_errors, spec.path, start):
+                elif not invalid or utf8_ok(stats, skip_bad, utf8_errors, spec.path, start):
                     stats.records += 1
                     yield start, "\n".join(value)
                 continue
@@ -300,80 +280,10 @@ def _text_records(spec, lines, stats, skip_bad, utf8_errors):
         if not text or text.isspace():
             stats.blank_lines += 1
             continue
-        if not ok and not _utf8_ok(stats, skip_bad, utf8_errors, spec.path, line_no):
+        if not ok and not utf8_ok(stats, skip_bad, utf8_errors, spec.path, line_no):
             continue
         stats.records += 1
         yield line_no, text
-
-
-#: What reading a damaged or truncated tar stream raises (tarfile, and its decompressors).
-_TAR_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError)
-
-
-class _CountingReader:
-    """A binary file whose reads report their sizes to ``progress`` (bytes read from disk)."""
-
-    def __init__(self, raw, progress):
-        self.raw, self.progress = raw, progress
-
-    def read(self, n=-1):
-        data = self.raw.read(n)
-        if self.progress is not None and data:
-            self.progress(len(data))
-        return data
-
-
-def _tar_records(spec, stats, skip_bad, utf8_errors, progress, max_doc_bytes):
-    globs = [g.strip() for g in spec.text_field.split(",") if g.strip()]
-    if not spec.size:
-        return
-    try:
-        raw = open(spec.path, "rb")
-    except OSError as e:
-        raise InputError(f"{spec.path}: cannot read ({e})") from e
-    with raw:
-        try:
-            tar = tarfile.open(fileobj=_CountingReader(raw, progress), mode="r|*")
-        except _TAR_ERRORS as e:
-            raise InputError(f"{spec.path}: not a readable tar archive ({e})") from None
-        members, index = iter(tar), 0
-        while True:
-            try:
-                member = next(members)
-            except StopIteration:
-                return
-            except _TAR_ERRORS as e:
-                raise CorruptInput(spec.path, index + 1, f"damaged or truncated tar archive "
-                                   f"after {index:,} members ({e})") from None
-            index += 1
-            if not member.isfile() or not any(fnmatch.fnmatchcase(member.name, g)
-                                              for g in globs):
-                continue
-            name = member.name if member.name.isprintable() else repr(member.name)
-            where = f"{spec.path}[{name}]"  # one line, whatever the archive names it
-            if max_doc_bytes is not None and member.size > max_doc_bytes:
-                count_bad(stats, skip_bad, where, 1, f"a member of {member.size:,} bytes is "
-                          f"longer than the {max_doc_bytes:,} bytes the memory budget allows "
-                          "per document (raise --max-memory-mb, or --skip-bad to drop it)")
-                continue
-            try:
-                data = tar.extractfile(member).read()
-            except _TAR_ERRORS as e:
-                raise CorruptInput(spec.path, index, f"damaged or truncated tar archive in "
-                                   f"member {name} ({e})") from None
-            stats.bytes_in += len(data)
-            try:
-                text, ok = data.decode("utf-8"), True
-            except UnicodeDecodeError:
-                text, ok = data.decode("utf-8", errors="replace"), False
-            text = text[1:] if text.startswith("\ufeff") else text
-            if not text or text.isspace():
-                stats.blank_lines += 1
-                continue
-            if not ok and not _utf8_ok(stats, skip_bad, utf8_errors, where, 1):
-                continue
-            stats.records += 1
-            yield index, text
 
 
 def _dialect(fmt: str) -> dict:
@@ -415,7 +325,8 @@ def read_documents(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
         raise ValueError(f"utf8_errors must be 'replace' or 'strict', got {utf8_errors!r}")
     stats = stats if stats is not None else ReadStats()
     if spec.format == "tar":
-        return _tar_records(spec, stats, skip_bad, utf8_errors, progress, max_line_bytes)
+        return read_tar_members(spec, stats, skip_bad, utf8_errors, progress,
+                                max_line_bytes)
     keepends = spec.format in ("csv", "tsv")
     lines = iter_lines(spec, stripe, n_stripes, keepends=keepends, stats=stats,
                        skip_bad=skip_bad, progress=progress, block_size=block_size,

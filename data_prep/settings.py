@@ -88,7 +88,7 @@ class PrepareConfig:
                                        "whichever the file has; review_text)")
     tar_members: Optional[str] = option(None, "tar inputs: the members read as documents, "
                                         "comma-separated globs over their paths in the archive "
-                                        "(default: *.txt; IMDB: '*/pos/*.txt,*/neg/*.txt')",
+                                        "(default: *.txt; IMDB: '*/train/pos/*.txt,*/train/neg/*.txt')",
                                         metavar="GLOBS")
     normalize: bool = option(False, "collapse whitespace runs to one space and strip (Radford "
                              "et al. 2017); recorded in the manifest", switch=True)

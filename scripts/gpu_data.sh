@@ -25,12 +25,12 @@ A=$SHARED/amazon
 inputs=("$A"/mcauley2014_5core/*.json.gz "$A"/blitzer_mdsd/sorted_data_acl/*/*.review.gz
         "$A"/amazon_customer_reviews_us/*.tsv.gz "$A"/kaggle_musical_instruments/*.csv.gz
         "$A"/amazon_fine_food/*.csv.gz)
+[ "${IMDB:-1}" = 1 ] && inputs+=("$SHARED/imdb/aclImdb_train.tar.gz")
 for f in "${inputs[@]}" "$SHARED/sst2/train.csv" "$SHARED/sst2/val.csv"; do
     [ -f "$f" ] || { echo "ERROR: $f not found (SHARED=$SHARED)" >&2; exit 2; }
 done
-[ "${IMDB:-1}" = 1 ] && inputs+=("$SHARED/imdb/aclImdb_train.tar.gz")
 mkdir -p "$DEST"
-"$PY" -m hvd_lm prepare "${inputs[@]}" --tar-members '*/pos/*.txt,*/neg/*.txt' \
+"$PY" -m hvd_lm prepare "${inputs[@]}" --tar-members '*/train/pos/*.txt,*/train/neg/*.txt' \
     --out "$DEST/shards" --overwrite --split 200,1,1 \
     --shard-size 16M --compression gzip --min-chars 20 --workers "${WORKERS:-2}" --no-progress
 rm -rf "$DEST/sst2"
@@ -39,8 +39,9 @@ cp "$SHARED/sst2/train.csv" "$SHARED/sst2/val.csv" "$DEST/sst2/"
 chmod -R u+w "$DEST/sst2"
 
 # what the device tool would send: tracked and untracked-not-ignored files, DEST, the wheelhouse
-tree=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2>/dev/null \
-       | tail -n 1 | cut -f1)
+# (a tracked file deleted in the work tree is listed but does not travel: du skips it)
+tree=$(git ls-files -z --cached --others --exclude-standard \
+       | { du -cb --files0-from=- 2>/dev/null || true; } | tail -n 1 | cut -f1)
 carried=$(du -sb "$DEST" | cut -f1)
 wheels=0
 [ -d "$WHEELS" ] && wheels=$(du -sb "$WHEELS" | cut -f1)

@@ -419,16 +419,16 @@ def test_the_imdb_tarball_through_the_cli(shared_data, tmp_path):
 
     tar = shared_data / "imdb/aclImdb_train.tar.gz"
     out = tmp_path / "imdb"
-    p = cli("prepare", tar, "--tar-members", "*/pos/*.txt,*/neg/*.txt", "--out", out,
+    globs = "*/train/pos/*.txt,*/train/neg/*.txt"
+    p = cli("prepare", tar, "--tar-members", globs, "--out", out,
             "--split", "1", "--no-dedup", "--no-progress")
     assert p.returncode == 0, p.stderr
-    assert "aclImdb_train.tar.gz: tar (file name), members '*/pos/*.txt,*/neg/*.txt' (given)" \
-        in p.stdout
+    assert f"aclImdb_train.tar.gz: tar (file name), members '{globs}' (given)" in p.stdout
     want = sorted(t.encode() for t in load_imdb(tar)["train"].texts)
     assert sorted(documents(out)["train"]) == want and len(want) == 25_000
     inp, = json.loads((out / MANIFEST_NAME).read_text())["inputs"]
-    assert (inp["format"], inp["text_field"]) == ("tar", "*/pos/*.txt,*/neg/*.txt")
-    same = PrepareConfig(inputs=[str(tar)], out=str(out), tar_members="*/pos/*.txt,*/neg/*.txt",
-                         split=(1, 0, 0), dedup=False)
+    assert (inp["format"], inp["text_field"]) == ("tar", globs)
+    same = PrepareConfig(inputs=[str(tar)], out=str(out), tar_members=globs, split=(1, 0, 0),
+                         dedup=False)
     assert not finished_with_other_inputs(same)
     assert finished_with_other_inputs(PrepareConfig(**{**vars(same), "tar_members": "*.txt"}))

@@ -418,3 +418,65 @@ def test_tar_damaged_oversized_and_not_a_tar(tmp_path):
     assert list(read_documents(resolve_input(tmp_path / "empty.tar"))) == []
     with pytest.raises(InputError, match="holds no glob"):
         resolve_input(path, tar_members=" , ")
+
+
+def _outcome(path):
+    """The documents read from ``path``, or the type of the error reading it raised."""
+    try:
+        return [t for _, t in read_documents(resolve_input(path))]
+    except (CorruptInput, InputError) as e:
+        return type(e)
+
+
+@pytest.mark.parametrize("suffix,mode", [(".tar.gz", "w:gz"), (".tar", "w")])
+def test_a_cut_or_flipped_tar_never_reads_as_less_or_other_text(tmp_path, suffix, mode):
+    """Every cut of the archive (a plain tar too, where tarfile itself ends quietly at a cut
+    header) and every flipped byte of its compressed body either reads all the documents as
+    they are or raises CorruptInput / InputError: never fewer documents, never other text
+    (tarfile's own gzip reading checks no CRC: most flips read as other text there)."""
+    members = {f"r/{i}.txt": f"review {i}: ".encode() + bytes(range(65, 91)) * (i + 1)
+               for i in range(12)}
+    path = _tar(tmp_path / f"a{suffix}", members, mode)
+    data = path.read_bytes()
+    full = [m.decode() for m in members.values()]
+    assert _outcome(path) == full
+    bad = tmp_path / f"bad{suffix}"
+    cuts = range(1, len(data), max(1, len(data) // 150))
+    flips = range(10, len(data) - 8, max(1, len(data) // 150)) if mode == "w:gz" else []
+    for variant in [data[:n] for n in cuts] + [
+            data[:i] + bytes([data[i] ^ 0x10]) + data[i + 1:] for i in flips]:
+        bad.write_bytes(variant)
+        got = _outcome(bad)
+        assert got in (full, CorruptInput, InputError), (len(variant), got)
+
+
+def test_tar_headers_that_lie_and_many_members(tmp_path):
+    """A member whose header claims 10**14 bytes (a PAX size) ends in CorruptInput as soon as
+    the file ends (tarfile's own skip would read empty blocks for ever); a GNU long-name header
+    of 2 MiB is refused (tarfile reads one whole into memory, whatever its size); and reading
+    20,000 members keeps no list of them (memory flat: tarfile's stream mode keeps every one)."""
+    import tarfile
+    import tracemalloc
+
+    liar = tmp_path / "liar.tar"
+    with tarfile.open(liar, "w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(tarfile.TarInfo("a/ok.txt"), io.BytesIO(b""))
+        info = tarfile.TarInfo("a/skip.bin")
+        info.pax_headers = {"size": str(10**14)}
+        tar.addfile(info, io.BytesIO(b""))
+    with pytest.raises(CorruptInput, match=r"liar.tar:2: damaged or truncated tar archive in"):
+        list(read_documents(resolve_input(liar)))
+    longname = tmp_path / "longname.tar"
+    with tarfile.open(longname, "w", format=tarfile.GNU_FORMAT) as tar:
+        tar.addfile(tarfile.TarInfo("ok.txt"), io.BytesIO(b""))
+        tar.addfile(tarfile.TarInfo("x" * (2 << 20) + ".txt"), io.BytesIO(b""))
+    with pytest.raises(CorruptInput, match="an extended header of 2,097,1"):
+        list(read_documents(resolve_input(longname)))
+    many = _tar(tmp_path / "many.tar.gz", {f"d/{i}.txt": b"x" for i in range(20_000)})
+    tracemalloc.start()
+    try:
+        n = sum(1 for _ in read_documents(resolve_input(many)))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert n == 20_000 and peak < 2_000_000, peak  # tarfile's list of them: ~9 MB
