@@ -16,6 +16,8 @@ import psutil
 import pytest
 import torch
 
+import hvd_lm
+
 from hvd_lm.formats.checkpoint import list_checkpoints, load, resolve
 from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.model.lm import LanguageModel, ModelConfig
@@ -372,3 +374,38 @@ def test_a_checkpoint_resumes_on_another_device(tmp_path):
     moments = [s["exp_avg"] for s in fresh_opt.state.values()]
     assert moments and all(m.device.type == "cpu" for m in moments)
     assert torch.equal(moments[0], next(iter(opt.state.values()))["exp_avg"])
+
+
+def _no_horovod(tmp_path) -> str:
+    """A folder whose ``horovod`` package fails to import (put first on PYTHONPATH)."""
+    (tmp_path / "block" / "horovod").mkdir(parents=True)
+    (tmp_path / "block" / "horovod" / "__init__.py").write_text(
+        "raise ImportError('No module named horovod (blocked by the test)')\n")
+    return str(tmp_path / "block")
+
+
+def test_one_process_trains_and_evaluates_without_horovod(shards, tmp_path):
+    """Where Horovod is not installed (a workstation, a GPU node before its build), one process
+    trains, checkpoints, resumes and evaluates as the one rank of its world (hvd_lm.comm.single):
+    the same parameters as the run with Horovod, bit for bit (Horovod adds no hooks at size 1),
+    the start record names no Horovod; two ranks without it stop with one ERROR line."""
+    common = ["--batch-size", "3", "--max-steps", "6", "--warmup-steps", "2", "--precision",
+              "bf16", "--checkpoint-every", "3"]
+    one_process(shards, tmp_path / "with", *common)
+    block = {"PYTHONPATH": os.pathsep.join([_no_horovod(tmp_path), str(hvd_lm.REPO_ROOT)])}
+    one_process(shards, tmp_path / "without", *common, **block)
+    assert max_diff(params_of(tmp_path / "with"), params_of(tmp_path / "without")) == 0.0
+    start = records(tmp_path / "without", "start")[0]
+    assert "no Horovod" in json.dumps(start), start
+    half = tmp_path / "without" / "checkpoints" / "step_00000003.pt"
+    one_process(shards, tmp_path / "resumed", *common, "--resume", half, **block)
+    assert max_diff(params_of(tmp_path / "with"), params_of(tmp_path / "resumed")) == 0.0
+    ev = run([sys.executable, "-m", "hvd_lm", "eval", tmp_path / "without", shards],
+             timeout=120, env=launch_env(**block))
+    assert 0 < json.loads(ev.stdout.strip().splitlines()[-1])["bpc"] < 8.5
+    two = subprocess.run([sys.executable, *train_argv(shards, tmp_path / "two")],
+                         env=launch_env(OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="0",
+                                        **block), capture_output=True, text=True, timeout=120)
+    errors = [x for x in two.stderr.splitlines() if "ERROR:" in x]
+    assert two.returncode == 1 and "Traceback" not in two.stderr and len(errors) == 1, two.stderr
+    assert "Horovod is not installed" in errors[0] and "2 ranks" in errors[0]

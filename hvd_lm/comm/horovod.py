@@ -5,7 +5,8 @@ Fusion", "Adasum"):
 
 * :func:`init` maps our fusion/cycle-time settings onto ``HOROVOD_FUSION_THRESHOLD`` (bytes) and
   ``HOROVOD_CYCLE_TIME`` (ms), which Horovod reads at ``hvd.init()``, then calls it. Works under
-  ``horovodrun`` (Gloo or MPI controller), plain ``mpirun``, and as one process with no launcher.
+  ``horovodrun`` (Gloo or MPI controller), plain ``mpirun``, and as one process with no launcher;
+  one process also without Horovod installed (:mod:`hvd_lm.comm.single`, the world of one rank).
 * :func:`distributed_optimizer` wraps the optimiser in ``hvd.DistributedOptimizer`` with fp16
   compression, ``backward_passes_per_step`` and Average or Adasum.
 * :func:`broadcast_state` broadcasts parameters and optimiser state from rank 0. The step itself
@@ -28,7 +29,7 @@ import os
 import torch
 
 from hvd_lm.comm.onebit_compression import ErrorFeedback, ring_allreduce_wire_bytes
-from hvd_lm.comm.world import RankContext
+from hvd_lm.comm.world import RankContext, world_size
 from hvd_lm.util.units import MIB
 
 #: Horovod 0.28.1's defaults (horovod/common/operations.cc): fusion threshold, bytes; cycle, ms.
@@ -36,11 +37,23 @@ HOROVOD_DEFAULT_FUSION_BYTES = 128 * MIB
 HOROVOD_DEFAULT_CYCLE_MS = 1.0
 
 
+class HorovodMissing(RuntimeError):
+    """Horovod is not installed and the launcher announces more than one rank."""
+
+
 def _hvd():
     # Imported on first use: `hvd-lm --help`, prepare, launch rendering and the CPU-only tools run
-    # without loading Horovod's extension (and its MPI/Gloo libraries).
-    import horovod.torch as hvd
-
+    # without loading Horovod's extension (and its MPI/Gloo libraries). Without Horovod, one
+    # process runs as the one rank of its world (hvd_lm.comm.single: no collective to run).
+    try:
+        import horovod.torch as hvd
+    except ImportError as e:
+        n = world_size()
+        if n > 1:
+            raise HorovodMissing(f"Horovod is not installed ({e}), and the launcher started {n} "
+                                 "ranks: build it with `make setup` (docs/install.md), or run "
+                                 "one process") from None
+        from hvd_lm.comm import single as hvd
     return hvd
 
 
@@ -187,8 +200,10 @@ def gloo_timeout_s() -> float | None:
 def is_collective_failure(exc: BaseException) -> bool:
     """True for Horovod's ``HorovodInternalError``: a collective failed (a peer lost, a timeout;
     Horovod has shut down), as opposed to an error of this rank's own work."""
-    from horovod.common.exceptions import HorovodInternalError
-
+    try:
+        from horovod.common.exceptions import HorovodInternalError
+    except ImportError:  # one process without Horovod: no collective to fail
+        return False
     return isinstance(exc, HorovodInternalError)
 
 
@@ -306,7 +321,8 @@ def compressed_allreduce(x: torch.Tensor, errors: ErrorFeedback, name: str) -> t
 def rank_context() -> RankContext:
     """This process's place in the job as Horovod has it now (after an elastic reset too)."""
     hvd = _hvd()
-    return RankContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), "horovod")
+    return RankContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
+                       getattr(hvd, "LAUNCHER", "horovod"))
 
 
 def elastic_state(model: torch.nn.Module, optimizer, **fields):

@@ -144,7 +144,8 @@ class TrainingRun:
             self.open_log()
         # the peak the logged MFU is against (a CPU's is a matmul measured now: hvd_lm.model.mfu)
         self.peak = device_peak(self.device, cfg.run.precision, cfg.run.peak_tflops, self.threads)
-        self.log.record("start", self.pos.step, world_size=self.ctx.size, device=str(self.device),
+        self.log.record("start", self.pos.step, world_size=self.ctx.size,
+                        launcher=self.ctx.launcher, device=str(self.device),
                         global_batch=self.global_batch, peak_lr=self.peak_lr,
                         total_steps=self.total_steps, bound=self.bound,
                         windows_per_epoch=self.windows_per_epoch,
