@@ -124,9 +124,11 @@ def test_gpu_check_setup_on_a_nested_venv_image_offline(tmp_path, wheelhouse):
 
 def test_gpu_session_runs_every_part_on_the_cpu(tmp_path):
     """``scripts/gpu_session.sh`` (the one 10-minute call on a lent GPU) rehearsed at tiny shapes
-    (SMALL=1, DEVICE=cpu, the suite's venv as setup): every part's flags reach its command, the
-    training uses the fastest fused bf16 variant of the bench's JSON (recomputed here), and the
-    tarball holds every result but never a checkpoint, whose sha256 it lists instead."""
+    (SMALL=1, DEVICE=cpu, the suite's venv as setup) with an "image" python that lacks Horovod,
+    orjson and pytorch-optimizer, as the node's does: every part's flags reach its command, the
+    model trains and transfers without Horovod (one process), with the fastest fused bf16
+    variant of the bench's JSON (recomputed here), and the tarball holds every result but never
+    a checkpoint, whose sha256 it lists instead."""
     import tarfile
 
     from tests.shardutil import default_shards
@@ -138,8 +140,9 @@ def test_gpu_session_runs_every_part_on_the_cpu(tmp_path):
                                      for i in range(n)]
         (data / "sst2" / f"{split}.csv").write_text("\n".join(rows) + "\n")
     out = tmp_path / "out"
+    image = make_image(tmp_path / "image")
     env = {**os.environ, "SMALL": "1", "DEVICE": "cpu", "WIDTH": "16", "TRAIN_BATCH": "4",
-           "SKIP": "setup cudaA", "CUDA_B_S": "10", "PYTHON": sys.executable, "TOTAL_S": "300",
+           "SKIP": "setup cudaA", "CUDA_B_S": "10", "PYTHON": str(image), "TOTAL_S": "300",
            "POST_S": "60"}
     p = subprocess.run(["bash", str(REPO / "scripts/gpu_session.sh"), str(tmp_path / "no.whl"),
                         str(data), str(out)], env=env, capture_output=True, text=True,
@@ -163,6 +166,8 @@ def test_gpu_session_runs_every_part_on_the_cpu(tmp_path):
               "checkpoint.sha256", "train.yaml"):
         assert f in names, f
     assert not [n for n in names if n.endswith(".pt")]
+    start = json.loads((out / "run/metrics.jsonl").read_text().splitlines()[0])
+    assert start["kind"] == "start" and "no Horovod" in start["launcher"], start
     kinds = [json.loads((out / f / "transfer.json").read_text())["features"]["kind"]
              for f in ("transfer", "transfer_cell")]
     assert kinds == ["mean", "cell"]
@@ -196,3 +201,25 @@ def test_gpu_data_fits_the_carry(shared_data, tmp_path):
                           env={**env, "MAX_CARRY_MIB": "1", "IMDB": "0"}, capture_output=True,
                           text=True, timeout=300)
     assert over.returncode == 1 and "over MAX_CARRY_MIB=1" in over.stderr, over.stderr
+
+
+def test_gpu_session_second_call_measures_what_the_first_left(tmp_path):
+    """The card's second call (docs/mlstm_fused.md section 7: bench only, other precisions and
+    kernels): SKIP leaves out setup, the tests, the B=128 bench and the model; B256_PRECISIONS
+    and KERNELS reach `bench gpu`, whose JSON then holds those rows at B=256 (fp32 here: the
+    card's fp16 needs CUDA)."""
+    out = tmp_path / "out"
+    env = {**os.environ, "SMALL": "1", "DEVICE": "cpu", "WIDTH": "16", "PYTHON": sys.executable,
+           "SKIP": "setup cudaA b128 cudaB model", "B256_PRECISIONS": "bf16,fp32",
+           "KERNELS": "torch", "TOTAL_S": "200"}
+    p = subprocess.run(["bash", str(REPO / "scripts/gpu_session.sh"), str(tmp_path / "no.whl"),
+                        str(tmp_path / "no-data"), str(out)], env=env, capture_output=True,
+                       text=True, timeout=300)
+    log = p.stdout + p.stderr
+    assert p.returncode == 0, log
+    assert "] bench b256: exit 0" in log and "no model (SKIP)" in log
+    assert "bench b128" not in log and "cuda tests" not in log and "] train" not in log
+    rows = json.loads((out / "bench_b256.json").read_text())["train"]
+    assert {r["precision"] for r in rows if r.get("chars_per_s")} == {"bf16", "fp32"}
+    assert {r["impl"] for r in rows if r["impl"].startswith("fused")} <= {
+        "fused/torch", "fused/torch+graphs"}
