@@ -400,6 +400,73 @@ def test_classify_stops_an_endless_line_at_its_cap(trained, tmp_path):
     assert grew < 200, grew
 
 
+def test_classify_never_replaces_what_it_reads(trained, tmp_path, capsys):
+    """--output naming the input, the classifier (its json or npz), the checkpoint, a link to the
+    input, or a folder: one ERROR line before any work, and every input byte for byte as it was
+    (before: the input or the classifier was replaced by the predictions)."""
+    inp = tmp_path / "mine.txt"
+    inp.write_text("a great album\nawful, boring\n")
+    (tmp_path / "link.txt").symlink_to(inp)
+    out = trained["dir"] / "out"
+    reads = [inp, out / "classifier.json", out / "classifier.npz", trained["ckpt"]]
+    before = [f.read_bytes() for f in reads]
+    base = ["classify", str(trained["ckpt"]), str(out), "--input", str(inp), "--no-progress"]
+    for target, needle in [*[(f, "which this command reads") for f in reads],
+                           (tmp_path / "link.txt", "which this command reads"),
+                           (tmp_path, "is a folder")]:
+        assert main([*base, "--output", str(target)]) == 2, target
+        err = capsys.readouterr().err
+        assert err.count("ERROR:") == 1 and needle in err and "--output" in err, err
+    assert [f.read_bytes() for f in reads] == before
+    assert main([*base, "--output", str(tmp_path / "p.csv")]) == 0  # elsewhere: written
+
+
+@pytest.mark.parametrize("name,data,needle", [
+    ("extra.csv", b"review,sentiment\ngood, but not great,1\n",
+     "extra.csv:2: 3 fields, the header has 2"),
+    ("dup.csv", b"sentiment,review,sentiment\n1,good,1\n", "['sentiment'] appear more than once"),
+    ("latin1.txt", b"fine\ncaf\xe9 au lait\n", "latin1.txt:2: not UTF-8"),
+    ("big.jsonl", b'{"review": "x", "n": ' + b"9" * 5000 + b"}\n", "big.jsonl:1: unreadable JSON"),
+    ("deep.jsonl", b'{"review": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
+     "deep.jsonl:1: unreadable JSON"),
+])
+def test_classify_input_that_cannot_be_read_as_asked(trained, tmp_path, capsys, name, data,
+                                                     needle):
+    """A CSV row with more fields than its header (a comma in an unquoted text), a header naming
+    a column twice, bytes that are not UTF-8, a JSON number or nesting Python's json refuses:
+    one ERROR line naming the file and line (before: the row was cut silently, the last column
+    won, or the error named neither)."""
+    path = tmp_path / name
+    path.write_bytes(data)
+    rc = main(["classify", str(trained["ckpt"]), str(trained["dir"] / "out"), "--input",
+               str(path), "--text-field", "review", "--output", str(tmp_path / "p.csv"),
+               "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("ERROR:") == 1 and needle in err, err
+    assert not (tmp_path / "p.csv").exists()
+
+
+def test_classify_reads_tsv_as_amazon_writes_it_and_json_escapes_as_written(trained, tmp_path):
+    """A TSV is tab-separated without quoting (Amazon's, and data_prep's reading of it): a
+    quote is text, so four rows stay four texts (before: CSV quoting merged them into one); a
+    JSON text holding a lone surrogate escape is classified, the surrogate written as U+FFFD
+    (before: the run stopped at writing it)."""
+    tsv = tmp_path / "am.tsv"
+    tsv.write_text('review\tstars\n"Loved it, 10/10\t5\nok\t3\nmeh\t2\nfine" really good\t4\n')
+    assert main(["classify", str(trained["ckpt"]), str(trained["dir"] / "out"), "--input",
+                 str(tsv), "--text-field", "review", "--output", str(tmp_path / "p.jsonl"),
+                 "--no-progress"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in rows] == ['"Loved it, 10/10', "ok", "meh", 'fine" really good']
+    js = tmp_path / "s.jsonl"
+    js.write_text('{"review": "great \\ud83d album"}\n{"review": "pair \\ud83d\\ude00"}\n')
+    assert main(["classify", str(trained["ckpt"]), str(trained["dir"] / "out"), "--input",
+                 str(js), "--text-field", "review", "--output", str(tmp_path / "s.csv"),
+                 "--no-progress"]) == 0
+    text = (tmp_path / "s.csv").read_text(encoding="utf-8")
+    assert "great \ufffd album" in text and "pair \U0001F600" in text
+
+
 # ---- job scripts: a value cannot rewrite the scheduler's directives (items 7, 11) --------------
 
 @pytest.mark.parametrize("scheduler,flags,needles", [
@@ -549,3 +616,25 @@ def test_a_torn_metrics_line_is_skipped_with_one_warning(tmp_path, capsys):
                     '{"kind": "end", "step": 3}\n')
     assert [r["kind"] for r in read_metrics(path)] == ["start", "end"]
     assert f"warning: {path}:2: not a JSON record, skipped" in capsys.readouterr().err
+
+
+def test_eval_and_generate_never_replace_what_they_read(trained, shards, tmp_path, capsys):
+    """``eval --output`` naming the checkpoint, the manifest or a shard, ``generate --output``
+    naming the checkpoint or the classifier: one ERROR line, nothing replaced
+    (before: eval wrote its JSON over the checkpoint and exited 0)."""
+    from hvd_lm.formats.manifest import MANIFEST_NAME, load_manifest
+
+    shard = load_manifest(shards).shards[0].path
+    reads = [trained["ckpt"], shards / MANIFEST_NAME, shard,
+             trained["dir"] / "out" / "classifier.json"]
+    before = [Path(f).read_bytes() for f in reads]
+    for argv in (["eval", trained["ckpt"], shards, "--output", trained["ckpt"]],
+                 ["eval", trained["ckpt"], shards, "--output", shards / MANIFEST_NAME],
+                 ["eval", trained["ckpt"], shards, "--output", shard],
+                 ["generate", trained["ckpt"], "--length", "4", "--output", trained["ckpt"]],
+                 ["generate", trained["ckpt"], "--classifier", trained["dir"] / "out",
+                  "--length", "4", "--output", trained["dir"] / "out" / "classifier.json"]):
+        assert main([str(a) for a in argv]) != 0, argv
+        err = capsys.readouterr().err
+        assert err.count("ERROR:") == 1 and "which this command reads" in err, err
+    assert [Path(f).read_bytes() for f in reads] == before

@@ -55,6 +55,16 @@ def normalize_text(text: str) -> str:
     return " ".join(text.split())
 
 
+def replace_surrogates(text: str) -> str:
+    """``text`` with each lone surrogate (``json.loads`` makes them from escapes like
+    ``"\\ud83d"``; UTF-8 cannot encode them) replaced by U+FFFD, as :func:`encode_bytes` does."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
+
+
 def encode_bytes(text: str, normalize: bool = False) -> bytes:
     """UTF-8 bytes of one document, without the end-of-document byte.
 

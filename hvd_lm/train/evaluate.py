@@ -13,12 +13,14 @@ import lzma
 import math
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from hvd_lm.comm import horovod as comm
-from hvd_lm.formats.manifest import load_manifest
+from hvd_lm.formats.checkpoint import resolve
+from hvd_lm.formats.manifest import MANIFEST_NAME, load_manifest
 from hvd_lm.model import device as devices
 from hvd_lm.model.load import load_model
 from hvd_lm.model.mlstm_kernels import KERNELS
@@ -26,7 +28,7 @@ from hvd_lm.options import Command, option
 from hvd_lm.train.data import IGNORE, RankStreams
 from hvd_lm.train.preflight import check_vocab
 from hvd_lm.train.settings import EVAL_BATCH_SIZE
-from hvd_lm.util.atomic import write_text
+from hvd_lm.util.atomic import check_output, write_text
 
 
 @torch.no_grad()
@@ -113,6 +115,9 @@ def eval_command(cfg: EvalConfig) -> int:
     device = devices.resolve_device(cfg.device, ctx.local_rank, ctx.local_size)
     model, ck = load_model(cfg.checkpoint, map_location=device, rnn_kernels=cfg.rnn_kernels)
     manifest = load_manifest(cfg.shards)
+    if cfg.output:  # before any work: never replace what this run reads
+        check_output(cfg.output, "--output", resolve(cfg.checkpoint),
+                     Path(cfg.shards) / MANIFEST_NAME, *(s.path for s in manifest.shards))
     check_vocab(model.config.vocab_size, manifest, f"{cfg.checkpoint}: model.vocab_size",
                 "evaluate it on shards of that vocabulary")
     seq_len = cfg.seq_len or ck["config"]["data"]["seq_len"]

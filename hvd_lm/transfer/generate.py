@@ -41,13 +41,14 @@ from hvd_lm.options import Command, option
 from hvd_lm.transfer.features import featurize
 from hvd_lm.transfer.heatmap import HeatRow, char_values, check_suffix, render
 from hvd_lm.transfer.saved import (
+    NPZ_NAME,
     USAGE_ERRORS,
     ClassifierError,
     SavedClassifier,
     check_checkpoint,
     load_classifier,
 )
-from hvd_lm.util.atomic import write_text
+from hvd_lm.util.atomic import check_output, write_text
 
 #: Which state a unit is read from / pinned in.
 STATES = ("cell", "hidden")
@@ -290,6 +291,10 @@ def generate_command(cfg: GenerateConfig) -> int:
     model, _ = load_model(path, map_location=device)
     model.to(device)
     saved = open_classifier(cfg.classifier, path)
+    reads = [path, *([saved.path, saved.path.with_name(NPZ_NAME)] if saved else [])]
+    for flag, out in (("--output", cfg.output), ("--heatmap", cfg.heatmap)):
+        if out:  # before any work: never replace what this run reads
+            check_output(out, flag, *reads)
     neuron, polarity = unit_from_classifier(cfg.neuron, saved)
     res = generate(model, cfg.prime, cfg.length, cfg.temperature, cfg.top_k, cfg.seed,
                    cfg.samples, neuron, cfg.overwrite, cfg.state, device)

@@ -42,12 +42,19 @@ from tqdm import tqdm
 
 from hvd_lm.comm import horovod as comm
 from hvd_lm.comm.world import world_size
+from hvd_lm.formats.checkpoint import resolve
 from hvd_lm.model import device as devices
 from hvd_lm.options import Command, option
 from hvd_lm.transfer import texts as text_input
 from hvd_lm.transfer.features import featurize, open_lm
-from hvd_lm.transfer.saved import USAGE_ERRORS, ClassifierError, check_checkpoint, load_classifier
-from hvd_lm.util.atomic import atomic_path
+from hvd_lm.transfer.saved import (
+    NPZ_NAME,
+    USAGE_ERRORS,
+    ClassifierError,
+    check_checkpoint,
+    load_classifier,
+)
+from hvd_lm.util.atomic import atomic_path, check_output
 from hvd_lm.util.digest import file_sha256
 from hvd_lm.util.units import parse_bytes
 
@@ -154,6 +161,13 @@ def classify(cfg: ClassifyConfig) -> dict | None:
         raise ValueError("--input - (standard input) reaches rank 0 only: give a file when "
                          "launching several ranks")
     saved = load_classifier(cfg.classifier)
+    if cfg.output != "-":  # before any work: never replace what this run reads
+        reads = [cfg.input, saved.path, saved.path.with_name(NPZ_NAME)]
+        try:
+            reads.append(resolve(cfg.checkpoint))
+        except (OSError, ValueError):
+            pass  # open_lm names what is missing
+        check_output(cfg.output, "--output", *reads)
     feat = saved.features
     stream = text_input.iter_texts(cfg.input, cfg.format, cfg.text_field,
                                    cfg.label_field or None, cfg.max_line_bytes)

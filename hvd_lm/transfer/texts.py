@@ -30,6 +30,8 @@ from typing import Iterator
 
 import numpy as np
 
+from hvd_lm.formats.tokenizer import replace_surrogates
+
 #: Accepted label spellings (lower-cased, stripped) and the class they map to.
 LABEL_MAP: dict[str, int] = {
     "1": 1, "1.0": 1, "pos": 1, "positive": 1, "true": 1,
@@ -81,7 +83,12 @@ def read_lines(stream, path, max_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterato
     """
     lineno = 0
     while True:
-        line = stream.readline(max_bytes + 1)
+        try:
+            line = stream.readline(max_bytes + 1)
+        except UnicodeDecodeError as e:  # decoded a block ahead: find the line it is on
+            at = _first_undecodable_line(path, lineno + 1)
+            raise DatasetError(f"{path}:{at}: not UTF-8 text ({e.reason}); convert it, e.g. "
+                               "with iconv -t utf-8") from None
         if not line:
             return
         lineno += 1
@@ -91,6 +98,25 @@ def read_lines(stream, path, max_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterato
             raise DatasetError(f"{path}:{lineno}: line longer than {max_bytes:,} bytes "
                                "(--max-line-bytes); is this the text you meant to read?")
         yield line
+
+
+def _first_undecodable_line(path, start: int) -> int:
+    """The first line from ``start`` on (1-based) of file ``path`` that is not UTF-8; ``start``
+    itself when it cannot be read again (standard input)."""
+    p = Path(str(path))
+    if not p.is_file():
+        return start
+    n = 1
+    with (gzip.open(p, "rb") if p.suffix == ".gz" else open(p, "rb")) as f:
+        for piece in iter(lambda: f.readline(1 << 20), b""):  # 1 MiB at most held
+            if n >= start:
+                try:
+                    piece.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    if e.reason != "unexpected end of data" or piece.endswith(b"\n"):
+                        return n
+            n += piece.endswith(b"\n")
+    return start
 
 
 def _open_text(path: Path) -> io.TextIOBase:
@@ -130,13 +156,23 @@ def _records(path: Path, stream, kind: str, text_field: str, label_field: str | 
     """
     lines = read_lines(stream, path, max_line_bytes)
     if kind in ("csv", "tsv"):
-        reader = csv.DictReader(lines, delimiter="\t" if kind == "tsv" else ",")
+        # TSV as Amazon's *.tsv and data_prep read it: tab-separated, no quoting (a quote is text)
+        dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if kind == "tsv" else {}
+        reader = csv.DictReader(lines, **dialect)
         try:
             cols = reader.fieldnames or []
+            twice = sorted({c for c in cols if cols.count(c) > 1})
+            if twice:
+                raise DatasetError(f"{path}: line 1: column(s) {twice} appear more than once in "
+                                   f"the header {cols}")
             for name in (text_field, label_field):
                 if name is not None and name not in cols:
                     raise DatasetError(f"{path}: line 1: no column '{name}' in header {cols}")
             for row in reader:
+                if None in row:  # more fields than the header names: a misquoted row
+                    raise DatasetError(f"{path}:{reader.line_num}: {len(cols) + len(row[None])} "
+                                       f"fields, the header has {len(cols)} (quote fields that "
+                                       f"hold a {'tab' if kind == 'tsv' else 'comma'})")
                 text = row.get(text_field)
                 label = row.get(label_field) if label_field is not None else ""
                 if text is None or label is None:
@@ -156,6 +192,9 @@ def _records(path: Path, stream, kind: str, text_field: str, label_field: str | 
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DatasetError(f"{where}: invalid JSON ({e.msg})") from None
+            except (ValueError, RecursionError) as e:  # a 5,000-digit number, deep nesting
+                raise DatasetError(f"{where}: unreadable JSON ({type(e).__name__}: "
+                                   f"{str(e)[:80]})") from None
             if not isinstance(obj, dict):
                 raise DatasetError(f"{where}: expected a JSON object, got {type(obj).__name__}")
             for name in (text_field, label_field):
@@ -164,7 +203,8 @@ def _records(path: Path, stream, kind: str, text_field: str, label_field: str | 
             if not isinstance(obj[text_field], str):
                 raise DatasetError(f"{where}: field '{text_field}' is "
                                    f"{type(obj[text_field]).__name__}, expected a string")
-            yield lineno, obj[text_field], (obj[label_field] if label_field is not None else None)
+            yield lineno, replace_surrogates(obj[text_field]), \
+                (obj[label_field] if label_field is not None else None)
     else:
         for lineno, line in enumerate(lines, 1):
             text = line.rstrip("\r\n")
