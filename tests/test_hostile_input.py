@@ -638,3 +638,81 @@ def test_eval_and_generate_never_replace_what_they_read(trained, shards, tmp_pat
         err = capsys.readouterr().err
         assert err.count("ERROR:") == 1 and "which this command reads" in err, err
     assert [Path(f).read_bytes() for f in reads] == before
+
+
+# ---- files that lie about themselves: shards, manifests, checkpoints ---------------------------
+
+def test_a_shard_holds_its_own_data_all_of_it_written(shards, tmp_path, capsys):
+    """A shard whose tokens live in another file (HDF5 external storage: verify used to hash it
+    and training to read it), or whose tokens are declared far past what it stores (2**40 bytes
+    never written: verify hashed zeros for days), is refused at once by `hvd-lm verify` and by
+    the cheap layout check training makes, naming the file and the dataset."""
+    import h5py
+    import numpy as np
+
+    from hvd_lm.formats import shards as sh
+    from hvd_lm.formats.manifest import load_manifest
+
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"top secret password\0")
+    for name, kw, needle in (
+            ("ext", {"shape": (20,), "external": [(str(secret), 0, 20)]}, "stored in other file"),
+            ("sparse", {"shape": (2**40,), "chunks": (1 << 20,)}, "stores 0 of its 1,048,576")):
+        folder = tmp_path / name
+        shutil.copytree(shards, folder)
+        info = load_manifest(folder).shards[0]
+        with h5py.File(info.path, "r+") as f:
+            del f["tokens"]
+            f.create_dataset("tokens", dtype=np.uint8, **kw)
+            f["doc_offsets"][-1] = kw["shape"][0]
+        with pytest.raises(sh.ShardFormatError, match=f"dataset 'tokens' .*{needle}"):
+            sh.check_layout(info)
+        assert main(["verify", str(folder)]) != 0
+        cap = capsys.readouterr()
+        assert needle in cap.out + cap.err
+
+
+def test_a_manifest_lists_each_shard_once(shards, tmp_path):
+    """A split listing another split's shard (val's entries replaced by train's: eval then
+    scored the training data) or one shard twice: one error naming both places."""
+    folder = tmp_path / "dup"
+    shutil.copytree(shards, folder)
+    m = json.loads((folder / "manifest.json").read_text())
+    m["splits"]["val"]["shards"] = [m["splits"]["train"]["shards"][0]]
+    (folder / "manifest.json").write_text(json.dumps(m))
+    from hvd_lm.formats.manifest import load_manifest
+    with pytest.raises(ValueError, match=r"splits.val.shards\[0\].file names 'train-00000.h5', "
+                                         r"already listed at splits.train.shards\[0\]"):
+        load_manifest(folder)
+
+
+def test_a_checkpoint_whose_contents_lie(tmp_path, capsys):
+    """A checkpoint whose config asks for more parameters than it holds (embed_dim 10**6 in a
+    1 kB file: gigabytes were allocated before the first weight was compared), whose weights are
+    integers or NaN (evaluated silently to 8.0 or NaN bits), or whose counters or config are of
+    the wrong type (a bare 'ERROR: config', or a crash after training began): one ERROR line
+    naming the file and the field, at once."""
+    import torch
+
+    from tests.test_transfer import tiny_model
+    m = tiny_model("mlstm", 16, 0)
+    good = {"model": m.state_dict(), "step": 0,
+            "config": {"model": {**m.config.__dict__}, "data": {"seq_len": 16}}}
+    cases = [
+        ({"config": {"model": {**good["config"]["model"], "embed_dim": 10**6}, "data": {}}},
+         "asks for"),
+        ({"model": {k: v.to(torch.int64) for k, v in good["model"].items()}}, "expected floating"),
+        ({"model": {k: v * float("nan") for k, v in good["model"].items()}}, "NaN or infinite"),
+        ({"step": "x"}, "field step is 'x', expected an int >= 0"),
+        ({"chars_trained": -5}, "field chars_trained is '-5'"),
+        ({"config": {"data": {}}}, "no field config.model"),
+        ({"config": {"model": [1, 2]}}, "field config.model is '[1, 2]', expected a dict"),
+    ]
+    for i, (change, needle) in enumerate(cases):
+        run_dir = tmp_path / f"r{i}"
+        (run_dir / "checkpoints").mkdir(parents=True)  # torch.save: ck.save refuses NaN weights
+        torch.save({"format": ck.CHECKPOINT_FORMAT, **good, **change},
+                   run_dir / "checkpoints" / "step_00000000.pt")
+        assert main(["eval", str(run_dir), str(tmp_path / "no-shards")]) != 0, change
+        err = capsys.readouterr().err
+        assert err.count("ERROR:") == 1 and needle in err and "step_00000000.pt" in err, err

@@ -280,7 +280,36 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
                               f"({type(e).__name__}: {first_sentence(e)})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path}: not an hvd_lm checkpoint (format {CHECKPOINT_FORMAT})")
+    _check_fields(ckpt, path)
     return ckpt
+
+
+#: Counters a checkpoint holds (:class:`hvd_lm.train.resume.Position`): ints >= 0 when present.
+_COUNTERS = ("step", "window", "skipped_steps", "chars_trained")
+
+
+def _check_fields(ckpt: dict, path: Path) -> None:
+    """The fields readers use, where present, have their types: ``model``, ``config``,
+    ``config.model`` and ``config.data`` dicts, ``step`` and the other counters ints >= 0 (a bad
+    one would otherwise surface as a bare TypeError, or, resuming, after training began).
+
+    Raises:
+        CheckpointError: naming the file and the field.
+    """
+    def bad(field: str, value, want: str) -> CheckpointError:
+        return CheckpointError(f"{path}: field {field} is {str(value)[:60]!r}, expected {want}")
+
+    config = ckpt.get("config", {})
+    for field, value in (("model", ckpt.get("model", {})), ("config", config)):
+        if not isinstance(value, dict):
+            raise bad(field, value, "a dict")
+    for field in ("model", "data"):
+        if not isinstance(config.get(field, {}), dict):
+            raise bad(f"config.{field}", config[field], "a dict")
+    for field in _COUNTERS:
+        value = ckpt.get(field, 0)
+        if type(value) is not int or value < 0:
+            raise bad(field, value, "an int >= 0")
 
 
 def first_sentence(e: BaseException, limit: int = 200) -> str:

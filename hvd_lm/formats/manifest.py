@@ -139,7 +139,8 @@ def load_manifest(directory) -> Manifest:
         FileNotFoundError: no manifest in ``directory``.
         ValueError: invalid JSON, wrong ``format_version``, a ``tokenizer`` or ``vocab_size``
             other than the byte tokenizer's, or a missing/ill-typed field (the message names
-            the file and the field, e.g. ``splits.train.shards[3].sha256``).
+            the file and the field, e.g. ``splits.train.shards[3].sha256``), or a shard file
+            listed twice.
     """
     directory = Path(directory).resolve()
     path = directory / MANIFEST_NAME
@@ -161,6 +162,7 @@ def load_manifest(directory) -> Manifest:
            f"{VOCAB_SIZE} (the byte tokenizer's ids 0..{VOCAB_SIZE - 1})")
     splits = _field(path, "splits", data.get("splits"), dict, what="an object")
     shards: list[ShardInfo] = []
+    seen: dict[str, str] = {}  # file -> where it was listed first
     for name, block in splits.items():
         _field(path, f"splits.{name}", block, dict, what="an object")
         lst = _field(path, f"splits.{name}.shards", block.get("shards"), list, what="a list")
@@ -170,6 +172,10 @@ def load_manifest(directory) -> Manifest:
             fname = _field(path, f"{where}.file", entry.get("file"), str,
                            lambda s: s and "/" not in s and "\\" not in s and s not in (".", ".."),
                            "a file name without directories")
+            if fname in seen:  # a split would read another split's data, or its own twice
+                raise ValueError(f"{path}: field {where}.file names {fname!r}, already listed "
+                                 f"at {seen[fname]}; each shard belongs to one place")
+            seen[fname] = where
             tokens = _field(path, f"{where}.tokens", entry.get("tokens"), int,
                             lambda v: v >= 0, "an int >= 0")
             docs = _field(path, f"{where}.documents", entry.get("documents"), int,

@@ -201,6 +201,36 @@ def _open_h5(path: Path) -> h5py.File:
         raise ShardFormatError(f"{path}: not a readable HDF5 file ({e})") from e
 
 
+def _check_storage(path: Path, ds: h5py.Dataset) -> None:
+    """A dataset's data lies in this file, all of it written: not an external file (HDF5 can
+    point a dataset at any file: verify would hash and training read it), not a virtual
+    dataset, and no unwritten chunk or contiguous block (a shape declared far past what the
+    file stores reads as zeros: hashing 2**50 of them never ends).
+
+    Raises:
+        ShardFormatError: naming the file and the dataset.
+    """
+    where = f"{path}: dataset '{ds.name.lstrip('/')}'"
+    if ds.external:
+        raise ShardFormatError(f"{where} is stored in other file(s) "
+                               f"({', '.join(str(e[0]) for e in ds.external)}); a shard holds "
+                               "its own data")
+    if ds.is_virtual:
+        raise ShardFormatError(f"{where} is a virtual dataset; a shard holds its own data")
+    n = ds.shape[0]
+    if n == 0:
+        return
+    if ds.chunks:
+        want = -(-n // ds.chunks[0])
+        have = ds.id.get_num_chunks()
+        if have < want:
+            raise ShardFormatError(f"{where} declares {n:,} values but stores {have:,} of its "
+                                   f"{want:,} chunks (never written)")
+    elif ds.id.get_storage_size() < n * ds.dtype.itemsize:
+        raise ShardFormatError(f"{where} declares {n:,} values but stores "
+                               f"{ds.id.get_storage_size():,} bytes")
+
+
 def read_tokens(path, start: int, stop: int) -> np.ndarray:
     """A slice ``tokens[start:stop]`` of a shard's stream, read without verification.
 
@@ -246,6 +276,7 @@ def check_layout(info) -> None:
             if ds.dtype != dtype or ds.ndim != 1:
                 raise ShardFormatError(f"{path}: dataset '{name}' is {ds.dtype} shape {ds.shape},"
                                        f" expected 1-D {what}")
+            _check_storage(path, ds)
         n = f[_TOKENS].shape[0]
     if n != info.tokens:
         raise ShardFormatError(f"{path}: tokens={n}, manifest says {info.tokens}")
@@ -274,6 +305,10 @@ def _stream_check(path: Path, f: h5py.File) -> tuple[dict, str, int, np.ndarray,
         raise ShardFormatError(f"{path}: dataset {_OFFSETS} is {offs.dtype} shape {offs.shape},"
                                " expected 1-D int64 of length documents+1")
     n = tok.shape[0]
+    for ds in (tok, offs):
+        _check_storage(path, ds)
+    if offs.shape[0] > n + 1:  # more documents than bytes: not read (it could be any size)
+        raise ShardFormatError(f"{path}: {offs.shape[0] - 1:,} documents in {n:,} bytes")
     offsets = offs[...]
     problem = None
     if offsets[0] != 0 or offsets[-1] != n or (len(offsets) > 1 and

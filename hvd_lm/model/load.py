@@ -7,6 +7,7 @@ and ``hvd-lm export``, which writes a checkpoint's model as an exported folder
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch
 from hvd_lm.formats.checkpoint import CheckpointError, load, resolve
 from hvd_lm.formats.export import ARCHITECTURE, WEIGHTS, export_folder, read_export, write_export
 from hvd_lm.formats.tokenizer import TOKENIZER_NAME
-from hvd_lm.model.lm import LanguageModel, ModelConfig
+from hvd_lm.model.lm import LanguageModel, ModelConfig, parameter_shapes
 from hvd_lm.options import Command, option
 from hvd_lm.util.digest import file_sha256
 
@@ -41,6 +42,35 @@ def load_state(model: torch.nn.Module, state: dict, path: str | Path) -> None:
     if extra:
         raise CheckpointError(f"{path}: written for another model (it has {extra[0]})")
     model.load_state_dict(state)
+
+
+def check_state(state, model_cfg: dict, path: str | Path) -> None:
+    """Before a model is built from a file's config: its weights are floating-point, finite
+    tensors, and the config asks for no more parameters than the file holds (a 1 kB file whose
+    config says ``embed_dim: 1000000`` would otherwise allocate gigabytes before its first
+    weight is compared).
+
+    Raises:
+        CheckpointError: naming the file and the tensor or the config field.
+    """
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor)
+                                              for t in state.values()):
+        raise CheckpointError(f"{path}: field model is not a dict of tensors")
+    for name, t in state.items():
+        if not t.is_floating_point():
+            raise CheckpointError(f"{path}: tensor {name} is {t.dtype}, expected floating point")
+        if not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"{path}: tensor {name} holds NaN or infinite values")
+    for key in ("embed_dim", "hidden_size", "vocab_size"):
+        if key in model_cfg and (type(model_cfg[key]) is not int or model_cfg[key] < 1):
+            raise CheckpointError(f"{path}: model config field {key} is {model_cfg[key]!r}, "
+                                  "expected an int >= 1")
+    want = sum(math.prod(shape) for _, shape in parameter_shapes(ModelConfig(**{
+        k: v for k, v in model_cfg.items() if k in ARCHITECTURE})))
+    have = sum(t.numel() for t in state.values())
+    if want > have:
+        raise CheckpointError(f"{path}: the model config asks for {want:,} parameters, the file "
+                              f"holds {have:,} (check its model config: {model_cfg})")
 
 
 def resolve_model(path: str | Path) -> Path:
@@ -103,7 +133,11 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu",
     else:
         path = resolve(path)
         ckpt = load(path, map_location)
-        model_cfg = ckpt["config"]["model"]
+        model_cfg = ckpt.get("config", {}).get("model")
+        if model_cfg is None or "model" not in ckpt:
+            raise CheckpointError(f"{path}: no field {'model' if model_cfg else 'config.model'}"
+                                  " (not written by hvd-lm train?)")
+    check_state(ckpt["model"], model_cfg, path)
     model = LanguageModel(ModelConfig(**{**model_cfg, "rnn_kernels": rnn_kernels}))
     load_state(model, ckpt["model"], path)
     model.to(map_location)
@@ -135,6 +169,7 @@ def export_command(cfg: ExportConfig) -> int:
     src = resolve(cfg.checkpoint)
     ckpt = load(src)
     model_cfg = architecture(ckpt["config"]["model"], src)
+    check_state(ckpt["model"], model_cfg, src)
     model = LanguageModel(ModelConfig(**model_cfg))
     load_state(model, ckpt["model"], src)  # a checkpoint of another shape: one line
     out = write_export(cfg.out_dir, model.state_dict(), {

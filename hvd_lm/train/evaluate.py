@@ -19,10 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from hvd_lm.comm import horovod as comm
-from hvd_lm.formats.checkpoint import resolve
 from hvd_lm.formats.manifest import MANIFEST_NAME, load_manifest
 from hvd_lm.model import device as devices
-from hvd_lm.model.load import load_model
+from hvd_lm.model.load import load_model, resolve_model
 from hvd_lm.model.mlstm_kernels import KERNELS
 from hvd_lm.options import Command, option
 from hvd_lm.train.data import IGNORE, RankStreams
@@ -116,7 +115,7 @@ def eval_command(cfg: EvalConfig) -> int:
     model, ck = load_model(cfg.checkpoint, map_location=device, rnn_kernels=cfg.rnn_kernels)
     manifest = load_manifest(cfg.shards)
     if cfg.output:  # before any work: never replace what this run reads
-        check_output(cfg.output, "--output", resolve(cfg.checkpoint),
+        check_output(cfg.output, "--output", resolve_model(cfg.checkpoint),
                      Path(cfg.shards) / MANIFEST_NAME, *(s.path for s in manifest.shards))
     check_vocab(model.config.vocab_size, manifest, f"{cfg.checkpoint}: model.vocab_size",
                 "evaluate it on shards of that vocabulary")

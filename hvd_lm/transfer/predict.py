@@ -42,10 +42,10 @@ from tqdm import tqdm
 
 from hvd_lm.comm import horovod as comm
 from hvd_lm.comm.world import world_size
-from hvd_lm.formats.checkpoint import resolve
 from hvd_lm.model import device as devices
 from hvd_lm.options import Command, option
 from hvd_lm.transfer import texts as text_input
+from hvd_lm.model.load import resolve_model
 from hvd_lm.transfer.features import featurize, open_lm
 from hvd_lm.transfer.saved import (
     NPZ_NAME,
@@ -164,7 +164,7 @@ def classify(cfg: ClassifyConfig) -> dict | None:
     if cfg.output != "-":  # before any work: never replace what this run reads
         reads = [cfg.input, saved.path, saved.path.with_name(NPZ_NAME)]
         try:
-            reads.append(resolve(cfg.checkpoint))
+            reads.append(resolve_model(cfg.checkpoint))
         except (OSError, ValueError):
             pass  # open_lm names what is missing
         check_output(cfg.output, "--output", *reads)
