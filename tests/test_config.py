@@ -126,3 +126,20 @@ def test_command_turns_errors_into_one_line(capsys):
     err = capsys.readouterr().err.splitlines()
     assert err == ["prog: ERROR: it broke", "prog: ERROR: no such thing",
                    "prog: ERROR: command line: inner.rate must be > 0, got -1.0"]
+
+
+def test_a_c_grid_from_yaml_is_a_list_of_numbers_and_never_empty():
+    """A C grid in YAML as quoted numbers (["0.5", "1"]) is (0.5, 1.0), as on the command line
+    (before: ((0.5,), (1.0,)), which the demo accepted and the solver crashed on); an empty grid
+    (c_grid: [] or baseline_c_grid: []) is refused when the settings are read, naming it (before:
+    after the featurization, or after the whole fit)."""
+    from hvd_lm.options.tree import ConfigError, from_dict, validate
+    from hvd_lm.transfer.run import TransferConfig
+
+    assert from_dict(TransferConfig, {"checkpoint": "x", "c_grid": ["0.5", "1"]}).c_grid == \
+        (0.5, 1.0)
+    assert from_dict(TransferConfig, {"checkpoint": "x", "c_grid": ["0.5,2", 4]}).c_grid == \
+        (0.5, 2.0, 4.0)
+    for key in ("c_grid", "baseline_c_grid"):
+        with pytest.raises(ConfigError, match=f"{key} is empty"):
+            validate(from_dict(TransferConfig, {"checkpoint": "x", key: []}))

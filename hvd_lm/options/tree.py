@@ -205,8 +205,13 @@ def coerce(value: Any, f: dataclasses.Field, tp: Any, where: str) -> Any:
             if parse is None:  # "1,2" and ["1", "2"] and ["1,2"] all mean [1, 2]
                 items = [x for v in items for x in (v.split(",") if isinstance(v, str) else [v])
                          if not (isinstance(x, str) and not x.strip())]
-            out = [parse(v) if (parse and isinstance(v, str)) else _scalar(v, elem, where)
-                   for v in items]
+            out = []
+            for v in items:
+                if parse and isinstance(v, str):  # a parse of a list leaf gives a sequence:
+                    got = parse(v)                # ["0.5", "1"] is (0.5, 1.0), not ((0.5,), (1,))
+                    out.extend(got if isinstance(got, (list, tuple)) else [got])
+                else:
+                    out.append(_scalar(v, elem, where))
             return tuple(out) if base is tuple else out
         return _scalar(value, base, where)
     except ConfigError:

@@ -142,6 +142,13 @@ class TransferConfig:
                                                 "TF-IDF baseline (default 2^-3..2^5)",
                                                 parse=parse_c_grid, gt=0)
 
+    def check(self) -> None:
+        """Each C grid holds at least one value (an empty one failed only after the
+        featurization, or after the whole LM fit for the baseline's)."""
+        for name in ("c_grid", "baseline_c_grid"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} is empty: give at least one C value")
+
 
 _KIND_LABEL = {"cell": "final cell state", "hidden": "final hidden state",
                "mean": "mean of h_t", "max": "max of h_t"}
