@@ -441,3 +441,33 @@ def test_cli_sst2_small_via_module_entry(tmp_path):
     assert rep["features"]["dim"] == 16 and rep["features"]["world_size"] == 1
     for acc in (rep["classifier"]["accuracy"], rep["baseline"]["accuracy"]):
         assert 0.0 <= acc["val"] <= 1.0 and acc["test"] is None
+
+
+def test_imdb_tarball_damaged_truncated_or_bloated(tmp_path, monkeypatch):
+    """A truncated tarball (an interrupted download), bytes that are no archive, a review over
+    MAX_REVIEW_BYTES (patched down) and a link to /dev/zero in the folder layout: one
+    DatasetError line naming the file (before: a bare EOFError, a 5-line message, unbounded
+    reads)."""
+    tar_path = tmp_path / "imdb.tar.gz"
+    with tarfile.open(tar_path, "w:gz") as tf:
+        for i in range(300):
+            data = f"review {i} ".encode() * 200
+            info = tarfile.TarInfo(f"aclImdb/train/pos/{i}_9.txt")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(tar_path.read_bytes()[:tar_path.stat().st_size // 2])
+    junk = tmp_path / "junk.tar.gz"
+    junk.write_bytes(b"<html>404 not found</html>\n" * 50)
+    for bad in (cut, junk):
+        with pytest.raises(D.DatasetError, match=f"{bad.name}: not a readable tar") as e:
+            D.load_imdb(bad)
+        assert "\n" not in str(e.value)
+    monkeypatch.setattr(D, "MAX_REVIEW_BYTES", 1000)
+    with pytest.raises(D.DatasetError, match=r"imdb.tar.gz\['aclImdb/train/pos/0_9.txt'\]: "
+                                             r"1,800 bytes, over the 1,000"):
+        D.load_imdb(tar_path)
+    (tmp_path / "dir/aclImdb/train/pos").mkdir(parents=True)
+    (tmp_path / "dir/aclImdb/train/pos/0_9.txt").write_text("Fine film.")
+    (tmp_path / "dir/aclImdb/train/pos/1_9.txt").symlink_to("/dev/zero")
+    assert D.load_imdb(tmp_path / "dir")["train"].texts == ["Fine film."]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import tarfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -150,6 +151,15 @@ def _imdb_sort_key(item: tuple[str, int, int, str]) -> tuple:
     return split, -label, num  # pos first, then neg; numeric id order
 
 
+#: The longest IMDB review read, in bytes (the longest in aclImdb is about 14 kB).
+MAX_REVIEW_BYTES = 1 << 20
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message up to its first line break (its type's name when empty)."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
 def load_imdb(path: str | Path) -> dict[str, LabelledSplit]:
     """IMDB (aclImdb v1.0) from its folder or its ``.tar.gz``/``.tar``.
 
@@ -162,28 +172,36 @@ def load_imdb(path: str | Path) -> dict[str, LabelledSplit]:
         ``{"train"[, "test"]}`` -> split, whichever are present (the shared tarball holds train
         only: 25,000 reviews, 12,500 per class).
     Raises:
-        DatasetError: path missing, or no ``train/{pos,neg}`` reviews found.
+        DatasetError: path missing, no ``train/{pos,neg}`` reviews found, a damaged or
+            truncated tarball, or a review over :data:`MAX_REVIEW_BYTES`.
     """
     p = Path(path)
     found: list[tuple[str, int, int, str]] = []
+
+    def review(where: str, size: int, read) -> str:
+        if size > MAX_REVIEW_BYTES:  # a review is a few kB: this is not the aclImdb archive
+            raise DatasetError(f"{where}: {size:,} bytes, over the {MAX_REVIEW_BYTES:,} a "
+                               "review may hold")
+        return read().decode("utf-8", errors="replace")
+
     if p.is_file():
         try:
-            tf = tarfile.open(p, "r:*")
-        except tarfile.TarError as e:
-            raise DatasetError(f"{p}: not a readable tar archive ({e})") from None
-        with tf:
-            for m in tf:
-                hit = _IMDB_MEMBER.search(m.name) if m.isfile() else None
-                if hit:
-                    text = tf.extractfile(m).read().decode("utf-8", errors="replace")
-                    found.append((hit[1], int(hit[2] == "pos"), int(hit[3]), text))
+            with tarfile.open(p, "r:*") as tf:
+                for m in tf:
+                    hit = _IMDB_MEMBER.search(m.name) if m.isfile() else None
+                    if hit:
+                        text = review(f"{p}[{m.name!r}]", m.size, tf.extractfile(m).read)
+                        found.append((hit[1], int(hit[2] == "pos"), int(hit[3]), text))
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+            raise DatasetError(f"{p}: not a readable tar archive, or a damaged or truncated "
+                               f"one ({first_line(e)})") from None
     elif p.is_dir():
         root = p / "aclImdb" if (p / "aclImdb").is_dir() else p
         for f in root.glob("*/*/*.txt"):
             hit = _IMDB_MEMBER.search(f.relative_to(root).as_posix())
-            if hit:
+            if hit and f.is_file():  # a regular file (a link to /dev/zero is none)
                 found.append((hit[1], int(hit[2] == "pos"), int(hit[3]),
-                              f.read_bytes().decode("utf-8", errors="replace")))
+                              review(str(f), f.stat().st_size, f.read_bytes)))
     else:
         raise DatasetError(f"{p}: IMDB not found (expected the aclImdb folder or its .tar.gz)")
     found.sort(key=_imdb_sort_key)
