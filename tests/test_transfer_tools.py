@@ -403,3 +403,19 @@ def test_commands_are_in_the_table():
     proc = run([sys.executable, "-m", "hvd_lm", "generate", "--help"], timeout=120)
     assert "--overwrite" in proc.stdout and "--heatmap" in proc.stdout
     assert (REPO / "hvd_lm/transfer/generate.py").is_file()
+
+
+def test_a_png_heatmap_of_too_many_characters_is_refused_before_drawing(tmp_path, monkeypatch):
+    """A PNG heatmap draws one matplotlib text per character (a 28k-character line peaked at
+    964 MB): over MAX_PNG_CHARS (patched to 100 here) it is refused, naming the file and the
+    way out (.html), before any figure exists; the HTML page of the same text is written."""
+    import matplotlib.pyplot as plt
+
+    monkeypatch.setattr(HM, "MAX_PNG_CHARS", 100)
+    rows = [HM.HeatRow("long", list("x" * 101), np.zeros(101))]
+    before = plt.get_fignums()
+    with pytest.raises(ValueError, match=r"big.png: 101 characters are too many .*write .html"):
+        HM.render(rows, tmp_path / "big.png", "h")
+    assert plt.get_fignums() == before and not (tmp_path / "big.png").exists()
+    HM.render(rows, tmp_path / "big.html", "h")
+    assert (tmp_path / "big.html").stat().st_size > 101

@@ -126,13 +126,25 @@ def _grid(chars: list[str], width: int) -> list[list[int]]:
     return [ln for ln in lines if ln] or [[]]
 
 
+#: The most characters a PNG heatmap draws (250 lines of 80; about 400 MB of matplotlib objects).
+MAX_PNG_CHARS = 20_000
+
+
 def render_png(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity: int = 1,
                width: int = 80) -> Path:
     """Write a PNG: each row's characters on coloured cells, ``width`` per line.
 
     Returns:
         ``path``.
+    Raises:
+        ValueError: more than :data:`MAX_PNG_CHARS` characters in all (matplotlib draws one
+            text object per character, ~20 kB each; the HTML page has no such limit).
     """
+    n = sum(len(r.chars) for r in rows)
+    if n > MAX_PNG_CHARS:
+        raise ValueError(f"{path}: {n:,} characters are too many for a PNG heatmap (at most "
+                         f"{MAX_PNG_CHARS:,}, one drawn glyph each): write .html, or lower "
+                         "--max-chars")
     vmax = _scale(rows)
     layout = [(r, _grid(r.chars, width)) for r in rows]
     n_lines = sum(len(g) + 1 for _, g in layout)  # + a title line per row
