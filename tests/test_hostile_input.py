@@ -716,3 +716,28 @@ def test_a_checkpoint_whose_contents_lie(tmp_path, capsys):
         assert main(["eval", str(run_dir), str(tmp_path / "no-shards")]) != 0, change
         err = capsys.readouterr().err
         assert err.count("ERROR:") == 1 and needle in err and "step_00000000.pt" in err, err
+
+
+def test_an_exported_folder_or_checkpoint_with_odd_fields(trained, shards, tmp_path, capsys):
+    """An export's config.json whose sha256 field is a number or whose seq_len is 10**7, and a
+    checkpoint whose seq_len is a string: one ERROR line naming the file and the field (before:
+    a bare TypeError, or eval allocating a 10**7-byte window per row)."""
+    import torch
+
+    assert main(["export", str(trained["ckpt"]), str(tmp_path / "exp")]) == 0
+    cfg_path = tmp_path / "exp" / "config.json"
+    good = json.loads(cfg_path.read_text())
+    for change, needle in (({"weights_sha256": 5}, "field 'weights_sha256' is '5', expected"),
+                           ({"seq_len": 10**7}, "field 'seq_len' is '10000000', expected an int"
+                                                " in 1..1,048,576")):
+        cfg_path.write_text(json.dumps({**good, **change}))
+        assert main(["eval", str(tmp_path / "exp"), str(shards)]) != 0
+        err = capsys.readouterr().err
+        assert err.count("ERROR:") == 1 and needle in err and "config.json" in err, err
+    ckpt = torch.load(trained["ckpt"], weights_only=True)
+    ckpt["config"]["data"]["seq_len"] = "16"
+    (tmp_path / "r" / "checkpoints").mkdir(parents=True)
+    torch.save(ckpt, tmp_path / "r" / "checkpoints" / "step_00000000.pt")
+    assert main(["eval", str(tmp_path / "r"), str(shards)]) != 0
+    err = capsys.readouterr().err
+    assert err.count("ERROR:") == 1 and "field config.data.seq_len is '16'" in err, err

@@ -52,6 +52,10 @@ MAX_CONFIG_BYTES = 1 << 20
 ARCHITECTURE = ("cell", "embed_dim", "hidden_size", "weight_norm", "vocab_size")
 
 
+#: The longest TBPTT window an export may name (bytes; a default for eval's --seq-len).
+MAX_SEQ_LEN = 1 << 20
+
+
 class ExportError(CheckpointError):
     """An exported folder that cannot be loaded (missing, damaged or foreign files); the
     message names the file and what is wrong."""
@@ -145,9 +149,16 @@ def read_export(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     if cfg.get("format_version") != FORMAT_VERSION:
         raise ExportError(f"{cfg_path}: format_version {cfg.get('format_version')!r}, this "
                           f"hvd_lm reads {FORMAT_VERSION}")
-    for key in ("weights", "weights_sha256", "model"):
+    for key, kind, what in (("weights", str, "a file name"), ("weights_sha256", str, "a hex "
+                            "digest"), ("model", dict, "an object"), ("seq_len", int, "an int")):
         if key not in cfg:
+            if key == "seq_len":
+                continue  # optional: 256 when absent
             raise ExportError(f"{cfg_path}: no {key!r} field")
+        value = cfg[key]
+        if type(value) is not kind or (kind is int and not 1 <= value <= MAX_SEQ_LEN):
+            raise ExportError(f"{cfg_path}: field {key!r} is {str(value)[:60]!r}, expected {what}"
+                              + (f" in 1..{MAX_SEQ_LEN:,}" if kind is int else ""))
     if cfg["weights"] != WEIGHTS:  # a name only: never a path to follow out of the folder
         raise ExportError(f"{cfg_path}: \"weights\" is {str(cfg['weights'])[:80]!r}, an export's "
                           f"weights are its {WEIGHTS}")

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from hvd_lm.comm import horovod as comm
+from hvd_lm.formats.checkpoint import CheckpointError
+from hvd_lm.formats.export import MAX_SEQ_LEN
 from hvd_lm.formats.manifest import MANIFEST_NAME, load_manifest
 from hvd_lm.model import device as devices
 from hvd_lm.model.load import load_model, resolve_model
@@ -119,7 +121,11 @@ def eval_command(cfg: EvalConfig) -> int:
                      Path(cfg.shards) / MANIFEST_NAME, *(s.path for s in manifest.shards))
     check_vocab(model.config.vocab_size, manifest, f"{cfg.checkpoint}: model.vocab_size",
                 "evaluate it on shards of that vocabulary")
-    seq_len = cfg.seq_len or ck["config"]["data"]["seq_len"]
+    seq_len = cfg.seq_len or ck["config"].get("data", {}).get("seq_len", 256)
+    if not cfg.seq_len and (type(seq_len) is not int or not 1 <= seq_len <= MAX_SEQ_LEN):
+        raise CheckpointError(f"{cfg.checkpoint}: field config.data.seq_len is "
+                              f"{str(seq_len)[:40]!r}, expected an int in 1..{MAX_SEQ_LEN:,} "
+                              "(or give --seq-len)")
     streams = RankStreams(manifest, cfg.split, ctx.rank, ctx.size,
                           cfg.batch_size, seq_len, shuffle_shards=False, max_bytes=cfg.max_bytes,
                           verify=True)
