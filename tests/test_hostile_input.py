@@ -184,6 +184,11 @@ def test_latest_is_never_followed_out_of_its_folder(shards, run_a, tmp_path):
     assert records(out, "start")[-1]["resumed_from"] == str(out / "checkpoints" /
                                                             "step_00000020.pt")
     assert ck.resolve(out) == out / "checkpoints" / "step_00000021.pt"
+    # nor is a step file that links out of the folder, with no latest to name it
+    (out / "checkpoints" / "latest").unlink()
+    (out / "checkpoints" / "step_00000099.pt").symlink_to(outside)
+    assert ck.resolve(out) == out / "checkpoints" / "step_00000021.pt"
+    assert out / "checkpoints" / "step_00000099.pt" not in ck.list_checkpoints(out)
 
 
 # ---- YAML: read within a size and alias budget; errors never expand a value (item 5) -------------

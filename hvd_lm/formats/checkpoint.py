@@ -134,11 +134,14 @@ def step_of(path: str | Path) -> int:
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Step checkpoints of a run, oldest first."""
+    """Step checkpoints of a run, oldest first; a step file that is a link leading out of the
+    folder is none of them (as ``latest`` is never followed out, :func:`latest_path`)."""
     d = checkpoint_dir(run_dir)
     if not d.is_dir():
         return []
-    return sorted(p for p in d.iterdir() if _STEP_FILE.match(p.name))
+    home = d.resolve()
+    return sorted(p for p in d.iterdir() if _STEP_FILE.match(p.name)
+                  and (not p.is_symlink() or p.resolve().parent == home))
 
 
 def latest_path(run_dir: str | Path) -> Path | None:
