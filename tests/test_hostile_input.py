@@ -6,6 +6,7 @@ line naming the file, field or host, a non-zero exit, and nothing written where 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -272,7 +273,8 @@ def test_a_config_that_never_ends_is_cut_at_its_size_budget(tmp_path):
 def server():
     """An HTTP server on 127.0.0.1: ``/endless`` streams zeros without a length (stopping at
     64 MB, so a client that never stops still ends), ``/liar`` announces 10 MB for a file
-    listed at 13 bytes, anything else is 13 bytes; ``sent`` counts what was written."""
+    listed at 13 bytes, ``/nothttp`` answers with no HTTP status line, anything else is 13
+    bytes; ``sent`` counts what was written."""
     import http.server
     import threading
 
@@ -283,6 +285,9 @@ def server():
             pass
 
         def do_GET(self):
+            if self.path.endswith("/nothttp"):  # another protocol's greeting, no status line
+                self.wfile.write(b"SSH-2.0-OpenSSH_9.2\r\n")
+                return
             self.send_response(200)
             if self.path.endswith("/endless"):
                 self.end_headers()
@@ -338,7 +343,8 @@ def test_download_never_writes_outside_out(server, tmp_path, save_as):
 
 
 @pytest.mark.parametrize("name,needle", [("endless", "more than the 13 bytes"),
-                                         ("liar", "announces 10,485,760 bytes")])
+                                         ("liar", "announces 10,485,760 bytes"),
+                                         ("nothttp", "cannot fetch (SSH-2.0-OpenSSH_9.2")])
 def test_download_stops_at_the_listed_size(server, tmp_path, name, needle):
     url, sent = server
     out = tmp_path / "out"
@@ -746,3 +752,49 @@ def test_an_exported_folder_or_checkpoint_with_odd_fields(trained, shards, tmp_p
     assert main(["eval", str(tmp_path / "r"), str(shards)]) != 0
     err = capsys.readouterr().err
     assert err.count("ERROR:") == 1 and "field config.data.seq_len is '16'" in err, err
+
+
+def test_flags_and_files_named_in_one_line(trained, tmp_path, capsys):
+    """generate's --temperature 1e-320, --seed 2**40 and --overwrite 1e300, transfer's --out
+    naming a file, and a YAML config of two documents: one ERROR line naming the flag or the
+    file, at once (before: errors naming neither, after the featurization, or over 4 lines);
+    classify reads --input from a pipe (``<(cmd)``: before, 'no such file')."""
+    ck_ = str(trained["ckpt"])
+    for argv, needle in (
+            (["generate", ck_, "--temperature", "1e-320"], "--temperature 1e-320 is below 0.001"),
+            (["generate", ck_, "--seed", str(2**40)], "seed must be <= 4294967295"),
+            (["generate", ck_, "--neuron", "1", "--overwrite", "1e300"], "overwrite must be <="),
+            (["transfer", ck_, "--train", str(tmp_path / "t.csv"), "--out",
+              str(trained["ckpt"])], "is a file; transfer writes a folder")):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("ERROR:") == 1 and len(err.strip().splitlines()) == 1, err
+        assert needle in err, err
+    (tmp_path / "two.yaml").write_text("model: {hidden_size: 32}\n---\nrun: {}\n")
+    assert main(["train", "--config", str(tmp_path / "two.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "expected a single document" in err, err
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", f"printf 'a great album\\nawful\\n' > {fifo}"])
+    try:
+        assert main(["classify", ck_, str(trained["dir"] / "out"), "--input", str(fifo),
+                     "--output", str(tmp_path / "p.csv"), "--no-progress"]) == 0
+    finally:
+        writer.wait(timeout=30)
+    assert len((tmp_path / "p.csv").read_text().splitlines()) == 3  # header + 2 rows
+
+
+def test_a_checkpoint_of_compressed_zip_entries_is_not_inflated(trained, tmp_path, capsys):
+    """A checkpoint rewritten with deflated zip entries (torch.load would inflate them, 800:1
+    for zeros) is refused before loading, naming the entry; torch.save never compresses."""
+    import zipfile
+
+    src, bomb = Path(trained["ckpt"]), tmp_path / "r" / "checkpoints" / "step_00000000.pt"
+    bomb.parent.mkdir(parents=True)
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info))
+    assert main(["eval", str(tmp_path / "r"), str(tmp_path)]) != 0
+    err = capsys.readouterr().err
+    assert err.count("ERROR:") == 1 and "is compressed" in err and "step_00000000.pt" in err, err

@@ -30,6 +30,7 @@ from __future__ import annotations
 import io
 import re
 import sys
+import zipfile
 from pathlib import Path
 
 import torch
@@ -273,6 +274,7 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
             head if head == b"\x89HDF" else head[:1], f"starts with {head!r}")
         raise CheckpointError(f"{path}: not an hvd_lm checkpoint ({kind}; checkpoints are "
                               "torch.save zip files, e.g. runs/NAME/checkpoints/step_N.pt)")
+    _check_stored(path)
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except (RuntimeError, EOFError, OSError, ValueError, KeyError) as e:
@@ -285,6 +287,26 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
         raise CheckpointError(f"{path}: not an hvd_lm checkpoint (format {CHECKPOINT_FORMAT})")
     _check_fields(ckpt, path)
     return ckpt
+
+
+def _check_stored(path: Path) -> None:
+    """torch.save stores every zip entry uncompressed, so a checkpoint's entries add up to its
+    size; a compressed entry (one 260 kB file inflated to 200 MB inside torch.load) is not one
+    torch.save wrote. A zip too damaged to list is left to torch.load's own message.
+
+    Raises:
+        CheckpointError: naming the file and the entry.
+    """
+    try:
+        with zipfile.ZipFile(path) as zf:
+            packed = [i for i in zf.infolist() if i.compress_type != zipfile.ZIP_STORED]
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return
+    if packed:
+        raise CheckpointError(f"{path}: zip entry {packed[0].filename} is compressed "
+                              f"({packed[0].compress_size:,} -> {packed[0].file_size:,} bytes); "
+                              "torch.save stores its entries as they are: not an hvd_lm "
+                              "checkpoint")
 
 
 #: Counters a checkpoint holds (:class:`hvd_lm.train.resume.Position`): ints >= 0 when present.

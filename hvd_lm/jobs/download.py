@@ -14,6 +14,7 @@ oversized answer never fills the disk.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -123,9 +124,11 @@ def fetch(url: str, dest: Path, sha256: str, size: int | None = None, timeout: f
                                                "list gives; download stopped, nothing kept")
         except urllib.error.HTTPError as e:
             raise DownloadError(f"{url}: HTTP {e.code} {e.reason}; {MIRROR_HINT}") from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-            reason = getattr(e, "reason", None) or e
-            raise DownloadError(f"{url}: cannot fetch ({reason}); {MIRROR_HINT}") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError,
+                http.client.HTTPException) as e:  # e.g. BadStatusLine: no HTTP reply
+            reason = " ".join(str(getattr(e, "reason", None) or e).split()) or type(e).__name__
+            raise DownloadError(f"{url}: cannot fetch ({shorten(reason)}); {MIRROR_HINT}") \
+                from None
         if size is not None and n != size:
             raise ChecksumMismatch(f"{url}: got {n} bytes, expected {size}")
         if h.hexdigest() != sha256:

@@ -220,6 +220,11 @@ def coerce(value: Any, f: dataclasses.Field, tp: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {shorten(str(e))}") from None
 
 
+def _bound(x: float) -> str:
+    """A bound as written: an int exactly (4294967295, not 4.29497e+09), a float by :g."""
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
 def _check_leaf(value: Any, f: dataclasses.Field, where: str) -> None:
     m = f.metadata
     values = value if isinstance(value, (list, tuple)) else [value]
@@ -232,11 +237,11 @@ def _check_leaf(value: Any, f: dataclasses.Field, where: str) -> None:
             if isinstance(v, float) and m.get("finite", True) and not math.isfinite(v):
                 raise ConfigError(f"{where} must be a finite number, got {shown(v)}")
             if m.get("ge") is not None and not v >= m["ge"]:
-                raise ConfigError(f"{where} must be >= {m['ge']:g}, got {shown(v)}")
+                raise ConfigError(f"{where} must be >= {_bound(m['ge'])}, got {shown(v)}")
             if m.get("gt") is not None and not v > m["gt"]:
-                raise ConfigError(f"{where} must be > {m['gt']:g}, got {shown(v)}")
+                raise ConfigError(f"{where} must be > {_bound(m['gt'])}, got {shown(v)}")
             if m.get("le") is not None and not v <= m["le"]:
-                raise ConfigError(f"{where} must be <= {m['le']:g}, got {shown(v)}")
+                raise ConfigError(f"{where} must be <= {_bound(m['le'])}, got {shown(v)}")
 
 
 def validate(obj: Any, source: str = "config", path: tuple[str, ...] = ()) -> None:
@@ -411,7 +416,10 @@ def read_yaml(path: str | Path, max_bytes: int = MAX_YAML_BYTES,
     except ConfigError:
         raise
     except (yaml.YAMLError, ValueError, TypeError) as e:  # e.g. an int of 5,000 digits
-        raise ConfigError(f"{path}: invalid YAML: {shorten(str(e))}") from None
+        # PyYAML's messages span lines ("expected a single document ... but found another"):
+        # one line, its own "<unicode string>" (this is the file) left out
+        text = " ".join(str(e).replace('in "<unicode string>", ', "").split())
+        raise ConfigError(f"{path}: invalid YAML: {shorten(text)}") from None
     except RecursionError:
         raise ConfigError(f"{path}: YAML nested too deeply") from None
     finally:

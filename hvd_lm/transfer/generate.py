@@ -255,14 +255,16 @@ class GenerateConfig:
                              positional=True, required=True)
     prime: str = option("", "text the samples continue (empty: a new review)")
     length: int = option(200, "bytes to generate per sample", ge=1)
-    temperature: float = option(1.0, "softmax temperature (0 = greedy)", ge=0)
+    temperature: float = option(1.0, "softmax temperature (0 = greedy, else 0.001..100)", ge=0,
+                                le=100)
     top_k: int = option(0, "sample among the k most likely bytes (0 = all 256)", ge=0, le=256)
-    seed: int = option(0, "sampling seed (same seed, same samples on a device)", ge=0)
+    seed: int = option(0, "sampling seed (same seed, same samples on a device)", ge=0,
+                       le=2**32 - 1)
     samples: int = option(1, "samples drawn (one batch)", ge=1)
     neuron: int | None = option(None, "unit to pin and/or draw (default with --classifier: its "
                                 "sentiment unit)", ge=0)
     overwrite: float | None = option(None, "hold the unit at this value while sampling "
-                                     "(sentiment-discovery --overwrite)")
+                                     "(sentiment-discovery --overwrite)", ge=-1e4, le=1e4)
     state: str = option("cell", "state the unit is read from and pinned in", choices=STATES)
     classifier: str = option("", "classifier from hvd-lm transfer (folder or classifier.json): "
                              "default --neuron, and each sample's P(positive); refused if fit on "
@@ -275,6 +277,9 @@ class GenerateConfig:
 
     def check(self) -> None:
         """Cross-field rules (raised as ConfigError naming the settings' source)."""
+        if 0 < self.temperature < 1e-3:  # logits / 1e-320 overflow: 0 is the greedy choice
+            raise ValueError(f"--temperature {self.temperature:.3g} is below 0.001; give 0 for "
+                             "greedy sampling")
         if (self.overwrite is not None or self.heatmap) and self.neuron is None \
                 and not self.classifier:
             raise ValueError("--overwrite and --heatmap need a unit: --neuron N or --classifier")

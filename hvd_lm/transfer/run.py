@@ -144,10 +144,13 @@ class TransferConfig:
 
     def check(self) -> None:
         """Each C grid holds at least one value (an empty one failed only after the
-        featurization, or after the whole LM fit for the baseline's)."""
+        featurization, or after the whole LM fit for the baseline's); ``--out`` is not a file
+        (found before the featurization, not after)."""
         for name in ("c_grid", "baseline_c_grid"):
             if not getattr(self, name):
                 raise ValueError(f"{name} is empty: give at least one C value")
+        if self.out and Path(self.out).exists() and not Path(self.out).is_dir():
+            raise ValueError(f"--out {self.out}: is a file; transfer writes a folder there")
 
 
 _KIND_LABEL = {"cell": "final cell state", "hidden": "final hidden state",

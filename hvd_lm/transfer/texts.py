@@ -275,7 +275,7 @@ def iter_texts(path: str | Path, fmt: str = "auto", text_field: str = "text",
         raise DatasetError(f"unknown input format {fmt!r} (known: {', '.join(TEXT_FORMATS)})")
     path = Path(path)
     stdin = str(path) == "-"
-    if not stdin and not path.is_file():
+    if not stdin and not (path.is_file() or path.is_fifo()):  # a pipe: --input <(cmd)
         raise DatasetError(f"{path}: no such file")
     kind = fmt if fmt != "auto" else ("lines" if stdin else _kind(path, "lines"))
     if kind == "lines" and label_field:
