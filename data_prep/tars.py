@@ -37,7 +37,8 @@ _TAR_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError)
 _TAR_MAX_HEADER = 1 << 20
 _TAR_EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE,
                  tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
-_TAR_CODECS = ((b"\x1f\x8b", gzip.GzipFile), (b"BZh", bz2.BZ2File),
+#: Compressed streams by their magic bytes, each opened on a binary file object.
+_TAR_CODECS = ((b"\x1f\x8b", lambda f: gzip.GzipFile(fileobj=f)), (b"BZh", bz2.BZ2File),
                (b"\xfd7zXZ\x00", lzma.LZMAFile))
 
 
@@ -115,8 +116,8 @@ def read_tar_members(spec: InputSpec, stats: ReadStats, skip_bad: bool, utf8_err
         raw.seek(0)
         stream = _CountingReader(raw, progress)
         codec = next((c for m, c in _TAR_CODECS if magic.startswith(m)), None)
-        stream = codec(fileobj=stream) if codec is gzip.GzipFile else \
-            codec(stream) if codec else stream
+        if codec is not None:
+            stream = codec(stream)
         try:
             tar = tarfile.open(fileobj=stream, mode="r|", tarinfo=_StrictTarInfo)
         except _TAR_ERRORS as e:

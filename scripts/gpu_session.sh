@@ -114,13 +114,13 @@ skip bench || skip b128 || bench b128 "${BENCH128_S:-110}" --batch-sizes 128 \
     --precisions "${B128_PRECISIONS:-bf16,fp32,fp16}"
 
 # ---- the model: one process on the image's python3 (Horovod is not needed for one rank) --------
-VPY=(env "PYTHONPATH=$PWD" "$PY3")
+MPY=(env "PYTHONPATH=$PWD" "$PY3")
 if skip model; then
     say "no model (SKIP)"
 else
     RUN=$OUT/run
     # the fastest fused bf16 variant measured at TRAIN_BATCH (else at any batch), and its rate
-    read -r impl rate < <("${VPY[@]}" - "$OUT" "$TRAIN_BATCH" <<'EOF'
+    read -r impl rate < <("${MPY[@]}" - "$OUT" "$TRAIN_BATCH" <<'EOF'
 import json, pathlib, sys
 rows = []
 for f in pathlib.Path(sys.argv[1]).glob("bench_*.json"):
@@ -139,7 +139,7 @@ EOF
     skip cudaB || skip setup || after=$((after + ${CUDA_B_S:-80}))
     train_s=$(($(left) - after))
     ((train_s < 20)) && train_s=20
-    steps=$("${VPY[@]}" -c "print(max(20, int($rate * $train_s / ($TRAIN_BATCH * 256))))")
+    steps=$("${MPY[@]}" -c "print(max(20, int($rate * $train_s / ($TRAIN_BATCH * 256))))")
     [ "${SMALL:-0}" = 1 ] && steps=20
     say "train H=$WIDTH B=$TRAIN_BATCH bf16 $impl at ${rate} chars/s measured: $steps steps"
     cat >"$OUT/train.yaml" <<EOF
@@ -152,7 +152,7 @@ run: {out_dir: $RUN, precision: bf16, device: $DEVICE, log_every: 20, eval_every
       eval_chars: 0, checkpoint_minutes: 1.0}
 EOF
     # SIGUSR1 (checkpoint, then stop) should the run outlast its budget
-    timeout -s USR1 -k 30 "$(budget $((train_s + 40)))" "${VPY[@]}" -m hvd_lm train \
+    timeout -s USR1 -k 30 "$(budget $((train_s + 40)))" "${MPY[@]}" -m hvd_lm train \
         --config "$OUT/train.yaml" >"$OUT/train.log" 2>&1
     say "train: exit $?"; tail -n 12 "$OUT/train.log"
     post() {  # post NAME COMMAND...: one step after training, within the steps' budget
@@ -160,15 +160,15 @@ EOF
         timeout -k 5 "$(budget "${POST_S:-100}")" "$@" >"$OUT/$name.log" 2>&1
         say "$name: exit $?"; tail -n 8 "$OUT/$name.log"
     }
-    post eval "${VPY[@]}" -m hvd_lm eval "$RUN" "$DATA/shards" --precision bf16 \
+    post eval "${MPY[@]}" -m hvd_lm eval "$RUN" "$DATA/shards" --precision bf16 \
         --device "$DEVICE" --output "$OUT/eval.json"
-    post transfer "${VPY[@]}" -m hvd_lm transfer "$RUN" --dataset sst2 \
+    post transfer "${MPY[@]}" -m hvd_lm transfer "$RUN" --dataset sst2 \
         --data-dir "$DATA/sst2" --features mean --precision bf16 --device "$DEVICE" \
         --out "$OUT/transfer" --c-grid 0.03,0.125,0.5 --no-progress --no-cache
-    post generate "${VPY[@]}" -m hvd_lm generate "$RUN" --samples 3 --length 200 --seed 1 \
+    post generate "${MPY[@]}" -m hvd_lm generate "$RUN" --samples 3 --length 200 --seed 1 \
         --device "$DEVICE" --output "$OUT/samples.jsonl"
     for v in 1.0 -1.0; do
-        post "generate_unit$v" "${VPY[@]}" -m hvd_lm generate "$RUN" --samples 3 --length 200 \
+        post "generate_unit$v" "${MPY[@]}" -m hvd_lm generate "$RUN" --samples 3 --length 200 \
             --seed 1 --device "$DEVICE" --classifier "$OUT/transfer" --overwrite "$v" \
             --prime "This product is" --output "$OUT/samples_unit$v.jsonl"
     done
@@ -178,10 +178,10 @@ EOF
         "I expected more, but the second half is wonderful." \
         "Arrived broken and the seller never answered my emails." \
         "Not bad for the price, though the strap feels cheap." >"$OUT/heatmap_texts.txt"
-    post visualize "${VPY[@]}" -m hvd_lm visualize "$RUN" --classifier "$OUT/transfer" \
+    post visualize "${MPY[@]}" -m hvd_lm visualize "$RUN" --classifier "$OUT/transfer" \
         --input "$OUT/heatmap_texts.txt" --format lines --device "$DEVICE" \
         --out "$OUT/heatmap.png"
-    post transfer_cell "${VPY[@]}" -m hvd_lm transfer "$RUN" --dataset sst2 \
+    post transfer_cell "${MPY[@]}" -m hvd_lm transfer "$RUN" --dataset sst2 \
         --data-dir "$DATA/sst2" --features cell --precision bf16 --device "$DEVICE" \
         --out "$OUT/transfer_cell" --c-grid 0.03,0.125,0.5 --no-progress --no-cache --no-baseline
     find "$RUN" -name '*.pt' -exec sha256sum {} + >"$OUT/checkpoint.sha256" 2>/dev/null

@@ -23,6 +23,7 @@ Fusion", "Adasum"):
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -41,8 +42,10 @@ class HorovodMissing(RuntimeError):
     """Horovod is not installed and the launcher announces more than one rank."""
 
 
+@functools.cache
 def _hvd():
-    # Imported on first use: `hvd-lm --help`, prepare, launch rendering and the CPU-only tools run
+    # Resolved once per process (every collective calls this; a failing import would otherwise
+    # search sys.path again at each one). Imported on first use: `hvd-lm --help`, prepare, launch rendering and the CPU-only tools run
     # without loading Horovod's extension (and its MPI/Gloo libraries). Without Horovod, one
     # process runs as the one rank of its world (hvd_lm.comm.single: no collective to run).
     try:
