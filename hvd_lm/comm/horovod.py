@@ -161,6 +161,8 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None):
 
 def _allreduce_floats(values: list[float], name: str, op: str) -> list[float]:
     hvd = _hvd()
+    if hvd.size() == 1:  # what Horovod returns for one rank, without its background cycle
+        return [float(v) for v in values]
     t = torch.tensor(values, dtype=torch.float64)
     return hvd.allreduce(t, op=getattr(hvd, op), name=name).tolist()
 

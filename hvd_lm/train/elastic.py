@@ -78,6 +78,7 @@ class ElasticTraining:
                                                self.windows_per_epoch)
         self.pos = Position(**position)
         self.saved_step = None  # rolled back: the last step's weights are not saved yet
+        self.next_control = self.pos.attempts + 1  # every rank alike, a new worker too
         self.chars_base, self.chars_local = self.pos.chars_trained, 0
         self.scheduler.load_state_dict(state.scheduler)
         self.guard.load_state_dict(state.guard)

@@ -12,6 +12,7 @@ import json
 import lzma
 import math
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,35 @@ def nll_bits(model, streams: RankStreams, device: torch.device, precision: str =
         bits += float(nats) / math.log(2)
         chars += batch.chars
     return bits, chars
+
+
+@torch.no_grad()
+def estimate_seconds(model, streams: RankStreams, device: torch.device,
+                     precision: str = "fp32") -> float:
+    """Seconds :func:`nll_bits` would take over ``streams``: the forward pass of two of its
+    windows timed (after one untimed: kernels compiled for these shapes) and scaled to its
+    windows per row; the model is left in training mode. What a run planned to a deadline
+    (:mod:`hvd_lm.train.deadline`) reserves for its final validation before it has run one."""
+    model.eval()
+    state, times = None, []
+    it = iter(streams)
+    try:
+        for batch in it:
+            t0 = time.perf_counter()
+            x = batch.inputs.to(device)
+            with devices.autocast(device, precision):
+                logits, state = model(x, state, reset=batch.reset.to(device))
+            float(logits[0, 0, 0])  # the device done
+            times.append(time.perf_counter() - t0)
+            if len(times) == 3:
+                break
+    finally:
+        getattr(it, "close", lambda: None)()
+        model.train()
+    if not times:
+        return 0.0
+    per_window = min(times[1:] or times)
+    return per_window * max(1, streams.steps_per_epoch)
 
 
 def bpc(model, streams: RankStreams, device: torch.device, precision: str = "fp32",

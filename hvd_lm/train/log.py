@@ -94,12 +94,14 @@ class MetricsLog:
     Args:
         out_dir: the run directory.
         enabled: False on ranks other than 0 (every method is then a no-op).
-        total / initial: optimizer steps of the whole run / already done (the bar).
+        total / initial: optimizer steps of the whole run (None: not known yet) / already done
+            (the bar).
         tensorboard: write ``<out_dir>/tensorboard`` events (one warning line on stderr when
             the ``tensorboard`` package is missing).
     """
 
-    def __init__(self, out_dir: Path, enabled: bool, total: int, initial: int, tensorboard: bool):
+    def __init__(self, out_dir: Path, enabled: bool, total: int | None, initial: int,
+                 tensorboard: bool):
         self.enabled = enabled
         self.bar = None
         self.tb = None
@@ -115,8 +117,9 @@ class MetricsLog:
                   "installed (pip install tensorboard): no TensorBoard events are written; "
                   f"{out_dir / 'metrics.jsonl'} has every record", file=sys.stderr, flush=True)
 
-    def record(self, kind: str, step: int, **values) -> None:
-        """Append ``{"kind", "step", "time", **values}`` and print it as one line."""
+    def record(self, kind: str, step: int, printed: bool = True, **values) -> None:
+        """Append ``{"kind", "step", "time", **values}`` and (``printed``) print it as one
+        line."""
         if not self.enabled:
             return
         rec = {"kind": kind, "step": step, "time": time.time(), **values}
@@ -132,6 +135,8 @@ class MetricsLog:
             for k, v in values.items():
                 if isinstance(v, (int, float)) and v is not None:
                     self.tb.add_scalar(f"{kind}/{k}", v, step)
+        if not printed:
+            return
         shown = " ".join(f"{k}={fmt(v)}" for k, v in values.items())
         msg = f"[{kind}] step={step} {shown}"
         if self.bar is not None and not self.bar.disable:  # a terminal: keep the bar below
@@ -139,6 +144,12 @@ class MetricsLog:
         else:  # one write per line: launchers tag each write (stdout may be unbuffered)
             sys.stdout.write(msg + "\n")
             sys.stdout.flush()
+
+    def set_total(self, total: int) -> None:
+        """The run's last step moved (``--time-limit``): the bar's total."""
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.refresh()
 
     def tick(self, n: int = 1, **postfix) -> None:
         """Advance the bar by ``n`` steps."""

@@ -3,10 +3,11 @@
 One optimizer step (per rank, B rows x T bytes per window, ``backward_passes_per_step`` = k) is
 :func:`hvd_lm.train.step.train_step` (forward, loss, backward, Horovod's synchronize, unscale and
 clip, step or skip: the same function every benchmark times); :meth:`Trainer.steps` is the loop
-around it: count the step (the LR schedule advances on applied steps only), every
-``run.control_every`` attempts one tiny allreduce of control flags (a preemption signal or a
-due time-based checkpoint on any rank stops or checkpoints every rank at the same step), log,
-validate, stop a diverged run, checkpoint. Each line of it that is a collective says so
+around it: count the step (the LR schedule advances on applied steps only), one tiny allreduce
+of control flags about once a second of steps (every attempt for one process, at most every
+``run.control_every`` attempts: a preemption signal or a due time-based checkpoint on any rank
+stops or checkpoints every rank at the same step; with ``--time-limit`` rank 0's plan of the
+last step, :mod:`hvd_lm.train.deadline`), log, validate, stop a diverged run, checkpoint. Each line of it that is a collective says so
 (``# Horovod:``): every rank must reach it at the same step.
 
 The host does not wait on the device per window: the next window is read ahead on a thread
@@ -37,6 +38,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import sys
 import time
 
 import torch
@@ -52,12 +54,15 @@ from hvd_lm.train.elastic import ElasticTraining
 from hvd_lm.train.evaluate import bpc as eval_bpc
 from hvd_lm.train.guard import TrainingDiverged
 from hvd_lm.train.log import StepMeter, write_failure
+from hvd_lm.train.schedule import refresh_lr, schedule_of
 from hvd_lm.train.settings import TrainConfig
 from hvd_lm.train.startup import TrainingRun
 from hvd_lm.train.step import train_step
 from hvd_lm.util.atomic import write_text
 
 LN2 = math.log(2.0)
+#: Seconds of steps between two control exchanges (at most ``run.control_every`` attempts).
+CONTROL_TARGET_S = 1.0
 
 
 def train(cfg: TrainConfig) -> dict:
@@ -94,6 +99,7 @@ class Trainer(TrainingRun, ElasticTraining):
             self.log.record("checkpoint_held", self.pos.step,
                             loss=self.guard.above[-1][1] if self.guard.above else None)
             return
+        t0 = time.perf_counter()
         # Horovod: gather every rank's recurrent state rows (rank order) for an exact resume.
         h = comm.allgather(self.rnn_state[0].detach().float().cpu(), name="ckpt_h")
         c = comm.allgather(self.rnn_state[1].detach().float().cpu(), name="ckpt_c")
@@ -107,14 +113,29 @@ class Trainer(TrainingRun, ElasticTraining):
                                self.guard.confirmed_below())
         self.guard.wrote(pos.step)
         self.saved_step = pos.step  # every rank: the end does not write (or print) it again
+        self.extra_s += time.perf_counter() - t0  # not a step's time (the deadline's plan)
+
+    def checkpoint_written(self, w) -> None:
+        """The writer's report of a finished checkpoint (rank 0): logged, and timed for the
+        deadline's plan."""
+        self.log.record("checkpoint", w.step, path=str(w.path), write_s=w.write_s,
+                        blocked_s=w.blocked_s)
+        if self.planner is not None:
+            self.planner.checkpoint_done(w.write_s, w.blocked_s)
 
     def validate(self) -> None:
         """Validation BPC over all ranks (Horovod: sums bits and chars), logged by rank 0."""
         if self.val is None:
             return
+        t0 = time.perf_counter()
         v_bpc, v_chars = eval_bpc(self.model, self.val, self.device, self.cfg.run.precision)
         self.model.train()
-        self.log.record("eval", self.pos.step, val_bpc=v_bpc, val_chars=v_chars)
+        seconds = time.perf_counter() - t0
+        self.extra_s += seconds
+        if self.planner is not None:
+            self.planner.eval_done(seconds)
+        self.log.record("eval", self.pos.step, val_bpc=v_bpc, val_chars=v_chars,
+                        seconds=seconds)
 
     # ---- the loop --------------------------------------------------------------------------------
 
@@ -188,9 +209,13 @@ class Trainer(TrainingRun, ElasticTraining):
                 yield batches.get(pos.window)
                 pos.window += 1
 
+        last_start = None  # perf_counter s: the previous attempt's start
         while pos.step < self.total_steps and (state is not None
                                                or pos.window + k <= self.total_windows):
             t_step = time.perf_counter()
+            if last_start is not None:  # the previous attempt, less its validation/checkpoint
+                self.attempt_done(t_step - last_start - self.extra_s)
+            last_start, self.extra_s = t_step, 0.0
             self.step_started = time.monotonic()  # what a failed collective waited: lost_peer
             self.faults.before_step(pos.step)
 
@@ -206,7 +231,8 @@ class Trainer(TrainingRun, ElasticTraining):
             self.count_step(r.applied, r.grad_norm)
             self.chars_local += r.chars
             self.meter.add(r.nats, r.chars, r.wait_s, time.perf_counter() - t_step)
-            stop_flag, due_flag = self.control_flags()  # Horovod: allreduce (every control_every)
+            stop_flag, due_flag = self.control_flags()  # Horovod: allreduce (at most every
+            # control_every attempts; with --time-limit it may move total_steps)
             if r.applied and (pos.step % cfg.run.log_every == 0 or pos.step == self.total_steps):
                 self.log_train(r.grad_norm)  # Horovod: allreduce of the metrics
             if r.applied and cfg.run.eval_every and pos.step % cfg.run.eval_every == 0:
@@ -248,18 +274,61 @@ class Trainer(TrainingRun, ElasticTraining):
         self.log.record("skip", pos.step, skipped_steps=pos.skipped_steps, grad_norm=grad_norm,
                         loss_scale=self.scaler.get_scale() if self.scaler.is_enabled() else None)
 
+    def attempt_done(self, seconds: float) -> None:
+        """One step attempt took ``seconds`` (validation and checkpoint left out)."""
+        self.attempt_times.append(seconds)
+        if self.planner is not None:
+            self.planner.step_done(seconds)
+
+    def control_interval(self) -> int:
+        """Attempts until the next control exchange, as rank 0 proposes it: about
+        :data:`CONTROL_TARGET_S` seconds of steps, at least 1 and at most
+        ``run.control_every`` (one process: every attempt, there is nothing to exchange)."""
+        if self.ctx.size == 1 or not self.attempt_times:
+            return 1
+        step_s = sum(self.attempt_times) / len(self.attempt_times)
+        return max(1, min(self.cfg.run.control_every, int(CONTROL_TARGET_S / max(step_s, 1e-9))))
+
     def control_flags(self) -> tuple[float, float]:
-        """(stop, checkpoint due): every ``run.control_every`` attempts (the same attempts on
-        every rank) one tiny allreduce: any rank's signal stops all, rank 0's clock times
-        checkpoints; (0, 0) between them."""
+        """(stop, checkpoint due) from one tiny allreduce at the control attempts (the same on
+        every rank: the interval to the next is rank 0's :meth:`control_interval`, handed to
+        all by the allreduce): any rank's signal stops all, rank 0's clock times checkpoints
+        and, with ``--time-limit``, plans the run's last step (:meth:`set_total_steps`);
+        (0, 0) between them."""
         cfg = self.cfg
-        if self.pos.attempts % cfg.run.control_every:
+        if self.pos.attempts < self.next_control:
             return 0.0, 0.0
-        due = (cfg.run.checkpoint_minutes > 0 and self.ctx.is_root
+        root = self.ctx.is_root
+        due = (cfg.run.checkpoint_minutes > 0 and root
                and time.time() - self.last_ckpt_time >= 60 * cfg.run.checkpoint_minutes)
-        stop, due_flag = comm.allreduce_sum(  # Horovod: sums of the flags over ranks
-            [1.0 if self.signals.received else 0.0, 1.0 if due else 0.0], name="control")
+        plan = None  # rank 0's new last step (sent + 1: 0 means none)
+        if root and self.planner is not None:
+            plan = self.planner.plan(self.pos.step, self.total_steps, self.step_cap)
+        stop, due_flag, plan_flag, interval = comm.allreduce_sum(  # Horovod: sums over ranks
+            [1.0 if self.signals.received else 0.0, 1.0 if due else 0.0,
+             0.0 if plan is None else plan + 1.0,
+             float(self.control_interval()) if root else 0.0], name="control")
+        self.next_control = self.pos.attempts + max(1, int(interval))
+        if plan_flag > 0:
+            self.set_total_steps(int(plan_flag) - 1)
         return stop, due_flag
+
+    def set_total_steps(self, total: int) -> None:
+        """Move the run's last step to ``total`` (every rank: the control exchange's plan): the
+        LR schedule's line to 0 bends there without a jump; logged (rank 0) as a ``plan``
+        record with what it was computed from."""
+        schedule_of(self.scheduler).replan(self.pos.step, total)
+        refresh_lr(self.scheduler)  # the next step's LR on the new line (0 when it is the end)
+        previous, self.total_steps = self.total_steps, max(self.pos.step, total)
+        if self.ctx.is_root:
+            self.log.set_total(self.total_steps)
+            left = previous - self.pos.step
+            # printed when it is the first plan, the end, or moves the end by over 5%
+            shown = (previous >= sys.maxsize // 2 or self.total_steps == self.pos.step
+                     or abs(self.total_steps - previous) > 0.05 * left)
+            self.log.record("plan", self.pos.step, printed=shown, total_steps=self.total_steps,
+                            previous_total_steps=previous if previous < sys.maxsize // 2
+                            else None, **self.planner.describe())
 
     def log_train(self, grad_norm: float) -> None:
         """A ``train`` record (rank 0) of the steps since the last one, over all ranks; the loss
@@ -307,6 +376,10 @@ class Trainer(TrainingRun, ElasticTraining):
                         "skipped_steps": self.pos.skipped_steps,
                         "chars_trained": self.chars_total(),  # Horovod: sum over ranks
                         "world_size": self.ctx.size}
+        if self.planner is not None:  # seconds to the deadline once everything was written
+            self.writer.wait()
+            self.summary.update(time_limit_s=self.time_limit_s,
+                                deadline_left_s=round(self.planner.left(), 3))
 
     def end(self) -> dict:
         """The summary (and ``summary.json``) once the checkpoint in flight is written, released

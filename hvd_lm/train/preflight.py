@@ -185,14 +185,31 @@ def resume_end(step: int, window: int, total_steps: int, total_windows: int, k: 
     return True
 
 
+def deadline_run_ended(lr_factor: float | None, step: int, cfg: TrainConfig, source,
+                       warn: bool = True) -> bool:
+    """Whether a run resumed with ``--time-limit`` has nothing left to train: its saved LR is 0
+    (the schedule ended there: a run trained to its deadline started again). A note on stderr
+    when ``warn``; the caller writes nothing."""
+    if lr_factor is None or lr_factor > 0 or step < cfg.optim.warmup_steps:
+        return False
+    if warn:
+        print(f"note: {source} is at step {step:,}, where its schedule ended (LR 0): nothing to "
+              "train, nothing written; start a new run (--out-dir) to train further",
+              file=sys.stderr)
+    return True
+
+
 def run_length(cfg: TrainConfig, windows_per_epoch: int, k: int, warn: bool = False
                ) -> tuple[int, int, str]:
-    """(optimizer steps, windows, which bound ends the run: ``"max_steps"`` or ``"epochs"``).
+    """(optimizer steps, windows, which bound ends the run: ``"max_steps"``, ``"epochs"`` or
+    ``"time_limit"``).
 
     ``--max-steps`` wins over the default epoch count (the data is cycled as often as it needs,
     as Lightning's ``max_steps``); an explicit ``--epochs`` still ends the run first when it
     comes first, with a warning on stderr (when ``warn``) that ``--max-steps`` is not reached.
     The window count bounds the read-ahead (``sys.maxsize``: none, the steps end the run).
+    With ``--time-limit`` the steps returned are the most the run may take (``--max-steps``,
+    ``--epochs`` or ``sys.maxsize``): :mod:`hvd_lm.train.deadline` sets the end as it goes.
 
     Raises:
         ValueError: not one optimizer step fits the epochs.
@@ -203,6 +220,8 @@ def run_length(cfg: TrainConfig, windows_per_epoch: int, k: int, warn: bool = Fa
     if total_steps < 1:
         raise ValueError(f"no optimizer step fits: {windows_per_epoch} windows per epoch x "
                          f"{epochs:g} epochs (--epochs) / {k} backward passes per step")
+    if cfg.run.time_limit:
+        return min(total_steps, max_steps or total_steps), total_windows, "time_limit"
     if max_steps and max_steps <= total_steps:
         return max_steps, total_windows, "max_steps"
     if max_steps and warn:

@@ -138,6 +138,15 @@ class Resume:
         saved)."""
         return self.ckpt.get("windows_per_epoch")
 
+    def lr_factor(self) -> float | None:
+        """The saved job's LR multiplier at its step (its last LR / its peak): where a run
+        re-planned to a deadline continues the schedule from; None when not saved."""
+        sched = self.ckpt.get("scheduler")
+        try:
+            return float(sched["_last_lr"][0]) / float(sched["base_lrs"][0])
+        except (TypeError, KeyError, IndexError, ValueError, ZeroDivisionError):
+            return None
+
     def restore_model(self, model: torch.nn.Module, scaler=None) -> None:
         """Load the model's weights (and the loss scaler's state when both exist).
 

@@ -61,12 +61,68 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, decay: str = "line
     return max(0.0, 1.0 - (step - warmup_steps) / span)
 
 
+class Schedule:
+    """The LR multiplier :class:`torch.optim.lr_scheduler.LambdaLR` calls with the applied-step
+    count: :func:`lr_factor` until :meth:`replan` moves the last step, then from the step of the
+    move a straight line from the multiplier it had there to 0 at the new last step, so the LR
+    never jumps (a run trained to a deadline, ``--time-limit``, sets its length from measured
+    step times and re-estimates it as it goes: :mod:`hvd_lm.train.deadline`).
+
+    A callable object rather than a function: ``LambdaLR.state_dict()`` saves its attributes
+    (plain ints and floats) and ``load_state_dict()`` restores them, so a checkpoint holds the
+    plan.
+    """
+
+    def __init__(self, warmup_steps: int, total_steps: int, decay: str = "linear"):
+        self.warmup_steps, self.total_steps, self.decay = warmup_steps, total_steps, decay
+        self.anchor_step: int | None = None  # where the line to 0 starts after a replan
+        self.anchor_factor = 1.0  # the multiplier there
+
+    def __call__(self, step: int) -> float:
+        if self.anchor_step is None or step < self.anchor_step or self.decay == "none":
+            return lr_factor(step, self.warmup_steps, self.total_steps, self.decay)
+        span = max(1, self.total_steps - self.anchor_step)
+        return self.anchor_factor * max(0.0, (self.total_steps - step) / span)
+
+    def replan(self, step: int, total_steps: int) -> None:
+        """End the schedule at ``total_steps`` (>= ``step``, the applied steps so far): the
+        multiplier at ``step`` stays what it was and falls linearly to 0 at ``total_steps``;
+        during the warmup only the end moves (the warmup's line is the same)."""
+        if step < self.warmup_steps and self.anchor_step is None:
+            self.total_steps = total_steps
+            return
+        self.anchor_factor, self.anchor_step = self(step), step
+        self.total_steps = max(step, total_steps)
+
+    def reset(self, total_steps: int) -> None:
+        """:func:`lr_factor` ending at ``total_steps`` again (no replan): a resumed run whose
+        length comes from its configuration."""
+        self.total_steps, self.anchor_step, self.anchor_factor = total_steps, None, 1.0
+
+
 def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int,
                    decay: str = "linear") -> torch.optim.lr_scheduler.LambdaLR:
-    """A ``LambdaLR`` applying :func:`lr_factor`. Call its ``step()`` only after an optimizer step
-    that was applied (not one skipped for gradient overflow), so skipped steps do not advance it."""
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, warmup_steps, total_steps, decay))
+    """A ``LambdaLR`` applying a :class:`Schedule` (:func:`lr_factor` until replanned), reachable
+    as :func:`schedule_of`. Call its ``step()`` only after an optimizer step that was applied
+    (not one skipped for gradient overflow), so skipped steps do not advance it."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer,
+                                             Schedule(warmup_steps, total_steps, decay))
+
+
+def schedule_of(scheduler: torch.optim.lr_scheduler.LambdaLR) -> Schedule:
+    """The :class:`Schedule` a scheduler of :func:`make_scheduler` applies (every param group
+    shares it)."""
+    return scheduler.lr_lambdas[0]
+
+
+def refresh_lr(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """Apply the scheduler's multiplier at its current step to the optimizer again (after its
+    :class:`Schedule` was replanned): ``step()`` at the current step once more (``last_epoch``
+    set back by one), which recomputes every group's ``lr`` and ``get_last_lr()``."""
+    scheduler.last_epoch -= 1
+    with warnings.catch_warnings():  # "step() before optimizer.step()": not a new step here
+        warnings.simplefilter("ignore", UserWarning)
+        scheduler.step()
 
 
 def set_peak_lr(scheduler: torch.optim.lr_scheduler.LambdaLR, peak_lr: float) -> None:
@@ -76,7 +132,4 @@ def set_peak_lr(scheduler: torch.optim.lr_scheduler.LambdaLR, peak_lr: float) ->
     ``step()`` at the current step again (``last_epoch`` set back by one; ``step()`` recomputes
     every group's ``lr`` and what ``get_last_lr()`` returns)."""
     scheduler.base_lrs = [peak_lr] * len(scheduler.optimizer.param_groups)
-    scheduler.last_epoch -= 1
-    with warnings.catch_warnings():  # "step() before optimizer.step()": not a new step here
-        warnings.simplefilter("ignore", UserWarning)
-        scheduler.step()
+    refresh_lr(scheduler)

@@ -19,6 +19,7 @@ from hvd_lm import options as configlib
 from hvd_lm.model.lm import ModelConfig
 from hvd_lm.options import option
 from hvd_lm.train.guard import DEFAULT_BOUND, UNIFORM_LOSS
+from hvd_lm.util.units import parse_duration
 
 #: Validation rows per rank of `hvd-lm eval` and of training's evaluations: each row starts from a
 #: zero state, so the BPC of a split depends on how many rows it is cut into.
@@ -37,8 +38,8 @@ class DataConfig:
     batch_size: int = option(32, "parallel streams per rank (per-rank batch, in sequences)", ge=1)
     epochs: typing.Optional[float] = option(
         None, "passes over the training split, the data cycled as often as needed (decay to 0 "
-        "at the end); unset: 1, or as many as --max-steps needs when it is given (--max-steps "
-        "wins); 0 = --max-steps alone", ge=0)
+        "at the end); unset: 1, or as many as --max-steps or --time-limit needs when one is "
+        "given; 0 = --max-steps alone", ge=0)
     seed: int = option(1234, "seed for the data order and model init", ge=0)
     verify_shards: bool = option(True, "verify shard sha256 against the manifest before training")
 
@@ -121,6 +122,13 @@ class RunConfig:
                                     "in host memory while training goes on (the next "
                                     "checkpoint, a signal, a reset and the end wait for it; "
                                     "hvd_lm/train/async_checkpoint.py)")
+    time_limit: str = option("", "train until this long after the process started (90s, 6m, "
+                             "1.5h, 3:50:00, [D-]HH:MM:SS or minutes): the steps that fit are "
+                             "measured as the run goes and the LR reaches 0 at the deadline, "
+                             "after which the final validation and checkpoint are written "
+                             "(--max-steps / --epochs still cap it; each invocation, a resumed "
+                             "one too, has its own limit; hvd_lm/train/deadline.py)",
+                             parse=lambda v: _time_limit(v))
     resume: str = option("", "checkpoint file or run directory to resume from ('auto' = out_dir)")
     overwrite: bool = option(False, "start over in an out-dir that holds another run's "
                              "checkpoints: delete them (checkpoints/step_*.pt, latest, diverged/), "
@@ -172,19 +180,24 @@ class TrainConfig:
 
     def epochs_bound(self) -> float:
         """The passes over the training split that bound the run: ``data.epochs`` when set;
-        unset, 0 (no bound: as many as ``optim.max_steps`` needs) when ``optim.max_steps`` is
-        given, else 1. 0 means the run ends at ``optim.max_steps`` alone."""
+        unset, 0 (no bound: as many as ``optim.max_steps`` or the time limit needs) when
+        ``optim.max_steps`` or ``run.time_limit`` is given, else 1. 0 means the run ends at
+        ``optim.max_steps`` or the time limit alone."""
         if self.data.epochs is not None:
             return self.data.epochs
-        return 0.0 if self.optim.max_steps else 1.0
+        return 0.0 if (self.optim.max_steps or self.run.time_limit) else 1.0
 
     def check(self) -> None:
         """Rules across sections (the per-field bounds are declared on the fields)."""
         if self.run.resume and self.run.overwrite:
             raise ValueError("run.resume and run.overwrite exclude each other (--resume continues "
                              "the run in --out-dir, --overwrite deletes it)")
-        if self.epochs_bound() <= 0 and not self.optim.max_steps:
-            raise ValueError("need data.epochs > 0 or optim.max_steps")
+        if self.epochs_bound() <= 0 and not (self.optim.max_steps or self.run.time_limit):
+            raise ValueError("need data.epochs > 0, optim.max_steps or run.time_limit")
+        if self.run.time_limit and self.run.elastic:
+            raise ValueError("run.time_limit does not work with run.elastic: workers joining and "
+                             "leaving change the step time the plan is measured on (give "
+                             "--max-steps)")
         if self.optim.optimizer.startswith("onebit"):
             if self.run.precision == "fp16":
                 raise ValueError("run.precision fp16 does not work with optim.optimizer "
@@ -203,6 +216,20 @@ class TrainConfig:
 
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def _time_limit(text: str) -> str:
+    """A ``run.time_limit`` value: a duration :func:`hvd_lm.util.units.parse_duration` reads, or
+    '' (none)."""
+    text = str(text).strip()
+    if text:
+        parse_duration(text, "time limit")
+    return text
+
+
+def time_limit_s(cfg: TrainConfig) -> int | None:
+    """``run.time_limit`` in seconds, or None without one."""
+    return parse_duration(cfg.run.time_limit, "run.time_limit") if cfg.run.time_limit else None
 
 
 def _device(text: str) -> str:

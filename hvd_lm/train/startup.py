@@ -7,6 +7,7 @@ start record. :class:`hvd_lm.train.loop.Trainer` is this plus the loop.
 
 from __future__ import annotations
 
+import collections
 import sys
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch
 
 from hvd_lm.comm import horovod as comm
 from hvd_lm.comm.peers import PeerWatch
+from hvd_lm.formats import checkpoint as ckpt_io
 from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.formats.shards import check_layout, verify_shard
 from hvd_lm.model import device as devices
@@ -25,12 +27,14 @@ from hvd_lm.train import faults, preflight
 from hvd_lm.train import resume as resume_io
 from hvd_lm.train.async_checkpoint import CheckpointWriter
 from hvd_lm.train.data import RankStreams, window_in_new_cut
+from hvd_lm.train.deadline import CHECKPOINT_BYTES_PER_S, Cadence, DeadlinePlanner
+from hvd_lm.train.evaluate import estimate_seconds
 from hvd_lm.train.guard import DivergenceGuard
 from hvd_lm.train.log import MetricsLog, StopSignals
 from hvd_lm.train.optim import build_optimizer, distributed
-from hvd_lm.train.rundir import open_run_folder
-from hvd_lm.train.schedule import make_scheduler, scaled_lr, set_peak_lr
-from hvd_lm.train.settings import TrainConfig
+from hvd_lm.train.rundir import OPTIMIZER_STATES, open_run_folder
+from hvd_lm.train.schedule import make_scheduler, scaled_lr, schedule_of, set_peak_lr
+from hvd_lm.train.settings import TrainConfig, time_limit_s
 from hvd_lm.util.lock import FolderLock
 
 
@@ -84,6 +88,8 @@ class TrainingRun:
         # --epochs, whichever comes first; elastic runs keep the length fixed at start.
         self.total_steps, self.total_windows, self.bound = preflight.run_length(
             cfg, self.windows_per_epoch, self.k, warn=self.ctx.is_root)
+        self.step_cap = self.total_steps  # with --time-limit the plan stays at or below it
+        self.time_limit_s = time_limit_s(cfg)
         optimizer = build_optimizer(self.model, cfg.optim, self.peak_lr)
         self.scaler = devices.make_scaler(self.device, cfg.run.precision)
 
@@ -106,7 +112,10 @@ class TrainingRun:
             resume.restore_rng()
             if preflight.resume_end(self.pos.step, self.pos.window, self.total_steps,
                                     sys.maxsize if cfg.run.elastic else self.total_windows,
-                                    self.k, resume.path, cfg, warn=self.ctx.is_root):
+                                    self.k, resume.path, cfg, warn=self.ctx.is_root) or (
+                    self.time_limit_s and preflight.deadline_run_ended(
+                        resume.lr_factor(), self.pos.step, cfg, resume.path,
+                        warn=self.ctx.is_root)):
                 self.summary = {"stop": "nothing-to-train", "step": self.pos.step}
                 return  # a finished run started again: nothing is written
 
@@ -118,6 +127,15 @@ class TrainingRun:
                                         cfg.optim.lr_decay)
         if resume is not None:
             resume.restore_optimizer(self.optimizer, self.scheduler)
+            schedule = schedule_of(self.scheduler)
+            if self.time_limit_s and self.pos.step >= cfg.optim.warmup_steps:
+                # continue the line to 0 from the LR the saved job had (the plan moves its end)
+                factor = resume.lr_factor()
+                schedule.reset(self.total_steps)
+                schedule.anchor_step, schedule.anchor_factor = self.pos.step, (
+                    schedule(self.pos.step) if factor is None else factor)
+            else:  # the length this configuration gives (a saved plan is not this run's)
+                schedule.reset(self.total_steps)
             # the configured rule's peak for this job's global batch (the saving job's may differ:
             # another world size or batch)
             set_peak_lr(self.scheduler, self.peak_lr)
@@ -147,7 +165,8 @@ class TrainingRun:
         self.log.record("start", self.pos.step, world_size=self.ctx.size,
                         launcher=self.ctx.launcher, device=str(self.device),
                         global_batch=self.global_batch, peak_lr=self.peak_lr,
-                        total_steps=self.total_steps, bound=self.bound,
+                        total_steps=self.total_steps if self.total_steps < sys.maxsize // 2
+                        else None, bound=self.bound,  # --time-limit: planned, at most this
                         windows_per_epoch=self.windows_per_epoch,
                         chars_per_epoch=self.streams.chars_per_epoch,
                         params=sum(p.numel() for p in self.params),
@@ -157,7 +176,8 @@ class TrainingRun:
                         flops_per_char=self.model.flops_per_char(), peak_tflops=self.peak.tflops,
                         peak_source=self.peak.source, async_checkpoint=cfg.run.async_checkpoint,
                         hosts=[p["host"] for p in self.peers] or None,
-                        resumed_from=str(resume.path) if resume else None)
+                        resumed_from=str(resume.path) if resume else None,
+                        time_limit_s=self.time_limit_s)
 
         # ---- control -----------------------------------------------------------------------------
         self.signals = StopSignals()
@@ -166,8 +186,22 @@ class TrainingRun:
         self.guard = DivergenceGuard(cfg.run.divergence_loss, cfg.run.divergence_logs,
                                      cfg.run.max_skipped_steps, self.pos.step)
         self.last_ckpt_time = time.time()
-        self.writer = CheckpointWriter(cfg.run.async_checkpoint, lambda w: self.log.record(
-            "checkpoint", w.step, path=str(w.path), write_s=w.write_s, blocked_s=w.blocked_s))
+        self.writer = CheckpointWriter(cfg.run.async_checkpoint, self.checkpoint_written)
+        # the control exchange: after the first attempt, then every control_interval() attempts
+        self.next_control = self.pos.attempts + 1
+        self.attempt_times: collections.deque[float] = collections.deque(maxlen=20)  # seconds
+        self.extra_s = 0.0  # seconds of validation and checkpoint in the current attempt
+        self.planner = None  # --time-limit: the steps that fit (hvd_lm.train.deadline)
+        if self.time_limit_s:
+            self.planner = DeadlinePlanner(
+                self.time_limit_s,
+                cadence=Cadence(cfg.run.eval_every, cfg.run.checkpoint_every,
+                                cfg.run.checkpoint_minutes, self.val is not None),
+                eval_estimate=lambda: estimate_seconds(self.model, self.val, self.device,
+                                                       cfg.run.precision),
+                checkpoint_estimate_s=1.0 + ckpt_io.estimate_bytes(
+                    self.model, OPTIMIZER_STATES.get(cfg.optim.optimizer, 2),
+                    self.ctx.size * self.B) / CHECKPOINT_BYTES_PER_S)
         self.saved_step: int | None = None  # the step of this run's newest checkpoint
         self.step_started = time.monotonic()  # monotonic s: when the current step began
         self.stop_reason = "done"
@@ -197,8 +231,9 @@ class TrainingRun:
     def open_log(self) -> None:
         """Rank 0's metrics log (appending), once."""
         if self.ctx.is_root and not self.log.enabled:
-            self.log = MetricsLog(self.out_dir, True, self.total_steps, self.pos.step,
-                                  self.cfg.run.tensorboard)
+            self.log = MetricsLog(self.out_dir, True,  # --time-limit: the total once planned
+                                  None if self.time_limit_s else self.total_steps,
+                                  self.pos.step, self.cfg.run.tensorboard)
 
     def take_root(self, first: bool = False) -> None:
         """Elastic: rank 0 owns the run folder (lock, config.yaml) and the log; a rank that is

@@ -1,0 +1,199 @@
+"""Training to a deadline (``--time-limit``, hvd_lm/train/deadline.py): the schedule's re-planned
+line, the planner's arithmetic against a hand computation, and real runs on 1 and 2 ranks that
+end before their deadline with the LR at 0 and a final checkpoint, resumed with a limit of
+their own; ``hvd-lm launch --walltime`` deriving the limit."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from hvd_lm.formats.checkpoint import load, resolve
+from hvd_lm.train.deadline import SKIP_ATTEMPTS, Cadence, DeadlinePlanner
+from hvd_lm.train.schedule import Schedule, lr_factor, make_scheduler, schedule_of
+from hvd_lm.util.units import parse_duration
+from tests._mp import REPO, horovodrun_cmd, launch_env
+from tests.shardutil import default_shards
+
+TINY = ["--hidden-size", "16", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
+        "--log-every", "1", "--threads", "1", "--eval-chars", "2000", "--device", "cpu",
+        "--warmup-steps", "5"]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return default_shards(tmp_path_factory.mktemp("shards"))
+
+
+def records(run_dir, kind=None) -> list[dict]:
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if kind is None or r["kind"] == kind]
+
+
+# ---- the pieces --------------------------------------------------------------------------------
+
+def test_durations_in_the_forms_people_and_slurm_write():
+    assert [parse_duration(t) for t in ("40s", "6m", "1.5h", "2d", "3:50:00", "1-02:00:00",
+                                         "1:30", "90")] == \
+        [40, 360, 5400, 172800, 13800, 93600, 5400, 5400]
+    for bad, says in (("0", "must be positive"), ("6 parsecs", "not a duration"),
+                      ("400-00:00:00", "more than 365"), ("9" * 20, "more than 365 days")):
+        with pytest.raises(ValueError, match=says):
+            parse_duration(bad, "--time-limit")
+
+
+def test_a_replanned_schedule_bends_without_a_jump_and_ends_at_zero():
+    s = Schedule(warmup_steps=10, total_steps=100)
+    assert [s(i) for i in range(100)] == [lr_factor(i, 10, 100) for i in range(100)]
+    s.replan(4, 50)  # in the warmup: only the end moves
+    assert [s(i) for i in range(50)] == [lr_factor(i, 10, 50) for i in range(50)]
+    before = s(30)
+    s.replan(30, 80)  # later: from the factor it had, a straight line to 0 at 80
+    assert s(30) == before and s(80) == 0.0 and s(90) == 0.0
+    assert s(55) == pytest.approx(before * 25 / 50)
+    before = s(60)
+    s.replan(60, 60)  # nothing fits anymore: 0 from here
+    assert s(60) == 0.0 and before > 0
+    # the plan travels with the scheduler's state (a checkpoint holds it)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = make_scheduler(opt, 0, 100)
+    for _ in range(20):
+        opt.step()
+        sched.step()
+    schedule_of(sched).replan(20, 40)
+    fresh_opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    fresh = make_scheduler(fresh_opt, 0, 100)
+    fresh.load_state_dict(sched.state_dict())
+    assert vars(schedule_of(fresh)) == vars(schedule_of(sched))
+    assert schedule_of(fresh)(30) == pytest.approx(0.8 * 10 / 20)
+
+
+def test_the_planner_fits_steps_evaluations_and_checkpoints_before_the_deadline():
+    now = [1000.0]
+    p = DeadlinePlanner(100.0, started=1000.0, clock=lambda: now[0],
+                        cadence=Cadence(eval_every=50, checkpoint_every=100, has_val=True),
+                        eval_estimate=lambda: 3.0, checkpoint_estimate_s=4.0, margin_s=2.0)
+    for _ in range(SKIP_ATTEMPTS):
+        p.step_done(30.0)  # compilation: left out
+    assert p.plan(0, 10**9) is None  # not measured yet
+    for t in (0.1, 0.3, 0.2):
+        p.step_done(t)
+    now[0] = 1010.0  # 90 s left; reserve 3 (eval) + 4 (checkpoint) + 2 (margin)
+    per_step = (0.1 + 0.3 + 0.2) / 3 + 3.0 / 50 + 4.0 / 100
+    assert p.plan(7, 10**9) == 7 + math.floor((90 - 9) / per_step)
+    assert 269 <= p.plan(7, 10**9) - 7 <= 270
+    assert p.plan(7, 7 + 271) is None  # within 1% of the steps left: kept
+    assert p.plan(7, 10**9, cap=100) == 100  # --max-steps caps it
+    p.checkpoint_done(write_s=6.0, blocked_s=0.5)  # measured: the plan follows
+    p.eval_done(1.0)
+    per_step = (0.1 + 0.3 + 0.2) / 3 + 1.0 / 50 + 0.5 / 100
+    assert p.plan(7, 10**9) == 7 + math.floor((90 - 9) / per_step)
+    now[0] = 1095.0  # less left than the reserve: the run ends where it is
+    assert p.plan(300, 400) == 300
+    d = p.describe()
+    assert d["left_s"] == 5.0 and d["reserve_s"] == 9.0 and d["step_time"] == pytest.approx(0.2)
+
+
+# ---- real runs ---------------------------------------------------------------------------------
+
+def train(shards, out, *extra, np_: int = 1, **env) -> subprocess.Popen:
+    argv = ["-m", "hvd_lm", "train", "--shards", shards, "--out-dir", out, *TINY, *extra]
+    cmd = horovodrun_cmd(np_, argv, "gloo") if np_ > 1 else [sys.executable, *argv]
+    return subprocess.Popen([str(c) for c in cmd], env=launch_env(**env), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def finished(proc: subprocess.Popen, timeout: float) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def check_ended_at_deadline(run_dir, limit_s: float, started: float) -> dict:
+    """The run's LR reached 0 at its last step, whose checkpoint is its newest, written before
+    the deadline; the plan was logged."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop"] == "done" and summary["time_limit_s"] == limit_s
+    assert 0 <= summary["deadline_left_s"] <= 8, summary  # used, not overrun
+    last = records(run_dir, "train")[-1]
+    assert last["step"] == summary["step"] and last["lr"] == 0.0
+    assert load(resolve(run_dir))["step"] == summary["step"]
+    plans = records(run_dir, "plan")
+    assert plans and plans[-1]["total_steps"] == summary["step"]
+    assert time.time() - started <= limit_s + 10  # the launcher's own start and end on top
+    return summary
+
+
+def test_one_process_trains_to_its_deadline_and_a_resume_has_its_own(shards, tmp_path):
+    """1 rank: stopped by SIGTERM mid-run, resumed with its own limit: the LR continues from
+    where it was (no jump back to the peak) and reaches 0 at the second deadline, with the final
+    checkpoint; started again, a run whose LR reached 0 has nothing to train."""
+    out = tmp_path / "run"
+    first = train(shards, out, "--time-limit", "60s", HVD_LM_STEP_SLEEP="0.05")
+    try:
+        t_end = time.time() + 60
+        while time.time() < t_end and not (
+                (out / "metrics.jsonl").exists() and len(records(out, "plan")) >= 1
+                and len(records(out, "train")) >= 30):
+            time.sleep(0.3)
+        first.send_signal(signal.SIGTERM)
+    finally:
+        finished(first, 60)
+    assert records(out, "end")[0]["stop"] == "signal"
+    lr_at_stop = records(out, "train")[-1]["lr"]
+    peak = records(out, "start")[0]["peak_lr"]
+    assert 0 < lr_at_stop < peak  # decaying towards the first deadline
+
+    started = time.time()
+    finished(train(shards, out, "--time-limit", "20s", "--resume", "auto",
+                   HVD_LM_STEP_SLEEP="0.05"), 60)
+    check_ended_at_deadline(out, 20, started)
+    starts = records(out, "start")
+    first_lr = [r for r in records(out, "train") if r["time"] > starts[-1]["time"]][0]["lr"]
+    assert first_lr == pytest.approx(lr_at_stop, rel=0.05)  # continuous, not the peak again
+
+    again = subprocess.run([sys.executable, "-m", "hvd_lm", "train", "--shards", shards,
+                            "--out-dir", out, *TINY, "--time-limit", "20s", "--resume", "auto"],
+                           env=launch_env(), capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "nothing to train" in again.stderr, again.stderr
+
+
+@pytest.mark.slow
+def test_two_ranks_agree_on_the_plan_and_end_before_a_40s_deadline(shards, tmp_path):
+    out = tmp_path / "run2"
+    started = time.time()
+    finished(train(shards, out, "--time-limit", "40s", "--checkpoint-minutes", "0.1",
+                   "--eval-every", "100", np_=2, HVD_LM_STEP_SLEEP="0.05"), 120)
+    summary = check_ended_at_deadline(out, 40, started)
+    assert summary["world_size"] == 2
+    # the timed checkpoints and validations were measured into the plan
+    assert records(out, "checkpoint") and records(out, "eval")
+    assert records(out, "plan")[-1]["checkpoint_measured"] is True
+
+
+# ---- hvd-lm launch ------------------------------------------------------------------------------
+
+def launch(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hvd_lm", "launch", "--scheduler", "slurm",
+                           "--gpus", "16", "--gpus-per-node", "8", *args, "--", "--shards", "d"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+
+
+def test_launch_gives_the_training_the_walltime_less_a_margin():
+    assert "--time-limit 13800s" in launch("--walltime", "4:00:00", "--time-margin",
+                                           "10m").stdout
+    assert "--time-limit 3300s" in launch("--walltime", "1h").stdout  # default margin 5m
+    assert "--time-limit" not in launch("--walltime", "1h", "--time-margin", "0").stdout
+    bad = launch("--walltime", "4m")
+    assert bad.returncode == 2 and "--time-margin 5m is not below --walltime 4m" in bad.stderr
