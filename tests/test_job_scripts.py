@@ -221,7 +221,7 @@ def test_128_gpus_at_8_per_node_is_16_nodes(tmp_path):
     for line in ("#SBATCH --nodes=16", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
                  "#SBATCH --time=4:00:00", "#SBATCH --partition=gpu"):
         assert re.search(rf"^{line}\s", text, re.M), line
-    assert '\nTRAIN_ARGS="${TRAIN_ARGS:- --shards data/shards}"' in text
+    assert '\nTRAIN_ARGS="${TRAIN_ARGS:- --shards data/shards --time-limit 14100s}"' in text
     pbs = L.render(L.RenderSpec("pbs", L.job_size(128, 8), partition="gpu", cpus_per_task=4))
     assert "\n#PBS -l select=16:ncpus=32:ngpus=8:mpiprocs=8\n" in pbs and "\n#PBS -q gpu\n" in pbs
     assert 'NP="${NP:-128}"' in L.render(L.RenderSpec("mpirun", L.job_size(128, 8)))

@@ -31,6 +31,7 @@ from hvd_lm.options import Command, option
 from hvd_lm.train.schedule import scaled_lr
 from hvd_lm.train.settings import add_arguments, from_args
 from hvd_lm.util.atomic import write_text
+from hvd_lm.util.units import parse_duration
 
 
 class _Raising(argparse.ArgumentParser):
@@ -156,6 +157,8 @@ def _render_job(args: LaunchConfig, job: JobPlan, train_args: list[str], job_nam
     per_gpu = cfg.data.batch_size * cfg.dist.backward_passes_per_step
     if job.steps is not None:
         train_args = [*train_args, "--max-steps", str(job.steps)]
+    elif (limit := derived_time_limit(args.walltime, args.time_margin, cfg)) is not None:
+        train_args = [*train_args, "--time-limit", limit]
     kind = "Scaling sweep job, rendered" if args.sweep else "Rendered"
     header = (f"{kind} by `hvd-lm launch --scheduler {args.scheduler}`: its knobs and directives "
               "are filled in, the rest is the template",
@@ -170,6 +173,26 @@ def _render_job(args: LaunchConfig, job: JobPlan, train_args: list[str], job_nam
         hosts=tuple(h for h in (args.hosts or "").split(",") if h),
         network_interface=args.network_interface, cpus_per_task=args.cpus_per_task,
         header=header, elastic=args.elastic, min_np=args.min_np), templates)
+
+
+def derived_time_limit(walltime: str | None, margin: str, cfg) -> str | None:
+    """The ``--time-limit`` a job rendered with ``--walltime`` gives its training: the walltime
+    less ``margin`` (the job's start: allocation, launcher, imports, shard verification), so
+    the LR reaches 0 and the final checkpoint is written before the scheduler kills the job.
+    None without a walltime, with a margin of 0, or when the training flags set a time limit.
+
+    Raises:
+        ValueError: the margin is not a duration, or not below the walltime (naming both).
+    """
+    if not walltime or cfg.run.time_limit or str(margin).strip() in ("0", "none", ""):
+        return None
+    total = parse_duration(walltime, "--walltime")
+    keep = parse_duration(margin, "--time-margin")
+    if keep >= total:
+        raise ValueError(f"--time-margin {margin} is not below --walltime {walltime}: give a "
+                         "longer walltime, a shorter margin, or --time-margin 0 (no "
+                         "--time-limit for the training)")
+    return f"{total - keep}s"
 
 
 def _write_script(path: Path, text: str) -> None:
@@ -265,7 +288,13 @@ class LaunchConfig:
     # scheduler
     partition: Optional[str] = option(None, "SLURM partition / PBS queue (default: the "
                                       "cluster's)", aliases=("--queue",))
-    walltime: Optional[str] = option(None, "time limit, [D-]HH:MM:SS or minutes (SLURM, PBS)")
+    walltime: Optional[str] = option(None, "time limit, [D-]HH:MM:SS, minutes or 4h-style "
+                                     "(SLURM, PBS); the training gets --time-limit = walltime "
+                                     "- --time-margin (not in a --sweep: its jobs run fixed "
+                                     "steps)")
+    time_margin: str = option("5m", "with --walltime: the part of it the training's "
+                              "--time-limit leaves to the job's start and end (0: no "
+                              "--time-limit)")
     job_name: str = option("hvd-lm", "job name (SLURM, PBS)")
     launcher: Optional[str] = option(None, "SLURM: how ranks start inside the allocation "
                                      "(template default srun)", choices=("srun", "mpirun"))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hvd_lm
+from hvd_lm.util.units import MAX_DURATION_S, hms, parse_duration
 
 #: scheduler name -> template file in the launch directory
 SCHEDULERS = {
@@ -40,9 +41,8 @@ _KNOB = re.compile(r'^(?P<name>[A-Z][A-Z0-9_]*)="\$\{(?P=name):-(?P<default>.*)\
                    r'(?P<rest>\s*(?:#.*)?)$', re.M)
 # Characters that cannot sit inside a double-quoted "${NAME:-...}" default as literal text.
 _UNSAFE = re.compile(r'[$`"\\}\n]')
-_WALLTIME = re.compile(r"^(?:(?P<d>\d+)-)?(?P<h>\d+)(?::(?P<m>\d+))?(?::(?P<s>\d+))?$")
 #: Longest ``--walltime``: 365 days (SLURM's and PBS's own limits are per cluster, well below).
-MAX_WALLTIME_S = 365 * 86400
+MAX_WALLTIME_S = MAX_DURATION_S
 #: A scheduler directive's value (``#SBATCH --partition=VALUE``, ``#PBS -N VALUE``): one word of
 #: letters, digits and ``_ . , : = + -``, not starting with ``-``, at most 128 characters. sbatch
 #: and qsub split a directive line into options at whitespace, so a value with a space (``gpu
@@ -111,27 +111,14 @@ def job_size(gpus: int, gpus_per_node: int, nodes: int | None = None) -> JobSize
 
 
 def walltime_hms(text: str) -> str:
-    """``[D-]HH[:MM[:SS]]`` or plain minutes -> ``H:MM:SS`` (accepted by SLURM and PBS).
+    """``[D-]HH[:MM[:SS]]``, plain minutes or ``6m``/``4h``-style (:func:`parse_duration`) ->
+    ``H:MM:SS`` (accepted by SLURM and PBS).
 
     Raises:
         ValueError: not a duration in those forms, not positive, or over
-            :data:`MAX_WALLTIME_S` (365 days).
+            :data:`MAX_WALLTIME_S` (365 days), naming ``--walltime``.
     """
-    m = _WALLTIME.match(text.strip())
-    if not m:
-        raise ValueError(f"--walltime {text!r}: expected [D-]HH:MM:SS, HH:MM or minutes")
-    if any(len(m.group(k) or "") > 9 for k in "dhms"):  # int() of it could take long
-        raise ValueError(f"--walltime {text[:40]!r}: more than {MAX_WALLTIME_S // 86400} days")
-    d, h, mi, s = (int(m.group(k) or 0) for k in "dhms")
-    if m.group("m") is None and m.group("d") is None:  # plain number = minutes (SLURM's rule)
-        h, mi = 0, h
-    total = ((d * 24 + h) * 60 + mi) * 60 + s
-    if total <= 0:
-        raise ValueError(f"--walltime {text!r} must be positive")
-    if total > MAX_WALLTIME_S:
-        raise ValueError(f"--walltime {text!r} is {total / 86400:,.0f} days, more than "
-                         f"{MAX_WALLTIME_S // 86400}; give [D-]HH:MM:SS, HH:MM or minutes")
-    return f"{total // 3600}:{total // 60 % 60:02d}:{total % 60:02d}"
+    return hms(parse_duration(text, "--walltime"))
 
 
 def check_directive_value(flag: str, value: str) -> str:
