@@ -85,7 +85,10 @@ class PrepareConfig:
                                    "each file name)", choices=FORMATS)
     text_field: Optional[str] = option(None, "JSON key / CSV column / .review tag holding the "
                                        "text (default: reviewText, review_body, Text, ... "
-                                       "whichever the file has; review_text)")
+                                       "whichever the file has; review_text); several, "
+                                       "comma-separated: each file reads the first it has; #N: "
+                                       "column N of a CSV without a header row",
+                                       metavar="FIELD[,FIELD...]")
     tar_members: Optional[str] = option(None, "tar inputs: the members read as documents, "
                                         "comma-separated globs over their paths in the archive "
                                         "(default: *.txt; IMDB: '*/train/pos/*.txt,*/train/neg/*.txt')",

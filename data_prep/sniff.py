@@ -9,6 +9,7 @@ import ast
 import csv
 import json
 import os
+import re
 from typing import Optional
 
 from data_prep.gzip_blocks import is_gzip
@@ -67,7 +68,11 @@ def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = N
     """Decide how to read ``path``: format (given, or from the name and the first record) and
     text field (given, the format's default, or the first of :data:`TEXT_FIELD_CANDIDATES` in the
     CSV/TSV header or first JSON record); for a ``tar`` archive, ``tar_members`` (default
-    :data:`TAR_DEFAULT_MEMBERS`) instead of a text field.
+    :data:`TAR_DEFAULT_MEMBERS`) instead of a text field. A ``text_field`` naming several fields,
+    comma-separated, is a preference list: each file reads the first of them it has (a corpus of
+    sources that each name their text differently, in one run); a ``#N`` in it is column N
+    (1-based) of a CSV/TSV without a header row, for a file whose first row holds none of the
+    names listed (that row is then a record).
 
     Raises:
         InputError: missing/unreadable file, unknown format, or no usable text field (the
@@ -111,11 +116,20 @@ def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = N
             except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
                 pass
     kw.update(format=fmt, format_source=fsrc)
+    wanted = [f.strip() for f in text_field.split(",") if f.strip()] if text_field else None
+    if text_field is not None and not wanted:
+        raise InputError(f"{path}: --text-field {text_field!r} names no field")
+    if wanted and len(wanted) == 1:
+        text_field = wanted[0]
     if fmt == "text":
         return InputSpec(text_field=None, field_source="", **kw)
     if fmt == "review":
-        return InputSpec(text_field=text_field or REVIEW_DEFAULT_FIELD,
-                         field_source="given" if text_field else "default", **kw)
+        if wanted and len(wanted) > 1:  # the first listed tag the first blocks hold
+            tags = {t.strip()[1:-1] for _, t in head if re.fullmatch(r"\s*<[\w.-]+>\s*", t)}
+            pick = next((w for w in wanted if w in tags), wanted[0])
+            return InputSpec(text_field=pick, field_source="given, first in the blocks", **kw)
+        return InputSpec(text_field=wanted[0] if wanted else REVIEW_DEFAULT_FIELD,
+                         field_source="given" if wanted else "default", **kw)
     if fmt in ("csv", "tsv"):
         csv.field_size_limit(CSV_FIELD_LIMIT)
         lines = iter(t for n, t in head)
@@ -129,23 +143,35 @@ def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = N
             header = []
         consumed = len(head) - sum(1 for _ in lines)
         columns = tuple(header)
-        if text_field is None:
-            text_field = next((c for c in TEXT_FIELD_CANDIDATES if c in columns), None)
-            fld_src = "header"
+        if text_field is None or len(wanted) > 1:
+            names = wanted or TEXT_FIELD_CANDIDATES
+            text_field = next((c for c in names if c in columns), None)
+            fld_src = "header" if wanted is None else "given, first in the header"
         else:
             fld_src = "given"
+            names = [text_field]
+        numbered = [n for n in names if re.fullmatch(r"#[1-9]\d{0,3}", n)]
+        if columns and text_field not in columns and numbered:
+            # none of the named columns: a file without a header row, its first row is data
+            if int(numbered[0][1:]) > len(columns):
+                raise InputError(f"{path}: --text-field {numbered[0]}: the first row has "
+                                 f"{len(columns)} columns")
+            return InputSpec(text_field=numbered[0], field_source="given, no header row",
+                             columns=tuple(f"#{i + 1}" for i in range(len(columns))),
+                             header_lines=0, **kw)
         if columns and text_field not in columns:
-            what = (f"no column {text_field!r}" if text_field is not None else
-                    "no text column among " + ", ".join(TEXT_FIELD_CANDIDATES))
+            what = (f"no column {names[0]!r}" if len(names) == 1 else
+                    "no text column among " + ", ".join(names))
             raise InputError(f"{path}: {what} in the {fmt.upper()} header "
                              f"(columns: {', '.join(columns)}); pass --text-field")
         if not columns:  # empty file: nothing to read
-            text_field = text_field or TEXT_FIELD_CANDIDATES[0]
+            text_field = text_field or names[0]
         return InputSpec(text_field=text_field, field_source=fld_src, columns=columns,
                          header_lines=consumed, **kw)
     # json / loose-json
-    if text_field is not None:
+    if wanted and len(wanted) == 1:
         return InputSpec(text_field=text_field, field_source="given", **kw)
+    names = wanted or TEXT_FIELD_CANDIDATES
     obj = None
     if first is not None:
         try:
@@ -153,9 +179,10 @@ def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = N
         except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
             obj = None  # reported as a bad record when read
     if isinstance(obj, dict):
-        found = next((c for c in TEXT_FIELD_CANDIDATES if c in obj), None)
+        found = next((c for c in names if c in obj), None)
         if found is None:
-            raise InputError(f"{path}:{first[0]}: none of the usual text fields in the first "
-                             f"record (keys: {', '.join(map(str, obj))}); pass --text-field")
+            which = "the usual text fields" if wanted is None else ", ".join(names)
+            raise InputError(f"{path}:{first[0]}: none of {which} in the first record (keys: "
+                             f"{', '.join(map(str, obj))}); pass --text-field")
         return InputSpec(text_field=found, field_source="first record", **kw)
-    return InputSpec(text_field=TEXT_FIELD_CANDIDATES[0], field_source="default", **kw)
+    return InputSpec(text_field=names[0], field_source="default", **kw)

@@ -1,0 +1,74 @@
+"""``prepare --text-field A,B,...``: sources that name their text differently in one run (each
+file reads the first listed field it has) and ``#N`` for a CSV without a header row, through the
+command line, against the texts read independently with the csv and json modules."""
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import subprocess
+import sys
+
+from hvd_lm.formats.manifest import load_manifest
+from hvd_lm.formats.shards import open_shard
+from tests._mp import REPO
+
+
+def prepare(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hvd_lm", "prepare", *map(str, args),
+                           "--no-progress", "--split", "1"], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+
+
+def documents(out) -> list[str]:
+    """Every document of the shards (the bytes before each end-of-document token)."""
+    docs = []
+    for info in load_manifest(out).shards:
+        s = open_shard(info.path)
+        docs += [s.tokens[a:b - 1].tobytes().decode()
+                 for a, b in zip(s.doc_offsets[:-1], s.doc_offsets[1:])]
+    return docs
+
+
+def test_each_file_reads_the_first_listed_field_it_has(tmp_path):
+    earphones = tmp_path / "AllProductReviews.csv"
+    earphones.write_text('ReviewTitle,ReviewBody,ReviewStar\n"Nice","Good bass, clear '
+                         'highs\nand a long cable",5\nMeh,Broke after a week,1\n')
+    datafiniti = tmp_path / "reviews.csv.gz"
+    with gzip.open(datafiniti, "wt") as f:
+        f.write("\ufeffid,reviews.text,reviews.title\n1,The kindle reads well in sun,Great\n")
+    jsonl = tmp_path / "movies.json"
+    jsonl.write_text(json.dumps({"summary": "x", "reviewText": "A film to see twice"}) + "\n")
+    headerless = tmp_path / "musical.csv"
+    headerless.write_text("A1,B1,Bob,\"[0, 0]\",The capo holds tight,5\n"
+                          "A2,B2,Ann,\"[1, 2]\",\"Strings buzz, sadly\",2\n")
+    review = tmp_path / "books.review"
+    review.write_text("<review>\n<title>\nt\n</title>\n<review_text>\nA gripping plot\n"
+                      "</review_text>\n</review>\n")
+    fields = "reviewText,ReviewBody,reviews.text,review_text,#5"
+    p = prepare(earphones, datafiniti, jsonl, headerless, review, "--text-field", fields,
+                "--out", tmp_path / "out")
+    assert p.returncode == 0, p.stderr
+    for line in ("text field 'ReviewBody' (given, first in the header)",
+                 "text field 'reviews.text' (given, first in the header)",
+                 "text field 'reviewText' (first record)",
+                 "text field '#5' (given, no header row)",
+                 "text field 'review_text' (given, first in the blocks)"):
+        assert line in p.stdout, (line, p.stdout)
+    expected = [r["ReviewBody"] for r in csv.DictReader(io.StringIO(earphones.read_text()))]
+    expected += ["The kindle reads well in sun", "A film to see twice"]
+    expected += [row[4] for row in csv.reader(io.StringIO(headerless.read_text()))]
+    expected += ["A gripping plot"]
+    assert sorted(documents(tmp_path / "out")) == sorted(expected)
+
+
+def test_a_list_that_names_no_field_of_a_file_says_which(tmp_path):
+    f = tmp_path / "mobile.csv"
+    f.write_text("Product Name,Reviews\nphone,fine\n")
+    p = prepare(f, "--text-field", "reviewText,Text", "--out", tmp_path / "out")
+    assert p.returncode == 1
+    assert "no text column among reviewText, Text in the CSV header (columns: Product Name, " \
+        "Reviews)" in p.stderr, p.stderr
+    p = prepare(f, "--text-field", "Text,#9", "--out", tmp_path / "out")
+    assert p.returncode == 1 and "--text-field #9: the first row has 2 columns" in p.stderr
