@@ -8,6 +8,8 @@ stopped.
 * ``--done-file FILE``: tests listed in FILE (node ids, one a line) are deselected, and every
   test that finishes is appended (so the next part skips it).
 * ``--budget-report FILE``: JSON ``{"ran", "left", "budget_s", "seconds"}`` at the end.
+* ``--run-first TEXT``: the tests whose node id contains TEXT run first, in their order (what a
+  part must not lose to its budget: the GPU session's cpu -> cuda resume test).
 
 A part that leaves nothing to run (every test in the done file) exits 0.
 """
@@ -28,6 +30,8 @@ def pytest_addoption(parser):
                     help="skip the tests listed in FILE; append each test that finishes")
     group.addoption("--budget-report", default=None, metavar="FILE",
                     help="write {ran, left, budget_s, seconds} as JSON at the end")
+    group.addoption("--run-first", default=None, metavar="TEXT",
+                    help="run the tests whose node id contains TEXT before the others")
 
 
 class _Budget:
@@ -42,6 +46,9 @@ class _Budget:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config, items):
+        first = config.getoption("--run-first")
+        if first:  # a stable sort: those first, each group in collection order
+            items.sort(key=lambda i: first not in i.nodeid)
         if self.done_file is None or not self.done_file.exists():
             return
         done = set(self.done_file.read_text().split("\n"))
@@ -77,5 +84,5 @@ class _Budget:
 
 def pytest_configure(config):
     if any(config.getoption(o) is not None
-           for o in ("--time-budget", "--done-file", "--budget-report")):
+           for o in ("--time-budget", "--done-file", "--budget-report", "--run-first")):
         config.pluginmanager.register(_Budget(config), "hvd_lm_budget")
