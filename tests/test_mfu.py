@@ -57,6 +57,28 @@ def test_published_peaks_and_the_precision_column():
     assert mfu.device_peak(torch.device("cpu"), "fp32", 123.0) == mfu.Peak(123.0, "--peak-tflops")
 
 
+def test_a_cpu_peak_is_measured_once_per_machine_and_raised_by_a_faster_run(tmp_path,
+                                                                          monkeypatch):
+    """The CPU peak is measured at the first start only (a requeued run's MFU is against the
+    same figure whatever the load then), kept per dtype and threads, and a run that reaches more
+    raises it (MFU never above 1)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(mfu, "matmul_gflops", lambda *a, **k: calls.append(k) or 50.0)
+    first = mfu.device_peak(torch.device("cpu"), "fp32", threads=1)
+    again = mfu.device_peak(torch.device("cpu"), "fp32", threads=1)
+    assert first == again and first.tflops == 0.05 and len(calls) == 1
+    assert "once on this machine" in first.source and str(tmp_path) in first.source
+    mfu.device_peak(torch.device("cpu"), "fp32", threads=2)  # another key: measured
+    assert len(calls) == 2 and len(json.loads(mfu.peak_cache_path().read_text())) == 2
+    rate, peak = mfu.rate_against(1000.0, 4e7, first)  # 0.04 TFLOP/s: below the peak
+    assert peak == first and rate["mfu"] == pytest.approx(0.8)
+    rate, peak = mfu.rate_against(2000.0, 4e7, first)  # 0.08: the kept figure was low
+    assert rate["mfu"] == 1.0 and peak.tflops == pytest.approx(0.08)
+    assert mfu.device_peak(torch.device("cpu"), "fp32", threads=1).tflops == \
+        pytest.approx(0.08) and len(calls) == 2
+
+
 def test_flops_per_char_is_the_hand_count():
     from hvd_lm.model.lm import LanguageModel, ModelConfig
     m = LanguageModel(ModelConfig(embed_dim=8, hidden_size=32))

@@ -19,17 +19,27 @@ The peak (:func:`device_peak`), in this order:
    (2:4 structured sparsity, which dense training does not use): the table holds half of them,
    the dense rate;
 3. otherwise (a CPU, a GPU the table lacks, or a column the card has no figure for: bf16 on a
-   V100) a **measured** rate: the best of 3 ``torch.mm`` of 1024^3 (CPU: with the run's threads;
-   GPU: 4096^3) in the matmul dtype, so on a CPU the MFU is relative to what this machine's BLAS
-   reaches with those threads (what ``hvd-lm bench train`` calls the matmul peak).
+   V100) a **measured** rate: on a GPU the best of 3 ``torch.mm`` of 4096^3 in the matmul dtype;
+   on a CPU the best of 5 of 1024^3 with the run's threads, **measured once per machine** and
+   kept in :func:`peak_cache_path` (keyed by host, CPU model, cores, torch, dtype and threads),
+   so the MFU is relative to what this machine's BLAS reaches with those threads (what
+   ``hvd-lm bench train`` calls the matmul peak) and comparable across restarts, whatever load
+   the machine has at each start; a run that reaches more than the kept figure raises it
+   (:func:`rate_against`), so MFU stays at or below 1.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+
+from hvd_lm.util.atomic import write_text
 
 #: Published dense peaks, TFLOP/s: (name substring, fp32, tf32, fp16, bf16, source). Matched in
 #: order, case-insensitively, against ``torch.cuda.get_device_name()`` (e.g. "NVIDIA H100 80GB
@@ -64,6 +74,68 @@ class Peak:
 
     tflops: float
     source: str
+    key: str | None = None  # a CPU peak kept per machine: its key in peak_cache_path()
+
+
+#: Largest peak cache read (a few hundred bytes per machine x dtype x threads).
+PEAK_CACHE_MAX_BYTES = 1 << 20
+
+
+def peak_cache_path() -> Path:
+    """Where measured CPU peaks are kept: ``$XDG_CACHE_HOME/hvd_lm/cpu_peaks.json`` (default
+    ``~/.cache``); delete it to measure again."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hvd_lm" / "cpu_peaks.json"
+
+
+def _machine_key(dtype: torch.dtype, threads: int) -> str:
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f
+                          if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    return (f"{socket.gethostname()} | {model} | {os.cpu_count()} cores | torch "
+            f"{torch.__version__} | {str(dtype)[6:]} | {threads} thread(s)")
+
+
+def _kept_peaks(path: Path) -> dict[str, float]:
+    """The kept peaks (GFLOP/s by key); {} when absent, too large or not such a file."""
+    try:
+        if path.stat().st_size > PEAK_CACHE_MAX_BYTES:
+            return {}
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: float(v) for k, v in data.items()
+            if isinstance(v, (int, float)) and 0 < v < 1e12}
+
+
+def _keep_peak(key: str, gflops: float) -> None:
+    path = peak_cache_path()
+    kept = _kept_peaks(path)
+    kept[key] = gflops
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text(path, json.dumps(kept, indent=1, sort_keys=True) + "\n")
+    except OSError:
+        pass  # a read-only home: measured again next time
+
+
+def cpu_peak(dtype: torch.dtype, threads: int) -> Peak:
+    """This machine's CPU matmul peak for ``dtype`` and ``threads``: kept from an earlier
+    measurement, else the best of 5 ``torch.mm`` of 1024^3 measured now (~0.1-10 s) and kept."""
+    key = _machine_key(dtype, threads)
+    gflops = _kept_peaks(peak_cache_path()).get(key)
+    if gflops is None:
+        gflops = matmul_gflops(1024, repeats=5, threads=threads, dtype=dtype)
+        _keep_peak(key, gflops)
+    return Peak(gflops / 1e3, f"measured: {str(dtype)[6:]} torch.mm 1024^3 on the CPU, "
+                f"{threads} thread(s), best of 5, once on this machine (kept in "
+                f"{peak_cache_path()})", key)
 
 
 def matmul_gflops(n: int = 2048, repeats: int = 5, threads: int = 1, device: str = "cpu",
@@ -122,7 +194,7 @@ def published_peak(device_name: str, column: str) -> Peak | None:
 def device_peak(device: torch.device, precision: str, override: float | None = None,
                 threads: int = 1) -> Peak:
     """The peak one rank's MFU is computed against (module docstring: ``override``, the
-    published figure of the CUDA card, or a matmul measured here, ~0.2 s).
+    published figure of the CUDA card, or a matmul measured here: on a CPU once per machine).
 
     Args:
         device: the rank's device; precision: ``run.precision`` (fp32, fp16, bf16);
@@ -140,9 +212,7 @@ def device_peak(device: torch.device, precision: str, override: float | None = N
         rate = matmul_gflops(4096, repeats=3, device=str(device), dtype=dtype)
         return Peak(rate / 1e3, f"measured: {str(dtype)[6:]} torch.mm 4096^3 on {name} "
                     "(no published figure here; --peak-tflops sets one)")
-    rate = matmul_gflops(1024, repeats=3, threads=threads, dtype=dtype)
-    return Peak(rate / 1e3, f"measured: {str(dtype)[6:]} torch.mm 1024^3 on the CPU, "
-                f"{threads} thread(s), best of 3")
+    return cpu_peak(dtype, threads)
 
 
 def model_rate(chars_per_s_per_rank: float, flops_per_char: float, peak: Peak | None
@@ -151,3 +221,17 @@ def model_rate(chars_per_s_per_rank: float, flops_per_char: float, peak: Peak | 
     docstring; ``mfu`` None without a peak)."""
     tflops = chars_per_s_per_rank * flops_per_char / 1e12
     return {"tflops": tflops, "mfu": tflops / peak.tflops if peak and peak.tflops else None}
+
+
+def rate_against(chars_per_s_per_rank: float, flops_per_char: float, peak: Peak
+                 ) -> tuple[dict[str, float | None], Peak]:
+    """:func:`model_rate`, and the peak to use from now on: a kept CPU peak that the run
+    exceeded (it was measured under load) is raised to the rate reached, and kept so, so that
+    MFU never reads above 1."""
+    rate = model_rate(chars_per_s_per_rank, flops_per_char, peak)
+    if peak.key is not None and rate["tflops"] > peak.tflops:
+        _keep_peak(peak.key, rate["tflops"] * 1e3)
+        peak = Peak(rate["tflops"], f"{peak.source.split(' (kept in')[0]}, raised to a rate a "
+                    f"training step reached (kept in {peak_cache_path()})", peak.key)
+        rate = model_rate(chars_per_s_per_rank, flops_per_char, peak)
+    return rate, peak

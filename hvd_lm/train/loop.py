@@ -46,7 +46,7 @@ import torch
 from hvd_lm.comm import horovod as comm
 from hvd_lm.comm.peers import LostPeer, lost_peers_text
 from hvd_lm.formats import checkpoint as ckpt_io
-from hvd_lm.model.mfu import model_rate
+from hvd_lm.model.mfu import rate_against
 from hvd_lm.options import Command, error_text
 from hvd_lm.train import resume as resume_io
 from hvd_lm.train.data import Prefetcher
@@ -280,6 +280,18 @@ class Trainer(TrainingRun, ElasticTraining):
         if self.planner is not None:
             self.planner.step_done(seconds)
 
+    def stop_eta(self) -> str:
+        """When a stop signal received now is acted on (the line :class:`StopSignals` prints):
+        after the step in progress for one process, else at the next control exchange."""
+        step = self.pos.step + 1
+        if self.ctx.size == 1:
+            return f"stopping after step {step:,} (in progress)"
+        to_go = max(1, self.next_control - self.pos.attempts)
+        secs = (f", ~{to_go * sum(self.attempt_times) / len(self.attempt_times):.0f} s"
+                if self.attempt_times else "")
+        return (f"every rank stops at the next control exchange, within {to_go} step(s) of "
+                f"step {step:,}{secs}")
+
     def control_interval(self) -> int:
         """Attempts until the next control exchange, as rank 0 proposes it: about
         :data:`CONTROL_TARGET_S` seconds of steps, at least 1 and at most
@@ -344,13 +356,14 @@ class Trainer(TrainingRun, ElasticTraining):
         loss = nats / max(1.0, chars)
         self.guard.logged(pos.step, loss)
         scaler = self.scaler
+        # per rank: TFLOP/s and MFU against one device's peak (hvd_lm.model.mfu)
+        rate, self.peak = rate_against(chars / wall / self.ctx.size,
+                                       self.model.flops_per_char(), self.peak)
         self.log.record("train", pos.step, loss=loss, bpc=loss / LN2,
                         lr=self.scheduler.get_last_lr()[0],
                         loss_scale=scaler.get_scale() if scaler.is_enabled() else None,
                         chars_per_s=chars / wall, step_time=wall / m.steps,
-                        # per rank: TFLOP/s and MFU against one device's peak (hvd_lm.model.mfu)
-                        **model_rate(chars / wall / self.ctx.size, self.model.flops_per_char(),
-                                     self.peak),
+                        **rate,
                         allreduce_wait=waits / max(busy, 1e-9),
                         compute_time_max=sum(slowest) / m.steps,
                         compute_time_mean=(busy - waits) / (self.ctx.size * m.steps),
