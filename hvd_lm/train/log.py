@@ -7,12 +7,13 @@
   :func:`read_metrics` is the one reader of that file (reports, scaling report, tests).
 * :class:`StepMeter`: what the loop sums on each rank between two ``train`` records.
 * :class:`StopSignals`: SIGTERM/SIGINT/SIGUSR1 (SLURM preemption, ``scancel --signal``, Ctrl-C)
-  -> a stop flag
-  the loop allreduces, so every rank checkpoints at the same step.
+  -> a stop flag the loop allreduces, so every rank checkpoints at the same step; a line on
+  stderr at once says when.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -53,11 +54,14 @@ class StopSignals:
     their console to /dev/null (``metrics.jsonl`` still gets every record).
     """
 
-    def __init__(self, watch_interval_s: float = 1.0) -> None:
+    def __init__(self, watch_interval_s: float = 1.0, describe=None) -> None:
         self.received: int | None = None
+        #: () -> str: when the stop happens (set by the loop: the step, the steps to go)
+        self.describe = describe
         self.mpirun_tears_down = under_openmpi()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, self._handler)
+        self._watch_wakeups()
         shell = horovodrun_mpi_shell()
         if shell is not None:
             threading.Thread(target=self._watch, args=(shell, watch_interval_s), daemon=True,
@@ -70,6 +74,40 @@ class StopSignals:
             for fd in (1, 2):  # what Python, tqdm and Horovod's C++ write to
                 os.dup2(devnull, fd)
             os.close(devnull)
+
+    def _watch_wakeups(self) -> None:
+        """Say at once that a stop signal arrived: Python runs signal handlers only between
+        bytecodes of the main thread, which may be inside a long step or a collective, so the
+        C-level handler's wakeup byte (``signal.set_wakeup_fd``) wakes a thread that prints."""
+        try:
+            r, w = os.pipe()
+            os.set_blocking(w, False)
+            signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except (ValueError, OSError):  # not the main thread (tests building a trainer in one)
+            return
+        threading.Thread(target=self._acknowledge, args=(r,), daemon=True,
+                         name="stop-acknowledge").start()
+
+    def _acknowledge(self, fd: int) -> None:
+        said = False
+        stops = {int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGUSR1)}
+        while True:
+            data = os.read(fd, 64)
+            if not data:
+                return
+            signum = next((b for b in data if b in stops), None)
+            if signum is None or said:
+                continue
+            said = True
+            if self.mpirun_tears_down and signum != signal.SIGUSR1:
+                continue  # mpirun stopped reading our output: a line could block (above)
+            when = ""
+            if self.describe is not None:
+                with contextlib.suppress(Exception):
+                    when = self.describe()
+            print(f"hvd-lm train: {signal.Signals(signum).name} received: {when or 'stopping'}"
+                  "; the checkpoint is written, then the run exits 0 (--resume auto continues "
+                  "it)", file=sys.stderr, flush=True)
 
     def _watch(self, pid: int, interval: float) -> None:
         while self.received is None:

@@ -180,7 +180,7 @@ class TrainingRun:
                         time_limit_s=self.time_limit_s)
 
         # ---- control -----------------------------------------------------------------------------
-        self.signals = StopSignals()
+        self.signals = StopSignals(describe=lambda: self.stop_eta())
         self.faults = faults.for_rank(self.ctx.rank, cfg.run.inject_nan_steps)  # tests only
         self.chars_base, self.chars_local = self.pos.chars_trained, 0  # all ranks before; this one
         self.guard = DivergenceGuard(cfg.run.divergence_loss, cfg.run.divergence_logs,

@@ -1,0 +1,97 @@
+"""A stop signal (Ctrl-C, SIGTERM, SIGUSR1) is acknowledged at once with when it will act, and a
+one-process run stops after the step in progress: the user's Ctrl-C during slow steps, through
+the command line."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests._mp import horovodrun_cmd, launch_env
+from tests.shardutil import default_shards
+
+TINY = ["--hidden-size", "16", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
+        "--log-every", "1", "--threads", "1", "--eval-chars", "2000", "--device", "cpu",
+        "--max-steps", "1000"]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return default_shards(tmp_path_factory.mktemp("shards"))
+
+
+def records(run_dir, kind):
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if r["kind"] == kind]
+
+
+class Lines:
+    """A process's output lines with the monotonic time each arrived."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.lines: list[tuple[float, str]] = []
+        self.thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self.thread.start()
+
+    def _read(self, proc):
+        for line in proc.stdout:
+            self.lines.append((time.monotonic(), line))
+
+    def wait_for(self, text: str, timeout: float) -> float:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            hit = [t for t, line in list(self.lines) if text in line]
+            if hit:
+                return hit[0]
+            time.sleep(0.05)
+        raise AssertionError(f"no {text!r} in {timeout} s:\n" + "".join(x for _, x in self.lines))
+
+
+def test_ctrl_c_is_acknowledged_at_once_and_one_process_stops_after_its_step(shards, tmp_path):
+    """Steps of 3 s: the line naming SIGINT comes within a second (before: nothing until the
+    next control step, minutes at H=4096), and the run checkpoints at the step after the one in
+    progress and exits 0."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "hvd_lm", "train", "--shards", str(shards),
+                             "--out-dir", str(out), *TINY], env=launch_env(HVD_LM_STEP_SLEEP="3"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = Lines(proc)
+    try:
+        lines.wait_for("[train] step=1 ", 120)
+        time.sleep(0.5)  # inside step 2
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        acked = lines.wait_for("SIGINT received: stopping after step 2 (in progress)", 10)
+        assert acked - sent < 1.5
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    end, = records(out, "end")
+    assert end["stop"] == "signal" and end["step"] == 2
+
+
+@pytest.mark.slow
+def test_two_ranks_acknowledge_and_checkpoint_at_the_same_step(shards, tmp_path):
+    out = tmp_path / "two"
+    argv = ["-m", "hvd_lm", "train", "--shards", str(shards), "--out-dir", str(out), *TINY]
+    proc = subprocess.Popen([str(c) for c in horovodrun_cmd(2, argv, "gloo")],
+                            env=launch_env(HVD_LM_STEP_SLEEP="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = Lines(proc)
+    try:
+        lines.wait_for("[train] step=2 ", 120)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # horovodrun forwards it to every rank
+        acked = lines.wait_for("SIGTERM received: every rank stops at the next control "
+                               "exchange, within ", 10)
+        assert acked - sent < 2
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    end, = records(out, "end")
+    assert end["stop"] == "signal"
