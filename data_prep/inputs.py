@@ -33,6 +33,12 @@ REVIEW_DEFAULT_FIELD = "review_text"
 #: Members of a ``tar`` archive read as documents when ``--tar-members`` is not given
 #: (comma-separated ``fnmatch`` globs over the member's path in the archive).
 TAR_DEFAULT_MEMBERS = "*.txt"
+#: ... less these known non-reviews and held-out reviews, when ``--tar-members`` is not given:
+#: aclImdb's URL lists (``train/urls_pos.txt``...) and expected-rating table (``imdbEr.txt``),
+#: and its ``test/`` reviews (IMDB's held-out split: never LM text). Counted in the summary
+#: (``members_left_out``).
+TAR_DEFAULT_EXCLUDE = ("urls_*.txt", "*/urls_*.txt", "imdbEr.txt", "*/imdbEr.txt",
+                       "aclImdb/test/*", "*/aclImdb/test/*")
 
 
 #: How many bad records are kept as samples (per reader and after merging).
@@ -85,6 +91,8 @@ class ReadStats:
             the file).
         bytes_in: uncompressed bytes read (by stripe 0 of a file only, so sums are per file).
         bad_samples: the first :data:`MAX_BAD_SAMPLES` bad records as ``(path, line, reason)``.
+        members_left_out: ``tar`` members the default globs matched but
+            :data:`TAR_DEFAULT_EXCLUDE` left out.
     """
 
     records: int = 0
@@ -94,6 +102,7 @@ class ReadStats:
     truncated_files: int = 0
     corrupt_files: int = 0
     bytes_in: int = 0
+    members_left_out: int = 0
     bad_samples: list = field(default_factory=list)
 
     def add_bad(self, path: str, line: int, reason: str) -> None:
@@ -106,7 +115,7 @@ class ReadStats:
     def merge(self, other: "ReadStats") -> None:
         """Add ``other``'s counts; keep the first samples in (path, line) order."""
         for name in ("records", "blank_lines", "bad_records", "utf8_replaced",
-                     "truncated_files", "corrupt_files", "bytes_in"):
+                     "truncated_files", "corrupt_files", "bytes_in", "members_left_out"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.bad_samples = sorted(self.bad_samples + [tuple(s) for s in other.bad_samples],
                                   key=lambda s: (s[0], s[1]))[:MAX_BAD_SAMPLES]

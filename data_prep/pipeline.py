@@ -357,6 +357,16 @@ def format_summary(summary: dict) -> str:
     if run:
         lines.append(f"  time: {run['elapsed_s']:.2f} s ({run['mb_per_s']:.1f} MB/s of input; "
                      f"{run['world_size']} rank(s) x {run['workers']} worker(s))")
+    if c.get("members_left_out"):
+        lines.append(f"  tar members left out by default: {c['members_left_out']:,} (aclImdb's "
+                     "URL lists and imdbEr.txt, its held-out test/ reviews; --tar-members reads "
+                     "exactly what it names)")
+    for name, split in summary.get("splits", {}).items():
+        if name != "train" and 0 < split["tokens"] < shards.SMALL_SPLIT_BYTES:
+            lines.append(f"  warning: split {name} holds {split['documents']:,} document(s), "
+                         f"{split['tokens']:,} bytes: too few to measure BPC on (under "
+                         f"{shards.SMALL_SPLIT_BYTES // 1024} KiB); give it a larger share "
+                         "(--split 100,1,1) or prepare more text")
     if c.get("shards_kept") and not summary.get("resumed_complete"):
         lines.append(f"  resumed: {c['shards_kept']} verified shard(s) kept")
     if summary.get("bad_samples"):

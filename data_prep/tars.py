@@ -1,6 +1,8 @@
 """The ``tar`` input format: an archive (plain, gzip, bzip2 or xz; read as a stream, never
 extracted to disk) of text files, one document per regular member whose path matches
-``--tar-members`` (comma-separated ``fnmatch`` globs, default ``*.txt``; ``*`` crosses ``/``).
+``--tar-members`` (comma-separated ``fnmatch`` globs, default ``*.txt`` less the known non-reviews
+and held-out reviews of :data:`data_prep.inputs.TAR_DEFAULT_EXCLUDE`, counted as
+``members_left_out``; ``*`` crosses ``/``).
 IMDB's aclImdb reviews are ``*/train/pos/*.txt,*/train/neg/*.txt``: not its ``urls_*.txt``
 lists, nor its ``test/`` reviews (a language model trained on them would have read the
 transfer's test set). A document's "line" is the member's 1-based position in the archive;
@@ -29,7 +31,15 @@ import tarfile
 import zlib
 from typing import Callable, Iterator, Optional
 
-from data_prep.inputs import CorruptInput, InputError, InputSpec, ReadStats, count_bad, utf8_ok
+from data_prep.inputs import (
+    TAR_DEFAULT_EXCLUDE,
+    CorruptInput,
+    InputError,
+    InputSpec,
+    ReadStats,
+    count_bad,
+    utf8_ok,
+)
 
 #: What reading a damaged or truncated tar stream raises (tarfile, and the decompressors).
 _TAR_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError)
@@ -105,6 +115,7 @@ def read_tar_members(spec: InputSpec, stats: ReadStats, skip_bad: bool, utf8_err
         InputError: the file cannot be opened, or holds no tar archive.
     """
     globs = [g.strip() for g in spec.text_field.split(",") if g.strip()]
+    default = spec.field_source == "default"  # no --tar-members: TAR_DEFAULT_EXCLUDE applies
     if not spec.size:
         return
     try:
@@ -147,6 +158,10 @@ def read_tar_members(spec: InputSpec, stats: ReadStats, skip_bad: bool, utf8_err
             tar.members = []  # a stream's TarFile keeps every member it has read: not ours
             index += 1
             wanted = member.isreg() and any(fnmatch.fnmatchcase(member.name, g) for g in globs)
+            if wanted and default and any(fnmatch.fnmatchcase(member.name, g)
+                                          for g in TAR_DEFAULT_EXCLUDE):
+                stats.members_left_out += 1  # a URL list, IMDB's held-out test reviews...
+                wanted = False
             name = member.name if member.name.isprintable() else repr(member.name)
             where = f"{spec.path}[{name}]"  # one line, whatever the archive names it
             if wanted and max_doc_bytes is not None and member.size > max_doc_bytes:

@@ -18,7 +18,7 @@ from hvd_lm.comm import horovod as comm
 from hvd_lm.comm.peers import PeerWatch
 from hvd_lm.formats import checkpoint as ckpt_io
 from hvd_lm.formats.manifest import load_manifest
-from hvd_lm.formats.shards import check_layout, verify_shard
+from hvd_lm.formats.shards import SMALL_SPLIT_BYTES, check_layout, verify_shard
 from hvd_lm.model import device as devices
 from hvd_lm.model.lm import LanguageModel
 from hvd_lm.model.mfu import device_peak
@@ -36,6 +36,18 @@ from hvd_lm.train.rundir import OPTIMIZER_STATES, open_run_folder
 from hvd_lm.train.schedule import make_scheduler, scaled_lr, schedule_of, set_peak_lr
 from hvd_lm.train.settings import TrainConfig, time_limit_s
 from hvd_lm.util.lock import FolderLock
+
+
+def small_split_warning(manifest, split: str) -> None:
+    """One line on stderr when ``split`` holds fewer than :data:`SMALL_SPLIT_BYTES` bytes: its
+    BPC is too noisy to compare runs by."""
+    size = sum(s.tokens for s in manifest.shards if s.split == split)
+    if size < SMALL_SPLIT_BYTES:
+        docs = sum(s.documents for s in manifest.shards if s.split == split)
+        print(f"hvd-lm train: WARNING: the {split} split holds {docs:,} document(s), {size:,} "
+              f"bytes: too few to measure BPC on (under {SMALL_SPLIT_BYTES // 1024} KiB); "
+              "prepare it with a larger share (--split 100,1,1) or more text",
+              file=sys.stderr, flush=True)
 
 
 class TrainingRun:
@@ -79,6 +91,8 @@ class TrainingRun:
             for info in self.manifest.shards:
                 check_layout(info)
         self.cut_streams()
+        if self.val is not None and self.ctx.is_root:
+            small_split_warning(self.manifest, cfg.data.val_split)
 
         # ---- model, optimizer, schedule length ---------------------------------------------------
         torch.manual_seed(cfg.data.seed)

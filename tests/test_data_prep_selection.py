@@ -1,6 +1,7 @@
-"""``prepare --text-field A,B,...``: sources that name their text differently in one run (each
-file reads the first listed field it has) and ``#N`` for a CSV without a header row, through the
-command line, against the texts read independently with the csv and json modules."""
+"""Which text ``prepare`` takes from its inputs, through the command line: ``--text-field
+A,B,...`` (each file reads the first listed field it has; ``#N`` for a CSV without a header row)
+against the texts read with the csv and json modules, and the members of IMDB's tarball as it
+ships (its reviews, not its URL lists or held-out test reviews)."""
 from __future__ import annotations
 
 import csv
@@ -17,7 +18,8 @@ from tests._mp import REPO
 
 def prepare(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hvd_lm", "prepare", *map(str, args),
-                           "--no-progress", "--split", "1"], capture_output=True, text=True,
+                           "--no-progress", *([] if "--split" in args else ["--split", "1"])],
+                          capture_output=True, text=True,
                           timeout=120, cwd=REPO)
 
 
@@ -72,3 +74,32 @@ def test_a_list_that_names_no_field_of_a_file_says_which(tmp_path):
         "Reviews)" in p.stderr, p.stderr
     p = prepare(f, "--text-field", "Text,#9", "--out", tmp_path / "out")
     assert p.returncode == 1 and "--text-field #9: the first row has 2 columns" in p.stderr
+
+
+def test_imdbs_tarball_as_it_ships_gives_reviews_only_and_a_small_split_is_said(tmp_path):
+    """The default members of aclImdb's layout: its train reviews, not its URL lists, its
+    expected-rating table or its held-out test reviews (counted in the summary); --tar-members
+    reads exactly what it names. A val split of a few hundred bytes is warned about."""
+    import tarfile
+
+    members = {"aclImdb/train/pos/1_10.txt": "A wonderful film, see it.",
+               "aclImdb/train/neg/2_1.txt": "Dull from start to end.",
+               "aclImdb/train/urls_pos.txt": "http://www.imdb.com/title/tt0453418/usercomments",
+               "aclImdb/imdbEr.txt": "0.0490972013402\n0.201363575849",
+               "aclImdb/test/pos/3_9.txt": "A held-out review."}
+    archive = tmp_path / "aclImdb_v1.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, text in members.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    p = prepare(archive, "--out", tmp_path / "default", "--split", "1,1")
+    assert p.returncode == 0, p.stderr
+    assert sorted(documents(tmp_path / "default")) == sorted(
+        [members["aclImdb/train/neg/2_1.txt"], members["aclImdb/train/pos/1_10.txt"]])
+    assert "tar members left out by default: 3 (aclImdb's URL lists" in p.stdout, p.stdout
+    assert "warning: split val holds 1 document(s)" in p.stdout
+    p = prepare(archive, "--out", tmp_path / "named", "--tar-members", "*.txt")
+    assert p.returncode == 0 and len(documents(tmp_path / "named")) == 5
+    assert "left out by default" not in p.stdout
