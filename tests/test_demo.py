@@ -134,8 +134,9 @@ def test_report_numbers_come_from_the_files(tmp_path):
 
 @pytest.mark.slow
 def test_mini_demo_end_to_end(tmp_path):
-    """The whole demo with a tiny model and budget: every step runs, the report matches the
-    metrics and eval files it came from."""
+    """The whole demo with a tiny model and budget, from a copied config run in another folder:
+    every step runs, the outputs go to ./runs/<name> there (not into the checkout), and the
+    report matches the metrics and eval files it came from."""
     if not AMAZON.is_dir():
         pytest.skip(f"{AMAZON} not present")
     cfg = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
@@ -144,13 +145,17 @@ def test_mini_demo_end_to_end(tmp_path):
     cfg["train"]["data"].update(batch_size=4, seq_len=32)
     cfg["train"]["optim"]["max_steps"] = 20
     cfg["train"]["run"].update(log_every=5, eval_every=10, eval_chars=20000)
-    cfg["transfer"].update(max_examples=200, cache_dir=str(tmp_path / "cache"))
-    path = tmp_path / "demo.yaml"
+    cfg["transfer"].update(max_examples=200, cache_dir=str(tmp_path / "cache"),
+                           data_dir=str(REPO / cfg["transfer"]["data_dir"]))
+    cfg["corpus"].update(shared_dir=str(AMAZON), sources=str(REPO / cfg["corpus"]["sources"]))
+    (tmp_path / "my").mkdir()
+    path = tmp_path / "my" / "demo.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    run_dir = REPO / "runs" / cfg["name"]
+    run_dir = tmp_path / "runs" / cfg["name"]
     try:
-        proc = run([REPO / ".venv/bin/hvd-lm", "demo", "--config", path], timeout=600,
-                   env=launch_env())
+        proc = run([REPO / ".venv/bin/hvd-lm", "demo", "--config", "my/demo.yaml"],
+                   timeout=600, env=launch_env(), cwd=tmp_path)
+        assert not (REPO / "runs" / cfg["name"]).exists()
         report = (run_dir / "report.md").read_text()
         ev = json.loads((run_dir / "eval.json").read_text())
         assert f"{ev['bpc']:.4f}" in report

@@ -54,7 +54,7 @@ CORPUS_SUFFIXES = (".gz", ".json", ".csv", ".tsv", ".review", ".txt")
 
 @dataclass
 class CorpusConfig:
-    """Where the review text comes from (paths relative to the repository root)."""
+    """Where the review text comes from (paths relative to the working directory)."""
 
     shared_dir: str = option("../shared/data/amazon", "real review files, used when this "
                              "folder exists")
@@ -105,14 +105,14 @@ class DemoConfig:
 def _run(cmd: list, env: dict | None = None) -> None:
     """Run ``cmd`` showing its output live. Raises RuntimeError on failure."""
     print("$ " + " ".join(map(str, cmd)), flush=True)
-    proc = subprocess.run([str(c) for c in cmd], env=env, cwd=REPO)
+    proc = subprocess.run([str(c) for c in cmd], env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"step failed ({proc.returncode}): {' '.join(map(str, cmd))}")
 
 
 def corpus_files(cfg: CorpusConfig) -> list[Path]:
     """Input files: the shared real files if present, else the verified downloads."""
-    shared = (REPO / cfg.shared_dir).resolve()
+    shared = Path(cfg.shared_dir).resolve()
     if shared.is_dir():
         files = sorted(p for p in shared.rglob("*") if p.is_file()
                        and p.suffix in CORPUS_SUFFIXES)
@@ -120,7 +120,7 @@ def corpus_files(cfg: CorpusConfig) -> list[Path]:
             print(f"corpus: {len(files)} real review files from {shared}")
             return files
     print(f"corpus: {shared} not found; downloading the public sources of {cfg.sources}")
-    return download_all(REPO / cfg.sources, REPO / cfg.download_dir)
+    return download_all(Path(cfg.sources), Path(cfg.download_dir))
 
 
 def launcher_argv(cfg: DemoLaunchConfig, argv: list[str]) -> list[str]:
@@ -138,6 +138,13 @@ def val_bytes(shards: Path) -> bytes:
     return np.concatenate(parts).tobytes()
 
 
+def run_folder(cfg: DemoConfig) -> Path:
+    """``runs/<name>`` in the working directory (as every path of the config: relative to where
+    the demo is run, like every hvd-lm command's paths; ``make demo`` runs it from the
+    repository's root)."""
+    return (Path.cwd() / "runs" / cfg.name).absolute()
+
+
 def demo(cfg: DemoConfig) -> int:
     """Run every step of the demo described by ``cfg`` (validated as a whole when it was
     loaded: :data:`DEMO`); print where the report went; return 0.
@@ -146,7 +153,7 @@ def demo(cfg: DemoConfig) -> int:
         RuntimeError: a failed step.
     """
     t0 = time.time()
-    run_dir = REPO / "runs" / cfg.name
+    run_dir = run_folder(cfg)
     shards, train_dir = run_dir / "shards", run_dir / "train"
     run_dir.mkdir(parents=True, exist_ok=True)
     env = local_mpi_env()
