@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from hvd_lm.comm import horovod as comm
+from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.formats.checkpoint import CheckpointError
 from hvd_lm.formats.export import MAX_SEQ_LEN
 from hvd_lm.formats.manifest import MANIFEST_NAME, load_manifest
@@ -137,12 +138,15 @@ class EvalConfig:
     rnn_kernels: str = option("auto", "fused mLSTM cell kernels on this device (auto: triton "
                               "on CUDA when installed, else torch)", choices=KERNELS)
     output: str = option("", "also write the result JSON to this file (rank 0)")
+    threads: int = option(0, "torch CPU threads per rank (0 = the usable cores / the ranks on "
+                          "this machine; a warning when ranks x threads exceed them)", ge=0)
 
 
 def eval_command(cfg: EvalConfig) -> int:
     """``hvd-lm eval``: print (and with ``--output`` write) ``{"bpc", "chars", ...}`` as JSON on
     rank 0; ranks split the streams and sum bits and chars (Horovod)."""
     ctx = comm.init()
+    set_rank_threads(cfg.threads, ctx, "eval")  # Horovod: an allgather of machine ids
     device = devices.resolve_device(cfg.device, ctx.local_rank, ctx.local_size)
     model, ck = load_model(cfg.checkpoint, map_location=device, rnn_kernels=cfg.rnn_kernels)
     manifest = load_manifest(cfg.shards)

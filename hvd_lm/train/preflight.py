@@ -11,16 +11,12 @@ into the run folder. Each failure is one line naming the field, its flag and wha
 * :func:`check_memory`: one training step's estimate (:mod:`hvd_lm.train.memory`) times the
   ranks sharing this node's memory fits in what the device has free;
 * :func:`resume_end`: a resumed run that is already at (or past) its last step;
-* :func:`threads_per_rank`: torch's threads per rank, and a warning when this host's ranks x
-  threads exceed the cores this process may run on;
 * :func:`run_length`: how many steps the run has, and which of ``--max-steps`` and ``--epochs``
   ends it (a warning when an explicit ``--epochs`` ends it before ``--max-steps``).
 """
 
 from __future__ import annotations
 
-import os
-import socket
 import sys
 
 import torch
@@ -230,27 +226,3 @@ def run_length(cfg: TrainConfig, windows_per_epoch: int, k: int, warn: bool = Fa
               f"epoch / {k}); leave --epochs unset to let --max-steps decide", file=sys.stderr,
               flush=True)
     return total_steps, total_windows, "epochs"
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on: its affinity set (a SLURM/cgroup cpuset, ``taskset``,
-    an MPI binding), which ``os.cpu_count()`` (every core of the machine) ignores."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-def threads_per_rank(requested: int, local_size: int, warn: bool = False) -> int:
-    """torch's intra-op threads for one of ``local_size`` ranks on this host: ``requested``, or
-    (0) the usable cores / local ranks, at least 1. With ``warn``, one line on stderr when
-    ranks x threads (> 1 each) exceed the usable cores: the ranks' threads then spin against
-    each other (steps measured 20-50x slower than with ``--threads 1``)."""
-    cores = usable_cores()
-    threads = requested or max(1, cores // local_size)
-    if warn and threads > 1 and local_size * threads > cores:
-        print(f"hvd-lm train: WARNING: {local_size} rank(s) x {threads} threads on "
-              f"{socket.gethostname()} exceed its {cores} usable cores: steps can run 20-50x "
-              f"slower; use --threads {max(1, cores // local_size)} (0 picks that)",
-              file=sys.stderr, flush=True)
-    return threads

@@ -16,6 +16,7 @@ import torch
 
 from hvd_lm.comm import horovod as comm
 from hvd_lm.comm.peers import PeerWatch
+from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.formats import checkpoint as ckpt_io
 from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.formats.shards import SMALL_SPLIT_BYTES, check_layout, verify_shard
@@ -71,9 +72,10 @@ class TrainingRun:
         self.device = devices.resolve_device(cfg.run.device, self.ctx.local_rank,
                                              self.ctx.local_size)
         devices.check(self.device, cfg.run.precision)
-        self.threads = preflight.threads_per_rank(cfg.run.threads, self.ctx.local_size,
-                                                  warn=self.ctx.local_rank == 0)
-        torch.set_num_threads(self.threads)
+        # threads per rank: the usable cores / the ranks on this machine (hvd_lm.comm.threads;
+        # Horovod: an allgather of machine ids, none before an elastic worker's first sync)
+        self.threads = set_rank_threads(cfg.run.threads, self.ctx, "train",
+                                        collective=not cfg.run.elastic)
         self.out_dir = Path(cfg.run.out_dir)
 
         # ---- data: the manifest, its splits and shards checked; streams cut for this world -------

@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from hvd_lm.comm import horovod as comm
+from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.comm.world import RankContext, world_size
 from hvd_lm.formats import tokenizer
 from hvd_lm.model import device as devices
@@ -68,21 +69,22 @@ class LMSession:
 
 
 def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32",
-            threads: int = 0, rnn_kernels: str = "auto") -> LMSession:
+            threads: int = 0, rnn_kernels: str = "auto", command: str = "transfer"
+            ) -> LMSession:
     """Start Horovod when a launcher started several ranks (they split the texts, see
     :func:`featurize`), pick this rank's device (:func:`hvd_lm.model.device.resolve_device`),
     check the precision there and load the checkpoint's model onto it.
 
     Args:
         checkpoint: file or run directory (its latest).
-        threads: torch CPU threads (0: torch's default).
+        threads: torch CPU threads (0: the usable cores / the ranks on this machine, the rule
+            of :mod:`hvd_lm.comm.threads`, whose warning names ``hvd-lm COMMAND``).
         rnn_kernels: the fused mLSTM's cell kernels (:func:`hvd_lm.model.load.load_model`).
     Raises:
         FileNotFoundError: no checkpoint; ValueError: a device/precision that cannot be used.
     """
     ctx = comm.init() if world_size() > 1 else None  # Horovod: ranks split the texts
-    if threads > 0:
-        torch.set_num_threads(threads)
+    set_rank_threads(threads, ctx, command)  # Horovod: an allgather of machine ids
     path = resolve_model(checkpoint)
     dev = devices.resolve_device(device, ctx.local_rank if ctx else 0, ctx.local_size if ctx else 1)
     devices.check(dev, precision)

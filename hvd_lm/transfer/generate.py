@@ -34,6 +34,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.formats import tokenizer
 from hvd_lm.model import device as devices
 from hvd_lm.model.load import load_model, resolve_model
@@ -273,7 +274,8 @@ class GenerateConfig:
                           "OUT.html or OUT.png")
     output: str = option("", "also write the samples as JSON lines to this file")
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
-    threads: int = option(0, "torch CPU threads (0 = default)", ge=0)
+    threads: int = option(0, "torch CPU threads (0 = the usable cores; a warning when more are "
+                          "asked for)", ge=0)
 
     def check(self) -> None:
         """Cross-field rules (raised as ConfigError naming the settings' source)."""
@@ -289,8 +291,7 @@ class GenerateConfig:
 def generate_command(cfg: GenerateConfig) -> int:
     """``hvd-lm generate``: sample, print each sample (and the classifier's P(positive) of it),
     write the heatmap / JSON lines."""
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
+    set_rank_threads(cfg.threads, None, "generate")  # one process: hvd_lm.comm.threads
     path = resolve_model(cfg.checkpoint)
     device = devices.resolve_device(cfg.device, 0)
     model, _ = load_model(path, map_location=device)

@@ -91,7 +91,8 @@ class ClassifyConfig:
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     precision: str = option("", "autocast precision (default: the classifier's features')",
                             choices=("",) + devices.PRECISIONS)
-    threads: int = option(0, "torch CPU threads (0 = default)", ge=0)
+    threads: int = option(0, "torch CPU threads (0 = the usable cores; a warning when more are "
+                          "asked for)", ge=0)
     progress: bool = option(True, "tqdm bar (--no-progress: none)", switch=False,
                             flag="--no-progress")
 
@@ -171,7 +172,8 @@ def classify(cfg: ClassifyConfig) -> dict | None:
     feat = saved.features
     stream = text_input.iter_texts(cfg.input, cfg.format, cfg.text_field,
                                    cfg.label_field or None, cfg.max_line_bytes)
-    lm = open_lm(cfg.checkpoint, cfg.device, cfg.precision or feat["precision"], cfg.threads)
+    lm = open_lm(cfg.checkpoint, cfg.device, cfg.precision or feat["precision"], cfg.threads,
+                 command="classify")
     is_root = lm.ctx is None or lm.ctx.rank == 0
     digest = file_sha256(lm.path) if is_root else None
     if lm.ctx is not None:

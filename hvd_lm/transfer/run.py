@@ -115,7 +115,8 @@ class TransferConfig:
     precision: str = option("fp32", "autocast precision", choices=devices.PRECISIONS)
     rnn_kernels: str = option("auto", "fused mLSTM cell kernels on this device (auto: triton "
                               "on CUDA when installed, else torch)", choices=KERNELS)
-    threads: int = option(0, "torch CPU threads (0 = default)", ge=0)
+    threads: int = option(0, "torch CPU threads per rank (0 = the usable cores / the ranks "
+                          "on this machine; a warning when ranks x threads exceed them)", ge=0)
     cache_dir: str = option(DEFAULT_CACHE_DIR, "feature cache folder")
     cache: bool = option(True, "read and write the feature cache (--no-cache: neither)",
                          switch=False, flag="--no-cache")

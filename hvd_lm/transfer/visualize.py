@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.formats import tokenizer
 from hvd_lm.model import device as devices
 from hvd_lm.model.load import load_model, resolve_model
@@ -49,7 +50,8 @@ class VisualizeConfig:
     max_chars: int | None = option(None, "keep the first N bytes of each text (default: the "
                                    f"classifier's, else {DEFAULT_MAX_CHARS}; 0 = all)", ge=0)
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
-    threads: int = option(0, "torch CPU threads (0 = default)", ge=0)
+    threads: int = option(0, "torch CPU threads (0 = the usable cores; a warning when more are "
+                          "asked for)", ge=0)
 
     def check(self) -> None:
         """Cross-field rules."""
@@ -65,8 +67,7 @@ def visualize(cfg: VisualizeConfig) -> dict:
         ClassifierError / DatasetError / FileNotFoundError / ValueError: bad classifier, input,
             checkpoint or unit.
     """
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
+    set_rank_threads(cfg.threads, None, "visualize")  # one process: hvd_lm.comm.threads
     path = resolve_model(cfg.checkpoint)
     saved = open_classifier(cfg.classifier, path)
     neuron, polarity = unit_from_classifier(cfg.neuron, saved)

@@ -1,0 +1,62 @@
+"""The threads rule (hvd_lm/comm/threads.py) that train, eval, transfer and the tools share:
+ranks are counted per machine (its boot id, not its host name: namespace hosts share one
+machine's cores), and eval and transfer warn as train does when threads exceed the cores."""
+from __future__ import annotations
+
+import socket
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from hvd_lm.comm import threads
+from tests._mp import launch_env, run
+from tests.shardutil import default_shards
+
+TINY = ["--hidden-size", "16", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
+        "--threads", "1", "--device", "cpu", "--max-steps", "2"]
+
+
+def test_ranks_are_counted_per_machine_not_per_host_name(monkeypatch):
+    """Two namespace hosts of one machine: Horovod counts one local rank on each host name, the
+    boot ids say two ranks share the cores; a 2-core machine then gives each rank 1 thread."""
+    ctx = SimpleNamespace(size=3, local_size=1, local_rank=0)
+    monkeypatch.setattr(threads, "machine_id", lambda: "boot-a")
+    monkeypatch.setattr(threads.comm, "allgather_object",
+                        lambda obj, name: ["boot-a", "boot-b", "boot-a"])
+    assert threads.ranks_on_this_machine(ctx) == 2
+    assert threads.ranks_on_this_machine(ctx, collective=False) == 1  # an elastic worker
+    assert threads.ranks_on_this_machine(None) == 1
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    assert threads.threads_per_rank(0, 2) == 1 and threads.threads_per_rank(0, 1) == 2
+    assert threads.machine_id() != ""
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("threads")
+    shards = default_shards(tmp / "shards")
+    run([sys.executable, "-m", "hvd_lm", "train", "--shards", shards, "--out-dir", tmp / "run",
+         *TINY], env=launch_env(), timeout=300)
+    return tmp
+
+
+def test_eval_and_transfer_warn_as_train_does(run_dir):
+    """Confined to one core, --threads 2 in eval and transfer says so in one line naming the
+    command (they used torch's default threads silently: 5x slower featurization)."""
+    for split in ("train", "val"):
+        rows = ["label,text"] + [f"{i % 2},{'great' if i % 2 else 'awful'} {i}" for i in range(8)]
+        (run_dir / f"{split}.csv").write_text("\n".join(rows) + "\n")
+    warning = (f"WARNING: 1 rank(s) x 2 threads on {socket.gethostname()} exceed its 1 usable "
+               "cores: steps can run 20-50x slower; use --threads 1 (0 picks that)")
+    ev = run(["taskset", "-c", "0", sys.executable, "-m", "hvd_lm", "eval", run_dir / "run",
+              run_dir / "shards", "--threads", "2"], env=launch_env(), timeout=300)
+    assert f"hvd-lm eval: {warning}" in ev.stderr.splitlines(), ev.stderr
+    tr = run(["taskset", "-c", "0", sys.executable, "-m", "hvd_lm", "transfer", run_dir / "run",
+              "--train", run_dir / "train.csv", "--val", run_dir / "val.csv", "--out",
+              run_dir / "tr", "--threads", "2", "--no-baseline", "--no-progress", "--no-cache"],
+             env=launch_env(), timeout=300)
+    assert f"hvd-lm transfer: {warning}" in tr.stderr.splitlines(), tr.stderr
+    quiet = run(["taskset", "-c", "0", sys.executable, "-m", "hvd_lm", "eval", run_dir / "run",
+                 run_dir / "shards"], env=launch_env(), timeout=300)
+    assert "usable cores" not in quiet.stderr  # the default: 1 thread on 1 core
