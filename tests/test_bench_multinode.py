@@ -1,6 +1,6 @@
 """``hvd-lm bench multinode``'s pure parts against hand computations; the bench itself runs for
 real on the cluster in a box in tests/test_multinode.py
-(``test_bench_multinode_predicts_the_step_on_a_shaped_link``)."""
+(``test_bench_multinode_runs_on_a_shaped_link``)."""
 from __future__ import annotations
 
 import statistics
