@@ -32,20 +32,12 @@ running, its daemons' PIDs in ``state.json``, and ``down`` stops it with everyth
 
 Setup and teardown are idempotent and take seconds; :meth:`Cluster.down` kills every process in
 the cluster's namespaces (found by namespace, not by name), deletes the namespaces (their veths
-go with them) and the cluster folder. Command line (what a session on this machine uses to
-measure; the tests use the pytest fixture ``cluster`` in tests/conftest.py)::
-
-    python -m tests.cluster up 3 --rate 1gbit     # 3 nodes, 1 Gbit/s links
-    python -m tests.cluster up 2 --slurm          # and SLURM, left running: prints SLURM_CONF
-    python -m tests.cluster run n1 -- hostname    # a command on node n1 (cwd and env kept)
-    python -m tests.cluster shape 100mbit         # reshape every link (none: unshaped)
-    python -m tests.cluster status | ping | down  # down: SLURM, every process, namespace, file
-
-It runs from any folder once ``make setup`` has put the checkout on the venv's path
-(``scripts/setup.sh``: ``_hvd_lm_checkout.pth``). What the nodes share: everything outside
-``/tmp``; under ``/tmp`` each node has its own, but for the cluster folder, pytest's temporary
-folders and the folders listed in ``HVD_LM_CLUSTER_SHARE`` (colon-separated, read by ``up``):
-work in one of those, as a real cluster's jobs work on a shared filesystem.
+go with them) and the cluster folder. Command line (``python -m tests.cluster up 3 --rate 1gbit``,
+``up 2 --slurm``, ``run n1 -- hostname``, ``shape 100mbit``, ``status``, ``ping``, ``down``):
+tests/cluster_cli.py; the tests use the pytest fixture ``cluster`` in tests/conftest.py. What the
+nodes share: everything outside ``/tmp``; under ``/tmp`` each node has its own, but for the
+cluster folder, pytest's temporary folders and the folders listed in ``HVD_LM_CLUSTER_SHARE``
+(colon-separated, read by ``up``): work in one of those, as on a real cluster's shared filesystem.
 
 Needs root, ``ip``/``tc`` (iproute2), ``nsenter``/``unshare`` (util-linux), ``sshd``
 (openssh-server) and ``ping`` (iputils-ping); missing packages are installed with apt-get as
@@ -54,116 +46,37 @@ a cluster cannot be made here; the tests skip with that reason.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
-import fcntl
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import psutil
 
+from tests.cluster_host import (
+    DECOY_ADDR,
+    DECOY_IF,
+    DEFAULT_ROOT,
+    PREFIX,
+    SUBNET,
+    _cmdline,
+    _netns_inode,
+    _sh,
+    check_available,
+    down,
+    find,
+    pids_in_namespace,
+    rate_bits,
+    shared_tmp,
+    write_ssh_files,
+)
 from tests.slurm_cluster import SlurmCluster, Unavailable, ensure_tools
-
-PREFIX = "hvdlm"                       # namespace names: hvdlm-sw, hvdlm-n1, ...
-SUBNET = "10.77.0"                     # private, exists only inside the namespaces
-DECOY_IF, DECOY_ADDR = "docker0", "172.17.0.1/16"
-DEFAULT_ROOT = Path(os.environ.get("HVD_LM_CLUSTER_DIR", "/tmp/hvdlm-cluster"))
-#: set (to its PID) by the process that holds :func:`session_lock`, for its children
-HOLDER_VAR = "HVD_LM_CLUSTER_HOLDER"
-#: binary -> Debian package
-TOOLS = {"ip": "iproute2", "tc": "iproute2", "nsenter": "util-linux", "unshare": "util-linux",
-         "sshd": "openssh-server", "ssh": "openssh-client", "ssh-keygen": "openssh-client",
-         "ping": "iputils-ping"}
-_RATE = re.compile(r"^(\d+(?:\.\d+)?)([kmg]?)bit$")
-
-
-def rate_bits(rate: str) -> float:
-    """``"1gbit"`` -> 1e9, ``"100mbit"`` -> 1e8 (tc's decimal units), bits per second.
-
-    Raises:
-        ValueError: not ``<number>[k|m|g]bit``.
-    """
-    m = _RATE.match(rate.strip().lower())
-    if not m:
-        raise ValueError(f"link rate {rate!r}: expected e.g. 10gbit, 1gbit, 100mbit")
-    return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
-
-
-def _sh(cmd: list[str], timeout: float = 30, check: bool = True, **kw
-        ) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: "
-                           f"{(proc.stderr or proc.stdout).strip()}")
-    return proc
-
-
-def _netns_inode(pid: int) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}/ns/net").st_ino
-    except OSError:
-        return None
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-    except OSError:
-        return ""
-
-
-def _alive(pid: int) -> bool:
-    """``pid`` runs (a zombie child of this process is reaped and counts as gone)."""
-    try:
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
-
-
-def our_namespaces() -> list[str]:
-    """Names of this cluster's network namespaces that exist now (``ip netns list``)."""
-    proc = _sh(["ip", "netns", "list"], check=False)
-    names = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
-    return [n for n in names if n.startswith(PREFIX + "-")]
-
-
-def pids_in_namespace(ns: str) -> list[int]:
-    """PIDs of every process whose network namespace is ``ns`` (``ip netns pids``)."""
-    proc = _sh(["ip", "netns", "pids", ns], check=False)
-    return [int(p) for p in proc.stdout.split() if p.isdigit()]
-
-
-def check_available() -> dict[str, str]:
-    """The tools' paths, once this machine can make the cluster (root, namespaces).
-
-    Raises:
-        Unavailable: not root, a tool missing and not installable, or namespaces cannot be
-            created (e.g. an unprivileged container), with the reason.
-    """
-    if os.geteuid() != 0:
-        raise Unavailable("network namespaces need root")
-    tools = ensure_tools(TOOLS)
-    probe = f"{PREFIX}-probe"
-    proc = _sh(["ip", "netns", "add", probe], check=False)
-    if proc.returncode != 0:
-        raise Unavailable(f"cannot create a network namespace: {proc.stderr.strip()}")
-    _sh(["ip", "netns", "del", probe], check=False)
-    return tools
 
 
 @dataclass
@@ -315,45 +228,7 @@ class Cluster:
         _sh(["ip", "-n", ns, *args])
 
     def _write_ssh_files(self) -> None:
-        s = self.root / "ssh"
-        for key in ("id_ed25519", "host_ed25519"):
-            if not (s / key).exists():
-                _sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{PREFIX}-{key}",
-                     "-f", str(s / key)])
-        shutil.copy(s / "id_ed25519.pub", s / "authorized_keys")
-        names = ",".join([*self.nodes, *(n.addr for n in self.nodes.values())])
-        (s / "known_hosts").write_text(f"{names} {(s / 'host_ed25519.pub').read_text()}")
-        (self.root / "sshd_config").write_text("\n".join([
-            "# sshd of one namespace node (tests/cluster.py)",
-            "Port 22",
-            f"HostKey {s / 'host_ed25519'}",
-            "PidFile none",
-            "PermitRootLogin prohibit-password",
-            f"AuthorizedKeysFile {s / 'authorized_keys'}",
-            "PubkeyAuthentication yes",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "UsePAM no",
-            "StrictModes no",
-            "PrintMotd no",
-            "MaxStartups 100:30:200",
-            "MaxSessions 100",
-            "ClientAliveInterval 5",
-            "ClientAliveCountMax 3",
-            "Subsystem sftp internal-sftp", ""]))
-        hosts = " ".join([*self.nodes, f"{SUBNET}.*"])
-        (self.root / "ssh_config.d" / "hvdlm-cluster.conf").write_text("\n".join([
-            "# ssh client settings inside the namespace nodes (tests/cluster.py)",
-            f"Host {hosts}",
-            "  User root",
-            f"  IdentityFile {s / 'id_ed25519'}",
-            f"  UserKnownHostsFile {s / 'known_hosts'}",
-            "  StrictHostKeyChecking yes",
-            "  BatchMode yes",
-            "  ConnectTimeout 5",
-            "  ServerAliveInterval 5",
-            "  ServerAliveCountMax 3",
-            "  LogLevel ERROR", ""]))
+        write_ssh_files(self.root, {n: node.addr for n, node in self.nodes.items()})
 
     def _start_holder(self, node: Node) -> None:
         r = self.root
@@ -599,182 +474,8 @@ class Cluster:
         return self._slurm
 
 
-def shared_tmp(root: Path) -> list[Path]:
-    """Folders under /tmp that every node shares with this machine (each node's /tmp is its
-    own): the cluster folder, pytest's temporary folders (``/tmp/pytest-of-<user>``) and those
-    listed in ``HVD_LM_CLUSTER_SHARE`` (colon-separated). Everything outside /tmp is shared."""
-    user = os.environ.get("USER") or ("root" if os.geteuid() == 0 else str(os.geteuid()))
-    dirs = [Path(root), Path(f"/tmp/pytest-of-{user}"),
-            *(Path(p) for p in os.environ.get("HVD_LM_CLUSTER_SHARE", "").split(":") if p)]
-    return [d.resolve() for d in dirs if d.resolve().is_relative_to("/tmp")
-            and d.resolve() != Path("/tmp")]
 
 
-def find(tool: str) -> str:
-    """Path of a tool (PATH, /usr/sbin, /sbin)."""
-    from tests.slurm_cluster import find_tool
-    path = find_tool(tool)
-    if not path:
-        raise Unavailable(f"{tool} not found")
-    return path
-
-
-def down(root: Path = DEFAULT_ROOT) -> list[str]:
-    """Tear down every namespace of this cluster (whatever state it is in): SIGTERM, then
-    SIGKILL after 3 s, to every process in them; delete them (their veths go too); remove the
-    cluster folder. Idempotent; returns the namespaces deleted.
-
-    Raises:
-        RuntimeError: a process or namespace could not be removed.
-    """
-    names = our_namespaces()
-    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
-        pids = {p for ns in names for p in pids_in_namespace(ns)}
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while pids and time.monotonic() < deadline:
-            pids = {p for p in pids if _alive(p)}
-            time.sleep(0.05)
-    left = {ns: [p for p in pids_in_namespace(ns) if _alive(p)] for ns in names}
-    if any(left.values()):
-        raise RuntimeError(f"processes left in the cluster's namespaces: {left}")
-    for ns in names:
-        _sh(["ip", "netns", "del", ns])
-    if Path(root).is_dir():
-        shutil.rmtree(root, ignore_errors=True)
-    still = our_namespaces()
-    if still:
-        raise RuntimeError(f"namespaces left: {still}")
-    return names
-
-
-@contextlib.contextmanager
-def session_lock(root: Path = DEFAULT_ROOT, timeout: float = 900) -> Iterator[None]:
-    """Hold ``<root>.lock`` (flock) so that two test sessions on this machine never share the
-    one set of namespace names; waits at most ``timeout`` s.
-
-    Raises:
-        Unavailable: another session held it for ``timeout`` s.
-    """
-    path = Path(f"{root}.lock")
-    with open(path, "w") as f:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise Unavailable(f"another session holds {path} (its cluster is up)") from None
-                time.sleep(1)
-        os.environ[HOLDER_VAR] = str(os.getpid())  # its children may use the command line
-        try:
-            yield
-        finally:
-            os.environ.pop(HOLDER_VAR, None)
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-# ---- command line --------------------------------------------------------------------------------
-def _not_held(root: Path) -> None:
-    """Refuse to change the cluster while a test session holds it (:func:`session_lock`).
-
-    Raises:
-        RuntimeError: the lock is held.
-    """
-    if os.environ.get(HOLDER_VAR):  # run by the session that holds it (tests/test_journey.py)
-        return
-    with open(f"{root}.lock", "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RuntimeError(f"a test session holds the cluster in a box ({root}.lock): wait "
-                               "until it ends") from None
-        fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _print_slurm(c: Cluster) -> None:
-    """Start SLURM (detached: it outlives this command) and say how to use it."""
-    slurm = c.slurm(detach=True)
-    print(f"slurm: slurmctld on {c.names[0]}, slurmd on {', '.join(c.names)}; its commands "
-          f"reach slurmctld from the nodes only:\n"
-          f"export SLURM_CONF={slurm.conf}\n"
-          f"python -m tests.cluster run {c.names[0]} -- sbatch job.sbatch   # then squeue, "
-          "scancel, ... the same way; `python -m tests.cluster down` stops it all")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m tests.cluster up N [--rate R] [--slurm] | slurm | down | status | shape RATE |
-    link NODE up|down | ping | run NODE -- CMD...``; one ``ERROR:`` line on failure."""
-    p = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__.split(
-        "\n")[0])
-    p.add_argument("--root", default=str(DEFAULT_ROOT), help="cluster folder")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    u = sub.add_parser("up", help="start N nodes (reuses a healthy cluster of that size)")
-    u.add_argument("n", type=int, nargs="?", default=3)
-    u.add_argument("--rate", default=None, help="tbf rate of every link, e.g. 1gbit")
-    u.add_argument("--slurm", action="store_true", help="and SLURM over them (slurmctld on n1, "
-                   "one slurmd per node), left running; prints the SLURM_CONF to export")
-    sub.add_parser("slurm", help="start SLURM on the running nodes (left running), print the "
-                   "SLURM_CONF to export")
-    sub.add_parser("down", help="stop everything, delete the namespaces and the folder")
-    sub.add_parser("status", help="nodes, addresses, link rate, job processes")
-    s = sub.add_parser("shape", help="set every link's rate (none: unshaped)")
-    s.add_argument("rate")
-    lk = sub.add_parser("link", help="plug or unplug a node's cable at the switch")
-    lk.add_argument("node")
-    lk.add_argument("state", choices=("up", "down"))
-    sub.add_parser("ping", help="round-trip times n1 -> every other node")
-    r = sub.add_parser("run", help="run a command on a node: run n1 -- CMD ...")
-    r.add_argument("node")
-    r.add_argument("argv", nargs=argparse.REMAINDER)
-    a = p.parse_args(argv)
-    root = Path(a.root)
-    try:
-        if a.cmd in ("up", "slurm", "down"):
-            _not_held(root)
-        if a.cmd == "up":
-            c = Cluster.up(a.n, a.rate, root)
-            print(f"up: {', '.join(f'{n.name}={n.addr}' for n in c.nodes.values())}; links "
-                  f"{c.rate or 'unshaped'}; decoy {DECOY_IF} {DECOY_ADDR} on every node; shared "
-                  f"with the nodes: everything outside /tmp, and "
-                  f"{', '.join(map(str, shared_tmp(root)))} (add folders with "
-                  "HVD_LM_CLUSTER_SHARE=DIR:DIR before up)")
-            if a.slurm:
-                _print_slurm(c)
-        elif a.cmd == "slurm":
-            _print_slurm(Cluster.attach(root))
-        elif a.cmd == "down":
-            print(f"down: removed {down(root) or 'nothing'}")
-        elif a.cmd == "run":
-            cmd = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
-            c = Cluster.attach(root)
-            return subprocess.call(c.prefix(a.node) + cmd)
-        else:
-            c = Cluster.attach(root)
-            if a.cmd == "shape":
-                c.shape(None if a.rate == "none" else a.rate)
-                print(f"links: {c.rate or 'unshaped'}")
-            elif a.cmd == "link":
-                c.link(a.node, a.state == "up")
-            elif a.cmd == "ping":
-                for n in c.names[1:]:
-                    print(f"{c.names[0]} -> {n}: {c.ping(c.names[0], n)}")
-            else:
-                for n in c.nodes.values():
-                    print(f"{n.name} {n.addr} ns={n.ns} holder={n.holder} sshd={n.sshd} "
-                          f"jobs={len(c.processes(n.name))}")
-                print(f"links: {c.rate or 'unshaped'}")
-                conf = c.root / "slurm" / "slurm.conf"
-                print(f"slurm: running, SLURM_CONF={conf}" if c.slurm_running() else
-                      "slurm: not running (python -m tests.cluster slurm)")
-    except (Unavailable, RuntimeError, ValueError, KeyError) as e:
-        print(f"tests.cluster: ERROR: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m tests.cluster ...: tests/cluster_cli.py
+    from tests.cluster_cli import main
     sys.exit(main())

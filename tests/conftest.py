@@ -45,7 +45,8 @@ def cluster():
     (:class:`tests.cluster.Cluster`), shared by every ``cluster`` test of the session and torn
     down at its end (and at exit, should the session die first); skips with the reason where
     network namespaces cannot be made."""
-    from tests.cluster import Cluster, Unavailable, check_available, down, session_lock
+    from tests.cluster import Cluster
+    from tests.cluster_host import Unavailable, check_available, down, session_lock
 
     with contextlib.ExitStack() as stack:
         try:

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests._mp import REPO, launch_env
-from tests.cluster import DECOY_ADDR, DECOY_IF, Cluster, our_namespaces, rate_bits
+from tests.cluster import Cluster
+from tests.cluster_host import DECOY_ADDR, DECOY_IF, our_namespaces, rate_bits
 from tests.shardutil import default_shards
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
