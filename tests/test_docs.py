@@ -52,12 +52,14 @@ mktestdocs = pytest.importorskip("mktestdocs")
 #: CONTRIBUTING.md.
 DOCS = ["README.md", "docs/install.md", "docs/architecture.md", "docs/data_prep.md",
         "docs/training.md", "docs/reliability.md", "docs/transfer.md", "docs/launch.md",
-        "docs/performance.md", "docs/mlstm_fused.md", "CONTRIBUTING.md"]
+        "docs/performance.md", "docs/mlstm_fused.md", "docs/gpu.md", "CONTRIBUTING.md"]
 CORES = 2                    # ranks are capped here; more needs a documented way (see above)
 #: Inputs no block can create, each with the reason (user files and cluster outputs).
 EXTERNAL = {
     "runs/scaling/g*": "written by the sweep's jobs on a SLURM cluster",
     ".whl": "the wheel folder a GPU node's session carries (scripts/gpu_check.sh)",
+    ".gpu/shards": "written by scripts/gpu_data.sh (the card's data: every shared review file)",
+    ".gpu/sst2": "written by scripts/gpu_data.sh (SST-2 beside the card's shards)",
     "/shared/fs/data": "an output folder on a cluster's shared filesystem",
     "/shared/fs/out": "an output folder on a cluster's shared filesystem",
     "data/imdb_train.jsonl": "written by the Python heredoc just before it (a GPU node's block)",

@@ -313,7 +313,8 @@ def test_checkpoint_stall_figures():
 
 
 GPU = "docs/results/gpu_h200"
-#: the README's GPU table: (impl, batch, precision) rows, in its order
+GPU_PAGE = "docs/gpu.md"
+#: docs/gpu.md's GPU table: (impl, batch, precision) rows, in its order
 GPU_ROWS = [("fused/triton", 256, "bf16"), ("fused/triton+graphs", 256, "bf16"),
             ("reference", 256, "bf16"), ("cudnn", 256, "bf16"),
             ("fused/triton+graphs", 128, "bf16"), ("fused/triton", 128, "bf16"),
@@ -332,18 +333,22 @@ def gpu_bench() -> tuple[dict, dict]:
 def test_gpu_performance_table():
     rows, runs = gpu_bench()
     peaks = {m["precision"]: m["tflops"] for m in runs[128]["matmul"]}
-    says(f"(bf16 {peaks['bf16']:.1f} TFLOP/s, fp32 {peaks['fp32']:.1f}", GPU)
+    says(f"(bf16 {peaks['bf16']:.1f} TFLOP/s, fp32 {peaks['fp32']:.1f}", GPU, GPU_PAGE)
     for key in GPU_ROWS:
         r = rows[key]
         name = "cuDNN LSTM" if r["impl"] == "cudnn" else f"mLSTM {r['impl']}"
         frac = "TF32" if key == ("cudnn", 128, "fp32") else f"{r['fraction_of_peak']:.1%}"
         says(f"| {name} | {r['batch_size']} | {r['precision']} | {r['chars_per_s']:,.0f} | "
-             f"{r['tflops']:.1f} | {frac} | {r['peak_memory_gib']:.1f} |", GPU)
+             f"{r['tflops']:.1f} | {frac} | {r['peak_memory_gib']:.1f} |", GPU, GPU_PAGE)
     f256 = rows[("fused/triton", 256, "bf16")]
     says(f"{f256['vs_reference']:.2f}x the reference at B=256 and does "
-         f"{f256['vs_cudnn_lstm_per_flop']:.3f} of cuDNN's LSTM's TFLOP/s", GPU)
+         f"{f256['vs_cudnn_lstm_per_flop']:.3f} of cuDNN's LSTM's TFLOP/s", GPU, GPU_PAGE)
     says(f"({rows[('fused/triton+graphs', 128, 'bf16')]['vs_cudnn_lstm_per_flop']:.3f} at B=128 "
-         f"with CUDA graphs); bf16 is {runs[128]['bf16_over_fp32']['128']:.2f}x fp32", GPU)
+         f"with CUDA graphs); bf16 is {runs[128]['bf16_over_fp32']['128']:.2f}x fp32", GPU,
+         GPU_PAGE)
+    says(f"the fused mLSTM step at the\nreference's width (H=4096, T=256, bf16) did "
+         f"{f256['chars_per_s']:,.0f} chars/s at B=256, {f256['vs_cudnn_lstm_per_flop']:.3f} "
+         "of cuDNN's LSTM per\nFLOP", GPU)  # README's summary
     # the profile and the GEMM ceiling, docs/mlstm_fused.md section 7
     p = runs[256]["profile"]
     g = p["gaps"]
@@ -359,7 +364,8 @@ def test_gpu_performance_table():
 
 
 def test_model_at_scale():
-    """README's "Model at scale" row and docs/mlstm_fused.md's account of the run, from the
+    """docs/gpu.md's "Model at scale" rows, README's summary and docs/mlstm_fused.md's account
+    of the run, from the
     run's own files (metrics.jsonl, eval.json, transfer.json) and the demo's."""
     src = "docs/results/gpu_h4096"
     recs = [json.loads(x) for x in (RESULTS / "gpu_h4096/metrics.jsonl").read_text().splitlines()]
@@ -369,16 +375,20 @@ def test_model_at_scale():
     t = load("gpu_h4096/transfer.json")
     minutes = (end["time"] - start["time"]) / 60
     says(f"| H=4096, one H200 | {end['chars_trained']:,} | {minutes:.1f} | {ev['bpc']:.3f} | "
-         f"{t['classifier']['accuracy']['val']:.1%} | {t['neuron']['accuracy']['val']:.1%} |", src)
-    says(f"4096-d mLSTM ({start['params']:,} parameters)", src)
+         f"{t['classifier']['accuracy']['val']:.1%} | {t['neuron']['accuracy']['val']:.1%} |", src,
+         GPU_PAGE)
+    says(f"4096-d mLSTM ({start['params']:,} parameters)", src, GPU_PAGE)
+    says(f"a 4096-d model trained {minutes:.1f} minutes reached {ev['bpc']:.3f} validation BPC",
+         src)  # README's summary
     d = load("demo.json")
     demo = yaml.safe_load((REPO / "configs/demo.yaml").read_text())
     chars = d["steps"] * demo["train"]["data"]["batch_size"] * demo["launch"]["np"] * \
         demo["train"]["data"]["seq_len"]
     says(f"| H=256 demo, 2 CPU ranks | {chars:,} | {d['timings_s']['train_s'] / 60:.1f} | "
          f"{d['val_bpc']:.3f} | {d['transfer']['val_acc']:.1%} | "
-         f"{d['transfer']['neuron_val_acc']:.1%} |", src)
-    says(f"The width pays {d['val_bpc'] - ev['bpc']:.2f} bits of BPC over the demo model", src)
+         f"{d['transfer']['neuron_val_acc']:.1%} |", src, GPU_PAGE)
+    says(f"The width pays {d['val_bpc'] - ev['bpc']:.2f} bits of BPC over the demo model", src,
+         GPU_PAGE)
     evals_ = [r for r in recs if r["kind"] == "eval"]
     train = [r for r in recs if r["kind"] == "train"]
     page = "docs/mlstm_fused.md"
