@@ -1,9 +1,10 @@
 """Rank 0's outputs of a training run, and the stop signals every rank listens for.
 
 * :class:`MetricsLog`: ``<out-dir>/metrics.jsonl`` (one JSON record per line: ``kind`` = start,
-  train, eval, skip, checkpoint, end, failure (:func:`write_failure`); ``step``; ``time`` in Unix seconds; the values), a stdout
-  line per record, a tqdm bar on a terminal, TensorBoard events with ``--tensorboard true`` (a
-  warning instead when the ``tensorboard`` package is missing).
+  train, eval, skip, checkpoint, plan, end, failure (:func:`write_failure`); ``step``; ``time``
+  in Unix seconds; the values), a stdout line per record, a tqdm bar on a terminal, TensorBoard
+  events with ``--tensorboard true`` (a warning instead when the ``tensorboard`` package is
+  missing).
   :func:`read_metrics` is the one reader of that file (reports, scaling report, tests).
 * :class:`StepMeter`: what the loop sums on each rank between two ``train`` records.
 * :class:`StopSignals`: SIGTERM/SIGINT/SIGUSR1 (SLURM preemption, ``scancel --signal``, Ctrl-C)

@@ -7,8 +7,9 @@ around it: count the step (the LR schedule advances on applied steps only), one 
 of control flags about once a second of steps (every attempt for one process, at most every
 ``run.control_every`` attempts: a preemption signal or a due time-based checkpoint on any rank
 stops or checkpoints every rank at the same step; with ``--time-limit`` rank 0's plan of the
-last step, :mod:`hvd_lm.train.deadline`), log, validate, stop a diverged run, checkpoint. Each line of it that is a collective says so
-(``# Horovod:``): every rank must reach it at the same step.
+last step, :mod:`hvd_lm.train.deadline`), log, validate, stop a diverged run, checkpoint. Each
+line of it that is a collective says so (``# Horovod:``): every rank must reach it at the same
+step.
 
 The host does not wait on the device per window: the next window is read ahead on a thread
 (``train.data.Prefetcher``), the loss is summed on the device and read at log time, and the one

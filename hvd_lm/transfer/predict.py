@@ -43,9 +43,9 @@ from tqdm import tqdm
 from hvd_lm.comm import horovod as comm
 from hvd_lm.comm.world import world_size
 from hvd_lm.model import device as devices
+from hvd_lm.model.load import resolve_model
 from hvd_lm.options import Command, option
 from hvd_lm.transfer import texts as text_input
-from hvd_lm.model.load import resolve_model
 from hvd_lm.transfer.features import featurize, open_lm
 from hvd_lm.transfer.saved import (
     NPZ_NAME,

@@ -16,8 +16,6 @@ import itertools
 import sys
 from dataclasses import dataclass
 
-import torch
-
 from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.formats import tokenizer
 from hvd_lm.model import device as devices
