@@ -18,8 +18,16 @@ non-zero, and it prints::
     cause: lost rank 1 on host n2 (10.77.0.2 does not answer within 3 s: ...): ...
 
 Without a record newer than the launch (a rank killed outright, an error before the run folder
-was opened) the cause is the first ``ERROR:`` line the launch printed (kept by the template,
-launcher tags such as ``[1]<stderr>:`` removed), else what the exit status says.
+was opened) the cause is what the launcher itself said when it names a rank and host (srun's
+``srun: error: n2: task 1: Killed``, OpenMPI's ``mpirun noticed that process rank 1 ... on node
+n2 exited on signal 9``) or refused to start (OpenMPI as root, with the fix), else the first
+``ERROR:`` line the launch printed (kept by the template, launcher tags such as
+``[1]<stderr>:`` removed), else what the exit status says.
+
+A launch whose ranks all stopped on a signal and checkpointed (the run's ``end`` record since the
+launch says ``stop: signal``) is a clean stop whatever the launcher's exit status (horovodrun
+across hosts exits 255 after its ranks stopped cleanly): :func:`clean_stop` says so, and the
+templates print that instead of a failure and exit 0.
 
 ``metrics.jsonl`` is read here line by line, skipping a line that is not JSON (the last one may
 be cut short by a kill), instead of through :func:`hvd_lm.train.log.read_metrics`, which raises
@@ -42,24 +50,75 @@ from hvd_lm.options import Command, option
 _TAG = re.compile(r"^(\[[\d,]+\]<std(?:out|err)>:|\d+: )\s*")
 
 
-def failure_records(out_dir: str | Path, since: float = 0.0) -> list[dict]:
-    """The ``failure`` records of ``<out_dir>/metrics.jsonl`` written at or after ``since``
-    (Unix seconds), in file order; [] when there is no such file."""
+def run_records(out_dir: str | Path, kind: str, since: float = 0.0) -> list[dict]:
+    """The ``kind`` records of ``<out_dir>/metrics.jsonl`` written at or after ``since``, in file
+    order; [] when there is no such file (lines that are not JSON skipped)."""
     path = Path(out_dir) / "metrics.jsonl"
-    out = []
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return []
+    out = []
     for line in lines:
         try:
             rec = json.loads(line)
         except ValueError:
             continue
-        if isinstance(rec, dict) and rec.get("kind") == "failure" and \
+        if isinstance(rec, dict) and rec.get("kind") == kind and \
                 float(rec.get("time", 0)) >= since:
             out.append(rec)
     return out
+
+
+def failure_records(out_dir: str | Path, since: float = 0.0) -> list[dict]:
+    """The ``failure`` records of ``<out_dir>/metrics.jsonl`` written at or after ``since``
+    (Unix seconds), in file order; [] when there is no such file."""
+    return run_records(out_dir, "failure", since)
+
+
+def clean_stop(out_dir: str | Path, since: float = 0.0) -> str:
+    """The line saying the launch stopped cleanly (every rank checkpointed on a signal, no
+    failure recorded), or '' when it did not."""
+    ends = run_records(out_dir, "end", since)
+    if not ends or ends[-1].get("stop") != "signal" or failure_records(out_dir, since):
+        return ""
+    end = ends[-1]
+    return (f"==== hvd-lm: stopped on a signal: every rank checkpointed at step {end['step']} "
+            f"({end.get('world_size', '?')} ranks; {Path(out_dir) / 'summary.json'}): "
+            "a clean stop, whatever the launcher's exit status; continue it with the same "
+            "launch (it adds --resume auto) ====")
+
+
+#: What launchers print about a rank they lost or a start they refused, and what it means:
+#: (pattern, cause). Named groups: rank, host, what.
+LAUNCHER_LINES = (
+    (re.compile(r"srun: error: (?P<host>[\w.-]+): tasks? (?P<rank>[\d,-]+): (?P<what>.+)"),
+     "srun: rank {rank} on host {host}: {what}"),
+    (re.compile(r"mpirun noticed that process rank (?P<rank>\d+) with PID \d+ on node "
+                r"(?P<host>[\w.-]+) exited on signal (?P<what>\d+ \(\w+\))"),
+     "mpirun: rank {rank} on host {host} was killed by signal {what}"),
+    (re.compile(r"mpirun has detected an attempt to run as root"),
+     "mpirun refused to start: OpenMPI does not run as root unless told to; set "
+     "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 (the launch templates do it "
+     "for root themselves) or run as a user"),
+)
+
+
+def launcher_cause(path: str | Path | None) -> str:
+    """What the launcher said about a lost rank or a refused start (:data:`LAUNCHER_LINES`), from
+    the launch's kept lines; '' when it said nothing of the kind."""
+    if not path:
+        return ""
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        for pattern, text in LAUNCHER_LINES:
+            m = pattern.search(_TAG.sub("", line))
+            if m:
+                return text.format(**m.groupdict())
+    return ""
 
 
 def first_error_line(path: str | Path | None) -> str:
@@ -71,7 +130,8 @@ def first_error_line(path: str | Path | None) -> str:
         lines = Path(path).read_text(errors="replace").splitlines()
     except OSError:
         return ""
-    return next((_TAG.sub("", x).strip() for x in lines if "ERROR:" in x), "")
+    return next((_TAG.sub("", x).strip() for x in lines if "ERROR:" in x and
+                 not any(p.search(x) for p, _ in LAUNCHER_LINES)), "")
 
 
 def exit_text(rc: int) -> str:
@@ -122,14 +182,16 @@ def summary(out_dir: str, rc: int, since: float = 0.0, errors: str = "",
         cause = r.get("error") or first_error_line(errors)
         again = resume or (f"the same launcher with `{r['resume']}`" if r.get("resume") else "")
     else:
+        said = launcher_cause(errors)
         line = first_error_line(errors)
         lines.append("where: no rank recorded a failure in "
                      f"{Path(out_dir) / 'metrics.jsonl'}"
-                     + ("; the first ERROR line of the launch follows" if line else ""))
+                     + ("; the launcher's own words follow" if said else
+                        "; the first ERROR line of the launch follows" if line else ""))
         ckpt = newest_checkpoint(out_dir)
-        cause = line or (f"no rank reported an error ({exit_text(rc)}): a rank killed "
-                         "outright (out of memory, kill -9, its node lost?); the launcher's "
-                         "output above says which")
+        cause = said or line or (f"no rank reported an error ({exit_text(rc)}): a rank killed "
+                                 "outright (out of memory, kill -9, its node lost?); the "
+                                 "launcher's output above says which")
         again = resume
     lines.append(f"newest complete checkpoint: {ckpt}")
     if again:
@@ -150,9 +212,18 @@ class SummaryConfig:
 
 
 def main(cfg: SummaryConfig) -> int:
-    """Print the block on stdout (the templates send it to stderr); 0."""
+    """Print the block on stdout (the templates send it to stderr): 0 for a failure's block, 3
+    for a clean stop's line (:func:`clean_stop`: the template then exits 0)."""
+    stopped = clean_stop(cfg.out_dir, cfg.since)
+    if stopped:
+        print(stopped, flush=True)
+        return CLEAN_STOP
     print(summary(cfg.out_dir, cfg.rc, cfg.since, cfg.errors, cfg.resume), flush=True)
     return 0
+
+
+#: main's exit status for a clean stop.
+CLEAN_STOP = 3
 
 
 SUMMARY = Command(SummaryConfig, main, config_flag=False)

@@ -1,0 +1,61 @@
+"""The closing block of a launch (hvd_lm/jobs/failure_summary.py) read from the run's own records
+and the launcher's own words: a clean stop on a signal is said as one (exit 3: the template then
+exits 0), a rank srun or mpirun lost is named with its host, a start mpirun refused as root says
+the fix. Through the command the templates call."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from tests._mp import REPO
+
+
+def summary(out, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hvd_lm.jobs.failure_summary", str(out),
+                           *map(str, args)], capture_output=True, text=True, timeout=60,
+                          cwd=REPO)
+
+
+def write_records(out, *recs) -> None:
+    out.mkdir(exist_ok=True)
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_a_signal_stop_on_every_rank_is_a_clean_stop_whatever_the_exit_status(tmp_path):
+    """horovodrun across hosts exited 255 after every rank checkpointed on SIGTERM, and the block
+    said 'the job failed ... a rank killed outright'."""
+    t0 = time.time()
+    write_records(tmp_path / "run", {"kind": "start", "step": 0, "time": t0},
+                  {"kind": "end", "step": 12, "time": t0 + 5, "stop": "signal", "world_size": 2})
+    p = summary(tmp_path / "run", "--rc", "255", "--since", t0 - 1)
+    assert p.returncode == 3, p.stderr
+    assert p.stdout.startswith("==== hvd-lm: stopped on a signal: every rank checkpointed at "
+                               "step 12 (2 ranks;"), p.stdout
+    assert "failed" not in p.stdout
+    # an earlier run's clean stop is not this launch's
+    p = summary(tmp_path / "run", "--rc", "255", "--since", t0 + 10)
+    assert p.returncode == 0 and "the job failed (exit status 255)" in p.stdout
+
+
+def test_the_launchers_words_name_the_lost_rank_or_the_refused_start(tmp_path):
+    write_records(tmp_path / "run", {"kind": "start", "step": 0, "time": time.time()})
+    cases = {
+        "srun: error: n2: task 1: Killed":
+            "cause: srun: rank 1 on host n2: Killed",
+        "[1,0]<stderr>:mpirun noticed that process rank 1 with PID 4242 on node n2 exited on "
+        "signal 9 (Killed).":
+            "cause: mpirun: rank 1 on host n2 was killed by signal 9 (Killed)",
+        "mpirun has detected an attempt to run as root.":
+            "cause: mpirun refused to start: OpenMPI does not run as root unless told to; set "
+            "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+    }
+    for said, cause in cases.items():
+        errors = tmp_path / "errors"
+        errors.write_text(f"some output\n{said}\n")
+        p = summary(tmp_path / "run", "--rc", "1", "--errors", errors)
+        assert p.returncode == 0, p.stderr
+        last = p.stdout.rstrip().splitlines()
+        assert last[1].endswith("; the launcher's own words follow"), last
+        assert last[-1].startswith(cause), (said, last[-1])
