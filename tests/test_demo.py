@@ -132,6 +132,21 @@ def test_report_numbers_come_from_the_files(tmp_path):
         assert (run_dir / png).stat().st_size > 1000
 
 
+def test_the_rate_plot_starts_at_zero(tmp_path, monkeypatch):
+    """chars/s on an axis from 0 (a 5% wobble drawn on an axis from 1,950 looked like a
+    collapse)."""
+    import matplotlib.pyplot as plt
+
+    from hvd_lm.jobs.report import plot_training
+    axes, subplots = [], plt.subplots
+    monkeypatch.setattr(plt, "subplots", lambda *a, **k: (lambda f: axes.append(f[1]) or f)(
+        subplots(*a, **k)))
+    run_dir = _fake_run(tmp_path)
+    plot_training(read_metrics(run_dir / "metrics.jsonl"), run_dir)
+    rate, = [ax for ax in axes if ax.get_ylabel().startswith("chars/s")]
+    assert rate.get_ylim()[0] == 0
+
+
 @pytest.mark.slow
 def test_mini_demo_end_to_end(tmp_path):
     """The whole demo with a tiny model and budget, from a copied config run in another folder:

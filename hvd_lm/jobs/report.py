@@ -69,6 +69,7 @@ def plot_training(records: list[dict], out_dir: str | Path) -> list[Path]:
     ax.plot([r["step"] for r in train], [r["chars_per_s"] for r in train])
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("chars/s (all ranks)")
+    ax.set_ylim(bottom=0)  # a rate's axis from 0: a 5% wobble does not look like a halving
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out_dir / "chars_per_s.png", dpi=100)
