@@ -335,6 +335,24 @@ def test_the_logged_val_bpc_is_what_eval_reports_whatever_the_batch(shards, tmp_
     assert abs(other - got["bpc"]) > 1e-4
 
 
+@pytest.mark.slow
+def test_eval_on_one_process_reads_what_two_training_ranks_logged(shards, tmp_path):
+    """hvd-lm eval's default rows are the training's (2 ranks x 16): one process evaluating the
+    checkpoint of a 2-rank run gives the val BPC it logged (before: 16 rows, 2.4270 where
+    training logged 2.4309); --batch-size 16 gives another figure, as each row starts at zero."""
+    argv = train_argv(shards, tmp_path / "r", "--batch-size", "4", "--max-steps", "6",
+                      "--eval-chars", "0")
+    run(horovodrun_cmd(2, argv, "gloo"), timeout=300)
+    (last,) = records(tmp_path / "r", "eval")
+    got = json.loads(run([sys.executable, "-m", "hvd_lm", "eval", tmp_path / "r", shards],
+                         timeout=120).stdout.strip().splitlines()[-1])
+    assert got["rows"] == 32 and last["val_chars"] == got["chars"]
+    assert last["val_bpc"] == pytest.approx(got["bpc"], rel=1e-6)
+    other = json.loads(run([sys.executable, "-m", "hvd_lm", "eval", tmp_path / "r", shards,
+                            "--batch-size", "16"], timeout=120).stdout.strip().splitlines()[-1])
+    assert other["rows"] == 16 and abs(other["bpc"] - got["bpc"]) > 1e-5
+
+
 def test_a_checkpoint_resumes_on_another_device(tmp_path):
     """A checkpoint read for a job on another device (here the meta device standing in for a
     GPU, which the CPU lacks) restores the RNG states exactly (torch takes CPU generator states

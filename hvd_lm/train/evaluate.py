@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from hvd_lm.comm import horovod as comm
 from hvd_lm.comm.threads import set_rank_threads
@@ -35,17 +36,19 @@ from hvd_lm.util.atomic import check_output, write_text
 
 
 @torch.no_grad()
-def nll_bits(model, streams: RankStreams, device: torch.device, precision: str = "fp32"
-             ) -> tuple[float, int]:
+def nll_bits(model, streams: RankStreams, device: torch.device, precision: str = "fp32",
+             progress: bool = False) -> tuple[float, int]:
     """This rank's (sum of -log2 p over its targets, number of targets), state carried through.
 
     Args:
         streams: this rank's eval streams (epoch 0 is used).
+        progress: a tqdm bar of the windows on stderr when it is a terminal.
     """
     model.eval()
     state = None
     bits, chars = 0.0, 0
-    for batch in streams:
+    for batch in tqdm(streams, total=streams.steps_per_epoch, desc="eval", unit="window",
+                      disable=None if progress else True, file=sys.stderr, leave=False):
         x, y = batch.inputs.to(device), batch.targets.to(device)
         with devices.autocast(device, precision):
             logits, state = model(x, state, reset=batch.reset.to(device))
@@ -87,13 +90,13 @@ def estimate_seconds(model, streams: RankStreams, device: torch.device,
 
 
 def bpc(model, streams: RankStreams, device: torch.device, precision: str = "fp32",
-        distributed: bool = True) -> tuple[float, int]:
-    """(BPC over all ranks, characters evaluated over all ranks).
+        distributed: bool = True, progress: bool = False) -> tuple[float, int]:
+    """(BPC over all ranks, characters evaluated over all ranks); ``progress``: a bar.
 
     Raises:
         ValueError: no characters to evaluate.
     """
-    bits, chars = nll_bits(model, streams, device, precision)
+    bits, chars = nll_bits(model, streams, device, precision, progress)
     if distributed:
         bits, chars = comm.allreduce_sum([bits, float(chars)], name="eval_bpc")
     if chars <= 0:
@@ -130,7 +133,10 @@ class EvalConfig:
     shards: str = option("", "shard directory (with manifest.json)", positional=True,
                          required=True)
     split: str = option("val", "manifest split")
-    batch_size: int = option(EVAL_BATCH_SIZE, "rows per rank", ge=1)
+    batch_size: int = option(0, "rows per rank (0 = the rows the training evaluated with: its "
+                             "--eval-batch-size x its world size, over this job's ranks, so "
+                             f"the BPC is the val BPC it logged; {EVAL_BATCH_SIZE} per rank when "
+                             "they do not divide)", ge=0)
     seq_len: int = option(0, "window, bytes (0 = the checkpoint's)", ge=0)
     max_bytes: int = option(0, "evaluate only the first N bytes (0 = all)", ge=0)
     precision: str = option("fp32", "autocast precision", choices=devices.PRECISIONS)
@@ -140,6 +146,29 @@ class EvalConfig:
     output: str = option("", "also write the result JSON to this file (rank 0)")
     threads: int = option(0, "torch CPU threads per rank (0 = the usable cores / the ranks on "
                           "this machine; a warning when ranks x threads exceed them)", ge=0)
+
+
+def eval_rows(asked: int, ck: dict, ranks: int) -> tuple[int, str]:
+    """Rows per rank for ``hvd-lm eval`` on ``ranks`` ranks, and a note when the BPC will not be
+    the one the training logged. Each row's recurrent state starts at zero, so a split cut into
+    another number of rows scores another BPC (1 rank x 16 rows read 2.4270 where 2 training
+    ranks x 16 logged 2.4309); world size x batch = the same rows is the same cut
+    (:class:`hvd_lm.train.data.RankStreams`). ``asked`` > 0: that; 0: the training's
+    ``run.eval_batch_size`` x its world size, over ``ranks`` when they divide."""
+    if asked:
+        return asked, ""
+    run = ck.get("config", {}).get("run", {}) if isinstance(ck.get("config"), dict) else {}
+    per_rank = run.get("eval_batch_size", EVAL_BATCH_SIZE) if isinstance(run, dict) else 0
+    world = ck.get("world_size")
+    if type(per_rank) is not int or type(world) is not int or per_rank < 1 or world < 1:
+        return EVAL_BATCH_SIZE, ""  # an export or an old checkpoint: the default
+    total = per_rank * world
+    if total % ranks:
+        return EVAL_BATCH_SIZE, (f"the training evaluated with {total} rows ({world} ranks x "
+                                 f"{per_rank}); {ranks} ranks cannot split them, so this "
+                                 f"evaluation uses {EVAL_BATCH_SIZE} per rank and its BPC "
+                                 "differs slightly from the logged one (--batch-size sets it)")
+    return total // ranks, ""
 
 
 def eval_command(cfg: EvalConfig) -> int:
@@ -160,13 +189,15 @@ def eval_command(cfg: EvalConfig) -> int:
         raise CheckpointError(f"{cfg.checkpoint}: field config.data.seq_len is "
                               f"{str(seq_len)[:40]!r}, expected an int in 1..{MAX_SEQ_LEN:,} "
                               "(or give --seq-len)")
+    rows, note = eval_rows(cfg.batch_size, ck, ctx.size)
     streams = RankStreams(manifest, cfg.split, ctx.rank, ctx.size,
-                          cfg.batch_size, seq_len, shuffle_shards=False, max_bytes=cfg.max_bytes,
+                          rows, seq_len, shuffle_shards=False, max_bytes=cfg.max_bytes,
                           verify=True)
-    value, chars = bpc(model, streams, device, cfg.precision)
+    value, chars = bpc(model, streams, device, cfg.precision, progress=ctx.is_root)
     if ctx.is_root:
         result = {"checkpoint": str(cfg.checkpoint), "split": cfg.split, "bpc": value,
-                  "chars": chars, "step": ck["step"], "world_size": ctx.size}
+                  "chars": chars, "step": ck["step"], "world_size": ctx.size,
+                  "rows": rows * ctx.size, **({"note": note} if note else {})}
         sys.stdout.write(json.dumps(result) + "\n")  # one write: one line under launchers
         sys.stdout.flush()
         if cfg.output:
