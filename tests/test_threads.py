@@ -43,7 +43,8 @@ def run_dir(tmp_path_factory):
 
 def test_eval_and_transfer_warn_as_train_does(run_dir):
     """Confined to one core, --threads 2 in eval and transfer says so in one line naming the
-    command (they used torch's default threads silently: 5x slower featurization)."""
+    command (they used torch's default threads silently: 5x slower featurization); transfer
+    says when its fit starts and ends."""
     for split in ("train", "val"):
         rows = ["label,text"] + [f"{i % 2},{'great' if i % 2 else 'awful'} {i}" for i in range(8)]
         (run_dir / f"{split}.csv").write_text("\n".join(rows) + "\n")
@@ -54,9 +55,12 @@ def test_eval_and_transfer_warn_as_train_does(run_dir):
     assert f"hvd-lm eval: {warning}" in ev.stderr.splitlines(), ev.stderr
     tr = run(["taskset", "-c", "0", sys.executable, "-m", "hvd_lm", "transfer", run_dir / "run",
               "--train", run_dir / "train.csv", "--val", run_dir / "val.csv", "--out",
-              run_dir / "tr", "--threads", "2", "--no-baseline", "--no-progress", "--no-cache"],
+              run_dir / "tr", "--threads", "2", "--no-baseline", "--no-cache"],
              env=launch_env(), timeout=300)
     assert f"hvd-lm transfer: {warning}" in tr.stderr.splitlines(), tr.stderr
+    # the minutes of the fit are said (a bar covers the featurization on a terminal)
+    assert "hvd-lm transfer: fitting L1 logistic regression at 11 C values on 8 x 16 " \
+        "features (auto solver)" in tr.stderr and "hvd-lm transfer: fit in " in tr.stderr
     quiet = run(["taskset", "-c", "0", sys.executable, "-m", "hvd_lm", "eval", run_dir / "run",
                  run_dir / "shards"], env=launch_env(), timeout=300)
     assert "usable cores" not in quiet.stderr  # the default: 1 thread on 1 core

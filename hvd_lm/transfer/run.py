@@ -24,6 +24,7 @@ Outputs (rank 0): ``OUT/transfer.json``, ``OUT/transfer.md``, ``OUT/neuron_hist.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -302,10 +303,17 @@ def run(cfg: TransferConfig) -> dict | None:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     y = {k: s.labels for k, s in splits.items()}
+    say = (lambda text: print(f"hvd-lm transfer: {text}", file=sys.stderr, flush=True)) \
+        if cfg.progress else (lambda text: None)  # the fit and the baseline take minutes
+    n, d = feats["train"].shape
+    say(f"fitting {cfg.penalty.upper()} logistic regression at {len(cfg.c_grid)} C values on "
+        f"{n:,} x {d:,} features ({cfg.solver} solver)")
     clf = fit_logreg(feats["train"], y["train"], feats["val"], y["val"], feats.get("test"),
                      y.get("test"), penalty=cfg.penalty, grid=cfg.c_grid, seed=cfg.seed,
                      max_iter=cfg.max_iter, standardize=cfg.standardize, solver=cfg.solver,
                      device=str(device), tol=cfg.tol)
+    say(f"fit in {clf['seconds']:.1f} s ({clf['solver']}): C={clf['C']:g}, val "
+        f"{clf['accuracy']['val']:.1%}")
     neuron = sentiment_neuron(clf["coef"], {k: (feats[k], y[k]) for k in splits})
     neuron["histogram"] = None
     (out / "neuron_hist.png").unlink(missing_ok=True)  # never leave an older run's plot
@@ -315,6 +323,7 @@ def run(cfg: TransferConfig) -> dict | None:
             out / "neuron_hist.png", f"unit {neuron['index']} on {cfg.dataset or 'train'} train"))
     baseline = None
     if cfg.baseline:
+        say(f"TF-IDF baseline at {len(cfg.baseline_c_grid)} C values")
         baseline = tfidf_baseline(splits["train"], splits["val"], splits.get("test"),
                                   cfg.baseline_c_grid, cfg.seed)
     notes = sorted({n for s in splits.values() for n in s.notes})
