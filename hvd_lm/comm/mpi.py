@@ -8,18 +8,58 @@ singleton) should do, so :func:`world` imports it on first use, and callers ask
 
 from __future__ import annotations
 
+import os
+import socket
+import sys
+import time
 from typing import Any
+
+#: Seconds the ranks' first barrier may take before the job stops naming the likely cause
+#: (``HVD_LM_MPI_CONNECT_TIMEOUT`` overrides).
+CONNECT_TIMEOUT_S = 120.0
+
+
+class MpiUnreachable(RuntimeError):
+    """The ranks' first barrier did not complete in time: they cannot reach each other."""
 
 
 class MpiWorld:
-    """``MPI.COMM_WORLD`` with the few collectives data_prep needs (pickled Python objects)."""
+    """``MPI.COMM_WORLD`` with the few collectives data_prep needs (pickled Python objects).
 
-    def __init__(self) -> None:
+    Raises:
+        MpiUnreachable: from the constructor, when the ranks' first barrier (nonblocking,
+            polled) does not complete within :data:`CONNECT_TIMEOUT_S`: across hosts OpenMPI
+            may pick an interface another host cannot reach (``docker0``) and every collective
+            then hangs with no message; this names the fix instead, and aborts the job.
+    """
+
+    def __init__(self, connect_timeout_s: float | None = None) -> None:
         # Imported here, not at module top: importing mpi4py initialises MPI (see the docstring).
         from mpi4py import MPI
 
         self.comm = MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        timeout = connect_timeout_s if connect_timeout_s is not None else float(
+            os.environ.get("HVD_LM_MPI_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S))
+        if self.size > 1:
+            self._first_barrier(timeout)
+
+    def _first_barrier(self, timeout: float) -> None:
+        request = self.comm.Ibarrier()
+        deadline = time.monotonic() + timeout
+        while not request.Test():
+            if time.monotonic() > deadline:
+                text = (f"rank {self.rank} on {socket.gethostname()}: the {self.size} ranks did "
+                        f"not reach each other within {timeout:g} s (MPI's first barrier): "
+                        "across hosts OpenMPI may use an interface another host cannot reach "
+                        "(docker0...); run `hvd-lm doctor --hosts ...` and give mpirun the "
+                        "interface it prints (-mca btl_tcp_if_include IF -mca "
+                        "oob_tcp_if_include IF), with -x PATH so every rank runs the venv's "
+                        "Python")
+                print(f"ERROR: {text}", file=sys.stderr, flush=True)
+                self.comm.Abort(1)  # the others wait in the same barrier: end the job
+                raise MpiUnreachable(text)  # (Abort does not return)
+            time.sleep(0.01)
 
     def barrier(self) -> None:
         """Wait for every rank."""
