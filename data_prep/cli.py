@@ -17,10 +17,12 @@ from data_prep.bench import BENCH_PREPARE
 from data_prep.inputs import BadRecord, InputError
 from data_prep.parallel import Context, PhaseError
 from data_prep.pipeline import format_summary, prepare
+from data_prep.resume import owned_by_prepare
 from data_prep.settings import PrepareConfig, PrepareError
 from data_prep.verify import VerifyConfig, verify_directory
-from hvd_lm.options import ArgumentParser, Command
+from hvd_lm.options import ArgumentParser, Command, error_text
 from hvd_lm.util.atomic import write_text
+from hvd_lm.util.files import check_output, shown
 
 _EPILOG_PREPARE = """\
 examples:
@@ -39,11 +41,15 @@ def prepare_command(cfg: PrepareConfig) -> int:
     cfg.command = list(sys.argv)
     ctx = None
     try:
+        if cfg.summary_json:  # before any work: not an input, not a file of --out
+            check_output(cfg.summary_json, "--summary-json", *cfg.inputs,
+                         writes=[lambda p: owned_by_prepare(p, cfg.out)
+                                 and f"{p.name} of --out {shown(cfg.out)}"])
         ctx = Context(cfg.workers, cfg.progress)
         summary = prepare(cfg, ctx)
     except (PrepareError, PhaseError, InputError, BadRecord, OSError, ValueError) as e:
-        if ctx is None or ctx.is_root:
-            print(f"data_prep prepare: ERROR: {e}", file=sys.stderr)
+        if ctx is None or ctx.is_root:  # one line: a newline in a path is escaped
+            print(f"data_prep prepare: ERROR: {error_text(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("data_prep prepare: interrupted; rerun with --resume to continue", file=sys.stderr)

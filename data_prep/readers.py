@@ -174,36 +174,67 @@ def _json_batches(spec, segments, stats, skip_bad, utf8_errors):
         yield texts
 
 
-def _delimited_records(spec, lines, stats, skip_bad, utf8_errors):
+class _TooLong(Exception):
+    """A record grew past the per-document cap (raised by :class:`_Feed` through the csv
+    reader)."""
+
+
+class _Feed:
+    """The lines of a CSV/TSV file after its header, for ``csv.reader``, counting the characters
+    of the record being parsed: past ``cap`` it raises :class:`_TooLong` (an unclosed quote
+    makes the rest of the file one field; without the cap it is held whole, 4 bytes a
+    character). An iterator class, not a generator: it goes on after raising."""
+
+    def __init__(self, lines, header_lines: int, cap: Optional[int]):
+        self.lines, self.header_lines, self.cap = iter(lines), header_lines, cap
+        self.first, self.last, self.invalid, self.size = None, 0, False, 0
+
+    def start_record(self) -> None:
+        self.first, self.invalid, self.size = None, False, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        for line_no, text, ok in self.lines:
+            if line_no <= self.header_lines:
+                continue
+            if self.first is None:
+                self.first = line_no
+            self.last = line_no
+            self.invalid = self.invalid or not ok
+            self.size += len(text)
+            if self.cap is not None and self.size > self.cap:
+                raise _TooLong()
+            return text
+        raise StopIteration
+
+
+def _delimited_records(spec, lines, stats, skip_bad, utf8_errors, cap=None):
     if not spec.columns:  # empty file: no header, no records
         return
     csv.field_size_limit(CSV_FIELD_LIMIT)
-    state = {"first": None, "last": 0, "invalid": False}
-
-    def feed():
-        for line_no, text, ok in lines:
-            if line_no <= spec.header_lines:
-                continue
-            if state["first"] is None:
-                state["first"] = line_no
-            state["last"] = line_no
-            if not ok:
-                state["invalid"] = True
-            yield text
-
-    reader = csv.reader(feed(), **_dialect(spec.format))
+    feed = _Feed(lines, spec.header_lines, cap)
+    reader = csv.reader(feed, **_dialect(spec.format))
     ncols = len(spec.columns)
     idx = spec.columns.index(spec.text_field)
     while True:
-        state["first"], state["invalid"] = None, False
+        feed.start_record()
         try:
             row = next(reader)
         except StopIteration:
             return
         except csv.Error as e:
-            count_bad(stats, skip_bad, spec.path, state["first"] or state["last"], f"CSV error: {e}")
+            count_bad(stats, skip_bad, spec.path, feed.first or feed.last, f"CSV error: {e}")
             continue
-        line_no = state["first"]
+        except _TooLong:  # with --skip-bad: a fresh reader goes on at the next line
+            count_bad(stats, skip_bad, spec.path, feed.first,
+                      f"a record of more than {cap:,} characters (a quote never closed?) is "
+                      f"longer than the {cap:,} bytes the memory budget allows per document "
+                      "(raise --max-memory-mb, or --skip-bad to drop it)")
+            reader = csv.reader(feed, **_dialect(spec.format))
+            continue
+        line_no = feed.first
         if not row or (len(row) == 1 and not row[0].strip()):
             stats.blank_lines += 1
             continue
@@ -211,16 +242,16 @@ def _delimited_records(spec, lines, stats, skip_bad, utf8_errors):
             count_bad(stats, skip_bad, spec.path, line_no,
                  f"{len(row)} fields, expected {ncols} (header of {spec.format.upper()})")
             continue
-        if state["invalid"] and not utf8_ok(stats, skip_bad, utf8_errors, spec.path, line_no):
+        if feed.invalid and not utf8_ok(stats, skip_bad, utf8_errors, spec.path, line_no):
             continue
         stats.records += 1
         yield line_no, row[idx]
 
 
-def _review_records(spec, lines, stats, skip_bad, utf8_errors):
+def _review_records(spec, lines, stats, skip_bad, utf8_errors, cap=None):
     want = spec.text_field
     in_review = skipping = False
-    start = 0
+    start = size = 0
     cur: Optional[str] = None
     value: Optional[list] = None
     invalid = False
@@ -230,12 +261,19 @@ def _review_records(spec, lines, stats, skip_bad, utf8_errors):
             if not s:
                 stats.blank_lines += 1
             elif s == "<review>":
-                in_review, skipping, start = True, False, line_no
+                in_review, skipping, start, size = True, False, line_no, 0
                 cur, value, invalid = None, None, not ok
             else:
                 count_bad(stats, skip_bad, spec.path, line_no, f"expected <review>, got {s[:40]!r}")
             continue
         invalid = invalid or not ok
+        size += len(text) + 1
+        if cap is not None and size > cap and not skipping:  # a block of many short lines
+            count_bad(stats, skip_bad, spec.path, start,
+                      f"a <review> block of more than {cap:,} characters is longer than the "
+                      f"{cap:,} bytes the memory budget allows per document (raise "
+                      "--max-memory-mb, or --skip-bad to drop it)")
+            skipping, value, cur = True, None, None  # --skip-bad: on to its </review>
         if skipping:
             if s == "</review>":
                 in_review = False
@@ -311,7 +349,8 @@ def read_documents(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
         progress: called with bytes read from disk since the last call.
         block_size: stripe block size (uncompressed bytes).
         max_line_bytes: longest line (record) kept, see :func:`iter_segments`; for ``tar``,
-            the largest member read.
+            the largest member read; for ``csv``/``tsv`` records (quoted fields span lines) and
+            ``review`` blocks, the most characters one record may span, however many lines.
     Yields:
         ``(line_number, text)``: 1-based line where the record starts, and the text exactly as
         stored (no normalisation).
@@ -334,10 +373,13 @@ def read_documents(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
     if spec.format in ("json", "loose-json"):
         return _json_records(spec, lines, stats, skip_bad, utf8_errors,
                              spec.format == "loose-json")
+    # one document's bound whatever its line structure (an unclosed CSV quote, a .review block
+    # of many lines): the line reader's own (iter_segments)
+    cap = None if max_line_bytes is None else max(int(max_line_bytes), 2 * block_size)
     if spec.format in ("csv", "tsv"):
-        return _delimited_records(spec, lines, stats, skip_bad, utf8_errors)
+        return _delimited_records(spec, lines, stats, skip_bad, utf8_errors, cap)
     if spec.format == "review":
-        return _review_records(spec, lines, stats, skip_bad, utf8_errors)
+        return _review_records(spec, lines, stats, skip_bad, utf8_errors, cap)
     return _text_records(spec, lines, stats, skip_bad, utf8_errors)
 
 

@@ -32,7 +32,7 @@ from hvd_lm.util.digest import json_sha256
 from hvd_lm.util.lock import LOCK_NAME
 
 WORK_DIR = ".prepare"
-SHARD_NAME = re.compile(r"^(train|val|test)-\d{5}\.h5$")
+SHARD_NAME = re.compile(r"^(train|val|test)-\d{5}\.h5\Z")
 
 
 def atomic_json(path: Path, obj) -> None:
@@ -44,6 +44,16 @@ def written_by_prepare(name: str) -> bool:
     """Whether ``name`` is a file ``prepare`` writes into its output folder: a shard or the
     manifest (or, through :func:`check_out`, the work directory and the lock)."""
     return bool(SHARD_NAME.match(name)) or name == manifests.MANIFEST_NAME
+
+
+def owned_by_prepare(path: Path, out: str | Path) -> bool:
+    """Whether ``path`` (links resolved) is a file ``prepare`` writes or deletes in ``out``: a
+    shard, the manifest, the lock, or anything in the work directory (what ``--summary-json``
+    may not name: the summary would replace it, or be replaced)."""
+    d = Path(out).resolve()
+    p = Path(path).resolve()
+    return (p.parent == d and (written_by_prepare(p.name) or p.name in (WORK_DIR, LOCK_NAME))) \
+        or d / WORK_DIR in p.parents
 
 
 def check_out(out: str | Path) -> None:

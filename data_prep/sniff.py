@@ -25,6 +25,7 @@ from data_prep.inputs import (
 )
 from data_prep.lines import iter_lines
 from data_prep.readers import _dialect
+from hvd_lm.util.files import FileRefused, check_regular, shown
 
 _SUFFIX_FORMATS = {".json": "json", ".jsonl": "json", ".ndjson": "json", ".csv": "csv",
                    ".tsv": "tsv", ".tab": "tsv", ".review": "review", ".txt": "text",
@@ -82,8 +83,12 @@ def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = N
     if os.path.isdir(path):
         raise InputError(f"{path}: is a folder, not a file; pass the files in it (e.g. "
                          f"{path}/*.json.gz)")
-    if not os.path.isfile(path):
-        raise InputError(f"{path}: no such file")
+    try:  # a FIFO (it blocks), a device (/dev/zero never ends) or a socket: named, not opened
+        check_regular(path, "prepare reads review files")
+    except FileNotFoundError:
+        raise InputError(f"{shown(path)}: no such file") from None
+    except FileRefused as e:
+        raise InputError(str(e)) from None
     try:
         size = os.path.getsize(path)
         compressed = is_gzip(path)

@@ -262,8 +262,16 @@ def test_yaml_errors_are_short_and_name_the_file(tmp_path, capsys, text, needle)
 
 
 def test_a_config_that_never_ends_is_cut_at_its_size_budget(tmp_path):
+    """/dev/zero is named as the device it is, unread (issue 44); a regular file over the
+    budget is read to the budget only."""
     proc, seconds, _ = timed_main(["train", "--config", "/dev/zero", "--shards", tmp_path])
-    one_error_line(proc, "/dev/zero: more than 1,048,576 bytes")
+    one_error_line(proc, "/dev/zero: a character device, not a regular file")
+    assert seconds < 5
+    big = tmp_path / "big.yaml"
+    with open(big, "wb") as f:
+        f.truncate(1 << 30)  # sparse: 1 GiB of zeros, no disk used
+    proc, seconds, _ = timed_main(["train", "--config", big, "--shards", tmp_path])
+    one_error_line(proc, f"{big}: more than 1,048,576 bytes")
     assert seconds < 5
 
 

@@ -36,9 +36,10 @@ from pathlib import Path
 import torch
 
 from hvd_lm.util.atomic import remove_stale_temps, write_bytes, write_text
+from hvd_lm.util.files import LINE_CHARS, FileRefused, open_regular, shown
 
 CHECKPOINT_FORMAT = 1
-_STEP_FILE = re.compile(r"^step_(\d{8})\.pt$")
+_STEP_FILE = re.compile(r"^step_(\d{8})\.pt\Z")  # \Z: "$" would match before a final newline
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -185,7 +186,7 @@ def resolve(path_or_run: str | Path) -> Path:
         CheckpointError: a ``latest`` that names something other than a step file of its folder.
     """
     p = Path(path_or_run)
-    if p.is_file():
+    if p.exists() and not p.is_dir():  # a file; a FIFO or device is named by load()
         return p
     target = latest_path(p)
     if target is not None:
@@ -261,14 +262,17 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
 
     Raises:
         FileNotFoundError: no such file.
-        CheckpointError: not an hvd_lm checkpoint (another file type, another format version),
-            or truncated/damaged, naming the file.
+        CheckpointError: not an hvd_lm checkpoint (another file type, another format version,
+            a FIFO, device or folder), or truncated/damaged, naming the file.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such checkpoint file")
-    with open(path, "rb") as f:
-        head = f.read(4)
+    try:  # a FIFO or device is refused unopened (a FIFO blocks), as a damaged file would be
+        with open_regular(path, "checkpoints are torch.save zip files") as f:
+            head = f.read(4)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{shown(path)}: no such checkpoint file") from None
+    except FileRefused as e:
+        raise CheckpointError(str(e)) from None
     if head != b"PK\x03\x04":  # torch.save's zip container (PyTorch "Serialization semantics")
         kind = {b"\x89HDF": "an HDF5 file (a shard?)", b"{": "JSON"}.get(
             head if head == b"\x89HDF" else head[:1], f"starts with {head!r}")
@@ -364,7 +368,8 @@ def load_newest(run_dir: str | Path, map_location: str | torch.device = "cpu",
         first = None
         errors.append(str(e))
         if warn:
-            print(f"warning: {e}; trying the step checkpoints", file=sys.stderr)
+            print(f"warning: {shown(str(e), LINE_CHARS)}; trying the step checkpoints",
+                  file=sys.stderr)
     found = list_checkpoints(run_dir)
     if first is None and not found:
         if errors:
@@ -379,5 +384,6 @@ def load_newest(run_dir: str | Path, map_location: str | torch.device = "cpu",
         except CheckpointError as e:
             errors.append(str(e))
             if warn:
-                print(f"warning: {e}; trying an older checkpoint", file=sys.stderr)
+                print(f"warning: {shown(str(e), LINE_CHARS)}; trying an older checkpoint",
+                      file=sys.stderr)
     raise CheckpointError(f"{run_dir}: no checkpoint loads: " + "; ".join(errors))

@@ -41,6 +41,7 @@ import torch
 from hvd_lm.formats.checkpoint import CheckpointError
 from hvd_lm.util.atomic import DiskFullError, free_bytes, fsync_dir, human, temp_path
 from hvd_lm.util.digest import file_sha256
+from hvd_lm.util.files import FileRefused, read_json
 
 FORMAT = "hvd_lm-export"
 FORMAT_VERSION = 1
@@ -135,15 +136,10 @@ def read_export(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
         raise FileNotFoundError(f"{path}: no exported model (a folder with {CONFIG} and "
                                 f"{WEIGHTS})")
     cfg_path = folder / CONFIG
-    with open(cfg_path, "rb") as f:
-        raw = f.read(MAX_CONFIG_BYTES + 1)
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ExportError(f"{cfg_path}: over {MAX_CONFIG_BYTES:,} bytes, not an export's "
-                          "config.json")
-    try:
-        cfg = json.loads(raw.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ExportError(f"{cfg_path}: not JSON ({e})") from None
+    try:  # within its budget; a FIFO, a device or JSON nested 100,000 deep refused, one line
+        cfg = read_json(cfg_path, MAX_CONFIG_BYTES, "an export's config.json is a few kB")
+    except FileRefused as e:
+        raise ExportError(str(e)) from None
     if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
         raise ExportError(f"{cfg_path}: not an hvd_lm export (\"format\": \"{FORMAT}\")")
     if cfg.get("format_version") != FORMAT_VERSION:

@@ -44,6 +44,7 @@ import h5py
 import numpy as np
 
 from hvd_lm.util.atomic import atomic_path
+from hvd_lm.util.files import FileRefused, check_regular, shown
 
 #: Version of the shard file layout and manifest schema described above.
 FORMAT_VERSION: int = 1
@@ -64,7 +65,7 @@ _TOKENS = "tokens"
 _OFFSETS = "doc_offsets"
 _REQUIRED_ATTRS = ("tokenizer", "source_files")
 _COMPUTED_ATTRS = ("format_version", "documents", "bytes", "sha256")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 _READ_CHUNK = 16 * TOKEN_CHUNK  # bytes per read when streaming a shard (16 MiB)
 
 
@@ -197,8 +198,12 @@ def write_shard(path, tokens: np.ndarray, doc_offsets: np.ndarray, attrs: dict,
 
 
 def _open_h5(path: Path) -> h5py.File:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: shard file not found")
+    try:  # a regular file: a FIFO would block HDF5's open
+        check_regular(path, "a shard is an HDF5 file")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{shown(path)}: shard file not found") from None
+    except FileRefused as e:
+        raise ShardFormatError(str(e)) from None
     try:
         return h5py.File(path, "r")
     except OSError as e:
@@ -244,13 +249,19 @@ def read_tokens(path, start: int, stop: int) -> np.ndarray:
     Returns:
         uint8 array of shape ``(stop - start,)`` (shorter at the end of the stream).
     Raises:
-        FileNotFoundError, ShardFormatError: missing or unreadable file.
+        FileNotFoundError, ShardFormatError: missing or unreadable file, or a damaged chunk
+            (naming the shard and the range).
     """
     with _open_h5(Path(path)) as f:
         try:
             return f[_TOKENS][start:stop]
         except KeyError as e:
             raise ShardFormatError(f"{path}: missing dataset ({e})") from e
+        except (OSError, ValueError) as e:  # a damaged (e.g. gzip) chunk, read unverified
+            reason = " ".join(str(e).split())
+            raise ShardFormatError(f"{shown(path)}: tokens {start:,}..{stop:,} unreadable "
+                                   f"({shown(reason, 160)}): the shard is damaged; "
+                                   "`hvd-lm verify` checks every shard") from None
 
 
 def check_layout(info) -> None:

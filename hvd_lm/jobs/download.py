@@ -25,6 +25,8 @@ from hvd_lm.options import Command, ConfigError, option
 from hvd_lm.options.tree import read_yaml, shorten, shown
 from hvd_lm.util.atomic import atomic_path
 from hvd_lm.util.digest import file_sha256
+from hvd_lm.util.files import FileRefused, check_regular
+from hvd_lm.util.files import shown as shown_path
 
 
 class ChecksumMismatch(ValueError):
@@ -148,14 +150,28 @@ def download_all(sources_file: str | Path, out_dir: str | Path, mirror: str | No
 
     Raises:
         ChecksumMismatch, DownloadError: as :func:`fetch`.
-        ValueError: a bad source list, or a ``save_as`` leading out of ``out_dir``.
+        ValueError: a bad source list, a ``save_as`` leading out of ``out_dir``, two sources
+            saved as one file, or a destination that exists as a FIFO, device or folder
+            (checked before the first fetch).
     """
     base, sources = load_sources(sources_file)
     base = (mirror or base).rstrip("/")
     try:  # every destination checked before anything is fetched
         dests = [destination(out_dir, s.save_as) for s in sources]
     except ValueError as e:
-        raise ValueError(f"{sources_file}: {e}") from None
+        raise ValueError(f"{shown_path(sources_file)}: {e}") from None
+    first: dict[Path, int] = {}
+    for i, dest in enumerate(dests):
+        j = first.setdefault(dest.resolve(), i)
+        if j != i:  # two sources, one file: the second would replace the first, both "verified"
+            raise ValueError(f"{shown_path(sources_file)}: files[{j}].save_as "
+                             f"{shown(sources[j].save_as)} and files[{i}].save_as "
+                             f"{shown(sources[i].save_as)} are the same file {shown_path(dest)}")
+        if dest.exists():  # a FIFO would block the digest's open
+            try:
+                check_regular(dest, "a download is saved as a file")
+            except FileRefused as e:
+                raise ValueError(f"{shown_path(sources_file)}: files[{i}]: {e}") from None
     out = []
     for s, dest in zip(sources, dests):
         if dest.exists() and file_sha256(dest) == s.sha256:

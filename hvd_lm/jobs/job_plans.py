@@ -31,6 +31,7 @@ from hvd_lm.options import Command, option
 from hvd_lm.train.schedule import scaled_lr
 from hvd_lm.train.settings import add_arguments, from_args
 from hvd_lm.util.atomic import write_text
+from hvd_lm.util.files import check_output
 from hvd_lm.util.units import parse_duration
 
 
@@ -211,6 +212,9 @@ def launch(args: LaunchConfig) -> int:
     while train_args and train_args[0] == "--":  # argparse may keep the separator
         train_args.pop(0)
     templates = Path(args.template_dir) if args.template_dir else template_dir()
+    if not args.sweep and args.out not in (None, "-"):  # never over its training config
+        check_output(args.out, "--out", *([args.config] if args.config else []),
+                     templates / SCHEDULERS[args.scheduler])
     cfg = train_config(args.config, train_args)
     submit_with = SUBMIT[args.scheduler]
 

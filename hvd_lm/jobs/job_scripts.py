@@ -128,7 +128,7 @@ def check_directive_value(flag: str, value: str) -> str:
     Raises:
         ValueError: whitespace, a leading ``-``, another character, or too long.
     """
-    if not _DIRECTIVE_VALUE.match(value):
+    if not _DIRECTIVE_VALUE.fullmatch(value):  # fullmatch: "$" also matches before a final \n
         why = ("whitespace would start another sbatch/qsub option" if re.search(r"\s", value)
                else "it may not start with '-'" if value.startswith("-")
                else "too long" if len(value) > 128 else "it holds another character")
@@ -145,7 +145,7 @@ def check_host_words(flag: str, value: str) -> str:
         ValueError: an empty name, whitespace, a leading ``-`` (it would read as an option).
     """
     for word in value.split(","):
-        if not _HOST_WORD.match(word):
+        if not _HOST_WORD.fullmatch(word):
             raise ValueError(f"{flag} {value[:80]!r}: {word[:80]!r} is not a host or interface "
                              "name (letters, digits, _ . -; not starting with '-')")
     return value

@@ -13,11 +13,19 @@ from pathlib import Path
 
 import torch
 
-from hvd_lm.formats.checkpoint import CheckpointError, load, resolve
-from hvd_lm.formats.export import ARCHITECTURE, WEIGHTS, export_folder, read_export, write_export
+from hvd_lm.formats.checkpoint import CheckpointError, checkpoint_dir, load, resolve
+from hvd_lm.formats.export import (
+    ARCHITECTURE,
+    CONFIG,
+    WEIGHTS,
+    export_folder,
+    read_export,
+    write_export,
+)
 from hvd_lm.formats.tokenizer import TOKENIZER_NAME
 from hvd_lm.model.lm import LanguageModel, ModelConfig, parameter_shapes
-from hvd_lm.options import Command, option
+from hvd_lm.options import Command, option, validate
+from hvd_lm.util.files import shown
 from hvd_lm.util.digest import file_sha256
 
 
@@ -44,6 +52,24 @@ def load_state(model: torch.nn.Module, state: dict, path: str | Path) -> None:
     model.load_state_dict(state)
 
 
+def model_config(fields: dict, source: str | Path, **override) -> ModelConfig:
+    """The :class:`~hvd_lm.model.lm.ModelConfig` a file's model config describes, validated
+    (choices, bounds) with the file named: ``F: model.cell must be one of ['mlstm', 'lstm'],
+    got 'bogus'``.
+
+    Raises:
+        CheckpointError: an unknown field, a wrong type or a value out of its range.
+    """
+    try:
+        cfg = ModelConfig(**{**fields, **override})
+        validate(cfg, shown(source), ("model",))
+    except TypeError as e:
+        raise CheckpointError(f"{shown(source)}: model config: {shown(str(e))}") from None
+    except ValueError as e:  # ConfigError: already names the file and the field
+        raise CheckpointError(str(e)) from None
+    return cfg
+
+
 def check_state(state, model_cfg: dict, path: str | Path) -> None:
     """Before a model is built from a file's config: its weights are floating-point, finite
     tensors, and the config asks for no more parameters than the file holds (a 1 kB file whose
@@ -65,8 +91,8 @@ def check_state(state, model_cfg: dict, path: str | Path) -> None:
         if key in model_cfg and (type(model_cfg[key]) is not int or model_cfg[key] < 1):
             raise CheckpointError(f"{path}: model config field {key} is {model_cfg[key]!r}, "
                                   "expected an int >= 1")
-    want = sum(math.prod(shape) for _, shape in parameter_shapes(ModelConfig(**{
-        k: v for k, v in model_cfg.items() if k in ARCHITECTURE})))
+    want = sum(math.prod(shape) for _, shape in parameter_shapes(model_config({
+        k: v for k, v in model_cfg.items() if k in ARCHITECTURE}, path)))
     have = sum(t.numel() for t in state.values())
     if want > have:
         raise CheckpointError(f"{path}: the model config asks for {want:,} parameters, the file "
@@ -86,6 +112,23 @@ def resolve_model(path: str | Path) -> Path:
     return folder / WEIGHTS if folder is not None else resolve(path)
 
 
+def model_files(path: str | Path) -> list[Path]:
+    """Every file loading a model from ``path`` reads: an exported folder's weights and
+    config.json, or the checkpoint file (and a run directory's ``checkpoints/latest``); what an
+    output flag may not name (:func:`hvd_lm.util.files.check_output`). Empty when ``path`` names
+    no model (loading then says so).
+    """
+    folder = export_folder(path)
+    if folder is not None:
+        return [folder / WEIGHTS, folder / CONFIG]
+    try:
+        found = [resolve(path)]
+    except (OSError, CheckpointError):
+        found = []
+    latest = checkpoint_dir(path) / "latest"
+    return found + ([latest] if Path(path).is_dir() and latest.is_file() else [])
+
+
 def architecture(model: dict, source: str | Path) -> dict:
     """The architecture fields (:data:`hvd_lm.formats.export.ARCHITECTURE`) of a ``model``
     config dict, with ModelConfig's defaults for those it lacks.
@@ -98,7 +141,7 @@ def architecture(model: dict, source: str | Path) -> dict:
     if unknown:
         raise CheckpointError(f"{source}: model config field {unknown[0]!r} is not one of "
                               f"hvd_lm's ({', '.join(ARCHITECTURE)})")
-    full = dataclasses.asdict(ModelConfig(**model))
+    full = dataclasses.asdict(model_config(model, source))
     return {k: full[k] for k in ARCHITECTURE}
 
 
@@ -138,7 +181,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu",
             raise CheckpointError(f"{path}: no field {'model' if model_cfg else 'config.model'}"
                                   " (not written by hvd-lm train?)")
     check_state(ckpt["model"], model_cfg, path)
-    model = LanguageModel(ModelConfig(**{**model_cfg, "rnn_kernels": rnn_kernels}))
+    model = LanguageModel(model_config(model_cfg, path, rnn_kernels=rnn_kernels))
     load_state(model, ckpt["model"], path)
     model.to(map_location)
     model.eval()

@@ -48,41 +48,65 @@ from hvd_lm.model.lm import LanguageModel, ModelConfig
 from hvd_lm.model.load import load_state
 from hvd_lm.options import Command, option
 from hvd_lm.util.digest import file_sha256, json_sha256
+from hvd_lm.util.files import load_npy, shown
 
 #: Where the files come from (README, docs/transfer.md).
 SOURCE = "openai/generating-reviews-discovering-sentiment, model/0.npy .. model/14.npy"
 FILES = 15
 #: The training window of the released model (Radford et al. 2017, section 3: 256 bytes).
 SEQ_LEN = 256
+#: The largest array read: 1 GiB (the released model's largest, wmh [4096, 4096] float32, is
+#: 64 MiB; H = 16384, hvd_lm's widest, is 1 GiB).
+MAX_ARRAY_BYTES = 1 << 30
 
 
 def read_arrays(model_dir: str | Path) -> list[np.ndarray]:
     """The 15 arrays of ``model_dir`` (float32, ``np.load(allow_pickle=False)``), their shapes
     checked against the layout of the module docstring (E and H read from files 0 and 7).
 
+    Each file is read by :func:`hvd_lm.util.files.load_npy`: a regular file whose header
+    declares at most :data:`MAX_ARRAY_BYTES` and no more than the file holds (a 2 TiB header or
+    an .npz named ``1.npy`` is refused before anything is allocated); its values must be real,
+    finite floating point (a NaN, an infinity or a complex array is refused, not written into an
+    export every command would then refuse or misread).
+
     Raises:
         FileNotFoundError: a file missing, naming it and the layout.
-        ValueError: a file of another shape, naming it, its shape and the expected one.
+        ValueError: (hvd_lm.util.files.FileRefused included) a file that is not such an array,
+            of another dtype, with NaN/inf, or of another shape, naming it, its shape and the
+            expected one.
     """
     d = Path(model_dir)
     arrays = []
     for i in range(FILES):
         path = d / f"{i}.npy"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: missing; {d} must hold OpenAI's 15 arrays "
-                                    f"0.npy .. 14.npy ({SOURCE})")
-        try:
-            arrays.append(np.load(path, allow_pickle=False).astype(np.float32))
-        except ValueError as e:
-            raise ValueError(f"{path}: not a numpy array file ({e})") from None
+        if not path.exists():
+            raise FileNotFoundError(f"{shown(path)}: missing; {shown(d)} must hold OpenAI's 15 "
+                                    f"arrays 0.npy .. 14.npy ({SOURCE})")
+        # the header first: a regular file, a .npy (not an .npz), no more data than it holds
+        a = load_npy(path, MAX_ARRAY_BYTES, "OpenAI's arrays are .npy files")
+        if a.dtype.kind != "f":  # complex, int, bool, text: not weights
+            raise ValueError(f"{shown(path)}: dtype {a.dtype}, expected floating point "
+                             "(OpenAI's arrays are float32)")
+        a = a.astype(np.float32)  # a float64 beyond float32's range becomes inf: refused too
+        if not np.isfinite(a).all():
+            raise ValueError(f"{shown(path)}: holds {int((~np.isfinite(a)).sum()):,} NaN or "
+                             "infinite values (as float32); a trained model's weights are "
+                             "finite")
+        arrays.append(a)
     E = arrays[0].shape[1] if arrays[0].ndim == 2 else -1
     H = arrays[7].shape[0] if arrays[7].ndim == 2 else -1
+    for i, name, value in ((0, "E (its columns)", E), (7, "H (its rows)", H)):
+        if value < 1:
+            raise ValueError(f"{shown(d / f'{i}.npy')}: shape {list(arrays[i].shape)} gives no "
+                             f"{name}: expected a 2-d array with {name.split()[0]} >= 1 (layout: "
+                             "hvd_lm/model/openai_import.py)")
     want = [(256, E), (E, 4 * H)] + [(H, H)] * 4 + [(E, H), (H, H), (4 * H,), (4 * H,),
                                                     (4 * H,), (H,), (H,), (H, 256), (256,)]
     for i, (a, shape) in enumerate(zip(arrays, want)):
-        if a.shape != shape or min(shape) < 1:
-            raise ValueError(f"{d / f'{i}.npy'}: shape {list(a.shape)}, expected {list(shape)} "
-                             f"(E={E} from 0.npy, H={H} from 7.npy; layout: "
+        if a.shape != shape:
+            raise ValueError(f"{shown(d / f'{i}.npy')}: shape {list(a.shape)}, expected "
+                             f"{list(shape)} (E={E} from 0.npy, H={H} from 7.npy; layout: "
                              "hvd_lm/model/openai_import.py)")
     return arrays
 

@@ -24,6 +24,7 @@ from hvd_lm.options.tree import (
     load_yaml,
     to_dict,
 )
+from hvd_lm.util.files import LINE_CHARS, shown
 
 # ---- command-line flags --------------------------------------------------------------------------
 
@@ -283,10 +284,18 @@ class Command:
 
 
 def error_text(e: BaseException) -> str:
-    """One line for an exception: its message (KeyError's without quotes), or its type."""
+    """One line for an exception: its message (KeyError's without quotes), or its type; an
+    OSError of the system (``[Errno 36] File name too long: '...'``) as ``PATH: reason``; every
+    control character escaped and the line cut to :data:`hvd_lm.util.files.LINE_CHARS`
+    (:func:`hvd_lm.util.files.shown`), so a path holding a newline never prints a second line."""
     if isinstance(e, KeyError) and e.args:
-        return str(e.args[0])
-    text = str(e).strip() or type(e).__name__
-    if not isinstance(e, (ValueError, OSError, RuntimeError, LookupError)):
-        text = f"{type(e).__name__}: {text}"
-    return text
+        text = str(e.args[0])
+    elif isinstance(e, OSError) and e.filename is not None and e.strerror:
+        text = f"{shown(e.filename)}: {e.strerror[:1].lower()}{e.strerror[1:]}"
+        if e.filename2 is not None:
+            text += f" (-> {shown(e.filename2)})"
+    else:
+        text = str(e).strip() or type(e).__name__
+        if not isinstance(e, (ValueError, OSError, RuntimeError, LookupError)):
+            text = f"{type(e).__name__}: {text}"
+    return shown(text, LINE_CHARS)

@@ -32,6 +32,8 @@ from typing import Any, Callable, Iterator
 import yaml
 
 from hvd_lm.util.atomic import write_text
+from hvd_lm.util.files import FileRefused, open_regular
+from hvd_lm.util.files import shown as shown_path
 
 MISSING = dataclasses.MISSING
 
@@ -227,21 +229,26 @@ def _bound(x: float) -> str:
 
 def _check_leaf(value: Any, f: dataclasses.Field, where: str) -> None:
     m = f.metadata
+    # on the command line, the flag too: "command line: length must be <= 1048576, got
+    # 1000000000000000 (--length)"
+    flag = (f" ({flag_text(f)})" if "command line" in where and m.get("cli", True)
+            and not m.get("positional") else "")
     values = value if isinstance(value, (list, tuple)) else [value]
     for v in values:
         if v is None:
             continue
         if m.get("choices") and v not in m["choices"]:
-            raise ConfigError(f"{where} must be one of {list(m['choices'])}, got {shown(v)}")
+            raise ConfigError(f"{where} must be one of {list(m['choices'])}, got {shown(v)}"
+                              f"{flag}")
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             if isinstance(v, float) and m.get("finite", True) and not math.isfinite(v):
-                raise ConfigError(f"{where} must be a finite number, got {shown(v)}")
+                raise ConfigError(f"{where} must be a finite number, got {shown(v)}{flag}")
             if m.get("ge") is not None and not v >= m["ge"]:
-                raise ConfigError(f"{where} must be >= {_bound(m['ge'])}, got {shown(v)}")
+                raise ConfigError(f"{where} must be >= {_bound(m['ge'])}, got {shown(v)}{flag}")
             if m.get("gt") is not None and not v > m["gt"]:
-                raise ConfigError(f"{where} must be > {_bound(m['gt'])}, got {shown(v)}")
+                raise ConfigError(f"{where} must be > {_bound(m['gt'])}, got {shown(v)}{flag}")
             if m.get("le") is not None and not v <= m["le"]:
-                raise ConfigError(f"{where} must be <= {_bound(m['le'])}, got {shown(v)}")
+                raise ConfigError(f"{where} must be <= {_bound(m['le'])}, got {shown(v)}{flag}")
 
 
 def validate(obj: Any, source: str = "config", path: tuple[str, ...] = ()) -> None:
@@ -391,21 +398,27 @@ def read_yaml(path: str | Path, max_bytes: int = MAX_YAML_BYTES,
     anything that walks or prints it expands it: a "billion laughs" file).
 
     Raises:
-        ConfigError: missing or unreadable file, too large, not UTF-8, not YAML, nested too
-            deeply, or expanding beyond the budget; one line naming the file.
+        ConfigError: missing or unreadable file, a FIFO, device or socket (refused before it is
+            opened: :func:`hvd_lm.util.files.open_regular`), too large, not UTF-8, not YAML,
+            nested too deeply, or expanding beyond the budget; one line naming the file.
     """
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
+    where = shown_path(path)
+    try:  # a regular file (or <(cmd)): a FIFO nobody writes would block the open, forever
+        with open_regular(path, "a config is a YAML file") as f:
             raw = f.read(max_bytes + 1)
+    except FileRefused as e:
+        raise ConfigError(str(e)) from None
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: cannot read the config file (no such file)") from None
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read the config file ({e.strerror or e})") from None
+        raise ConfigError(f"{where}: cannot read the config file ({e.strerror or e})") from None
     if len(raw) > max_bytes:
-        raise ConfigError(f"{path}: more than {max_bytes:,} bytes; a YAML config is a few kB")
+        raise ConfigError(f"{where}: more than {max_bytes:,} bytes; a YAML config is a few kB")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+        raise ConfigError(f"{where}: not UTF-8 text (byte {e.start})") from None
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)  # libyaml's parser: 10x faster
     try:
         node = loader.get_single_node()
@@ -419,9 +432,9 @@ def read_yaml(path: str | Path, max_bytes: int = MAX_YAML_BYTES,
         # PyYAML's messages span lines ("expected a single document ... but found another"):
         # one line, its own "<unicode string>" (this is the file) left out
         text = " ".join(str(e).replace('in "<unicode string>", ', "").split())
-        raise ConfigError(f"{path}: invalid YAML: {shorten(text)}") from None
+        raise ConfigError(f"{where}: invalid YAML: {shorten(text)}") from None
     except RecursionError:
-        raise ConfigError(f"{path}: YAML nested too deeply") from None
+        raise ConfigError(f"{where}: YAML nested too deeply") from None
     finally:
         loader.dispose()
 
@@ -433,7 +446,7 @@ def load_yaml(cls: type, path: str | Path) -> Any:
         ConfigError: the file is missing or unreadable, too large, not YAML, or does not fit
             ``cls`` (naming the file and field).
     """
-    return from_dict(cls, read_yaml(path), str(Path(path)))
+    return from_dict(cls, read_yaml(path), shown_path(Path(path)))
 
 
 def save_yaml(obj: Any, path: str | Path) -> None:

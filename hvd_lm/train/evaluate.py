@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -26,13 +27,15 @@ from hvd_lm.formats.checkpoint import CheckpointError
 from hvd_lm.formats.export import MAX_SEQ_LEN
 from hvd_lm.formats.manifest import MANIFEST_NAME, load_manifest
 from hvd_lm.model import device as devices
-from hvd_lm.model.load import load_model, resolve_model
+from hvd_lm.model.load import load_model, model_files
 from hvd_lm.model.mlstm_kernels import KERNELS
-from hvd_lm.options import Command, option
-from hvd_lm.train.data import IGNORE, RankStreams
+from hvd_lm.options import Command, ConfigError, option
+from hvd_lm.train.data import IGNORE, RankStreams, stream_bounds
+from hvd_lm.train.memory import free_memory
 from hvd_lm.train.preflight import check_vocab
 from hvd_lm.train.settings import EVAL_BATCH_SIZE
-from hvd_lm.util.atomic import check_output, write_text
+from hvd_lm.util.atomic import human, write_text
+from hvd_lm.util.files import check_output
 
 
 @torch.no_grad()
@@ -124,6 +127,35 @@ def compressor_bpc(data: bytes, which: tuple[str, ...] = ("xz", "gzip")) -> dict
     return out
 
 
+def eval_window(model_cfg, manifest, cfg: "EvalConfig", seq_len: int, rows: int,
+                world_size: int, device: torch.device) -> int:
+    """The window eval reads: ``seq_len``, or the longest row of the split when that is shorter
+    (the state is carried across windows, so the BPC is the same; only padding is saved: a
+    window of 10,000,000 bytes over a 100 kB split allocated 1.6 GB); refused when one window's
+    logits and states would not fit in the memory free (:func:`hvd_lm.train.memory.free_memory`),
+    naming --seq-len and --batch-size and the window that fits.
+
+    Raises:
+        ConfigError: the window's estimate (bytes), the memory free, the flags to lower.
+    """
+    total = sum(s.tokens for s in manifest.split(cfg.split))
+    total = min(total, cfg.max_bytes) if cfg.max_bytes else total
+    longest = int(np.max(np.diff(stream_bounds(max(total, 2), world_size * rows))))
+    seq_len = max(1, min(seq_len, longest))
+    # logits in fp32 and two fp64 copies (the loss's), 20 bytes per class; the window's states
+    # and gates, about 32 bytes per unit
+    per_position = 20 * model_cfg.vocab_size + 32 * model_cfg.hidden_size
+    need = rows * seq_len * per_position
+    free, where = free_memory(device)
+    if need > free:
+        fits = max(1, free // (rows * per_position))
+        raise ConfigError(f"one eval window of {rows} rows x {seq_len:,} bytes needs "
+                          f"about {human(need)} (logits and states of H={model_cfg.hidden_size}) "
+                          f"and {human(free)} is {where}: give --seq-len {fits:,} or less, "
+                          f"or a lower --batch-size ({rows})")
+    return seq_len
+
+
 @dataclass
 class EvalConfig:
     """``hvd-lm eval CHECKPOINT SHARDS``: bits per character of a checkpoint on a split."""
@@ -137,7 +169,8 @@ class EvalConfig:
                              "--eval-batch-size x its world size, over this job's ranks, so "
                              f"the BPC is the val BPC it logged; {EVAL_BATCH_SIZE} per rank when "
                              "they do not divide)", ge=0)
-    seq_len: int = option(0, "window, bytes (0 = the checkpoint's)", ge=0)
+    seq_len: int = option(0, "window, bytes (0 = the checkpoint's; at most 1,048,576)", ge=0,
+                          le=MAX_SEQ_LEN)
     max_bytes: int = option(0, "evaluate only the first N bytes (0 = all)", ge=0)
     precision: str = option("fp32", "autocast precision", choices=devices.PRECISIONS)
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
@@ -180,7 +213,7 @@ def eval_command(cfg: EvalConfig) -> int:
     model, ck = load_model(cfg.checkpoint, map_location=device, rnn_kernels=cfg.rnn_kernels)
     manifest = load_manifest(cfg.shards)
     if cfg.output:  # before any work: never replace what this run reads
-        check_output(cfg.output, "--output", resolve_model(cfg.checkpoint),
+        check_output(cfg.output, "--output", *model_files(cfg.checkpoint),
                      Path(cfg.shards) / MANIFEST_NAME, *(s.path for s in manifest.shards))
     check_vocab(model.config.vocab_size, manifest, f"{cfg.checkpoint}: model.vocab_size",
                 "evaluate it on shards of that vocabulary")
@@ -190,6 +223,7 @@ def eval_command(cfg: EvalConfig) -> int:
                               f"{str(seq_len)[:40]!r}, expected an int in 1..{MAX_SEQ_LEN:,} "
                               "(or give --seq-len)")
     rows, note = eval_rows(cfg.batch_size, ck, ctx.size)
+    seq_len = eval_window(model.config, manifest, cfg, seq_len, rows, ctx.size, device)
     streams = RankStreams(manifest, cfg.split, ctx.rank, ctx.size,
                           rows, seq_len, shuffle_shards=False, max_bytes=cfg.max_bytes,
                           verify=True)

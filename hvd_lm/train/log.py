@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from hvd_lm.comm.world import horovodrun_mpi_shell, under_openmpi
 from hvd_lm.util.atomic import DiskFullError, free_bytes, human
+from hvd_lm.util.files import FileRefused, open_append
 from hvd_lm.util.lock import pid_alive
 
 try:  # optional: TensorBoard events only when the package is installed
@@ -146,7 +147,8 @@ class MetricsLog:
         self.tb = None
         if not enabled:
             return
-        self.file = open(out_dir / "metrics.jsonl", "a", buffering=1)
+        # never through a link out of the run folder, never a FIFO (hvd_lm.util.files)
+        self.file = open_append(out_dir, "metrics.jsonl", buffering=1)
         self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
                         disable=None, file=sys.stderr)
         if tensorboard and SummaryWriter is not None:
@@ -235,9 +237,9 @@ def write_failure(out_dir: str | Path, step: int, rank: int, error: str,
            "host": socket.gethostname(), "error": error, "checkpoint": checkpoint,
            "resume": resume_command()}
     try:
-        with open(Path(out_dir) / "metrics.jsonl", "a") as f:
+        with open_append(out_dir, "metrics.jsonl") as f:
             f.write(json.dumps(rec) + "\n")
-    except OSError:
+    except (OSError, FileRefused):
         pass
 
 

@@ -37,10 +37,10 @@ import torch
 from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.formats import tokenizer
 from hvd_lm.model import device as devices
-from hvd_lm.model.load import load_model, resolve_model
+from hvd_lm.model.load import load_model, model_files, resolve_model
 from hvd_lm.options import Command, option
 from hvd_lm.transfer.features import featurize
-from hvd_lm.transfer.heatmap import HeatRow, char_values, check_suffix, render
+from hvd_lm.transfer.heatmap import HeatRow, char_values, check_chars, check_suffix, render
 from hvd_lm.transfer.saved import (
     NPZ_NAME,
     USAGE_ERRORS,
@@ -49,10 +49,17 @@ from hvd_lm.transfer.saved import (
     check_checkpoint,
     load_classifier,
 )
-from hvd_lm.util.atomic import check_output, write_text
+from hvd_lm.util.atomic import write_text
+from hvd_lm.util.files import check_output
 
 #: Which state a unit is read from / pinned in.
 STATES = ("cell", "hidden")
+#: Bounds of what one ``generate`` holds in memory: bytes per sample, samples (one batch: the
+#: model's state is [samples, H] per step), and bytes in all (each keeps its tensor and unit
+#: value until the end).
+MAX_LENGTH = 1 << 20
+MAX_SAMPLES = 4096
+MAX_GENERATED = 1 << 24
 
 
 @dataclass
@@ -255,13 +262,14 @@ class GenerateConfig:
     checkpoint: str = option("", "checkpoint file, run directory (its latest) or exported folder",
                              positional=True, required=True)
     prime: str = option("", "text the samples continue (empty: a new review)")
-    length: int = option(200, "bytes to generate per sample", ge=1)
+    length: int = option(200, "bytes to generate per sample (at most 1,048,576)", ge=1,
+                         le=MAX_LENGTH)
     temperature: float = option(1.0, "softmax temperature (0 = greedy, else 0.001..100)", ge=0,
                                 le=100)
     top_k: int = option(0, "sample among the k most likely bytes (0 = all 256)", ge=0, le=256)
     seed: int = option(0, "sampling seed (same seed, same samples on a device)", ge=0,
                        le=2**32 - 1)
-    samples: int = option(1, "samples drawn (one batch)", ge=1)
+    samples: int = option(1, "samples drawn (one batch; at most 4,096)", ge=1, le=MAX_SAMPLES)
     neuron: int | None = option(None, "unit to pin and/or draw (default with --classifier: its "
                                 "sentiment unit)", ge=0)
     overwrite: float | None = option(None, "hold the unit at this value while sampling "
@@ -279,6 +287,11 @@ class GenerateConfig:
 
     def check(self) -> None:
         """Cross-field rules (raised as ConfigError naming the settings' source)."""
+        if self.length * self.samples > MAX_GENERATED:
+            raise ValueError(f"--length {self.length:,} x --samples {self.samples:,} = "
+                             f"{self.length * self.samples:,} bytes, more than the "
+                             f"{MAX_GENERATED:,} one run generates (each byte's state and unit "
+                             "value are kept); lower either")
         if 0 < self.temperature < 1e-3:  # logits / 1e-320 overflow: 0 is the greedy choice
             raise ValueError(f"--temperature {self.temperature:.3g} is below 0.001; give 0 for "
                              "greedy sampling")
@@ -286,6 +299,9 @@ class GenerateConfig:
                 and not self.classifier:
             raise ValueError("--overwrite and --heatmap need a unit: --neuron N or --classifier")
         check_suffix(self.heatmap)
+        if self.heatmap:  # before sampling: each sample's prime and bytes are drawn
+            check_chars(self.heatmap, (len(self.prime.encode("utf-8", "replace")) + self.length)
+                        * self.samples, "lower --length or --samples")
 
 
 def generate_command(cfg: GenerateConfig) -> int:
@@ -297,7 +313,8 @@ def generate_command(cfg: GenerateConfig) -> int:
     model, _ = load_model(path, map_location=device)
     model.to(device)
     saved = open_classifier(cfg.classifier, path)
-    reads = [path, *([saved.path, saved.path.with_name(NPZ_NAME)] if saved else [])]
+    reads = [path, *model_files(cfg.checkpoint),
+             *([saved.path, saved.path.with_name(NPZ_NAME)] if saved else [])]
     for flag, out in (("--output", cfg.output), ("--heatmap", cfg.heatmap)):
         if out:  # before any work: never replace what this run reads
             check_output(out, flag, *reads)

@@ -29,6 +29,7 @@ import matplotlib
 import numpy as np
 
 from hvd_lm.util.atomic import atomic_path, write_text
+from hvd_lm.util.files import shown
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
@@ -89,7 +90,10 @@ def render_html(rows: Sequence[HeatRow], path: str | Path, heading: str,
 
     Returns:
         ``path``.
+    Raises:
+        ValueError: more than :data:`MAX_HTML_CHARS` characters in all.
     """
+    check_chars(path, sum(len(r.chars) for r in rows), "lower --max-chars")
     vmax = _scale(rows)
     parts = ["<!DOCTYPE html>", "<html><head><meta charset=\"utf-8\">",
              f"<title>{html.escape(heading)}</title>",
@@ -128,6 +132,28 @@ def _grid(chars: list[str], width: int) -> list[list[int]]:
 
 #: The most characters a PNG heatmap draws (250 lines of 80; about 400 MB of matplotlib objects).
 MAX_PNG_CHARS = 20_000
+#: The most characters an HTML heatmap holds: about 55 bytes of HTML each (11 MB), and one model
+#: step per byte to compute (3.2 MB took 222 s and 1.08 GB); 5x visualize's default (20 texts of
+#: 2,000).
+MAX_HTML_CHARS = 200_000
+
+
+def check_chars(path: str | Path, n: int, lower: str) -> None:
+    """Refuse a heatmap of more characters than its kind draws (:data:`MAX_PNG_CHARS`,
+    :data:`MAX_HTML_CHARS`), before the values are computed where the caller can.
+
+    Args:
+        n: characters to draw; lower: what to lower, with the flags (for the message).
+    Raises:
+        ValueError: naming the file, the count, the bound and ``lower``.
+    """
+    png = Path(path).suffix.lower() == ".png"
+    limit = MAX_PNG_CHARS if png else MAX_HTML_CHARS
+    if n > limit:
+        raise ValueError(f"{shown(path)}: {n:,} characters are too many for "
+                         f"{'a PNG' if png else 'an HTML'} heatmap (at most {limit:,}"
+                         + (", one drawn glyph each): write .html, or " if png else "): ")
+                         + lower)
 
 
 def render_png(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity: int = 1,
@@ -140,11 +166,7 @@ def render_png(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity
         ValueError: more than :data:`MAX_PNG_CHARS` characters in all (matplotlib draws one
             text object per character, ~20 kB each; the HTML page has no such limit).
     """
-    n = sum(len(r.chars) for r in rows)
-    if n > MAX_PNG_CHARS:
-        raise ValueError(f"{path}: {n:,} characters are too many for a PNG heatmap (at most "
-                         f"{MAX_PNG_CHARS:,}, one drawn glyph each): write .html, or lower "
-                         "--max-chars")
+    check_chars(path, sum(len(r.chars) for r in rows), "lower --max-chars")
     vmax = _scale(rows)
     layout = [(r, _grid(r.chars, width)) for r in rows]
     n_lines = sum(len(g) + 1 for _, g in layout)  # + a title line per row

@@ -54,7 +54,8 @@ from hvd_lm.transfer.saved import (
     check_checkpoint,
     load_classifier,
 )
-from hvd_lm.util.atomic import atomic_path, check_output
+from hvd_lm.util.atomic import atomic_path
+from hvd_lm.util.files import check_output
 from hvd_lm.util.digest import file_sha256
 from hvd_lm.util.units import parse_bytes
 

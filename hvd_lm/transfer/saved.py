@@ -30,10 +30,16 @@ from hvd_lm.transfer.classify import LinearClassifier
 from hvd_lm.transfer.datasets import DatasetError
 from hvd_lm.util.atomic import atomic_path, write_text
 from hvd_lm.util.digest import file_sha256
+from hvd_lm.util.files import FileRefused, check_npz, check_regular, read_json, shown
 
 CLASSIFIER_FORMAT = 1
 NPZ_NAME = "classifier.npz"
 JSON_NAME = "classifier.json"
+#: The largest classifier.json read (one is about 2 kB: settings, accuracies, the unit).
+MAX_JSON_BYTES = 1 << 20
+#: The largest array of a classifier.npz (each is [H] float64: 128 kB at H=16384, hvd_lm's
+#: widest; 16 MiB leaves room for features wider than H).
+MAX_ARRAY_BYTES = 16 << 20
 
 
 class ClassifierError(ValueError):
@@ -119,19 +125,22 @@ def load_classifier(path: str | Path) -> SavedClassifier:
     Args:
         path: its folder, ``classifier.json`` or ``classifier.npz``.
     Raises:
-        ClassifierError: a file is missing or unreadable, the JSON is not a classifier of this
-            format, the npz is not the one the JSON describes (sha256) or its arrays disagree
-            in shape; the message names the file.
+        ClassifierError: a file is missing or unreadable (a FIFO or device, a JSON over
+            :data:`MAX_JSON_BYTES`, an npz member whose header declares more than
+            :data:`MAX_ARRAY_BYTES`: refused before it is read or inflated), the JSON is not a
+            classifier of this format, the npz is not the one the JSON describes (sha256) or
+            its arrays disagree in shape; the message names the file.
     """
     npz, js = _paths(path)
     for p in (js, npz):
-        if not p.is_file():
-            raise ClassifierError(f"{p}: no such file (a classifier is {JSON_NAME} + {NPZ_NAME}, "
-                                  "written by hvd-lm transfer)")
-    try:
-        meta = json.loads(js.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ClassifierError(f"{js}: unreadable classifier description ({e})") from None
+        if not p.exists():
+            raise ClassifierError(f"{shown(p)}: no such file (a classifier is {JSON_NAME} + "
+                                  f"{NPZ_NAME}, written by hvd-lm transfer)")
+    try:  # within its budget: a 3 GB classifier.json is refused, not read whole
+        meta = read_json(js, MAX_JSON_BYTES, f"a {JSON_NAME} is a few kB")
+        check_regular(npz, f"a {NPZ_NAME} is a file")
+    except (OSError, FileRefused) as e:
+        raise ClassifierError(f"unreadable classifier description: {e}") from None
     if not isinstance(meta, dict) or meta.get("format") != CLASSIFIER_FORMAT:
         raise ClassifierError(f"{js}: not a classifier description of format "
                               f"{CLASSIFIER_FORMAT}")
@@ -142,6 +151,10 @@ def load_classifier(path: str | Path) -> SavedClassifier:
     if digest != meta["npz_sha256"]:
         raise ClassifierError(f"{npz}: sha256 {digest[:12]}... is not the {meta['npz_sha256'][:12]}"
                               f"... recorded in {js} (the pair was mixed or the npz changed)")
+    try:  # every member's header first: an array inflating 8 MB to 7 GiB is never inflated
+        check_npz(npz, MAX_ARRAY_BYTES, f"a {NPZ_NAME} holds four arrays of the LM's width")
+    except FileRefused as e:
+        raise ClassifierError(str(e)) from None
     try:
         with np.load(npz, allow_pickle=False) as z:
             arrays = {k: np.asarray(z[k], np.float64) for k in ("coef", "intercept", "mean",

@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.formats import tokenizer
 from hvd_lm.model import device as devices
-from hvd_lm.model.load import load_model, resolve_model
+from hvd_lm.model.load import load_model, model_files, resolve_model
 from hvd_lm.options import Command, option
 from hvd_lm.transfer import texts as text_input
 from hvd_lm.transfer.features import DEFAULT_MAX_CHARS
 from hvd_lm.transfer.generate import STATES, open_classifier, trace_unit, unit_from_classifier
-from hvd_lm.transfer.heatmap import HeatRow, char_values, check_suffix, render
-from hvd_lm.transfer.saved import USAGE_ERRORS
+from hvd_lm.transfer.heatmap import HeatRow, char_values, check_chars, check_suffix, render
+from hvd_lm.transfer.saved import NPZ_NAME, USAGE_ERRORS
+from hvd_lm.util.files import check_output
 
 
 @dataclass
@@ -68,6 +69,9 @@ def visualize(cfg: VisualizeConfig) -> dict:
     set_rank_threads(cfg.threads, None, "visualize")  # one process: hvd_lm.comm.threads
     path = resolve_model(cfg.checkpoint)
     saved = open_classifier(cfg.classifier, path)
+    reads = [*model_files(cfg.checkpoint), *([saved.path, saved.path.with_name(NPZ_NAME)]
+                                             if saved else [])]
+    check_output(cfg.out, "--out", *reads, *([cfg.input] if cfg.input != "-" else []))
     neuron, polarity = unit_from_classifier(cfg.neuron, saved)
     stream = text_input.iter_texts(cfg.input, cfg.format, cfg.text_field)
     first = list(itertools.islice(stream.records, cfg.max_texts))  # the rest is never read
@@ -83,6 +87,10 @@ def visualize(cfg: VisualizeConfig) -> dict:
     model.to(device)
     seqs = [tokenizer.encode(t, normalize) for t in texts]
     seqs = [s[:max_chars] if max_chars > 0 else s for s in seqs]
+    # before one model step per byte: the heatmap's size bound (HTML as PNG), the flags named
+    check_chars(cfg.out, sum(len(tokenizer.decode(s)) for s in seqs),
+                f"lower --max-chars ({max_chars:,}{': all' if max_chars == 0 else ''}) or "
+                f"--max-texts ({cfg.max_texts})")
     values = trace_unit(model, seqs, neuron, cfg.state, device)
     rows = [HeatRow(f"line {line}", *char_values(s, v))
             for line, s, v in zip(lines, seqs, values)]

@@ -141,26 +141,3 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
 def write_text(path: str | Path, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically; return ``path`` (see :func:`write_bytes`)."""
     return write_bytes(path, text.encode("utf-8"))
-
-
-def check_output(path: str | Path, flag: str, *keep: str | Path) -> None:
-    """Refuse, before any work, an output file that a finished run could not write or that
-    would replace a file the run reads: an existing folder, or the same file as one of ``keep``
-    (its inputs; compared by device and inode, so another spelling or a link counts too).
-
-    Raises:
-        ValueError: naming ``flag``, the path and the input it would replace.
-    """
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"{flag} {path}: is a folder; give a file name")
-    if not p.exists():
-        return
-    for k in keep:
-        try:
-            same = Path(k).exists() and os.path.samefile(p, k)
-        except OSError:
-            same = False
-        if same:
-            raise ValueError(f"{flag} {path}: is {k}, which this command reads; write the "
-                             "output elsewhere")

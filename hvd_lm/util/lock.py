@@ -10,17 +10,29 @@ left by a dead job is simply free again; the recorded holder is then reported as
 locks are per host: on a network file system shared by several nodes only one node's jobs are
 excluded, which is why the holder line names the host (Linux ``flock(2)``: NFS emulates it with
 byte-range locks since 2.6.12).
+
+The lock file is the folder's own: it is opened with ``O_NOFOLLOW`` (a ``.lock`` that is a link is
+refused, never followed: the holder record would otherwise replace the file it leads to), and a
+FIFO, a device or a file with other hard links is refused too (:class:`LockFileError`).
+``filelock`` (PyPI) was weighed for the ``flock`` part: it also opens with ``O_NOFOLLOW``, but
+it leaves the file in place on release and records no holder, both of which this module does
+(the holder named in a refusal, the file gone after a clean run), so it would not replace this
+code, only sit under it.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
+
+from hvd_lm.util.files import FileRefused, kind_of, shown
 
 LOCK_NAME = ".lock"
 
@@ -29,10 +41,52 @@ class FolderBusyError(RuntimeError):
     """Another live job holds the folder's lock; the message names it (host, pid, start)."""
 
 
+class LockFileError(FileRefused):
+    """A folder's ``.lock`` is a link, a FIFO, a device or a file with other hard links: not a
+    file the lock may write its holder into; the message names it."""
+
+
+def _open_lock(path: Path) -> int:
+    """A read-write descriptor of ``path`` (created 0o644), never through a link.
+
+    Raises:
+        LockFileError: a link, not a regular file, or a file of several names (hard links).
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        try:
+            target = f" to {shown(os.readlink(path))}"
+        except OSError:
+            target = ""
+        raise LockFileError(f"{shown(path)}: a link{target}; a folder's lock is a file of its "
+                            "own (the holder written through the link would replace the file "
+                            "it leads to): remove the link") from None
+    st = os.fstat(fd)
+    why = (f"{kind_of(st.st_mode)}, not a regular file" if not stat.S_ISREG(st.st_mode) else
+           f"a file of {st.st_nlink} names (hard links), whose other names would be overwritten"
+           if st.st_nlink > 1 else "")
+    if why:
+        os.close(fd)
+        raise LockFileError(f"{shown(path)}: {why}; a folder's lock is a file of its own: "
+                            "remove it")
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return fd
+
+
 def _holder(info: dict) -> str:
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("start", 0)))
-    cmd = " ".join(info.get("command", []))[:120]
-    return (f"pid {info.get('pid', '?')} on host {info.get('host', '?')} since {when}"
+    start = info.get("start")
+    try:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start))
+    except (TypeError, ValueError, OverflowError, OSError):
+        when = "an unknown time"
+    words = info.get("command")
+    cmd = shown(" ".join(map(str, words)) if isinstance(words, list) else "", 120)
+    return (f"pid {shown(info.get('pid', '?'), 20)} on host {shown(info.get('host', '?'), 80)} "
+            f"since {when}"
             + (f" ({cmd})" if cmd else ""))
 
 
@@ -61,6 +115,7 @@ class FolderLock:
 
     Raises:
         FolderBusyError: another live process holds it.
+        LockFileError: ``.lock`` is a link, not a regular file, or hard-linked (never written).
         OSError: the lock file cannot be created (e.g. a read-only folder).
     """
 
@@ -71,7 +126,7 @@ class FolderLock:
         self.previous: dict | None = None
         self.folder.mkdir(parents=True, exist_ok=True)
         while True:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._fd = _open_lock(self.path)
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -79,7 +134,8 @@ class FolderLock:
                 os.close(self._fd)
                 self._fd = None
                 raise FolderBusyError(
-                    f"{self.folder}: this {what} is in use by another job ({_holder(info)}); "
+                    f"{shown(self.folder)}: this {what} is in use by another job "
+                    f"({_holder(info)}); "
                     "wait for it to finish, stop it, or use another folder") from None
             # A releasing holder may have unlinked the file between our open and flock: then
             # we hold a lock on a file nobody else can see, so start again on the new one.
@@ -94,7 +150,8 @@ class FolderLock:
         if self.previous and self.previous.get("host") == socket.gethostname() \
                 and isinstance(self.previous.get("pid"), int) \
                 and not pid_alive(self.previous["pid"]):
-            print(f"warning: {self.folder}: taking over the lock of {_holder(self.previous)}, "
+            print(f"warning: {shown(self.folder)}: taking over the lock of "
+                  f"{_holder(self.previous)}, "
                   "which is gone", file=sys.stderr)
         record = {"host": socket.gethostname(), "pid": os.getpid(), "start": time.time(),
                   "command": list(sys.argv)}
@@ -105,7 +162,8 @@ class FolderLock:
     def _read(self) -> dict:
         try:
             text = os.pread(self._fd, 1 << 16, 0).decode("utf-8", "replace").strip()
-            return json.loads(text) if text else {}
+            info = json.loads(text) if text else {}
+            return info if isinstance(info, dict) else {}
         except (OSError, ValueError):
             return {}
 

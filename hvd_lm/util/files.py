@@ -1,0 +1,370 @@
+"""How the project opens a path it was given: the one owner of the rules every command follows.
+
+**Showing a path or value.** :func:`shown` renders anything a user gave (a path, a flag's value,
+a field read from a file) into an error line: control characters escaped as Python writes them
+(``\\n``, ``\\x1b``, so a path holding a newline never prints a second, forged ``ERROR:`` line),
+cut to about :data:`SHOWN_CHARS` characters keeping its head and tail. Every command's error line
+goes through it whole (:func:`hvd_lm.options.error_text`, capped at :data:`LINE_CHARS`).
+
+**Reading.** A file a command reads is a regular file: a FIFO, a device or a socket is named and
+refused before it is opened (a FIFO nobody writes blocks ``open``; ``/dev/zero`` never ends), and
+opened with ``O_NONBLOCK`` and checked again on the descriptor, so a file swapped in between is
+refused too (:func:`open_regular`). Streams are allowed only where a command reads one by design
+(``classify --input``, an anonymous pipe ``<(cmd)`` as a config). Each kind of file is read
+within a size budget (:func:`read_bounded`, :func:`read_json`: the budgets are the callers'
+constants, listed in docs/reliability.md); a ``.npy`` array, alone (:func:`load_npy`) or inside
+an ``.npz`` (:func:`check_npz`), is read only after its header's shape and dtype give a size
+within the budget and within what the file holds, so an array is never inflated or allocated
+before it is known to fit.
+
+**Writing.** An output file given by a flag is checked before any work (:func:`check_output`):
+not a folder, not a FIFO or device, not one of the files the command reads (compared by device
+and inode: another spelling or a link counts too) and not one the command itself writes; it is
+then written atomically (:mod:`hvd_lm.util.atomic`: a rename replaces a link, never writes through
+it). A file a run appends to or locks inside its own folder (``metrics.jsonl``, ``.lock``) is
+opened by :func:`open_in_folder`: never through a link that leads out of the folder, never a
+FIFO or device.
+
+Errors are :class:`FileRefused` (a ``ValueError``), one line naming the file and what it is.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import math
+import os
+import re
+import stat
+import zipfile
+from pathlib import Path
+from typing import IO, Any, Callable, Iterable
+
+#: Characters of a path or value shown in an error line (:func:`shown`).
+SHOWN_CHARS = 200
+#: Characters of a whole error line (:func:`hvd_lm.options.error_text`).
+LINE_CHARS = 1000
+
+# C0 and C1 controls, DEL, the Unicode line/paragraph separators, and lone surrogates (a path
+# of bytes that are not UTF-8, as os.fsdecode gives it)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """``value`` as it goes into an error line: a string or path as its text, anything else as
+    ``repr``; every control character escaped (``\\n``, ``\\t``, ``\\x1b``, ``\\u2028``, a lone
+    surrogate as ``\\udcff``); longer than ``limit`` characters, its head and tail with the
+    number of characters left out between them (a path's file name stays readable)."""
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else repr(value)
+    if isinstance(text, bytes):
+        text = repr(text)
+    text = _CONTROL.sub(lambda m: repr(m.group(0))[1:-1], text)  # '\n' -> '\\n', as repr
+    if len(text) <= limit:
+        return text
+    tail = max(limit // 3, 1)
+    head = max(limit - tail, 1)
+    return f"{text[:head]}...({len(text) - head - tail:,} characters left out)...{text[-tail:]}"
+
+
+class FileRefused(ValueError):
+    """A path a command was given is not a file it may read or write: not a regular file, over
+    its size budget, not what it should hold, or an output that would replace an input or lead
+    out of the command's folder. The message names the file (:func:`shown`) and what it is."""
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a link"), (stat.S_ISREG, "a regular file"))
+
+
+def kind_of(mode: int) -> str:
+    """What a ``st_mode`` is, in words: ``"a FIFO (named pipe)"``, ``"a character device"``,
+    ``"a folder"``, ``"a regular file"``, ..."""
+    return next((words for test, words in _KINDS if test(mode)), "not a file")
+
+
+def _anonymous_pipe(path: Path) -> bool:
+    """``/dev/fd/N`` or ``/proc/<pid>/fd/N`` of a pipe (``<(cmd)``): its writer exists."""
+    try:
+        return os.readlink(path).startswith("pipe:")
+    except OSError:
+        return False
+
+
+def check_regular(path: str | Path, what: str = "", streams: bool = False) -> os.stat_result:
+    """Stat ``path`` (following links) and refuse what is not a regular file, without opening it.
+
+    Args:
+        what: how the refusal ends (e.g. ``"a config is a YAML file"``).
+        streams: accept a FIFO too (a command that reads a stream by design); an anonymous pipe
+            (``/dev/fd/N`` of ``<(cmd)``) is always accepted.
+
+    Raises:
+        FileNotFoundError: no such file (naming it). FileRefused: a folder, FIFO, device or
+            socket, naming what it is.
+    """
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, f"{shown(p)}: no such file") from None
+    if stat.S_ISREG(st.st_mode) or (stat.S_ISFIFO(st.st_mode)
+                                    and (streams or _anonymous_pipe(p))):
+        return st
+    raise FileRefused(f"{shown(p)}: {kind_of(st.st_mode)}, not a regular file"
+                      + (f"; {what}" if what else ""))
+
+
+def open_regular(path: str | Path, what: str = "", streams: bool = False) -> IO[bytes]:
+    """``open(path, "rb")`` of a regular file (:func:`check_regular` before, and its descriptor
+    checked again after an ``O_NONBLOCK`` open, so nothing swapped in between blocks or passes).
+
+    Raises:
+        FileNotFoundError / FileRefused: as :func:`check_regular`. OSError: unreadable.
+    """
+    check_regular(path, what, streams)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not (stat.S_ISREG(st.st_mode) or (stat.S_ISFIFO(st.st_mode)
+                                             and (streams or _anonymous_pipe(Path(path))))):
+            raise FileRefused(f"{shown(path)}: {kind_of(st.st_mode)}, not a regular file"
+                              + (f"; {what}" if what else ""))
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bounded(path: str | Path, limit: int, what: str) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (reading stops at ``limit`` + 1).
+
+    Args:
+        what: what such a file is, for the refusal (``"an export's config.json is a few kB"``).
+
+    Raises:
+        FileNotFoundError / FileRefused: not a regular file, or larger than ``limit``.
+    """
+    with open_regular(path, what) as f:
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise FileRefused(f"{shown(path)}: more than {limit:,} bytes; {what}")
+    return raw
+
+
+def read_json(path: str | Path, limit: int, what: str) -> Any:
+    """A JSON file read within ``limit`` bytes (:func:`read_bounded`).
+
+    Raises:
+        FileNotFoundError / FileRefused: as :func:`read_bounded`, or not UTF-8 JSON, or nested
+            deeper than Python's parser goes (a ``RecursionError`` otherwise).
+    """
+    raw = read_bounded(path, limit, what)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FileRefused(f"{shown(path)}: not JSON ({shown(str(e))})") from None
+    except RecursionError:
+        raise FileRefused(f"{shown(path)}: JSON nested too deeply; {what}") from None
+
+
+# ---- numpy arrays: the header before the data ----------------------------------------------------
+
+def _npy_header(fp: IO[bytes], where: str) -> tuple[tuple[int, ...], Any, int]:
+    """(shape, dtype, data bytes) from a ``.npy`` header at ``fp``'s position (NEP 1 / numpy's
+    ``format.py``: magic, version, a header of at most 10,000 bytes: a dict literal).
+
+    Raises:
+        FileRefused: not a .npy header, an object dtype (pickles), a negative dimension.
+    """
+    import numpy as np
+
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(fp)
+        reader = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}.get(
+            version)
+        if reader is None:
+            raise ValueError(f"format version {version}")
+        shape, _, dtype = reader(fp, max_header_size=10_000)
+    except (ValueError, OSError, SyntaxError, TypeError, EOFError) as e:
+        raise FileRefused(f"{where}: not a .npy array ({shown(str(e), 120)})") from None
+    if dtype.hasobject:
+        raise FileRefused(f"{where}: an array of Python objects (a pickle), not numbers")
+    if any(type(n) is not int or n < 0 for n in shape):
+        raise FileRefused(f"{where}: shape {shown(shape)} is not a shape")
+    return tuple(shape), dtype, math.prod(shape) * dtype.itemsize
+
+
+def _too_big(where: str, shape, dtype, nbytes: int, budget: int, holds: int | None) -> None:
+    desc = f"its header declares {shown(list(shape), 80)} {dtype} ({nbytes:,} bytes)"
+    if nbytes > budget:
+        raise FileRefused(f"{where}: {desc}, more than the {budget:,} bytes such an array may "
+                          "take")
+    if holds is not None and nbytes > holds:
+        raise FileRefused(f"{where}: {desc}, but holds {holds:,} bytes of data (truncated or "
+                          "not written by numpy)")
+
+
+def load_npy(path: str | Path, budget: int, what: str = "") -> "np.ndarray":  # noqa: F821
+    """A ``.npy`` array read only after its header says it fits: a regular file, a real .npy
+    header (not a zip: an ``.npz`` named ``.npy``), no object dtype, at most ``budget`` bytes of
+    data, and no more than the file holds (a 2 TiB header on a 128-byte file is refused, not
+    allocated).
+
+    Raises:
+        FileNotFoundError / FileRefused: naming the file and what its header says.
+    """
+    import numpy as np
+
+    where = shown(path)
+    with open_regular(path, what) as f:
+        if f.read(4) == b"PK\x03\x04":
+            raise FileRefused(f"{where}: a zip archive (an .npz?), not a .npy array file")
+        f.seek(0)
+        shape, dtype, nbytes = _npy_header(f, where)
+        holds = os.fstat(f.fileno()).st_size - f.tell()
+        _too_big(where, shape, dtype, nbytes, budget, holds)
+        f.seek(0)
+        try:
+            return np.load(f, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise FileRefused(f"{where}: unreadable .npy array ({shown(str(e), 120)})") from None
+
+
+def check_npz(path: str | Path, budget: int, what: str = "") -> dict[str, tuple]:
+    """Check every member of an ``.npz`` (a zip of ``.npy`` files) before ``np.load`` inflates
+    any: a regular file, a zip, each member a ``.npy`` whose header (read from the first bytes
+    of the member: at most a few kB inflated) declares at most ``budget`` bytes of data and no
+    more than the member's recorded size (a member inflating 8 MB to 7.45 GiB is refused from
+    its header).
+
+    Returns:
+        member name without ``.npy`` -> (shape, dtype).
+    Raises:
+        FileNotFoundError / FileRefused: naming the file and the member.
+    """
+    check_regular(path, what)
+    out = {}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                where = f"{shown(path)}: member {shown(info.filename, 80)}"
+                if not info.filename.endswith(".npy"):
+                    raise FileRefused(f"{where} is not a .npy array")
+                with zf.open(info) as member:
+                    shape, dtype, nbytes = _npy_header(member, where)
+                    holds = info.file_size - member.tell()
+                _too_big(where, shape, dtype, nbytes, budget, holds)
+                out[info.filename[:-4]] = (shape, dtype)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as e:
+        raise FileRefused(f"{shown(path)}: not a readable .npz archive "
+                          f"({shown(str(e), 120)})") from None
+    return out
+
+
+# ---- writing ----------------------------------------------------------------------------------
+
+def inside(path: str | Path, folder: str | Path) -> bool:
+    """Whether ``path``, links resolved, is ``folder`` or lies under it (links resolved)."""
+    p, d = Path(path).resolve(), Path(folder).resolve()
+    return p == d or d in p.parents
+
+
+def check_output(path: str | Path, flag: str, *reads: str | Path,
+                 writes: Iterable[str | Path | Callable[[Path], bool]] = ()) -> None:
+    """Refuse, before any work, an output file that the command could not write or that would
+    replace a file it reads or writes.
+
+    Args:
+        path: the output (a flag's value).
+        flag: the flag, for the message.
+        reads: files the command reads; the output may be none of them (compared by device and
+            inode: another spelling, a link or a hard link counts too).
+        writes: what the command itself writes: paths (the output may be none of them nor lie
+            under one), or predicates on the output's resolved path, true or a description
+            when the output is one of those files (e.g. "a file of --out OUT").
+
+    Raises:
+        FileRefused: an existing folder, FIFO, device or socket (an atomic write would replace
+            it, or ``open`` block on it), one of ``reads``, or one of ``writes``; naming
+            ``flag``, the path and the file it would replace.
+    """
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise FileRefused(f"{flag} {shown(path)}: is a folder; give a file name")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise FileRefused(f"{flag} {shown(path)}: is {kind_of(st.st_mode)}, not a file; give "
+                          "a file name")
+    if st is not None:
+        for k in reads:
+            try:
+                same = Path(k).exists() and os.path.samefile(p, k)
+            except OSError:
+                same = False
+            if same:
+                raise FileRefused(f"{flag} {shown(path)}: is {shown(k)}, which this command "
+                                  "reads; write the output elsewhere")
+    resolved = p.resolve()
+    for w in writes:
+        hit = w(resolved) if callable(w) else inside(resolved, w) and f"{shown(w)}"
+        if hit:
+            what = hit if isinstance(hit, str) else "one of the files"
+            raise FileRefused(f"{flag} {shown(path)}: is {what}, which this command writes; "
+                              "write the output elsewhere")
+
+
+def open_in_folder(folder: str | Path, name: str, flags: int, what: str = "") -> int:
+    """A descriptor of ``folder/name`` opened with ``flags`` (``O_CREAT`` with mode 0o644 when
+    given): never through a link that leads out of ``folder`` (a link inside it is followed),
+    never a FIFO, device or socket (opened ``O_NONBLOCK`` and checked on the descriptor before
+    blocking mode is restored).
+
+    Raises:
+        FileRefused: a link leading out of the folder, or not a regular file, naming both.
+        OSError: the open itself fails.
+    """
+    d = Path(folder)
+    path = d / name
+    why = what or "a run writes only regular files inside its folder"
+    follow = False
+    try:
+        if path.is_symlink():
+            target = path.resolve()
+            if not inside(target, d) or target == d.resolve():
+                raise FileRefused(f"{shown(path)}: a link to {shown(target)}, outside "
+                                  f"{shown(d)}; {why}: remove the link")
+            follow = True
+    except OSError:
+        pass
+    nofollow = 0 if follow else os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags | nofollow | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # made a link since the check above
+            raise FileRefused(f"{shown(path)}: a link; {why}: remove the link") from None
+        if e.errno == errno.ENXIO:  # a FIFO without a reader, opened for writing
+            raise FileRefused(f"{shown(path)}: a FIFO (named pipe), not a regular file") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise FileRefused(f"{shown(path)}: {kind_of(st.st_mode)}, not a regular file; {why}")
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return fd
+
+
+def open_append(folder: str | Path, name: str, buffering: int = -1) -> IO[str]:
+    """``open(folder/name, "a")`` through :func:`open_in_folder` (a run's ``metrics.jsonl``).
+
+    Raises:
+        FileRefused / OSError: as :func:`open_in_folder`.
+    """
+    fd = open_in_folder(folder, name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    return os.fdopen(fd, "a", buffering=buffering)
