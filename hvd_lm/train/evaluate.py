@@ -107,12 +107,13 @@ class EvalConfig:
     rnn_kernels: str = option("auto", "fused mLSTM cell kernels on this device (auto: triton "
                               "on CUDA when installed, else torch)", choices=KERNELS)
     output: str = option("", "also write the result JSON to this file (rank 0)")
+    backend: str = option("horovod", comm.BACKEND_HELP, choices=comm.BACKENDS)
 
 
 def eval_command(cfg: EvalConfig) -> int:
     """``hvd-lm eval``: print (and with ``--output`` write) ``{"bpc", "chars", ...}`` as JSON on
     rank 0; ranks split the streams and sum bits and chars (Horovod)."""
-    ctx = comm.init()
+    ctx = comm.init(backend=cfg.backend)
     device = devices.resolve_device(cfg.device, ctx.local_rank, ctx.local_size)
     model, ck = load_model(cfg.checkpoint, map_location=device, rnn_kernels=cfg.rnn_kernels)
     manifest = load_manifest(cfg.shards)

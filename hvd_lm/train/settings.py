@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hvd_lm import options as configlib
+from hvd_lm.comm.horovod import BACKEND_HELP, BACKENDS
 from hvd_lm.model.lm import ModelConfig
 from hvd_lm.options import option
 from hvd_lm.train.guard import DEFAULT_BOUND, UNIFORM_LOSS
@@ -79,8 +80,9 @@ class OptimConfig:
 class DistConfig:
     """Horovod settings (see hvd_lm.comm.horovod)."""
 
-    compression: str = option("fp16", "allreduce compression (reference: fp16)",
-                              choices=("none", "fp16"))
+    backend: str = option("horovod", BACKEND_HELP, choices=BACKENDS)
+    compression: str = option("fp16", "allreduce compression (reference: fp16; bf16: --backend "
+                              "torch only)", choices=("none", "fp16", "bf16"))
     backward_passes_per_step: int = option(1, "local gradient accumulation before each allreduce",
                                            ge=1)
     allreduce_op: str = option("average", "gradient reduction", choices=("average", "adasum"))
@@ -185,6 +187,12 @@ class TrainConfig:
                              "the run in --out-dir, --overwrite deletes it)")
         if self.epochs_bound() <= 0 and not self.optim.max_steps:
             raise ValueError("need data.epochs > 0 or optim.max_steps")
+        if self.run.elastic and self.dist.backend == "torch":
+            raise ValueError("run.elastic is Horovod's elastic driver: train elastic jobs with "
+                             "--backend horovod")
+        if self.dist.compression == "bf16" and self.dist.backend == "horovod":
+            raise ValueError("dist.compression bf16 needs --backend torch: Horovod 0.28.1's "
+                             "PyTorch adapter has no bfloat16 (horovod#4049, unmerged)")
         if self.optim.optimizer.startswith("onebit"):
             if self.run.precision == "fp16":
                 raise ValueError("run.precision fp16 does not work with optim.optimizer "

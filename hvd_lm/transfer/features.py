@@ -68,7 +68,7 @@ class LMSession:
 
 
 def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32",
-            threads: int = 0, rnn_kernels: str = "auto") -> LMSession:
+            threads: int = 0, rnn_kernels: str = "auto", backend: str = "horovod") -> LMSession:
     """Start Horovod when a launcher started several ranks (they split the texts, see
     :func:`featurize`), pick this rank's device (:func:`hvd_lm.model.device.resolve_device`),
     check the precision there and load the checkpoint's model onto it.
@@ -77,10 +77,11 @@ def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32
         checkpoint: file or run directory (its latest).
         threads: torch CPU threads (0: torch's default).
         rnn_kernels: the fused mLSTM's cell kernels (:func:`hvd_lm.model.load.load_model`).
+        backend: the collective engine of several ranks (:data:`hvd_lm.comm.horovod.BACKENDS`).
     Raises:
         FileNotFoundError: no checkpoint; ValueError: a device/precision that cannot be used.
     """
-    ctx = comm.init() if world_size() > 1 else None  # Horovod: ranks split the texts
+    ctx = comm.init(backend=backend) if world_size() > 1 else None  # Horovod: ranks split texts
     if threads > 0:
         torch.set_num_threads(threads)
     path = resolve_model(checkpoint)

@@ -92,6 +92,7 @@ class ClassifyConfig:
     precision: str = option("", "autocast precision (default: the classifier's features')",
                             choices=("",) + devices.PRECISIONS)
     threads: int = option(0, "torch CPU threads (0 = default)", ge=0)
+    backend: str = option("horovod", comm.BACKEND_HELP, choices=comm.BACKENDS)
     progress: bool = option(True, "tqdm bar (--no-progress: none)", switch=False,
                             flag="--no-progress")
 
@@ -171,7 +172,8 @@ def classify(cfg: ClassifyConfig) -> dict | None:
     feat = saved.features
     stream = text_input.iter_texts(cfg.input, cfg.format, cfg.text_field,
                                    cfg.label_field or None, cfg.max_line_bytes)
-    lm = open_lm(cfg.checkpoint, cfg.device, cfg.precision or feat["precision"], cfg.threads)
+    lm = open_lm(cfg.checkpoint, cfg.device, cfg.precision or feat["precision"], cfg.threads,
+                 backend=cfg.backend)
     is_root = lm.ctx is None or lm.ctx.rank == 0
     digest = file_sha256(lm.path) if is_root else None
     if lm.ctx is not None:
