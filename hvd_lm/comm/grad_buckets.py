@@ -10,8 +10,10 @@ subclass of the wrapped optimizer's own class (so ``isinstance``, ``param_groups
 (PyTorch "DistributedDataParallel" design notes, ``torch/csrc/distributed/c10d/reducer.cpp``):
 
 * the trainable parameters, in reverse registration order (roughly the order backward produces
-  their gradients), are cut into buckets of at most ``bucket_bytes`` bytes of parameters (one
-  device and dtype per bucket; a larger parameter is a bucket of its own; 0: one per parameter);
+  their gradients), are cut into buckets of at most ``bucket_bytes`` bytes of parameters, the
+  first of at most 1 MiB so that communication starts early (DDP's ``_DEFAULT_FIRST_BUCKET_BYTES``;
+  one device and dtype per bucket; a larger parameter is a bucket of its own; 0: one per
+  parameter);
 * a ``register_post_accumulate_grad_hook`` on every parameter counts down
   ``backward_passes_per_step`` (local accumulation, as Horovod's hooks); when a bucket's last
   gradient is complete its gradients are flattened into one buffer, cast to the wire dtype
@@ -98,15 +100,22 @@ class Bucket:
     nbytes: int = field(default=0)
 
 
-def make_buckets(params: list[torch.Tensor], bucket_bytes: int) -> list[Bucket]:
+#: The first bucket's cap, bytes (DDP's ``dist._DEFAULT_FIRST_BUCKET_BYTES``, 1 MiB).
+FIRST_BUCKET_BYTES = 1 << 20
+
+
+def make_buckets(params: list[torch.Tensor], bucket_bytes: int,
+                 first_bytes: int = FIRST_BUCKET_BYTES) -> list[Bucket]:
     """Cut ``params`` (in the order given) into buckets of at most ``bucket_bytes`` parameter
-    bytes, one device and dtype per bucket; a parameter larger than that is a bucket of its own;
-    ``bucket_bytes`` 0: one bucket per parameter."""
+    bytes (the first at most ``min(first_bytes, bucket_bytes)``), one device and dtype per
+    bucket; a parameter larger than that is a bucket of its own; ``bucket_bytes`` 0: one bucket
+    per parameter."""
     buckets: list[Bucket] = []
     for p in params:
         size = p.numel() * p.element_size()
         b = buckets[-1] if buckets else None
-        if (b is None or bucket_bytes <= 0 or b.nbytes + size > bucket_bytes
+        cap = min(first_bytes, bucket_bytes) if len(buckets) == 1 else bucket_bytes
+        if (b is None or bucket_bytes <= 0 or b.nbytes + size > cap
                 or b.params[0].device != p.device or b.params[0].dtype != p.dtype):
             b = Bucket([])
             buckets.append(b)
