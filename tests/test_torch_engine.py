@@ -194,3 +194,32 @@ def test_the_rendezvous_comes_from_master_addr_or_the_slurm_step():
     assert first_slurm_host("n1") == "n1" and first_slurm_host("a[3],b") == "a3"
     with pytest.raises(ValueError, match="MASTER_PORT='x'"):
         rendezvous_endpoint({"MASTER_ADDR": "n7", "MASTER_PORT": "x"})
+
+
+def test_bench_train_sets_the_engines_side_by_side():
+    """``bench train``'s summary: each engine's weak scaling against its own one rank, the torch
+    engine over Horovod at each rank count (of medians, and repeat by repeat: the two ran back
+    to back), each engine over the DDP baseline."""
+    from hvd_lm.perf.bench_train import summarize_train
+
+    def rec(chars, ranks, backend="horovod"):
+        return {"backend": backend, "ranks": ranks, "chars_per_s_total": chars,
+                "chars_per_s_per_rank": chars / ranks, "flops_per_char": 1e6,
+                "allreduce_wait_share": None}
+
+    v = "fused/torch"
+    s = summarize_train({(v, "horovod", 1): [rec(100, 1), rec(110, 1)],
+                         (v, "torch", 1): [rec(105, 1, "torch"), rec(99, 1, "torch")],
+                         (v, "horovod", 2): [rec(180, 2), rec(170, 2)],
+                         (v, "torch", 2): [rec(190, 2, "torch"), rec(200, 2, "torch")],
+                         (v, "ddp", 2): [rec(200, 2, "ddp"), rec(210, 2, "ddp")]}, peak=1.0)
+    ratios = {x["ranks"]: x for x in s["torch_over_horovod"]}
+    assert ratios[1]["ratio"] == pytest.approx(105 / 110)
+    assert ratios[1]["paired_ratios"] == pytest.approx([1.05, 0.9])
+    assert ratios[2]["ratio"] == pytest.approx(200 / 180)
+    assert s["horovod_over_ddp"] == pytest.approx(180 / 210)
+    assert s["torch_over_ddp"] == pytest.approx(200 / 210)
+    eff = {(r["backend"], r["ranks"]): r["weak_scaling_efficiency"] for r in s["runs"]}
+    assert eff[("torch", 2)] == pytest.approx(100 / 105)
+    assert eff[("horovod", 2)] == pytest.approx(90 / 110)
+    assert eff[("ddp", 2)] == pytest.approx(105 / 110)  # against the first engine's one rank
