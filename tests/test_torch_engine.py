@@ -7,6 +7,7 @@ and failures: tests/test_torch_engine_train.py."""
 from __future__ import annotations
 
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -223,3 +224,24 @@ def test_bench_train_sets_the_engines_side_by_side():
     assert eff[("torch", 2)] == pytest.approx(100 / 105)
     assert eff[("horovod", 2)] == pytest.approx(90 / 110)
     assert eff[("ddp", 2)] == pytest.approx(105 / 110)  # against the first engine's one rank
+
+
+def test_auto_is_horovod_when_it_imports_else_torch(monkeypatch):
+    """``--backend auto`` resolves once per process: Horovod when ``horovod.torch`` imports, the
+    torch engine when it does not (nothing is initialised here: only which module answers)."""
+    import importlib.util
+
+    from hvd_lm.comm import horovod as comm
+
+    try:
+        comm.use_backend("auto")
+        want = "horovod" if importlib.util.find_spec("horovod") else "torch"
+        assert comm.engine() == want
+        monkeypatch.setitem(sys.modules, "horovod.torch", None)  # import fails
+        comm._hvd.cache_clear()
+        assert comm.engine() == "torch"
+        with pytest.raises(ValueError, match="--backend must be one of horovod, torch, auto"):
+            comm.use_backend("mpi")
+    finally:
+        comm.use_backend("horovod")
+        comm._hvd.cache_clear()
