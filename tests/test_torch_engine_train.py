@@ -148,3 +148,20 @@ def test_what_one_engine_lacks_is_refused_in_one_line(shards, tmp_path):
                                                 *extra)], timeout=120, check=False)
         errors = [x for x in proc.stderr.splitlines() if "ERROR" in x]
         assert proc.returncode == 2 and len(errors) == 1 and says in errors[0], proc.stderr
+
+
+@pytest.mark.slow
+def test_onebit_adam_is_the_same_run_on_both_engines(shards, tmp_path):
+    """1-bit Adam, 3 warmup steps (gradients averaged by each engine's distributed optimizer)
+    then 5 compressed ones (alltoall + allgather of the 1-bit momentum): the torch engine's run
+    is Horovod's bit for bit, and its checkpoint holds both ranks' error buffers."""
+    common = ["--batch-size", "2", "--max-steps", "8", "--optimizer", "onebit-adam",
+              "--onebit-warmup-steps", "3", "--compression", "none"]
+    run(torchrun_cmd(2, train_argv(shards, tmp_path / "t", *common, "--backend", "torch")),
+        timeout=240)
+    run(horovodrun_cmd(2, train_argv(shards, tmp_path / "h", *common)), timeout=240)
+    assert same(model_of(tmp_path / "t"), model_of(tmp_path / "h"))
+    phases = [r["onebit_phase"] for r in records(tmp_path / "t", "train")]
+    assert phases == ["warmup"] * 3 + ["compressed"] * 5
+    errors = load(resolve(tmp_path / "t"))["optimizer"]["onebit_errors"]
+    assert errors["world_size"] == 2 and float(errors["worker"].abs().max()) > 0
