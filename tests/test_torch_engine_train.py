@@ -1,9 +1,11 @@
 """``hvd-lm train --backend torch`` through the command line users run: 2 ranks under
 launch/torchrun.sh equal 2 Horovod ranks bit for bit and one process on the double batch within
 rounding; a checkpoint of either engine resumes on the other exactly (the torch engine under
-mpirun); ``hvd-lm eval --backend torch`` on 2 ranks gives Horovod's BPC; a killed rank is one
-line naming it and its host, then the launch's closing block; what only Horovod does (elastic)
-and what only the torch engine does (bf16 on the wire) are refused in one line elsewhere."""
+mpirun); ``hvd-lm eval --backend torch`` on 2 ranks gives Horovod's BPC, and transfer's
+featurization over 2 ranks one process's features; 1-bit Adam is Horovod's run bit for bit; a
+killed rank is one line naming it and its host, then the launch's closing block; what only
+Horovod does (elastic) and what only the torch engine does (bf16 on the wire) are refused in one
+line elsewhere."""
 from __future__ import annotations
 
 import json
@@ -165,3 +167,26 @@ def test_onebit_adam_is_the_same_run_on_both_engines(shards, tmp_path):
     assert phases == ["warmup"] * 3 + ["compressed"] * 5
     errors = load(resolve(tmp_path / "t"))["optimizer"]["onebit_errors"]
     assert errors["world_size"] == 2 and float(errors["worker"].abs().max()) > 0
+
+
+@pytest.mark.slow
+def test_transfer_features_on_the_torch_engine_equal_one_process(tmp_path):
+    """Featurization split over 2 torch-engine ranks (rank 0 two batches, rank 1 one: an
+    allgather of unequal parts) gathers back one process's features (as tests/test_transfer.py
+    under horovodrun)."""
+    import numpy as np
+
+    from hvd_lm.transfer import features as F
+    from tests.test_transfer import TEXTS, tiny_model, write_checkpoint
+
+    ckpt = write_checkpoint(tmp_path / "run")
+    texts = TEXTS + ["The end.", "Not bad at all."] + ["Short"]
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    run(torchrun_cmd(2, [REPO / "tests/scripts/featurize_dist.py", ckpt, tmp_path / "texts.json",
+                         tmp_path / "dist.npz", "--batch-size", "4", "--backend", "torch"]),
+        timeout=240)
+    got = np.load(tmp_path / "dist.npz")
+    assert int(got["world_size"]) == 2
+    for kind in F.FEATURE_KINDS:
+        ref = F.featurize(tiny_model(), texts, kind, batch_size=4).features
+        np.testing.assert_allclose(got[kind], ref, rtol=0, atol=1e-6, err_msg=kind)
