@@ -190,3 +190,20 @@ def test_transfer_features_on_the_torch_engine_equal_one_process(tmp_path):
     for kind in F.FEATURE_KINDS:
         ref = F.featurize(tiny_model(), texts, kind, batch_size=4).features
         np.testing.assert_allclose(got[kind], ref, rtol=0, atol=1e-6, err_msg=kind)
+
+
+@pytest.mark.slow
+def test_a_stalled_peer_fails_after_the_gloo_timeout_in_one_line(shards, tmp_path):
+    """Rank 1 sleeps 6 s in every step; --gloo-timeout-s 2 is the torch engine's collective
+    timeout: rank 0's collective gives up after it, says so in one line (its peer still
+    answers: not a lost host) and the job fails instead of hanging."""
+    env = launch_env(HVD_LM_STEP_SLEEP="6", HVD_LM_STEP_SLEEP_RANK="1")
+    proc = run(torchrun_cmd(2, train_argv(shards, tmp_path / "run", "--batch-size", "2",
+                                          "--max-steps", "6", "--backend", "torch",
+                                          "--gloo-timeout-s", "2")),
+               timeout=120, env=env, check=False)
+    lines = [x for x in proc.stderr.splitlines() if "ERROR" in x and "hvd-lm train" in x]
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-3000:]
+    assert ("every other rank still answers (the failure is not a lost host): a collective "
+            "failed at step 1 (torch.distributed gave up after its timeout, "
+            "--gloo-timeout-s=2 s)") in lines[0]
