@@ -16,8 +16,8 @@ import pytest
 
 from hvd_lm.cli import main
 from tests._mp import launch_env, run
-from tests.test_multinode import LAUNCH, STEPS, TINY, assert_equals_reference, records
 from tests.shardutil import default_shards
+from tests.test_multinode import LAUNCH, STEPS, TINY, assert_equals_reference, records
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 PY = sys.executable

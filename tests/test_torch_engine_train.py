@@ -143,8 +143,8 @@ def test_what_one_engine_lacks_is_refused_in_one_line(shards, tmp_path):
     refused before anything runs, in one line (exit 2)."""
     for extra, says in (
             (["--backend", "torch", "--elastic", "true"],
-             "run.elastic is Horovod's elastic driver: train elastic jobs with --backend "
-             "horovod"),
+             ("run.elastic is Horovod's elastic driver: train elastic jobs with --backend "
+              "horovod")),
             (["--compression", "bf16"], "dist.compression bf16 needs --backend torch")):
         proc = run([sys.executable, *train_argv(shards, tmp_path / "x", "--max-steps", "2",
                                                 *extra)], timeout=120, check=False)
