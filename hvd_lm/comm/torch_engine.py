@@ -130,6 +130,9 @@ def _store(ctx: RankContext, rdzv_timeout: datetime.timedelta):
             f"{'open' if ctx.rank == 0 else 'reach'} the rendezvous {addr}:{port} (from "
             f"{source}) within {rdzv_timeout.total_seconds():g} s: {why}; check it with "
             "`hvd-lm doctor --hosts ... --rendezvous-port PORT`") from None
+    if agent:  # the agent's own keys live there too: this attempt's prefix, as torch's env://
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"/worker/attempt_{restart}", store)
     return store, endpoint
 
 
