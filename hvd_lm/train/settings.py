@@ -78,7 +78,8 @@ class OptimConfig:
 
 @dataclass
 class DistConfig:
-    """Horovod settings (see hvd_lm.comm.horovod)."""
+    """The collective engine's settings: Horovod's, or the torch engine's (see
+    hvd_lm.comm.horovod)."""
 
     backend: str = option("horovod", BACKEND_HELP, choices=BACKENDS)
     compression: str = option("fp16", "allreduce compression (reference: fp16; bf16: --backend "
@@ -87,12 +88,14 @@ class DistConfig:
                                            ge=1)
     allreduce_op: str = option("average", "gradient reduction", choices=("average", "adasum"))
     fusion_threshold_mb: typing.Optional[float] = option(
-        None, "tensor fusion buffer, MiB -> HOROVOD_FUSION_THRESHOLD (Horovod default 128)", ge=0)
+        None, "tensor fusion buffer, MiB -> HOROVOD_FUSION_THRESHOLD (Horovod default 128; the "
+        "torch engine: its largest gradient bucket, default 25)", ge=0)
     cycle_time_ms: typing.Optional[float] = option(
         None, "fusion cycle time, ms -> HOROVOD_CYCLE_TIME (Horovod default 1)", gt=0)
     gloo_timeout_s: typing.Optional[float] = option(
         None, "seconds a Gloo collective waits for a peer before the job fails naming the lost "
-        "host -> HOROVOD_GLOO_TIMEOUT_SECONDS (Horovod default 30)", gt=0)
+        "host -> HOROVOD_GLOO_TIMEOUT_SECONDS (Horovod default 30; the torch engine: every "
+        "Gloo and NCCL collective's timeout, default 30)", gt=0)
 
 
 @dataclass
