@@ -61,7 +61,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 #: ``hvd-lm bench <name>``: the benchmarks, same layout.
 BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "train": ("hvd_lm.perf.bench_train", "BENCH_TRAIN",
-              "training throughput: 1 vs N ranks, Horovod vs DDP, fraction of matmul peak"),
+              "training throughput: 1 vs N ranks, Horovod and the torch engine vs DDP, "
+              "fraction of matmul peak"),
     "allreduce": ("hvd_lm.perf.bench_allreduce", "BENCH_ALLREDUCE",
                   "allreduce latency/bandwidth: Horovod (MPI, Gloo controllers; fp16; fusion, "
                   "cycle time) vs mpi4py vs torch gloo"),

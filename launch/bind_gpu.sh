@@ -5,14 +5,15 @@
 #
 # The local rank comes from whichever launcher started the rank:
 #   srun: SLURM_LOCALID; OpenMPI mpirun: OMPI_COMM_WORLD_LOCAL_RANK; MPICH/Intel MPI: MPI_LOCALRANKID;
-#   horovodrun (Gloo): HOROVOD_LOCAL_RANK.
+#   horovodrun (Gloo): HOROVOD_LOCAL_RANK; torchrun: LOCAL_RANK.
 # GPU_IDS (optional, comma-separated, e.g. "0,2,4,6") maps local rank i to the i-th listed GPU.
 set -euo pipefail
 
-local_rank="${SLURM_LOCALID:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-${HOROVOD_LOCAL_RANK:-}}}}"
+local_rank="${SLURM_LOCALID:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-${HOROVOD_LOCAL_RANK:-${LOCAL_RANK:-}}}}}"
 if [ -z "$local_rank" ]; then
   echo "bind_gpu.sh: no local rank in the environment (SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK," \
-    "MPI_LOCALRANKID, HOROVOD_LOCAL_RANK): start it under srun, mpirun or horovodrun" >&2
+    "MPI_LOCALRANKID, HOROVOD_LOCAL_RANK, LOCAL_RANK): start it under srun, mpirun, horovodrun" \
+    "or torchrun" >&2
   exit 2
 fi
 if [ -n "${GPU_IDS:-}" ]; then

@@ -5,8 +5,9 @@
 # Each knob keeps a value already in the environment, so `NCCL_DEBUG=INFO sbatch ...` works
 # without editing this file. An empty value means "not set": the library's own default applies
 # and the variable is not exported at all (an empty NCCL_SOCKET_IFNAME is not the same as unset).
-# mpirun.sh / slurm.sbatch / pbs.qsub forward every NCCL_*, HOROVOD_*, OMP_* variable to the
-# ranks with `mpirun -x` (srun and horovodrun forward the whole environment themselves).
+# mpirun.sh / slurm.sbatch / pbs.qsub forward every NCCL_*, HOROVOD_*, OMP_*, TORCH_*, GLOO_*
+# variable to the ranks with `mpirun -x` (srun, horovodrun and torchrun forward the whole
+# environment themselves).
 #
 # Sources: NCCL "Environment Variables" docs; Horovod docs "Running Horovod", "Tensor Fusion",
 # "Timeline", "Horovod with MPI" (hierarchical allreduce).
@@ -45,6 +46,12 @@
 # Horovod's own log level: trace, debug, info, warning (default), error, fatal.
 : "${HOROVOD_LOG_LEVEL:=}"
 
+# ---- the torch engine (`hvd-lm train --backend torch`; Horovod ignores it) ---------------------
+# What PyTorch's NCCL watchdog does once a collective has waited --gloo-timeout-s: '' = PyTorch's
+# default (3: end the rank's process without cleanup; torchrun sets 1: abort the communicators,
+# then end the process); 2 = abort the communicators and keep the process (docs/training.md).
+: "${TORCH_NCCL_ASYNC_ERROR_HANDLING:=}"
+
 # ---- OpenMPI ------------------------------------------------------------------------------------
 # Seconds mpirun waits after forwarding SIGTERM (a `kill`, PBS/SLURM cancel) before it SIGKILLs
 # the ranks (OpenMPI's default is 1 s, short for a checkpoint write; the templates send mpirun
@@ -55,7 +62,7 @@
 # ---- export the non-empty ones, unset the empty ones --------------------------------------------
 for _hvd_lm_knob in OMP_NUM_THREADS NCCL_DEBUG NCCL_IB_HCA NCCL_IB_DISABLE NCCL_SOCKET_IFNAME \
     HOROVOD_FUSION_THRESHOLD HOROVOD_CYCLE_TIME HOROVOD_HIERARCHICAL_ALLREDUCE HOROVOD_TIMELINE \
-    HOROVOD_LOG_LEVEL OMPI_MCA_odls_base_sigkill_timeout; do
+    HOROVOD_LOG_LEVEL TORCH_NCCL_ASYNC_ERROR_HANDLING OMPI_MCA_odls_base_sigkill_timeout; do
   if [ -n "${!_hvd_lm_knob}" ]; then
     export "${_hvd_lm_knob?}"
   else

@@ -10,9 +10,11 @@
 #   hvd_lm_failure_summary    the closing block of a failed launch: its cause, last
 #   hvd_lm_preflight          `hvd-lm doctor` on the job's hosts; exports the interface to use
 
-# Build HVD_LM_CMD from the knobs PYTHON, CONFIG, SHARDS, OUT_DIR and TRAIN_ARGS:
+# Build HVD_LM_CMD from the knobs PYTHON, CONFIG, SHARDS, OUT_DIR, ENGINE and TRAIN_ARGS:
 #   $PYTHON -m hvd_lm train [--config $CONFIG] [--shards $SHARDS] --out-dir $OUT_DIR
-#           [--resume auto] $TRAIN_ARGS
+#           [--backend torch] [--resume auto] $TRAIN_ARGS
+# ENGINE is horovod (the default: Horovod) or torch (`--backend torch`: torch.distributed, NCCL on
+# GPUs, Gloo on CPUs; docs/training.md); anything else stops the job here (exit 2).
 # The shards come from the first of: `--shards DIR` in TRAIN_ARGS, `data.shards` in CONFIG, the
 # SHARDS knob (`--shards $SHARDS` is added only in that last case). A shard folder without a
 # manifest.json stops the job here with one line, before any rank starts (exit 2).
@@ -56,6 +58,11 @@ print(s if isinstance(s, str) else "")' "$CONFIG" 2>/dev/null)" || shards=""
   fi
   HVD_LM_SHARDS="$shards"
   HVD_LM_CMD+=(--out-dir "$OUT_DIR")
+  case "${ENGINE:-horovod}" in
+    horovod) ;;
+    torch) HVD_LM_CMD+=(--backend torch) ;;
+    *) echo "launch: ERROR: ENGINE must be horovod or torch, got '$ENGINE'" >&2; exit 2 ;;
+  esac
   # (not with --overwrite in TRAIN_ARGS: the user asked to start over, and train refuses both)
   local overwrite=0 a
   for a in "${extra[@]}"; do
@@ -80,14 +87,16 @@ hvd_lm_bind_prefix() {
 
 # HVD_LM_MPI_X = (-x NAME ...) for OpenMPI's mpirun: PATH, LD_LIBRARY_PATH, PYTHONPATH,
 # VIRTUAL_ENV and every exported NCCL_*, HOROVOD_*, OMP_* variable (Horovod docs, "Running
-# Horovod": `mpirun ... -x NCCL_DEBUG=INFO -x LD_LIBRARY_PATH -x PATH`). OMPI_MCA_* variables are
-# forwarded by OpenMPI itself.
+# Horovod": `mpirun ... -x NCCL_DEBUG=INFO -x LD_LIBRARY_PATH -x PATH`), and for the torch engine
+# GLOO_*, TORCH_*, MASTER_ADDR and MASTER_PORT. OMPI_MCA_* variables are forwarded by OpenMPI
+# itself.
 hvd_lm_mpirun_env_flags() {
   HVD_LM_MPI_X=()
   local name
   while IFS= read -r name; do
     case "$name" in
-      PATH | LD_LIBRARY_PATH | PYTHONPATH | VIRTUAL_ENV | NCCL_* | HOROVOD_* | OMP_*)
+      PATH | LD_LIBRARY_PATH | PYTHONPATH | VIRTUAL_ENV | NCCL_* | HOROVOD_* | OMP_* | GLOO_* | \
+        TORCH_* | MASTER_ADDR | MASTER_PORT)
         HVD_LM_MPI_X+=(-x "$name") ;;
     esac
   done < <(compgen -e)
@@ -97,7 +106,8 @@ hvd_lm_mpirun_env_flags() {
 # hostfile) before any rank starts, when PREFLIGHT=1 (the templates' default): passwordless ssh
 # both ways, the same Python and hvd_lm on every host, the network interface every host reaches
 # every other one through, ports, the shards (HVD_LM_SHARDS), OUT_DIR and CONFIG at the same path
-# on every host, GPUs per slot. It exports what it picked (NETWORK_INTERFACE, NCCL_SOCKET_IFNAME,
+# on every host, GPUs per slot; with ENGINE=torch and MASTER_PORT set, the torch engine's
+# rendezvous port on the first host. It exports what it picked (NETWORK_INTERFACE, NCCL_SOCKET_IFNAME,
 # GLOO_SOCKET_IFNAME, OMPI_MCA_btl_tcp_if_include, OMPI_MCA_oob_tcp_if_include; values already
 # set are kept, and checked), so that a node with
 # docker0 or a management NIC cannot make Horovod or OpenMPI hang; or it stops the job with the
@@ -138,6 +148,11 @@ _hvd_lm_doctor() {
   esac
   if [ -n "${SSH_PORT:-}" ]; then
     args+=(--ssh-port "$SSH_PORT")
+  fi
+  # the torch engine with a fixed rendezvous port (SLURM sets one): the first host opens it,
+  # every other host reaches it (exports MASTER_ADDR/MASTER_PORT when not set)
+  if [ "${ENGINE:-horovod}" = torch ] && [ -n "${MASTER_PORT:-}" ]; then
+    args+=(--rendezvous-port "$MASTER_PORT")
   fi
   out="$("${PYTHON:-python3}" -m hvd_lm doctor "${args[@]}" --timeout "${PREFLIGHT_TIMEOUT:-45}" \
     --format shell)" || exit 2

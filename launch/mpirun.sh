@@ -29,6 +29,7 @@ HOSTS="${HOSTS:-}"                     # host:slots list, e.g. node1:8,node2:8 (
 HOSTFILE="${HOSTFILE:-}"               # OpenMPI hostfile, lines "node1 slots=8" ('' = HOSTS, else this machine)
 MPIRUN="${MPIRUN:-mpirun}"             # OpenMPI's mpirun (4.x)
 MPIRUN_ARGS="${MPIRUN_ARGS:-}"         # extra mpirun flags, space-separated (e.g. -mca btl_tcp_if_include ib0)
+ENGINE="${ENGINE:-horovod}"            # horovod, or torch (--backend torch: torch.distributed, NCCL/Gloo; MPI tells the ranks where rank 0 is)
 NETWORK_INTERFACE="${NETWORK_INTERFACE:-}"  # NIC(s) for MPI/NCCL traffic across nodes, e.g. ib0 ('' = the preflight's pick)
 PREFLIGHT="${PREFLIGHT:-1}"            # with HOSTS/HOSTFILE: 1 = `hvd-lm doctor` checks the hosts first and picks the NIC; 0 = skip
 BIND_GPU="${BIND_GPU:-0}"              # 1 = CUDA_VISIBLE_DEVICES=<local rank> per rank; 0 = torch uses cuda:<local rank>

@@ -1,4 +1,4 @@
-"""Launch real multi-process jobs (`horovodrun`, `mpirun`) from tests.
+"""Launch real multi-process jobs (`horovodrun`, `mpirun`, `torchrun`) from tests.
 
 Every launch has a timeout: a hung collective fails the test instead of hanging CI.
 """
@@ -42,3 +42,10 @@ def mpirun_cmd(np_: int, argv: list[str]) -> list[str]:
     """Plain OpenMPI ``mpirun -np N python ARGV...`` with Horovod's recommended flags."""
     return ["mpirun", "-np", str(np_), "-bind-to", "none", "-map-by", "slot",
             "-mca", "pml", "ob1", "-mca", "btl", "^openib", sys.executable, *argv]
+
+
+def torchrun_cmd(np_: int, argv: list[str]) -> list[str]:
+    """``torchrun --standalone --nproc-per-node N ARGV...`` on this machine (this interpreter's
+    ``torch.distributed.run``; ``ARGV`` a script, or ``-m module ...``)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            str(np_), "--max-restarts", "0", *argv]

@@ -12,7 +12,8 @@ reads it):
   shrunk, and only these ways (:func:`shrink`): ``--max-steps N`` becomes ``max(2, N // 500)``
   (from the config's ``optim.max_steps`` when no flag gives it), ``--hidden-size 64`` is added when
   neither a flag nor the config sets the width, transfer gets ``--max-examples`` of at most 200,
-  and ranks (``-np``, ``NP``, ``-H localhost:N``) are capped at 2, this machine's cores.
+  and ranks (``-np``, ``NP``, ``-H localhost:N``, torchrun's ``--nproc-per-node`` and
+  ``NPROC_PER_NODE``) are capped at 2, this machine's cores.
 * **check**: benchmarks, the demo, downloads and anything that needs a cluster (``sbatch``,
   ``qsub``, several hosts) are parsed by the command's real parser (``hvd-lm``'s, horovodrun's,
   the template's knobs block, ``bash -n``) and their input paths must exist or be written by an
@@ -73,7 +74,7 @@ PATTERN_FLAGS = {"--tar-members"}
 POSITIONAL_OUTPUT = {"export", "import-openai"}
 PATHLIKE = re.compile(r"/|\.(ya?ml|json|jsonl|csv|tsv|gz|sbatch|qsub|sh|txt|pt|png)$")
 #: Templates that run on this machine as they are (the rest need hosts or a scheduler).
-LOCAL_TEMPLATES = {"horovodrun_local.sh", "mpirun.sh", "horovodrun_elastic.sh"}
+LOCAL_TEMPLATES = {"horovodrun_local.sh", "mpirun.sh", "horovodrun_elastic.sh", "torchrun.sh"}
 REMOTE_KNOBS = {"HOSTS", "HOSTFILE", "DISCOVERY"}
 
 
@@ -204,9 +205,26 @@ def _hvd_lm_argv(argv: list[str]) -> list[str] | None:
 
 
 def _split_launcher(argv: list[str]) -> tuple[list[str], list[str], dict]:
-    """(launcher words, inner command, facts) for horovodrun / mpirun lines, else ([], argv,
-    {}). horovodrun is parsed by Horovod's own parser; mpirun by OpenMPI's option arities."""
+    """(launcher words, inner command, facts) for horovodrun / mpirun / torchrun lines, else
+    ([], argv, {}). horovodrun and torchrun are parsed by their own parsers; mpirun by OpenMPI's
+    option arities."""
     prog = Path(argv[0]).name
+    if prog == "torchrun":
+        from torch.distributed.run import get_args_parser
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                args = get_args_parser().parse_args(argv[1:])
+        except SystemExit:
+            raise AssertionError(f"torchrun rejects {argv[1:]}: {err.getvalue()}") from None
+        script = [args.training_script, *args.training_script_args]
+        inner = (["python", "-m", *script] if args.module else
+                 script if args.no_python else ["python", *script])
+        n = int(args.nproc_per_node) * int(str(args.nnodes).split(":")[-1])
+        hosts = "localhost" if args.standalone or str(args.nnodes) == "1" else \
+            args.rdzv_endpoint or "several hosts"
+        return (argv[:len(argv) - len(script)], inner,   # "exec": the words torchrun runs
+                {"np": n, "hosts": hosts, "exec": script})
     if prog == "horovodrun":
         from horovod.runner import launch as hl
         saved = sys.argv
@@ -250,6 +268,8 @@ def _cap_ranks(launcher: list[str]) -> list[str]:
             out[i + 1] = str(min(int(out[i + 1]), CORES))
         if w == "-H" and _local_hosts(out[i + 1]):
             out[i + 1] = f"localhost:{min(int(out[i + 1].split(':')[1]), CORES)}"
+        if w in ("--nproc-per-node", "--nproc_per_node") and out[i + 1].isdigit():
+            out[i + 1] = str(min(int(out[i + 1]), CORES))
     return out
 
 
@@ -348,9 +368,9 @@ def _parse_hvd_lm(cmd: Cmd, hvd: list[str], s: Session) -> None:
 def _ranks(argv: list[str], env: dict[str, str]) -> int:
     """Ranks a command starts: its ``-np``/``-n`` (mpirun, horovodrun, srun) or the template's
     ``NP``; 1 for a plain process."""
-    n = int(env.get("NP") or 1)
+    n = int(env.get("NP") or env.get("NPROC_PER_NODE") or 1)
     for i, w in enumerate(argv[:-1]):
-        if w in ("-np", "-n") and argv[i + 1].isdigit():
+        if w in ("-np", "-n", "--nproc-per-node") and argv[i + 1].isdigit():
             n = max(n, int(argv[i + 1]))
     return n
 
@@ -411,6 +431,8 @@ def _template(cmd: Cmd, script: str, env: dict[str, str], s: Session, run_it: bo
         default = knob_defaults(path.read_text())["OUT_DIR"]
         env["OUT_DIR"] = default.replace("$NP", env.get("NP", str(CORES)))
     env["NP"] = str(min(int(env.get("NP", CORES)), CORES))
+    if "NPROC_PER_NODE" in env:  # launch/torchrun.sh's ranks
+        env["NPROC_PER_NODE"] = str(min(int(env["NPROC_PER_NODE"]), CORES))
     train = shlex.split(env.get("TRAIN_ARGS", ""))
     cfg_args = ["--config", env["CONFIG"]] if env.get("CONFIG") else []
     env["TRAIN_ARGS"] = " ".join(shrink(["train", *cfg_args, *train], s.root)[1 + len(cfg_args):])
@@ -505,7 +527,7 @@ def handle(cmd: Cmd, s: Session) -> None:
             s.log.append(f"checked {cmd.where()} (its runs come from a cluster)")
             return
         extra = shrink(hvd, s.root)[len(hvd):]        # shrink only appends flags
-        full = [*_cap_ranks(launcher), *inner, *extra]
+        full = [*_cap_ranks(launcher), *facts.get("exec", inner), *extra]
         return _execute(cmd, full, s, env=cmd.env)
     s.log.append(f"checked {cmd.where()}")
 
@@ -548,9 +570,10 @@ def test_ranks_above_this_machines_cores_are_explained(doc):
     text = (REPO / doc).read_text().splitlines()
     for cmd in commands(doc):
         launcher, _, facts = ([], [], {})
-        if cmd.argv and Path(cmd.argv[0]).name in ("mpirun", "horovodrun"):
+        if cmd.argv and Path(cmd.argv[0]).name in ("mpirun", "horovodrun", "torchrun"):
             launcher, _, facts = _split_launcher(cmd.argv)
-        n = facts.get("np") or (int(cmd.env["NP"]) if cmd.env.get("NP", "").isdigit() else 0)
+        ranks = cmd.env.get("NP") or cmd.env.get("NPROC_PER_NODE") or ""
+        n = facts.get("np") or (int(ranks) if ranks.isdigit() else 0)
         local = not facts or _local_hosts(facts.get("hosts", "localhost"))
         local &= not (REMOTE_KNOBS & set(cmd.env)) and "sbatch" not in cmd.text
         if n > CORES and local and not facts.get("oversubscribe"):
@@ -574,6 +597,11 @@ def test_shrinking_is_what_the_docstring_says(tmp_path):
         "--max-examples", "200"]
     assert _cap_ranks(["mpirun", "-np", "8", "-H", "localhost:8"]) == [
         "mpirun", "-np", "2", "-H", "localhost:2"]
+    launcher, inner, facts = _split_launcher(["torchrun", "--standalone", "--nproc-per-node", "8",
+                                              "-m", "hvd_lm", "train", "--shards", "d"])
+    assert _cap_ranks(launcher) == ["torchrun", "--standalone", "--nproc-per-node", "2", "-m"]
+    assert inner == ["python", "-m", "hvd_lm", "train", "--shards", "d"]
+    assert facts == {"np": 8, "hosts": "localhost", "exec": inner[2:]}
 
 
 def test_ranks_of_a_command():

@@ -398,3 +398,23 @@ def test_model_at_scale():
          f"{statistics.median(r['mfu'] for r in train):.2f}", src, page)
     says(f"seen {train[-1]['epoch']:.1f} times", src, page)
     says(f"`hvd-lm eval` on the same split gives {ev['bpc']:.3f}", src, page)
+
+
+def test_engines_side_by_side():
+    """`hvd-lm bench train --engines horovod,torch` (docs/performance.md section 9, the choice
+    between the engines in docs/training.md)."""
+    name = "bench_train_engines_h256.json"
+    d, r = load(name), _bench_rows(name)
+    src = f"docs/results/{name}"
+    for engine, label in (("horovod", "Horovod (MPI controller under mpirun)"),
+                          ("torch", "torch engine (Gloo)")):
+        one, two = r[(engine, 1, "fused/auto")], r[(engine, 2, "fused/auto")]
+        says(f"| {label} | {one['chars_per_s_total']:,.0f} | {two['chars_per_s_total']:,.0f} | "
+             f"{two['weak_scaling_efficiency']:.3f} | {two['allreduce_wait_share']:.1%} | "
+             f"{d[f'{engine}_over_ddp']:.3f}x |", src, PERFORMANCE)
+    x = {e["ranks"]: e for e in d["torch_over_horovod"]}
+    spread = f"{min(x[2]['paired_ratios']):.3f}-{max(x[2]['paired_ratios']):.3f}"
+    says(f"{x[1]['ratio']:.3f}x on 1 rank, {x[2]['ratio']:.3f}x on 2 (ratios of the medians of "
+         f"{d['args']['repeats']} repeats; repeat by repeat {spread} on 2 ranks)", src, PERFORMANCE)
+    says(f"the torch engine {x[2]['ratio']:.3f}x of Horovod's throughput on 2 ranks, repeat by "
+         f"repeat {spread}", src, TRAINING)

@@ -1,12 +1,21 @@
-"""Processes and collectives: the one place the project calls Horovod and MPI.
+"""Processes and collectives: the one place the project calls Horovod, torch.distributed and MPI.
 
-* :mod:`~hvd_lm.comm.world`: what a launcher (horovodrun, mpirun, srun, PBS) tells a process
-  (rank, world size, local rank), the one :class:`~hvd_lm.comm.world.RankContext`, and the
-  environment for launching local ranks.
-* :mod:`~hvd_lm.comm.horovod`: every Horovod call of the project.
+* :mod:`~hvd_lm.comm.world`: what a launcher (horovodrun, mpirun, srun, PBS, torchrun) tells a
+  process (rank, world size, local rank, the torch engine's rendezvous), the one
+  :class:`~hvd_lm.comm.world.RankContext`, and the environment for launching local ranks.
+* :mod:`~hvd_lm.comm.horovod`: every collective of the project, on the engine ``--backend``
+  picks: Horovod (every Horovod call of the project), the torch engine, or one process alone.
+* :mod:`~hvd_lm.comm.torch_engine`: the torch engine, ``horovod.torch``'s API on
+  ``torch.distributed`` (NCCL/Gloo; its one caller besides the benchmarks' baselines), with
+  :mod:`~hvd_lm.comm.grad_buckets` (its distributed optimizer: gradient buckets reduced from
+  backward hooks, fp16/bf16 on the wire).
+* :mod:`~hvd_lm.comm.single`: one process without Horovod (the world of one).
 * :mod:`~hvd_lm.comm.mpi`: every mpi4py call outside the raw-MPI benchmark baseline.
 * :mod:`~hvd_lm.comm.hosts`: ``host:slots`` lists and the interfaces hosts share (preflight).
 * :mod:`~hvd_lm.comm.peers`: which peer a failed collective lost, and on which host.
 * :mod:`~hvd_lm.comm.onebit_compression`: the math of the 1-bit compressed allreduce (error
   feedback).
+
+A ``# Horovod:`` comment marks every line that runs a collective, whatever the engine under it
+(Horovod or torch.distributed): every rank must reach that line at the same step.
 """

@@ -1,5 +1,11 @@
 """Everything Horovod, in one place: the training loop calls only this module for collectives.
 
+The engine underneath is chosen once per process (``--backend``, :func:`use_backend`): Horovod
+(``horovod.torch``, the default), the torch engine (:mod:`hvd_lm.comm.torch_engine`: the same
+API on ``torch.distributed``, NCCL/Gloo) or, for one process without Horovod, the world of one
+(:mod:`hvd_lm.comm.single`). Every function below runs on whichever it is; what only Horovod
+has (Adasum, elastic training) says so when asked of the torch engine.
+
 Follows Horovod's ``examples/pytorch`` scripts and its docs ("Horovod with PyTorch", "Tensor
 Fusion", "Adasum"):
 
@@ -42,22 +48,59 @@ class HorovodMissing(RuntimeError):
     """Horovod is not installed and the launcher announces more than one rank."""
 
 
+#: The engines ``--backend`` picks from: ``auto`` is Horovod when it imports, else torch.
+BACKENDS = ("horovod", "torch", "auto")
+#: The ``--backend`` flag's help, the same for every command that runs on ranks.
+BACKEND_HELP = ("collective engine: horovod (Horovod), torch (torch.distributed: NCCL on CUDA, "
+                "Gloo on CPU; under torchrun, mpirun or srun) or auto (Horovod when installed, "
+                "else torch); docs/training.md#two-engines-horovod-and-torchdistributed")
+_backend = "horovod"
+
+
+def use_backend(name: str) -> None:
+    """Run this process's collectives on ``name`` (one of :data:`BACKENDS`); call it before
+    :func:`init` (which takes it as ``backend=``).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    global _backend
+    if name not in BACKENDS:
+        raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    if name != _backend:
+        _backend = name
+        _hvd.cache_clear()
+
+
 @functools.cache
 def _hvd():
     # Resolved once per process (every collective calls this; a failing import would otherwise
     # search sys.path again at each one). Imported on first use: `hvd-lm --help`, prepare, launch rendering and the CPU-only tools run
     # without loading Horovod's extension (and its MPI/Gloo libraries). Without Horovod, one
     # process runs as the one rank of its world (hvd_lm.comm.single: no collective to run).
+    if _backend == "torch":
+        from hvd_lm.comm import torch_engine as hvd
+        return hvd
     try:
         import horovod.torch as hvd
     except ImportError as e:
+        if _backend == "auto":
+            from hvd_lm.comm import torch_engine as hvd
+            return hvd
         n = world_size()
         if n > 1:
             raise HorovodMissing(f"Horovod is not installed ({e}), and the launcher started {n} "
-                                 "ranks: build it with `make setup` (docs/install.md), or run "
-                                 "one process") from None
+                                 "ranks: build it with `make setup` (docs/install.md), run with "
+                                 "--backend torch, or run one process") from None
         from hvd_lm.comm import single as hvd
     return hvd
+
+
+def engine() -> str:
+    """The engine this process's collectives run on: ``"horovod"``, ``"torch"`` or ``"none"``
+    (one process without Horovod)."""
+    return {"hvd_lm.comm.torch_engine": "torch",
+            "hvd_lm.comm.single": "none"}.get(_hvd().__name__, "horovod")
 
 
 #: Horovod 0.28.1's default for HOROVOD_GLOO_TIMEOUT_SECONDS (horovod/common/gloo/gloo_context.cc)
@@ -65,25 +108,41 @@ HOROVOD_DEFAULT_GLOO_TIMEOUT_S = 30
 
 
 def init(fusion_threshold_mb: float | None = None, cycle_time_ms: float | None = None,
-         gloo_timeout_s: float | None = None) -> RankContext:
+         gloo_timeout_s: float | None = None, backend: str | None = None) -> RankContext:
     """Set Horovod's tensor-fusion knobs and Gloo's timeout, then ``hvd.init()``.
 
     Args:
         fusion_threshold_mb: fusion buffer size in MiB -> ``HOROVOD_FUSION_THRESHOLD`` in bytes
             (Horovod's default is 128 MiB; 0 disables fusion). None keeps the environment's value.
+            The torch engine: its largest gradient bucket (default 25 MiB, DDP's).
         cycle_time_ms: how long Horovod's background thread waits to batch tensors, in ms ->
             ``HOROVOD_CYCLE_TIME`` (default 1 ms in 0.28). None keeps the environment's value.
+            (The torch engine starts a bucket when its last gradient is ready: no cycle.)
         gloo_timeout_s: seconds a Gloo operation (rendezvous, every collective of the Gloo
             controller) waits for a peer -> ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (whole seconds,
-            rounded up; default 30). None keeps the environment's value.
+            rounded up; default 30). None keeps the environment's value. The torch engine: the
+            timeout of every Gloo and NCCL collective (the same default).
+        backend: the engine (:func:`use_backend`); None keeps the one chosen.
+
+    Raises:
+        HorovodMissing: Horovod is asked for, not installed, and there are several ranks.
+        hvd_lm.comm.torch_engine.RendezvousError: the torch engine's ranks cannot meet.
     """
+    if backend is not None:
+        use_backend(backend)
     if fusion_threshold_mb is not None:
         os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_threshold_mb * MIB))
     if cycle_time_ms is not None:
         os.environ["HOROVOD_CYCLE_TIME"] = str(cycle_time_ms)
     if gloo_timeout_s is not None:
         os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(math.ceil(gloo_timeout_s))
-    _hvd().init()
+    hvd = _hvd()
+    configure = getattr(hvd, "configure", None)  # the torch engine's knobs
+    if configure is not None:
+        env_timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS")
+        configure(gloo_timeout_s if gloo_timeout_s is not None else
+                  float(env_timeout) if env_timeout else None, fusion_threshold_mb)
+    hvd.init()
     return rank_context()
 
 
@@ -96,26 +155,34 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
     this for its warmup.
 
     Args:
-        compression: ``"fp16"`` (gradients cast to fp16 for the allreduce, as the reference) or
-            ``"none"``.
+        compression: ``"fp16"`` (gradients cast to fp16 for the allreduce, as the reference),
+            ``"bf16"`` (the torch engine only: Horovod 0.28.1's PyTorch adapter has no bfloat16)
+            or ``"none"``.
         backward_passes_per_step: local accumulation steps per allreduce.
-        allreduce_op: ``"average"`` or ``"adasum"`` (Maleki et al. 2020; Horovod docs "AdaSum").
+        allreduce_op: ``"average"`` or ``"adasum"`` (Maleki et al. 2020; Horovod docs "AdaSum";
+            Horovod only).
 
     Returns:
         The wrapped optimiser; ``hvd_lm_wire_bytes`` on it holds the bytes one rank sends per
         step (ring allreduce of every gradient: 2(n-1)/n of their bytes, 2 bytes per value with
-        fp16).
+        fp16 or bf16).
 
     Raises:
-        ValueError: unknown compression or op.
+        ValueError: unknown compression or op, or one the engine does not have (naming it).
     """
     hvd = _hvd()
-    comps = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
+    comps = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16,
+             "bf16": getattr(hvd.Compression, "bf16", None)}
     ops = {"average": hvd.Average, "adasum": hvd.Adasum}
     if compression not in comps:
         raise ValueError(f"dist.compression must be one of {list(comps)}, got {compression!r}")
+    if comps[compression] is None:
+        raise ValueError("dist.compression bf16 needs --backend torch: Horovod 0.28.1's PyTorch "
+                         "adapter has no bfloat16 (horovod#4049, unmerged)")
     if allreduce_op not in ops:
         raise ValueError(f"dist.allreduce_op must be one of {list(ops)}, got {allreduce_op!r}")
+    if allreduce_op == "adasum" and engine() == "torch":
+        raise ValueError("dist.allreduce_op adasum is Horovod's: run it with --backend horovod")
     wrapped = hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(), compression=comps[compression],
         backward_passes_per_step=backward_passes_per_step, op=ops[allreduce_op])
@@ -126,7 +193,7 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
 def _gradient_wire_bytes(model: torch.nn.Module, compression: str, size: int) -> int:
     """Bytes one rank sends per step allreducing every gradient (ring allreduce, fp16: 2 bytes per
     value, else the parameter's element size)."""
-    nbytes = sum(p.numel() * (2 if compression == "fp16" else p.element_size())
+    nbytes = sum(p.numel() * (2 if compression in ("fp16", "bf16") else p.element_size())
                  for p in model.parameters() if p.requires_grad)
     return ring_allreduce_wire_bytes(nbytes, size)
 
@@ -195,16 +262,32 @@ def allgather_object(obj, name: str) -> list:
 
 def gloo_timeout_s() -> float | None:
     """Seconds a collective of the Gloo controller waits for a lost peer before failing
-    (``HOROVOD_GLOO_TIMEOUT_SECONDS``, default 30); None under the MPI controller, which has no
-    such timeout (a lost link stalls until TCP gives up)."""
-    if _hvd().mpi_enabled():
+    (``HOROVOD_GLOO_TIMEOUT_SECONDS``, default 30; the torch engine: its collective timeout,
+    ``--gloo-timeout-s``); None under the MPI controller, which has no such timeout (a lost link
+    stalls until TCP gives up)."""
+    hvd = _hvd()
+    if hasattr(hvd, "timeout_s"):
+        return hvd.timeout_s()
+    if hvd.mpi_enabled():
         return None
     return float(os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS") or HOROVOD_DEFAULT_GLOO_TIMEOUT_S)
 
 
+def timeout_phrase(timeout: float) -> str:
+    """What ended a collective that waited ``timeout`` s (:func:`gloo_timeout_s`) for a lost
+    peer, as the lost-peer line says it."""
+    if engine() == "torch":
+        return f"torch.distributed gave up after its timeout, --gloo-timeout-s={timeout:g} s"
+    return f"Gloo gave up after HOROVOD_GLOO_TIMEOUT_SECONDS={timeout:g} s"
+
+
 def is_collective_failure(exc: BaseException) -> bool:
     """True for Horovod's ``HorovodInternalError``: a collective failed (a peer lost, a timeout;
-    Horovod has shut down), as opposed to an error of this rank's own work."""
+    Horovod has shut down), as opposed to an error of this rank's own work (the torch engine:
+    :func:`hvd_lm.comm.torch_engine.is_collective_failure`)."""
+    own = getattr(_hvd(), "is_collective_failure", None)
+    if own is not None:
+        return own(exc)
     try:
         from horovod.common.exceptions import HorovodInternalError
     except ImportError:  # one process without Horovod: no collective to fail

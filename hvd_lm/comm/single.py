@@ -29,6 +29,7 @@ class Compression:
 
     none = "none"
     fp16 = "fp16"
+    bf16 = "bf16"
 
 
 def init() -> None:

@@ -108,6 +108,54 @@ def world_size(environ: Mapping[str, str] | None = None) -> int:
     return from_environment(environ).size
 
 
+#: torchrun's default rendezvous port (``--master-port``), the torch engine's too.
+DEFAULT_MASTER_PORT = 29500
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a SLURM host list (``n[01-03,7],m1`` -> ``n01``; ``scontrol show
+    hostnames`` lists them in this order, and srun's block distribution puts task 0 there).
+
+    Raises:
+        ValueError: an empty or malformed list.
+    """
+    m = re.match(r"\s*([^,\[\s]+)(?:\[(\d+)[^\]]*\])?", nodelist or "")
+    if not m:
+        raise ValueError(f"SLURM host list {nodelist!r} names no host")
+    return m.group(1) + (m.group(2) or "")
+
+
+def rendezvous_endpoint(environ: Mapping[str, str] | None = None) -> tuple[str, int, str] | None:
+    """Where the torch engine's ranks meet (the TCP store rank 0 opens), from the environment:
+    ``(address, port, source)``, or None when the environment does not say (the engine then
+    asks the MPI launcher: :func:`hvd_lm.comm.torch_engine.init`).
+
+    * ``MASTER_ADDR`` (torchrun sets it; with mpirun or srun set it to rank 0's host) with
+      ``MASTER_PORT`` (default :data:`DEFAULT_MASTER_PORT`);
+    * under srun without it: the first host of ``SLURM_STEP_NODELIST`` (where block
+      distribution runs task 0) and ``MASTER_PORT``, else 29500 + ``SLURM_JOB_ID`` mod 1000 (two
+      jobs sharing a node do not pick the same port).
+
+    Raises:
+        ValueError: ``MASTER_PORT`` is not a port number (naming it).
+    """
+    env = os.environ if environ is None else environ
+    port_text = env.get("MASTER_PORT", "").strip()
+    port = None
+    if port_text:
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            raise ValueError(f"MASTER_PORT={port_text!r} is not a TCP port (1..65535)")
+        port = int(port_text)
+    if env.get("MASTER_ADDR", "").strip():
+        return env["MASTER_ADDR"].strip(), port or DEFAULT_MASTER_PORT, "MASTER_ADDR"
+    nodelist = env.get("SLURM_STEP_NODELIST") or ""
+    if from_environment(env).launcher == "slurm" and nodelist:
+        job = _int(env.get("SLURM_JOB_ID")) or 0
+        return (first_slurm_host(nodelist), port or DEFAULT_MASTER_PORT + job % 1000,
+                "SLURM_STEP_NODELIST")
+    return None
+
+
 def started_by_mpi(environ: Mapping[str, str] | None = None) -> bool:
     """True when an MPI launcher (OpenMPI, MPICH/Intel PMI, srun) started this process with more
     than one rank, so that an MPI library can be initialised (mpi4py, Horovod's MPI controller)."""

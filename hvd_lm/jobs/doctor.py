@@ -39,6 +39,11 @@ verified. The result is the exact settings every library needs:
 * ``NCCL_SOCKET_IFNAME=IF`` (NCCL's bootstrap and socket transport) and ``GLOO_SOCKET_IFNAME=IF``
   (torch.distributed's Gloo).
 
+For the torch engine (``--backend torch``), ``--rendezvous-port P`` also checks where its ranks
+meet: the first host's agent opens P on every address (a port another job holds is named) and
+every other host connects to it by the first host's name, 3 s each; the exports then add
+``MASTER_ADDR`` (the first host) and ``MASTER_PORT`` (P).
+
 ``--format shell`` prints them as ``export`` lines, which the launch templates evaluate before
 training (``PREFLIGHT=1``, their default); a value already in the environment is kept and
 checked, as every template knob is. Every wait is bounded: each connection 3 s, each ssh 5 s to
@@ -48,7 +53,6 @@ connect, the whole check ``--timeout`` seconds (agents exit on their own after i
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 import json
 import os
 import queue
@@ -61,24 +65,25 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
 import hvd_lm
 from hvd_lm.comm.hosts import interfaces, is_local, parse_hostfile, parse_hosts, peers_of
 from hvd_lm.jobs.doctor_checks import (
+    RENDEZVOUS,
     Report,
     analyse_reach,
     check_gpus,
     check_paths,
+    check_rendezvous,
     check_shards,
     check_versions,
     choose,
     render,
 )
+from hvd_lm.jobs.doctor_facts import gpu_count, package_versions, shard_facts, source_digest
 from hvd_lm.options import Command, option
-from hvd_lm.util.digest import file_sha256
 
 PROBE_TIMEOUT = 3.0     # seconds per TCP connection attempt
 SSH_CONNECT = 5         # ssh ConnectTimeout, seconds
@@ -91,61 +96,6 @@ class DoctorError(RuntimeError):
 # ---- hosts ---------------------------------------------------------------------------------------
 
 # ---- the agent (one per host) --------------------------------------------------------------------
-
-def gpu_count() -> tuple[int, list[str]]:
-    """(GPUs, their names) from ``nvidia-smi`` (10 s at most), else the driver's
-    ``/proc/driver/nvidia/gpus`` entries, else (0, [])."""
-    try:
-        proc = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=10)
-        if proc.returncode == 0:
-            names = [x.strip() for x in proc.stdout.splitlines() if x.strip()]
-            return len(names), names
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    d = Path("/proc/driver/nvidia/gpus")
-    n = len(list(d.iterdir())) if d.is_dir() else 0
-    return n, []
-
-
-def shard_facts(folder: str) -> dict:
-    """What this host sees of a shard folder: ``{"manifest_sha256", "shards", "bytes"}``, or
-    ``{"error": one line}`` when the manifest or a shard cannot be read."""
-    from hvd_lm.formats.manifest import load_manifest
-
-    try:
-        man = load_manifest(folder)
-        total = 0
-        for s in man.shards:
-            with open(s.path, "rb") as f:
-                f.read(8)
-            total += s.path.stat().st_size
-        return {"manifest_sha256": file_sha256(Path(folder) / "manifest.json"),
-                "shards": len(man.shards), "bytes": total}
-    except (OSError, ValueError) as e:
-        return {"error": str(e).splitlines()[0]}
-
-
-def package_versions() -> dict[str, str | None]:
-    """Installed versions of the packages every rank imports (None when missing)."""
-    out = {}
-    for name in ("torch", "horovod", "mpi4py", "numpy"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def _source_digest() -> str:
-    """sha256 over hvd_lm's Python sources (names and bytes): two checkouts of the same commit
-    agree, a host with another version of the code does not (version strings alone would)."""
-    h = hashlib.sha256()
-    pkg = Path(hvd_lm.__file__).parent
-    for p in sorted(pkg.rglob("*.py")):
-        h.update(str(p.relative_to(pkg)).encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()[:16]
-
 
 class _Listeners:
     """A TCP listener on an ephemeral port of every IPv4 address; each answers a connection with
@@ -164,6 +114,18 @@ class _Listeners:
                 self.socks.append(s)
                 self.ports.setdefault(name, []).append([addr, s.getsockname()[1]])
                 threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+
+    def listen_on(self, port: int) -> dict:
+        """Also answer on ``port`` of every address (the torch engine's rendezvous port):
+        ``{"port", "error"}``, the error (None: listening) saying why it cannot be opened."""
+        try:
+            s = socket.create_server(("", port))
+        except OSError as e:
+            return {"port": port, "error": f"port {port} cannot be opened on "
+                    f"{socket.gethostname()} ({e.strerror or e}): another job or process holds it"}
+        self.socks.append(s)
+        threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+        return {"port": port, "error": None}
 
     def _serve(self, s: socket.socket) -> None:
         while True:
@@ -248,6 +210,9 @@ class AgentConfig:
     ssh_port: Optional[int] = option(None, "ssh port of the other hosts", ge=1, le=65535)
     timeout: float = option(60.0, "the agent exits after this many seconds whatever happens",
                             gt=0)
+    rendezvous_port: Optional[int] = option(None, "also listen on this port (the first host's "
+                                            "agent: the torch engine's rendezvous)", ge=1,
+                                            le=65535)
 
 
 def agent(cfg: AgentConfig) -> int:
@@ -262,10 +227,11 @@ def agent(cfg: AgentConfig) -> int:
     gpus, gpu_names = gpu_count()
     facts = {"host": hostname, "token": token, "python": sys.version.split()[0],
              "executable": sys.executable, "hvd_lm": hvd_lm.__version__,
-             "hvd_lm_path": str(Path(hvd_lm.__file__).parent), "hvd_lm_digest": _source_digest(),
+             "hvd_lm_path": str(Path(hvd_lm.__file__).parent), "hvd_lm_digest": source_digest(),
              "packages": package_versions(), "interfaces": ifaces, "listeners": listen.ports,
              "gpus": gpus, "gpu_names": gpu_names,
-             "shards": shard_facts(cfg.shards) if cfg.shards else None}
+             "shards": shard_facts(cfg.shards) if cfg.shards else None,
+             "rendezvous": listen.listen_on(cfg.rendezvous_port) if cfg.rendezvous_port else None}
     print(json.dumps(facts), flush=True)
     line = sys.stdin.readline()
     if not line:
@@ -330,11 +296,14 @@ def _pump(stream, sink) -> None:
     sink(None)
 
 
-def start_agent(host: str, slots: int, cfg: "DoctorConfig") -> Agent:
+def start_agent(host: str, slots: int, cfg: "DoctorConfig", first: bool = False) -> Agent:
     """The agent on ``host``: directly when the host is this machine, else over ssh, with this
-    process's working directory and ``PYTHONPATH`` (what the launchers pass to ranks)."""
+    process's working directory and ``PYTHONPATH`` (what the launchers pass to ranks); the
+    ``first`` host's also listens on ``--rendezvous-port``."""
     python = cfg.python or sys.executable
     argv = [python, "-m", "hvd_lm.jobs.doctor", "--timeout", str(cfg.timeout + 10)]
+    if first and cfg.rendezvous_port:
+        argv += ["--rendezvous-port", str(cfg.rendezvous_port)]
     if cfg.shards:  # absolute: a host that cannot enter this folder starts the agent elsewhere
         argv += ["--shards", os.path.abspath(cfg.shards)]
     if cfg.ssh_port:
@@ -373,7 +342,7 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> Report
     t0 = time.monotonic()
     deadline = t0 + cfg.timeout
     report = Report(hosts=hosts)
-    agents = [start_agent(h, s, cfg) for h, s in hosts]
+    agents = [start_agent(h, s, cfg, first=i == 0) for i, (h, s) in enumerate(hosts)]
     try:
         for a in agents:
             report.facts[a.host] = a.read_line(deadline)
@@ -384,6 +353,9 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> Report
                       for b in peers
                       for iface, lst in report.facts[b]["listeners"].items()
                       for addr, port in lst]
+            if cfg.rendezvous_port and i > 0:  # the torch engine's ranks meet at the first host
+                probes.append({"target": names[0], "iface": RENDEZVOUS, "addr": names[0],
+                               "port": cfg.rendezvous_port})
             a.proc.stdin.write(json.dumps({"probes": probes, "ssh": peers,
                                            "paths": list(paths)}) + "\n")
             a.proc.stdin.flush()
@@ -410,6 +382,8 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> Report
     check_versions(report)
     analyse_reach(report, results)
     choose(report, cfg.network_interface, env)
+    if cfg.rendezvous_port:
+        check_rendezvous(report, results, cfg.rendezvous_port, env)
     if cfg.shards:
         check_shards(report, cfg.shards, skip=lacking)
     check_gpus(report, cfg.device)
@@ -455,6 +429,10 @@ class DoctorConfig:
     python: str = option("", "interpreter with hvd_lm at the same path on every host (default: "
                          "this one)")
     ssh_port: Optional[int] = option(None, "ssh port of the hosts (default 22)", ge=1, le=65535)
+    rendezvous_port: Optional[int] = option(None, "the torch engine (--backend torch): check "
+                                            "that the first host can open this port and every "
+                                            "other host reaches it there; exports MASTER_ADDR "
+                                            "and MASTER_PORT", ge=1, le=65535)
     timeout: float = option(45.0, "seconds the whole check may take (each connection 3 s, each "
                             "ssh 5 s to connect)", gt=0)
     format: str = option("text", "text: the report; shell: `export` lines for the launch "

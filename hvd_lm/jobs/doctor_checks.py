@@ -15,6 +15,8 @@ EXPORTS = {
     "OMPI_MCA_btl_tcp_if_include": "OpenMPI TCP BTL (MPI traffic)",
     "OMPI_MCA_oob_tcp_if_include": "OpenMPI runtime out-of-band channel",
 }
+#: The ``iface`` of the probes of the torch engine's rendezvous port (not an interface name).
+RENDEZVOUS = "(rendezvous)"
 
 
 @dataclass
@@ -29,6 +31,7 @@ class Report:
         shared: interfaces every host reaches every other one through.
         chosen: the interface(s) to use ('' when none is needed: one host).
         exports: variable -> value the launch should set.
+        rendezvous: ``host:port`` of the torch engine's rendezvous once checked ('' otherwise).
         errors: every failed check, one line each (the first is raised).
     """
 
@@ -41,6 +44,7 @@ class Report:
     exports: dict = field(default_factory=dict)
     errors: list = field(default_factory=list)
     seconds: float = 0.0
+    rendezvous: str = ""
 
 
 def _versions(f: dict) -> tuple:
@@ -192,6 +196,39 @@ def choose(report: Report, wanted: str, env: dict[str, str]) -> None:
         report.exports = {var: report.chosen for var in EXPORTS if not env.get(var)}
 
 
+def check_rendezvous(report: Report, results: dict[str, dict], port: int,
+                     env: dict[str, str]) -> None:
+    """The torch engine's rendezvous: the first host's agent could open ``port`` (its facts'
+    ``rendezvous``) and every other host reached it there by the first host's name, and that
+    reached the first host (its token); one error per failure, else the ``MASTER_ADDR`` /
+    ``MASTER_PORT`` exports (values already in ``env`` are kept)."""
+    first = report.hosts[0][0]
+    opened = report.facts[first].get("rendezvous") or {}
+    if opened.get("error"):
+        report.errors.append(f"rendezvous: {opened['error']}; pick another with MASTER_PORT "
+                             "(and --rendezvous-port)")
+        return
+    before = len(report.errors)
+    for host, res in results.items():
+        for p in res["probes"]:
+            if p["iface"] != RENDEZVOUS:
+                continue
+            if not p["ok"]:
+                report.errors.append(
+                    f"rendezvous: {host} cannot reach {first}:{port} ({p['error']}): the torch "
+                    f"engine's ranks meet there; open TCP port {port} on {first} to the other "
+                    "hosts (a firewall?) or pick another with MASTER_PORT")
+            elif p["token"] != report.facts[first]["token"]:
+                report.errors.append(
+                    f"rendezvous: {host} reaches {p['host']}, not {first}, at {first}:{port}: "
+                    f"the name {first} means another machine there (/etc/hosts, DNS)")
+    if len(report.errors) == before:
+        report.rendezvous = f"{first}:{port}"
+        for var, value in (("MASTER_ADDR", first), ("MASTER_PORT", str(port))):
+            if not env.get(var):
+                report.exports[var] = value
+
+
 def render(report: Report) -> str:
     """The human report (what ``--format text`` prints)."""
     hosts = list(report.facts)
@@ -224,6 +261,9 @@ def render(report: Report) -> str:
     if s and "error" not in s:
         lines.append(f"  shards       manifest sha256 {s['manifest_sha256'][:12]}, {s['shards']} "
                      f"shards ({s['bytes'] / 1e6:.1f} MB) readable on every host")
+    if report.rendezvous:
+        lines.append(f"  rendezvous   {report.rendezvous} (--backend torch): opened on "
+                     f"{report.hosts[0][0]}, reached from every other host")
     if report.chosen and not report.errors:
         x = report.chosen
         lines += [f"  use          {x}:",

@@ -173,7 +173,7 @@ def _render_job(args: LaunchConfig, job: JobPlan, train_args: list[str], job_nam
         launcher=args.launcher, controller=args.controller,
         hosts=tuple(h for h in (args.hosts or "").split(",") if h),
         network_interface=args.network_interface, cpus_per_task=args.cpus_per_task,
-        header=header, elastic=args.elastic, min_np=args.min_np), templates)
+        header=header, elastic=args.elastic, min_np=args.min_np, engine=args.engine), templates)
 
 
 def derived_time_limit(walltime: str | None, margin: str, cfg) -> str | None:
@@ -215,7 +215,9 @@ def launch(args: LaunchConfig) -> int:
     if not args.sweep and args.out not in (None, "-"):  # never over its training config
         check_output(args.out, "--out", *([args.config] if args.config else []),
                      templates / SCHEDULERS[args.scheduler])
-    cfg = train_config(args.config, train_args)
+    torch_engine = args.engine == "torch" or args.scheduler == "torchrun"
+    cfg = train_config(args.config, ["--backend", "torch", *train_args] if torch_engine
+                       else train_args)
     submit_with = SUBMIT[args.scheduler]
 
     if not args.sweep:
@@ -309,9 +311,16 @@ class LaunchConfig:
                                    "(template default 1)", ge=1)
     controller: Optional[str] = option(None, "horovodrun: Horovod controller (template default "
                                        "gloo)", choices=("gloo", "mpi"))
-    hosts: Optional[str] = option(None, "horovodrun-multinode/mpirun: comma-separated node "
-                                  "names, one per node (default: a hostfile named 'hostfile')")
-    network_interface: Optional[str] = option(None, "horovodrun-multinode: NIC, e.g. ib0")
+    engine: Optional[str] = option(None, "collective engine the job trains on: horovod "
+                                   "(templates' default) or torch (--backend torch: "
+                                   "torch.distributed; slurm: srun starts one rank per GPU; "
+                                   "mpirun, pbs; --scheduler torchrun always)",
+                                   choices=("horovod", "torch"))
+    hosts: Optional[str] = option(None, "horovodrun-multinode/mpirun/torchrun: comma-separated "
+                                  "node names, one per node (default: a hostfile named "
+                                  "'hostfile'; torchrun: the first hosts the rendezvous)")
+    network_interface: Optional[str] = option(None, "horovodrun-multinode/torchrun: NIC, e.g. "
+                                              "ib0")
     # run
     config: Optional[str] = option(None, "YAML training config (hvd-lm train --config)")
     run_dir: Optional[str] = option(None, "training out-dir (default: the template's; sweep: "

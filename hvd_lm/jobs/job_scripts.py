@@ -31,10 +31,11 @@ SCHEDULERS = {
     "mpirun": "mpirun.sh",
     "slurm": "slurm.sbatch",
     "pbs": "pbs.qsub",
+    "torchrun": "torchrun.sh",
 }
 #: how each rendered job is started (for the sweep's submit script)
 SUBMIT = {"horovodrun": "bash", "horovodrun-multinode": "bash", "horovodrun-elastic": "bash",
-          "mpirun": "bash",
+          "mpirun": "bash", "torchrun": "bash",
           "slurm": "sbatch", "pbs": "qsub"}
 
 _KNOB = re.compile(r'^(?P<name>[A-Z][A-Z0-9_]*)="\$\{(?P=name):-(?P<default>.*)\}"'
@@ -239,6 +240,7 @@ class RenderSpec:
     header: tuple[str, ...] = ()
     elastic: bool = False
     min_np: int | None = None
+    engine: str | None = None
 
 
 def render(spec: RenderSpec, templates: Path | None = None) -> str:
@@ -293,6 +295,23 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
         if not 1 <= spec.min_np <= size.gpus:
             raise ValueError(f"--min-np {spec.min_np} must be in 1..{size.gpus} (--gpus)")
         knobs["MIN_NP"] = str(spec.min_np)
+    if spec.engine not in (None, "horovod", "torch"):
+        raise ValueError(f"--engine must be horovod or torch, got {spec.engine!r}")
+    if sched == "torchrun" and spec.engine == "horovod":
+        raise ValueError("--scheduler torchrun trains on the torch engine: drop --engine horovod "
+                         "(or use --scheduler horovodrun)")
+    if spec.engine == "torch" and sched != "torchrun":  # srun's, mpirun's or PBS's ranks
+        if sched.startswith("horovodrun") or spec.elastic:
+            raise ValueError(f"--engine torch runs under torchrun, mpirun, slurm or pbs, not "
+                             f"{'--elastic (Horovod elastic)' if spec.elastic else sched}")
+        knobs["ENGINE"] = "torch"
+    if sched == "torchrun":
+        knobs["NPROC_PER_NODE"] = str(size.tasks_per_node)
+        knobs["NNODES"] = str(size.nodes)
+        if spec.hosts:  # else the script asks for HOSTS or RDZV_ENDPOINT when run on several
+            knobs["HOSTS"] = ",".join(f"{h}:{size.tasks_per_node}" for h in spec.hosts)
+        if spec.network_interface:
+            knobs["NETWORK_INTERFACE"] = spec.network_interface
     if sched == "horovodrun" and size.nodes > 1:
         raise ValueError(f"--scheduler horovodrun runs on one node, but {size.gpus} GPUs need "
                          f"{size.nodes} nodes: use horovodrun-multinode, mpirun, slurm or pbs")

@@ -4,20 +4,22 @@
 
 1. the machine's fp32 matmul rate with one thread (``torch.mm`` of 2048^3, best of 5), GFLOP/s;
 2. the training step of :mod:`hvd_lm.train.loop` (same model, same window loss, same optimizer,
-   ``synchronize``, ``unscale_and_clip`` and ``step_or_skip``) under ``mpirun -np N`` with Horovod
-   for each N in ``--ranks`` (weak scaling: the per-rank batch is fixed), one thread per rank, for
-   every mLSTM implementation in ``--rnn-impl`` (``fused`` once per ``--rnn-kernels`` x
-   ``--cuda-graphs`` variant,
-   ``reference`` once): the implementations side by side in one run;
+   ``synchronize``, ``unscale_and_clip`` and ``step_or_skip``) under ``mpirun -np N`` on each
+   engine of ``--engines`` (Horovod and the torch engine, :mod:`hvd_lm.comm.torch_engine`: the
+   two engines side by side) for each N in ``--ranks`` (weak scaling: the per-rank batch is
+   fixed), one thread per rank, for every mLSTM implementation in ``--rnn-impl`` (``fused`` once
+   per ``--rnn-kernels`` x ``--cuda-graphs`` variant, ``reference`` once): the implementations
+   side by side in one run;
 3. the same model and data with ``torch.nn.parallel.DistributedDataParallel`` (gloo backend,
-   :mod:`hvd_lm.perf.baselines`) as the peer, at the largest N (``--no-ddp``: skipped).
+   :mod:`hvd_lm.perf.baselines`) as the baseline, at the largest N (``--no-ddp``: skipped).
 
 Each configuration runs ``--repeats`` times, interleaved with the others, and the median run is
 reported with the spread. It prints chars/s per rank and in total, weak-scaling efficiency
 (chars/s at N / (N x chars/s at the fewest ranks)), model FLOPs per char
 (:meth:`LanguageModel.flops_per_char`), achieved GFLOP/s per rank and its fraction of the measured
 matmul rate, the share of step time Horovod waited on the allreduce, every fused variant's
-throughput over the reference's at each N, and the Horovod/DDP ratio. ``--json FILE`` saves it.
+throughput over the reference's at each N, the torch engine / Horovod ratio at each N (repeat by
+repeat too: the two ran back to back) and each engine over DDP. ``--json FILE`` saves it.
 ``--device cuda --precision bf16`` times the same step on GPUs (one rank per GPU).
 
 ``bench fusion`` sweeps ``HOROVOD_FUSION_THRESHOLD`` and ``HOROVOD_CYCLE_TIME`` on the same
@@ -96,7 +98,8 @@ class StepConfig:
 class WorkerConfig(StepConfig):
     """One rank of a run (``python -m hvd_lm.perf.bench_train FLAGS``)."""
 
-    backend: str = option("horovod", "who allreduces the gradients", choices=("horovod", "ddp"))
+    backend: str = option("horovod", "who allreduces the gradients: an engine (horovod, torch) "
+                          "or the DDP baseline", choices=("horovod", "torch", "ddp"))
     rnn_impl: list[str] = option(default_factory=lambda: ["fused"],
                                  help="one model per entry (with the same entries of "
                                  "--rnn-kernels/--cuda-graphs), steps alternating",
@@ -120,6 +123,9 @@ class BenchTrainConfig(StepConfig):
 
     ranks: list[int] = option(default_factory=lambda: [1, 2], help="rank counts to run, e.g. 1,2",
                               ge=1)
+    engines: list[str] = option(default_factory=lambda: ["horovod", "torch"],
+                                help="engines to run side by side (horovod: Horovod; torch: "
+                                "the torch engine, --backend torch)", choices=("horovod", "torch"))
     rnn_impl: list[str] = option(default_factory=lambda: ["fused", "reference"],
                                  help="mLSTM implementations, side by side",
                                  choices=("fused", "reference"))
@@ -147,8 +153,9 @@ def worker(cfg: WorkerConfig) -> int:
     rank 0 prints one ``BENCH {json}`` line per variant (chars/s per rank and in total, step
     time and every timed step's time, allreduce wait share)."""
     torch.set_num_threads(cfg.threads)
-    if cfg.backend == "horovod":
-        ctx = comm.init(cfg.fusion_threshold_mb, cfg.cycle_time_ms)  # Horovod: init
+    if cfg.backend != "ddp":  # an engine: Horovod or the torch engine
+        ctx = comm.init(cfg.fusion_threshold_mb, cfg.cycle_time_ms,  # Horovod: init
+                        backend=cfg.backend)
         rank, size, local_rank = ctx.rank, ctx.size, ctx.local_rank
     else:
         peer = TorchGlooComm()  # the DDP peer: torch.distributed, gloo
@@ -163,7 +170,7 @@ def worker(cfg: WorkerConfig) -> int:
                                           embed_dim=cfg.embed_dim, rnn_impl=impl,
                                           rnn_kernels=kernels, cuda_graphs=graphs)).to(device)
         opt = build_optimizer(model, OptimConfig(), 1e-4)  # Adam as in training (fused)
-        if cfg.backend == "horovod":
+        if cfg.backend != "ddp":
             opt = comm.distributed_optimizer(opt, model, cfg.compression)  # Horovod: hooks
             comm.broadcast_state(model)  # Horovod: rank 0's weights everywhere
             net = model
@@ -202,7 +209,7 @@ def worker(cfg: WorkerConfig) -> int:
         times, waits = r["times"], r["waits"]
         step_time = sum(times) / len(times)
         per_rank = B * T / step_time
-        if cfg.backend == "horovod":
+        if cfg.backend != "ddp":
             tot, wait_sum, time_sum = comm.allreduce_sum([per_rank, sum(waits), sum(times)],
                                                          "bench")
         else:
@@ -214,7 +221,7 @@ def worker(cfg: WorkerConfig) -> int:
                 "cuda_graphs": r["graphs"], "device": str(device), "precision": cfg.precision,
                 "batch_size": B, "seq_len": T, "step_time_s": step_time, "step_times_s": times,
                 "chars_per_s_per_rank": tot / size, "chars_per_s_total": tot,
-                "allreduce_wait_share": wait_sum / time_sum if cfg.backend == "horovod" else None,
+                "allreduce_wait_share": wait_sum / time_sum if cfg.backend != "ddp" else None,
                 "flops_per_char": r["model"].flops_per_char()}), flush=True)
     if cfg.backend == "ddp":
         peer.close()
@@ -242,8 +249,12 @@ def launch(backend: str, ranks: int, step: StepConfig, timeout: float,
     wcfg = WorkerConfig(**{f.name: getattr(step, f.name) for f in dataclasses.fields(StepConfig)},
                         backend=backend, **per_model)
     cmd = mpirun_argv(ranks, ["-m", "hvd_lm.perf.bench_train", *configlib.to_argv(wcfg)])
-    env = local_mpi_env(OMP_NUM_THREADS=str(step.threads), MASTER_ADDR="127.0.0.1",
-                        MASTER_PORT=str(29500 + ranks + (7 if backend == "ddp" else 0)))
+    env = local_mpi_env(OMP_NUM_THREADS=str(step.threads))
+    if backend == "ddp":  # the baseline's env:// rendezvous (the torch engine asks MPI instead)
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29507 + ranks))
+    else:
+        env.pop("MASTER_ADDR", None)
+        env.pop("MASTER_PORT", None)
     for k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE",
               "HOROVOD_AUTOTUNE_LOG"):
         env.pop(k, None)  # every configuration states its own
@@ -281,15 +292,17 @@ def variants(cfg: BenchTrainConfig) -> list[tuple[str, dict]]:
 
 def summarize_train(trials: dict[tuple[str, str, int], list[dict]], peak: float) -> dict:
     """The medians and ratios of ``bench train`` from its trials: ``(variant label, backend,
-    ranks) -> [worker records]``, in run order.
+    ranks) -> [worker records]``, in run order (backend: ``horovod``, ``torch`` or ``ddp``).
 
     Returns:
         ``{"runs": [median record per configuration, with chars_per_s_total_trials,
-        weak_scaling_efficiency (vs the variant's fewest ranks), gflops_per_rank,
-        fraction_of_matmul_peak], "impl_ratios": [{"variant", "ranks", "ratio",
-        "paired_ratios", "paired_ratio_median"}: a fused variant's median total chars/s over
-        the reference's at the same ranks, and repeat by repeat (the two ran back to back, so
-        drifting load cancels)], "horovod_over_ddp": ratio or None}``.
+        weak_scaling_efficiency (vs the variant's fewest ranks on the same engine; DDP's vs the
+        first engine's), gflops_per_rank, fraction_of_matmul_peak], "impl_ratios": [{"variant",
+        "ranks", "ratio", "paired_ratios", "paired_ratio_median"}: on the first engine run
+        (Horovod, else torch), a fused variant's median total chars/s over the reference's at
+        the same ranks, and repeat by repeat (the two ran back to back, so drifting load
+        cancels)], "horovod_over_ddp" / "torch_over_ddp": ratio or None, "torch_over_horovod":
+        [{"variant", "ranks", "ratio", "paired_ratios", "paired_ratio_median"}]}``.
     """
     runs = []
     for (label, backend, n), recs in trials.items():
@@ -297,25 +310,33 @@ def summarize_train(trials: dict[tuple[str, str, int], list[dict]], peak: float)
         med = dict(ts[len(ts) // 2], variant=label)
         med["chars_per_s_total_trials"] = [r["chars_per_s_total"] for r in recs]
         runs.append(med)
+    engines = [e for e in ("horovod", "torch") if any(r["backend"] == e for r in runs)]
+    first = engines[0] if engines else "horovod"
     for r in runs:
-        same = [x for x in runs if x["variant"] == r["variant"] and x["backend"] == "horovod"]
+        own = first if r["backend"] == "ddp" else r["backend"]
+        same = [x for x in runs if x["variant"] == r["variant"] and x["backend"] == own]
         base = min(same, key=lambda x: x["ranks"]) if same else r
         gf = r["chars_per_s_per_rank"] * r["flops_per_char"] / 1e9
         r["weak_scaling_efficiency"] = r["chars_per_s_per_rank"] / base["chars_per_s_per_rank"]
         r["gflops_per_rank"] = gf
         r["fraction_of_matmul_peak"] = gf / peak
-    hvd = {(r["variant"], r["ranks"]): r for r in runs if r["backend"] == "horovod"}
+    by = {(r["backend"], r["variant"], r["ranks"]): r for r in runs}
+
+    def paired(a_key, b_key) -> dict:  # median ratio a/b, and repeat by repeat
+        pairs = list(zip(trials[a_key], trials[b_key]))
+        each = [a["chars_per_s_total"] / b["chars_per_s_total"] for a, b in pairs]
+        return {"variant": a_key[0], "ranks": a_key[2],
+                "ratio": by[(a_key[1], a_key[0], a_key[2])]["chars_per_s_total"]
+                / by[(b_key[1], b_key[0], b_key[2])]["chars_per_s_total"],
+                "paired_ratios": each, "paired_ratio_median": statistics.median(each)}
+
     ratios = []
-    for (v, n), r in hvd.items():
-        if v == "reference" or ("reference", n) not in hvd:
+    for (b, v, n) in by:
+        if b != first or v == "reference" or (first, "reference", n) not in by:
             continue
-        # paired: repeat i of the variant over repeat i of the reference, run back to back
-        pairs = list(zip(trials[(v, "horovod", n)], trials[("reference", "horovod", n)]))
-        paired = [a["chars_per_s_total"] / b["chars_per_s_total"] for a, b in pairs]
-        x = {"variant": v, "ranks": n, "ratio": r["chars_per_s_total"]
-             / hvd[("reference", n)]["chars_per_s_total"],
-             "paired_ratios": paired, "paired_ratio_median": statistics.median(paired)}
+        x = paired((v, first, n), ("reference", first, n))
         # step by step, where the two alternated in one process: reference time / variant time
+        pairs = zip(trials[(v, first, n)], trials[("reference", first, n)])
         steps = [tb / ta for a, b in pairs for ta, tb in
                  zip(a.get("step_times_s", []), b.get("step_times_s", []))]
         if steps:
@@ -323,25 +344,30 @@ def summarize_train(trials: dict[tuple[str, str, int], list[dict]], peak: float)
             x.update(step_ratios=steps, step_ratio_median=statistics.median(steps),
                      step_ratio_quartiles=[q[0], q[2]])
         ratios.append(x)
+    engine_ratios = [paired((v, "torch", n), (v, "horovod", n)) for (b, v, n) in by
+                     if b == "torch" and ("horovod", v, n) in by]
     ddp_run = next((r for r in runs if r["backend"] == "ddp"), None)
-    ratio = None
-    if ddp_run is not None and (ddp_run["variant"], ddp_run["ranks"]) in hvd:
-        ratio = (hvd[(ddp_run["variant"], ddp_run["ranks"])]["chars_per_s_total"]
-                 / ddp_run["chars_per_s_total"])
-    return {"runs": runs, "impl_ratios": ratios, "horovod_over_ddp": ratio}
+    over_ddp = {}
+    for e in ("horovod", "torch"):
+        key = (e, ddp_run["variant"], ddp_run["ranks"]) if ddp_run else None
+        over_ddp[f"{e}_over_ddp"] = (by[key]["chars_per_s_total"] / ddp_run["chars_per_s_total"]
+                                     if key in by else None)
+    return {"runs": runs, "impl_ratios": ratios, **over_ddp, "torch_over_horovod": engine_ratios}
 
 
 def bench_train(cfg: BenchTrainConfig) -> int:
     """Print (and with ``--json`` save) the ``bench train`` table (see the module docstring)."""
     ranks = sorted(set(cfg.ranks))
+    engines = list(dict.fromkeys(cfg.engines))
     peak, what = peak_gflops(cfg)
     print(f"matmul peak ({what}): {peak:.1f} GFLOP/s per rank")
     var = variants(cfg)
-    # one launch per group: every variant together (paired: steps alternate in one process)
+    # one launch per group: every variant together (paired: steps alternate in one process);
+    # the engines back to back at each rank count
     if cfg.paired:
-        groups = [("horovod", n, var) for n in ranks]
+        groups = [(e, n, var) for n in ranks for e in engines]
     else:
-        groups = [("horovod", n, [v]) for v in var for n in ranks]
+        groups = [(e, n, [v]) for v in var for n in ranks for e in engines]
     if cfg.ddp:
         groups.append(("ddp", ranks[-1], [var[0]]))
     trials: dict[tuple[str, str, int], list[dict]] = {
@@ -377,9 +403,14 @@ def bench_train(cfg: BenchTrainConfig) -> int:
                  f"median {x['step_ratio_median']:.3f}x, quartiles "
                  f"{x['step_ratio_quartiles'][0]:.3f}-{x['step_ratio_quartiles'][1]:.3f}"
                  if "step_ratios" in x else ""))
-    if summary["horovod_over_ddp"] is not None:
-        print(f"Horovod / DDP throughput at {ranks[-1]} ranks ({var[0][0]}): "
-              f"{summary['horovod_over_ddp']:.3f}x")
+    for x in summary["torch_over_horovod"]:
+        print(f"torch engine / Horovod throughput at {x['ranks']} rank(s) ({x['variant']}): "
+              f"{x['ratio']:.3f}x (ratio of medians); per repeat "
+              + ", ".join(f"{v:.3f}" for v in x["paired_ratios"]))
+    for e, name in (("horovod", "Horovod"), ("torch", "torch engine")):
+        if summary[f"{e}_over_ddp"] is not None:
+            print(f"{name} / DDP throughput at {ranks[-1]} ranks ({var[0][0]}): "
+                  f"{summary[f'{e}_over_ddp']:.3f}x")
     print(f"(medians of {cfg.repeats} interleaved runs; per-run totals, chars/s: {spread})")
     print(f"matmul peak re-measured after the runs: {peak_after:.1f} GFLOP/s")
     if cfg.json:

@@ -179,6 +179,7 @@ class EvalConfig:
     output: str = option("", "also write the result JSON to this file (rank 0)")
     threads: int = option(0, "torch CPU threads per rank (0 = the usable cores / the ranks on "
                           "this machine; a warning when ranks x threads exceed them)", ge=0)
+    backend: str = option("horovod", comm.BACKEND_HELP, choices=comm.BACKENDS)
 
 
 def eval_rows(asked: int, ck: dict, ranks: int) -> tuple[int, str]:
@@ -207,7 +208,7 @@ def eval_rows(asked: int, ck: dict, ranks: int) -> tuple[int, str]:
 def eval_command(cfg: EvalConfig) -> int:
     """``hvd-lm eval``: print (and with ``--output`` write) ``{"bpc", "chars", ...}`` as JSON on
     rank 0; ranks split the streams and sum bits and chars (Horovod)."""
-    ctx = comm.init()
+    ctx = comm.init(backend=cfg.backend)
     set_rank_threads(cfg.threads, ctx, "eval")  # Horovod: an allgather of machine ids
     device = devices.resolve_device(cfg.device, ctx.local_rank, ctx.local_size)
     model, ck = load_model(cfg.checkpoint, map_location=device, rnn_kernels=cfg.rnn_kernels)

@@ -177,7 +177,7 @@ class Trainer(TrainingRun, ElasticTraining):
         # timeout is named only when it is what ended it (a killed peer fails at once)
         waited = time.monotonic() - self.step_started
         timeout = comm.gloo_timeout_s()
-        bound = (f" (Gloo gave up after HOROVOD_GLOO_TIMEOUT_SECONDS={timeout:g} s)"
+        bound = (f" ({comm.timeout_phrase(timeout)})"
                  if timeout and waited >= 0.8 * timeout else
                  f" after {waited:.1f} s (its peer's connection closed)")
         last = ckpt_io.newest_complete(self.out_dir)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hvd_lm import options as configlib
+from hvd_lm.comm.horovod import BACKEND_HELP, BACKENDS
 from hvd_lm.model.lm import ModelConfig
 from hvd_lm.options import option
 from hvd_lm.train.guard import DEFAULT_BOUND, UNIFORM_LOSS
@@ -78,20 +79,24 @@ class OptimConfig:
 
 @dataclass
 class DistConfig:
-    """Horovod settings (see hvd_lm.comm.horovod)."""
+    """The collective engine's settings: Horovod's, or the torch engine's (see
+    hvd_lm.comm.horovod)."""
 
-    compression: str = option("fp16", "allreduce compression (reference: fp16)",
-                              choices=("none", "fp16"))
+    backend: str = option("horovod", BACKEND_HELP, choices=BACKENDS)
+    compression: str = option("fp16", "allreduce compression (reference: fp16; bf16: --backend "
+                              "torch only)", choices=("none", "fp16", "bf16"))
     backward_passes_per_step: int = option(1, "local gradient accumulation before each allreduce",
                                            ge=1)
     allreduce_op: str = option("average", "gradient reduction", choices=("average", "adasum"))
     fusion_threshold_mb: typing.Optional[float] = option(
-        None, "tensor fusion buffer, MiB -> HOROVOD_FUSION_THRESHOLD (Horovod default 128)", ge=0)
+        None, "tensor fusion buffer, MiB -> HOROVOD_FUSION_THRESHOLD (Horovod default 128; the "
+        "torch engine: its largest gradient bucket, default 25)", ge=0)
     cycle_time_ms: typing.Optional[float] = option(
         None, "fusion cycle time, ms -> HOROVOD_CYCLE_TIME (Horovod default 1)", gt=0)
     gloo_timeout_s: typing.Optional[float] = option(
         None, "seconds a Gloo collective waits for a peer before the job fails naming the lost "
-        "host -> HOROVOD_GLOO_TIMEOUT_SECONDS (Horovod default 30)", gt=0)
+        "host -> HOROVOD_GLOO_TIMEOUT_SECONDS (Horovod default 30; the torch engine: every "
+        "Gloo and NCCL collective's timeout, default 30)", gt=0)
 
 
 @dataclass
@@ -198,6 +203,12 @@ class TrainConfig:
             raise ValueError("run.time_limit does not work with run.elastic: workers joining and "
                              "leaving change the step time the plan is measured on (give "
                              "--max-steps)")
+        if self.run.elastic and self.dist.backend == "torch":
+            raise ValueError("run.elastic is Horovod's elastic driver: train elastic jobs with "
+                             "--backend horovod")
+        if self.dist.compression == "bf16" and self.dist.backend == "horovod":
+            raise ValueError("dist.compression bf16 needs --backend torch: Horovod 0.28.1's "
+                             "PyTorch adapter has no bfloat16 (horovod#4049, unmerged)")
         if self.optim.optimizer.startswith("onebit"):
             if self.run.precision == "fp16":
                 raise ValueError("run.precision fp16 does not work with optim.optimizer "

@@ -68,7 +68,7 @@ class TrainingRun:
         self.cfg = cfg
         # ---- process: Horovod, device, precision, threads ----------------------------------------
         self.ctx = comm.init(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms,  # Horovod: init
-                             cfg.dist.gloo_timeout_s)
+                             cfg.dist.gloo_timeout_s, cfg.dist.backend)
         self.device = devices.resolve_device(cfg.run.device, self.ctx.local_rank,
                                              self.ctx.local_size)
         devices.check(self.device, cfg.run.precision)
@@ -179,7 +179,8 @@ class TrainingRun:
         # the peak the logged MFU is against (a CPU's is a matmul measured now: hvd_lm.model.mfu)
         self.peak = device_peak(self.device, cfg.run.precision, cfg.run.peak_tflops, self.threads)
         self.log.record("start", self.pos.step, world_size=self.ctx.size,
-                        launcher=self.ctx.launcher, device=str(self.device),
+                        launcher=self.ctx.launcher, engine=comm.engine(),
+                        device=str(self.device),
                         global_batch=self.global_batch, peak_lr=self.peak_lr,
                         total_steps=self.total_steps if self.total_steps < sys.maxsize // 2
                         else None, bound=self.bound,  # --time-limit: planned, at most this

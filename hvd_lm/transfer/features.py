@@ -69,8 +69,8 @@ class LMSession:
 
 
 def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32",
-            threads: int = 0, rnn_kernels: str = "auto", command: str = "transfer"
-            ) -> LMSession:
+            threads: int = 0, rnn_kernels: str = "auto", command: str = "transfer",
+            backend: str = "horovod") -> LMSession:
     """Start Horovod when a launcher started several ranks (they split the texts, see
     :func:`featurize`), pick this rank's device (:func:`hvd_lm.model.device.resolve_device`),
     check the precision there and load the checkpoint's model onto it.
@@ -80,10 +80,11 @@ def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32
         threads: torch CPU threads (0: the usable cores / the ranks on this machine, the rule
             of :mod:`hvd_lm.comm.threads`, whose warning names ``hvd-lm COMMAND``).
         rnn_kernels: the fused mLSTM's cell kernels (:func:`hvd_lm.model.load.load_model`).
+        backend: the collective engine of several ranks (:data:`hvd_lm.comm.horovod.BACKENDS`).
     Raises:
         FileNotFoundError: no checkpoint; ValueError: a device/precision that cannot be used.
     """
-    ctx = comm.init() if world_size() > 1 else None  # Horovod: ranks split the texts
+    ctx = comm.init(backend=backend) if world_size() > 1 else None  # Horovod: ranks split texts
     set_rank_threads(threads, ctx, command)  # Horovod: an allgather of machine ids
     path = resolve_model(checkpoint)
     dev = devices.resolve_device(device, ctx.local_rank if ctx else 0, ctx.local_size if ctx else 1)

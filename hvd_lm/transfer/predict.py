@@ -94,6 +94,7 @@ class ClassifyConfig:
                             choices=("",) + devices.PRECISIONS)
     threads: int = option(0, "torch CPU threads (0 = the usable cores; a warning when more are "
                           "asked for)", ge=0)
+    backend: str = option("horovod", comm.BACKEND_HELP, choices=comm.BACKENDS)
     progress: bool = option(True, "tqdm bar (--no-progress: none)", switch=False,
                             flag="--no-progress")
 
@@ -174,7 +175,7 @@ def classify(cfg: ClassifyConfig) -> dict | None:
     stream = text_input.iter_texts(cfg.input, cfg.format, cfg.text_field,
                                    cfg.label_field or None, cfg.max_line_bytes)
     lm = open_lm(cfg.checkpoint, cfg.device, cfg.precision or feat["precision"], cfg.threads,
-                 command="classify")
+                 command="classify", backend=cfg.backend)
     is_root = lm.ctx is None or lm.ctx.rank == 0
     digest = file_sha256(lm.path) if is_root else None
     if lm.ctx is not None:

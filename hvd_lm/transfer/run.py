@@ -118,6 +118,7 @@ class TransferConfig:
                               "on CUDA when installed, else torch)", choices=KERNELS)
     threads: int = option(0, "torch CPU threads per rank (0 = the usable cores / the ranks "
                           "on this machine; a warning when ranks x threads exceed them)", ge=0)
+    backend: str = option("horovod", comm.BACKEND_HELP, choices=comm.BACKENDS)
     cache_dir: str = option(DEFAULT_CACHE_DIR, "feature cache folder")
     cache: bool = option(True, "read and write the feature cache (--no-cache: neither)",
                          switch=False, flag="--no-cache")
@@ -291,7 +292,8 @@ def run(cfg: TransferConfig) -> dict | None:
     splits = datasets.load_splits(
         cfg.dataset, cfg.data_dir, cfg.train, cfg.val, cfg.test, cfg.text_field,
         cfg.label_field, cfg.val_fraction, cfg.max_examples, cfg.seed)
-    lm = open_lm(cfg.checkpoint, cfg.device, cfg.precision, cfg.threads, cfg.rnn_kernels)
+    lm = open_lm(cfg.checkpoint, cfg.device, cfg.precision, cfg.threads, cfg.rnn_kernels,
+                 backend=cfg.backend)
     is_root = lm.ctx is None or lm.ctx.rank == 0
     ck_sha = file_sha256(lm.path) if is_root else ""
     sf = featurize_splits(lm, splits, cfg, ck_sha)

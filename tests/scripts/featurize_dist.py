@@ -6,6 +6,7 @@ features are allgathered back in input order. tests/test_transfer.py compares th
 with a single-process run.
 
 usage: featurize_dist.py CHECKPOINT TEXTS.json OUT.npz [--batch-size B] [--kinds cell,hidden,...]
+           [--backend horovod|torch]
 """
 import argparse
 import json
@@ -24,9 +25,10 @@ ap.add_argument("out")
 ap.add_argument("--batch-size", type=int, default=3)
 ap.add_argument("--kinds", default="cell,hidden,mean,max")
 ap.add_argument("--max-chars", type=int, default=2000)
+ap.add_argument("--backend", default="horovod")
 args = ap.parse_args()
 
-ctx = comm.init()
+ctx = comm.init(backend=args.backend)
 torch.set_num_threads(1)
 model, _ = load_model(args.checkpoint)
 with open(args.texts) as f:

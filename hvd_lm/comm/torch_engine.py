@@ -1,0 +1,347 @@
+"""The torch engine: the part of ``horovod.torch``'s API that :mod:`hvd_lm.comm.horovod` calls,
+on ``torch.distributed`` (the one caller of it besides the benchmarks' baselines), so that the
+same trainer runs without Horovod on any number of ranks (``--backend torch``).
+
+* Process group: Gloo for CPU tensors, and on a machine with CUDA, NCCL for CUDA tensors in the
+  same group (``init_process_group("cpu:gloo,cuda:nccl")``: metrics, objects and the barrier
+  travel on Gloo, gradients on NCCL). Every collective waits at most the timeout of
+  :func:`configure` (``--gloo-timeout-s``, default 30 s as Horovod's Gloo): Gloo then raises on
+  the waiting rank; NCCL's watchdog aborts the communicator (``TORCH_NCCL_ASYNC_ERROR_HANDLING``,
+  PyTorch's default 3: tear the process down) and the launcher reports the rank.
+* Rendezvous (where the ranks meet: a ``TCPStore`` rank 0 opens), in this order:
+  ``MASTER_ADDR``/``MASTER_PORT`` (torchrun sets them;
+  :func:`hvd_lm.comm.world.rendezvous_endpoint`), else under an MPI launcher (mpirun, MPICH, srun with PMI) rank 0 opens the store on a free
+  port and sends its host and port to the others with one MPI broadcast (DeepSpeed's
+  ``mpi_discovery`` does the same), else under srun the first host of the step. Rank, world
+  size and local rank come from :func:`hvd_lm.comm.world.from_environment` (torchrun, OpenMPI,
+  MPICH, srun). One process without a launcher forms a world of one over an in-memory store.
+* Collectives: ``allreduce`` (sum, average, max; average = sum / size), ``allgather`` (ranks may
+  hold different first dimensions, as Horovod allows), ``alltoall`` (the 1-bit allreduce),
+  ``broadcast_parameters`` / ``broadcast_optimizer_state`` / ``broadcast_object``,
+  ``allgather_object``, barrier.
+* ``DistributedOptimizer``: :mod:`hvd_lm.comm.grad_buckets` (buckets whose allreduce starts from
+  backward hooks, ``Compression.none`` / ``fp16`` / ``bf16``) over this module's asynchronous
+  sum-allreduce.
+
+Elastic training stays Horovod's (its driver re-forms the world; torchrun's elastic agent
+restarts every worker from the last checkpoint instead): :data:`elastic` says so.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from hvd_lm.comm import grad_buckets
+from hvd_lm.comm.grad_buckets import Compression
+from hvd_lm.comm.world import MPI_FAMILIES, RankContext, from_environment, rendezvous_endpoint
+from hvd_lm.util.units import MIB
+
+__all__ = ["Compression"]
+
+# Horovod's reduction ops, by the names hvd_lm looks up.
+Average, Sum, Max, Adasum = "average", "sum", "max", "adasum"
+_OPS = {Sum: dist.ReduceOp.SUM, Average: dist.ReduceOp.SUM, Max: dist.ReduceOp.MAX}
+
+#: Seconds a collective waits for a peer unless configured (Horovod's Gloo default).
+DEFAULT_TIMEOUT_S = 30.0
+#: Largest gradient bucket unless configured: DDP's ``bucket_cap_mb`` (25 MiB).
+DEFAULT_BUCKET_MB = 25.0
+#: Seconds the rendezvous waits for every rank to arrive (ranks start seconds apart).
+RENDEZVOUS_TIMEOUT_S = 300.0
+
+#: What :func:`hvd_lm.comm.horovod.rank_context` reports as the launcher (set by :func:`init`).
+LAUNCHER = "torch"
+
+
+class RendezvousError(RuntimeError):
+    """The ranks could not meet (the message names the endpoint and how it was chosen)."""
+
+
+_settings = {"timeout_s": DEFAULT_TIMEOUT_S, "bucket_mb": DEFAULT_BUCKET_MB}
+_ctx = RankContext()
+
+
+def configure(timeout_s: float | None = None, bucket_mb: float | None = None) -> None:
+    """Settings :func:`init` and :func:`DistributedOptimizer` use: the collective timeout in
+    seconds (None: 30) and the largest gradient bucket in MiB (None: 25; 0: one per tensor)."""
+    _settings["timeout_s"] = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
+    _settings["bucket_mb"] = DEFAULT_BUCKET_MB if bucket_mb is None else float(bucket_mb)
+
+
+def timeout_s() -> float:
+    """Seconds a collective waits for a peer (:func:`configure`)."""
+    return _settings["timeout_s"]
+
+
+def _backend() -> str:
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        return "cpu:gloo,cuda:nccl"
+    return "gloo"
+
+
+def _rank0_address() -> str:
+    """How the other ranks reach rank 0: the IPv4 address of ``GLOO_SOCKET_IFNAME`` when set
+    (the doctor exports it), else this host's name (resolved on each peer, as the launchers do)."""
+    wanted = os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
+    if wanted:
+        from hvd_lm.comm.hosts import interfaces
+
+        addrs = interfaces().get(wanted, {}).get("addrs", [])
+        if addrs:
+            return addrs[0]
+    return socket.gethostname()
+
+
+def _store(ctx: RankContext, rdzv_timeout: datetime.timedelta):
+    """The TCP store every rank connects to (see the module docstring for where it is)."""
+    endpoint = rendezvous_endpoint()
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun hosts it
+    if endpoint is None and ctx.launcher in MPI_FAMILIES:
+        from hvd_lm.comm.mpi import world as mpi_world
+
+        mpi = mpi_world()
+        if mpi.size == ctx.size:  # rank 0 opens the store on a free port, MPI tells the others
+            store = None
+            if ctx.rank == 0:
+                store = dist.TCPStore("0.0.0.0", 0, ctx.size, is_master=True,
+                                      timeout=rdzv_timeout, wait_for_workers=False)
+                endpoint = (_rank0_address(), store.port, f"rank 0 via MPI ({ctx.launcher})")
+            endpoint = mpi.bcast(endpoint)
+            if store is not None:
+                return store, endpoint
+    if endpoint is None:
+        raise RendezvousError(
+            f"--backend torch with {ctx.size} ranks ({ctx.launcher}) needs to know where rank 0 "
+            "is: set MASTER_ADDR (rank 0's host) and MASTER_PORT, launch with torchrun, or with "
+            "mpirun/srun (MPI tells the ranks)")
+    addr, port, source = endpoint
+    try:
+        store = dist.TCPStore(addr, port, ctx.size, is_master=ctx.rank == 0 and not agent,
+                              timeout=rdzv_timeout, wait_for_workers=False)
+    except (RuntimeError, OSError) as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RendezvousError(
+            f"rank {ctx.rank} on host {socket.gethostname()} cannot "
+            f"{'open' if ctx.rank == 0 else 'reach'} the rendezvous {addr}:{port} (from "
+            f"{source}) within {rdzv_timeout.total_seconds():g} s: {why}; check it with "
+            "`hvd-lm doctor --hosts ... --rendezvous-port PORT`") from None
+    if agent:  # the agent's own keys live there too: this attempt's prefix, as torch's env://
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"/worker/attempt_{restart}", store)
+    return store, endpoint
+
+
+def init() -> None:
+    """Join the process group (see the module docstring); a second call does nothing.
+
+    Raises:
+        RendezvousError: the ranks cannot meet (one line naming the endpoint).
+        ValueError: inconsistent launcher variables or a bad ``MASTER_PORT``.
+    """
+    global _ctx, LAUNCHER
+    if dist.is_initialized():
+        return
+    ctx = from_environment()
+    timeout = datetime.timedelta(seconds=timeout_s())
+    backend = _backend()
+    if ctx.size == 1:  # nobody to meet
+        store, where = dist.HashStore(), "in memory"
+    else:
+        rdzv = datetime.timedelta(seconds=max(RENDEZVOUS_TIMEOUT_S, timeout_s()))
+        store, (addr, port, source) = _store(ctx, rdzv)
+        where = f"{addr}:{port} from {source}"
+    dist.init_process_group(backend, store=store, rank=ctx.rank, world_size=ctx.size,
+                            timeout=timeout)
+    _ctx = ctx
+    LAUNCHER = f"torch ({backend}; {ctx.launcher}; rendezvous {where})"
+
+
+def shutdown() -> None:
+    """Leave the process group."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def rank() -> int:
+    return dist.get_rank()
+
+
+def size() -> int:
+    return dist.get_world_size()
+
+
+def local_rank() -> int:
+    return _ctx.local_rank
+
+
+def local_size() -> int:
+    return _ctx.local_size
+
+
+def mpi_enabled() -> bool:
+    """False: no MPI controller (``hvd.mpi_enabled()``'s question)."""
+    return False
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    """True when ``exc`` is a failed collective (a peer lost, a timeout): torch's ``DistError``
+    family, or the ``RuntimeError`` Gloo raises when a peer's connection closes or times out."""
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(
+        k in text for k in ("Gloo", "gloo", "Connection closed by peer", "Connection reset",
+                            "NCCL", "Timed out waiting"))
+
+
+# ---- collectives --------------------------------------------------------------------------------
+
+class _Handle:
+    """An asynchronous allreduce: the work, its tensor, and whether to average."""
+
+    def __init__(self, tensor: torch.Tensor, op: str):
+        self.tensor, self.op = tensor, op
+        self.work = dist.all_reduce(tensor, op=_OPS[op], async_op=True)
+
+    def wait(self) -> torch.Tensor:
+        self.work.wait()
+        if self.op == Average:
+            self.tensor.div_(size())
+        return self.tensor
+
+
+def allreduce_(tensor: torch.Tensor, op=Average, name: str | None = None) -> torch.Tensor:
+    """In-place reduction over ranks (sum, average or maximum)."""
+    return _Handle(tensor, op).wait()
+
+
+def allreduce(tensor: torch.Tensor, op=Average, name: str | None = None) -> torch.Tensor:
+    """The reduction over ranks of a copy of ``tensor``."""
+    return allreduce_(tensor.clone(), op, name)
+
+
+def allreduce_async_(tensor: torch.Tensor, op=Average, name: str | None = None) -> _Handle:
+    """Start an in-place reduction; :func:`synchronize` waits for it."""
+    return _Handle(tensor, op)
+
+
+def synchronize(handle: _Handle) -> torch.Tensor:
+    """Wait for :func:`allreduce_async_`'s reduction; its tensor."""
+    return handle.wait()
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
+    """Every rank's ``tensor`` concatenated along dim 0 in rank order; the first dimensions may
+    differ (each is padded to the largest for the collective, then cut back)."""
+    n = size()
+    if tensor.dim() == 0:
+        tensor = tensor.reshape(1)
+    rows = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
+    counts = [torch.zeros_like(rows) for _ in range(n)]
+    dist.all_gather(counts, rows)
+    counts = [int(c) for c in counts]
+    top = max(counts)
+    padded = tensor
+    if tensor.shape[0] < top:
+        padded = torch.cat([tensor, tensor.new_zeros((top - tensor.shape[0], *tensor.shape[1:]))])
+    parts = [torch.empty_like(padded) for _ in range(n)]
+    dist.all_gather(parts, padded.contiguous())
+    return torch.cat([p[:c] for p, c in zip(parts, counts)])
+
+
+def allgather_object(obj, name: str | None = None) -> list:
+    """Every rank's picklable ``obj``, in rank order."""
+    out = [None] * size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj, root_rank: int = 0, name: str | None = None):
+    """Rank ``root_rank``'s picklable ``obj`` on every rank."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=root_rank)
+    return box[0]
+
+
+def alltoall(tensor: torch.Tensor, splits=None, name: str | None = None) -> torch.Tensor:
+    """Row block i of ``tensor`` (dim 0 split evenly over the ranks) to rank i; the blocks
+    received, in rank order."""
+    if splits is not None:
+        raise ValueError("the torch engine's alltoall splits dim 0 evenly (splits=None)")
+    out = torch.empty_like(tensor)
+    dist.all_to_all_single(out, tensor.contiguous())
+    return out
+
+
+def barrier() -> None:
+    """Wait for every rank."""
+    dist.barrier()
+
+
+@torch.no_grad()
+def broadcast_parameters(params, root_rank: int = 0) -> None:
+    """Overwrite every tensor of ``params`` (a state dict, or (name, tensor) pairs) with rank
+    ``root_rank``'s, in place."""
+    items = params.items() if hasattr(params, "items") else params
+    for _, t in sorted(items, key=lambda kv: kv[0]):
+        if isinstance(t, torch.Tensor):
+            dist.broadcast(t, src=root_rank)
+
+
+def broadcast_optimizer_state(optimizer, root_rank: int = 0) -> None:
+    """Load rank ``root_rank``'s optimizer state on every rank (sent as one pickled object, its
+    tensors on the host; ``load_state_dict`` moves them to each parameter's device)."""
+    state = None
+    if rank() == root_rank:
+        state = _to_cpu(optimizer.state_dict())
+    state = broadcast_object(state, root_rank)
+    if rank() != root_rank:
+        optimizer.load_state_dict(state)
+
+
+def _to_cpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_cpu(v) for v in x)
+    return x
+
+
+def _sum_async(flat: torch.Tensor):
+    return dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None,  # noqa: N802 - Horovod's name
+                         compression=Compression.none, backward_passes_per_step: int = 1,
+                         op=Average):
+    """``optimizer`` reducing its gradients over the ranks in buckets whose allreduce starts
+    from backward hooks (:func:`hvd_lm.comm.grad_buckets.distributed_optimizer`; bucket size
+    from :func:`configure`).
+
+    Raises:
+        ValueError: an op other than average (Adasum is Horovod's).
+    """
+    if op != Average:
+        raise ValueError(f"the torch engine averages gradients (op {op!r} is Horovod's: "
+                         "--backend horovod)")
+    return grad_buckets.distributed_optimizer(
+        optimizer, named_parameters, compression, backward_passes_per_step, _sum_async, size(),
+        int(_settings["bucket_mb"] * MIB))
+
+
+class _NoElastic:
+    """``hvd.elastic`` on the torch engine: any use says elastic training is Horovod's."""
+
+    def __getattr__(self, name):
+        raise RuntimeError("elastic training is Horovod's (horovodrun --min-np ...): run it "
+                           "with --backend horovod")
+
+
+elastic = _NoElastic()
