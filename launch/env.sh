@@ -58,11 +58,19 @@
 # SIGUSR1 instead, which is never followed by a kill). mpirun also sleeps this long after a rank
 # failed, before it exits: at 120 s a failed job looked hung for two minutes.
 : "${OMPI_MCA_odls_base_sigkill_timeout:=10}"
+# OpenMPI refuses to start as root ("mpirun has detected an attempt to run as root") unless both
+# are set. Root is what a container or the cluster in a box runs as, so the templates set them
+# for root ('' = leave OpenMPI's refusal in place, e.g. OMPI_ALLOW_RUN_AS_ROOT= bash mpirun.sh).
+if [ "$(id -u)" = 0 ]; then
+  : "${OMPI_ALLOW_RUN_AS_ROOT=1}"
+  : "${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1}"
+fi
 
 # ---- export the non-empty ones, unset the empty ones --------------------------------------------
 for _hvd_lm_knob in OMP_NUM_THREADS NCCL_DEBUG NCCL_IB_HCA NCCL_IB_DISABLE NCCL_SOCKET_IFNAME \
     HOROVOD_FUSION_THRESHOLD HOROVOD_CYCLE_TIME HOROVOD_HIERARCHICAL_ALLREDUCE HOROVOD_TIMELINE \
-    HOROVOD_LOG_LEVEL TORCH_NCCL_ASYNC_ERROR_HANDLING OMPI_MCA_odls_base_sigkill_timeout; do
+    HOROVOD_LOG_LEVEL TORCH_NCCL_ASYNC_ERROR_HANDLING OMPI_MCA_odls_base_sigkill_timeout \
+    OMPI_ALLOW_RUN_AS_ROOT OMPI_ALLOW_RUN_AS_ROOT_CONFIRM; do
   if [ -n "${!_hvd_lm_knob}" ]; then
     export "${_hvd_lm_knob?}"
   else

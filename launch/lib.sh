@@ -219,13 +219,25 @@ hvd_lm_run_preemptible() {
   done
   trap - USR1 TERM INT
   _hvd_lm_wait_filters
+  # every rank checkpointed on a signal: a clean stop, whatever the launcher's exit status
+  # (horovodrun across hosts exits 255 after its ranks stopped cleanly; the requeue logic and
+  # the closing block must see a clean stop, not a crash)
+  if [ "$rc" != 0 ]; then
+    local clean=0  # 3: a clean stop (its line printed); 0: not one (the closing block says)
+    "${PYTHON:-python3}" -m hvd_lm.jobs.failure_summary "$OUT_DIR" --rc "$rc" \
+      --since "$HVD_LM_T0" --clean-only >&2 || clean=$?
+    if [ "$clean" = 3 ]; then rc=0; fi
+  fi
   return "$rc"
 }
 
-# The filters' awk program: stdin to stdout unchanged, each line holding "ERROR:" also appended
-# to the file `errors` ($HVD_LM_ERRORS). awk, not a `read` loop: bash reads a pipe a byte per
-# system call, which a verbose job's output (NCCL_DEBUG=INFO on many ranks) would back up behind.
-HVD_LM_KEEP_ERRORS='{ print; fflush() } /ERROR:/ { print >> errors; fflush(errors) }'
+# The filters' awk program: stdin to stdout unchanged, each line holding "ERROR:" (or the
+# launcher's own word on a lost rank or a refused start: srun's "srun: error:", OpenMPI's
+# "mpirun noticed that process rank" and its root refusal) also appended to the file `errors`
+# ($HVD_LM_ERRORS), which the closing block reads. awk, not a `read` loop: bash reads a pipe a
+# byte per system call, which a verbose job's output (NCCL_DEBUG=INFO on many ranks) would back
+# up behind.
+HVD_LM_KEEP_ERRORS='{ print; fflush() } /ERROR:|srun: error:|mpirun noticed that process rank|mpirun has detected an attempt to run as root/ { print >> errors; fflush(errors) }'
 # mawk (Debian's and Ubuntu's awk) reads a pipe a block at a time, holding a line back until the
 # block fills, unless -W interactive; gawk and busybox pass each line on as it comes
 HVD_LM_AWK=(awk)

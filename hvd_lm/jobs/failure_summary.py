@@ -209,6 +209,8 @@ class SummaryConfig:
     since: float = option(0.0, "Unix seconds the launch started")
     errors: str = option("", "file with the ERROR lines the launch printed")
     resume: str = option("", "how to run the launch again")
+    clean_only: bool = option(False, "say only whether the launch was a clean stop (exit 3 and "
+                              "its line), print nothing otherwise", switch=True)
 
 
 def main(cfg: SummaryConfig) -> int:
@@ -218,7 +220,8 @@ def main(cfg: SummaryConfig) -> int:
     if stopped:
         print(stopped, flush=True)
         return CLEAN_STOP
-    print(summary(cfg.out_dir, cfg.rc, cfg.since, cfg.errors, cfg.resume), flush=True)
+    if not cfg.clean_only:
+        print(summary(cfg.out_dir, cfg.rc, cfg.since, cfg.errors, cfg.resume), flush=True)
     return 0
 
 

@@ -1,0 +1,93 @@
+"""How a launch template ends when its launcher's exit status says less than the run's own records
+(launch/lib.sh with hvd_lm/jobs/failure_summary.py): a clean stop on a signal exits 0 whatever
+the launcher's status, a start mpirun refused as root ends with the fix, and a rank the launcher
+reports lost is named with its host."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests._mp import REPO, launch_env, run
+from tests.shardutil import default_shards
+
+LAUNCH = REPO / "launch"
+TINY = ("--hidden-size 16 --embed-dim 8 --seq-len 16 --batch-size 2 --log-every 1 "
+        "--threads 1 --device cpu")
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return default_shards(tmp_path_factory.mktemp("shards"))
+
+
+def stand_in(path, body: str):
+    """An executable shell script standing in for the launcher."""
+    path.write_text("#!/usr/bin/env bash\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.slow
+def test_a_clean_stop_exits_0_whatever_the_launchers_status(shards, tmp_path):
+    """The real mpirun trains; the stand-in then exits 255 as horovodrun across hosts did after
+    its ranks checkpointed on SIGTERM: the template says a clean stop and exits 0."""
+    mpirun = stand_in(tmp_path / "mpirun", 'mpirun "$@" &\npid=$!\n'
+                      "trap 'kill -USR1 $pid' USR1\ntrap 'kill -TERM $pid' TERM\n"
+                      'while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done\nexit 255\n')
+    out = tmp_path / "run"
+    proc = subprocess.Popen(["bash", str(LAUNCH / "mpirun.sh")], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=launch_env(NP="2", OUT_DIR=str(out), MPIRUN=str(mpirun),
+                                           HVD_LM_STEP_SLEEP="0.2",
+                                           TRAIN_ARGS=f"--shards {shards} {TINY} "
+                                                      "--max-steps 100000"))
+    try:
+        end = time.time() + 120
+        while time.time() < end and not ((out / "metrics.jsonl").exists() and sum(
+                '"train"' in x for x in (out / "metrics.jsonl").read_text().splitlines()) >= 3):
+            time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stop"] == "signal"
+    assert proc.returncode == 0, err[-3000:]
+    assert "==== hvd-lm: stopped on a signal: every rank checkpointed at step " in err
+    assert "the job failed" not in err and "killed outright" not in err
+
+
+def test_mpirun_refusing_root_ends_with_the_fix(shards, tmp_path):
+    """As root with OpenMPI's permission taken away (the templates give it to root): the
+    closing block's cause is the refusal and its fix, not 'a rank killed outright'."""
+    env = launch_env(NP="2", OUT_DIR=str(tmp_path / "run"), OMPI_ALLOW_RUN_AS_ROOT="",
+                     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="", PREFLIGHT="0",
+                     TRAIN_ARGS=f"--shards {shards} {TINY} --max-steps 2")
+    p = run(["bash", LAUNCH / "mpirun.sh"], env=env, cwd=tmp_path, check=False, timeout=120)
+    if "as root" not in p.stderr + p.stdout:
+        pytest.skip("not root: OpenMPI has nothing to refuse here")
+    assert p.returncode != 0
+    last = p.stderr.rstrip().splitlines()[-1]
+    assert last.startswith("cause: mpirun refused to start: OpenMPI does not run as root "
+                           "unless told to; set OMPI_ALLOW_RUN_AS_ROOT=1"), p.stderr[-2000:]
+    ok = run(["bash", LAUNCH / "mpirun.sh"], env={**env, "OMPI_ALLOW_RUN_AS_ROOT": "1",
+                                                    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"},
+             cwd=tmp_path, timeout=180)
+    assert ok.returncode == 0
+
+
+def test_a_rank_the_launcher_lost_is_named_with_its_host(shards, tmp_path):
+    """srun's own line about a killed task (printed here by a stand-in launcher): the closing
+    block names the rank and host instead of 'no rank recorded a failure'."""
+    srun_like = stand_in(tmp_path / "mpirun", 'echo "srun: error: n2: task 1: Killed" >&2\n'
+                         "exit 137\n")
+    env = launch_env(NP="2", OUT_DIR=str(tmp_path / "run"), MPIRUN=str(srun_like),
+                     TRAIN_ARGS=f"--shards {shards} {TINY} --max-steps 2")
+    p = run(["bash", LAUNCH / "mpirun.sh"], env=env, cwd=tmp_path, check=False, timeout=120)
+    assert p.returncode == 137
+    assert p.stderr.rstrip().splitlines()[-1] == "cause: srun: rank 1 on host n2: Killed", \
+        p.stderr[-2000:]
