@@ -64,3 +64,23 @@ def test_ssh_error_is_read_to_its_end(tmp_path):
     assert proc.stderr.strip() == (f"hvd-lm doctor: ERROR: ssh {FAR}: the doctor's agent on {FAR} "
                                    "exited 255: ssh: connect to host far port 22: No route to "
                                    "host"), proc.stderr
+
+
+def test_the_report_says_every_host_reads_the_shards_only_when_every_host_does():
+    """The doctor printed "shards ... readable on every host" directly above "ERROR n2 lacks
+    --shards": the summary line now counts the hosts whose agent read them."""
+    from hvd_lm.jobs.doctor_checks import Report, render
+
+    def facts(shards):
+        return {"python": "3.11.7", "executable": "/venv/bin/python", "hvd_lm": "0.1.0",
+                "hvd_lm_digest": "abc", "packages": {"torch": "2.13.0"},
+                "interfaces": {"eth0": {"addrs": ["10.77.0.1"], "speed_mbit": 0}},
+                "gpus": 0, "shards": shards}
+    ok = {"manifest_sha256": "f" * 64, "shards": 3, "bytes": 2e6}
+    lacking = Report([("n1", 1), ("n2", 1)], facts={"n1": facts(ok), "n2": facts(
+        {"error": "no such folder"})}, errors=["n2 lacks --shards /tmp/priv/baby, which n1 has"])
+    text = render(lacking)
+    assert "readable on every host" not in text
+    assert "shards (2.0 MB) readable on n1 only (the ERROR below names the rest)" in text
+    both = Report([("n1", 1), ("n2", 1)], facts={"n1": facts(ok), "n2": facts(ok)})
+    assert "shards (2.0 MB) readable on every host" in render(both)

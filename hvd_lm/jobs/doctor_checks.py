@@ -257,10 +257,13 @@ def render(report: Report) -> str:
     for n, fails in report.reach.items():
         if fails:
             lines.append(f"  not shared   {n}: {fails[0]}")
-    s = next((f["shards"] for f in report.facts.values() if f["shards"]), None)
-    if s and "error" not in s:
+    readable = [h for h, f in report.facts.items() if f["shards"] and "error" not in f["shards"]]
+    s = report.facts[readable[0]]["shards"] if readable else None
+    if s:
+        where = ("on every host" if len(readable) == len(hosts) else
+                 f"on {', '.join(readable)} only (the ERROR below names the rest)")
         lines.append(f"  shards       manifest sha256 {s['manifest_sha256'][:12]}, {s['shards']} "
-                     f"shards ({s['bytes'] / 1e6:.1f} MB) readable on every host")
+                     f"shards ({s['bytes'] / 1e6:.1f} MB) readable {where}")
     if report.rendezvous:
         lines.append(f"  rendezvous   {report.rendezvous} (--backend torch): opened on "
                      f"{report.hosts[0][0]}, reached from every other host")
