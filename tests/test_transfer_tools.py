@@ -96,9 +96,29 @@ def test_classifier_from_another_checkpoint_is_refused(tmp_path, trained, capsys
                   "--text-field", "review", "--out", str(tmp_path / "v.html")]):
         assert cli_main(argv) == 2, argv
         err = capsys.readouterr().err
-        assert re.search(r"ERROR: .*classifier\.json was fit on features of checkpoint .* "
-                         r"\(sha256 [0-9a-f]{12}\.\.\.\), not .* \(sha256 [0-9a-f]{12}", err), err
+        assert re.search(r"ERROR: .*classifier\.json was fit on features of the weights of .* "
+                         r"\(weights sha256 [0-9a-f]{12}\.\.\.\), not those of .* "
+                         r"\([0-9a-f]{12}", err), err
     assert not (tmp_path / "p.csv").exists() and not (tmp_path / "v.html").exists()
+
+
+def test_a_classifier_serves_the_export_of_its_checkpoint(tmp_path, trained, capsys):
+    """The same weights exported (another file: safetensors) are the classifier's model: classify
+    through the export gives the checkpoint's predictions (before: refused, a 5-minute refit);
+    the export's files are readable by others as the run's are (model.safetensors was 0600)."""
+    import stat
+
+    export = tmp_path / "export"
+    assert cli_main(["export", str(trained["ckpt"]), str(export)]) == 0
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in export.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"] and modes["config.json"] & 0o044
+    clf = str(trained["dir"] / "out")
+    rows = {}
+    for name, model in (("ckpt", trained["ckpt"]), ("export", export)):
+        assert cli_main(["classify", str(model), clf, "--input", str(trained["test"]),
+                         "--text-field", "review", "--output", str(tmp_path / f"{name}.csv")]) == 0
+        rows[name] = _read_csv(tmp_path / f"{name}.csv")
+    assert rows["export"] == rows["ckpt"] and len(rows["ckpt"]) == 80
 
 
 # ---------------------------------------------------------------------------------------------

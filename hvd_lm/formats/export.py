@@ -39,7 +39,14 @@ from pathlib import Path
 import torch
 
 from hvd_lm.formats.checkpoint import CheckpointError
-from hvd_lm.util.atomic import DiskFullError, free_bytes, fsync_dir, human, temp_path
+from hvd_lm.util.atomic import (
+    DiskFullError,
+    current_umask,
+    free_bytes,
+    fsync_dir,
+    human,
+    temp_path,
+)
 from hvd_lm.util.digest import file_sha256
 from hvd_lm.util.files import FileRefused, read_json
 
@@ -103,6 +110,9 @@ def write_export(out_dir: str | Path, tensors: dict[str, torch.Tensor], config: 
                .contiguous() for k, v in tensors.items()}
     try:
         save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        # safetensors creates its file 0600: give it the mode the umask gives every other
+        # file of the run (config.json, checkpoints), so others on a shared cluster can read it
+        os.chmod(tmp / WEIGHTS, 0o666 & ~current_umask())
         meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "weights": WEIGHTS,
                 "weights_sha256": file_sha256(tmp / WEIGHTS), **config}
         (tmp / CONFIG).write_text(json.dumps(meta, indent=2) + "\n")

@@ -7,6 +7,7 @@ and ``hvd-lm export``, which writes a checkpoint's model as an exported folder
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,22 @@ from hvd_lm.formats.export import (
 from hvd_lm.formats.tokenizer import TOKENIZER_NAME
 from hvd_lm.model.lm import LanguageModel, ModelConfig, parameter_shapes
 from hvd_lm.options import Command, option, validate
-from hvd_lm.util.files import shown
 from hvd_lm.util.digest import file_sha256
+from hvd_lm.util.files import shown
+
+
+def weights_sha256(model: torch.nn.Module) -> str:
+    """sha256 of a model's weights: every ``state_dict`` entry's name, shape and values (floating
+    point as float32, as checkpoints and exports store them), in order. The same for a
+    checkpoint and its export (:func:`hvd_lm.formats.export.write_export`), which differ as
+    files: what a classifier fit on features of these weights is bound to
+    (:func:`hvd_lm.transfer.saved.check_checkpoint`)."""
+    digest = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        a = t.detach().to("cpu", torch.float32 if t.is_floating_point() else t.dtype)
+        digest.update(f"{name}:{tuple(a.shape)}:{a.dtype};".encode())
+        digest.update(a.contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def load_state(model: torch.nn.Module, state: dict, path: str | Path) -> None:

@@ -37,7 +37,7 @@ import torch
 from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.formats import tokenizer
 from hvd_lm.model import device as devices
-from hvd_lm.model.load import load_model, model_files, resolve_model
+from hvd_lm.model.load import load_model, model_files, resolve_model, weights_sha256
 from hvd_lm.options import Command, option
 from hvd_lm.transfer.features import featurize
 from hvd_lm.transfer.heatmap import HeatRow, char_values, check_chars, check_suffix, render
@@ -246,12 +246,13 @@ def unit_from_classifier(neuron: int | None, saved: SavedClassifier | None) -> t
     return neuron, polarity
 
 
-def open_classifier(path: str, checkpoint: Path) -> SavedClassifier | None:
-    """The classifier at ``path`` (None for ""), refused unless fit on ``checkpoint``."""
+def open_classifier(path: str, checkpoint: Path, model) -> SavedClassifier | None:
+    """The classifier at ``path`` (None for ""), refused unless fit on ``model``'s weights (those
+    of ``checkpoint``: its export's are the same)."""
     if not path:
         return None
     saved = load_classifier(path)
-    check_checkpoint(saved, checkpoint)
+    check_checkpoint(saved, checkpoint, weights=weights_sha256(model))
     return saved
 
 
@@ -312,7 +313,7 @@ def generate_command(cfg: GenerateConfig) -> int:
     device = devices.resolve_device(cfg.device, 0)
     model, _ = load_model(path, map_location=device)
     model.to(device)
-    saved = open_classifier(cfg.classifier, path)
+    saved = open_classifier(cfg.classifier, path, model)
     reads = [path, *model_files(cfg.checkpoint),
              *([saved.path, saved.path.with_name(NPZ_NAME)] if saved else [])]
     for flag, out in (("--output", cfg.output), ("--heatmap", cfg.heatmap)):

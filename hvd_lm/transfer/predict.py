@@ -43,7 +43,7 @@ from tqdm import tqdm
 from hvd_lm.comm import horovod as comm
 from hvd_lm.comm.world import world_size
 from hvd_lm.model import device as devices
-from hvd_lm.model.load import resolve_model
+from hvd_lm.model.load import resolve_model, weights_sha256
 from hvd_lm.options import Command, option
 from hvd_lm.transfer import texts as text_input
 from hvd_lm.transfer.features import featurize, open_lm
@@ -56,7 +56,6 @@ from hvd_lm.transfer.saved import (
 )
 from hvd_lm.util.atomic import atomic_path
 from hvd_lm.util.files import check_output
-from hvd_lm.util.digest import file_sha256
 from hvd_lm.util.units import parse_bytes
 
 #: Texts featurized and written at a time (sorted by length into batches within the block).
@@ -177,10 +176,10 @@ def classify(cfg: ClassifyConfig) -> dict | None:
     lm = open_lm(cfg.checkpoint, cfg.device, cfg.precision or feat["precision"], cfg.threads,
                  command="classify", backend=cfg.backend)
     is_root = lm.ctx is None or lm.ctx.rank == 0
-    digest = file_sha256(lm.path) if is_root else None
+    digest = weights_sha256(lm.model) if is_root else None  # what the classifier is bound to
     if lm.ctx is not None:
-        digest = comm.broadcast_object(digest, name="classify_checkpoint_sha256")
-    check_checkpoint(saved, lm.path, digest)
+        digest = comm.broadcast_object(digest, name="classify_weights_sha256")  # Horovod
+    check_checkpoint(saved, lm.path, weights=digest)
     if lm.model.config.hidden_size != len(saved.model.coef):
         raise ClassifierError(f"{saved.path}: {len(saved.model.coef)} inputs, but the model has "
                               f"H={lm.model.config.hidden_size}")

@@ -34,6 +34,7 @@ import numpy as np
 from hvd_lm.comm import horovod as comm
 from hvd_lm.formats import tokenizer
 from hvd_lm.model import device as devices
+from hvd_lm.model.load import weights_sha256
 from hvd_lm.model.mlstm_kernels import KERNELS
 from hvd_lm.options import Command, option
 from hvd_lm.transfer import datasets
@@ -368,6 +369,7 @@ def run(cfg: TransferConfig) -> dict | None:
     }
     save_classifier(out, clf["model"], {
         "checkpoint": str(ckpt_path), "checkpoint_sha256": ck_sha,
+        "weights_sha256": weights_sha256(lm.model),
         "checkpoint_step": report["checkpoint_step"], "checkpoint_config": ckpt["config"],
         "features": feature_options(cfg), "dataset": report["dataset"]["name"],
         "penalty": cfg.penalty, "solver": clf["solver"], "C": clf["C"],

@@ -8,12 +8,14 @@
 * ``classifier.json``: everything needed to apply it again and to say what it is: the format
   version, the npz file's sha256, the features (kind, max chars, whitespace normalisation,
   precision), the fit (penalty, solver, C, standardised or not, accuracies), the sentiment unit,
-  and the LM checkpoint's path, step, **sha256** and config.
+  and the LM checkpoint's path, step, **sha256**, its weights' sha256 and config.
 
 :func:`load_classifier` reads the pair back (either file or their folder) and checks it is whole
 (the npz's sha256 is the one recorded, the arrays have the recorded width);
-:func:`check_checkpoint` refuses a checkpoint whose sha256 is not the recorded one: features of
-another LM (even another step of the same run) mean nothing to these weights. Both files are
+:func:`check_checkpoint` refuses a model whose weights are not the recorded ones (a checkpoint
+and its export are the same weights; a classifier of an older version is checked by the
+checkpoint file's sha256): features of another LM (even another step of the same run) mean
+nothing to these weights. Both files are
 written atomically, the npz first, so the JSON never points at a missing or older npz.
 """
 
@@ -172,17 +174,30 @@ def load_classifier(path: str | Path) -> SavedClassifier:
 
 
 def check_checkpoint(saved: SavedClassifier, checkpoint: str | Path,
-                     checkpoint_sha256: str | None = None) -> str:
-    """Refuse a checkpoint other than the one the classifier was fit on.
+                     checkpoint_sha256: str | None = None, weights: str | None = None) -> str:
+    """Refuse a model other than the one the classifier was fit on: by its weights
+    (:func:`hvd_lm.model.load.weights_sha256`, recorded since classifiers hold
+    ``weights_sha256``: a checkpoint and its export are the same weights, so either serves), else
+    by the checkpoint file's sha256.
 
     Args:
-        checkpoint: the checkpoint file about to featurize texts.
-        checkpoint_sha256: its sha256 when already known (else it is computed).
+        checkpoint: the checkpoint file or exported weights about to featurize texts.
+        checkpoint_sha256: its file's sha256 when already known (else it is computed when the
+            weights cannot decide).
+        weights: the loaded model's :func:`~hvd_lm.model.load.weights_sha256`.
     Returns:
-        The checkpoint's sha256.
+        The digest compared.
     Raises:
-        ClassifierError: the sha256 differs (naming both files and both digests' prefixes).
+        ClassifierError: the digest differs (naming both files and both digests' prefixes).
     """
+    if weights is not None and saved.meta.get("weights_sha256"):
+        want = saved.meta["weights_sha256"]
+        if weights != want:
+            raise ClassifierError(
+                f"{saved.path} was fit on features of the weights of "
+                f"{saved.meta.get('checkpoint')} (weights sha256 {want[:12]}...), not those of "
+                f"{checkpoint} ({weights[:12]}...): refit it with hvd-lm transfer on this model")
+        return weights
     digest = checkpoint_sha256 or file_sha256(checkpoint)
     want = saved.meta["checkpoint_sha256"]
     if digest != want:

@@ -68,7 +68,10 @@ def visualize(cfg: VisualizeConfig) -> dict:
     """
     set_rank_threads(cfg.threads, None, "visualize")  # one process: hvd_lm.comm.threads
     path = resolve_model(cfg.checkpoint)
-    saved = open_classifier(cfg.classifier, path)
+    device = devices.resolve_device(cfg.device, 0)
+    model, _ = load_model(path, map_location=device)
+    model.to(device)
+    saved = open_classifier(cfg.classifier, path, model)
     reads = [*model_files(cfg.checkpoint), *([saved.path, saved.path.with_name(NPZ_NAME)]
                                              if saved else [])]
     check_output(cfg.out, "--out", *reads, *([cfg.input] if cfg.input != "-" else []))
@@ -82,9 +85,6 @@ def visualize(cfg: VisualizeConfig) -> dict:
     normalize = bool(saved.features["normalize"]) if saved else False
     max_chars = cfg.max_chars if cfg.max_chars is not None else (
         saved.features["max_chars"] if saved else DEFAULT_MAX_CHARS)
-    device = devices.resolve_device(cfg.device, 0)
-    model, _ = load_model(path, map_location=device)
-    model.to(device)
     seqs = [tokenizer.encode(t, normalize) for t in texts]
     seqs = [s[:max_chars] if max_chars > 0 else s for s in seqs]
     # before one model step per byte: the heatmap's size bound (HTML as PNG), the flags named

@@ -68,6 +68,21 @@ def fsync_dir(directory: str | Path) -> None:
         os.close(fd)
 
 
+def current_umask() -> int:
+    """This process's file-mode creation mask (``/proc/self/status``'s ``Umask``; elsewhere
+    read by setting it and back, which is not thread-safe)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # pragma: no cover - not Linux
+    os.umask(mask)
+    return mask
+
+
 def temp_path(path: str | Path, suffix: str = "") -> Path:
     """A fresh temporary name beside ``path``: ``.<name>.<pid>.<random>.tmp`` plus ``suffix``
     (for libraries that add an extension when it is missing, e.g. ``np.save`` and ``.npy``).
