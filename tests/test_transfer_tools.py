@@ -366,6 +366,27 @@ def test_char_values_follow_utf8():
     assert len(chars) == len(v) == 7  # the bad byte and the cut é each become U+FFFD
 
 
+def test_steering_says_and_picks_the_sentiment_direction(tmp_path, trained, capsys):
+    """--overwrite V with a classifier says which sentiment V steers toward (3 steered negative
+    silently when the unit's weight is < 0); --steer positive picks the sign the weight gives
+    (the unit read back from the samples holds it)."""
+    saved = S.load_classifier(trained["dir"] / "out")
+    sign = 1 if saved.model.coef[saved.neuron["index"]] > 0 else -1
+    ckpt, clf = str(trained["ckpt"]), str(trained["dir"] / "out")
+    assert cli_main(["generate", ckpt, "--classifier", clf, "--overwrite", "3", "--length", "5",
+                     "--state", "cell"]) == 0
+    toward = "positive" if sign > 0 else "negative"
+    assert f"held at 3: steering toward {toward} sentiment" in capsys.readouterr().out
+    for steer, value in (("positive", 2.5 * sign), ("negative", -2.5 * sign)):
+        assert cli_main(["generate", ckpt, "--classifier", clf, "--steer", steer,
+                         "--overwrite", "2.5", "--length", "5"]) == 0
+        assert f"held at {value:g}: steering toward {steer} sentiment" in \
+            capsys.readouterr().out
+    assert G.pinned_value(None, "positive", -1) == -3.0 and G.pinned_value(4.0, "", -1) == 4.0
+    assert cli_main(["generate", ckpt, "--steer", "positive", "--neuron", "1"]) == 2
+    assert "--steer needs --classifier" in capsys.readouterr().err
+
+
 def test_heatmap_files_open(tmp_path, trained, capsys):
     """generate --heatmap .html: one span per character of prime + sample, in order; .png
     decodes; visualize on given texts: one block per text, one span per character."""

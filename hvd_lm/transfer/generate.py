@@ -246,6 +246,16 @@ def unit_from_classifier(neuron: int | None, saved: SavedClassifier | None) -> t
     return neuron, polarity
 
 
+def pinned_value(overwrite: float | None, steer: str, polarity: int) -> float | None:
+    """The value the unit is held at: ``--overwrite`` as given, or with ``--steer`` its
+    magnitude (default 3, the value sentiment-discovery's examples use) with the sign that moves
+    the classifier toward that sentiment (``polarity``: the sign of the unit's weight)."""
+    if not steer:
+        return overwrite
+    magnitude = abs(overwrite) if overwrite is not None else 3.0
+    return magnitude * polarity * (1 if steer == "positive" else -1)
+
+
 def open_classifier(path: str, checkpoint: Path, model) -> SavedClassifier | None:
     """The classifier at ``path`` (None for ""), refused unless fit on ``model``'s weights (those
     of ``checkpoint``: its export's are the same)."""
@@ -275,6 +285,10 @@ class GenerateConfig:
                                 "sentiment unit)", ge=0)
     overwrite: float | None = option(None, "hold the unit at this value while sampling "
                                      "(sentiment-discovery --overwrite)", ge=-1e4, le=1e4)
+    steer: str = option("", "with --classifier: pin the sentiment unit toward this sentiment, at "
+                        "|--overwrite| (default 3) with the sign the classifier's weight gives "
+                        "it (a unit whose weight is < 0 is held negative to steer positive)",
+                        choices=("", "positive", "negative"))
     state: str = option("cell", "state the unit is read from and pinned in", choices=STATES)
     classifier: str = option("", "classifier from hvd-lm transfer (folder or classifier.json): "
                              "default --neuron, and each sample's P(positive); refused if fit on "
@@ -299,6 +313,9 @@ class GenerateConfig:
         if (self.overwrite is not None or self.heatmap) and self.neuron is None \
                 and not self.classifier:
             raise ValueError("--overwrite and --heatmap need a unit: --neuron N or --classifier")
+        if self.steer and not self.classifier:
+            raise ValueError("--steer needs --classifier: its weight says which sign of the unit "
+                             "is which sentiment")
         check_suffix(self.heatmap)
         if self.heatmap:  # before sampling: each sample's prime and bytes are drawn
             check_chars(self.heatmap, (len(self.prime.encode("utf-8", "replace")) + self.length)
@@ -320,8 +337,9 @@ def generate_command(cfg: GenerateConfig) -> int:
         if out:  # before any work: never replace what this run reads
             check_output(out, flag, *reads)
     neuron, polarity = unit_from_classifier(cfg.neuron, saved)
+    value = pinned_value(cfg.overwrite, cfg.steer, polarity)
     res = generate(model, cfg.prime, cfg.length, cfg.temperature, cfg.top_k, cfg.seed,
-                   cfg.samples, neuron, cfg.overwrite, cfg.state, device)
+                   cfg.samples, neuron, value, cfg.state, device)
     prob = None
     if saved is not None:  # the classifier's view of each text, read afresh (no pinning)
         f = saved.features
@@ -329,8 +347,11 @@ def generate_command(cfg: GenerateConfig) -> int:
                           precision=f["precision"], normalize=f["normalize"]).features
         prob = saved.model.predict_proba(feats)
     if neuron is not None:
-        pin = f", held at {cfg.overwrite:g}" if cfg.overwrite is not None else ""
+        pin = f", held at {value:g}" if value is not None else ""
         orient = f" (classifier weight {'<' if polarity < 0 else '>'} 0)" if saved else ""
+        if saved is not None and value:  # which way the pin steers, in the classifier's words
+            pin += (f": steering toward {'positive' if value * polarity > 0 else 'negative'} "
+                    "sentiment")
         print(f"unit {neuron} of the {cfg.state} state{orient}{pin}")
     records = []
     for i, text in enumerate(res.texts):
@@ -355,7 +376,7 @@ def generate_command(cfg: GenerateConfig) -> int:
             ids = res.sample_bytes(i)
             chars, vals = char_values(ids, res.unit[i, :len(ids)])
             rows.append(HeatRow(f"sample {i}", chars, vals))
-        pin = f", held at {cfg.overwrite:g} while sampling" if cfg.overwrite is not None else ""
+        pin = f", held at {value:g} while sampling" if value is not None else ""
         render(rows, cfg.heatmap, f"unit {neuron} ({cfg.state}) of {path.name}{pin}: value "
                "after each character (before pinning)", polarity)
         print(f"wrote {cfg.heatmap}", file=sys.stderr)
