@@ -250,17 +250,17 @@ def test_imported_folder_records_its_source_and_generates(imported, tmp_path):
                      "--output", str(tmp_path / "g.jsonl")]) == 0
 
 
-def test_import_errors_name_the_file(tmp_path, capsys):
+def test_import_errors_name_the_file_and_exit_2(tmp_path, capsys):
     arrays = openai_arrays(E=8, H=4)
     (tmp_path / "m").mkdir()
     for i, a in enumerate(arrays):
         if i != 7:
             np.save(tmp_path / "m" / f"{i}.npy", a)
-    assert cli_main(["import-openai", str(tmp_path / "m"), str(tmp_path / "o")]) == 1
+    assert cli_main(["import-openai", str(tmp_path / "m"), str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "ERROR:" in err and "m/7.npy: missing" in err and "0.npy .. 14.npy" in err
     np.save(tmp_path / "m" / "7.npy", arrays[7])
     np.save(tmp_path / "m" / "13.npy", arrays[13][:, :255])
-    assert cli_main(["import-openai", str(tmp_path / "m"), str(tmp_path / "o")]) == 1
+    assert cli_main(["import-openai", str(tmp_path / "m"), str(tmp_path / "o")]) == 2
     assert "m/13.npy: shape [4, 255], expected [4, 256]" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

@@ -177,6 +177,9 @@ def import_openai(cfg: ImportOpenAIConfig) -> int:
 
 
 IMPORT_OPENAI = Command(ImportOpenAIConfig, import_openai,
+                        # bad input (a missing or malformed array, a used OUT_DIR): exit 2, as
+                        # every other command's
+                        usage_errors=(ValueError, FileNotFoundError, FileExistsError),
                         description="Read OpenAI's released 4096-unit byte mLSTM (15 .npy "
                         f"arrays: {SOURCE}) and write it as an hvd_lm exported folder that "
                         "eval, transfer, classify, generate and visualize load.")
