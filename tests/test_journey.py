@@ -15,7 +15,11 @@ pytest's temporary folders), with the venv first on PATH, as a user's shell woul
    checkpoints, requeues, and the job finishes with ``--resume auto``;
 4. the same run continued with ``launch/horovodrun_multinode.sh`` across n1 and n2; n2's cable
    pulled: the job fails within Gloo's timeout, its last lines the closing block (the lost
-   host, the newest checkpoint, how to resume); with the cable back the same command finishes;
+   host, the newest checkpoint, how to resume);
+4b. the same command again, SIGTERM to the launcher: acknowledged within a second, every rank
+   checkpoints, the launch ends as a clean stop (exit 0) whatever horovodrun's own status;
+4c. ``launch/mpirun.sh`` across n1 and n2 as root (OpenMPI's permission given by the
+   template) continues the run with ``--resume auto`` to its last step;
 5. eval, transfer (SST-2) and classify of that run, on n2 (the run folder is shared).
 
 Tests it took over (each proved the same thing on its own): tests/test_multinode.py's
@@ -28,8 +32,10 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -71,9 +77,10 @@ class Journey:
         self.cluster, self.work, self.took = cluster, work, {}
 
     def sh(self, command: str, node: str = "n1", timeout: float = 240, check: bool = True,
-           cwd=None, **env: str) -> subprocess.CompletedProcess:
+           cwd=None, unset: tuple = (), **env: str) -> subprocess.CompletedProcess:
+        full = {k: v for k, v in launch_env(**env).items() if k not in unset}
         return self.cluster.run(node, ["bash", "-c", command], timeout=timeout, check=check,
-                                cwd=cwd or self.work, env=launch_env(**env))
+                                cwd=cwd or self.work, env=full)
 
     def step(self, name: str, t0: float) -> None:
         self.took[name] = round(time.monotonic() - t0, 1)
@@ -198,12 +205,52 @@ def test_first_job_across_hosts(cluster, tmp_path):
     while not cluster.healthy():
         assert time.monotonic() < deadline, "n2 did not come back"
         time.sleep(0.5)
-    proc = j.sh(command, timeout=300, HVD_LM_STEP_SLEEP="0.05")  # the same command again
-    assert "--resume auto" in proc.stdout, proc.stdout[-3000:]
+    j.step("4 horovodrun across hosts: a pulled link", t0)
+
+    # 4b. the same command again, stopped with SIGTERM to the launcher (Ctrl-C's sibling): said
+    # at once, every rank checkpoints, a clean stop (exit 0), not "the job failed"
+    t0 = time.monotonic()
+    proc = cluster.popen("n1", ["bash", "-c", command], cwd=work, stderr=subprocess.STDOUT,
+                         env=launch_env(HVD_LM_STEP_SLEEP="0.05"))
+    lines: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: lines.extend(
+        (time.monotonic(), x) for x in proc.stdout), daemon=True)
+    reader.start()
+    try:
+        before = len(records(first, "end"))
+        deadline = time.monotonic() + 120
+        while len([r for r in records(first, "train") if r["time"] > time.time() - 60]) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(
+                x for _, x in lines)[-4000:]
+            time.sleep(0.2)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0, "".join(x for _, x in lines)[-4000:]
+    finally:
+        if proc.poll() is None:
+            cluster.kill_jobs()
+            proc.kill()
+    reader.join(10)
+    output = "".join(x for _, x in lines)
+    acked = [t for t, x in lines if "SIGTERM received" in x]
+    assert acked and acked[0] - sent < 2, output[-4000:]
+    assert "==== hvd-lm: stopped on a signal: every rank checkpointed at step " in output
+    assert "the job failed" not in output, output[-4000:]
+    assert [e["stop"] for e in records(first, "end")[before:]] == ["signal"]
+    j.step("4b a clean stop across hosts: acknowledged, exit 0", t0)
+
+    # 4c. finished with launch/mpirun.sh across the hosts, as root (the box's user): the
+    # template gives OpenMPI root's permission; it continues with --resume auto to the end
+    t0 = time.monotonic()
+    stopped_at = records(first, "end")[-1]["step"]
+    proc = j.sh(f"NP=2 HOSTS=n1:1,n2:1 OUT_DIR=runs/first TRAIN_ARGS={shlex.quote(args)} "
+                f"bash {REPO}/launch/mpirun.sh", timeout=300, HVD_LM_STEP_SLEEP="0.05",
+                unset=("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"))
+    assert "--resume auto" in proc.stdout and "as root" not in proc.stderr, proc.stderr[-3000:]
     starts, ends = records(first, "start"), records(first, "end")
-    assert starts[-1]["resumed_from"] == str(newest) and ends[-1]["stop"] == "done"
+    assert starts[-1]["step"] == stopped_at and ends[-1]["stop"] == "done"
     assert ends[-1]["step"] == 240
-    j.step("4 horovodrun across hosts: a pulled link, then resume", t0)
+    j.step("4c mpirun across hosts as root: resumed to the end", t0)
 
     # 5. eval, transfer and classify of the run, on the other host
     t0 = time.monotonic()
