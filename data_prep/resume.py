@@ -58,9 +58,9 @@ def owned_by_prepare(path: Path, out: str | Path) -> bool:
 
 def check_out(out: str | Path) -> None:
     """Refuse an output folder that holds files but nothing ``prepare`` wrote (no manifest, no
-    shard, no work directory, no lock): a link to a folder of other files, a folder of inputs, a home
-    directory. Checked before the folder is locked or created, so a refused run touches nothing.
-    (A folder ``prepare`` wrote before may hold other files too: they are never touched.)
+    shard, no work directory, no lock): a link to a folder of other files, a folder of inputs, a
+    home directory. Checked before the folder is locked or created, so a refused run touches
+    nothing. (A folder ``prepare`` wrote before may hold other files too: they are never touched.)
 
     Raises:
         PrepareError: naming the folder (and where a link leads) and up to three of its entries.

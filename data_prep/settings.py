@@ -11,8 +11,8 @@ from typing import Optional
 from data_prep.inputs import FORMATS
 from hvd_lm.formats import shards
 from hvd_lm.options import option
-from hvd_lm.util.units import MIB, parse_bytes
 from hvd_lm.util.files import shown
+from hvd_lm.util.units import MIB, parse_bytes
 
 MiB = MIB
 #: A document (record line) may use at most 1/8 of a worker's memory budget: reading, decoding,
@@ -96,7 +96,8 @@ class PrepareConfig:
                                        metavar="FIELD[,FIELD...]")
     tar_members: Optional[str] = option(None, "tar inputs: the members read as documents, "
                                         "comma-separated globs over their paths in the archive "
-                                        "(default: *.txt; IMDB: '*/train/pos/*.txt,*/train/neg/*.txt')",
+                                        "(default: *.txt; IMDB: "
+                                        "'*/train/pos/*.txt,*/train/neg/*.txt')",
                                         metavar="GLOBS")
     normalize: bool = option(False, "collapse whitespace runs to one space and strip (Radford "
                              "et al. 2017); recorded in the manifest", switch=True)

@@ -28,7 +28,8 @@ def run(cmd: list[str], timeout: float = 300, env: dict | None = None, cwd: Path
                           capture_output=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(map(str, cmd))} exited {proc.returncode}\n"
-                             f"--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}")
+                             f"--- stdout\n{proc.stdout[-6000:]}\n"
+                             f"--- stderr\n{proc.stderr[-6000:]}")
     return proc
 
 

@@ -93,7 +93,8 @@ def test_distributed_optimizer_matches_single_process(tmp_path, launcher, compre
 
 
 def test_environment_yml_matches_pyproject():
-    """environment.yml names every pyproject dependency (conda or its pip: list), same lower bound."""
+    """environment.yml names every pyproject dependency (conda or its pip: list), same lower
+    bound."""
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     want = {}
     for spec in deps["dependencies"] + deps["optional-dependencies"]["test"]:
@@ -133,7 +134,8 @@ def test_setup_says_in_one_line_when_python_cannot_make_a_venv(tmp_path):
 
     stub = tmp_path / "stub" / "ensurepip"
     stub.mkdir(parents=True)
-    (stub / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'ensurepip'\")\n")
+    (stub / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'ensurepip'\")\n")
     venv = tmp_path / "venv"
     env = dict(os.environ, PYTHON=sys.executable, VENV=str(venv),
                PYTHONPATH=str(tmp_path / "stub"))

@@ -176,7 +176,8 @@ def test_gpu_session_runs_every_part_on_the_cpu(tmp_path):
     kinds = [json.loads((work / f / "transfer.json").read_text())["features"]["kind"]
              for f in ("transfer", "transfer_cell")]
     assert kinds == ["mean", "cell"]
-    (digest, path), = [line.split() for line in (work / "checkpoint.sha256").read_text().splitlines()]
+    (digest, path), = [line.split()
+                       for line in (work / "checkpoint.sha256").read_text().splitlines()]
     assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == digest
 
 

@@ -44,6 +44,7 @@ import pytest
 from hvd_lm.formats.checkpoint import list_checkpoints
 from tests._mp import REPO, SHARED, launch_env, run
 from tests.cluster import Cluster
+from tests.slurm_cluster import SLURM_TOOLS, ensure_tools
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 MUSIC = SHARED / "data/amazon/mcauley2014_5core/reviews_Digital_Music_5.json.gz"
@@ -131,6 +132,7 @@ def test_first_job_across_hosts(cluster, tmp_path):
 
     # 3. SLURM: started from the command line, a rendered 2-node job, preempted and requeued
     t0 = time.monotonic()
+    ensure_tools(SLURM_TOOLS)  # installed from this machine: the nodes reach no package mirror
     out = j.sh("python -m tests.cluster slurm").stdout
     conf = re.search(r"^export SLURM_CONF=(\S+)$", out, re.M)
     assert conf, out

@@ -21,7 +21,8 @@ def numpy_mlstm_logits(model: LanguageModel, tokens: np.ndarray) -> np.ndarray:
     """Krause et al. 2016 mLSTM, written out in numpy from the effective weights."""
     sd = {k: v.detach().double().numpy() for k, v in model.named_parameters()}
     rnn = model.rnn
-    W = {n: getattr(rnn, n).weight.detach().double().numpy() for n in ("w_x", "w_mx", "w_mh", "w_h")}
+    W = {n: getattr(rnn, n).weight.detach().double().numpy()
+         for n in ("w_x", "w_mx", "w_mh", "w_h")}
     b = rnn.w_x.bias.detach().double().numpy()
     emb = sd["embed.weight"]
     H = model.config.hidden_size

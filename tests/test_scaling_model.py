@@ -369,7 +369,8 @@ def test_onebit_study_and_cli(capsys):
     assert rows[("10 GbE", 1)]["onebit_speedup"] == 1.0
     rec = r["recommended"]["10 GbE"]
     assert rec["batch_per_gpu"] == 256 and rec["speedup"] == max(
-        x["speedup"] for x in r["settings"] if x["column"] == "10 GbE" and x["batch_per_gpu"] == 256)
+        x["speedup"] for x in r["settings"]
+        if x["column"] == "10 GbE" and x["batch_per_gpu"] == 256)
     with pytest.raises(ValueError):
         ss.onebit_study(warmup_fraction=1.5)
     assert main(["scaling-model", "onebit", "--gpus", "1,128"]) == 0

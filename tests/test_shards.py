@@ -1,4 +1,5 @@
-"""The shard format (hvd_lm.formats.shards): write/read/verify, manifests, and an independent reader."""
+"""The shard format (hvd_lm.formats.shards): write/read/verify, manifests, and an independent
+reader."""
 import hashlib
 import json
 import re

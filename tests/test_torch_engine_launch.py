@@ -79,7 +79,8 @@ def test_mpirun_template_trains_on_the_torch_engine(shards, tmp_path):
     run(["bash", LAUNCH / "mpirun.sh"], timeout=240, env=env, cwd=tmp_path)
     start, = records(tmp_path / "run", "start")
     assert start["engine"] == "torch" and start["world_size"] == 2
-    assert "rendezvous" in start["launcher"] and "from rank 0 via MPI (openmpi)" in start["launcher"]
+    assert "rendezvous" in start["launcher"]
+    assert "from rank 0 via MPI (openmpi)" in start["launcher"]
     assert records(tmp_path / "run", "end")[0]["stop"] == "done"
 
 
@@ -143,7 +144,7 @@ def test_slurm_job_on_the_torch_engine(shards, tmp_path):
     assert start["engine"] == "torch" and start["world_size"] == 2, log
 
 
-# ---- the doctor's rendezvous check ----------------------------------------------------------------
+# ---- the doctor's rendezvous check --------------------------------------------------------------
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 import hvd_lm
-
 from hvd_lm.formats.checkpoint import list_checkpoints, load, resolve
 from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.model.lm import LanguageModel, ModelConfig

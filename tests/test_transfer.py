@@ -331,7 +331,7 @@ def synthetic_reviews(path, n: int, seed: int, shuffle_labels: bool = False):
 
 
 def test_cli_end_to_end_and_cache(tmp_path, capsys):
-    ckpt = write_checkpoint(tmp_path / "run")
+    write_checkpoint(tmp_path / "run")
     train = synthetic_reviews(tmp_path / "train.jsonl", 160, 0)
     test = synthetic_reviews(tmp_path / "test.jsonl", 80, 1)
     argv = [tmp_path / "run", "--train", train, "--test", test, "--text-field", "review",

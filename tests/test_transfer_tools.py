@@ -71,7 +71,8 @@ def test_classifier_files_are_checked(tmp_path, trained):
     src = trained["dir"] / "out"
     for name in (S.NPZ_NAME, S.JSON_NAME):
         (tmp_path / name).write_bytes((src / name).read_bytes())
-    assert S.load_classifier(tmp_path / S.NPZ_NAME).meta["C"] == trained["report"]["classifier"]["C"]
+    want = trained["report"]["classifier"]["C"]
+    assert S.load_classifier(tmp_path / S.NPZ_NAME).meta["C"] == want
     z = dict(np.load(tmp_path / S.NPZ_NAME))
     z["coef"] = z["coef"] * 2
     np.savez(tmp_path / S.NPZ_NAME, **z)
@@ -192,7 +193,8 @@ def test_progress_bars_stay_out_of_a_redirected_log(tmp_path, trained, capsys):
 def test_classify_bad_input_names_file_line_and_field(tmp_path, trained, capsys):
     (tmp_path / "bad.csv").write_text("text,label\nfine,1\nodd,maybe\n")
     argv = ["classify", str(trained["ckpt"]), str(trained["dir"] / "out"), "--input",
-            str(tmp_path / "bad.csv"), "--label-field", "label", "--output", str(tmp_path / "o.csv")]
+            str(tmp_path / "bad.csv"), "--label-field", "label", "--output",
+            str(tmp_path / "o.csv")]
     assert cli_main(argv) == 2
     assert "bad.csv:3: field 'label': unknown label 'maybe'" in capsys.readouterr().err
     assert not (tmp_path / "o.csv").exists()
@@ -214,7 +216,8 @@ def test_classify_on_sst2_val_gives_transfer_val_accuracy(tmp_path, capsys):
                      "--val", str(SST2 / "val.csv"), "--text-field", "sentence", "--out",
                      str(tmp_path / "out"), "--no-cache", "--no-progress", "--no-baseline",
                      "--threads", "1"]) == 0
-    val_acc = json.loads((tmp_path / "out/transfer.json").read_text())["classifier"]["accuracy"]["val"]
+    report = json.loads((tmp_path / "out/transfer.json").read_text())
+    val_acc = report["classifier"]["accuracy"]["val"]
     capsys.readouterr()
     assert cli_main(["classify", str(tmp_path / "run"), str(tmp_path / "out"), "--input",
                      str(SST2 / "val.csv"), "--text-field", "sentence", "--label-field", "label",

@@ -75,7 +75,8 @@ def use_backend(name: str) -> None:
 @functools.cache
 def _hvd():
     # Resolved once per process (every collective calls this; a failing import would otherwise
-    # search sys.path again at each one). Imported on first use: `hvd-lm --help`, prepare, launch rendering and the CPU-only tools run
+    # search sys.path again at each one). Imported on first use: `hvd-lm --help`, prepare,
+    # launch rendering and the CPU-only tools run
     # without loading Horovod's extension (and its MPI/Gloo libraries). Without Horovod, one
     # process runs as the one rank of its world (hvd_lm.comm.single: no collective to run).
     if _backend == "torch":

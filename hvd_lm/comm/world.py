@@ -4,15 +4,18 @@ Launchers announce a process's place in the job through environment variables; t
 one reader of them (training, eval, transfer, data_prep and the benchmarks all ask here). Families,
 tried in this order, each read as a whole (never a rank from one launcher and a size from another):
 
-==============  =====================  ==========================  ==========================  ==============================
-launcher        rank                   world size                  local rank                  local size
-==============  =====================  ==========================  ==========================  ==============================
-horovodrun      HOROVOD_RANK           HOROVOD_SIZE                HOROVOD_LOCAL_RANK          HOROVOD_LOCAL_SIZE
-OpenMPI mpirun  OMPI_COMM_WORLD_RANK   OMPI_COMM_WORLD_SIZE        OMPI_COMM_WORLD_LOCAL_RANK  OMPI_COMM_WORLD_LOCAL_SIZE
-MPICH / Intel   PMI_RANK               PMI_SIZE                    MPI_LOCALRANKID             MPI_LOCALNRANKS
-SLURM srun      SLURM_PROCID           SLURM_STEP_NUM_TASKS        SLURM_LOCALID               SLURM_STEP_TASKS_PER_NODE
-torchrun        RANK                   WORLD_SIZE                  LOCAL_RANK                  LOCAL_WORLD_SIZE
-==============  =====================  ==========================  ==========================  ==============================
+==============  ====================  ====================  ==========================
+launcher        rank                  world size            local rank / local size
+==============  ====================  ====================  ==========================
+horovodrun      HOROVOD_RANK          HOROVOD_SIZE          HOROVOD_LOCAL_RANK / _SIZE
+OpenMPI mpirun  OMPI_COMM_WORLD_RANK  OMPI_COMM_WORLD_SIZE  OMPI_COMM_WORLD_LOCAL_RANK /
+                                                            OMPI_COMM_WORLD_LOCAL_SIZE
+MPICH / Intel   PMI_RANK              PMI_SIZE              MPI_LOCALRANKID /
+                                                            MPI_LOCALNRANKS
+SLURM srun      SLURM_PROCID          SLURM_STEP_NUM_TASKS  SLURM_LOCALID /
+                                                            SLURM_STEP_TASKS_PER_NODE
+torchrun        RANK                  WORLD_SIZE            LOCAL_RANK / LOCAL_WORLD_SIZE
+==============  ====================  ====================  ==========================
 
 (OpenMPI: "mpirun(1)" environment variables; MPICH Hydra's PMI variables; SLURM "srun(1)" OUTPUT
 ENVIRONMENT VARIABLES; PyTorch "torchrun" docs; Horovod sets its own in ``horovodrun``'s Gloo mode.)

@@ -134,7 +134,8 @@ def package_dirs(torch_file: str, path: list[str]) -> list[str]:
 def cuda_cc_list(f: Facts) -> str:
     """``HOROVOD_BUILD_CUDA_CC_LIST``: ``TORCH_CUDA_ARCH_LIST`` (``"8.0 9.0+PTX"`` -> ``"80,90"``;
     the architecture-specific ``9.0a`` / family ``10.0f`` items, as the H100 image sets, build
-    Horovod's few CUDA kernels for the plain capability: ``"90"``, ``"100"``) when set, else the local GPUs' capabilities (``"90"``), else '' (nvcc's whole list).
+    Horovod's few CUDA kernels for the plain capability: ``"90"``, ``"100"``) when set, else the
+    local GPUs' capabilities (``"90"``), else '' (nvcc's whole list).
 
     Raises:
         BuildError: an unreadable ``TORCH_CUDA_ARCH_LIST``.
@@ -165,7 +166,8 @@ def find_nccl(f: Facts) -> tuple[str, str, str]:
         return str(inc), str(lib), "HOROVOD_NCCL_HOME"
     for sp in dict.fromkeys(f.site_packages):
         wheel = Path(sp) / "nvidia" / "nccl"
-        if (wheel / "include" / "nccl.h").exists() and glob.glob(str(wheel / "lib" / "libnccl.so*")):
+        if (wheel / "include" / "nccl.h").exists() and \
+                glob.glob(str(wheel / "lib" / "libnccl.so*")):
             return str(wheel / "include"), str(wheel / "lib"), f"the nvidia-nccl wheel in {sp}"
     for d in f.system_nccl_dirs:
         if glob.glob(f"{d}/libnccl.so*"):
@@ -176,7 +178,8 @@ def find_nccl(f: Facts) -> tuple[str, str, str]:
                 return inc, d, f"the system install in {d}"
     raise BuildError(
         "CUDA torch found but no NCCL for Horovod's GPU allreduce: install the NCCL wheel that "
-        f"matches torch's CUDA {f.torch_cuda} (pip install nvidia-nccl-cu{(f.torch_cuda or '12').split('.')[0]}), "
+        f"matches torch's CUDA {f.torch_cuda} (pip install "
+        f"nvidia-nccl-cu{(f.torch_cuda or '12').split('.')[0]}), "
         "or the system packages (libnccl2 libnccl-dev), or set HOROVOD_NCCL_HOME to a folder with "
         "include/nccl.h and lib/libnccl.so*")
 
@@ -237,7 +240,8 @@ def build_env(f: Facts, work: Path) -> dict[str, str]:
         nccl = nccl_version(inc) or "unknown"
     mpi = re.sub(r"[^A-Za-z0-9.]+", "-", f.mpi_version).strip("-") or "nompi"
     gpu = f"_nccl-{nccl}" if f.torch_cuda else ""  # CPU keys as before: old caches still hit
-    env["HVD_LM_CACHE_KEY"] = (f"horovod-{HOROVOD_VERSION}_torch-{f.torch_version.replace('+', '-')}"
+    torch_tag = f.torch_version.replace("+", "-")
+    env["HVD_LM_CACHE_KEY"] = (f"horovod-{HOROVOD_VERSION}_torch-{torch_tag}"
                                f"_cuda-{f.torch_cuda or 'cpu'}{gpu}_{f.python_tag}_{mpi}")
     return env
 
@@ -313,7 +317,8 @@ def patch_sources(src: str | Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m hvd_lm.install.horovod_build env [WORK]`` (print ``export`` lines) or ``patch SRC``."""
+    """``python -m hvd_lm.install.horovod_build env [WORK]`` (print ``export`` lines) or
+    ``patch SRC``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["env"]:
@@ -328,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     except BuildError as e:
         print(f"[horovod] ERROR: {e}", file=sys.stderr)
         return 1
-    print("usage: python -m hvd_lm.install.horovod_build env [WORKDIR] | patch SRCDIR", file=sys.stderr)
+    print("usage: python -m hvd_lm.install.horovod_build env [WORKDIR] | patch SRCDIR",
+          file=sys.stderr)
     return 2
 
 

@@ -31,8 +31,8 @@ the 4H gate rows of ``wx``, ``wh``, ``b``, ``gx``, ``gh`` permuted from (i, f, o
 (i, f, u, o); the embedding as it is; the decoder ``w^T`` and ``b_out``. (TF's l2_normalize
 divides by ``sqrt(max(sum v^2, 1e-12))``: different from torch only for a column of norm below
 1e-6, which a trained model does not have.) The model reads UTF-8 bytes, as hvd_lm's tokenizer;
-OpenAI's ``encoder.py`` also wraps each text as ``"\\n " + text + " "`` before encoding, which hvd_lm's
-featurization does not (docs/transfer.md).
+OpenAI's ``encoder.py`` also wraps each text as ``"\\n " + text + " "`` before encoding, which
+hvd_lm's featurization does not (docs/transfer.md).
 """
 
 from __future__ import annotations

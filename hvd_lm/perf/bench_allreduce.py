@@ -331,7 +331,8 @@ def worker(args: AllreduceWorkerConfig) -> int:
             name = f"bench.s{size}.{comp}"
             if comp == "onebit":
                 coll.onebit_errors(name, t.numel(), args.onebit_chunk)
-            sec, wrote = _time(coll, lambda: _single(coll, t, comp, name), k, args.warmup)
+            sec, wrote = _time(coll, lambda t=t, comp=comp, name=name: _single(coll, t, comp, name),
+                               k, args.warmup)
             records.append(base | {"case": "single", "compression": comp, "size_bytes": size,
                                    "iters": k, "time_s": sec}
                            | _bytes(comp, t.numel(), n, args, measured, wrote))

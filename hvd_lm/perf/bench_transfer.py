@@ -280,7 +280,8 @@ def summarize(name: str, shape, runs: dict[str, list[dict]]) -> dict:
 def format_table(results: dict) -> str:
     """Markdown table: one row per problem and solver."""
     lines = ["| problem | solver (device, CPU threads) | fit s | x fastest | C | val acc % | "
-             "non-zero | objective excess |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "non-zero | objective excess |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     limit = results["config"]["time_limit"]
     for p in results["problems"]:
         for s, v in p["solvers"].items():

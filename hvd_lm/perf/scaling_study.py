@@ -479,7 +479,8 @@ class ScalingModelConfig:
                                             "reference's 8-GPU row)", ge=0)
     bench_json: str = option("shipped", "`hvd-lm bench allreduce --json` output calibrating "
                              "Horovod's per-op overhead and bandwidth factor: a file, 'shipped' "
-                             "(docs/results/allreduce_calibration.json, what the docs used) or 'none'")
+                             "(docs/results/allreduce_calibration.json, what the docs used) or "
+                             "'none'")
     horovod_label: str = option("hvd-mpi", "bench configuration of Horovod")
     mpi_label: str = option("mpi4py", "bench configuration of raw MPI")
     latency_label: str = option("", "configuration for the per-op overhead (default: the "

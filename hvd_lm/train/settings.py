@@ -114,7 +114,8 @@ class RunConfig:
     log_every: int = option(10, "log a metrics line every N steps", ge=1)
     eval_every: int = option(0, "validation BPC every N steps (0 = only at the end)", ge=0)
     eval_chars: int = option(262144, "validation bytes per evaluation (0 = the whole split)", ge=0)
-    eval_batch_size: int = option(EVAL_BATCH_SIZE, "validation rows per rank, as `hvd-lm eval --batch-size` "
+    eval_batch_size: int = option(EVAL_BATCH_SIZE, "validation rows per rank, as `hvd-lm eval "
+                                  "--batch-size` "
                                   "(so the logged val BPC is eval's, whatever --batch-size)",
                                   ge=1)
     checkpoint_every: int = option(0, "checkpoint every N steps (0 = only at the end)", ge=0)

@@ -38,7 +38,8 @@ LABEL_MAP: dict[str, int] = {
     "0": 0, "0.0": 0, "neg": 0, "negative": 0, "false": 0,
 }
 #: Longest line read, in UTF-8 bytes (``--max-line-bytes``): 1 MiB, 500 times a long review
-#: (features use the first 2,000 bytes of a text, :data:`hvd_lm.transfer.features.DEFAULT_MAX_CHARS`).
+#: (features use the first 2,000 bytes of a text,
+#: :data:`hvd_lm.transfer.features.DEFAULT_MAX_CHARS`).
 DEFAULT_MAX_LINE_BYTES = 1 << 20
 
 _CSV_SUFFIXES = (".csv", ".tsv")
