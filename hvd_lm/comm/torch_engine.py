@@ -14,7 +14,8 @@ same trainer runs without Horovod on any number of ranks (``--backend torch``).
   srun with PMI) rank 0 opens the store on a free port and sends its host and port to the
   others with one MPI broadcast (DeepSpeed's ``mpi_discovery`` does the same), else under srun
   the first host of the step. Rank, world size and local rank come from
-  :func:`hvd_lm.comm.world.from_environment` (torchrun, OpenMPI, MPICH, srun). One process without a launcher forms a world of one over an in-memory store.
+  :func:`hvd_lm.comm.world.from_environment` (torchrun, OpenMPI, MPICH, srun). One process
+  without a launcher forms a world of one over an in-memory store.
 * Collectives: ``allreduce`` (sum, average, max; average = sum / size), ``allgather`` (ranks may
   hold different first dimensions, as Horovod allows), ``alltoall`` (the 1-bit allreduce),
   ``broadcast_parameters`` / ``broadcast_optimizer_state`` / ``broadcast_object``,
