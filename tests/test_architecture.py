@@ -135,8 +135,10 @@ MAX_LINES = 500
 
 def test_no_module_is_over_the_limit():
     """A module over 500 lines is where concerns pile up (data_prep/pipeline.py once reached
-    1,020): split it at its seams. No exceptions."""
-    over = {str(p.relative_to(REPO)): n for p in project_modules().values()
+    1,020): split it at its seams. No exceptions: the tests and their helpers too (six test
+    files had grown to 522-909 lines)."""
+    files = [*project_modules().values(), *sorted((REPO / "tests").rglob("*.py"))]
+    over = {str(p.relative_to(REPO)): n for p in files
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not over, f"over {MAX_LINES} lines: {over}"
 
