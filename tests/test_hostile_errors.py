@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from hvd_lm.cli import main
-from tests.test_hostile_input import (  # noqa: F401 - fixtures, shared with the first cases
+from tests.hostile_common import (  # noqa: F401 - fixtures, shared with the first cases
     TINY,
     hvd_lm,
     one_error_line,

@@ -25,7 +25,7 @@ import pytest
 from hvd_lm.cli import main
 from hvd_lm.formats import checkpoint as ck
 from tests._mp import launch_env
-from tests.test_hostile_input import (  # noqa: F401 - fixtures, shared with the first cases
+from tests.hostile_common import (  # noqa: F401 - fixtures, shared with the first cases
     TINY,
     hvd_lm,
     one_error_line,

@@ -39,6 +39,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from hvd_lm.formats.checkpoint import list_checkpoints
@@ -225,8 +226,12 @@ def test_first_job_across_hosts(cluster, tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, "".join(
                 x for _, x in lines)[-4000:]
             time.sleep(0.2)
+        # the launcher itself (proc is the nsenter that entered n1: it passes no signal on)
+        launcher, = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                     if "horovodrun_multinode.sh" in " ".join(c.cmdline())
+                     and c.name() == "bash"][:1]
         sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        launcher.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) == 0, "".join(x for _, x in lines)[-4000:]
     finally:
         if proc.poll() is None:

@@ -1,0 +1,183 @@
+"""What the hostile-input tests (tests/test_hostile_*.py) share: the command runner, the one-line
+error check, run records and folder snapshots, and the fixtures (shards, a trained run, a
+classifier, a local HTTP server, a reviews file)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvd_lm.cli import main
+from hvd_lm.formats import checkpoint as ck
+from tests._mp import launch_env, run
+from tests.shardutil import default_shards
+from tests.test_transfer import synthetic_reviews, write_checkpoint
+
+TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
+        "--log-every", "10", "--threads", "1", "--eval-chars", "2000", "--device", "cpu"]
+HVD_LM = [sys.executable, "-m", "hvd_lm"]
+
+
+def hvd_lm(*args, timeout=180, **env) -> subprocess.CompletedProcess:
+    return run([*HVD_LM, *map(str, args)], timeout=timeout, env=launch_env(**env), check=False)
+
+
+def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    """The command failed with exactly one ERROR line (no traceback) holding every needle."""
+    assert proc.returncode != 0, proc.stderr
+    err = proc.stderr
+    assert "Traceback" not in err, err
+    lines = [x for x in err.splitlines() if "ERROR:" in x]
+    assert len(lines) == 1, err
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+def records(run_dir: Path, kind: str) -> list[dict]:
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if r["kind"] == kind]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative name -> bytes)."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return default_shards(tmp_path_factory.mktemp("shards"))
+
+
+@pytest.fixture(scope="module")
+def run_a(shards, tmp_path_factory):
+    """A finished run with checkpoints of steps 10 and 20 (latest: 20)."""
+    out = tmp_path_factory.mktemp("run_a") / "run"
+    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "20",
+                  "--checkpoint-every", "10", "--keep-checkpoints", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert [p.name for p in ck.list_checkpoints(out)] == ["step_00000010.pt", "step_00000020.pt"]
+    return out
+
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    return out
+
+
+
+@pytest.fixture
+def server():
+    """An HTTP server on 127.0.0.1: ``/endless`` streams zeros without a length (stopping at
+    64 MB, so a client that never stops still ends), ``/liar`` announces 10 MB for a file
+    listed at 13 bytes, ``/nothttp`` answers with no HTTP status line, anything else is 13
+    bytes; ``sent`` counts what was written."""
+    import http.server
+    import threading
+
+    sent = {"endless": 0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            if self.path.endswith("/nothttp"):  # another protocol's greeting, no status line
+                self.wfile.write(b"SSH-2.0-OpenSSH_9.2\r\n")
+                return
+            self.send_response(200)
+            if self.path.endswith("/endless"):
+                self.end_headers()
+                block = b"\0" * 65536
+                try:
+                    while sent["endless"] < 64 << 20:
+                        self.wfile.write(block)
+                        sent["endless"] += len(block)
+                except OSError:  # the client hung up
+                    pass
+                return
+            body = b"hello, world\n"
+            self.send_header("Content-Length", str(10 << 20 if self.path.endswith("/liar")
+                                                   else len(body)))
+            self.end_headers()
+            try:
+                self.wfile.write(body)
+            except OSError:
+                pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", sent
+    srv.shutdown()
+    srv.server_close()
+
+
+HELLO_SHA = "853ff93762a06ddbf722c4ebe9ddd66d8f63ddaea97f521c3ecc20da7c976020"
+
+
+def sources(path: Path, *entries: tuple[str, str]) -> Path:
+    files = "".join(f"  - path: {p}\n    save_as: {json.dumps(s)}\n    sha256: {HELLO_SHA}\n"
+                    "    bytes: 13\n" for p, s in entries)
+    path.write_text(f"base_url: http://127.0.0.1:9\nfiles:\n{files}")
+    return path
+
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny checkpoint and a classifier ``hvd-lm transfer`` fit on its features."""
+    d = tmp_path_factory.mktemp("trained")
+    ckpt = write_checkpoint(d / "run")
+    train = synthetic_reviews(d / "train.jsonl", 160, 0)
+    assert main(["transfer", str(d / "run"), "--train", str(train), "--text-field", "review",
+                 "--label-field", "sentiment", "--out", str(d / "out"), "--no-cache",
+                 "--no-progress", "--no-baseline", "--batch-size", "16"]) == 0
+    return {"dir": d, "ckpt": ckpt}
+
+
+
+def prepare_cli(*args, timeout=120) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "data_prep", "prepare", *map(str, args), "--no-progress"],
+               timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def reviews(tmp_path_factory):
+    src = tmp_path_factory.mktemp("reviews") / "reviews.txt"
+    src.write_text("".join(f"review {i}: the album is {'good' * (i % 5 + 1)} and long enough\n"
+                           for i in range(60)))
+    return src
+
+
+def timed_main(argv: list[str], mem_bytes: int = 3 << 30, stdin=None, warmup: list | None = None
+               ) -> tuple[subprocess.CompletedProcess, float, float]:
+    """``hvd_lm.cli.main(argv)`` in a child with its address space capped at ``mem_bytes`` (so
+    a blow-up ends as MemoryError, not a swapping machine), the command's modules imported
+    (and ``main(warmup)`` run, when given) before the clock starts; returns (process, seconds
+    main took, MB its peak RSS rose above the RSS before it: Linux's VmHWM, reset through
+    /proc/self/clear_refs)."""
+    code = ("import sys, time, resource; from hvd_lm.cli import build_parser, main; "
+            "argv = sys.argv[1:]; i = argv.index('--'); warm, argv = argv[:i], argv[i + 1:]; "
+            "build_parser(argv); warm and main(warm); "
+            f"resource.setrlimit(resource.RLIMIT_AS, ({mem_bytes}, {mem_bytes})); "
+            "kb = lambda k: int([x for x in open('/proc/self/status') if x.startswith(k)][0]"
+            ".split()[1]) / 1024; open('/proc/self/clear_refs', 'w').write('5'); "
+            "m0 = kb('VmRSS'); t = time.perf_counter(); rc = main(argv); "
+            "print(f'seconds={time.perf_counter() - t:.3f} grew={kb(\"VmHWM\") - m0:.1f}', "
+            "file=sys.stderr); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, *map(str, warmup or []), "--",
+                           *map(str, argv)], stdin=stdin, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, env=launch_env(), timeout=300,
+                          check=False)
+    stats = [dict(kv.split("=") for kv in x.split()) for x in proc.stderr.splitlines()
+             if x.startswith("seconds=")]
+    proc.stderr = "\n".join(x for x in proc.stderr.splitlines() if not x.startswith("seconds="))
+    if not stats:
+        return proc, float("inf"), float("inf")
+    return proc, float(stats[0]["seconds"]), float(stats[0]["grew"])
