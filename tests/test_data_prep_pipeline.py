@@ -22,7 +22,7 @@ from data_prep.resume import WORK_DIR, finished_with_other_inputs
 from data_prep.settings import PrepareConfig, PrepareError, parse_size, parse_split
 from data_prep.sniff import resolve_input
 from data_prep.sort import MapTask, SortTask, map_unit, sort_bucket
-from hvd_lm import options as configlib
+from hvd_lm import options
 from hvd_lm.formats.manifest import MANIFEST_NAME, load_manifest
 from hvd_lm.formats.shards import check_shard, open_shard
 from hvd_lm.formats.tokenizer import normalize_text
@@ -391,7 +391,7 @@ def test_subcommands_parse_into_the_config():
     parser = build_parser()
     args = parser.parse_args(["prepare", "a.json", "--out", "d", "--split", "98,1,1",
                               "--shard-size", "8M"])
-    cfg = configlib.from_args(PrepareConfig, args)
+    cfg = options.from_args(PrepareConfig, args)
     assert args.command_obj is PREPARE and cfg.split == (98.0, 1.0, 1.0)
     assert cfg.shard_size == 8 << 20 and cfg.inputs == ["a.json"] and cfg.dedup
     assert parser.parse_args(["verify", "d"]).command_obj is VERIFY

@@ -35,7 +35,7 @@ import numpy as np
 import hvd_lm
 from data_prep.resume import finished_with_other_inputs
 from data_prep.settings import PrepareConfig
-from hvd_lm import options as configlib
+from hvd_lm import options
 from hvd_lm.comm.world import horovodrun_argv, local_mpi_env, mpirun_argv
 from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.formats.shards import read_tokens
@@ -172,7 +172,7 @@ def demo(cfg: DemoConfig) -> int:
         for d in (shards, train_dir, run_dir / "transfer"):
             shutil.rmtree(d, ignore_errors=True)
     prep.summary_json = str(run_dir / "prepare_summary.json")
-    configlib.save_yaml(prep, run_dir / "prepare.yaml")
+    options.save_yaml(prep, run_dir / "prepare.yaml")
     _run([sys.executable, "-m", "data_prep", "prepare", "--config", run_dir / "prepare.yaml"],
          env)
     timings["prepare_s"] = time.time() - t
@@ -183,7 +183,7 @@ def demo(cfg: DemoConfig) -> int:
     cfg.train.run.out_dir = str(train_dir)
     if (train_dir / "checkpoints").is_dir():
         cfg.train.run.resume = "auto"  # a second `make demo` continues (or ends at once)
-    configlib.save_yaml(cfg.train, run_dir / "train.yaml")
+    options.save_yaml(cfg.train, run_dir / "train.yaml")
     _run(launcher_argv(cfg.launch, ["-m", "hvd_lm", "train", "--config",
                                     str(run_dir / "train.yaml")]), env)
     timings["train_s"] = time.time() - t
@@ -208,7 +208,7 @@ def demo(cfg: DemoConfig) -> int:
         t = time.time()
         transfer_dir = run_dir / "transfer"
         cfg.transfer.checkpoint, cfg.transfer.out = str(train_dir), str(transfer_dir)
-        configlib.save_yaml(cfg.transfer, run_dir / "transfer.yaml")
+        options.save_yaml(cfg.transfer, run_dir / "transfer.yaml")
         _run([sys.executable, "-m", "hvd_lm", "transfer", "--config", run_dir / "transfer.yaml"],
              env)
         timings["transfer_s"] = time.time() - t

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hvd_lm import options as configlib
+from hvd_lm import options
 from hvd_lm.comm import horovod as comm
 from hvd_lm.comm.horovod import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.comm.hosts import parse_hosts
@@ -441,7 +441,7 @@ def run_allreduce_bench(args: AllreduceConfig) -> dict:
             wcfg = AllreduceWorkerConfig(conf["backend"], ",".join(map(str, szs)), args.iters,
                                          args.warmup, list(args.compressions),
                                          args.onebit_chunk, list(args.groups))
-            argv = ["-m", "hvd_lm.perf.bench_allreduce", *configlib.to_argv(wcfg)]
+            argv = ["-m", "hvd_lm.perf.bench_allreduce", *options.to_argv(wcfg)]
             extra = dict(conf["env"])
             if conf["backend"] == "torch_gloo":
                 extra.update(MASTER_PORT=str(args.port),
@@ -471,7 +471,7 @@ def run_allreduce_bench(args: AllreduceConfig) -> dict:
             "horovod_defaults": {"fusion_threshold_bytes": HOROVOD_DEFAULT_FUSION_BYTES,
                                  "cycle_time_ms": HOROVOD_DEFAULT_CYCLE_MS},
             "host": {"cpus": os.cpu_count(), "load_avg_1min": os.getloadavg()[0]},
-            "args": configlib.to_dict(args)}
+            "args": options.to_dict(args)}
 
 
 def bench_allreduce(args: AllreduceConfig) -> int:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from hvd_lm import options as configlib
+from hvd_lm import options
 from hvd_lm.model import device as devices
 from hvd_lm.model.lm import LanguageModel, ModelConfig
 from hvd_lm.options import Command, option
@@ -176,7 +176,7 @@ def bench_checkpoint(cfg: BenchCheckpointConfig) -> int:
         write_text(cfg.json, json.dumps({"checkpoint_bytes": size, "load_average": load,
                                          "cpu_count": os.cpu_count(), **summary,
                                          "stall_ratio_async_over_sync": ratio, "rounds": rounds,
-                                         "args": configlib.to_dict(cfg)}, indent=2))
+                                         "args": options.to_dict(cfg)}, indent=2))
     return 0
 
 

@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from hvd_lm import options as configlib
+from hvd_lm import options
 from hvd_lm.comm.horovod import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.options import Command, option
 from hvd_lm.perf.bench_train import StepConfig, launch
@@ -160,7 +160,7 @@ def _save_fusion(cfg: BenchFusionConfig, runs: list[dict], autotune: dict | None
     if cfg.json:
         write_text(cfg.json, json.dumps(
             {"runs": runs, "summary": summarize_fusion(runs), "autotune": autotune,
-             "args": configlib.to_dict(cfg)}, indent=2))
+             "args": options.to_dict(cfg)}, indent=2))
 
 
 def summarize_fusion(runs: list[dict]) -> list[dict]:

@@ -59,7 +59,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hvd_lm import options as configlib
+from hvd_lm import options
 from hvd_lm.comm.horovod import HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.comm.hosts import parse_hosts
 from hvd_lm.comm.world import horovodrun_argv, local_mpi_env
@@ -382,7 +382,7 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
     return {"label": cfg.label, "hosts": cfg.hosts, "network_interface": cfg.network_interface,
             "gradient_bytes": gradient_bytes, "rows": rows, "step_parts": window,
             "host": {"cpus": os.cpu_count(), "load_avg_1min": os.getloadavg()[0]},
-            "args": configlib.to_dict(cfg),
+            "args": options.to_dict(cfg),
             "records": {str(n): [r for recs in rs for r in recs] for n, rs in records.items()}}
 
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hvd_lm import options as configlib
+from hvd_lm import options
 from hvd_lm.comm import horovod as comm
 from hvd_lm.comm.world import local_mpi_env, mpirun_argv
 from hvd_lm.formats.manifest import load_manifest
@@ -248,7 +248,7 @@ def launch(backend: str, ranks: int, step: StepConfig, timeout: float,
                      "cuda_graphs": [v.get("cuda_graphs", False) for v in variants]}
     wcfg = WorkerConfig(**{f.name: getattr(step, f.name) for f in dataclasses.fields(StepConfig)},
                         backend=backend, **per_model)
-    cmd = mpirun_argv(ranks, ["-m", "hvd_lm.perf.bench_train", *configlib.to_argv(wcfg)])
+    cmd = mpirun_argv(ranks, ["-m", "hvd_lm.perf.bench_train", *options.to_argv(wcfg)])
     env = local_mpi_env(OMP_NUM_THREADS=str(step.threads))
     if backend == "ddp":  # the baseline's env:// rendezvous (the torch engine asks MPI instead)
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29507 + ranks))
@@ -416,7 +416,7 @@ def bench_train(cfg: BenchTrainConfig) -> int:
     if cfg.json:
         write_text(cfg.json, json.dumps({
             "matmul_gflops": peak, "matmul_gflops_after": peak_after, **summary,
-            "args": configlib.to_dict(cfg)}, indent=2, default=str))
+            "args": options.to_dict(cfg)}, indent=2, default=str))
     return 0
 
 

@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hvd_lm import options as configlib
+from hvd_lm import options
 from hvd_lm.comm.horovod import BACKEND_HELP, BACKENDS
 from hvd_lm.model.lm import ModelConfig
 from hvd_lm.options import option
@@ -182,7 +182,7 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         """Plain nested dict (YAML/JSON/torch.load(weights_only=True) safe)."""
-        return configlib.to_dict(self)
+        return options.to_dict(self)
 
     def epochs_bound(self) -> float:
         """The passes over the training split that bound the run: ``data.epochs`` when set;
@@ -259,17 +259,17 @@ def from_dict(data: dict, source: str = "config") -> TrainConfig:
             its choices or bounds, naming ``source`` and the dotted field (e.g.
             ``demo.yaml: optim.lr_rule``).
     """
-    return configlib.from_dict(TrainConfig, data, source)
+    return options.from_dict(TrainConfig, data, source)
 
 
 def load_yaml(path: str | Path) -> TrainConfig:
     """Read a YAML config file. Raises ConfigError naming the file on parse or schema errors."""
-    return configlib.load_yaml(TrainConfig, path)
+    return options.load_yaml(TrainConfig, path)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--config FILE`` and one ``--field-name`` flag per config field (default: unset)."""
-    configlib.add_arguments(parser, TrainConfig)
+    options.add_arguments(parser, TrainConfig)
 
 
 def from_args(args: argparse.Namespace) -> TrainConfig:
@@ -280,9 +280,9 @@ def from_args(args: argparse.Namespace) -> TrainConfig:
     Raises:
         ConfigError: as :func:`from_dict`, naming the file or ``command line`` and the field.
     """
-    return configlib.from_args(TrainConfig, args, required=False)
+    return options.from_args(TrainConfig, args, required=False)
 
 
 def save_yaml(cfg: TrainConfig, path: str | Path) -> None:
     """Write ``cfg`` as YAML, atomically (temp file + rename)."""
-    configlib.save_yaml(cfg, path)
+    options.save_yaml(cfg, path)
