@@ -212,7 +212,7 @@ def test_first_job_across_hosts(cluster, tmp_path):
 
     # 4b. the same command again, stopped with SIGTERM to the launcher (Ctrl-C's sibling): said
     # at once, every rank checkpoints, a clean stop (exit 0), not "the job failed"
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), time.time()
     proc = cluster.popen("n1", ["bash", "-c", command], cwd=work, stderr=subprocess.STDOUT,
                          env=launch_env(HVD_LM_STEP_SLEEP="0.05"))
     lines: list[tuple[float, str]] = []
@@ -222,13 +222,13 @@ def test_first_job_across_hosts(cluster, tmp_path):
     try:
         before = len(records(first, "end"))
         deadline = time.monotonic() + 120
-        while len([r for r in records(first, "train") if r["time"] > time.time() - 60]) < 3:
+        while len([r for r in records(first, "train") if r["time"] > started]) < 3:
             assert proc.poll() is None and time.monotonic() < deadline, "".join(
                 x for _, x in lines)[-4000:]
             time.sleep(0.2)
-        # the launcher itself (proc is the nsenter that entered n1: it passes no signal on)
-        launcher, = [c for c in psutil.Process(proc.pid).children(recursive=True)
-                     if "horovodrun_multinode.sh" in " ".join(c.cmdline())
+        # the launcher itself (nsenter and bash -c exec into it, or it is their child)
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        launcher, = [c for c in tree if "horovodrun_multinode.sh" in " ".join(c.cmdline())
                      and c.name() == "bash"][:1]
         sent = time.monotonic()
         launcher.send_signal(signal.SIGTERM)
