@@ -74,7 +74,7 @@ class Context:
         ranks: the :class:`hvd_lm.comm.world.RankContext` (rank 0 of 1 without MPI).
         rank, size: MPI rank and world size (0 and 1 without MPI).
         workers: local worker processes per rank (>= 1).
-        comm: the :class:`hvd_lm.comm.mpi.MpiWorld`, or ``None``.
+        mpi: the :class:`hvd_lm.comm.mpi.MpiWorld` (the world communicator), or ``None``.
         progress: show tqdm bars (rank 0 only).
         disk: (folder, bytes) named when a task runs out of disk space: the folder the tasks
             write into and an estimate of what the whole job needs there (None: not named).
@@ -84,11 +84,11 @@ class Context:
         if workers < 1:
             raise ValueError(f"--workers must be >= 1, got {workers}")
         self.workers = workers
-        self.comm = None
+        self.mpi = None
         self.ranks = RankContext()
         if use_mpi or (use_mpi is None and started_by_mpi()):
-            self.comm = mpi.world()
-            self.ranks = RankContext(self.comm.rank, self.comm.size, launcher="mpi")
+            self.mpi = mpi.world()
+            self.ranks = RankContext(self.mpi.rank, self.mpi.size, launcher="mpi")
         self.rank, self.size = self.ranks.rank, self.ranks.size
         self.progress = progress and self.rank == 0
         self.disk: Optional[tuple] = None
@@ -105,12 +105,12 @@ class Context:
 
     def barrier(self) -> None:
         """Wait for all ranks (no-op without MPI)."""
-        if self.comm is not None:
-            self.comm.barrier()
+        if self.mpi is not None:
+            self.mpi.barrier()
 
     def bcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
-        return obj if self.comm is None else self.comm.bcast(obj)
+        return obj if self.mpi is None else self.mpi.bcast(obj)
 
     def root_call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on rank 0 and return its result on every rank; an exception there is
@@ -121,11 +121,11 @@ class Context:
                 result = fn()
             except Exception as e:  # noqa: BLE001 - re-raised below on every rank
                 error = e
-        if self.comm is None:
+        if self.mpi is None:
             if error is not None:
                 raise error
             return result
-        status = self.comm.bcast((None, result) if error is None else (str(error), None))
+        status = self.mpi.bcast((None, result) if error is None else (str(error), None))
         if error is not None:
             raise error
         if status[0] is not None:
@@ -177,8 +177,8 @@ class Context:
                     bar.close()
         else:
             self._run_pool(fn, tasks, mine, results, errors, make_bar, by_bytes)
-        if self.comm is not None:
-            gathered = self.comm.allgather((results, errors))
+        if self.mpi is not None:
+            gathered = self.mpi.allgather((results, errors))
             results, errors = {}, []
             for r, e in gathered:
                 results.update(r)
@@ -205,7 +205,7 @@ class Context:
         return f"{where}{text}"
 
     def _run_pool(self, fn, tasks, mine, results, errors, make_bar, by_bytes) -> None:
-        method = "forkserver" if self.comm is not None else "fork"
+        method = "forkserver" if self.mpi is not None else "fork"
         if method not in mp.get_all_start_methods():
             method = "spawn"
         ctx = mp.get_context(method)

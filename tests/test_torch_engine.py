@@ -231,7 +231,7 @@ def test_auto_is_horovod_when_it_imports_else_torch(monkeypatch):
     torch engine when it does not (nothing is initialised here: only which module answers)."""
     import importlib.util
 
-    from hvd_lm.comm import horovod as comm
+    from hvd_lm import comm
 
     try:
         comm.use_backend("auto")

@@ -19,3 +19,18 @@
 A ``# Horovod:`` comment marks every line that runs a collective, whatever the engine under it
 (Horovod or torch.distributed): every rank must reach that line at the same step.
 """
+
+
+def __getattr__(name: str):
+    """``from hvd_lm import comm`` then ``comm.allreduce_sum(...)``: the collectives of
+    :mod:`hvd_lm.comm.horovod` are this package's own API, loaded on first use (PEP 562), so
+    ``hvd_lm.comm.world`` stays importable without torch (data_prep's ranks)."""
+    if name.startswith("__") or name in _SUBMODULES:  # (the import system asks for these)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module("hvd_lm.comm.horovod"), name)
+
+
+_SUBMODULES = frozenset({"horovod", "world", "torch_engine", "grad_buckets", "single", "mpi",
+                         "hosts", "peers", "onebit_compression", "threads"})

@@ -37,15 +37,15 @@ class MpiWorld:
         # Imported here, not at module top: importing mpi4py initialises MPI (see the docstring).
         from mpi4py import MPI
 
-        self.comm = MPI.COMM_WORLD
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.communicator = MPI.COMM_WORLD
+        self.rank, self.size = self.communicator.Get_rank(), self.communicator.Get_size()
         timeout = connect_timeout_s if connect_timeout_s is not None else float(
             os.environ.get("HVD_LM_MPI_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S))
         if self.size > 1:
             self._first_barrier(timeout)
 
     def _first_barrier(self, timeout: float) -> None:
-        request = self.comm.Ibarrier()
+        request = self.communicator.Ibarrier()
         deadline = time.monotonic() + timeout
         while not request.Test():
             if time.monotonic() > deadline:
@@ -57,21 +57,21 @@ class MpiWorld:
                         "oob_tcp_if_include IF), with -x PATH so every rank runs the venv's "
                         "Python")
                 print(f"ERROR: {text}", file=sys.stderr, flush=True)
-                self.comm.Abort(1)  # the others wait in the same barrier: end the job
+                self.communicator.Abort(1)  # the others wait in the same barrier: end the job
                 raise MpiUnreachable(text)  # (Abort does not return)
             time.sleep(0.01)
 
     def barrier(self) -> None:
         """Wait for every rank."""
-        self.comm.Barrier()
+        self.communicator.Barrier()
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
         """Rank ``root``'s ``obj`` on every rank."""
-        return self.comm.bcast(obj, root=root)
+        return self.communicator.bcast(obj, root=root)
 
     def allgather(self, obj: Any) -> list:
         """Every rank's ``obj``, in rank order, on every rank."""
-        return self.comm.allgather(obj)
+        return self.communicator.allgather(obj)
 
 
 def world() -> MpiWorld:

@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from hvd_lm.comm import horovod as comm
+from hvd_lm import comm
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 

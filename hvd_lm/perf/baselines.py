@@ -24,22 +24,22 @@ class MpiComm:
         # (or a singleton) can do; the rest of this module must stay importable without MPI.
         from mpi4py import MPI
 
-        self.MPI, self.comm = MPI, MPI.COMM_WORLD
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.MPI, self.communicator = MPI, MPI.COMM_WORLD
+        self.rank, self.size = self.communicator.Get_rank(), self.communicator.Get_size()
 
     def allreduce(self, t: torch.Tensor) -> None:
         """``Allreduce(MPI.IN_PLACE, buf, MPI.SUM)`` of a float32 CPU tensor."""
-        self.comm.Allreduce(self.MPI.IN_PLACE, t.numpy(), op=self.MPI.SUM)
+        self.communicator.Allreduce(self.MPI.IN_PLACE, t.numpy(), op=self.MPI.SUM)
 
     def allreduce_group(self, tensors: list[torch.Tensor]) -> None:
         """Non-blocking ``Iallreduce`` on each tensor, then ``Waitall`` (MPI-3)."""
-        reqs = [self.comm.Iallreduce(self.MPI.IN_PLACE, t.numpy(), op=self.MPI.SUM)
+        reqs = [self.communicator.Iallreduce(self.MPI.IN_PLACE, t.numpy(), op=self.MPI.SUM)
                 for t in tensors]
         self.MPI.Request.Waitall(reqs)
 
     def max(self, x: float) -> float:
         """Maximum of ``x`` over ranks."""
-        return self.comm.allreduce(x, op=self.MPI.MAX)
+        return self.communicator.allreduce(x, op=self.MPI.MAX)
 
     def close(self) -> None:
         """Nothing to do (MPI finalises at exit)."""

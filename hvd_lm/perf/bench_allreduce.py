@@ -61,8 +61,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hvd_lm import options
-from hvd_lm.comm import horovod as comm
+from hvd_lm import comm, options
 from hvd_lm.comm.horovod import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.comm.hosts import parse_hosts
 from hvd_lm.comm.onebit_compression import (

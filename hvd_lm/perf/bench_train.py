@@ -43,8 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hvd_lm import options
-from hvd_lm.comm import horovod as comm
+from hvd_lm import comm, options
 from hvd_lm.comm.world import local_mpi_env, mpirun_argv
 from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.model import device as devices

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from hvd_lm.comm import horovod as comm
+from hvd_lm import comm
 from hvd_lm.train import faults
 from hvd_lm.train.data import window_in_new_cut
 from hvd_lm.train.resume import Position

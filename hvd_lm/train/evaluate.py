@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from hvd_lm.comm import horovod as comm
+from hvd_lm import comm
 from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.formats.checkpoint import CheckpointError
 from hvd_lm.formats.export import MAX_SEQ_LEN

@@ -44,7 +44,7 @@ import time
 
 import torch
 
-from hvd_lm.comm import horovod as comm
+from hvd_lm import comm
 from hvd_lm.comm.peers import LostPeer, lost_peers_text
 from hvd_lm.formats import checkpoint as ckpt_io
 from hvd_lm.model.mfu import rate_against

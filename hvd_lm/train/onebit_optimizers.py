@@ -41,7 +41,7 @@ from typing import Callable, Optional
 
 import torch
 
-from hvd_lm.comm import horovod as comm
+from hvd_lm import comm
 from hvd_lm.comm.onebit_compression import (
     DEFAULT_CHUNK,
     ErrorFeedback,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from hvd_lm.comm import horovod as comm
+from hvd_lm import comm
 from hvd_lm.train.onebit_optimizers import OnebitAdam, OnebitDistributedOptimizer, OnebitLamb
 from hvd_lm.train.settings import OptimConfig
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from hvd_lm.comm import horovod as comm
+from hvd_lm import comm
 from hvd_lm.comm.peers import PeerWatch
 from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.formats import checkpoint as ckpt_io

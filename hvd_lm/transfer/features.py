@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from hvd_lm.comm import horovod as comm
+from hvd_lm import comm
 from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.comm.world import RankContext, world_size
 from hvd_lm.formats import tokenizer

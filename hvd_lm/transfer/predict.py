@@ -40,7 +40,7 @@ from typing import Iterable, Iterator
 
 from tqdm import tqdm
 
-from hvd_lm.comm import horovod as comm
+from hvd_lm import comm
 from hvd_lm.comm.world import world_size
 from hvd_lm.model import device as devices
 from hvd_lm.model.load import resolve_model, weights_sha256

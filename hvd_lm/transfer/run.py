@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hvd_lm.comm import horovod as comm
+from hvd_lm import comm
 from hvd_lm.formats import tokenizer
 from hvd_lm.model import device as devices
 from hvd_lm.model.load import weights_sha256

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hvd_lm.comm import horovod as comm
+from hvd_lm import comm
 from hvd_lm.comm.onebit_compression import ErrorFeedback, Layout
 from tests.scripts.onebit_rounds import inputs as round_inputs
 from tests.scripts.problem import make_problem

@@ -14,7 +14,7 @@ import json
 import numpy as np
 import torch
 
-from hvd_lm.comm import horovod as comm
+from hvd_lm import comm
 from hvd_lm.model.load import load_model
 from hvd_lm.transfer.run import featurize
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hvd_lm.comm import horovod as comm
+from hvd_lm import comm
 from hvd_lm.comm.onebit_compression import ErrorFeedback, Layout
 
 
