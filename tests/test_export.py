@@ -99,7 +99,7 @@ def test_a_damaged_folder_is_one_line(exported, tmp_path):
         with pytest.raises(ex.ExportError, match=r"\"weights\" is .* model.safetensors"):
             load_model(bad)
     (bad / "config.json").write_text("{" + " " * (ex.MAX_CONFIG_BYTES + 1) + "}")
-    with pytest.raises(ex.ExportError, match=r"over 1,048,576 bytes"):
+    with pytest.raises(ex.ExportError, match=r"more than 1,048,576 bytes"):
         load_model(bad)
 
 
