@@ -39,6 +39,10 @@ Bad input (each case is counted in :class:`ReadStats`):
 * invalid UTF-8: with ``utf8_errors="replace"`` (default) invalid bytes become U+FFFD and the line
   is counted in ``utf8_replaced``; with ``"strict"`` the record is a bad record.
 * blank (whitespace-only) lines between records: skipped, counted in ``blank_lines``.
+* a record longer than the per-document budget (``max_line_bytes``): a line, a CSV record whose
+  quote never closes, a ``<review>`` block of many lines alike, stopped as it passes the budget
+  and a bad record (with ``skip_bad`` a CSV file goes on at the next line, a ``.review`` file at
+  the block's ``</review>``).
 * truncated gzip stream: the records before the cut are read, the cut-off last line is dropped,
   and the cut is a bad record (line = the line it cut); ``truncated_files`` counts it.
 * corrupt gzip stream (bad CRC, invalid deflate data): :class:`CorruptInput` is raised; the

@@ -125,7 +125,7 @@ def test_command_turns_errors_into_one_line(capsys):
     assert cmd.main(["x", "--rate", "-1"], "prog") == 2
     err = capsys.readouterr().err.splitlines()
     assert err == ["prog: ERROR: it broke", "prog: ERROR: no such thing",
-                   "prog: ERROR: command line: inner.rate must be > 0, got -1.0"]
+                   "prog: ERROR: command line: inner.rate must be > 0, got -1.0 (--rate)"]
 
 
 def test_a_c_grid_from_yaml_is_a_list_of_numbers_and_never_empty():

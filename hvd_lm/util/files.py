@@ -268,7 +268,7 @@ def check_npz(path: str | Path, budget: int, what: str = "") -> dict[str, tuple]
 # ---- writing ----------------------------------------------------------------------------------
 
 def inside(path: str | Path, folder: str | Path) -> bool:
-    """Whether ``path``, links resolved, is ``folder`` or lies under it (links resolved)."""
+    """Whether ``path`` is ``folder`` or lies under it, both with their links resolved."""
     p, d = Path(path).resolve(), Path(folder).resolve()
     return p == d or d in p.parents
 
