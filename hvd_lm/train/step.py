@@ -51,8 +51,11 @@ def window_nll(model, batch: Batch, state: State, device: torch.device, precisio
     x = batch.inputs.to(device, non_blocking=True)
     y = batch.targets.to(device, non_blocking=True)
     with devices.autocast(device, precision):
-        logits, state = model(x, state, reset=batch.reset.to(device, non_blocking=True))
-    nats = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
+        logits, state = model(x, state, reset=batch.reset.to(device, non_blocking=True),
+                              time_major=True)
+    # logits [T, B, 256], contiguous as the decoder wrote them; the targets [B, T] transposed
+    # to match (a [B, T] int64 copy instead of one of the [T, B, 256] logits)
+    nats = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.t().reshape(-1),
                            ignore_index=IGNORE, reduction="sum")
     return nats, state
 
