@@ -156,6 +156,13 @@ def _check(state: list[torch.Tensor | None], others: list[torch.Tensor | None]) 
             raise ValueError("triton mLSTM kernels need contiguous tensors")
 
 
+#: Whether this Triton's compiled kernels are launched as :func:`_bind` launches them: from
+#: Triton 3.3 the JIT passes ``kernel.run`` every argument, constexprs included, in the
+#: kernel's order (before, the non-constexpr ones only), and its hooks live in ``triton.knobs``.
+BINDABLE = tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 3) \
+    and hasattr(triton, "knobs")
+
+
 class Launch:
     """One kernel's launches for one window: the arguments were checked once (by the binder),
     and after the first launch, which goes through Triton's JIT (specialisation, cache lookup,
@@ -163,12 +170,13 @@ class Launch:
     with the stream, grid and metadata bound once, skipping the JIT's per-call argument
     specialisation and cache lookup: each call then costs the launcher's own argument packing.
 
-    Binding is only valid while every launch would specialise alike: ``uniform`` (the caller
-    vouches that every step's tensors have step 0's 16-byte alignment; Triton specialises
-    pointers on it) and no launch hook set (``triton.knobs.runtime.launch_enter_hook``: a
-    profiler's; they are honoured on the JIT path: the bound launcher passes none). Under
-    Triton's interpreter (``TRITON_INTERPRET=1``), or when the first launch returns no
-    compiled kernel, every call takes the JIT path.
+    Binding is only valid on a Triton whose launcher it knows (:data:`BINDABLE`) and while
+    every launch would specialise alike: ``uniform`` (the caller vouches that every step's
+    tensors have step 0's 16-byte alignment; Triton specialises pointers on it) and no launch
+    hook set (``triton.knobs.runtime.launch_enter_hook``: a profiler's; they are honoured on
+    the JIT path: the bound launcher passes none). Under Triton's interpreter
+    (``TRITON_INTERPRET=1``), or when the first launch returns no compiled kernel, every call
+    takes the JIT path.
 
     Args:
         fn: the ``@triton.jit`` kernel; grid: its launch grid (1-d); tail: the trailing
@@ -178,10 +186,11 @@ class Launch:
 
     def __init__(self, fn, grid: int, tail: tuple, uniform: bool):
         self.fn, self.grid, self.tail = fn, grid, tail
-        hooks = (triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook)
-        # a hook is None, or (Triton >= 3.5) a HookChain, idle while it holds no call
-        self.uniform = uniform and not any(h is not None and getattr(h, "calls", True)
-                                           for h in hooks)
+        self.uniform = uniform and BINDABLE and not any(
+            # a hook is None, or (newer Triton) a HookChain, idle while it holds no call
+            h is not None and getattr(h, "calls", True)
+            for h in (triton.knobs.runtime.launch_enter_hook,
+                      triton.knobs.runtime.launch_exit_hook))
         self.bound = None
 
     def __call__(self, *args) -> None:
