@@ -113,12 +113,21 @@ def test_bench_gpu_measures_on_the_cpu(tmp_path, capsys):
     out = tmp_path / "g.json"
     assert main([*TINY, "--precisions", "fp32,bf16", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert "vs cuDNN/FLOP" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "vs cuDNN/FLOP" in printed and "kernels  per t  host ms" in printed
     rows = {(r["impl"], r["precision"]): r for r in data["train"]}
     assert len(rows) == 6
     assert {k for k, r in rows.items() if "error" in r} <= {("cudnn", "bf16")}
     assert all(rows[(impl, p)]["chars_per_s"] > 0 for impl in ("fused/torch", "reference")
                for p in ("fp32", "bf16"))
+    # issue 43: the step's kernels (profiled) and the host's time in it, every row measured
+    for (impl, p), r in rows.items():
+        if "error" not in r:
+            assert r["kernels_per_step"] > 0 and r["host_s_per_step"] > 0
+            assert r["kernels_per_time_step"] == r["kernels_per_step"] / 8  # T = 8
+    # the fused window launches fewer kernels per step than the per-step reference loop
+    assert rows[("fused/torch", "fp32")]["kernels_per_step"] < \
+        rows[("reference", "fp32")]["kernels_per_step"]
     assert {(c["precision"], c["batch_size"]) for c in data["ceiling"]} == {("fp32", 4),
                                                                           ("bf16", 4)}
 

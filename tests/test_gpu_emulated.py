@@ -219,6 +219,74 @@ def test_emulated_bench_gpu_with_triton_kernels(tmp_path):
     assert not [r for r in data["train"] if "error" in r]
 
 
+# ---- Triton launches bound once per window (issue 43) --------------------------------------------
+
+@needs_triton
+def test_triton_launches_bind_after_the_first(monkeypatch):
+    """Launch: the first launch of a window goes through Triton's JIT (``fn[grid](...)``, which
+    returns the compiled kernel); every later one calls that kernel's launcher directly, with
+    the grid, the stream and the metadata bound once and the arguments in the JIT's order
+    (``CompiledKernel.__getitem__``'s runner's call). Not bound: a window whose steps may
+    specialise differently (not ``uniform``), a launch hook set (a profiler's), or no compiled
+    kernel returned (Triton's interpreter). Stand-ins for the JIT function and the compiled
+    kernel record what they are called with (no GPU here)."""
+    import triton
+
+    from hvd_lm.model import mlstm_triton as tk
+
+    calls = []
+
+    class Compiled:
+        function, packed_metadata = "fn", "meta"
+
+        def run(self, *a):
+            calls.append(("bound", a))
+
+    class Jit:
+        def __init__(self, returns):
+            self.returns = returns
+
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                calls.append(("jit", grid, a, kw))
+                return self.returns
+            return launch
+
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda: type("Stream", (), {"cuda_stream": 77})())
+    launch = tk.Launch(Jit(Compiled()), 5, (10, 2, True), uniform=True)
+    for x in (1, 2, 3):
+        launch("a", x)
+    assert calls[0] == ("jit", (5,), ("a", 1, 10, 2, True), {"num_warps": tk.NUM_WARPS})
+    assert calls[1:] == [("bound", (5, 1, 1, 77, "fn", "meta", None, None, None, "a", x, 10, 2,
+                                    True)) for x in (2, 3)]
+    for jit, uniform in ((Jit(Compiled()), False), (Jit(None), True)):
+        calls.clear()
+        launch = tk.Launch(jit, 5, (1,), uniform=uniform)
+        launch("a")
+        launch("b")
+        assert [c[0] for c in calls] == ["jit", "jit"]
+    hook = triton.knobs.runtime.launch_enter_hook
+    if hasattr(hook, "calls"):  # Triton >= 3.5: a chain of hooks, one in it now
+        monkeypatch.setattr(hook, "calls", [print])
+    else:
+        monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", print)
+    calls.clear()
+    launch = tk.Launch(Jit(Compiled()), 5, (1,), uniform=True)
+    launch("a")
+    launch("b")
+    assert [c[0] for c in calls] == ["jit", "jit"]
+
+
+def test_uniform_steps_needs_16_byte_step_strides():
+    """A binding serves every step only when each per-step slice keeps step 0's alignment."""
+    from hvd_lm.model.mlstm_layout import uniform_steps
+
+    assert uniform_steps(torch.empty(3, 4, 8), None, torch.empty(3, 4, 1))  # 128 B, 16 B
+    assert not uniform_steps(torch.empty(3, 3, 1))  # 12 B a step (an fp32 flag of B = 3)
+    assert not uniform_steps(torch.empty(3, 5, 1, dtype=torch.bool))
+
+
 # ---- the kernels built for the H100, here -----------------------------------------------------
 
 @needs_triton

@@ -418,3 +418,41 @@ def test_engines_side_by_side():
          f"{d['args']['repeats']} repeats; repeat by repeat {spread} on 2 ranks)", src, PERFORMANCE)
     says(f"the torch engine {x[2]['ratio']:.3f}x of Horovod's throughput on 2 ranks, repeat by "
          f"repeat {spread}", src, TRAINING)
+
+
+def test_issue43_cpu_figures():
+    """docs/mlstm_fused.md section 8: the kernels per time step (the counts the launch test
+    asserts), the host time per time step and per launch (docs/results/issue43_cpu.json), the
+    refitted memory estimates (recomputed from hvd_lm.train.memory) and the H200 profile's
+    kernels per time step before."""
+    import torch
+
+    from hvd_lm.perf.bench_gpu import Variant, estimated_memory
+
+    page, src = "docs/mlstm_fused.md", "docs/results/issue43_cpu.json"
+    d = load("issue43_cpu.json")
+    k = d["kernels_per_time_step"]
+    says(f"| fp32 (CPU) | {k['fp32']['before']} | {k['fp32']['after']} |", src, page)
+    says(f"(CPU: the dh cast stays, no fp32-output GEMM there) | {k['bf16_cpu']['before']} | "
+         f"{k['bf16_cpu']['after']} |", src, page)
+    fixed = d["kernels_per_window_fixed_cpu"]["fp32"]
+    says(f"went from {fixed['before']} to {fixed['after']} (fp32)", src, page)
+    h = d["host_us_per_time_step"]
+    says(f"fp32 {h['fp32']['before_median']:.1f} us before, {h['fp32']['after_median']:.1f} us "
+         f"after; bf16 {h['bf16']['before_median']:.1f} us before, "
+         f"{h['bf16']['after_median']:.1f} us after", src, page)
+    w = d["triton_wrapper_us_per_launch"]
+    says(f"{w['before_median']:.2f} us per launch before, {w['after_median']:.2f} us after",
+         src, page)
+    cuda = torch.device("cuda")
+    gib = {(b, p, g): estimated_memory(Variant("mlstm", "fused", "triton", g), 4096, 64, b, 256,
+                                       p, cuda) / 2 ** 30
+           for b, p, g in ((256, "bf16", False), (256, "bf16", True), (128, "bf16", False),
+                           (128, "fp32", False))}
+    says(f"B=256 bf16 {gib[(256, 'bf16', False)]:.1f} GiB eager (14.1 measured before; cuDNN's "
+         f"LSTM 7.9), {gib[(256, 'bf16', True)]:.1f} GiB graphed (21.1); B=128 bf16 "
+         f"{gib[(128, 'bf16', False)]:.1f} GiB (7.8); B=128 fp32 "
+         f"{gib[(128, 'fp32', False)]:.1f} GiB (10.9)", "hvd_lm/train/memory.py", page)
+    p = load("gpu_h200/bench_gpu_b256.json")["profile"]
+    says(f"before: {p['events'] / p['steps'] / 256:.1f} from the profile, {p['events']:,} "
+         f"kernels in {p['steps']} steps of 256", GPU, page)

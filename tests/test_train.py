@@ -218,6 +218,32 @@ def test_nan_step_is_skipped_and_counted(shards, tmp_path):
 
 
 @pytest.mark.slow
+def test_counting_a_step_late_equals_counting_every_step(shards, tmp_path):
+    """Issue 43: with the skip decided on the device, the loop reads a step's outcome a step
+    late where nothing depends on it (hvd_lm.train.counting). NaN losses at attempts 2 and 5,
+    a record every 4 steps (attempts 2 and 5 are then read late, and undone before the next
+    update), against a record every step (every outcome read at once): the same parameters
+    bit for bit (every update used the same learning rate), the same skip records, and the
+    4-step run's records equal the other's at those steps (step, LR, skipped steps)."""
+    common = ["--batch-size", "2", "--max-steps", "9", "--warmup-steps", "4",
+              "--inject-nan-steps", "2,5"]
+    one_process(shards, tmp_path / "late", *common, "--log-every", "4")
+    one_process(shards, tmp_path / "each", *common)  # TINY: --log-every 1
+    assert max_diff(params_of(tmp_path / "late"), params_of(tmp_path / "each")) == 0.0
+    skips = [records(tmp_path / d, "skip") for d in ("late", "each")]
+    assert [(r["step"], r["skipped_steps"]) for r in skips[0]] == [(2, 1), (4, 2)]
+    assert [{k: r[k] for k in ("step", "skipped_steps", "grad_norm")} for r in skips[0]] == \
+        [{k: r[k] for k in ("step", "skipped_steps", "grad_norm")} for r in skips[1]]
+    each = {r["step"]: r for r in records(tmp_path / "each", "train")}
+    late = records(tmp_path / "late", "train")
+    assert [r["step"] for r in late] == [4, 8, 9]
+    for r in late:
+        assert (r["lr"], r["skipped_steps"]) == (each[r["step"]]["lr"],
+                                                 each[r["step"]]["skipped_steps"])
+    assert records(tmp_path / "late", "end")[0]["skipped_steps"] == 2
+
+
+@pytest.mark.slow
 @pytest.mark.serial  # compares ranks' step times
 def test_train_records_name_the_slowest_ranks_compute(shards, tmp_path):
     """One rank sleeps 0.15 s in every step, rank 1 on even steps and rank 0 on odd ones (a

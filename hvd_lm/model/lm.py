@@ -111,7 +111,8 @@ class MLSTM(nn.Module):
         """Run the recurrence.
 
         Args:
-            x: inputs [T, B, E].
+            x: inputs [T, B, E] (contiguous: the input projections' bias is then added inside
+                their GEMM, :func:`hvd_lm.model.mlstm_layout.project`).
             state: (h, c), each [B, H].
             mask: optional bool [T, B]; where False the step is padding and the state is carried
                 unchanged (so a padded batch gives the same final state as each text alone).
@@ -134,7 +135,7 @@ class MLSTM(nn.Module):
             xm = project(x, self.w_mx.weight, None, layout)
             # Weight norm (when on) is applied here, once per window; the Function casts once.
             return mlstm_window(xg, xm, state, self.w_mh.weight, self.w_h.weight, kernels,
-                                mask, reset, self.graphs, layout)
+                                mask, reset, self.graphs, layout, owned=True)
         if reset is not None:
             raise ValueError("MLSTM reference path: resets are applied by LanguageModel.encode")
         return self.reference_forward(x, state, mask)
@@ -200,9 +201,14 @@ class LanguageModel(nn.Module):
         return z, z.clone()
 
     def encode(self, tokens: torch.Tensor, state: State | None = None,
-               mask: torch.Tensor | None = None, reset: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, State]:
+               mask: torch.Tensor | None = None, reset: torch.Tensor | None = None,
+               time_major: bool = False) -> tuple[torch.Tensor, State]:
         """Hidden states of ``tokens`` [B, T] (int64 byte ids).
+
+        The data stays in [T, B] order from the embedding to the output (the embedding of
+        ``tokens.t()`` is contiguous [T, B, E], the recurrence returns contiguous [T, B, H]), so
+        no [T, B, *] transpose is copied on the way, forward or backward; ``time_major=False``
+        returns a transposed view.
 
         Args:
             state: (h, c), each [B, H]; None = zeros.
@@ -212,10 +218,17 @@ class LanguageModel(nn.Module):
                 stream or shard start inside the window). The fused mLSTM applies it inside its
                 window; the reference mLSTM and the LSTM run the window in segments split at the
                 reset columns.
+            time_major: return hs as contiguous [T, B, H] instead of a [B, T, H] view of it.
 
         Returns:
-            (hs [B, T, H], (h, c) each [B, H]).
+            (hs [B, T, H] (or [T, B, H]), (h, c) each [B, H]).
         """
+        hs, state = self._encode_tm(tokens, state, mask, reset)
+        return (hs if time_major else hs.transpose(0, 1)), state
+
+    def _encode_tm(self, tokens: torch.Tensor, state: State | None, mask: torch.Tensor | None,
+                   reset: torch.Tensor | None) -> tuple[torch.Tensor, State]:
+        """:meth:`encode` with hs [T, B, H] contiguous."""
         B, T = tokens.shape
         if state is None:
             state = self.init_state(B, tokens.device, self.embed.weight.dtype)
@@ -227,11 +240,11 @@ class LanguageModel(nn.Module):
             for a, b in zip(edges[:-1], edges[1:]):
                 keep = (~reset[:, a]).unsqueeze(1).to(state[0].dtype)
                 state = (state[0] * keep, state[1] * keep)
-                hs, state = self.encode(tokens[:, a:b], state,
-                                        None if mask is None else mask[:, a:b])
+                hs, state = self._encode_tm(tokens[:, a:b], state,
+                                            None if mask is None else mask[:, a:b], None)
                 outs.append(hs)
-            return torch.cat(outs, 1), state
-        x = self.embed(tokens).transpose(0, 1)  # [T, B, E]
+            return torch.cat(outs, 0), state
+        x = self.embed(tokens.t())  # [T, B, E], contiguous
         if isinstance(self.rnn, MLSTM):
             hs, state = self.rnn(x, state, None if mask is None else mask.t(),
                                  reset.t() if fused and reset is not None else None)
@@ -244,13 +257,17 @@ class LanguageModel(nn.Module):
             out, (h, c) = self.rnn(packed, (state[0].unsqueeze(0), state[1].unsqueeze(0)))
             hs, _ = nn.utils.rnn.pad_packed_sequence(out, total_length=T)
             state = (h[0], c[0])
-        return hs.transpose(0, 1), state
+        return hs, state
 
     def forward(self, tokens: torch.Tensor, state: State | None = None,
-                reset: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
-        """Logits [B, T, 256] for next-byte prediction, and the final state (see :meth:`encode`)."""
-        hs, state = self.encode(tokens, state, reset=reset)
-        return self.decoder(hs), state
+                reset: torch.Tensor | None = None, time_major: bool = False
+                ) -> tuple[torch.Tensor, State]:
+        """Logits [B, T, 256] for next-byte prediction, and the final state (see :meth:`encode`);
+        ``time_major``: logits as contiguous [T, B, 256] (the training step's loss reads them
+        so, with the targets transposed: no copy of the logits)."""
+        hs, state = self._encode_tm(tokens, state, None, reset)
+        logits = self.decoder(hs)  # one GEMM over [T*B, H], bias in its epilogue
+        return (logits if time_major else logits.transpose(0, 1)), state
 
     def flops_per_char(self) -> int:
         """Model FLOPs per character for one forward + backward pass (3x the forward's multiply-adds

@@ -16,9 +16,15 @@ Writes ``act`` [B, 4H] (S: sigmoid i, sigmoid f, tanh u, sigmoid o, saved for th
 ``rk_next``) and ``hc_next`` [B, H] (C: ``h_next`` for the next step's GEMM). Outputs may alias
 inputs of the same role (``h_next`` is ``hstate``): every element is read before it is written.
 
+``act`` and ``tc`` may be None: the window does not save them (a compute dtype narrower than
+the state's: the backward recomputes them from ``g``), and the kernels write neither.
+
 cell backward, step t: ``dhs_t`` [B, H] (grad of hs[t]), ``dhp`` / ``dcp`` [B, H] (S: grads of
-the state entering step t+1), ``rk_next``, ``keep``, ``act``, ``cprev`` as saved. Writes ``dg``
-[B, 4H] (C: grads of the gate pre-activations), ``dcp_out`` [B, H] (S: grad of ``cprev``; may be
+the state entering step t+1), ``rk_next``, ``keep``, ``act``, ``cprev`` as saved, or, with
+``act`` and ``tc`` None, ``g`` [B, 4H] (C: the step's saved gate pre-activations) from which
+the activations and tanh(c_t) are recomputed (the same fp32 expressions as the forward's).
+Writes ``dg`` [B, 4H] (C: grads of the gate pre-activations; may be ``g`` itself: every gate
+value is read before its gradient is written), ``dcp_out`` [B, H] (S: grad of ``cprev``; may be
 ``dcp``) and ``dhold`` [B, H] (S: the part of the grad of ``hstate`` that bypasses the cell on
 held rows; the GEMM part is added by the caller; only written when ``keep`` is given, else
 all zero and the caller passes None).
@@ -44,43 +50,55 @@ KERNELS = ("auto", "torch", "compile", "triton")
 
 
 def cell_forward(g: torch.Tensor, cprev: torch.Tensor, hstate: torch.Tensor,
-                 keep: torch.Tensor | None, rk_next: torch.Tensor | None, act: torch.Tensor,
-                 tc: torch.Tensor, hs_t: torch.Tensor, c_next: torch.Tensor,
-                 h_next: torch.Tensor, hc_next: torch.Tensor) -> None:
+                 keep: torch.Tensor | None, rk_next: torch.Tensor | None,
+                 act: torch.Tensor | None, tc: torch.Tensor | None, hs_t: torch.Tensor,
+                 c_next: torch.Tensor, h_next: torch.Tensor, hc_next: torch.Tensor) -> None:
     """One step's elementwise forward, as pure tensor expressions copied into the outputs (the
     specification of the cell kernels, and what ``torch.compile`` fuses; shapes and dtypes in
     the module docstring). The equations are :class:`hvd_lm.model.lm.MLSTM`'s:
     ``c = sigmoid(f) c_prev + sigmoid(i) tanh(u)``, ``h = sigmoid(o) tanh(c)``, then the mask
     (padding holds the state) and the next step's reset. ``tc`` [B, H] (S) receives tanh(c) of
-    the cell's candidate, saved for the backward."""
-    H = cprev.shape[1]
-    i, f, u, o = g.to(cprev.dtype).split(H, dim=1)
-    si, sf, tu, so = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(u), torch.sigmoid(o)
-    c = sf * cprev + si * tu
-    tanh_c = torch.tanh(c)
+    the cell's candidate, saved for the backward (``act`` and ``tc`` None: not saved)."""
+    si, sf, tu, so, c, tanh_c = _activations(g, cprev)
     h = so * tanh_c
     if keep is not None:
         c = torch.where(keep, c, cprev)
         h = torch.where(keep, h, hstate)
     c_out, h_out = (c, h) if rk_next is None else (c * rk_next, h * rk_next)
-    act.copy_(torch.cat((si, sf, tu, so), dim=1))
-    tc.copy_(tanh_c)
+    if act is not None:
+        act.copy_(torch.cat((si, sf, tu, so), dim=1))
+        tc.copy_(tanh_c)
     hs_t.copy_(h)
     c_next.copy_(c_out)
     hc_next.copy_(h_out)
     h_next.copy_(h_out)
 
 
+def _activations(g: torch.Tensor, cprev: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """sigmoid(i), sigmoid(f), tanh(u), sigmoid(o), the candidate c and tanh(c) of one step, in
+    the state dtype, from the gate pre-activations ``g`` [B, 4H] and ``cprev`` [B, H] (the
+specification's form)."""
+    i, f, u, o = g.to(cprev.dtype).split(cprev.shape[1], dim=1)
+    si, sf, tu, so = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(u), torch.sigmoid(o)
+    c = sf * cprev + si * tu
+    return si, sf, tu, so, c, torch.tanh(c)
+
+
 def cell_backward(dhs_t: torch.Tensor, dhp: torch.Tensor, dcp: torch.Tensor,
-                  rk_next: torch.Tensor | None, keep: torch.Tensor | None, act: torch.Tensor,
-                  tc: torch.Tensor, cprev: torch.Tensor, dg: torch.Tensor,
-                  dcp_out: torch.Tensor, dhold: torch.Tensor | None) -> None:
+                  rk_next: torch.Tensor | None, keep: torch.Tensor | None,
+                  act: torch.Tensor | None, tc: torch.Tensor | None, cprev: torch.Tensor,
+                  dg: torch.Tensor, dcp_out: torch.Tensor, dhold: torch.Tensor | None,
+                  g: torch.Tensor | None = None) -> None:
     """One step's elementwise backward (the derivative of :func:`cell_forward`), as pure tensor
-    expressions copied into ``dg``, ``dcp_out`` and ``dhold`` (module docstring)."""
+    expressions copied into ``dg``, ``dcp_out`` and ``dhold`` (module docstring); with ``act``
+    None the activations are recomputed from ``g``."""
     H = cprev.shape[1]
+    if act is None:
+        si, sf, tu, so, _, tc = _activations(g, cprev)
+    else:
+        si, sf, tu, so = act.split(H, dim=1)
     dh = dhs_t.to(dhp.dtype) + (dhp if rk_next is None else dhp * rk_next)
     dc = dcp if rk_next is None else dcp * rk_next
-    si, sf, tu, so = act.split(H, dim=1)
     if keep is not None:
         zero = torch.zeros((), dtype=dh.dtype, device=dh.device)
         hold_h, hold_c = torch.where(keep, zero, dh), torch.where(keep, zero, dc)
@@ -98,24 +116,38 @@ def cell_backward(dhs_t: torch.Tensor, dhp: torch.Tensor, dcp: torch.Tensor,
         dhold.copy_(hold_h)
 
 
-def torch_cell_forward(g: torch.Tensor, cprev: torch.Tensor, hstate: torch.Tensor,
-                       keep: torch.Tensor | None, rk_next: torch.Tensor | None,
-                       act: torch.Tensor, tc: torch.Tensor, hs_t: torch.Tensor,
-                       c_next: torch.Tensor, h_next: torch.Tensor, hc_next: torch.Tensor) -> None:
-    """:func:`cell_forward` in eager torch ops writing straight into the outputs (``out=`` and
-    in-place ops: no concatenation, no temporaries of [B, 4H]): the ``torch`` kernels."""
+def _torch_activations(g: torch.Tensor, cprev: torch.Tensor, act: torch.Tensor,
+                       c: torch.Tensor, tc: torch.Tensor) -> torch.Tensor:
+    """The torch kernels' activations: sigmoid i, f, o and tanh u of ``g`` into ``act``, the
+    candidate c_t into ``c`` and tanh(c_t) into
+    ``tc``, with out= ops in one fixed order (the forward and the backward's recomputation give
+    the same bits). ``c`` may be ``cprev`` (each element is read before it is written).
+    Returns ``c``."""
     H = cprev.shape[1]
     g = g.to(cprev.dtype)
     torch.sigmoid(g, out=act)  # i, f, o (the u block is overwritten next)
     torch.tanh(g[:, 2 * H:3 * H], out=act[:, 2 * H:3 * H])
-    si, sf, tu, so = act.split(H, dim=1)
+    torch.mul(act[:, H:2 * H], cprev, out=c).addcmul_(act[:, :H], act[:, 2 * H:3 * H])
+    torch.tanh(c, out=tc)
+    return c
+
+
+def torch_cell_forward(g: torch.Tensor, cprev: torch.Tensor, hstate: torch.Tensor,
+                       keep: torch.Tensor | None, rk_next: torch.Tensor | None,
+                       act: torch.Tensor | None, tc: torch.Tensor | None, hs_t: torch.Tensor,
+                       c_next: torch.Tensor, h_next: torch.Tensor, hc_next: torch.Tensor) -> None:
+    """:func:`cell_forward` in eager torch ops writing straight into the outputs (``out=`` and
+    in-place ops: no concatenation; ``act`` / ``tc`` None: written to scratch tensors instead):
+    the ``torch`` kernels."""
+    H = cprev.shape[1]
+    if act is None:
+        act, tc = cprev.new_empty(cprev.shape[0], 4 * H), torch.empty_like(cprev)
+    so = act[:, 3 * H:]
     if keep is None:  # no padding: c and h are written where they go (c_next may be cprev)
-        c = torch.mul(sf, cprev, out=c_next).addcmul_(si, tu)
-        torch.tanh(c, out=tc)
+        c = _torch_activations(g, cprev, act, c_next, tc)
         h = torch.mul(so, tc, out=h_next)
     else:
-        c = torch.mul(sf, cprev).addcmul_(si, tu)
-        torch.tanh(c, out=tc)
+        c = _torch_activations(g, cprev, act, torch.empty_like(cprev), tc)
         h = torch.mul(so, tc)
         c = torch.where(keep, c, cprev, out=c_next)
         h = torch.where(keep, h, hstate, out=h_next)
@@ -128,12 +160,16 @@ def torch_cell_forward(g: torch.Tensor, cprev: torch.Tensor, hstate: torch.Tenso
 
 def torch_cell_backward(dhs_t: torch.Tensor, dhp: torch.Tensor, dcp: torch.Tensor,
                         rk_next: torch.Tensor | None, keep: torch.Tensor | None,
-                        act: torch.Tensor, tc: torch.Tensor, cprev: torch.Tensor,
-                        dg: torch.Tensor, dcp_out: torch.Tensor,
-                        dhold: torch.Tensor | None) -> None:
+                        act: torch.Tensor | None, tc: torch.Tensor | None, cprev: torch.Tensor,
+                        dg: torch.Tensor, dcp_out: torch.Tensor, dhold: torch.Tensor | None,
+                        g: torch.Tensor | None = None) -> None:
     """:func:`cell_backward` in eager torch ops writing straight into the outputs: the
-    ``torch`` kernels."""
+    ``torch`` kernels (``act`` None: the activations recomputed from ``g`` into scratch
+    tensors first, so ``dg`` may be ``g``)."""
     H = cprev.shape[1]
+    if act is None:
+        act, tc = cprev.new_empty(cprev.shape[0], 4 * H), torch.empty_like(cprev)
+        _torch_activations(g, cprev, act, torch.empty_like(cprev), tc)
     dh = dhs_t.to(dhp.dtype)
     if rk_next is None:
         dh, dc = dh + dhp, dcp
@@ -175,11 +211,31 @@ class Kernels:
         strided: the kernels take [B, F] tensors of any strides (torch ops do; the Triton
             kernels index rows of contiguous tensors), so the fused window may keep its
             per-step matrices feature-major (:func:`hvd_lm.model.mlstm_fused.default_layout`).
+        binders: (bind_forward, bind_backward) making each kernel's per-window form
+            (:meth:`bind_forward`), or None: the kernels are used as they are.
     """
 
-    def __init__(self, name: str, forward, backward, strided: bool = True):
+    def __init__(self, name: str, forward, backward, strided: bool = True, binders=None):
         self.name, self.forward, self.backward = name, forward, backward
-        self.strided = strided
+        self.strided, self.binders = strided, binders
+
+    def bind_forward(self, uniform: bool, *step0):
+        """The forward kernel for one window, made from its first step's arguments ``step0``
+        (those of :func:`cell_forward`): the Triton kernels check them once here and then
+        launch each step without the JIT's per-call work
+        (:class:`hvd_lm.model.mlstm_triton.Launch`); the other kernels are returned as they
+        are. ``uniform``: every step's tensors have step 0's 16-byte alignment.
+
+        Raises:
+            ValueError: arguments the kernels cannot take (Triton: a non-fp32 state, a
+                non-contiguous tensor).
+        """
+        return self.forward if self.binders is None else self.binders[0](uniform, *step0)
+
+    def bind_backward(self, uniform: bool, *step0):
+        """The backward kernel for one window (as :meth:`bind_forward`, with the arguments of
+        :func:`cell_backward`)."""
+        return self.backward if self.binders is None else self.binders[1](uniform, *step0)
 
     def __repr__(self) -> str:
         return f"Kernels({self.name!r})"
@@ -241,6 +297,7 @@ def get_kernels(name: str, device: torch.device | str = "cpu") -> Kernels:
         from hvd_lm.model import mlstm_triton  # optional dependency (triton): GPU path only
 
         k = Kernels("triton", mlstm_triton.cell_forward, mlstm_triton.cell_backward,
-                    strided=False)
+                    strided=False, binders=(mlstm_triton.bind_forward,
+                                            mlstm_triton.bind_backward))
     _CACHE[name] = k
     return k

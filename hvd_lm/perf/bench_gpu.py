@@ -14,7 +14,11 @@ In one invocation (so every figure shares the card's clocks and temperature):
    ``--seq-len`` (256), each ``--batch-sizes`` (128, 256) and ``--precisions`` (fp32, fp16 with
    dynamic loss scaling, bf16): chars/s, model TFLOP/s (:meth:`LanguageModel.flops_per_char`),
    the fraction of the square-matmul peak and of the GEMM ceiling, peak memory beside the
-   preflight's estimate (:func:`estimated_memory`);
+   preflight's estimate (:func:`estimated_memory`), the kernels one step launches (counted by
+   ``torch.profiler``: the device's kernels on CUDA, :func:`hvd_lm.perf.profile_step.cpu_launches`
+   on the CPU; also per time step, the step's count / T) and the host's time in one step
+   (:func:`host_seconds`: what launching costs, which the device time hides when it is
+   shorter);
 4. the same for ``--cell lstm`` (``torch.nn.LSTM``, i.e. cuDNN) as the yardstick, and the
    mLSTM / cuDNN-LSTM ratio of achieved TFLOP/s at each shape;
 5. the mLSTM once per ``--rnn-impl`` (fused, the one autograd Function per window of
@@ -45,6 +49,7 @@ import dataclasses
 import gc
 import json
 import statistics
+import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -191,6 +196,24 @@ def build_step(v: Variant, H: int, E: int, B: int, T: int, precision: str,
     return model, step
 
 
+def host_seconds(step: Callable[[], None], device: torch.device, repeats: int) -> float:
+    """Median wall seconds the host spends in one ``step()`` call started on an idle device (a
+    synchronize before it, none inside the timing): the cost of queuing the step's work, its
+    launches' Python and driver time. Less than the step's time when the device is the
+    bottleneck (the host runs ahead); the whole of it when the host is (eager launches of
+    small kernels), or on the CPU, where the work is the host's."""
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return statistics.median(times)
+
+
 def _train_step_rate(v: Variant, H: int, E: int, B: int, T: int, precision: str,
                      device: torch.device, timer: Callable, steps: int, warmup: int,
                      repeats: int) -> dict:
@@ -202,11 +225,17 @@ def _train_step_rate(v: Variant, H: int, E: int, B: int, T: int, precision: str,
     times = [timer(step, steps) / steps for _ in range(repeats)]
     s = statistics.median(times)
     chars = B * T / s
+    peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
+    host = host_seconds(step, device, repeats)
+    try:  # a profiler that cannot start (no CUPTI) costs the count, not the row
+        kernels = profile_step.count_launches(step, device)
+    except Exception:  # noqa: BLE001 - recorded as unknown
+        kernels = None
     return {"step_s": s, "step_s_repeats": times, "chars_per_s": chars,
             "flops_per_char": model.flops_per_char(),
-            "tflops": chars * model.flops_per_char() / 1e12,
-            "peak_memory_gib": (torch.cuda.max_memory_allocated(device) / 2 ** 30
-                                if device.type == "cuda" else None)}
+            "tflops": chars * model.flops_per_char() / 1e12, "peak_memory_gib": peak,
+            "host_s_per_step": host, "kernels_per_step": kernels,
+            "kernels_per_time_step": None if kernels is None else kernels / T}
 
 
 def profile_fastest(res: "Results", cfg: BenchGpuConfig, device: torch.device) -> None:
@@ -356,7 +385,8 @@ def bench_gpu(cfg: BenchGpuConfig, timer: Callable | None = None) -> int:
 
     # 3-5. the training step, every variant
     print(f"\n{'cell':>6} {'impl':>20} {'B':>5} {'prec':>5} {'chars/s':>11} {'TFLOP/s':>8} "
-          f"{'of peak':>8} {'of GEMMs':>8} {'GiB peak/est':>12}")
+          f"{'of peak':>8} {'of GEMMs':>8} {'GiB peak/est':>12} {'kernels':>8} {'per t':>6} "
+          f"{'host ms':>8}")
     for v in variants(cfg, device):
         for B in cfg.batch_sizes:
             for prec in cfg.precisions:
@@ -393,8 +423,12 @@ def _row_line(r: dict) -> str:
 
     mem = (f"{r['peak_memory_gib']:.1f}" if r["peak_memory_gib"] is not None else "-") + \
         f"/{r['estimated_memory_gib']:.1f}"
+    k = r.get("kernels_per_step")
+    kernels = f"{k:>8} {r['kernels_per_time_step']:>6.1f}" if k is not None else \
+        f"{'-':>8} {'-':>6}"
     return (f"{head} {r['chars_per_s']:>11,.0f} {r['tflops']:>8.1f} {pct('fraction_of_peak')} "
-            f"{pct('fraction_of_gemm_ceiling')} {mem:>12}")
+            f"{pct('fraction_of_gemm_ceiling')} {mem:>12} {kernels} "
+            f"{1e3 * r['host_s_per_step']:>8.1f}")
 
 
 def _ratios(res: Results, cfg: BenchGpuConfig) -> None:

@@ -66,10 +66,11 @@ def compile_ahead(arch: int = 90, computes: tuple[str, ...] = ()) -> list[dict]:
         for compute in computes or tuple(tk.COMPUTE_TYPES):
             for has_keep in (False, True):
                 for has_rk in (False, True):
+                    consts = tk.launch_constexprs(compute, has_keep, has_rk)
                     for name, sig in tk.launch_signatures(compute, has_keep,
                                                           has_rk).items():
-                        src = ASTSource(fn=kernels[name], signature=sig, constexprs={
-                            "HAS_KEEP": has_keep, "HAS_RK": has_rk, "BLOCK": tk.BLOCK})
+                        src = ASTSource(fn=kernels[name], signature=sig,
+                                        constexprs=consts[name])
                         built = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                                                options={"num_warps": tk.NUM_WARPS,
                                                         "enable_fp_fusion": True})

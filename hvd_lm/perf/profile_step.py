@@ -25,6 +25,21 @@ from torch.autograd import DeviceType
 #: gap sizes counted separately, microseconds
 GAP_EDGES_US = (5.0, 50.0, 500.0)
 
+#: CPU operators that launch no kernel: allocation, views and metadata, host reads, and the
+#: composite operators whose work is all in the operators they call (counted there).
+NO_KERNEL = frozenset("aten::" + n for n in (
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "as_strided",
+    "view", "_unsafe_view", "view_as", "reshape", "_reshape_alias", "flatten", "t", "transpose",
+    "permute", "select", "slice", "unbind", "split", "split_with_sizes", "chunk", "narrow",
+    "expand", "expand_as", "squeeze", "unsqueeze", "detach", "detach_", "alias", "resolve_conj",
+    "resolve_neg", "resize_", "lift_fresh", "contiguous", "to", "_to_copy", "clone", "item",
+    "is_nonzero", "_local_scalar_dense", "set_", "zeros", "zeros_like", "ones", "ones_like",
+    "full", "full_like", "linear", "matmul", "numpy_T", "result_type", "is_same_size"))
+#: operators that launch their own kernel besides any they call (a GEMM that first copies its
+#: additive input into its output: ``addmm`` with ``out`` not ``self``)
+OWN_KERNEL = frozenset("aten::" + n for n in (
+    "mm", "addmm", "addmm_", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot"))
+
 
 def gap_stats(intervals: Iterable[tuple[float, float]]) -> dict:
     """Busy and idle time of a set of (start, end) intervals, microseconds.
@@ -82,6 +97,49 @@ def top_kernels(events: Iterable[tuple[str, float]], top: int = 20) -> list[dict
     rows = sorted(total, key=total.__getitem__, reverse=True)[:top]
     return [{"name": n, "calls": calls[n], "total_us": total[n], "mean_us": total[n] / calls[n],
              "share": total[n] / whole} for n in rows]
+
+
+def cpu_launches(events: Iterable, scopes: Iterable[str] = ()) -> int:
+    """The kernels a set of profiled CPU operators launched: each ``aten::`` operator that does
+    work itself and is not in :data:`NO_KERNEL`, counted where the work is (an operator whose
+    callees launch kernels is not counted again, unless it is a GEMM, :data:`OWN_KERNEL`); a
+    ``record_function`` scope named in ``scopes`` counts as one kernel whatever it runs (a cell
+    kernel that is one Triton kernel on a GPU).
+
+    Args:
+        events: the profiler's CPU events (``prof.events()``); only the top-level ones are
+            walked (their ``cpu_children``).
+    """
+    scopes = frozenset(scopes)
+
+    def count(e) -> int:
+        if e.name in scopes:
+            return 1
+        below = sum(count(c) for c in e.cpu_children)
+        own = e.name.startswith("aten::") and e.name not in NO_KERNEL and (
+            below == 0 or e.name in OWN_KERNEL)
+        return below + own
+
+    return sum(count(e) for e in events
+               if e.device_type == DeviceType.CPU and e.cpu_parent is None)
+
+
+def count_launches(fn: Callable[[], object], device: torch.device,
+                   scopes: Iterable[str] = ()) -> int:
+    """Kernels ``fn()`` launches, from one ``torch.profiler`` run of it: on CUDA the device's
+    kernels, copies and memsets (CUPTI's records), elsewhere :func:`cpu_launches` (``scopes``
+    as there)."""
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize(device)
+    with torch.profiler.profile(activities=acts) as prof:
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    if device.type == "cuda":
+        return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+    return cpu_launches(prof.events(), scopes)
 
 
 def profile_window(step: Callable[[], object], device: torch.device, steps: int = 3,

@@ -54,10 +54,11 @@ def nll_bits(model, streams: RankStreams, device: torch.device, precision: str =
                       disable=None if progress else True, file=sys.stderr, leave=False):
         x, y = batch.inputs.to(device), batch.targets.to(device)
         with devices.autocast(device, precision):
-            logits, state = model(x, state, reset=batch.reset.to(device))
-        # float64 log-softmax: the sum over millions of chars stays exact (uniform -> 8.0 bits).
-        nats = F.cross_entropy(logits.double().reshape(-1, logits.shape[-1]), y.reshape(-1),
-                               ignore_index=IGNORE, reduction="sum")
+            logits, state = model(x, state, reset=batch.reset.to(device), time_major=True)
+        # float64 log-softmax: the sum over millions of chars stays exact (uniform -> 8.0 bits);
+        # logits [T, B, 256] as the model makes them, the targets transposed to match
+        nats = F.cross_entropy(logits.double().reshape(-1, logits.shape[-1]),
+                               y.t().reshape(-1), ignore_index=IGNORE, reduction="sum")
         bits += float(nats) / math.log(2)
         chars += batch.chars
     return bits, chars

@@ -50,6 +50,7 @@ from hvd_lm.formats import checkpoint as ckpt_io
 from hvd_lm.model.mfu import rate_against
 from hvd_lm.options import Command, error_text
 from hvd_lm.train import resume as resume_io
+from hvd_lm.train.counting import LazyCounting
 from hvd_lm.train.data import Prefetcher
 from hvd_lm.train.elastic import ElasticTraining
 from hvd_lm.train.evaluate import bpc as eval_bpc
@@ -78,7 +79,7 @@ def train(cfg: TrainConfig) -> dict:
     return Trainer(cfg).run()
 
 
-class Trainer(TrainingRun, ElasticTraining):
+class Trainer(TrainingRun, ElasticTraining, LazyCounting):
     """One training run: built by :class:`hvd_lm.train.startup.TrainingRun` (no collective in
     elastic mode, where a joining worker gets the state from the others); :meth:`run` trains.
 
@@ -225,11 +226,14 @@ class Trainer(TrainingRun, ElasticTraining):
             r = train_step(self.model, self.optimizer, self.scaler, self.params, windows(), k,
                            self.rnn_state, self.device, cfg.run.precision, cfg.optim.grad_clip,
                            cfg.run.nan_check,
-                           loss_hook=lambda loss: self.faults.loss(loss, pos.attempts))
+                           loss_hook=lambda loss: self.faults.loss(loss, pos.attempts),
+                           before_update=self.settle_step)  # the previous step's count
             self.rnn_state = r.state
 
-            # count it (the LR schedule advances on applied steps only), then log and validate
-            self.count_step(r.applied, r.grad_norm)
+            # count it (the LR schedule advances on applied steps only), then log and validate;
+            # where nothing here depends on it, read its outcome during the next step
+            # (hvd_lm.train.counting: no host sync per step)
+            r = self.count_lazily(r)
             self.chars_local += r.chars
             self.meter.add(r.nats, r.chars, r.wait_s, time.perf_counter() - t_step)
             stop_flag, due_flag = self.control_flags()  # Horovod: allreduce (at most every

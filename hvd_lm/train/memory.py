@@ -6,10 +6,13 @@ H hidden size, E embedding width, V = 256 byte values, P parameters; S = 4 bytes
 state, the loss, master weights, gradients and optimizer state), C the compute dtype's bytes
 (4 for fp32, 2 under bf16/fp16 autocast). Activations saved for the backward of one window:
 
-* embedding output, as the two input projections keep it: 2 N E C;
+* embedding output, as the input projections keep it: the mLSTM's two read the same
+  contiguous [T, B, E] tensor and keep it once in fp32 (N E S), under autocast each its own
+  cast (2 N E C); the LSTM 2 N E C;
 * the recurrence, ``--rnn-impl fused``: :func:`hvd_lm.model.mlstm_fused.saved_bytes`
-  (T, B, H, reset on: a window that starts a stream) = N H (6 S + 4 C) + B H (S + C) + N S,
-  and under autocast the recurrent weights W_mh and W_h cast once, 5 H^2 C;
+  (T, B, H, reset on: a window that starts a stream) = N H (6 S + 4 C) in fp32, N H (S + 8 C)
+  under autocast (the gate pre-activations saved instead of the fp32 activations), + B H
+  (S + C) + N S, and under autocast the recurrent weights W_mh and W_h cast once, 5 H^2 C;
   ``reference``: per step and row 7 H C + 2 H S (the matmuls' inputs h and m, W_mh h, the four
   gate activations in C; c and tanh(c) in S), xm N H C, and under autocast the two recurrent
   weights cast again at every step, T 5 H^2 C (autocast caches only leaf tensors' casts, and
@@ -24,22 +27,33 @@ threshold, 128 MiB by default; plus the fp16 copies, 2 P, under ``--compression 
 on one rank), the optimizer state (:data:`OPTIMIZER_STATES` tensors of 4 P), the backward's
 workspace (the window's input gradients [T, B, 4H] and [T, B, H] and the gradient of hs
 [T, B, H] in the compute dtype, alive together, and the logits and their gradient in fp32:
-6 N H C + 2 N V S) and, on the host, the shard read buffers (1 MiB per row and split).
+6 N H C + 2 N V S; under autocast the fused window writes the gate gradients over its saved
+pre-activations, so the [T, B, 4H] one is not allocated: 2 N H C + 2 N V S) and, on the host,
+the shard read buffers (1 MiB per row and split).
 
-On a GPU the fused window's backward needs 2 N H C more than that workspace (measured on one
+On a GPU the fused window's backward needed 2 N H C more than that workspace (measured on one
 H200 at H=4096, T=256, B=128 and 256, fp32 and bf16: the eager peak sat 3.6-3.9 bytes per
-position and unit above the estimate in bf16, 7.8 in fp32; ``docs/results/gpu_h200/``); it is
-added on CUDA only (the CPU figures below hold without it).
+position and unit above the estimate in bf16, 7.8 in fp32; ``docs/results/gpu_h200/``), one N H
+C of which was the contiguous copy of the gradient of hs, which came transposed then (issue 43:
+the data now stays in [T, B] order and the copy is gone): 1 N H C is added, on CUDA only.
+
+**Refit for issue 43, without a card** (:func:`gpu_savings`): those peaks were measured before
+the fused window saved the pre-activations (12 H bytes less per position in bf16), wrote the
+gate gradients over them (4 N H C less workspace) and stopped copying the gradient of hs (1 N H
+C); the estimate is the fitted one less exactly those bytes, checked against the H200's peaks
+less the same bytes by ``tests/test_reliability.py``. The next card's ``bench gpu`` records the
+new peaks beside this estimate (``peak_memory_gib``, ``estimated_memory_gib``) to confirm it.
 
 With ``--cuda-graphs`` on a GPU, the fused window is replayed from a CUDA graph whose private
 memory pool (``torch.cuda.make_graphed_callables``) stays allocated for the whole run and is
 never shared with the eager allocator: :func:`graph_pool_bytes` adds the pool's static buffers
 (inputs, outputs, their gradients and the backward's gate gradients: 14 N H C, plus the
-recurrent weights cast and their gradients, 10 H^2 C). The window's saved activations live in
-the pool instead of the eager allocator, so they count once. Measured on that H200: the graphed
-peak 7.1 GiB above the eager one at B=256 bf16 (the model: 7.3) and 7.2 at B=128 fp32 (7.6);
-the first model, which counted the saved activations twice and 17 N H C, was 2.4x the
-measured pool.
+recurrent weights cast and their gradients, 10 H^2 C; under autocast the gate gradients and
+the input's gradient are the static input buffer itself, 8 of the 17 elements per position the
+fit was made from: 7 N H C). The window's saved activations live in the pool instead of the eager
+allocator, so they count once. Measured on that H200: the graphed peak 7.1 GiB above the eager
+one at B=256 bf16 (the model: 7.3) and 7.2 at B=128 fp32 (7.6); the first model, which counted
+the saved activations twice and 17 N H C, was 2.4x the measured pool.
 
 With ``--async-checkpoint`` (the default) rank 0 also holds a host copy of the checkpoint being
 written while the next steps run: weights and optimizer state, 4 P (1 + states), and every
@@ -129,6 +143,7 @@ def activation_bytes(T: int, B: int, H: int, E: int, V: int, C: int, impl: str =
     """
     S, N = 4, T * B
     casts = 5 * H * H * C if C != S else 0  # W_mh [H, H] and W_h [4H, H] in the compute dtype
+    embedded = 2 * N * E * C if cell == "lstm" or C != S else N * E * S
     if cell == "lstm":
         rnn = 16 * N * H * S
     elif impl == "fused":
@@ -136,7 +151,31 @@ def activation_bytes(T: int, B: int, H: int, E: int, V: int, C: int, impl: str =
         rnn = saved_bytes(T, B, H, torch.float32, cdtype, mask=False, reset=True) + casts
     else:
         rnn = N * H * (7 * C + 2 * S) + N * H * C + T * casts
-    return 2 * N * E * C + rnn + N * H * C + N * V * S + 2 * N * 8
+    return embedded + rnn + N * H * C + N * V * S + 2 * N * 8
+
+
+def workspace_bytes(T: int, B: int, H: int, V: int, C: int, fused_gpu: bool,
+                    fused: bool = True) -> int:
+    """The backward's largest short-lived tensors (module docstring): the window's input
+    gradients and the gradient of hs, 6 N H C (2 N H C when the fused window writes the gate
+    gradients over its saved pre-activations: ``fused`` under autocast, C < 4), the logits and
+    their gradient in fp32, 2 N V S, and the fused window's 1 N H C more on a GPU."""
+    N = T * B
+    units = 2 if fused and C < 4 else 6
+    return N * ((units + (1 if fused_gpu else 0)) * H * C + 2 * V * 4)
+
+
+def gpu_savings(T: int, B: int, H: int, C: int, graphed: bool = False) -> int:
+    """Bytes issue 43 took off the fused window's step on a GPU, per rank: the activations
+    (the pre-activations 4 H C saved instead of the activations and tanh(c) 5 H S per position,
+    under autocast), the gate-gradient buffer (4 N H C, autocast), the copy of the gradient of
+    hs (1 N H C), and with CUDA graphs the pool's merged buffers (7 N H C, autocast). What
+    ``tests/test_reliability.py`` takes off the H200's peaks, measured before, to check the
+    refitted estimate (module docstring)."""
+    N, narrow = T * B, C < 4
+    saved = N * H * (5 * 4 - 4 * C) if narrow else 0
+    pool = 7 * N * H * C if graphed and narrow else 0
+    return saved + N * H * C * ((4 if narrow else 0) + 1) + pool
 
 
 def graph_pool_bytes(T: int, B: int, H: int, C: int) -> int:
@@ -144,14 +183,16 @@ def graph_pool_bytes(T: int, B: int, H: int, C: int) -> int:
     (module docstring), N = T B positions: its static buffers, 14 N H C in the compute dtype
     (the inputs xg [T, B, 4H] and xm [T, B, H], the output hs and its gradient, the inputs'
     gradients, the backward's gate gradients; fitted to one H200's peaks, where 17 was the
-    count of the buffers' elements), and the recurrent weights W_mh [H, H], W_h [4H, H] cast
-    and their gradients, 10 H^2 C. The saved activations move into the pool and are counted in
-    ``activations``.
+    count of the buffers' elements), 7 N H C under autocast (C < 4: the gate gradients and
+    xg's gradient, 8 of those elements, are xg's own buffer: half the fit, not yet measured),
+    and the recurrent weights W_mh [H, H], W_h [4H, H]
+    cast and their gradients, 10 H^2 C. The saved activations move into the pool and are
+    counted in ``activations``.
 
     Args:
         T, B: window length and rows; H: hidden size; C: compute dtype bytes.
     """
-    return 14 * T * B * H * C + 10 * H * H * C
+    return (7 if C < 4 else 14) * T * B * H * C + 10 * H * H * C
 
 
 def step_memory(cfg: TrainConfig, device_type: str, world_size: int = 1,
@@ -182,8 +223,8 @@ def step_memory(cfg: TrainConfig, device_type: str, world_size: int = 1,
     return StepMemory(
         activations=activation_bytes(d.seq_len, d.batch_size, m.hidden_size, m.embed_dim,
                                      m.vocab_size, C, m.rnn_impl, m.cell),
-        workspace=d.seq_len * d.batch_size * ((8 if fused_gpu else 6) * m.hidden_size * C
-                                              + 2 * m.vocab_size * 4),
+        workspace=workspace_bytes(d.seq_len, d.batch_size, m.hidden_size, m.vocab_size, C,
+                                  fused_gpu, m.cell == "mlstm" and m.rnn_impl == "fused"),
         parameters=4 * P,
         gradients=4 * P + allreduce,
         optimizer=4 * P * states,

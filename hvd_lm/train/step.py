@@ -10,11 +10,20 @@ Per rank, for the ``k`` windows of one optimizer step (``backward_passes_per_ste
    Horovod's hooks start each gradient's fused, fp16-compressed allreduce as soon as it is ready.
 2. ``optimizer.synchronize()``: wait for those allreduces (Horovod docs, "Gradient clipping");
    on CUDA the stream is drained first, so the wait measured is the allreduce's alone.
-3. unscale (fp16) and clip the global L2 norm (:func:`unscale_and_clip`); the norm read on the
-   host is the step's one sync (fp16 adds ``GradScaler.step``'s inf check).
+3. unscale (fp16) and clip the global L2 norm (:func:`grad_norm`);
 4. step inside ``optimizer.skip_synchronize()``, or skip a step whose gradients are not finite
-   (:func:`step_or_skip`: every rank decides alike, from the same allreduced norm); zero the
-   gradients.
+   (every rank decides alike, from the same allreduced norm); zero the gradients.
+
+The skip is decided **on the device** when the optimizer can take the decision as a tensor
+(:func:`decides_on_device`: torch's fused Adam, AdamW and SGD, which skip their update and undo
+their step count where ``found_inf`` is 1, as ``GradScaler`` drives them): the step then reads
+nothing back to the host; the norm travels to the host on its own (a non-blocking copy into
+pinned memory, :class:`DeviceOutcome`) and is read when the loop needs it
+(:meth:`StepResult.read`). A skipped step whose recurrent state is not finite returns it zeroed,
+also decided on the device. Other optimizers (the 1-bit ones, whose ranks agree on a norm
+through a collective) read the norm on the host (:func:`unscale_and_clip`, :func:`step_or_skip`).
+On CUDA the stream is drained before Horovod's wait only when there is one (the wait measured
+is then the allreduce's alone); without Horovod the step queues its work and returns.
 
 An optimizer without Horovod's ``synchronize`` (a plain torch optimizer on one process, or DDP,
 whose allreduce happens inside backward) takes the same path without the wait.
@@ -22,6 +31,7 @@ whose allreduce happens inside backward) takes the same path without the wait.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -51,49 +61,60 @@ def window_nll(model, batch: Batch, state: State, device: torch.device, precisio
     x = batch.inputs.to(device, non_blocking=True)
     y = batch.targets.to(device, non_blocking=True)
     with devices.autocast(device, precision):
-        logits, state = model(x, state, reset=batch.reset.to(device, non_blocking=True))
-    nats = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
+        logits, state = model(x, state, reset=batch.reset.to(device, non_blocking=True),
+                              time_major=True)
+    # logits [T, B, 256], contiguous as the decoder wrote them; the targets [B, T] transposed
+    # to match (a [B, T] int64 copy instead of one of the [T, B, 256] logits)
+    nats = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.t().reshape(-1),
                            ignore_index=IGNORE, reduction="sum")
     return nats, state
 
 
-def unscale_and_clip(optimizer, params: list[torch.Tensor], max_norm: float,
-                     scaler: torch.amp.GradScaler) -> float:
+def grad_norm(optimizer, params: list[torch.Tensor], max_norm: float,
+              scaler: torch.amp.GradScaler) -> torch.Tensor:
     """Unscale the gradients (fp16; a disabled scaler does nothing) and clip their global L2 norm
-    to ``max_norm``; call it after the gradients are complete (Horovod: after
-    ``optimizer.synchronize()``). torch.amp docs, "Working with unscaled gradients"; Horovod
-    docs, "Gradient clipping".
-
-    The norm is one multi-tensor kernel (``foreach``) and is read on the host: the step's one
-    sync, so every rank can take the same skip decision. An optimiser whose gradients stay local
-    (a 1-bit optimiser's compressed phase) agrees on one norm through its ``agree_grad_norm``
-    (:meth:`hvd_lm.train.onebit_optimizers.OnebitDistributedOptimizer.agree_grad_norm`).
+    to ``max_norm``, reading nothing back to the host; call it after the gradients are complete
+    (Horovod: after ``optimizer.synchronize()``). torch.amp docs, "Working with unscaled
+    gradients"; Horovod docs, "Gradient clipping".
 
     Args:
         params: the parameters (tensors with ``.grad``); max_norm: 0 = measure, do not clip.
 
     Returns:
-        The norm before clipping (inf or NaN when a gradient is not finite).
+        The norm before clipping, a 0-d tensor on the gradients' device (inf or NaN when a
+        gradient is not finite).
     """
     scaler.unscale_(optimizer)
     if max_norm > 0:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-    else:
-        norm = torch.nn.utils.get_total_norm(
-            [p.grad.detach() for p in params if p.grad is not None], foreach=True)
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    return torch.nn.utils.get_total_norm(
+        [p.grad.detach() for p in params if p.grad is not None], foreach=True)
+
+
+def unscale_and_clip(optimizer, params: list[torch.Tensor], max_norm: float,
+                     scaler: torch.amp.GradScaler) -> float:
+    """:func:`grad_norm`, read on the host (a sync): the path of an optimizer that cannot take
+    the skip decision as a tensor. An optimiser whose gradients stay local (a 1-bit optimiser's
+    compressed phase) agrees on one norm through its ``agree_grad_norm``
+    (:meth:`hvd_lm.train.onebit_optimizers.OnebitDistributedOptimizer.agree_grad_norm`).
+
+    Returns:
+        The norm before clipping (inf or NaN when a gradient is not finite).
+    """
+    norm = float(grad_norm(optimizer, params, max_norm, scaler))
     agree = getattr(optimizer, "agree_grad_norm", None)
-    return agree(float(norm)) if agree is not None else float(norm)
+    return agree(norm) if agree is not None else norm
 
 
 def step_or_skip(optimizer, scaler: torch.amp.GradScaler, grad_norm: float,
                  check_finite: bool = True) -> bool:
-    """The optimiser step, or none when the gradients are not finite; returns whether it was
-    applied. fp16 (an enabled scaler): ``scaler.step`` skips on inf/NaN by itself and
-    ``scaler.update`` lowers the scale; the norm, taken after ``unscale_``, is non-finite exactly
-    then, so applied = the norm is finite (no ``get_scale()``: each is a host sync). Otherwise
-    the step is skipped when ``check_finite`` and ``grad_norm`` (:func:`unscale_and_clip`, the
-    same on every rank) is not finite. Under Horovod call it inside
-    ``optimizer.skip_synchronize()``."""
+    """The optimiser step, or none when the gradients are not finite, decided on the host;
+    returns whether it was applied. fp16 (an enabled scaler): ``scaler.step`` skips on inf/NaN
+    by itself and ``scaler.update`` lowers the scale; the norm, taken after ``unscale_``, is
+    non-finite exactly then, so applied = the norm is finite (no ``get_scale()``: each is a
+    host sync). Otherwise the step is skipped when ``check_finite`` and ``grad_norm``
+    (:func:`unscale_and_clip`, the same on every rank) is not finite. Under Horovod call it
+    inside ``optimizer.skip_synchronize()``."""
     if scaler.is_enabled():
         scaler.step(optimizer)
         scaler.update()
@@ -104,33 +125,129 @@ def step_or_skip(optimizer, scaler: torch.amp.GradScaler, grad_norm: float,
     return True
 
 
+#: torch optimizers whose fused implementation takes ``found_inf`` (skips its update, and undoes
+#: its step count, on the device where it is 1): what ``GradScaler`` drives them with.
+FOUND_INF_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
+
+
+def decides_on_device(optimizer) -> bool:
+    """Whether :func:`train_step` decides the skip on the device for ``optimizer``: one of
+    :data:`FOUND_INF_OPTIMIZERS` (or Horovod's ``DistributedOptimizer`` of one, a subclass)
+    whose every parameter group is fused, and no ``agree_grad_norm`` (the 1-bit optimisers
+    agree on a norm on the host)."""
+    return (isinstance(optimizer, FOUND_INF_OPTIMIZERS)
+            and getattr(optimizer, "agree_grad_norm", None) is None
+            and all(g.get("fused") for g in optimizer.param_groups))
+
+
+def step_or_skip_on_device(optimizer, scaler: torch.amp.GradScaler, norm: torch.Tensor,
+                           check_finite: bool = True) -> torch.Tensor | bool:
+    """:func:`step_or_skip` decided on the device, for an optimizer that
+    :func:`decides_on_device`: it gets ``found_inf`` = 1.0 where ``norm`` is not finite and
+    leaves its parameters and state as they are there (torch.optim's fused kernels; the same
+    tensor ``GradScaler.step`` hands them); fp16's scaler then updates its scale from the inf
+    check its ``unscale_`` recorded, on the device too. Under Horovod call it inside
+    ``optimizer.skip_synchronize()``.
+
+    Returns:
+        whether the step was applied: a 0-d bool tensor on the norm's device (True, a bool,
+        when nothing is checked: ``check_finite`` off without loss scaling).
+    """
+    if not (check_finite or scaler.is_enabled()):
+        optimizer.step()
+        return True
+    finite = torch.isfinite(norm)
+    optimizer.found_inf = (~finite).to(torch.float32)
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf
+    if scaler.is_enabled():
+        scaler.update()
+    return finite
+
+
+class DeviceOutcome:
+    """A step's gradient norm as the device computed it, sent to the host as soon as it is
+    made: one non-blocking copy into pinned memory and a CUDA event after it, so that
+    :meth:`read` waits for the norm alone, not for the work queued after it (the next step's
+    forward and backward). On the CPU the tensor is read as it is. The skip decision is the
+    norm's finiteness (:func:`step_or_skip_on_device`), so the host derives it from the copy.
+
+    Args:
+        norm: 0-d float tensor; checked: whether a non-finite norm skipped the step.
+    """
+
+    def __init__(self, norm: torch.Tensor, checked: bool):
+        self.checked, self.event = checked, None
+        if norm.device.type == "cuda":
+            self.host = torch.empty((), dtype=norm.dtype, pin_memory=True)
+            self.host.copy_(norm.detach(), non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = norm.detach()
+
+    def read(self) -> tuple[bool, float]:
+        """(applied, the norm as a float)."""
+        if self.event is not None:
+            self.event.synchronize()
+        norm = self.host.tolist()
+        return (math.isfinite(norm) or not self.checked), norm
+
+
+def _zero_lost_state(state: State, applied: torch.Tensor) -> State:
+    """(h, c) [B, H], zeroed when the step was skipped and the state is not finite (a NaN
+    state would poison every later window), decided on the device: what the loop did on the
+    host after a skipped step before the decision moved to the device. The state is finite iff
+    the sum of its elements is: |h| <= 1 and |c_t| <= |c_{t-1}| + 1, so no finite state's sum
+    comes near fp32's overflow."""
+    h, c = (s.detach() for s in state)
+    keep = applied | torch.isfinite(h.sum() + c.sum())
+    return torch.where(keep, h, 0.0), torch.where(keep, c, 0.0)
+
+
 @dataclass
 class StepResult:
     """What one :func:`train_step` did.
 
     Attributes:
-        applied: the optimizer step was taken (False: skipped, gradients not finite).
-        grad_norm: the gradients' global L2 norm before clipping.
+        applied: the optimizer step was taken (False: skipped, gradients not finite): a bool, or,
+            when decided on the device, a 0-d bool tensor there (:meth:`read` gives the bool).
+        grad_norm: the gradients' global L2 norm before clipping: a float, or a 0-d tensor
+            on the device (:meth:`read`).
         nats: summed -ln p over the step's targets, a 0-d fp64 tensor on the device (read it
             when logging: reading it here would be a host sync per step).
         chars: targets (bytes) predicted.
         wait_s: seconds the host waited for the gradient allreduce (0 without Horovod).
         state: the recurrent state (h, c) after the last window, each [B, H].
+        outcome: the device decision's way to the host (:class:`DeviceOutcome`), or None.
     """
 
-    applied: bool
-    grad_norm: float
+    applied: bool | torch.Tensor
+    grad_norm: float | torch.Tensor
     nats: torch.Tensor
     chars: int
     wait_s: float
     state: State
+    outcome: DeviceOutcome | None = None
+
+    def read(self) -> "StepResult":
+        """This result with ``applied`` (bool) and ``grad_norm`` (float) on the host: itself
+        when they are already; else read from :attr:`outcome` (waits for the step's decision,
+        not for the work queued after it)."""
+        if self.outcome is None:
+            return self
+        applied, norm = self.outcome.read()
+        return dataclasses.replace(self, applied=applied, grad_norm=norm, outcome=None)
 
 
 def train_step(model, optimizer, scaler: torch.amp.GradScaler, params: list[torch.Tensor],
                windows: Iterable[Batch], k: int, state: State, device: torch.device,
                precision: str, grad_clip: float, check_finite: bool = True,
                loss_hook: Callable[[torch.Tensor], torch.Tensor] | None = None,
-               clock: Callable[[str], None] | None = None) -> StepResult:
+               clock: Callable[[str], None] | None = None,
+               before_update: Callable[[], None] | None = None) -> StepResult:
     """One optimizer step over ``k`` TBPTT windows (the module docstring, top to bottom).
 
     Args:
@@ -146,9 +263,14 @@ def train_step(model, optimizer, scaler: torch.amp.GradScaler, params: list[torc
             :mod:`hvd_lm.train.faults`).
         clock: called with ``"forward"``, ``"backward"`` (each window), ``"synchronized"`` and
             ``"updated"`` as each part ends (``bench multinode`` times the parts).
+        before_update: called once the gradients are complete, before the clip and the update
+            (the loop settles the previous step's count there: the learning rate this update
+            uses then follows every skip, and its read of that decision waits for no work of
+            this step).
 
     Returns:
-        :class:`StepResult`.
+        :class:`StepResult` (``applied`` and ``grad_norm`` as device tensors when the skip was
+        decided on the device: :meth:`StepResult.read`).
     """
     mark = clock or (lambda _: None)
     nats_step, chars = torch.zeros((), dtype=torch.float64, device=device), 0
@@ -166,19 +288,35 @@ def train_step(model, optimizer, scaler: torch.amp.GradScaler, params: list[torc
 
     # Horovod: wait for the fused allreduce of every gradient (fp16 on the wire with
     # --compression fp16); on CUDA the backward drained first, so the wait is the allreduce's
-    if device.type == "cuda":
+    synchronize = getattr(optimizer, "synchronize", None)
+    if synchronize is not None and device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
     t_wait = time.perf_counter()
-    synchronize = getattr(optimizer, "synchronize", None)
     if synchronize is not None:
         synchronize()
     wait = time.perf_counter() - t_wait
     mark("synchronized")
+    if before_update is not None:
+        before_update()
+    skip_sync = getattr(optimizer, "skip_synchronize", contextlib.nullcontext)
+    if decides_on_device(optimizer):
+        # unscale (fp16) and clip; step, or skip a step whose gradients are not finite: the
+        # decision a tensor (every rank's alike: the norm of the allreduced gradients)
+        norm = grad_norm(optimizer, params, grad_clip, scaler)
+        with skip_sync():  # Horovod: done
+            applied = step_or_skip_on_device(optimizer, scaler, norm, check_finite)
+        optimizer.zero_grad()
+        mark("updated")
+        checked = not isinstance(applied, bool)  # else nothing was checked: applied
+        if checked:
+            state = _zero_lost_state(state, applied)
+        return StepResult(applied, norm, nats_step, chars, wait, state,
+                          DeviceOutcome(norm, checked))
     # unscale (fp16) and clip; the norm read on the host is the step's sync
-    grad_norm = unscale_and_clip(optimizer, params, grad_clip, scaler)
+    norm = unscale_and_clip(optimizer, params, grad_clip, scaler)
     # step, or skip a step whose gradients are not finite (every rank decides alike)
-    with getattr(optimizer, "skip_synchronize", contextlib.nullcontext)():  # Horovod: done
-        applied = step_or_skip(optimizer, scaler, grad_norm, check_finite)
+    with skip_sync():  # Horovod: done
+        applied = step_or_skip(optimizer, scaler, norm, check_finite)
     optimizer.zero_grad()
     mark("updated")
-    return StepResult(applied, grad_norm, nats_step, chars, wait, state)
+    return StepResult(applied, norm, nats_step, chars, wait, state)

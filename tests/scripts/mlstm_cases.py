@@ -36,44 +36,73 @@ def cell_case(B, H, keep, rk, g_dtype=torch.float32, seed=0):
     return fwd_in, bwd_in
 
 
-def run_cell(kernels: K.Kernels, fwd_in, bwd_in, out_dtype=torch.float32) -> list[torch.Tensor]:
+def run_cell(kernels: K.Kernels, fwd_in, bwd_in, out_dtype=torch.float32,
+             recompute: bool = False) -> list[torch.Tensor]:
     """Both kernels on one case: the forward's six outputs, then the backward's three (fed the
-    specification's forward activations, so a forward error cannot hide a backward one)."""
+    specification's forward activations, so a forward error cannot hide a backward one).
+
+    ``recompute``: as a window with a narrower compute dtype runs them: the forward saves no
+    activations (``act``, ``tc`` None: its four other outputs are returned) and the backward
+    recomputes them from the pre-activations ``g``, writing the gate gradients over ``g``."""
     g, cprev, hstate, keep, rk = fwd_in
     B, H = cprev.shape
     shapes = [(4 * H, torch.float32), (H, torch.float32), (H, out_dtype), (H, torch.float32),
               (H, torch.float32), (H, out_dtype)]
     fwd = [torch.empty(B, n, dtype=d) for n, d in shapes]
-    kernels.forward(g.clone(), cprev, hstate, keep, rk, *fwd)
-    spec = [torch.empty_like(x) for x in fwd]
-    K.cell_forward(g.clone(), cprev, hstate, keep, rk, *spec)
+    if recompute:
+        kernels.forward(g.clone(), cprev, hstate, keep, rk, None, None, *fwd[2:])
+        fwd = fwd[2:]
+    else:
+        kernels.forward(g.clone(), cprev, hstate, keep, rk, *fwd)
+    spec = [torch.empty_like(x) for x in (torch.empty(B, 4 * H), torch.empty(B, H))]
+    K.cell_forward(g.clone(), cprev, hstate, keep, rk, *spec,
+                   *[torch.empty(B, n, dtype=d) for n, d in shapes[2:]])
     dhs, dhp, dcp = bwd_in
     bwd = [torch.empty(B, 4 * H, dtype=out_dtype), torch.empty(B, H), torch.zeros(B, H)]
-    kernels.backward(dhs, dhp, dcp.clone(), rk, keep, spec[0], spec[1], cprev, *bwd[:2],
-                     bwd[2] if keep is not None else None)  # dhold: only with a mask
+    dhold = bwd[2] if keep is not None else None  # dhold: only with a mask
+    if recompute:
+        bwd[0] = g.to(out_dtype).clone()  # the saved pre-activations, overwritten in place
+        kernels.backward(dhs, dhp, dcp.clone(), rk, keep, None, None, cprev, bwd[0], bwd[1],
+                         dhold, bwd[0])
+    else:
+        kernels.backward(dhs, dhp, dcp.clone(), rk, keep, spec[0], spec[1], cprev, *bwd[:2],
+                         dhold)
     return fwd + bwd
 
 
-def cell_diff(kernels: K.Kernels, fwd_in, bwd_in, out_dtype=torch.float32) -> float:
+def cell_diff(kernels: K.Kernels, fwd_in, bwd_in, out_dtype=torch.float32,
+              recompute: bool = False) -> float:
     """Max of |kernels - specification| / max(1, |specification|) over every element of every
-    output of :func:`run_cell` (relative beyond 1: a bf16 output of 3.0 has a step of 2^-6)."""
-    got = run_cell(kernels, fwd_in, bwd_in, out_dtype)
+    output of :func:`run_cell` (relative beyond 1: a bf16 output of 3.0 has a step of 2^-6);
+    ``recompute`` as there (the specification computes the saved activations' way)."""
+    got = run_cell(kernels, fwd_in, bwd_in, out_dtype, recompute)
     want = run_cell(SPEC, fwd_in, bwd_in, out_dtype)
+    if recompute:
+        want = want[2:]
     return max(float(((a.float() - b.float()).abs() / b.float().abs().clamp(min=1.0)).max())
                for a, b in zip(got, want))
 
 
-def window_diff(kernels: K.Kernels, seed: int = 5) -> float:
+def window_diff(kernels: K.Kernels, seed: int = 5, compute=torch.float32) -> float:
     """Max |difference| between the fused window run with ``kernels`` and with the torch
-    kernels (fp32, resets and padding): outputs and the gradients of all six inputs."""
+    kernels (fp32 state, resets and padding): outputs and the gradients of all six inputs.
+    ``compute`` bf16: the input projections in bf16 (the window saves the pre-activations and
+    its backward recomputes the activations) against the torch kernels' fp32 window: the
+    largest relative (Frobenius) error of any of those tensors (bf16 rounds every per-step
+    output, so two kernels whose fp32 arithmetic differs in the last bit differ by whole bf16
+    rounding steps in places: what is compared is the accuracy both reach, ~1e-2)."""
     results = []
-    for k in (kernels, K.get_kernels("torch")):
+    for k, dtype in ((kernels, compute), (K.get_kernels("torch"), torch.float32)):
         tensors, mask, reset = window_inputs(9, 4, 8, dtype=torch.float32, reset_p=0.2,
                                              mask_p=0.8, seed=seed)
-        hs, (h, c) = mlstm_window(*tensors[:2], tensors[2:4], *tensors[4:], k, mask, reset)
-        (hs.sum() + h.sum() + c.sum()).backward()
-        results.append([hs, h, c] + [t.grad for t in tensors])
-    return max(float((a - b).detach().abs().max()) for a, b in zip(*results))
+        xg, xm = (t.detach().to(dtype).requires_grad_() for t in tensors[:2])
+        hs, (h, c) = mlstm_window(xg, xm, tensors[2:4], *tensors[4:], k, mask, reset)
+        (hs.float().sum() + h.sum() + c.sum()).backward()
+        results.append([hs, h, c, xg.grad, xm.grad] + [t.grad for t in tensors[2:]])
+    if compute == torch.float32:
+        return max(float((a - b).detach().abs().max()) for a, b in zip(*results))
+    return max(float((a.float() - b.float()).norm() / b.float().norm())
+               for a, b in zip(*results))
 
 
 def model_diff(kernels: str, seed: int = 6) -> float:

@@ -31,7 +31,16 @@ def main() -> int:
             fwd_in, bwd_in = cell_case(5, 300, keep, rk, dtype, seed=7)
             name = f"cell {str(dtype)[6:]} keep={keep} reset={rk}"
             out[name] = [cell_diff(kernels, fwd_in, bwd_in, dtype), tol]
+    # the saved pre-activations' path (a compute dtype narrower than the state's): no
+    # activations saved, recomputed in the backward, gate gradients written over them
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 2.0 ** -6)):
+        for keep, rk in ((False, False), (True, True)):
+            fwd_in, bwd_in = cell_case(5, 300, keep, rk, dtype, seed=8)
+            name = f"cell {str(dtype)[6:]} keep={keep} reset={rk} recomputed"
+            out[name] = [cell_diff(kernels, fwd_in, bwd_in, dtype, recompute=True), tol]
     out["fused window vs torch kernels"] = [window_diff(kernels), 1e-6]
+    out["fused window bf16 vs torch kernels' fp32 window (relative)"] = [
+        window_diff(kernels, compute=torch.bfloat16), 2e-2]
     out["LanguageModel.encode (mask, reset as [B, T]) vs torch kernels"] = [
         model_diff("triton"), 1e-6]
     try:
