@@ -151,7 +151,8 @@ def test_scaling_model_figures(calibration):
     src = "hvd-lm scaling-model validate/recommend with " + str(
         ss.SHIPPED_CALIBRATION.relative_to(REPO))
     v = ss.validate(calibration)["summary"]
-    says(f"within {max(v['4096-d w/o IB']['model_max_abs_error'], v['8192-d w/ IB']['model_max_abs_error']):.1%} "
+    worst = max(v['4096-d w/o IB']['model_max_abs_error'], v['8192-d w/ IB']['model_max_abs_error'])
+    says(f"within {worst:.1%} "
          f"for the 10 GbE and 8192-d columns and within "
          f"{v['4096-d w/ IB']['model_max_abs_error']:.1%} for the 4096-d InfiniBand column", src,
          PERFORMANCE)
@@ -356,8 +357,8 @@ def test_gpu_performance_table():
          f"of it ({g['gaps']:,} gaps between {p['events']:,} kernels, "
          f"{g['gaps_over_us']['5.0']} over 5 us", GPU, "docs/mlstm_fused.md")
     for k in p["top"][:5]:
-        says(f"| {k['share']:.1%} | {k['total_us'] / 1e3:.2f} | {k['calls']} | {k['mean_us']:.1f} |",
-             GPU, "docs/mlstm_fused.md")
+        says(f"| {k['share']:.1%} | {k['total_us'] / 1e3:.2f} | {k['calls']} | "
+             f"{k['mean_us']:.1f} |", GPU, "docs/mlstm_fused.md")
     (ceiling,) = runs[256]["ceiling"]
     says(f"{f256['fraction_of_gemm_ceiling']:.1%} of its GEMM ceiling "
          f"({ceiling['chars_per_s']:,.0f} chars/s", GPU, "docs/mlstm_fused.md")

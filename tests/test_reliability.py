@@ -219,7 +219,8 @@ def test_start_refuses_when_a_checkpoint_cannot_fit(shards, tmp_path, monkeypatc
     model = torch.nn.Linear(1000, 1000)
     monkeypatch.setattr(rundir, "free_bytes", lambda d: 1000)
     # 1,001,000 fp32 weights + Adam's 2 moments = 12.01 MB, + 28 KiB (RNG states, config, zip)
-    with pytest.raises(atomic.DiskFullError, match=r"run: a checkpoint needs about 12\.0 MB but only 1\.0 kB is free"):
+    with pytest.raises(atomic.DiskFullError,
+                       match=r"run: a checkpoint needs about 12\.0 MB but only 1\.0 kB is free"):
         rundir.open_run_folder(cfg, model, rows=4)
     assert not (tmp_path / "run" / "config.yaml").exists()
     assert not (tmp_path / "run" / ".lock").exists()

@@ -38,7 +38,8 @@ def test_unscale_and_clip_returns_the_norm_before_clipping_and_clips_to_max_norm
 
 def test_unscale_and_clip_with_zero_max_norm_only_measures():
     ps = _params([[3.0, 4.0]])
-    assert step.unscale_and_clip(torch.optim.SGD(ps, lr=1.0), ps, 0.0, NO_SCALING) == pytest.approx(5.0)
+    norm = step.unscale_and_clip(torch.optim.SGD(ps, lr=1.0), ps, 0.0, NO_SCALING)
+    assert norm == pytest.approx(5.0)
     assert ps[0].grad.tolist() == [3.0, 4.0]
 
 

@@ -60,8 +60,14 @@ import torch
 from hvd_lm.model.mlstm_gemms import state_grad_mm, weight_grad_mm, weight_grad_path
 from hvd_lm.model.mlstm_graphs import WindowGraphs, signature
 from hvd_lm.model.mlstm_kernels import Kernels
-from hvd_lm.model.mlstm_layout import (LAYOUTS, default_layout, project, steps_empty, to_layout,
-                                       uniform_steps)
+from hvd_lm.model.mlstm_layout import (
+    LAYOUTS,
+    default_layout,
+    project,
+    steps_empty,
+    to_layout,
+    uniform_steps,
+)
 
 __all__ = ["LAYOUTS", "MLSTMWindow", "WindowGraphs", "default_layout", "mlstm_window", "project",
            "saved_bytes", "signature", "steps_empty", "to_layout", "weight_grad_mm",

@@ -40,7 +40,7 @@ from hvd_lm.train.step import StepResult
 class LazyCounting:
     """The trainer's step counting with the outcome read a step late where nothing depends on
     it (module docstring). Uses the trainer's ``pos``, ``scheduler``, ``optimizer``, ``guard``,
-    ``log``, ``cfg``, ``k``, ``total_steps``, ``total_windows`` and its
+    ``log``, ``cfg``, ``k``, ``total_steps``, ``total_windows``, ``next_control`` and its
     ``count_step(applied, grad_norm)``."""
 
     #: (the step's result, the position it was counted in, the schedule's state before it)
@@ -69,12 +69,12 @@ class LazyCounting:
         """Whether the step just taken must be counted exactly now: were it applied, the count
         would reach a multiple of ``log_every``, ``eval_every``, ``checkpoint_every`` or
         ``commit_every`` or the last step; or this attempt exchanges the control flags
-        (``control_every``); or the next step cannot run for lack of windows; or one more skip
-        would end the run (``max_skipped_steps``)."""
+        (``next_control``: about once a second of steps); or the next step cannot run for lack
+        of windows; or one more skip would end the run (``max_skipped_steps``)."""
         run, pos = self.cfg.run, self.pos
         step = pos.step + 1
-        if step >= self.total_steps or (pos.attempts + 1) % run.control_every == 0:
-            return True
+        if step >= self.total_steps or pos.attempts + 1 >= self.next_control:
+            return True  # the last step, or a control exchange (a stop, a checkpoint, a plan)
         if any(n and step % n == 0 for n in (run.log_every, run.eval_every, run.checkpoint_every,
                                              run.commit_every if run.elastic else 0)):
             return True

@@ -4,19 +4,21 @@ One optimizer step (per rank, B rows x T bytes per window, ``backward_passes_per
 :func:`hvd_lm.train.step.train_step` (forward, loss, backward, Horovod's synchronize, unscale and
 clip, step or skip: the same function every benchmark times); :meth:`Trainer.steps` is the loop
 around it: count the step (the LR schedule advances on applied steps only), one tiny allreduce
-of control flags about once a second of steps (every attempt for one process, at most every
-``run.control_every`` attempts: a preemption signal or a due time-based checkpoint on any rank
+of control flags about once a second of steps (at most every ``run.control_every`` attempts,
+every attempt when steps are slow: a preemption signal or a due time-based checkpoint on any rank
 stops or checkpoints every rank at the same step; with ``--time-limit`` rank 0's plan of the
 last step, :mod:`hvd_lm.train.deadline`), log, validate, stop a diverged run, checkpoint. Each
 line of it that is a collective says so (``# Horovod:``): every rank must reach it at the same
 step.
 
-The host does not wait on the device per window: the next window is read ahead on a thread
-(``train.data.Prefetcher``), the loss is summed on the device and read at log time, and the one
-per-step sync is the gradient norm (its finiteness decides the skip; fp16 adds GradScaler.step's
-read of its inf check). On CUDA the stream is also drained just before the allreduce wait, which
-costs nothing (the host then blocks on the allreduce, which needs the backward done) and splits
-each step's time into device compute and wait (``compute_time_max``, a slow GPU's straggling).
+The host does not wait on the device per step: the next window is read ahead on a thread
+(``train.data.Prefetcher``), the loss is summed on the device and read at log time, and with
+torch's fused optimizers the skip of a non-finite step is decided on the device and read a step
+late where nothing depends on it (:mod:`hvd_lm.train.counting`; the 1-bit optimizers and fp16's
+GradScaler read the norm on the host). Under Horovod on CUDA the stream is drained just before
+the allreduce wait, which costs nothing (the host then blocks on the allreduce, which needs the
+backward done) and splits each step's time into device compute and wait
+(``compute_time_max``, a slow GPU's straggling).
 
 Rank 0 logs (tqdm bar, a line every ``log_every`` steps, ``metrics.jsonl``, TensorBoard with
 ``--tensorboard true``) and writes checkpoints; metrics are sums over ranks but
@@ -289,19 +291,23 @@ class Trainer(TrainingRun, ElasticTraining, LazyCounting):
         """When a stop signal received now is acted on (the line :class:`StopSignals` prints):
         after the step in progress for one process, else at the next control exchange."""
         step = self.pos.step + 1
-        if self.ctx.size == 1:
-            return f"stopping after step {step:,} (in progress)"
+        who = "stopping" if self.ctx.size == 1 else "every rank stops"
         to_go = max(1, self.next_control - self.pos.attempts)
+        if to_go == 1:
+            return f"{who} after step {step:,} (in progress)"
         secs = (f", ~{to_go * sum(self.attempt_times) / len(self.attempt_times):.0f} s"
                 if self.attempt_times else "")
-        return (f"every rank stops at the next control exchange, within {to_go} step(s) of "
-                f"step {step:,}{secs}")
+        return (f"{who} at the next control exchange, within {to_go} step(s) of step "
+                f"{step:,}{secs}")
 
     def control_interval(self) -> int:
         """Attempts until the next control exchange, as rank 0 proposes it: about
         :data:`CONTROL_TARGET_S` seconds of steps, at least 1 and at most
-        ``run.control_every`` (one process: every attempt, there is nothing to exchange)."""
-        if self.ctx.size == 1 or not self.attempt_times:
+        ``run.control_every`` (every attempt before a step was timed; a step that takes a
+        second or more: every attempt, so a stop signal acts after the step in progress). The
+        step count is exact at an exchange (:meth:`counts_now`); between them it may be read a
+        step late (:mod:`hvd_lm.train.counting`)."""
+        if not self.attempt_times:
             return 1
         step_s = sum(self.attempt_times) / len(self.attempt_times)
         return max(1, min(self.cfg.run.control_every, int(CONTROL_TARGET_S / max(step_s, 1e-9))))
