@@ -12,7 +12,7 @@
 #          PIP_NO_INDEX, no apt-get: nothing is fetched). About 3 minutes the first time
 #          (Horovod builds in about 2 with -j16); a stamp makes every later setup seconds.
 #   cuda   `pytest -m cuda`: the GPU paths against CPU references (tests/test_cuda.py, the cuda
-#          tests of tests/test_mlstm_fused.py). About 2 minutes.
+#          tests of tests/test_mlstm_fused*.py). About 2 minutes.
 #   bench  `hvd-lm bench gpu` (ceilings, every GEMM of the step and the GEMM ceiling; fused and
 #          reference mLSTM, CUDA graphs off/on, vs cuDNN LSTM), stopped with SIGINT before the
 #          stage's budget ends: its JSON keeps every figure taken before.

@@ -78,7 +78,8 @@ if ! skip cuda; then
     PYTHONPATH=$PWD timeout -s INT -k 10 "$secs" "$PY3" -m pytest -q -p no:cacheprovider -m cuda \
         --run-first 'test_checkpoint_moves_between_gpu_and_cpu[cpu-cuda]' \
         --time-budget $((secs > 30 ? secs - 20 : 10)) --junitxml="$WORK/cuda.xml" \
-        tests/test_cuda.py tests/test_mlstm_fused.py tests/test_transfer_fit.py \
+        tests/test_cuda.py tests/test_mlstm_fused.py tests/test_mlstm_fused_step.py \
+        tests/test_transfer_fit.py \
         >"$WORK/cuda.log" 2>&1
     say "cuda tests: exit $?"; tail -n 15 "$WORK/cuda.log"
 fi

@@ -117,7 +117,8 @@ def estimate_bytes(model: torch.nn.Module, optimizer_states: int, rnn_rows: int)
     """Bytes of a checkpoint of ``model`` (float32 weights) with ``optimizer_states`` tensors
     of the parameters' size (Adam 2, SGD with momentum 1) and ``rnn_rows`` recurrent-state rows
     (h and c, float32), plus :data:`CHECKPOINT_REST`: at most 3% above the real file
-    (``tests/test_reliability.py`` compares it with checkpoints ``hvd-lm train`` wrote)."""
+    (``tests/test_reliability_preflight.py`` compares it with checkpoints ``hvd-lm train``
+    wrote)."""
     params = sum(p.numel() for p in model.parameters())
     hidden = getattr(getattr(model, "config", None), "hidden_size", 0)
     return 4 * params * (1 + optimizer_states) + 2 * 4 * rnn_rows * hidden + CHECKPOINT_REST

@@ -41,8 +41,9 @@ the data now stays in [T, B] order and the copy is gone): 1 N H C is added, on C
 the fused window saved the pre-activations (12 H bytes less per position in bf16), wrote the
 gate gradients over them (4 N H C less workspace) and stopped copying the gradient of hs (1 N H
 C); the estimate is the fitted one less exactly those bytes, checked against the H200's peaks
-less the same bytes by ``tests/test_reliability.py``. The next card's ``bench gpu`` records the
-new peaks beside this estimate (``peak_memory_gib``, ``estimated_memory_gib``) to confirm it.
+less the same bytes by ``tests/test_reliability_preflight.py``. The next card's ``bench gpu``
+records the new peaks beside this estimate (``peak_memory_gib``, ``estimated_memory_gib``) to
+confirm it.
 
 With ``--cuda-graphs`` on a GPU, the fused window is replayed from a CUDA graph whose private
 memory pool (``torch.cuda.make_graphed_callables``) stays allocated for the whole run and is
@@ -59,7 +60,7 @@ With ``--async-checkpoint`` (the default) rank 0 also holds a host copy of the c
 written while the next steps run: weights and optimizer state, 4 P (1 + states), and every
 rank's recurrent state; counted on the CPU, where it shares the memory the step uses.
 
-Checked against measurements in ``tests/test_reliability.py``: the activations against the
+Checked against measurements in ``tests/test_reliability_preflight.py``: the activations against the
 bytes torch's saved-tensor hooks see (both recurrences, fp32 and bf16, within 2%), and the
 whole estimate against the peak resident memory of real ``hvd-lm train`` processes (within
 15%).
@@ -170,8 +171,8 @@ def gpu_savings(T: int, B: int, H: int, C: int, graphed: bool = False) -> int:
     (the pre-activations 4 H C saved instead of the activations and tanh(c) 5 H S per position,
     under autocast), the gate-gradient buffer (4 N H C, autocast), the copy of the gradient of
     hs (1 N H C), and with CUDA graphs the pool's merged buffers (7 N H C, autocast). What
-    ``tests/test_reliability.py`` takes off the H200's peaks, measured before, to check the
-    refitted estimate (module docstring)."""
+    ``tests/test_reliability_preflight.py`` takes off the H200's peaks, measured before, to check
+    the refitted estimate (module docstring)."""
     N, narrow = T * B, C < 4
     saved = N * H * (5 * 4 - 4 * C) if narrow else 0
     pool = 7 * N * H * C if graphed and narrow else 0
