@@ -112,6 +112,13 @@ def test_resume_is_exact(shards, tmp_path):
 
 
 @pytest.mark.slow
+def other_warnings(stderr):
+    """The warning lines of ``stderr`` but the one a tiny corpus earns by design: its val split
+    is under 64 KiB (formats.shards.SMALL_SPLIT_BYTES), too few bytes to measure BPC on."""
+    return [line for line in stderr.splitlines()
+            if "WARNING" in line and "too few to measure BPC on" not in line]
+
+
 def test_max_steps_cycles_the_data_and_resumes_exactly(tmp_path):
     """On a corpus of a few reviews, ``--max-steps`` past one epoch trains every step (the data
     cycled; the LR decays over all of them; the start record says ``bound: max_steps``), a
@@ -132,15 +139,15 @@ def test_max_steps_cycles_the_data_and_resumes_exactly(tmp_path):
     assert len(train) == steps and train[-1]["epoch"] > 2 and train[-1]["lr"] == 0.0
     assert [r["step"] for r in records(tmp_path / "straight", "checkpoint")] == [every, steps]
     assert proc.stdout.count(f"[checkpoint] step={steps} ") == 1, proc.stdout[-2000:]
-    assert "WARNING" not in proc.stderr
+    assert not other_warnings(proc.stderr), proc.stderr
     mid = tmp_path / "straight" / "checkpoints" / f"step_{every:08d}.pt"
     one_process(tiny, tmp_path / "resumed", *common, "--resume", str(mid))
     assert max_diff(params_of(tmp_path / "straight"), params_of(tmp_path / "resumed")) == 0.0
     proc = one_process(tiny, tmp_path / "epoch", *common, "--epochs", "1")
-    assert proc.stderr.strip() == (
+    assert other_warnings(proc.stderr) == [
         f"hvd-lm train: WARNING: --max-steps {steps} is not reached: --epochs 1 ends the run at "
         f"step {wpe} ({wpe} windows per epoch / 1); leave --epochs unset to let --max-steps "
-        "decide"), proc.stderr
+        "decide"], proc.stderr
     assert records(tmp_path / "epoch", "start")[0]["bound"] == "epochs"
     assert records(tmp_path / "epoch", "end")[0]["step"] == wpe
 
