@@ -163,25 +163,13 @@ def test_module_names_mean_one_thing():
         assert sorted(m.split(".")[0] for m in mods) == ["data_prep", "hvd_lm"], mods
 
 
-def test_the_loop_and_every_benchmark_run_the_one_training_step():
-    """The training step exists once (hvd_lm.train.step.train_step): the loop and the benchmarks
-    that time a step hold that very function, and running bench gpu and bench multinode's
-    window measurement calls it once per step they time."""
-    from hvd_lm.perf import bench_gpu, bench_train
-    from hvd_lm.train import loop, step
-
-    assert loop.train_step is step.train_step
-    assert bench_gpu.train_step is step.train_step
-    assert bench_train.train_step is step.train_step
-    src = Path(REPO / "hvd_lm/perf/bench_multinode.py").read_text()
-    assert "from hvd_lm.train.step import train_step" in src
-
-
 def test_a_step_is_read_in_three_files():
     """Following one step of ``hvd-lm train`` means reading the loop, the step and the Horovod
-    module: what Trainer.steps and train_step import from the project, besides data classes and
-    configuration, is in those three (and the tiny fault hooks)."""
+    module: what train_step imports from the project, besides data classes and configuration,
+    is the comm package (whose functions are comm/horovod.py's: ``comm.synchronize``,
+    ``comm.skip_synchronize``), the device's autocast and the data's batch. That the loop and
+    the benchmarks call it, once per step: tests/test_step_order.py."""
     graph = project_graph()
     step_deps = {d for d in graph["hvd_lm.train.step"]
-                 if d not in ("hvd_lm.model", "hvd_lm.train")}
-    assert step_deps <= {"hvd_lm.model.device", "hvd_lm.train.data"}, step_deps
+                 if d not in ("hvd_lm", "hvd_lm.model", "hvd_lm.train")}
+    assert step_deps <= {"hvd_lm.comm", "hvd_lm.model.device", "hvd_lm.train.data"}, step_deps

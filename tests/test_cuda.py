@@ -20,7 +20,7 @@ from hvd_lm.model import device as devices
 from hvd_lm.model.lm import LanguageModel, ModelConfig
 from hvd_lm.model.load import load_model
 from hvd_lm.train.data import RankStreams
-from hvd_lm.train.step import train_step
+from hvd_lm.train.step import StepSpec, train_step
 from hvd_lm.transfer.features import featurize
 from tests._mp import horovodrun_cmd, launch_env, run
 from tests.shardutil import default_shards
@@ -48,11 +48,10 @@ def losses(device: str, precision: str, data) -> list[float]:
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     scaler = devices.make_scaler(torch.device(device), precision)
     state = model.init_state(4, device)
-    params = list(model.parameters())
+    spec = StepSpec(torch.device(device), precision, grad_clip=0.0)
     out = []
     for b in data:  # the training loop's step, without clipping
-        r = train_step(model, opt, scaler, params, [b], 1, state, torch.device(device), precision,
-                       grad_clip=0.0)
+        r = train_step(model, opt, scaler, [b], state, spec)
         state = r.state
         out.append(float(r.nats) / b.chars)
     return out

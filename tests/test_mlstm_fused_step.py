@@ -240,7 +240,7 @@ def step_launches(T: int, precision: str, monkeypatch) -> int:
     from hvd_lm.model import lm as lm_mod
     from hvd_lm.perf.profile_step import count_launches
     from hvd_lm.train.data import Batch
-    from hvd_lm.train.step import train_step
+    from hvd_lm.train.step import StepSpec, train_step
 
     monkeypatch.setattr(lm_mod, "get_kernels", lambda name, device: counted_kernels())
     torch.manual_seed(0)
@@ -252,8 +252,8 @@ def step_launches(T: int, precision: str, monkeypatch) -> int:
     state = [model.init_state(2)]
 
     def step():
-        state[0] = train_step(model, opt, scaler, list(model.parameters()), [batch], 1,
-                              state[0], cpu, precision, 1.0).state
+        state[0] = train_step(model, opt, scaler, [batch], state[0],
+                              StepSpec(cpu, precision, 1.0)).state
 
     step()  # Adam's state made, as in every later step
     return count_launches(step, cpu, ("cell_forward", "cell_backward"))
@@ -281,7 +281,7 @@ def test_the_step_copies_no_window_sized_tensor():
     gradient of hs were each copied out of a transposed view, and the input projection's bias
     was added by a separate kernel."""
     from hvd_lm.train.data import Batch
-    from hvd_lm.train.step import train_step
+    from hvd_lm.train.step import StepSpec, train_step
 
     T, B, H = 16, 8, 16  # T B > 4H: a window-sized tensor is larger than any weight
     torch.manual_seed(0)
@@ -292,8 +292,8 @@ def test_the_step_copies_no_window_sized_tensor():
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                 record_shapes=True) as prof:
-        train_step(model, opt, scaler, list(model.parameters()), [batch], 1,
-                   model.init_state(B), torch.device("cpu"), "fp32", 1.0)
+        train_step(model, opt, scaler, [batch], model.init_state(B),
+                   StepSpec(torch.device("cpu"), "fp32", 1.0))
     copies = [e for e in prof.events() if e.name in ("aten::copy_", "aten::clone")]
     assert copies  # the profile sees the small ones
     in_gemm = [e for e in copies if e.cpu_parent is not None and e.cpu_parent.name == "aten::addmm"]

@@ -2,6 +2,7 @@
 re-cut window index and the fault hooks, each against a computation done here by hand (numpy or
 plain arithmetic)."""
 import contextlib
+import dataclasses
 import math
 
 import numpy as np
@@ -148,8 +149,8 @@ def test_the_skip_is_decided_without_reading_the_device(nan):
     for on_device in (True, False):
         model, opt, batches = tiny_run()
         state = model.init_state(2)
-        step.train_step(model, opt, NO_SCALING, list(model.parameters()), batches[:1], 1, state,
-                        torch.device("cpu"), "fp32", 1.0)  # Adam's state made
+        cpu = step.StepSpec(torch.device("cpu"), "fp32", 1.0)
+        step.train_step(model, opt, NO_SCALING, batches[:1], state, cpu)  # Adam's state made
         before = ({n: p.detach().clone() for n, p in model.named_parameters()},
                   {i: {k: v.clone() for k, v in s.items()}
                    for i, s in enumerate(opt.state.values())})
@@ -157,11 +158,10 @@ def test_the_skip_is_decided_without_reading_the_device(nan):
             for g in opt.param_groups:
                 g["fused"] = False
         with contextlib.ExitStack() as stack:
-            r = step.train_step(model, opt, NO_SCALING, list(model.parameters()), batches[1:], 1,
-                                state, torch.device("cpu"), "fp32", 1.0,
-                                loss_hook=(lambda x: x * float("nan")) if nan else None,
-                                before_update=lambda: stack.enter_context(NoHostReads())
-                                if on_device else None)
+            spec = dataclasses.replace(
+                cpu, loss_hook=(lambda x: x * float("nan")) if nan else None,
+                before_update=lambda: stack.enter_context(NoHostReads()) if on_device else None)
+            r = step.train_step(model, opt, NO_SCALING, batches[1:], state, spec)
         assert isinstance(r.applied, torch.Tensor) == on_device
         applied, norm = r.read().applied, r.read().grad_norm
         assert applied is (not nan) and math.isfinite(norm) is (not nan)
@@ -226,17 +226,16 @@ def test_cuda_step_makes_no_host_sync(kernels):
     reset[3, 20] = True
     batch = Batch(data[:, :-1], data[:, 1:], reset, 16 * 64)
     state = model.init_state(16, dev)
-    params = list(model.parameters())
+    spec = step.StepSpec(dev, "bf16", 1.0)
     for _ in range(2):  # warm-up: Triton compiles, Adam makes its state
-        state = step.train_step(model, opt, scaler, params, [batch], 1, state, dev, "bf16",
-                                1.0).state
+        state = step.train_step(model, opt, scaler, [batch], state, spec).state
     torch.cuda.synchronize()
     results = []
     for hook in (None, lambda x: x * float("nan")):
         torch.cuda.set_sync_debug_mode("error")
         try:
-            r = step.train_step(model, opt, scaler, params, [batch], 1, state, dev, "bf16", 1.0,
-                                loss_hook=hook)
+            r = step.train_step(model, opt, scaler, [batch], state,
+                                dataclasses.replace(spec, loss_hook=hook))
         finally:
             torch.cuda.set_sync_debug_mode(0)
         results.append(r.read())

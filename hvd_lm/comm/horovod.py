@@ -15,9 +15,11 @@ Fusion", "Adasum"):
   one process also without Horovod installed (:mod:`hvd_lm.comm.single`, the world of one rank).
 * :func:`distributed_optimizer` wraps the optimiser in ``hvd.DistributedOptimizer`` with fp16
   compression, ``backward_passes_per_step`` and Average or Adasum.
-* :func:`broadcast_state` broadcasts parameters and optimiser state from rank 0. The step itself
-  (``optimizer.synchronize()``, unscale, clip, ``step()`` inside ``optimizer.skip_synchronize()``,
-  Horovod docs "Gradient clipping") is written out in :meth:`hvd_lm.train.loop.Trainer.steps`.
+* :func:`broadcast_state` broadcasts parameters and optimiser state from rank 0.
+* :func:`synchronize` and :func:`skip_synchronize`: the two calls the training step
+  (:func:`hvd_lm.train.step.train_step`: ``synchronize``, unscale, clip, ``step()`` inside
+  ``skip_synchronize``, Horovod docs "Gradient clipping") makes on a distributed optimizer
+  (:class:`SynchronizingOptimizer`), and makes nothing of for a plain torch one.
 * :func:`allreduce_sum` / :func:`allreduce_max_each` / :func:`allgather` for metrics (sums over
   ranks, each step's slowest rank) and checkpointed per-rank state.
 * :func:`compressed_allreduce`: the 1-bit compressed allreduce with error feedback (Tang et al.
@@ -29,9 +31,11 @@ Fusion", "Adasum"):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
+from typing import Any, ContextManager, Iterator, Protocol, runtime_checkable
 
 import torch
 
@@ -189,6 +193,65 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
         backward_passes_per_step=backward_passes_per_step, op=ops[allreduce_op])
     wrapped.hvd_lm_wire_bytes = _gradient_wire_bytes(model, compression, hvd.size())
     return wrapped
+
+
+class StepOptimizer(Protocol):
+    """What the training step (:func:`hvd_lm.train.step.train_step`) calls on any optimizer: a
+    plain ``torch.optim`` one (one process without Horovod, or under DDP, whose allreduce runs
+    inside backward) has these; a distributed one is also a :class:`SynchronizingOptimizer`."""
+
+    param_groups: list[dict[str, Any]]
+
+    def step(self, closure=None) -> Any: ...
+
+    def zero_grad(self, set_to_none: bool = True) -> None: ...
+
+
+@runtime_checkable
+class SynchronizingOptimizer(StepOptimizer, Protocol):
+    """An optimizer whose gradient allreduce the step waits for explicitly (Horovod docs,
+    "Gradient clipping"): Horovod's ``hvd.DistributedOptimizer`` (a class Horovod derives from
+    the wrapped optimizer's at run time, so known by what it has), the torch engine's
+    (:class:`hvd_lm.comm.grad_buckets.DistributedOptimizer`) and the 1-bit optimizers'
+    (:class:`hvd_lm.train.onebit_optimizers.OnebitDistributedOptimizer`)."""
+
+    def synchronize(self) -> None: ...
+
+    def skip_synchronize(self) -> ContextManager[None]: ...
+
+
+_SYNCHRONIZING: dict[type, bool] = {}  # per class: a Protocol's isinstance takes ~40 us
+
+
+def synchronizes(optimizer: StepOptimizer) -> bool:
+    """Whether :func:`synchronize` waits for anything on ``optimizer`` (a
+    :class:`SynchronizingOptimizer`); False for a plain torch optimizer (one process without
+    Horovod: :mod:`hvd_lm.comm.single` hands it back unwrapped) and under DDP."""
+    cls = type(optimizer)
+    if cls not in _SYNCHRONIZING:
+        _SYNCHRONIZING[cls] = isinstance(optimizer, SynchronizingOptimizer)
+    return _SYNCHRONIZING[cls]
+
+
+def synchronize(optimizer: StepOptimizer) -> None:
+    """Wait until the gradient allreduces that ``optimizer``'s backward hooks started are done
+    and their averages are in ``.grad`` (Horovod: ``optimizer.synchronize()``; the torch engine's
+    and the 1-bit optimizers' the same call); nothing for a plain torch optimizer, whose
+    gradients are complete after backward (one process, or DDP)."""
+    if synchronizes(optimizer):
+        optimizer.synchronize()  # Horovod: wait for the fused gradient allreduce
+
+
+@contextlib.contextmanager
+def skip_synchronize(optimizer: StepOptimizer) -> Iterator[None]:
+    """The context ``optimizer.step()`` runs in after :func:`synchronize`: Horovod's
+    ``optimizer.skip_synchronize()`` (its ``step()`` would otherwise synchronize again, and warn)
+    on a :class:`SynchronizingOptimizer`; nothing for a plain torch optimizer."""
+    if synchronizes(optimizer):
+        with optimizer.skip_synchronize():  # Horovod: the step after an explicit synchronize
+            yield
+    else:
+        yield
 
 
 def _gradient_wire_bytes(model: torch.nn.Module, compression: str, size: int) -> int:

@@ -45,7 +45,7 @@ from hvd_lm.train.optim import build_optimizer
 from hvd_lm.train.resume import Position, payload
 from hvd_lm.train.schedule import make_scheduler
 from hvd_lm.train.settings import OptimConfig
-from hvd_lm.train.step import train_step
+from hvd_lm.train.step import StepSpec, train_step
 from hvd_lm.util.atomic import write_text
 
 MODES = ("sync", "async")
@@ -87,8 +87,8 @@ def one_round(cfg: BenchCheckpointConfig, mode: str, job: dict, out: Path, index
     for i in range(cfg.steps):
         in_flight = writer.in_flight
         t0 = time.perf_counter()
-        r = train_step(model, opt, job["scaler"], job["params"], [job["batches"][i]], 1,
-                       job["state"], job["device"], "fp32", grad_clip=1.0)
+        r = train_step(model, opt, job["scaler"], [job["batches"][i]], job["state"],
+                       job["spec"])
         job["state"] = r.state
         times.append(time.perf_counter() - t0)
         if in_flight:
@@ -125,7 +125,7 @@ def bench_checkpoint(cfg: BenchCheckpointConfig) -> int:
     B, T = cfg.batch_size, cfg.seq_len
     g = torch.Generator().manual_seed(1)
     data = torch.randint(0, 256, (cfg.steps, B, T + 1), generator=g)
-    job = {"model": model, "opt": opt, "params": list(model.parameters()), "device": device,
+    job = {"model": model, "opt": opt, "spec": StepSpec(device, "fp32", grad_clip=1.0),
            "scaler": devices.make_scaler(device, "fp32"), "state": model.init_state(B),
            "sched": make_scheduler(opt, 0, 10 ** 6, "none"),
            "batches": [Batch(d[:, :-1].contiguous(), d[:, 1:].contiguous(),
@@ -133,8 +133,8 @@ def bench_checkpoint(cfg: BenchCheckpointConfig) -> int:
     out = Path(cfg.out_dir or tempfile.mkdtemp(prefix="hvd_lm_bench_checkpoint_"))
     rounds: list[dict] = []
     try:
-        train_step(model, opt, job["scaler"], job["params"], job["batches"][:1], 1,
-                   job["state"], device, "fp32", grad_clip=1.0)  # warm-up (Adam's state made)
+        train_step(model, opt, job["scaler"], job["batches"][:1], job["state"],
+                   job["spec"])  # warm-up (Adam's state made)
         for rep in range(cfg.repeats):
             for mode in (MODES if rep % 2 == 0 else MODES[::-1]):
                 rounds.append(one_round(cfg, mode, job, out, len(rounds)))

@@ -65,7 +65,7 @@ from hvd_lm.perf.ceilings import Timer, copy_gbps, gemm_ceiling, matmul_tflops, 
 from hvd_lm.train import memory
 from hvd_lm.train.data import Batch
 from hvd_lm.train.settings import TrainConfig
-from hvd_lm.train.step import train_step
+from hvd_lm.train.step import StepSpec, train_step
 from hvd_lm.util.atomic import write_text
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -183,15 +183,14 @@ def build_step(v: Variant, H: int, E: int, B: int, T: int, precision: str,
                                       cuda_graphs=v.cuda_graphs)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
     scaler = devices.make_scaler(device, precision)
-    params = [p for p in model.parameters() if p.requires_grad]
+    spec = StepSpec(device, precision, grad_clip=1.0)
     data = torch.randint(0, 256, (B, T + 1), generator=torch.Generator().manual_seed(1))
     batch = Batch(data[:, :-1].contiguous(), data[:, 1:].contiguous(),
                   torch.zeros(B, T, dtype=torch.bool), B * T)
     state = [model.init_state(B, device)]
 
     def step():
-        state[0] = train_step(model, opt, scaler, params, [batch], 1, state[0], device,
-                              precision, grad_clip=1.0).state
+        state[0] = train_step(model, opt, scaler, [batch], state[0], spec).state
 
     return model, step
 

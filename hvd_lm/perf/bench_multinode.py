@@ -193,7 +193,7 @@ def measure_backward_window(cfg: MultinodeConfig, steps: int = 30, skip: int = 5
     from hvd_lm.train.data import Batch
     from hvd_lm.train.optim import build_optimizer
     from hvd_lm.train.settings import OptimConfig
-    from hvd_lm.train.step import train_step
+    from hvd_lm.train.step import StepSpec, train_step
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the training runs (--threads 1)
@@ -202,7 +202,6 @@ def measure_backward_window(cfg: MultinodeConfig, steps: int = 30, skip: int = 5
         model = LanguageModel(ModelConfig(hidden_size=cfg.hidden_size, embed_dim=cfg.embed_dim))
         optim = OptimConfig()
         opt = build_optimizer(model, optim, 1e-4)
-        params = [p for p in model.parameters() if p.requires_grad]
         ready: dict[str, float] = {}
         for name, p in model.named_parameters():
             if name.startswith(EARLY_PREFIXES):
@@ -218,9 +217,9 @@ def measure_backward_window(cfg: MultinodeConfig, steps: int = 30, skip: int = 5
             # the training loop's own step (hvd_lm.train.step.train_step) on one process, its
             # parts timed as they end
             t: dict[str, float] = {"start": time.perf_counter()}
-            state = train_step(model, opt, scaler, params, [batch], 1, state, cpu, "fp32",
-                               optim.grad_clip,
-                               clock=lambda part: t.__setitem__(part, time.perf_counter())).state
+            spec = StepSpec(cpu, "fp32", optim.grad_clip,
+                            clock=lambda part: t.__setitem__(part, time.perf_counter()))
+            state = train_step(model, opt, scaler, [batch], state, spec).state
             if i >= skip:
                 parts.append((t["forward"] - t["start"], t["backward"] - t["forward"],
                               t["backward"] - max(ready.values()), t["updated"] - t["backward"],

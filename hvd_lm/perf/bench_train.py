@@ -55,7 +55,7 @@ from hvd_lm.perf.baselines import TorchGlooComm, ddp
 from hvd_lm.train.data import Batch, RankStreams
 from hvd_lm.train.optim import build_optimizer
 from hvd_lm.train.settings import OptimConfig
-from hvd_lm.train.step import train_step
+from hvd_lm.train.step import StepSpec, train_step
 from hvd_lm.util.atomic import write_text
 
 
@@ -177,7 +177,7 @@ def worker(cfg: WorkerConfig) -> int:
             net = ddp(model, peer)
         runs.append({"label": recurrence_label(impl, kernels, graphs), "impl": impl,
                      "kernels": kernels, "graphs": graphs, "model": model, "net": net, "opt": opt,
-                     "params": list(model.parameters()), "state": model.init_state(B, device),
+                     "state": model.init_state(B, device),
                      "scaler": devices.make_scaler(device, cfg.precision), "times": [],
                      "waits": []})
 
@@ -191,13 +191,13 @@ def worker(cfg: WorkerConfig) -> int:
         batches = [Batch(d[:, :-1].contiguous(), d[:, 1:].contiguous(),
                          torch.zeros(B, T, dtype=torch.bool), B * T) for d in data]
 
+    spec = StepSpec(device, cfg.precision, grad_clip=1.0)
     for i, batch in enumerate(batches):
         for r in runs:  # round robin over the variants, step by step
             t0 = time.perf_counter()
             # the loop's own step (hvd_lm.train.step.train_step): Horovod's synchronize inside,
             # or DDP's allreduce inside backward
-            res = train_step(r["net"], r["opt"], r["scaler"], r["params"], [batch], 1,
-                             r["state"], device, cfg.precision, grad_clip=1.0)
+            res = train_step(r["net"], r["opt"], r["scaler"], [batch], r["state"], spec)
             r["state"] = res.state
             if device.type == "cuda":
                 torch.cuda.synchronize()  # the step's kernels are done before the clock is read

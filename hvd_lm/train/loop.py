@@ -61,7 +61,7 @@ from hvd_lm.train.log import StepMeter, write_failure
 from hvd_lm.train.schedule import refresh_lr, schedule_of
 from hvd_lm.train.settings import TrainConfig
 from hvd_lm.train.startup import TrainingRun
-from hvd_lm.train.step import train_step
+from hvd_lm.train.step import StepSpec, train_step
 from hvd_lm.util.atomic import write_text
 
 LN2 = math.log(2.0)
@@ -208,11 +208,9 @@ class Trainer(TrainingRun, ElasticTraining, LazyCounting):
         self.meter = StepMeter()
         self.model.train()
 
-        def windows():  # the step's k windows, read ahead on a thread; counted as consumed
-            for _ in range(k):
-                yield batches.get(pos.window)
-                pos.window += 1
-
+        spec = StepSpec(self.device, cfg.run.precision, cfg.optim.grad_clip, cfg.run.nan_check, k,
+                        loss_hook=lambda loss: self.faults.loss(loss, pos.attempts),
+                        before_update=self.settle_step)  # the previous step's count
         last_start = None  # perf_counter s: the previous attempt's start
         while pos.step < self.total_steps and (state is not None
                                                or pos.window + k <= self.total_windows):
@@ -224,13 +222,11 @@ class Trainer(TrainingRun, ElasticTraining, LazyCounting):
             self.faults.before_step(pos.step)
 
             # forward, loss, backward, Horovod: synchronize, unscale and clip, step or skip
-            # (hvd_lm.train.step, the one training step)
-            r = train_step(self.model, self.optimizer, self.scaler, self.params, windows(), k,
-                           self.rnn_state, self.device, cfg.run.precision, cfg.optim.grad_clip,
-                           cfg.run.nan_check,
-                           loss_hook=lambda loss: self.faults.loss(loss, pos.attempts),
-                           before_update=self.settle_step)  # the previous step's count
+            # (hvd_lm.train.step, the one training step); its k windows read ahead on a thread
+            windows = (batches.get(w) for w in range(pos.window, pos.window + k))
+            r = train_step(self.model, self.optimizer, self.scaler, windows, self.rnn_state, spec)
             self.rnn_state = r.state
+            pos.window += k
 
             # count it (the LR schedule advances on applied steps only), then log and validate;
             # where nothing here depends on it, read its outcome during the next step

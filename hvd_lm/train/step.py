@@ -1,6 +1,11 @@
 """One training step, written once: ``hvd-lm train`` (:mod:`hvd_lm.train.loop`) and every benchmark
-that times a step (``hvd-lm bench train``, ``bench gpu``, ``bench multinode``) call
-:func:`train_step`.
+that times a step (``hvd-lm bench train``, ``bench gpu``, ``bench multinode``, ``bench
+checkpoint``) call :func:`train_step`::
+
+    r = train_step(model, optimizer, scaler, windows, state, StepSpec(device, k=2, ...))
+
+with the settings in a frozen :class:`StepSpec` and ``windows`` a list or an iterator of the
+step's k batches (the step only reads it: the loop moves its own position after the step).
 
 Per rank, for the ``k`` windows of one optimizer step (``backward_passes_per_step``):
 
@@ -8,11 +13,18 @@ Per rank, for the ``k`` windows of one optimizer step (``backward_passes_per_ste
    window's real targets / k, in fp32 (:func:`window_nll`); backward through the loss scaler
    (fp16: dynamic loss scaling; bf16/fp32: a disabled ``GradScaler`` that passes through).
    Horovod's hooks start each gradient's fused, fp16-compressed allreduce as soon as it is ready.
-2. ``optimizer.synchronize()``: wait for those allreduces (Horovod docs, "Gradient clipping");
-   on CUDA the stream is drained first, so the wait measured is the allreduce's alone.
+2. ``comm.synchronize(optimizer)``: wait for those allreduces (Horovod docs, "Gradient
+   clipping"); on CUDA the stream is drained first, so the wait measured is the allreduce's alone.
 3. unscale (fp16) and clip the global L2 norm (:func:`grad_norm`);
-4. step inside ``optimizer.skip_synchronize()``, or skip a step whose gradients are not finite
-   (every rank decides alike, from the same allreduced norm); zero the gradients.
+4. step inside ``comm.skip_synchronize(optimizer)``, or skip a step whose gradients are not
+   finite (every rank decides alike, from the same allreduced norm); zero the gradients.
+
+The two Horovod calls go through :mod:`hvd_lm.comm.horovod` (:func:`~hvd_lm.comm.horovod.
+synchronize`, :func:`~hvd_lm.comm.horovod.skip_synchronize`): on a distributed optimizer
+(Horovod's, the torch engine's, the 1-bit ones: a
+:class:`~hvd_lm.comm.horovod.SynchronizingOptimizer`) they are its own ``synchronize()`` and
+``skip_synchronize()``; a plain torch optimizer (one process without Horovod, or DDP, whose
+allreduce happens inside backward) takes the same path without the wait.
 
 The skip is decided **on the device** when the optimizer can take the decision as a tensor
 (:func:`decides_on_device`: torch's fused Adam, AdamW and SGD, which skip their update and undo
@@ -24,13 +36,9 @@ also decided on the device. Other optimizers (the 1-bit ones, whose ranks agree 
 through a collective) read the norm on the host (:func:`unscale_and_clip`, :func:`step_or_skip`).
 On CUDA the stream is drained before Horovod's wait only when there is one (the wait measured
 is then the allreduce's alone); without Horovod the step queues its work and returns.
-
-An optimizer without Horovod's ``synchronize`` (a plain torch optimizer on one process, or DDP,
-whose allreduce happens inside backward) takes the same path without the wait.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import time
@@ -40,6 +48,7 @@ from typing import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
+from hvd_lm import comm
 from hvd_lm.model import device as devices
 from hvd_lm.train.data import IGNORE, Batch
 
@@ -103,7 +112,7 @@ def unscale_and_clip(optimizer, params: list[torch.Tensor], max_norm: float,
     """
     norm = float(grad_norm(optimizer, params, max_norm, scaler))
     agree = getattr(optimizer, "agree_grad_norm", None)
-    return agree(norm) if agree is not None else norm
+    return agree(norm) if agree is not None else norm  # Horovod: a 1-bit optimizer's allreduce
 
 
 def step_or_skip(optimizer, scaler: torch.amp.GradScaler, grad_norm: float,
@@ -242,69 +251,96 @@ class StepResult:
         return dataclasses.replace(self, applied=applied, grad_norm=norm, outcome=None)
 
 
-def train_step(model, optimizer, scaler: torch.amp.GradScaler, params: list[torch.Tensor],
-               windows: Iterable[Batch], k: int, state: State, device: torch.device,
-               precision: str, grad_clip: float, check_finite: bool = True,
-               loss_hook: Callable[[torch.Tensor], torch.Tensor] | None = None,
-               clock: Callable[[str], None] | None = None,
-               before_update: Callable[[], None] | None = None) -> StepResult:
-    """One optimizer step over ``k`` TBPTT windows (the module docstring, top to bottom).
+@dataclass(frozen=True)
+class StepSpec:
+    """How :func:`train_step` runs: the settings of a run (or a benchmark), made once.
 
-    Args:
-        model: the model to call (a DDP wrapper for the DDP baseline); params: its trainable
-            parameters. optimizer: a Horovod ``DistributedOptimizer``, a 1-bit optimizer or a
-            plain torch optimizer. scaler: :func:`hvd_lm.model.device.make_scaler`'s.
-        windows: the step's k batches, each [B, T] (an iterator: the loop's reads the next window
-            ahead on a thread while one trains). k: how many.
-        state: the recurrent state (h, c) carried in, each [B, H].
-        grad_clip: max global L2 norm (0: measure only). check_finite: skip a step whose norm is
-            not finite (``--nan-check``).
+    Attributes:
+        device: where the model and its state are; the windows are copied there.
+        precision: ``fp32``, ``bf16`` or ``fp16`` (:func:`hvd_lm.model.device.autocast`).
+        grad_clip: max global L2 norm of the gradients (0: measure only).
+        check_finite: skip a step whose norm is not finite (``--nan-check``).
+        k: TBPTT windows per optimizer step (``backward_passes_per_step``): each window's loss
+            is divided by k, so the k backward passes sum to the mean over the step.
         loss_hook: applied to each window's loss before backward (tests' fault injection:
             :mod:`hvd_lm.train.faults`).
         clock: called with ``"forward"``, ``"backward"`` (each window), ``"synchronized"`` and
             ``"updated"`` as each part ends (``bench multinode`` times the parts).
         before_update: called once the gradients are complete, before the clip and the update
-            (the loop settles the previous step's count there: the learning rate this update
-            uses then follows every skip, and its read of that decision waits for no work of
-            this step).
+            (the loop settles the previous step's count there, :mod:`hvd_lm.train.counting`:
+            the learning rate this update uses then follows every skip, and its read of that
+            decision waits for no work of this step).
+    """
+
+    device: torch.device
+    precision: str = "fp32"
+    grad_clip: float = 0.0
+    check_finite: bool = True
+    k: int = 1
+    loss_hook: Callable[[torch.Tensor], torch.Tensor] | None = None
+    clock: Callable[[str], None] | None = None
+    before_update: Callable[[], None] | None = None
+
+
+def train_step(model, optimizer: comm.StepOptimizer, scaler: torch.amp.GradScaler,
+               windows: Iterable[Batch], state: State, spec: StepSpec) -> StepResult:
+    """One optimizer step over ``spec.k`` TBPTT windows (the module docstring, top to bottom).
+
+    Args:
+        model: the model to call (a DDP wrapper for the DDP baseline).
+        optimizer: a Horovod ``DistributedOptimizer``, the torch engine's, a 1-bit optimizer
+            (each a :class:`hvd_lm.comm.horovod.SynchronizingOptimizer`) or a plain torch
+            optimizer; the gradients of its parameters are clipped.
+        scaler: :func:`hvd_lm.model.device.make_scaler`'s.
+        windows: the step's k batches, each [B, T]: a list, or an iterator read as the step goes
+            (the loop's fetches each window from its read-ahead thread); the step only reads it.
+        state: the recurrent state (h, c) carried in, each [B, H].
+        spec: the settings (:class:`StepSpec`).
 
     Returns:
         :class:`StepResult` (``applied`` and ``grad_norm`` as device tensors when the skip was
         decided on the device: :meth:`StepResult.read`).
+
+    Raises:
+        ValueError: ``windows`` did not hold ``spec.k`` batches.
     """
-    mark = clock or (lambda _: None)
-    nats_step, chars = torch.zeros((), dtype=torch.float64, device=device), 0
+    mark = spec.clock or (lambda _: None)
+    device, k = spec.device, spec.k
+    nats_step, chars, seen = torch.zeros((), dtype=torch.float64, device=device), 0, 0
     for batch in windows:
-        nats, state = window_nll(model, batch, state, device, precision)  # fp32, summed
+        nats, state = window_nll(model, batch, state, device, spec.precision)  # fp32, summed
         mark("forward")
         loss = nats / max(1, batch.chars) / k
-        if loss_hook is not None:
-            loss = loss_hook(loss)
+        if spec.loss_hook is not None:
+            loss = spec.loss_hook(loss)
         # Horovod: each gradient's allreduce starts from its hook as soon as it is ready
         scaler.scale(loss).backward()
         mark("backward")
         nats_step += nats.detach().double()  # on the device: no host sync
         chars += batch.chars
+        seen += 1
+    if seen != k:
+        raise ValueError(f"train_step: {seen} window(s) for a step of k={k}")
 
-    # Horovod: wait for the fused allreduce of every gradient (fp16 on the wire with
-    # --compression fp16); on CUDA the backward drained first, so the wait is the allreduce's
-    synchronize = getattr(optimizer, "synchronize", None)
-    if synchronize is not None and device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
-    t_wait = time.perf_counter()
-    if synchronize is not None:
-        synchronize()
-    wait = time.perf_counter() - t_wait
+    wait = 0.0
+    if comm.synchronizes(optimizer):
+        if device.type == "cuda":  # the backward drained first, so the wait is the allreduce's
+            torch.cuda.current_stream(device).synchronize()
+        t_wait = time.perf_counter()
+        # Horovod: wait for the fused allreduce of every gradient (fp16 on the wire with
+        # --compression fp16)
+        comm.synchronize(optimizer)
+        wait = time.perf_counter() - t_wait
     mark("synchronized")
-    if before_update is not None:
-        before_update()
-    skip_sync = getattr(optimizer, "skip_synchronize", contextlib.nullcontext)
+    if spec.before_update is not None:
+        spec.before_update()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     if decides_on_device(optimizer):
         # unscale (fp16) and clip; step, or skip a step whose gradients are not finite: the
         # decision a tensor (every rank's alike: the norm of the allreduced gradients)
-        norm = grad_norm(optimizer, params, grad_clip, scaler)
-        with skip_sync():  # Horovod: done
-            applied = step_or_skip_on_device(optimizer, scaler, norm, check_finite)
+        norm = grad_norm(optimizer, params, spec.grad_clip, scaler)
+        with comm.skip_synchronize(optimizer):  # Horovod: synchronized above
+            applied = step_or_skip_on_device(optimizer, scaler, norm, spec.check_finite)
         optimizer.zero_grad()
         mark("updated")
         checked = not isinstance(applied, bool)  # else nothing was checked: applied
@@ -313,10 +349,10 @@ def train_step(model, optimizer, scaler: torch.amp.GradScaler, params: list[torc
         return StepResult(applied, norm, nats_step, chars, wait, state,
                           DeviceOutcome(norm, checked))
     # unscale (fp16) and clip; the norm read on the host is the step's sync
-    norm = unscale_and_clip(optimizer, params, grad_clip, scaler)
+    norm = unscale_and_clip(optimizer, params, spec.grad_clip, scaler)
     # step, or skip a step whose gradients are not finite (every rank decides alike)
-    with skip_sync():  # Horovod: done
-        applied = step_or_skip(optimizer, scaler, norm, check_finite)
+    with comm.skip_synchronize(optimizer):  # Horovod: synchronized above
+        applied = step_or_skip(optimizer, scaler, norm, spec.check_finite)
     optimizer.zero_grad()
     mark("updated")
     return StepResult(applied, norm, nats_step, chars, wait, state)
