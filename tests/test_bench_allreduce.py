@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from hvd_lm.cli import build_parser
+from hvd_lm.perf import allreduce_worker as aw
 from hvd_lm.perf import bench_allreduce as ba
 from hvd_lm.perf import bench_fusion as bf
 from hvd_lm.perf import results as R
@@ -15,23 +16,23 @@ from tests._mp import REPO, launch_env, run
 
 
 def test_sizes_and_factors():
-    assert ba.parse_sizes("64K,4096,1M,4k") == [4096, 65536, 1048576]
-    assert ba.parse_size("256MB") == 256 * 1024 * 1024
-    assert ba.DEFAULT_SIZES[0] == 4096 and ba.DEFAULT_SIZES[-1] == 256 * 1024 * 1024
+    assert aw.parse_sizes("64K,4096,1M,4k") == [4096, 65536, 1048576]
+    assert aw.parse_size("256MB") == 256 * 1024 * 1024
+    assert aw.DEFAULT_SIZES[0] == 4096 and aw.DEFAULT_SIZES[-1] == 256 * 1024 * 1024
     for bad in ("", "abc", "0", "6"):
         with pytest.raises(ValueError):
-            ba.parse_size(bad)
+            aw.parse_size(bad)
     assert R.busbw_factor(2) == 1.0 and R.busbw_factor(8) == pytest.approx(1.75)
-    assert ba.iters_for(4096, 20) == 20 and ba.iters_for(256 * 2 ** 20, 20) == 4
+    assert aw.iters_for(4096, 20) == 20 and aw.iters_for(256 * 2 ** 20, 20) == 4
     assert human_bytes(4096) == "4K" and human_bytes(256 * 2 ** 20) == "256M"
 
 
 def test_groups():
-    assert ba.group_tensor_numels("synthetic200x64k") == [16384] * 200
-    m = ba.group_tensor_numels("mlstm1024")
+    assert aw.group_tensor_numels("synthetic200x64k") == [16384] * 200
+    m = aw.group_tensor_numels("mlstm1024")
     assert len(m) == 8 and sum(m) * 4 == 5_853_440 * 4  # 23.4 MB
     with pytest.raises(ValueError):
-        ba.group_tensor_numels("resnet50")
+        aw.group_tensor_numels("resnet50")
 
 
 def test_configurations():

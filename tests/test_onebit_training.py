@@ -112,7 +112,7 @@ def test_onebit_adam_trains_within_005_bpc_of_adam(tmp_path):
 
 def test_wire_summary_ratios():
     from hvd_lm.perf.allreduce_report import wire_summary
-    from hvd_lm.perf.bench_allreduce import wire_bytes
+    from hvd_lm.perf.allreduce_worker import wire_bytes
 
     recs = [{"label": f"hvd-gloo{'+' + c if c != 'none' else ''}", "backend": "horovod",
              "case": "single", "size_bytes": 4096, "compression": c,
