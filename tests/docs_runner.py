@@ -11,6 +11,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -345,13 +346,17 @@ def _execute(cmd: Cmd, argv: list[str], s: Session, env: dict | None = None,
         # More ranks than GPUs on this machine (a 1-GPU node): ranks cannot share a GPU
         # (docs/install.md, "GPU nodes"), so these blocks' `--device auto` ranks run on the CPU.
         run_env["CUDA_VISIBLE_DEVICES"] = ""
+    t0 = time.monotonic()
     if cmd.shell:
         proc = subprocess.run(["bash", "-c", cmd.text], cwd=s.root, env=run_env, text=True,
                               capture_output=True, timeout=timeout)
     else:
         proc = subprocess.run(argv, cwd=s.root, env=run_env, text=True, capture_output=True,
                               timeout=timeout)
-    s.log.append(f"ran     {cmd.where()} -> {' '.join(argv)}")
+    s.log.append(f"ran     {cmd.where()} in {time.monotonic() - t0:.1f} s -> {' '.join(argv)}")
+    if os.environ.get("HVD_LM_DOCS_TIMES"):  # where a doc's time goes: one line per command
+        with open(os.environ["HVD_LM_DOCS_TIMES"], "a") as f:
+            f.write(s.log[-1] + "\n")
     assert proc.returncode == 0, (f"{cmd.where()} exited {proc.returncode} (ran {argv})\n"
                                   f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
