@@ -94,7 +94,7 @@ def test_train_records_tflops_and_mfu_against_a_measured_cpu_peak(shards, tmp_pa
     tags = tmp_path / "tags.json"
     code = (
         "import json, sys\n"
-        "import hvd_lm.train.log as L\n"
+        "import hvd_lm.train.metrics as L\n"
         "seen = []\n"
         "class W:\n"
         "    def __init__(self, d): pass\n"

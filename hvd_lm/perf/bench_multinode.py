@@ -141,7 +141,7 @@ def measure_training(cfg: MultinodeConfig, hosts: str, work: Path) -> tuple[floa
     """``hvd-lm train`` on ``hosts`` (``host:1,...``, ``horovodrun --gloo``): the median s/step
     of its ``train`` records after ``--skip``, and the median of their ``compute_time_max`` (each
     step's slowest rank's seconds outside the gradient allreduce's wait, averaged over the record's
-    steps; :meth:`hvd_lm.train.loop.Trainer.log_train`).
+    steps; :meth:`hvd_lm.train.metrics.Metrics.log_train`).
 
     Raises:
         RuntimeError: the run failed, or logged no ``train`` record (with ``compute_time_max``)

@@ -1,8 +1,9 @@
 """Rank 0's checkpoint writer: on a background thread (``--async-checkpoint``, the default) or in
 the loop (``--async-checkpoint false``).
 
-Asynchronous, as torch.distributed.checkpoint's ``async_save`` and Megatron-LM do: the loop
-builds the checkpoint's payload (:func:`hvd_lm.train.resume.payload`) and
+Asynchronous, as torch.distributed.checkpoint's ``async_save`` and Megatron-LM do: the
+trainer's checkpointer (:class:`hvd_lm.train.checkpointer.Checkpointer`, which holds this
+writer) builds the checkpoint's payload (:func:`hvd_lm.train.resume.payload`) and
 :meth:`CheckpointWriter.submit` copies its tensors to host memory (:func:`to_host`: cloned on the
 CPU; from a GPU into pinned memory, one device-to-host copy each, then one synchronize), starts a
 thread that writes the copy with :func:`hvd_lm.formats.checkpoint.save` (the same serialisation,
@@ -85,8 +86,9 @@ class CheckpointWriter:
 
     Args:
         asynchronous: write on a background thread (else in the caller, as ``save`` does).
-        on_written: called in the caller's thread with each :class:`Written` (the loop logs a
-            ``checkpoint`` record), from :meth:`submit`, :meth:`poll` or :meth:`wait`.
+        on_written: called in the caller's thread with each :class:`Written` (the
+            checkpointer logs a ``checkpoint`` record), from :meth:`submit`, :meth:`poll` or
+            :meth:`wait`.
     """
 
     def __init__(self, asynchronous: bool, on_written: Callable[[Written], None] | None = None):

@@ -1,21 +1,21 @@
 """The loop's step count without a host sync per step, for a step that decides its skip on the
 device (:func:`hvd_lm.train.step.decides_on_device`).
 
-:meth:`hvd_lm.train.loop.Trainer.count_step` counts a step once its outcome (applied or skipped)
-is known on the host: the step count and the learning-rate schedule advance on applied steps
+:meth:`StepCounter.count_step` counts a step once its outcome (applied or skipped) is known on
+the host: the step count and the learning-rate schedule advance on applied steps
 only. Reading the outcome right after the step would drain the device's queue every step (the
 host would wait for the update to finish before queuing the next step's forward). Instead
-(:class:`LazyCounting`, a mixin of the trainer):
+(:class:`StepCounter`, a component the trainer holds):
 
 * at a step where the count decides something (a log, a validation, a checkpoint or commit,
   the last step or the last windows, the control exchange of stop signals and timed
   checkpoints, a skip streak one short of ``--max-skipped-steps``), the outcome is read at once
-  and counted exactly (:meth:`LazyCounting.count_lazily`); with ``--log-every 1`` that is every
+  and counted exactly (:meth:`StepCounter.count`); with ``--log-every 1`` that is every
   step;
 * at any other step the step is counted as applied, speculatively (the step count and the
   schedule advance; the loop's conditions at such a step are false either way), and its
   outcome is read during the next step, after that step's forward and backward are queued and
-  before its update (:meth:`LazyCounting.settle_step`, train_step's ``before_update``): the
+  before its update (:meth:`StepCounter.settle`, train_step's ``before_update``): the
   read waits for the decision alone (:class:`hvd_lm.train.step.DeviceOutcome`), never for
   queued work. A skipped step is then un-counted (the step count back, the schedule restored
   from its state before the speculation, the parameter groups' learning rate with it) and
@@ -27,53 +27,134 @@ The speculation never outlives one step, every rank speculates and settles alike
 comes from the allreduced gradients), and the count at every checkpoint, log and stop is exact:
 a run, its resume and its records are those of a run that read every step at once. An elastic
 rollback to a commit (a new position) drops a pending step: it was undone with the rest.
+
+:class:`CharCount`: the characters trained on, by all ranks, exact across world-size changes
+(a sum over ranks when asked for: at a checkpoint, an elastic commit and the summary).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 
-from hvd_lm.train.step import StepResult
+import torch
+
+from hvd_lm import comm
+from hvd_lm.train.guard import DivergenceGuard
+from hvd_lm.train.metrics import Metrics
+from hvd_lm.train.resume import Position
+from hvd_lm.train.settings import RunConfig
+from hvd_lm.train.step import State, StepResult
 
 
-class LazyCounting:
-    """The trainer's step counting with the outcome read a step late where nothing depends on
-    it (module docstring). Uses the trainer's ``pos``, ``scheduler``, ``optimizer``, ``guard``,
-    ``log``, ``cfg``, ``k``, ``total_steps``, ``total_windows``, ``next_control`` and its
-    ``count_step(applied, grad_norm)``."""
+class CharCount:
+    """Characters trained on: ``base`` by all ranks before this count started (a resume's, a
+    commit's), plus ``local``, this rank's since.
 
-    #: (the step's result, the position it was counted in, the schedule's state before it)
-    pending: tuple | None = None
+    Args:
+        base: the characters already trained on (``Position.chars_trained``).
+    """
 
-    def count_lazily(self, r: StepResult) -> StepResult:
-        """Count step ``r``: at once, from its outcome read on the host, where the count decides
-        something at this step (:meth:`counts_now`) or the outcome is already on the host;
-        else as applied, to be settled by :meth:`settle_step`.
+    def __init__(self, base: int):
+        self.base, self.local = base, 0
+
+    def add(self, chars: int) -> None:
+        """This rank trained on ``chars`` more characters."""
+        self.local += chars
+
+    def total(self) -> int:
+        """Characters trained on by all ranks (every rank calls it at the same point)."""
+        return self.base + int(comm.allreduce_sum([float(self.local)],  # Horovod: sum
+                                                  name="chars_total")[0])
+
+    def rebase(self, total: int) -> None:
+        """Count from ``total`` (a commit's exact count, or a rolled-back one)."""
+        self.base, self.local = total, 0
+
+
+class StepCounter:
+    """The trainer's step counting, with the outcome read a step late where nothing depends on
+    it (module docstring). The position it counts in (:class:`hvd_lm.train.resume.Position`)
+    and the loop's current bounds are arguments of each call; what it advances besides is held.
+
+    Args:
+        settings: the run's settings (``cfg.run``: the log, eval, checkpoint and commit
+            cadences, ``elastic``).
+        k: windows per step (``backward_passes_per_step``).
+        total_windows: the windows this run may read (a non-elastic run stops before it).
+        scheduler: the LR schedule, stepped on applied steps only.
+        optimizer: its parameter groups' LR follows an un-counted speculation.
+        scaler: the loss scaler (its scale is in the ``skip`` record).
+        guard: the divergence guard, told of every attempt.
+        metrics: the progress bar ticks an applied step; a skip is a ``skip`` record.
+        restart_state: () -> the recurrent state to restart from, zeros (``init_state``).
+    """
+
+    def __init__(self, settings: RunConfig, k: int, total_windows: int, scheduler, optimizer,
+                 scaler, guard: DivergenceGuard, metrics: Metrics,
+                 restart_state: Callable[[], State]):
+        self.settings, self.k, self.total_windows = settings, k, total_windows
+        self.scheduler, self.optimizer, self.scaler = scheduler, optimizer, scaler
+        self.guard, self.metrics, self.restart_state = guard, metrics, restart_state
+        #: (the step's result, the position it was counted in, the schedule's state before it)
+        self.pending: tuple | None = None
+
+    def count_step(self, pos: Position, applied: bool, grad_norm: float,
+                   state: State | None = None) -> State | None:
+        """Count one attempt in ``pos``: an applied step advances the step count and the LR
+        schedule; a skipped one is counted (and logged as a ``skip`` record).
 
         Returns:
-            ``r`` with ``applied`` (bool) and ``grad_norm`` (float) read, or, when counted
-            speculatively, with ``applied`` True and ``grad_norm`` still a device tensor (the
-            loop reads neither at such a step).
+            ``state`` (the recurrent state after the attempt), or zeros in its place when the
+            attempt was skipped and it is not finite (None stays None).
         """
-        if r.outcome is None or self.counts_now():
+        self.guard.attempt(applied)
+        self.metrics.tick(1 if applied else 0)
+        if applied:
+            self.scheduler.step()
+            pos.step += 1
+            return state
+        pos.skipped_steps += 1
+        if state is not None and not all(bool(torch.isfinite(s).all()) for s in state):
+            state = self.restart_state()
+        scaler = self.scaler
+        self.metrics.record("skip", pos.step, skipped_steps=pos.skipped_steps,
+                            grad_norm=grad_norm,
+                            loss_scale=scaler.get_scale() if scaler.is_enabled() else None)
+        return state
+
+    def count(self, r: StepResult, pos: Position, total_steps: int,
+              next_control: int) -> StepResult:
+        """Count step ``r`` in ``pos``: at once, from its outcome read on the host, where the
+        count decides something at this step (:meth:`counts_now`) or the outcome is already on
+        the host; else as applied, to be settled by :meth:`settle`.
+
+        Returns:
+            ``r`` with ``applied`` (bool) and ``grad_norm`` (float) read and ``state`` the one
+            to continue from (:meth:`count_step`), or, when counted speculatively, with
+            ``applied`` True and ``grad_norm`` still a device tensor (the loop reads neither at
+            such a step).
+        """
+        if r.outcome is None or self.counts_now(pos, total_steps, next_control):
             r = r.read()
-            self.count_step(r.applied, r.grad_norm)
-            return r
-        self.pending = (r, self.pos, copy.deepcopy(self.scheduler.state_dict()))
-        self.pos.step += 1
+            state = self.count_step(pos, r.applied, r.grad_norm, r.state)
+            return r if state is r.state else dataclasses.replace(r, state=state)
+        self.pending = (r, pos, copy.deepcopy(self.scheduler.state_dict()))
+        pos.step += 1
         self.scheduler.step()
         return dataclasses.replace(r, applied=True)
 
-    def counts_now(self) -> bool:
+    def counts_now(self, pos: Position, total_steps: int, next_control: int) -> bool:
         """Whether the step just taken must be counted exactly now: were it applied, the count
         would reach a multiple of ``log_every``, ``eval_every``, ``checkpoint_every`` or
-        ``commit_every`` or the last step; or this attempt exchanges the control flags
-        (``next_control``: about once a second of steps); or the next step cannot run for lack
-        of windows; or one more skip would end the run (``max_skipped_steps``)."""
-        run, pos = self.cfg.run, self.pos
+        ``commit_every`` or the last step (``total_steps``); or this attempt exchanges the
+        control flags (the attempt ``next_control``: about once a second of steps); or the next
+        step cannot run for lack of windows; or one more skip would end the run
+        (``max_skipped_steps``)."""
+        run = self.settings
         step = pos.step + 1
-        if step >= self.total_steps or pos.attempts + 1 >= self.next_control:
+        if step >= total_steps or pos.attempts + 1 >= next_control:
             return True  # the last step, or a control exchange (a stop, a checkpoint, a plan)
         if any(n and step % n == 0 for n in (run.log_every, run.eval_every, run.checkpoint_every,
                                              run.commit_every if run.elastic else 0)):
@@ -83,23 +164,27 @@ class LazyCounting:
         guard = self.guard
         return bool(guard.max_skipped and guard.skipped_in_a_row + 1 >= guard.max_skipped)
 
-    def settle_step(self) -> None:
+    def settle(self, pos: Position) -> None:
         """Count the pending step exactly (``train_step``'s ``before_update``: before the next
         update, so that it uses the schedule's learning rate of the exact count): applied, its
-        speculation stands; skipped, it is undone and counted as a skip."""
+        speculation stands; skipped, it is undone and counted as a skip. ``pos``: the loop's
+        position now (another one than the pending step's after an elastic rollback: the step
+        went with it). A skip is counted without restarting the recurrent state: the step in
+        progress already started from it, and a step decided on the device zeroed a skipped
+        step's non-finite state itself (:func:`hvd_lm.train.step.train_step`)."""
         if self.pending is None:
             return
-        r, pos, schedule = self.pending
+        r, counted_in, schedule = self.pending
         self.pending = None
-        if pos is not self.pos:  # an elastic rollback since: the step went with it
+        if counted_in is not pos:  # an elastic rollback since: the step went with it
             return
         r = r.read()
         if r.applied:
             self.guard.attempt(True)
-            self.log.tick(1)
+            self.metrics.tick(1)
             return
         pos.step -= 1
         self.scheduler.load_state_dict(schedule)
         for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
             group["lr"] = lr
-        self.count_step(False, r.grad_norm)
+        self.count_step(pos, False, r.grad_norm)

@@ -1,21 +1,17 @@
-"""Rank 0's outputs of a training run, and the stop signals every rank listens for.
+"""The stop signals every rank listens for, and the records of ``metrics.jsonl`` any rank or
+reader touches outside rank 0's log (:class:`hvd_lm.train.metrics.MetricsLog` writes the rest).
 
-* :class:`MetricsLog`: ``<out-dir>/metrics.jsonl`` (one JSON record per line: ``kind`` = start,
-  train, eval, skip, checkpoint, plan, end, failure (:func:`write_failure`); ``step``; ``time``
-  in Unix seconds; the values), a stdout line per record, a tqdm bar on a terminal, TensorBoard
-  events with ``--tensorboard true`` (a warning instead when the ``tensorboard`` package is
-  missing).
-  :func:`read_metrics` is the one reader of that file (reports, scaling report, tests).
-* :class:`StepMeter`: what the loop sums on each rank between two ``train`` records.
 * :class:`StopSignals`: SIGTERM/SIGINT/SIGUSR1 (SLURM preemption, ``scancel --signal``, Ctrl-C)
   -> a stop flag the loop allreduces, so every rank checkpoints at the same step; a line on
   stderr at once says when.
+* :func:`write_failure`: a ``failure`` record appended by the rank that prints a run's one-line
+  cause, with :func:`resume_command`, what continues the run.
+* :func:`read_metrics`: the one reader of ``metrics.jsonl`` (reports, scaling report, tests).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import shlex
@@ -24,21 +20,11 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-from tqdm import tqdm
-
 from hvd_lm.comm.world import horovodrun_mpi_shell, under_openmpi
-from hvd_lm.util.atomic import DiskFullError, free_bytes, human
 from hvd_lm.util.files import FileRefused, open_append
 from hvd_lm.util.lock import pid_alive
-
-try:  # optional: TensorBoard events only when the package is installed
-    from torch.utils.tensorboard import SummaryWriter
-except ImportError:  # pragma: no cover - depends on the environment
-    SummaryWriter = None
 
 
 class StopSignals:
@@ -121,94 +107,6 @@ class StopSignals:
             time.sleep(interval)
 
 
-def fmt(v) -> str:
-    """A metric value for a log line (floats to 4 significant digits)."""
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-class MetricsLog:
-    """Rank 0's outputs: metrics.jsonl, stdout lines, tqdm bar, TensorBoard (when asked for).
-
-    Args:
-        out_dir: the run directory.
-        enabled: False on ranks other than 0 (every method is then a no-op).
-        total / initial: optimizer steps of the whole run (None: not known yet) / already done
-            (the bar).
-        tensorboard: write ``<out_dir>/tensorboard`` events (one warning line on stderr when
-            the ``tensorboard`` package is missing).
-    """
-
-    def __init__(self, out_dir: Path, enabled: bool, total: int | None, initial: int,
-                 tensorboard: bool):
-        self.enabled = enabled
-        self.bar = None
-        self.tb = None
-        if not enabled:
-            return
-        # never through a link out of the run folder, never a FIFO (hvd_lm.util.files)
-        self.file = open_append(out_dir, "metrics.jsonl", buffering=1)
-        self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
-                        disable=None, file=sys.stderr)
-        if tensorboard and SummaryWriter is not None:
-            self.tb = SummaryWriter(str(out_dir / "tensorboard"))
-        elif tensorboard:
-            print("hvd-lm train: WARNING: --tensorboard true, but the tensorboard package is not "
-                  "installed (pip install tensorboard): no TensorBoard events are written; "
-                  f"{out_dir / 'metrics.jsonl'} has every record", file=sys.stderr, flush=True)
-
-    def record(self, kind: str, step: int, printed: bool = True, **values) -> None:
-        """Append ``{"kind", "step", "time", **values}`` and (``printed``) print it as one
-        line."""
-        if not self.enabled:
-            return
-        rec = {"kind": kind, "step": step, "time": time.time(), **values}
-        try:
-            self.file.write(json.dumps(rec) + "\n")
-        except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                free = human(free_bytes(Path(self.file.name).parent))
-                raise DiskFullError(e.errno, f"{self.file.name}: no space left on the device "
-                                    f"appending a metrics record ({free} free)") from None
-            raise
-        if self.tb is not None:
-            for k, v in values.items():
-                if isinstance(v, (int, float)) and v is not None:
-                    self.tb.add_scalar(f"{kind}/{k}", v, step)
-        if not printed:
-            return
-        shown = " ".join(f"{k}={fmt(v)}" for k, v in values.items())
-        msg = f"[{kind}] step={step} {shown}"
-        if self.bar is not None and not self.bar.disable:  # a terminal: keep the bar below
-            self.bar.write(msg, file=sys.stdout)
-        else:  # one write per line: launchers tag each write (stdout may be unbuffered)
-            sys.stdout.write(msg + "\n")
-            sys.stdout.flush()
-
-    def set_total(self, total: int) -> None:
-        """The run's last step moved (``--time-limit``): the bar's total."""
-        if self.bar is not None:
-            self.bar.total = total
-            self.bar.refresh()
-
-    def tick(self, n: int = 1, **postfix) -> None:
-        """Advance the bar by ``n`` steps."""
-        if self.bar is not None:
-            self.bar.update(n)
-            if postfix:
-                self.bar.set_postfix({k: fmt(v) for k, v in postfix.items()}, refresh=False)
-
-    def close(self) -> None:
-        """Close the bar, TensorBoard writer and file."""
-        if self.enabled:
-            if self.bar is not None:
-                self.bar.close()
-            if self.tb is not None:
-                self.tb.close()
-            self.file.close()
-
-
 def resume_command(argv: list[str] | None = None) -> str:
     """This process's training command with ``--resume auto`` in place of any ``--resume``:
     what continues a failed run (under the same launcher). ``argv`` defaults to
@@ -256,27 +154,3 @@ def read_metrics(path: str | Path) -> list[dict]:
             except json.JSONDecodeError as e:
                 print(f"warning: {path}:{i}: not a JSON record, skipped ({e})", file=sys.stderr)
     return out
-
-
-@dataclass
-class StepMeter:
-    """What the next ``train`` record sums, on this rank: nats (a 0-d device tensor until read),
-    characters, seconds waiting on the allreduce and busy, steps, since ``t0``; ``compute``: each
-    step's busy less its wait, seconds."""
-
-    nats: float | torch.Tensor = 0.0
-    chars: float = 0.0
-    wait: float = 0.0
-    busy: float = 0.0
-    steps: int = 0
-    compute: list[float] = field(default_factory=list)
-    t0: float = field(default_factory=time.perf_counter)
-
-    def add(self, nats, chars: int, wait: float, busy: float) -> None:
-        """One step attempt's sums."""
-        self.nats = self.nats + nats
-        self.chars += chars
-        self.wait += wait
-        self.busy += busy
-        self.steps += 1
-        self.compute.append(busy - wait)

@@ -20,13 +20,26 @@ the allreduce wait, which costs nothing (the host then blocks on the allreduce, 
 backward done) and splits each step's time into device compute and wait
 (``compute_time_max``, a slow GPU's straggling).
 
-Rank 0 logs (tqdm bar, a line every ``log_every`` steps, ``metrics.jsonl``, TensorBoard with
-``--tensorboard true``) and writes checkpoints; metrics are sums over ranks but
-``compute_time_max`` (each step's slowest rank). Every Horovod call is marked ``# Horovod:``
-where it happens (as Horovod's ``examples/pytorch`` scripts do).
+The :class:`Trainer` is the loop, and it holds its parts, as torchtitan's trainer does; each is
+its own module, given what it needs when built or called, none reading the trainer:
 
-With ``run.elastic`` (Horovod elastic) the same loop runs under ``hvd.elastic.run``, with a
-commit in memory every ``run.commit_every`` steps: :mod:`hvd_lm.train.elastic`.
+* the run (:class:`hvd_lm.train.startup.Run`): the model, optimizer, schedule, scaler, this
+  rank's streams and world, the run folder, built from the configuration before the first step;
+* the metrics (:class:`hvd_lm.train.metrics.Metrics`): rank 0 logs (tqdm bar, a line every
+  ``log_every`` steps, ``metrics.jsonl``, TensorBoard with ``--tensorboard true``); metrics are
+  sums over ranks but ``compute_time_max`` (each step's slowest rank);
+* the checkpointer (:class:`hvd_lm.train.checkpointer.Checkpointer`): rank 0 writes, on a
+  thread by default;
+* the step count (:class:`hvd_lm.train.counting.StepCounter`) and the characters trained on
+  (``CharCount``);
+* with ``run.elastic`` (Horovod elastic), the elastic state
+  (:class:`hvd_lm.train.elastic.Elastic`): the same loop under ``hvd.elastic.run``, with a
+  commit in memory every ``run.commit_every`` steps;
+* the divergence guard (:mod:`hvd_lm.train.guard`), the ``--time-limit`` planner
+  (:mod:`hvd_lm.train.deadline`) and the stop signals (:mod:`hvd_lm.train.log`).
+
+Every Horovod call is marked ``# Horovod:`` where it happens (as Horovod's ``examples/pytorch``
+scripts do), in the loop and in the part that makes it.
 
 Without ``run.elastic``, a lost peer (its host's link down, the host or the process gone) fails
 the collective it was in after Gloo's ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (``comm.gloo_timeout_s``);
@@ -37,34 +50,31 @@ stops with one line naming the lost rank's host and the newest complete checkpoi
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import dataclasses
 import json
-import math
 import sys
 import time
 
-import torch
-
 from hvd_lm import comm
 from hvd_lm.comm.peers import LostPeer, lost_peers_text
-from hvd_lm.formats import checkpoint as ckpt_io
-from hvd_lm.model.mfu import rate_against
 from hvd_lm.options import Command, error_text
-from hvd_lm.train import resume as resume_io
-from hvd_lm.train.counting import LazyCounting
+from hvd_lm.train import faults
+from hvd_lm.train.checkpointer import Checkpointer
+from hvd_lm.train.counting import CharCount, StepCounter
 from hvd_lm.train.data import Prefetcher
-from hvd_lm.train.elastic import ElasticTraining
+from hvd_lm.train.deadline import Cadence, DeadlinePlanner
+from hvd_lm.train.elastic import Elastic
 from hvd_lm.train.evaluate import bpc as eval_bpc
-from hvd_lm.train.guard import TrainingDiverged
-from hvd_lm.train.log import StepMeter, write_failure
+from hvd_lm.train.guard import DivergenceGuard, TrainingDiverged
+from hvd_lm.train.log import StopSignals, write_failure
+from hvd_lm.train.metrics import Metrics
 from hvd_lm.train.schedule import refresh_lr, schedule_of
 from hvd_lm.train.settings import TrainConfig
-from hvd_lm.train.startup import TrainingRun
+from hvd_lm.train.startup import Run
 from hvd_lm.train.step import StepSpec, train_step
 from hvd_lm.util.atomic import write_text
 
-LN2 = math.log(2.0)
 #: Seconds of steps between two control exchanges (at most ``run.control_every`` attempts).
 CONTROL_TARGET_S = 1.0
 
@@ -78,84 +88,130 @@ def train(cfg: TrainConfig) -> dict:
         ShardChecksumError: a shard does not match its manifest checksum.
         hvd_lm.train.guard.TrainingDiverged: the run diverged (:mod:`hvd_lm.train.guard`).
     """
-    return Trainer(cfg).run()
+    return Trainer(cfg).train()
 
 
-class Trainer(TrainingRun, ElasticTraining, LazyCounting):
-    """One training run: built by :class:`hvd_lm.train.startup.TrainingRun` (no collective in
-    elastic mode, where a joining worker gets the state from the others); :meth:`run` trains.
+class Trainer:
+    """One training run: the loop, holding its parts (module docstring). Built from ``cfg``:
+    the run (:class:`hvd_lm.train.startup.Run`: no collective in elastic mode, where a joining
+    worker gets the state from the others), its folder and start record, then the components;
+    :meth:`train` trains.
+
+    Attributes:
+        run: the :class:`hvd_lm.train.startup.Run` (model, optimizer, schedule, data, world).
+        metrics: :class:`hvd_lm.train.metrics.Metrics` (rank 0's log, the ``train`` record).
+        checkpointer: :class:`hvd_lm.train.checkpointer.Checkpointer`.
+        counter / chars: :class:`hvd_lm.train.counting.StepCounter` and ``CharCount``.
+        elastic: :class:`hvd_lm.train.elastic.Elastic` with ``run.elastic``, else None.
+        guard / planner / signals / faults: the divergence guard, the ``--time-limit`` planner
+            (None without), the stop signals, the test hooks.
+        pos / rnn_state / total_steps: where the loop is: the position, this rank's recurrent
+            state (h, c), each [B, H], and the run's last step (``--time-limit`` moves it).
 
     Raises:
         as :func:`train`.
     """
 
-    # ---- collectives used by the loop ------------------------------------------------------------
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.run = run = Run(cfg)
+        self.summary = run.summary
+        if self.summary is not None:  # nothing to train (preflight.resume_end)
+            return
+        self.pos, self.rnn_state, self.total_steps = run.start_pos, run.start_state, \
+            run.total_steps
+        # ---- the run folder, rank 0's log and the start record -----------------------------------
+        self.metrics = Metrics(run.out_dir, cfg.run.tensorboard)
+        run.open_folder(self.metrics)  # Horovod (not elastic): every rank learns rank 0's lot
+        self.metrics.peak = run.measure_peak()
+        self.metrics.record("start", self.pos.step, **run.start_values(self.metrics.peak))
 
-    def chars_total(self) -> int:
-        """Characters trained on by all ranks, exact across world-size changes (Horovod: sum)."""
-        return self.chars_base + int(comm.allreduce_sum([float(self.chars_local)],
-                                                        name="chars_total")[0])
+        # ---- control -----------------------------------------------------------------------------
+        self.signals = StopSignals(describe=lambda: self.stop_eta())
+        self.faults = faults.for_rank(run.ctx.rank, cfg.run.inject_nan_steps)  # tests only
+        self.chars = CharCount(self.pos.chars_trained)  # all ranks before, + this one's
+        self.guard = DivergenceGuard(cfg.run.divergence_loss, cfg.run.divergence_logs,
+                                     cfg.run.max_skipped_steps, self.pos.step)
+        self.last_ckpt_time = time.time()
+        # the control exchange: after the first attempt, then every control_interval() attempts
+        self.next_control = self.pos.attempts + 1
+        self.attempt_times: collections.deque[float] = collections.deque(maxlen=20)  # seconds
+        self.extra_s = 0.0  # seconds of validation and checkpoint in the current attempt
+        self.planner = None  # --time-limit: the steps that fit (hvd_lm.train.deadline)
+        if run.time_limit_s:
+            self.planner = DeadlinePlanner(
+                run.time_limit_s,
+                cadence=Cadence(cfg.run.eval_every, cfg.run.checkpoint_every,
+                                cfg.run.checkpoint_minutes, run.val is not None),
+                eval_estimate=run.eval_estimate_s,
+                checkpoint_estimate_s=run.checkpoint_estimate_s())
+        self.step_started = time.monotonic()  # monotonic s: when the current step began
+        self.stop_reason = "done"
+
+        # ---- the components ----------------------------------------------------------------------
+        self.checkpointer = Checkpointer(run.out_dir, cfg.to_dict(), run.model, run.optimizer,
+                                         run.scheduler, run.scaler, self.guard, self.metrics,
+                                         cfg.run.keep_checkpoints, cfg.run.async_checkpoint,
+                                         self.planner)
+        self.counter = StepCounter(cfg.run, run.k, run.total_windows, run.scheduler,
+                                   run.optimizer, run.scaler, self.guard, self.metrics,
+                                   restart_state=lambda: run.model.init_state(run.B, run.device))
+        self.elastic = (Elastic(run, self.checkpointer, self.metrics, self.guard)
+                        if cfg.run.elastic else None)
+
+    # ---- what the loop does besides the step -----------------------------------------------------
 
     def save_checkpoint(self) -> None:
-        """Every rank: gather the recurrent state rows; rank 0 writes the checkpoint. Held
-        (nothing written) while the newest logged loss is above the divergence bound."""
-        if not self.guard.may_checkpoint():
-            self.log.record("checkpoint_held", self.pos.step,
-                            loss=self.guard.above[-1][1] if self.guard.above else None)
-            return
-        t0 = time.perf_counter()
-        # Horovod: gather every rank's recurrent state rows (rank order) for an exact resume.
-        h = comm.allgather(self.rnn_state[0].detach().float().cpu(), name="ckpt_h")
-        c = comm.allgather(self.rnn_state[1].detach().float().cpu(), name="ckpt_c")
-        pos = dataclasses.replace(self.pos, chars_trained=self.chars_total())  # Horovod: sum
-        opt_state = self.optimizer.state_dict()  # every rank: 1-bit optimizers gather errors
-        if self.ctx.is_root:  # written on a thread unless --async-checkpoint false
-            self.writer.submit(resume_io.payload(pos, self.model, opt_state, self.scheduler,
-                                                 self.scaler, (h, c), self.cfg.to_dict(),
-                                                 self.ctx.size, self.windows_per_epoch),
-                               self.out_dir, pos.step, self.cfg.run.keep_checkpoints,
-                               self.guard.confirmed_below())
-        self.guard.wrote(pos.step)
-        self.saved_step = pos.step  # every rank: the end does not write (or print) it again
-        self.extra_s += time.perf_counter() - t0  # not a step's time (the deadline's plan)
-
-    def checkpoint_written(self, w) -> None:
-        """The writer's report of a finished checkpoint (rank 0): logged, and timed for the
-        deadline's plan."""
-        self.log.record("checkpoint", w.step, path=str(w.path), write_s=w.write_s,
-                        blocked_s=w.blocked_s)
-        if self.planner is not None:
-            self.planner.checkpoint_done(w.write_s, w.blocked_s)
+        """Every rank: the checkpoint of the current step (:meth:`Checkpointer.save`: Horovod
+        allgathers and a sum); its seconds are not a step's (the deadline's plan)."""
+        run = self.run
+        self.extra_s += self.checkpointer.save(self.pos, self.rnn_state, self.chars, run.ctx,
+                                               run.windows_per_epoch)
 
     def validate(self) -> None:
         """Validation BPC over all ranks (Horovod: sums bits and chars), logged by rank 0."""
-        if self.val is None:
+        run = self.run
+        if run.val is None:
             return
         t0 = time.perf_counter()
-        v_bpc, v_chars = eval_bpc(self.model, self.val, self.device, self.cfg.run.precision)
-        self.model.train()
+        v_bpc, v_chars = eval_bpc(run.model, run.val, run.device, self.cfg.run.precision)
+        run.model.train()
         seconds = time.perf_counter() - t0
         self.extra_s += seconds
         if self.planner is not None:
             self.planner.eval_done(seconds)
-        self.log.record("eval", self.pos.step, val_bpc=v_bpc, val_chars=v_chars,
-                        seconds=seconds)
+        self.metrics.record("eval", self.pos.step, val_bpc=v_bpc, val_chars=v_chars,
+                            seconds=seconds)
+
+    def log_train(self, grad_norm: float) -> None:
+        """A ``train`` record (rank 0) of the steps since the last one, over all ranks
+        (:meth:`Metrics.log_train`, Horovod allreduces); the loss goes to the divergence guard
+        (the same float on every rank)."""
+        run, pos, scaler = self.run, self.pos, self.run.scaler
+        loss = self.metrics.log_train(  # Horovod: allreduces of the metrics
+            pos.step, run.ctx.size, run.model.flops_per_char(), run.scheduler.get_last_lr()[0],
+            scaler.get_scale() if scaler.is_enabled() else None,
+            grad_norm=grad_norm, skipped_steps=pos.skipped_steps,
+            epoch=pos.window / run.windows_per_epoch, world_size=run.ctx.size,
+            **comm.comm_stats(run.optimizer))  # bytes on the wire (and 1-bit phase)
+        self.guard.logged(pos.step, loss)
 
     # ---- the loop --------------------------------------------------------------------------------
 
-    def run(self) -> dict:
+    def train(self) -> dict:
         """Train to the end (or a stop signal), then validate, checkpoint and write the summary."""
         if self.summary is not None:  # nothing to train (preflight.resume_end)
             return self.summary
+        run = self.run
         try:
-            if self.cfg.run.elastic:
-                self.run_elastic()  # hvd_lm.train.elastic
+            if self.elastic is not None:
+                self.elastic.train(self.pos, self.elastic_loop, self.on_reset)
             else:
                 try:
                     self.loop()
                     self.finish()
                 except Exception as e:
-                    if self.peers and comm.is_collective_failure(e):
+                    if run.peers and comm.is_collective_failure(e):
                         raise self.lost_peer(e) from e
                     raise
             return self.end()
@@ -163,11 +219,11 @@ class Trainer(TrainingRun, ElasticTraining, LazyCounting):
             # the rank that prints the one-line cause records it for the launch's summary (a
             # divergence, the same on every rank: rank 0 alone)
             if (e.report if isinstance(e, LostPeer) else
-                    self.ctx.is_root or not isinstance(e, TrainingDiverged)):
+                    run.ctx.is_root or not isinstance(e, TrainingDiverged)):
                 with contextlib.suppress(Exception):  # a write in flight is the newest
-                    self.writer.wait()
-                last = ckpt_io.newest_complete(self.out_dir)
-                write_failure(self.out_dir, self.pos.step, self.ctx.rank, error_text(e),
+                    self.checkpointer.wait()
+                last = self.checkpointer.newest()
+                write_failure(run.out_dir, self.pos.step, run.ctx.rank, error_text(e),
                               str(last) if last else None)
             raise
 
@@ -175,7 +231,7 @@ class Trainer(TrainingRun, ElasticTraining, LazyCounting):
         """The one-line error of a collective that lost a peer: who (probed, at most 3 s), when,
         after which timeout, and the newest complete checkpoint to resume from."""
         with contextlib.suppress(Exception):  # the newest checkpoint: the one in flight too
-            self.writer.wait()
+            self.checkpointer.wait()
         # how long the failed collective waited (from its step's start, an upper bound): Gloo's
         # timeout is named only when it is what ended it (a killed peer fails at once)
         waited = time.monotonic() - self.step_started
@@ -183,20 +239,37 @@ class Trainer(TrainingRun, ElasticTraining, LazyCounting):
         bound = (f" ({comm.timeout_phrase(timeout)})"
                  if timeout and waited >= 0.8 * timeout else
                  f" after {waited:.1f} s (its peer's connection closed)")
-        last = ckpt_io.newest_complete(self.out_dir)
+        last = self.checkpointer.newest()
+        ctx = self.run.ctx
         return LostPeer(
-            f"{lost_peers_text(self.peers, self.ctx.rank)}: a collective failed at step "
+            f"{lost_peers_text(self.run.peers, ctx.rank)}: a collective failed at step "
             f"{self.pos.step + 1}{bound}; the newest complete checkpoint is "
             f"{last or 'none (no step was saved)'}; bring the host back or leave "
             "it out, and run again with --resume auto (the launch templates add it)",
-            report=self.ctx.local_rank == 0)
+            report=ctx.local_rank == 0)
+
+    def elastic_loop(self, state) -> None:
+        """The loop under ``hvd.elastic.run``: the state (synced from rank 0) is where this rank
+        starts (:meth:`Elastic.restore`); a commit every ``run.commit_every`` applied steps."""
+        self.pos, self.rnn_state = self.elastic.restore(state, self.chars)
+        self.checkpointer.saved_step = None  # rolled back: the last step's weights are not saved
+        self.next_control = self.pos.attempts + 1  # every rank alike, a new worker too
+        self.loop(state)
+        self.finish()
+
+    def on_reset(self, state) -> None:
+        """After Horovod re-formed the world: :meth:`Elastic.on_reset`, and this rank's test
+        hooks."""
+        self.elastic.on_reset(state, self.pos.step)
+        self.faults = faults.for_rank(self.run.ctx.rank, self.cfg.run.inject_nan_steps)
 
     def loop(self, state=None) -> None:
         """Optimizer steps until ``total_steps``, a stop signal or divergence."""
         # window i+1's bytes are read on a background thread while window i trains (elastic
         # runs wrap around epochs, so no read-ahead limit there)
-        batches = Prefetcher(self.streams, limit=None if state is not None else self.total_windows,
-                             pin_memory=self.device.type == "cuda")
+        run = self.run
+        batches = Prefetcher(run.streams, limit=None if state is not None else run.total_windows,
+                             pin_memory=run.device.type == "cuda")
         try:
             self.steps(batches, state)
         finally:
@@ -204,16 +277,17 @@ class Trainer(TrainingRun, ElasticTraining, LazyCounting):
 
     def steps(self, batches: Prefetcher, state=None) -> None:
         """The body of :meth:`loop`: one iteration per optimizer step (attempt)."""
-        cfg, k, pos = self.cfg, self.k, self.pos
-        self.meter = StepMeter()
-        self.model.train()
+        cfg, run, pos, counter = self.cfg, self.run, self.pos, self.counter
+        k = run.k
+        self.metrics.restart_meter()
+        run.model.train()
 
-        spec = StepSpec(self.device, cfg.run.precision, cfg.optim.grad_clip, cfg.run.nan_check, k,
+        spec = StepSpec(run.device, cfg.run.precision, cfg.optim.grad_clip, cfg.run.nan_check, k,
                         loss_hook=lambda loss: self.faults.loss(loss, pos.attempts),
-                        before_update=self.settle_step)  # the previous step's count
+                        before_update=lambda: counter.settle(self.pos))  # the previous count
         last_start = None  # perf_counter s: the previous attempt's start
         while pos.step < self.total_steps and (state is not None
-                                               or pos.window + k <= self.total_windows):
+                                               or pos.window + k <= run.total_windows):
             t_step = time.perf_counter()
             if last_start is not None:  # the previous attempt, less its validation/checkpoint
                 self.attempt_done(t_step - last_start - self.extra_s)
@@ -224,16 +298,16 @@ class Trainer(TrainingRun, ElasticTraining, LazyCounting):
             # forward, loss, backward, Horovod: synchronize, unscale and clip, step or skip
             # (hvd_lm.train.step, the one training step); its k windows read ahead on a thread
             windows = (batches.get(w) for w in range(pos.window, pos.window + k))
-            r = train_step(self.model, self.optimizer, self.scaler, windows, self.rnn_state, spec)
-            self.rnn_state = r.state
+            r = train_step(run.model, run.optimizer, run.scaler, windows, self.rnn_state, spec)
             pos.window += k
 
             # count it (the LR schedule advances on applied steps only), then log and validate;
             # where nothing here depends on it, read its outcome during the next step
             # (hvd_lm.train.counting: no host sync per step)
-            r = self.count_lazily(r)
-            self.chars_local += r.chars
-            self.meter.add(r.nats, r.chars, r.wait_s, time.perf_counter() - t_step)
+            r = counter.count(r, pos, self.total_steps, self.next_control)
+            self.rnn_state = r.state
+            self.chars.add(r.chars)
+            self.metrics.add_step(r.nats, r.chars, r.wait_s, time.perf_counter() - t_step)
             stop_flag, due_flag = self.control_flags()  # Horovod: allreduce (at most every
             # control_every attempts; with --time-limit it may move total_steps)
             if r.applied and (pos.step % cfg.run.log_every == 0 or pos.step == self.total_steps):
@@ -245,11 +319,11 @@ class Trainer(TrainingRun, ElasticTraining, LazyCounting):
             if self.guard.reason:
                 self.stop_reason = "diverged"
                 break
-            self.writer.poll()  # log a finished background write (raise a failed one's error)
+            self.checkpointer.poll()  # log a finished background write (raise a failed one's)
             # checkpoint: on a stop signal (then leave), every checkpoint_every steps, or when due
             if stop_flag > 0:
                 self.stop_reason = "signal"
-                if self.saved_step != pos.step:  # a skipped attempt: this step's may be saved
+                if self.checkpointer.saved_step != pos.step:  # a skipped attempt: may be saved
                     self.save_checkpoint()  # Horovod: allgather of the recurrent state
                 break
             if r.applied and ((cfg.run.checkpoint_every
@@ -259,23 +333,7 @@ class Trainer(TrainingRun, ElasticTraining, LazyCounting):
             # elastic: commit in memory every commit_every steps (Horovod: may raise
             # HostsUpdatedInterrupt when workers are added or removed, after saving)
             if state is not None and r.applied and pos.step % cfg.run.commit_every == 0:
-                self.commit(state)
-
-    def count_step(self, applied: bool, grad_norm: float) -> None:
-        """An applied step advances the step count and the LR schedule; a skipped one is counted
-        (and logged), and a non-finite recurrent state restarts from zero."""
-        pos = self.pos
-        self.guard.attempt(applied)
-        self.log.tick(1 if applied else 0)
-        if applied:
-            self.scheduler.step()
-            pos.step += 1
-            return
-        pos.skipped_steps += 1
-        if not all(bool(torch.isfinite(s).all()) for s in self.rnn_state):
-            self.rnn_state = self.model.init_state(self.B, self.device)
-        self.log.record("skip", pos.step, skipped_steps=pos.skipped_steps, grad_norm=grad_norm,
-                        loss_scale=self.scaler.get_scale() if self.scaler.is_enabled() else None)
+                self.elastic.commit(state, pos, self.rnn_state, self.chars)  # Horovod: sum
 
     def attempt_done(self, seconds: float) -> None:
         """One step attempt took ``seconds`` (validation and checkpoint left out)."""
@@ -287,7 +345,7 @@ class Trainer(TrainingRun, ElasticTraining, LazyCounting):
         """When a stop signal received now is acted on (the line :class:`StopSignals` prints):
         after the step in progress for one process, else at the next control exchange."""
         step = self.pos.step + 1
-        who = "stopping" if self.ctx.size == 1 else "every rank stops"
+        who = "stopping" if self.run.ctx.size == 1 else "every rank stops"
         to_go = max(1, self.next_control - self.pos.attempts)
         if to_go == 1:
             return f"{who} after step {step:,} (in progress)"
@@ -301,8 +359,8 @@ class Trainer(TrainingRun, ElasticTraining, LazyCounting):
         :data:`CONTROL_TARGET_S` seconds of steps, at least 1 and at most
         ``run.control_every`` (every attempt before a step was timed; a step that takes a
         second or more: every attempt, so a stop signal acts after the step in progress). The
-        step count is exact at an exchange (:meth:`counts_now`); between them it may be read a
-        step late (:mod:`hvd_lm.train.counting`)."""
+        step count is exact at an exchange (:meth:`StepCounter.counts_now`); between them it
+        may be read a step late (:mod:`hvd_lm.train.counting`)."""
         if not self.attempt_times:
             return 1
         step_s = sum(self.attempt_times) / len(self.attempt_times)
@@ -317,12 +375,12 @@ class Trainer(TrainingRun, ElasticTraining, LazyCounting):
         cfg = self.cfg
         if self.pos.attempts < self.next_control:
             return 0.0, 0.0
-        root = self.ctx.is_root
+        root = self.run.ctx.is_root
         due = (cfg.run.checkpoint_minutes > 0 and root
                and time.time() - self.last_ckpt_time >= 60 * cfg.run.checkpoint_minutes)
         plan = None  # rank 0's new last step (sent + 1: 0 means none)
         if root and self.planner is not None:
-            plan = self.planner.plan(self.pos.step, self.total_steps, self.step_cap)
+            plan = self.planner.plan(self.pos.step, self.total_steps, self.run.step_cap)
         stop, due_flag, plan_flag, interval = comm.allreduce_sum(  # Horovod: sums over ranks
             [1.0 if self.signals.received else 0.0, 1.0 if due else 0.0,
              0.0 if plan is None else plan + 1.0,
@@ -336,49 +394,20 @@ class Trainer(TrainingRun, ElasticTraining, LazyCounting):
         """Move the run's last step to ``total`` (every rank: the control exchange's plan): the
         LR schedule's line to 0 bends there without a jump; logged (rank 0) as a ``plan``
         record with what it was computed from."""
-        schedule_of(self.scheduler).replan(self.pos.step, total)
-        refresh_lr(self.scheduler)  # the next step's LR on the new line (0 when it is the end)
+        scheduler = self.run.scheduler
+        schedule_of(scheduler).replan(self.pos.step, total)
+        refresh_lr(scheduler)  # the next step's LR on the new line (0 when it is the end)
         previous, self.total_steps = self.total_steps, max(self.pos.step, total)
-        if self.ctx.is_root:
-            self.log.set_total(self.total_steps)
+        if self.run.ctx.is_root:
+            self.metrics.set_total(self.total_steps)
             left = previous - self.pos.step
             # printed when it is the first plan, the end, or moves the end by over 5%
             shown = (previous >= sys.maxsize // 2 or self.total_steps == self.pos.step
                      or abs(self.total_steps - previous) > 0.05 * left)
-            self.log.record("plan", self.pos.step, printed=shown, total_steps=self.total_steps,
-                            previous_total_steps=previous if previous < sys.maxsize // 2
-                            else None, **self.planner.describe())
-
-    def log_train(self, grad_norm: float) -> None:
-        """A ``train`` record (rank 0) of the steps since the last one, over all ranks; the loss
-        goes to the divergence guard (the same float on every rank)."""
-        m, pos = self.meter, self.pos
-        # Horovod: metrics summed over ranks (float(): the device sum, read now)
-        nats, chars, waits, busy = comm.allreduce_sum([float(m.nats), m.chars, m.wait, m.busy],
-                                                      name="log")
-        # Horovod: each step's slowest rank outside the allreduce wait, which sets the step (a
-        # straggler shows as its mean well above the mean rank's)
-        slowest = comm.allreduce_max_each(m.compute, name="log.compute")
-        wall = time.perf_counter() - m.t0
-        loss = nats / max(1.0, chars)
-        self.guard.logged(pos.step, loss)
-        scaler = self.scaler
-        # per rank: TFLOP/s and MFU against one device's peak (hvd_lm.model.mfu)
-        rate, self.peak = rate_against(chars / wall / self.ctx.size,
-                                       self.model.flops_per_char(), self.peak)
-        self.log.record("train", pos.step, loss=loss, bpc=loss / LN2,
-                        lr=self.scheduler.get_last_lr()[0],
-                        loss_scale=scaler.get_scale() if scaler.is_enabled() else None,
-                        chars_per_s=chars / wall, step_time=wall / m.steps,
-                        **rate,
-                        allreduce_wait=waits / max(busy, 1e-9),
-                        compute_time_max=sum(slowest) / m.steps,
-                        compute_time_mean=(busy - waits) / (self.ctx.size * m.steps),
-                        grad_norm=grad_norm,
-                        skipped_steps=pos.skipped_steps,
-                        epoch=pos.window / self.windows_per_epoch, world_size=self.ctx.size,
-                        **comm.comm_stats(self.optimizer))  # bytes on the wire (and 1-bit phase)
-        self.meter = StepMeter()
+            self.metrics.record("plan", self.pos.step, printed=shown,
+                                total_steps=self.total_steps,
+                                previous_total_steps=previous if previous < sys.maxsize // 2
+                                else None, **self.planner.describe())
 
     def finish(self) -> None:
         """Final validation and checkpoint of a run that reached its end (unless its newest
@@ -390,31 +419,32 @@ class Trainer(TrainingRun, ElasticTraining, LazyCounting):
         if self.stop_reason == "done":
             if not (self.cfg.run.eval_every and self.pos.step % self.cfg.run.eval_every == 0):
                 self.validate()  # Horovod: allreduce of bits and chars
-            if self.saved_step != self.pos.step:  # --checkpoint-every may have saved it
+            if self.checkpointer.saved_step != self.pos.step:  # --checkpoint-every saved it?
                 self.save_checkpoint()  # Horovod: allgather of the recurrent state
         self.summary = {"stop": self.stop_reason, "step": self.pos.step,
                         "skipped_steps": self.pos.skipped_steps,
-                        "chars_trained": self.chars_total(),  # Horovod: sum over ranks
-                        "world_size": self.ctx.size}
+                        "chars_trained": self.chars.total(),  # Horovod: sum over ranks
+                        "world_size": self.run.ctx.size}
         if self.planner is not None:  # seconds to the deadline once everything was written
-            self.writer.wait()
-            self.summary.update(time_limit_s=self.time_limit_s,
+            self.checkpointer.wait()
+            self.summary.update(time_limit_s=self.run.time_limit_s,
                                 deadline_left_s=round(self.planner.left(), 3))
 
     def end(self) -> dict:
         """The summary (and ``summary.json``) once the checkpoint in flight is written, released
         folder; raise on divergence."""
-        self.writer.wait()  # before the summary, the guard's settling and the lock's release
+        run = self.run
+        self.checkpointer.wait()  # before the summary, the guard's settling, the lock's release
         summary = self.summary
-        if self.ctx.is_root:
-            self.log.record("end", self.pos.step,
-                            **{k: v for k, v in summary.items() if k != "step"})
-            write_text(self.out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-        self.log.close()
-        settled = self.guard.settle(self.out_dir) if (
-            self.stop_reason == "diverged" and self.ctx.is_root) else None
-        if self.lock is not None:
-            self.lock.release()
+        if run.ctx.is_root:
+            self.metrics.record("end", self.pos.step,
+                                **{k: v for k, v in summary.items() if k != "step"})
+            write_text(run.out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        self.metrics.close()
+        settled = self.guard.settle(run.out_dir) if (
+            self.stop_reason == "diverged" and run.ctx.is_root) else None
+        if run.lock is not None:
+            run.lock.release()
         if self.stop_reason == "diverged":
             raise self.guard.error(self.pos.step, settled)
         return summary

@@ -1,15 +1,14 @@
-"""A training run built from its configuration, before its first step: the process (Horovod,
-device, precision, threads), the data (the manifest checked, this rank's streams), the model,
-optimizer and schedule length, a resume's weights, position, recurrent state and RNG, the
-Horovod-wrapped optimizer, the run folder (locked, checked for space, ``config.yaml``) and the
-start record. :class:`hvd_lm.train.loop.Trainer` is this plus the loop.
+"""A training run built from its configuration, before its first step (:class:`Run`): the
+process (Horovod, device, precision, threads), the data (the manifest checked, this rank's
+streams), the model, optimizer and schedule length, a resume's weights, position, recurrent
+state and RNG, the Horovod-wrapped optimizer, every rank's host; then the run folder (locked,
+checked for space, ``config.yaml``) with rank 0's log, and the start record's values.
+:class:`hvd_lm.train.loop.Trainer` holds one and trains it.
 """
 
 from __future__ import annotations
 
-import collections
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -22,16 +21,14 @@ from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.formats.shards import SMALL_SPLIT_BYTES, check_layout, verify_shard
 from hvd_lm.model import device as devices
 from hvd_lm.model.lm import LanguageModel
-from hvd_lm.model.mfu import device_peak
+from hvd_lm.model.mfu import Peak, device_peak
 from hvd_lm.options import check_required
-from hvd_lm.train import faults, preflight
+from hvd_lm.train import preflight
 from hvd_lm.train import resume as resume_io
-from hvd_lm.train.async_checkpoint import CheckpointWriter
 from hvd_lm.train.data import RankStreams, window_in_new_cut
-from hvd_lm.train.deadline import CHECKPOINT_BYTES_PER_S, Cadence, DeadlinePlanner
+from hvd_lm.train.deadline import CHECKPOINT_BYTES_PER_S
 from hvd_lm.train.evaluate import estimate_seconds
-from hvd_lm.train.guard import DivergenceGuard
-from hvd_lm.train.log import MetricsLog, StopSignals
+from hvd_lm.train.metrics import Metrics
 from hvd_lm.train.optim import build_optimizer, distributed
 from hvd_lm.train.rundir import OPTIMIZER_STATES, open_run_folder
 from hvd_lm.train.schedule import make_scheduler, scaled_lr, schedule_of, set_peak_lr
@@ -51,11 +48,20 @@ def small_split_warning(manifest, split: str) -> None:
               file=sys.stderr, flush=True)
 
 
-class TrainingRun:
-    """Everything one training run needs before its first step, built in the order the objects
-    depend on each other (each block below one comment); the loop
-    (:class:`hvd_lm.train.loop.Trainer`) and the elastic half
-    (:class:`hvd_lm.train.elastic.ElasticTraining`) work on these attributes.
+class Run:
+    """What one training run is made of, built before its first step in the order the objects
+    depend on each other (each block below one comment). The trainer
+    (:class:`hvd_lm.train.loop.Trainer`) and its components are given what they need of it;
+    an elastic reset re-forms its world (:attr:`ctx`, :meth:`cut_streams`, :meth:`take_root`).
+
+    Attributes (besides the configuration ``cfg`` and what the blocks name):
+        start_pos / start_state: the position (:class:`hvd_lm.train.resume.Position`) and the
+            recurrent state (h, c), each [B, H], training starts from (a resume's, else zero).
+        total_steps: the schedule's length at the start (``--time-limit`` moves the trainer's
+            own; ``step_cap`` bounds it).
+        summary: ``{"stop": "nothing-to-train", ...}`` when a resumed run had nothing left (then
+            nothing after the resume was built), else None.
+        lock: the run folder's lock while this rank is rank 0 (:meth:`open_folder`).
 
     Raises:
         ValueError: bad configuration or data (naming the field / file); a ConfigError when the
@@ -81,8 +87,8 @@ class TrainingRun:
         # ---- data: the manifest, its splits and shards checked; streams cut for this world -------
         self.manifest = load_manifest(cfg.data.shards)
         # splits, vocabulary, window x rows against the split, one step's memory: before any read
-        step_memory = preflight.check_all(cfg, self.manifest, self.device, self.ctx.size,
-                                          self.ctx.local_size)
+        self.step_memory = preflight.check_all(cfg, self.manifest, self.device, self.ctx.size,
+                                               self.ctx.local_size)
         self.B, self.T = cfg.data.batch_size, cfg.data.seq_len
         self.k = cfg.dist.backward_passes_per_step
         if cfg.data.verify_shards:  # each rank verifies a disjoint subset of the shards
@@ -110,29 +116,30 @@ class TrainingRun:
         self.scaler = devices.make_scaler(self.device, cfg.run.precision)
 
         # ---- resume: weights, position, recurrent state, RNG (optimizer state after wrapping) ----
-        self.pos = resume_io.Position()
-        self.rnn_state = self.model.init_state(self.B, self.device)
+        pos = self.start_pos = resume_io.Position()
+        self.start_state = self.model.init_state(self.B, self.device)
         resume, self.summary, self.resumed_from = None, None, None
         if cfg.run.resume:  # checked before anything is written: a bad source changes nothing
             auto = cfg.run.resume == "auto"
             resume = resume_io.Resume(self.out_dir if auto else cfg.run.resume, self.device,
                                     fallback=auto, warn=self.ctx.is_root)
             resume.restore_model(self.model, self.scaler)
-            self.pos, self.resumed_from = resume.position, resume.path
+            pos = self.start_pos = resume.position
+            self.resumed_from = resume.path
             if resume.windows_per_epoch:  # another world size x batch cuts other streams:
                 # continue at the same point of the epoch (the same window when cut alike)
-                self.pos.window = window_in_new_cut(self.pos.window, resume.windows_per_epoch,
-                                                    self.windows_per_epoch)
-            self.rnn_state = resume.rnn_rows(self.ctx.rank, self.ctx.size, self.B,
-                                             warn=self.ctx.is_root) or self.rnn_state
+                pos.window = window_in_new_cut(pos.window, resume.windows_per_epoch,
+                                               self.windows_per_epoch)
+            self.start_state = resume.rnn_rows(self.ctx.rank, self.ctx.size, self.B,
+                                               warn=self.ctx.is_root) or self.start_state
             resume.restore_rng()
-            if preflight.resume_end(self.pos.step, self.pos.window, self.total_steps,
+            if preflight.resume_end(pos.step, pos.window, self.total_steps,
                                     sys.maxsize if cfg.run.elastic else self.total_windows,
                                     self.k, resume.path, cfg, warn=self.ctx.is_root) or (
                     self.time_limit_s and preflight.deadline_run_ended(
-                        resume.lr_factor(), self.pos.step, cfg, resume.path,
+                        resume.lr_factor(), pos.step, cfg, resume.path,
                         warn=self.ctx.is_root)):
-                self.summary = {"stop": "nothing-to-train", "step": self.pos.step}
+                self.summary = {"stop": "nothing-to-train", "step": pos.step}
                 return  # a finished run started again: nothing is written
 
         # Horovod: wrap the optimizer (gradient allreduce with fp16 compression and tensor fusion).
@@ -144,12 +151,12 @@ class TrainingRun:
         if resume is not None:
             resume.restore_optimizer(self.optimizer, self.scheduler)
             schedule = schedule_of(self.scheduler)
-            if self.time_limit_s and self.pos.step >= cfg.optim.warmup_steps:
+            if self.time_limit_s and pos.step >= cfg.optim.warmup_steps:
                 # continue the line to 0 from the LR the saved job had (the plan moves its end)
                 factor = resume.lr_factor()
                 schedule.reset(self.total_steps)
-                schedule.anchor_step, schedule.anchor_factor = self.pos.step, (
-                    schedule(self.pos.step) if factor is None else factor)
+                schedule.anchor_step, schedule.anchor_factor = pos.step, (
+                    schedule(pos.step) if factor is None else factor)
             else:  # the length this configuration gives (a saved plan is not this run's)
                 schedule.reset(self.total_steps)
             # the configured rule's peak for this job's global batch (the saving job's may differ:
@@ -166,64 +173,64 @@ class TrainingRun:
             self.peer_watch = PeerWatch(self.ctx.rank)
             self.peers = comm.allgather_object(self.peer_watch.info(), name="peers")  # Horovod
 
-        # ---- the run folder: locked, checked for space, then config.yaml (rank 0) ----------------
         self.lock: FolderLock | None = None
-        self.log = MetricsLog(self.out_dir, False, 0, 0, False)  # rank 0's opens in take_root
+
+    # ---- the run folder and the start record ---------------------------------------------------
+
+    def open_folder(self, metrics: Metrics) -> None:
+        """The run folder: locked, checked for space, ``config.yaml`` written, and rank 0's log
+        opened in ``metrics``. Elastic: by rank 0 alone, with no collective (a joining worker
+        must not wait here); else rank 0 opens it and every rank learns whether it could.
+
+        Raises:
+            what :func:`hvd_lm.train.rundir.open_run_folder` raises (on every rank).
+        """
+        cfg = self.cfg
         if cfg.run.elastic:
-            self.take_root(first=True)  # no collective: a joining worker must not wait here
+            self.take_root(metrics, self.start_pos.step, first=True)
         else:
             self.lock = comm.root_call(  # Horovod: every rank learns whether rank 0 got it
                 lambda: open_run_folder(cfg, self.model, self.ctx.size * self.B,
                                         self.resumed_from))
-            self.open_log()
-        # the peak the logged MFU is against (a CPU's is a matmul measured now: hvd_lm.model.mfu)
-        self.peak = device_peak(self.device, cfg.run.precision, cfg.run.peak_tflops, self.threads)
-        self.log.record("start", self.pos.step, world_size=self.ctx.size,
-                        launcher=self.ctx.launcher, engine=comm.engine(),
-                        device=str(self.device),
-                        global_batch=self.global_batch, peak_lr=self.peak_lr,
-                        total_steps=self.total_steps if self.total_steps < sys.maxsize // 2
-                        else None, bound=self.bound,  # --time-limit: planned, at most this
-                        windows_per_epoch=self.windows_per_epoch,
-                        chars_per_epoch=self.streams.chars_per_epoch,
-                        params=sum(p.numel() for p in self.params),
-                        precision=cfg.run.precision, compression=cfg.dist.compression,
-                        threads=self.threads, elastic=cfg.run.elastic,
-                        step_memory_bytes=step_memory.total,  # per rank, estimated
-                        flops_per_char=self.model.flops_per_char(), peak_tflops=self.peak.tflops,
-                        peak_source=self.peak.source, async_checkpoint=cfg.run.async_checkpoint,
-                        hosts=[p["host"] for p in self.peers] or None,
-                        resumed_from=str(resume.path) if resume else None,
-                        time_limit_s=self.time_limit_s)
+            self.open_log(metrics, self.start_pos.step)
 
-        # ---- control -----------------------------------------------------------------------------
-        self.signals = StopSignals(describe=lambda: self.stop_eta())
-        self.faults = faults.for_rank(self.ctx.rank, cfg.run.inject_nan_steps)  # tests only
-        self.chars_base, self.chars_local = self.pos.chars_trained, 0  # all ranks before; this one
-        self.guard = DivergenceGuard(cfg.run.divergence_loss, cfg.run.divergence_logs,
-                                     cfg.run.max_skipped_steps, self.pos.step)
-        self.last_ckpt_time = time.time()
-        self.writer = CheckpointWriter(cfg.run.async_checkpoint, self.checkpoint_written)
-        # the control exchange: after the first attempt, then every control_interval() attempts
-        self.next_control = self.pos.attempts + 1
-        self.attempt_times: collections.deque[float] = collections.deque(maxlen=20)  # seconds
-        self.extra_s = 0.0  # seconds of validation and checkpoint in the current attempt
-        self.planner = None  # --time-limit: the steps that fit (hvd_lm.train.deadline)
-        if self.time_limit_s:
-            self.planner = DeadlinePlanner(
-                self.time_limit_s,
-                cadence=Cadence(cfg.run.eval_every, cfg.run.checkpoint_every,
-                                cfg.run.checkpoint_minutes, self.val is not None),
-                eval_estimate=lambda: estimate_seconds(self.model, self.val, self.device,
-                                                       cfg.run.precision),
-                checkpoint_estimate_s=1.0 + ckpt_io.estimate_bytes(
-                    self.model, OPTIMIZER_STATES.get(cfg.optim.optimizer, 2),
-                    self.ctx.size * self.B) / CHECKPOINT_BYTES_PER_S)
-        self.saved_step: int | None = None  # the step of this run's newest checkpoint
-        self.step_started = time.monotonic()  # monotonic s: when the current step began
-        self.stop_reason = "done"
-        self.committed_rows = None  # elastic: this rank's rows at the last commit, and its place
-        self.commit_seconds: list[float] = []
+    def measure_peak(self) -> Peak:
+        """The peak the logged MFU is against (a CPU's is a matmul measured now:
+        :mod:`hvd_lm.model.mfu`)."""
+        cfg = self.cfg
+        return device_peak(self.device, cfg.run.precision, cfg.run.peak_tflops, self.threads)
+
+    def start_values(self, peak: Peak) -> dict:
+        """The ``start`` record's values (after its step), ``peak`` the MFU's."""
+        cfg = self.cfg
+        return dict(world_size=self.ctx.size, launcher=self.ctx.launcher, engine=comm.engine(),
+                    device=str(self.device),
+                    global_batch=self.global_batch, peak_lr=self.peak_lr,
+                    total_steps=self.total_steps if self.total_steps < sys.maxsize // 2
+                    else None, bound=self.bound,  # --time-limit: planned, at most this
+                    windows_per_epoch=self.windows_per_epoch,
+                    chars_per_epoch=self.streams.chars_per_epoch,
+                    params=sum(p.numel() for p in self.params),
+                    precision=cfg.run.precision, compression=cfg.dist.compression,
+                    threads=self.threads, elastic=cfg.run.elastic,
+                    step_memory_bytes=self.step_memory.total,  # per rank, estimated
+                    flops_per_char=self.model.flops_per_char(), peak_tflops=peak.tflops,
+                    peak_source=peak.source, async_checkpoint=cfg.run.async_checkpoint,
+                    hosts=[p["host"] for p in self.peers] or None,
+                    resumed_from=str(self.resumed_from) if self.resumed_from else None,
+                    time_limit_s=self.time_limit_s)
+
+    def checkpoint_estimate_s(self) -> float:
+        """Seconds one checkpoint write takes before one is measured (``--time-limit``): its
+        estimated size at :data:`hvd_lm.train.deadline.CHECKPOINT_BYTES_PER_S`, plus 1 s."""
+        return 1.0 + ckpt_io.estimate_bytes(
+            self.model, OPTIMIZER_STATES.get(self.cfg.optim.optimizer, 2),
+            self.ctx.size * self.B) / CHECKPOINT_BYTES_PER_S
+
+    def eval_estimate_s(self) -> float:
+        """Seconds one validation takes, estimated from two windows timed now
+        (:func:`hvd_lm.train.evaluate.estimate_seconds`)."""
+        return estimate_seconds(self.model, self.val, self.device, self.cfg.run.precision)
 
     # ---- layout ----------------------------------------------------------------------------------
 
@@ -245,23 +252,21 @@ class TrainingRun:
         self.peak_lr = scaled_lr(cfg.optim.lr, cfg.optim.lr_ref_batch, self.global_batch,
                                  cfg.optim.lr_rule, cfg.optim.lr_cap)
 
-    def open_log(self) -> None:
-        """Rank 0's metrics log (appending), once."""
-        if self.ctx.is_root and not self.log.enabled:
-            self.log = MetricsLog(self.out_dir, True,  # --time-limit: the total once planned
-                                  None if self.time_limit_s else self.total_steps,
-                                  self.pos.step, self.cfg.run.tensorboard)
+    def open_log(self, metrics: Metrics, step: int) -> None:
+        """Rank 0's metrics log (appending), once; ``step``: applied steps so far (the bar)."""
+        if self.ctx.is_root:  # --time-limit: the total once planned
+            metrics.open(None if self.time_limit_s else self.total_steps, step)
 
-    def take_root(self, first: bool = False) -> None:
-        """Elastic: rank 0 owns the run folder (lock, config.yaml) and the log; a rank that is
-        no longer 0 after a reset hands them back. ``first``: at the job's start (another run's
-        checkpoints are refused then; later the folder's checkpoints are this job's)."""
+    def take_root(self, metrics: Metrics, step: int, first: bool = False) -> None:
+        """Elastic: rank 0 owns the run folder (lock, config.yaml) and the log in ``metrics``; a
+        rank that is no longer 0 after a reset hands them back. ``step``: applied steps so far
+        (the bar); ``first``: at the job's start (another run's checkpoints are refused then;
+        later the folder's checkpoints are this job's)."""
         if self.ctx.is_root and self.lock is None:
             self.lock = open_run_folder(self.cfg, self.model, self.ctx.size * self.B,
                                         self.resumed_from, first=first)
-            self.open_log()
+            self.open_log(metrics, step)
         elif not self.ctx.is_root and self.lock is not None:
-            self.log.close()
-            self.log = MetricsLog(self.out_dir, False, 0, 0, False)
+            metrics.hand_back()
             self.lock.release()
             self.lock = None

@@ -1,0 +1,110 @@
+"""The trainer's checkpointer alone (hvd_lm.train.checkpointer), on one process with the one-rank
+engine (hvd_lm.comm.single): what torch.load reads back from the file it writes is the tiny
+model's tensors, the optimizer's and schedule's state, the recurrent state and the position with
+the exact character count; the ``checkpoint`` record names that file; a write in the background
+holds the tensors of the moment it was asked for; a run above the divergence bound writes
+nothing and says so."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hvd_lm.comm import horovod, single
+from hvd_lm.comm.world import RankContext
+from hvd_lm.formats import checkpoint as ckpt_io
+from hvd_lm.train.checkpointer import Checkpointer
+from hvd_lm.train.counting import CharCount
+from hvd_lm.train.guard import DivergenceGuard
+from hvd_lm.train.log import read_metrics
+from hvd_lm.train.metrics import Metrics
+from hvd_lm.train.resume import Position
+
+H, B = 6, 2
+
+
+@pytest.fixture
+def one_rank(monkeypatch):
+    """Collectives on the one-rank engine (what a process without Horovod runs on)."""
+    monkeypatch.setattr(horovod, "_hvd", lambda: single)
+
+
+def tiny(tmp_path, asynchronous=False, guard=None):
+    """A checkpointer over a 2-layer model after one Adam step, rank 0's log open."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, H), torch.nn.Linear(H, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    model(torch.randn(4, 3)).square().sum().backward()
+    opt.step()
+    sched.step()
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    metrics = Metrics(tmp_path, tensorboard=False)
+    metrics.open(None, 0)
+    guard = guard or DivergenceGuard(max_loss=10.0, logs=3, max_skipped=0)
+    ck = Checkpointer(tmp_path, {"run": {"out_dir": str(tmp_path)}}, model, opt, sched, scaler,
+                      guard, metrics, keep=3, asynchronous=asynchronous)
+    return ck, model, opt, sched, metrics
+
+
+def test_the_file_holds_what_was_saved_and_the_record_names_it(one_rank, tmp_path):
+    ck, model, opt, sched, metrics = tiny(tmp_path)
+    pos = Position(step=7, window=9, skipped_steps=1, chars_trained=100)
+    h, c = torch.randn(B, H), torch.randn(B, H)
+    chars = CharCount(100)
+    chars.add(23)
+    seconds = ck.save(pos, (h, c), chars, RankContext(rank=0, size=1), windows_per_epoch=40)
+    metrics.close()
+
+    assert seconds >= 0 and ck.saved_step == 7 and pos.chars_trained == 100  # pos unchanged
+    path = tmp_path / "checkpoints" / "step_00000007.pt"
+    assert ck.newest() == path
+    saved = torch.load(path, weights_only=False)
+    assert (saved["step"], saved["window"], saved["skipped_steps"], saved["chars_trained"]) == (
+        7, 9, 1, 123)
+    assert (saved["world_size"], saved["windows_per_epoch"]) == (1, 40)
+    assert saved["config"] == {"run": {"out_dir": str(tmp_path)}}
+    assert saved["model"].keys() == model.state_dict().keys()
+    for k, v in model.state_dict().items():
+        assert torch.equal(saved["model"][k], v), k
+    exp_avg = opt.state_dict()["state"][0]["exp_avg"]
+    assert torch.equal(saved["optimizer"]["state"][0]["exp_avg"], exp_avg)
+    assert saved["scheduler"]["last_epoch"] == sched.last_epoch == 1
+    assert saved["scaler"] is None
+    assert torch.equal(saved["rnn_state"][0], h) and torch.equal(saved["rnn_state"][1], c)
+    [rec] = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "checkpoint"]
+    assert rec["step"] == 7 and rec["path"] == str(path)
+    assert rec["write_s"] >= 0 and rec["blocked_s"] >= 0
+
+
+def test_a_background_write_keeps_the_tensors_of_the_save(one_rank, tmp_path):
+    ck, model, *_ = tiny(tmp_path, asynchronous=True)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ck.save(Position(step=3), (torch.zeros(B, H), torch.zeros(B, H)), CharCount(0),
+            RankContext(), windows_per_epoch=5)
+    with torch.no_grad():  # the loop trains on while the file is written
+        for p in model.parameters():
+            p.add_(1.0)
+    ck.wait()
+    saved = torch.load(tmp_path / "checkpoints" / "step_00000003.pt", weights_only=False)
+    for k, v in before.items():
+        assert torch.equal(saved["model"][k], v), k
+
+
+def test_above_the_divergence_bound_nothing_is_written(one_rank, tmp_path):
+    guard = DivergenceGuard(max_loss=1.0, logs=3, max_skipped=0)
+    guard.logged(4, 2.5)  # the newest logged loss is above the bound
+    ck, _, _, _, metrics = tiny(tmp_path, guard=guard)
+    seconds = ck.save(Position(step=4), (torch.zeros(B, H), torch.zeros(B, H)), CharCount(0),
+                      RankContext(), windows_per_epoch=5)
+    metrics.close()
+    assert seconds == 0.0 and ck.saved_step is None and ck.newest() is None
+    assert not (tmp_path / "checkpoints").exists()
+    recs = read_metrics(tmp_path / "metrics.jsonl")
+    assert [(r["kind"], r["step"], r["loss"]) for r in recs] == [("checkpoint_held", 4, 2.5)]
+
+
+def test_the_checkpoint_loads_through_the_project_reader(one_rank, tmp_path):
+    ck, *_ = tiny(tmp_path)
+    ck.save(Position(step=2), (torch.ones(B, H), torch.ones(B, H)), CharCount(5), RankContext(),
+            windows_per_epoch=5)
+    assert ckpt_io.load(ck.newest())["chars_trained"] == 5
