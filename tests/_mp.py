@@ -33,6 +33,18 @@ def run(cmd: list[str], timeout: float = 300, env: dict | None = None, cwd: Path
     return proc
 
 
+def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    """The command failed with exactly one ERROR line (no traceback) holding every needle."""
+    assert proc.returncode != 0, proc.stderr
+    err = proc.stderr
+    assert "Traceback" not in err, err
+    lines = [x for x in err.splitlines() if "ERROR:" in x]
+    assert len(lines) == 1, err
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
 def horovodrun_cmd(np_: int, argv: list[str], controller: str = "gloo") -> list[str]:
     """``horovodrun -np N --gloo|--mpi python ARGV...`` on localhost."""
     return [BIN / "horovodrun", "-np", str(np_), "-H", f"localhost:{np_}", f"--{controller}",

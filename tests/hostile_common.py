@@ -13,7 +13,7 @@ import pytest
 
 from hvd_lm.cli import main
 from hvd_lm.formats import checkpoint as ck
-from tests._mp import launch_env, run
+from tests._mp import launch_env, one_error_line, run  # noqa: F401 - one_error_line for the tests
 from tests.shardutil import default_shards
 from tests.test_transfer import synthetic_reviews, write_checkpoint
 
@@ -24,18 +24,6 @@ HVD_LM = [sys.executable, "-m", "hvd_lm"]
 
 def hvd_lm(*args, timeout=180, **env) -> subprocess.CompletedProcess:
     return run([*HVD_LM, *map(str, args)], timeout=timeout, env=launch_env(**env), check=False)
-
-
-def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    """The command failed with exactly one ERROR line (no traceback) holding every needle."""
-    assert proc.returncode != 0, proc.stderr
-    err = proc.stderr
-    assert "Traceback" not in err, err
-    lines = [x for x in err.splitlines() if "ERROR:" in x]
-    assert len(lines) == 1, err
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
 
 
 def records(run_dir: Path, kind: str) -> list[dict]:

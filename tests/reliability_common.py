@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._mp import launch_env, run
+from tests._mp import launch_env, one_error_line, run  # noqa: F401 - one_error_line for the tests
 from tests.shardutil import default_shards
 
 TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
@@ -32,12 +32,3 @@ def hvd_lm(*args, timeout=180, **env) -> subprocess.CompletedProcess:
     return run([*HVD_LM, *map(str, args)], timeout=timeout, env=launch_env(**env), check=False)
 
 
-def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    """The run failed with exactly one ERROR line (no traceback) holding every needle."""
-    err = proc.stderr
-    assert "Traceback" not in err, err
-    lines = [x for x in err.splitlines() if "ERROR:" in x]
-    assert len(lines) == 1, err
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]

@@ -15,25 +15,19 @@ import time
 import pytest
 
 from hvd_lm.cli import main
-from tests._mp import launch_env, run
-from tests.shardutil import default_shards
-from tests.test_multinode import LAUNCH, STEPS, TINY, assert_equals_reference, records
+from tests._mp import launch_env
+from tests.test_multinode import (  # noqa: F401 - shards, reference: the fixtures it takes
+    LAUNCH,
+    STEPS,
+    TINY,
+    assert_equals_reference,
+    records,
+    reference,
+    shards,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 PY = sys.executable
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return default_shards(tmp_path_factory.mktemp("shards"))  # under /tmp/pytest-of-*: shared
-
-
-@pytest.fixture(scope="module")
-def reference(shards, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ref") / "one"
-    run([PY, "-m", "hvd_lm", "train", "--shards", shards, "--out-dir", out, *TINY, *STEPS,
-         "--batch-size", "4"], timeout=120)
-    return out
 
 
 def torchrun_on_two_hosts(cluster, shards, out, tmp_path, extra=(), **env):

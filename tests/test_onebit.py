@@ -61,6 +61,21 @@ def np_onebit_rounds(xs: np.ndarray, chunk: int):
     return np.stack(outs), we, se
 
 
+def assert_ranks_equal_numpy(folder, numel: int, chunk: int, rounds: int, seed: int = 7):
+    """Each of 2 ranks' ``rank{r}.npz`` in ``folder`` (tests/scripts/onebit_rounds.py's: the
+    outputs and both error buffers of every round) equals :func:`np_onebit_rounds` on the same
+    inputs (1e-5); returns (the ranks' npz files, the inputs [rounds, 2, numel])."""
+    got = [np.load(folder / f"rank{r}.npz") for r in range(2)]
+    xs = np.stack([np.stack([round_inputs(seed, t, r, numel).numpy() for r in range(2)])
+                   for t in range(rounds)])
+    want, we, se = np_onebit_rounds(xs, chunk)
+    for r in range(2):
+        np.testing.assert_allclose(got[r]["outputs"], want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got[r]["worker_error"], we[r], atol=1e-5)
+        np.testing.assert_allclose(got[r]["server_error"], se[r], atol=1e-5)
+    return got, xs
+
+
 # ---- the compression itself ----------------------------------------------------------------------
 
 
@@ -191,14 +206,7 @@ def test_compressed_allreduce_on_two_ranks(tmp_path, launcher):
     cmd = mpirun_cmd(2, argv) if launcher == "mpirun" else horovodrun_cmd(2, argv, "gloo")
     proc = run(cmd, timeout=240)
     assert proc.stdout.count("done") == 2
-    got = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
-    xs = np.stack([np.stack([round_inputs(7, t, r, numel).numpy() for r in range(2)])
-                   for t in range(T)])
-    want, we, se = np_onebit_rounds(xs, chunk)
-    for r in range(2):
-        np.testing.assert_allclose(got[r]["outputs"], want, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(got[r]["worker_error"], we[r], atol=1e-5)
-        np.testing.assert_allclose(got[r]["server_error"], se[r], atol=1e-5)
+    got, xs = assert_ranks_equal_numpy(tmp_path, numel, chunk, T)
     exact = xs.mean(1)
     werr = np.stack([g["worker_error"][:numel] for g in got]).mean(0)
     serr = np.concatenate([g["server_error"] for g in got])[:numel]

@@ -16,9 +16,8 @@ import torch
 from hvd_lm.comm import grad_buckets
 from hvd_lm.comm.world import first_slurm_host, rendezvous_endpoint
 from tests._mp import mpirun_cmd, run, torchrun_cmd
-from tests.scripts.onebit_rounds import inputs as round_inputs
 from tests.scripts.problem import make_problem, train_steps
-from tests.test_onebit import np_onebit_rounds
+from tests.test_onebit import assert_ranks_equal_numpy
 
 #: name -> (launcher, engine_steps.py flags). Each runs once (module fixture) and serves the
 #: equivalence test and the 1-bit test. mpirun's also accumulates 2 backward passes per step, one
@@ -88,14 +87,7 @@ def test_compressed_allreduce_on_the_torch_engine_matches_numpy(launched, name):
     (tests/test_onebit.py's reference of Tang et al. 2021, Algorithm 1)."""
     d, _ = launched(name)
     numel, chunk, T = 1001, 64, 30
-    got = [np.load(d / f"rank{r}.npz") for r in range(2)]
-    xs = np.stack([np.stack([round_inputs(7, t, r, numel).numpy() for r in range(2)])
-                   for t in range(T)])
-    want, we, se = np_onebit_rounds(xs, chunk)
-    for r in range(2):
-        np.testing.assert_allclose(got[r]["outputs"], want, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(got[r]["worker_error"], we[r], atol=1e-5)
-        np.testing.assert_allclose(got[r]["server_error"], se[r], atol=1e-5)
+    assert_ranks_equal_numpy(d, numel, chunk, T)
 
 
 # ---- the buckets, in one process (a stand-in allreduce) ------------------------------------------
