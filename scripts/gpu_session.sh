@@ -10,14 +10,17 @@
 #              the fused mLSTM's triton kernels eager and with CUDA graphs (BENCH_S, 80; a
 #              profiler window of the fastest variant with PROFILE=1)
 #   model      hvd-lm train at H=WIDTH, B=TRAIN_BATCH, bf16, with the fastest fused variant the
-#              bench measured, on DATA/shards, --time-limit so that POST_S (90) seconds are
+#              bench measured, on DATA/shards, --time-limit so that POST_S (130) seconds are
 #              left: the LR reaches 0 and the final checkpoint is written by then
 #   after it   eval of the final checkpoint on the val split; SST-2 transfer (DATA/sst2) on the
-#              mean of h_t and on the final cell state (the reference's), the C grid two
-#              decades below 0.03; generate, plain and with the sentiment unit pinned high and
-#              low; visualize, last
-#   pack       OUT/gpu_session.tar.gz: logs, bench JSONs, metrics, reports, samples, the heatmap
-#              and the final checkpoint's sha256 (never a checkpoint); the tool returns it
+#              mean of h_t, the C grid two decades below 0.03; generate, plain and with the
+#              sentiment unit pinned high and low; visualize; SST-2 transfer on the final cell
+#              state (the reference's features), last: on one H200 these took 125 s in all
+#              (eval 12, transfer 26, generate 11, pinned generates and visualize 36, the cell
+#              transfer 40; docs/results/gpu_h200_2026-11-27/), hence POST_S
+#   pack       OUT/gpu_session.tar.gz: logs (session.log: this script's own output), bench
+#              JSONs, metrics, reports, samples, the heatmap and the final checkpoint's sha256
+#              (never a checkpoint); the tool returns it
 #
 # No Horovod: one GPU trains as one process (hvd_lm.comm.single), on the image's python3 with
 # the tree on PYTHONPATH; no build, no wheelhouse.
@@ -45,6 +48,7 @@ OUT=$(realpath -m "${2:-${OUT:-gpu_session}}")
 WORK=$(realpath -m "${WORK:-/tmp/hvd_lm_gpu_session}")
 rm -rf "$WORK"
 mkdir -p "$OUT" "$WORK"
+exec > >(tee "$WORK/session.log") 2>&1  # the timeline travels in the tarball too
 PY3=${PYTHON:-python3}
 MPY=(env "PYTHONPATH=$PWD" "$PY3")
 WIDTH=${WIDTH:-4096}
@@ -117,7 +121,7 @@ EOF
     kern=${impl#fused/}; graphs=false
     [ "${kern%+graphs}" != "$kern" ] && graphs=true
     kern=${kern%+graphs}
-    limit=${TRAIN_S:-$(($(left) - ${POST_S:-90}))}
+    limit=${TRAIN_S:-$(($(left) - ${POST_S:-130}))}
     ((limit < 20)) && limit=20
     say "train H=$WIDTH B=$TRAIN_BATCH bf16 $impl for ${limit} s (--time-limit)"
     seq=256 evals=1000
@@ -137,7 +141,7 @@ EOF
     say "train: exit $?"; tail -n 6 "$WORK/train.log"
     post() {  # post NAME COMMAND...: one step after training, within what is left
         say "$1"; local name=$1; shift
-        timeout -k 5 "$(budget "${POST_S:-90}")" "$@" >"$WORK/$name.log" 2>&1
+        timeout -k 5 "$(budget "${POST_S:-130}")" "$@" >"$WORK/$name.log" 2>&1
         say "$name: exit $?"; tail -n 6 "$WORK/$name.log"
     }
     grid=0.0003,0.001,0.003,0.01,0.03,0.125,0.5  # two decades below the last card's 0.03
@@ -146,9 +150,6 @@ EOF
     post transfer "${MPY[@]}" -m hvd_lm transfer "$RUN" --dataset sst2 \
         --data-dir "$DATA/sst2" --features mean --precision bf16 --device "$DEVICE" \
         --out "$WORK/transfer" --c-grid "$grid" --no-progress --no-cache
-    post transfer_cell "${MPY[@]}" -m hvd_lm transfer "$RUN" --dataset sst2 \
-        --data-dir "$DATA/sst2" --features cell --precision bf16 --device "$DEVICE" \
-        --out "$WORK/transfer_cell" --c-grid "$grid" --no-progress --no-cache --no-baseline
     post generate "${MPY[@]}" -m hvd_lm generate "$RUN" --samples 3 --length 200 --seed 1 \
         --device "$DEVICE" --output "$WORK/samples.jsonl"
     for v in 1.0 -1.0; do
@@ -165,6 +166,9 @@ EOF
     post visualize "${MPY[@]}" -m hvd_lm visualize "$RUN" --classifier "$WORK/transfer" \
         --input "$WORK/heatmap_texts.txt" --format lines --device "$DEVICE" \
         --out "$WORK/heatmap.png"
+    post transfer_cell "${MPY[@]}" -m hvd_lm transfer "$RUN" --dataset sst2 \
+        --data-dir "$DATA/sst2" --features cell --precision bf16 --device "$DEVICE" \
+        --out "$WORK/transfer_cell" --c-grid "$grid" --no-progress --no-cache --no-baseline
     find "$RUN" -name '*.pt' -exec sha256sum {} + >"$WORK/checkpoint.sha256" 2>/dev/null
 fi
 

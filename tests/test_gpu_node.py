@@ -127,8 +127,9 @@ def test_gpu_session_runs_every_part_on_the_cpu(tmp_path):
     DEVICE=cpu) with an "image" python that lacks Horovod, orjson and pytorch-optimizer, as the
     node's does: every part's flags reach its command, the bench's fastest fused bf16 variant
     (recomputed here) trains to its --time-limit (LR 0 at the last step, a plan logged), the
-    steps after it run, and OUT holds one tarball (the tool returns at most 8 files) with every
-    result but never a checkpoint, whose sha256 it lists instead."""
+    steps after it run in order (the cell-state transfer last), and OUT holds one tarball (the
+    tool returns at most 8 files) with every result and the call's own timeline, but never a
+    checkpoint, whose sha256 it lists instead."""
     import tarfile
 
     from tests.shardutil import default_shards
@@ -150,9 +151,12 @@ def test_gpu_session_runs_every_part_on_the_cpu(tmp_path):
     log = p.stdout + p.stderr
     assert p.returncode == 0, log
     assert time.monotonic() - t0 < 240, log  # TOTAL_S bounds the call
-    for part in ("bench", "train", "eval", "transfer", "transfer_cell", "generate",
-                 "generate_unit1.0", "generate_unit-1.0", "visualize"):
+    order = ("bench", "train", "eval", "transfer", "generate", "generate_unit1.0",
+             "generate_unit-1.0", "visualize", "transfer_cell")  # the least valuable last
+    for part in order:
         assert f"] {part}: exit 0" in log, (part, log)
+    assert [log.index(f"] {part}: exit 0") for part in order] == \
+        sorted(log.index(f"] {part}: exit 0") for part in order), log
     assert "cuda tests" not in log  # SKIP
     rows = [r for r in json.loads((work / "bench_gpu.json").read_text())["train"]
             if r["impl"].startswith("fused") and r["precision"] == "bf16" and "chars_per_s" in r]
@@ -165,8 +169,9 @@ def test_gpu_session_runs_every_part_on_the_cpu(tmp_path):
     for f in ("bench_gpu.json", "run/metrics.jsonl", "run/summary.json", "eval.json",
               "transfer/transfer.json", "transfer_cell/transfer.json", "samples.jsonl",
               "samples_unit1.0.jsonl", "heatmap.png", "checkpoint.sha256", "train.yaml",
-              "probe.txt"):
+              "probe.txt", "session.log"):
         assert f in names, f
+    assert "] train: exit 0" in (work / "session.log").read_text()  # the call's own timeline
     assert not [n for n in names if n.endswith(".pt")]
     recs = [json.loads(x) for x in (work / "run/metrics.jsonl").read_text().splitlines()]
     assert recs[0]["kind"] == "start" and "no Horovod" in recs[0]["launcher"], recs[0]

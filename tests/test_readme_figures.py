@@ -347,9 +347,6 @@ def test_gpu_performance_table():
     says(f"({rows[('fused/triton+graphs', 128, 'bf16')]['vs_cudnn_lstm_per_flop']:.3f} at B=128 "
          f"with CUDA graphs); bf16 is {runs[128]['bf16_over_fp32']['128']:.2f}x fp32", GPU,
          GPU_PAGE)
-    says(f"the fused mLSTM step at the\nreference's width (H=4096, T=256, bf16) did "
-         f"{f256['chars_per_s']:,.0f} chars/s at B=256, {f256['vs_cudnn_lstm_per_flop']:.3f} "
-         "of cuDNN's LSTM per\nFLOP", GPU)  # README's summary
     # the profile and the GEMM ceiling, docs/mlstm_fused.md section 7
     p = runs[256]["profile"]
     g = p["gaps"]
@@ -379,8 +376,6 @@ def test_model_at_scale():
          f"{t['classifier']['accuracy']['val']:.1%} | {t['neuron']['accuracy']['val']:.1%} |", src,
          GPU_PAGE)
     says(f"4096-d mLSTM ({start['params']:,} parameters)", src, GPU_PAGE)
-    says(f"a 4096-d model trained {minutes:.1f} minutes reached {ev['bpc']:.3f} validation BPC",
-         src)  # README's summary
     d = load("demo.json")
     demo = yaml.safe_load((REPO / "configs/demo.yaml").read_text())
     chars = d["steps"] * demo["train"]["data"]["batch_size"] * demo["launch"]["np"] * \

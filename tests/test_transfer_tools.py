@@ -463,3 +463,27 @@ def test_a_png_heatmap_of_too_many_characters_is_refused_before_drawing(tmp_path
     assert plt.get_fignums() == before and not (tmp_path / "big.png").exists()
     HM.render(rows, tmp_path / "big.html", "h")
     assert (tmp_path / "big.html").stat().st_size > 101
+
+
+def test_steering_warns_when_the_unit_alone_is_near_chance(tmp_path, trained, capsys):
+    """What one H200 showed (docs/results/gpu_h200_2026-11-27/: a top unit at 50.9% on SST-2
+    val, held at +1 and -1, moved the classifier the wrong way): classifier.json records the
+    unit's own accuracy as transfer.json reports it, and generate pinning a unit that alone is
+    near chance says so on stderr; a strong unit, or a JSON without the record, is not warned."""
+    import shutil
+    rep = trained["report"]["neuron"]
+    clf = tmp_path / "clf"
+    shutil.copytree(trained["dir"] / "out", clf)
+    meta = json.loads((clf / "classifier.json").read_text())
+    assert meta["neuron"]["accuracy"] == rep["accuracy"]
+    ckpt = str(trained["ckpt"])
+    for acc, warned in ((0.509, True), (0.9, False), (None, False)):
+        meta["neuron"]["accuracy"] = {"train": acc, "val": acc} if acc is not None else None
+        (clf / "classifier.json").write_text(json.dumps(meta))
+        assert cli_main(["generate", ckpt, "--classifier", str(clf), "--steer", "positive",
+                         "--length", "3"]) == 0
+        err = capsys.readouterr().err
+        assert ("unlikely to steer" in err) == warned, err
+        assert not warned or "val split at 50.9% (chance is 50%): pinning it is unlikely" in err
+    assert cli_main(["generate", ckpt, "--classifier", str(clf), "--length", "3"]) == 0
+    assert "unlikely" not in capsys.readouterr().err  # nothing pinned: nothing to warn about

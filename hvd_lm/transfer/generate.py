@@ -60,6 +60,11 @@ STATES = ("cell", "hidden")
 MAX_LENGTH = 1 << 20
 MAX_SAMPLES = 4096
 MAX_GENERATED = 1 << 24
+#: Below this accuracy of the unit alone (its best split of val, else train), pinning it is said
+#: to be unlikely to steer: on one H200 a 4096-d model at 1.475 val BPC had a top unit at 50.9%
+#: on SST-2 val, and held at +1 and -1 it moved the classifier the wrong way
+#: (docs/results/gpu_h200_2026-11-27/), where Radford et al. 2017's unit alone was a classifier.
+WEAK_UNIT_ACCURACY = 0.6
 
 
 @dataclass
@@ -246,6 +251,18 @@ def unit_from_classifier(neuron: int | None, saved: SavedClassifier | None) -> t
     return neuron, polarity
 
 
+def unit_alone_accuracy(saved: SavedClassifier | None) -> tuple[str, float] | None:
+    """(split, accuracy as a fraction) of the classifier's sentiment unit alone, thresholded:
+    ``val`` when recorded, else ``train``; None without a classifier, or when its JSON predates
+    the record (or holds no number in [0, 1] there)."""
+    acc = (saved.neuron.get("accuracy") if saved is not None else None) or {}
+    for split in ("val", "train"):
+        v = acc.get(split) if isinstance(acc, dict) else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0:
+            return split, float(v)
+    return None
+
+
 def pinned_value(overwrite: float | None, steer: str, polarity: int) -> float | None:
     """The value the unit is held at: ``--overwrite`` as given, or with ``--steer`` its
     magnitude (default 3, the value sentiment-discovery's examples use) with the sign that moves
@@ -353,6 +370,12 @@ def generate_command(cfg: GenerateConfig) -> int:
             pin += (f": steering toward {'positive' if value * polarity > 0 else 'negative'} "
                     "sentiment")
         print(f"unit {neuron} of the {cfg.state} state{orient}{pin}")
+        alone = unit_alone_accuracy(saved) if value is not None else None
+        if alone and alone[1] < WEAK_UNIT_ACCURACY and neuron == saved.neuron.get("index"):
+            print(f"warning: unit {neuron} alone classifies {saved.meta.get('dataset') or 'the'} "
+                  f"{alone[0]} split at {alone[1]:.1%} (chance is 50%): pinning it is unlikely to "
+                  "steer sentiment; a sentiment unit emerges with longer training (Radford et "
+                  "al. 2017)", file=sys.stderr)
     records = []
     for i, text in enumerate(res.texts):
         extra = f", classifier P(positive) = {prob[i]:.3f}" if prob is not None else ""

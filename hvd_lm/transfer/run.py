@@ -374,7 +374,7 @@ def run(cfg: TransferConfig) -> dict | None:
         "features": feature_options(cfg), "dataset": report["dataset"]["name"],
         "penalty": cfg.penalty, "solver": clf["solver"], "C": clf["C"],
         "standardize": cfg.standardize, "accuracy": clf["accuracy"],
-        "neuron": {k: neuron[k] for k in ("index", "weight", "sign", "threshold")}})
+        "neuron": {k: neuron[k] for k in ("index", "weight", "sign", "threshold", "accuracy")}})
     write_text(out / "transfer.json", json.dumps(report, indent=2) + "\n")
     md = format_markdown(report)
     write_text(out / "transfer.md", md)

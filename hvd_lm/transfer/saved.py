@@ -77,7 +77,8 @@ class SavedClassifier:
     @property
     def neuron(self) -> dict:
         """The sentiment unit: ``index`` (None when every weight is 0), ``weight``, ``sign``,
-        ``threshold``."""
+        ``threshold``, and (classifiers written since 2026-11-27) ``accuracy``: the unit alone
+        thresholded, as a fraction per split (``train``, ``val``, ``test``)."""
         return self.meta.get("neuron") or {"index": None}
 
 
