@@ -18,8 +18,10 @@ keep up with 4096-d features:
     when the features were computed there;
 
   and ``auto`` picks ``torch`` on a CUDA device and :data:`CPU_AUTO_SOLVER` on the CPU (the
-  fastest in ``hvd-lm bench transfer`` on the 2-core CI machine). For l1, every C at or below
-  the all-zero threshold (:func:`sklearn.svm.l1_min_c`) gets the zero model without a fit.
+  fastest in ``hvd-lm bench transfer`` on the 2-core CI machine), except for problems of at most
+  :data:`CPU_SMALL_FIT` values, where it picks ``liblinear`` in one thread (faster there, and
+  deterministic). For l1, every C at or below the all-zero threshold
+  (:func:`sklearn.svm.l1_min_c`) gets the zero model without a fit.
 * :func:`sentiment_neuron`: the unit with the largest |weight|, its accuracy alone with a threshold
   fit on train (:func:`fit_threshold`), and a histogram of the unit's value by class
   (:func:`plot_neuron_histogram`).
@@ -66,6 +68,16 @@ SOLVERS = ("auto", "liblinear", "saga", "torch")
 
 #: What ``auto`` picks when the fit runs on the CPU (measured by ``hvd-lm bench transfer``).
 CPU_AUTO_SOLVER = "torch"
+
+
+#: Training sets of at most this many values (N x D) are fit by ``liblinear`` in one thread when
+#: ``auto`` runs on the CPU. Measured with ``hvd-lm bench transfer`` on the 2-core machine, 11 C
+#: values: on a 4-step checkpoint's SST-2 cell features (badly conditioned) liblinear took 0.4 s
+#: at 200 x 256 and 6.2 s at 1,000 x 256 against torch's 3.3 s and 18.3 s (not converged), and
+#: 30.4 s at 3,000 x 256 against torch's 25.2 s; on synthetic features both took 0.1-0.4 s up to
+#: 1,000 x 256. One thread: liblinear's parallel fits share its random generator, so they are
+#: not repeatable run to run.
+CPU_SMALL_FIT = 1000 * 256
 
 
 #: Iteration limits per C when ``max_iter`` is 0: scikit-learn's (liblinear outer iterations,
@@ -144,10 +156,12 @@ def standardizer(X: np.ndarray, standardize: bool = True) -> tuple[np.ndarray, n
     return mean, scale
 
 
-def resolve_solver(solver: str, device: str | torch.device = "cpu") -> tuple[str, str]:
-    """(solver, device) for a fit: ``auto`` is ``torch`` on a CUDA ``device`` and
-    :data:`CPU_AUTO_SOLVER` otherwise; scikit-learn solvers always run on ``cpu``; ``torch`` on
-    ``device``.
+def resolve_solver(solver: str, device: str | torch.device = "cpu",
+                   size: int | None = None) -> tuple[str, str]:
+    """(solver, device) for a fit: ``auto`` is ``torch`` on a CUDA ``device``, ``liblinear`` on
+    the CPU for a training set of ``size`` <= :data:`CPU_SMALL_FIT` values (N x D; None: not
+    known) and :data:`CPU_AUTO_SOLVER` otherwise; scikit-learn solvers always run on ``cpu``;
+    ``torch`` on ``device``.
 
     Raises:
         ValueError: unknown solver, or torch on CUDA without CUDA.
@@ -156,7 +170,8 @@ def resolve_solver(solver: str, device: str | torch.device = "cpu") -> tuple[str
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
     dev = fista.resolve_device(device)
     if solver == "auto":
-        solver = "torch" if dev.type == "cuda" else CPU_AUTO_SOLVER
+        small = size is not None and size <= CPU_SMALL_FIT
+        solver = "torch" if dev.type == "cuda" else "liblinear" if small else CPU_AUTO_SOLVER
     return solver, (str(dev) if solver == "torch" else "cpu")
 
 
@@ -198,7 +213,8 @@ def fit_path(X: np.ndarray, y: np.ndarray, grid: Sequence[float], penalty: str =
             :data:`DEFAULT_TOL` of the solver.
         seed: ``random_state`` of liblinear/saga.
         jobs: liblinear fits run at once, in threads (0: ``torch.get_num_threads()``, i.e. one
-            per core unless ``--threads`` says otherwise).
+            per core unless ``--threads`` says otherwise; 1 when ``auto`` chose liblinear for a
+            small problem).
     Returns:
         :class:`LogRegPath` in the order of ``grid``.
     Raises:
@@ -206,6 +222,9 @@ def fit_path(X: np.ndarray, y: np.ndarray, grid: Sequence[float], penalty: str =
     """
     if penalty not in fista.PENALTIES:
         raise ValueError(f"penalty must be 'l1' or 'l2', got {penalty!r}")
+    if solver == "auto":
+        solver, device = resolve_solver(solver, device, int(np.prod(np.shape(X))))
+        jobs = 1 if solver == "liblinear" else jobs
     solver, device = resolve_solver(solver, device)
     max_iter = max_iter or DEFAULT_MAX_ITER[solver]
     tol = tol or DEFAULT_TOL[solver]
