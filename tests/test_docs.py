@@ -14,10 +14,11 @@ reads it):
   neither a flag nor the config sets the width, transfer gets ``--max-examples`` of at most 200,
   and ranks (``-np``, ``NP``, ``-H localhost:N``, torchrun's ``--nproc-per-node`` and
   ``NPROC_PER_NODE``) are capped at 2, this machine's cores.
-* **check**: benchmarks, the demo, downloads and anything that needs a cluster (``sbatch``,
-  ``qsub``, several hosts) are parsed by the command's real parser (``hvd-lm``'s, horovodrun's,
-  the template's knobs block, ``bash -n``) and their input paths must exist or be written by an
-  earlier block (outputs of checked commands count as written).
+* **check**: benchmarks, the demo, downloads, ``hvd-lm check-build`` (tests/test_foundation.py
+  runs it as written) and anything that needs a cluster (``sbatch``, ``qsub``, several hosts) are
+  parsed by the command's real parser (``hvd-lm``'s, horovodrun's, the template's knobs block,
+  ``bash -n``) and their input paths must exist or be written by an earlier block (outputs of
+  checked commands count as written).
 * **named**: ``python -m tests.cluster ...`` (the cluster in a box: root and network
   namespaces; the ``cluster`` tests run it) must name one of its subcommands.
 

@@ -139,6 +139,8 @@ def test_every_solver_picks_the_planted_units(solver):
 
 def test_resolve_solver_and_bad_options():
     assert C.resolve_solver("auto", "cpu") == (C.CPU_AUTO_SOLVER, "cpu")
+    assert C.resolve_solver("auto", "cpu", C.CPU_SMALL_FIT) == ("liblinear", "cpu")
+    assert C.resolve_solver("auto", "cpu", C.CPU_SMALL_FIT + 1) == (C.CPU_AUTO_SOLVER, "cpu")
     assert C.resolve_solver("saga", "cuda" if torch.cuda.is_available() else "cpu")[1] == "cpu"
     with pytest.raises(ValueError, match="solver must be one of"):
         C.resolve_solver("newton", "cpu")
@@ -150,6 +152,23 @@ def test_resolve_solver_and_bad_options():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA device"):
             fista.fit_path(X, y, [1.0], device="cuda")
+
+
+def test_auto_fits_a_small_cpu_problem_with_liblinear_in_one_thread(monkeypatch):
+    """``auto`` on the CPU below CPU_SMALL_FIT values: liblinear, one thread (the C values fit
+    one after another, so the same problem gives the same weights every time), the model
+    liblinear itself fits at the chosen C."""
+    (Xtr, ytr), (Xva, yva) = problem(200, 64, 8)
+    threads = []
+    pool = C.ThreadPoolExecutor
+    monkeypatch.setattr(C, "ThreadPoolExecutor", lambda n: threads.append(n) or pool(n))
+    a, b = (C.fit_logreg(Xtr, ytr, Xva, yva, solver="auto", device="cpu") for _ in range(2))
+    assert a["solver"] == "liblinear" and threads == [1, 1]
+    np.testing.assert_array_equal(a["coef"], b["coef"])
+    m = a["model"]
+    ref = LogisticRegression(C=a["C"], solver="liblinear", tol=1e-4, random_state=42,
+                             **C._sk_penalty("l1")).fit((Xtr - m.mean) / m.scale, ytr)
+    np.testing.assert_allclose(a["coef"], ref.coef_.ravel(), rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.cuda

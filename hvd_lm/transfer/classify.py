@@ -18,8 +18,10 @@ keep up with 4096-d features:
     when the features were computed there;
 
   and ``auto`` picks ``torch`` on a CUDA device and :data:`CPU_AUTO_SOLVER` on the CPU (the
-  fastest in ``hvd-lm bench transfer`` on the 2-core CI machine). For l1, every C at or below
-  the all-zero threshold (:func:`sklearn.svm.l1_min_c`) gets the zero model without a fit.
+  fastest in ``hvd-lm bench transfer`` on the 2-core CI machine), except for problems of at most
+  :data:`CPU_SMALL_FIT` values, where it picks ``liblinear`` in one thread (faster there, and
+  deterministic). For l1, every C at or below the all-zero threshold
+  (:func:`sklearn.svm.l1_min_c`) gets the zero model without a fit.
 * :func:`sentiment_neuron`: the unit with the largest |weight|, its accuracy alone with a threshold
   fit on train (:func:`fit_threshold`), and a histogram of the unit's value by class
   (:func:`plot_neuron_histogram`).
@@ -47,6 +49,7 @@ from sklearn.pipeline import FeatureUnion
 from sklearn.svm import l1_min_c
 
 from hvd_lm.transfer import fista
+from hvd_lm.transfer.linear import LinearClassifier, standardizer
 from hvd_lm.util.atomic import atomic_path
 
 matplotlib.use("Agg")  # files only, never a window
@@ -68,6 +71,16 @@ SOLVERS = ("auto", "liblinear", "saga", "torch")
 CPU_AUTO_SOLVER = "torch"
 
 
+#: Training sets of at most this many values (N x D) are fit by ``liblinear`` in one thread when
+#: ``auto`` runs on the CPU. Measured with ``hvd-lm bench transfer`` on the 2-core machine, 11 C
+#: values: on a 4-step checkpoint's SST-2 cell features (badly conditioned) liblinear took 0.4 s
+#: at 200 x 256 and 6.2 s at 1,000 x 256 against torch's 3.3 s and 18.3 s (not converged), and
+#: 30.4 s at 3,000 x 256 against torch's 25.2 s; on synthetic features both took 0.1-0.4 s up to
+#: 1,000 x 256. One thread: liblinear's parallel fits share its random generator, so they are
+#: not repeatable run to run.
+CPU_SMALL_FIT = 1000 * 256
+
+
 #: Iteration limits per C when ``max_iter`` is 0: scikit-learn's (liblinear outer iterations,
 #: saga epochs) and FISTA iterations for the batched torch solver.
 DEFAULT_MAX_ITER = {"liblinear": 1000, "saga": 1000, "torch": 20000}
@@ -86,68 +99,12 @@ def _sk_penalty(penalty: str) -> dict:
     return {"penalty": penalty}
 
 
-@dataclass
-class LinearClassifier:
-    """A binary linear classifier on (optionally standardised) features:
-    ``P(y=1 | x) = sigmoid(((x - mean) / scale) . coef + intercept)``.
-
-    Attributes:
-        coef: float64 [D] weights, in standardised units (raw units when ``mean`` is 0 and
-            ``scale`` 1, i.e. not standardised).
-        intercept: bias.
-        mean / scale: float64 [D] training statistics (zeros / ones when not standardised).
-    """
-
-    coef: np.ndarray
-    intercept: float
-    mean: np.ndarray
-    scale: np.ndarray
-
-    def decision_function(self, X: np.ndarray) -> np.ndarray:
-        """Margins float64 [N] of features X [N, D] (float64 arithmetic, so the same features
-        give bit-identical margins wherever the classifier is applied).
-
-        Raises:
-            ValueError: X is not [N, D] with D = ``len(coef)``.
-        """
-        X = np.asarray(X)
-        if X.ndim != 2 or X.shape[1] != self.coef.shape[0]:
-            raise ValueError(f"features of shape {X.shape} for a classifier of "
-                             f"{self.coef.shape[0]} inputs")
-        return ((X.astype(np.float64) - self.mean) / self.scale) @ self.coef + self.intercept
-
-    def predict_proba(self, X: np.ndarray) -> np.ndarray:
-        """P(y=1) float64 [N]."""
-        return 1.0 / (1.0 + np.exp(-self.decision_function(X)))
-
-    def predict(self, X: np.ndarray) -> np.ndarray:
-        """Labels int64 [N]: 1 where the margin is > 0 (scikit-learn's rule)."""
-        return (self.decision_function(X) > 0).astype(np.int64)
-
-    def accuracy(self, X: np.ndarray | None, y: np.ndarray | None) -> float | None:
-        """Fraction of ``predict(X) == y``; None without data."""
-        if X is None or y is None:
-            return None
-        return float((self.predict(X) == np.asarray(y)).mean())
-
-
-def standardizer(X: np.ndarray, standardize: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, scale) float64 [D] of features X [N, D]: the column means and (population)
-    standard deviations, with 1 for constant columns (as ``sklearn.preprocessing.StandardScaler``);
-    zeros and ones when ``standardize`` is False."""
-    X = np.asarray(X)
-    if not standardize:
-        return np.zeros(X.shape[1]), np.ones(X.shape[1])
-    mean = X.mean(0, dtype=np.float64)
-    scale = X.std(0, dtype=np.float64)
-    scale[~(scale > 1e-12 * np.maximum(1.0, np.abs(mean)))] = 1.0
-    return mean, scale
-
-
-def resolve_solver(solver: str, device: str | torch.device = "cpu") -> tuple[str, str]:
-    """(solver, device) for a fit: ``auto`` is ``torch`` on a CUDA ``device`` and
-    :data:`CPU_AUTO_SOLVER` otherwise; scikit-learn solvers always run on ``cpu``; ``torch`` on
-    ``device``.
+def resolve_solver(solver: str, device: str | torch.device = "cpu",
+                   size: int | None = None) -> tuple[str, str]:
+    """(solver, device) for a fit: ``auto`` is ``torch`` on a CUDA ``device``, ``liblinear`` on
+    the CPU for a training set of ``size`` <= :data:`CPU_SMALL_FIT` values (N x D; None: not
+    known) and :data:`CPU_AUTO_SOLVER` otherwise; scikit-learn solvers always run on ``cpu``;
+    ``torch`` on ``device``.
 
     Raises:
         ValueError: unknown solver, or torch on CUDA without CUDA.
@@ -156,7 +113,8 @@ def resolve_solver(solver: str, device: str | torch.device = "cpu") -> tuple[str
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
     dev = fista.resolve_device(device)
     if solver == "auto":
-        solver = "torch" if dev.type == "cuda" else CPU_AUTO_SOLVER
+        small = size is not None and size <= CPU_SMALL_FIT
+        solver = "torch" if dev.type == "cuda" else "liblinear" if small else CPU_AUTO_SOLVER
     return solver, (str(dev) if solver == "torch" else "cpu")
 
 
@@ -198,7 +156,8 @@ def fit_path(X: np.ndarray, y: np.ndarray, grid: Sequence[float], penalty: str =
             :data:`DEFAULT_TOL` of the solver.
         seed: ``random_state`` of liblinear/saga.
         jobs: liblinear fits run at once, in threads (0: ``torch.get_num_threads()``, i.e. one
-            per core unless ``--threads`` says otherwise).
+            per core unless ``--threads`` says otherwise; 1 when ``auto`` chose liblinear for a
+            small problem).
     Returns:
         :class:`LogRegPath` in the order of ``grid``.
     Raises:
@@ -206,6 +165,9 @@ def fit_path(X: np.ndarray, y: np.ndarray, grid: Sequence[float], penalty: str =
     """
     if penalty not in fista.PENALTIES:
         raise ValueError(f"penalty must be 'l1' or 'l2', got {penalty!r}")
+    if solver == "auto":
+        solver, device = resolve_solver(solver, device, int(np.prod(np.shape(X))))
+        jobs = 1 if solver == "liblinear" else jobs
     solver, device = resolve_solver(solver, device)
     max_iter = max_iter or DEFAULT_MAX_ITER[solver]
     tol = tol or DEFAULT_TOL[solver]

@@ -32,7 +32,6 @@ from hvd_lm.util.atomic import atomic_path, write_text
 from hvd_lm.util.files import shown
 
 matplotlib.use("Agg")  # files only, never a window
-import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
 #: Suffixes :func:`render` understands.
 HEATMAP_SUFFIXES = (".html", ".htm", ".png")
@@ -184,6 +183,8 @@ def render_png(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity
                 texts.append((y, x, "\u21b5" if ch == "\n" else (" " if not ch.isprintable()
                                                                   else ch)))
             y += 1
+    import matplotlib.pyplot as plt  # here: pyplot's import (0.5 s) only for a PNG
+
     fig, ax = plt.subplots(figsize=(max(4.0, 0.13 * width + 1.2), 0.25 * n_lines + 0.9))
     im = ax.imshow(grid, cmap=CMAP, vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
     for yy, xx, ch in texts:

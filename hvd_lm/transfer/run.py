@@ -40,6 +40,7 @@ from hvd_lm.options import Command, option
 from hvd_lm.transfer import datasets
 from hvd_lm.transfer.classify import (
     CPU_AUTO_SOLVER,
+    CPU_SMALL_FIT,
     DEFAULT_BASELINE_C_GRID,
     DEFAULT_C_GRID,
     SOLVERS,
@@ -135,7 +136,8 @@ class TransferConfig:
     solver: str = option("auto", "path solver: liblinear (C values in parallel threads), saga "
                          "(warm starts), torch (all C at once, batched GEMMs; GPU); auto: torch "
                          f"on a CUDA --device, else {CPU_AUTO_SOLVER} (fastest on CPU in hvd-lm "
-                         "bench transfer)", choices=SOLVERS)
+                         "bench transfer), liblinear in one thread for N x D <= "
+                         f"{CPU_SMALL_FIT:,}", choices=SOLVERS)
     tol: float = option(0.0, "stopping tolerance (0 = the solver's default: scikit-learn's tol "
                         "1e-4 for liblinear/saga, relative duality gap 1e-3 for torch)", ge=0)
     max_iter: int = option(0, "iterations per C at most (0 = the solver's default: 1000 for "

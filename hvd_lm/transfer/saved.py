@@ -4,7 +4,7 @@
 
 * ``classifier.npz``: float64 arrays ``coef`` [H] (standardised units), ``intercept`` [1],
   ``mean`` [H] and ``scale`` [H] (the training split's statistics; zeros and ones when the fit
-  was on raw features): :class:`hvd_lm.transfer.classify.LinearClassifier`;
+  was on raw features): :class:`hvd_lm.transfer.linear.LinearClassifier`;
 * ``classifier.json``: everything needed to apply it again and to say what it is: the format
   version, the npz file's sha256, the features (kind, max chars, whitespace normalisation,
   precision), the fit (penalty, solver, C, standardised or not, accuracies), the sentiment unit,
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hvd_lm.transfer.classify import LinearClassifier
-from hvd_lm.transfer.datasets import DatasetError
+from hvd_lm.transfer.linear import LinearClassifier
+from hvd_lm.transfer.texts import DatasetError
 from hvd_lm.util.atomic import atomic_path, write_text
 from hvd_lm.util.digest import file_sha256
 from hvd_lm.util.files import FileRefused, check_npz, check_regular, read_json, shown
@@ -59,7 +59,7 @@ class SavedClassifier:
     """A classifier read back from disk.
 
     Attributes:
-        model: the :class:`~hvd_lm.transfer.classify.LinearClassifier`.
+        model: the :class:`~hvd_lm.transfer.linear.LinearClassifier`.
         meta: the JSON description (see the module docstring).
         path: the JSON file it was read from.
     """
