@@ -154,21 +154,35 @@ def test_resolve_solver_and_bad_options():
             fista.fit_path(X, y, [1.0], device="cuda")
 
 
-def test_auto_fits_a_small_cpu_problem_with_liblinear_in_one_thread(monkeypatch):
-    """``auto`` on the CPU below CPU_SMALL_FIT values: liblinear, one thread (the C values fit
-    one after another, so the same problem gives the same weights every time), the model
-    liblinear itself fits at the chosen C."""
+def test_auto_fits_a_small_cpu_problem_with_liblinear_in_one_process(monkeypatch):
+    """``auto`` on the CPU below CPU_SMALL_FIT values: liblinear, one job (the C values fit
+    one after another in this process), the same weights every time, the model liblinear itself
+    fits at the chosen C."""
     (Xtr, ytr), (Xva, yva) = problem(200, 64, 8)
-    threads = []
-    pool = C.ThreadPoolExecutor
-    monkeypatch.setattr(C, "ThreadPoolExecutor", lambda n: threads.append(n) or pool(n))
+    jobs = []
+    parallel = C.joblib.Parallel
+    monkeypatch.setattr(C.joblib, "Parallel",
+                        lambda n_jobs, backend: jobs.append(n_jobs) or parallel(n_jobs, backend))
     a, b = (C.fit_logreg(Xtr, ytr, Xva, yva, solver="auto", device="cpu") for _ in range(2))
-    assert a["solver"] == "liblinear" and threads == [1, 1]
+    assert a["solver"] == "liblinear" and jobs == [1, 1]
     np.testing.assert_array_equal(a["coef"], b["coef"])
     m = a["model"]
     ref = LogisticRegression(C=a["C"], solver="liblinear", tol=1e-4, random_state=42,
                              **C._sk_penalty("l1")).fit((Xtr - m.mean) / m.scale, ytr)
     np.testing.assert_allclose(a["coef"], ref.coef_.ravel(), rtol=1e-3, atol=1e-4)
+
+
+def test_liblinear_in_parallel_equals_one_fit_after_another():
+    """liblinear's fits at several C values at once (2 worker processes) give the weights and
+    iteration counts of the same fits one after another, run after run (in threads of one
+    process they did not: liblinear's rand() is process-wide)."""
+    (Xtr, ytr), _ = problem(400, 96, 3)
+    grid = np.geomspace(0.01, 10.0, 8)
+    one = C.fit_path(Xtr, ytr, grid, "l1", "liblinear", "cpu", jobs=1)
+    for _ in range(2):
+        two = C.fit_path(Xtr, ytr, grid, "l1", "liblinear", "cpu", jobs=2)
+        np.testing.assert_array_equal(two.coef, one.coef)
+        np.testing.assert_array_equal(two.n_iter, one.n_iter)
 
 
 @pytest.mark.cuda

@@ -10,8 +10,9 @@ keep up with 4096-d features:
   (:func:`fit_path`) by one of three solvers:
 
   - ``liblinear`` (scikit-learn; the reference's): one fit per C, intercept penalised as
-    liblinear does; no warm start (liblinear has none), but its fits release the GIL, so the
-    C values run in parallel threads (one per core);
+    liblinear does; no warm start (liblinear has none), so the C values run in parallel, in
+    worker processes (joblib's loky; one per core): liblinear draws from C's process-wide
+    ``rand()``, and fits in threads of one process gave other weights run to run;
   - ``saga`` (scikit-learn): C ascending, each fit warm-started from the previous solution
     (``warm_start=True``);
   - ``torch`` (:mod:`hvd_lm.transfer.fista`): every C at once with batched GEMMs, on the GPU
@@ -19,9 +20,9 @@ keep up with 4096-d features:
 
   and ``auto`` picks ``torch`` on a CUDA device and :data:`CPU_AUTO_SOLVER` on the CPU (the
   fastest in ``hvd-lm bench transfer`` on the 2-core CI machine), except for problems of at most
-  :data:`CPU_SMALL_FIT` values, where it picks ``liblinear`` in one thread (faster there, and
-  deterministic). For l1, every C at or below the all-zero threshold
-  (:func:`sklearn.svm.l1_min_c`) gets the zero model without a fit.
+  :data:`CPU_SMALL_FIT` values, where it picks ``liblinear`` in this process, one C after
+  another (faster there than starting workers). For l1, every C at or below the all-zero
+  threshold (:func:`sklearn.svm.l1_min_c`) gets the zero model without a fit.
 * :func:`sentiment_neuron`: the unit with the largest |weight|, its accuracy alone with a threshold
   fit on train (:func:`fit_threshold`), and a histogram of the unit's value by class
   (:func:`plot_neuron_histogram`).
@@ -34,11 +35,11 @@ from __future__ import annotations
 import inspect
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import joblib
 import matplotlib
 import numpy as np
 import torch
@@ -76,8 +77,7 @@ CPU_AUTO_SOLVER = "torch"
 #: values: on a 4-step checkpoint's SST-2 cell features (badly conditioned) liblinear took 0.4 s
 #: at 200 x 256 and 6.2 s at 1,000 x 256 against torch's 3.3 s and 18.3 s (not converged), and
 #: 30.4 s at 3,000 x 256 against torch's 25.2 s; on synthetic features both took 0.1-0.4 s up to
-#: 1,000 x 256. One thread: liblinear's parallel fits share its random generator, so they are
-#: not repeatable run to run.
+#: 1,000 x 256. One fit at a time, in this process: worker processes cost more than such fits.
 CPU_SMALL_FIT = 1000 * 256
 
 
@@ -155,7 +155,7 @@ def fit_path(X: np.ndarray, y: np.ndarray, grid: Sequence[float], penalty: str =
         tol: scikit-learn's ``tol`` (liblinear, saga) or the relative duality gap (torch); 0:
             :data:`DEFAULT_TOL` of the solver.
         seed: ``random_state`` of liblinear/saga.
-        jobs: liblinear fits run at once, in threads (0: ``torch.get_num_threads()``, i.e. one
+        jobs: liblinear fits run at once, in processes (0: ``torch.get_num_threads()``, i.e. one
             per core unless ``--threads`` says otherwise; 1 when ``auto`` chose liblinear for a
             small problem).
     Returns:
@@ -192,32 +192,38 @@ def fit_path(X: np.ndarray, y: np.ndarray, grid: Sequence[float], penalty: str =
         intercept[:] = np.log(y.mean() / (1 - y.mean()))
     todo = [int(k) for k in np.argsort(Cs, kind="stable") if Cs[k] > c_zero]
 
-    def fit(k: int, model: LogisticRegression) -> None:
-        model.set_params(C=float(Cs[k]))
-        model.fit(X64, y)
-        coef[k], intercept[k] = model.coef_.ravel(), float(model.intercept_[0])
-        n_iter[k] = int(np.max(model.n_iter_))
-        converged[k] = n_iter[k] < max_iter  # scikit-learn warns exactly then
-
-    def make() -> LogisticRegression:
-        return LogisticRegression(C=1.0, solver=solver, max_iter=max_iter, tol=tol,
-                                  random_state=seed, warm_start=solver == "saga",
-                                  **_sk_penalty(penalty))
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)  # recorded in ``converged``
-        if solver == "saga":  # C ascending: each fit starts from the previous solution
-            model = make()
-            for k in todo:
-                fit(k, model)
-        else:  # liblinear has no warm start; its fits release the GIL: run them in threads,
-            # the largest C (the longest fits) first
-            with ThreadPoolExecutor(max(1, min(jobs or torch.get_num_threads(), len(todo)))
-                                    ) as pool:
-                list(pool.map(lambda k: fit(k, make()), todo[::-1]))
+    params = dict(solver=solver, max_iter=max_iter, tol=tol, random_state=seed,
+                  warm_start=solver == "saga", **_sk_penalty(penalty))
+    if solver == "saga":  # C ascending: each fit starts from the previous solution
+        model = LogisticRegression(C=1.0, **params)
+        fits = [_sk_fit(X64, y, float(Cs[k]), params, model) for k in todo]
+    else:  # liblinear has no warm start: the largest C (the longest fits) first, in worker
+        # processes (joblib's loky) when more than one runs at once: liblinear draws from C's
+        # process-wide rand(), so fits in threads of one process interleave their draws and
+        # give other weights run to run; a process per fit keeps each fit's draws its own
+        n = max(1, min(jobs or torch.get_num_threads(), len(todo)))
+        todo = todo[::-1]
+        fits = joblib.Parallel(n_jobs=n, backend="loky" if n > 1 else "sequential")(
+            joblib.delayed(_sk_fit)(X64, y, float(Cs[k]), params) for k in todo)
+    for k, (w, b, it) in zip(todo, fits):
+        coef[k], intercept[k], n_iter[k] = w, b, it
+        converged[k] = it < max_iter  # scikit-learn warns exactly then
     objective = fista.objective_values(X64, y, coef, intercept, Cs, penalty)
     return LogRegPath(Cs, coef, intercept, n_iter, converged, objective, solver, "cpu",
                 time.perf_counter() - t0)
+
+
+def _sk_fit(X: np.ndarray, y: np.ndarray, C: float, params: dict,
+            model: LogisticRegression | None = None) -> tuple[np.ndarray, float, int]:
+    """One scikit-learn fit at ``C`` (``model`` reused for saga's warm start, else a new one
+    from ``params``): (coef float64 [D], intercept, iterations), convergence warnings silenced
+    (:func:`logreg_path` records them from the iterations)."""
+    model = model or LogisticRegression(C=C, **params)
+    model.set_params(C=C)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+    return model.coef_.ravel().copy(), float(model.intercept_[0]), int(np.max(model.n_iter_))
 
 
 def _accuracy(model, X, y) -> float | None:

@@ -133,10 +133,10 @@ class TransferConfig:
     standardize: bool = option(True, "z-score features with train statistics, kept with the "
                                "classifier (--no-standardize: raw features, as the reference)",
                                switch=False, flag="--no-standardize")
-    solver: str = option("auto", "path solver: liblinear (C values in parallel threads), saga "
+    solver: str = option("auto", "path solver: liblinear (C values in parallel processes), saga "
                          "(warm starts), torch (all C at once, batched GEMMs; GPU); auto: torch "
                          f"on a CUDA --device, else {CPU_AUTO_SOLVER} (fastest on CPU in hvd-lm "
-                         "bench transfer), liblinear in one thread for N x D <= "
+                         "bench transfer), liblinear in this process for N x D <= "
                          f"{CPU_SMALL_FIT:,}", choices=SOLVERS)
     tol: float = option(0.0, "stopping tolerance (0 = the solver's default: scikit-learn's tol "
                         "1e-4 for liblinear/saga, relative duality gap 1e-3 for torch)", ge=0)
