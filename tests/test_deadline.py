@@ -155,26 +155,26 @@ def test_one_process_trains_to_its_deadline_and_a_resume_has_its_own(shards, tmp
     assert 0 < lr_at_stop < peak  # decaying towards the first deadline
 
     started = time.time()
-    finished(train(shards, out, "--time-limit", "20s", "--resume", "auto",
+    finished(train(shards, out, "--time-limit", "15s", "--resume", "auto",
                    HVD_LM_STEP_SLEEP="0.05"), 60)
-    check_ended_at_deadline(out, 20, started)
+    check_ended_at_deadline(out, 15, started)
     starts = records(out, "start")
     first_lr = [r for r in records(out, "train") if r["time"] > starts[-1]["time"]][0]["lr"]
     assert first_lr == pytest.approx(lr_at_stop, rel=0.05)  # continuous, not the peak again
 
     again = subprocess.run([sys.executable, "-m", "hvd_lm", "train", "--shards", shards,
-                            "--out-dir", out, *TINY, "--time-limit", "20s", "--resume", "auto"],
+                            "--out-dir", out, *TINY, "--time-limit", "15s", "--resume", "auto"],
                            env=launch_env(), capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "nothing to train" in again.stderr, again.stderr
 
 
 @pytest.mark.slow
-def test_two_ranks_agree_on_the_plan_and_end_before_a_40s_deadline(shards, tmp_path):
+def test_two_ranks_agree_on_the_plan_and_end_before_a_25s_deadline(shards, tmp_path):
     out = tmp_path / "run2"
     started = time.time()
-    finished(train(shards, out, "--time-limit", "40s", "--checkpoint-minutes", "0.1",
-                   "--eval-every", "100", np_=2, HVD_LM_STEP_SLEEP="0.05"), 120)
-    summary = check_ended_at_deadline(out, 40, started)
+    finished(train(shards, out, "--time-limit", "25s", "--checkpoint-minutes", "0.1",
+                   "--eval-every", "50", np_=2, HVD_LM_STEP_SLEEP="0.05"), 120)
+    summary = check_ended_at_deadline(out, 25, started)
     assert summary["world_size"] == 2
     # the timed checkpoints and validations were measured into the plan
     assert records(out, "checkpoint") and records(out, "eval")
@@ -183,17 +183,22 @@ def test_two_ranks_agree_on_the_plan_and_end_before_a_40s_deadline(shards, tmp_p
 
 # ---- hvd-lm launch ------------------------------------------------------------------------------
 
-def launch(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hvd_lm", "launch", "--scheduler", "slurm",
-                           "--gpus", "16", "--gpus-per-node", "8", *args, "--", "--shards", "d"],
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+LAUNCH = ["launch", "--scheduler", "slurm", "--gpus", "16", "--gpus-per-node", "8"]
 
 
-def test_launch_gives_the_training_the_walltime_less_a_margin():
-    assert "--time-limit 13800s" in launch("--walltime", "4:00:00", "--time-margin",
-                                           "10m").stdout
-    assert "--time-limit 3300s" in launch("--walltime", "1h").stdout  # default margin 5m
-    assert "--time-limit" not in launch("--walltime", "1h", "--time-margin", "0").stdout
-    bad = launch("--walltime", "4m")
+def test_launch_gives_the_training_the_walltime_less_a_margin(capsys):
+    """The rendered scripts through the CLI's own entry point, in this process (the command
+    line, exit status and one-line error through a real ``python -m hvd_lm``, once)."""
+    from hvd_lm.cli import main
+
+    def script(*args) -> str:
+        assert main([*LAUNCH, *args, "--", "--shards", "d"]) == 0
+        return capsys.readouterr().out
+
+    assert "--time-limit 13800s" in script("--walltime", "4:00:00", "--time-margin", "10m")
+    assert "--time-limit 3300s" in script("--walltime", "1h")  # default margin 5m
+    assert "--time-limit" not in script("--walltime", "1h", "--time-margin", "0")
+    bad = subprocess.run([sys.executable, "-m", "hvd_lm", *LAUNCH, "--walltime", "4m", "--",
+                          "--shards", "d"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
     assert bad.returncode == 2 and "--time-margin 5m is not below --walltime 4m" in bad.stderr
