@@ -3,14 +3,16 @@ in worker processes and reports them side by side; asserts behaviour (what is re
 solvers solved the same problem), never speed."""
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
 import json
-import sys
 
 import numpy as np
 import pytest
+import torch
 
 from hvd_lm.perf import bench_transfer as B
-from tests._mp import run
 
 
 def test_synthetic_problem_is_seeded_and_learnable():
@@ -38,11 +40,38 @@ def test_parse_size(text, ok):
             B.parse_size(text)
 
 
-def test_bench_runs_every_solver_side_by_side(tmp_path):
+def test_bench_runs_every_solver_side_by_side(tmp_path, capsys, monkeypatch):
+    """``hvd-lm bench transfer`` through the CLI's entry point in this process: the first
+    problem's three fits in real worker processes (``python -m hvd_lm.perf.bench_transfer
+    --worker``), the second's through the same worker function in this process (a worker
+    process costs ~4 s of imports; the second problem is there to show problems side by side)."""
+    from hvd_lm.cli import main
+
+    real_run_fit, in_process = B._run_fit, []
+
+    def run_fit(problem, solver, threads, cfg):
+        with np.load(problem) as z:
+            if z["Xtr"].shape[0] == 300:
+                return real_run_fit(problem, solver, threads, cfg)
+        in_process.append(solver)
+        wc = B.WorkerConfig(**{f.name: getattr(cfg, f.name)
+                               for f in dataclasses.fields(B.FitConfig)},
+                            worker=str(problem), solver=solver, threads=threads)
+        before, buf = torch.get_num_threads(), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(buf):
+                assert B.worker(wc) == 0
+        finally:
+            torch.set_num_threads(before)
+        (line,) = [ln for ln in buf.getvalue().splitlines() if ln.startswith("BENCH ")]
+        return json.loads(line[6:])
+
+    monkeypatch.setattr(B, "_run_fit", run_fit)
     out = tmp_path / "b.json"
-    proc = run([sys.executable, "-m", "hvd_lm", "bench", "transfer", "--sizes", "300x12,200x8",
-                "--solvers", "liblinear,saga,torch", "--threads", "1", "--c-grid",
-                "0.01,0.1,1", "--json", out], timeout=300)
+    assert main(["bench", "transfer", "--sizes", "300x12,200x8", "--solvers",
+                 "liblinear,saga,torch", "--threads", "1", "--c-grid", "0.01,0.1,1", "--json",
+                 str(out)]) == 0
+    assert in_process == ["liblinear", "saga", "torch"]
     res = json.loads(out.read_text())
     assert [p["problem"] for p in res["problems"]] == ["synthetic 300 x 12", "synthetic 200 x 8"]
     for p in res["problems"]:
@@ -56,7 +85,7 @@ def test_bench_runs_every_solver_side_by_side(tmp_path):
         assert rows["saga, 1 thread"]["objective_excess"] <= 1e-3
         assert rows["torch, 1 thread"]["objective_excess"] <= 1e-3
         assert rows["liblinear, 1 thread"]["objective_excess"] <= 0.05
-    assert "| synthetic 300 x 12 | torch, 1 thread (cpu, 1) |" in proc.stdout
+    assert "| synthetic 300 x 12 | torch, 1 thread (cpu, 1) |" in capsys.readouterr().out
 
 
 def test_bench_reports_a_stopped_fit(tmp_path):
