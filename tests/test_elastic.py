@@ -28,7 +28,7 @@ def test_lose_a_worker_then_get_one_back(tmp_path):
     if len(names) < 3:
         pytest.skip(f"needs three names of this machine, found {names}")
     shards = default_shards(tmp_path / "shards")
-    steps = 240
+    steps = 150  # the slot came back at step 35 when measured: >= 100 steps of headroom
     job = ElasticJob(tmp_path, [f"{names[0]}:1", f"{names[1]}:1"],
                      ["--shards", shards, *TINY, "--log-every", "1", "--max-steps", steps,
                       "--commit-every", "5"], env={"HVD_LM_STEP_SLEEP": "0.08"})
