@@ -43,7 +43,10 @@ def shards(tmp_path_factory):
 def test_resume_is_exact_in_the_compressed_phase(shards, tmp_path, optimizer):
     """2 ranks, warmup 3 steps: 8 steps straight == 5 steps, checkpoint, resume, 3 more, bit for
     bit; the checkpoint holds both ranks' error buffers, and without them the resume differs.
-    The metrics show the phases and the bytes on the wire."""
+    The metrics show the phases and the bytes on the wire. The run without the buffers is made
+    for 1-bit Adam only: saving, loading and resetting them is code both optimisers share
+    (OnebitDistributedOptimizer.state_dict/load_state_dict), and for 1-bit LAMB the bit-for-bit
+    resume fails already if the restored (non-zero) buffers go unused."""
     common = ["--max-steps", "8", "--optimizer", optimizer, "--onebit-warmup-steps", "3",
               "--compression", "none"]
     _train(shards, tmp_path / "straight", *common, "--checkpoint-every", "5")
@@ -54,13 +57,14 @@ def test_resume_is_exact_in_the_compressed_phase(shards, tmp_path, optimizer):
     errors = load(half)["optimizer"]["onebit_errors"]
     assert errors["world_size"] == 2 and errors["worker"].shape[0] == 2
     assert float(errors["worker"].abs().max()) > 0
-    ck = load(half)
-    del ck["optimizer"]["onebit_errors"]
-    torch.save(ck, tmp_path / "no_errors.pt")
-    proc = _train(shards, tmp_path / "reset", *common, "--resume", tmp_path / "no_errors.pt")
-    assert "error feedback restarts from zero" in proc.stdout + proc.stderr
-    c = load(resolve(tmp_path / "reset"))
-    assert any(not torch.equal(a["model"][k], c["model"][k]) for k in a["model"])
+    if optimizer == "onebit-adam":
+        ck = load(half)
+        del ck["optimizer"]["onebit_errors"]
+        torch.save(ck, tmp_path / "no_errors.pt")
+        proc = _train(shards, tmp_path / "reset", *common, "--resume", tmp_path / "no_errors.pt")
+        assert "error feedback restarts from zero" in proc.stdout + proc.stderr
+        c = load(resolve(tmp_path / "reset"))
+        assert any(not torch.equal(a["model"][k], c["model"][k]) for k in a["model"])
     train = _records(tmp_path / "straight", "train")
     assert [r["onebit_phase"] for r in train] == ["warmup"] * 3 + ["compressed"] * 5
     fp32_ring = train[0]["wire_bytes"]  # 2(n-1)/n x 4 bytes x params at n = 2
