@@ -52,6 +52,7 @@ exec > >(tee "$WORK/session.log") 2>&1  # the timeline travels in the tarball to
 PY3=${PYTHON:-python3}
 MPY=(env "PYTHONPATH=$PWD" "$PY3")
 WIDTH=${WIDTH:-4096}
+POST_S=${POST_S:-130}  # seconds kept after training for eval, transfer, generate, visualize
 TRAIN_BATCH=${TRAIN_BATCH:-256}
 DEVICE=${DEVICE:-cuda}
 export PYTHONUNBUFFERED=1
@@ -121,7 +122,7 @@ EOF
     kern=${impl#fused/}; graphs=false
     [ "${kern%+graphs}" != "$kern" ] && graphs=true
     kern=${kern%+graphs}
-    limit=${TRAIN_S:-$(($(left) - ${POST_S:-130}))}
+    limit=${TRAIN_S:-$(($(left) - POST_S))}
     ((limit < 20)) && limit=20
     say "train H=$WIDTH B=$TRAIN_BATCH bf16 $impl for ${limit} s (--time-limit)"
     seq=256 evals=1000
@@ -141,7 +142,7 @@ EOF
     say "train: exit $?"; tail -n 6 "$WORK/train.log"
     post() {  # post NAME COMMAND...: one step after training, within what is left
         say "$1"; local name=$1; shift
-        timeout -k 5 "$(budget "${POST_S:-130}")" "$@" >"$WORK/$name.log" 2>&1
+        timeout -k 5 "$(budget "$POST_S")" "$@" >"$WORK/$name.log" 2>&1
         say "$name: exit $?"; tail -n 6 "$WORK/$name.log"
     }
     grid=0.0003,0.001,0.003,0.01,0.03,0.125,0.5  # two decades below the last card's 0.03

@@ -87,9 +87,9 @@ def test_second_h200_model_and_targets():
          f"({mean['classifier']['nonzero']:,} non-zero", SRC, PAGE)
     says(f"the final cell state {cell['classifier']['accuracy']['val']:.1%} at "
          f"C={cell['classifier']['C']:g}, TF-IDF {tfidf:.1%}", SRC, PAGE)
-    says(f"trained to a 349 s `--time-limit` on 135.8M bytes reached {ev['bpc']:.3f} validation "
+    says(f"trained to a {start['time_limit_s']} s `--time-limit` on 135.8M bytes reached "
+         f"{ev['bpc']:.3f} validation "
          f"BPC, {acc:.1%} on SST-2 (TF-IDF: {tfidf:.1%})", SRC, "README.md")
-    assert start["time_limit_s"] == 349 and end["chars_trained"] == 270_675_590
     says(f"saw {end['chars_trained'] / 1e6:.1f}M characters, {train[-1]['epoch']:.1f} passes", SRC,
          PAGE)
 

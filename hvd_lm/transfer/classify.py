@@ -72,12 +72,12 @@ SOLVERS = ("auto", "liblinear", "saga", "torch")
 CPU_AUTO_SOLVER = "torch"
 
 
-#: Training sets of at most this many values (N x D) are fit by ``liblinear`` in one thread when
-#: ``auto`` runs on the CPU. Measured with ``hvd-lm bench transfer`` on the 2-core machine, 11 C
-#: values: on a 4-step checkpoint's SST-2 cell features (badly conditioned) liblinear took 0.4 s
-#: at 200 x 256 and 6.2 s at 1,000 x 256 against torch's 3.3 s and 18.3 s (not converged), and
-#: 30.4 s at 3,000 x 256 against torch's 25.2 s; on synthetic features both took 0.1-0.4 s up to
-#: 1,000 x 256. One fit at a time, in this process: worker processes cost more than such fits.
+#: Training sets of at most this many values (N x D) are fit by ``liblinear``, one C after
+#: another in this process (worker processes cost more than such fits), when ``auto`` runs on
+#: the CPU. Measured with ``hvd-lm bench transfer`` on the 2-core machine, 11 C values: on a
+#: 4-step checkpoint's SST-2 cell features (badly conditioned) liblinear took 0.4 s at 200 x 256
+#: and 6.2 s at 1,000 x 256 against torch's 3.3 s and 18.3 s (not converged), and 30.4 s at
+#: 3,000 x 256 against torch's 25.2 s; on synthetic features both took 0.1-0.4 s up to 1,000 x 256.
 CPU_SMALL_FIT = 1000 * 256
 
 
@@ -165,10 +165,10 @@ def fit_path(X: np.ndarray, y: np.ndarray, grid: Sequence[float], penalty: str =
     """
     if penalty not in fista.PENALTIES:
         raise ValueError(f"penalty must be 'l1' or 'l2', got {penalty!r}")
-    if solver == "auto":
-        solver, device = resolve_solver(solver, device, int(np.prod(np.shape(X))))
-        jobs = 1 if solver == "liblinear" else jobs
-    solver, device = resolve_solver(solver, device)
+    auto = solver == "auto"
+    solver, device = resolve_solver(solver, device, int(np.prod(np.shape(X))))
+    if auto and solver == "liblinear":  # a small problem: workers would cost more than its fits
+        jobs = 1
     max_iter = max_iter or DEFAULT_MAX_ITER[solver]
     tol = tol or DEFAULT_TOL[solver]
     Cs = np.asarray(list(grid), dtype=np.float64)
@@ -217,7 +217,7 @@ def _sk_fit(X: np.ndarray, y: np.ndarray, C: float, params: dict,
             model: LogisticRegression | None = None) -> tuple[np.ndarray, float, int]:
     """One scikit-learn fit at ``C`` (``model`` reused for saga's warm start, else a new one
     from ``params``): (coef float64 [D], intercept, iterations), convergence warnings silenced
-    (:func:`logreg_path` records them from the iterations)."""
+    (:func:`fit_path` records them from the iterations)."""
     model = model or LogisticRegression(C=C, **params)
     model.set_params(C=C)
     with warnings.catch_warnings():

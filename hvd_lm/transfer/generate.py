@@ -60,10 +60,10 @@ STATES = ("cell", "hidden")
 MAX_LENGTH = 1 << 20
 MAX_SAMPLES = 4096
 MAX_GENERATED = 1 << 24
-#: Below this accuracy of the unit alone (its best split of val, else train), pinning it is said
-#: to be unlikely to steer: on one H200 a 4096-d model at 1.475 val BPC had a top unit at 50.9%
-#: on SST-2 val, and held at +1 and -1 it moved the classifier the wrong way
-#: (docs/results/gpu_h200_2026-11-27/), where Radford et al. 2017's unit alone was a classifier.
+#: Below this accuracy of the unit alone (on val, else train), generate warns that pinning it is
+#: unlikely to steer: on one H200 a 4096-d model at 1.475 val BPC had a top unit at 50.9% on
+#: SST-2 val, and held at +1 and -1 it moved the classifier the wrong way
+#: (docs/results/gpu_h200_2026-11-27/).
 WEAK_UNIT_ACCURACY = 0.6
 
 
