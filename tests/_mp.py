@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from hvd_lm.comm.world import local_mpi_env
+from tests import _warm
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -23,9 +24,11 @@ def launch_env(**extra: str) -> dict[str, str]:
 
 def run(cmd: list[str], timeout: float = 300, env: dict | None = None, cwd: Path = REPO,
         check: bool = True) -> subprocess.CompletedProcess:
-    """Run ``cmd``; on failure (or ``check`` and rc != 0) raise with its whole output."""
-    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env or launch_env(), text=True,
-                          capture_output=True, timeout=timeout)
+    """Run ``cmd``; on failure (or ``check`` and rc != 0) raise with its whole output.
+    ``python -m hvd_lm ...`` (or ``data_prep``) runs in a warm interpreter's fork
+    (:mod:`tests._warm`: the same command without ~5 s of imports; ``HVD_LM_TEST_FRESH=1`` starts
+    every one fresh)."""
+    proc = _warm.run_or_fresh([str(c) for c in cmd], cwd, env or launch_env(), timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(map(str, cmd))} exited {proc.returncode}\n"
                              f"--- stdout\n{proc.stdout[-6000:]}\n"
