@@ -19,7 +19,7 @@ from hvd_lm.formats.checkpoint import load, resolve
 from hvd_lm.train.deadline import SKIP_ATTEMPTS, Cadence, DeadlinePlanner
 from hvd_lm.train.schedule import Schedule, lr_factor, make_scheduler, schedule_of
 from hvd_lm.util.units import parse_duration
-from tests._mp import REPO, horovodrun_cmd, launch_env
+from tests._mp import REPO, horovodrun_cmd, launch_env, run
 from tests.shardutil import default_shards
 
 TINY = ["--hidden-size", "16", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
@@ -162,9 +162,8 @@ def test_one_process_trains_to_its_deadline_and_a_resume_has_its_own(shards, tmp
     first_lr = [r for r in records(out, "train") if r["time"] > starts[-1]["time"]][0]["lr"]
     assert first_lr == pytest.approx(lr_at_stop, rel=0.05)  # continuous, not the peak again
 
-    again = subprocess.run([sys.executable, "-m", "hvd_lm", "train", "--shards", shards,
-                            "--out-dir", out, *TINY, "--time-limit", "15s", "--resume", "auto"],
-                           env=launch_env(), capture_output=True, text=True, timeout=120)
+    again = run([sys.executable, "-m", "hvd_lm", "train", "--shards", shards, "--out-dir", out,
+                 *TINY, "--time-limit", "15s", "--resume", "auto"], timeout=120, check=False)
     assert again.returncode == 0 and "nothing to train" in again.stderr, again.stderr
 
 
