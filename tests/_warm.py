@@ -11,12 +11,13 @@ its arguments (``runpy.run_module(MODULE, run_name="__main__")``, as ``-m`` does
 (``os.environ`` replaced), its working directory, stdout and stderr captured, stdin empty, at-exit
 handlers run, and its exit status (``SystemExit``'s code, 1 with the traceback for an exception,
 ``-N`` for a signal). What it does not get is a fresh interpreter: modules are imported once, under
-the server's environment. So a call runs as a real subprocess instead (:func:`run` returns None)
-when its environment differs from the server's in a variable read at interpreter start or at
-import (:data:`START_PREFIXES`: ``PYTHONPATH``, ``OMP_NUM_THREADS``, ``TRITON_INTERPRET``...),
-for a module outside :data:`MODULES`, and for every call when ``HVD_LM_TEST_FRESH=1`` (the whole
-suite on fresh interpreters, as users start them). Launchers' ranks (``horovodrun``,
-``mpirun``, ``torchrun``) always start fresh: only the command a test starts itself comes here.
+the server's environment (``local_mpi_env()``, what tests give their commands). So a call runs as
+a real subprocess instead (:func:`run` returns None) when its environment differs from that one in
+a variable read at interpreter start or at import (:data:`START_PREFIXES`: ``PYTHONPATH``,
+``OMP_NUM_THREADS``, ``TRITON_INTERPRET``...), for a module outside :data:`MODULES`, and for every
+call when ``HVD_LM_TEST_FRESH=1`` (the whole suite on fresh interpreters, as users start them).
+Launchers' ranks (``horovodrun``, ``mpirun``, ``torchrun``) always start fresh: only the command a
+test starts itself comes here.
 """
 from __future__ import annotations
 
@@ -46,12 +47,16 @@ def _start_keys(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(START_PREFIXES)}
 
 
-def _context(env: dict[str, str]):
-    """The forkserver context, its server started under ``env`` (the first caller's) once per
-    process."""
+def _server():
+    """The forkserver context and the start-up variables of its server, started once per process
+    under :func:`hvd_lm.comm.world.local_mpi_env` (the environment tests give their commands:
+    ``tests._mp.launch_env``)."""
     global _server_env
     ctx = multiprocessing.get_context("forkserver")
     if _server_env is None:
+        from hvd_lm.comm.world import local_mpi_env
+
+        env = local_mpi_env()
         ctx.set_forkserver_preload(PRELOAD)
         saved = dict(os.environ)
         os.environ.clear()
@@ -63,7 +68,7 @@ def _context(env: dict[str, str]):
             os.environ.clear()
             os.environ.update(saved)
         _server_env = _start_keys(env)
-    return ctx
+    return ctx, _server_env
 
 
 def _child(module: str, args: list[str], env: dict[str, str], cwd: str, out: str,
@@ -110,9 +115,9 @@ def run(cmd: list[str], cwd: Path | str, env: dict[str, str],
             or Path(cmd[0]).name not in ("python", "python3", Path(sys.executable).name)
             or cmd[2].split(".")[0] not in MODULES):
         return None
-    if _server_env is not None and _start_keys(env) != _server_env:
+    ctx, server_env = _server()
+    if _start_keys(env) != server_env:
         return None
-    ctx = _context(env)
     with tempfile.TemporaryDirectory(prefix="hvd-lm-warm-") as tmp:
         out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
         p = ctx.Process(target=_child, args=(cmd[2], cmd[3:], env, str(cwd), out, err))
