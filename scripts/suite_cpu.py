@@ -48,8 +48,6 @@ def command_of(argv: str) -> str:
         parent = Path(words[0]).parent.name
         module = "hvd_lm" if name == "hvd-lm" or parent == "hvd_lm" else parent
         return f"{module} {words[1]}"
-    if name.endswith(".py"):
-        return name
     return name
 
 

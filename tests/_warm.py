@@ -26,6 +26,7 @@ import importlib.util
 import multiprocessing
 import os
 import runpy
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -102,6 +103,13 @@ def _child(module: str, args: list[str], env: dict[str, str], cwd: str, out: str
     sys.exit(code)
 
 
+def _is_this_python(program: str, env: dict[str, str]) -> bool:
+    """``program`` (a path, or a name looked up on ``env``'s PATH) is this interpreter's path:
+    another virtual environment's ``python`` (a link to the same binary) has other packages."""
+    path = program if os.sep in program else shutil.which(program, path=env.get("PATH"))
+    return path is not None and os.path.abspath(path) == os.path.abspath(sys.executable)
+
+
 def run(cmd: list[str], cwd: Path | str, env: dict[str, str],
         timeout: float) -> subprocess.CompletedProcess | None:
     """``cmd`` (``[python, "-m", MODULE, *args]``) run warm, as ``subprocess.run(cmd, cwd=cwd,
@@ -112,8 +120,7 @@ def run(cmd: list[str], cwd: Path | str, env: dict[str, str],
         subprocess.TimeoutExpired: it ran past ``timeout`` seconds (it is killed first).
     """
     if (os.environ.get("HVD_LM_TEST_FRESH") == "1" or len(cmd) < 3 or cmd[1] != "-m"
-            or Path(cmd[0]).name not in ("python", "python3", Path(sys.executable).name)
-            or cmd[2].split(".")[0] not in MODULES):
+            or cmd[2].split(".")[0] not in MODULES or not _is_this_python(cmd[0], env)):
         return None
     ctx, server_env = _server()
     if _start_keys(env) != server_env:

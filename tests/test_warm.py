@@ -86,6 +86,11 @@ def test_what_must_start_fresh_does(tmp_path, monkeypatch):
     assert _warm.run(cmd, tmp_path, launch_env(), 60) is not None
     assert _warm.run(cmd, tmp_path, launch_env(OMP_NUM_THREADS="7"), 60) is None
     assert _warm.run([sys.executable, "-c", "pass"], tmp_path, launch_env(), 60) is None
+    other_venv = tmp_path / "venv" / "bin" / "python"     # another environment's interpreter
+    other_venv.parent.mkdir(parents=True)
+    other_venv.symlink_to(sys.executable)
+    assert _warm.run([str(other_venv), *cmd[1:]], tmp_path, launch_env(), 60) is None
+    assert _warm.run(["python", *cmd[1:]], tmp_path, launch_env(), 60) is not None  # on PATH
     assert _warm.run([sys.executable, "-m", "json.tool"], tmp_path, launch_env(), 60) is None
     monkeypatch.setenv("HVD_LM_TEST_FRESH", "1")
     assert _warm.run(cmd, tmp_path, launch_env(), 60) is None
