@@ -305,9 +305,11 @@ hvd_lm_failure_summary() {
   fi
 }
 
-# True when the last training run in $OUT_DIR stopped for a signal after checkpointing
-# (summary.json: "stop": "signal"), i.e. requeueing it makes sense.
-hvd_lm_stopped_by_signal() {
-  "${PYTHON:-python3}" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["stop"] != "signal")' \
-    "$OUT_DIR/summary.json" 2>/dev/null
+# hvd_lm_stopped_for REASON: true when the last training run in $OUT_DIR stopped for REASON
+# after checkpointing (summary.json "stop"): "signal" (SIGUSR1/SIGTERM) or "time-limit" (the
+# allocation's --time-limit came before the --time-budget was spent), i.e. requeueing it makes
+# sense.
+hvd_lm_stopped_for() {
+  "${PYTHON:-python3}" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["stop"] != sys.argv[2])' \
+    "$OUT_DIR/summary.json" "$1" 2>/dev/null
 }

@@ -101,6 +101,37 @@ def test_the_planner_fits_steps_evaluations_and_checkpoints_before_the_deadline(
     assert d["left_s"] == 5.0 and d["reserve_s"] == 9.0 and d["step_time"] == pytest.approx(0.2)
 
 
+def test_a_budget_plans_the_lr_to_its_end_and_each_allocation_stops_before_its_limit():
+    """--time-budget 100 s with 20 s trained before, in an allocation of --time-limit 30 s: the
+    plan's end is 80 s after the loop's start, the allocation's stop 30 s after the process's;
+    a hand computation of both."""
+    now = [1000.0]
+    p = DeadlinePlanner(30.0, budget_s=100.0, trained_s=20.0, started=995.0,
+                        clock=lambda: now[0], checkpoint_estimate_s=1.0, margin_s=2.0)
+    p.start()  # the loop starts 5 s after the process: trained time counts from here
+    assert p.stop_step(0) is None  # nothing timed yet
+    p.step_done(4.0)  # the first attempt (compilation): the slowest stands for a step until...
+    now[0] = 1004.0
+    assert p.stop_step(1) == 1 + math.floor((21 - 1 - 2) / 4.0)
+    for _ in range(SKIP_ATTEMPTS - 1 + 3):
+        p.step_done(0.5)  # ... the step time is measured
+    now[0] = 1010.0
+    assert p.stops_first and p.trained_s() == pytest.approx(30.0)
+    assert p.plan(10, 10**9) == 10 + math.floor((70 - (1 + 2)) / 0.5)  # LR 0 at the budget's end
+    assert p.stop_step(10) == 10 + math.floor((15 - (1 + 2)) / 0.5)  # the allocation's end
+    assert p.describe()["budget_s"] == 100.0 and p.describe()["stop_left_s"] == 15.0
+    # the budget's end before the limit: the plan governs, and the run ends there (no stop)
+    q = DeadlinePlanner(300.0, budget_s=100.0, trained_s=90.0, started=995.0,
+                        clock=lambda: now[0], margin_s=2.0)
+    q.start()
+    for _ in range(SKIP_ATTEMPTS + 3):
+        q.step_done(0.5)
+    assert not q.stops_first and q.stop_step(0) is None
+    assert q.plan(0, 10**9) == math.floor((10 - 2) / 0.5)
+    with pytest.raises(ValueError, match="time limit or a time budget"):
+        DeadlinePlanner(None)
+
+
 # ---- real runs ---------------------------------------------------------------------------------
 
 def train(shards, out, *extra, np_: int = 1, **env) -> subprocess.Popen:
@@ -201,3 +232,49 @@ def test_launch_gives_the_training_the_walltime_less_a_margin(capsys):
                           "--shards", "d"], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
     assert bad.returncode == 2 and "--time-margin 5m is not below --walltime 4m" in bad.stderr
+
+
+def test_three_allocations_of_a_time_budget_equal_one_run_of_it(shards, tmp_path):
+    """--time-budget 30s trained once, and in three allocations of --time-limit 12s each resumed
+    with --resume auto: the LR at every step is the same, the first two stop before their limit
+    with a checkpoint (stop: time-limit) and the third ends the plan with the LR at 0; started
+    again, the spent budget is one line. On the planner's virtual clock (every step attempt 0.25
+    s, HVD_LM_VIRTUAL_STEP_S), so that no verdict depends on this machine's speed."""
+    flags = ["--time-budget", "30s", "--control-every", "1", "--warmup-steps", "10"]
+    env = launch_env(HVD_LM_VIRTUAL_STEP_S="0.25")
+
+    def train_run(out, *extra):
+        return run([sys.executable, "-m", "hvd_lm", "train", "--shards", shards, "--out-dir",
+                    out, *TINY, *flags, *extra], timeout=180, env=env)
+
+    one = tmp_path / "one"
+    train_run(one)
+    whole = {r["step"]: r["lr"] for r in records(one, "train")}
+    end = json.loads((one / "summary.json").read_text())
+    # (30 s - the 2.3 s margin) / 0.25 s per step
+    assert end["stop"] == "done" and end["step"] == math.floor((30 - 2.3) / 0.25)
+    assert whole[end["step"]] == 0.0 and end["trained_s"] <= 30
+
+    parts = tmp_path / "parts"
+    stops = []
+    for i in range(3):
+        proc = train_run(parts, "--time-limit", "12s", *(["--resume", "auto"] if i else []))
+        summary = json.loads((parts / "summary.json").read_text())
+        stops.append((summary["stop"], summary["step"]))
+        if summary["stop"] == "time-limit":
+            assert "stopped at step" in proc.stderr and "--resume auto" in proc.stderr
+            assert load(resolve(parts))["step"] == summary["step"]  # checkpointed there
+            assert 0 <= summary["deadline_left_s"] < 0.25 + 2.12  # within a step and margin
+    assert [s for s, _ in stops] == ["time-limit", "time-limit", "done"], stops
+    assert stops[-1][1] == end["step"]
+    parted = {r["step"]: r["lr"] for r in records(parts, "train")}
+    assert sorted(parted) == sorted(whole)
+    assert [parted[k] for k in sorted(parted)] == pytest.approx(
+        [whole[k] for k in sorted(whole)], rel=1e-9, abs=1e-12)
+    assert load(resolve(parts))["trained_s"] == pytest.approx(load(resolve(one))["trained_s"])
+
+    again = run([sys.executable, "-m", "hvd_lm", "train", "--shards", shards, "--out-dir", parts,
+                 *TINY, *flags, "--resume", "auto"], timeout=120, env=env, check=False)
+    assert again.returncode == 0, again.stderr
+    lines = [x for x in again.stderr.splitlines() if "budget is spent" in x]
+    assert len(lines) == 1 and "--time-budget 30s" in lines[0], again.stderr

@@ -114,3 +114,32 @@ def test_sigterm_to_the_srun_step_checkpoints_every_rank(slurm, shards, tmp_path
     assert end["stop"] == "signal" and end["world_size"] == 2, log
     ck = torch.load(sorted((run / "checkpoints").glob("step_*.pt"))[-1], weights_only=True)
     assert ck["step"] == end["step"] and ck["rnn_state"][0].shape[0] == 4
+
+
+def test_a_time_budget_longer_than_the_allocation_requeues_the_job_until_it_is_spent(
+        slurm, shards, tmp_path):
+    """`hvd-lm launch --time-budget` on a job whose training `--time-limit` is shorter: the first
+    allocation stops at its limit with a checkpoint and the script requeues the job; the requeued
+    job continues the same plan with --resume auto and ends it, the LR at 0, COMPLETED. On the
+    planner's virtual clock (HVD_LM_VIRTUAL_STEP_S: every step attempt 0.25 s), so the plan does
+    not depend on this machine's speed."""
+    out = tmp_path / "job.sbatch"
+    run = tmp_path / "run"
+    assert main([
+        "launch", "--scheduler", "slurm", "--gpus", "2", "--gpus-per-node", "2", "--device", "cpu",
+        "--walltime", "10", "--job-name", "hvdlm-test", "--run-dir", str(run), "--out", str(out),
+        "--time-budget", "20s", "--", "--shards", str(shards), *TINY, "--time-limit", "12s",
+        "--control-every", "1", "--warmup-steps", "10", "--log-every", "1"]) == 0
+    assert "--time-budget 20s" in out.read_text()
+    job_id = slurm.sbatch(out, tmp_path, launch_env(HVD_LM_VIRTUAL_STEP_S="0.25"))
+    slurm.release_requeued(job_id, timeout=120)
+    info = slurm.wait_job(job_id, timeout=180)
+    log = job_log(tmp_path, job_id)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log[-4000:]
+    assert "requeueing job" in log and "--resume auto" in log.split("(restart 1)")[1], log
+    ends, starts = records(run, "end"), records(run, "start")
+    assert [e["stop"] for e in ends] == ["time-limit", "done"], ends
+    assert starts[1]["resumed_from"].endswith(f"step_{ends[0]['step']:08d}.pt")
+    assert 0 < starts[1]["trained_s"] <= 12 and ends[1]["trained_s"] <= 20
+    lrs = [r["lr"] for r in records(run, "train")]
+    assert lrs[-1] == 0.0 and all(b <= a + 1e-12 for a, b in zip(lrs[10:], lrs[11:]))

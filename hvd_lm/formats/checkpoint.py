@@ -340,6 +340,9 @@ def _check_fields(ckpt: dict, path: Path) -> None:
         value = ckpt.get(field, 0)
         if type(value) is not int or value < 0:
             raise bad(field, value, "an int >= 0")
+    value = ckpt.get("trained_s", 0.0)  # seconds trained (--time-budget)
+    if type(value) not in (int, float) or not 0 <= value < float("inf"):
+        raise bad("trained_s", value, "seconds >= 0")
 
 
 def first_sentence(e: BaseException, limit: int = 200) -> str:

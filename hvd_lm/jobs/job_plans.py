@@ -160,6 +160,8 @@ def _render_job(args: LaunchConfig, job: JobPlan, train_args: list[str], job_nam
         train_args = [*train_args, "--max-steps", str(job.steps)]
     elif (limit := derived_time_limit(args.walltime, args.time_margin, cfg)) is not None:
         train_args = [*train_args, "--time-limit", limit]
+    if args.time_budget and job.steps is None:
+        train_args = [*train_args, "--time-budget", args.time_budget]
     kind = "Scaling sweep job, rendered" if args.sweep else "Rendered"
     header = (f"{kind} by `hvd-lm launch --scheduler {args.scheduler}`: its knobs and directives "
               "are filled in, the rest is the template",
@@ -194,6 +196,12 @@ def derived_time_limit(walltime: str | None, margin: str, cfg) -> str | None:
                          "longer walltime, a shorter margin, or --time-margin 0 (no "
                          "--time-limit for the training)")
     return f"{total - keep}s"
+
+
+def _duration_text(text: str) -> str:
+    """A duration flag kept as written, once :func:`parse_duration` reads it."""
+    parse_duration(text, "--time-budget")
+    return str(text).strip()
 
 
 def _write_script(path: Path, text: str) -> None:
@@ -301,6 +309,11 @@ class LaunchConfig:
     time_margin: str = option("5m", "with --walltime: the part of it the training's "
                               "--time-limit leaves to the job's start and end (0: no "
                               "--time-limit)")
+    time_budget: Optional[str] = option(None, "the training's --time-budget: its time over "
+                                        "every allocation (40h, 2d...); with --walltime each "
+                                        "job trains its --time-limit of it and (SLURM) requeues "
+                                        "itself until the budget is spent, the LR reaching 0 at "
+                                        "its end", parse=lambda v: _duration_text(v))
     job_name: str = option("hvd-lm", "job name (SLURM, PBS)")
     launcher: Optional[str] = option(None, "SLURM: how ranks start inside the allocation "
                                      "(template default srun)", choices=("srun", "mpirun"))

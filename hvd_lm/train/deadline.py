@@ -1,10 +1,12 @@
-"""Training to a deadline (``--time-limit``): how many optimizer steps fit before it, measured as
-the run goes, so that the LR schedule reaches 0 at the deadline whatever the hardware.
+"""Training to a deadline (``--time-limit``) and to a time budget across allocations
+(``--time-budget``): how many optimizer steps fit, measured as the run goes, so that the LR
+schedule reaches 0 when the time is spent whatever the hardware.
 
 A job's walltime (SLURM ``--time``, PBS ``walltime``) or a lent machine's minutes bound a run in
 seconds, while the LR schedule (:mod:`hvd_lm.train.schedule`: warmup, then linear decay to 0,
 Puri et al. 2018) is laid out in steps. The reference runs set their step counts by hand from a
-throughput measured beforehand; :class:`DeadlinePlanner` measures it in the run itself:
+throughput measured beforehand (Megatron-LM plans by iterations, ``--train-iters``, and stops a
+job by ``--exit-duration-in-mins``); :class:`DeadlinePlanner` measures it in the run itself:
 
 * the time of every step attempt (the loop's iteration less the evaluations and checkpoints in
   it, data waits and small allreduces included), the first :data:`SKIP_ATTEMPTS` left out
@@ -14,23 +16,37 @@ throughput measured beforehand; :class:`DeadlinePlanner` measures it in the run 
   windows, a checkpoint from its size (:func:`hvd_lm.formats.checkpoint.estimate_bytes`) at
   :data:`CHECKPOINT_BYTES_PER_S`.
 
-From these, :meth:`DeadlinePlanner.plan` gives the last step: the time left, less a reserve for
-the final evaluation, the final checkpoint (written completely) and a margin, divided by a step's
-time with the periodic evaluations' and checkpoints' share added. The loop asks for a plan at its
-control exchanges (rank 0 plans; the allreduce hands every rank the same step count) and moves
-the schedule's end there (:meth:`hvd_lm.train.schedule.Schedule.replan`: the LR stays continuous
-and falls to 0 at the new end), so a re-estimate as the run goes (a slower epoch start, the first
-real checkpoint) bends the line without a jump. When no step fits anymore, the plan is the
-current step: the run ends, validates and checkpoints before the deadline.
+Two times bound a run, and the planner keeps them apart:
 
-The deadline is ``limit`` seconds after this process started (``psutil``: the interpreter's own
-start, imports included), like a job's walltime: each invocation, a resumed one too, has its own.
+* **the plan's end** (:meth:`DeadlinePlanner.plan`), where the LR reaches 0: ``--time-limit``
+  seconds after this process started, or with ``--time-budget`` the budget less the seconds
+  already trained in earlier allocations (:attr:`hvd_lm.train.resume.Position.trained_s`, kept
+  in the checkpoint), counted from the loop's first step. The last step is the time left, less a
+  reserve for the final evaluation, the final checkpoint (written completely) and a margin,
+  divided by a step's time with the periodic evaluations' and checkpoints' share added.
+* **the allocation's stop** (:meth:`DeadlinePlanner.stop_step`): with ``--time-budget`` and a
+  ``--time-limit`` that comes first (a 40-hour plan in 4-hour jobs), the step after which no
+  other fits before the limit with its checkpoint: the run stops there with a checkpoint
+  (``stop: time-limit``), and the next allocation's ``--resume auto`` continues the same line.
+  A step whose end the measured step time puts past the limit never starts, without a budget too:
+  a run that cannot fit one more step says so and checkpoints.
+
+The loop asks for both at its control exchanges (rank 0 plans; the allreduce hands every rank
+the same steps) and moves the schedule's end (:meth:`hvd_lm.train.schedule.Schedule.replan`:
+the LR stays continuous and falls to 0 at the new end), so a re-estimate as the run goes (a
+slower epoch start, the first real checkpoint) bends the line without a jump.
+
+Time is the wall clock, except under the test hook ``HVD_LM_VIRTUAL_STEP_S`` (environment,
+:func:`virtual_step_s`): then every step attempt takes exactly that many seconds of a virtual
+clock and nothing else takes any (start-up, evaluations, checkpoints), so that a test of the plan
+(three allocations equal one run) does not depend on the machine's speed.
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import os
 import time
 from dataclasses import dataclass
 
@@ -48,11 +64,38 @@ WINDOW = 200
 CHECKPOINT_BYTES_PER_S = 100e6
 #: A re-plan moves the end only by more than this fraction of the steps left (or one step).
 HYSTERESIS = 0.01
+#: The margin kept before a deadline: 2 s + 1% of the span it ends, at most this (seconds).
+MAX_MARGIN_S = 60.0
 
 
 def process_start_time() -> float:
     """Unix time (seconds) at which this process started."""
     return psutil.Process().create_time()
+
+
+def virtual_step_s() -> float | None:
+    """Seconds every step attempt takes on the planner's virtual clock (the test hook
+    ``HVD_LM_VIRTUAL_STEP_S``), or None: the wall clock.
+
+    Raises:
+        ValueError: the variable is set but not a positive number (naming it).
+    """
+    text = os.environ.get("HVD_LM_VIRTUAL_STEP_S", "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or math.isinf(value):
+        raise ValueError(f"HVD_LM_VIRTUAL_STEP_S={text!r}: must be a positive number of seconds")
+    return value
+
+
+def margin_for(span_s: float) -> float:
+    """Seconds kept free before a deadline ``span_s`` seconds away: 2 s + 1%, at most
+    :data:`MAX_MARGIN_S`."""
+    return min(2.0 + 0.01 * span_s, MAX_MARGIN_S)
 
 
 @dataclass
@@ -73,42 +116,109 @@ class Cadence:
 
 
 class DeadlinePlanner:
-    """The steps that fit before a deadline, from measured step, evaluation and checkpoint times.
+    """The steps that fit before the plan's end and before the allocation's stop, from measured
+    step, evaluation and checkpoint times (module docstring).
 
     Args:
-        limit_s: seconds from ``started`` to the deadline (``--time-limit``).
-        started: Unix time the clock starts from (default: this process's start).
+        limit_s: seconds from ``started`` to the allocation's deadline (``--time-limit``), or
+            None.
+        budget_s: seconds of training the whole run may take over every allocation
+            (``--time-budget``), or None: then the plan ends at the limit.
+        trained_s: seconds of training before this allocation (the checkpoint's).
+        started: Unix time the limit counts from (default: this process's start).
         cadence: the periodic evaluations and checkpoints.
         eval_estimate: () -> seconds one validation takes, asked once before one is measured
             (None: 0).
         checkpoint_estimate_s: seconds one checkpoint write takes before one is measured.
-        margin_s: seconds kept free before the deadline (default 2 s + 1% of the limit).
+        margin_s: seconds kept free before the plan's end (default :func:`margin_for` the budget,
+            or the limit); the stop keeps :func:`margin_for` the limit.
         clock: the Unix-time clock (tests pass a fake one).
+        virtual_step_s: every step attempt takes exactly this many seconds of a virtual clock
+            that nothing else advances (the test hook :func:`virtual_step_s`); None: ``clock``.
+
+    Raises:
+        ValueError: neither a limit nor a budget, or one that is not positive.
     """
 
-    def __init__(self, limit_s: float, started: float | None = None,
+    def __init__(self, limit_s: float | None, budget_s: float | None = None,
+                 trained_s: float = 0.0, started: float | None = None,
                  cadence: Cadence | None = None, eval_estimate=None,
                  checkpoint_estimate_s: float = 0.0, margin_s: float | None = None,
-                 clock=time.time):
-        self.limit_s = float(limit_s)
-        self.started = process_start_time() if started is None else started
-        self.deadline = self.started + self.limit_s
+                 clock=time.time, virtual_step_s: float | None = None):
+        if limit_s is None and budget_s is None:
+            raise ValueError("a deadline needs a time limit or a time budget")
+        for name, value in (("time limit", limit_s), ("time budget", budget_s)):
+            if value is not None and not value > 0:
+                raise ValueError(f"the {name} must be positive, got {value}")
+        self.virtual = virtual_step_s
+        self.virtual_now = 0.0
+        self.clock = (lambda: self.virtual_now) if virtual_step_s else clock
+        if started is None:
+            started = 0.0 if virtual_step_s else process_start_time()
+        self.limit_s = None if limit_s is None else float(limit_s)
+        self.budget_s = None if budget_s is None else float(budget_s)
+        self.trained_before = float(trained_s)
+        self.started = started
+        self.stop_at = None if limit_s is None else started + self.limit_s
+        self.loop_started: float | None = None
         self.cadence = cadence or Cadence()
-        self.eval_estimate = eval_estimate
-        self.margin_s = 2.0 + 0.01 * self.limit_s if margin_s is None else margin_s
-        self.clock = clock
+        self.eval_estimate = None if virtual_step_s else eval_estimate
+        span = self.budget_s if self.budget_s is not None else self.limit_s
+        self.margin_s = margin_for(span) if margin_s is None else margin_s
+        self.stop_margin_s = (margin_for(self.limit_s) if self.limit_s is not None else 0.0) \
+            if margin_s is None else margin_s
         self.steps: collections.deque[float] = collections.deque(maxlen=WINDOW)
         self.skip = SKIP_ATTEMPTS
+        self.slowest_s = 0.0  # the slowest attempt seen (the skipped ones too)
         self.eval_s: float | None = None  # the newest validation's seconds
         self.eval_estimated = False
-        self.ckpt_write_s = checkpoint_estimate_s  # a whole write (the final one waits for it)
-        self.ckpt_block_s = checkpoint_estimate_s  # what the loop waits (async: the copy)
+        estimate = 0.0 if virtual_step_s else checkpoint_estimate_s
+        self.ckpt_write_s = estimate  # a whole write (the final one waits for it)
+        self.ckpt_block_s = estimate  # what the loop waits (async: the copy)
         self.ckpt_measured = False
+
+    # ---- the clock -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """The training loop starts now: trained time counts from here, and with a budget the
+        plan ends when the budget left is spent."""
+        if self.loop_started is None:
+            self.loop_started = self.clock()
+
+    @property
+    def end_at(self) -> float:
+        """Clock time at which the plan ends (the LR reaches 0)."""
+        if self.budget_s is None:
+            return self.stop_at
+        self.start()
+        return self.loop_started + self.budget_s - self.trained_before
+
+    @property
+    def stops_first(self) -> bool:
+        """Whether the allocation's limit comes before the plan's end (the run then stops with
+        a checkpoint, the LR above 0, for the next allocation to continue)."""
+        return self.stop_at is not None and self.stop_at < self.end_at
+
+    def trained_s(self) -> float:
+        """Seconds trained over every allocation so far (this one's from the loop's start)."""
+        if self.loop_started is None:
+            return self.trained_before
+        return self.trained_before + max(0.0, self.clock() - self.loop_started)
 
     # ---- measurements ----------------------------------------------------------------------------
 
+    def attempt_begins(self) -> None:
+        """A step attempt starts: the virtual clock (the test hook) moves past it, as the wall
+        clock will have by the time the loop asks for a plan in it."""
+        if self.virtual:
+            self.virtual_now += self.virtual
+
     def step_done(self, seconds: float) -> None:
-        """One step attempt's seconds (without evaluations and checkpoints)."""
+        """One step attempt's seconds (without evaluations and checkpoints; the virtual clock's
+        step under the test hook)."""
+        if self.virtual:
+            seconds = self.virtual
+        self.slowest_s = max(self.slowest_s, seconds)
         if self.skip > 0:
             self.skip -= 1
             return
@@ -120,18 +230,24 @@ class DeadlinePlanner:
         self.skip = 1
 
     def eval_done(self, seconds: float) -> None:
-        """A validation took ``seconds``."""
-        self.eval_s = seconds
+        """A validation took ``seconds`` (none on the virtual clock)."""
+        self.eval_s = 0.0 if self.virtual else seconds
 
     def checkpoint_done(self, write_s: float, blocked_s: float) -> None:
         """A checkpoint was written in ``write_s`` seconds, the loop blocked ``blocked_s``."""
+        if self.virtual:
+            write_s = blocked_s = 0.0
         self.ckpt_write_s, self.ckpt_block_s, self.ckpt_measured = write_s, blocked_s, True
 
     # ---- the plan --------------------------------------------------------------------------------
 
     def left(self) -> float:
-        """Seconds to the deadline (negative once past)."""
-        return self.deadline - self.clock()
+        """Seconds to the plan's end (negative once past)."""
+        return self.end_at - self.clock()
+
+    def stop_left(self) -> float | None:
+        """Seconds to the allocation's limit (None without one)."""
+        return None if self.stop_at is None else self.stop_at - self.clock()
 
     @property
     def step_s(self) -> float | None:
@@ -156,25 +272,34 @@ class DeadlinePlanner:
         and the margin."""
         return self.validation_s() + self.ckpt_write_s + self.margin_s
 
-    def steps_that_fit(self) -> int | None:
-        """Optimizer step attempts that fit before the deadline from now, or None while the
-        step time is not measured yet."""
-        t = self.step_s
-        if t is None:
-            return None
+    def per_step_s(self, step_s: float) -> float:
+        """A step's seconds with the periodic evaluations' and checkpoints' share added."""
         c = self.cadence
-        per_step = t
+        per_step = step_s
         if c.eval_every:
             per_step += self.validation_s() / c.eval_every
         if c.checkpoint_every:
             per_step += self.ckpt_block_s / c.checkpoint_every
-        available = self.left() - self.reserve_s()
-        if c.checkpoint_minutes > 0:  # the share of wall time timed checkpoints take
-            available *= max(0.0, 1.0 - self.ckpt_block_s / (60.0 * c.checkpoint_minutes))
-        return max(0, math.floor(available / per_step))
+        return per_step
+
+    def fit(self, available: float, step_s: float) -> int:
+        """Steps of ``step_s`` seconds that fit in ``available`` seconds, timed checkpoints'
+        share taken out."""
+        minutes = self.cadence.checkpoint_minutes
+        if minutes > 0:  # the share of wall time timed checkpoints take
+            available *= max(0.0, 1.0 - self.ckpt_block_s / (60.0 * minutes))
+        return max(0, math.floor(available / self.per_step_s(step_s)))
+
+    def steps_that_fit(self) -> int | None:
+        """Optimizer step attempts that fit before the plan's end from now, or None while the
+        step time is not measured yet."""
+        t = self.step_s
+        if t is None:
+            return None
+        return self.fit(self.left() - self.reserve_s(), t)
 
     def plan(self, step: int, total: int, cap: int | None = None) -> int | None:
-        """The run's new last step, or None to keep ``total``.
+        """The run's new last step (where the LR reaches 0), or None to keep ``total``.
 
         Args:
             step: applied steps so far.
@@ -199,9 +324,58 @@ class DeadlinePlanner:
             return None
         return new
 
+    def stop_step(self, step: int) -> int | None:
+        """The last step this allocation may reach before its limit, or None: no limit, or no
+        attempt timed yet. Before the step time is measured the slowest attempt so far stands
+        for it (a first step slower than the limit stops the run after it). Kept free after it:
+        the checkpoint's whole write and the limit's margin, and the final validation too when
+        the limit is also the plan's end (then only until the step time is measured: from there
+        :meth:`plan` ends the run before the limit)."""
+        left = self.stop_left()
+        if left is None or self.slowest_s <= 0 or (self.step_s and not self.stops_first):
+            return None  # a limit that is the plan's end: the measured plan ends before it
+        t = self.step_s or self.slowest_s
+        reserve = self.ckpt_write_s + self.stop_margin_s
+        if not self.stops_first:
+            reserve += self.validation_s()
+        return step + self.fit(left - reserve, t)
+
     def describe(self) -> dict:
         """The plan's inputs, for the ``plan`` record of ``metrics.jsonl``: seconds."""
-        return {"step_time": self.step_s, "eval_s": self.validation_s(),
-                "checkpoint_write_s": self.ckpt_write_s,
-                "checkpoint_measured": self.ckpt_measured, "reserve_s": self.reserve_s(),
-                "left_s": self.left()}
+        d = {"step_time": self.step_s, "eval_s": self.validation_s(),
+             "checkpoint_write_s": self.ckpt_write_s,
+             "checkpoint_measured": self.ckpt_measured, "reserve_s": self.reserve_s(),
+             "left_s": self.left()}
+        if self.budget_s is not None:
+            d.update(budget_s=self.budget_s, trained_s=self.trained_s(),
+                     stop_left_s=self.stop_left())
+        return d
+
+    def summary(self) -> dict:
+        """What ``summary.json`` gets (seconds): the limit, the seconds left before it (before
+        the plan's end without one, or when the plan ended first), and with a budget the
+        budget, the seconds trained and the budget left."""
+        left = self.stop_left() if self.stops_first or self.budget_s is None else self.left()
+        out = {"time_limit_s": self.limit_s, "deadline_left_s": round(left, 3)}
+        if self.budget_s is not None:
+            trained = self.trained_s()
+            out.update(time_budget_s=self.budget_s, trained_s=round(trained, 3),
+                       budget_left_s=round(self.budget_s - trained, 3))
+        return out
+
+    def stopped_text(self, step: int, run_cfg) -> str:
+        """The line a run stopped at its allocation's limit before its plan's end prints:
+        where, why, and how the plan continues (``run_cfg``: the run's settings, for the flags
+        as given)."""
+        t = self.step_s or self.slowest_s
+        why = (f"the --time-limit {run_cfg.time_limit} leaves no time for step {step + 1:,} "
+               f"(a step ~{t:.3g} s, the checkpoint ~{self.ckpt_write_s:.3g} s, "
+               f"{self.stop_margin_s:.3g} s kept)")
+        if self.budget_s is not None and self.stops_first:
+            then = (f"{self.trained_s():,.0f} s of the --time-budget {run_cfg.time_budget} "
+                    "trained: run again with --resume auto to continue the plan (the launch "
+                    "templates requeue the job)")
+        else:
+            then = ("the LR did not reach 0: give a longer --time-limit, or --resume auto "
+                    "with --time-budget to plan over several allocations")
+        return f"stopped at step {step:,} with a checkpoint: {why}; {then}"

@@ -63,7 +63,7 @@ from hvd_lm.train import faults
 from hvd_lm.train.checkpointer import Checkpointer
 from hvd_lm.train.counting import CharCount, StepCounter
 from hvd_lm.train.data import Prefetcher
-from hvd_lm.train.deadline import Cadence, DeadlinePlanner
+from hvd_lm.train.deadline import Cadence, DeadlinePlanner, virtual_step_s
 from hvd_lm.train.elastic import Elastic
 from hvd_lm.train.evaluate import bpc as eval_bpc
 from hvd_lm.train.guard import DivergenceGuard, TrainingDiverged
@@ -137,14 +137,18 @@ class Trainer:
         self.next_control = self.pos.attempts + 1
         self.attempt_times: collections.deque[float] = collections.deque(maxlen=20)  # seconds
         self.extra_s = 0.0  # seconds of validation and checkpoint in the current attempt
-        self.planner = None  # --time-limit: the steps that fit (hvd_lm.train.deadline)
-        if run.time_limit_s:
+        self.planner = None  # --time-limit/--time-budget: the steps that fit
+        if cfg.timed:  # (hvd_lm.train.deadline)
             self.planner = DeadlinePlanner(
-                run.time_limit_s,
+                run.time_limit_s, run.time_budget_s, trained_s=self.pos.trained_s,
                 cadence=Cadence(cfg.run.eval_every, cfg.run.checkpoint_every,
                                 cfg.run.checkpoint_minutes, run.val is not None),
                 eval_estimate=run.eval_estimate_s,
-                checkpoint_estimate_s=run.checkpoint_estimate_s())
+                checkpoint_estimate_s=run.checkpoint_estimate_s(),
+                virtual_step_s=virtual_step_s())
+        self.stop_step = sys.maxsize  # the allocation's last step (--time-limit: planned)
+        self.loop_started: float | None = None  # monotonic s: the first step's start
+        self.trained_before = self.pos.trained_s  # seconds, the earlier allocations'
         self.step_started = time.monotonic()  # monotonic s: when the current step began
         self.stop_reason = "done"
 
@@ -161,10 +165,20 @@ class Trainer:
 
     # ---- what the loop does besides the step -----------------------------------------------------
 
+    def trained_s(self) -> float:
+        """Seconds trained over every allocation of the run (``Position.trained_s``): the
+        earlier ones' and this one's loop so far (the planner's clock when it has one)."""
+        if self.planner is not None:
+            return self.planner.trained_s()
+        if self.loop_started is None:
+            return self.trained_before
+        return self.trained_before + time.monotonic() - self.loop_started
+
     def save_checkpoint(self) -> None:
         """Every rank: the checkpoint of the current step (:meth:`Checkpointer.save`: Horovod
         allgathers and a sum); its seconds are not a step's (the deadline's plan)."""
         run = self.run
+        self.pos.trained_s = self.trained_s()
         self.extra_s += self.checkpointer.save(self.pos, self.rnn_state, self.chars, run.ctx,
                                                run.windows_per_epoch)
 
@@ -286,12 +300,18 @@ class Trainer:
                         loss_hook=lambda loss: self.faults.loss(loss, pos.attempts),
                         before_update=lambda: counter.settle(self.pos))  # the previous count
         last_start = None  # perf_counter s: the previous attempt's start
+        if self.loop_started is None:  # trained time counts from here
+            self.loop_started = time.monotonic()
+        if self.planner is not None:
+            self.planner.start()
         while pos.step < self.total_steps and (state is not None
                                                or pos.window + k <= run.total_windows):
             t_step = time.perf_counter()
             if last_start is not None:  # the previous attempt, less its validation/checkpoint
                 self.attempt_done(t_step - last_start - self.extra_s)
             last_start, self.extra_s = t_step, 0.0
+            if self.planner is not None:
+                self.planner.attempt_begins()  # (the test hook's virtual clock)
             self.step_started = time.monotonic()  # what a failed collective waited: lost_peer
             self.faults.before_step(pos.step)
 
@@ -325,6 +345,9 @@ class Trainer:
                 self.stop_reason = "signal"
                 if self.checkpointer.saved_step != pos.step:  # a skipped attempt: may be saved
                     self.save_checkpoint()  # Horovod: allgather of the recurrent state
+                break
+            if self.stop_step <= pos.step < self.total_steps:  # no step fits before the limit:
+                self.stop_reason = "time-limit"  # finish() checkpoints, for the next allocation
                 break
             if r.applied and ((cfg.run.checkpoint_every
                                and pos.step % cfg.run.checkpoint_every == 0) or due_flag > 0):
@@ -378,16 +401,19 @@ class Trainer:
         root = self.run.ctx.is_root
         due = (cfg.run.checkpoint_minutes > 0 and root
                and time.time() - self.last_ckpt_time >= 60 * cfg.run.checkpoint_minutes)
-        plan = None  # rank 0's new last step (sent + 1: 0 means none)
-        if root and self.planner is not None:
+        plan = stop_at = None  # rank 0's new last step and last step of this allocation (sent
+        if root and self.planner is not None:  # + 1: 0 means none)
             plan = self.planner.plan(self.pos.step, self.total_steps, self.run.step_cap)
-        stop, due_flag, plan_flag, interval = comm.allreduce_sum(  # Horovod: sums over ranks
+            stop_at = self.planner.stop_step(self.pos.step)
+        stop, due_flag, plan_flag, interval, stop_flag = comm.allreduce_sum(  # Horovod: sums
             [1.0 if self.signals.received else 0.0, 1.0 if due else 0.0,
              0.0 if plan is None else plan + 1.0,
-             float(self.control_interval()) if root else 0.0], name="control")
+             float(self.control_interval()) if root else 0.0,
+             0.0 if stop_at is None else stop_at + 1.0], name="control")
         self.next_control = self.pos.attempts + max(1, int(interval))
         if plan_flag > 0:
             self.set_total_steps(int(plan_flag) - 1)
+        self.stop_step = int(stop_flag) - 1 if stop_flag > 0 else sys.maxsize
         return stop, due_flag
 
     def set_total_steps(self, total: int) -> None:
@@ -419,6 +445,7 @@ class Trainer:
         if self.stop_reason == "done":
             if not (self.cfg.run.eval_every and self.pos.step % self.cfg.run.eval_every == 0):
                 self.validate()  # Horovod: allreduce of bits and chars
+        if self.stop_reason in ("done", "time-limit"):
             if self.checkpointer.saved_step != self.pos.step:  # --checkpoint-every saved it?
                 self.save_checkpoint()  # Horovod: allgather of the recurrent state
         self.summary = {"stop": self.stop_reason, "step": self.pos.step,
@@ -427,8 +454,10 @@ class Trainer:
                         "world_size": self.run.ctx.size}
         if self.planner is not None:  # seconds to the deadline once everything was written
             self.checkpointer.wait()
-            self.summary.update(time_limit_s=self.run.time_limit_s,
-                                deadline_left_s=round(self.planner.left(), 3))
+            self.summary.update(self.planner.summary())
+            if self.stop_reason == "time-limit" and self.run.ctx.is_root:
+                print(f"hvd-lm train: {self.planner.stopped_text(self.pos.step, self.cfg.run)}",
+                      file=sys.stderr, flush=True)
 
     def end(self) -> dict:
         """The summary (and ``summary.json``) once the checkpoint in flight is written, released
@@ -459,7 +488,7 @@ def train_command(cfg: TrainConfig) -> int:
         if e.report:
             raise
         return 1
-    return 0 if summary["stop"] in ("done", "signal", "nothing-to-train") else 1
+    return 0 if summary["stop"] in ("done", "signal", "time-limit", "nothing-to-train") else 1
 
 
 TRAIN = Command(TrainConfig, train_command,

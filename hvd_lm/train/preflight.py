@@ -182,11 +182,22 @@ def resume_end(step: int, window: int, total_steps: int, total_windows: int, k: 
 
 
 def deadline_run_ended(lr_factor: float | None, step: int, cfg: TrainConfig, source,
-                       warn: bool = True) -> bool:
-    """Whether a run resumed with ``--time-limit`` has nothing left to train: its saved LR is 0
-    (the schedule ended there: a run trained to its deadline started again). A note on stderr
-    when ``warn``; the caller writes nothing."""
-    if lr_factor is None or lr_factor > 0 or step < cfg.optim.warmup_steps:
+                       warn: bool = True, trained_s: float = 0.0,
+                       budget_s: float | None = None) -> bool:
+    """Whether a run resumed with ``--time-limit`` or ``--time-budget`` has nothing left to
+    train: its saved LR is 0 (the schedule ended there: a run trained to its deadline started
+    again), or it has trained ``trained_s`` seconds of its ``budget_s`` already. One note on
+    stderr when ``warn``; the caller writes nothing."""
+    ended = (lr_factor is not None and lr_factor <= 0 and step >= cfg.optim.warmup_steps)
+    if budget_s is not None and (ended or trained_s >= budget_s):
+        if warn:
+            spent = " (its LR reached 0)" if ended else ""
+            print(f"note: {source} (step {step:,}) has trained {trained_s:,.1f} s of its "
+                  f"--time-budget {cfg.run.time_budget}: the budget is spent{spent}, nothing to "
+                  "train, nothing written; start a new run (--out-dir) to train further",
+                  file=sys.stderr)
+        return True
+    if not ended:
         return False
     if warn:
         print(f"note: {source} is at step {step:,}, where its schedule ended (LR 0): nothing to "
@@ -216,7 +227,7 @@ def run_length(cfg: TrainConfig, windows_per_epoch: int, k: int, warn: bool = Fa
     if total_steps < 1:
         raise ValueError(f"no optimizer step fits: {windows_per_epoch} windows per epoch x "
                          f"{epochs:g} epochs (--epochs) / {k} backward passes per step")
-    if cfg.run.time_limit:
+    if cfg.timed:
         return min(total_steps, max_steps or total_steps), total_windows, "time_limit"
     if max_steps and max_steps <= total_steps:
         return max_steps, total_windows, "max_steps"

@@ -64,12 +64,16 @@ class Position:
         window: TBPTT windows consumed per row (epoch x windows per epoch + window in epoch).
         skipped_steps: steps skipped for non-finite gradients.
         chars_trained: characters (bytes) trained on, summed over all ranks.
+        trained_s: seconds of training over every allocation of the run: each one's training
+            loop, from its first step to the checkpoint (start-up and the time between jobs
+            not counted); what ``--time-budget`` spends.
     """
 
     step: int = 0
     window: int = 0
     skipped_steps: int = 0
     chars_trained: int = 0
+    trained_s: float = 0.0
 
     @property
     def attempts(self) -> int:
@@ -88,7 +92,7 @@ def payload(position: Position, model, optimizer, scheduler, scaler, rnn_state, 
     point of the epoch)."""
     return {"step": position.step, "window": position.window,
             "skipped_steps": position.skipped_steps, "chars_trained": position.chars_trained,
-            "model": model.state_dict(),
+            "trained_s": float(position.trained_s), "model": model.state_dict(),
             "optimizer": optimizer if isinstance(optimizer, dict) else optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict() if scaler.is_enabled() else None,
@@ -130,7 +134,8 @@ class Resume:
     def position(self) -> Position:
         """The saved :class:`Position`."""
         c = self.ckpt
-        return Position(c["step"], c["window"], c["skipped_steps"], c["chars_trained"])
+        return Position(c["step"], c["window"], c["skipped_steps"], c["chars_trained"],
+                        float(c.get("trained_s", 0.0)))
 
     @property
     def windows_per_epoch(self) -> int | None:

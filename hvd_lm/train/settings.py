@@ -133,8 +133,17 @@ class RunConfig:
                              "measured as the run goes and the LR reaches 0 at the deadline, "
                              "after which the final validation and checkpoint are written "
                              "(--max-steps / --epochs still cap it; each invocation, a resumed "
-                             "one too, has its own limit; hvd_lm/train/deadline.py)",
+                             "one too, has its own limit; hvd_lm/train/deadline.py); with "
+                             "--time-budget, the end of this allocation: the run stops there "
+                             "with a checkpoint when its budget is not spent yet",
                              parse=lambda v: _time_limit(v))
+    time_budget: str = option("", "train this long in all, over every allocation of the run "
+                              "(40h, 2d, ...; the seconds trained so far are kept in the "
+                              "checkpoint and --resume continues them): the LR reaches 0 when "
+                              "the budget is spent, after which the final validation and "
+                              "checkpoint are written; each allocation's --time-limit stops "
+                              "it earlier with a checkpoint (hvd_lm/train/deadline.py)",
+                              parse=lambda v: _time_limit(v))
     resume: str = option("", "checkpoint file or run directory to resume from ('auto' = out_dir)")
     overwrite: bool = option(False, "start over in an out-dir that holds another run's "
                              "checkpoints: delete them (checkpoints/step_*.pt, latest, diverged/), "
@@ -187,21 +196,28 @@ class TrainConfig:
     def epochs_bound(self) -> float:
         """The passes over the training split that bound the run: ``data.epochs`` when set;
         unset, 0 (no bound: as many as ``optim.max_steps`` or the time limit needs) when
-        ``optim.max_steps`` or ``run.time_limit`` is given, else 1. 0 means the run ends at
-        ``optim.max_steps`` or the time limit alone."""
+        ``optim.max_steps``, ``run.time_limit`` or ``run.time_budget`` is given, else 1. 0 means
+        the run ends at ``optim.max_steps`` or the time alone."""
         if self.data.epochs is not None:
             return self.data.epochs
-        return 0.0 if (self.optim.max_steps or self.run.time_limit) else 1.0
+        return 0.0 if (self.optim.max_steps or self.timed) else 1.0
+
+    @property
+    def timed(self) -> bool:
+        """Whether time plans the run's length (``run.time_limit`` or ``run.time_budget``)."""
+        return bool(self.run.time_limit or self.run.time_budget)
 
     def check(self) -> None:
         """Rules across sections (the per-field bounds are declared on the fields)."""
         if self.run.resume and self.run.overwrite:
             raise ValueError("run.resume and run.overwrite exclude each other (--resume continues "
                              "the run in --out-dir, --overwrite deletes it)")
-        if self.epochs_bound() <= 0 and not (self.optim.max_steps or self.run.time_limit):
-            raise ValueError("need data.epochs > 0, optim.max_steps or run.time_limit")
-        if self.run.time_limit and self.run.elastic:
-            raise ValueError("run.time_limit does not work with run.elastic: workers joining and "
+        if self.epochs_bound() <= 0 and not (self.optim.max_steps or self.timed):
+            raise ValueError("need data.epochs > 0, optim.max_steps, run.time_limit or "
+                             "run.time_budget")
+        if self.timed and self.run.elastic:
+            raise ValueError("run.time_limit and run.time_budget do not work with run.elastic: "
+                             "workers joining and "
                              "leaving change the step time the plan is measured on (give "
                              "--max-steps)")
         if self.run.elastic and self.dist.backend == "torch":
@@ -242,6 +258,12 @@ def _time_limit(text: str) -> str:
 def time_limit_s(cfg: TrainConfig) -> int | None:
     """``run.time_limit`` in seconds, or None without one."""
     return parse_duration(cfg.run.time_limit, "run.time_limit") if cfg.run.time_limit else None
+
+
+def time_budget_s(cfg: TrainConfig) -> int | None:
+    """``run.time_budget`` in seconds, or None without one."""
+    return (parse_duration(cfg.run.time_budget, "run.time_budget") if cfg.run.time_budget
+            else None)
 
 
 def _device(text: str) -> str:

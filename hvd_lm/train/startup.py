@@ -32,7 +32,7 @@ from hvd_lm.train.metrics import Metrics
 from hvd_lm.train.optim import build_optimizer, distributed
 from hvd_lm.train.rundir import OPTIMIZER_STATES, open_run_folder
 from hvd_lm.train.schedule import make_scheduler, scaled_lr, schedule_of, set_peak_lr
-from hvd_lm.train.settings import TrainConfig, time_limit_s
+from hvd_lm.train.settings import TrainConfig, time_budget_s, time_limit_s
 from hvd_lm.util.lock import FolderLock
 
 
@@ -57,8 +57,8 @@ class Run:
     Attributes (besides the configuration ``cfg`` and what the blocks name):
         start_pos / start_state: the position (:class:`hvd_lm.train.resume.Position`) and the
             recurrent state (h, c), each [B, H], training starts from (a resume's, else zero).
-        total_steps: the schedule's length at the start (``--time-limit`` moves the trainer's
-            own; ``step_cap`` bounds it).
+        total_steps: the schedule's length at the start (``--time-limit`` and
+            ``--time-budget`` move the trainer's own; ``step_cap`` bounds it).
         summary: ``{"stop": "nothing-to-train", ...}`` when a resumed run had nothing left (then
             nothing after the resume was built), else None.
         lock: the run folder's lock while this rank is rank 0 (:meth:`open_folder`).
@@ -111,7 +111,8 @@ class Run:
         self.total_steps, self.total_windows, self.bound = preflight.run_length(
             cfg, self.windows_per_epoch, self.k, warn=self.ctx.is_root)
         self.step_cap = self.total_steps  # with --time-limit the plan stays at or below it
-        self.time_limit_s = time_limit_s(cfg)
+        self.time_limit_s = time_limit_s(cfg)  # this allocation's
+        self.time_budget_s = time_budget_s(cfg)  # the run's, over every allocation
         optimizer = build_optimizer(self.model, cfg.optim, self.peak_lr)
         self.scaler = devices.make_scaler(self.device, cfg.run.precision)
 
@@ -136,9 +137,10 @@ class Run:
             if preflight.resume_end(pos.step, pos.window, self.total_steps,
                                     sys.maxsize if cfg.run.elastic else self.total_windows,
                                     self.k, resume.path, cfg, warn=self.ctx.is_root) or (
-                    self.time_limit_s and preflight.deadline_run_ended(
+                    cfg.timed and preflight.deadline_run_ended(
                         resume.lr_factor(), pos.step, cfg, resume.path,
-                        warn=self.ctx.is_root)):
+                        warn=self.ctx.is_root, trained_s=pos.trained_s,
+                        budget_s=self.time_budget_s)):
                 self.summary = {"stop": "nothing-to-train", "step": pos.step}
                 return  # a finished run started again: nothing is written
 
@@ -151,7 +153,11 @@ class Run:
         if resume is not None:
             resume.restore_optimizer(self.optimizer, self.scheduler)
             schedule = schedule_of(self.scheduler)
-            if self.time_limit_s and pos.step >= cfg.optim.warmup_steps:
+            if (self.time_budget_s and schedule.total_steps < sys.maxsize // 2
+                    and schedule.total_steps <= self.total_steps):
+                # the saved plan of the budget: the line goes on where it was until re-planned
+                self.total_steps = schedule.total_steps
+            elif cfg.timed and pos.step >= cfg.optim.warmup_steps:
                 # continue the line to 0 from the LR the saved job had (the plan moves its end)
                 factor = resume.lr_factor()
                 schedule.reset(self.total_steps)
@@ -218,7 +224,8 @@ class Run:
                     peak_source=peak.source, async_checkpoint=cfg.run.async_checkpoint,
                     hosts=[p["host"] for p in self.peers] or None,
                     resumed_from=str(self.resumed_from) if self.resumed_from else None,
-                    time_limit_s=self.time_limit_s)
+                    time_limit_s=self.time_limit_s, time_budget_s=self.time_budget_s,
+                    trained_s=self.start_pos.trained_s)
 
     def checkpoint_estimate_s(self) -> float:
         """Seconds one checkpoint write takes before one is measured (``--time-limit``): its
@@ -254,8 +261,8 @@ class Run:
 
     def open_log(self, metrics: Metrics, step: int) -> None:
         """Rank 0's metrics log (appending), once; ``step``: applied steps so far (the bar)."""
-        if self.ctx.is_root:  # --time-limit: the total once planned
-            metrics.open(None if self.time_limit_s else self.total_steps, step)
+        if self.ctx.is_root:  # --time-limit/--time-budget: the total once planned
+            metrics.open(None if self.cfg.timed else self.total_steps, step)
 
     def take_root(self, metrics: Metrics, step: int, first: bool = False) -> None:
         """Elastic: rank 0 owns the run folder (lock, config.yaml) and the log in ``metrics``; a
