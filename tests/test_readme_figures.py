@@ -181,21 +181,6 @@ def test_onebit_scaling_figures(calibration):
 
 
 
-def test_transfer_fit_times():
-    d = load("bench_transfer_cpu.json")
-    src = "docs/results/bench_transfer_cpu.json"
-    synth, real = ({k: v for k, v in p["solvers"].items()} for p in d["problems"])
-    says(f"torch {synth['torch, 1 thread']['seconds']:.1f} s, liblinear "
-         f"{synth['liblinear, 2 threads']['seconds']:.1f} s (2 threads; "
-         f"{synth['liblinear, 1 thread']['seconds']:.1f} s on one), saga over "
-         f"{d['config']['time_limit']:.0f} s (stopped)", src, TRANSFER)
-    assert synth["saga, 1 thread"]["stopped"]
-    best = lambda name: min(v["seconds"] for k, v in real.items() if k.startswith(name))  # noqa: E731
-    says(f"torch {best('torch'):.1f} s, liblinear {best('liblinear'):.1f} s, saga "
-         f"{best('saga'):.1f} s, all choosing the same C", src, TRANSFER)
-    assert len({v["C"] for v in real.values()}) == 1
-
-
 def test_loaded_calibration_example():
     cal = calibrate_from_bench(load_bench_json(RESULTS / "allreduce_loaded.json"))
     lo, hi = cal.per_cycle_overhead_range_s

@@ -260,6 +260,8 @@ def demo_summary(train: dict, eval_result: dict, compressors: dict[str, float],
         out["transfer"] = {
             "dataset": transfer["dataset"]["name"], "features": transfer["features"]["kind"],
             "val_acc": transfer["classifier"]["accuracy"]["val"],
+            "cv_acc": transfer["classifier"]["accuracy"]["cv"],
+            "cv_folds": transfer["classifier"]["cv"]["folds"],
             "C": transfer["classifier"]["C"], "nonzero": transfer["classifier"]["nonzero"],
             "neuron": transfer["neuron"]["index"],
             "neuron_val_acc": transfer["neuron"]["accuracy"]["val"],
@@ -269,10 +271,12 @@ def demo_summary(train: dict, eval_result: dict, compressors: dict[str, float],
 
 def transfer_line(tr: dict) -> str:
     """One line of headline accuracies from a ``transfer.json`` report (hvd_lm.transfer)."""
-    acc, neuron = tr["classifier"]["accuracy"], tr["neuron"]
+    clf, neuron = tr["classifier"], tr["neuron"]
+    acc = clf["accuracy"]
     line = (f"LM {tr['features']['kind']} features val acc {acc['val']:.3f} "
-            f"(C={tr['classifier']['C']:g}, {tr['classifier']['nonzero']} non-zero), "
-            f"neuron {neuron['index']} alone {neuron['accuracy']['val']:.3f}")
+            f"(C={clf['C']:g} by {clf['cv']['folds']}-fold CV on train: {acc['cv']:.3f}; "
+            f"{clf['nonzero']} non-zero), neuron {neuron['index']} alone "
+            f"{neuron['accuracy']['val']:.3f}")
     if tr.get("baseline"):
         line += f"; TF-IDF baseline val acc {tr['baseline']['accuracy']['val']:.3f}"
     return line

@@ -2,20 +2,17 @@
 side by side in one run.
 
 For each problem (synthetic ``--sizes NxD``, and real LM features when ``--checkpoint`` and a
-dataset are given) the features are standardised once (as ``hvd-lm transfer`` does) and the
-whole C grid (default 11 values, 2^-8..2^2) is fit as a regularisation path by each solver of
-``--solvers`` (:func:`hvd_lm.transfer.classify.fit_path`: liblinear, warm-started saga, the
-batched torch solver on ``--device``). Each fit runs in its own process
+dataset are given) each solver of ``--solvers`` (scikit-learn's liblinear and saga) runs the
+whole protocol of ``hvd-lm transfer`` (:func:`hvd_lm.transfer.classify.fit_logreg`: the C grid,
+default 11 values 2^-8..2^2, by k-fold cross-validation on train, the folds' fits in
+``--threads`` worker processes, then the refit). Each fit runs in its own process
 (``python -m hvd_lm.perf.bench_transfer --worker``) under ``--time-limit`` seconds, so a solver
 that does not finish is reported as such instead of stalling the benchmark; solvers take turns
 over ``--repeats`` rounds and the median is reported.
 
-Printed per problem and solver: the fit's wall seconds (the path only: data already in memory
-and standardised; moving it to the GPU included for torch), its ratio to the fastest solver of
-that problem, the C chosen on validation, validation accuracy, non-zero weights, and the
-largest relative excess of its objective over the best objective any solver reached at the same
-C (all evaluated as scikit-learn's ``C sum_i loss_i + ||w||_1`` with a free intercept: how well
-each solved the same problem). ``--json FILE`` keeps everything.
+Printed per problem and solver: the fit's wall seconds (data already in memory), its ratio to
+the fastest solver of that problem, the C the cross-validation chose, its mean fold accuracy,
+validation accuracy and non-zero weights. ``--json FILE`` keeps everything.
 
 Synthetic features (:func:`synthetic_problem`) imitate LM features: a few hundred shared
 factors plus noise (strongly correlated columns), per-column scales over two orders of magnitude,
@@ -37,10 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from hvd_lm.options import Command, option, to_argv
-from hvd_lm.transfer import classify, datasets, fista
+from hvd_lm.transfer import classify, datasets
 from hvd_lm.transfer.features import DEFAULT_CACHE_DIR, FEATURE_KINDS, open_lm
 from hvd_lm.transfer.run import TransferConfig, featurize_splits, parse_c_grid
 from hvd_lm.util.atomic import write_text
@@ -94,22 +90,24 @@ class FitConfig:
     c_grid: tuple[float, ...] = option(classify.DEFAULT_C_GRID, "comma-separated C values (default "
                                        "the transfer grid, 2^-8..2^2: 11 values)",
                                        parse=parse_c_grid, gt=0)
-    penalty: str = option("l1", "penalty", choices=fista.PENALTIES)
-    tol: float = option(0.0, "tolerance (0 = each solver's default: scikit-learn's tol 1e-4, "
-                        "relative duality gap 1e-3 for torch)", ge=0)
-    max_iter: int = option(0, "iterations per C (0 = each solver's default)", ge=0)
-    device: str = option("auto", "device of the torch solver (auto: cuda when present)")
-    seed: int = option(0, "seed (synthetic data, liblinear/saga)", ge=0)
+    penalty: str = option("l1", "penalty", choices=("l1", "l2"))
+    tol: float = option(0.0, "tolerance (0 = scikit-learn's, 1e-4)", ge=0)
+    max_iter: int = option(0, "iterations per fit (0 = scikit-learn's, 1000)", ge=0)
+    folds: int = option(classify.DEFAULT_FOLDS, "cross-validation folds", ge=2)
+    standardize: bool = option(True, "z-score with train statistics, as transfer "
+                               "(--no-standardize: raw features)", switch=False,
+                               flag="--no-standardize")
+    seed: int = option(0, "seed (synthetic data, liblinear/saga, folds)", ge=0)
 
 
 @dataclass
 class WorkerConfig(FitConfig):
     """One fit (``python -m hvd_lm.perf.bench_transfer --worker PROBLEM.npz --solver S``)."""
 
-    worker: str = option("", "problem file (standardised Xtr, ytr, Xva, yva)", required=True)
-    solver: str = option("torch", "solver", choices=classify.SOLVERS[1:])
-    threads: int = option(0, "CPU threads: torch's, and liblinear's parallel C fits (0 = one "
-                          "per core)", ge=0)
+    worker: str = option("", "problem file (Xtr, ytr, Xva, yva)", required=True)
+    solver: str = option("liblinear", "solver", choices=classify.SOLVERS[1:])
+    threads: int = option(0, "worker processes of the cross-validation's fits (0 = one per "
+                          "usable core)", ge=0)
 
 
 @dataclass
@@ -119,14 +117,12 @@ class BenchTransferConfig(FitConfig):
     sizes: list[str] = option(default_factory=lambda: ["6920x4096"], help="synthetic training "
                               "sets NxD (texts x features), comma-separated; none: ''")
     val: int = option(872, "synthetic validation texts (SST-2's val has 872)", ge=10)
-    solvers: list[str] = option(default_factory=lambda: ["liblinear", "saga", "torch"],
+    solvers: list[str] = option(default_factory=lambda: ["liblinear", "saga"],
                                 help="solvers to time", choices=classify.SOLVERS[1:])
-    threads: list[int] = option(default_factory=lambda: [0], help="CPU thread counts to time "
-                                "liblinear (parallel C fits) and torch with (saga: the first "
-                                "only; 0 = one per core), e.g. 1,2", ge=0)
-    standardize: bool = option(True, "z-score with train statistics first, as transfer "
-                               "(--no-standardize: raw features)", switch=False,
-                               flag="--no-standardize")
+    threads: list[int] = option(default_factory=lambda: [0], help="worker-process counts of the "
+                                "cross-validation's fits to time each solver with (0 = one per "
+                                "usable core), e.g. 1,2", ge=0)
+    device: str = option("auto", "device the real features are computed on")
     repeats: int = option(1, "rounds (solvers take turns); the median is reported", ge=1)
     time_limit: float = option(900.0, "seconds a fit may take before it is stopped", gt=0)
     checkpoint: str = option("", "also real features: this checkpoint's on --dataset")
@@ -149,27 +145,19 @@ class BenchTransferConfig(FitConfig):
 # ---- one fit (worker process) ------------------------------------------------------------------
 
 def worker(cfg: WorkerConfig) -> int:
-    """Fit the path on the problem file and print one ``BENCH {json}`` line: seconds, and per C
-    the validation accuracy, non-zero weights, objective, iterations, convergence."""
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
+    """Run transfer's fit (:func:`hvd_lm.transfer.classify.fit_logreg`) on the problem file and
+    print one ``BENCH {json}`` line: seconds, the chosen C, its fold and validation accuracy,
+    non-zero weights, convergence, and every C's mean fold accuracy."""
     with np.load(cfg.worker) as z:
         Xtr, ytr, Xva, yva = (z[k] for k in ("Xtr", "ytr", "Xva", "yva"))
-    if cfg.solver == "torch":  # warm the device (CUDA context, kernels) outside the timing
-        fista.fit_path(Xtr[:64, :8], np.arange(64) % 2, [1.0], cfg.penalty, max_iter=5,
-                       device=cfg.device)
-    t0 = time.perf_counter()
-    path = classify.fit_path(Xtr, ytr, cfg.c_grid, cfg.penalty, cfg.solver, cfg.device,
-                             cfg.max_iter, cfg.tol, cfg.seed, jobs=torch.get_num_threads())
-    seconds = time.perf_counter() - t0
-    margins = Xva.astype(np.float64) @ path.coef.T + path.intercept
-    acc = ((margins > 0) == yva[:, None]).mean(0)
+    jobs = cfg.threads or classify.usable_cores()
+    r = classify.fit_logreg(Xtr, ytr, Xva, yva, penalty=cfg.penalty, grid=cfg.c_grid,
+                            seed=cfg.seed, max_iter=cfg.max_iter, standardize=cfg.standardize,
+                            solver=cfg.solver, tol=cfg.tol, folds=cfg.folds, jobs=jobs)
     print("BENCH " + json.dumps({
-        "solver": path.solver, "device": path.device, "seconds": seconds,
-        "threads": torch.get_num_threads(), "C": path.Cs.tolist(), "val": acc.tolist(),
-        "nonzero": np.count_nonzero(path.coef, axis=1).tolist(),
-        "objective": path.objective.tolist(), "n_iter": path.n_iter.tolist(),
-        "converged": path.converged.tolist()}), flush=True)
+        "solver": r["solver"], "seconds": r["fit_seconds"], "threads": jobs, "C": r["C"],
+        "cv": r["accuracy"]["cv"], "val": r["accuracy"]["val"], "nonzero": r["nonzero"],
+        "converged": r["converged"], "grid": r["grid"]}), flush=True)
     return 0
 
 
@@ -221,17 +209,12 @@ def _label(solver: str, threads: int) -> str:
 def run(cfg: BenchTransferConfig) -> dict:
     """Time every solver on every problem (see the module docstring); returns the results."""
     results = {"config": dataclasses.asdict(cfg), "host": os.uname().nodename,
-               "cpus": os.cpu_count(), "cuda": torch.cuda.get_device_name(0)
-               if torch.cuda.is_available() else None, "problems": []}
+               "cpus": classify.usable_cores(), "problems": []}
     with tempfile.TemporaryDirectory(prefix="bench_transfer_") as tmp:
         for name, Xtr, ytr, Xva, yva in _problems(cfg):
-            mean, scale = classify.standardizer(Xtr, cfg.standardize)
             path = Path(tmp) / "problem.npz"
-            np.savez(path, Xtr=((Xtr - mean) / scale).astype(np.float32), ytr=ytr,
-                     Xva=((Xva - mean) / scale).astype(np.float32), yva=yva)
-            # saga runs on one thread whatever the setting: time it once.
-            combos = [(s, t) for s in cfg.solvers
-                      for t in (cfg.threads if s != "saga" else cfg.threads[:1])]
+            np.savez(path, Xtr=Xtr, ytr=ytr, Xva=Xva, yva=yva)
+            combos = [(s, t) for s in cfg.solvers for t in cfg.threads]
             runs: dict[str, list[dict]] = {_label(s, t): [] for s, t in combos}
             for r in range(cfg.repeats):
                 for s, t in combos:
@@ -245,31 +228,19 @@ def run(cfg: BenchTransferConfig) -> dict:
 
 
 def summarize(name: str, shape, runs: dict[str, list[dict]]) -> dict:
-    """Per solver: median seconds, ratio to the fastest finished solver, chosen C, val accuracy,
-    non-zero weights, and the largest relative objective excess over the best per C."""
+    """Per solver: median seconds, ratio to the fastest finished solver, the chosen C, its mean
+    fold and validation accuracy, non-zero weights."""
     done = {s: [r for r in rs if not r.get("stopped")] for s, rs in runs.items()}
-    best_obj = None
-    for rs in done.values():
-        if rs:
-            obj = np.asarray(rs[0]["objective"])
-            best_obj = obj if best_obj is None else np.minimum(best_obj, obj)
     rows = {}
     for s, rs in runs.items():
         if not done[s]:
             rows[s] = {"stopped": True, "seconds": min(r["seconds"] for r in rs)}
             continue
         r = done[s][0]
-        val = np.asarray(r["val"])
-        top = np.flatnonzero(val == val.max())
-        k = int(min(top, key=lambda i: r["C"][i]))
         rows[s] = {"seconds": statistics.median(x["seconds"] for x in done[s]),
-                   "all_seconds": [x["seconds"] for x in rs], "device": r["device"],
-                   "threads": r["threads"], "C": r["C"][k], "val": float(val[k]),
-                   "nonzero": r["nonzero"][k], "converged": all(r["converged"]),
-                   "objective_excess": float(np.max((np.asarray(r["objective"]) - best_obj)
-                                                    / best_obj)),
-                   "path": {key: r[key] for key in ("C", "val", "nonzero", "objective",
-                                                    "n_iter", "converged")}}
+                   "all_seconds": [x["seconds"] for x in rs],
+                   **{k: r[k] for k in ("threads", "C", "cv", "val", "nonzero", "converged",
+                                        "grid")}}
     fastest = min((v["seconds"] for v in rows.values() if not v.get("stopped")), default=None)
     for v in rows.values():
         if not v.get("stopped") and fastest:
@@ -279,8 +250,8 @@ def summarize(name: str, shape, runs: dict[str, list[dict]]) -> dict:
 
 def format_table(results: dict) -> str:
     """Markdown table: one row per problem and solver."""
-    lines = ["| problem | solver (device, CPU threads) | fit s | x fastest | C | val acc % | "
-             "non-zero | objective excess |",
+    lines = ["| problem | solver (worker processes) | fit s | x fastest | C | CV acc % | "
+             "val acc % | non-zero |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     limit = results["config"]["time_limit"]
     for p in results["problems"]:
@@ -290,10 +261,9 @@ def format_table(results: dict) -> str:
                              "| - |")
                 continue
             conv = "" if v["converged"] else " (not converged)"
-            lines.append(f"| {p['problem']} | {s} ({v['device']}, {v['threads']}) | "
+            lines.append(f"| {p['problem']} | {s} ({v['threads']}) | "
                          f"{v['seconds']:.1f}{conv} | {v['x_fastest']:.2f} | {v['C']:g} | "
-                         f"{100 * v['val']:.2f} | {v['nonzero']:,} | "
-                         f"{v['objective_excess']:.1e} |")
+                         f"{100 * v['cv']:.2f} | {100 * v['val']:.2f} | {v['nonzero']:,} |")
     return "\n".join(lines) + "\n"
 
 
@@ -309,9 +279,9 @@ def bench_command(cfg: BenchTransferConfig) -> int:
 
 BENCH_TRANSFER = Command(
     BenchTransferConfig, bench_command, usage_errors=(ValueError, datasets.DatasetError),
-    description="Seconds of the transfer classifier fit (11 C values by default) per solver "
-    "(liblinear, warm-started saga, batched torch on CPU or GPU) and problem size, on synthetic "
-    "and real LM features, side by side in one run.")
+    description="Seconds of the transfer classifier fit (11 C values by k-fold "
+    "cross-validation, then the refit) per solver (scikit-learn's liblinear and saga) and "
+    "problem size, on synthetic and real LM features, side by side in one run.")
 WORKER = Command(WorkerConfig, worker)
 
 

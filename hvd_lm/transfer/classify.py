@@ -1,56 +1,43 @@
 """The classifier on LM features, the sentiment neuron, and the TF-IDF baseline.
 
-From Radford et al. 2017 as rebuilt by NVIDIA/sentiment-discovery (``logreg_utils.py``), made to
-keep up with 4096-d features:
+From Radford et al. 2017 as rebuilt by NVIDIA/sentiment-discovery (``logreg_utils.py``), with C
+chosen without looking at the split it is scored on:
 
-* :func:`fit_logreg`: L1 (or L2) logistic regression with C chosen by validation accuracy on a
-  log2 grid (the reference's grid is 2^-8..2^0; ours 2^-8..2^2). Features are standardised with
-  the training split's mean and standard deviation by default (:class:`LinearClassifier` keeps
-  them, so a saved classifier applies them itself); the grid is walked as a regularisation path
-  (:func:`fit_path`) by one of three solvers:
-
-  - ``liblinear`` (scikit-learn; the reference's): one fit per C, intercept penalised as
-    liblinear does; no warm start (liblinear has none), so the C values run in parallel, in
-    worker processes (joblib's loky; one per core): liblinear draws from C's process-wide
-    ``rand()``, and fits in threads of one process gave other weights run to run;
-  - ``saga`` (scikit-learn): C ascending, each fit warm-started from the previous solution
-    (``warm_start=True``);
-  - ``torch`` (:mod:`hvd_lm.transfer.fista`): every C at once with batched GEMMs, on the GPU
-    when the features were computed there;
-
-  and ``auto`` picks ``torch`` on a CUDA device and :data:`CPU_AUTO_SOLVER` on the CPU (the
-  fastest in ``hvd-lm bench transfer`` on the 2-core CI machine), except for problems of at most
-  :data:`CPU_SMALL_FIT` values, where it picks ``liblinear`` in this process, one C after
-  another (faster there than starting workers). For l1, every C at or below the all-zero
-  threshold (:func:`sklearn.svm.l1_min_c`) gets the zero model without a fit.
-* :func:`sentiment_neuron`: the unit with the largest |weight|, its accuracy alone with a threshold
-  fit on train (:func:`fit_threshold`), and a histogram of the unit's value by class
-  (:func:`plot_neuron_histogram`).
+* :func:`fit_logreg`: L1 (or L2) logistic regression (scikit-learn's ``LogisticRegression``,
+  liblinear as the reference, or saga) on features standardised with the training split's mean
+  and standard deviation (``StandardScaler``, fit inside each fold; :class:`LinearClassifier`
+  keeps the full training split's, so a saved classifier applies them itself). C is chosen from
+  a log2 grid (the reference's 2^-8..2^0; ours 2^-8..2^2) by stratified k-fold cross-validation
+  on the training split (:func:`cross_validate`: ``GridSearchCV``, the folds' fits in parallel
+  worker processes), the model refit on the whole training split at that C; validation and test
+  accuracy are then measured once. (The reference, and this project before, scored every C on
+  validation and reported the best, an optimistic figure.)
+* :func:`sentiment_neuron`: the unit with the largest |weight| of that model, its accuracy alone
+  with a threshold fit on train (:func:`fit_threshold`), and a histogram of the unit's value by
+  class (:func:`plot_neuron_histogram`).
 * :func:`tfidf_baseline`: TF-IDF word 1-2-grams + char_wb 2-5-grams and an L2
-  ``LogisticRegression``, C chosen on validation, on the same splits.
+  ``LogisticRegression`` on the same splits, C chosen by the same cross-validation.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import joblib
 import matplotlib
 import numpy as np
-import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import FeatureUnion
-from sklearn.svm import l1_min_c
+from sklearn.model_selection import GridSearchCV, StratifiedKFold
+from sklearn.pipeline import FeatureUnion, Pipeline
+from sklearn.preprocessing import StandardScaler
 
-from hvd_lm.transfer import fista
-from hvd_lm.transfer.linear import LinearClassifier, standardizer
+from hvd_lm.transfer.linear import LinearClassifier
 from hvd_lm.util.atomic import atomic_path
 
 matplotlib.use("Agg")  # files only, never a window
@@ -64,31 +51,18 @@ DEFAULT_C_GRID = tuple(float(c) for c in 2.0 ** np.arange(-8, 3))
 DEFAULT_BASELINE_C_GRID = tuple(float(c) for c in 2.0 ** np.arange(-3, 6))
 
 
-#: ``--solver`` values; ``auto`` resolves with :func:`resolve_solver`.
-SOLVERS = ("auto", "liblinear", "saga", "torch")
+#: ``--solver`` values: scikit-learn's ``LogisticRegression`` solvers (``auto``: liblinear, the
+#: reference's).
+SOLVERS = ("auto", "liblinear", "saga")
 
 
-#: What ``auto`` picks when the fit runs on the CPU (measured by ``hvd-lm bench transfer``).
-CPU_AUTO_SOLVER = "torch"
+#: Folds of the cross-validation that chooses C (``--cv-folds``).
+DEFAULT_FOLDS = 5
 
 
-#: Training sets of at most this many values (N x D) are fit by ``liblinear``, one C after
-#: another in this process (worker processes cost more than such fits), when ``auto`` runs on
-#: the CPU. Measured with ``hvd-lm bench transfer`` on the 2-core machine, 11 C values: on a
-#: 4-step checkpoint's SST-2 cell features (badly conditioned) liblinear took 0.4 s at 200 x 256
-#: and 6.2 s at 1,000 x 256 against torch's 3.3 s and 18.3 s (not converged), and 30.4 s at
-#: 3,000 x 256 against torch's 25.2 s; on synthetic features both took 0.1-0.4 s up to 1,000 x 256.
-CPU_SMALL_FIT = 1000 * 256
-
-
-#: Iteration limits per C when ``max_iter`` is 0: scikit-learn's (liblinear outer iterations,
-#: saga epochs) and FISTA iterations for the batched torch solver.
-DEFAULT_MAX_ITER = {"liblinear": 1000, "saga": 1000, "torch": 20000}
-
-
-#: Tolerances when ``tol`` is 0: scikit-learn's default ``tol`` for liblinear/saga, the relative
-#: duality gap for torch (a certified bound: see :mod:`hvd_lm.transfer.fista`).
-DEFAULT_TOL = {"liblinear": 1e-4, "saga": 1e-4, "torch": 1e-3}
+#: Problems of at most this many values (N x D) are cross-validated in this process, one fit
+#: after another: starting worker processes costs more than such fits.
+IN_PROCESS_FIT = 1000 * 256
 
 
 def _sk_penalty(penalty: str) -> dict:
@@ -99,205 +73,144 @@ def _sk_penalty(penalty: str) -> dict:
     return {"penalty": penalty}
 
 
-def resolve_solver(solver: str, device: str | torch.device = "cpu",
-                   size: int | None = None) -> tuple[str, str]:
-    """(solver, device) for a fit: ``auto`` is ``torch`` on a CUDA ``device``, ``liblinear`` on
-    the CPU for a training set of ``size`` <= :data:`CPU_SMALL_FIT` values (N x D; None: not
-    known) and :data:`CPU_AUTO_SOLVER` otherwise; scikit-learn solvers always run on ``cpu``;
-    ``torch`` on ``device``.
-
-    Raises:
-        ValueError: unknown solver, or torch on CUDA without CUDA.
-    """
-    if solver not in SOLVERS:
-        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
-    dev = fista.resolve_device(device)
-    if solver == "auto":
-        small = size is not None and size <= CPU_SMALL_FIT
-        solver = "torch" if dev.type == "cuda" else "liblinear" if small else CPU_AUTO_SOLVER
-    return solver, (str(dev) if solver == "torch" else "cpu")
-
-
-@dataclass
-class LogRegPath:
-    """A regularisation path: one fitted model per C.
-
-    Attributes:
-        Cs: float64 [K] (as given); coef: float64 [K, D]; intercept: float64 [K];
-        n_iter: int64 [K] iterations per C (0: closed-form zero model); converged: bool [K];
-        objective: float64 [K] scikit-learn's objective ``C sum_i loss_i + R(w)`` (the
-            intercept unpenalised, whatever the solver optimised);
-        solver, device: what ran; seconds: wall time of the path.
-    """
-
-    Cs: np.ndarray
-    coef: np.ndarray
-    intercept: np.ndarray
-    n_iter: np.ndarray
-    converged: np.ndarray
-    objective: np.ndarray
-    solver: str
-    device: str
-    seconds: float
-
-
-def fit_path(X: np.ndarray, y: np.ndarray, grid: Sequence[float], penalty: str = "l1",
-             solver: str = "auto", device: str = "cpu", max_iter: int = 0, tol: float = 0.0,
-             seed: int = 42, jobs: int = 0) -> LogRegPath:
-    """Logistic regressions for every C of ``grid`` on (already standardised) features.
+def logistic_regression(penalty: str = "l1", solver: str = "auto", max_iter: int = 0,
+                        tol: float = 0.0, seed: int = 42) -> LogisticRegression:
+    """scikit-learn's ``LogisticRegression`` as transfer fits it (C set by the search).
 
     Args:
-        X: float [N, D]; y: int [N] labels 0/1 (both present).
-        grid: K values of C > 0.
         penalty: ``l1`` or ``l2``.
-        solver / device: see :func:`resolve_solver`.
-        max_iter: per-C iteration limit (0: :data:`DEFAULT_MAX_ITER` of the solver).
-        tol: scikit-learn's ``tol`` (liblinear, saga) or the relative duality gap (torch); 0:
-            :data:`DEFAULT_TOL` of the solver.
-        seed: ``random_state`` of liblinear/saga.
-        jobs: liblinear fits run at once, in processes (0: ``torch.get_num_threads()``, i.e. one
-            per core unless ``--threads`` says otherwise; 1 when ``auto`` chose liblinear for a
-            small problem).
-    Returns:
-        :class:`LogRegPath` in the order of ``grid``.
-    Raises:
-        ValueError: bad penalty/solver/grid, labels not 0/1 with both classes.
-    """
-    if penalty not in fista.PENALTIES:
-        raise ValueError(f"penalty must be 'l1' or 'l2', got {penalty!r}")
-    auto = solver == "auto"
-    solver, device = resolve_solver(solver, device, int(np.prod(np.shape(X))))
-    if auto and solver == "liblinear":  # a small problem: workers would cost more than its fits
-        jobs = 1
-    max_iter = max_iter or DEFAULT_MAX_ITER[solver]
-    tol = tol or DEFAULT_TOL[solver]
-    Cs = np.asarray(list(grid), dtype=np.float64)
-    t0 = time.perf_counter()
-    if solver == "torch":
-        p = fista.fit_path(X, y, Cs, penalty, tol=tol, max_iter=max_iter, device=device)
-        return LogRegPath(Cs, p.coef, p.intercept, p.n_iter, p.converged, p.objective * Cs, solver,
-                    p.device, time.perf_counter() - t0)
-    X64 = np.asarray(X, dtype=np.float64)
-    y = np.asarray(y)
-    K, D = len(Cs), X64.shape[1]
-    coef, intercept = np.zeros((K, D)), np.zeros(K)
-    n_iter, converged = np.zeros(K, dtype=np.int64), np.ones(K, dtype=bool)
-    if solver == "liblinear":
-        # At C <= l1_min_c liblinear's solution (intercept penalised too) is all zeros.
-        c_zero = l1_min_c(X64, y, loss="log") if penalty == "l1" else 0.0
-    else:
-        # Unpenalised intercept: w = 0, b = logit(mean y) below 1 / max|X^T (y - mean y)|.
-        gmax = np.abs((y - y.mean()) @ X64).max()
-        c_zero = 1.0 / gmax if (penalty == "l1" and gmax > 0) else 0.0
-        intercept[:] = np.log(y.mean() / (1 - y.mean()))
-    todo = [int(k) for k in np.argsort(Cs, kind="stable") if Cs[k] > c_zero]
+        solver: one of :data:`SOLVERS` (``auto``: liblinear).
+        max_iter / tol: scikit-learn's (0: its defaults, 1000 and 1e-4).
+        seed: ``random_state``.
 
-    params = dict(solver=solver, max_iter=max_iter, tol=tol, random_state=seed,
-                  warm_start=solver == "saga", **_sk_penalty(penalty))
-    if solver == "saga":  # C ascending: each fit starts from the previous solution
-        model = LogisticRegression(C=1.0, **params)
-        fits = [_sk_fit(X64, y, float(Cs[k]), params, model) for k in todo]
-    else:  # liblinear has no warm start: the largest C (the longest fits) first, in worker
-        # processes (joblib's loky) when more than one runs at once: liblinear draws from C's
-        # process-wide rand(), so fits in threads of one process interleave their draws and
-        # give other weights run to run; a process per fit keeps each fit's draws its own
-        n = max(1, min(jobs or torch.get_num_threads(), len(todo)))
-        todo = todo[::-1]
-        fits = joblib.Parallel(n_jobs=n, backend="loky" if n > 1 else "sequential")(
-            joblib.delayed(_sk_fit)(X64, y, float(Cs[k]), params) for k in todo)
-    for k, (w, b, it) in zip(todo, fits):
-        coef[k], intercept[k], n_iter[k] = w, b, it
-        converged[k] = it < max_iter  # scikit-learn warns exactly then
-    objective = fista.objective_values(X64, y, coef, intercept, Cs, penalty)
-    return LogRegPath(Cs, coef, intercept, n_iter, converged, objective, solver, "cpu",
-                time.perf_counter() - t0)
-
-
-def _sk_fit(X: np.ndarray, y: np.ndarray, C: float, params: dict,
-            model: LogisticRegression | None = None) -> tuple[np.ndarray, float, int]:
-    """One scikit-learn fit at ``C`` (``model`` reused for saga's warm start, else a new one
-    from ``params``): (coef float64 [D], intercept, iterations), convergence warnings silenced
-    (:func:`fit_path` records them from the iterations)."""
-    model = model or LogisticRegression(C=C, **params)
-    model.set_params(C=C)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        model.fit(X, y)
-    return model.coef_.ravel().copy(), float(model.intercept_[0]), int(np.max(model.n_iter_))
-
-
-def _accuracy(model, X, y) -> float | None:
-    return None if X is None or y is None else float((model.predict(X) == y).mean())
-
-
-def _grid_search(make, Xtr, ytr, Xva, yva, grid: Sequence[float]) -> tuple[int, list, list, bool]:
-    models, scores, converged = [], [], True
-    for C in grid:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ConvergenceWarning)
-            m = make(C).fit(Xtr, ytr)
-        converged &= not any(issubclass(w.category, ConvergenceWarning) for w in caught)
-        models.append(m)
-        scores.append(float((m.predict(Xva) == yva).mean()))
-    return int(np.argmax(scores)), models, scores, converged  # ties: the smallest C
-
-
-def fit_logreg(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray,
-               Xte: np.ndarray | None = None, yte: np.ndarray | None = None,
-               penalty: str = "l1", grid: Sequence[float] = DEFAULT_C_GRID, seed: int = 42,
-               max_iter: int = 0, standardize: bool = True, solver: str = "auto",
-               device: str = "cpu", tol: float = 0.0) -> dict:
-    """Logistic regression on features with C chosen on validation (Radford et al. 2017;
-    sentiment-discovery ``logreg_utils.train_logreg``).
-
-    Features are standardised with train statistics (:func:`standardizer`), the path over
-    ``grid`` is fit on train (:func:`fit_path`), every model is scored by validation accuracy,
-    and the best C (ties: the smallest, i.e. the sparsest model) is kept: the model fit on train
-    at that C (no refit on train+val, as the reference). Validation accuracy is therefore the
-    selection score; test accuracy is the unbiased one.
-
-    Args:
-        X*: float [N, H] features; y*: int [N] labels 0/1.
-        penalty: ``l1`` (sparse, the reference) or ``l2``.
-        standardize: z-score with train statistics (False: raw features, as the reference;
-            ``auto`` then means liblinear).
-        solver / device / max_iter / tol / seed: see :func:`fit_path`.
-    Returns:
-        dict: ``model`` (:class:`LinearClassifier` at the chosen C), ``coef`` float64 [H] (its
-        weights, in standardised units when standardised), ``C``, ``grid`` {C: val acc},
-        ``accuracy`` {train, val, test|None}, ``nonzero`` (non-zero weights), ``converged``
-        (every C), ``solver``, ``device``, ``path`` (per C: val accuracy, non-zero weights,
-        iterations, converged, objective), ``path_seconds`` (the fit alone) and ``seconds``
-        (standardisation, fit and scoring).
     Raises:
         ValueError: unknown penalty or solver.
     """
+    if penalty not in ("l1", "l2"):
+        raise ValueError(f"penalty must be 'l1' or 'l2', got {penalty!r}")
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    return LogisticRegression(solver="liblinear" if solver == "auto" else solver,
+                              max_iter=max_iter or 1000, tol=tol or 1e-4, random_state=seed,
+                              **_sk_penalty(penalty))
+
+
+def cv_folds(y: np.ndarray, folds: int) -> int:
+    """The folds a stratified k-fold split of labels ``y`` can have: ``folds``, or fewer when a
+    class has fewer examples (at least 2).
+
+    Raises:
+        ValueError: a class with fewer than 2 examples (naming the count).
+    """
+    counts = np.bincount(np.asarray(y, dtype=np.int64), minlength=2)
+    if counts.min() < 2:
+        raise ValueError(f"cross-validation needs at least 2 examples of each label in the "
+                         f"training split, got {counts[0]} negative and {counts[1]} positive")
+    return int(min(folds, counts.min()))
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; ``os.cpu_count()`` where there is
+    none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def cross_validate(estimator, X, y, grid: Sequence[float], folds: int = DEFAULT_FOLDS,
+                   seed: int = 42, jobs: int = 0, param: str = "C") -> GridSearchCV:
+    """C (``param``) chosen by stratified k-fold cross-validation accuracy on (X, y), refit on
+    all of it: scikit-learn's ``GridSearchCV`` over ``grid`` in ascending order (ties: the
+    smallest C, the sparsest model), ``StratifiedKFold(shuffle=True, random_state=seed)``.
+
+    Args:
+        estimator: the scikit-learn estimator (or pipeline) whose ``param`` is searched.
+        X: [N, D] features (dense or sparse); y: int [N] labels 0/1.
+        folds: k (fewer when a class has fewer examples: :func:`cv_folds`).
+        jobs: fits at once, in worker processes (joblib's loky: liblinear draws from C's
+            process-wide ``rand()``, so fits in threads of one process would interleave their
+            draws); 0: one per usable core, and one in this process for problems of at most
+            :data:`IN_PROCESS_FIT` values (stored values when sparse).
+
+    Returns:
+        the fitted ``GridSearchCV`` (``best_params_``, ``best_estimator_``, ``cv_results_``).
+    Raises:
+        ValueError: as :func:`cv_folds`.
+    """
+    k = cv_folds(y, folds)
+    if not jobs:
+        size = X.nnz if hasattr(X, "nnz") else X.shape[0] * X.shape[1]  # sparse: its values
+        jobs = 1 if size <= IN_PROCESS_FIT else usable_cores()
+    search = GridSearchCV(estimator, {param: sorted(float(c) for c in grid)},
+                          scoring="accuracy", n_jobs=jobs, refit=True, error_score="raise",
+                          cv=StratifiedKFold(n_splits=k, shuffle=True, random_state=seed))
+    with warnings.catch_warnings():  # the refit's convergence is reported from its n_iter_
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        search.fit(X, y)
+    return search
+
+
+def _cv_report(search: GridSearchCV, param: str = "C") -> dict:
+    """The search's per-C mean and standard deviation of fold accuracy, and the folds."""
+    res = search.cv_results_
+    Cs = [float(c) for c in res[f"param_{param}"]]
+    return {"folds": search.n_splits_, "scoring": "accuracy",
+            "mean": {f"{c:g}": float(m) for c, m in zip(Cs, res["mean_test_score"])},
+            "std": {f"{c:g}": float(s) for c, s in zip(Cs, res["std_test_score"])}}
+
+
+def fit_logreg(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray | None = None,
+               yva: np.ndarray | None = None, Xte: np.ndarray | None = None,
+               yte: np.ndarray | None = None, penalty: str = "l1",
+               grid: Sequence[float] = DEFAULT_C_GRID, seed: int = 42, max_iter: int = 0,
+               standardize: bool = True, solver: str = "auto", tol: float = 0.0,
+               folds: int = DEFAULT_FOLDS, jobs: int = 0) -> dict:
+    """Logistic regression on LM features with C chosen by k-fold cross-validation on the
+    training split (:func:`cross_validate`), refit on all of it; validation and test accuracy
+    measured once (Radford et al. 2017; sentiment-discovery ``logreg_utils.train_logreg``
+    chose C on validation instead).
+
+    Args:
+        X*: float [N, H] features; y*: int [N] labels 0/1 (val and test optional).
+        penalty: ``l1`` (sparse, the reference) or ``l2``.
+        standardize: z-score with train statistics, inside each fold (False: raw features, as
+            the reference).
+        solver / max_iter / tol / seed: :func:`logistic_regression`.
+        folds / jobs: :func:`cross_validate`.
+    Returns:
+        dict: ``model`` (:class:`LinearClassifier` at the chosen C), ``coef`` float64 [H] (its
+        weights, in standardised units when standardised), ``C``, ``cv`` (folds, per-C mean and
+        std of fold accuracy), ``grid`` {C: mean fold accuracy}, ``accuracy`` {train, cv, val,
+        test} (None where absent), ``nonzero`` (non-zero weights), ``converged`` (the refit),
+        ``n_iter``, ``solver``, ``device`` ("cpu"), ``fit_seconds`` (the search) and
+        ``seconds`` (with the scoring).
+    Raises:
+        ValueError: unknown penalty or solver; a label with fewer than 2 training examples.
+    """
     t0 = time.perf_counter()
-    mean, scale = standardizer(Xtr, standardize)
-    Xs = ((np.asarray(Xtr, dtype=np.float64) - mean) / scale).astype(np.float32)
-    if solver == "auto" and not standardize:
-        # Raw LM states are badly scaled: liblinear (the reference's solver for the reference's
-        # raw features) took 9.9 s on the demo's, the torch solver 124 s without converging.
-        solver = "liblinear"
-    path = fit_path(Xs, ytr, grid, penalty, solver, device, max_iter, tol, seed)
-    models = [LinearClassifier(path.coef[k], float(path.intercept[k]), mean, scale)
-              for k in range(len(path.Cs))]
-    scores = [m.accuracy(Xva, yva) for m in models]
-    top = [k for k in range(len(scores)) if scores[k] == max(scores)]
-    best = min(top, key=lambda k: path.Cs[k])  # ties: the smallest C (the sparsest model)
-    model = models[best]
-    nonzero = [int(np.count_nonzero(c)) for c in path.coef]
-    return {"model": model, "coef": model.coef, "C": float(path.Cs[best]),
-            "grid": {f"{c:g}": s for c, s in zip(path.Cs, scores)},
-            "accuracy": {"train": model.accuracy(Xtr, ytr), "val": scores[best],
-                         "test": model.accuracy(Xte, yte)},
-            "nonzero": nonzero[best], "converged": bool(path.converged.all()),
-            "solver": path.solver, "device": path.device,
-            "path": [{"C": float(c), "val": s, "nonzero": nz, "n_iter": int(it),
-                      "converged": bool(cv), "objective": float(obj)}
-                     for c, s, nz, it, cv, obj in zip(path.Cs, scores, nonzero, path.n_iter,
-                                                      path.converged, path.objective)],
-            "path_seconds": path.seconds, "seconds": time.perf_counter() - t0}
+    lr = logistic_regression(penalty, solver, max_iter, tol, seed)
+    pipe = Pipeline([("scale", StandardScaler() if standardize else "passthrough"), ("lr", lr)])
+    X = np.asarray(Xtr, dtype=np.float64)
+    search = cross_validate(pipe, X, ytr, grid, folds, seed, jobs, param="lr__C")
+    fit_s = time.perf_counter() - t0
+    best = search.best_estimator_
+    fitted = best.named_steps["lr"]
+    d = X.shape[1]
+    scaler = best.named_steps["scale"]
+    mean, scale = ((scaler.mean_, scaler.scale_) if standardize else (np.zeros(d), np.ones(d)))
+    model = LinearClassifier(fitted.coef_.ravel().astype(np.float64),
+                             float(fitted.intercept_[0]), np.asarray(mean, np.float64),
+                             np.asarray(scale, np.float64))
+    cv = _cv_report(search, "lr__C")
+    n_iter = int(np.max(fitted.n_iter_))
+    return {"model": model, "coef": model.coef, "C": float(search.best_params_["lr__C"]),
+            "cv": cv, "grid": cv["mean"],
+            "accuracy": {"train": model.accuracy(Xtr, ytr), "cv": float(search.best_score_),
+                         "val": model.accuracy(Xva, yva), "test": model.accuracy(Xte, yte)},
+            "nonzero": int(np.count_nonzero(model.coef)), "converged": n_iter < lr.max_iter,
+            "n_iter": n_iter, "solver": lr.solver, "device": "cpu", "fit_seconds": fit_s,
+            "seconds": time.perf_counter() - t0}
 
 
 def fit_threshold(x: np.ndarray, y: np.ndarray) -> tuple[float, int, float]:
@@ -385,16 +298,21 @@ def plot_neuron_histogram(values: np.ndarray, labels: np.ndarray, index: int, th
     return path
 
 
-def tfidf_baseline(train, val, test=None, grid: Sequence[float] = DEFAULT_BASELINE_C_GRID,
-                   seed: int = 42, max_features: int = 300_000) -> dict:
+def tfidf_baseline(train, val=None, test=None, grid: Sequence[float] = DEFAULT_BASELINE_C_GRID,
+                   seed: int = 42, max_features: int = 300_000, folds: int = DEFAULT_FOLDS,
+                   jobs: int = 0) -> dict:
     """TF-IDF n-gram baseline: word 1-2-grams + char_wb 2-5-grams (sublinear tf, each capped at
-    ``max_features``, min_df 2 when train has >= 100 texts) in a ``FeatureUnion``, then an L2
-    ``LogisticRegression`` (liblinear) with C chosen on validation accuracy.
+    ``max_features``, min_df 2 when train has >= 100 texts) in a ``FeatureUnion`` fit on the
+    training texts (no labels), then an L2 ``LogisticRegression`` (liblinear) with C chosen by
+    the same k-fold cross-validation on train as :func:`fit_logreg` (:func:`cross_validate`),
+    validation and test accuracy measured once.
 
     Args:
-        train/val/test: :class:`hvd_lm.transfer.datasets.LabelledSplit` (test optional).
+        train/val/test: :class:`hvd_lm.transfer.datasets.LabelledSplit` (val, test optional).
     Returns:
         dict like :func:`fit_logreg` (without ``model``/``coef``) plus ``features`` (count).
+    Raises:
+        ValueError: as :func:`cross_validate`.
     """
     t0 = time.perf_counter()
     min_df = 2 if len(train) >= 100 else 1
@@ -405,19 +323,22 @@ def tfidf_baseline(train, val, test=None, grid: Sequence[float] = DEFAULT_BASELI
                                  min_df=min_df, max_features=max_features, dtype=np.float32)),
     ])
     Xtr = union.fit_transform(train.texts)
-    Xva = union.transform(val.texts)
-    Xte = union.transform(test.texts) if test is not None else None
+    search = cross_validate(logistic_regression("l2", "liblinear", seed=seed), Xtr, train.labels,
+                            grid, folds, seed, jobs)
+    model = search.best_estimator_
+    cv = _cv_report(search)
 
-    def make(C):
-        return LogisticRegression(C=C, solver="liblinear", max_iter=1000, random_state=seed,
-                                  **_sk_penalty("l2"))
+    def accuracy(split):
+        if split is None:
+            return None
+        return float((model.predict(union.transform(split.texts)) == split.labels).mean())
 
-    best, models, scores, converged = _grid_search(make, Xtr, train.labels, Xva, val.labels, grid)
-    model = models[best]
     return {"method": "TF-IDF word 1-2 + char_wb 2-5, L2 logistic regression",
-            "features": int(Xtr.shape[1]), "C": float(grid[best]),
-            "grid": {f"{c:g}": s for c, s in zip(grid, scores)},
-            "accuracy": {"train": _accuracy(model, Xtr, train.labels), "val": scores[best],
-                         "test": _accuracy(model, Xte, test.labels if test is not None else None)},
-            "nonzero": int(np.count_nonzero(model.coef_)), "converged": converged,
+            "features": int(Xtr.shape[1]), "C": float(search.best_params_["C"]), "cv": cv,
+            "grid": cv["mean"],
+            "accuracy": {"train": float((model.predict(Xtr) == train.labels).mean()),
+                         "cv": float(search.best_score_), "val": accuracy(val),
+                         "test": accuracy(test)},
+            "nonzero": int(np.count_nonzero(model.coef_)),
+            "converged": int(np.max(model.n_iter_)) < model.max_iter,
             "seconds": time.perf_counter() - t0}

@@ -53,16 +53,3 @@ class LinearClassifier:
         if X is None or y is None:
             return None
         return float((self.predict(X) == np.asarray(y)).mean())
-
-
-def standardizer(X: np.ndarray, standardize: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, scale) float64 [D] of features X [N, D]: the column means and (population)
-    standard deviations, with 1 for constant columns (as ``sklearn.preprocessing.StandardScaler``);
-    zeros and ones when ``standardize`` is False."""
-    X = np.asarray(X)
-    if not standardize:
-        return np.zeros(X.shape[1]), np.ones(X.shape[1])
-    mean = X.mean(0, dtype=np.float64)
-    scale = X.std(0, dtype=np.float64)
-    scale[~(scale > 1e-12 * np.maximum(1.0, np.abs(mean)))] = 1.0
-    return mean, scale

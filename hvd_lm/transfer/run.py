@@ -7,13 +7,14 @@ rebuilt by NVIDIA/sentiment-discovery (``transfer.py`` + ``logreg_utils.py``):
    final hidden state, or mean / max over time of h_t) of each text, batched, padding-invariant,
    split over ranks under ``horovodrun``/``mpirun``, cached.
 2. **Classify** (:func:`hvd_lm.transfer.classify.fit_logreg`): L1 logistic regression on
-   standardised features, the C grid fit as one regularisation path (liblinear, warm-started
-   saga, or the batched torch solver on the GPU), C chosen on validation; the classifier is
-   saved (:mod:`hvd_lm.transfer.saved`) for ``hvd-lm classify`` / ``visualize`` / ``generate``.
+   standardised features (scikit-learn), C chosen by stratified k-fold cross-validation on the
+   training split and the model refit on all of it; validation and test accuracy are measured
+   once, on splits no choice looked at. The classifier is saved (:mod:`hvd_lm.transfer.saved`)
+   for ``hvd-lm classify`` / ``visualize`` / ``generate``.
 3. **Sentiment neuron** (:func:`hvd_lm.transfer.classify.sentiment_neuron`): the largest-|weight|
    unit alone, with a histogram by class.
 4. **Baseline** (:func:`hvd_lm.transfer.classify.tfidf_baseline`): TF-IDF n-grams + L2 logistic
-   regression on the same splits.
+   regression on the same splits, C chosen by the same cross-validation.
 
 Settings: :class:`TransferConfig` (flags, or the ``transfer:`` section of a YAML file).
 Outputs (rank 0): ``OUT/transfer.json``, ``OUT/transfer.md``, ``OUT/neuron_hist.png`` and
@@ -39,10 +40,9 @@ from hvd_lm.model.mlstm_kernels import KERNELS
 from hvd_lm.options import Command, option
 from hvd_lm.transfer import datasets
 from hvd_lm.transfer.classify import (
-    CPU_AUTO_SOLVER,
-    CPU_SMALL_FIT,
     DEFAULT_BASELINE_C_GRID,
     DEFAULT_C_GRID,
+    DEFAULT_FOLDS,
     SOLVERS,
     fit_logreg,
     plot_neuron_histogram,
@@ -119,7 +119,8 @@ class TransferConfig:
     rnn_kernels: str = option("auto", "fused mLSTM cell kernels on this device (auto: triton "
                               "on CUDA when installed, else torch)", choices=KERNELS)
     threads: int = option(0, "torch CPU threads per rank (0 = the usable cores / the ranks "
-                          "on this machine; a warning when ranks x threads exceed them)", ge=0)
+                          "on this machine; a warning when ranks x threads exceed them), and "
+                          "the classifier's parallel fits (0 = one per usable core)", ge=0)
     backend: str = option("horovod", comm.BACKEND_HELP, choices=comm.BACKENDS)
     cache_dir: str = option(DEFAULT_CACHE_DIR, "feature cache folder")
     cache: bool = option(True, "read and write the feature cache (--no-cache: neither)",
@@ -128,20 +129,20 @@ class TransferConfig:
                             flag="--no-progress")
     # classifier
     penalty: str = option("l1", "logistic-regression penalty", choices=("l1", "l2"))
-    c_grid: tuple[float, ...] = option(DEFAULT_C_GRID, "comma-separated C values tried on val "
-                                       "(default 2^-8..2^2)", parse=parse_c_grid, gt=0)
+    c_grid: tuple[float, ...] = option(DEFAULT_C_GRID, "comma-separated C values, one chosen by "
+                                       "k-fold cross-validation on train (default 2^-8..2^2)",
+                                       parse=parse_c_grid, gt=0)
+    cv_folds: int = option(DEFAULT_FOLDS, "folds of the stratified cross-validation on train "
+                           "that chooses C (fewer when a label has fewer examples)", ge=2)
     standardize: bool = option(True, "z-score features with train statistics, kept with the "
                                "classifier (--no-standardize: raw features, as the reference)",
                                switch=False, flag="--no-standardize")
-    solver: str = option("auto", "path solver: liblinear (C values in parallel processes), saga "
-                         "(warm starts), torch (all C at once, batched GEMMs; GPU); auto: torch "
-                         f"on a CUDA --device, else {CPU_AUTO_SOLVER} (fastest on CPU in hvd-lm "
-                         "bench transfer), liblinear in this process for N x D <= "
-                         f"{CPU_SMALL_FIT:,}", choices=SOLVERS)
-    tol: float = option(0.0, "stopping tolerance (0 = the solver's default: scikit-learn's tol "
-                        "1e-4 for liblinear/saga, relative duality gap 1e-3 for torch)", ge=0)
-    max_iter: int = option(0, "iterations per C at most (0 = the solver's default: 1000 for "
-                           "liblinear/saga, 20000 for torch)", ge=0)
+    solver: str = option("auto", "scikit-learn's LogisticRegression solver (auto: liblinear, the "
+                         "reference's); the folds' fits run in parallel worker processes",
+                         choices=SOLVERS)
+    tol: float = option(0.0, "stopping tolerance (0 = scikit-learn's default, 1e-4)", ge=0)
+    max_iter: int = option(0, "iterations per fit at most (0 = scikit-learn's default, 1000)",
+                           ge=0)
     baseline: bool = option(True, "TF-IDF baseline (--no-baseline: skip it)", switch=False,
                             flag="--no-baseline")
     baseline_c_grid: tuple[float, ...] = option(DEFAULT_BASELINE_C_GRID, "C values for the "
@@ -182,29 +183,31 @@ def format_markdown(report: dict) -> str:
         f"**Features** {f['kind']} [N, {f['dim']}], max {f['max_chars']} chars "
         f"({f['truncated']} texts truncated), {cps} on {f['world_size']} rank(s), {f['device']}",
         "",
-        "| method | features | C | train acc % | val acc % | test acc % | non-zero weights |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| method | features | C | train acc % | CV acc % | val acc % | test acc % | "
+        "non-zero weights |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     a = clf["accuracy"]
     lines.append(f"| LM + {clf['penalty'].upper()} logistic regression | {_KIND_LABEL[f['kind']]}, "
-                 f"{f['dim']} | {clf['C']:g} | {_fmt_acc(a['train'])} | {_fmt_acc(a['val'])} | "
-                 f"{_fmt_acc(a['test'])} | {clf['nonzero']} |")
+                 f"{f['dim']} | {clf['C']:g} | {_fmt_acc(a['train'])} | {_fmt_acc(a['cv'])} | "
+                 f"{_fmt_acc(a['val'])} | {_fmt_acc(a['test'])} | {clf['nonzero']} |")
     a = neu["accuracy"]
     if neu["index"] is None:
-        lines.append("| sentiment unit: none (all weights 0) | - | - | - | - | - | - |")
+        lines.append("| sentiment unit: none (all weights 0) | - | - | - | - | - | - | - |")
     else:
         lines.append(f"| sentiment unit #{neu['index']} alone (threshold on train) | 1 | - | "
-                     f"{_fmt_acc(a.get('train'))} | {_fmt_acc(a.get('val'))} | "
+                     f"{_fmt_acc(a.get('train'))} | - | {_fmt_acc(a.get('val'))} | "
                      f"{_fmt_acc(a.get('test'))} | 1 |")
     b = report.get("baseline")
     if b:
         a = b["accuracy"]
         lines.append(f"| TF-IDF word 1-2 + char_wb 2-5, L2 LR | n-grams, {b['features']:,} | "
-                     f"{b['C']:g} | {_fmt_acc(a['train'])} | {_fmt_acc(a['val'])} | "
-                     f"{_fmt_acc(a['test'])} | {b['nonzero']:,} |")
+                     f"{b['C']:g} | {_fmt_acc(a['train'])} | {_fmt_acc(a['cv'])} | "
+                     f"{_fmt_acc(a['val'])} | {_fmt_acc(a['test'])} | {b['nonzero']:,} |")
     lines.append("")
-    lines.append("Val accuracy is the split C was chosen on (optimistic); test accuracy, where "
-                 "present, is not used for any choice.")
+    lines.append(f"C is chosen by {clf['cv']['folds']}-fold cross-validation on the train split "
+                 "(CV acc: the chosen C's mean over the folds); val and test accuracy are "
+                 "measured once, on splits no choice looked at.")
     for note in report.get("notes", []):
         lines.append(f"Note: {note}")
     return "\n".join(lines) + "\n"
@@ -311,14 +314,15 @@ def run(cfg: TransferConfig) -> dict | None:
     say = (lambda text: print(f"hvd-lm transfer: {text}", file=sys.stderr, flush=True)) \
         if cfg.progress else (lambda text: None)  # the fit and the baseline take minutes
     n, d = feats["train"].shape
-    say(f"fitting {cfg.penalty.upper()} logistic regression at {len(cfg.c_grid)} C values on "
-        f"{n:,} x {d:,} features ({cfg.solver} solver)")
-    clf = fit_logreg(feats["train"], y["train"], feats["val"], y["val"], feats.get("test"),
-                     y.get("test"), penalty=cfg.penalty, grid=cfg.c_grid, seed=cfg.seed,
-                     max_iter=cfg.max_iter, standardize=cfg.standardize, solver=cfg.solver,
-                     device=str(device), tol=cfg.tol)
-    say(f"fit in {clf['seconds']:.1f} s ({clf['solver']}): C={clf['C']:g}, val "
-        f"{clf['accuracy']['val']:.1%}")
+    say(f"fitting {cfg.penalty.upper()} logistic regression: {len(cfg.c_grid)} C values x "
+        f"{cfg.cv_folds}-fold cross-validation on {n:,} x {d:,} train features ({cfg.solver} "
+        "solver)")
+    clf = fit_logreg(feats["train"], y["train"], feats.get("val"), y.get("val"),
+                     feats.get("test"), y.get("test"), penalty=cfg.penalty, grid=cfg.c_grid,
+                     seed=cfg.seed, max_iter=cfg.max_iter, standardize=cfg.standardize,
+                     solver=cfg.solver, tol=cfg.tol, folds=cfg.cv_folds, jobs=cfg.threads)
+    say(f"fit in {clf['seconds']:.1f} s ({clf['solver']}): C={clf['C']:g} (CV "
+        f"{clf['accuracy']['cv']:.1%}), val {clf['accuracy']['val']:.1%}")
     neuron = sentiment_neuron(clf["coef"], {k: (feats[k], y[k]) for k in splits})
     neuron["histogram"] = None
     (out / "neuron_hist.png").unlink(missing_ok=True)  # never leave an older run's plot
@@ -329,8 +333,9 @@ def run(cfg: TransferConfig) -> dict | None:
     baseline = None
     if cfg.baseline:
         say(f"TF-IDF baseline at {len(cfg.baseline_c_grid)} C values")
-        baseline = tfidf_baseline(splits["train"], splits["val"], splits.get("test"),
-                                  cfg.baseline_c_grid, cfg.seed)
+        baseline = tfidf_baseline(splits["train"], splits.get("val"), splits.get("test"),
+                                  cfg.baseline_c_grid, cfg.seed, folds=cfg.cv_folds,
+                                  jobs=cfg.threads)
     notes = sorted({n for s in splits.values() for n in s.notes})
     if "test" not in splits:
         notes.append("no test split: only train/val accuracies are reported")
@@ -345,9 +350,8 @@ def run(cfg: TransferConfig) -> dict | None:
         notes.append("the chosen L1 model has no non-zero weight (it predicts one class), so "
                      "there is no sentiment unit and no histogram")
     if not clf["converged"]:
-        notes.append(f"the {clf['solver']} solver stopped short of its tolerance for some C "
-                     "(classifier.path[].converged: the iteration limit, --max-iter, or for torch "
-                     "the float32 precision floor)")
+        notes.append(f"the {clf['solver']} fit at the chosen C stopped at its iteration limit "
+                     f"({clf['n_iter']}) before its tolerance: raise --max-iter")
     report = {
         "checkpoint": str(ckpt_path), "checkpoint_step": int(ckpt.get("step", -1)),
         "model": dict(ckpt["config"]["model"]),
@@ -392,7 +396,7 @@ def transfer_command(cfg: TransferConfig) -> int:
         png = ", neuron_hist.png" if report["neuron"]["histogram"] else ""
         print(f"wrote {Path(cfg.out) / 'transfer.json'}, transfer.md{png}, {NPZ_NAME} + "
               f"{JSON_NAME} (fit: {report['classifier']['solver']} on "
-              f"{report['classifier']['device']}, {report['classifier']['path_seconds']:.1f} s)")
+              f"{report['classifier']['device']}, {report['classifier']['fit_seconds']:.1f} s)")
     return 0
 
 
@@ -400,7 +404,8 @@ TRANSFER = Command(
     TransferConfig, transfer_command,
     usage_errors=(datasets.DatasetError, FileNotFoundError, ValueError),
     description="Featurize labelled texts with a trained LM (final cell state by default), fit "
-    "an L1 logistic regression with C chosen on validation, find the sentiment neuron, and "
+    "an L1 logistic regression with C chosen by k-fold cross-validation on train, find the "
+    "sentiment neuron, and "
     "compare with a TF-IDF baseline (Radford et al. 2017; NVIDIA/sentiment-discovery "
     "transfer.py).")
 
