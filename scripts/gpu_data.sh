@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The data a lent GPU node trains on, made here before the call, and the one `run` call that
-# spends the card: scripts/gpu_session.sh reads DEST/shards (HDF5 shards + manifest) and
+# The data a lent GPU node trains on, made here before the calls, and the two `run` calls that
+# spend the card: scripts/gpu_session.sh reads DEST/shards (HDF5 shards + manifest) and
 # DEST/sst2 (train.csv, val.csv). The device tool carries the working tree and DEST together,
 # 64 MiB at most, and nothing else is needed there (the model trains as one process: no
 # Horovod, no wheelhouse), so the shards are gzip-compressed HDF5 (--compression gzip; training
@@ -70,5 +70,6 @@ if ((total > MAX_CARRY_MIB * 1048576)); then
     exit 1
 fi
 rel=$(realpath --relative-to=. "$DEST")
-echo "the card's one call (device tool): run(command=\"bash scripts/gpu_session.sh $rel\"," \
-     "carry=[\"$rel\"], timeout_s=600)"
+echo "the card's two calls (device tool; docs/gpu.md): run(command=\"bash scripts/gpu_session.sh" \
+     "$rel\", carry=[\"$rel\"], timeout_s=600), then at once run(command=\"PART=2 TOTAL_S=<the" \
+     "lease's budget_left_s less 25> bash scripts/gpu_session.sh $rel\", timeout_s=<TOTAL_S + 10>)"

@@ -17,6 +17,7 @@ import importlib.metadata
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from hvd_lm.formats.checkpoint import resolve
 from hvd_lm.formats.manifest import load_manifest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,14 +124,17 @@ def test_gpu_check_setup_on_a_nested_venv_image_offline(tmp_path, wheelhouse):
     assert time.monotonic() - t0 < 60
 
 
-def test_gpu_session_runs_every_part_on_the_cpu(tmp_path):
-    """``scripts/gpu_session.sh`` (the card's one call) rehearsed at tiny shapes (SMALL=1,
-    DEVICE=cpu) with an "image" python that lacks Horovod, orjson and pytorch-optimizer, as the
-    node's does: every part's flags reach its command, the bench's fastest fused bf16 variant
-    (recomputed here) trains to its --time-limit (LR 0 at the last step, a plan logged), the
-    steps after it run in order (the cell-state transfer last), and OUT holds one tarball (the
-    tool returns at most 8 files) with every result and the call's own timeline, but never a
-    checkpoint, whose sha256 it lists instead."""
+def test_gpu_session_runs_both_calls_on_the_cpu(tmp_path):
+    """``scripts/gpu_session.sh``'s two calls rehearsed at tiny shapes (SMALL=1, DEVICE=cpu) with
+    an "image" python that lacks Horovod, orjson and pytorch-optimizer, as the node's does, on the
+    planner's virtual clock (HVD_LM_VIRTUAL_STEP_S: the plan does not depend on this machine's
+    speed). Call 1: the bench's fastest fused bf16 variant (recomputed here) trains the first
+    part of one --time-budget plan and stops at its --time-limit with a checkpoint, left in
+    WORK; call 2 resumes it (no jump in the LR) to the plan's end (LR 0), then the steps after it
+    run in order (the cell-state transfer last). OUT holds one tarball per call (the tool returns
+    at most 8 files), every result and both timelines, never a checkpoint, whose sha256 it lists
+    instead. Without FORCE_CHECKS, the bench runs only when its code's hash differs from
+    docs/results/gpu_checked.txt's (computed here independently)."""
     import tarfile
 
     from tests.shardutil import default_shards
@@ -143,47 +148,77 @@ def test_gpu_session_runs_every_part_on_the_cpu(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     image = make_image(tmp_path / "image")
     env = {**os.environ, "SMALL": "1", "DEVICE": "cpu", "WIDTH": "16", "TRAIN_BATCH": "4",
-           "SKIP": "cuda", "PYTHON": str(image), "TOTAL_S": "240", "POST_S": "60",
-           "TRAIN_S": "20", "WORK": str(work)}
-    t0 = time.monotonic()
-    p = subprocess.run(["bash", str(REPO / "scripts/gpu_session.sh"), str(data), str(out)],
-                       env=env, capture_output=True, text=True, timeout=400)
-    log = p.stdout + p.stderr
-    assert p.returncode == 0, log
-    assert time.monotonic() - t0 < 240, log  # TOTAL_S bounds the call
-    order = ("bench", "train", "eval", "transfer", "generate", "generate_unit1.0",
+           "SKIP": "cuda", "PYTHON": str(image), "WORK": str(work),
+           "HVD_LM_VIRTUAL_STEP_S": "0.25"}
+
+    def call(part: str, **extra) -> str:
+        shutil.rmtree(out, ignore_errors=True)  # as the device tool empties $OUT before a call
+        t0 = time.monotonic()
+        p = subprocess.run(["bash", str(REPO / "scripts/gpu_session.sh"), str(data), str(out)],
+                           env={**env, "PART": part, **extra}, capture_output=True, text=True,
+                           timeout=400)
+        log = p.stdout + p.stderr
+        assert p.returncode == 0, log
+        assert time.monotonic() - t0 < int(extra["TOTAL_S"]), log  # TOTAL_S bounds the call
+        return log
+
+    # whether the bench runs: the hash of its code against the last card's
+    files = sorted(str(f.relative_to(REPO)) for f in (REPO / "hvd_lm/model").glob("*.py"))
+    files = sorted(files + ["hvd_lm/perf/bench_gpu.py", "hvd_lm/perf/ceilings.py",
+                            "hvd_lm/train/step.py"])
+    listing = "".join(f"{hashlib.sha256((REPO / f).read_bytes()).hexdigest()}  {f}\n"
+                      for f in files)
+    digest = hashlib.sha256(listing.encode()).hexdigest()
+    checked = (REPO / "docs/results/gpu_checked.txt").read_text()
+    log = call("1", TOTAL_S="60", SKIP="cuda model")
+    assert ("bench: its code is the one the last card ran" in log) == \
+        (f"bench {digest} " in checked), log
+    assert f"code: bench {digest} " in (work / "probe.txt").read_text()
+
+    log = call("1", TOTAL_S="80", BUDGET_S="90", FORCE_CHECKS="1")
+    assert "] bench: exit 0" in log and "] train: exit 0" in log and "cuda tests" not in log
+    rows = [r for r in json.loads((work / "bench_gpu.json").read_text())["train"]
+            if r["impl"].startswith("fused") and r["precision"] == "bf16" and "chars_per_s" in r]
+    assert {r["batch_size"] for r in rows} == {4, 128}
+    best = max([r for r in rows if r["batch_size"] == 4], key=lambda r: r["chars_per_s"])
+    assert f"bf16 {best['impl']}: --time-limit" in log and "--time-budget 90s" in log
+    first = json.loads((work / "run/summary.json").read_text())
+    assert first["stop"] == "time-limit" and 0 < first["trained_s"] < 90, first
+    assert sorted(q.name for q in out.iterdir()) == ["gpu_session1.tar.gz"]
+
+    log = call("2", TOTAL_S="110", POST_S="55", RESUME_S="5")
+    order = ("train", "eval", "transfer", "generate", "generate_unit1.0",
              "generate_unit-1.0", "visualize", "transfer_cell")  # the least valuable last
     for part in order:
         assert f"] {part}: exit 0" in log, (part, log)
     assert [log.index(f"] {part}: exit 0") for part in order] == \
         sorted(log.index(f"] {part}: exit 0") for part in order), log
-    assert "cuda tests" not in log  # SKIP
-    rows = [r for r in json.loads((work / "bench_gpu.json").read_text())["train"]
-            if r["impl"].startswith("fused") and r["precision"] == "bf16" and "chars_per_s" in r]
-    assert {r["batch_size"] for r in rows} == {4, 128}
-    best = max([r for r in rows if r["batch_size"] == 4], key=lambda r: r["chars_per_s"])
-    assert f"bf16 {best['impl']} for 20 s (--time-limit)" in log
-    assert sorted(q.name for q in out.iterdir()) == ["gpu_session.tar.gz"]
-    with tarfile.open(out / "gpu_session.tar.gz") as tar:
+    assert sorted(q.name for q in out.iterdir()) == ["gpu_session2.tar.gz"]
+    with tarfile.open(out / "gpu_session2.tar.gz") as tar:
         names = {n.lstrip("./") for n in tar.getnames()}
     for f in ("bench_gpu.json", "run/metrics.jsonl", "run/summary.json", "eval.json",
               "transfer/transfer.json", "transfer_cell/transfer.json", "samples.jsonl",
               "samples_unit1.0.jsonl", "heatmap.png", "checkpoint.sha256", "train.yaml",
-              "probe.txt", "session.log"):
+              "probe.txt", "session1.log", "session2.log", "train1.log", "train2.log"):
         assert f in names, f
-    assert "] train: exit 0" in (work / "session.log").read_text()  # the call's own timeline
-    assert not [n for n in names if n.endswith(".pt")]
+    assert not [n for n in names if n.endswith(".pt") or n.startswith("data/")]
     recs = [json.loads(x) for x in (work / "run/metrics.jsonl").read_text().splitlines()]
-    assert recs[0]["kind"] == "start" and "no Horovod" in recs[0]["launcher"], recs[0]
-    assert recs[0]["time_limit_s"] == 20 and [r for r in recs if r["kind"] == "plan"]
-    assert [r for r in recs if r["kind"] == "train"][-1]["lr"] == 0.0
-    assert json.loads((work / "run/summary.json").read_text())["deadline_left_s"] >= 0
+    starts = [r for r in recs if r["kind"] == "start"]
+    assert [s["resumed_from"] is None for s in starts] == [True, False]
+    assert "no Horovod" in starts[0]["launcher"] and starts[1]["trained_s"] == first["trained_s"]
+    end = json.loads((work / "run/summary.json").read_text())
+    assert end["stop"] == "done" and end["trained_s"] <= end["time_budget_s"], end
+    lrs = [r["lr"] for r in recs if r["kind"] == "train"]
+    peak = lrs.index(max(lrs))  # after the warmup, down to 0 without a jump at the resume
+    assert lrs[-1] == 0.0 and all(b <= a for a, b in zip(lrs[peak:], lrs[peak + 1:])), lrs
     kinds = [json.loads((work / f / "transfer.json").read_text())["features"]["kind"]
              for f in ("transfer", "transfer_cell")]
     assert kinds == ["mean", "cell"]
-    (digest, path), = [line.split()
-                       for line in (work / "checkpoint.sha256").read_text().splitlines()]
-    assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == digest
+    listed = dict(reversed(line.split())
+                  for line in (work / "checkpoint.sha256").read_text().splitlines())
+    assert str(resolve(work / "run")) in listed
+    for path, digest in listed.items():
+        assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == digest
 
 
 def test_gpu_data_fits_the_carry(shared_data, tmp_path):
