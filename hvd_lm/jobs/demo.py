@@ -243,7 +243,7 @@ def demo_summary(train: dict, eval_result: dict, compressors: dict[str, float],
                  transfer: dict | None, total_s: float, timings: dict[str, float]) -> dict:
     """The demo's headline figures in one JSON object (``runs/<name>/summary.json``; README's
     demo paragraph quotes the committed copy ``docs/results/demo.json``, checked by
-    tests/test_readme_figures.py).
+    tests/test_figures.py).
 
     Args:
         train: :func:`hvd_lm.jobs.report.training_summary` of the run (``median_chars_per_s``
