@@ -3,6 +3,7 @@ cluster in a box (tests/cluster.py) for the ``cluster`` tests."""
 
 import atexit
 import contextlib
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,13 @@ pytest_plugins = ["tests._budget"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DIR = REPO_ROOT.parent / "shared"
+
+
+def pytest_ignore_collect(collection_path, config):
+    """tests/parallel runs only as rank sessions (tests/test_parallel.py launches them)."""
+    if "parallel" in collection_path.parts and os.environ.get("HVD_LM_RANK_SESSION") != "1":
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,6 +1,7 @@
 """1-bit compressed allreduce, 1-bit Adam / 1-bit LAMB and LAMB, against numpy implementations of
-the papers' equations (Tang et al. 2021 Algorithm 1; Li et al. 2021; You et al. 2019), on real
-2-rank Horovod jobs (horovodrun and mpirun); their training runs: tests/test_onebit_training.py."""
+the papers' equations (Tang et al. 2021 Algorithm 1; Li et al. 2021; You et al. 2019); on 2 real
+ranks (horovodrun, mpirun, torchrun): tests/parallel/test_optimizers.py; their training runs:
+tests/test_onebit_training.py."""
 from __future__ import annotations
 
 import math
@@ -14,7 +15,6 @@ from hvd_lm.comm import onebit_compression as ob
 from hvd_lm.options import ConfigError
 from hvd_lm.train.onebit_optimizers import OnebitAdam, OnebitLamb
 from hvd_lm.train.settings import from_dict
-from tests._mp import horovodrun_cmd, mpirun_cmd, run
 from tests.scripts.onebit_rounds import inputs as round_inputs
 
 # ---- numpy reference: the paper's equations, written independently of
@@ -59,21 +59,6 @@ def np_onebit_rounds(xs: np.ndarray, chunk: int):
             se[j] = s - out[j * P:(j + 1) * P]
         outs.append(out[:N])
     return np.stack(outs), we, se
-
-
-def assert_ranks_equal_numpy(folder, numel: int, chunk: int, rounds: int, seed: int = 7):
-    """Each of 2 ranks' ``rank{r}.npz`` in ``folder`` (tests/scripts/onebit_rounds.py's: the
-    outputs and both error buffers of every round) equals :func:`np_onebit_rounds` on the same
-    inputs (1e-5); returns (the ranks' npz files, the inputs [rounds, 2, numel])."""
-    got = [np.load(folder / f"rank{r}.npz") for r in range(2)]
-    xs = np.stack([np.stack([round_inputs(seed, t, r, numel).numpy() for r in range(2)])
-                   for t in range(rounds)])
-    want, we, se = np_onebit_rounds(xs, chunk)
-    for r in range(2):
-        np.testing.assert_allclose(got[r]["outputs"], want, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(got[r]["worker_error"], we[r], atol=1e-5)
-        np.testing.assert_allclose(got[r]["server_error"], se[r], atol=1e-5)
-    return got, xs
 
 
 # ---- the compression itself ----------------------------------------------------------------------
@@ -192,28 +177,6 @@ def test_wire_bytes_are_20x_below_fp32_and_10x_below_fp16():
     for bad in [(0, 2, 8), (10, 0, 8), (10, 2, -1)]:
         with pytest.raises(ValueError):
             ob.Layout(*bad)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("launcher", ["horovodrun-gloo", "mpirun"])
-def test_compressed_allreduce_on_two_ranks(tmp_path, launcher):
-    """hvd.alltoall + hvd.allgather on 2 real ranks: both ranks get numpy's output every round,
-    their error buffers are numpy's, and the running mean approaches the exact mean within the
-    error-feedback bound."""
-    numel, chunk, T = 1001, 64, 30
-    argv = ["tests/scripts/onebit_rounds.py", tmp_path, "--numel", str(numel), "--chunk",
-            str(chunk), "--rounds", str(T), "--seed", "7"]
-    cmd = mpirun_cmd(2, argv) if launcher == "mpirun" else horovodrun_cmd(2, argv, "gloo")
-    proc = run(cmd, timeout=240)
-    assert proc.stdout.count("done") == 2
-    got, xs = assert_ranks_equal_numpy(tmp_path, numel, chunk, T)
-    exact = xs.mean(1)
-    werr = np.stack([g["worker_error"][:numel] for g in got]).mean(0)
-    serr = np.concatenate([g["server_error"] for g in got])[:numel]
-    np.testing.assert_allclose(got[0]["outputs"].sum(0), exact.sum(0) - werr - serr, atol=1e-3)
-    gap = np.abs(got[0]["outputs"].mean(0) - exact.mean(0)).max()
-    assert gap <= (np.abs(werr).max() + np.abs(serr).max()) / T + 1e-5
-    assert gap < 0.1 * np.abs(got[0]["outputs"][0] - exact[0]).max()  # one round's error
 
 
 # ---- optimisers against numpy / torch ------------------------------------------------------------

@@ -1,94 +1,17 @@
 """The torch engine (``--backend torch``: hvd_lm.comm.torch_engine on torch.distributed, with
-hvd_lm.comm.grad_buckets) as real as Horovod's tests: 2 ranks under torchrun and under mpirun
-(Gloo) equal one process on the concatenated batch (as tests/test_foundation.py for Horovod), the
-1-bit compressed allreduce equals its numpy reference (as tests/test_onebit.py), and the gradient
-buckets start in order from the backward hooks. Training through the CLI, resume across engines
-and failures: tests/test_torch_engine_train.py."""
+hvd_lm.comm.grad_buckets) in one process: the gradient buckets start in order from the backward
+hooks, the rendezvous, ``--backend auto``. On 2 real ranks (under torchrun, as Horovod's under
+horovodrun and mpirun): tests/parallel/test_optimizers.py; training through the CLI, resume
+across engines and failures: tests/test_torch_engine_train.py."""
 from __future__ import annotations
 
-import re
 import sys
 
-import numpy as np
 import pytest
 import torch
 
 from hvd_lm.comm import grad_buckets
 from hvd_lm.comm.world import first_slurm_host, rendezvous_endpoint
-from tests._mp import mpirun_cmd, run, torchrun_cmd
-from tests.scripts.problem import make_problem, train_steps
-from tests.test_onebit import assert_ranks_equal_numpy
-
-#: name -> (launcher, engine_steps.py flags). Each runs once (module fixture) and serves the
-#: equivalence test and the 1-bit test. mpirun's also accumulates 2 backward passes per step, one
-#: bucket per tensor: the same data, so the same result.
-LAUNCHES = {
-    "torchrun-none": ("torchrun", ["--compression", "none"]),
-    "torchrun-fp16": ("torchrun", ["--compression", "fp16"]),
-    "torchrun-bf16": ("torchrun", ["--compression", "bf16"]),
-    "mpirun-none": ("mpirun", ["--compression", "none", "--backward-passes", "2",
-                               "--bucket-mb", "0"]),
-}
-
-
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory):
-    """Run each launch of :data:`LAUNCHES` on first use: name -> (its folder, its stdout)."""
-    done: dict[str, tuple] = {}
-
-    def get(name: str):
-        if name not in done:
-            launcher, flags = LAUNCHES[name]
-            d = tmp_path_factory.mktemp(name)
-            argv = ["tests/scripts/engine_steps.py", d / "params.npy", "--steps", "5",
-                    "--per-rank-batch", "8", "--onebit-out", d, *flags]
-            cmd = mpirun_cmd(2, argv) if launcher == "mpirun" else torchrun_cmd(2, argv)
-            done[name] = (d, run(cmd, timeout=240).stdout)
-        return done[name]
-
-    return get
-
-
-def _reference(steps: int, global_batch: int) -> np.ndarray:
-    model, x, y = make_problem(global_batch)
-    train_steps(model, torch.optim.SGD(model.parameters(), lr=0.1), x, y, steps)
-    return torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name,tol", [
-    ("torchrun-none", 1e-6),
-    ("torchrun-fp16", 2e-3),
-    ("torchrun-bf16", 2e-3),
-    ("mpirun-none", 1e-6),
-])
-def test_two_ranks_equal_one_process_on_the_torch_engine(launched, name, tol):
-    """2 ranks x batch 8 == 1 process x batch 16 after 5 SGD steps, on the torch engine.
-
-    Tolerances as tests/test_foundation.py's: fp32 differs by rounding only (1e-6); fp16 rounds
-    each gradient to 11 significant bits (relative 2^-11) and 5 steps at lr 0.1 stay below 2e-3.
-    bf16 keeps 8 (relative 2^-9 per gradient value): the 5 steps move a parameter by at most
-    0.07 here, so to first order the rounding shifts it by 0.07 x 2^-9 = 1.4e-4; the bound 2e-3
-    leaves 14x for what the first order leaves out (measured: 6.9e-5 bf16, 7.6e-6 fp16)."""
-    d, out = launched(name)
-    assert len(re.findall(r"rank \d/2 done on torch: torch \(gloo; "
-                          + ("torchrun" if name.startswith("torchrun") else "openmpi"), out)) == 2
-    got, want = np.load(d / "params.npy"), _reference(5, 16)
-    np.testing.assert_allclose(got, want, atol=tol, rtol=0)
-    init = torch.cat([p.detach().flatten() for p in make_problem(16)[0].parameters()]).numpy()
-    assert np.abs(got - init).max() > max(10 * tol, 1e-2)  # the steps moved the parameters
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["torchrun-none", "mpirun-none"])
-def test_compressed_allreduce_on_the_torch_engine_matches_numpy(launched, name):
-    """The 1-bit compressed allreduce (alltoall + allgather on torch.distributed) on 2 real
-    ranks: both ranks get numpy's output every round and their error buffers are numpy's
-    (tests/test_onebit.py's reference of Tang et al. 2021, Algorithm 1)."""
-    d, _ = launched(name)
-    numel, chunk, T = 1001, 64, 30
-    assert_ranks_equal_numpy(d, numel, chunk, T)
-
 
 # ---- the buckets, in one process (a stand-in allreduce) ------------------------------------------
 
