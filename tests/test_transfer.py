@@ -21,7 +21,7 @@ from hvd_lm.transfer import classify as C
 from hvd_lm.transfer import datasets as D
 from hvd_lm.transfer import features as F
 from hvd_lm.transfer import run as R
-from tests._mp import REPO, SHARED, horovodrun_cmd, run
+from tests._mp import SHARED, horovodrun_cmd, run
 
 SST2 = SHARED / "data/sst2"
 IMDB_TAR = SHARED / "data/imdb/aclImdb_train.tar.gz"
@@ -108,26 +108,6 @@ def test_plan_batches_cover_every_text_once(size):
     # Batches do not depend on the world size: the union is the 1-rank plan.
     one = {tuple(b) for b in F.plan_batches(lengths, 3)}
     assert {tuple(b) for bs in got for b in bs} == one
-
-
-@pytest.mark.slow
-def test_two_ranks_featurize_like_one_process(tmp_path):
-    """horovodrun -np 2 --gloo: 11 texts in batches of 4 (rank 0 gets two batches, rank 1 one),
-    features gathered back in input order == one process, all four kinds, to 1e-6."""
-    ckpt = write_checkpoint(tmp_path / "run")
-    texts = TEXTS + ["The end.", "Not bad at all."] + ["Short"]
-    (tmp_path / "texts.json").write_text(json.dumps(texts))
-    out = tmp_path / "dist.npz"
-    run(horovodrun_cmd(2, [str(REPO / "tests/scripts/featurize_dist.py"), ckpt,
-                           tmp_path / "texts.json", out, "--batch-size", "4"], "gloo"),
-        timeout=240)
-    got = np.load(out)
-    assert int(got["world_size"]) == 2
-    model = tiny_model()
-    for kind in F.FEATURE_KINDS:
-        ref = F.featurize(model, texts, kind, batch_size=4).features
-        assert got[kind].shape == ref.shape
-        np.testing.assert_allclose(got[kind], ref, rtol=0, atol=1e-6, err_msg=kind)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,14 +14,18 @@ and the test that failed.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from hvd_lm import comm
 from hvd_lm.comm.world import RankContext
 
-#: The engine a session's collectives run on (tests/test_parallel.py sets it per launch).
+#: The engine a session's collectives run on and its launcher (tests/test_parallel.py sets them
+#: per launch), and the folder every launch of the module shares.
 ENGINE = os.environ.get("HVD_LM_TEST_ENGINE", "horovod")
+LAUNCHER = os.environ.get("HVD_LM_TEST_LAUNCHER", "")
+SHARED = Path(os.environ.get("HVD_LM_RANK_SHARED", "."))
 
 
 @pytest.fixture(scope="session")
@@ -38,12 +42,13 @@ def _init() -> RankContext:
 
 
 def pytest_configure(config):
-    """One JUnit report per rank."""
-    xml = getattr(config.option, "xmlpath", None)
-    if xml:
-        rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("HOROVOD_RANK") \
-            or os.environ.get("RANK") or "0"
-        config.option.xmlpath = f"{xml}.rank{rank}"
+    """One JUnit report and one temporary folder per rank."""
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("HOROVOD_RANK") \
+        or os.environ.get("RANK") or "0"
+    if getattr(config.option, "xmlpath", None):
+        config.option.xmlpath = f"{config.option.xmlpath}.rank{rank}"
+    if getattr(config.option, "basetemp", None):
+        config.option.basetemp = f"{config.option.basetemp}.rank{rank}"
 
 
 _failed: set[str] = set()

@@ -1,0 +1,257 @@
+"""Training inside the ranks: ``hvd-lm train`` (the command line's own entry point,
+``hvd_lm.cli.main``, on every rank of a real 2-rank job) and what reads its runs, under Horovod
+(horovodrun's Gloo controller, mpirun) and the torch engine (torchrun, mpirun).
+
+* 2 ranks x batch 2 == 1 process x batch 4 after 6 Adam steps (the one-process run made by
+  :func:`prepare`), on every launch: float rounding only (1e-5); with fp16 on the wire the bound
+  of tests/test_train.py's docstring (every |diff| <= steps x lr, 99% within 1e-3).
+* The torch engine's 2-rank run is Horovod's bit for bit (sums of two fp32 addends and halving
+  are exact whatever the engine); a checkpoint of either engine resumes on the other exactly;
+  ``hvd-lm eval`` on 2 ranks gives the same BPC on both; 1-bit Adam is the same run on both.
+* A NaN loss on rank 0 poisons the allreduced gradient on both ranks: both skip the step and
+  count it, the LR schedule holds.
+* A one-rank run resumed on 2 ranks continues at the same point of the epoch with the rule's LR
+  for the new global batch (the recurrent state reset, with a warning).
+* Featurization split over the ranks (rank 0 two batches, rank 1 one: an allgather of unequal
+  parts) gathers back one process's features.
+* ``hvd-lm eval`` in one process of a 2-rank run's checkpoint gives the val BPC training logged
+  (:func:`after`: eval's default rows are the training's).
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hvd_lm.cli import main
+from hvd_lm.formats.checkpoint import load, resolve
+from hvd_lm.formats.manifest import load_manifest
+from hvd_lm.train.data import RankStreams
+from hvd_lm.train.schedule import lr_factor
+from tests.parallel.conftest import ENGINE, LAUNCHER, SHARED
+
+LAUNCHES = [("horovodrun-gloo", "horovod"), ("torchrun", "torch"), ("mpirun", "horovod"),
+            ("mpirun", "torch")]
+
+TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--log-every", "1",
+        "--lr", "3e-3", "--threads", "1", "--eval-chars", "2000", "--device", "cpu"]
+STEPS = ["--max-steps", "6", "--checkpoint-every", "3", "--compression", "none"]
+SQRT_LR = ["--batch-size", "2", "--lr-rule", "sqrt", "--lr-ref-batch", "2", "--lr-decay", "none"]
+ONEBIT = ["--batch-size", "2", "--max-steps", "8", "--optimizer", "onebit-adam",
+          "--onebit-warmup-steps", "3", "--compression", "none"]
+HOROVOD, TORCH = "horovodrun-gloo-horovod", "torchrun-torch"
+
+
+def prepare(shared: Path) -> None:
+    """In the launching process, before any rank: the shards and the one-process runs the ranks
+    compare with (each a real ``python -m hvd_lm train``)."""
+    from tests._mp import run
+    from tests.shardutil import default_shards
+
+    shards = default_shards(shared / "shards")
+
+    def train(out, *extra):
+        run([sys.executable, "-m", "hvd_lm", "train", "--shards", shards, "--out-dir",
+             shared / out, *TINY, *extra], timeout=300)
+
+    train("one", "--batch-size", "4", *STEPS)
+    train("one-rank", *SQRT_LR, "--max-steps", "6")
+
+
+def after(shared: Path) -> None:
+    """In one process, after the ranks: ``hvd-lm eval``'s default rows are the training's (2
+    ranks x 16), so evaluating the 2-rank run's checkpoint gives the val BPC it logged;
+    ``--batch-size 16`` another figure, as each row starts at zero."""
+    from tests._mp import run
+    run_dir, shards = shared / HOROVOD / "logged", shared / "shards"
+    (last,) = [r for r in records(run_dir) if r["kind"] == "eval"]
+
+    def evaluate(*extra):
+        out = run([sys.executable, "-m", "hvd_lm", "eval", run_dir, shards, *extra],
+                  timeout=120).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
+    got = evaluate()
+    assert got["rows"] == 32 and last["val_chars"] == got["chars"]
+    assert last["val_bpc"] == pytest.approx(got["bpc"], rel=1e-6)
+    other = evaluate("--batch-size", "16")
+    assert other["rows"] == 16 and abs(other["bpc"] - got["bpc"]) > 1e-5
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+def here(name: str) -> Path:
+    """This launch's run folder ``name`` (every launch of the module keeps its own)."""
+    return SHARED / f"{LAUNCHER}-{ENGINE}" / name
+
+
+def train(out: Path, *extra) -> None:
+    """``hvd-lm train`` on every rank of this job, on this session's engine; returns once every
+    rank is back (rank 0's files are complete)."""
+    from hvd_lm import comm
+    assert main(["train", "--shards", str(SHARED / "shards"), "--out-dir", str(out), *TINY,
+                 *map(str, extra), "--backend", ENGINE]) == 0
+    comm.barrier()
+
+
+def records(run_dir: Path, kind: str | None = None) -> list[dict]:
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if kind is None or r["kind"] == kind]
+
+
+def model_of(path: Path) -> dict[str, torch.Tensor]:
+    return load(resolve(path))["model"]
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def only(*launches: str):
+    return pytest.mark.skipif(f"{LAUNCHER}-{ENGINE}" not in launches,
+                              reason=f"runs under {', '.join(launches)}")
+
+
+# ---- the tests ---------------------------------------------------------------------------------
+
+def test_two_ranks_equal_one_process_on_the_double_batch(ctx):
+    train(here("two"), "--batch-size", "2", *STEPS)
+    two, one = model_of(here("two")), model_of(SHARED / "one")
+    assert max(float((two[k] - one[k]).abs().max()) for k in one) <= 1e-5
+    init = load(resolve(here("two") / "checkpoints" / "step_00000003.pt"))["model"]
+    assert max(float((one[k] - init[k]).abs().max()) for k in one) > 1e-3  # it moved
+    start, = records(here("two"), "start")
+    assert (start["world_size"], start["global_batch"], start["engine"]) == (2, 4, ENGINE)
+    # the logged training loss is the global one: the same in both runs
+    np.testing.assert_allclose([r["loss"] for r in records(here("two"), "train")],
+                               [r["loss"] for r in records(SHARED / "one", "train")], rtol=1e-3)
+
+
+@only(HOROVOD, TORCH)
+def test_fp16_on_the_wire_stays_within_its_bound(ctx):
+    """fp16 rounds each gradient to 11 significant bits and flushes those below 6e-8 to 0;
+    Adam's update m/sqrt(v) is ~lr whatever the gradient's size, so a flushed element can
+    differ by up to lr per step: every |diff| <= 6 x lr, 99% of them within 1e-3."""
+    train(here("fp16"), "--batch-size", "2", *STEPS[:-1], "fp16")
+    two, one = model_of(here("fp16")), model_of(SHARED / "one")
+    diff = torch.cat([(two[k] - one[k]).abs().flatten() for k in one])
+    assert float(diff.max()) <= 6 * 3e-3 and float((diff > 1e-3).float().mean()) < 0.01
+
+
+@only(TORCH)
+def test_the_torch_engines_run_is_horovods_bit_for_bit(ctx):
+    assert same(model_of(here("two")), model_of(SHARED / HOROVOD / "two"))
+    assert records(here("two"), "start")[0]["launcher"].startswith("torch (gloo; torchrun; ")
+
+
+@only("mpirun-horovod", "mpirun-torch")
+def test_a_run_resumes_exactly_on_the_other_engine(ctx):
+    """Horovod's step-3 checkpoint continued on the torch engine (under mpirun: MPI tells the
+    ranks where rank 0 is) ends where Horovod's own run ends, and the torch engine's on Horovod
+    where the torch engine's does: bit for bit."""
+    other = TORCH if ENGINE == "horovod" else HOROVOD
+    half = SHARED / other / "two" / "checkpoints" / "step_00000003.pt"
+    train(here("resumed"), "--batch-size", "2", *STEPS, "--resume", half)
+    assert same(model_of(here("resumed")), model_of(SHARED / other / "two"))
+    start, = records(here("resumed"), "start")
+    assert start["engine"] == ENGINE and start["resumed_from"] == str(half)
+    if ENGINE == "torch":
+        assert start["launcher"].startswith("torch (gloo; openmpi")
+
+
+def test_eval_on_two_ranks_gives_the_same_bpc_on_both_engines(ctx, capsys):
+    assert main(["eval", str(SHARED / "one"), str(SHARED / "shards"), "--max-bytes", "3000",
+                 "--device", "cpu", "--backend", ENGINE]) == 0
+    if ctx.rank == 0:
+        line = [x for x in capsys.readouterr().out.splitlines() if '"bpc"' in x][-1]
+        got = json.loads(line[line.index("{"):])
+        assert got["world_size"] == 2 and got["chars"] > 2000
+        here("eval.json").parent.mkdir(parents=True, exist_ok=True)
+        here("eval.json").write_text(json.dumps(got))
+        if ENGINE == "torch" and LAUNCHER == "torchrun":
+            theirs = json.loads((SHARED / HOROVOD / "eval.json").read_text())
+            assert (got["bpc"], got["chars"]) == (theirs["bpc"], theirs["chars"])
+
+
+@only(HOROVOD, TORCH)
+def test_onebit_adam_is_the_same_run_on_both_engines(ctx):
+    """3 warmup steps (gradients averaged by each engine's distributed optimizer), then 5
+    compressed ones (alltoall + allgather of the 1-bit momentum); the checkpoint holds both
+    ranks' error buffers."""
+    train(here("onebit"), *ONEBIT)
+    phases = [r["onebit_phase"] for r in records(here("onebit"), "train")]
+    assert phases == ["warmup"] * 3 + ["compressed"] * 5
+    errors = load(resolve(here("onebit")))["optimizer"]["onebit_errors"]
+    assert errors["world_size"] == 2 and float(errors["worker"].abs().max()) > 0
+    if ENGINE == "torch":
+        assert same(model_of(here("onebit")), model_of(SHARED / HOROVOD / "onebit"))
+
+
+@only(HOROVOD)
+def test_a_nan_step_is_skipped_and_counted_on_both_ranks(ctx):
+    train(here("nan"), "--batch-size", "2", "--max-steps", "5", "--inject-nan-steps", "2",
+          "--compression", "none")
+    skips = records(here("nan"), "skip")
+    assert len(skips) == 1 and skips[0]["step"] == 2 and skips[0]["skipped_steps"] == 1
+    train_recs = records(here("nan"), "train")
+    assert [r["step"] for r in train_recs] == [1, 2, 3, 4, 5]
+    want = [3e-3 * lr_factor(s, 0, 5) for s in range(1, 6)]  # LR after applied step s
+    np.testing.assert_allclose([r["lr"] for r in train_recs], want, rtol=1e-9, atol=1e-12)
+    assert records(here("nan"), "end")[0]["skipped_steps"] == 1
+    assert all(torch.isfinite(v).all() for v in model_of(here("nan")).values())
+
+
+@only(HOROVOD)
+def test_a_run_whose_validation_one_process_reads_back(ctx):
+    """The whole val split at the end of a 2 x 4-row run: :func:`after` evaluates it in one
+    process."""
+    train(here("logged"), "--batch-size", "4", "--max-steps", "6", "--eval-chars", "0")
+    assert [r["val_chars"] > 0 for r in records(here("logged"), "eval")] == [True]
+
+
+@only("mpirun-horovod")
+def test_a_one_rank_run_resumed_on_two_keeps_the_epoch_point_and_rescales_the_lr(ctx, capfd):
+    """1 rank x 2 rows for 6 steps (:func:`prepare`), then ``--resume auto`` on 2 ranks: the
+    streams are cut for 4 rows, so the window index moves to the same point of the epoch (the
+    cut's windows per epoch computed here independently), the peak LR is the rule's for the new
+    global batch, and the recurrent state restarts from zero with a warning."""
+    run_dir = here("resized")
+    from hvd_lm import comm
+    if ctx.rank == 0:
+        shutil.copytree(SHARED / "one-rank", run_dir)
+    comm.barrier()
+    train(run_dir, *SQRT_LR, "--max-steps", "9", "--resume", "auto")
+    if ctx.rank == 0:
+        assert "recurrent state reset" in capfd.readouterr().err
+    manifest = load_manifest(SHARED / "shards")
+    wpe1 = RankStreams(manifest, "train", 0, 1, 2, 16).steps_per_epoch
+    wpe2 = RankStreams(manifest, "train", 0, 2, 2, 16).steps_per_epoch
+    assert wpe1 != wpe2
+    epoch, w = divmod(6, wpe1)
+    ck = load(resolve(run_dir))
+    assert ck["step"] == 9 and ck["world_size"] == 2 and ck["windows_per_epoch"] == wpe2
+    assert ck["window"] == epoch * wpe2 + round(w * wpe2 / wpe1) + 3
+    recs = records(run_dir, "train")
+    assert [r["lr"] for r in recs] == pytest.approx([3e-3] * 6 + [3e-3 * math.sqrt(2)] * 3)
+    assert [r["world_size"] for r in recs] == [1] * 6 + [2] * 3
+
+
+def test_featurizing_over_the_ranks_gathers_one_processs_features(ctx):
+    """11 texts in batches of 4 (rank 0 gets two batches, rank 1 one), all four kinds, to 1e-6."""
+    from hvd_lm.transfer import features as F
+    from tests.test_transfer import TEXTS, tiny_model
+
+    texts = TEXTS + ["The end.", "Not bad at all."] + ["Short"]
+    model = tiny_model()
+    for kind in F.FEATURE_KINDS:
+        got = F.featurize(model, texts, kind, batch_size=4, ctx=ctx, progress=False).features
+        ref = F.featurize(model, texts, kind, batch_size=4).features
+        if ctx.rank == 0:
+            assert got.shape == ref.shape
+            np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6, err_msg=kind)
