@@ -1,5 +1,6 @@
 """The fused mLSTM in the step (hvd_lm.model.mlstm_fused; tests/test_mlstm_fused.py has its
-oracles): training against the reference and on 2 ranks, the benchmark's bookkeeping, the
+oracles): training against the reference (on 2 ranks: tests/parallel/test_training.py, the
+fused recurrence being the default), the benchmark's bookkeeping, the
 CUDA tests (skipped without a GPU), and issue 43's step: kernels per time step, no
 window-sized copy, the pre-activations saved."""
 from __future__ import annotations
@@ -13,7 +14,6 @@ from hvd_lm.model.mlstm_fused import (
     mlstm_window,
 )
 from hvd_lm.perf import bench_train as bt
-from tests._mp import horovodrun_cmd, run
 from tests.scripts.mlstm_cases import (
     SPEC,
     cell_case,
@@ -29,7 +29,7 @@ from tests.test_mlstm_fused import (  # noqa: F401 - the fixtures and helpers th
     shards,
     torch_threads,
 )
-from tests.test_train import max_diff, one_process, params_of, records, train_argv
+from tests.test_train import max_diff, one_process, params_of, records
 
 # ---- training ------------------------------------------------------------------------------------
 
@@ -52,17 +52,6 @@ def test_twenty_training_steps_fused_vs_reference(shards, tmp_path):
     assert len(losses["fused"]) == 4
     assert losses["fused"] == pytest.approx(losses["reference"], rel=1e-6)
     assert records(tmp_path / "fused", "start")[0]["world_size"] == 1
-
-
-@pytest.mark.slow
-def test_two_ranks_fused_equal_one_process_with_double_batch(shards, tmp_path):
-    """horovodrun -np 2 x batch 2 with the fused mLSTM == 1 process x batch 4 (no compression:
-    float rounding only, 1e-5)."""
-    steps = ["--max-steps", "6", "--compression", "none", "--rnn-impl", "fused"]
-    run(horovodrun_cmd(2, train_argv(shards, tmp_path / "two", "--batch-size", "2", *steps),
-                       "gloo"), timeout=300)
-    one_process(shards, tmp_path / "one", "--batch-size", "4", *steps)
-    assert max_diff(params_of(tmp_path / "two"), params_of(tmp_path / "one")) <= 1e-5
 
 
 # ---- the benchmark's bookkeeping ----------------------------------------------------------------
