@@ -106,9 +106,11 @@ def test_suite_cpu_sums_by_command(tmp_path):
     log.write_text("1\t5.0\t1\t1\t/r/hvd_lm/__main__.py train --shards s\n"
                    "2\t4.0\t1\t1\t/v/bin/hvd-lm train --x\n"
                    "3\t0.5\t0\t0\t/v/bin/horovodrun -np 2\n"
-                   "4\t2.5\t1\t0\t/r/hvd_lm/__main__.py eval r s\n")
+                   "4\t2.5\t1\t0\t/r/hvd_lm/__main__.py eval r s\n"
+                   "5\t1.5\t16\t2.0\t1\t1\t/r/hvd_lm/__main__.py ev\n")  # two appends interleaved
     table = suite_cpu.summarise(log).splitlines()
     assert table[1].split() == ["2", "9.0", "2", "2", "hvd_lm", "train"]
     assert table[2].split() == ["1", "2.5", "1", "0", "hvd_lm", "eval"]
     assert table[3].split() == ["1", "0.5", "0", "0", "horovodrun"]
     assert table[-1].split()[:4] == ["4", "12.0", "3", "2"]
+    assert table[-1].endswith("; 1 torn line(s) skipped")
