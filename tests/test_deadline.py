@@ -1,7 +1,10 @@
-"""Training to a deadline (``--time-limit``, hvd_lm/train/deadline.py): the schedule's re-planned
-line, the planner's arithmetic against a hand computation, and real runs on 1 and 2 ranks that
-end before their deadline with the LR at 0 and a final checkpoint, resumed with a limit of
-their own; ``hvd-lm launch --walltime`` deriving the limit."""
+"""Training to a deadline (``--time-limit``) and to a budget across allocations (``--time-budget``,
+hvd_lm/train/deadline.py): the schedule's re-planned line, the planner's arithmetic against a
+hand computation, and real runs on the planner's virtual clock (what the plan guarantees, never
+what this machine's speed allows) that end before their deadline with the LR at 0 and a final
+checkpoint, resumed with a limit of their own, and three allocations of a budget equal to one
+run; ``hvd-lm launch --walltime`` deriving the limit. On 2 ranks: tests/parallel/test_training.py.
+"""
 from __future__ import annotations
 
 import json
@@ -150,30 +153,34 @@ def finished(proc: subprocess.Popen, timeout: float) -> str:
     return out
 
 
-def check_ended_at_deadline(run_dir, limit_s: float, started: float) -> dict:
-    """The run's LR reached 0 at its last step, whose checkpoint is its newest, written before
-    the deadline; the plan was logged."""
+def check_ended_at_deadline(run_dir, limit_s: float, step_s: float) -> dict:
+    """On the virtual clock: the run's LR reached 0 at its last step, whose checkpoint is its
+    newest, with the margin kept before the deadline (2 s + 1% of the limit: no more than one
+    more step's worth, and none overrun); the plan was logged."""
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stop"] == "done" and summary["time_limit_s"] == limit_s
-    assert 0 <= summary["deadline_left_s"] <= 8, summary  # used, not overrun
+    margin = 2 + 0.01 * limit_s
+    assert margin <= summary["deadline_left_s"] < margin + step_s, summary
     last = records(run_dir, "train")[-1]
     assert last["step"] == summary["step"] and last["lr"] == 0.0
     assert load(resolve(run_dir))["step"] == summary["step"]
     plans = records(run_dir, "plan")
     assert plans and plans[-1]["total_steps"] == summary["step"]
-    assert time.time() - started <= limit_s + 10  # the launcher's own start and end on top
     return summary
 
 
 def test_one_process_trains_to_its_deadline_and_a_resume_has_its_own(shards, tmp_path):
-    """1 rank: stopped by SIGTERM mid-run, resumed with its own limit: the LR continues from
-    where it was (no jump back to the peak) and reaches 0 at the second deadline, with the final
-    checkpoint; started again, a run whose LR reached 0 has nothing to train."""
+    """1 rank on the planner's virtual clock (every step attempt 0.25 s of it, whatever this
+    machine's speed; each really sleeps 0.05 s so that a signal lands mid-run): stopped by
+    SIGTERM, resumed with its own limit, the LR continues from where it was (no jump back to the
+    peak) and reaches 0 at the second deadline, with the final checkpoint; started again, a run
+    whose LR reached 0 has nothing to train."""
     out = tmp_path / "run"
-    first = train(shards, out, "--time-limit", "60s", HVD_LM_STEP_SLEEP="0.05")
+    clock = {"HVD_LM_VIRTUAL_STEP_S": "0.25", "HVD_LM_STEP_SLEEP": "0.05"}
+    first = train(shards, out, "--time-limit", "60s", **clock)
     try:
-        t_end = time.time() + 60
-        while time.time() < t_end and not (
+        t_end = time.time() + 120
+        while time.time() < t_end and first.poll() is None and not (
                 (out / "metrics.jsonl").exists() and len(records(out, "plan")) >= 1
                 and len(records(out, "train")) >= 30):
             time.sleep(0.3)
@@ -185,30 +192,15 @@ def test_one_process_trains_to_its_deadline_and_a_resume_has_its_own(shards, tmp
     peak = records(out, "start")[0]["peak_lr"]
     assert 0 < lr_at_stop < peak  # decaying towards the first deadline
 
-    started = time.time()
-    finished(train(shards, out, "--time-limit", "15s", "--resume", "auto",
-                   HVD_LM_STEP_SLEEP="0.05"), 60)
-    check_ended_at_deadline(out, 15, started)
+    finished(train(shards, out, "--time-limit", "15s", "--resume", "auto", **clock), 120)
+    check_ended_at_deadline(out, 15, 0.25)
     starts = records(out, "start")
     first_lr = [r for r in records(out, "train") if r["time"] > starts[-1]["time"]][0]["lr"]
-    assert first_lr == pytest.approx(lr_at_stop, rel=0.05)  # continuous, not the peak again
+    assert first_lr <= lr_at_stop and first_lr == pytest.approx(lr_at_stop, rel=0.05)
 
     again = run([sys.executable, "-m", "hvd_lm", "train", "--shards", shards, "--out-dir", out,
                  *TINY, "--time-limit", "15s", "--resume", "auto"], timeout=120, check=False)
     assert again.returncode == 0 and "nothing to train" in again.stderr, again.stderr
-
-
-@pytest.mark.slow
-def test_two_ranks_agree_on_the_plan_and_end_before_a_25s_deadline(shards, tmp_path):
-    out = tmp_path / "run2"
-    started = time.time()
-    finished(train(shards, out, "--time-limit", "25s", "--checkpoint-minutes", "0.1",
-                   "--eval-every", "50", np_=2, HVD_LM_STEP_SLEEP="0.05"), 120)
-    summary = check_ended_at_deadline(out, 25, started)
-    assert summary["world_size"] == 2
-    # the timed checkpoints and validations were measured into the plan
-    assert records(out, "checkpoint") and records(out, "eval")
-    assert records(out, "plan")[-1]["checkpoint_measured"] is True
 
 
 # ---- hvd-lm launch ------------------------------------------------------------------------------
@@ -227,7 +219,8 @@ def test_launch_gives_the_training_the_walltime_less_a_margin(capsys):
 
     assert "--time-limit 13800s" in script("--walltime", "4:00:00", "--time-margin", "10m")
     assert "--time-limit 3300s" in script("--walltime", "1h")  # default margin 5m
-    assert "--time-limit" not in script("--walltime", "1h", "--time-margin", "0")
+    assert "--time-limit" not in [x for x in script("--walltime", "1h", "--time-margin", "0")
+                                  .splitlines() if x.startswith("TRAIN_ARGS=")][0]
     bad = subprocess.run([sys.executable, "-m", "hvd_lm", *LAUNCH, "--walltime", "4m", "--",
                           "--shards", "d"], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)

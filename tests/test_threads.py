@@ -59,8 +59,9 @@ def test_eval_and_transfer_warn_as_train_does(run_dir):
              env=launch_env(), timeout=300)
     assert f"hvd-lm transfer: {warning}" in tr.stderr.splitlines(), tr.stderr
     # the minutes of the fit are said (a bar covers the featurization on a terminal)
-    assert "hvd-lm transfer: fitting L1 logistic regression at 11 C values on 8 x 16 " \
-        "features (auto solver)" in tr.stderr and "hvd-lm transfer: fit in " in tr.stderr
+    assert "hvd-lm transfer: fitting L1 logistic regression: 11 C values x 5-fold " \
+        "cross-validation on 8 x 16 train features (auto solver)" in tr.stderr
+    assert "hvd-lm transfer: fit in " in tr.stderr
     quiet = run(["taskset", "-c", "0", sys.executable, "-m", "hvd_lm", "eval", run_dir / "run",
                  run_dir / "shards"], env=launch_env(), timeout=300)
     assert "usable cores" not in quiet.stderr  # the default: 1 thread on 1 core

@@ -125,7 +125,8 @@ def test_liblinear_in_worker_processes_equals_one_fit_after_another():
     """The cross-validation's fits in 2 worker processes give the weights, fold accuracies and
     iteration counts of the same fits one after another in this process, run after run
     (liblinear's rand() is process-wide: in threads of one process they did not)."""
-    (Xtr, ytr), _ = problem(400, 96, 3)
+    (Xtr, ytr), _ = problem(2800, 96, 3)  # over IN_PROCESS_FIT: workers when asked for
+    assert Xtr.size > C.IN_PROCESS_FIT
     grid = np.geomspace(0.01, 10.0, 6)
     one = C.fit_logreg(Xtr, ytr, grid=grid, jobs=1)
     for _ in range(2):

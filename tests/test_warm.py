@@ -114,3 +114,19 @@ def test_suite_cpu_sums_by_command(tmp_path):
     assert table[3].split() == ["1", "0.5", "0", "0", "horovodrun"]
     assert table[-1].split()[:4] == ["4", "12.0", "3", "2"]
     assert table[-1].endswith("; 1 torn line(s) skipped")
+
+
+def test_the_loky_workers_a_command_started_end_with_it():
+    """scikit-learn's parallel fits start joblib's loky workers; in a fresh interpreter they end
+    with it, while a forked child's exit waited for their 300 s idle timeout (a 4-second
+    transfer took 5 minutes warm): the warm child stops them itself."""
+    import joblib
+    import psutil
+
+    joblib.Parallel(n_jobs=2, backend="loky")(joblib.delayed(abs)(i) for i in range(4))
+    workers = [p for p in psutil.Process().children(recursive=True)
+               if "popen_loky_posix" in " ".join(p.cmdline())]
+    assert workers
+    _warm._stop_loky_workers()
+    gone, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive

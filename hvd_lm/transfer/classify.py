@@ -130,8 +130,9 @@ def cross_validate(estimator, X, y, grid: Sequence[float], folds: int = DEFAULT_
         folds: k (fewer when a class has fewer examples: :func:`cv_folds`).
         jobs: fits at once, in worker processes (joblib's loky: liblinear draws from C's
             process-wide ``rand()``, so fits in threads of one process would interleave their
-            draws); 0: one per usable core, and one in this process for problems of at most
-            :data:`IN_PROCESS_FIT` values (stored values when sparse).
+            draws); 0: one per usable core. Problems of at most :data:`IN_PROCESS_FIT` values
+            (stored values when sparse) are fit one after another in this process whatever
+            ``jobs`` says: starting workers costs more than such fits.
 
     Returns:
         the fitted ``GridSearchCV`` (``best_params_``, ``best_estimator_``, ``cv_results_``).
@@ -139,9 +140,8 @@ def cross_validate(estimator, X, y, grid: Sequence[float], folds: int = DEFAULT_
         ValueError: as :func:`cv_folds`.
     """
     k = cv_folds(y, folds)
-    if not jobs:
-        size = X.nnz if hasattr(X, "nnz") else X.shape[0] * X.shape[1]  # sparse: its values
-        jobs = 1 if size <= IN_PROCESS_FIT else usable_cores()
+    size = X.nnz if hasattr(X, "nnz") else X.shape[0] * X.shape[1]  # sparse: its values
+    jobs = 1 if size <= IN_PROCESS_FIT else (jobs or usable_cores())
     search = GridSearchCV(estimator, {param: sorted(float(c) for c in grid)},
                           scoring="accuracy", n_jobs=jobs, refit=True, error_score="raise",
                           cv=StratifiedKFold(n_splits=k, shuffle=True, random_state=seed))

@@ -369,3 +369,20 @@ def test_a_two_rank_run_that_one_process_resumes(ctx):
     """3 steps on 2 ranks; :func:`after` resumes it in one process and counts every character
     once."""
     train(here("chars"), "--batch-size", "2", "--max-steps", "3")
+
+
+@only(HOROVOD)
+def test_two_ranks_agree_on_the_plan_and_end_before_their_deadline(ctx, monkeypatch):
+    """``--time-limit 25s`` on the planner's virtual clock (every step attempt 0.25 s of it):
+    rank 0's plan reaches every rank through the control allreduce, both end at the same step
+    with the LR at 0 and a checkpoint, the margin kept before the deadline, the periodic
+    validations and checkpoints in between (what they cost the plan: the planner's own test in
+    tests/test_deadline.py, by hand)."""
+    monkeypatch.setenv("HVD_LM_VIRTUAL_STEP_S", "0.25")
+    train(here("deadline"), "--batch-size", "2", "--time-limit", "25s", "--eval-every", "50",
+          "--checkpoint-every", "40")
+    from tests.test_deadline import check_ended_at_deadline
+    summary = check_ended_at_deadline(here("deadline"), 25, 0.25)
+    assert summary["world_size"] == 2
+    assert [r["step"] for r in records(here("deadline"), "checkpoint")][:2] == [40, 80]
+    assert [r["step"] for r in records(here("deadline"), "eval")][:1] == [50]
