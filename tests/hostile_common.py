@@ -143,29 +143,32 @@ def reviews(tmp_path_factory):
     return src
 
 
-def timed_main(argv: list[str], mem_bytes: int = 3 << 30, stdin=None, warmup: list | None = None
-               ) -> tuple[subprocess.CompletedProcess, float, float]:
+def measured_main(argv: list[str], mem_bytes: int = 3 << 30, stdin=None,
+                  warmup: list | None = None) -> tuple[subprocess.CompletedProcess, float, float]:
     """``hvd_lm.cli.main(argv)`` in a child with its address space capped at ``mem_bytes`` (so
     a blow-up ends as MemoryError, not a swapping machine), the command's modules imported
-    (and ``main(warmup)`` run, when given) before the clock starts; returns (process, seconds
-    main took, MB its peak RSS rose above the RSS before it: Linux's VmHWM, reset through
-    /proc/self/clear_refs)."""
-    code = ("import sys, time, resource; from hvd_lm.cli import build_parser, main; "
+    (and ``main(warmup)`` run, when given) before it is measured; returns (process, MB main
+    read through read() calls: /proc/self/io's rchar, MB its peak RSS rose above the RSS before
+    it: Linux's VmHWM, reset through /proc/self/clear_refs). Bytes and memory, not seconds: a
+    verdict on them does not hang on this machine's load."""
+    code = ("import sys, resource; from hvd_lm.cli import build_parser, main; "
             "argv = sys.argv[1:]; i = argv.index('--'); warm, argv = argv[:i], argv[i + 1:]; "
             "build_parser(argv); warm and main(warm); "
             f"resource.setrlimit(resource.RLIMIT_AS, ({mem_bytes}, {mem_bytes})); "
             "kb = lambda k: int([x for x in open('/proc/self/status') if x.startswith(k)][0]"
-            ".split()[1]) / 1024; open('/proc/self/clear_refs', 'w').write('5'); "
-            "m0 = kb('VmRSS'); t = time.perf_counter(); rc = main(argv); "
-            "print(f'seconds={time.perf_counter() - t:.3f} grew={kb(\"VmHWM\") - m0:.1f}', "
+            ".split()[1]) / 1024; "
+            "rchar = lambda: int([x for x in open('/proc/self/io') if x.startswith('rchar')][0]"
+            ".split()[1]); open('/proc/self/clear_refs', 'w').write('5'); "
+            "m0 = kb('VmRSS'); r0 = rchar(); rc = main(argv); "
+            "print(f'read={(rchar() - r0) / 2**20:.3f} grew={kb(\"VmHWM\") - m0:.1f}', "
             "file=sys.stderr); sys.exit(rc)")
     proc = subprocess.run([sys.executable, "-c", code, *map(str, warmup or []), "--",
                            *map(str, argv)], stdin=stdin, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True, env=launch_env(), timeout=300,
                           check=False)
     stats = [dict(kv.split("=") for kv in x.split()) for x in proc.stderr.splitlines()
-             if x.startswith("seconds=")]
-    proc.stderr = "\n".join(x for x in proc.stderr.splitlines() if not x.startswith("seconds="))
+             if x.startswith("read=")]
+    proc.stderr = "\n".join(x for x in proc.stderr.splitlines() if not x.startswith("read="))
     if not stats:
         return proc, float("inf"), float("inf")
-    return proc, float(stats[0]["seconds"]), float(stats[0]["grew"])
+    return proc, float(stats[0]["read"]), float(stats[0]["grew"])

@@ -13,9 +13,9 @@ import pytest
 from hvd_lm.cli import main
 from tests.hostile_common import (  # noqa: F401 - the fixtures these tests take
     hvd_lm,
+    measured_main,
     one_error_line,
     shards,
-    timed_main,
     trained,
 )
 
@@ -33,7 +33,7 @@ def test_classify_memory_does_not_grow_with_its_input(trained, tmp_path):
     size_mb = big.stat().st_size / 1e6
     (tmp_path / "small.txt").write_text("a great album\n")
     base = ["classify", trained["ckpt"], trained["dir"] / "out", "--no-progress", "--threads", "1"]
-    proc, _, grew = timed_main([*base, "--input", big, "--output", tmp_path / "p.jsonl"],
+    proc, _, grew = measured_main([*base, "--input", big, "--output", tmp_path / "p.jsonl"],
                                warmup=[*base, "--input", tmp_path / "small.txt", "--output",
                                        tmp_path / "warm.jsonl"])
     assert proc.returncode == 0, proc.stderr
@@ -49,7 +49,7 @@ def test_classify_stops_an_endless_line_at_its_cap(trained, tmp_path):
     endless = "import sys\nwhile True: sys.stdout.write('lol ' * 16384)"
     feeder = subprocess.Popen([sys.executable, "-c", endless], stdout=subprocess.PIPE)
     try:
-        proc, _, grew = timed_main(["classify", trained["ckpt"], trained["dir"] / "out",
+        proc, _, grew = measured_main(["classify", trained["ckpt"], trained["dir"] / "out",
                                     "--input", "-", "--no-progress"], stdin=feeder.stdout)
     finally:
         feeder.kill()

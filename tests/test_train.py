@@ -234,12 +234,10 @@ def test_sigterm_checkpoints_and_exits_cleanly_on_all_ranks(shards, tmp_path):
 def test_dead_rank_fails_the_job_without_hanging(shards, tmp_path, launcher):
     argv = train_argv(shards, tmp_path / "dead", "--batch-size", "2", "--max-steps", "100000")
     cmd = mpirun_cmd(2, argv) if launcher == "mpirun" else horovodrun_cmd(2, argv, "gloo")
-    t0 = time.time()
-    proc = run(cmd, timeout=150, check=False,
+    proc = run(cmd, timeout=150, check=False,  # a hang would be killed and fail the test
                env=launch_env(HVD_LM_FAULT_RANK="1", HVD_LM_FAULT_STEP="3"))
     assert proc.returncode != 0
     assert "injected fault at step 3" in proc.stdout + proc.stderr
-    assert time.time() - t0 < 150
 
 
 def test_uniform_model_gives_exactly_8_bpc(shards):
