@@ -169,6 +169,7 @@ def check_ended_at_deadline(run_dir, limit_s: float, step_s: float) -> dict:
     return summary
 
 
+@pytest.mark.slow
 def test_one_process_trains_to_its_deadline_and_a_resume_has_its_own(shards, tmp_path):
     """1 rank on the planner's virtual clock (every step attempt 0.25 s of it, whatever this
     machine's speed; each really sleeps 0.05 s so that a signal lands mid-run): stopped by

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests._mp import REPO
 
 
@@ -39,6 +41,7 @@ def test_a_signal_stop_on_every_rank_is_a_clean_stop_whatever_the_exit_status(tm
     assert p.returncode == 0 and "the job failed (exit status 255)" in p.stdout
 
 
+@pytest.mark.slow
 def test_the_launchers_words_name_the_lost_rank_or_the_refused_start(tmp_path):
     write_records(tmp_path / "run", {"kind": "start", "step": 0, "time": time.time()})
     cases = {

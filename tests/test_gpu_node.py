@@ -121,6 +121,7 @@ def test_gpu_check_setup_on_a_nested_venv_image_offline(tmp_path, wheelhouse):
     assert "ready (stamp" in (out / "setup.log").read_text()  # nothing set up again
 
 
+@pytest.mark.slow
 def test_gpu_session_runs_both_calls_on_the_cpu(tmp_path):
     """``scripts/gpu_session.sh``'s two calls rehearsed at tiny shapes (SMALL=1, DEVICE=cpu) with
     an "image" python that lacks Horovod, orjson and pytorch-optimizer, as the node's does, on the

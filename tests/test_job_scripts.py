@@ -462,6 +462,7 @@ def test_slurm_elastic_render(tmp_path):
                "--elastic") == 2
 
 
+@pytest.mark.slow
 def test_a_process_the_launcher_leaves_behind_does_not_hold_the_jobs_output(tmp_path):
     """launch/lib.sh's hvd_lm_run_preemptible passes the launcher's output through line filters
     (they keep its ERROR lines for the closing block). A launcher that exits while a process it

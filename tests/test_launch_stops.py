@@ -61,6 +61,7 @@ def test_a_clean_stop_exits_0_whatever_the_launchers_status(shards, tmp_path):
     assert "the job failed" not in err and "killed outright" not in err
 
 
+@pytest.mark.slow
 def test_mpirun_refusing_root_ends_with_the_fix(shards, tmp_path):
     """As root with OpenMPI's permission taken away (the templates give it to root): the
     closing block's cause is the refusal and its fix, not 'a rank killed outright'."""

@@ -59,6 +59,7 @@ class Lines:
         return [i for i, line in enumerate(self.lines) if i > index and text in line]
 
 
+@pytest.mark.slow
 def test_ctrl_c_is_acknowledged_at_once_and_one_process_stops_after_its_step(shards, tmp_path):
     """Steps of 3 s: the line naming SIGINT comes at once, while step 2 is still in progress
     (before: nothing until the next control step, minutes at H=4096), and the run checkpoints
