@@ -67,6 +67,7 @@ def test_rendered_sbatch_runs_two_ranks_with_srun(slurm, shards, tmp_path):
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log
     assert "2 ranks via srun" in log and "srun --mpi=pmix" in log
     run = tmp_path / "run"
+    assert (run / "metrics.jsonl").is_file(), f"{info}\n{log[-6000:]}"
     assert [s["world_size"] for s in records(run, "start")] == [2]
     end, = records(run, "end")
     assert end["stop"] == "done" and end["world_size"] == 2
