@@ -219,6 +219,14 @@ hvd_lm_run_preemptible() {
   done
   trap - USR1 TERM INT
   _hvd_lm_wait_filters
+  # srun can exit 0 after a step whose tasks never started ("srun: error: task 0 launch failed":
+  # seen with PMIx): that is a failure, whatever the status says
+  if [ "$rc" = 0 ] && grep -q "^srun: error: task [0-9]* launch failed" "$HVD_LM_ERRORS" 2>/dev/null; then
+    echo "launch: ERROR: srun exited 0, but its tasks failed to launch (its lines above): the" \
+      "training did not run" >&2
+    echo "launch: ERROR: srun's tasks failed to launch" >>"$HVD_LM_ERRORS"
+    rc=1
+  fi
   # every rank checkpointed on a signal: a clean stop, whatever the launcher's exit status
   # (horovodrun across hosts exits 255 after its ranks stopped cleanly; the requeue logic and
   # the closing block must see a clean stop, not a crash)

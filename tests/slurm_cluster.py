@@ -145,6 +145,9 @@ class SlurmCluster:
             f"SlurmctldHost={ctl}({ctl_addr})",
             f"SlurmctldPort={_free_port()}",
             f"SlurmdPort={_free_port()}",
+            # job ids of their own: PMIx makes /tmp/spmix_appdir_<uid>_<job>.<step> on the
+            # node, which two clusters on this machine at once (two test files) would share
+            f"FirstJobId={int.from_bytes(os.urandom(3), 'big') % 1_000_000 + 1000}",
             f"SlurmUser={user}",
             "AuthType=auth/munge",
             "CredType=cred/munge",

@@ -484,3 +484,20 @@ def test_a_process_the_launcher_leaves_behind_does_not_hold_the_jobs_output(tmp_
         os.killpg(proc.pid, signal.SIGKILL)
     assert "launched" in out and "launcher rc=0" in out
     assert time.monotonic() - t0 < 20  # the job's output ended with it, not with the sleeper
+
+
+def test_srun_that_exits_0_after_its_tasks_failed_to_launch_is_a_failure(tmp_path):
+    """srun can exit 0 after a step whose tasks never started (seen with PMIx: "srun: error:
+    task 0 launch failed: Unspecified error"); the job then COMPLETED as if it had trained.
+    launch/lib.sh's hvd_lm_run_preemptible returns 1 with an ERROR line, which the closing
+    block reads."""
+    script = tmp_path / "job.sh"
+    script.write_text(f"source {REPO / 'launch/lib.sh'}\n"
+                      "hvd_lm_run_preemptible bash -c 'echo \"srun: error: task 0 launch "
+                      "failed: Unspecified error\" >&2; exit 0'\n"
+                      "echo \"launcher rc=$?\"; cat \"$HVD_LM_ERRORS\"\n")
+    proc = subprocess.run(["bash", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "OUT_DIR": str(tmp_path / "run")})
+    assert "launcher rc=1" in proc.stdout, proc.stdout + proc.stderr
+    assert "launch: ERROR: srun exited 0, but its tasks failed to launch" in proc.stderr
+    assert "srun's tasks failed to launch" in proc.stdout  # kept for the closing block
