@@ -47,13 +47,24 @@ class StopSignals:
         #: () -> str: when the stop happens (set by the loop: the step, the steps to go)
         self.describe = describe
         self.mpirun_tears_down = under_openmpi()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-            signal.signal(sig, self._handler)
+        self.previous = {sig: signal.signal(sig, self._handler)
+                         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+        self.wakeup_fd: int | None = None
         self._watch_wakeups()
         shell = horovodrun_mpi_shell()
         if shell is not None:
             threading.Thread(target=self._watch, args=(shell, watch_interval_s), daemon=True,
                              name="launcher-watchdog").start()
+
+    def restore(self) -> None:
+        """Put back the handlers there were before (the run is over: a signal from now on, e.g.
+        mpirun tearing down a failed job, ends the process as it would have, instead of raising
+        a flag no loop reads)."""
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            for sig, handler in self.previous.items():
+                signal.signal(sig, handler)
+            if self.wakeup_fd is not None:
+                signal.set_wakeup_fd(self.wakeup_fd)
 
     def _handler(self, signum, frame) -> None:
         self.received = signum
@@ -70,7 +81,7 @@ class StopSignals:
         try:
             r, w = os.pipe()
             os.set_blocking(w, False)
-            signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+            self.wakeup_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         except (ValueError, OSError):  # not the main thread (tests building a trainer in one)
             return
         threading.Thread(target=self._acknowledge, args=(r,), daemon=True,

@@ -240,6 +240,10 @@ class Trainer:
                 write_failure(run.out_dir, self.pos.step, run.ctx.rank, error_text(e),
                               str(last) if last else None)
             raise
+        finally:  # the run is over: a signal now ends the process again (mpirun's teardown)
+            self.signals.restore()
+            if getattr(run, "peer_watch", None) is not None:
+                run.peer_watch.close()
 
     def lost_peer(self, error: BaseException) -> LostPeer:
         """The one-line error of a collective that lost a peer: who (probed, at most 3 s), when,
