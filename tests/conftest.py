@@ -3,6 +3,7 @@ cluster in a box (tests/cluster.py) for the ``cluster`` tests."""
 
 import atexit
 import contextlib
+import json
 import os
 from pathlib import Path
 
@@ -13,6 +14,28 @@ pytest_plugins = ["tests._budget"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DIR = REPO_ROOT.parent / "shared"
+
+#: The tiny run most training tests make (a file adds its own flags after these: argparse keeps
+#: the last of a flag): H=32, 2 rows of 16 bytes, one thread, on the CPU.
+TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
+        "--threads", "1", "--eval-chars", "2000", "--device", "cpu"]
+
+
+def records(run_dir: Path, kind: str | None = None) -> list[dict]:
+    """The records of ``run_dir``'s ``metrics.jsonl`` (of one ``kind`` when given; none while
+    the file does not exist; a last line still being written is left out)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    recs = [json.loads(x) for x in lines if x.endswith("}")]
+    return [r for r in recs if kind is None or r["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """Real review text in small shards (tests/shardutil.py: 3 train shards, 1 val), once per
+    test module."""
+    from tests.shardutil import default_shards
+    return default_shards(tmp_path_factory.mktemp("shards"))
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -13,12 +13,11 @@ import pytest
 
 from hvd_lm.cli import main
 from hvd_lm.formats import checkpoint as ck
+from tests import conftest
 from tests._mp import launch_env, one_error_line, run  # noqa: F401 - one_error_line for the tests
-from tests.shardutil import default_shards
 from tests.test_transfer import synthetic_reviews, write_checkpoint
 
-TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
-        "--log-every", "10", "--threads", "1", "--eval-chars", "2000", "--device", "cpu"]
+TINY = [*conftest.TINY, "--log-every", "10"]
 HVD_LM = [sys.executable, "-m", "hvd_lm"]
 
 
@@ -26,20 +25,12 @@ def hvd_lm(*args, timeout=180, **env) -> subprocess.CompletedProcess:
     return run([*HVD_LM, *map(str, args)], timeout=timeout, env=launch_env(**env), check=False)
 
 
-def records(run_dir: Path, kind: str) -> list[dict]:
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in recs if r["kind"] == kind]
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
     """Every file under ``folder`` (relative name -> bytes)."""
     return {p.relative_to(folder).as_posix(): p.read_bytes()
             for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return default_shards(tmp_path_factory.mktemp("shards"))
 
 
 @pytest.fixture(scope="module")

@@ -19,25 +19,14 @@ import torch
 from hvd_lm.formats import checkpoint as ck
 from hvd_lm.train.async_checkpoint import CheckpointWriter, to_host
 from hvd_lm.util import atomic
+from tests import conftest
 from tests._mp import launch_env, run
-from tests.shardutil import default_shards
+from tests.conftest import records
 
-TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
-        "--log-every", "1", "--threads", "1", "--eval-chars", "2000", "--device", "cpu",
-        "--control-every", "1"]
+TINY = [*conftest.TINY, "--log-every", "1", "--control-every", "1"]
 HVD_LM = [sys.executable, "-m", "hvd_lm"]
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return default_shards(tmp_path_factory.mktemp("shards"))
-
-
-def records(run_dir: Path, kind: str | None = None) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    recs = [json.loads(x) for x in lines if x.endswith("}")]
-    return [r for r in recs if kind is None or r["kind"] == kind]
 
 
 def wait_for(pred, timeout: float = 120, proc: subprocess.Popen | None = None):

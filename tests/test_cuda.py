@@ -23,18 +23,12 @@ from hvd_lm.train.data import RankStreams
 from hvd_lm.train.step import StepSpec, train_step
 from hvd_lm.transfer.features import featurize
 from tests._mp import horovodrun_cmd, launch_env, run
-from tests.shardutil import default_shards
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 TINY = ["--hidden-size", "64", "--embed-dim", "16", "--seq-len", "32", "--batch-size", "4",
         "--log-every", "1", "--lr", "3e-3", "--eval-chars", "4000"]
 BOUND = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 1e-2}
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return default_shards(tmp_path_factory.mktemp("shards"))
 
 
 def batches(shards, n: int = 6, B: int = 4, T: int = 32):

@@ -22,22 +22,13 @@ from hvd_lm.formats.checkpoint import load, resolve
 from hvd_lm.train.deadline import SKIP_ATTEMPTS, Cadence, DeadlinePlanner
 from hvd_lm.train.schedule import Schedule, lr_factor, make_scheduler, schedule_of
 from hvd_lm.util.units import parse_duration
+from tests import conftest
 from tests._mp import REPO, horovodrun_cmd, launch_env, run
-from tests.shardutil import default_shards
+from tests.conftest import records
 
-TINY = ["--hidden-size", "16", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
-        "--log-every", "1", "--threads", "1", "--eval-chars", "2000", "--device", "cpu",
-        "--warmup-steps", "5"]
+TINY = [*conftest.TINY, "--hidden-size", "16", "--log-every", "1", "--warmup-steps", "5"]
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return default_shards(tmp_path_factory.mktemp("shards"))
-
-
-def records(run_dir, kind=None) -> list[dict]:
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in recs if kind is None or r["kind"] == kind]
 
 
 # ---- the pieces --------------------------------------------------------------------------------

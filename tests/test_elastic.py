@@ -12,14 +12,13 @@ import torch
 from hvd_lm.formats.checkpoint import load, resolve
 from hvd_lm.perf.bench_elastic import ElasticJob, local_names
 from hvd_lm.train.schedule import scaled_lr
+from tests import conftest
 from tests._mp import run
 from tests.shardutil import default_shards
 
 pytestmark = pytest.mark.slow
-TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
-        "--lr", "3e-3", "--threads", "1", "--eval-chars", "2000", "--device", "cpu",
-        # peak LR = 3e-3 * sqrt(global batch / 2), held (no decay): it must follow the world size
-        "--lr-rule", "sqrt", "--lr-ref-batch", "2", "--lr-decay", "none"]
+TINY = [*conftest.TINY, "--lr", "3e-3", "--lr-rule", "sqrt", "--lr-ref-batch", "2", "--lr-decay",
+        "none"]
 
 
 def test_lose_a_worker_then_get_one_back(tmp_path):

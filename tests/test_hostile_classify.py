@@ -15,7 +15,6 @@ from tests.hostile_common import (  # noqa: F401 - the fixtures these tests take
     hvd_lm,
     measured_main,
     one_error_line,
-    shards,
     trained,
 )
 

@@ -24,7 +24,6 @@ from tests.hostile_common import (  # noqa: F401 - fixtures, shared with the fir
     one_error_line,
     prepare_cli,
     reviews,
-    shards,
 )
 from tests.test_hostile_reads import capped
 from tests.test_transfer import write_checkpoint

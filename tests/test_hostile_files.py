@@ -18,9 +18,7 @@ from tests.hostile_common import (  # noqa: F401 - the fixtures these tests take
     hvd_lm,
     one_error_line,
     prepare_cli,
-    records,
     reviews,
-    shards,
     snapshot,
     trained,
 )

@@ -14,16 +14,15 @@ import pytest
 
 from hvd_lm.cli import main
 from hvd_lm.formats import checkpoint as ck
+from tests.conftest import records
 from tests.hostile_common import (  # noqa: F401 - the fixtures these tests take
     TINY,
     copy_of,
     hvd_lm,
     measured_main,
     one_error_line,
-    records,
     run_a,
     server,
-    shards,
     snapshot,
     sources,
 )

@@ -25,14 +25,13 @@ import pytest
 from hvd_lm.cli import main
 from hvd_lm.formats import checkpoint as ck
 from tests._mp import launch_env
+from tests.conftest import records
 from tests.hostile_common import (  # noqa: F401 - fixtures, shared with the first cases
     TINY,
     hvd_lm,
     one_error_line,
     prepare_cli,
-    records,
     run_a,
-    shards,
 )
 from tests.test_transfer import write_checkpoint
 

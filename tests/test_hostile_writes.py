@@ -22,7 +22,6 @@ from tests.hostile_common import (  # noqa: F401 - fixtures, shared with the fir
     prepare_cli,
     reviews,
     server,
-    shards,
     snapshot,
     sources,
 )

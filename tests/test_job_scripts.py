@@ -19,14 +19,13 @@ from hvd_lm.cli import main
 from hvd_lm.jobs import job_scripts as L
 from hvd_lm.perf import scaling_report as S
 from hvd_lm.train.schedule import scaled_lr
+from tests import conftest
 from tests._mp import REPO, launch_env, run
-from tests.shardutil import default_shards
 from tests.slurm_cluster import Unavailable, ensure_tools
 
 LAUNCH = REPO / "launch"
 TEMPLATES = sorted(LAUNCH.glob("*.sh")) + [LAUNCH / "slurm.sbatch", LAUNCH / "pbs.qsub"]
-TINY = ("--hidden-size 32 --embed-dim 8 --seq-len 16 --batch-size 2 --max-steps 6 --log-every 1 "
-        "--threads 1 --lr 1e-2 --eval-chars 2000 --device cpu")
+TINY = " ".join([*conftest.TINY, "--max-steps", "6", "--log-every", "1", "--lr", "1e-2"])
 
 
 def cli(*argv: str) -> int:
@@ -50,11 +49,6 @@ def check_shell(shellcheck: str, *paths: Path) -> None:
 
 
 # ---- templates run as-is -------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return default_shards(tmp_path_factory.mktemp("shards"))
-
-
 def assert_two_rank_run(run_dir: Path, output: str) -> None:
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     start = [r for r in recs if r["kind"] == "start"]

@@ -43,21 +43,19 @@ import psutil
 import pytest
 
 from hvd_lm.formats.checkpoint import list_checkpoints
+from tests import conftest
 from tests._mp import REPO, SHARED, launch_env, run
 from tests.cluster import Cluster
+from tests.conftest import records
 from tests.slurm_cluster import SLURM_TOOLS, ensure_tools
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 MUSIC = SHARED / "data/amazon/mcauley2014_5core/reviews_Digital_Music_5.json.gz"
 SST2 = SHARED / "data/sst2"
-TINY = ("--hidden-size 32 --embed-dim 8 --seq-len 16 --batch-size 2 --threads 1 --device cpu "
-        "--lr 3e-3 --log-every 10 --eval-chars 2000")
+TINY = " ".join([*conftest.TINY, "--lr", "3e-3", "--log-every", "10"])
 PREP = "--shard-size 256K --split 20,1,1 --no-progress"
 
 
-def records(run_dir: Path, kind: str) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
 def doc_commands(doc: str, first_words: str) -> list[str]:

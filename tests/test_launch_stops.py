@@ -12,16 +12,10 @@ import time
 import pytest
 
 from tests._mp import REPO, launch_env, run
-from tests.shardutil import default_shards
 
 LAUNCH = REPO / "launch"
 TINY = ("--hidden-size 16 --embed-dim 8 --seq-len 16 --batch-size 2 --log-every 1 "
         "--threads 1 --device cpu")
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return default_shards(tmp_path_factory.mktemp("shards"))
 
 
 def stand_in(path, body: str):

@@ -10,22 +10,13 @@ import pytest
 import torch
 
 from hvd_lm.model import mfu
+from tests import conftest
 from tests._mp import launch_env, run
-from tests.shardutil import default_shards
+from tests.conftest import records
 
-TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
-        "--log-every", "2", "--threads", "1", "--eval-chars", "2000", "--device", "cpu",
-        "--max-steps", "6"]
+TINY = [*conftest.TINY, "--log-every", "2", "--max-steps", "6"]
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return default_shards(tmp_path_factory.mktemp("shards"))
-
-
-def records(run_dir, kind):
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in recs if r["kind"] == kind]
 
 
 def flops_per_char_by_hand(E: int, H: int, V: int = 256) -> int:

@@ -36,7 +36,6 @@ from tests.scripts.mlstm_cases import (
     window_diff,
     window_inputs,
 )
-from tests.shardutil import default_shards
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -126,11 +125,6 @@ def test_fused_equals_reference_fp32_random(weight_norm, torch_threads):
     for name in g_f:
         assert float(g_f[name].abs().max()) > 0, name
         assert_within(g_f[name], g_r[name], 1e-6, name)
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return default_shards(tmp_path_factory.mktemp("shards"))
 
 
 def test_fused_equals_reference_on_real_shards(shards):

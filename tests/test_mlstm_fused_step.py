@@ -14,6 +14,7 @@ from hvd_lm.model.mlstm_fused import (
     mlstm_window,
 )
 from hvd_lm.perf import bench_train as bt
+from tests.conftest import records
 from tests.scripts.mlstm_cases import (
     SPEC,
     cell_case,
@@ -26,7 +27,6 @@ from tests.test_mlstm_fused import (  # noqa: F401 - the fixtures and helpers th
     grads,
     needs_cuda,
     pair,
-    shards,
     torch_threads,
 )
 from tests.test_train import max_diff, one_process, params_of, records

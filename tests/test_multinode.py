@@ -27,7 +27,7 @@ from hvd_lm.cli import main
 from hvd_lm.formats.checkpoint import load, resolve
 from tests._mp import REPO, launch_env, run
 from tests.cluster import Cluster
-from tests.shardutil import default_shards
+from tests.conftest import records
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 PY = sys.executable
@@ -42,11 +42,6 @@ IFACE = {"OMPI_MCA_btl_tcp_if_include": "eth0", "OMPI_MCA_oob_tcp_if_include": "
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return default_shards(tmp_path_factory.mktemp("shards"))  # under /tmp/pytest-of-*: shared
-
-
-@pytest.fixture(scope="module")
 def reference(shards, tmp_path_factory):
     """One process, batch 4: the independent computation every 2-rank run must equal."""
     out = tmp_path_factory.mktemp("ref") / "one"
@@ -55,9 +50,6 @@ def reference(shards, tmp_path_factory):
     return out
 
 
-def records(run_dir: Path, kind: str | None = None) -> list[dict]:
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in recs if kind is None or r["kind"] == kind]
 
 
 def assert_equals_reference(run_dir: Path, reference: Path, out: str = "",

@@ -16,14 +16,13 @@ import pytest
 
 from hvd_lm.cli import main
 from tests._mp import launch_env
-from tests.test_multinode import (  # noqa: F401 - shards, reference: the fixtures it takes
+from tests.test_multinode import (  # noqa: F401 - reference: the fixtures it takes
     LAUNCH,
     STEPS,
     TINY,
     assert_equals_reference,
     records,
     reference,
-    shards,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

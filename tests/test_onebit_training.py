@@ -4,7 +4,6 @@ ranks (exact resume in the compressed phase, within 0.05 BPC of Adam):
 tests/parallel/test_training.py."""
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest
@@ -12,14 +11,12 @@ import torch
 
 from hvd_lm.comm import onebit_compression as ob
 from hvd_lm.formats.checkpoint import load, resolve
+from tests import conftest
 from tests._mp import horovodrun_cmd, launch_env, run
-from tests.shardutil import default_shards
 
 # ---- training ------------------------------------------------------------------------------------
 
-TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--log-every", "1",
-        "--lr", "3e-3", "--threads", "1", "--eval-chars", "2000", "--batch-size", "2",
-        "--device", "cpu"]  # 2 ranks: on a 1-GPU node they cannot share the GPU
+TINY = [*conftest.TINY, "--log-every", "1", "--lr", "3e-3"]
 
 
 def _train(shards, out, *extra, np_=2):
@@ -28,14 +25,6 @@ def _train(shards, out, *extra, np_=2):
     return run(cmd, timeout=300, env=launch_env())
 
 
-def _records(run_dir, kind):
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in recs if r["kind"] == kind]
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return default_shards(tmp_path_factory.mktemp("shards"))
 
 
 @pytest.mark.slow

@@ -21,13 +21,12 @@ from hvd_lm.formats import checkpoint as ck
 from hvd_lm.util import atomic
 from hvd_lm.util.lock import FolderBusyError, FolderLock
 from tests._mp import horovodrun_cmd, launch_env, mpirun_cmd
+from tests.conftest import records
 from tests.reliability_common import (  # noqa: F401 - the fixtures these tests take
     HVD_LM,
     TINY,
     hvd_lm,
     one_error_line,
-    records,
-    shards,
 )
 
 # ---- 1. one job per run folder -------------------------------------------------------------------

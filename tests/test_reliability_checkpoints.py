@@ -15,13 +15,12 @@ from hvd_lm.formats import checkpoint as ck
 from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.train import preflight
 from hvd_lm.train.loop import TRAIN
+from tests.conftest import records
 from tests.reliability_common import (  # noqa: F401 - the fixtures these tests take
     HVD_LM,
     TINY,
     hvd_lm,
     one_error_line,
-    records,
-    shards,
 )
 
 # ---- 8/9. checkpoints: clear load errors, fallback, no config rewrite, exact chars ---------------

@@ -20,8 +20,6 @@ from tests.reliability_common import (  # noqa: F401 - the fixtures these tests 
     TINY,
     hvd_lm,
     one_error_line,
-    records,
-    shards,
 )
 
 # ---- 11. issue 27: shapes and memory checked before anything is written --------------------------

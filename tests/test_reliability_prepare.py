@@ -19,8 +19,6 @@ from tests.reliability_common import (  # noqa: F401 - the fixtures these tests 
     TINY,
     hvd_lm,
     one_error_line,
-    records,
-    shards,
 )
 
 # ---- 4/7. data_prep: workers die with the parent, a live prepare owns its folder, memory ---------

@@ -6,7 +6,6 @@ checkpoint on all ranks -> ``scontrol requeue`` -> ``--resume auto``, mpirun ins
 allocation) runs on two nodes in tests/test_journey.py."""
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -14,14 +13,14 @@ import pytest
 import torch
 
 from hvd_lm.cli import main
+from tests import conftest
 from tests._mp import launch_env
-from tests.shardutil import default_shards
+from tests.conftest import records
 from tests.slurm_cluster import TERMINAL_STATES, Unavailable, running_cluster
 
 pytestmark = pytest.mark.slow
 
-TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
-        "--threads", "1", "--lr", "1e-2", "--eval-chars", "2000", "--device", "cpu"]
+TINY = [*conftest.TINY, "--lr", "1e-2"]
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +31,6 @@ def slurm(tmp_path_factory):
             yield cluster
     except Unavailable as e:
         pytest.skip(f"no local SLURM cluster: {e}")
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return default_shards(tmp_path_factory.mktemp("shards"))
 
 
 def render(tmp: Path, shards: Path, *opts: str, steps: int, log_every: int) -> Path:
@@ -50,9 +44,6 @@ def render(tmp: Path, shards: Path, *opts: str, steps: int, log_every: int) -> P
     return out
 
 
-def records(run_dir: Path, kind: str) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
 def job_log(tmp: Path, job_id: str) -> str:

@@ -3,7 +3,6 @@ one-process run stops after the step in progress: the user's Ctrl-C during slow 
 the command line."""
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -12,22 +11,13 @@ import time
 
 import pytest
 
+from tests import conftest
 from tests._mp import horovodrun_cmd, launch_env
-from tests.shardutil import default_shards
+from tests.conftest import records
 
-TINY = ["--hidden-size", "16", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
-        "--log-every", "1", "--threads", "1", "--eval-chars", "2000", "--device", "cpu",
-        "--max-steps", "1000"]
+TINY = [*conftest.TINY, "--hidden-size", "16", "--log-every", "1", "--max-steps", "1000"]
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return default_shards(tmp_path_factory.mktemp("shards"))
-
-
-def records(run_dir, kind):
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in recs if r["kind"] == kind]
 
 
 class Lines:

@@ -7,7 +7,6 @@ another process holds is one line). launch/torchrun.sh runs in tests/test_torch_
 across two hosts in tests/test_multinode_torch.py."""
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -18,22 +17,14 @@ import pytest
 
 from hvd_lm.cli import main
 from hvd_lm.jobs import job_scripts as L
+from tests import conftest
 from tests._mp import REPO, launch_env, run
-from tests.shardutil import default_shards
+from tests.conftest import records
 
 LAUNCH = REPO / "launch"
-TINY = ("--hidden-size 32 --embed-dim 8 --seq-len 16 --batch-size 2 --max-steps 4 --log-every 1 "
-        "--threads 1 --lr 1e-2 --eval-chars 2000 --device cpu")
+TINY = " ".join([*conftest.TINY, "--max-steps", "4", "--log-every", "1", "--lr", "1e-2"])
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return default_shards(tmp_path_factory.mktemp("shards"))
-
-
-def records(run_dir: Path, kind: str) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
 def render(tmp: Path, *opts: str) -> str:

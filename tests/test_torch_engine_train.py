@@ -6,7 +6,6 @@ torch engine's runs against Horovod's and one process (bit for bit, resume acros
 1-bit Adam, featurization): tests/parallel/test_training.py."""
 from __future__ import annotations
 
-import json
 import re
 import sys
 
@@ -15,7 +14,7 @@ import torch
 
 from hvd_lm.formats.checkpoint import load, resolve
 from tests._mp import REPO, launch_env, run, torchrun_cmd
-from tests.shardutil import default_shards
+from tests.conftest import records
 
 TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--log-every", "1",
         "--lr", "3e-3", "--threads", "1", "--eval-chars", "2000", "--device", "cpu"]
@@ -23,18 +22,10 @@ STEPS = ["--max-steps", "6", "--checkpoint-every", "3", "--compression", "none"]
 LAUNCH = REPO / "launch"
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return default_shards(tmp_path_factory.mktemp("shards"))
-
-
 def train_argv(shards, out, *extra) -> list:
     return ["-m", "hvd_lm", "train", "--shards", shards, "--out-dir", out, *TINY, *extra]
 
 
-def records(run_dir, kind) -> list[dict]:
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in recs if r["kind"] == kind]
 
 
 def model_of(path) -> dict[str, torch.Tensor]:

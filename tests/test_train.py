@@ -24,15 +24,11 @@ from hvd_lm.model.lm import LanguageModel, ModelConfig
 from hvd_lm.train.data import RankStreams
 from hvd_lm.train.evaluate import bpc
 from tests._mp import horovodrun_cmd, launch_env, mpirun_cmd, run
-from tests.shardutil import default_shards, make_shards, review_texts
+from tests.conftest import records
+from tests.shardutil import make_shards, review_texts
 
 TINY = ["--hidden-size", "32", "--embed-dim", "8", "--seq-len", "16", "--log-every", "1",
         "--lr", "3e-3", "--threads", "1", "--eval-chars", "2000", "--device", "cpu"]
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return default_shards(tmp_path_factory.mktemp("shards"))
 
 
 def train_argv(shards, out, *extra) -> list:
@@ -48,10 +44,6 @@ def params_of(run_dir) -> dict[str, torch.Tensor]:
     return load(resolve(run_dir))["model"]
 
 
-def records(run_dir, kind=None) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    recs = [json.loads(x) for x in lines]
-    return [r for r in recs if kind is None or r["kind"] == kind]
 
 
 def max_diff(a: dict, b: dict) -> float:

@@ -10,12 +10,12 @@ import sys
 import pytest
 
 from hvd_lm.formats.checkpoint import load, resolve
-from tests import _warm
+from tests import _warm, conftest
 from tests._mp import REPO, launch_env
 from tests.shardutil import default_shards
 
-TINY = ["--hidden-size", "16", "--embed-dim", "4", "--seq-len", "16", "--batch-size", "2",
-        "--max-steps", "3", "--threads", "1", "--eval-chars", "500", "--device", "cpu"]
+TINY = [*conftest.TINY, "--hidden-size", "16", "--embed-dim", "4", "--max-steps", "3",
+        "--eval-chars", "500"]
 
 
 def fresh(cmd, cwd, env, timeout=120) -> subprocess.CompletedProcess:

@@ -38,6 +38,7 @@ from hvd_lm.formats.checkpoint import load, resolve
 from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.train.data import RankStreams
 from hvd_lm.train.schedule import lr_factor
+from tests.conftest import records
 from tests.parallel.conftest import ENGINE, LAUNCHER, SHARED
 
 LAUNCHES = [("horovodrun-gloo", "horovod"), ("torchrun", "torch"), ("mpirun", "horovod"),
@@ -114,9 +115,6 @@ def train(out: Path, *extra) -> None:
     comm.barrier()
 
 
-def records(run_dir: Path, kind: str | None = None) -> list[dict]:
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in recs if kind is None or r["kind"] == kind]
 
 
 def model_of(path: Path) -> dict[str, torch.Tensor]:
