@@ -55,6 +55,28 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+    """One tiny trained run for every test that only reads a model (eval, transfer, pruning,
+    resume sources...), trained once per session (per xdist worker) through the command line:
+    ``shards``, ``run`` (20 steps of :data:`TINY`, checkpoints of steps 10 and 20 kept, latest
+    20) and ``exported`` (``hvd-lm export`` of it). Tests copy what they change."""
+    import sys
+    from types import SimpleNamespace
+
+    from tests._mp import run
+    from tests.shardutil import default_shards
+
+    d = tmp_path_factory.mktemp("trained_run")
+    shards = default_shards(d / "shards")
+    hvd_lm = [sys.executable, "-m", "hvd_lm"]
+    run([*hvd_lm, "train", "--shards", shards, "--out-dir", d / "run", *TINY, "--log-every",
+         "10", "--max-steps", "20", "--checkpoint-every", "10", "--keep-checkpoints", "0"],
+        timeout=300)
+    run([*hvd_lm, "export", d / "run", d / "exported"], timeout=120)
+    return SimpleNamespace(shards=shards, run=d / "run", exported=d / "exported")
+
+
+@pytest.fixture(scope="session")
 def repo_root() -> Path:
     """The repository root."""
     return REPO_ROOT

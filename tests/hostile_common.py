@@ -34,12 +34,10 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def run_a(shards, tmp_path_factory):
-    """A finished run with checkpoints of steps 10 and 20 (latest: 20)."""
-    out = tmp_path_factory.mktemp("run_a") / "run"
-    proc = hvd_lm("train", "--shards", shards, "--out-dir", out, *TINY, "--max-steps", "20",
-                  "--checkpoint-every", "10", "--keep-checkpoints", "0")
-    assert proc.returncode == 0, proc.stderr
+def run_a(trained_run):
+    """A finished run with checkpoints of steps 10 and 20 (latest: 20): the session's trained
+    run (tests/conftest.py), which tests copy before they change it."""
+    out = trained_run.run
     assert [p.name for p in ck.list_checkpoints(out)] == ["step_00000010.pt", "step_00000020.pt"]
     return out
 

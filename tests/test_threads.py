@@ -11,10 +11,6 @@ import pytest
 
 from hvd_lm.comm import threads
 from tests._mp import launch_env, run
-from tests.shardutil import default_shards
-
-TINY = ["--hidden-size", "16", "--embed-dim", "8", "--seq-len", "16", "--batch-size", "2",
-        "--threads", "1", "--device", "cpu", "--max-steps", "2"]
 
 
 def test_ranks_are_counted_per_machine_not_per_host_name(monkeypatch):
@@ -32,13 +28,13 @@ def test_ranks_are_counted_per_machine_not_per_host_name(monkeypatch):
     assert threads.machine_id() != ""
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("threads")
-    shards = default_shards(tmp / "shards")
-    run([sys.executable, "-m", "hvd_lm", "train", "--shards", shards, "--out-dir", tmp / "run",
-         *TINY], env=launch_env(), timeout=300)
-    return tmp
+@pytest.fixture
+def run_dir(trained_run, tmp_path):
+    """The session's trained run (tests/conftest.py) and its shards, in a folder of this
+    test's."""
+    (tmp_path / "run").symlink_to(trained_run.run)
+    (tmp_path / "shards").symlink_to(trained_run.shards)
+    return tmp_path
 
 
 def test_eval_and_transfer_warn_as_train_does(run_dir):
@@ -60,7 +56,7 @@ def test_eval_and_transfer_warn_as_train_does(run_dir):
     assert f"hvd-lm transfer: {warning}" in tr.stderr.splitlines(), tr.stderr
     # the minutes of the fit are said (a bar covers the featurization on a terminal)
     assert "hvd-lm transfer: fitting L1 logistic regression: 11 C values x 5-fold " \
-        "cross-validation on 8 x 16 train features (auto solver)" in tr.stderr
+        "cross-validation on 8 x 32 train features (auto solver)" in tr.stderr
     assert "hvd-lm transfer: fit in " in tr.stderr
     quiet = run(["taskset", "-c", "0", sys.executable, "-m", "hvd_lm", "eval", run_dir / "run",
                  run_dir / "shards"], env=launch_env(), timeout=300)
