@@ -145,9 +145,7 @@ class SlurmCluster:
             f"SlurmctldHost={ctl}({ctl_addr})",
             f"SlurmctldPort={_free_port()}",
             f"SlurmdPort={_free_port()}",
-            # job ids of their own: PMIx makes /tmp/spmix_appdir_<uid>_<job>.<step> on the
-            # node, which two clusters on this machine at once (two test files) would share
-            f"FirstJobId={int.from_bytes(os.urandom(3), 'big') % 1_000_000 + 1000}",
+
             f"SlurmUser={user}",
             "AuthType=auth/munge",
             "CredType=cred/munge",
@@ -177,6 +175,11 @@ class SlurmCluster:
             "MaxTime=INFINITE State=UP",
             "",
         ]))
+        # PMIx makes /tmp/spmix_appdir_<uid>_<job>.<step> for each step: two clusters on this
+        # machine at once (two test files, both numbering their jobs from 1) would share it and
+        # fail the second step's launch ("File exists"); this cluster's own folder instead
+        (r / "pmix").mkdir(exist_ok=True)
+        (self.conf.parent / "mpi.conf").write_text(f"PMIxCliTmpDirBase={r / 'pmix'}\n")
 
     def _spawn(self, name: str, cmd: list[str], node: str | None = None) -> None:
         out = open(self.root / "log" / f"{name}.out", "ab")

@@ -30,6 +30,8 @@ restarts every worker from the last checkpoint instead): :data:`elastic` says so
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime
 import os
 import socket
@@ -158,14 +160,19 @@ def init() -> None:
         where = f"{addr}:{port} from {source}"
     dist.init_process_group(backend, store=store, rank=ctx.rank, world_size=ctx.size,
                             timeout=timeout)
+    # PyTorch's advice: destroy the group before the interpreter exits (left to the static
+    # destructors, Gloo's threads could end the process with "terminate called without an
+    # active exception" after a finished run: a rank torchrun reported as failed)
+    atexit.register(shutdown)
     _ctx = ctx
     LAUNCHER = f"torch ({backend}; {ctx.launcher}; rendezvous {where})"
 
 
 def shutdown() -> None:
-    """Leave the process group."""
+    """Leave the process group (at exit too: :func:`init` registers it)."""
     if dist.is_initialized():
-        dist.destroy_process_group()
+        with contextlib.suppress(Exception):  # a group a lost peer broke: nothing to leave
+            dist.destroy_process_group()
 
 
 def rank() -> int:
