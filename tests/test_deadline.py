@@ -21,7 +21,7 @@ import torch
 from hvd_lm.formats.checkpoint import load, resolve
 from hvd_lm.train.deadline import SKIP_ATTEMPTS, Cadence, DeadlinePlanner
 from hvd_lm.train.schedule import Schedule, lr_factor, make_scheduler, schedule_of
-from hvd_lm.util.units import parse_duration
+from hvd_lm.util.units import parse_duration, scheduler_time
 from tests import conftest
 from tests._mp import REPO, horovodrun_cmd, launch_env, run
 from tests.conftest import records
@@ -34,12 +34,22 @@ TINY = [*conftest.TINY, "--hidden-size", "16", "--log-every", "1", "--warmup-ste
 # ---- the pieces --------------------------------------------------------------------------------
 
 def test_durations_in_the_forms_people_and_slurm_write():
-    assert [parse_duration(t) for t in ("40s", "6m", "1.5h", "2d", "3:50:00", "1-02:00:00",
-                                         "1:30", "90")] == \
-        [40, 360, 5400, 172800, 13800, 93600, 5400, 5400]
+    # sbatch's --time forms as the sbatch manual defines them: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
+    forms = {"40s": 40, "6m": 360, "1.5h": 5400, "2d": 172800, "90": 90 * 60, "10:00": 10 * 60,
+             "1:30": 90, "3:50:00": 3 * 3600 + 50 * 60, "1-02": 26 * 3600,
+             "1-02:30": 26 * 3600 + 30 * 60, "1-02:00:05": 26 * 3600 + 5}
+    assert {t: parse_duration(t) for t in forms} == forms
+    assert parse_duration("90", bare="seconds") == 90  # qsub's bare number
+    assert {t: scheduler_time(t, "slurm") for t in ("10:00", "90", "1-02", "4h")} == \
+        {"10:00": "10:00", "90": "90", "1-02": "1-02", "4h": "4:00:00"}
+    assert {t: scheduler_time(t, "pbs") for t in ("10:00", "90", "1-02", "4h")} == \
+        {"10:00": "10:00", "90": "90", "1-02": "26:00:00", "4h": "4:00:00"}
     for bad, says in (("0", "must be positive"), ("6 parsecs", "not a duration"),
                       ("400-00:00:00", "more than 365"), ("9" * 20, "more than 365 days")):
         with pytest.raises(ValueError, match=says):
+            parse_duration(bad, "--time-limit")
+    for bad in ("1:2:3:4", "1-2-3", ":30", "1-:30"):
+        with pytest.raises(ValueError, match="not a duration.*sbatch's --time"):
             parse_duration(bad, "--time-limit")
 
 
@@ -216,7 +226,19 @@ def test_launch_gives_the_training_the_walltime_less_a_margin(capsys):
     bad = subprocess.run([sys.executable, "-m", "hvd_lm", *LAUNCH, "--walltime", "4m", "--",
                           "--shards", "d"], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
-    assert bad.returncode == 2 and "--time-margin 5m is not below --walltime 4m" in bad.stderr
+    assert bad.returncode == 2
+    assert "--time-margin 5m (300 s) is not below --walltime 4m" in bad.stderr
+    # "10:00" is ten minutes to sbatch and qsub (not ten hours): written as given, and a 15m
+    # margin leaves nothing to train
+    ten = script("--walltime", "10:00")
+    assert "#SBATCH --time=10:00" in ten and "--time-limit 300s" in ten
+    assert main([*LAUNCH, "--walltime", "10:00", "--time-margin", "15m", "--", "--shards",
+                 "d"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("ERROR") == 1 and ("--time-margin 15m (900 s) is not below --walltime "
+                                        "10:00 (600 s, as sbatch reads it)") in err, err
+    pbs = script("--scheduler", "pbs", "--walltime", "3600")  # qsub: a bare number is seconds
+    assert "#PBS -l walltime=3600" in pbs and "--time-limit 3300s" in pbs
 
 
 def test_three_allocations_of_a_time_budget_equal_one_run_of_it(shards, tmp_path):

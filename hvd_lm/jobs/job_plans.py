@@ -158,7 +158,8 @@ def _render_job(args: LaunchConfig, job: JobPlan, train_args: list[str], job_nam
     per_gpu = cfg.data.batch_size * cfg.dist.backward_passes_per_step
     if job.steps is not None:
         train_args = [*train_args, "--max-steps", str(job.steps)]
-    elif (limit := derived_time_limit(args.walltime, args.time_margin, cfg)) is not None:
+    elif (limit := derived_time_limit(args.walltime, args.time_margin, cfg,
+                                                 args.scheduler)) is not None:
         train_args = [*train_args, "--time-limit", limit]
     if args.time_budget and job.steps is None:
         train_args = [*train_args, "--time-budget", args.time_budget]
@@ -178,22 +179,28 @@ def _render_job(args: LaunchConfig, job: JobPlan, train_args: list[str], job_nam
         header=header, elastic=args.elastic, min_np=args.min_np, engine=args.engine), templates)
 
 
-def derived_time_limit(walltime: str | None, margin: str, cfg) -> str | None:
+def derived_time_limit(walltime: str | None, margin: str, cfg,
+                       scheduler: str = "slurm") -> str | None:
     """The ``--time-limit`` a job rendered with ``--walltime`` gives its training: the walltime
     less ``margin`` (the job's start: allocation, launcher, imports, shard verification), so
     the LR reaches 0 and the final checkpoint is written before the scheduler kills the job.
     None without a walltime, with a margin of 0, or when the training flags set a time limit.
+    The walltime is read as ``scheduler`` reads it (a bare number: minutes for sbatch, seconds
+    for qsub; :func:`hvd_lm.util.units.parse_duration`).
 
     Raises:
         ValueError: the margin is not a duration, or not below the walltime (naming both).
     """
     if not walltime or cfg.run.time_limit or str(margin).strip() in ("0", "none", ""):
         return None
-    total = parse_duration(walltime, "--walltime")
+    total = parse_duration(walltime, "--walltime", bare="seconds" if scheduler == "pbs" else
+                           "minutes")
     keep = parse_duration(margin, "--time-margin")
     if keep >= total:
-        raise ValueError(f"--time-margin {margin} is not below --walltime {walltime}: give a "
-                         "longer walltime, a shorter margin, or --time-margin 0 (no "
+        reader = "qsub" if scheduler == "pbs" else "sbatch"
+        raise ValueError(f"--time-margin {margin} ({keep} s) is not below --walltime {walltime} "
+                         f"({total} s, as {reader} reads it): no time is left to train; give "
+                         "a longer walltime, a shorter margin, or --time-margin 0 (no "
                          "--time-limit for the training)")
     return f"{total - keep}s"
 
@@ -302,9 +309,11 @@ class LaunchConfig:
     # scheduler
     partition: Optional[str] = option(None, "SLURM partition / PBS queue (default: the "
                                       "cluster's)", aliases=("--queue",))
-    walltime: Optional[str] = option(None, "time limit, [D-]HH:MM:SS, minutes or 4h-style "
-                                     "(SLURM, PBS); the training gets --time-limit = walltime "
-                                     "- --time-margin (not in a --sweep: its jobs run fixed "
+    walltime: Optional[str] = option(None, "time limit in sbatch's --time forms (M, M:S, "
+                                     "H:M:S, D-H[:M[:S]]; PBS: [[H:]M:]S, a bare number is "
+                                     "seconds) or 4h-style, written into the job as "
+                                     "given; the training gets --time-limit = walltime - "
+                                     "--time-margin (not in a --sweep: its jobs run fixed "
                                      "steps)")
     time_margin: str = option("5m", "with --walltime: the part of it the training's "
                               "--time-limit leaves to the job's start and end (0: no "

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hvd_lm
-from hvd_lm.util.units import MAX_DURATION_S, hms, parse_duration
+from hvd_lm.util.units import scheduler_time
 
 #: scheduler name -> template file in the launch directory
 SCHEDULERS = {
@@ -42,8 +42,6 @@ _KNOB = re.compile(r'^(?P<name>[A-Z][A-Z0-9_]*)="\$\{(?P=name):-(?P<default>.*)\
                    r'(?P<rest>\s*(?:#.*)?)$', re.M)
 # Characters that cannot sit inside a double-quoted "${NAME:-...}" default as literal text.
 _UNSAFE = re.compile(r'[$`"\\}\n]')
-#: Longest ``--walltime``: 365 days (SLURM's and PBS's own limits are per cluster, well below).
-MAX_WALLTIME_S = MAX_DURATION_S
 #: A scheduler directive's value (``#SBATCH --partition=VALUE``, ``#PBS -N VALUE``): one word of
 #: letters, digits and ``_ . , : = + -``, not starting with ``-``, at most 128 characters. sbatch
 #: and qsub split a directive line into options at whitespace, so a value with a space (``gpu
@@ -109,17 +107,6 @@ def job_size(gpus: int, gpus_per_node: int, nodes: int | None = None) -> JobSize
                          f"(that is {size.nodes} node{'s' * (size.nodes > 1)} x "
                          f"{size.tasks_per_node} GPUs)")
     return size
-
-
-def walltime_hms(text: str) -> str:
-    """``[D-]HH[:MM[:SS]]``, plain minutes or ``6m``/``4h``-style (:func:`parse_duration`) ->
-    ``H:MM:SS`` (accepted by SLURM and PBS).
-
-    Raises:
-        ValueError: not a duration in those forms, not positive, or over
-            :data:`MAX_WALLTIME_S` (365 days), naming ``--walltime``.
-    """
-    return hms(parse_duration(text, "--walltime"))
 
 
 def check_directive_value(flag: str, value: str) -> str:
@@ -263,7 +250,7 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
         check_directive_value("--partition", spec.partition)
     check_directive_value("--job-name", spec.job_name)
     if spec.walltime:
-        walltime_hms(spec.walltime)
+        scheduler_time(spec.walltime, sched)
     for flag, value in (("--hosts", ",".join(spec.hosts) if spec.hosts else None),
                         ("--network-interface", spec.network_interface)):
         if value is not None:
@@ -347,7 +334,7 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
         if spec.cpus_per_task:
             text = set_directive(text, d, "--cpus-per-task", str(spec.cpus_per_task), "=")
         if spec.walltime:
-            text = set_directive(text, d, "--time", walltime_hms(spec.walltime), "=")
+            text = set_directive(text, d, "--time", scheduler_time(spec.walltime, sched), "=")
         if spec.partition:
             text = set_directive(text, d, "--partition", spec.partition, "=")
     if sched == "pbs":
@@ -359,7 +346,8 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
         text = set_directive(text, "#PBS", "-N", spec.job_name, " ")
         text = set_directive(text, "#PBS", "-l select", select, "=")
         if spec.walltime:
-            text = set_directive(text, "#PBS", "-l walltime", walltime_hms(spec.walltime), "=")
+            text = set_directive(text, "#PBS", "-l walltime", scheduler_time(spec.walltime, sched),
+                                 "=")
         if spec.partition:
             text = set_directive(text, "#PBS", "-q", spec.partition, " ")
     text = set_knobs(text, knobs)

@@ -129,7 +129,8 @@ class RunConfig:
                                     "checkpoint, a signal, a reset and the end wait for it; "
                                     "hvd_lm/train/async_checkpoint.py)")
     time_limit: str = option("", "train until this long after the process started (90s, 6m, "
-                             "1.5h, 3:50:00, [D-]HH:MM:SS or minutes): the steps that fit are "
+                             "1.5h, or as sbatch's --time: M, M:S, H:M:S, D-H[:M[:S]]): the "
+                             "steps that fit are "
                              "measured as the run goes and the LR reaches 0 at the deadline, "
                              "after which the final validation and checkpoint are written "
                              "(--max-steps / --epochs still cap it; each invocation, a resumed "

@@ -3,7 +3,7 @@
 Sizes of messages and buffers are binary (KiB, MiB: powers of 1024, as Horovod's
 ``HOROVOD_FUSION_THRESHOLD`` and the bench sizes are given); bandwidths are decimal GB/s
 (1e9 bytes/s), as nccl-tests report them; durations are seconds (:func:`parse_duration` reads
-the forms SLURM's ``--time`` and people write).
+the forms sbatch's ``--time`` and people write, as sbatch reads them).
 """
 
 import re
@@ -32,44 +32,69 @@ def parse_bytes(text: str) -> int:
 #: Longest duration :func:`parse_duration` accepts: 365 days (a job's walltime, a time limit).
 MAX_DURATION_S = 365 * 86400
 _UNIT_S = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
-_CLOCK = re.compile(r"(?:(?P<d>\d+)-)?(?P<h>\d+)(?::(?P<m>\d+))?(?::(?P<s>\d+))?")
+#: sbatch's ``--time`` forms (the sbatch manual): "minutes", "minutes:seconds",
+#: "hours:minutes:seconds", "days-hours", "days-hours:minutes", "days-hours:minutes:seconds".
+_SLURM_TIME = re.compile(r"(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+                         r"|(?:(?:(?P<h>\d+):)?(?P<m>\d+):)?(?P<x>\d+))")
+#: qsub's ``walltime`` form (PBS Professional's "duration"): "[[hours:]minutes:]seconds".
+_PBS_TIME = re.compile(r"(?:(?:\d+:)?\d+:)?\d+")
+_FORMS = ("e.g. 90s, 6m, 1.5h, or as sbatch's --time: minutes, minutes:seconds, "
+          "hours:minutes:seconds, days-hours[:minutes[:seconds]]")
 
 
-def parse_duration(text: str, what: str = "duration") -> int:
-    """A duration in whole seconds, from ``"90s"``, ``"6m"``, ``"1.5h"``, ``"2d"`` (a number and
-    a unit: s, sec, m, min, h, d), ``[D-]HH:MM:SS``, ``HH:MM``, ``D-HH`` or a plain number of
-    minutes (SLURM's ``--time`` rule for a bare number).
+def parse_duration(text: str, what: str = "duration", bare: str = "minutes") -> int:
+    """A duration in whole seconds, from a number and a unit (``"90s"``, ``"6m"``, ``"1.5h"``,
+    ``"2d"``; units s, sec, m, min, h, d) or sbatch's ``--time`` forms, read as sbatch reads
+    them: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S`` (so ``"10:00"`` is ten
+    minutes). Source: the sbatch manual, ``--time``; PBS's ``walltime`` ``[[H:]M:]S`` agrees
+    except for a bare number, which qsub reads as seconds (``bare="seconds"``).
 
     Args:
         what: how the error names the value (e.g. ``"--time-limit"``).
+        bare: what a bare number counts: ``"minutes"`` (sbatch) or ``"seconds"`` (qsub).
 
     Raises:
         ValueError: not one of those forms, not positive, or over :data:`MAX_DURATION_S`, naming
             ``what`` and the forms.
     """
     t = str(text).strip()
-    forms = "e.g. 90s, 6m, 1.5h, 3:50:00, 1-00:00:00 or minutes"
-    too_long = ValueError(f"{what} {t[:40]!r}: more than {MAX_DURATION_S // 86400} days")
     if re.search(r"\d{10}", t):  # int() of a long digit string could take long
-        raise too_long
+        raise ValueError(f"{what} {t[:40]!r}: more than {MAX_DURATION_S // 86400} days")
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]+)", t, re.IGNORECASE)
     if m and m.group(2).lower() in _UNIT_S:
         total = float(m.group(1)) * _UNIT_S[m.group(2).lower()]
+    elif c := _SLURM_TIME.fullmatch(t):
+        n = {k: int(v or 0) for k, v in c.groupdict().items()}
+        if c.group("d") is not None:
+            total = ((n["d"] * 24 + n["dh"]) * 60 + n["dm"]) * 60 + n["ds"]
+        elif c.group("m") is None:  # a bare number
+            total = n["x"] * (60 if bare == "minutes" else 1)
+        else:  # M:S or H:M:S
+            total = (n["h"] * 60 + n["m"]) * 60 + n["x"]
     else:
-        c = _CLOCK.fullmatch(t)
-        if not c:
-            raise ValueError(f"{what} {t[:40]!r}: not a duration ({forms})")
-        d, h, mi, s = (int(c.group(k) or 0) for k in "dhms")
-        if c.group("m") is None and c.group("d") is None:  # plain number = minutes (SLURM)
-            h, mi = 0, h
-        total = ((d * 24 + h) * 60 + mi) * 60 + s
+        raise ValueError(f"{what} {t[:40]!r}: not a duration ({_FORMS})")
     total = round(total)
     if total <= 0:
-        raise ValueError(f"{what} {t[:40]!r} must be positive ({forms})")
+        raise ValueError(f"{what} {t[:40]!r} must be positive ({_FORMS})")
     if total > MAX_DURATION_S:
         raise ValueError(f"{what} {t[:40]!r} is {total / 86400:,.0f} days, more than "
-                         f"{MAX_DURATION_S // 86400}; give [D-]HH:MM:SS, HH:MM or minutes")
+                         f"{MAX_DURATION_S // 86400}")
     return int(total)
+
+
+def scheduler_time(text: str, scheduler: str, what: str = "--walltime") -> str:
+    """The value of a job's time directive (``#SBATCH --time=``, ``#PBS -l walltime=``) for a
+    duration :func:`parse_duration` reads: the text unchanged when it is already one of that
+    scheduler's own forms (sbatch: ``M``, ``M:S``, ``H:M:S``, ``D-H[:M[:S]]``; qsub:
+    ``[[H:]M:]S``), else ``H:MM:SS`` (``"4h"``, or ``D-H`` for PBS), which both read.
+
+    Raises:
+        ValueError: as :func:`parse_duration`, naming ``what``.
+    """
+    t = str(text).strip()
+    seconds = parse_duration(t, what, bare="seconds" if scheduler == "pbs" else "minutes")
+    native = _PBS_TIME if scheduler == "pbs" else _SLURM_TIME
+    return t if native.fullmatch(t) else hms(seconds)
 
 
 def hms(seconds: float) -> str:
