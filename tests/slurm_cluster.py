@@ -175,11 +175,14 @@ class SlurmCluster:
             "MaxTime=INFINITE State=UP",
             "",
         ]))
-        # PMIx makes /tmp/spmix_appdir_<uid>_<job>.<step> for each step: two clusters on this
-        # machine at once (two test files, both numbering their jobs from 1) would share it and
-        # fail the second step's launch ("File exists"); this cluster's own folder instead
-        (r / "pmix").mkdir(exist_ok=True)
-        (self.conf.parent / "mpi.conf").write_text(f"PMIxCliTmpDirBase={r / 'pmix'}\n")
+        # PMIx makes /tmp/spmix_appdir_<uid>_<job>.<step> for each step: two one-node clusters
+        # on this machine at once (two test files, both numbering their jobs from 1) would share
+        # it and fail the second step's launch ("File exists"); this cluster's own folder
+        # instead. A multi-node cluster's nodes each have their own /tmp (tests/cluster.py) and
+        # must keep it: one folder for all would be the collision.
+        if not many:
+            (r / "pmix").mkdir(exist_ok=True)
+            (self.conf.parent / "mpi.conf").write_text(f"PMIxCliTmpDirBase={r / 'pmix'}\n")
 
     def _spawn(self, name: str, cmd: list[str], node: str | None = None) -> None:
         out = open(self.root / "log" / f"{name}.out", "ab")
