@@ -121,9 +121,16 @@ def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = N
             except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
                 pass
     kw.update(format=fmt, format_source=fsrc)
-    wanted = [f.strip() for f in text_field.split(",") if f.strip()] if text_field else None
-    if text_field is not None and not wanted:
+    wanted = [f.strip() for f in text_field.split(",")] if text_field else None
+    if text_field is not None and not any(wanted or ()):
         raise InputError(f"{path}: --text-field {text_field!r} names no field")
+    if wanted and "" in wanted:  # 'body,,title': a name lost between two commas, not skipped
+        raise InputError(f"--text-field {text_field!r}: an empty name in the list (two commas "
+                         "in a row, or one at an end); give the field names, comma-separated")
+    for name in wanted or ():
+        if name.startswith("#") and not re.fullmatch(r"#[1-9]\d{0,3}", name):
+            raise InputError(f"--text-field {name!r}: a column number of a CSV/TSV without a "
+                             "header row is #1 to #9999 (1-based)")
     if wanted and len(wanted) == 1:
         text_field = wanted[0]
     if fmt == "text":

@@ -74,6 +74,15 @@ def test_a_list_that_names_no_field_of_a_file_says_which(tmp_path):
         "Reviews)" in p.stderr, p.stderr
     p = prepare(f, "--text-field", "Text,#9", "--out", tmp_path / "out")
     assert p.returncode == 1 and "--text-field #9: the first row has 2 columns" in p.stderr
+    # a name lost between two commas is refused, not skipped; a column number out of #1-#9999
+    # is not "a column of the CSV header" (the first row of a headerless file is data)
+    for fields, needle in (("Reviews,,Text", "--text-field 'Reviews,,Text': an empty name"),
+                           ("#0", "--text-field '#0': a column number of a CSV/TSV without a "
+                            "header row is #1 to #9999")):
+        p = prepare(f, "--text-field", fields, "--out", tmp_path / "out2")
+        assert p.returncode == 1 and p.stderr.count("ERROR") == 1 and needle in p.stderr, \
+            p.stderr
+        assert not list((tmp_path / "out2").glob("*.h5"))
 
 
 def test_imdbs_tarball_as_it_ships_gives_reviews_only_and_a_small_split_is_said(tmp_path):

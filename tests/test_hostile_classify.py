@@ -53,8 +53,39 @@ def test_classify_stops_an_endless_line_at_its_cap(trained, tmp_path):
     finally:
         feeder.kill()
         feeder.wait()
-    one_error_line(proc, "<stdin>:1: line longer than 1,048,576 bytes", "--max-line-bytes")
+    one_error_line(proc, "<stdin>:1: line longer than 1,048,576 bytes (--max-line-bytes sets "
+                   "the limit)")
     assert grew < 200, grew
+
+
+def test_transfer_names_what_its_training_file_is(trained, tmp_path, capsys):
+    """A FIFO or /dev/zero as ``--train`` is named as what it is (was "no such file"; a plain
+    open() of a FIFO without a writer blocks: an alarm fails the test instead of hanging it),
+    and a line over the 1 MiB cap names its file and line, not ``--max-line-bytes``, which
+    transfer does not have. One ERROR line, exit 2, no output folder."""
+    import os
+    import signal
+
+    fifo = tmp_path / "fifo.csv"
+    os.mkfifo(fifo)
+    long = tmp_path / "long.csv"
+    long.write_text("label,text\n1,fine\n0," + "x" * ((1 << 20) + 10) + "\n")
+    out = tmp_path / "out"
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("transfer blocked on its input"))
+    try:
+        for train, needle in ((fifo, "fifo.csv: a FIFO (named pipe), not a regular file"),
+                              ("/dev/zero", "/dev/zero: a character device, not a regular"),
+                              (long, "long.csv:3: line longer than 1,048,576 bytes; is this")):
+            signal.alarm(60)
+            rc = main(["transfer", str(trained["ckpt"]), "--train", str(train), "--out",
+                       str(out), "--no-progress", "--no-baseline"])
+            signal.alarm(0)
+            err = capsys.readouterr().err
+            assert rc == 2 and err.count("ERROR:") == 1 and needle in err, err
+            assert "--max-line-bytes" not in err and not out.exists()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
 
 
 def test_classify_never_replaces_what_it_reads(trained, tmp_path, capsys):

@@ -108,15 +108,14 @@ def load_table(path: str | Path, split: str, text_field: str = "text",
     Returns:
         The split, in file order.
     Raises:
-        DatasetError: file missing, unknown type, missing column/key (naming the line for JSON and
+        DatasetError: file missing or not a regular file (a FIFO, a device), unknown type,
+            missing column/key (naming the line for JSON and
             short CSV rows), invalid JSON, unknown label, or no rows.
     """
     path = Path(path)
-    if not path.is_file():
-        raise DatasetError(f"{path}: no such file (split '{split}')")
     texts: list[str] = []
     labels: list[int] = []
-    with _open_text(path) as f:
+    with _open_text(path, f"split '{split}' is read from a regular file") as f:
         for line, text, label in _records(path, f, _kind(path), text_field, label_field):
             labels.append(normalize_label(label, f"{path}:{line}: field '{label_field}'"))
             texts.append(text)

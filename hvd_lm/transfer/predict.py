@@ -172,7 +172,8 @@ def classify(cfg: ClassifyConfig) -> dict | None:
         check_output(cfg.output, "--output", *reads)
     feat = saved.features
     stream = text_input.iter_texts(cfg.input, cfg.format, cfg.text_field,
-                                   cfg.label_field or None, cfg.max_line_bytes)
+                                   cfg.label_field or None, cfg.max_line_bytes,
+                                   "--max-line-bytes")
     lm = open_lm(cfg.checkpoint, cfg.device, cfg.precision or feat["precision"], cfg.threads,
                  command="classify", backend=cfg.backend)
     is_root = lm.ctx is None or lm.ctx.rank == 0

@@ -5,7 +5,7 @@ or standard input; one record reader (:func:`_records`) serves the labelled data
 (:func:`iter_texts`, :func:`load_texts`), with the same file/line/field errors.
 
 Input is read in bounded memory: a physical line longer than ``max_line_bytes``
-(:data:`DEFAULT_MAX_LINE_BYTES`, ``--max-line-bytes``) stops the read with one
+(:data:`DEFAULT_MAX_LINE_BYTES`; classify's ``--max-line-bytes``) stops the read with one
 :class:`DatasetError` naming the file and line, after reading at most that many characters of it,
 so an endless stream without a newline (``--input -`` fed by ``yes | tr -d '\\n'``) cannot grow
 the process; :func:`iter_texts` yields records one at a time for a caller that streams.
@@ -24,6 +24,7 @@ import gzip
 import io
 import json
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -31,6 +32,7 @@ from typing import Iterator
 import numpy as np
 
 from hvd_lm.formats.tokenizer import replace_surrogates
+from hvd_lm.util.files import FileRefused, check_regular, open_regular
 
 #: Accepted label spellings (lower-cased, stripped) and the class they map to.
 LABEL_MAP: dict[str, int] = {
@@ -75,9 +77,14 @@ def normalize_label(value, where: str) -> int:
                        f"0/neg/negative/false -> 0)")
 
 
-def read_lines(stream, path, max_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[str]:
+def read_lines(stream, path, max_bytes: int = DEFAULT_MAX_LINE_BYTES,
+               flag: str | None = None) -> Iterator[str]:
     """The lines of a text ``stream`` (line ends kept), each at most ``max_bytes`` UTF-8 bytes
     besides its line end; at most ``max_bytes + 1`` characters of a line are ever held.
+
+    Args:
+        flag: the command's flag that sets ``max_bytes`` (``"--max-line-bytes"``), named in
+            the error; None where the command has none.
 
     Raises:
         DatasetError: a longer line, naming ``path`` and the line number (1-based).
@@ -96,8 +103,9 @@ def read_lines(stream, path, max_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterato
         body = line.rstrip("\r\n")
         if len(body) > max_bytes or (4 * len(body) > max_bytes and len(
                 body.encode("utf-8", "surrogatepass")) > max_bytes):
-            raise DatasetError(f"{path}:{lineno}: line longer than {max_bytes:,} bytes "
-                               "(--max-line-bytes); is this the text you meant to read?")
+            raise DatasetError(f"{path}:{lineno}: line longer than {max_bytes:,} bytes"
+                               + (f" ({flag} sets the limit)" if flag else "") +
+                               "; is this the text you meant to read?")
         yield line
 
 
@@ -120,12 +128,27 @@ def _first_undecodable_line(path, start: int) -> int:
     return start
 
 
-def _open_text(path: Path) -> io.TextIOBase:
+@contextmanager
+def _open_text(path: Path, what: str, streams: bool = False) -> Iterator[io.TextIOBase]:
+    """UTF-8 text of standard input (``-``) or of a regular file (a FIFO too with ``streams``),
+    gunzipped when its name ends in ``.gz``, opened through :func:`hvd_lm.util.files.open_regular`.
+
+    Raises:
+        DatasetError: no such file, or a folder, device, socket (or FIFO) named as what it is.
+    """
     if str(path) == "-":
-        return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", newline="")
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
-    return open(path, encoding="utf-8-sig", newline="")
+        with io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", newline="") as f:
+            yield f
+        return
+    try:
+        raw = open_regular(path, what, streams)
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: no such file" + (f" ({what})" if what else "")) from None
+    except FileRefused as e:
+        raise DatasetError(str(e)) from None
+    with raw, io.TextIOWrapper(gzip.GzipFile(fileobj=raw, mode="rb") if path.suffix == ".gz"
+                               else raw, encoding="utf-8-sig", newline="") as f:
+        yield f
 
 
 def _kind(path: Path, fallback: str | None = None) -> str:
@@ -145,7 +168,8 @@ def _kind(path: Path, fallback: str | None = None) -> str:
 
 
 def _records(path: Path, stream, kind: str, text_field: str, label_field: str | None,
-             max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[tuple[int, str, object]]:
+             max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+             flag: str | None = None) -> Iterator[tuple[int, str, object]]:
     """(line number, text, raw label or None) of each record of an open ``stream`` of ``kind``
     (``csv``, ``tsv``, ``jsonl``, ``lines``), read one at a time (:func:`read_lines`);
     ``label_field`` None reads no label. Blank lines of JSON-lines and plain-lines input are
@@ -155,7 +179,7 @@ def _records(path: Path, stream, kind: str, text_field: str, label_field: str | 
         DatasetError: missing column/key, short row, invalid CSV or JSON, non-string text, a line
             over ``max_line_bytes``; naming the file and line.
     """
-    lines = read_lines(stream, path, max_line_bytes)
+    lines = read_lines(stream, path, max_line_bytes, flag)
     if kind in ("csv", "tsv"):
         # TSV as Amazon's *.tsv and data_prep read it: tab-separated, no quoting (a quote is text)
         dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if kind == "tsv" else {}
@@ -254,8 +278,8 @@ class TextStream:
 
 
 def iter_texts(path: str | Path, fmt: str = "auto", text_field: str = "text",
-               label_field: str | None = None,
-               max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> TextStream:
+               label_field: str | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+               flag: str | None = None) -> TextStream:
     """Texts from a CSV/TSV (header row), JSON-lines or plain-text file (one text per non-blank
     line), gzip-compressed or not, or from standard input (``-``), one record at a time: the
     file is opened and read as the iterator is consumed (and closed when it ends).
@@ -265,19 +289,26 @@ def iter_texts(path: str | Path, fmt: str = "auto", text_field: str = "text",
             ``.ndjson`` (optionally ``.gz``) by suffix, anything else (and ``-``) plain lines.
         text_field: column/key of the text (CSV/TSV/JSON lines).
         label_field: also read 0/1 labels from this column/key (:func:`normalize_label`).
-        max_line_bytes: longest line read (:func:`read_lines`).
+        max_line_bytes: longest line read (:func:`read_lines`); flag: the command's flag that
+            sets it, named in the error (None: the command has none).
     Returns:
         The :class:`TextStream` (its records are read as they are consumed).
     Raises:
-        DatasetError: unknown format, missing file (at once); any record error (file and line
-            named) while iterating.
+        DatasetError: unknown format, missing file, a folder, device or socket (at once; a
+            FIFO is read: ``--input <(cmd)``); any record error (file and line named) while
+            iterating.
     """
     if fmt not in TEXT_FORMATS:
         raise DatasetError(f"unknown input format {fmt!r} (known: {', '.join(TEXT_FORMATS)})")
     path = Path(path)
     stdin = str(path) == "-"
-    if not stdin and not (path.is_file() or path.is_fifo()):  # a pipe: --input <(cmd)
-        raise DatasetError(f"{path}: no such file")
+    if not stdin:
+        try:
+            check_regular(path, "texts are read from a file or a pipe", streams=True)
+        except FileNotFoundError:
+            raise DatasetError(f"{path}: no such file") from None
+        except FileRefused as e:
+            raise DatasetError(str(e)) from None
     kind = fmt if fmt != "auto" else ("lines" if stdin else _kind(path, "lines"))
     if kind == "lines" and label_field:
         raise DatasetError(f"{path}: plain-lines input has no label field "
@@ -285,9 +316,9 @@ def iter_texts(path: str | Path, fmt: str = "auto", text_field: str = "text",
     name = "<stdin>" if stdin else str(path)
 
     def records() -> Iterator[tuple]:
-        with _open_text(path) as f:
+        with _open_text(path, "texts are read from a file or a pipe", streams=True) as f:
             for line, text, label in _records(Path(name), f, kind, text_field,
-                                              label_field or None, max_line_bytes):
+                                              label_field or None, max_line_bytes, flag):
                 yield line, text, (normalize_label(label, f"{name}:{line}: field "
                                                    f"'{label_field}'") if label_field else None)
 
