@@ -198,6 +198,7 @@ def demo() -> dict[str, str]:
         "demo.median_chars_per_s": f"{d['median_chars_per_s']:,.0f}",
         "demo.world_size": f"{d['world_size']}",
         "demo.sst2_val": pct(t["val_acc"]),
+        "demo.sst2_cv": pct(t["cv_acc"]),
         "demo.nonzero": f"{t['nonzero']}",
         "demo.tfidf_val": pct(t["baseline_val_acc"]),
         "demo.total_min": f"{minutes}",
