@@ -39,6 +39,11 @@ TAR_DEFAULT_MEMBERS = "*.txt"
 #: (``members_left_out``).
 TAR_DEFAULT_EXCLUDE = ("urls_*.txt", "*/urls_*.txt", "imdbEr.txt", "*/imdbEr.txt",
                        "aclImdb/test/*", "*/aclImdb/test/*")
+#: Members never read as documents, whatever ``--tar-members`` says: aclImdb's URL lists and
+#: expected-rating table, matched on the member's file name (in any folder: IMDB's
+#: ``*/train/pos/*.txt`` glob matches a ``train/pos/urls_pos.txt`` too). Counted in
+#: ``members_left_out``.
+TAR_NOT_DOCUMENTS = ("urls_*.txt", "imdbEr.txt")
 
 
 #: How many bad records are kept as samples (per reader and after merging).
@@ -91,8 +96,8 @@ class ReadStats:
             the file).
         bytes_in: uncompressed bytes read (by stripe 0 of a file only, so sums are per file).
         bad_samples: the first :data:`MAX_BAD_SAMPLES` bad records as ``(path, line, reason)``.
-        members_left_out: ``tar`` members the default globs matched but
-            :data:`TAR_DEFAULT_EXCLUDE` left out.
+        members_left_out: ``tar`` members the globs matched but :data:`TAR_NOT_DOCUMENTS`
+            (whatever the globs) or :data:`TAR_DEFAULT_EXCLUDE` (the default globs) left out.
     """
 
     records: int = 0

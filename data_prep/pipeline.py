@@ -358,9 +358,9 @@ def format_summary(summary: dict) -> str:
         lines.append(f"  time: {run['elapsed_s']:.2f} s ({run['mb_per_s']:.1f} MB/s of input; "
                      f"{run['world_size']} rank(s) x {run['workers']} worker(s))")
     if c.get("members_left_out"):
-        lines.append(f"  tar members left out by default: {c['members_left_out']:,} (aclImdb's "
-                     "URL lists and imdbEr.txt, its held-out test/ reviews; --tar-members reads "
-                     "exactly what it names)")
+        lines.append(f"  tar members left out: {c['members_left_out']:,} (aclImdb's URL lists "
+                     "and imdbEr.txt, never documents whatever --tar-members says; without "
+                     "--tar-members, its held-out test/ reviews too)")
     for name, split in summary.get("splits", {}).items():
         if name != "train" and 0 < split["tokens"] < shards.SMALL_SPLIT_BYTES:
             lines.append(f"  warning: split {name} holds {split['documents']:,} document(s), "

@@ -29,6 +29,7 @@ from hvd_lm.formats import shards
 from hvd_lm.formats.tokenizer import TOKENIZER_NAME
 from hvd_lm.util.atomic import remove_stale_temps, write_text
 from hvd_lm.util.digest import json_sha256
+from hvd_lm.util.files import read_bounded
 from hvd_lm.util.lock import LOCK_NAME
 
 WORK_DIR = ".prepare"
@@ -112,13 +113,41 @@ def fingerprints(cfg: PrepareConfig, specs: list) -> tuple:
     return config_fp, inputs_fp
 
 
+#: Largest ``.prepare/state.json`` read: fingerprints and the layout (a few numbers per unit
+#: and bucket).
+STATE_MAX_BYTES = 16 << 20
+
+
+def _own_json(path: Path, limit: int) -> dict:
+    """A JSON object ``prepare`` wrote in its folder (the manifest, ``state.json``) as a dict;
+    {} when there is none, or it is damaged (not JSON, not an object: the run is redone).
+
+    Raises:
+        hvd_lm.util.files.FileRefused: a FIFO, a device or a socket by that name (never opened:
+            a FIFO blocks, ``/dev/zero`` never ends), or a file over ``limit`` bytes (never read
+            past it): named in one line, not mistaken for a damaged file and replaced.
+    """
+    try:
+        raw = read_bounded(path, limit, "prepare writes this file itself: remove it, or use "
+                           "another --out")
+    except FileNotFoundError:
+        return {}
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def finished_manifest(out) -> dict:
     """The manifest of the finished corpus in folder ``out`` as a dict; {} when there is none or it
-    cannot be read (``prepare`` then redoes the run)."""
-    try:
-        return json.loads((Path(out) / manifests.MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
+    is damaged (``prepare`` then redoes the run).
+
+    Raises:
+        hvd_lm.util.files.FileRefused: ``manifest.json`` is not a regular file, or is over
+            :data:`hvd_lm.formats.manifest.MAX_MANIFEST_BYTES`.
+    """
+    return _own_json(Path(out) / manifests.MANIFEST_NAME, manifests.MAX_MANIFEST_BYTES)
 
 
 def other_run(old: dict, config_fp: str, inputs_fp: str) -> str | None:
@@ -168,6 +197,8 @@ def setup_output(cfg: PrepareConfig, config_fp: str, inputs_fp: str, layout: dic
         (and ``accept_complete``), else None (the work folder is set up for the run).
     Raises:
         PrepareError: the directory holds an earlier run and neither --resume nor --overwrite.
+        hvd_lm.util.files.FileRefused: its ``manifest.json`` or ``.prepare/state.json`` is not a
+            regular file (a FIFO, a device) or is over its size budget.
     """
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -180,12 +211,9 @@ def setup_output(cfg: PrepareConfig, config_fp: str, inputs_fp: str, layout: dic
     # (a work directory alone, from a run that failed before writing shards, is redone)
     remove_stale_temps(out, written_by_prepare)  # a killed writer's temporary shards and manifest
     state_path = work / "state.json"
-    state = None
-    if state_path.exists():
-        try:
-            state = json.loads(state_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            state = None
+    state = None  # only a resumed run reuses work (else the work folder is redone)
+    if cfg.resume:
+        state = _own_json(state_path, STATE_MAX_BYTES) or None
     old = finished_manifest(out) if cfg.resume and accept_complete else {}
     if old.get("config_sha256"):  # a finished corpus: this run, or one of other inputs/settings
         what = other_run(old, config_fp, inputs_fp)

@@ -62,7 +62,8 @@ class PrepareConfig:
         format, text_field: ``--format`` / ``--text-field`` for every input (``None``: inferred
             per file).
         tar_members: ``--tar-members``: which members of a ``tar`` input are documents
-            (``None``: :data:`data_prep.inputs.TAR_DEFAULT_MEMBERS`).
+            (``None``: :data:`data_prep.inputs.TAR_DEFAULT_MEMBERS`); never those named in
+            :data:`data_prep.inputs.TAR_NOT_DOCUMENTS`.
         normalize: collapse whitespace (:func:`hvd_lm.formats.tokenizer.normalize_text`) before
             encoding and de-duplication.
         min_chars: drop documents with fewer characters (after normalisation).
@@ -97,7 +98,8 @@ class PrepareConfig:
     tar_members: Optional[str] = option(None, "tar inputs: the members read as documents, "
                                         "comma-separated globs over their paths in the archive "
                                         "(default: *.txt; IMDB: "
-                                        "'*/train/pos/*.txt,*/train/neg/*.txt')",
+                                        "'*/train/pos/*.txt,*/train/neg/*.txt'); never its "
+                                        "urls_*.txt lists nor imdbEr.txt",
                                         metavar="GLOBS")
     normalize: bool = option(False, "collapse whitespace runs to one space and strip (Radford "
                              "et al. 2017); recorded in the manifest", switch=True)

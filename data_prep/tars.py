@@ -2,7 +2,9 @@
 extracted to disk) of text files, one document per regular member whose path matches
 ``--tar-members`` (comma-separated ``fnmatch`` globs, default ``*.txt`` less the known non-reviews
 and held-out reviews of :data:`data_prep.inputs.TAR_DEFAULT_EXCLUDE`, counted as
-``members_left_out``; ``*`` crosses ``/``).
+``members_left_out``; ``*`` crosses ``/``). Whatever the globs, a member whose file name is one
+of :data:`data_prep.inputs.TAR_NOT_DOCUMENTS` (aclImdb's ``urls_*.txt`` lists, ``imdbEr.txt``)
+is never a document: left out and counted the same way.
 IMDB's aclImdb reviews are ``*/train/pos/*.txt,*/train/neg/*.txt``: not its ``urls_*.txt``
 lists, nor its ``test/`` reviews (a language model trained on them would have read the
 transfer's test set). A document's "line" is the member's 1-based position in the archive;
@@ -33,6 +35,7 @@ from typing import Callable, Iterator, Optional
 
 from data_prep.inputs import (
     TAR_DEFAULT_EXCLUDE,
+    TAR_NOT_DOCUMENTS,
     CorruptInput,
     InputError,
     InputSpec,
@@ -40,6 +43,7 @@ from data_prep.inputs import (
     count_bad,
     utf8_ok,
 )
+from hvd_lm.util.files import FileRefused, open_regular, shown
 
 #: What reading a damaged or truncated tar stream raises (tarfile, and the decompressors).
 _TAR_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError)
@@ -118,10 +122,12 @@ def read_tar_members(spec: InputSpec, stats: ReadStats, skip_bad: bool, utf8_err
     default = spec.field_source == "default"  # no --tar-members: TAR_DEFAULT_EXCLUDE applies
     if not spec.size:
         return
-    try:
-        raw = open(spec.path, "rb")
+    try:  # a FIFO or a device swapped in since the input was resolved is refused, not read
+        raw = open_regular(spec.path, "prepare reads review files")
+    except FileRefused as e:
+        raise InputError(str(e)) from None
     except OSError as e:
-        raise InputError(f"{spec.path}: cannot read ({e})") from e
+        raise InputError(f"{shown(spec.path)}: cannot read ({e})") from e
     with raw:
         magic = raw.read(6)
         raw.seek(0)
@@ -158,8 +164,10 @@ def read_tar_members(spec: InputSpec, stats: ReadStats, skip_bad: bool, utf8_err
             tar.members = []  # a stream's TarFile keeps every member it has read: not ours
             index += 1
             wanted = member.isreg() and any(fnmatch.fnmatchcase(member.name, g) for g in globs)
-            if wanted and default and any(fnmatch.fnmatchcase(member.name, g)
-                                          for g in TAR_DEFAULT_EXCLUDE):
+            base = member.name.rsplit("/", 1)[-1]
+            if wanted and (any(fnmatch.fnmatchcase(base, g) for g in TAR_NOT_DOCUMENTS) or (
+                    default and any(fnmatch.fnmatchcase(member.name, g)
+                                    for g in TAR_DEFAULT_EXCLUDE))):
                 stats.members_left_out += 1  # a URL list, IMDB's held-out test reviews...
                 wanted = False
             name = member.name if member.name.isprintable() else repr(member.name)

@@ -3,7 +3,8 @@
 For every shard listed in ``manifest.json``: the file exists, ``format_version`` matches, the
 token and document counts match the manifest, the structure is sound (offsets, one EOD per
 document) and the SHA-256 of the tokens matches (:func:`hvd_lm.formats.shards.verify_shard`). Shards
-are checked in parallel over ``--workers`` processes.
+are checked in parallel over ``--workers`` processes. A manifest that cannot be read (missing, a
+FIFO or a device, over its budget, not a manifest) is an error, one ``ERROR:`` line naming it.
 """
 
 from __future__ import annotations
@@ -48,14 +49,14 @@ def verify_directory(directory, ctx: Optional[Context] = None) -> tuple[list, li
         ctx: workers/ranks to spread the shards over (default: one process).
     Returns:
         ``(shards checked, problems)``: the manifest's :class:`~hvd_lm.formats.manifest.ShardInfo`
-        list and one message per mismatch (empty when everything verifies). An unreadable or invalid
-        manifest is one problem and no shards.
+        list and one message per mismatch (empty when everything verifies).
+    Raises:
+        FileNotFoundError / ValueError: the manifest cannot be read or is not one (missing, a
+            FIFO or a device: never opened, over its size budget, not JSON, a bad field): the
+            command's one ``ERROR:`` line naming it, not a ``MISMATCH`` of a shard.
     """
     ctx = ctx or Context(1, progress=False)
-    try:
-        manifest = manifests.load_manifest(Path(directory))
-    except (ValueError, OSError) as e:
-        return [], [str(e)]
+    manifest = manifests.load_manifest(Path(directory))
     problems = [p for p in ctx.run(_check, manifest.shards, desc="verify",
                                    total=sum(s.tokens for s in
                                              manifest.shards[ctx.rank::ctx.size]))

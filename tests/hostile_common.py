@@ -133,13 +133,15 @@ def reviews(tmp_path_factory):
 
 
 def measured_main(argv: list[str], mem_bytes: int = 3 << 30, stdin=None,
-                  warmup: list | None = None) -> tuple[subprocess.CompletedProcess, float, float]:
+                  warmup: list | None = None, env: dict | None = None
+                  ) -> tuple[subprocess.CompletedProcess, float, float]:
     """``hvd_lm.cli.main(argv)`` in a child with its address space capped at ``mem_bytes`` (so
     a blow-up ends as MemoryError, not a swapping machine), the command's modules imported
     (and ``main(warmup)`` run, when given) before it is measured; returns (process, MB main
     read through read() calls: /proc/self/io's rchar, MB its peak RSS rose above the RSS before
     it: Linux's VmHWM, reset through /proc/self/clear_refs). Bytes and memory, not seconds: a
-    verdict on them does not hang on this machine's load."""
+    verdict on them does not hang on this machine's load. ``env``: variables set for the child
+    (on top of :func:`tests._mp.launch_env`)."""
     code = ("import sys, resource; from hvd_lm.cli import build_parser, main; "
             "argv = sys.argv[1:]; i = argv.index('--'); warm, argv = argv[:i], argv[i + 1:]; "
             "build_parser(argv); warm and main(warm); "
@@ -153,8 +155,8 @@ def measured_main(argv: list[str], mem_bytes: int = 3 << 30, stdin=None,
             "file=sys.stderr); sys.exit(rc)")
     proc = subprocess.run([sys.executable, "-c", code, *map(str, warmup or []), "--",
                            *map(str, argv)], stdin=stdin, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, env=launch_env(), timeout=300,
-                          check=False)
+                          stderr=subprocess.PIPE, text=True, env=launch_env(**(env or {})),
+                          timeout=300, check=False)
     stats = [dict(kv.split("=") for kv in x.split()) for x in proc.stderr.splitlines()
              if x.startswith("read=")]
     proc.stderr = "\n".join(x for x in proc.stderr.splitlines() if not x.startswith("read="))

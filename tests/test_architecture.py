@@ -173,3 +173,122 @@ def test_a_step_is_read_in_three_files():
     step_deps = {d for d in graph["hvd_lm.train.step"]
                  if d not in ("hvd_lm", "hvd_lm.model", "hvd_lm.train")}
     assert step_deps <= {"hvd_lm.comm", "hvd_lm.model.device", "hvd_lm.train.data"}, step_deps
+
+
+# ---- reading a path: hvd_lm/util/files.py is the one owner --------------------------------------
+
+#: Modules whose ``open(PATH)`` opens a file (a bare ``open`` is the builtin).
+_OPENERS = {"io", "os", "gzip", "bz2", "lzma", "tarfile", "codecs"}
+#: ``module.function`` calls that read a path.
+_LOADERS = {("np", "load"), ("numpy", "load"), ("json", "load"), ("h5py", "File"),
+            ("torch", "load"), ("np", "fromfile")}
+
+#: Every read of a path outside hvd_lm/util/files.py, as ``(file, call(first argument))``, and
+#: why it may read on its own. What a user, a cache or an environment variable names goes through
+#: files.py (a regular file only, a size cap per kind, streamed where large); the reads here
+#: touch only what the command itself wrote, the kernel's /proc and /sys files, the package's own
+#: files, or (the last group) a path its caller has already checked with files.py. An entry no
+#: longer in the code fails the test too, so the list stays the list.
+OWN_READS = {
+    # ---- /proc, /sys and /dev: the kernel's files of this process and machine
+    ("hvd_lm/comm/hosts.py", "Path(f'/sys/class/net/{name}/speed').read_text()"): "link speed",
+    ("hvd_lm/comm/threads.py", "open(BOOT_ID)"): "/proc/sys/kernel/random/boot_id",
+    ("hvd_lm/comm/world.py", "Path(f'/proc/{pid}/stat').read_text()"): "a parent's pid",
+    ("hvd_lm/comm/world.py", "Path(f'/proc/{pid}/cmdline').read_bytes()"): "a parent's command",
+    ("hvd_lm/model/mfu.py", "open('/proc/cpuinfo')"): "the CPU model, for the peak's key",
+    ("hvd_lm/perf/allreduce_worker.py", "open('/proc/self/io')"): "bytes this process read",
+    ("hvd_lm/train/log.py", "os.open(os.devnull)"): "/dev/null, written to",
+    ("hvd_lm/util/atomic.py", "open('/proc/self/status')"): "this process's memory",
+    ("hvd_lm/util/lock.py", "Path(f'/proc/{pid}/stat').read_text()"): "whether a holder lives",
+    # ---- what the command itself writes, in its own folders
+    ("hvd_lm/util/atomic.py", "os.open(directory)"): "fsync of the folder it renamed into",
+    ("hvd_lm/util/atomic.py", "open(tmp)"): "its own temporary file, before the rename",
+    ("hvd_lm/util/lock.py", "os.open(path)"): "the folder's .lock (O_NOFOLLOW, checked)",
+    ("hvd_lm/formats/export.py", "open(tmp / name)"): "fsync of the export it is writing",
+    ("hvd_lm/formats/shards.py", "h5py.File(tmp)"): "the shard writer's temporary file",
+    ("hvd_lm/jobs/download.py", "open(tmp)"): "the download's temporary file, written",
+    ("hvd_lm/jobs/demo.py", "lm_json.read_text()"): "the demo's eval output, in its folder",
+    ("hvd_lm/jobs/demo.py", "summary_json.read_text()"): "the demo's prepare summary",
+    ("hvd_lm/jobs/demo.py", "(transfer_dir / 'transfer.json').read_text()"): "its transfer",
+    ("hvd_lm/jobs/report.py", "(t / 'transfer.md').read_text()"): "the demo's transfer folder",
+    ("hvd_lm/perf/bench_elastic.py", "path.read_text()"): "the bench's own run's metrics",
+    ("hvd_lm/perf/bench_fusion.py", "Path(path).read_text()"): "the autotune log it asked for",
+    ("hvd_lm/perf/bench_fusion.py", "log.read_text()"): "the autotune log it asked for",
+    ("hvd_lm/perf/bench_transfer.py", "np.load(cfg.worker)"): "the problem its driver wrote",
+    ("data_prep/bench.py", "open(tmp)"): "the corpus the bench writes",
+    ("data_prep/bench.py", "meta_path.read_text()"): "the bench corpus's own description",
+    ("data_prep/bench.py", "gzip.open(path)"): "the corpus the bench wrote",
+    ("data_prep/bench.py", "open(path)"): "the corpus the bench wrote",
+    ("data_prep/pipeline.py", "(work / 'map' / f'u{u:05d}' / 'stats.json').read_text()"):
+        "prepare's work folder (OUT/.prepare)",
+    ("data_prep/pipeline.py", "(work / 'sorted' / f'b{b:05d}' / 'stats.json').read_text()"):
+        "prepare's work folder",
+    ("data_prep/plan.py", "np.load(work / 'sorted' / f'b{b:05d}' / 'lengths.npy')"): "work",
+    ("data_prep/plan.py", "open(bdir / 'data.bin')"): "prepare's work folder",
+    ("data_prep/plan.py", "np.load(bdir / 'lengths.npy')"): "prepare's work folder",
+    ("data_prep/sort.py", "open(self.dir / f'b{b:05d}.idx')"): "prepare's spill files",
+    ("data_prep/sort.py", "open(self.dir / f'b{b:05d}.dat')"): "prepare's spill files",
+    ("data_prep/sort.py", "np.fromfile(ix)"): "prepare's spill files",
+    ("data_prep/sort.py", "np.fromfile(fi)"): "prepare's spill files",
+    ("data_prep/sort.py", "open(dt)"): "prepare's spill files",
+    ("data_prep/sort.py", "open(ix)"): "prepare's spill files",
+    ("data_prep/sort.py", "open(ix_path)"): "prepare's spill files",
+    ("data_prep/sort.py", "open(dt_path)"): "prepare's spill files",
+    ("data_prep/sort.py", "open(part / 'data.bin')"): "prepare's sorted buckets, written",
+    # ---- the package's own files, and the toolchain an install builds with
+    ("hvd_lm/jobs/doctor_facts.py", "p.read_bytes()"): "hvd_lm's sources, for their digest",
+    ("hvd_lm/jobs/job_scripts.py", "(templates / SCHEDULERS[spec.scheduler]).read_text()"):
+        "the package's launch/ templates (HVD_LM_LAUNCH_DIR: the tests' copy)",
+    ("hvd_lm/install/horovod_build.py", "(Path(include_dir) / 'nccl.h').read_text()"):
+        "the CUDA toolchain's header, at install time",
+    ("hvd_lm/install/horovod_build.py", "p.read_text()"): "Horovod's unpacked sources, patched",
+    ("hvd_lm/install/horovod_build.py", "cuda.read_text()"): "Horovod's unpacked sources",
+    # ---- a path its caller has checked with files.py (or is_file) first
+    ("hvd_lm/formats/checkpoint.py", "open(latest)"): "after is_file(); 256 bytes read",
+    ("hvd_lm/formats/checkpoint.py", "torch.load(path)"): "after open_regular and zip checks",
+    ("hvd_lm/formats/shards.py", "h5py.File(path)"): "after check_regular (_open_h5)",
+    ("hvd_lm/transfer/saved.py", "np.load(npz)"): "after check_npz (each member's header)",
+    ("hvd_lm/transfer/datasets.py", "tarfile.open(p)"): "after is_file(); streamed members",
+    ("hvd_lm/transfer/texts.py", "gzip.open(p)"): "the input just read, for a bad line's number",
+    ("hvd_lm/transfer/texts.py", "open(p)"): "the input just read, for a bad line's number",
+    ("hvd_lm/util/digest.py", "open(path)"): "hashes what its caller opened or wrote",
+    ("data_prep/gzip_blocks.py", "open(path)"): "an input, after sniff's check_regular",
+    ("data_prep/pipeline.py", "open(spec.path)"): "an input, after sniff's check_regular",
+    ("data_prep/tars.py", "tarfile.open()"): "fileobj= the stream open_regular opened",
+}
+
+
+def path_reads(path: Path) -> list[str]:
+    """Every call in ``path`` that opens or reads a path, as ``call(first argument)``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        module = f.value.id if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) \
+            else None
+        if (isinstance(f, ast.Name) and f.id == "open") or (isinstance(f, ast.Attribute) and (
+                f.attr in ("read_text", "read_bytes") or (module in _OPENERS and f.attr == "open")
+                or (module, f.attr) in _LOADERS)):
+            out.append(f"{ast.unparse(f)}({ast.unparse(node.args[0]) if node.args else ''})")
+    return out
+
+
+def test_every_read_of_a_path_goes_through_files_py():
+    """``open(``, ``.read_text(``, ``.read_bytes(``, ``np.load(``, ``json.load(``,
+    ``h5py.File(`` (and gzip/tarfile/os opens, ``torch.load``, ``np.fromfile``) in hvd_lm/ and
+    data_prep/ outside hvd_lm/util/files.py are the reads of :data:`OWN_READS` only: a FIFO a
+    user names blocks a bare ``open`` and ``/dev/zero`` never ends, so a new reader of a user's,
+    a cache's or an environment variable's path must use files.py (issue 56: prepare --resume,
+    the CPU peak cache, metrics.jsonl, --hostfile and the feature cache read on their own)."""
+    seen, stray = set(), []
+    for p in project_modules().values():
+        rel = str(p.relative_to(REPO))
+        if rel == "hvd_lm/util/files.py":
+            continue
+        for call in path_reads(p):
+            (seen.add if (rel, call) in OWN_READS else stray.append)((rel, call))
+    assert not stray, "reads a path on its own (use hvd_lm/util/files.py, or add it to " \
+        f"OWN_READS with why): {stray}"
+    stale = set(OWN_READS) - seen
+    assert not stale, f"OWN_READS lists reads no longer in the code: {sorted(stale)}"

@@ -72,6 +72,27 @@ def test_split_ratios_are_finite(reviews, tmp_path, split):
     assert proc.returncode == 2 and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("flags,needle", [
+    (["--cycle-time-ms", "5"], "dist.cycle_time_ms (--cycle-time-ms) is Horovod's fusion cycle"),
+    (["--allreduce-op", "adasum"], "dist.allreduce_op adasum (--allreduce-op) is Horovod's"),
+])
+def test_horovod_only_knobs_are_refused_with_the_torch_engine(shards, tmp_path, capsys, flags,
+                                                              needle):
+    """Before (issue 56): ``--backend torch --cycle-time-ms 5`` was accepted and did nothing
+    (adasum failed only once the engine was up). Now one line naming the flag, before any
+    work; the same flags with Horovod are still accepted by the settings."""
+    out = tmp_path / "r"
+    rc = main(["train", "--backend", "torch", *flags, "--shards", str(shards), "--out-dir",
+               str(out), *TINY])
+    one_error_line(err_of(rc, capsys), needle, "--backend horovod")
+    assert rc == 2 and not out.exists()
+    from hvd_lm.options import from_dict
+    from hvd_lm.train.settings import TrainConfig
+
+    from_dict(TrainConfig, {"dist": {"backend": "horovod", "cycle_time_ms": 5.0,
+                                     "allreduce_op": "adasum"}, "optim": {"max_steps": 1}})
+
+
 # ---- files named with what they are: a FIFO, a device --------------------------------------------
 
 def test_a_fifo_or_a_device_is_named_as_what_it_is(shards, tmp_path, capsys):

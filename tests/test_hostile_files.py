@@ -1,6 +1,7 @@
 """Hostile and careless input, files on disk (issue 35): data_prep deletes only what it created,
 shards, manifests, hostfiles, metrics lines and checkpoints that lie about themselves are
-named in one line before anything is written."""
+named in one line before anything is written; a hostfile is a regular file within its cap and a
+tar's URL lists are never documents, whatever the globs (issue 56)."""
 from __future__ import annotations
 
 import json
@@ -16,6 +17,7 @@ from hvd_lm.formats import checkpoint as ck
 from tests.hostile_common import (  # noqa: F401 - the fixtures these tests take
     TINY,
     hvd_lm,
+    measured_main,
     one_error_line,
     prepare_cli,
     reviews,
@@ -112,6 +114,61 @@ def test_a_hostfile_line_without_slots_names_the_file_and_line(tmp_path, capsys,
     one_error_line(subprocess.CompletedProcess([], rc, "", capsys.readouterr().err),
                    f"{hostfile}:3:", repr(line))
     assert rc == 2
+
+
+@pytest.mark.parametrize("kind,needle", [
+    ("fifo", "a FIFO (named pipe), not a regular file"),
+    ("device", "a character device, not a regular file"),
+    ("huge", "more than 16,777,216 bytes"),
+])
+def test_a_hostfile_is_a_regular_file_within_its_cap(tmp_path, kind, needle):
+    """Before (issue 56): a 1 GB --hostfile took ``hvd-lm doctor`` to 3.1 GB (read whole), and a
+    FIFO or /dev/zero was reported as "no such file". Now named as what it is, and a file over
+    16 MiB refused from its size, before a byte is read."""
+    hostfile = tmp_path / "hosts.txt"
+    if kind == "fifo":
+        os.mkfifo(hostfile)
+    elif kind == "device":
+        hostfile.symlink_to("/dev/zero")
+    else:
+        with open(hostfile, "wb") as f:  # 1 GB of host lines' worth, sparse
+            f.truncate(1 << 30)
+    proc, read_mb, grew_mb = measured_main(["doctor", "--hostfile", hostfile])
+    one_error_line(proc, f"--hostfile {hostfile}: {needle}", "HOSTFILE_MAX_BYTES")
+    assert proc.returncode == 2 and read_mb < 1 and grew_mb < 32, (read_mb, grew_mb)
+
+
+def test_tar_url_lists_are_never_documents_whatever_the_glob(tmp_path):
+    """Before (issue 56): with the glob docs/data_prep.md gives for IMDB
+    (``*/train/pos/*.txt,...``) a ``urls_*.txt`` inside ``train/pos/`` was read as a document:
+    only the default globs left the URL lists out. Now they are left out by name, counted."""
+    import io
+    import tarfile
+
+    from hvd_lm.formats.manifest import load_manifest
+    from hvd_lm.formats.shards import open_shard
+
+    reviews = {f"aclImdb/train/{d}/{i}_{7 if d == 'pos' else 2}.txt":
+               f"Review {i} ({d}): a film I would {'gladly' if d == 'pos' else 'never'} watch "
+               f"again, number {i}." for d in ("pos", "neg") for i in range(8)}
+    urls = "http://www.imdb.com/title/tt0453418/usercomments\n" * 8
+    src = tmp_path / "acl.tar.gz"
+    with tarfile.open(src, "w:gz") as tar:
+        for name, text in [*reviews.items(), ("aclImdb/train/pos/urls_pos.txt", urls),
+                           ("aclImdb/train/neg/urls_neg.txt", urls)]:
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    out, summary = tmp_path / "out", tmp_path / "summary.json"
+    proc = prepare_cli(src, "--out", out, "--split", "1", "--summary-json", summary,
+                       "--tar-members", "*/train/pos/*.txt,*/train/neg/*.txt")
+    assert proc.returncode == 0, proc.stderr
+    counters = json.loads(summary.read_text())["counters"]
+    assert counters["members_left_out"] == 2 and counters["documents"] == len(reviews), counters
+    docs = [bytes(sh.document(i)[:-1]).decode() for info in load_manifest(out).shards
+            for sh in [open_shard(info.path)] for i in range(len(sh.doc_offsets) - 1)]
+    assert sorted(docs) == sorted(reviews.values())
 
 
 def test_a_torn_metrics_line_is_skipped_with_one_warning(tmp_path, capsys):

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -29,11 +30,14 @@ from tests.conftest import records
 from tests.hostile_common import (  # noqa: F401 - fixtures, shared with the first cases
     TINY,
     hvd_lm,
+    measured_main,
     one_error_line,
     prepare_cli,
+    reviews,
     run_a,
+    snapshot,
 )
-from tests.test_transfer import write_checkpoint
+from tests.test_transfer import synthetic_reviews, write_checkpoint
 
 _CAPPED = (
     "import sys, resource; from hvd_lm.cli import build_parser, main; "
@@ -69,8 +73,9 @@ def test_a_manifest_that_is_a_device_is_named_not_read(shards, tmp_path):
         proc = capped(*argv, headroom_mb=1024)  # train's threads reserve their stacks first
         one_error_line(proc, needle)
     assert not (tmp_path / "r").exists()
-    proc = capped("verify", bad, headroom_mb=1024)  # verify lists each problem it finds
-    assert proc.returncode == 1 and f"MISMATCH {needle}" in proc.stdout, proc
+    proc = capped("verify", bad, headroom_mb=1024)  # an error, not a MISMATCH of a shard
+    one_error_line(proc, needle)  # (issue 56: was "MISMATCH ..." on stdout, no ERROR line)
+    assert proc.returncode == 1 and "MISMATCH" not in proc.stdout, proc
 
 
 def test_a_config_fifo_nobody_writes_is_refused_not_opened(shards, tmp_path):
@@ -253,3 +258,188 @@ def test_resume_auto_skips_a_fifo_named_like_a_checkpoint(shards, run_a, tmp_pat
     assert "step_00000099.pt: a FIFO (named pipe), not a regular file" in proc.stderr
     assert records(out, "start")[-1]["resumed_from"].endswith("step_00000020.pt")
     assert ck.resolve(out).name == "step_00000021.pt"
+
+
+# ---- issue 56: readers that opened a file on their own -------------------------------------------
+
+def dev_zero(path: Path) -> Path:
+    """``path`` replaced by a link to /dev/zero (endless zeros, st_size 0)."""
+    path.unlink(missing_ok=True)
+    path.symlink_to("/dev/zero")
+    return path
+
+
+@pytest.mark.parametrize("name", ["manifest.json", ".prepare/state.json"])
+def test_prepare_resume_names_a_fifo_among_its_own_files(reviews, tmp_path, name):
+    """Before: ``prepare --resume`` blocked for ever in read_text() of a FIFO named
+    ``manifest.json`` or ``.prepare/state.json`` in its output folder."""
+    out = tmp_path / "out"
+    assert prepare_cli(reviews, "--out", out).returncode == 0
+    (out / "manifest.json").unlink()  # an interrupted run: its state.json is read
+    (out / name).parent.mkdir(exist_ok=True)
+    os.mkfifo(out / name)
+    before = snapshot(out)
+    proc = prepare_cli(reviews, "--out", out, "--resume", timeout=60)
+    one_error_line(proc, f"{out / name}: a FIFO (named pipe), not a regular file",
+                   "prepare writes this file itself: remove it, or use another --out")
+    assert snapshot(out) == before and (out / name).is_fifo()
+
+
+def test_prepare_resume_reads_nothing_of_a_manifest_that_is_a_device(reviews, tmp_path):
+    """Before: /dev/zero (a link named manifest.json) took 2.7 GB and ended in a bare
+    ``ERROR: MemoryError``."""
+    out = tmp_path / "out"
+    assert prepare_cli(reviews, "--out", out).returncode == 0
+    before = snapshot(out)
+    dev_zero(out / "manifest.json")
+    proc, read_mb, grew_mb = measured_main(["prepare", reviews, "--out", out, "--resume",
+                                            "--no-progress"])
+    one_error_line(proc, f"{out / 'manifest.json'}: a character device, not a regular file")
+    assert read_mb < 1 and grew_mb < 64, (read_mb, grew_mb)
+    del before["manifest.json"]
+    assert snapshot(out) == before and (out / "manifest.json").is_symlink()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_bad_cpu_peak_cache_is_measured_again_with_one_warning(shards, tmp_path, kind):
+    """Before: ``train`` blocked before step 0 on a FIFO ``~/.cache/hvd_lm/cpu_peaks.json``,
+    and read /dev/zero there whole (1.9 GB). Now: one warning naming it, the peak measured
+    again, the cache rewritten as a file (the link replaced, /dev/zero untouched)."""
+    cache = tmp_path / "cache" / "hvd_lm" / "cpu_peaks.json"
+    cache.parent.mkdir(parents=True)
+    if kind == "fifo":
+        os.mkfifo(cache)
+    else:
+        dev_zero(cache)
+    proc, read_mb, grew_mb = measured_main(
+        ["train", "--shards", shards, "--out-dir", tmp_path / "r", *TINY, "--max-steps", "2"],
+        env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = [x for x in proc.stderr.splitlines() if "cpu_peaks.json" in x]
+    what = "a FIFO (named pipe)" if kind == "fifo" else "a character device"
+    assert len(said) == 1 and said[0].startswith(f"warning: {cache}: {what}") and \
+        "measuring the CPU peak again" in said[0], proc.stderr
+    assert read_mb < 64 and grew_mb < 400, (read_mb, grew_mb)
+    assert not cache.is_symlink() and list(json.loads(cache.read_text()).values())[0] > 0
+
+
+_SUMMARY = ("import sys, resource; from hvd_lm.jobs.failure_summary import SUMMARY; "
+            "vm = int([x for x in open('/proc/self/status') if x.startswith('VmSize')][0]"
+            ".split()[1]) * 1024 + (256 << 20); resource.setrlimit(resource.RLIMIT_AS, (vm, vm)); "
+            "sys.exit(SUMMARY.main(sys.argv[1:], 'python -m hvd_lm.jobs.failure_summary'))")
+
+
+def closing_block(out: Path, *args) -> subprocess.CompletedProcess:
+    """What the launch templates run after a failure, under an address-space cap of 256 MB
+    beyond its start."""
+    return subprocess.run([sys.executable, "-c", _SUMMARY, str(out), *map(str, args)],
+                          env=launch_env(), capture_output=True, text=True, timeout=60)
+
+
+def test_the_closing_block_reads_the_tail_of_metrics_jsonl(tmp_path):
+    """Before: the closing block every template runs after a failure blocked on a FIFO
+    ``metrics.jsonl`` and read a 5 GB sparse one whole (MemoryError). Now a FIFO is named in its
+    ``where`` line, and the failure recorded after 5 GB of zeros is found in the last 16 MiB."""
+    out = tmp_path / "run"
+    out.mkdir()
+    os.mkfifo(out / "metrics.jsonl")
+    p = closing_block(out, "--rc", "1")
+    assert p.returncode == 0, p.stderr
+    assert f"(unreadable: {out / 'metrics.jsonl'}: a FIFO (named pipe), not a regular file" \
+        in p.stdout and p.stdout.strip().splitlines()[-1].startswith("cause: "), p.stdout
+    (out / "metrics.jsonl").unlink()
+    t0 = time.time()
+    rec = {"kind": "failure", "step": 7, "time": t0, "rank": 1, "host": "n2",
+           "error": "lost rank 0 on host n1", "checkpoint": None}
+    with open(out / "metrics.jsonl", "wb") as f:  # sparse: no disk used
+        f.truncate(5 << 30)
+        f.seek(5 << 30)
+        f.write(b"\n" + json.dumps(rec).encode() + b"\n")
+    p = closing_block(out, "--rc", "1", "--since", t0 - 1)
+    assert p.returncode == 0, p.stderr
+    assert "where: rank 1 on host n2, after step 7" in p.stdout, p.stdout
+    assert p.stdout.strip().endswith("cause: lost rank 0 on host n1"), p.stdout
+
+
+def test_scaling_report_streams_metrics_jsonl_within_its_cap(tmp_path):
+    """Before: ``hvd-lm scaling-report`` blocked on a FIFO metrics.jsonl and read a 5 GB sparse
+    one whole. Now: the FIFO named, a file over 1 GiB refused from its size (nothing read), and
+    a file read in 1 MiB pieces, a line over 1 MiB skipped with a warning, never held."""
+    run = tmp_path / "run"
+    run.mkdir()
+    metrics = run / "metrics.jsonl"
+    os.mkfifo(metrics)
+    argv = ["scaling-report", run, "--no-plot"]
+    proc, _, _ = measured_main(argv)
+    one_error_line(proc, f"{metrics}: a FIFO (named pipe), not a regular file")
+    metrics.unlink()
+    with open(metrics, "wb") as f:
+        f.truncate(5 << 30)
+    proc, read_mb, grew_mb = measured_main(argv)
+    one_error_line(proc, f"{metrics}: more than 1,073,741,824 bytes", "METRICS_MAX_BYTES")
+    assert read_mb < 1 and grew_mb < 32, (read_mb, grew_mb)
+    recs = [{"kind": "start", "world_size": 1, "global_batch": 2}] + [
+        {"kind": "train", "step": i, "step_time": 0.5} for i in range(4)]
+    lines = [json.dumps(r) for r in recs]
+    metrics.write_text("\n".join(lines[:2] + ["x" * (24 << 20)] + lines[2:]) + "\n")
+    proc, read_mb, grew_mb = measured_main(argv)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("warning:") == 1 and f"{metrics}:3: a line of more than " \
+        "1,048,576 bytes" in proc.stderr, proc.stderr
+    assert 23 < read_mb < 26 and grew_mb < 16, (read_mb, grew_mb)  # read, never held
+
+
+def test_a_bad_feature_cache_entry_is_featurized_again_with_one_warning(tmp_path):
+    """Before: a feature-cache ``.npy`` whose header declares [N, 2**31] float32 made
+    ``np.load`` ask for 1.56 TiB (here N = 160: 1.25 TiB). Now its header is read first, the
+    entry named in one warning and featurized again (the entry rewritten)."""
+    write_checkpoint(tmp_path / "run")
+    train = synthetic_reviews(tmp_path / "train.jsonl", 160, 0)
+    argv = ["transfer", tmp_path / "run", "--train", train, "--text-field", "review",
+            "--label-field", "sentiment", "--cache-dir", tmp_path / "cache", "--no-progress",
+            "--no-baseline", "--batch-size", "16"]
+    assert main([str(a) for a in [*argv, "--out", tmp_path / "a"]]) == 0
+    entries = sorted((tmp_path / "cache").glob("*.npy"))
+    rows = {e: np.load(e).shape[0] for e in entries}
+    for e, n in rows.items():
+        header = np.lib.format.header_data_from_array_1_0(np.zeros(0, np.float32))
+        header["shape"] = (n, 2**31)
+        with open(e, "wb") as f:
+            np.lib.format.write_array_header_1_0(f, header)
+            f.write(b"\0" * 64)
+    proc, read_mb, grew_mb = measured_main([*argv, "--out", tmp_path / "b"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = [x for x in proc.stderr.splitlines() if "feature cache" in x]
+    assert len(said) == len(entries) >= 1, proc.stderr
+    for e, n in rows.items():
+        assert any(f"{e}: its header declares [{n}, 2147483648] float32" in x for x in said)
+        assert np.load(e).shape == (n, 32)  # featurized again and rewritten
+    assert grew_mb < 400, grew_mb
+
+
+def test_the_streamed_readers_agree_with_reading_whole(tmp_path):
+    """files.iter_lines (small chunks and line caps here, so every boundary is crossed),
+    tail_lines and head_lines against the file read whole and split."""
+    from hvd_lm.util import files
+
+    def whole(pieces: list[bytes]) -> list[bytes]:  # a last empty piece is no line
+        return pieces[:-1] if pieces and not pieces[-1] else pieces
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "f"
+    for trial in range(60):
+        data = bytes(rng.choice(list(b"ab\n"), size=int(rng.integers(0, 80)),
+                                p=[0.45, 0.35, 0.2]))
+        path.write_bytes(data)
+        lines = whole(data.split(b"\n"))
+        got = list(files.iter_lines(path, 1 << 20, "", line_limit=5, chunk=trial % 7 + 1))
+        assert got == [(i, x if len(x) <= 5 else None) for i, x in enumerate(lines, 1)], data
+        for limit in (1, 7, 30, 200):
+            cut = len(data) > limit
+            tail = data[-limit:].split(b"\n")[cut and data[-limit - 1:-limit] != b"\n":]
+            head = data[:limit].split(b"\n")[:-1 if cut else None]
+            assert files.tail_lines(path, limit) == whole(tail), (data, limit)
+            assert files.head_lines(path, limit) == whole(head), (data, limit)
+    path.write_bytes(b"x" * 11)
+    with pytest.raises(files.FileRefused, match="more than 10 bytes; a test"):
+        list(files.iter_lines(path, 10, "a test"))

@@ -1,4 +1,6 @@
-"""hvd_lm.comm.world: the one reader of the launchers' rank/size variables.
+"""hvd_lm.comm.world: the one reader of the launchers' rank/size variables, read strictly (issue
+56): every one an integer in its range, ``MASTER_ADDR`` a host name that resolves within a bound,
+``HVD_LM_*`` durations finite and above 0, each error one line naming the variable and its value.
 
 Each family's variables are written out here by hand from the launchers' documentation (the
 table in the module docstring), so a wrong name or a wrong lookup order in ``LAUNCHER_VARS``
@@ -9,12 +11,17 @@ import sys
 import pytest
 
 from hvd_lm.comm.world import (
+    LauncherEnvError,
     RankContext,
+    env_seconds,
     from_environment,
+    rendezvous_endpoint,
+    resolve_host,
     started_by_mpi,
     under_openmpi,
     world_size,
 )
+from tests.hostile_common import TINY, hvd_lm, one_error_line
 
 FAMILIES = {
     "horovodrun": {"HOROVOD_RANK": "3", "HOROVOD_SIZE": "8", "HOROVOD_LOCAL_RANK": "1",
@@ -55,9 +62,10 @@ def test_lookup_order_and_no_mixing():
 
 
 def test_family_counts_only_with_its_world_size():
-    # A stray RANK without WORLD_SIZE (common in user shells) is not a launcher.
+    # A stray RANK without WORLD_SIZE (common in user shells) is not a launcher, nor an empty
+    # WORLD_SIZE (a template's `export WORLD_SIZE=`).
     assert from_environment({"RANK": "5"}) == RankContext()
-    assert from_environment({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "0"}) == RankContext()
+    assert from_environment({"RANK": "5", "WORLD_SIZE": " "}) == RankContext()
 
 
 def test_one_rank_under_mpirun_is_not_an_mpi_job_but_is_under_openmpi():
@@ -69,8 +77,104 @@ def test_one_rank_under_mpirun_is_not_an_mpi_job_but_is_under_openmpi():
 
 
 def test_inconsistent_rank_names_the_variables():
-    with pytest.raises(ValueError, match=r"PMI_RANK='4' is outside 0..3 \(PMI_SIZE='4'\)"):
+    with pytest.raises(ValueError, match=r"PMI_RANK='4' is not a rank: outside 0..3 "
+                                         r"\(PMI_SIZE='4'\)"):
         from_environment({"PMI_RANK": "4", "PMI_SIZE": "4"})
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK='-1' is not a rank: outside 0..1 (WORLD_SIZE='2')"),
+    ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not a rank: an integer in 0..1"),
+    ({"RANK": "1.0", "WORLD_SIZE": "2"}, "RANK='1.0' is not a rank"),
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE='2' but RANK is not set"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0' is not a world size: outside 1..2147483647"),
+    ({"WORLD_SIZE": "x"}, "WORLD_SIZE='x' is not a world size: an integer in 1.."),
+    ({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "0"}, "SLURM_STEP_NUM_TASKS='0' is not a"),
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2",
+      "OMPI_COMM_WORLD_LOCAL_RANK": "-3"}, "OMPI_COMM_WORLD_LOCAL_RANK='-3' is not a local rank"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "4"},
+     "LOCAL_WORLD_SIZE='4' is not a local world size: outside 1..2"),
+    ({"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "2(x"},
+     "SLURM_STEP_TASKS_PER_NODE='2(x' is not SLURM's list of tasks per node"),
+    ({"RANK": "0\n", "WORLD_SIZE": "2\nERROR: forged"}, "WORLD_SIZE='2\\nERROR: forged'"),
+])
+def test_a_launcher_variable_out_of_its_range_is_one_line_naming_it(env, needle):
+    """Before (issue 56): ``RANK=-1`` or ``x`` (with ``WORLD_SIZE=2``) was read as rank 0 (a
+    Gloo key timeout 30 s later), ``WORLD_SIZE=0`` or ``x`` as no launcher (a world of one)."""
+    with pytest.raises(LauncherEnvError) as e:
+        from_environment(env)
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_slurm_tasks_per_node_are_read_for_this_node():
+    """``SLURM_STEP_TASKS_PER_NODE=1,4``: node 1 runs 4 tasks (its local ranks 0..3); the list
+    is walked, never expanded (``1(x999999999)``)."""
+    env = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "5", "SLURM_NODEID": "1",
+           "SLURM_LOCALID": "2", "SLURM_STEP_TASKS_PER_NODE": "1,4"}
+    assert from_environment(env) == RankContext(3, 5, 2, 4, "slurm")
+    env.update(SLURM_STEP_NUM_TASKS="8", SLURM_STEP_TASKS_PER_NODE="1(x999999999)",
+               SLURM_LOCALID="0", SLURM_NODEID="7")
+    assert from_environment(env) == RankContext(3, 8, 0, 1, "slurm")
+    with pytest.raises(LauncherEnvError, match="names no task count >= 1 for node 2"):
+        from_environment({**env, "SLURM_NODEID": "2", "SLURM_STEP_TASKS_PER_NODE": "1,4"})
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "abc", "nan", "inf", "1e9"])
+def test_hvd_lm_durations_are_finite_seconds_above_0(value):
+    """Before: ``HVD_LM_MPI_CONNECT_TIMEOUT=-1`` (or 0) gave "did not reach each other within
+    -1 s", ``abc`` "could not convert string to float", ``nan`` was accepted."""
+    env = {"HVD_LM_MPI_CONNECT_TIMEOUT": value}
+    with pytest.raises(LauncherEnvError, match=f"HVD_LM_MPI_CONNECT_TIMEOUT='{value}' is not a "
+                                               "duration: give seconds, a finite number above 0"):
+        env_seconds("HVD_LM_MPI_CONNECT_TIMEOUT", 120.0, environ=env)
+    assert env_seconds("HVD_LM_MPI_CONNECT_TIMEOUT", 120.0, environ={}) == 120.0
+    assert env_seconds("X", 1.0, environ={"X": " 2.5 "}) == 2.5
+
+
+def test_a_rendezvous_host_is_checked_then_resolved_within_a_bound(monkeypatch):
+    """``MASTER_ADDR='127.0.0.1 x'`` is no host name; a name that does not resolve, or a
+    resolver that does not answer, is one line naming MASTER_ADDR within the bound."""
+    import time
+
+    from hvd_lm.comm import world
+
+    with pytest.raises(LauncherEnvError, match=r"MASTER_ADDR='127.0.0.1 x' is not a host name"):
+        rendezvous_endpoint({"MASTER_ADDR": "127.0.0.1 x"})
+    with pytest.raises(LauncherEnvError, match=r"MASTER_PORT='x' is not a TCP port"):
+        rendezvous_endpoint({"MASTER_ADDR": "n1", "MASTER_PORT": "x"})
+    assert rendezvous_endpoint({"MASTER_ADDR": " n1 "}) == ("n1", 29500, "MASTER_ADDR")
+    resolve_host("127.0.0.1", 29500, "MASTER_ADDR")
+    monkeypatch.setattr(world.socket, "getaddrinfo", lambda *a, **k: time.sleep(5))
+    t0 = time.monotonic()
+    with pytest.raises(LauncherEnvError, match=r"MASTER_ADDR='n1' did not resolve to an address "
+                                               r"within 0.2 s"):
+        resolve_host("n1", 29500, "MASTER_ADDR", timeout_s=0.2)
+    assert time.monotonic() - t0 < 3
+
+
+@pytest.mark.parametrize("backend,env,needle", [
+    ("torch", {"RANK": "-1", "WORLD_SIZE": "2"}, "RANK='-1' is not a rank"),
+    ("torch", {"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not a rank"),
+    ("torch", {"WORLD_SIZE": "0"}, "WORLD_SIZE='0' is not a world size"),
+    ("torch", {"WORLD_SIZE": "x"}, "WORLD_SIZE='x' is not a world size"),
+    ("torch", {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "nosuchhost.invalid"},
+     "MASTER_ADDR='nosuchhost.invalid' does not resolve to an address"),
+    ("torch", {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1 x"},
+     "MASTER_ADDR='127.0.0.1 x' is not a host name or address"),
+    # the Horovod engine reads them as strictly before hvd.init()
+    ("horovod", {"RANK": "-1", "WORLD_SIZE": "2"}, "RANK='-1' is not a rank"),
+])
+def test_a_rank_with_a_bad_launcher_variable_stops_at_once(shards, tmp_path, backend, env,
+                                                          needle):
+    """Through ``hvd-lm train --backend torch`` (what torchrun's ranks run; Horovod's too): one
+    ERROR line naming the variable and its value, at once, no run folder (before: a Gloo key timeout
+    after 30 s, a world of one trained with rc 0, or no ERROR at all within 360 s for an
+    unresolvable MASTER_ADDR)."""
+    out = tmp_path / "r"
+    proc = hvd_lm("train", "--backend", backend, "--shards", shards, "--out-dir", out, *TINY,
+                  "--max-steps", "2", timeout=90, MASTER_PORT="29561", **env)
+    one_error_line(proc, f"hvd-lm train: ERROR: launcher environment: {needle}")
+    assert not out.exists()
 
 
 def test_mpirun_and_horovodrun_argv_across_hosts():

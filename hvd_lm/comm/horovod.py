@@ -40,7 +40,7 @@ from typing import Any, ContextManager, Iterator, Protocol, runtime_checkable
 import torch
 
 from hvd_lm.comm.onebit_compression import ErrorFeedback, ring_allreduce_wire_bytes
-from hvd_lm.comm.world import RankContext, world_size
+from hvd_lm.comm.world import RankContext, env_seconds, from_environment, world_size
 from hvd_lm.util.units import MIB
 
 #: Horovod 0.28.1's defaults (horovod/common/operations.cc): fusion threshold, bytes; cycle, ms.
@@ -131,10 +131,13 @@ def init(fusion_threshold_mb: float | None = None, cycle_time_ms: float | None =
 
     Raises:
         HorovodMissing: Horovod is asked for, not installed, and there are several ranks.
+        hvd_lm.comm.world.LauncherEnvError: a launcher variable holds what no launcher writes
+            (``RANK=-1``, ``WORLD_SIZE=0``), naming it.
         hvd_lm.comm.torch_engine.RendezvousError: the torch engine's ranks cannot meet.
     """
     if backend is not None:
         use_backend(backend)
+    from_environment()  # the launcher's variables read strictly first (LauncherEnvError)
     if fusion_threshold_mb is not None:
         os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_threshold_mb * MIB))
     if cycle_time_ms is not None:
@@ -144,9 +147,8 @@ def init(fusion_threshold_mb: float | None = None, cycle_time_ms: float | None =
     hvd = _hvd()
     configure = getattr(hvd, "configure", None)  # the torch engine's knobs
     if configure is not None:
-        env_timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS")
         configure(gloo_timeout_s if gloo_timeout_s is not None else
-                  float(env_timeout) if env_timeout else None, fusion_threshold_mb)
+                  env_seconds("HOROVOD_GLOO_TIMEOUT_SECONDS", None), fusion_threshold_mb)
     hvd.init()
     return rank_context()
 

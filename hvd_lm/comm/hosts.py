@@ -8,7 +8,13 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from hvd_lm.options.command import error_text
+from hvd_lm.util.files import FileRefused, read_bounded, shown
+
 FULL_MESH_HOSTS = 16    # up to this many hosts every pair is checked; above, ring neighbours
+#: Largest hostfile read (:func:`parse_hostfile`): a PBS/SLURM node list has a line per rank,
+#: 100,000 ranks of 64-byte names in 6.4 MB.
+HOSTFILE_MAX_BYTES = 16 << 20
 
 
 def parse_hosts(text: str) -> list[tuple[str, int]]:
@@ -35,15 +41,26 @@ def parse_hostfile(path: str) -> list[tuple[str, int]]:
     """Hosts of an OpenMPI/horovodrun hostfile (``node1 slots=8``, ``node1:8``) or a PBS/SLURM
     node list (one line per rank: repeated names add slots); ``#`` starts a comment.
 
+    Read within :data:`HOSTFILE_MAX_BYTES` (:func:`hvd_lm.util.files.read_bounded`): a FIFO, a
+    device or a socket is named as what it is, never opened.
+
     Raises:
-        ValueError: the file is missing or lists no host; a malformed line (named with its
-            number).
+        ValueError: the file is missing, not a regular file, larger than
+            :data:`HOSTFILE_MAX_BYTES`, not UTF-8 or lists no host; a malformed line (named with
+            its number). Each names ``--hostfile`` and the file.
     """
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"--hostfile {path}: no such file")
+    try:
+        raw_bytes = read_bounded(path, HOSTFILE_MAX_BYTES, "a hostfile is text, a line per "
+                                 "host or per rank (hvd_lm.comm.hosts.HOSTFILE_MAX_BYTES)")
+        text = raw_bytes.decode("utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"--hostfile {shown(path)}: no such file") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--hostfile {shown(path)}: not UTF-8 text (byte {e.start:,})") from None
+    except (FileRefused, OSError) as e:
+        raise ValueError(f"--hostfile {error_text(e)}") from None
     items = []
-    for i, raw in enumerate(p.read_text().splitlines(), 1):
+    for i, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
@@ -56,11 +73,11 @@ def parse_hostfile(path: str) -> list[tuple[str, int]]:
             else:
                 slots = None
         if not host or slots is None or slots < 1:
-            raise ValueError(f"{path}:{i}: expected 'host', 'host:N' or 'host slots=N' with "
-                             f"N >= 1, got {raw.strip()[:120]!r}")
+            raise ValueError(f"{shown(path)}:{i}: expected 'host', 'host:N' or 'host slots=N' "
+                             f"with N >= 1, got {raw.strip()[:120]!r}")
         items.append(f"{host}:{slots}")
     if not items:
-        raise ValueError(f"{path}: no hosts listed")
+        raise ValueError(f"{shown(path)}: no hosts listed")
     return parse_hosts(",".join(items))
 
 

@@ -8,14 +8,16 @@ singleton) should do, so :func:`world` imports it on first use, and callers ask
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 import time
 from typing import Any
 
+from hvd_lm.comm.world import env_seconds
+
 #: Seconds the ranks' first barrier may take before the job stops naming the likely cause
-#: (``HVD_LM_MPI_CONNECT_TIMEOUT`` overrides).
+#: (``HVD_LM_MPI_CONNECT_TIMEOUT`` overrides: seconds, finite, above 0, at most a week;
+#: :func:`hvd_lm.comm.world.env_seconds`).
 CONNECT_TIMEOUT_S = 120.0
 
 
@@ -27,6 +29,9 @@ class MpiWorld:
     """``MPI.COMM_WORLD`` with the few collectives data_prep needs (pickled Python objects).
 
     Raises:
+        hvd_lm.comm.world.LauncherEnvError: ``HVD_LM_MPI_CONNECT_TIMEOUT`` is not a number of
+            seconds above 0 (``-1``, ``0``, ``abc``, ``nan``): one line naming it and its value,
+            before MPI is initialised.
         MpiUnreachable: from the constructor, when the ranks' first barrier (nonblocking,
             polled) does not complete within :data:`CONNECT_TIMEOUT_S`: across hosts OpenMPI
             may pick an interface another host cannot reach (``docker0``) and every collective
@@ -34,13 +39,14 @@ class MpiWorld:
     """
 
     def __init__(self, connect_timeout_s: float | None = None) -> None:
+        # read before MPI starts: a bad value ends every rank with one line, no MPI job to abort
+        timeout = connect_timeout_s if connect_timeout_s is not None else env_seconds(
+            "HVD_LM_MPI_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S)
         # Imported here, not at module top: importing mpi4py initialises MPI (see the docstring).
         from mpi4py import MPI
 
         self.communicator = MPI.COMM_WORLD
         self.rank, self.size = self.communicator.Get_rank(), self.communicator.Get_size()
-        timeout = connect_timeout_s if connect_timeout_s is not None else float(
-            os.environ.get("HVD_LM_MPI_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S))
         if self.size > 1:
             self._first_barrier(timeout)
 

@@ -13,7 +13,10 @@ same trainer runs without Horovod on any number of ranks (``--backend torch``).
   :func:`hvd_lm.comm.world.rendezvous_endpoint`), else under an MPI launcher (mpirun, MPICH,
   srun with PMI) rank 0 opens the store on a free port and sends its host and port to the
   others with one MPI broadcast (DeepSpeed's ``mpi_discovery`` does the same), else under srun
-  the first host of the step. Rank, world size and local rank come from
+  the first host of the step. The host is resolved first, within
+  :data:`hvd_lm.comm.world.RESOLVE_TIMEOUT_S` (a name that does not resolve, or a resolver that
+  does not answer, is one line naming ``MASTER_ADDR`` and its value, at once, not a rank silent
+  for the rendezvous timeout). Rank, world size and local rank come from
   :func:`hvd_lm.comm.world.from_environment` (torchrun, OpenMPI, MPICH, srun). One process
   without a launcher forms a world of one over an in-memory store.
 * Collectives: ``allreduce`` (sum, average, max; average = sum / size), ``allgather`` (ranks may
@@ -41,7 +44,13 @@ import torch.distributed as dist
 
 from hvd_lm.comm import grad_buckets
 from hvd_lm.comm.grad_buckets import Compression
-from hvd_lm.comm.world import MPI_FAMILIES, RankContext, from_environment, rendezvous_endpoint
+from hvd_lm.comm.world import (
+    MPI_FAMILIES,
+    RankContext,
+    from_environment,
+    rendezvous_endpoint,
+    resolve_host,
+)
 from hvd_lm.util.units import MIB
 
 __all__ = ["Compression"]
@@ -123,6 +132,7 @@ def _store(ctx: RankContext, rdzv_timeout: datetime.timedelta):
             "is: set MASTER_ADDR (rank 0's host) and MASTER_PORT, launch with torchrun, or with "
             "mpirun/srun (MPI tells the ranks)")
     addr, port, source = endpoint
+    resolve_host(addr, port, source)  # a name that does not resolve: named now, not in 300 s
     try:
         store = dist.TCPStore(addr, port, ctx.size, is_master=ctx.rank == 0 and not agent,
                               timeout=rdzv_timeout, wait_for_workers=False)
@@ -144,7 +154,9 @@ def init() -> None:
 
     Raises:
         RendezvousError: the ranks cannot meet (one line naming the endpoint).
-        ValueError: inconsistent launcher variables or a bad ``MASTER_PORT``.
+        hvd_lm.comm.world.LauncherEnvError: a launcher variable out of its range
+            (``RANK=-1``, ``WORLD_SIZE=0``), a bad ``MASTER_PORT``, or a ``MASTER_ADDR`` that is
+            no host name or does not resolve: one line naming the variable and its value.
     """
     global _ctx, LAUNCHER
     if dist.is_initialized():

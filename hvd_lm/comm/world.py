@@ -21,18 +21,29 @@ torchrun        RANK                  WORLD_SIZE            LOCAL_RANK / LOCAL_W
 ENVIRONMENT VARIABLES; PyTorch "torchrun" docs; Horovod sets its own in ``horovodrun``'s Gloo mode.)
 A missing local rank/size falls back to rank/size (one node). Reading the environment needs no MPI
 library; :func:`hvd_lm.comm.horovod.init` gives the authoritative values once Horovod is up.
+
+Every value is read strictly (:func:`env_int`, :func:`env_seconds`): an integer in its range (a
+world size >= 1, a rank in 0..size-1 and given when size > 1, a port in 1..65535), a duration
+finite and above 0 (``HVD_LM_MPI_CONNECT_TIMEOUT``), ``MASTER_ADDR`` a host name that resolves
+within :data:`RESOLVE_TIMEOUT_S`; anything else is :class:`LauncherEnvError`, one line naming the
+variable and its value (``RANK=-1`` is never rank 0, ``WORLD_SIZE=0`` never a world of one). An
+empty variable counts as unset.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import socket
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 import hvd_lm
+from hvd_lm.util.files import shown
 
 #: (name, rank, size, local rank, local size) variables of each launcher family, in lookup order.
 LAUNCHER_VARS = (
@@ -74,35 +85,140 @@ class RankContext:
         return self.rank == 0
 
 
-def _int(value: str | None) -> int | None:
-    """Leading integer of an environment value (SLURM writes ``"2(x3)"``), else None."""
-    if value is None:
+#: Most ranks a job may announce (torch.distributed and Gloo count ranks in a 32-bit int).
+MAX_RANKS = 2**31 - 1
+
+
+class LauncherEnvError(ValueError):
+    """A variable a launcher (or the user, for a launcher) sets holds what no launcher writes: a
+    rank that is not an integer or lies outside the world, a world size of 0, a timeout of -1 s,
+    a host name with a space. The message is one line naming the variable and its value."""
+
+
+def _value(env: Mapping[str, str], name: str) -> str | None:
+    """``env[name]`` stripped, or None when it is unset or empty (a template's ``VAR=``)."""
+    text = (env.get(name) or "").strip()
+    return text or None
+
+
+def _named(name: str, value: str) -> str:
+    """``NAME='value'`` as an error line shows it (control characters escaped, cut)."""
+    return f"{name}={shown(repr(value), 120)}"
+
+
+def env_int(name: str, lo: int, hi: int, what: str, environ: Mapping[str, str] | None = None,
+            context: str = "") -> int | None:
+    """The integer in ``lo..hi`` a variable holds, or None when it is unset or empty.
+
+    Args:
+        what: what the value is, for the error (``"a rank"``, ``"a TCP port"``).
+        context: what the range comes from, appended to the error (``"WORLD_SIZE='2'"``).
+
+    Raises:
+        LauncherEnvError: not an integer (``x``, ``1.5``, ``nan``), or outside ``lo..hi``
+            (``-1``, ``0`` for a size), naming the variable, its value and the range.
+    """
+    env = os.environ if environ is None else environ
+    text = _value(env, name)
+    if text is None:
         return None
-    m = re.match(r"\s*(\d+)", value)
-    return int(m.group(1)) if m else None
+    tail = f" ({context})" if context else ""
+    if not re.fullmatch(r"[+-]?\d{1,30}", text):
+        raise LauncherEnvError(f"launcher environment: {_named(name, text)} is not {what}: "
+                               f"an integer in {lo}..{hi}{tail}")
+    n = int(text)
+    if not lo <= n <= hi:
+        raise LauncherEnvError(f"launcher environment: {_named(name, text)} is not {what}: "
+                               f"outside {lo}..{hi}{tail}")
+    return n
+
+
+def env_seconds(name: str, default: float | None, hi: float = 7 * 86400.0,
+                environ: Mapping[str, str] | None = None) -> float | None:
+    """A duration in seconds a variable holds (``HVD_LM_MPI_CONNECT_TIMEOUT=120``, ``2.5``), or
+    ``default`` when it is unset or empty.
+
+    Raises:
+        LauncherEnvError: not a number, not finite (``nan``, ``inf``), not above 0, or above
+            ``hi`` (a week by default), naming the variable and its value.
+    """
+    env = os.environ if environ is None else environ
+    text = _value(env, name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= hi):
+        raise LauncherEnvError(f"{_named(name, text)} is not a duration: give seconds, a "
+                               f"finite number above 0 and at most {hi:g}"
+                               + (f" (unset: {default:g})" if default is not None else ""))
+    return value
+
+
+def _slurm_tasks_on_node(env: Mapping[str, str], name: str, node: int) -> int | None:
+    """Tasks on node ``node`` of the step from SLURM's compressed per-node list
+    (``SLURM_STEP_TASKS_PER_NODE=2(x3),1``: 2 tasks on each of nodes 0-2, 1 on node 3), read
+    without expanding it; None when unset.
+
+    Raises:
+        LauncherEnvError: not such a list, or naming fewer nodes than ``node`` + 1.
+    """
+    text = _value(env, name)
+    if text is None:
+        return None
+    if not re.fullmatch(r"\d{1,9}(\(x\d{1,9}\))?(,\d{1,9}(\(x\d{1,9}\))?)*", text):
+        raise LauncherEnvError(f"launcher environment: {_named(name, text)} is not SLURM's "
+                               "list of tasks per node (e.g. 2(x3),1)")
+    first = 0
+    for m in re.finditer(r"(\d+)(?:\(x(\d+)\))?", text):
+        first += int(m.group(2) or 1)
+        if node < first:
+            if int(m.group(1)) < 1:
+                break
+            return int(m.group(1))
+    raise LauncherEnvError(f"launcher environment: {_named(name, text)} names no task count "
+                           f">= 1 for node {node} (SLURM_NODEID)")
 
 
 def from_environment(environ: Mapping[str, str] | None = None) -> RankContext:
     """The :class:`RankContext` the launcher's environment announces (``rank 0 of 1`` when none
-    does). A family counts only when its world-size variable is set.
+    does). A family counts only when its world-size variable is set (and not empty); its
+    variables are then read strictly: every one an integer in its range, the rank given when
+    the world has more than one rank (SLURM's tasks per node read for this node,
+    ``SLURM_NODEID``).
 
     Raises:
-        ValueError: a family's variables are inconsistent (rank outside 0..size-1), naming them.
+        LauncherEnvError: a world size that is not an integer >= 1 (``WORLD_SIZE=0``, ``x``), a
+            rank missing, not an integer or outside 0..size-1 (``RANK=-1``, ``x``), a local
+            rank or size out of its range: one line naming the variable and its value.
     """
     env = os.environ if environ is None else environ
     for family, rank_v, size_v, lrank_v, lsize_v in LAUNCHER_VARS:
-        size = _int(env.get(size_v))
-        if size is None or size < 1:
+        size = env_int(size_v, 1, MAX_RANKS, "a world size", env)
+        if size is None:
             continue
-        rank = _int(env.get(rank_v))
-        rank = 0 if rank is None else rank
-        local_rank = _int(env.get(lrank_v))
-        local_size = _int(env.get(lsize_v))
-        if not 0 <= rank < size:
-            raise ValueError(f"launcher environment: {rank_v}={env.get(rank_v)!r} is outside "
-                             f"0..{size - 1} ({size_v}={env.get(size_v)!r})")
+        of = _named(size_v, env[size_v].strip())
+        rank = env_int(rank_v, 0, size - 1, "a rank", env, of)
+        if rank is None:
+            if size > 1:
+                raise LauncherEnvError(f"launcher environment: {of} but {rank_v} is not set: "
+                                       f"every rank of {size} would be rank 0")
+            rank = 0
+        if family == "slurm":
+            node = env_int("SLURM_NODEID", 0, MAX_RANKS, "a node index", env) or 0
+            local_size = _slurm_tasks_on_node(env, lsize_v, node)
+            if local_size is not None and local_size > size:
+                raise LauncherEnvError(f"launcher environment: {_named(lsize_v, env[lsize_v])} "
+                                       f"gives {local_size} tasks on node {node}, more than {of}")
+        else:
+            local_size = env_int(lsize_v, 1, size, "a local world size", env, of)
+        local_size = size if local_size is None else local_size
+        local_rank = env_int(lrank_v, 0, local_size - 1, "a local rank", env,
+                             f"{local_size} rank(s) on this node")
         return RankContext(rank, size, rank if local_rank is None else local_rank,
-                           size if local_size is None else local_size, family)
+                           local_size, family)
     return RankContext()
 
 
@@ -128,6 +244,11 @@ def first_slurm_host(nodelist: str) -> str:
     return m.group(1) + (m.group(2) or "")
 
 
+#: A host name or address as ``MASTER_ADDR`` may hold it: letters, digits, ``.-_``, an IPv6
+#: address's ``:`` (and ``[]``, ``%`` zone); no whitespace (``'127.0.0.1 x'``).
+_HOST = re.compile(r"[A-Za-z0-9._:%\[\]-]{1,253}")
+
+
 def rendezvous_endpoint(environ: Mapping[str, str] | None = None) -> tuple[str, int, str] | None:
     """Where the torch engine's ranks meet (the TCP store rank 0 opens), from the environment:
     ``(address, port, source)``, or None when the environment does not say (the engine then
@@ -139,24 +260,70 @@ def rendezvous_endpoint(environ: Mapping[str, str] | None = None) -> tuple[str, 
       distribution runs task 0) and ``MASTER_PORT``, else 29500 + ``SLURM_JOB_ID`` mod 1000 (two
       jobs sharing a node do not pick the same port).
 
+    The name is checked here, not resolved (:func:`resolve_host` does that, within a bounded
+    time).
+
     Raises:
-        ValueError: ``MASTER_PORT`` is not a port number (naming it).
+        LauncherEnvError: ``MASTER_PORT`` is not a port number, ``MASTER_ADDR`` not a host name
+            or address (whitespace, a control character), ``SLURM_JOB_ID`` not an integer:
+            naming the variable and its value.
     """
     env = os.environ if environ is None else environ
-    port_text = env.get("MASTER_PORT", "").strip()
-    port = None
-    if port_text:
-        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-            raise ValueError(f"MASTER_PORT={port_text!r} is not a TCP port (1..65535)")
-        port = int(port_text)
-    if env.get("MASTER_ADDR", "").strip():
-        return env["MASTER_ADDR"].strip(), port or DEFAULT_MASTER_PORT, "MASTER_ADDR"
+    port = env_int("MASTER_PORT", 1, 65535, "a TCP port", env)
+    addr = _value(env, "MASTER_ADDR")
+    if addr is not None:
+        if not _HOST.fullmatch(addr):
+            raise LauncherEnvError(f"launcher environment: {_named('MASTER_ADDR', addr)} is not "
+                                   "a host name or address (rank 0's host: letters, digits, "
+                                   "'.', '-', ':'; no spaces)")
+        return addr, port or DEFAULT_MASTER_PORT, "MASTER_ADDR"
     nodelist = env.get("SLURM_STEP_NODELIST") or ""
     if from_environment(env).launcher == "slurm" and nodelist:
-        job = _int(env.get("SLURM_JOB_ID")) or 0
+        job = env_int("SLURM_JOB_ID", 0, 2**63 - 1, "a job id", env) or 0
         return (first_slurm_host(nodelist), port or DEFAULT_MASTER_PORT + job % 1000,
                 "SLURM_STEP_NODELIST")
     return None
+
+
+#: Seconds a rendezvous host may take to resolve (:func:`resolve_host`) before the rank fails
+#: naming it: a resolver that does not answer would otherwise hold the rank in the store's
+#: connect loop for the whole rendezvous timeout, saying nothing.
+RESOLVE_TIMEOUT_S = 30.0
+
+
+def resolve_host(host: str, port: int, source: str, timeout_s: float = RESOLVE_TIMEOUT_S) -> None:
+    """Check that ``host`` resolves to an address (``socket.getaddrinfo`` in a daemon thread,
+    waited for at most ``timeout_s``: the C resolver has no timeout of its own).
+
+    Args:
+        source: where the name came from (``"MASTER_ADDR"``, ``"SLURM_STEP_NODELIST"``), for
+            the error: the variable and its value are named.
+
+    Raises:
+        LauncherEnvError: the name does not resolve, or not within ``timeout_s``.
+    """
+    answer: list = []
+
+    def lookup() -> None:
+        try:
+            answer.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except (OSError, UnicodeError) as e:
+            answer.append(e)
+
+    worker = threading.Thread(target=lookup, name="resolve-rendezvous", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    where = (_named(source, host) if source == "MASTER_ADDR" else
+             f"{shown(repr(host), 120)} (from {source})")
+    hint = "set MASTER_ADDR to rank 0's host name or address, as every rank resolves it"
+    if not answer:
+        raise LauncherEnvError(f"launcher environment: {where} did not resolve to an address "
+                               f"within {timeout_s:g} s (the name service does not answer); "
+                               f"{hint}")
+    if isinstance(answer[0], Exception) or not answer[0]:
+        why = getattr(answer[0], "strerror", None) or str(answer[0]) or "no address"
+        raise LauncherEnvError(f"launcher environment: {where} does not resolve to an address "
+                               f"({shown(why, 120)}); {hint}")
 
 
 def started_by_mpi(environ: Mapping[str, str] | None = None) -> bool:

@@ -5,12 +5,14 @@ hvd_lm's sources (two checkouts of one commit agree)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 from importlib import metadata
 from pathlib import Path
 
 import hvd_lm
-from hvd_lm.util.digest import file_sha256
+from hvd_lm.options.command import error_text
+from hvd_lm.util.files import open_regular, read_bounded
 
 
 def gpu_count() -> tuple[int, list[str]]:
@@ -32,19 +34,21 @@ def gpu_count() -> tuple[int, list[str]]:
 def shard_facts(folder: str) -> dict:
     """What this host sees of a shard folder: ``{"manifest_sha256", "shards", "bytes"}``, or
     ``{"error": one line}`` when the manifest or a shard cannot be read."""
-    from hvd_lm.formats.manifest import load_manifest
+    from hvd_lm.formats.manifest import MAX_MANIFEST_BYTES, load_manifest
 
     try:
-        man = load_manifest(folder)
+        man = load_manifest(folder)  # a regular file within MAX_MANIFEST_BYTES, or refused
         total = 0
-        for s in man.shards:
-            with open(s.path, "rb") as f:
+        for s in man.shards:  # a FIFO or a device named like a shard is refused, never opened
+            with open_regular(s.path, "a shard is an HDF5 file") as f:
                 f.read(8)
-            total += s.path.stat().st_size
-        return {"manifest_sha256": file_sha256(Path(folder) / "manifest.json"),
+                total += os.fstat(f.fileno()).st_size
+        raw = read_bounded(Path(folder) / "manifest.json", MAX_MANIFEST_BYTES,
+                           "a manifest lists its shards (hvd_lm.formats.manifest)")
+        return {"manifest_sha256": hashlib.sha256(raw).hexdigest(),
                 "shards": len(man.shards), "bytes": total}
     except (OSError, ValueError) as e:
-        return {"error": str(e).splitlines()[0]}
+        return {"error": error_text(e)}
 
 
 def package_versions() -> dict[str, str | None]:

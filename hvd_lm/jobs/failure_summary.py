@@ -29,9 +29,12 @@ launch says ``stop: signal``) is a clean stop whatever the launcher's exit statu
 across hosts exits 255 after its ranks stopped cleanly): :func:`clean_stop` says so, and the
 templates print that instead of a failure and exit 0.
 
-``metrics.jsonl`` is read here line by line, skipping a line that is not JSON (the last one may
-be cut short by a kill), instead of through :func:`hvd_lm.train.log.read_metrics`, which raises
-on it and imports torch: this runs at the end of every failed job and must not fail itself.
+``metrics.jsonl`` is read here from its end, its last :data:`METRICS_TAIL_BYTES` (the records
+since the launch are the last ones it appended), skipping a line that is not JSON (the last one
+may be cut short by a kill), instead of through :func:`hvd_lm.train.log.read_metrics`, which
+reads it whole and imports torch: this runs at the end of every failed job and must not fail
+itself, nor wait: a ``metrics.jsonl`` that is a FIFO or a device is never opened (the ``where``
+line names it), and the ``--errors`` file is read in its first :data:`ERRORS_HEAD_BYTES`.
 """
 
 from __future__ import annotations
@@ -43,31 +46,61 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from hvd_lm.options import Command, option
+from hvd_lm.options import Command, error_text, option
+from hvd_lm.util.files import FileRefused, head_lines, tail_lines
 
 #: launcher tags in front of a rank's line: horovodrun ``[1]<stderr>:``, mpirun
 #: ``--tag-output`` ``[1,0]<stderr>:``, srun ``--label`` ``1: ``
 _TAG = re.compile(r"^(\[[\d,]+\]<std(?:out|err)>:|\d+: )\s*")
 
 
-def run_records(out_dir: str | Path, kind: str, since: float = 0.0) -> list[dict]:
-    """The ``kind`` records of ``<out_dir>/metrics.jsonl`` written at or after ``since``, in file
-    order; [] when there is no such file (lines that are not JSON skipped)."""
+#: Bytes of ``metrics.jsonl`` read from its end (:func:`run_records`): the records a failed
+#: launch appended last (its ``failure`` and ``end`` records: a few hundred bytes each), whatever
+#: the file's size.
+METRICS_TAIL_BYTES = 16 << 20
+#: Bytes of the launch's kept ``ERROR:`` lines read from the start (``--errors``): the first
+#: ones are the cause.
+ERRORS_HEAD_BYTES = 16 << 20
+
+
+def _metrics_tail(out_dir: str | Path) -> tuple[list[bytes], str]:
+    """(the lines of the last :data:`METRICS_TAIL_BYTES` of ``<out_dir>/metrics.jsonl``, why
+    none could be read: '' when the file was read or is absent)."""
     path = Path(out_dir) / "metrics.jsonl"
     try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return []
+        return tail_lines(path, METRICS_TAIL_BYTES), ""
+    except FileNotFoundError:
+        return [], ""
+    except (OSError, FileRefused) as e:  # a FIFO, a device: named, never opened
+        return [], error_text(e)
+
+
+def run_records(out_dir: str | Path, kind: str, since: float = 0.0) -> list[dict]:
+    """The ``kind`` records of ``<out_dir>/metrics.jsonl`` written at or after ``since``, in file
+    order, from the file's last :data:`METRICS_TAIL_BYTES` (:func:`hvd_lm.util.files.tail_lines`:
+    a FIFO or a device is never opened, a file of any size is read in that many bytes); [] when
+    there is no such file or it cannot be read (lines that are not JSON skipped)."""
     out = []
-    for line in lines:
+    for line in _metrics_tail(out_dir)[0]:
         try:
             rec = json.loads(line)
-        except ValueError:
+            if isinstance(rec, dict) and rec.get("kind") == kind and \
+                    float(rec.get("time", 0)) >= since:
+                out.append(rec)
+        except (ValueError, TypeError, RecursionError):
             continue
-        if isinstance(rec, dict) and rec.get("kind") == kind and \
-                float(rec.get("time", 0)) >= since:
-            out.append(rec)
     return out
+
+
+def _kept_lines(path: str | Path | None) -> list[str]:
+    """The lines of the launch's kept output (``--errors``), its first :data:`ERRORS_HEAD_BYTES`;
+    [] when there is none or it cannot be read (the summary must print whatever happened)."""
+    if not path:
+        return []
+    try:
+        return [x.decode("utf-8", "replace") for x in head_lines(path, ERRORS_HEAD_BYTES)]
+    except (OSError, FileRefused):
+        return []
 
 
 def failure_records(out_dir: str | Path, since: float = 0.0) -> list[dict]:
@@ -107,13 +140,7 @@ LAUNCHER_LINES = (
 def launcher_cause(path: str | Path | None) -> str:
     """What the launcher said about a lost rank or a refused start (:data:`LAUNCHER_LINES`), from
     the launch's kept lines; '' when it said nothing of the kind."""
-    if not path:
-        return ""
-    try:
-        lines = Path(path).read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    for line in lines:
+    for line in _kept_lines(path):
         for pattern, text in LAUNCHER_LINES:
             m = pattern.search(_TAG.sub("", line))
             if m:
@@ -124,13 +151,7 @@ def launcher_cause(path: str | Path | None) -> str:
 def first_error_line(path: str | Path | None) -> str:
     """The first line holding ``ERROR:`` in the launch's kept output, launcher tags removed;
     '' when none."""
-    if not path:
-        return ""
-    try:
-        lines = Path(path).read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return next((_TAG.sub("", x).strip() for x in lines if "ERROR:" in x and
+    return next((_TAG.sub("", x).strip() for x in _kept_lines(path) if "ERROR:" in x and
                  not any(p.search(x) for p, _ in LAUNCHER_LINES)), "")
 
 
@@ -184,8 +205,10 @@ def summary(out_dir: str, rc: int, since: float = 0.0, errors: str = "",
     else:
         said = launcher_cause(errors)
         line = first_error_line(errors)
+        unread = _metrics_tail(out_dir)[1]
         lines.append("where: no rank recorded a failure in "
                      f"{Path(out_dir) / 'metrics.jsonl'}"
+                     + (f" (unreadable: {unread})" if unread else "")
                      + ("; the launcher's own words follow" if said else
                         "; the first ERROR line of the launch follows" if line else ""))
         ckpt = newest_checkpoint(out_dir)

@@ -25,7 +25,10 @@ The peak (:func:`device_peak`), in this order:
    so the MFU is relative to what this machine's BLAS reaches with those threads (what
    ``hvd-lm bench train`` calls the matmul peak) and comparable across restarts, whatever load
    the machine has at each start; a run that reaches more than the kept figure raises it
-   (:func:`rate_against`), so MFU stays at or below 1.
+   (:func:`rate_against`), so MFU stays at or below 1. A cache that is not a regular JSON file
+   of peaks within :data:`PEAK_CACHE_MAX_BYTES` (a FIFO, a device, a damaged or huge file) is
+   never opened or read past that size: the peak is measured again with one warning naming the
+   file, and the cache rewritten (atomically: a link is replaced, never written through).
 """
 
 from __future__ import annotations
@@ -33,13 +36,16 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from hvd_lm.options.command import error_text
 from hvd_lm.util.atomic import write_text
+from hvd_lm.util.files import FileRefused, read_json, shown
 
 #: Published dense peaks, TFLOP/s: (name substring, fp32, tf32, fp16, bf16, source). Matched in
 #: order, case-insensitively, against ``torch.cuda.get_device_name()`` (e.g. "NVIDIA H100 80GB
@@ -100,18 +106,26 @@ def _machine_key(dtype: torch.dtype, threads: int) -> str:
             f"{torch.__version__} | {str(dtype)[6:]} | {threads} thread(s)")
 
 
-def _kept_peaks(path: Path) -> dict[str, float]:
-    """The kept peaks (GFLOP/s by key); {} when absent, too large or not such a file."""
+def _kept_peaks(path: Path, warn: bool = False) -> dict[str, float]:
+    """The kept peaks (GFLOP/s by key); {} when absent or not such a file: a FIFO or a device is
+    never opened, a file over :data:`PEAK_CACHE_MAX_BYTES` never read
+    (:func:`hvd_lm.util.files.read_json`), and with ``warn`` one warning on stderr names a bad
+    cache (it is measured again and rewritten)."""
     try:
-        if path.stat().st_size > PEAK_CACHE_MAX_BYTES:
-            return {}
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = read_json(path, PEAK_CACHE_MAX_BYTES, "the CPU peak cache is a small JSON file "
+                         "(hvd_lm.model.mfu.PEAK_CACHE_MAX_BYTES)")
+        if not isinstance(data, dict):
+            raise FileRefused(f"{shown(path)}: a JSON {type(data).__name__}, not an object of "
+                              "peaks")
+    except FileNotFoundError:
         return {}
-    if not isinstance(data, dict):
+    except (OSError, FileRefused) as e:
+        if warn:
+            print(f"warning: {error_text(e)}; measuring the CPU peak again (the cache is "
+                  "rewritten)", file=sys.stderr)
         return {}
     return {k: float(v) for k, v in data.items()
-            if isinstance(v, (int, float)) and 0 < v < 1e12}
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e12}
 
 
 def _keep_peak(key: str, gflops: float) -> None:
@@ -129,7 +143,7 @@ def cpu_peak(dtype: torch.dtype, threads: int) -> Peak:
     """This machine's CPU matmul peak for ``dtype`` and ``threads``: kept from an earlier
     measurement, else the best of 5 ``torch.mm`` of 1024^3 measured now (~0.1-10 s) and kept."""
     key = _machine_key(dtype, threads)
-    gflops = _kept_peaks(peak_cache_path()).get(key)
+    gflops = _kept_peaks(peak_cache_path(), warn=True).get(key)
     if gflops is None:
         gflops = matmul_gflops(1024, repeats=5, threads=threads, dtype=dtype)
         _keep_peak(key, gflops)

@@ -10,16 +10,18 @@ The fit is Hockney's alpha-beta model read as the ring allreduce (Thakur, Rabens
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from hvd_lm.util.units import GB
+from hvd_lm.util.files import read_json
+from hvd_lm.util.units import GB, MIB
+
+#: Largest ``bench allreduce --json`` file read (a 128-rank sweep's records are a few MB).
+BENCH_JSON_MAX_BYTES = 256 * MIB
 
 
 def busbw_factor(n: int) -> float:
@@ -33,9 +35,13 @@ def load_bench_json(path: str | os.PathLike) -> dict:
     """Read a ``bench allreduce --json`` file and check it.
 
     Raises:
-        ValueError: not such a file (missing keys, no records, non-positive times).
+        ValueError: not such a file (missing keys, no records, non-positive times), not a
+            regular file or over :data:`BENCH_JSON_MAX_BYTES` (FileRefused), naming it.
+        FileNotFoundError: no such file.
     """
-    data = json.loads(Path(path).read_text())
+    data = read_json(path, BENCH_JSON_MAX_BYTES, "a bench allreduce --json file is a few MB")
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a bench-allreduce JSON (not an object)")
     for key in ("ranks", "records"):
         if key not in data:
             raise ValueError(f"{path}: not a bench-allreduce JSON (no {key!r})")

@@ -27,9 +27,10 @@ from typing import Optional
 
 import matplotlib
 
-from hvd_lm.options import Command, option
-from hvd_lm.train.log import read_metrics
+from hvd_lm.options import Command, error_text, option
+from hvd_lm.train.log import iter_metrics
 from hvd_lm.util.atomic import write_text
+from hvd_lm.util.files import shown
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
@@ -88,15 +89,16 @@ class ScalingRow:
 
 
 def metrics_file(path: str | Path) -> Path:
-    """``path`` itself if it is a file, else ``path/metrics.jsonl``.
+    """``path/metrics.jsonl`` for a folder, else ``path`` itself.
 
     Raises:
         FileNotFoundError: neither exists.
     """
     p = Path(path)
-    f = p if p.is_file() else p / "metrics.jsonl"
-    if not f.is_file():
-        raise FileNotFoundError(f"{path}: no metrics.jsonl (is it an hvd-lm train run directory?)")
+    f = p / "metrics.jsonl" if p.is_dir() else p
+    if not f.exists():  # (a FIFO or a device is named by the reader: hvd_lm.train.log)
+        raise FileNotFoundError(f"{shown(path)}: no metrics.jsonl (is it an hvd-lm train run "
+                                "directory?)")
     return f
 
 
@@ -109,12 +111,15 @@ def read_run(path: str | Path, skip: int = 1) -> RunTiming:
 
     Raises:
         FileNotFoundError: no metrics file.
+        hvd_lm.util.files.FileRefused: the metrics file is not a regular file (a FIFO, a
+            device), or is larger than :data:`hvd_lm.train.log.METRICS_MAX_BYTES` (read
+            streamed: memory of one record, whatever its size).
         ValueError: malformed records, no start record, starts with different world sizes, or no
             train record left after skipping.
     """
     f = metrics_file(path)
     starts, times, rates, compute, since_start = [], [], [], [], 0
-    for rec in read_metrics(f):
+    for rec in iter_metrics(f):
         kind = rec.get("kind")
         if kind == "start":
             starts.append(rec)
@@ -273,7 +278,7 @@ def report(args: ScalingReportConfig) -> int:
         runs = [read_run(r, args.skip) for r in args.runs]
         rows, note = scaling_rows(runs, args.baseline, args.reference)
     except (ValueError, FileNotFoundError) as e:
-        print(f"hvd-lm scaling-report: ERROR: {e}", file=sys.stderr)
+        print(f"hvd-lm scaling-report: ERROR: {error_text(e)}", file=sys.stderr)
         return 2
     payload = {"baseline_gpus": rows[0].gpus, "note": note,
                "reference": args.reference, "rows": [asdict(r) for r in rows]}

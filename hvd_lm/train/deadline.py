@@ -46,11 +46,12 @@ from __future__ import annotations
 
 import collections
 import math
-import os
 import time
 from dataclasses import dataclass
 
 import psutil
+
+from hvd_lm.comm.world import env_seconds
 
 #: Step attempts left out of the step time at the start (compilation, graph capture, warm-up).
 SKIP_ATTEMPTS = 2
@@ -80,16 +81,7 @@ def virtual_step_s() -> float | None:
     Raises:
         ValueError: the variable is set but not a positive number (naming it).
     """
-    text = os.environ.get("HVD_LM_VIRTUAL_STEP_S", "").strip()
-    if not text:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or math.isinf(value):
-        raise ValueError(f"HVD_LM_VIRTUAL_STEP_S={text!r}: must be a positive number of seconds")
-    return value
+    return env_seconds("HVD_LM_VIRTUAL_STEP_S", None)
 
 
 def margin_for(span_s: float) -> float:

@@ -23,6 +23,8 @@ import time
 
 import torch
 
+from hvd_lm.comm.world import MAX_RANKS, env_int
+
 
 class NoFaults:
     """No fault: what the training loop runs with unless a test configured one."""
@@ -49,8 +51,9 @@ class Faults(NoFaults):
     def __init__(self, rank: int, inject_nan_steps: str = ""):
         self.rank = rank
         self.nan_attempts = {int(s) for s in inject_nan_steps.split(",") if s.strip()}
-        r, s = os.environ.get("HVD_LM_FAULT_RANK"), os.environ.get("HVD_LM_FAULT_STEP")
-        self.die_at = int(s) if (r is not None and s is not None and int(r) == rank) else None
+        r = env_int("HVD_LM_FAULT_RANK", 0, MAX_RANKS, "a rank")
+        s = env_int("HVD_LM_FAULT_STEP", 0, 2**62, "a step")
+        self.die_at = s if (r is not None and s is not None and r == rank) else None
         self.sleep = float(os.environ.get("HVD_LM_STEP_SLEEP", "0") or 0)
         who = os.environ.get("HVD_LM_STEP_SLEEP_RANK", "")
         self.sleepers = [int(r) for r in who.split(",") if r.strip()]  # [] = every rank

@@ -6,7 +6,8 @@ reader touches outside rank 0's log (:class:`hvd_lm.train.metrics.MetricsLog` wr
   stderr at once says when.
 * :func:`write_failure`: a ``failure`` record appended by the rank that prints a run's one-line
   cause, with :func:`resume_command`, what continues the run.
-* :func:`read_metrics`: the one reader of ``metrics.jsonl`` (reports, scaling report, tests).
+* :func:`read_metrics` / :func:`iter_metrics`: the one reader of ``metrics.jsonl`` (reports,
+  scaling report, tests), streamed and bounded.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 from hvd_lm.comm.world import horovodrun_mpi_shell, under_openmpi
-from hvd_lm.util.files import FileRefused, open_append
+from hvd_lm.util.files import FileRefused, iter_lines, open_append, shown
 from hvd_lm.util.lock import pid_alive
 
 
@@ -152,16 +154,50 @@ def write_failure(out_dir: str | Path, step: int, rank: int, error: str,
         pass
 
 
-def read_metrics(path: str | Path) -> list[dict]:
-    """Records of a ``metrics.jsonl`` file, in order. Several ranks append ``failure`` records
-    to it when a job fails (:func:`write_failure`), and on a shared filesystem (NFS) appends from
-    several hosts are not atomic: a line that is not JSON is skipped with one warning on stderr
-    naming the file and line, instead of making every reader of the run fail."""
-    out = []
-    for i, line in enumerate(Path(path).read_text(errors="replace").splitlines(), 1):
+#: Largest ``metrics.jsonl`` a reader takes (:func:`iter_metrics`): about 2.5 million records of
+#: a few hundred bytes (a run logging every 10 steps for 25 million steps); larger is refused
+#: from its size, before a byte is read.
+METRICS_MAX_BYTES = 1 << 30
+#: Longest record read (:func:`iter_metrics`): a record is a few hundred bytes, a ``start``
+#: record with its settings a few kB; a longer line is skipped with a warning, never held.
+METRICS_LINE_MAX_BYTES = 1 << 20
+_METRICS_WHAT = ("a run's metrics.jsonl holds a few hundred bytes per logged step "
+                 "(hvd_lm.train.log.METRICS_MAX_BYTES)")
+
+
+def iter_metrics(path: str | Path) -> Iterator[dict]:
+    """Records of a ``metrics.jsonl`` file, in order, streamed in 1 MiB reads
+    (:func:`hvd_lm.util.files.iter_lines`: memory of one record, whatever the file's size). Several
+    ranks append ``failure`` records to it when a job fails (:func:`write_failure`), and on a
+    shared filesystem (NFS) appends from several hosts are not atomic: a line that is not JSON,
+    or longer than :data:`METRICS_LINE_MAX_BYTES`, is skipped with one warning on stderr naming
+    the file and line, instead of making every reader of the run fail.
+
+    Raises:
+        FileNotFoundError / FileRefused: not a regular file (a FIFO, a device: named, never
+            opened), or more than :data:`METRICS_MAX_BYTES` bytes.
+    """
+    for i, raw in iter_lines(path, METRICS_MAX_BYTES, _METRICS_WHAT, METRICS_LINE_MAX_BYTES):
+        if raw is None:
+            print(f"warning: {shown(path)}:{i}: a line of more than {METRICS_LINE_MAX_BYTES:,} "
+                  "bytes, not a record, skipped", file=sys.stderr)
+            continue
+        line = raw.decode("utf-8", "replace")
         if line.strip():
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                print(f"warning: {path}:{i}: not a JSON record, skipped ({e})", file=sys.stderr)
-    return out
+                rec = json.loads(line)
+            except (json.JSONDecodeError, RecursionError) as e:
+                print(f"warning: {shown(path)}:{i}: not a JSON record, skipped "
+                      f"({shown(str(e), 120)})", file=sys.stderr)
+                continue
+            yield rec
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """Every record of a ``metrics.jsonl`` file, in order (:func:`iter_metrics`: torn lines
+    skipped with a warning; at most :data:`METRICS_MAX_BYTES`).
+
+    Raises:
+        FileNotFoundError / FileRefused: as :func:`iter_metrics`.
+    """
+    return list(iter_metrics(path))

@@ -224,6 +224,15 @@ class TrainConfig:
         if self.run.elastic and self.dist.backend == "torch":
             raise ValueError("run.elastic is Horovod's elastic driver: train elastic jobs with "
                              "--backend horovod")
+        if self.dist.backend == "torch":  # Horovod's knobs: the torch engine has no such thing
+            if self.dist.cycle_time_ms is not None:
+                raise ValueError("dist.cycle_time_ms (--cycle-time-ms) is Horovod's fusion cycle "
+                                 "(HOROVOD_CYCLE_TIME): the torch engine starts a bucket when "
+                                 "its last gradient is ready, with no cycle; drop it, or train "
+                                 "with --backend horovod")
+            if self.dist.allreduce_op == "adasum":
+                raise ValueError("dist.allreduce_op adasum (--allreduce-op) is Horovod's: train "
+                                 "it with --backend horovod")
         if self.dist.compression == "bf16" and self.dist.backend == "horovod":
             raise ValueError("dist.compression bf16 needs --backend torch: Horovod 0.28.1's "
                              "PyTorch adapter has no bfloat16 (horovod#4049, unmerged)")

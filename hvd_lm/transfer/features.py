@@ -13,6 +13,7 @@ dealt round-robin to the ranks and the features are gathered back in input order
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
@@ -30,9 +31,12 @@ from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.comm.world import RankContext, world_size
 from hvd_lm.formats import tokenizer
 from hvd_lm.model import device as devices
+from hvd_lm.model.lm import ModelConfig
 from hvd_lm.model.load import load_model, resolve_model
+from hvd_lm.options.command import error_text
 from hvd_lm.util.atomic import atomic_path, write_text
 from hvd_lm.util.digest import json_sha256
+from hvd_lm.util.files import FileRefused, load_npy, shown
 
 #: Feature types: final cell state, final hidden state, mean / max over time of the hidden states.
 FEATURE_KINDS = ("cell", "hidden", "mean", "max")
@@ -300,6 +304,12 @@ def cache_key(checkpoint_sha256: str, split: str, texts_digest: str, options: di
                         "split": split, "texts_sha256": texts_digest, "options": options})
 
 
+#: Widest feature vector a cache entry may hold when the reader does not say
+#: (:meth:`FeatureCache.load`): the largest ``model.hidden_size`` (its bound, 16,384).
+MAX_FEATURE_WIDTH = next(f.metadata["le"] for f in dataclasses.fields(ModelConfig)
+                         if f.name == "hidden_size")
+
+
 class FeatureCache:
     """Features as ``<dir>/<key>.npy`` (float32 [N, H]) with a ``<key>.json`` description.
 
@@ -313,16 +323,28 @@ class FeatureCache:
         """``<dir>/<key>.npy``."""
         return self.dir / f"{key}.npy"
 
-    def load(self, key: str, n: int) -> np.ndarray | None:
-        """The cached array, or None if absent, unreadable or not ``n`` rows."""
+    def load(self, key: str, n: int, width: int | None = None) -> np.ndarray | None:
+        """The cached float32 [``n``, H] array (H = ``width`` when given), or None when absent,
+        or when the entry is bad (one warning on stderr names it; it is featurized again and
+        rewritten): not a regular file (a FIFO, a device: never opened), a header declaring more
+        than ``n`` x ``width`` (else :data:`MAX_FEATURE_WIDTH`) float32 values or more than
+        the file holds (refused from the header, before anything is allocated:
+        :func:`hvd_lm.util.files.load_npy`), or another shape or dtype."""
         p = self.path(key)
-        if not p.is_file():
+        if not p.exists() and not p.is_symlink():
             return None
+        budget = n * (width or MAX_FEATURE_WIDTH) * 4
         try:
-            arr = np.load(p, allow_pickle=False)
-        except (OSError, ValueError):
+            arr = load_npy(p, budget, "a feature cache entry is a float32 [N, H] .npy")
+            if arr.dtype != np.float32 or arr.ndim != 2 or arr.shape[0] != n or \
+                    (width is not None and arr.shape[1] != width):
+                raise FileRefused(f"{shown(p)}: {arr.dtype} {list(arr.shape)}, expected float32 "
+                                  f"[{n}, {width or 'H'}]")
+        except (OSError, FileRefused) as e:
+            print(f"warning: feature cache: {error_text(e)}; featurizing again (the entry is "
+                  "rewritten)", file=sys.stderr)
             return None
-        return arr if arr.ndim == 2 and arr.shape[0] == n else None
+        return arr
 
     def save(self, key: str, features: np.ndarray, meta: dict) -> Path:
         """Write ``features`` and ``meta`` atomically; returns the .npy path."""

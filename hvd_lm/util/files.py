@@ -12,7 +12,10 @@ opened with ``O_NONBLOCK`` and checked again on the descriptor, so a file swappe
 refused too (:func:`open_regular`). Streams are allowed only where a command reads one by design
 (``classify --input``, an anonymous pipe ``<(cmd)`` as a config). Each kind of file is read
 within a size budget (:func:`read_bounded`, :func:`read_json`: the budgets are the callers'
-constants, listed in docs/reliability.md); a ``.npy`` array, alone (:func:`load_npy`) or inside
+constants, listed in docs/reliability.md; a regular file over it is refused from its size,
+before a byte is read); a file that may be large is streamed (:func:`iter_lines`: 1 MiB reads, a
+line over its cap skipped, never held) or read in a window at its end or start
+(:func:`tail_lines`, :func:`head_lines`); a ``.npy`` array, alone (:func:`load_npy`) or inside
 an ``.npz`` (:func:`check_npz`), is read only after its header's shape and dtype give a size
 within the budget and within what the file holds, so an array is never inflated or allocated
 before it is known to fit.
@@ -39,7 +42,7 @@ import re
 import stat
 import zipfile
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable
+from typing import IO, Any, Callable, Iterable, Iterator
 
 #: Characters of a path or value shown in an error line (:func:`shown`).
 SHOWN_CHARS = 200
@@ -148,10 +151,90 @@ def read_bounded(path: str | Path, limit: int, what: str) -> bytes:
         FileNotFoundError / FileRefused: not a regular file, or larger than ``limit``.
     """
     with open_regular(path, what) as f:
-        raw = f.read(limit + 1)
+        if os.fstat(f.fileno()).st_size > limit:  # refused from its size, before a byte is read
+            raise FileRefused(f"{shown(path)}: more than {limit:,} bytes; {what}")
+        raw = f.read(limit + 1)  # (a /proc file, a pipe: sizes of 0)
     if len(raw) > limit:
         raise FileRefused(f"{shown(path)}: more than {limit:,} bytes; {what}")
     return raw
+
+
+def iter_lines(path: str | Path, limit: int, what: str, line_limit: int = 1 << 20,
+               chunk: int = 1 << 20) -> Iterator[tuple[int, bytes | None]]:
+    """The lines of a regular file of at most ``limit`` bytes, streamed ``chunk`` bytes at a
+    time: ``(number, line)`` (1-based, without its newline), or ``(number, None)`` for a line
+    longer than ``line_limit`` bytes, read past and never held. Memory: ``chunk`` +
+    ``line_limit`` bytes, whatever the file's size or line structure (a sparse file of zeros is
+    one endless line).
+
+    Args:
+        what: what such a file is, for the refusal (``"a run's metrics.jsonl ..."``).
+
+    Raises:
+        FileNotFoundError / FileRefused: not a regular file, or larger than ``limit`` bytes
+            (from its size, before reading; or a file that grew past it while read).
+    """
+    with open_regular(path, what) as f:
+        if os.fstat(f.fileno()).st_size > limit:
+            raise FileRefused(f"{shown(path)}: more than {limit:,} bytes; {what}")
+        number, pending, overlong, total = 1, bytearray(), False, 0
+        while block := f.read(chunk):
+            total += len(block)
+            if total > limit:
+                raise FileRefused(f"{shown(path)}: more than {limit:,} bytes; {what}")
+            start = 0
+            while (end := block.find(b"\n", start)) >= 0:
+                overlong = overlong or len(pending) + end - start > line_limit
+                yield number, None if overlong else bytes(pending + block[start:end])
+                pending.clear()
+                number, overlong, start = number + 1, False, end + 1
+            if not overlong:
+                overlong = len(pending) + len(block) - start > line_limit
+                if overlong:
+                    pending.clear()
+                else:
+                    pending += block[start:]
+        if pending or overlong:
+            yield number, None if overlong else bytes(pending)
+
+
+def _window(path: str | Path, limit: int, what: str, tail: bool) -> list[bytes]:
+    with open_regular(path, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        start = max(size - limit, 0) if tail else 0
+        if start:  # one byte before the window: whether its first line starts there
+            f.seek(start - 1)
+            data = f.read(limit + 1)
+            whole, data = data[:1] == b"\n", data[1:]
+        else:
+            data, whole = f.read(limit + (not tail)), True
+    lines = data.split(b"\n")
+    if not tail and len(data) > limit:  # cut at the limit: its last line is not whole
+        lines = data[:limit].split(b"\n")[:-1]
+    elif not whole:
+        lines = lines[1:]
+    return lines[:-1] if lines and not lines[-1] else lines
+
+
+def tail_lines(path: str | Path, limit: int, what: str = "") -> list[bytes]:
+    """The whole lines (without newlines) in the last ``limit`` bytes of a regular file, in
+    file order: the records a job appended last, read in ``limit`` bytes whatever the file's
+    size (a line cut by the window's start is left out).
+
+    Raises:
+        FileNotFoundError / FileRefused: not a regular file.
+    """
+    return _window(path, limit, what, tail=True)
+
+
+def head_lines(path: str | Path, limit: int, what: str = "") -> list[bytes]:
+    """The whole lines (without newlines) in the first ``limit`` bytes of a regular file (a
+    line cut by the limit is left out; the last line of a shorter file counts, newline or not).
+
+    Raises:
+        FileNotFoundError / FileRefused: not a regular file.
+    """
+    return _window(path, limit, what, tail=False)
 
 
 def read_json(path: str | Path, limit: int, what: str) -> Any:
