@@ -29,13 +29,15 @@ from tests.test_transfer import synthetic_reviews
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """A weight-normed tiny model's checkpoint (step 7) and ``hvd-lm export`` of it."""
+    """A weight-normed tiny model's checkpoint (step 7, trained on 2 ranks evaluating 4 rows
+    each: eval's default is 8 rows, not 16) and ``hvd-lm export`` of it."""
     d = tmp_path_factory.mktemp("export")
     torch.manual_seed(3)
     cfg = ModelConfig(embed_dim=8, hidden_size=32, weight_norm=True)
     model = LanguageModel(cfg)
-    path = ck.save({"model": model.state_dict(), "step": 7,
-                    "config": {"model": asdict(cfg), "data": {"seq_len": 16}}}, d / "run", 7)
+    path = ck.save({"model": model.state_dict(), "step": 7, "world_size": 2,
+                    "config": {"model": asdict(cfg), "data": {"seq_len": 16},
+                               "run": {"eval_batch_size": 4}}}, d / "run", 7)
     assert cli_main(["export", str(d / "run"), str(d / "exp")]) == 0
     return {"dir": d, "ckpt": path, "exp": d / "exp", "model": model}
 
@@ -135,6 +137,8 @@ def test_every_model_command_takes_an_exported_folder(exported, tmp_path, capsys
         assert cli_main(["generate", src, "--prime", "Great", "--length", "20", "--seed", "1",
                          "--output", str(tmp_path / f"gen_{name}.jsonl")]) == 0
     e_c, e_e = (json.loads((tmp_path / f"eval_{n}.json").read_text()) for n in "ce")
+    # default flags: the rows the training evaluated with, on the folder as on the checkpoint
+    assert e_c["rows"] == e_e["rows"] == 8, (e_c, e_e)
     assert e_e["bpc"] == e_c["bpc"] and e_e["step"] == 7 and e_e["chars"] == e_c["chars"]
     assert (tmp_path / "gen_e.jsonl").read_text() == (tmp_path / "gen_c.jsonl").read_text()
     train = synthetic_reviews(tmp_path / "train.jsonl", 120, 0)

@@ -249,7 +249,7 @@ def test_eval_cli_matches_in_process_bpc(shards, tmp_path):
     assert [p.name for p in list_checkpoints(tmp_path / "r")] == ["step_00000002.pt",
                                                                   "step_00000003.pt"]
     proc = run([sys.executable, "-m", "hvd_lm", "eval", tmp_path / "r", shards, "--split", "val",
-                "--batch-size", "3"], timeout=120)
+                "--batch-size", "3", "--baselines", "xz,gzip"], timeout=120)
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     model = LanguageModel(ModelConfig(hidden_size=32, embed_dim=8))
     model.load_state_dict(params_of(tmp_path / "r"))
@@ -257,6 +257,16 @@ def test_eval_cli_matches_in_process_bpc(shards, tmp_path):
     want, chars = bpc(model, streams, torch.device("cpu"), distributed=False)
     assert got["chars"] == chars and got["bpc"] == pytest.approx(want, rel=1e-6)
     assert 0 < got["bpc"] < 8.5 and math.isfinite(got["bpc"])
+    # --baselines: xz -9 and gzip -9 on the split's bytes, read here from the shards themselves
+    import gzip
+    import lzma
+
+    import h5py
+    data = b"".join(np.asarray(h5py.File(s.path, "r")["tokens"]).tobytes()
+                    for s in load_manifest(shards).split("val"))
+    assert got["baselines"] == {
+        "xz": pytest.approx(8 * len(lzma.compress(data, preset=9)) / len(data), rel=1e-12),
+        "gzip": pytest.approx(8 * len(gzip.compress(data, 9, mtime=0)) / len(data), rel=1e-12)}
 
 
 def test_the_logged_val_bpc_is_what_eval_reports_whatever_the_batch(shards, tmp_path):

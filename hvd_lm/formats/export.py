@@ -12,14 +12,16 @@ original0`` (the gain g [rows, 1]) and ``original1`` (the direction v), the weig
     {"format": "hvd_lm-export", "format_version": 1, "weights": "model.safetensors",
      "weights_sha256": "...", "model": {"cell": "mlstm", "embed_dim": 64, "hidden_size": 4096,
      "weight_norm": true, "vocab_size": 256}, "vocab_size": 256,
-     "tokenizer": "bytes-utf8-eod0", "step": 1234, "seq_len": 256,
+     "tokenizer": "bytes-utf8-eod0", "step": 1234, "seq_len": 256, "world_size": 8,
      "source": {"kind": "...", "path": "...", "sha256": "..."}, "training": {...} or null}
 
 ``model`` is the architecture (:class:`hvd_lm.model.lm.ModelConfig`'s fields that change the
 function; the kernels are the loading machine's), ``tokenizer`` the byte mapping of
 :mod:`hvd_lm.formats.tokenizer`, ``step`` the optimizer step trained (null when unknown),
-``seq_len`` the training window (what ``hvd-lm eval`` uses by default), ``source`` the file the
-weights came from and its sha256, ``training`` the whole training config when there was one.
+``seq_len`` the training window (what ``hvd-lm eval`` uses by default), ``world_size`` the
+training's ranks (with ``training.run.eval_batch_size``, the rows eval uses by default, so an
+export evaluates as its checkpoint does), ``source`` the file the weights came from and its
+sha256, ``training`` the whole training config when there was one.
 
 Reading never unpickles: safetensors is a JSON header and raw little-endian tensor bytes
 (huggingface/safetensors, "Format"), read by ``safetensors.torch.load_file``; config.json is JSON;

@@ -12,8 +12,8 @@ settings passed as a YAML file in the run folder):
 2. ``python -m data_prep prepare --config runs/<name>/prepare.yaml`` -> ``runs/<name>/shards``;
 3. ``horovodrun -np N python -m hvd_lm train --config runs/<name>/train.yaml`` (or mpirun);
 4. ``python -m hvd_lm eval ... --output runs/<name>/eval_lm.json`` on the validation split, and
-   ``xz -9`` / ``gzip -9`` bits per character on the same bytes
-   (:func:`hvd_lm.train.evaluate.compressor_bpc`);
+   ``xz -9`` / ``gzip -9`` bits per character on the same bytes (``hvd-lm eval --baselines``,
+   :func:`hvd_lm.train.evaluate.compressor_bpc`);
 5. ``python -m hvd_lm transfer --config runs/<name>/transfer.yaml`` (SST-2, TF-IDF baseline);
 6. ``runs/<name>/report.md`` with tables and PNG plots (:mod:`hvd_lm.jobs.report`), and a summary.
 
@@ -30,19 +30,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 import hvd_lm
 from data_prep.resume import finished_with_other_inputs
 from data_prep.settings import PrepareConfig
 from hvd_lm import options
 from hvd_lm.comm.world import horovodrun_argv, local_mpi_env, mpirun_argv
-from hvd_lm.formats.manifest import load_manifest
-from hvd_lm.formats.shards import read_tokens
 from hvd_lm.jobs.download import download_all
 from hvd_lm.jobs.report import training_summary, write_report
 from hvd_lm.options import Command, option
-from hvd_lm.train.evaluate import compressor_bpc
 from hvd_lm.train.log import read_metrics
 from hvd_lm.train.settings import TrainConfig
 from hvd_lm.transfer.run import TransferConfig
@@ -132,12 +127,6 @@ def launcher_argv(cfg: DemoLaunchConfig, argv: list[str]) -> list[str]:
     return [sys.executable, *argv]
 
 
-def val_bytes(shards: Path) -> bytes:
-    """The validation split's token stream, as bytes (what the LM is evaluated on)."""
-    parts = [read_tokens(s.path, 0, s.tokens) for s in load_manifest(shards).split("val")]
-    return np.concatenate(parts).tobytes()
-
-
 def run_folder(cfg: DemoConfig) -> Path:
     """``runs/<name>`` in the working directory (as every path of the config: relative to where
     the demo is run, like every hvd-lm command's paths; ``make demo`` runs it from the
@@ -196,10 +185,12 @@ def demo(cfg: DemoConfig) -> int:
                                     str(cfg.evaluate.batch_size), "--output", str(lm_json),
                                     # the ranks of training: on its device (2 CPU ranks on a
                                     # 1-GPU node cannot share the GPU)
-                                    "--device", cfg.train.run.device]),
+                                    "--device", cfg.train.run.device,
+                                    *(["--baselines", ",".join(cfg.evaluate.compressors)]
+                                      if cfg.evaluate.compressors else [])]),
          env)
     eval_result = json.loads(lm_json.read_text())
-    comp = compressor_bpc(val_bytes(shards), tuple(cfg.evaluate.compressors))
+    comp = eval_result.pop("baselines", {})
     write_text(run_dir / "eval.json", json.dumps({**eval_result, "compressors": comp}, indent=1))
 
     transfer_dir = None

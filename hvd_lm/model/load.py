@@ -186,8 +186,12 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu",
         path = folder / WEIGHTS
         model_cfg = architecture(meta["model"], folder / "config.json")
         step = meta.get("step")
+        training = meta.get("training") if isinstance(meta.get("training"), dict) else {}
         ckpt = {"model": state, "step": -1 if step is None else step, "export": meta,
-                "config": {"model": model_cfg, "data": {"seq_len": meta.get("seq_len") or 256}}}
+                "world_size": meta.get("world_size"),  # with run: eval's rows as the training's
+                "config": {"model": model_cfg, "data": {"seq_len": meta.get("seq_len") or 256},
+                           "run": training.get("run") if isinstance(training.get("run"), dict)
+                           else {}}}
     else:
         path = resolve(path)
         ckpt = load(path, map_location)
@@ -233,6 +237,7 @@ def export_command(cfg: ExportConfig) -> int:
     out = write_export(cfg.out_dir, model.state_dict(), {
         "model": model_cfg, "vocab_size": model_cfg["vocab_size"], "tokenizer": TOKENIZER_NAME,
         "step": ckpt.get("step"), "seq_len": ckpt["config"].get("data", {}).get("seq_len"),
+        "world_size": ckpt.get("world_size"),
         "source": {"kind": "hvd_lm checkpoint", "path": str(src), "sha256": file_sha256(src)},
         "training": ckpt["config"]})
     params = sum(p.numel() for p in model.parameters())

@@ -26,6 +26,7 @@ from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.formats.checkpoint import CheckpointError
 from hvd_lm.formats.export import MAX_SEQ_LEN
 from hvd_lm.formats.manifest import MANIFEST_NAME, load_manifest
+from hvd_lm.formats.shards import read_tokens
 from hvd_lm.model import device as devices
 from hvd_lm.model.load import load_model, model_files
 from hvd_lm.model.mlstm_kernels import KERNELS
@@ -128,6 +129,14 @@ def compressor_bpc(data: bytes, which: tuple[str, ...] = ("xz", "gzip")) -> dict
     return out
 
 
+def split_bytes(manifest, split: str, max_bytes: int = 0) -> bytes:
+    """The byte stream ``hvd-lm eval`` reads from ``split``: its shards' tokens in manifest order
+    (documents separated by the EOD byte), the first ``max_bytes`` when > 0."""
+    parts = [read_tokens(s.path, 0, s.tokens) for s in manifest.split(split)]
+    data = np.concatenate(parts).tobytes() if parts else b""
+    return data[:max_bytes] if max_bytes else data
+
+
 def eval_window(model_cfg, manifest, cfg: "EvalConfig", seq_len: int, rows: int,
                 world_size: int, device: torch.device) -> int:
     """The window eval reads: ``seq_len``, or the longest row of the split when that is shorter
@@ -181,6 +190,10 @@ class EvalConfig:
     threads: int = option(0, "torch CPU threads per rank (0 = the usable cores / the ranks on "
                           "this machine; a warning when ranks x threads exceed them)", ge=0)
     backend: str = option("horovod", comm.BACKEND_HELP, choices=comm.BACKENDS)
+    baselines: list[str] = option(default_factory=list, help="also the bits per character of "
+                                  "general-purpose compressors on the same bytes (rank 0, once): "
+                                  "xz (xz -9), gzip (gzip -9), comma-separated",
+                                  choices=("xz", "gzip"))
 
 
 def eval_rows(asked: int, ck: dict, ranks: int) -> tuple[int, str]:
@@ -208,7 +221,8 @@ def eval_rows(asked: int, ck: dict, ranks: int) -> tuple[int, str]:
 
 def eval_command(cfg: EvalConfig) -> int:
     """``hvd-lm eval``: print (and with ``--output`` write) ``{"bpc", "chars", ...}`` as JSON on
-    rank 0; ranks split the streams and sum bits and chars (Horovod)."""
+    rank 0 (with ``--baselines``: ``"baselines": {"xz": BPC, "gzip": BPC}`` of the same
+    bytes); ranks split the streams and sum bits and chars (Horovod)."""
     ctx = comm.init(backend=cfg.backend)
     set_rank_threads(cfg.threads, ctx, "eval")  # Horovod: an allgather of machine ids
     device = devices.resolve_device(cfg.device, ctx.local_rank, ctx.local_size)
@@ -234,6 +248,9 @@ def eval_command(cfg: EvalConfig) -> int:
         result = {"checkpoint": str(cfg.checkpoint), "split": cfg.split, "bpc": value,
                   "chars": chars, "step": ck["step"], "world_size": ctx.size,
                   "rows": rows * ctx.size, **({"note": note} if note else {})}
+        if cfg.baselines:  # the same bytes through xz -9 / gzip -9: what the LM must beat
+            result["baselines"] = compressor_bpc(
+                split_bytes(manifest, cfg.split, cfg.max_bytes), tuple(cfg.baselines))
         sys.stdout.write(json.dumps(result) + "\n")  # one write: one line under launchers
         sys.stdout.flush()
         if cfg.output:
