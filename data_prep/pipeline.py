@@ -361,12 +361,13 @@ def format_summary(summary: dict) -> str:
         lines.append(f"  tar members left out: {c['members_left_out']:,} (aclImdb's URL lists "
                      "and imdbEr.txt, never documents whatever --tar-members says; without "
                      "--tar-members, its held-out test/ reviews too)")
+    sizes = {name: split["tokens"] for name, split in summary.get("splits", {}).items()}
     for name, split in summary.get("splits", {}).items():
         if name != "train" and 0 < split["tokens"] < shards.SMALL_SPLIT_BYTES:
             lines.append(f"  warning: split {name} holds {split['documents']:,} document(s), "
                          f"{split['tokens']:,} bytes: too few to measure BPC on (under "
-                         f"{shards.SMALL_SPLIT_BYTES // 1024} KiB); give it a larger share "
-                         "(--split 100,1,1) or prepare more text")
+                         f"{shards.SMALL_SPLIT_BYTES // 1024} KiB); "
+                         + shards.small_split_advice(name, sizes, summary.get("split_ratios")))
     if c.get("shards_kept") and not summary.get("resumed_complete"):
         lines.append(f"  resumed: {c['shards_kept']} verified shard(s) kept")
     if summary.get("bad_samples"):

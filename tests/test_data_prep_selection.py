@@ -113,3 +113,25 @@ def test_imdbs_tarball_as_it_ships_gives_reviews_only_and_a_small_split_is_said(
     # what the glob names, the held-out test/ review too; the URL list and imdbEr.txt never
     assert p.returncode == 0 and len(documents(tmp_path / "named")) == 3, p.stdout
     assert "tar members left out: 2 " in p.stdout, p.stdout
+
+
+def test_the_small_split_warning_names_a_split_that_fixes_it(tmp_path):
+    """A val split under 64 KiB: the warning computes the --split that reaches it from the bytes
+    the splits hold (before: "--split 100,1,1" whatever was used, repeated after it was), and
+    preparing with that split gives a val split the warning no longer names."""
+    import random
+    import re
+
+    rng = random.Random(0)
+    words = "great sound album bad love song track voice band music cheap broke fine".split()
+    f = tmp_path / "reviews.jsonl"
+    f.write_text("".join(json.dumps({"reviewText": " ".join(
+        rng.choice(words) for _ in range(rng.randint(20, 80)))}) + "\n" for _ in range(3000)))
+    p = prepare(f, "--split", "100,1,0", "--out", tmp_path / "a")
+    assert p.returncode == 0, p.stderr
+    fix = re.search(r"warning: split val holds .* prepare it with --split (\S+) \(about", p.stdout)
+    assert fix, p.stdout
+    p = prepare(f, "--split", fix.group(1), "--out", tmp_path / "b")
+    assert p.returncode == 0 and "too few to measure" not in p.stdout, p.stdout
+    val = sum(s.tokens for s in load_manifest(tmp_path / "b").split("val"))
+    assert 64 * 1024 <= val < 3 * 64 * 1024, (fix.group(1), val)

@@ -61,6 +61,30 @@ SPLITS = ("train", "val", "test")
 #: warn.
 SMALL_SPLIT_BYTES = 64 * 1024
 
+
+def small_split_advice(split: str, split_bytes: dict[str, int],
+                       ratios: dict[str, float] | None) -> str:
+    """What gives ``split`` :data:`SMALL_SPLIT_BYTES`: the ``--split`` ratios that would, computed
+    from the bytes each split holds now (documents are dealt by ratio, so bytes follow it; a
+    quarter more than the threshold for documents' uneven lengths), or more text when even half
+    of the corpus would not reach it.
+
+    Args:
+        split_bytes: bytes (tokens) per split now. ratios: the ``--split`` ratios used
+            (``manifest.json``'s ``split_ratios``), None when unknown.
+    """
+    total = sum(split_bytes.values())
+    want = 1.25 * SMALL_SPLIT_BYTES / max(total, 1)  # the share of the corpus it needs
+    if want >= 0.5 or not ratios or not all(isinstance(ratios.get(k), (int, float))
+                                            for k in SPLITS):
+        return (f"prepare more text: the whole corpus is {total:,} bytes" if want >= 0.5 else
+                f"give it a larger share of --split, about {want:.1%} of the text, or prepare "
+                "more text")
+    others = sum(float(ratios[k]) for k in SPLITS if k != split)
+    x = want * others / (1 - want)  # x / (others + x) = want
+    new = ",".join(f"{x:.3g}" if k == split else f"{float(ratios[k]):g}" for k in SPLITS)
+    return f"prepare it with --split {new} (about {want:.1%} of the {total:,} bytes) or more text"
+
 _TOKENS = "tokens"
 _OFFSETS = "doc_offsets"
 _REQUIRED_ATTRS = ("tokenizer", "source_files")

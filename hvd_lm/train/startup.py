@@ -18,7 +18,12 @@ from hvd_lm.comm.peers import PeerWatch
 from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.formats import checkpoint as ckpt_io
 from hvd_lm.formats.manifest import load_manifest
-from hvd_lm.formats.shards import SMALL_SPLIT_BYTES, check_layout, verify_shard
+from hvd_lm.formats.shards import (
+    SMALL_SPLIT_BYTES,
+    check_layout,
+    small_split_advice,
+    verify_shard,
+)
 from hvd_lm.model import device as devices
 from hvd_lm.model.lm import LanguageModel
 from hvd_lm.model.mfu import Peak, device_peak
@@ -39,12 +44,14 @@ from hvd_lm.util.lock import FolderLock
 def small_split_warning(manifest, split: str) -> None:
     """One line on stderr when ``split`` holds fewer than :data:`SMALL_SPLIT_BYTES` bytes: its
     BPC is too noisy to compare runs by."""
-    size = sum(s.tokens for s in manifest.shards if s.split == split)
-    if size < SMALL_SPLIT_BYTES:
+    sizes = {name: sum(s.tokens for s in manifest.shards if s.split == name)
+             for name in {s.split for s in manifest.shards} | {split}}
+    if sizes[split] < SMALL_SPLIT_BYTES:
         docs = sum(s.documents for s in manifest.shards if s.split == split)
-        print(f"hvd-lm train: WARNING: the {split} split holds {docs:,} document(s), {size:,} "
-              f"bytes: too few to measure BPC on (under {SMALL_SPLIT_BYTES // 1024} KiB); "
-              "prepare it with a larger share (--split 100,1,1) or more text",
+        print(f"hvd-lm train: WARNING: the {split} split holds {docs:,} document(s), "
+              f"{sizes[split]:,} bytes: too few to measure BPC on (under "
+              f"{SMALL_SPLIT_BYTES // 1024} KiB); "
+              + small_split_advice(split, sizes, manifest.meta.get("split_ratios")),
               file=sys.stderr, flush=True)
 
 
