@@ -484,6 +484,17 @@ def test_steering_warns_when_the_unit_alone_is_near_chance(tmp_path, trained, ca
                          "--length", "3"]) == 0
         err = capsys.readouterr().err
         assert ("unlikely to steer" in err) == warned, err
-        assert not warned or "val split at 50.9% (chance is 50%): pinning it is unlikely" in err
+        assert not warned or ("alone classifies the val split of train.jsonl, test.jsonl at "
+                              "50.9% (chance is 50%): pinning it is unlikely") in err
     assert cli_main(["generate", ckpt, "--classifier", str(clf), "--length", "3"]) == 0
     assert "unlikely" not in capsys.readouterr().err  # nothing pinned: nothing to warn about
+    # the unit is pinned in the state the classifier's features were computed from: h_t for a
+    # classifier on the mean of h_t (before: the cell state unless --state hidden was given)
+    meta["features"]["kind"] = "mean"
+    (clf / "classifier.json").write_text(json.dumps(meta))
+    assert cli_main(["generate", ckpt, "--classifier", str(clf), "--steer", "positive",
+                     "--length", "3"]) == 0
+    assert f"unit {rep['index']} of the hidden state" in capsys.readouterr().out
+    assert cli_main(["generate", ckpt, "--classifier", str(clf), "--steer", "positive",
+                     "--length", "3", "--state", "cell"]) == 0
+    assert f"unit {rep['index']} of the cell state" in capsys.readouterr().out

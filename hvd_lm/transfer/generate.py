@@ -251,6 +251,17 @@ def unit_from_classifier(neuron: int | None, saved: SavedClassifier | None) -> t
     return neuron, polarity
 
 
+def unit_state(asked: str, saved: SavedClassifier | None) -> str:
+    """The state a unit is read from and pinned in: ``asked`` unless ``"auto"``, which is the
+    state the classifier's features were computed from (``cell``: the final cell state c_t;
+    ``hidden``, ``mean``, ``max``: the hidden state h_t), or ``cell`` without a classifier (the
+    reference's feature, Radford et al. 2017)."""
+    if asked != "auto":
+        return asked
+    kind = saved.features.get("kind") if saved is not None else "cell"
+    return "cell" if kind == "cell" else "hidden"
+
+
 def unit_alone_accuracy(saved: SavedClassifier | None) -> tuple[str, float] | None:
     """(split, accuracy as a fraction) of the classifier's sentiment unit alone, thresholded:
     ``val`` when recorded, else ``train``; None without a classifier, or when its JSON predates
@@ -306,7 +317,9 @@ class GenerateConfig:
                         "|--overwrite| (default 3) with the sign the classifier's weight gives "
                         "it (a unit whose weight is < 0 is held negative to steer positive)",
                         choices=("", "positive", "negative"))
-    state: str = option("cell", "state the unit is read from and pinned in", choices=STATES)
+    state: str = option("auto", "state the unit is read from and pinned in (auto: the one the "
+                        "classifier's features come from, h_t for mean/max/hidden, else the "
+                        "cell state)", choices=("auto", *STATES))
     classifier: str = option("", "classifier from hvd-lm transfer (folder or classifier.json): "
                              "default --neuron, and each sample's P(positive); refused if fit on "
                              "another checkpoint")
@@ -355,8 +368,9 @@ def generate_command(cfg: GenerateConfig) -> int:
             check_output(out, flag, *reads)
     neuron, polarity = unit_from_classifier(cfg.neuron, saved)
     value = pinned_value(cfg.overwrite, cfg.steer, polarity)
+    state = unit_state(cfg.state, saved)
     res = generate(model, cfg.prime, cfg.length, cfg.temperature, cfg.top_k, cfg.seed,
-                   cfg.samples, neuron, value, cfg.state, device)
+                   cfg.samples, neuron, value, state, device)
     prob = None
     if saved is not None:  # the classifier's view of each text, read afresh (no pinning)
         f = saved.features
@@ -369,11 +383,12 @@ def generate_command(cfg: GenerateConfig) -> int:
         if saved is not None and value:  # which way the pin steers, in the classifier's words
             pin += (f": steering toward {'positive' if value * polarity > 0 else 'negative'} "
                     "sentiment")
-        print(f"unit {neuron} of the {cfg.state} state{orient}{pin}")
+        print(f"unit {neuron} of the {state} state{orient}{pin}")
         alone = unit_alone_accuracy(saved) if value is not None else None
         if alone and alone[1] < WEAK_UNIT_ACCURACY and neuron == saved.neuron.get("index"):
-            print(f"warning: unit {neuron} alone classifies {saved.meta.get('dataset') or 'the'} "
-                  f"{alone[0]} split at {alone[1]:.1%} (chance is 50%): pinning it is unlikely to "
+            print(f"warning: unit {neuron} alone classifies the {alone[0]} split of "
+                  f"{saved.meta.get('dataset') or 'its dataset'} at {alone[1]:.1%} (chance is "
+                  "50%): pinning it is unlikely to "
                   "steer sentiment; a sentiment unit emerges with longer training (Radford et "
                   "al. 2017)", file=sys.stderr)
     records = []
@@ -400,7 +415,7 @@ def generate_command(cfg: GenerateConfig) -> int:
             chars, vals = char_values(ids, res.unit[i, :len(ids)])
             rows.append(HeatRow(f"sample {i}", chars, vals))
         pin = f", held at {value:g} while sampling" if value is not None else ""
-        render(rows, cfg.heatmap, f"unit {neuron} ({cfg.state}) of {path.name}{pin}: value "
+        render(rows, cfg.heatmap, f"unit {neuron} ({state}) of {path.name}{pin}: value "
                "after each character (before pinning)", polarity)
         print(f"wrote {cfg.heatmap}", file=sys.stderr)
     return 0

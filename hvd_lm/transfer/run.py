@@ -355,7 +355,8 @@ def run(cfg: TransferConfig) -> dict | None:
     report = {
         "checkpoint": str(ckpt_path), "checkpoint_step": int(ckpt.get("step", -1)),
         "model": dict(ckpt["config"]["model"]),
-        "dataset": {"name": cfg.dataset or "files",
+        "dataset": {"name": cfg.dataset or ", ".join(Path(f).name for f in (cfg.train, cfg.val,
+                                                                             cfg.test) if f),
                     "splits": {k: s.summary() for k, s in splits.items()},
                     "val_carved": any("carved" in s.source for s in splits.values()),
                     "max_examples": cfg.max_examples, "seed": cfg.seed},

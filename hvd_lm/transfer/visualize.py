@@ -23,7 +23,13 @@ from hvd_lm.model.load import load_model, model_files, resolve_model
 from hvd_lm.options import Command, option
 from hvd_lm.transfer import texts as text_input
 from hvd_lm.transfer.features import DEFAULT_MAX_CHARS
-from hvd_lm.transfer.generate import STATES, open_classifier, trace_unit, unit_from_classifier
+from hvd_lm.transfer.generate import (
+    STATES,
+    open_classifier,
+    trace_unit,
+    unit_from_classifier,
+    unit_state,
+)
 from hvd_lm.transfer.heatmap import HeatRow, char_values, check_chars, check_suffix, render
 from hvd_lm.transfer.saved import NPZ_NAME, USAGE_ERRORS
 from hvd_lm.util.files import check_output
@@ -44,7 +50,9 @@ class VisualizeConfig:
     neuron: int | None = option(None, "unit to draw (default: the classifier's sentiment unit)",
                                 ge=0)
     classifier: str = option("", "classifier from hvd-lm transfer (folder or classifier.json)")
-    state: str = option("cell", "state the unit is read from", choices=STATES)
+    state: str = option("auto", "state the unit is read from (auto: the one the classifier's "
+                        "features come from, h_t for mean/max/hidden, else the cell state)",
+                        choices=("auto", *STATES))
     max_texts: int = option(20, "draw at most the first N texts", ge=1)
     max_chars: int | None = option(None, "keep the first N bytes of each text (default: the "
                                    f"classifier's, else {DEFAULT_MAX_CHARS}; 0 = all)", ge=0)
@@ -91,13 +99,14 @@ def visualize(cfg: VisualizeConfig) -> dict:
     check_chars(cfg.out, sum(len(tokenizer.decode(s)) for s in seqs),
                 f"lower --max-chars ({max_chars:,}{': all' if max_chars == 0 else ''}) or "
                 f"--max-texts ({cfg.max_texts})")
-    values = trace_unit(model, seqs, neuron, cfg.state, device)
+    state = unit_state(cfg.state, saved)
+    values = trace_unit(model, seqs, neuron, state, device)
     rows = [HeatRow(f"line {line}", *char_values(s, v))
             for line, s, v in zip(lines, seqs, values)]
     orient = ""
     if saved is not None:
         orient = f"; classifier weight {'< 0: colours flipped' if polarity < 0 else '> 0'}"
-    render(rows, cfg.out, f"unit {neuron} ({cfg.state}) of {path.name} after each character"
+    render(rows, cfg.out, f"unit {neuron} ({state}) of {path.name} after each character"
            f"{orient}", polarity)
     return {"neuron": neuron, "polarity": polarity, "texts": len(rows), "out": cfg.out,
             "chars": sum(len(r.chars) for r in rows)}
