@@ -106,7 +106,8 @@ def test_the_rendezvous_comes_from_master_addr_or_the_slurm_step():
     slurm = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "4", "SLURM_JOB_ID": "123456",
              "SLURM_STEP_NODELIST": "gpu[07-09,12],cpu1"}
     assert rendezvous_endpoint(slurm) == ("gpu07", 29956, "SLURM_STEP_NODELIST")
-    assert rendezvous_endpoint({"OMPI_COMM_WORLD_SIZE": "2"}) is None  # MPI tells the ranks
+    mpi = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"}
+    assert rendezvous_endpoint(mpi) is None  # MPI tells the ranks
     assert first_slurm_host("n1") == "n1" and first_slurm_host("a[3],b") == "a3"
     with pytest.raises(ValueError, match="MASTER_PORT='x'"):
         rendezvous_endpoint({"MASTER_ADDR": "n7", "MASTER_PORT": "x"})
