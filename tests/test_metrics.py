@@ -98,3 +98,4 @@ def test_tensorboard_gets_each_value_and_a_handed_back_log_appends(one_rank, tmp
                     ("folder", str(tmp_path / "tensorboard")), ("closed",)]
     assert [(r["kind"], r["step"]) for r in read_metrics(tmp_path / "metrics.jsonl")] == [
         ("eval", 5), ("end", 7)]
+

@@ -249,7 +249,8 @@ def test_eval_cli_matches_in_process_bpc(shards, tmp_path):
     assert [p.name for p in list_checkpoints(tmp_path / "r")] == ["step_00000002.pt",
                                                                   "step_00000003.pt"]
     proc = run([sys.executable, "-m", "hvd_lm", "eval", tmp_path / "r", shards, "--split", "val",
-                "--batch-size", "3", "--baselines", "xz,gzip"], timeout=120)
+                "--batch-size", "3", "--baselines", "xz,gzip"], timeout=120,
+               env={**launch_env(), "HVD_LM_PROGRESS_EVERY_S": "1e-9"})
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     model = LanguageModel(ModelConfig(hidden_size=32, embed_dim=8))
     model.load_state_dict(params_of(tmp_path / "r"))
@@ -257,6 +258,10 @@ def test_eval_cli_matches_in_process_bpc(shards, tmp_path):
     want, chars = bpc(model, streams, torch.device("cpu"), distributed=False)
     assert got["chars"] == chars and got["bpc"] == pytest.approx(want, rel=1e-6)
     assert 0 < got["bpc"] < 8.5 and math.isfinite(got["bpc"])
+    # its progress into a log (stderr is a pipe): whole lines, chars/s, the last one at 100%
+    shown = [x for x in proc.stderr.splitlines() if x.startswith("hvd-lm eval (rank 0): ")]
+    assert "\r" not in proc.stderr and shown and all(" chars/s, " in x for x in shown)
+    assert shown[-1].startswith(f"hvd-lm eval (rank 0): {chars:,} of {chars:,} chars (100%)")
     # --baselines: xz -9 and gzip -9 on the split's bytes, read here from the shards themselves
     import gzip
     import lzma

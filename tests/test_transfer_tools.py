@@ -179,17 +179,6 @@ def test_classify_matches_the_classifier_and_formats(tmp_path, trained, capsys):
     assert "classified 2 texts" in cap.err
 
 
-def test_progress_bars_stay_out_of_a_redirected_log(tmp_path, trained, capsys):
-    """Without --no-progress, classify (and transfer: the same feature loop) draws its bar only on
-    a terminal; stderr here is captured, as a redirected job log is."""
-    assert cli_main(["classify", str(trained["ckpt"]), str(trained["dir"] / "out"), "--input",
-                     str(trained["test"]), "--text-field", "review", "--output",
-                     str(tmp_path / "p.csv")]) == 0
-    cap = capsys.readouterr()
-    assert "classified 80 texts" in cap.out and "\r" not in cap.err and "char/s" not in cap.err, \
-        cap.err
-
-
 def test_classify_bad_input_names_file_line_and_field(tmp_path, trained, capsys):
     (tmp_path / "bad.csv").write_text("text,label\nfine,1\nodd,maybe\n")
     argv = ["classify", str(trained["ckpt"]), str(trained["dir"] / "out"), "--input",

@@ -9,7 +9,11 @@ would count every core of the machine) and the ranks on this machine are counted
 boot id (``/proc/sys/kernel/random/boot_id``), not the host name: containers and network
 namespaces on one machine (the cluster in a box) have host names of their own but share its
 cores, and their ranks' threads spun against each other 20x slower (2.4 s vs 0.12 s a step)
-until they were counted together. An explicit ``--threads N`` whose ranks x threads exceed the
+until they were counted together. The machine's other work counts too: the default is lowered
+to the usable cores left idle (:func:`idle_cores`: ``psutil.cpu_percent`` over the affinity set
+for :data:`LOAD_SAMPLE_S`, read after the ranks' gather, while they all wait in it) with one line
+saying so (a busy 2-core machine ran ``transfer`` at 1,213 chars/s on the default 2 threads and
+35,768 on 1: 30x). An explicit ``--threads N`` whose ranks x threads exceed the
 usable cores is kept, with one warning line: steps then run 20-50x slower than with 1 thread.
 """
 
@@ -19,9 +23,14 @@ import os
 import socket
 import sys
 
+import psutil
 import torch
 
 from hvd_lm import comm
+
+#: Seconds the default ``--threads 0`` watches the machine's load (:func:`idle_cores`); paid only
+#: when a rank's share of the cores is more than one thread.
+LOAD_SAMPLE_S = 0.2
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
@@ -33,6 +42,19 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+def idle_cores(seconds: float = LOAD_SAMPLE_S) -> float:
+    """How many of this process's usable cores the machine's other work leaves idle: the sum of
+    each affinity core's idle fraction over ``seconds`` (``psutil.cpu_percent(percpu=True)``,
+    the kernel's per-CPU times in ``/proc/stat``), e.g. 1.0 on a 2-core machine with one other
+    busy process."""
+    busy = psutil.cpu_percent(interval=seconds, percpu=True)
+    try:
+        cores = os.sched_getaffinity(0)
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cores = range(len(busy))
+    return sum(1 - busy[c] / 100 for c in cores if c < len(busy))
 
 
 def machine_id() -> str:
@@ -60,10 +82,21 @@ def ranks_on_this_machine(ctx, collective: bool = True) -> int:
 def threads_per_rank(requested: int, ranks_here: int, command: str = "train",
                      warn: bool = False) -> int:
     """torch's intra-op threads for one of ``ranks_here`` ranks on this machine: ``requested``,
-    or (0) the usable cores / ``ranks_here``, at least 1. With ``warn``, one line on stderr
-    (naming ``hvd-lm COMMAND``) when ranks x threads (> 1 each) exceed the usable cores."""
+    or (0) the usable cores / ``ranks_here``, lowered to the idle cores / ``ranks_here`` when the
+    machine's other work holds some (:func:`idle_cores`), at least 1. With ``warn``, one line on
+    stderr naming ``hvd-lm COMMAND`` when the default was lowered, or when ranks x threads (> 1
+    each) exceed the usable cores."""
     cores = usable_cores()
     threads = requested or max(1, cores // ranks_here)
+    if not requested and threads > 1:
+        idle = idle_cores()
+        free = max(1, int(idle + 0.5) // ranks_here)
+        if free < threads:
+            if warn:
+                print(f"hvd-lm {command}: other work keeps {cores - idle:.1f} of the {cores} "
+                      f"usable cores of {socket.gethostname()} busy: {free} thread(s) per rank "
+                      f"(of {threads}; --threads N sets it)", file=sys.stderr, flush=True)
+            threads = free
     if warn and threads > 1 and ranks_here * threads > cores:
         print(f"hvd-lm {command}: WARNING: {ranks_here} rank(s) x {threads} threads on "
               f"{socket.gethostname()} exceed its {cores} usable cores: steps can run 20-50x "

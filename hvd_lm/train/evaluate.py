@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from hvd_lm import comm
 from hvd_lm.comm.threads import set_rank_threads
@@ -32,6 +31,7 @@ from hvd_lm.model.load import load_model, model_files
 from hvd_lm.model.mlstm_kernels import KERNELS
 from hvd_lm.options import Command, ConfigError, option
 from hvd_lm.train.data import IGNORE, RankStreams, stream_bounds
+from hvd_lm.train.log import Progress
 from hvd_lm.train.memory import free_memory
 from hvd_lm.train.preflight import check_vocab
 from hvd_lm.train.settings import EVAL_BATCH_SIZE
@@ -46,13 +46,14 @@ def nll_bits(model, streams: RankStreams, device: torch.device, precision: str =
 
     Args:
         streams: this rank's eval streams (epoch 0 is used).
-        progress: a tqdm bar of the windows on stderr when it is a terminal.
+        progress: this rank's progress on stderr (:class:`hvd_lm.train.log.Progress`: a bar on a
+            terminal, a line every 10 s in a log).
     """
     model.eval()
     state = None
     bits, chars = 0.0, 0
-    for batch in tqdm(streams, total=streams.steps_per_epoch, desc="eval", unit="window",
-                      disable=None if progress else True, file=sys.stderr, leave=False):
+    bar = Progress("hvd-lm eval (rank 0)", streams.chars_per_epoch, "char", enabled=progress)
+    for batch in streams:
         x, y = batch.inputs.to(device), batch.targets.to(device)
         with devices.autocast(device, precision):
             logits, state = model(x, state, reset=batch.reset.to(device), time_major=True)
@@ -62,6 +63,8 @@ def nll_bits(model, streams: RankStreams, device: torch.device, precision: str =
                                y.t().reshape(-1), ignore_index=IGNORE, reduction="sum")
         bits += float(nats) / math.log(2)
         chars += batch.chars
+        bar.update(batch.chars)
+    bar.close()
     return bits, chars
 
 

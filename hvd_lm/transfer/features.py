@@ -24,7 +24,6 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from hvd_lm import comm
 from hvd_lm.comm.threads import set_rank_threads
@@ -34,6 +33,7 @@ from hvd_lm.model import device as devices
 from hvd_lm.model.lm import ModelConfig
 from hvd_lm.model.load import load_model, resolve_model
 from hvd_lm.options.command import error_text
+from hvd_lm.train.log import Progress
 from hvd_lm.util.atomic import atomic_path, write_text
 from hvd_lm.util.digest import json_sha256
 from hvd_lm.util.files import FileRefused, load_npy, shown
@@ -225,7 +225,7 @@ class FeatureResult:
 def featurize(model, texts: Sequence[str], kind: str = "cell",
               max_chars: int = DEFAULT_MAX_CHARS, batch_size: int = 64,
               device: torch.device | str = "cpu", ctx=None, progress: bool = False,
-              desc: str = "featurize", time_chunk: int = 256, precision: str = "fp32",
+              desc: str = "texts", time_chunk: int = 256, precision: str = "fp32",
               normalize: bool = False) -> FeatureResult:
     """Features of every text, in input order (Radford et al. 2017: final cell state).
 
@@ -239,8 +239,8 @@ def featurize(model, texts: Sequence[str], kind: str = "cell",
             gets every ``size``-th batch of the length-sorted order, see :func:`plan_batches`;
             results are gathered with :func:`hvd_lm.comm.horovod.allgather` onto every rank);
             None = this process does everything.
-        progress: show a tqdm bar (in chars) of this rank's share when stderr is a terminal
-            (never into a redirected log); pass True on rank 0 only.
+        progress: this rank's share in chars on stderr (:class:`hvd_lm.train.log.Progress`: a bar
+            on a terminal, a line every 10 s in a log); pass True on rank 0 only.
         time_chunk, precision: see :func:`encode_batch`.
         normalize: collapse whitespace first (:func:`hvd_lm.formats.tokenizer.normalize_text`).
     Returns:
@@ -257,9 +257,8 @@ def featurize(model, texts: Sequence[str], kind: str = "cell",
     lengths = np.array([len(s) for s in seqs], dtype=np.int64)
     mine = plan_batches(lengths, batch_size, rank, size)
     H = model.config.hidden_size
-    bar = tqdm(total=int(sum(lengths[b].sum() for b in mine)), unit="char", unit_scale=True,
-               desc=desc, disable=None if progress else True,  # None: off unless a TTY
-               file=sys.stderr, dynamic_ncols=True)
+    bar = Progress(f"hvd-lm features of {desc}", int(sum(lengths[b].sum() for b in mine)), "char",
+                   enabled=progress)  # a bar on a terminal, a line every 10 s in a log
     local_idx, local_feats = [], []
     for b in mine:
         local_feats.append(encode_batch(model, [seqs[i] for i in b], kind, device, time_chunk,

@@ -39,6 +39,7 @@ from hvd_lm.formats import tokenizer
 from hvd_lm.model import device as devices
 from hvd_lm.model.load import load_model, model_files, resolve_model, weights_sha256
 from hvd_lm.options import Command, option
+from hvd_lm.train.log import Progress
 from hvd_lm.transfer.features import featurize
 from hvd_lm.transfer.heatmap import HeatRow, char_values, check_chars, check_suffix, render
 from hvd_lm.transfer.saved import (
@@ -133,7 +134,7 @@ def _pin(state, neuron: int | None, value: float | None, which: str):
 def generate(model, prime: str = "", length: int = 200, temperature: float = 1.0,
              top_k: int = 0, seed: int = 0, samples: int = 1, neuron: int | None = None,
              overwrite: float | None = None, state: str = "cell",
-             device: torch.device | str = "cpu") -> Generation:
+             device: torch.device | str = "cpu", progress: bool = False) -> Generation:
     """Sample ``samples`` continuations of ``prime`` of ``length`` bytes (see the module
     docstring).
 
@@ -143,6 +144,8 @@ def generate(model, prime: str = "", length: int = 200, temperature: float = 1.0
         temperature: >= 0 (0 = greedy); top_k: 0 (all) or the k most likely bytes.
         neuron: unit to trace (and with ``overwrite`` pin) in ``state``; None = neither.
         overwrite: value the unit is held at after every byte read.
+        progress: the sampled chars on stderr (:class:`hvd_lm.train.log.Progress`: a bar on a
+            terminal, a line every 10 s in a log).
     Returns:
         :class:`Generation`.
     Raises:
@@ -180,7 +183,9 @@ def generate(model, prime: str = "", length: int = 200, temperature: float = 1.0
             trace = []  # the start byte is not part of the text
     first = last.float().cpu().clone()
     out = []
+    bar = Progress("hvd-lm generate", length * samples, "char", enabled=progress)
     for _ in range(length):
+        bar.update(samples)
         nxt = sample_next(last, temperature, top_k, gen)
         out.append(nxt)
         logits, st = model(nxt.to(device).unsqueeze(1), st)
@@ -188,6 +193,7 @@ def generate(model, prime: str = "", length: int = 200, temperature: float = 1.0
         if seen is not None:
             trace.append(seen)
         last = logits[:, -1]
+    bar.close()
     sampled = torch.stack(out, 1).numpy()
     result = Generation(ids.copy(), sampled, [], first,
                         torch.stack(trace, 1).numpy() if neuron is not None else None,
@@ -198,13 +204,14 @@ def generate(model, prime: str = "", length: int = 200, temperature: float = 1.0
 
 @torch.no_grad()
 def trace_unit(model, seqs: Sequence[np.ndarray], neuron: int, state: str = "cell",
-               device: torch.device | str = "cpu") -> list[np.ndarray]:
+               device: torch.device | str = "cpu", progress: bool = False) -> list[np.ndarray]:
     """The unit's value after each byte of each sequence, read from the zero state as
     ``hvd-lm transfer`` reads a text (one batch, right-padded, masked: a row's values equal
     those of the text alone).
 
     Args:
         seqs: B byte-id arrays; neuron: unit index; state: ``cell`` or ``hidden``.
+        progress: the chars read on stderr (a bar on a terminal, a line every 10 s in a log).
     Returns:
         B float32 arrays, each as long as its sequence.
     Raises:
@@ -226,9 +233,12 @@ def trace_unit(model, seqs: Sequence[np.ndarray], neuron: int, state: str = "cel
     tokens = tokens.to(device)
     st = model.init_state(B, device)
     vals = torch.zeros(B, T)
+    bar = Progress("hvd-lm visualize", int(lengths.sum()), "char", enabled=progress)
     for t in range(T):
         _, st = model.encode(tokens[:, t:t + 1], st, mask[:, t:t + 1])
         vals[:, t] = st[1 if state == "cell" else 0][:, neuron].float().cpu()
+        bar.update(int((lengths > t).sum()))
+    bar.close()
     return [vals[i, :len(s)].numpy().copy() for i, s in enumerate(seqs)]
 
 
@@ -370,7 +380,7 @@ def generate_command(cfg: GenerateConfig) -> int:
     value = pinned_value(cfg.overwrite, cfg.steer, polarity)
     state = unit_state(cfg.state, saved)
     res = generate(model, cfg.prime, cfg.length, cfg.temperature, cfg.top_k, cfg.seed,
-                   cfg.samples, neuron, value, state, device)
+                   cfg.samples, neuron, value, state, device, progress=True)
     prob = None
     if saved is not None:  # the classifier's view of each text, read afresh (no pinning)
         f = saved.features

@@ -38,13 +38,12 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from tqdm import tqdm
-
 from hvd_lm import comm
 from hvd_lm.comm.world import world_size
 from hvd_lm.model import device as devices
 from hvd_lm.model.load import resolve_model, weights_sha256
 from hvd_lm.options import Command, option
+from hvd_lm.train.log import Progress
 from hvd_lm.transfer import texts as text_input
 from hvd_lm.transfer.features import featurize, open_lm
 from hvd_lm.transfer.saved import (
@@ -94,8 +93,8 @@ class ClassifyConfig:
     threads: int = option(0, "torch CPU threads (0 = the usable cores; a warning when more are "
                           "asked for)", ge=0)
     backend: str = option("horovod", comm.BACKEND_HELP, choices=comm.BACKENDS)
-    progress: bool = option(True, "tqdm bar (--no-progress: none)", switch=False,
-                            flag="--no-progress")
+    progress: bool = option(True, "progress on stderr: a bar on a terminal, a line every 10 s "
+                            "in a log (--no-progress: none)", switch=False, flag="--no-progress")
 
 
 def _output_kind(path: str) -> str:
@@ -187,8 +186,7 @@ def classify(cfg: ClassifyConfig) -> dict | None:
     kind = _output_kind(cfg.output)
     n = positive = correct = chars = truncated = 0
     seconds = 0.0
-    bar = tqdm(unit="char", unit_scale=True, desc="classify", file=sys.stderr,  # None: a TTY only
-               disable=None if (is_root and cfg.progress) else True, dynamic_ncols=True)
+    bar = Progress("hvd-lm classify", None, "char", enabled=is_root and cfg.progress)
     with open_predictions(cfg.output) if is_root else contextlib.nullcontext() as out:
         for block in blocks(stream.records):
             res = featurize(lm.model, [t for _, t, _ in block], feat["kind"], feat["max_chars"],

@@ -125,8 +125,8 @@ class TransferConfig:
     cache_dir: str = option(DEFAULT_CACHE_DIR, "feature cache folder")
     cache: bool = option(True, "read and write the feature cache (--no-cache: neither)",
                          switch=False, flag="--no-cache")
-    progress: bool = option(True, "tqdm bar (--no-progress: none)", switch=False,
-                            flag="--no-progress")
+    progress: bool = option(True, "progress on stderr: a bar on a terminal, a line every 10 s "
+                            "in a log (--no-progress: none)", switch=False, flag="--no-progress")
     # classifier
     penalty: str = option("l1", "logistic-regression penalty", choices=("l1", "l2"))
     c_grid: tuple[float, ...] = option(DEFAULT_C_GRID, "comma-separated C values, one chosen by "

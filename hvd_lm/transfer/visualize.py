@@ -100,7 +100,7 @@ def visualize(cfg: VisualizeConfig) -> dict:
                 f"lower --max-chars ({max_chars:,}{': all' if max_chars == 0 else ''}) or "
                 f"--max-texts ({cfg.max_texts})")
     state = unit_state(cfg.state, saved)
-    values = trace_unit(model, seqs, neuron, state, device)
+    values = trace_unit(model, seqs, neuron, state, device, progress=True)
     rows = [HeatRow(f"line {line}", *char_values(s, v))
             for line, s, v in zip(lines, seqs, values)]
     orient = ""
