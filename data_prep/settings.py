@@ -11,8 +11,7 @@ from typing import Optional
 from data_prep.inputs import FORMATS
 from hvd_lm.formats import shards
 from hvd_lm.options import option
-from hvd_lm.util.files import shown
-from hvd_lm.util.units import MIB, parse_bytes
+from hvd_lm.util.units import MIB, parse_bytes, parse_split  # noqa: F401 - parse_split: here too
 
 MiB = MIB
 #: A document (record line) may use at most 1/8 of a worker's memory budget: reading, decoding,
@@ -29,26 +28,6 @@ def parse_size(text: str) -> int:
     """``"64M"``, ``"1.5G"``, ``"4096"``, ``"512K"`` -> bytes (binary units: K=1024;
     :func:`hvd_lm.util.units.parse_bytes`)."""
     return parse_bytes(text)
-
-
-def parse_split(text) -> tuple:
-    """``"1000,1,1"``, ``"0.9,0.05,0.05"`` or a sequence of numbers -> (train, val, test) ratios;
-    missing ones are 0.
-
-    Raises:
-        ValueError: not 1-3 non-negative numbers with a positive sum.
-    """
-    try:
-        parts = [float(x) for x in (str(text).split(",") if isinstance(text, str) else text)]
-    except (TypeError, ValueError):
-        raise ValueError(f"--split {shown(str(text), 80)}: expected up to three numbers, e.g. "
-                         "1000,1,1") from None
-    # finite, and a finite sum: 1e308,1e308,1 sums to inf and its fractions are NaN
-    if not 1 <= len(parts) <= 3 or any(not p >= 0 or not math.isfinite(p) for p in parts) \
-            or not 0 < sum(parts) < math.inf:
-        raise ValueError(f"--split {shown(str(text), 80)}: expected 1-3 finite non-negative "
-                         "numbers with a positive finite sum, e.g. 1000,1,1")
-    return tuple(parts + [0.0] * (3 - len(parts)))
 
 
 @dataclass

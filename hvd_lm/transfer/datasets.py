@@ -11,13 +11,19 @@ int64 array of 0/1 (binary sentiment). Supported inputs:
   read member by member with :mod:`tarfile` (nothing is extracted to disk) (:func:`load_imdb`).
 * **Any CSV / TSV or JSON-lines file** (optionally gzip-compressed) with a text field and a label
   field (:func:`load_table`).
+* **Blitzer et al.'s ``.review`` files** (Multi-Domain Sentiment Dataset, 2007: ``positive.review``
+  and ``negative.review`` per domain, ``.gz`` ok), read by ``prepare``'s own reader
+  (:func:`data_prep.readers.read_documents`) and labelled by the file's name or its folder's
+  (:func:`load_review`). ``--train`` (``--val``, ``--test``) takes several files, comma-separated,
+  or a folder of ``.review`` files (:func:`load_files`).
 
 Files are read record by record by :mod:`hvd_lm.transfer.texts` (which also reads the unlabelled
 texts of ``hvd-lm classify``/``visualize``), with the same file/line/field errors, labels mapped by
 :func:`hvd_lm.transfer.texts.normalize_label` and lines capped at ``max_line_bytes``.
 
 A split without a validation file gets one carved from its training split
-(:func:`carve_validation`, stratified and seeded), which the transfer report records.
+(:func:`carve_validation`, stratified and seeded), or ``--split TRAIN,VAL,TEST`` carves one
+labelled set into all three (:func:`carve_splits`); the transfer report records either.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import numpy as np
 from sklearn.model_selection import train_test_split
 
 from hvd_lm.transfer.texts import (  # noqa: F401 - DatasetError and LABEL_MAP are used from here
+    DEFAULT_MAX_LINE_BYTES,
     LABEL_MAP,
     DatasetError,
     _kind,
@@ -121,6 +128,87 @@ def load_table(path: str | Path, split: str, text_field: str = "text",
             texts.append(text)
     return _check_nonempty(LabelledSplit(split, texts, np.array(labels, np.int64), str(path)),
                            str(path))
+
+
+#: ``.review`` file (or folder) names that give its label (:func:`review_label`).
+REVIEW_SUFFIXES = (".review", ".review.gz")
+
+
+def review_label(path: Path) -> int:
+    """The label of a Blitzer ``.review`` file: its name without the suffix (``positive``,
+    ``negative``, ``pos``, ``neg``: :data:`LABEL_MAP`), else its folder's name.
+
+    Raises:
+        DatasetError: neither names a label (Blitzer's ``unlabeled.review``), naming the file.
+    """
+    stem = path.name.lower().split(".")[0]
+    for name in (stem, path.parent.name.lower()):
+        if name in LABEL_MAP:
+            return LABEL_MAP[name]
+    raise DatasetError(f"{path}: a .review file is labelled by its name or its folder's "
+                       f"(positive/negative, pos/neg); '{path.name}' in '{path.parent.name}/' "
+                       "names neither (Blitzer's unlabeled.review has no labels)")
+
+
+def load_review(path: str | Path, split: str, text_field: str | None = None) -> LabelledSplit:
+    """A Blitzer ``.review`` file (``.gz`` ok) as one class: every ``<review>`` block's
+    ``text_field`` (None: ``review_text``) read by ``prepare``'s reader, labelled by
+    :func:`review_label`.
+
+    Raises:
+        DatasetError: no label in the name, a missing or unreadable file, a broken block (file
+            and line named), or no reviews.
+    """
+    from data_prep import readers, sniff  # prepare's reader: the one owner of the format
+    from data_prep.inputs import BadRecord, InputError
+
+    path = Path(path)
+    label = review_label(path)
+    try:
+        spec = sniff.resolve_input(path, "review", text_field)
+        texts = [t for _, t in readers.read_documents(spec,
+                                                      max_line_bytes=DEFAULT_MAX_LINE_BYTES)]
+    except (InputError, BadRecord) as e:
+        raise DatasetError(str(e)) from None
+    return _check_nonempty(LabelledSplit(split, texts, np.full(len(texts), label, np.int64),
+                                         str(path)), str(path))
+
+
+def load_files(paths: str, split: str, text_field: str = "text",
+               label_field: str = "label") -> LabelledSplit:
+    """One split from ``paths``: a file, or several comma-separated, or a folder of ``.review``
+    files (each read by :func:`load_review`; a folder's unlabelled ones, as Blitzer's
+    ``unlabeled.review``, are left out), concatenated in the order given; CSV/TSV/JSON lines by
+    :func:`load_table`.
+
+    Raises:
+        DatasetError: as the loaders, or a folder with no labelled ``.review`` file.
+    """
+    parts: list[LabelledSplit] = []
+    for item in [p.strip() for p in str(paths).split(",") if p.strip()]:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.name.lower().endswith(REVIEW_SUFFIXES))
+            labelled = [p for p in found if p.name.lower().split(".")[0] in LABEL_MAP
+                        or path.name.lower() in LABEL_MAP]
+            if not labelled:
+                raise DatasetError(f"{path}: a folder of {split} data holds .review files named "
+                                   f"by their label (positive.review, negative.review); it has "
+                                   f"{[p.name for p in found] or 'none'}")
+            files = labelled
+        else:
+            files = [path]
+        for f in files:
+            field = None if text_field == "text" else text_field  # .review: review_text
+            parts.append(load_review(f, split, field) if f.name.lower().endswith(REVIEW_SUFFIXES)
+                         else load_table(f, split, text_field, label_field))
+    if not parts:
+        raise DatasetError(f"--{split}: no file given")
+    if len(parts) == 1:
+        return parts[0]
+    return LabelledSplit(split, [t for p in parts for t in p.texts],
+                         np.concatenate([p.labels for p in parts]),
+                         " + ".join(p.source for p in parts))
 
 
 def load_sst2(data_dir: str | Path) -> dict[str, LabelledSplit]:
@@ -238,6 +326,37 @@ def carve_validation(train: LabelledSplit, fraction: float = DEFAULT_VAL_FRACTIO
             train.take(np.sort(va), "val", f"carved val {how}"))
 
 
+def carve_splits(data: LabelledSplit, ratios: tuple[float, float, float],
+                 seed: int = 0) -> dict[str, LabelledSplit]:
+    """``data`` cut into train/val[/test] in the ``ratios`` (``--split 80,10,10``, read as
+    ``prepare``'s ``--split``), each stratified by label and seeded
+    (:func:`sklearn.model_selection.train_test_split`, twice), kept in the original order.
+
+    Raises:
+        DatasetError: no val share, or too few examples of a class for a split.
+    """
+    tr, va, te = (float(r) for r in ratios)
+    if va <= 0:
+        raise DatasetError(f"--split {tr:g},{va:g},{te:g}: give val a share (the C and the unit "
+                           "are chosen on train, val is reported)")
+    total = tr + va + te
+    how = f"[--split {tr:g},{va:g},{te:g}: stratified, seed {seed}]"
+    idx = np.arange(len(data))
+    try:
+        rest, test = (train_test_split(idx, test_size=te / total, random_state=seed,
+                                       stratify=data.labels) if te > 0 else (idx, idx[:0]))
+        train, val = train_test_split(rest, test_size=va / (tr + va), random_state=seed,
+                                      stratify=data.labels[rest])
+    except ValueError as e:
+        raise DatasetError(f"{data.source}: cannot carve --split {tr:g},{va:g},{te:g} from "
+                           f"{len(data)} examples ({e})") from None
+    out = {"train": data.take(np.sort(train), "train", how),
+           "val": data.take(np.sort(val), "val", how)}
+    if te > 0:
+        out["test"] = data.take(np.sort(test), "test", how)
+    return out
+
+
 def subsample(split: LabelledSplit, n: int, seed: int = 0) -> LabelledSplit:
     """At most ``n`` examples of ``split``: a seeded subsample, stratified by label when every
     class can be represented, kept in original order. Returns ``split`` itself if ``n >= len``."""
@@ -255,16 +374,20 @@ def load_splits(dataset: str | None = None, data_dir: str | Path | None = None,
                 train: str | Path | None = None, val: str | Path | None = None,
                 test: str | Path | None = None, text_field: str = "text",
                 label_field: str = "label", val_fraction: float = DEFAULT_VAL_FRACTION,
-                max_examples: int = 0, seed: int = 0) -> dict[str, LabelledSplit]:
+                max_examples: int = 0, seed: int = 0,
+                split: tuple[float, float, float] | None = None) -> dict[str, LabelledSplit]:
     """Resolve what ``hvd-lm transfer`` was given into ``{"train", "val"[, "test"]}``.
 
     Either ``dataset`` (``"sst2"`` or ``"imdb"``) with ``data_dir``, or explicit ``train`` (and
-    optional ``val``/``test``) CSV/JSON-lines files. Explicit files override the dataset's. Without
-    a validation split, one is carved from train (:func:`carve_validation`). ``max_examples > 0``
-    then subsamples every split (:func:`subsample`).
+    optional ``val``/``test``) files (:func:`load_files`: CSV/TSV/JSON lines, ``.review``
+    files, comma-separated lists, ``.review`` folders). Explicit files override the dataset's.
+    ``split`` (``--split``) carves the training set into train/val/test (:func:`carve_splits`);
+    else without a validation split, one is carved from train (:func:`carve_validation`).
+    ``max_examples > 0`` then subsamples every split (:func:`subsample`).
 
     Raises:
-        DatasetError: nothing to load, unknown dataset name, or any loader error.
+        DatasetError: nothing to load, unknown dataset name, ``split`` beside a given val or test
+            split, or any loader error.
     """
     splits: dict[str, LabelledSplit] = {}
     if dataset:
@@ -278,10 +401,17 @@ def load_splits(dataset: str | None = None, data_dir: str | Path | None = None,
             raise DatasetError(f"unknown dataset {dataset!r} (known: sst2, imdb)")
     for name, path in (("train", train), ("val", val), ("test", test)):
         if path:
-            splits[name] = load_table(path, name, text_field, label_field)
+            splits[name] = load_files(path, name, text_field, label_field)
     if "train" not in splits:
         raise DatasetError("no training split: give --dataset NAME --data-dir DIR or --train FILE")
-    if "val" not in splits:
+    if split is not None:
+        given = [k for k in ("val", "test") if k in splits]
+        if given:
+            raise DatasetError(f"--split carves the training set into train, val and test, and "
+                               f"{' and '.join(given)} split(s) are given too (--{given[0]} or "
+                               f"--dataset's files): give one or the other")
+        splits = carve_splits(splits["train"], split, seed)
+    elif "val" not in splits:
         splits["train"], splits["val"] = carve_validation(splits["train"], val_fraction, seed)
         note = (f"no validation split given: {val_fraction:.0%} of train carved off as val "
                 f"(stratified, seed {seed})")

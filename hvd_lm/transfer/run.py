@@ -63,6 +63,7 @@ from hvd_lm.transfer.features import (
 from hvd_lm.transfer.saved import JSON_NAME, NPZ_NAME, save_classifier
 from hvd_lm.util.atomic import write_text
 from hvd_lm.util.digest import file_sha256
+from hvd_lm.util.units import parse_split
 
 
 def parse_c_grid(text: str) -> tuple[float, ...]:
@@ -94,9 +95,14 @@ class TransferConfig:
                                  "train/val[/test].csv; imdb: aclImdb folder or tar.gz)",
                                  choices=("sst2", "imdb"))
     data_dir: str | None = option(None, "folder (or IMDB tarball) of --dataset")
-    train: str | None = option(None, "CSV/TSV/JSON-lines training file (.gz ok)")
-    val: str | None = option(None, "validation file (absent: carved from train)")
-    test: str | None = option(None, "test file (optional)")
+    train: str | None = option(None, "training data: a CSV/TSV/JSON-lines or Blitzer .review file "
+                               "(.gz ok), several comma-separated, or a folder of .review files "
+                               "(labelled by their names: positive.review, negative.review)")
+    val: str | None = option(None, "validation data, as --train (absent: carved from train)")
+    test: str | None = option(None, "test data, as --train (optional)")
+    split: tuple[float, ...] | None = option(None, "TRAIN,VAL,TEST ratios that carve --train into "
+                                             "stratified, seeded splits (e.g. 80,10,10, read as "
+                                             "prepare's --split)", parse=parse_split)
     text_field: str = option("text", "text column/key of --train/--val/--test")
     label_field: str = option("label", "label column/key (values 0/1, neg/pos, "
                               "negative/positive, false/true)")
@@ -297,7 +303,7 @@ def run(cfg: TransferConfig) -> dict | None:
     """
     splits = datasets.load_splits(
         cfg.dataset, cfg.data_dir, cfg.train, cfg.val, cfg.test, cfg.text_field,
-        cfg.label_field, cfg.val_fraction, cfg.max_examples, cfg.seed)
+        cfg.label_field, cfg.val_fraction, cfg.max_examples, cfg.seed, cfg.split)
     lm = open_lm(cfg.checkpoint, cfg.device, cfg.precision, cfg.threads, cfg.rnn_kernels,
                  backend=cfg.backend)
     is_root = lm.ctx is None or lm.ctx.rank == 0
@@ -355,10 +361,12 @@ def run(cfg: TransferConfig) -> dict | None:
     report = {
         "checkpoint": str(ckpt_path), "checkpoint_step": int(ckpt.get("step", -1)),
         "model": dict(ckpt["config"]["model"]),
-        "dataset": {"name": cfg.dataset or ", ".join(Path(f).name for f in (cfg.train, cfg.val,
-                                                                             cfg.test) if f),
+        "dataset": {"name": cfg.dataset or ", ".join(
+                        Path(p.strip()).name for f in (cfg.train, cfg.val, cfg.test) if f
+                        for p in f.split(",") if p.strip()),
                     "splits": {k: s.summary() for k, s in splits.items()},
-                    "val_carved": any("carved" in s.source for s in splits.values()),
+                    "val_carved": any("carved" in s.source for s in splits.values())
+                    or cfg.split is not None, "split": cfg.split,
                     "max_examples": cfg.max_examples, "seed": cfg.seed},
         "features": {"kind": cfg.features, "dim": int(feats["train"].shape[1]),
                      "max_chars": cfg.max_chars, "normalize": cfg.normalize,

@@ -6,7 +6,10 @@ Sizes of messages and buffers are binary (KiB, MiB: powers of 1024, as Horovod's
 the forms sbatch's ``--time`` and people write, as sbatch reads them).
 """
 
+import math
 import re
+
+from hvd_lm.util.files import shown
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -101,3 +104,23 @@ def hms(seconds: float) -> str:
     """``H:MM:SS`` of a duration in seconds (rounded down to whole seconds)."""
     s = int(seconds)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def parse_split(text) -> tuple:
+    """``"1000,1,1"``, ``"0.9,0.05,0.05"`` or a sequence of numbers -> (train, val, test) ratios;
+    missing ones are 0 (``prepare --split``, ``transfer --split``).
+
+    Raises:
+        ValueError: not 1-3 non-negative numbers with a positive sum.
+    """
+    try:
+        parts = [float(x) for x in (str(text).split(",") if isinstance(text, str) else text)]
+    except (TypeError, ValueError):
+        raise ValueError(f"--split {shown(str(text), 80)}: expected up to three numbers, e.g. "
+                         "1000,1,1") from None
+    # finite, and a finite sum: 1e308,1e308,1 sums to inf and its fractions are NaN
+    if not 1 <= len(parts) <= 3 or any(not p >= 0 or not math.isfinite(p) for p in parts) \
+            or not 0 < sum(parts) < math.inf:
+        raise ValueError(f"--split {shown(str(text), 80)}: expected 1-3 finite non-negative "
+                         "numbers with a positive finite sum, e.g. 1000,1,1")
+    return tuple(parts + [0.0] * (3 - len(parts)))
