@@ -217,7 +217,12 @@ hvd_lm_run_preemptible() {
     fi
     break
   done
-  trap - USR1 TERM INT
+  # a signal from now on finds the training ended: one line, and the script goes on to report
+  # what the training did (the default action would end it: SLURM's warning, which may come up
+  # to 60 s early, made a finished job "killed by SIGUSR1, exit status 138", JobState=FAILED)
+  trap '_hvd_lm_late USR1' USR1
+  trap '_hvd_lm_late TERM' TERM
+  trap - INT
   _hvd_lm_wait_filters
   # srun can exit 0 after a step whose tasks never started ("srun: error: task 0 launch failed":
   # seen with PMIx): that is a failure, whatever the status says
@@ -294,6 +299,18 @@ _hvd_lm_forward() {
       "$HVD_LM_PID): checkpoint on all ranks, then stop" >&2
   fi
   kill "-$sig" "$HVD_LM_PID" 2>/dev/null || true
+}
+
+_hvd_lm_late() {
+  echo "$(date '+%F %T') launch: got SIG$1 after the training had ended: nothing left to stop" >&2
+}
+
+# hvd_lm_trained_a_step: true when the last training run in $OUT_DIR trained at least one step
+# (summary.json "step" above its "start_step"): requeueing one that trained none would only
+# repeat it, allocation after allocation.
+hvd_lm_trained_a_step() {
+  "${PYTHON:-python3}" -c 'import json, sys; s = json.load(open(sys.argv[1])); sys.exit(not s["step"] > s.get("start_step", -1))' \
+    "$OUT_DIR/summary.json" 2>/dev/null
 }
 
 # hvd_lm_failure_summary RC [RESUME]: when RC != 0, the closing block of a failed launch as the

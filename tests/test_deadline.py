@@ -241,6 +241,30 @@ def test_launch_gives_the_training_the_walltime_less_a_margin(capsys):
     assert "#PBS -l walltime=3600" in pbs and "--time-limit 3300s" in pbs
 
 
+def test_a_slurm_margin_ends_the_training_before_the_warning_signal(capsys):
+    """Under SLURM the training's deadline falls before the script's warning signal: the margin
+    covers the signal's lead (the template's own --signal), SLURM's up to 60 s early delivery
+    and a start; one that cannot is refused naming both numbers (walltime 6 min, margin 1m: the
+    signal came at ~240 s, inside the 300 s limit, and the job requeued itself every time)."""
+    from hvd_lm.cli import main
+    from hvd_lm.jobs.job_plans import MIN_START_S, SLURM_SIGNAL_EARLY_S, SLURM_SIGNAL_LEAD_S
+
+    least = SLURM_SIGNAL_LEAD_S + SLURM_SIGNAL_EARLY_S + MIN_START_S
+    assert main([*LAUNCH, "--walltime", "0:06:00", "--time-margin", "1m", "--", "--shards",
+                 "d"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("ERROR") == 1 and "--time-margin 1m (60 s) would let the training run " \
+        "into SLURM's warning signal" in err and f"give --time-margin {least}s or more" in err
+    assert main([*LAUNCH, "--walltime", "0:06:00", "--time-margin", f"{least}s", "--",
+                 "--shards", "d"]) == 0
+    text = capsys.readouterr().out
+    assert f"--time-limit {360 - least}s" in text
+    assert f"#SBATCH --signal=B:USR1@{SLURM_SIGNAL_LEAD_S} " in text  # the template's own lead
+    assert main([*LAUNCH, "--scheduler", "pbs", "--walltime", "0:06:00", "--time-margin", "1m",
+                 "--", "--shards", "d"]) == 0  # no warning signal under PBS
+    assert "--time-limit 300s" in capsys.readouterr().out
+
+
 def test_three_allocations_of_a_time_budget_equal_one_run_of_it(shards, tmp_path):
     """--time-budget 30s trained once, and in three allocations of --time-limit 12s each resumed
     with --resume auto: the LR at every step is the same, the first two stop before their limit

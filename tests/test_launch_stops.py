@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -86,3 +87,55 @@ def test_a_rank_the_launcher_lost_is_named_with_its_host(shards, tmp_path):
     assert p.returncode == 137
     assert p.stderr.rstrip().splitlines()[-1] == "cause: srun: rank 1 on host n2: Killed", \
         p.stderr[-2000:]
+
+
+def sbatch_end(tmp_path, stop: str, start: int, step: int, late_signal: bool = False):
+    """launch/slurm.sbatch run as SLURM would run it, with stand-ins for srun (it writes the
+    training's summary.json: how it stopped, the step it started from and the one it ended at;
+    optionally SLURM's warning signal to the batch script after the training ended) and for
+    scontrol (it records its calls)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    out = tmp_path / "run"
+    out.mkdir(exist_ok=True)
+    (tmp_path / "shards").mkdir(exist_ok=True)
+    (tmp_path / "shards/manifest.json").write_text("{}")
+    summary = json.dumps({"stop": stop, "start_step": start, "step": step})
+    stand_in(bin_ / "srun", f"echo '{summary}' > {out}/summary.json\n")
+    stand_in(bin_ / "scontrol", f'echo "$*" >> {tmp_path}/scontrol.log\n')
+    # the script's first python after the run (it reads summary.json) signals the script first:
+    # the warning arriving once the training has ended, at a known point
+    python = stand_in(bin_ / "python_late", f"kill -USR1 $PPID\nexec {sys.executable} \"$@\"\n")
+    env = launch_env(SLURM_JOB_ID="77", SLURM_NTASKS="2", SLURM_JOB_NODELIST="n1",
+                     OUT_DIR=str(out), SHARDS=str(tmp_path / "shards"), WORKDIR=str(REPO),
+                     PATH=f"{bin_}:{launch_env()['PATH']}",
+                     PYTHON=str(python) if late_signal else sys.executable)
+    proc = subprocess.run(["bash", str(LAUNCH / "slurm.sbatch")], env=env, capture_output=True,
+                          text=True, timeout=120)
+    log = tmp_path / "scontrol.log"
+    return proc, (log.read_text() if log.exists() else "")
+
+
+def test_a_slurm_job_is_requeued_only_when_its_allocation_trained(tmp_path):
+    """The training stopped at its --time-limit with budget left: requeued when this allocation
+    trained a step; when it trained none (its walltime all start), not requeued, one ERROR line
+    and a failed job instead of a requeue loop; a run that ended is never requeued."""
+    proc, calls = sbatch_end(tmp_path, "time-limit", 40, 57)
+    assert proc.returncode == 0 and calls == "requeue 77\n", proc.stderr
+    assert "requeueing job 77" in proc.stdout
+    (tmp_path / "scontrol.log").unlink()
+    proc, calls = sbatch_end(tmp_path, "time-limit", 57, 57)
+    assert proc.returncode == 1 and "requeue" not in calls, proc.stderr
+    assert "launch: ERROR: not requeued: this allocation trained no step" in proc.stderr
+    proc, calls = sbatch_end(tmp_path, "done", 57, 90)
+    assert proc.returncode == 0 and "requeue" not in calls, proc.stderr
+
+
+def test_a_signal_after_the_training_ended_leaves_a_finished_job_finished(tmp_path):
+    """SLURM's warning (which may come up to 60 s early) reaching the batch script after the
+    training ended: one line, the job exits 0 (it was killed by the signal, exit status 138:
+    a finished run reported FAILED), and it is not requeued."""
+    proc, calls = sbatch_end(tmp_path, "done", 0, 90, late_signal=True)
+    assert proc.returncode == 0 and "requeue" not in calls, proc.stderr
+    assert "launch: got SIGUSR1 after the training had ended: nothing left to stop" in \
+        proc.stderr, proc.stderr

@@ -179,6 +179,16 @@ def _render_job(args: LaunchConfig, job: JobPlan, train_args: list[str], job_nam
         header=header, elastic=args.elastic, min_np=args.min_np, engine=args.engine), templates)
 
 
+#: SLURM's warning before the walltime: launch/slurm.sbatch's ``#SBATCH --signal=B:USR1@120``.
+SLURM_SIGNAL_LEAD_S = 120
+#: How much earlier SLURM may deliver it: "the signal may be sent up to 60 seconds earlier than
+#: specified" (sbatch's ``--signal`` documentation); seen 27 s early on the cluster in a box.
+SLURM_SIGNAL_EARLY_S = 60
+#: The least of a SLURM margin left to the job's start (allocation, launcher, imports) once the
+#: signal's window is set aside.
+MIN_START_S = 30
+
+
 def derived_time_limit(walltime: str | None, margin: str, cfg,
                        scheduler: str = "slurm") -> str | None:
     """The ``--time-limit`` a job rendered with ``--walltime`` gives its training: the walltime
@@ -186,16 +196,30 @@ def derived_time_limit(walltime: str | None, margin: str, cfg,
     the LR reaches 0 and the final checkpoint is written before the scheduler kills the job.
     None without a walltime, with a margin of 0, or when the training flags set a time limit.
     The walltime is read as ``scheduler`` reads it (a bare number: minutes for sbatch, seconds
-    for qsub; :func:`hvd_lm.util.units.parse_duration`).
+    for qsub; :func:`hvd_lm.util.units.parse_duration`). Under SLURM the training must end
+    before the script's warning signal too, which comes :data:`SLURM_SIGNAL_LEAD_S` before the
+    walltime and up to :data:`SLURM_SIGNAL_EARLY_S` earlier: a signal in the middle of the
+    run's last minutes checkpointed it and requeued the job, every allocation again (a requeue
+    loop), and one after its end failed a finished job.
 
     Raises:
-        ValueError: the margin is not a duration, or not below the walltime (naming both).
+        ValueError: the margin is not a duration, not below the walltime (naming both), or under
+            SLURM below the signal's window plus :data:`MIN_START_S` (naming both numbers).
     """
     if not walltime or cfg.run.time_limit or str(margin).strip() in ("0", "none", ""):
         return None
     total = parse_duration(walltime, "--walltime", bare="seconds" if scheduler == "pbs" else
                            "minutes")
     keep = parse_duration(margin, "--time-margin")
+    least = SLURM_SIGNAL_LEAD_S + SLURM_SIGNAL_EARLY_S + MIN_START_S
+    if scheduler == "slurm" and keep < least and keep < total:
+        raise ValueError(
+            f"--time-margin {margin} ({keep} s) would let the training run into SLURM's warning "
+            f"signal: the job's --signal=B:USR1@{SLURM_SIGNAL_LEAD_S} comes {SLURM_SIGNAL_LEAD_S}"
+            f" s before the walltime and up to {SLURM_SIGNAL_EARLY_S} s earlier (sbatch's "
+            f"--signal docs), so the training must end "
+            f"{SLURM_SIGNAL_LEAD_S + SLURM_SIGNAL_EARLY_S} s before it, after a start of at "
+            f"least {MIN_START_S} s: give --time-margin {least}s or more (the default 5m fits)")
     if keep >= total:
         reader = "qsub" if scheduler == "pbs" else "sbatch"
         raise ValueError(f"--time-margin {margin} ({keep} s) is not below --walltime {walltime} "
