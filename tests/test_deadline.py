@@ -291,6 +291,9 @@ def test_three_allocations_of_a_time_budget_equal_one_run_of_it(shards, tmp_path
     for i in range(3):
         proc = train_run(parts, "--time-limit", "12s", *(["--resume", "auto"] if i else []))
         summary = json.loads((parts / "summary.json").read_text())
+        # where each allocation started: the step the one before stopped at (the SLURM script
+        # requeues only an allocation that trained a step)
+        assert summary["start_step"] == (stops[-1][1] if stops else 0) < summary["step"]
         stops.append((summary["stop"], summary["step"]))
         if summary["stop"] == "time-limit":
             assert "stopped at step" in proc.stderr and "--resume auto" in proc.stderr
