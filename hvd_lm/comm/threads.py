@@ -11,10 +11,11 @@ namespaces on one machine (the cluster in a box) have host names of their own bu
 cores, and their ranks' threads spun against each other 20x slower (2.4 s vs 0.12 s a step)
 until they were counted together. The machine's other work counts too: the default is lowered
 to the usable cores left idle (:func:`idle_cores`: ``psutil.cpu_percent`` over the affinity set
-for :data:`LOAD_SAMPLE_S`, read after the ranks' gather, while they all wait in it) with one line
-saying so (a busy 2-core machine ran ``transfer`` at 1,213 chars/s on the default 2 threads and
-35,768 on 1: 30x). An explicit ``--threads N`` whose ranks x threads exceed the
-usable cores is kept, with one warning line: steps then run 20-50x slower than with 1 thread.
+for :data:`LOAD_SAMPLE_S`, read after the ranks' gather, while they all wait in it), recorded
+where the command records its settings (a busy 2-core machine ran ``transfer`` at 1,213 chars/s
+on the default 2 threads and 35,768 on 1: 30x). An explicit ``--threads N`` whose ranks x
+threads exceed the usable cores is kept, with one warning line: steps then run 20-50x slower
+than with 1 thread.
 """
 
 from __future__ import annotations
@@ -83,20 +84,16 @@ def threads_per_rank(requested: int, ranks_here: int, command: str = "train",
                      warn: bool = False) -> int:
     """torch's intra-op threads for one of ``ranks_here`` ranks on this machine: ``requested``,
     or (0) the usable cores / ``ranks_here``, lowered to the idle cores / ``ranks_here`` when the
-    machine's other work holds some (:func:`idle_cores`), at least 1. With ``warn``, one line on
-    stderr naming ``hvd-lm COMMAND`` when the default was lowered, or when ranks x threads (> 1
-    each) exceed the usable cores."""
+    machine's other work holds some (:func:`idle_cores`), at least 1 (silently: the commands
+    record their threads, train in its ``start`` record, eval in its JSON; a line on stderr
+    would vary with the load). With ``warn``, one line on stderr naming ``hvd-lm COMMAND`` when
+    an explicit ``requested`` puts ranks x threads (> 1 each) over the usable cores."""
     cores = usable_cores()
     threads = requested or max(1, cores // ranks_here)
     if not requested and threads > 1:
         idle = idle_cores()
         free = max(1, int(idle + 0.5) // ranks_here)
-        if free < threads:
-            if warn:
-                print(f"hvd-lm {command}: other work keeps {cores - idle:.1f} of the {cores} "
-                      f"usable cores of {socket.gethostname()} busy: {free} thread(s) per rank "
-                      f"(of {threads}; --threads N sets it)", file=sys.stderr, flush=True)
-            threads = free
+        threads = min(threads, free)
     if warn and threads > 1 and ranks_here * threads > cores:
         print(f"hvd-lm {command}: WARNING: {ranks_here} rank(s) x {threads} threads on "
               f"{socket.gethostname()} exceed its {cores} usable cores: steps can run 20-50x "

@@ -227,7 +227,7 @@ def eval_command(cfg: EvalConfig) -> int:
     rank 0 (with ``--baselines``: ``"baselines": {"xz": BPC, "gzip": BPC}`` of the same
     bytes); ranks split the streams and sum bits and chars (Horovod)."""
     ctx = comm.init(backend=cfg.backend)
-    set_rank_threads(cfg.threads, ctx, "eval")  # Horovod: an allgather of machine ids
+    threads = set_rank_threads(cfg.threads, ctx, "eval")  # Horovod: an allgather of machine ids
     device = devices.resolve_device(cfg.device, ctx.local_rank, ctx.local_size)
     model, ck = load_model(cfg.checkpoint, map_location=device, rnn_kernels=cfg.rnn_kernels)
     manifest = load_manifest(cfg.shards)
@@ -250,7 +250,8 @@ def eval_command(cfg: EvalConfig) -> int:
     if ctx.is_root:
         result = {"checkpoint": str(cfg.checkpoint), "split": cfg.split, "bpc": value,
                   "chars": chars, "step": ck["step"], "world_size": ctx.size,
-                  "rows": rows * ctx.size, **({"note": note} if note else {})}
+                  "rows": rows * ctx.size, "threads": threads,
+                  **({"note": note} if note else {})}
         if cfg.baselines:  # the same bytes through xz -9 / gzip -9: what the LM must beat
             result["baselines"] = compressor_bpc(
                 split_bytes(manifest, cfg.split, cfg.max_bytes), tuple(cfg.baselines))

@@ -109,8 +109,8 @@ class RunConfig:
     device: str = option("auto", "cpu, cuda, cuda:N, or auto (cuda:local_rank when available)",
                          parse=lambda v: _device(v))
     threads: int = option(0, "torch intra-op threads per rank (0 = the cores this process may "
-                          "use / ranks on this host; a warning when ranks x threads exceed them)",
-                          ge=0)
+                          "use, less those other work keeps busy, / ranks on this host; a "
+                          "warning when ranks x threads exceed them)", ge=0)
     log_every: int = option(10, "log a metrics line every N steps", ge=1)
     eval_every: int = option(0, "validation BPC every N steps (0 = only at the end)", ge=0)
     eval_chars: int = option(262144, "validation bytes per evaluation (0 = the whole split)", ge=0)
