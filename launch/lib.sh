@@ -186,6 +186,7 @@ hvd_lm_run_preemptible() {
   fi
   HVD_LM_SIGNALLED=0
   HVD_LM_SIGNAL=""
+  HVD_LM_REQUEUED=0
   HVD_LM_INTERRUPTED=0
   HVD_LM_T0="$(date +%s)"
   HVD_LM_ERRORS="$(mktemp "${TMPDIR:-/tmp}/hvd-lm-errors.XXXXXX")"
@@ -284,7 +285,15 @@ _hvd_lm_forward() {
   HVD_LM_SIGNALLED=1
   HVD_LM_SIGNAL="$1"
   local sig="$HVD_LM_FORWARD"
-  if [ -n "${SLURM_JOB_ID:-}" ] && [ "$1" = TERM ]; then
+  if [ -n "${SLURM_JOB_ID:-}" ] && [ "$1" = TERM ] && _hvd_lm_slurm_requeued; then
+    # `scontrol requeue JOB` (an admin, a preemption): SLURM counts the restart before its
+    # SIGTERM, so the job's Restarts is above this allocation's SLURM_RESTART_COUNT
+    HVD_LM_REQUEUED=1
+    echo "$(date '+%F %T') launch: got SIGTERM: SLURM is requeueing job $SLURM_JOB_ID" \
+      "(scontrol requeue): asking the ranks to checkpoint before SLURM's kill; the job starts" \
+      "again after its BeginTime (about 2 minutes; \`scontrol update JobId=$SLURM_JOB_ID" \
+      "StartTime=now\` sooner) and continues with --resume auto" >&2
+  elif [ -n "${SLURM_JOB_ID:-}" ] && [ "$1" = TERM ]; then
     # `scancel JOB` (no --signal) or a node going down: SLURM sends SIGTERM to every process of
     # the job at once and SIGKILL KillWait seconds later, whatever they are doing.
     local kill_wait
@@ -299,6 +308,15 @@ _hvd_lm_forward() {
       "$HVD_LM_PID): checkpoint on all ranks, then stop" >&2
   fi
   kill "-$sig" "$HVD_LM_PID" 2>/dev/null || true
+}
+
+# True when SLURM is requeueing this job (`scontrol show job`'s Restarts above the allocation's
+# SLURM_RESTART_COUNT: SLURM counts the restart before it signals the job).
+_hvd_lm_slurm_requeued() {
+  local restarts
+  restarts="$(timeout 5 scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | tr ' ' '\n' |
+    awk -F= '$1 == "Restarts" {print $2; exit}')"
+  [ -n "$restarts" ] && [ "$restarts" -gt "${SLURM_RESTART_COUNT:-0}" ] 2>/dev/null
 }
 
 _hvd_lm_late() {

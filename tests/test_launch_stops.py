@@ -139,3 +139,50 @@ def test_a_signal_after_the_training_ended_leaves_a_finished_job_finished(tmp_pa
     assert proc.returncode == 0 and "requeue" not in calls, proc.stderr
     assert "launch: got SIGUSR1 after the training had ended: nothing left to stop" in \
         proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("restarts", [1, 0])
+def test_a_requeue_is_reported_as_a_requeue_and_a_cancel_as_a_cancel(tmp_path, restarts):
+    """SIGTERM to the batch script while the training runs: `scontrol requeue` (SLURM counted
+    the restart first: Restarts 1 above SLURM_RESTART_COUNT 0) is said as a requeue and the
+    script exits 0 without requeueing again; a plain scancel (Restarts 0) keeps its warning
+    that SLURM's kill may come first and ends the job (was: the requeue reported as "got
+    SIGTERM (scancel, or the node going down) ... the job ends")."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    out = tmp_path / "run"
+    out.mkdir()
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards/manifest.json").write_text("{}")
+    (tmp_path / "summary").write_text(json.dumps({"stop": "signal", "start_step": 0, "step": 9}))
+    # the training: checkpoints (its summary) on the SIGUSR1 the script forwards
+    # started: once the script catches SIGTERM (its trap set: SigCgt bit 15 of /proc/PID/status)
+    stand_in(bin_ / "srun", f"trap 'cp {tmp_path}/summary {out}/summary.json; exit 0' USR1\n"
+             "until (( (16#$(awk '/^SigCgt/ {print $2}' /proc/$PPID/status) >> 14) & 1 )); do "
+             f"sleep 0.02; done\ntouch {tmp_path}/started\nwhile :; do sleep 0.05; done\n")
+    stand_in(bin_ / "scontrol", f'echo "$*" >> {tmp_path}/scontrol.log\n'
+             f'[ "$1 $2" = "show job" ] && echo "JobId=77 JobState=COMPLETING Restarts={restarts}"'
+             "\nexit 0\n")
+    env = launch_env(SLURM_JOB_ID="77", SLURM_NTASKS="2", SLURM_JOB_NODELIST="n1",
+                     SLURM_RESTART_COUNT="0", OUT_DIR=str(out), SHARDS=str(tmp_path / "shards"),
+                     WORKDIR=str(REPO), PATH=f"{bin_}:{launch_env()['PATH']}",
+                     PYTHON=sys.executable)
+    job = subprocess.Popen(["bash", str(LAUNCH / "slurm.sbatch")], env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        while not (tmp_path / "started").exists() and job.poll() is None:
+            time.sleep(0.05)
+        job.send_signal(signal.SIGTERM)
+        stdout, stderr = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    calls = (tmp_path / "scontrol.log").read_text()
+    assert "requeue" not in calls.replace("show job", ""), calls  # never requeued twice
+    if restarts:
+        assert job.returncode == 0, stderr
+        assert "launch: got SIGTERM: SLURM is requeueing job 77 (scontrol requeue)" in stderr
+        assert "checkpoint written; SLURM requeued job 77 (scontrol requeue): it starts again " \
+            "after its BeginTime and continues with --resume auto" in stdout, stdout
+    else:
+        assert "got SIGTERM (scancel, or the node going down)" in stderr, stderr
+        assert "checkpoint written after SIGTERM; the job ends" in stdout, stdout
