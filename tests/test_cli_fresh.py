@@ -27,7 +27,7 @@ from tests.shardutil import review_texts
 HEAVY = {"torch", "sklearn", "scipy", "matplotlib.pyplot", "horovod"}
 NOT_IMPORTED = {
     "": HEAVY | {"numpy", "h5py"},                       # hvd-lm --help loads nothing
-    "prepare": HEAVY, "verify": HEAVY, "doctor": HEAVY | {"numpy"},
+    "prepare": HEAVY, "verify": HEAVY, "doctor": HEAVY | {"numpy"}, "launch": HEAVY,
     "download": HEAVY | {"numpy"}, "kernels": HEAVY - {"scipy"},
     "classify": HEAVY - {"torch"}, "generate": HEAVY - {"torch"}, "visualize": HEAVY - {"torch"},
     "train": {"sklearn", "scipy", "matplotlib.pyplot"}, "eval": {"sklearn", "matplotlib.pyplot"},

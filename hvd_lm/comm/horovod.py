@@ -40,7 +40,14 @@ from typing import Any, ContextManager, Iterator, Protocol, runtime_checkable
 import torch
 
 from hvd_lm.comm.onebit_compression import ErrorFeedback, ring_allreduce_wire_bytes
-from hvd_lm.comm.world import RankContext, env_seconds, from_environment, world_size
+from hvd_lm.comm.world import (  # noqa: F401 - BACKENDS, BACKEND_HELP: here too
+    BACKEND_HELP,
+    BACKENDS,
+    RankContext,
+    env_seconds,
+    from_environment,
+    world_size,
+)
 from hvd_lm.util.units import MIB
 
 #: Horovod 0.28.1's defaults (horovod/common/operations.cc): fusion threshold, bytes; cycle, ms.
@@ -52,12 +59,6 @@ class HorovodMissing(RuntimeError):
     """Horovod is not installed and the launcher announces more than one rank."""
 
 
-#: The engines ``--backend`` picks from: ``auto`` is Horovod when it imports, else torch.
-BACKENDS = ("horovod", "torch", "auto")
-#: The ``--backend`` flag's help, the same for every command that runs on ranks.
-BACKEND_HELP = ("collective engine: horovod (Horovod), torch (torch.distributed: NCCL on CUDA, "
-                "Gloo on CPU; under torchrun, mpirun or srun) or auto (Horovod when installed, "
-                "else torch); docs/training.md#two-engines-horovod-and-torchdistributed")
 _backend = "horovod"
 
 

@@ -45,6 +45,14 @@ from typing import Mapping
 import hvd_lm
 from hvd_lm.util.files import shown
 
+#: The engines ``--backend`` picks from (:func:`hvd_lm.comm.horovod.use_backend`): ``auto`` is
+#: Horovod when it imports, else torch.
+BACKENDS = ("horovod", "torch", "auto")
+#: The ``--backend`` flag's help, the same for every command that runs on ranks.
+BACKEND_HELP = ("collective engine: horovod (Horovod), torch (torch.distributed: NCCL on CUDA, "
+                "Gloo on CPU; under torchrun, mpirun or srun) or auto (Horovod when installed, "
+                "else torch); docs/training.md#two-engines-horovod-and-torchdistributed")
+
 #: (name, rank, size, local rank, local size) variables of each launcher family, in lookup order.
 LAUNCHER_VARS = (
     ("horovodrun", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),

@@ -46,7 +46,7 @@ import os
 
 import torch
 
-KERNELS = ("auto", "torch", "compile", "triton")
+from hvd_lm.model.config import KERNELS  # noqa: F401 - --rnn-kernels' choices, here too
 
 
 def cell_forward(g: torch.Tensor, cprev: torch.Tensor, hstate: torch.Tensor,

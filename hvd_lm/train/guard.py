@@ -37,7 +37,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from hvd_lm.formats import checkpoint as ckpt_io
 from hvd_lm.formats.tokenizer import VOCAB_SIZE
 from hvd_lm.util.atomic import write_text
 
@@ -141,6 +140,8 @@ class DivergenceGuard:
         Returns:
             (the checkpoint now ``latest`` or None, the moved files at their new paths).
         """
+        from hvd_lm.formats import checkpoint as ckpt_io  # torch: not for the settings' import
+
         d = ckpt_io.checkpoint_dir(run_dir)
         moved = []
         for path in ckpt_io.list_checkpoints(run_dir):

@@ -119,8 +119,8 @@ class Trainer:
         if self.summary is not None:  # nothing to train (preflight.resume_end)
             return
         self.pos, self.rnn_state, self.total_steps = run.start_pos, run.start_state, \
-            run.total_steps
-        self.start_step = self.pos.step  # summary.json: did this allocation train a step?
+            run.total_steps  # summary.json's start_step: did this allocation train a step?
+        self.start_step = self.pos.step
         # ---- the run folder, rank 0's log and the start record -----------------------------------
         self.metrics = Metrics(run.out_dir, cfg.run.tensorboard)
         run.open_folder(self.metrics)  # Horovod (not elastic): every rank learns rank 0's lot
@@ -453,10 +453,9 @@ class Trainer:
         if self.stop_reason in ("done", "time-limit"):
             if self.checkpointer.saved_step != self.pos.step:  # --checkpoint-every saved it?
                 self.save_checkpoint()  # Horovod: allgather of the recurrent state
-        self.summary = {"stop": self.stop_reason, "step": self.pos.step,
+        self.summary = {"stop": self.stop_reason, "step": self.pos.step,  # Horovod: chars sum
                         "start_step": self.start_step, "skipped_steps": self.pos.skipped_steps,
-                        "chars_trained": self.chars.total(),  # Horovod: sum over ranks
-                        "world_size": self.run.ctx.size}
+                        "chars_trained": self.chars.total(), "world_size": self.run.ctx.size}
         if self.planner is not None:  # seconds to the deadline once everything was written
             self.checkpointer.wait()
             self.summary.update(self.planner.summary())

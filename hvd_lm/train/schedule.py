@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch at call time only: `hvd-lm launch` plans LRs without it (0.8 s)
+    import torch
 
 LR_RULES = ("none", "linear", "sqrt")
 
@@ -105,8 +107,9 @@ def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_st
     """A ``LambdaLR`` applying a :class:`Schedule` (:func:`lr_factor` until replanned), reachable
     as :func:`schedule_of`. Call its ``step()`` only after an optimizer step that was applied
     (not one skipped for gradient overflow), so skipped steps do not advance it."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer,
-                                             Schedule(warmup_steps, total_steps, decay))
+    from torch.optim.lr_scheduler import LambdaLR
+
+    return LambdaLR(optimizer, Schedule(warmup_steps, total_steps, decay))
 
 
 def schedule_of(scheduler: torch.optim.lr_scheduler.LambdaLR) -> Schedule:

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hvd_lm import options
-from hvd_lm.comm.horovod import BACKEND_HELP, BACKENDS
-from hvd_lm.model.lm import ModelConfig
+from hvd_lm.comm.world import BACKEND_HELP, BACKENDS
+from hvd_lm.model.config import ModelConfig
 from hvd_lm.options import option
 from hvd_lm.train.guard import DEFAULT_BOUND, UNIFORM_LOSS
 from hvd_lm.util.units import parse_duration
