@@ -11,8 +11,9 @@ pytest's temporary folders), with the venv first on PATH, as a user's shell woul
    process;
 3. SLURM, started with ``python -m tests.cluster slurm`` (left running, its ``SLURM_CONF``
    printed), runs the script ``hvd-lm launch --scheduler slurm`` renders on two nodes (mpirun
-   inside the allocation, after the preflight); a preemption (``scancel --signal=USR1 --batch``)
-   checkpoints, requeues, and the job finishes with ``--resume auto``;
+   inside the allocation, after the preflight), after ``launch`` refused a ``--time-margin``
+   under which the training would run into SLURM's warning signal; an admin's preemption
+   (``scontrol requeue``) is said as a requeue, and the job finishes with ``--resume auto``;
 4. the same run continued with ``launch/horovodrun_multinode.sh`` across n1 and n2; n2's cable
    pulled: the job fails within Gloo's timeout, its last lines the closing block (the lost
    host, the newest checkpoint, how to resume);
@@ -20,7 +21,9 @@ pytest's temporary folders), with the venv first on PATH, as a user's shell woul
    checkpoints, the launch ends as a clean stop (exit 0) whatever horovodrun's own status;
 4c. ``launch/mpirun.sh`` across n1 and n2 as root (OpenMPI's permission given by the
    template) continues the run with ``--resume auto`` to its last step;
-5. eval, transfer (SST-2) and classify of that run, on n2 (the run folder is shared).
+5. eval (with the xz/gzip baselines), transfer on a user's own labelled sets (Blitzer .review
+   pairs, a labelled CSV, carved by ``--split``, TF-IDF beside) and classify of that run, on
+   n2 (the run folder is shared).
 
 Tests it took over (each proved the same thing on its own): tests/test_multinode.py's
 ``test_data_prep_across_two_hosts_is_byte_identical`` (step 2) and
@@ -52,6 +55,7 @@ from tests.slurm_cluster import SLURM_TOOLS, ensure_tools
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 MUSIC = SHARED / "data/amazon/mcauley2014_5core/reviews_Digital_Music_5.json.gz"
 SST2 = SHARED / "data/sst2"
+BOOKS = SHARED / "data/amazon/blitzer_mdsd/sorted_data_acl/books"
 TINY = " ".join([*conftest.TINY, "--lr", "3e-3", "--log-every", "10"])
 PREP = "--shard-size 256K --split 20,1,1 --no-progress"
 
@@ -87,8 +91,8 @@ class Journey:
 
 
 def test_first_job_across_hosts(cluster, tmp_path):
-    if not (MUSIC.exists() and (SST2 / "val.csv").exists()):
-        pytest.skip(f"needs {MUSIC} and {SST2} (../shared)")
+    if not (MUSIC.exists() and (SST2 / "val.csv").exists() and BOOKS.is_dir()):
+        pytest.skip(f"needs {MUSIC}, {SST2} and {BOOKS} (../shared)")
     work = tmp_path / "work"
     work.mkdir()
     j = Journey(cluster, work)
@@ -138,6 +142,12 @@ def test_first_job_across_hosts(cluster, tmp_path):
     slurm = Cluster.attach(cluster.root)._slurm  # the daemons outlived the command
     assert slurm is not None and str(slurm.conf) == conf.group(1)
     cluster._slurm = slurm  # the session's cluster stops it at the end
+    # a margin under which the training would run into SLURM's warning signal: refused
+    bad = j.sh("hvd-lm launch --scheduler slurm --gpus 2 --gpus-per-node 1 --device cpu "
+               "--walltime 0:06:00 --time-margin 1m --out bad.sbatch -- --shards data/amazon",
+               check=False)
+    assert bad.returncode == 2 and "(60 s) would let the training run into SLURM's warning " \
+        "signal" in bad.stderr and not (work / "bad.sbatch").exists(), bad.stderr
     j.sh(f"hvd-lm launch --scheduler slurm --gpus 2 --gpus-per-node 1 --device cpu --walltime 10 "
          f"--job-name journey --launcher mpirun --run-dir runs/first --out job.sbatch -- "
          f"--shards data/amazon {TINY} --max-steps 120 --checkpoint-every 40")
@@ -147,21 +157,23 @@ def test_first_job_across_hosts(cluster, tmp_path):
     first = work / "runs/first"
     slurm.wait_job(job, 180, lambda i: i.get("JobState") not in ("PENDING", "RUNNING") or (
         (first / "metrics.jsonl").is_file() and bool(records(first, "train"))))
-    j.sh(f"python -m tests.cluster run n1 -- scancel --signal=USR1 --batch {job}",
-         SLURM_CONF=conf.group(1))
+    # preempted by an admin's `scontrol requeue`: SIGTERM with KillWait (5 s) to go, said as a
+    # requeue; the requeued job continues from its newest checkpoint and completes
+    j.sh(f"python -m tests.cluster run n1 -- scontrol requeue {job}", SLURM_CONF=conf.group(1))
     slurm.release_requeued(job, timeout=120)
     info = slurm.wait_job(job, timeout=240)
     log = (work / f"journey-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log[-4000:]
     assert "2 nodes (n[1-2]), 2 ranks via mpirun" in log and "use          eth0:" in log, log
-    assert "got SIGUSR1" in log and "requeueing job" in log, log[-4000:]
+    assert f"launch: got SIGTERM: SLURM is requeueing job {job} (scontrol requeue)" in log, log
+    assert "scancel, or the node going down" not in log, log[-4000:]
     assert "--resume auto" in log.split("(restart 1)")[1]
     starts, ends = records(first, "start"), records(first, "end")
     assert [s["world_size"] for s in starts] == [2, 2] and starts[0]["hosts"] == ["n1", "n2"]
-    assert [e["stop"] for e in ends] == ["signal", "done"] and ends[1]["step"] == 120
-    assert 0 < ends[0]["step"] == starts[1]["step"] < 120
-    assert starts[1]["resumed_from"].endswith(f"step_{ends[0]['step']:08d}.pt")
-    j.step("3 SLURM: preempted, requeued, resumed", t0)
+    assert ends[-1]["stop"] == "done" and ends[-1]["step"] == 120  # signal's checkpoint or not
+    assert 0 < starts[1]["step"] < 120 and starts[1]["resumed_from"].endswith(
+        f"step_{starts[1]['step']:08d}.pt")
+    j.step("3 SLURM: a margin refused; scontrol requeue, resumed, completed", t0)
 
     # 4. the same run, longer, with horovodrun across the hosts; n2's cable pulled mid-run
     t0 = time.monotonic()
@@ -260,10 +272,19 @@ def test_first_job_across_hosts(cluster, tmp_path):
     # 5. eval, transfer and classify of the run, on the other host
     t0 = time.monotonic()
     j.sh("hvd-lm eval runs/first data/amazon --split val --output runs/first/eval_val.json "
-         "--device cpu", node="n2")
-    assert 0 < json.loads((first / "eval_val.json").read_text())["bpc"] < 8
-    j.sh(f"hvd-lm transfer runs/first --dataset sst2 --data-dir {SST2} --out runs/first/sst2 "
-         "--max-examples 200 --no-baseline --threads 1 --device cpu", node="n2", timeout=300)
+         "--device cpu --baselines xz,gzip", node="n2")
+    ev = json.loads((first / "eval_val.json").read_text())
+    assert 0 < ev["bpc"] < 8 and set(ev["baselines"]) == {"xz", "gzip"}, ev
+    # the user's own labelled sets: Blitzer .review pairs, and one labelled CSV, each carved
+    # into stratified train/val/test, the LM's test accuracy beside TF-IDF's
+    for name, data in (("books", f"--train {BOOKS}"),
+                       ("sst2", f"--train {SST2}/train.csv --text-field sentence")):
+        j.sh(f"hvd-lm transfer runs/first {data} --split 80,10,10 --out runs/first/{name} "
+             "--max-examples 200 --threads 1 --device cpu --no-progress", node="n2", timeout=300)
+        rep = json.loads((first / name / "transfer.json").read_text())
+        assert set(rep["dataset"]["splits"]) == {"train", "val", "test"}, rep["dataset"]
+        assert 0 < rep["classifier"]["accuracy"]["test"] <= 1, rep["classifier"]
+        assert 0.5 < rep["baseline"]["accuracy"]["test"] <= 1, rep["baseline"]
     proc = j.sh(f"hvd-lm classify runs/first runs/first/sst2 --input {SST2}/val.csv --text-field "
                 "sentence --label-field label --output runs/first/val_predictions.csv "
                 "--threads 1 --device cpu", node="n2", timeout=300)

@@ -1,9 +1,9 @@
 """Real SLURM jobs: a one-node cluster on localhost (tests/slurm_cluster.py) runs the script that
 ``hvd-lm launch --scheduler slurm`` renders, as a 2-rank job started with srun (PMIx); then
 SIGTERM to the srun step (every rank checkpoints) and a plain ``scancel`` (the script promises no
-checkpoint SLURM will not wait for). The preemption flow (SIGUSR1 to the batch script ->
-checkpoint on all ranks -> ``scontrol requeue`` -> ``--resume auto``, mpirun inside the
-allocation) runs on two nodes in tests/test_journey.py."""
+checkpoint SLURM will not wait for), and the preemption flow: SIGUSR1 to the batch script ->
+checkpoint on all ranks -> the script's ``scontrol requeue`` -> ``--resume auto``. An admin's
+``scontrol requeue`` (mpirun inside a two-node allocation) runs in tests/test_journey.py."""
 from __future__ import annotations
 
 import time
@@ -56,6 +56,7 @@ def test_rendered_sbatch_runs_two_ranks_with_srun(slurm, shards, tmp_path):
     info = slurm.wait_job(job_id, timeout=120)
     log = job_log(tmp_path, job_id)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log
+    assert info["Restarts"] == "0" and "requeue" not in log, log  # a walltime job that finished
     assert "2 ranks via srun" in log and "srun --mpi=pmix" in log
     run = tmp_path / "run"
     assert (run / "metrics.jsonl").is_file(), f"{info}\n{log[-6000:]}"
@@ -64,6 +65,28 @@ def test_rendered_sbatch_runs_two_ranks_with_srun(slurm, shards, tmp_path):
     assert end["stop"] == "done" and end["world_size"] == 2
     losses = [r["loss"] for r in records(run, "train")]
     assert len(losses) == 6 and losses[-1] < losses[0], losses
+
+
+def test_preemption_checkpoints_requeues_and_the_job_completes(slurm, shards, tmp_path):
+    """`scancel --signal=USR1 --batch JOB` (SLURM's warning before the walltime, or a
+    preemption): every rank checkpoints, the script requeues the job, and the requeued job
+    continues from that checkpoint with --resume auto and completes."""
+    script = render(tmp_path, shards, steps=200, log_every=2)  # >= 10 s: the signal comes first
+    job_id = slurm.sbatch(script, tmp_path, launch_env(HVD_LM_STEP_SLEEP="0.05"))
+    run = tmp_path / "run"
+    slurm.wait_job(job_id, 90, lambda i: i.get("JobState") in TERMINAL_STATES
+                   or ((run / "metrics.jsonl").is_file() and len(records(run, "train")) >= 2))
+    slurm.client(["scancel", "--signal=USR1", "--batch", job_id])
+    slurm.release_requeued(job_id, timeout=120)
+    info = slurm.wait_job(job_id, timeout=180)
+    log = job_log(tmp_path, job_id)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log[-4000:]
+    assert "got SIGUSR1" in log and "requeueing job" in log, log[-4000:]
+    assert "--resume auto" in log.split("(restart 1)")[1]
+    starts, ends = records(run, "start"), records(run, "end")
+    assert [e["stop"] for e in ends] == ["signal", "done"] and ends[1]["step"] == 200, ends
+    assert 0 < ends[0]["step"] == starts[1]["step"] < 200
+    assert starts[1]["resumed_from"].endswith(f"step_{ends[0]['step']:08d}.pt")
 
 
 def test_plain_scancel_promises_no_checkpoint_it_cannot_deliver(slurm, shards, tmp_path):
@@ -102,6 +125,7 @@ def test_sigterm_to_the_srun_step_checkpoints_every_rank(slurm, shards, tmp_path
     info = slurm.wait_job(job_id, timeout=120)
     log = job_log(tmp_path, job_id)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log
+    assert info["Restarts"] == "0" and "requeue" not in log, log  # a walltime job that finished
     end, = records(run, "end")
     assert end["stop"] == "signal" and end["world_size"] == 2, log
     ck = torch.load(sorted((run / "checkpoints").glob("step_*.pt"))[-1], weights_only=True)
