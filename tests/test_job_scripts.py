@@ -79,7 +79,8 @@ def test_template_runs_two_ranks(template, knobs, shards, tmp_path):
      r"lost rank 1 on host \S+ \(127\.0\.0\.1 refuses the connection: the host is up but the "
      r"rank's process is gone\): a collective failed at step 4 after \d+\.\d s \(its peer's "
      r"connection closed\); the newest complete checkpoint is \S+step_00000002\.pt; "),
-    ("mpirun.sh", {"EXTRA": "--inject-nan-steps 3,4 --max-skipped-steps 2"},
+    ("mpirun.sh", {"EXTRA": "--inject-nan-steps 3,4 --max-skipped-steps 2",  # mpirun waits
+                   "OMPI_MCA_odls_base_sigkill_timeout": "1"},  # this long after a failed rank
      r"training diverged: 2 steps in a row had non-finite gradients \(step 3\)"),
 ])
 def test_a_failed_launch_ends_with_its_first_failure(template, knobs, cause, shards, tmp_path):
