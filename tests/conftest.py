@@ -12,6 +12,11 @@ import pytest
 #: --time-budget / --done-file / --budget-report: a suite in parts (scripts/gpu_check.sh)
 pytest_plugins = ["tests._budget"]
 
+#: The default --threads as on a quiet machine, in this process and every command it starts
+#: (hvd_lm/comm/threads.py: without it the threads follow the other tests' load, and a result
+#: compared to the last bit could follow them too); tests/test_threads.py measures for real.
+os.environ.setdefault("HVD_LM_IDLE_CORES", str(len(os.sched_getaffinity(0))))
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DIR = REPO_ROOT.parent / "shared"
 

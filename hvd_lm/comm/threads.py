@@ -28,6 +28,7 @@ import psutil
 import torch
 
 from hvd_lm import comm
+from hvd_lm.comm.world import env_int
 
 #: Seconds the default ``--threads 0`` watches the machine's load (:func:`idle_cores`); paid only
 #: when a rank's share of the cores is more than one thread.
@@ -49,7 +50,15 @@ def idle_cores(seconds: float = LOAD_SAMPLE_S) -> float:
     """How many of this process's usable cores the machine's other work leaves idle: the sum of
     each affinity core's idle fraction over ``seconds`` (``psutil.cpu_percent(percpu=True)``,
     the kernel's per-CPU times in ``/proc/stat``), e.g. 1.0 on a 2-core machine with one other
-    busy process."""
+    busy process. ``HVD_LM_IDLE_CORES=N`` gives N instead of measuring (the tests set it, so that
+    no result depends on what else the machine runs).
+
+    Raises:
+        LauncherEnvError: ``HVD_LM_IDLE_CORES`` not an integer >= 0.
+    """
+    fixed = env_int("HVD_LM_IDLE_CORES", 0, 1 << 20, "a count of idle cores")
+    if fixed is not None:  # the tests: the same threads whatever else the machine runs
+        return float(fixed)
     busy = psutil.cpu_percent(interval=seconds, percpu=True)
     try:
         cores = os.sched_getaffinity(0)
