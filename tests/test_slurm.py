@@ -71,7 +71,7 @@ def test_preemption_checkpoints_requeues_and_the_job_completes(slurm, shards, tm
     """`scancel --signal=USR1 --batch JOB` (SLURM's warning before the walltime, or a
     preemption): every rank checkpoints, the script requeues the job, and the requeued job
     continues from that checkpoint with --resume auto and completes."""
-    script = render(tmp_path, shards, steps=200, log_every=2)  # >= 10 s: the signal comes first
+    script = render(tmp_path, shards, steps=100, log_every=2)  # >= 5 s: the signal comes first
     job_id = slurm.sbatch(script, tmp_path, launch_env(HVD_LM_STEP_SLEEP="0.05"))
     run = tmp_path / "run"
     slurm.wait_job(job_id, 90, lambda i: i.get("JobState") in TERMINAL_STATES
@@ -84,8 +84,8 @@ def test_preemption_checkpoints_requeues_and_the_job_completes(slurm, shards, tm
     assert "got SIGUSR1" in log and "requeueing job" in log, log[-4000:]
     assert "--resume auto" in log.split("(restart 1)")[1]
     starts, ends = records(run, "start"), records(run, "end")
-    assert [e["stop"] for e in ends] == ["signal", "done"] and ends[1]["step"] == 200, ends
-    assert 0 < ends[0]["step"] == starts[1]["step"] < 200
+    assert [e["stop"] for e in ends] == ["signal", "done"] and ends[1]["step"] == 100, ends
+    assert 0 < ends[0]["step"] == starts[1]["step"] < 100
     assert starts[1]["resumed_from"].endswith(f"step_{ends[0]['step']:08d}.pt")
 
 
