@@ -221,9 +221,9 @@ def test_step_memory_estimate_against_peak_rss(shards, tmp_path, flags):
     # several runs: the step's peak is the largest (what a run must have room for), the fixed
     # cost the smallest (a one-off lazy import or malloc arena is not the step's). The reference
     # loop's peak is bimodal inside a full suite: ratio 1.235, 1.238, 1.239 there (also with
-    # three runs), 0.92-1.03 and once 1.284 alone; two runs per case since. An estimate above the peak is the safe side
-    # for the preflight (it refuses a run that might not fit): below is bounded tightly (0.85),
-    # above by 1.35
+    # three runs), 0.92-1.03 and once 1.284 alone; two runs per case since. An estimate above
+    # the peak is the safe side for the preflight (it refuses a run that might not fit): below
+    # is bounded tightly (0.85), above by 1.35
     if "base" not in _FIXED_PEAK:  # the same tiny run for every case: measured once
         _FIXED_PEAK["base"] = min(peak(base, i) for i in range(2))
     measured = max(peak(flags, i) for i in range(2)) - _FIXED_PEAK["base"]
