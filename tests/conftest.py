@@ -12,10 +12,12 @@ import pytest
 #: --time-budget / --done-file / --budget-report: a suite in parts (scripts/gpu_check.sh)
 pytest_plugins = ["tests._budget"]
 
-#: The default --threads as on a quiet machine, in this process and every command it starts
-#: (hvd_lm/comm/threads.py: without it the threads follow the other tests' load, and a result
-#: compared to the last bit could follow them too); tests/test_threads.py measures for real.
-os.environ.setdefault("HVD_LM_IDLE_CORES", str(len(os.sched_getaffinity(0))))
+#: The default --threads fixed, in this process and every command it starts: the usable cores
+#: less those the other pytest-xdist workers keep busy (what a measurement would mostly find;
+#: hvd_lm/comm/threads.py). Measured, the threads would follow the other tests' load, and a
+#: result compared to the last bit could follow them; tests/test_threads.py measures for real.
+os.environ.setdefault("HVD_LM_IDLE_CORES", str(max(1, len(os.sched_getaffinity(0)) // int(
+    os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DIR = REPO_ROOT.parent / "shared"

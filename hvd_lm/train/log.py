@@ -208,7 +208,7 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 #: Seconds between two progress lines when stderr is not a terminal (a redirected log, a batch
-#: job's output); ``HVD_LM_PROGRESS_EVERY_S`` sets it (the tests: 0.01).
+#: job's output); ``HVD_LM_PROGRESS_EVERY_S`` sets it (the tests: 1e-9, a line per update).
 PROGRESS_EVERY_S = 10.0
 
 
@@ -241,7 +241,7 @@ class Progress(tqdm):
         count = (f"{d['n']:,} of {d['total']:,} {units} ({100 * d['n'] / d['total']:.0f}%)"
                  if d["total"] else f"{d['n']:,} {units}")
         rate = d["rate"] or (d["n"] / d["elapsed"] if d["elapsed"] else 0.0)
-        left = (f", {self.format_interval((d['total'] - d['n']) / rate)} left"
+        left = (f", {self.format_interval(max(0, d['total'] - d['n']) / rate)} left"
                 if d["total"] and rate else "")
         return (f"{d['prefix']}: {count}, {rate:,.0f} {units}/s, "
                 f"{self.format_interval(d['elapsed'])} elapsed{left}")
