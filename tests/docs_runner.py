@@ -262,6 +262,8 @@ def shrink(hvd: list[str], root: Path) -> list[str]:
     if hvd[:1] == ["transfer"]:
         n = _flag(out, "--max-examples")
         out += ["--max-examples", str(min(int(n), 200) if n else 200)]
+        c = _flag(out, "--max-chars")  # 0: all of each text
+        out += ["--max-chars", str(min(int(c), 256) if c and int(c) > 0 else 256)]
     return out
 
 

@@ -11,7 +11,8 @@ reads it):
   evaluation, transfer, the scaling model and the launch templates on this machine. Long runs are
   shrunk, and only these ways (:func:`shrink`): ``--max-steps N`` becomes ``max(2, N // 500)``
   (from the config's ``optim.max_steps`` when no flag gives it), ``--hidden-size 64`` is added when
-  neither a flag nor the config sets the width, transfer gets ``--max-examples`` of at most 200,
+  neither a flag nor the config sets the width, transfer gets ``--max-examples`` of at most 200
+  and ``--max-chars`` of at most 256 (a Blitzer review is ~1,000 bytes),
   and ranks (``-np``, ``NP``, ``-H localhost:N``, torchrun's ``--nproc-per-node`` and
   ``NPROC_PER_NODE``) are capped at 2, this machine's cores.
 * **check**: benchmarks, the demo, downloads, ``hvd-lm check-build`` (tests/test_foundation.py
@@ -124,8 +125,10 @@ def test_shrinking_is_what_the_docstring_says(tmp_path):
     assert shrink(["train", "--max-steps", "4000"], tmp_path)[-4:] == [
         "--max-steps", "8", "--hidden-size", "64"]
     assert shrink(["train", "--config", "c.yaml"], tmp_path)[-2:] == ["--max-steps", "4"]
-    assert shrink(["transfer", "x", "--max-examples", "2000"], tmp_path)[-2:] == [
-        "--max-examples", "200"]
+    assert shrink(["transfer", "x", "--max-examples", "2000"], tmp_path)[-4:] == [
+        "--max-examples", "200", "--max-chars", "256"]
+    assert shrink(["transfer", "x", "--max-chars", "100"], tmp_path)[-2:] == ["--max-chars", "100"]
+    assert shrink(["transfer", "x", "--max-chars", "0"], tmp_path)[-2:] == ["--max-chars", "256"]
     assert _cap_ranks(["mpirun", "-np", "8", "-H", "localhost:8"]) == [
         "mpirun", "-np", "2", "-H", "localhost:2"]
     launcher, inner, facts = _split_launcher(["torchrun", "--standalone", "--nproc-per-node", "8",
