@@ -256,14 +256,12 @@ def shrink(hvd: list[str], root: Path) -> list[str]:
     if hvd[:1] == ["train"]:
         steps = _flag(out, "--max-steps") or _config_value(out, root, "optim", "max_steps")
         out += ["--max-steps", str(max(2, int(steps) // 500) if steps else 2)]
-        if not (_flag(out, "--hidden-size")
-                or _config_value(out, root, "model", "hidden_size")):
+        if not (_flag(out, "--hidden-size") or _config_value(out, root, "model", "hidden_size")):
             out += ["--hidden-size", "64"]
     if hvd[:1] == ["transfer"]:
-        n = _flag(out, "--max-examples")
-        out += ["--max-examples", str(min(int(n), 200) if n else 200)]
-        c = _flag(out, "--max-chars")  # 0: all of each text
-        out += ["--max-chars", str(min(int(c), 256) if c and int(c) > 0 else 256)]
+        n, c = _flag(out, "--max-examples"), _flag(out, "--max-chars")  # --max-chars 0: all
+        out += ["--max-examples", str(min(int(n), 200) if n else 200),
+                "--max-chars", str(min(int(c), 256) if c and int(c) > 0 else 256)]
     return out
 
 
