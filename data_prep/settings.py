@@ -11,7 +11,7 @@ from typing import Optional
 from data_prep.inputs import FORMATS
 from hvd_lm.formats import shards
 from hvd_lm.options import option
-from hvd_lm.util.units import MIB, parse_bytes, parse_split  # noqa: F401 - parse_split: here too
+from hvd_lm.util.units import MIB, parse_bytes, parse_split
 
 MiB = MIB
 #: A document (record line) may use at most 1/8 of a worker's memory budget: reading, decoding,

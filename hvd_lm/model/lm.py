@@ -45,7 +45,7 @@ class MLSTM(nn.Module):
     Args:
         impl: ``fused`` (:mod:`hvd_lm.model.mlstm_fused`) or ``reference`` (the per-step loop of
             :meth:`reference_forward`).
-        kernels: the fused path's cell kernels (:data:`hvd_lm.model.mlstm_kernels.KERNELS`).
+        kernels: the fused path's cell kernels (:data:`hvd_lm.model.config.KERNELS`).
         cuda_graphs: replay the fused window from a CUDA graph on CUDA (see
             :class:`hvd_lm.model.mlstm_fused.WindowGraphs`).
     """

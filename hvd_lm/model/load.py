@@ -171,7 +171,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu",
         path: a checkpoint file, a run directory (its latest), an exported folder or its
             weights file (:func:`resolve_model`).
         rnn_kernels: the fused mLSTM's cell kernels for this device
-            (:data:`hvd_lm.model.mlstm_kernels.KERNELS`; ``auto``: the device's default). Not
+            (:data:`hvd_lm.model.config.KERNELS`; ``auto``: the device's default). Not
             the checkpoint's own: kernels are a property of the machine, not of the model, and
             a model trained with ``triton`` on a GPU must still load on a CPU.
 

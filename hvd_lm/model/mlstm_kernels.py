@@ -46,7 +46,7 @@ import os
 
 import torch
 
-from hvd_lm.model.config import KERNELS  # noqa: F401 - --rnn-kernels' choices, here too
+from hvd_lm.model.config import KERNELS
 
 
 def cell_forward(g: torch.Tensor, cprev: torch.Tensor, hstate: torch.Tensor,

@@ -57,8 +57,9 @@ import torch
 
 from hvd_lm import options as configlib
 from hvd_lm.model import device as devices
+from hvd_lm.model.config import KERNELS
 from hvd_lm.model.lm import LanguageModel, ModelConfig, recurrence_label
-from hvd_lm.model.mlstm_kernels import KERNELS, resolve
+from hvd_lm.model.mlstm_kernels import resolve
 from hvd_lm.options import Command, option
 from hvd_lm.perf import profile_step
 from hvd_lm.perf.ceilings import Timer, copy_gbps, gemm_ceiling, matmul_tflops, peak_key, step_gemms

@@ -47,9 +47,9 @@ from hvd_lm import comm, options
 from hvd_lm.comm.world import local_mpi_env, mpirun_argv
 from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.model import device as devices
+from hvd_lm.model.config import KERNELS
 from hvd_lm.model.lm import LanguageModel, ModelConfig, recurrence_label
 from hvd_lm.model.mfu import matmul_gflops
-from hvd_lm.model.mlstm_kernels import KERNELS
 from hvd_lm.options import Command, option
 from hvd_lm.perf.baselines import TorchGlooComm, ddp
 from hvd_lm.train.data import Batch, RankStreams

@@ -27,8 +27,8 @@ from hvd_lm.formats.export import MAX_SEQ_LEN
 from hvd_lm.formats.manifest import MANIFEST_NAME, load_manifest
 from hvd_lm.formats.shards import read_tokens
 from hvd_lm.model import device as devices
+from hvd_lm.model.config import KERNELS
 from hvd_lm.model.load import load_model, model_files
-from hvd_lm.model.mlstm_kernels import KERNELS
 from hvd_lm.options import Command, ConfigError, option
 from hvd_lm.train.data import IGNORE, RankStreams, stream_bounds
 from hvd_lm.train.log import Progress

@@ -134,17 +134,20 @@ def load_table(path: str | Path, split: str, text_field: str = "text",
 REVIEW_SUFFIXES = (".review", ".review.gz")
 
 
-def review_label(path: Path) -> int:
+def review_label(path: Path, required: bool = True) -> int | None:
     """The label of a Blitzer ``.review`` file: its name without the suffix (``positive``,
-    ``negative``, ``pos``, ``neg``: :data:`LABEL_MAP`), else its folder's name.
+    ``negative``, ``pos``, ``neg``: :data:`LABEL_MAP`), else its folder's name; None when
+    neither names one and not ``required``.
 
     Raises:
-        DatasetError: neither names a label (Blitzer's ``unlabeled.review``), naming the file.
+        DatasetError: ``required`` and neither names a label (Blitzer's ``unlabeled.review``),
+            naming the file.
     """
-    stem = path.name.lower().split(".")[0]
-    for name in (stem, path.parent.name.lower()):
+    for name in (path.name.lower().split(".")[0], path.parent.name.lower()):
         if name in LABEL_MAP:
             return LABEL_MAP[name]
+    if not required:
+        return None
     raise DatasetError(f"{path}: a .review file is labelled by its name or its folder's "
                        f"(positive/negative, pos/neg); '{path.name}' in '{path.parent.name}/' "
                        "names neither (Blitzer's unlabeled.review has no labels)")
@@ -189,13 +192,11 @@ def load_files(paths: str, split: str, text_field: str = "text",
         path = Path(item)
         if path.is_dir():
             found = sorted(p for p in path.iterdir() if p.name.lower().endswith(REVIEW_SUFFIXES))
-            labelled = [p for p in found if p.name.lower().split(".")[0] in LABEL_MAP
-                        or path.name.lower() in LABEL_MAP]
-            if not labelled:
+            files = [p for p in found if review_label(p, required=False) is not None]
+            if not files:
                 raise DatasetError(f"{path}: a folder of {split} data holds .review files named "
                                    f"by their label (positive.review, negative.review); it has "
                                    f"{[p.name for p in found] or 'none'}")
-            files = labelled
         else:
             files = [path]
         for f in files:

@@ -84,7 +84,7 @@ def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32
         threads: torch CPU threads (0: the usable cores / the ranks on this machine, the rule
             of :mod:`hvd_lm.comm.threads`, whose warning names ``hvd-lm COMMAND``).
         rnn_kernels: the fused mLSTM's cell kernels (:func:`hvd_lm.model.load.load_model`).
-        backend: the collective engine of several ranks (:data:`hvd_lm.comm.horovod.BACKENDS`).
+        backend: the collective engine of several ranks (:data:`hvd_lm.comm.world.BACKENDS`).
     Raises:
         FileNotFoundError: no checkpoint; ValueError: a device/precision that cannot be used.
     """

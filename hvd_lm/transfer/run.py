@@ -35,8 +35,8 @@ import numpy as np
 from hvd_lm import comm
 from hvd_lm.formats import tokenizer
 from hvd_lm.model import device as devices
+from hvd_lm.model.config import KERNELS
 from hvd_lm.model.load import weights_sha256
-from hvd_lm.model.mlstm_kernels import KERNELS
 from hvd_lm.options import Command, option
 from hvd_lm.transfer import datasets
 from hvd_lm.transfer.classify import (
