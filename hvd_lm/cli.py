@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
              "bits per character of a checkpoint on a shard split"),
     "transfer": ("hvd_lm.transfer.run", "TRANSFER", "sentiment transfer: LM features + L1 "
                  "logistic regression, sentiment neuron, TF-IDF baseline"),
-    "classify": ("hvd_lm.transfer.predict", "CLASSIFY", "apply a classifier saved by transfer "
+    "classify": ("hvd_lm.transfer.classify", "CLASSIFY", "apply a classifier saved by transfer "
                  "to new texts: probability and label per text"),
     "generate": ("hvd_lm.transfer.generate", "GENERATE", "sample text from the LM; steer it by "
                  "holding a unit (--neuron N --overwrite V); per-character heatmap"),

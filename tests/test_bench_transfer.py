@@ -46,7 +46,7 @@ def test_bench_runs_every_solver_side_by_side(tmp_path, capsys, monkeypatch):
     process costs ~4 s of imports; the second problem is there to show problems side by side).
     Each row is transfer's own fit: its chosen C and fold accuracy are fit_logreg's."""
     from hvd_lm.cli import main
-    from hvd_lm.transfer.classify import fit_logreg
+    from hvd_lm.transfer.fit import fit_logreg
 
     real_run_fit, in_process = B._run_fit, []
 

@@ -17,9 +17,9 @@ import torch
 
 from hvd_lm.formats.checkpoint import save
 from hvd_lm.model.lm import LanguageModel, ModelConfig
-from hvd_lm.transfer import classify as C
 from hvd_lm.transfer import datasets as D
 from hvd_lm.transfer import features as F
+from hvd_lm.transfer import fit as C
 from hvd_lm.transfer import run as R
 from tests._mp import SHARED, horovodrun_cmd, run
 

@@ -1,4 +1,4 @@
-"""The classifier fit (hvd_lm.transfer.classify): C chosen by stratified k-fold cross-validation
+"""The classifier fit (hvd_lm.transfer.fit): C chosen by stratified k-fold cross-validation
 on the training split alone (a numpy/scikit-learn computation fold by fold gives the same C and
 fold accuracies; validation labels change nothing), the model refit on all of train at that C,
 the stored standardisation, every solver picking the planted units, and liblinear's fits in
@@ -14,7 +14,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
 from sklearn.preprocessing import StandardScaler
 
-from hvd_lm.transfer import classify as C
+from hvd_lm.transfer import fit as C
 
 
 def problem(n: int, d: int, seed: int, rank: int = 6, nnz: int = 6, snr: float = 2.5):

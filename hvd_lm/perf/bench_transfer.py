@@ -3,7 +3,7 @@ side by side in one run.
 
 For each problem (synthetic ``--sizes NxD``, and real LM features when ``--checkpoint`` and a
 dataset are given) each solver of ``--solvers`` (scikit-learn's liblinear and saga) runs the
-whole protocol of ``hvd-lm transfer`` (:func:`hvd_lm.transfer.classify.fit_logreg`: the C grid,
+whole protocol of ``hvd-lm transfer`` (:func:`hvd_lm.transfer.fit.fit_logreg`: the C grid,
 default 11 values 2^-8..2^2, by k-fold cross-validation on train, the folds' fits in
 ``--threads`` worker processes, then the refit). Each fit runs in its own process
 (``python -m hvd_lm.perf.bench_transfer --worker``) under ``--time-limit`` seconds, so a solver
@@ -36,7 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from hvd_lm.options import Command, option, to_argv
-from hvd_lm.transfer import classify, datasets
+from hvd_lm.transfer import datasets
+from hvd_lm.transfer import fit as classify
 from hvd_lm.transfer.features import DEFAULT_CACHE_DIR, FEATURE_KINDS, open_lm
 from hvd_lm.transfer.run import TransferConfig, featurize_splits, parse_c_grid
 from hvd_lm.util.atomic import write_text
@@ -145,7 +146,7 @@ class BenchTransferConfig(FitConfig):
 # ---- one fit (worker process) ------------------------------------------------------------------
 
 def worker(cfg: WorkerConfig) -> int:
-    """Run transfer's fit (:func:`hvd_lm.transfer.classify.fit_logreg`) on the problem file and
+    """Run transfer's fit (:func:`hvd_lm.transfer.fit.fit_logreg`) on the problem file and
     print one ``BENCH {json}`` line: seconds, the chosen C, its fold and validation accuracy,
     non-zero weights, convergence, and every C's mean fold accuracy."""
     with np.load(cfg.worker) as z:

@@ -1,6 +1,6 @@
 """Sentiment transfer from a trained LM: labelled datasets, LM features (+ cache), the classifier
 fit (scikit-learn solvers and the batched torch solver), the saved classifier, and the commands
-``hvd-lm transfer`` (:mod:`hvd_lm.transfer.run`), ``classify`` (:mod:`~hvd_lm.transfer.predict`),
+``hvd-lm transfer`` (:mod:`hvd_lm.transfer.run`), ``classify`` (:mod:`~hvd_lm.transfer.classify`),
 ``generate`` (:mod:`~hvd_lm.transfer.generate`) and ``visualize``
 (:mod:`~hvd_lm.transfer.visualize`).
 

@@ -1,344 +1,251 @@
-"""The classifier on LM features, the sentiment neuron, and the TF-IDF baseline.
+"""``hvd-lm classify CHECKPOINT CLASSIFIER``: a saved sentiment classifier applied to new texts
+(sentiment-discovery's ``run_classifier.py``).
 
-From Radford et al. 2017 as rebuilt by NVIDIA/sentiment-discovery (``logreg_utils.py``), with C
-chosen without looking at the split it is scored on:
-
-* :func:`fit_logreg`: L1 (or L2) logistic regression (scikit-learn's ``LogisticRegression``,
-  liblinear as the reference, or saga) on features standardised with the training split's mean
-  and standard deviation (``StandardScaler``, fit inside each fold; :class:`LinearClassifier`
-  keeps the full training split's, so a saved classifier applies them itself). C is chosen from
-  a log2 grid (the reference's 2^-8..2^0; ours 2^-8..2^2) by stratified k-fold cross-validation
-  on the training split (:func:`cross_validate`: ``GridSearchCV``, the folds' fits in parallel
-  worker processes), the model refit on the whole training split at that C; validation and test
-  accuracy are then measured once. (The reference, and this project before, scored every C on
-  validation and reported the best, an optimistic figure.)
-* :func:`sentiment_neuron`: the unit with the largest |weight| of that model, its accuracy alone
-  with a threshold fit on train (:func:`fit_threshold`), and a histogram of the unit's value by
-  class (:func:`plot_neuron_histogram`).
-* :func:`tfidf_baseline`: TF-IDF word 1-2-grams + char_wb 2-5-grams and an L2
-  ``LogisticRegression`` on the same splits, C chosen by the same cross-validation.
+1. The classifier written by ``hvd-lm transfer`` (:mod:`hvd_lm.transfer.saved`) is read and the
+   checkpoint is checked against the sha256 it records: another checkpoint is refused.
+2. Texts are read from CSV/TSV (a header row), JSON lines or plain lines (one text per non-blank
+   line), gzip-compressed or not, or standard input (:func:`hvd_lm.transfer.texts.iter_texts`);
+   a bad record stops the run naming the file, line and field, as in ``hvd-lm transfer``.
+3. The input is streamed: texts are read in blocks (:data:`BLOCK_TEXTS` texts or
+   :data:`BLOCK_CHARS` characters, whichever comes first), each block is featurized and its rows
+   written before the next is read, so memory does not grow with the input; a line longer than
+   ``--max-line-bytes`` (default 1 MiB) stops the run naming its line, so an endless stream
+   without a newline cannot grow it either.
+4. Features are computed exactly as the classifier's were (feature kind, max chars, whitespace
+   normalisation and precision from its JSON) by :func:`hvd_lm.transfer.features.featurize`:
+   batched (within a block), padding-invariant, on GPU or CPU, split over the ranks under
+   ``horovodrun``/``mpirun`` (launch ``python -m hvd_lm classify ...``; every rank reads the same
+   blocks) and gathered back in input order on rank 0.
+5. Rank 0 writes one row per text, in input order: ``line`` (where the record ends in the input),
+   ``probability`` (of the positive class), ``label`` (1 where the margin is > 0, i.e.
+   probability > 0.5), the input's label when ``--label-field`` is given, and the text (unless
+   ``--no-text``); as CSV/TSV/JSON lines by the output's suffix (``.gz`` compresses), or CSV on
+   standard output for ``-``. A file is written under a temporary name and renamed when complete
+   (an error leaves none); standard output gets each block's rows as they are ready. With labels
+   the accuracy is reported: on the split the classifier was validated on, it is transfer's
+   validation accuracy (same features, same weights).
 """
 
 from __future__ import annotations
 
-import inspect
-import os
+import contextlib
+import csv
+import gzip
+import io
+import json
+import sys
 import time
-import warnings
-from pathlib import Path
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Iterable, Iterator
 
-import matplotlib
-import numpy as np
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.feature_extraction.text import TfidfVectorizer
-from sklearn.linear_model import LogisticRegression
-from sklearn.model_selection import GridSearchCV, StratifiedKFold
-from sklearn.pipeline import FeatureUnion, Pipeline
-from sklearn.preprocessing import StandardScaler
-
-from hvd_lm.transfer.linear import LinearClassifier
+from hvd_lm import comm
+from hvd_lm.comm.world import world_size
+from hvd_lm.model import device as devices
+from hvd_lm.model.load import resolve_model, weights_sha256
+from hvd_lm.options import Command, option
+from hvd_lm.train.log import Progress
+from hvd_lm.transfer import texts as text_input
+from hvd_lm.transfer.features import featurize, open_lm
+from hvd_lm.transfer.saved import (
+    NPZ_NAME,
+    USAGE_ERRORS,
+    ClassifierError,
+    check_checkpoint,
+    load_classifier,
+)
 from hvd_lm.util.atomic import atomic_path
+from hvd_lm.util.files import check_output
+from hvd_lm.util.units import parse_bytes
 
-matplotlib.use("Agg")  # files only, never a window
-import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
-
-#: Default C grid for the L1 logistic regression on LM features: 2^-8..2^2 (reference: 2^-8..2^0).
-DEFAULT_C_GRID = tuple(float(c) for c in 2.0 ** np.arange(-8, 3))
-
-
-#: Default C grid for the L2 TF-IDF baseline: 2^-3..2^5.
-DEFAULT_BASELINE_C_GRID = tuple(float(c) for c in 2.0 ** np.arange(-3, 6))
+#: Texts featurized and written at a time (sorted by length into batches within the block).
+BLOCK_TEXTS = 4096
+#: Characters of text held at a time at most (a block ends when its texts reach this many).
+BLOCK_CHARS = 1 << 20
 
 
-#: ``--solver`` values: scikit-learn's ``LogisticRegression`` solvers (``auto``: liblinear, the
-#: reference's).
-SOLVERS = ("auto", "liblinear", "saga")
+@dataclass
+class ClassifyConfig:
+    """Settings of ``hvd-lm classify``."""
+
+    checkpoint: str = option("", "checkpoint file, run directory (its latest) or exported "
+                             "folder; must be the one the classifier was fit on",
+                             positional=True, required=True)
+    classifier: str = option("", "classifier: hvd-lm transfer's --out folder, its "
+                             "classifier.json or classifier.npz", positional=True, required=True)
+    input: str = option("-", "texts: CSV/TSV/JSON lines/plain lines (.gz ok), - = standard input")
+    output: str = option("-", "predictions: .csv, .tsv or .jsonl (.gz ok); - = CSV on standard "
+                         "output")
+    format: str = option("auto", "input format (auto: by suffix, else plain lines)",
+                         choices=text_input.TEXT_FORMATS)
+    text_field: str = option("text", "text column/key of CSV/TSV/JSON-lines input")
+    label_field: str = option("", "also read 0/1 labels from this column/key and report the "
+                              "accuracy")
+    keep_text: bool = option(True, "copy each text into the output (--no-text: don't)",
+                             switch=False, flag="--no-text")
+    max_line_bytes: int = option(text_input.DEFAULT_MAX_LINE_BYTES, "longest input line, bytes "
+                                 "(e.g. 4M); a longer one stops the run naming it, so an endless "
+                                 "line cannot fill memory", parse=parse_bytes, ge=1)
+    batch_size: int = option(64, "texts per batch per rank", ge=1)
+    time_chunk: int = option(256, "steps per model call", ge=1)
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    precision: str = option("", "autocast precision (default: the classifier's features')",
+                            choices=("",) + devices.PRECISIONS)
+    threads: int = option(0, "torch CPU threads (0 = the usable cores; a warning when more are "
+                          "asked for)", ge=0)
+    backend: str = option("horovod", comm.BACKEND_HELP, choices=comm.BACKENDS)
+    progress: bool = option(True, "progress on stderr: a bar on a terminal, a line every 10 s "
+                            "in a log (--no-progress: none)", switch=False, flag="--no-progress")
 
 
-#: Folds of the cross-validation that chooses C (``--cv-folds``).
-DEFAULT_FOLDS = 5
+def _output_kind(path: str) -> str:
+    name = path.lower()[:-3] if path.lower().endswith(".gz") else path.lower()
+    if name.endswith((".jsonl", ".json", ".ndjson")):
+        return "jsonl"
+    return "tsv" if name.endswith(".tsv") else "csv"
 
 
-#: Problems of at most this many values (N x D) are cross-validated in this process, one fit
-#: after another: starting worker processes costs more than such fits.
-IN_PROCESS_FIT = 1000 * 256
+def format_predictions(rows: list[dict], kind: str, header: bool = True) -> str:
+    """``rows`` (dicts with the same keys, in order) as CSV/TSV (with a header row when
+    ``header``), or as JSON lines."""
+    if kind == "jsonl":
+        return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), delimiter="\t" if kind == "tsv"
+                            else ",", lineterminator="\n")
+    if header:
+        writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
 
 
-def _sk_penalty(penalty: str) -> dict:
-    """``LogisticRegression`` keyword for the penalty: scikit-learn >= 1.8 deprecates
-    ``penalty`` for ``l1_ratio`` (1 = l1, 0 = l2); older versions only know ``penalty``."""
-    if inspect.signature(LogisticRegression).parameters["penalty"].default == "deprecated":
-        return {"l1_ratio": 1.0 if penalty == "l1" else 0.0}
-    return {"penalty": penalty}
-
-
-def logistic_regression(penalty: str = "l1", solver: str = "auto", max_iter: int = 0,
-                        tol: float = 0.0, seed: int = 42) -> LogisticRegression:
-    """scikit-learn's ``LogisticRegression`` as transfer fits it (C set by the search).
-
-    Args:
-        penalty: ``l1`` or ``l2``.
-        solver: one of :data:`SOLVERS` (``auto``: liblinear).
-        max_iter / tol: scikit-learn's (0: its defaults, 1000 and 1e-4).
-        seed: ``random_state``.
-
-    Raises:
-        ValueError: unknown penalty or solver.
-    """
-    if penalty not in ("l1", "l2"):
-        raise ValueError(f"penalty must be 'l1' or 'l2', got {penalty!r}")
-    if solver not in SOLVERS:
-        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
-    return LogisticRegression(solver="liblinear" if solver == "auto" else solver,
-                              max_iter=max_iter or 1000, tol=tol or 1e-4, random_state=seed,
-                              **_sk_penalty(penalty))
-
-
-def cv_folds(y: np.ndarray, folds: int) -> int:
-    """The folds a stratified k-fold split of labels ``y`` can have: ``folds``, or fewer when a
-    class has fewer examples (at least 2).
-
-    Raises:
-        ValueError: a class with fewer than 2 examples (naming the count).
-    """
-    counts = np.bincount(np.asarray(y, dtype=np.int64), minlength=2)
-    if counts.min() < 2:
-        raise ValueError(f"cross-validation needs at least 2 examples of each label in the "
-                         f"training split, got {counts[0]} negative and {counts[1]} positive")
-    return int(min(folds, counts.min()))
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask; ``os.cpu_count()`` where there is
-    none)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def cross_validate(estimator, X, y, grid: Sequence[float], folds: int = DEFAULT_FOLDS,
-                   seed: int = 42, jobs: int = 0, param: str = "C") -> GridSearchCV:
-    """C (``param``) chosen by stratified k-fold cross-validation accuracy on (X, y), refit on
-    all of it: scikit-learn's ``GridSearchCV`` over ``grid`` in ascending order (ties: the
-    smallest C, the sparsest model), ``StratifiedKFold(shuffle=True, random_state=seed)``.
-
-    Args:
-        estimator: the scikit-learn estimator (or pipeline) whose ``param`` is searched.
-        X: [N, D] features (dense or sparse); y: int [N] labels 0/1.
-        folds: k (fewer when a class has fewer examples: :func:`cv_folds`).
-        jobs: fits at once, in worker processes (joblib's loky: liblinear draws from C's
-            process-wide ``rand()``, so fits in threads of one process would interleave their
-            draws); 0: one per usable core. Problems of at most :data:`IN_PROCESS_FIT` values
-            (stored values when sparse) are fit one after another in this process whatever
-            ``jobs`` says: starting workers costs more than such fits.
-
-    Returns:
-        the fitted ``GridSearchCV`` (``best_params_``, ``best_estimator_``, ``cv_results_``).
-    Raises:
-        ValueError: as :func:`cv_folds`.
-    """
-    k = cv_folds(y, folds)
-    size = X.nnz if hasattr(X, "nnz") else X.shape[0] * X.shape[1]  # sparse: its values
-    jobs = 1 if size <= IN_PROCESS_FIT else (jobs or usable_cores())
-    search = GridSearchCV(estimator, {param: sorted(float(c) for c in grid)},
-                          scoring="accuracy", n_jobs=jobs, refit=True, error_score="raise",
-                          cv=StratifiedKFold(n_splits=k, shuffle=True, random_state=seed))
-    with warnings.catch_warnings():  # the refit's convergence is reported from its n_iter_
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        search.fit(X, y)
-    return search
-
-
-def _cv_report(search: GridSearchCV, param: str = "C") -> dict:
-    """The search's per-C mean and standard deviation of fold accuracy, and the folds."""
-    res = search.cv_results_
-    Cs = [float(c) for c in res[f"param_{param}"]]
-    return {"folds": search.n_splits_, "scoring": "accuracy",
-            "mean": {f"{c:g}": float(m) for c, m in zip(Cs, res["mean_test_score"])},
-            "std": {f"{c:g}": float(s) for c, s in zip(Cs, res["std_test_score"])}}
-
-
-def fit_logreg(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray | None = None,
-               yva: np.ndarray | None = None, Xte: np.ndarray | None = None,
-               yte: np.ndarray | None = None, penalty: str = "l1",
-               grid: Sequence[float] = DEFAULT_C_GRID, seed: int = 42, max_iter: int = 0,
-               standardize: bool = True, solver: str = "auto", tol: float = 0.0,
-               folds: int = DEFAULT_FOLDS, jobs: int = 0) -> dict:
-    """Logistic regression on LM features with C chosen by k-fold cross-validation on the
-    training split (:func:`cross_validate`), refit on all of it; validation and test accuracy
-    measured once (Radford et al. 2017; sentiment-discovery ``logreg_utils.train_logreg``
-    chose C on validation instead).
-
-    Args:
-        X*: float [N, H] features; y*: int [N] labels 0/1 (val and test optional).
-        penalty: ``l1`` (sparse, the reference) or ``l2``.
-        standardize: z-score with train statistics, inside each fold (False: raw features, as
-            the reference).
-        solver / max_iter / tol / seed: :func:`logistic_regression`.
-        folds / jobs: :func:`cross_validate`.
-    Returns:
-        dict: ``model`` (:class:`LinearClassifier` at the chosen C), ``coef`` float64 [H] (its
-        weights, in standardised units when standardised), ``C``, ``cv`` (folds, per-C mean and
-        std of fold accuracy), ``grid`` {C: mean fold accuracy}, ``accuracy`` {train, cv, val,
-        test} (None where absent), ``nonzero`` (non-zero weights), ``converged`` (the refit),
-        ``n_iter``, ``solver``, ``device`` ("cpu"), ``fit_seconds`` (the search) and
-        ``seconds`` (with the scoring).
-    Raises:
-        ValueError: unknown penalty or solver; a label with fewer than 2 training examples.
-    """
-    t0 = time.perf_counter()
-    lr = logistic_regression(penalty, solver, max_iter, tol, seed)
-    pipe = Pipeline([("scale", StandardScaler() if standardize else "passthrough"), ("lr", lr)])
-    X = np.asarray(Xtr, dtype=np.float64)
-    search = cross_validate(pipe, X, ytr, grid, folds, seed, jobs, param="lr__C")
-    fit_s = time.perf_counter() - t0
-    best = search.best_estimator_
-    fitted = best.named_steps["lr"]
-    d = X.shape[1]
-    scaler = best.named_steps["scale"]
-    mean, scale = ((scaler.mean_, scaler.scale_) if standardize else (np.zeros(d), np.ones(d)))
-    model = LinearClassifier(fitted.coef_.ravel().astype(np.float64),
-                             float(fitted.intercept_[0]), np.asarray(mean, np.float64),
-                             np.asarray(scale, np.float64))
-    cv = _cv_report(search, "lr__C")
-    n_iter = int(np.max(fitted.n_iter_))
-    return {"model": model, "coef": model.coef, "C": float(search.best_params_["lr__C"]),
-            "cv": cv, "grid": cv["mean"],
-            "accuracy": {"train": model.accuracy(Xtr, ytr), "cv": float(search.best_score_),
-                         "val": model.accuracy(Xva, yva), "test": model.accuracy(Xte, yte)},
-            "nonzero": int(np.count_nonzero(model.coef)), "converged": n_iter < lr.max_iter,
-            "n_iter": n_iter, "solver": lr.solver, "device": "cpu", "fit_seconds": fit_s,
-            "seconds": time.perf_counter() - t0}
-
-
-def fit_threshold(x: np.ndarray, y: np.ndarray) -> tuple[float, int, float]:
-    """Best single split of a 1-D feature for binary labels: the threshold and sign that maximise
-    accuracy of ``predict = 1 if sign * (x - threshold) > 0 else 0`` on (x, y).
-
-    Exhaustive over the midpoints between consecutive distinct values (and beyond both ends), for
-    both signs, in O(N log N). (A decision stump from scikit-learn would split by Gini impurity,
-    not accuracy.)
-
-    Returns:
-        (threshold, sign in {+1, -1}, accuracy on (x, y)).
-    Raises:
-        ValueError: empty input or length mismatch.
-    """
-    x = np.asarray(x, dtype=np.float64).ravel()
-    y = np.asarray(y).ravel().astype(np.int64)
-    if len(x) == 0 or len(x) != len(y):
-        raise ValueError(f"fit_threshold needs equal, non-empty x and y ({len(x)}, {len(y)})")
-    order = np.argsort(x, kind="stable")
-    xs, ys = x[order], y[order]
-    n, pos = len(xs), int(ys.sum())
-    cum = np.concatenate([[0], np.cumsum(ys)])
-    k = np.arange(n + 1)
-    correct_plus = (k - cum[k]) + (pos - cum[k])  # left k -> 0, right -> 1
-    valid = np.ones(n + 1, bool)
-    valid[1:n] = xs[1:] > xs[:-1]
-    cand = np.where(valid, np.maximum(correct_plus, n - correct_plus), -1)
-    kb = int(np.argmax(cand))
-    sign = 1 if correct_plus[kb] >= n - correct_plus[kb] else -1
-    if kb == 0:
-        thr = xs[0] - 1.0
-    elif kb == n:
-        thr = xs[-1] + 1.0
-    else:
-        thr = (xs[kb - 1] + xs[kb]) / 2
-    return float(thr), sign, float(cand[kb] / n)
-
-
-def threshold_accuracy(x: np.ndarray, y: np.ndarray, threshold: float, sign: int) -> float:
-    """Accuracy of ``1 if sign * (x - threshold) > 0`` against y."""
-    pred = (sign * (np.asarray(x, np.float64) - threshold) > 0).astype(np.int64)
-    return float((pred == np.asarray(y)).mean())
-
-
-def sentiment_neuron(coef: np.ndarray, splits: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict:
-    """The "sentiment neuron" (Radford et al. 2017): the unit with the largest |weight| of the
-    L1 model, and its accuracy alone with a threshold fit on train (:func:`fit_threshold`).
-
-    Args:
-        coef: float [H] logistic-regression weights.
-        splits: name -> (features [N, H], labels [N]); must contain ``train``.
-    Returns:
-        dict: ``index``, ``weight``, ``threshold``, ``sign``, ``accuracy`` {split: acc}; when every
-        weight is 0 (a too-small C won) there is no such unit and ``index`` etc. are None.
-    """
-    if not np.any(coef):
-        return {"index": None, "weight": None, "threshold": None, "sign": None, "accuracy": {}}
-    i = int(np.argmax(np.abs(coef)))
-    xtr, ytr = splits["train"]
-    thr, sign, _ = fit_threshold(xtr[:, i], ytr)
-    acc = {name: threshold_accuracy(X[:, i], y, thr, sign) for name, (X, y) in splits.items()}
-    return {"index": i, "weight": float(coef[i]), "threshold": thr, "sign": sign, "accuracy": acc}
-
-
-def plot_neuron_histogram(values: np.ndarray, labels: np.ndarray, index: int, threshold: float,
-                          path: str | Path, title: str = "") -> Path:
-    """PNG histogram of one unit's value per class (matplotlib, Agg backend), with the threshold
-    as a vertical line; written atomically. Returns ``path``."""
-    path = Path(path)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    bins = np.histogram_bin_edges(values, bins=50)
-    for cls, name, color in ((0, "negative", "tab:red"), (1, "positive", "tab:blue")):
-        ax.hist(values[labels == cls], bins=bins, alpha=0.55, color=color,
-                label=f"{name} (n={int((labels == cls).sum())})")
-    ax.axvline(threshold, color="k", ls="--", lw=1, label=f"threshold {threshold:.3g}")
-    ax.set_xlabel(f"unit {index} value")
-    ax.set_ylabel("texts")
-    ax.set_title(title or f"Sentiment unit {index} by class")
-    ax.legend()
-    fig.tight_layout()
+@contextlib.contextmanager
+def open_predictions(path: str) -> Iterator:
+    """A text file to write predictions to as they come: standard output for ``-``, else a
+    temporary file renamed to ``path`` when the block exits cleanly (removed on an error;
+    gzip-compressed for ``.gz``)."""
+    if path == "-":
+        yield sys.stdout
+        sys.stdout.flush()
+        return
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
-    return path
+        opener = gzip.open if path.lower().endswith(".gz") else open
+        with opener(tmp, "wt", encoding="utf-8", newline="") as f:
+            yield f
 
 
-def tfidf_baseline(train, val=None, test=None, grid: Sequence[float] = DEFAULT_BASELINE_C_GRID,
-                   seed: int = 42, max_features: int = 300_000, folds: int = DEFAULT_FOLDS,
-                   jobs: int = 0) -> dict:
-    """TF-IDF n-gram baseline: word 1-2-grams + char_wb 2-5-grams (sublinear tf, each capped at
-    ``max_features``, min_df 2 when train has >= 100 texts) in a ``FeatureUnion`` fit on the
-    training texts (no labels), then an L2 ``LogisticRegression`` (liblinear) with C chosen by
-    the same k-fold cross-validation on train as :func:`fit_logreg` (:func:`cross_validate`),
-    validation and test accuracy measured once.
+def blocks(records: Iterable[tuple], max_texts: int = BLOCK_TEXTS,
+           max_chars: int = BLOCK_CHARS) -> Iterator[list[tuple]]:
+    """``records`` in lists of at most ``max_texts`` records, each list ending once its texts
+    (the records' second item) reach ``max_chars`` characters; read lazily."""
+    block, chars = [], 0
+    for r in records:
+        block.append(r)
+        chars += len(r[1])
+        if len(block) >= max_texts or chars >= max_chars:
+            yield block
+            block, chars = [], 0
+    if block:
+        yield block
 
-    Args:
-        train/val/test: :class:`hvd_lm.transfer.datasets.LabelledSplit` (val, test optional).
-    Returns:
-        dict like :func:`fit_logreg` (without ``model``/``coef``) plus ``features`` (count).
+
+def classify(cfg: ClassifyConfig) -> dict | None:
+    """Run ``hvd-lm classify`` (see the module docstring); returns the summary on rank 0 and
+    None on the other ranks.
+
     Raises:
-        ValueError: as :func:`cross_validate`.
+        ClassifierError: bad classifier files, or a checkpoint other than the classifier's.
+        DatasetError: bad input (file, line and field named), a line over
+            ``--max-line-bytes``, or no texts.
+        FileNotFoundError: no checkpoint. ValueError: bad option.
     """
-    t0 = time.perf_counter()
-    min_df = 2 if len(train) >= 100 else 1
-    union = FeatureUnion([
-        ("word", TfidfVectorizer(analyzer="word", ngram_range=(1, 2), sublinear_tf=True,
-                                 min_df=min_df, max_features=max_features, dtype=np.float32)),
-        ("char", TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True,
-                                 min_df=min_df, max_features=max_features, dtype=np.float32)),
-    ])
-    Xtr = union.fit_transform(train.texts)
-    search = cross_validate(logistic_regression("l2", "liblinear", seed=seed), Xtr, train.labels,
-                            grid, folds, seed, jobs)
-    model = search.best_estimator_
-    cv = _cv_report(search)
+    if cfg.input == "-" and world_size() > 1:
+        raise ValueError("--input - (standard input) reaches rank 0 only: give a file when "
+                         "launching several ranks")
+    saved = load_classifier(cfg.classifier)
+    if cfg.output != "-":  # before any work: never replace what this run reads
+        reads = [cfg.input, saved.path, saved.path.with_name(NPZ_NAME)]
+        try:
+            reads.append(resolve_model(cfg.checkpoint))
+        except (OSError, ValueError):
+            pass  # open_lm names what is missing
+        check_output(cfg.output, "--output", *reads)
+    feat = saved.features
+    stream = text_input.iter_texts(cfg.input, cfg.format, cfg.text_field,
+                                   cfg.label_field or None, cfg.max_line_bytes,
+                                   "--max-line-bytes")
+    lm = open_lm(cfg.checkpoint, cfg.device, cfg.precision or feat["precision"], cfg.threads,
+                 command="classify", backend=cfg.backend)
+    is_root = lm.ctx is None or lm.ctx.rank == 0
+    digest = weights_sha256(lm.model) if is_root else None  # what the classifier is bound to
+    if lm.ctx is not None:
+        digest = comm.broadcast_object(digest, name="classify_weights_sha256")  # Horovod
+    check_checkpoint(saved, lm.path, weights=digest)
+    if lm.model.config.hidden_size != len(saved.model.coef):
+        raise ClassifierError(f"{saved.path}: {len(saved.model.coef)} inputs, but the model has "
+                              f"H={lm.model.config.hidden_size}")
+    kind = _output_kind(cfg.output)
+    n = positive = correct = chars = truncated = 0
+    seconds = 0.0
+    bar = Progress("hvd-lm classify", None, "char", enabled=is_root and cfg.progress)
+    with open_predictions(cfg.output) if is_root else contextlib.nullcontext() as out:
+        for block in blocks(stream.records):
+            res = featurize(lm.model, [t for _, t, _ in block], feat["kind"], feat["max_chars"],
+                            cfg.batch_size, lm.device, lm.ctx, progress=False, desc="classify",
+                            time_chunk=cfg.time_chunk, precision=cfg.precision or
+                            feat["precision"], normalize=feat["normalize"])
+            chars, seconds, truncated = (chars + res.chars, seconds + res.seconds,
+                                         truncated + res.truncated)
+            bar.update(res.chars)
+            if not is_root:
+                continue
+            prob = saved.model.predict_proba(res.features)
+            pred = saved.model.predict(res.features)
+            rows = []
+            for (line, text, label), p, y in zip(block, prob, pred):
+                row = {"line": line, "probability": round(float(p), 6), "label": int(y)}
+                if label is not None:
+                    row["true_label"] = label
+                    correct += int(y) == label
+                if cfg.keep_text:
+                    row["text"] = text
+                rows.append(row)
+            out.write(format_predictions(rows, kind, header=n == 0))
+            n += len(rows)
+            positive += int(pred.sum())
+        bar.close()
+        if is_root and n == 0:
+            raise text_input.DatasetError(f"{stream.name}: no texts")
+    if not is_root:
+        return None
+    return {"n": n, "positive": positive,
+            "accuracy": correct / n if cfg.label_field else None,
+            "chars": chars, "seconds": seconds,
+            "chars_per_s": chars / seconds if seconds > 0 else float("nan"),
+            "truncated": truncated, "world_size": lm.ctx.size if lm.ctx else 1,
+            "device": str(lm.device), "input": stream.source, "output": cfg.output,
+            "classifier": str(saved.path), "time": time.time()}
 
-    def accuracy(split):
-        if split is None:
-            return None
-        return float((model.predict(union.transform(split.texts)) == split.labels).mean())
 
-    return {"method": "TF-IDF word 1-2 + char_wb 2-5, L2 logistic regression",
-            "features": int(Xtr.shape[1]), "C": float(search.best_params_["C"]), "cv": cv,
-            "grid": cv["mean"],
-            "accuracy": {"train": float((model.predict(Xtr) == train.labels).mean()),
-                         "cv": float(search.best_score_), "val": accuracy(val),
-                         "test": accuracy(test)},
-            "nonzero": int(np.count_nonzero(model.coef_)),
-            "converged": int(np.max(model.n_iter_)) < model.max_iter,
-            "seconds": time.perf_counter() - t0}
+def classify_command(cfg: ClassifyConfig) -> int:
+    """``hvd-lm classify``: run and print one summary line (on standard error when the
+    predictions go to standard output)."""
+    s = classify(cfg)
+    if s is not None:
+        acc = f", accuracy {100 * s['accuracy']:.2f}% against --label-field" \
+            if s["accuracy"] is not None else ""
+        cut = f", {s['truncated']:,} texts cut to max chars" if s["truncated"] else ""
+        where = "standard output" if s["output"] == "-" else s["output"]
+        print(f"classified {s['n']:,} texts: {s['positive']:,} positive "
+              f"({100 * s['positive'] / s['n']:.1f}%){acc}; {s['chars']:,} chars at "
+              f"{s['chars_per_s']:,.0f} chars/s on {s['world_size']} rank(s), {s['device']}{cut}; "
+              f"wrote {where}", file=sys.stderr if s["output"] == "-" else sys.stdout)
+    return 0
+
+
+CLASSIFY = Command(
+    ClassifyConfig, classify_command,
+    usage_errors=USAGE_ERRORS,
+    description="Apply a classifier saved by hvd-lm transfer to new texts: probability and "
+    "label per text as CSV/TSV/JSON lines (NVIDIA/sentiment-discovery run_classifier.py). The "
+    "checkpoint must be the one the classifier was fit on (sha256).")
+

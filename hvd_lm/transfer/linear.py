@@ -1,5 +1,5 @@
 """The linear classifier a transfer fit yields, on standardised features: what
-:func:`hvd_lm.transfer.classify.fit_logreg` returns and :mod:`hvd_lm.transfer.saved` writes and
+:func:`hvd_lm.transfer.fit.fit_logreg` returns and :mod:`hvd_lm.transfer.saved` writes and
 reads back. numpy only, so the commands that apply a saved classifier (``classify``, ``generate``,
 ``visualize``) start without scikit-learn."""
 

@@ -6,14 +6,14 @@ rebuilt by NVIDIA/sentiment-discovery (``transfer.py`` + ``logreg_utils.py``):
 1. **Featurize** (:func:`hvd_lm.transfer.features.featurize`): the LM's final cell state (or
    final hidden state, or mean / max over time of h_t) of each text, batched, padding-invariant,
    split over ranks under ``horovodrun``/``mpirun``, cached.
-2. **Classify** (:func:`hvd_lm.transfer.classify.fit_logreg`): L1 logistic regression on
+2. **Classify** (:func:`hvd_lm.transfer.fit.fit_logreg`): L1 logistic regression on
    standardised features (scikit-learn), C chosen by stratified k-fold cross-validation on the
    training split and the model refit on all of it; validation and test accuracy are measured
    once, on splits no choice looked at. The classifier is saved (:mod:`hvd_lm.transfer.saved`)
    for ``hvd-lm classify`` / ``visualize`` / ``generate``.
-3. **Sentiment neuron** (:func:`hvd_lm.transfer.classify.sentiment_neuron`): the largest-|weight|
+3. **Sentiment neuron** (:func:`hvd_lm.transfer.fit.sentiment_neuron`): the largest-|weight|
    unit alone, with a histogram by class.
-4. **Baseline** (:func:`hvd_lm.transfer.classify.tfidf_baseline`): TF-IDF n-grams + L2 logistic
+4. **Baseline** (:func:`hvd_lm.transfer.fit.tfidf_baseline`): TF-IDF n-grams + L2 logistic
    regression on the same splits, C chosen by the same cross-validation.
 
 Settings: :class:`TransferConfig` (flags, or the ``transfer:`` section of a YAML file).
@@ -39,16 +39,6 @@ from hvd_lm.model.config import KERNELS
 from hvd_lm.model.load import weights_sha256
 from hvd_lm.options import Command, option
 from hvd_lm.transfer import datasets
-from hvd_lm.transfer.classify import (
-    DEFAULT_BASELINE_C_GRID,
-    DEFAULT_C_GRID,
-    DEFAULT_FOLDS,
-    SOLVERS,
-    fit_logreg,
-    plot_neuron_histogram,
-    sentiment_neuron,
-    tfidf_baseline,
-)
 from hvd_lm.transfer.features import (
     DEFAULT_CACHE_DIR,
     DEFAULT_MAX_CHARS,
@@ -59,6 +49,16 @@ from hvd_lm.transfer.features import (
     featurize,
     open_lm,
     texts_sha256,
+)
+from hvd_lm.transfer.fit import (
+    DEFAULT_BASELINE_C_GRID,
+    DEFAULT_C_GRID,
+    DEFAULT_FOLDS,
+    SOLVERS,
+    fit_logreg,
+    plot_neuron_histogram,
+    sentiment_neuron,
+    tfidf_baseline,
 )
 from hvd_lm.transfer.saved import JSON_NAME, NPZ_NAME, save_classifier
 from hvd_lm.util.atomic import write_text
