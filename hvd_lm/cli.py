@@ -48,9 +48,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": ("hvd_lm.jobs.doctor", "DOCTOR", "preflight of a multi-node launch: ssh both ways, "
                "same Python/hvd_lm, the shared network interface (and the flags to use), "
                "ports, shards, GPUs per host"),
-    "scaling-report": ("hvd_lm.perf.scaling_report", "SCALING_REPORT",
+    "scaling-report": ("tools.scaling.scaling_report", "SCALING_REPORT",
                        "s/iter, speedup and efficiency vs GPUs from a sweep's metrics.jsonl"),
-    "scaling-model": ("hvd_lm.perf.scaling_study", "SCALING_MODEL", "alpha-beta model of "
+    "scaling-model": ("tools.scaling.scaling_study", "SCALING_MODEL", "alpha-beta model of "
                       "s/iter, speedup and efficiency on 1-128 GPUs; validation against the "
                       "reference"),
     "download": ("hvd_lm.jobs.download", "DOWNLOAD",
@@ -74,7 +74,7 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
                 "measure prepare's MB/s against the raw read rate"),
     "elastic": ("hvd_lm.perf.bench_elastic", "BENCH_ELASTIC", "elastic training: the cost of a "
                 "commit and of losing a worker, on this machine"),
-    "multinode": ("hvd_lm.perf.bench_multinode", "BENCH_MULTINODE", "across hosts: allreduce "
+    "multinode": ("tools.scaling.bench_multinode", "BENCH_MULTINODE", "across hosts: allreduce "
                   "alpha-beta fit per node count and the scaling model's predicted training "
                   "step vs the measured one"),
     "checkpoint": ("hvd_lm.perf.bench_checkpoint", "BENCH_CHECKPOINT", "the step time around "

@@ -330,9 +330,9 @@ def engines() -> dict[str, str]:
 
 @functools.cache
 def calibration():
-    from hvd_lm.perf import scaling_study as ss
-    from hvd_lm.perf.calibration import calibrate_from_bench
     from hvd_lm.perf.results import load_bench_json
+    from tools.scaling import scaling_study as ss
+    from tools.scaling.calibration import calibrate_from_bench
     return calibrate_from_bench(load_bench_json(ss.SHIPPED_CALIBRATION))
 
 
@@ -354,8 +354,8 @@ def shipped_calibration() -> dict[str, str]:
 
 @figures("docs/results/allreduce_loaded.json")
 def loaded_calibration() -> dict[str, str]:
-    from hvd_lm.perf.calibration import calibrate_from_bench
     from hvd_lm.perf.results import load_bench_json
+    from tools.scaling.calibration import calibrate_from_bench
     return calibration_figures(
         "loaded_calibration",
         calibrate_from_bench(load_bench_json(RESULTS / "allreduce_loaded.json")))
@@ -363,7 +363,7 @@ def loaded_calibration() -> dict[str, str]:
 
 @figures("hvd-lm scaling-model validate/recommend with docs/results/allreduce_calibration.json")
 def scaling_model() -> dict[str, str]:
-    from hvd_lm.perf import scaling_study as ss
+    from tools.scaling import scaling_study as ss
     v = ss.validate(calibration())["summary"]
     worst = max(v["4096-d w/o IB"]["model_max_abs_error"],
                 v["8192-d w/ IB"]["model_max_abs_error"])
@@ -384,7 +384,7 @@ def scaling_model() -> dict[str, str]:
 
 @figures("hvd-lm scaling-model onebit with docs/results/allreduce_calibration.json")
 def onebit_scaling() -> dict[str, str]:
-    from hvd_lm.perf import scaling_study as ss
+    from tools.scaling import scaling_study as ss
     at = {(x["column"], x["gpus"]): x for x in ss.onebit_study(calibration())["rows"]}
     g, ib = at[("10 GbE", 128)], at[("IB as published", 128)]
     return {
@@ -409,7 +409,7 @@ def multinode() -> dict[str, str]:
     window's share, the previous model's ratios on the same measurements, each round's ratios,
     the 8 MiB allreduce's range, and the 3-host step against its parts measured apart."""
     from hvd_lm.model.lm import mlstm_parameters
-    from hvd_lm.perf.bench_multinode import predict_step
+    from tools.scaling.bench_multinode import predict_step
 
     assert len(list(RESULTS.glob("bench_multinode_*.json"))) == 2, "two shaped link speeds"
     run = {lb: load(f"bench_multinode_{lb}.json") for lb in ("1gbit", "200mbit")}

@@ -24,7 +24,7 @@ def module_name(path: Path) -> str:
 
 def project_modules() -> dict[str, Path]:
     mods = {}
-    for pkg in ("hvd_lm", "data_prep"):
+    for pkg in ("hvd_lm", "data_prep", "tools"):
         for path in sorted((REPO / pkg).rglob("*.py")):
             mods[module_name(path)] = path
     return mods
@@ -112,6 +112,14 @@ def test_data_prep_builds_on_the_ground_floors_and_the_launcher_only():
             dp = {d for d in deps if d.startswith("data_prep")}
             assert not dp or m in ("hvd_lm.cli", "hvd_lm.jobs.demo", "hvd_lm.transfer.datasets"), \
                 f"{m} imports {dp}"
+
+
+def test_tools_stand_beside_the_library():
+    """tools/ (the scaling study) builds on hvd_lm; neither hvd_lm nor data_prep imports it
+    (the CLI's table names a command's module as a string and loads only the one that runs)."""
+    up = {m: sorted(d for d in deps if d.split(".")[0] == "tools")
+          for m, deps in project_graph().items() if not m.startswith("tools")}
+    assert not any(up.values()), {m: d for m, d in up.items() if d}
 
 
 @pytest.mark.parametrize("library,owners", [

@@ -76,7 +76,7 @@ def test_derived_fields_ratios_and_json_roundtrip(tmp_path, capsys):
     print_report(loaded)
     out = capsys.readouterr().out
     assert "time / raw MPI" in out and "synthetic200x64k" in out
-    from hvd_lm.perf.calibration import calibrate_from_bench
+    from tools.scaling.calibration import calibrate_from_bench
 
     cal = calibrate_from_bench(loaded)  # no sizes >= 16 MiB here: ratio of fitted slopes
     assert cal.bandwidth_factor == pytest.approx(4 / 3, rel=1e-6)

@@ -17,11 +17,11 @@ import pytest
 
 from hvd_lm.cli import main
 from hvd_lm.jobs import job_scripts as L
-from hvd_lm.perf import scaling_report as S
 from hvd_lm.train.schedule import scaled_lr
 from tests import conftest
 from tests._mp import REPO, launch_env, run
 from tests.slurm_cluster import Unavailable, ensure_tools
+from tools.scaling import scaling_report as S
 
 LAUNCH = REPO / "launch"
 TEMPLATES = sorted(LAUNCH.glob("*.sh")) + [LAUNCH / "slurm.sbatch", LAUNCH / "pbs.qsub"]

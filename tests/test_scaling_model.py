@@ -8,11 +8,11 @@ import pytest
 
 from hvd_lm.cli import main
 from hvd_lm.model.lm import mlstm_parameters
-from hvd_lm.perf import calibration as cal_mod
-from hvd_lm.perf import scaling_model as sm
-from hvd_lm.perf import scaling_study as ss
 from hvd_lm.perf.results import fit_alpha_beta
-from hvd_lm.perf.scaling_model import Link, ScalingConfig
+from tools.scaling import calibration as cal_mod
+from tools.scaling import scaling_model as sm
+from tools.scaling import scaling_study as ss
+from tools.scaling.scaling_model import Link, ScalingConfig
 
 MB = 1e6
 

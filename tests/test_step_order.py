@@ -293,7 +293,7 @@ def test_bench_train_times_one_step_per_timed_step(monkeypatch, capsys):
 def test_bench_multinode_times_one_step_per_step(monkeypatch):
     """bench multinode's step parts: one train_step per step, each with the clock that times
     its parts."""
-    from hvd_lm.perf.bench_multinode import MultinodeConfig, measure_backward_window
+    from tools.scaling.bench_multinode import MultinodeConfig, measure_backward_window
 
     counted = Counted()
     monkeypatch.setattr(step_mod, "train_step", counted)  # bench_multinode imports it late

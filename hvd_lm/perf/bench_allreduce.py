@@ -43,9 +43,9 @@ fp16 compression (which puts S/2 on the wire). Then, per size, the ratio of each
 configuration's time to raw MPI's, and a least-squares alpha-beta fit per configuration
 (Hockney's model; for the ring algorithm t = 2(n-1) alpha + 2(n-1)/n S/beta, Thakur et al. 2005,
 "Optimization of collective communication operations in MPICH"). ``--json FILE`` saves it all;
-:func:`hvd_lm.perf.calibration.calibrate_from_bench` reads Horovod's overhead over raw MPI from it;
-:mod:`hvd_lm.perf.results` owns the records, the JSON file and the fit. Workers (one per rank):
-:mod:`hvd_lm.perf.allreduce_worker`.
+:func:`tools.scaling.calibration.calibrate_from_bench` reads Horovod's overhead over raw MPI
+from it; :mod:`hvd_lm.perf.results` owns the records, the JSON file and the fit. Workers (one
+per rank): :mod:`hvd_lm.perf.allreduce_worker`.
 """
 
 from __future__ import annotations

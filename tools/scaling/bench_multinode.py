@@ -24,7 +24,7 @@ every figure alike:
    ``step_time`` of the ``train`` records, the first ``--skip`` dropped as warm-up).
 
 and predicts 3. from 1. and 2. with the scaling model (:func:`predict_step`:
-:func:`hvd_lm.perf.scaling_model.step_time` with both links set to the measured one, one rank per
+:func:`tools.scaling.scaling_model.step_time` with both links set to the measured one, one rank per
 node, Horovod's default fusion), plus the training loop's own small allreduces (control flags
 every ``--control-every`` steps, the metrics' sum and per-step maximum every ``--log-every``).
 The link is Hockney's two parameters, alpha measured where it is defined: the time of a
@@ -38,7 +38,7 @@ allreduce of S bytes then costs ``t(32 B) + b S`` and each of the loop's small a
 hides behind the backward pass is measured too (:func:`measure_backward_window`: the share of the
 step after those gradients are ready, one process, the same model, batch and optimizer); for this
 small model the optimizer's step and the forward pass are most of the step, so the window is
-about 40% of it, not the 2/3 that :class:`~hvd_lm.perf.scaling_model.ScalingConfig` assumes for
+about 40% of it, not the 2/3 that :class:`~tools.scaling.scaling_model.ScalingConfig` assumes for
 a large one. The report prints per n: alpha, beta, compute, predicted communication, predicted and
 measured s/step and their ratio (predicted / measured). ``--json FILE`` keeps everything (the
 allreduce records too).
@@ -67,9 +67,9 @@ from hvd_lm.model.lm import mlstm_parameters
 from hvd_lm.options import Command, option
 from hvd_lm.perf.bench_allreduce import AllreduceConfig, run_allreduce_bench
 from hvd_lm.perf.results import fit_alpha_beta
-from hvd_lm.perf.scaling_model import Link, ScalingConfig, ring_allreduce_time, step_time
-from hvd_lm.perf.scaling_report import read_run
 from hvd_lm.util.atomic import write_text
+from tools.scaling.scaling_model import Link, ScalingConfig, ring_allreduce_time, step_time
+from tools.scaling.scaling_report import read_run
 
 
 @dataclass
@@ -129,7 +129,7 @@ def _run(cmd: list[str], timeout: float) -> None:
 
 
 def _timing(out: Path, skip: int):
-    """:func:`hvd_lm.perf.scaling_report.read_run` of a finished run, its errors as RuntimeError
+    """:func:`tools.scaling.scaling_report.read_run` of a finished run, its errors as RuntimeError
     (a run that logged too little is a failed measurement, not a bad setting)."""
     try:
         return read_run(out, skip)
@@ -178,7 +178,7 @@ def measure_backward_window(cfg: MultinodeConfig, steps: int = 30, skip: int = 5
     Returns:
         ``forward_s`` (:func:`hvd_lm.train.step.window_nll`), ``backward_s``, ``window_s``
         (the part of the backward after the last gradient of the early group is ready:
-        :data:`hvd_lm.perf.scaling_model.EARLY_PREFIXES`, whose allreduce Horovod starts then
+        :data:`tools.scaling.scaling_model.EARLY_PREFIXES`, whose allreduce Horovod starts then
         and which that time can hide), ``update_s`` (the wait, unscale and clip, step or skip,
         zero_grad),
         ``step_s`` and ``fraction`` = window_s / step_s, the share of the step's compute the
@@ -189,11 +189,11 @@ def measure_backward_window(cfg: MultinodeConfig, steps: int = 30, skip: int = 5
     from hvd_lm.formats.tokenizer import VOCAB_SIZE
     from hvd_lm.model import device as devices
     from hvd_lm.model.lm import LanguageModel, ModelConfig
-    from hvd_lm.perf.scaling_model import EARLY_PREFIXES
     from hvd_lm.train.data import Batch
     from hvd_lm.train.optim import build_optimizer
     from hvd_lm.train.settings import OptimConfig
     from hvd_lm.train.step import StepSpec, train_step
+    from tools.scaling.scaling_model import EARLY_PREFIXES
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the training runs (--threads 1)
@@ -266,7 +266,7 @@ def predict_step(t_comp: float, params: list, fit: dict, n: int, control_every: 
             (:func:`measure_backward_window`).
 
     Returns:
-        :func:`hvd_lm.perf.scaling_model.step_time`'s dict plus ``loop_s`` (the small
+        :func:`tools.scaling.scaling_model.step_time`'s dict plus ``loop_s`` (the small
         allreduces per step) and ``predicted_s`` (s_per_iter + loop_s).
     """
     link = Link(fit["beta_GBps"], fit["alpha_s"], "fitted")

@@ -1,4 +1,4 @@
-"""``hvd-lm scaling-model``: the alpha-beta model of :mod:`hvd_lm.perf.scaling_model` checked
+"""``hvd-lm scaling-model``: the alpha-beta model of :mod:`tools.scaling.scaling_model` checked
 against the reference talk and used to answer its questions.
 
 * :func:`validate`: the model against the talk's published s/iter and speedup (Puri et al. 2018,
@@ -26,9 +26,11 @@ from hvd_lm import REPO_ROOT
 from hvd_lm.comm.onebit_compression import DEFAULT_CHUNK
 from hvd_lm.model.lm import mlstm_parameters
 from hvd_lm.options import Command, option
-from hvd_lm.perf.calibration import Calibration, calibrate_from_bench
 from hvd_lm.perf.results import load_bench_json
-from hvd_lm.perf.scaling_model import (
+from hvd_lm.util.atomic import write_text
+from hvd_lm.util.units import MIB
+from tools.scaling.calibration import Calibration, calibrate_from_bench
+from tools.scaling.scaling_model import (
     DGX1V_LINKS,
     PCIE3_X16_GBPS,
     V100_COPY_GBPS,
@@ -37,9 +39,7 @@ from hvd_lm.perf.scaling_model import (
     predict,
     step_time,
 )
-from hvd_lm.perf.scaling_report import REFERENCE
-from hvd_lm.util.atomic import write_text
-from hvd_lm.util.units import MIB
+from tools.scaling.scaling_report import REFERENCE
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
@@ -48,7 +48,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
 #: Puri et al. 2018 (the reference talk), "Distributed data parallel scaling": s/iter and their
 #: speedup column, per GPU count; the numbers live once, in
-#: :data:`hvd_lm.perf.scaling_report.REFERENCE`.
+#: :data:`tools.scaling.scaling_report.REFERENCE`.
 PUBLISHED = {
     "4096-d w/o IB": {"hidden_size": 4096, "inter": "10gbe", "rows": REFERENCE["no-ib"]},
     "4096-d w/ IB": {"hidden_size": 4096, "inter": "ib", "rows": REFERENCE["ib"]},

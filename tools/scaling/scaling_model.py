@@ -49,7 +49,7 @@ Per training step (weak scaling: the per-GPU batch is fixed) on n GPUs, g per no
 
 Speedup is n x t(1) / t(n) (weak scaling), efficiency = speedup / n. :func:`validate` compares
 with the reference talk (Puri et al. 2018) on DGX-1V figures (:data:`DGX1V_LINKS`), and
-:func:`recommend` evaluates settings at 128 GPUs: both in :mod:`hvd_lm.perf.scaling_study`, with
+:func:`recommend` evaluates settings at 128 GPUs: both in :mod:`tools.scaling.scaling_study`, with
 the ``hvd-lm scaling-model`` command; this module is the model alone.
 """
 
@@ -311,7 +311,7 @@ class ScalingConfig:
         backward_fraction: share of ``t_comp`` the early group's allreduce can overlap: the
             backward pass after the early gradients are ready (2/3: backward is twice the
             forward's FLOPs; ``hvd-lm bench multinode`` measures it,
-            :func:`hvd_lm.perf.bench_multinode.measure_backward_window`).
+            :func:`tools.scaling.bench_multinode.measure_backward_window`).
         sync_overhead_s: per-step overhead of synchronous multi-GPU training (n > 1).
     """
 

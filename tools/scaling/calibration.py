@@ -1,6 +1,6 @@
 """Calibrating the scaling model from ``hvd-lm bench allreduce --json``: Horovod's overhead over raw
 MPI per message size and the machine's alpha-beta link, read into a :class:`Calibration` that
-:mod:`hvd_lm.perf.scaling_model` and :mod:`hvd_lm.perf.scaling_study` use.
+:mod:`tools.scaling.scaling_model` and :mod:`tools.scaling.scaling_study` use.
 """
 
 from __future__ import annotations
