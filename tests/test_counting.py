@@ -63,7 +63,7 @@ def test_a_step_late_equals_at_once_at_every_update(tmp_path):
     pa, pl = Position(), Position()
     big = 10**9
     for i, applied in enumerate(OUTCOMES):
-        cl.settle(pl)  # train_step's before_update: the previous step counted exactly
+        cl.settle(pl)  # between backward() and update(): the previous step counted exactly
         assert (pl.step, pl.skipped_steps) == (pa.step, pa.skipped_steps), i
         assert opt_l.param_groups[0]["lr"] == opt_a.param_groups[0]["lr"], i
         assert sched_l.state_dict() == sched_a.state_dict(), i

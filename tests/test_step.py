@@ -157,11 +157,10 @@ def test_the_skip_is_decided_without_reading_the_device(nan):
         if not on_device:  # the host path's optimizer: the same Adam, not fused
             for g in opt.param_groups:
                 g["fused"] = False
-        with contextlib.ExitStack() as stack:
-            spec = dataclasses.replace(
-                cpu, loss_hook=(lambda x: x * float("nan")) if nan else None,
-                before_update=lambda: stack.enter_context(NoHostReads()) if on_device else None)
-            r = step.train_step(model, opt, NO_SCALING, batches[1:], state, spec)
+        spec = dataclasses.replace(cpu, loss_hook=(lambda x: x * float("nan")) if nan else None)
+        g = step.backward(model, opt, NO_SCALING, batches[1:], state, spec)
+        with NoHostReads() if on_device else contextlib.nullcontext():
+            r = step.update(opt, NO_SCALING, g, spec)
         assert isinstance(r.applied, torch.Tensor) == on_device
         applied, norm = r.read().applied, r.read().grad_norm
         assert applied is (not nan) and math.isfinite(norm) is (not nan)

@@ -17,6 +17,8 @@ from hvd_lm.model.lm import LanguageModel, ModelConfig
 from hvd_lm.train import step as step_mod
 from hvd_lm.train.data import IGNORE, Batch
 from hvd_lm.train.step import StepSpec, train_step
+from hvd_lm.train.step import backward as step_backward
+from hvd_lm.train.step import update as step_update
 
 CPU = torch.device("cpu")
 B, T = 3, 6
@@ -111,9 +113,10 @@ def recording_scaler(rec: Recorder, enabled: bool) -> torch.amp.GradScaler:
 @pytest.mark.parametrize("scaling", [False, True], ids=["fp32", "fp16-scaler"])
 def test_the_steps_calls_come_in_horovods_order(monkeypatch, fused, scaling):
     """k = 2 windows: forward and backward twice (each backward through the scaler), then
-    Horovod's synchronize once, the loop's before_update, unscale and clip, the optimizer step
-    inside skip_synchronize (fp16: through the scaler, then its update; a fused optimizer
-    deciding the skip on the device steps itself and the scaler updates after), zero_grad."""
+    Horovod's synchronize once (the end of backward()), then update(): unscale and clip, the
+    optimizer step inside skip_synchronize (fp16: through the scaler, then its update; a fused
+    optimizer deciding the skip on the device steps itself and the scaler updates after),
+    zero_grad."""
     rec = Recorder()
     model = model_()
     model.decoder.weight.register_post_accumulate_grad_hook(lambda p: rec("backward"))
@@ -121,10 +124,11 @@ def test_the_steps_calls_come_in_horovods_order(monkeypatch, fused, scaling):
     real_clip = torch.nn.utils.clip_grad_norm_
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_",
                         lambda *a, **k: rec("clip") or real_clip(*a, **k))
-    spec = StepSpec(CPU, "fp32", grad_clip=0.5, k=2, before_update=lambda: rec("before_update"),
-                    clock=lambda part: rec(f"<{part}>"))
-    r = train_step(model, opt, recording_scaler(rec, scaling), windows(2), model.init_state(B),
-                   spec)
+    spec = StepSpec(CPU, "fp32", grad_clip=0.5, k=2, clock=lambda part: rec(f"<{part}>"))
+    scaler = recording_scaler(rec, scaling)
+    g = step_backward(model, opt, scaler, windows(2), model.init_state(B), spec)
+    rec("between")  # where the loop counts the previous step
+    r = step_update(opt, scaler, g, spec)
     if not scaling:
         update = ["skip_synchronize(", "step", ")"]
     elif fused:  # the device decision: the optimizer's step with found_inf, then the scale
@@ -132,7 +136,7 @@ def test_the_steps_calls_come_in_horovods_order(monkeypatch, fused, scaling):
     else:
         update = ["skip_synchronize(", "scaler.step(", "step", ")", "update", ")"]
     window = ["<forward>", "scale", "backward", "<backward>"]
-    assert rec.events == [*window, *window, "synchronize", "<synchronized>", "before_update",
+    assert rec.events == [*window, *window, "synchronize", "<synchronized>", "between",
                           "unscale", "clip", *update, "zero_grad", "<updated>"]
     assert r.read().applied is True and r.chars == sum(w.chars for w in windows(2))
     assert all(p.grad is None for p in model.parameters())  # zero_grad: set to None

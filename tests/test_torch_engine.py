@@ -1,101 +1,14 @@
-"""The torch engine (``--backend torch``: hvd_lm.comm.torch_engine on torch.distributed, with
-hvd_lm.comm.grad_buckets) in one process: the gradient buckets start in order from the backward
-hooks, the rendezvous, ``--backend auto``. On 2 real ranks (under torchrun, as Horovod's under
-horovodrun and mpirun): tests/parallel/test_optimizers.py; training through the CLI, resume
-across engines and failures: tests/test_torch_engine_train.py."""
+"""The torch engine (``--backend torch``: hvd_lm.comm.torch_engine on torch.distributed and
+DistributedDataParallel) in one process: the rendezvous, ``--backend auto``. On 2 real ranks
+(under torchrun, as Horovod's under horovodrun and mpirun): tests/parallel/test_optimizers.py;
+training through the CLI, resume across engines and failures: tests/test_torch_engine_train.py."""
 from __future__ import annotations
 
 import sys
 
 import pytest
-import torch
 
-from hvd_lm.comm import grad_buckets
 from hvd_lm.comm.world import first_slurm_host, rendezvous_endpoint
-
-# ---- the buckets, in one process (a stand-in allreduce) ------------------------------------------
-
-class _Recorder:
-    """A stand-in for the engine's asynchronous sum-allreduce over ``n`` identical ranks: each
-    started buffer is multiplied by n (the sum of n equal addends) when waited for; the buffers
-    are recorded in the order started."""
-
-    def __init__(self, n: int = 2):
-        self.n, self.started = n, []
-
-    def __call__(self, flat: torch.Tensor):
-        self.started.append(flat)
-        rec = self
-
-        class Work:
-            def wait(self):
-                flat.mul_(rec.n)
-
-        return Work()
-
-
-def _mlp():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
-
-
-def test_buckets_start_in_order_from_the_hooks_and_average():
-    """Buckets of at most 100 bytes over the parameters in reverse order; backward starts each
-    as its last gradient completes, in bucket order; synchronize() writes the average (the sum
-    of 2 identical ranks / 2 = the local gradient); with 2 backward passes per step nothing
-    starts before the second; fp16/bf16 put 2-byte values on the wire."""
-    model, ref = _mlp(), _mlp()
-    x = torch.randn(4, 6)
-    ref(x).pow(2).mean().backward()
-    rec = _Recorder()
-    opt = grad_buckets.distributed_optimizer(
-        torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
-        grad_buckets.Compression.none, 1, rec, size=2, bucket_bytes=100)
-    # 2.bias (12 B), 2.weight (60 B), 0.bias (20 B) | 0.weight (120 B: alone)
-    assert opt.bucket_sizes() == [92, 120]
-    model(x).pow(2).mean().backward()
-    assert [t.numel() for t in rec.started] == [23, 30]  # both started during backward
-    opt.synchronize()
-    for p, q in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-7)
-    with opt.skip_synchronize():
-        opt.step()
-    opt.zero_grad()
-
-    rec2 = _Recorder()
-    m2 = _mlp()
-    opt2 = grad_buckets.distributed_optimizer(
-        torch.optim.SGD(m2.parameters(), lr=0.1), m2.named_parameters(),
-        grad_buckets.Compression.bf16, 2, rec2, size=2, bucket_bytes=0)
-    assert len(opt2.bucket_sizes()) == 4  # 0 bytes: one bucket per tensor
-    m2(x).pow(2).mean().backward()
-    assert rec2.started == []  # 1 of 2 passes: accumulating locally
-    m2(x).pow(2).mean().backward()
-    assert len(rec2.started) == 4 and all(t.dtype == torch.bfloat16 for t in rec2.started)
-    with pytest.raises(AssertionError, match="zero_grad"):
-        opt2.zero_grad()  # allreduces in flight
-    opt2.synchronize()
-    for p, q in zip(m2.parameters(), ref.parameters()):  # 2 passes of the same batch = 2 x grad
-        torch.testing.assert_close(p.grad, 2 * q.grad, rtol=2 ** -7, atol=1e-6)
-    assert isinstance(opt2, torch.optim.SGD) and opt2.state_dict()["param_groups"][0]["lr"] == 0.1
-
-
-def test_a_bucket_ready_early_waits_for_the_ones_before_it():
-    """Hooks firing out of bucket order (here the first layer's gradients made first, by a
-    backward of its output alone) start nothing until bucket 0 is ready: every rank issues the
-    same collectives in the same order; parameters that got no gradient go as zeros."""
-    model = _mlp()
-    rec = _Recorder()
-    opt = grad_buckets.distributed_optimizer(
-        torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
-        grad_buckets.Compression.fp16, 1, rec, size=2, bucket_bytes=0)
-    model[0](torch.randn(2, 6)).sum().backward()  # only the first layer: buckets 2 and 3
-    assert rec.started == []
-    opt.synchronize()  # buckets 0, 1 (no gradient: zeros), then 2, 3
-    assert [t.numel() for t in rec.started] == [3, 15, 5, 30]
-    assert rec.started[0].dtype == torch.float16
-    assert float(model[2].weight.grad.abs().max()) == 0.0
-
 
 # ---- where the ranks meet --------------------------------------------------------------------
 

@@ -6,9 +6,8 @@
 * :mod:`~hvd_lm.comm.horovod`: every collective of the project, on the engine ``--backend``
   picks: Horovod (every Horovod call of the project), the torch engine, or one process alone.
 * :mod:`~hvd_lm.comm.torch_engine`: the torch engine, ``horovod.torch``'s API on
-  ``torch.distributed`` (NCCL/Gloo; its one caller besides the benchmarks' baselines), with
-  :mod:`~hvd_lm.comm.grad_buckets` (its distributed optimizer: gradient buckets reduced from
-  backward hooks, fp16/bf16 on the wire).
+  ``torch.distributed`` (NCCL/Gloo; its one caller besides the benchmarks' baselines), its
+  gradients through ``DistributedDataParallel`` (fp16/bf16 on the wire by torch's comm hooks).
 * :mod:`~hvd_lm.comm.single`: one process without Horovod (the world of one).
 * :mod:`~hvd_lm.comm.mpi`: every mpi4py call outside the raw-MPI benchmark baseline.
 * :mod:`~hvd_lm.comm.hosts`: ``host:slots`` lists and the interfaces hosts share (preflight).
@@ -32,5 +31,5 @@ def __getattr__(name: str):
     return getattr(importlib.import_module("hvd_lm.comm.horovod"), name)
 
 
-_SUBMODULES = frozenset({"horovod", "world", "torch_engine", "grad_buckets", "single", "mpi",
+_SUBMODULES = frozenset({"horovod", "world", "torch_engine", "single", "mpi",
                          "hosts", "peers", "onebit_compression", "threads"})

@@ -198,6 +198,45 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
     return wrapped
 
 
+def wrap_model(model: torch.nn.Module, compression: str = "fp16") -> torch.nn.Module:
+    """The module the training step calls: under the torch engine with several ranks the model
+    in ``DistributedDataParallel`` with ``compression``'s hook
+    (:func:`hvd_lm.comm.torch_engine.wrap_model`); else ``model`` itself (Horovod reduces
+    through its ``DistributedOptimizer``'s hooks). Parameters and state dicts stay the
+    model's: keep ``model`` for them.
+
+    Raises:
+        ValueError: an unknown compression.
+    """
+    wrap = getattr(_hvd(), "wrap_model", None)
+    return model if wrap is None else wrap(model, compression)
+
+
+def no_sync(model: torch.nn.Module) -> ContextManager[None]:
+    """The context of a backward pass that only accumulates (the windows before a step's last):
+    DDP's ``no_sync()`` for a :func:`wrap_model` wrapper; nothing under Horovod, whose
+    ``DistributedOptimizer`` counts ``backward_passes_per_step`` itself."""
+    own = getattr(_hvd(), "no_sync", None)
+    return contextlib.nullcontext() if own is None else own(model)
+
+
+def keep_gradients_local(optimizer) -> None:
+    """From the next backward pass on, no gradient allreduce: for an optimizer that reduces
+    something else itself (a 1-bit optimizer's compressed phase, until its model is wrapped
+    again): Horovod's hooks silenced by a ``backward_passes_per_step`` beyond reach, the torch
+    engine's DDP hook handing the buckets back as they are."""
+    own = getattr(_hvd(), "keep_gradients_local", None)
+    if own is not None:
+        own(True)
+    elif getattr(optimizer, "backward_passes_per_step", _NEVER) != _NEVER:
+        optimizer.set_backward_passes_per_step(_NEVER)
+
+
+#: backward_passes_per_step that keeps hvd.DistributedOptimizer's gradient hooks from ever
+#: starting an allreduce (each backward pass counts it down by one).
+_NEVER = 2 ** 62
+
+
 class StepOptimizer(Protocol):
     """What the training step (:func:`hvd_lm.train.step.train_step`) calls on any optimizer: a
     plain ``torch.optim`` one (one process without Horovod, or under DDP, whose allreduce runs
@@ -214,9 +253,9 @@ class StepOptimizer(Protocol):
 class SynchronizingOptimizer(StepOptimizer, Protocol):
     """An optimizer whose gradient allreduce the step waits for explicitly (Horovod docs,
     "Gradient clipping"): Horovod's ``hvd.DistributedOptimizer`` (a class Horovod derives from
-    the wrapped optimizer's at run time, so known by what it has), the torch engine's
-    (:class:`hvd_lm.comm.grad_buckets.DistributedOptimizer`) and the 1-bit optimizers'
-    (:class:`hvd_lm.train.onebit_optimizers.OnebitDistributedOptimizer`)."""
+    the wrapped optimizer's at run time, so known by what it has) and the 1-bit optimizers'
+    (:class:`hvd_lm.train.onebit_optimizers.OnebitDistributedOptimizer`). The torch engine's
+    optimizer is a plain one: DDP averages the gradients inside backward."""
 
     def synchronize(self) -> None: ...
 
@@ -238,8 +277,8 @@ def synchronizes(optimizer: StepOptimizer) -> bool:
 
 def synchronize(optimizer: StepOptimizer) -> None:
     """Wait until the gradient allreduces that ``optimizer``'s backward hooks started are done
-    and their averages are in ``.grad`` (Horovod: ``optimizer.synchronize()``; the torch engine's
-    and the 1-bit optimizers' the same call); nothing for a plain torch optimizer, whose
+    and their averages are in ``.grad`` (Horovod: ``optimizer.synchronize()``; the 1-bit
+    optimizers' the same call); nothing for a plain torch optimizer, whose
     gradients are complete after backward (one process, or DDP)."""
     if synchronizes(optimizer):
         optimizer.synchronize()  # Horovod: wait for the fused gradient allreduce

@@ -23,9 +23,14 @@ same trainer runs without Horovod on any number of ranks (``--backend torch``).
   hold different first dimensions, as Horovod allows), ``alltoall`` (the 1-bit allreduce),
   ``broadcast_parameters`` / ``broadcast_optimizer_state`` / ``broadcast_object``,
   ``allgather_object``, barrier.
-* ``DistributedOptimizer``: :mod:`hvd_lm.comm.grad_buckets` (buckets whose allreduce starts from
-  backward hooks, ``Compression.none`` / ``fp16`` / ``bf16``) over this module's asynchronous
-  sum-allreduce.
+* Gradients: :func:`wrap_model` wraps the model in ``torch.nn.parallel.DistributedDataParallel``
+  (its reducer: buckets of ``bucket_cap_mb`` whose allreduce starts from backward hooks; PyTorch
+  "DistributedDataParallel" design notes), ``no_sync()`` for the windows before a step's last,
+  and for ``--compression`` torch's ``fp16_compress_hook`` / ``bf16_compress_hook``
+  (``torch.distributed.algorithms.ddp_comm_hooks``); :func:`keep_gradients_local` switches the
+  hook to one that leaves the gradients as they are (a 1-bit optimizer's compressed phase
+  reduces its momentum itself). ``DistributedOptimizer`` is then the optimizer itself: the
+  gradients are averaged when backward returns.
 
 Elastic training stays Horovod's (its driver re-forms the world; torchrun's elastic agent
 restarts every worker from the last checkpoint instead): :data:`elastic` says so.
@@ -41,9 +46,9 @@ import socket
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
 
-from hvd_lm.comm import grad_buckets
-from hvd_lm.comm.grad_buckets import Compression
 from hvd_lm.comm.world import (
     MPI_FAMILIES,
     RankContext,
@@ -51,9 +56,6 @@ from hvd_lm.comm.world import (
     rendezvous_endpoint,
     resolve_host,
 )
-from hvd_lm.util.units import MIB
-
-__all__ = ["Compression"]
 
 # Horovod's reduction ops, by the names hvd_lm looks up.
 Average, Sum, Max, Adasum = "average", "sum", "max", "adasum"
@@ -74,13 +76,13 @@ class RendezvousError(RuntimeError):
     """The ranks could not meet (the message names the endpoint and how it was chosen)."""
 
 
-_settings = {"timeout_s": DEFAULT_TIMEOUT_S, "bucket_mb": DEFAULT_BUCKET_MB}
+_settings = {"timeout_s": DEFAULT_TIMEOUT_S, "bucket_mb": DEFAULT_BUCKET_MB, "local": False}
 _ctx = RankContext()
 
 
 def configure(timeout_s: float | None = None, bucket_mb: float | None = None) -> None:
-    """Settings :func:`init` and :func:`DistributedOptimizer` use: the collective timeout in
-    seconds (None: 30) and the largest gradient bucket in MiB (None: 25; 0: one per tensor)."""
+    """Settings :func:`init` and :func:`wrap_model` use: the collective timeout in seconds
+    (None: 30) and the largest gradient bucket in MiB (None: 25, DDP's; 0: one per tensor)."""
     _settings["timeout_s"] = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
     _settings["bucket_mb"] = DEFAULT_BUCKET_MB if bucket_mb is None else float(bucket_mb)
 
@@ -345,16 +347,73 @@ def _to_cpu(x):
     return x
 
 
-def _sum_async(flat: torch.Tensor):
-    return dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
+class Compression:
+    """``hvd.Compression``'s names, plus bfloat16 (which Horovod 0.28.1's PyTorch adapter lacks):
+    the DDP communication hook each selects (:func:`wrap_model`). fp16 keeps 11 significant bits
+    and overflows above 65504; bf16 keeps 8 and has fp32's range."""
+
+    none, fp16, bf16 = "none", "fp16", "bf16"
+
+
+_HOOKS = {"none": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
+          "bf16": default_hooks.bf16_compress_hook}
+
+
+def _hook(compression: str):
+    """The DDP communication hook: torch's for ``compression`` (each averages the bucket over
+    the ranks), or while :func:`keep_gradients_local` is on, the bucket handed back as it is."""
+    reduce = _HOOKS[compression]
+
+    def hook(state, bucket):
+        if _settings["local"]:
+            done = torch.futures.Future()
+            done.set_result(bucket.buffer())
+            return done
+        return reduce(state, bucket)  # Horovod's role: the average over the ranks
+    return hook
+
+
+def wrap_model(model: torch.nn.Module, compression: str = "none") -> torch.nn.Module:
+    """``model`` in ``DistributedDataParallel`` (buckets of at most the :func:`configure`'d MiB,
+    0: one per tensor; the communication hook of ``compression``: "none", "fp16" or "bf16"),
+    or ``model`` itself in a world of one (nothing to reduce). The wrapper's construction
+    broadcasts rank 0's parameters: every rank calls it at the same point.
+
+    Raises:
+        ValueError: an unknown compression.
+    """
+    if compression not in _HOOKS:
+        raise ValueError(f"dist.compression must be one of {list(_HOOKS)}, got {compression!r}")
+    _settings["local"] = False
+    if size() == 1:
+        return model
+    device = next(model.parameters()).device
+    ddp = DistributedDataParallel(
+        model, device_ids=[device] if device.type == "cuda" else None,
+        bucket_cap_mb=_settings["bucket_mb"], broadcast_buffers=False)
+    ddp.register_comm_hook(None, _hook(compression))
+    return ddp
+
+
+def keep_gradients_local(local: bool) -> None:
+    """True: from the next backward the DDP hook leaves each rank's gradients unreduced (a 1-bit
+    optimizer's compressed phase); False: they are averaged again."""
+    _settings["local"] = bool(local)
+
+
+def no_sync(model: torch.nn.Module):
+    """The context for the backward passes that only accumulate (DDP's ``no_sync()``; a model
+    that is no DDP wrapper: nothing to hold back)."""
+    if isinstance(model, DistributedDataParallel):
+        return model.no_sync()
+    return contextlib.nullcontext()
 
 
 def DistributedOptimizer(optimizer, named_parameters=None,  # noqa: N802 - Horovod's name
                          compression=Compression.none, backward_passes_per_step: int = 1,
                          op=Average):
-    """``optimizer`` reducing its gradients over the ranks in buckets whose allreduce starts
-    from backward hooks (:func:`hvd_lm.comm.grad_buckets.distributed_optimizer`; bucket size
-    from :func:`configure`).
+    """``optimizer`` itself: under DDP (:func:`wrap_model`) the gradients are averaged when
+    backward returns, so there is nothing to wait for at the step.
 
     Raises:
         ValueError: an op other than average (Adasum is Horovod's).
@@ -362,9 +421,7 @@ def DistributedOptimizer(optimizer, named_parameters=None,  # noqa: N802 - Horov
     if op != Average:
         raise ValueError(f"the torch engine averages gradients (op {op!r} is Horovod's: "
                          "--backend horovod)")
-    return grad_buckets.distributed_optimizer(
-        optimizer, named_parameters, compression, backward_passes_per_step, _sum_async, size(),
-        int(_settings["bucket_mb"] * MIB))
+    return optimizer
 
 
 class _NoElastic:

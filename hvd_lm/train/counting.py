@@ -15,7 +15,7 @@ host would wait for the update to finish before queuing the next step's forward)
 * at any other step the step is counted as applied, speculatively (the step count and the
   schedule advance; the loop's conditions at such a step are false either way), and its
   outcome is read during the next step, after that step's forward and backward are queued and
-  before its update (:meth:`StepCounter.settle`, train_step's ``before_update``): the
+  before its update (:meth:`StepCounter.settle`, called by the loop between the step's halves): the
   read waits for the decision alone (:class:`hvd_lm.train.step.DeviceOutcome`), never for
   queued work. A skipped step is then un-counted (the step count back, the schedule restored
   from its state before the speculation, the parameter groups' learning rate with it) and
@@ -165,13 +165,14 @@ class StepCounter:
         return bool(guard.max_skipped and guard.skipped_in_a_row + 1 >= guard.max_skipped)
 
     def settle(self, pos: Position) -> None:
-        """Count the pending step exactly (``train_step``'s ``before_update``: before the next
+        """Count the pending step exactly (the loop calls it between
+        :func:`~hvd_lm.train.step.backward` and :func:`~hvd_lm.train.step.update`: before the next
         update, so that it uses the schedule's learning rate of the exact count): applied, its
         speculation stands; skipped, it is undone and counted as a skip. ``pos``: the loop's
-        position now (another one than the pending step's after an elastic rollback: the step
-        went with it). A skip is counted without restarting the recurrent state: the step in
-        progress already started from it, and a step decided on the device zeroed a skipped
-        step's non-finite state itself (:func:`hvd_lm.train.step.train_step`)."""
+        position now (another one than the pending step's after an elastic rollback: the step went
+        with it). A skip is counted without restarting the recurrent state: the step in progress
+        already started from it, and a step decided on the device zeroed a skipped step's non-finite
+        state itself (:func:`hvd_lm.train.step.train_step`)."""
         if self.pending is None:
             return
         r, counted_in, schedule = self.pending

@@ -1,15 +1,16 @@
 """The training loop: data-parallel TBPTT training of the byte-level LM with Horovod.
 
 One optimizer step (per rank, B rows x T bytes per window, ``backward_passes_per_step`` = k) is
-:func:`hvd_lm.train.step.train_step` (forward, loss, backward, Horovod's synchronize, unscale and
-clip, step or skip: the same function every benchmark times); :meth:`Trainer.steps` is the loop
-around it: count the step (the LR schedule advances on applied steps only), one tiny allreduce
-of control flags about once a second of steps (at most every ``run.control_every`` attempts,
-every attempt when steps are slow: a preemption signal or a due time-based checkpoint on any rank
-stops or checkpoints every rank at the same step; with ``--time-limit`` rank 0's plan of the
-last step, :mod:`hvd_lm.train.deadline`), log, validate, stop a diverged run, checkpoint. Each
-line of it that is a collective says so (``# Horovod:``): every rank must reach it at the same
-step.
+:func:`hvd_lm.train.step.backward` (forward, loss, backward, Horovod's synchronize) then
+:func:`hvd_lm.train.step.update` (unscale and clip, step or skip), the two halves of the
+``train_step`` every benchmark times; :meth:`Trainer.steps` is the loop around them: count the
+previous step between the halves, count the step (the LR schedule advances on applied steps only),
+one tiny allreduce of control flags about once a second of steps (at most every
+``run.control_every`` attempts, every attempt when steps are slow: a preemption signal or a due
+time-based checkpoint on any rank stops or checkpoints every rank at the same step; with
+``--time-limit`` rank 0's plan of the last step, :mod:`hvd_lm.train.deadline`), log, validate, stop
+a diverged run, checkpoint. Each line of it that is a collective says so (``# Horovod:``): every
+rank must reach it at the same step.
 
 The host does not wait on the device per step: the next window is read ahead on a thread
 (``train.data.Prefetcher``), the loss is summed on the device and read at log time, and with
@@ -59,7 +60,7 @@ import time
 from hvd_lm import comm
 from hvd_lm.comm.peers import LostPeer, lost_peers_text
 from hvd_lm.options import Command, error_text
-from hvd_lm.train import faults
+from hvd_lm.train import faults, step
 from hvd_lm.train.checkpointer import Checkpointer
 from hvd_lm.train.counting import CharCount, StepCounter
 from hvd_lm.train.data import Prefetcher
@@ -72,7 +73,7 @@ from hvd_lm.train.metrics import Metrics
 from hvd_lm.train.schedule import refresh_lr, schedule_of
 from hvd_lm.train.settings import TrainConfig
 from hvd_lm.train.startup import Run
-from hvd_lm.train.step import StepSpec, train_step
+from hvd_lm.train.step import StepSpec
 from hvd_lm.util.atomic import write_text
 
 #: Seconds of steps between two control exchanges (at most ``run.control_every`` attempts).
@@ -302,8 +303,7 @@ class Trainer:
         run.model.train()
 
         spec = StepSpec(run.device, cfg.run.precision, cfg.optim.grad_clip, cfg.run.nan_check, k,
-                        loss_hook=lambda loss: self.faults.loss(loss, pos.attempts),
-                        before_update=lambda: counter.settle(self.pos))  # the previous count
+                        loss_hook=lambda loss: self.faults.loss(loss, pos.attempts))
         last_start = None  # perf_counter s: the previous attempt's start
         if self.loop_started is None:  # trained time counts from here
             self.loop_started = time.monotonic()
@@ -323,7 +323,12 @@ class Trainer:
             # forward, loss, backward, Horovod: synchronize, unscale and clip, step or skip
             # (hvd_lm.train.step, the one training step); its k windows read ahead on a thread
             windows = (batches.get(w) for w in range(pos.window, pos.window + k))
-            r = train_step(run.model, run.optimizer, run.scaler, windows, self.rnn_state, spec)
+            g = step.backward(run.train_model, run.optimizer, run.scaler, windows,
+                              self.rnn_state, spec)
+            # the previous step counted exactly (a step late where nothing depended on it,
+            # hvd_lm.train.counting), so that this update's LR follows every skip
+            counter.settle(self.pos)
+            r = step.update(run.optimizer, run.scaler, g, spec)
             pos.window += k
 
             # count it (the LR schedule advances on applied steps only), then log and validate;

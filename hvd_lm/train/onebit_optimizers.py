@@ -309,11 +309,6 @@ class OnebitLamb(_Onebit):
 
 # ---- on Horovod ---------------------------------------------------------------------------------
 
-#: backward_passes_per_step that keeps hvd.DistributedOptimizer's gradient hooks from ever starting
-#: an allreduce (each backward pass counts it down by one).
-_NEVER = 2 ** 62
-
-
 class OnebitDistributedOptimizer(torch.optim.Optimizer):
     """A 1-bit optimiser (:class:`OnebitAdam` / :class:`OnebitLamb`) on Horovod,
     with the interface the training loop uses for ``hvd.DistributedOptimizer``: ``synchronize()``,
@@ -392,20 +387,20 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
         if self.compressing:
             self.wire_bytes = 0
             return
-        self._opt.synchronize()
+        comm.synchronize(self._opt)
         self.wire_bytes = self._warmup_wire
 
     @contextmanager
     def skip_synchronize(self):
         """``step()`` inside it does not synchronize (Horovod's context manager)."""
-        with self._opt.skip_synchronize():
+        with comm.skip_synchronize(self._opt):
             yield
 
     def step(self, closure=None):
         """One optimiser step (warmup: after the gradient allreduce; compressed: the compressed
         allreduce of the momentum happens inside)."""
         if self.compressing:
-            with self._opt.skip_synchronize():
+            with comm.skip_synchronize(self._opt):
                 loss = self._opt.step(closure)
         else:
             loss = self._opt.step(closure)
@@ -449,8 +444,8 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
         return out
 
     def _silence_hooks_if_compressing(self) -> None:
-        if self.compressing and self._opt.backward_passes_per_step != _NEVER:
-            self._opt.set_backward_passes_per_step(_NEVER)
+        if self.compressing:
+            comm.keep_gradients_local(self._opt)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -151,6 +151,9 @@ class Run:
                 self.summary = {"stop": "nothing-to-train", "step": pos.step}
                 return  # a finished run started again: nothing is written
 
+        # the module the step calls: the model, or under the torch engine its DDP wrapper
+        # (collective: DDP broadcasts rank 0's parameters as it is built)
+        self.train_model = comm.wrap_model(self.model, cfg.dist.compression)
         # Horovod: wrap the optimizer (gradient allreduce with fp16 compression and tensor fusion).
         self.optimizer = distributed(optimizer, self.model, cfg.dist.compression, self.k,
                                      cfg.dist.allreduce_op)

@@ -39,6 +39,7 @@ is then the allreduce's alone); without Horovod the step queues its work and ret
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -266,10 +267,6 @@ class StepSpec:
             :mod:`hvd_lm.train.faults`).
         clock: called with ``"forward"``, ``"backward"`` (each window), ``"synchronized"`` and
             ``"updated"`` as each part ends (``bench multinode`` times the parts).
-        before_update: called once the gradients are complete, before the clip and the update
-            (the loop settles the previous step's count there, :mod:`hvd_lm.train.counting`:
-            the learning rate this update uses then follows every skip, and its read of that
-            decision waits for no work of this step).
     """
 
     device: torch.device
@@ -279,27 +276,43 @@ class StepSpec:
     k: int = 1
     loss_hook: Callable[[torch.Tensor], torch.Tensor] | None = None
     clock: Callable[[str], None] | None = None
-    before_update: Callable[[], None] | None = None
 
 
-def train_step(model, optimizer: comm.StepOptimizer, scaler: torch.amp.GradScaler,
-               windows: Iterable[Batch], state: State, spec: StepSpec) -> StepResult:
-    """One optimizer step over ``spec.k`` TBPTT windows (the module docstring, top to bottom).
+@dataclass
+class Gradients:
+    """What :func:`backward` leaves for :func:`update`: the step's gradients are in ``.grad``
+    (averaged over the ranks); the loss and counts of its windows.
+
+    Attributes:
+        nats: summed -ln p over the step's targets, a 0-d fp64 tensor on the device.
+        chars: targets (bytes) predicted.
+        wait_s: seconds the host waited for the gradient allreduce (0 when there was no wait:
+            one process, or DDP, whose allreduce ends inside backward).
+        state: the recurrent state (h, c) after the last window, each [B, H].
+    """
+
+    nats: torch.Tensor
+    chars: int
+    wait_s: float
+    state: State
+
+
+def backward(model, optimizer: comm.StepOptimizer, scaler: torch.amp.GradScaler,
+             windows: Iterable[Batch], state: State, spec: StepSpec) -> Gradients:
+    """The first half of a step: forward and backward over ``spec.k`` TBPTT windows, then the
+    wait for the gradient allreduce (steps 1-2 of the module docstring).
 
     Args:
-        model: the model to call (a DDP wrapper for the DDP baseline).
-        optimizer: a Horovod ``DistributedOptimizer``, the torch engine's, a 1-bit optimizer
-            (each a :class:`hvd_lm.comm.horovod.SynchronizingOptimizer`) or a plain torch
-            optimizer; the gradients of its parameters are clipped.
+        model: the module to call: the model, or its DDP wrapper
+            (:func:`hvd_lm.comm.horovod.wrap_model`).
+        optimizer: a Horovod ``DistributedOptimizer``, a 1-bit optimizer (each a
+            :class:`hvd_lm.comm.horovod.SynchronizingOptimizer`) or a plain torch optimizer
+            (one process; the torch engine's, under DDP).
         scaler: :func:`hvd_lm.model.device.make_scaler`'s.
         windows: the step's k batches, each [B, T]: a list, or an iterator read as the step goes
             (the loop's fetches each window from its read-ahead thread); the step only reads it.
         state: the recurrent state (h, c) carried in, each [B, H].
         spec: the settings (:class:`StepSpec`).
-
-    Returns:
-        :class:`StepResult` (``applied`` and ``grad_norm`` as device tensors when the skip was
-        decided on the device: :meth:`StepResult.read`).
 
     Raises:
         ValueError: ``windows`` did not hold ``spec.k`` batches.
@@ -308,13 +321,15 @@ def train_step(model, optimizer: comm.StepOptimizer, scaler: torch.amp.GradScale
     device, k = spec.device, spec.k
     nats_step, chars, seen = torch.zeros((), dtype=torch.float64, device=device), 0, 0
     for batch in windows:
-        nats, state = window_nll(model, batch, state, device, spec.precision)  # fp32, summed
-        mark("forward")
-        loss = nats / max(1, batch.chars) / k
-        if spec.loss_hook is not None:
-            loss = spec.loss_hook(loss)
-        # Horovod: each gradient's allreduce starts from its hook as soon as it is ready
-        scaler.scale(loss).backward()
+        # the windows before the last only accumulate (DDP: no_sync; Horovod counts them)
+        with comm.no_sync(model) if seen + 1 < k else contextlib.nullcontext():
+            nats, state = window_nll(model, batch, state, device, spec.precision)  # fp32, sum
+            mark("forward")
+            loss = nats / max(1, batch.chars) / k
+            if spec.loss_hook is not None:
+                loss = spec.loss_hook(loss)
+            # Horovod (or DDP): each gradient's allreduce starts from its hook once it is ready
+            scaler.scale(loss).backward()
         mark("backward")
         nats_step += nats.detach().double()  # on the device: no host sync
         chars += batch.chars
@@ -332,27 +347,50 @@ def train_step(model, optimizer: comm.StepOptimizer, scaler: torch.amp.GradScale
         comm.synchronize(optimizer)
         wait = time.perf_counter() - t_wait
     mark("synchronized")
-    if spec.before_update is not None:
-        spec.before_update()
+    return Gradients(nats_step, chars, wait, state)
+
+
+def update(optimizer: comm.StepOptimizer, scaler: torch.amp.GradScaler, g: Gradients,
+           spec: StepSpec) -> StepResult:
+    """The second half of a step: unscale and clip, then step or skip a step whose gradients are
+    not finite, and zero the gradients (steps 3-4 of the module docstring). The loop counts the
+    previous step between :func:`backward` and this (:meth:`hvd_lm.train.counting.StepCounter.
+    settle`), so this update's learning rate follows every skip.
+
+    Returns:
+        :class:`StepResult` (``applied`` and ``grad_norm`` as device tensors when the skip was
+        decided on the device: :meth:`StepResult.read`).
+    """
+    mark = spec.clock or (lambda _: None)
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    state = g.state
     if decides_on_device(optimizer):
         # unscale (fp16) and clip; step, or skip a step whose gradients are not finite: the
         # decision a tensor (every rank's alike: the norm of the allreduced gradients)
         norm = grad_norm(optimizer, params, spec.grad_clip, scaler)
-        with comm.skip_synchronize(optimizer):  # Horovod: synchronized above
+        with comm.skip_synchronize(optimizer):  # Horovod: synchronized in backward()
             applied = step_or_skip_on_device(optimizer, scaler, norm, spec.check_finite)
         optimizer.zero_grad()
         mark("updated")
         checked = not isinstance(applied, bool)  # else nothing was checked: applied
         if checked:
             state = _zero_lost_state(state, applied)
-        return StepResult(applied, norm, nats_step, chars, wait, state,
+        return StepResult(applied, norm, g.nats, g.chars, g.wait_s, state,
                           DeviceOutcome(norm, checked))
     # unscale (fp16) and clip; the norm read on the host is the step's sync
     norm = unscale_and_clip(optimizer, params, spec.grad_clip, scaler)
     # step, or skip a step whose gradients are not finite (every rank decides alike)
-    with comm.skip_synchronize(optimizer):  # Horovod: synchronized above
+    with comm.skip_synchronize(optimizer):  # Horovod: synchronized in backward()
         applied = step_or_skip(optimizer, scaler, norm, spec.check_finite)
     optimizer.zero_grad()
     mark("updated")
-    return StepResult(applied, norm, nats_step, chars, wait, state)
+    return StepResult(applied, norm, g.nats, g.chars, g.wait_s, state)
+
+
+def train_step(model, optimizer: comm.StepOptimizer, scaler: torch.amp.GradScaler,
+               windows: Iterable[Batch], state: State, spec: StepSpec) -> StepResult:
+    """One optimizer step over ``spec.k`` TBPTT windows: :func:`backward` then :func:`update`
+    (the benchmarks' step; the loop calls the two itself, counting the previous step between
+    them). Arguments, result and errors: theirs."""
+    return update(optimizer, scaler, backward(model, optimizer, scaler, windows, state, spec),
+                  spec)
