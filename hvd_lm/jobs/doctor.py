@@ -93,8 +93,6 @@ class DoctorError(RuntimeError):
     """A check failed; the message is the one line the launch stops with."""
 
 
-# ---- hosts ---------------------------------------------------------------------------------------
-
 # ---- the agent (one per host) --------------------------------------------------------------------
 
 class _Listeners:
@@ -146,13 +144,7 @@ def probe(addr: str, port: int, timeout: float = PROBE_TIMEOUT) -> dict:
     ``{"ok": False, "error": "timed out" | "connection refused" | ...}``."""
     try:
         with socket.create_connection((addr, port), timeout=timeout) as s:
-            s.settimeout(timeout)
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = s.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
+            data = s.makefile("rb").readline()  # to the line's end or the connection's
         return {"ok": True, **json.loads(data.decode())}
     except socket.timeout:
         return {"ok": False, "error": f"timed out after {timeout:g} s"}
@@ -449,7 +441,7 @@ def doctor(cfg: DoctorConfig) -> int:
     cfg.check()
     report = run_doctor(cfg)
     if cfg.format == "json":
-        print(json.dumps({k: v for k, v in vars(report).items()}, indent=1))
+        print(json.dumps(vars(report), indent=1))
     elif cfg.format == "shell":
         if not report.errors:
             print(render(report), file=sys.stderr)

@@ -47,26 +47,17 @@ class Report:
     rendezvous: str = ""
 
 
-def _versions(f: dict) -> tuple:
-    return (f["python"], f["executable"], f["hvd_lm"], f["hvd_lm_digest"],
-            tuple(sorted(f["packages"].items())))
-
-
 def check_versions(report: Report) -> None:
     """Same Python (version and path), hvd_lm (version and source digest) and torch/Horovod/
     mpi4py/numpy everywhere; a difference is one error naming both hosts."""
     hosts = list(report.facts)
     ref = report.facts[hosts[0]]
     for h in hosts[1:]:
-        f = report.facts[h]
-        if _versions(f) != _versions(ref):
-            diff = []
-            for key in ("python", "executable", "hvd_lm", "hvd_lm_digest"):
-                if f[key] != ref[key]:
-                    diff.append(f"{key} {f[key]} on {h} vs {ref[key]} on {hosts[0]}")
-            for pkg, v in f["packages"].items():
-                if v != ref["packages"].get(pkg):
-                    diff.append(f"{pkg} {v} on {h} vs {ref['packages'].get(pkg)} on {hosts[0]}")
+        mine, want = ({**{k: x[k] for k in ("python", "executable", "hvd_lm", "hvd_lm_digest")},
+                       **x["packages"]} for x in (report.facts[h], ref))
+        diff = [f"{k} {v} on {h} vs {want.get(k)} on {hosts[0]}" for k, v in mine.items()
+                if v != want.get(k)]
+        if diff:
             report.errors.append("hosts differ: " + "; ".join(diff) + " (every host needs the "
                                  "same environment at the same path)")
 

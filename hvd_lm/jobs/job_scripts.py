@@ -241,7 +241,7 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
         raise ValueError(f"--scheduler must be one of {list(SCHEDULERS)}, got {spec.scheduler!r}")
     templates = templates or template_dir()
     text = (templates / SCHEDULERS[spec.scheduler]).read_text()
-    size, sched = spec.size, spec.scheduler
+    size, sched, tpn = spec.size, spec.scheduler, spec.size.tasks_per_node
     if spec.hosts and len(spec.hosts) != size.nodes:
         raise ValueError(f"--hosts lists {len(spec.hosts)} hosts but the job needs {size.nodes} "
                          f"node(s) ({size.gpus} GPUs at {size.tasks_per_node} per node)")
@@ -249,8 +249,7 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
     if spec.partition is not None:
         check_directive_value("--partition", spec.partition)
     check_directive_value("--job-name", spec.job_name)
-    if spec.walltime:
-        scheduler_time(spec.walltime, sched)
+    walltime = spec.walltime and scheduler_time(spec.walltime, sched)
     for flag, value in (("--hosts", ",".join(spec.hosts) if spec.hosts else None),
                         ("--network-interface", spec.network_interface)):
         if value is not None:
@@ -274,8 +273,9 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
         knobs["NP"] = str(size.gpus)
     if sched == "horovodrun-elastic":
         knobs["MAX_NP"] = str(size.gpus)
-        if spec.network_interface:
-            knobs["NETWORK_INTERFACE"] = spec.network_interface
+    if spec.network_interface and sched in ("horovodrun-elastic", "torchrun",
+                                            "horovodrun-multinode"):
+        knobs["NETWORK_INTERFACE"] = spec.network_interface
     if spec.min_np is not None:
         if not (spec.elastic or sched == "horovodrun-elastic"):
             raise ValueError("--min-np is for elastic jobs (--elastic)")
@@ -293,31 +293,21 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
                              f"{'--elastic (Horovod elastic)' if spec.elastic else sched}")
         knobs["ENGINE"] = "torch"
     if sched == "torchrun":
-        knobs["NPROC_PER_NODE"] = str(size.tasks_per_node)
+        knobs["NPROC_PER_NODE"] = str(tpn)
         knobs["NNODES"] = str(size.nodes)
-        if spec.hosts:  # else the script asks for HOSTS or RDZV_ENDPOINT when run on several
-            knobs["HOSTS"] = ",".join(f"{h}:{size.tasks_per_node}" for h in spec.hosts)
-        if spec.network_interface:
-            knobs["NETWORK_INTERFACE"] = spec.network_interface
     if sched == "horovodrun" and size.nodes > 1:
         raise ValueError(f"--scheduler horovodrun runs on one node, but {size.gpus} GPUs need "
                          f"{size.nodes} nodes: use horovodrun-multinode, mpirun, slurm or pbs")
     if sched in ("horovodrun", "horovodrun-multinode") and spec.controller:
         knobs["CONTROLLER"] = spec.controller
-    if sched == "horovodrun-multinode":
-        if spec.hosts:
-            knobs["HOSTS"] = ",".join(f"{h}:{size.tasks_per_node}" for h in spec.hosts)
-        elif size.nodes == 1:
-            knobs["HOSTS"] = f"localhost:{size.gpus}"
-        else:  # hosts unknown until the machines are: the script asks for a hostfile
-            knobs["HOSTS"], knobs["HOSTFILE"] = "", "hostfile"
-        if spec.network_interface:
-            knobs["NETWORK_INTERFACE"] = spec.network_interface
-    if sched == "mpirun":
-        if spec.hosts:
-            knobs["HOSTS"] = ",".join(f"{h}:{size.tasks_per_node}" for h in spec.hosts)
-        elif size.nodes > 1:
-            knobs["HOSTFILE"] = "hostfile"
+    if spec.hosts and sched in ("torchrun", "horovodrun-multinode", "mpirun"):
+        knobs["HOSTS"] = ",".join(f"{h}:{tpn}" for h in spec.hosts)
+    elif sched == "horovodrun-multinode" and size.nodes == 1:  # (torchrun without hosts: the
+        knobs["HOSTS"] = f"localhost:{size.gpus}"  # script asks for HOSTS or RDZV_ENDPOINT)
+    elif sched == "horovodrun-multinode":  # hosts unknown until the machines are: a hostfile
+        knobs["HOSTS"], knobs["HOSTFILE"] = "", "hostfile"
+    elif sched == "mpirun" and size.nodes > 1:
+        knobs["HOSTFILE"] = "hostfile"
     if sched == "slurm":
         if spec.elastic:
             if spec.launcher not in (None, "elastic"):
@@ -325,31 +315,20 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
             knobs["LAUNCHER"] = "elastic"
         elif spec.launcher:
             knobs["LAUNCHER"] = spec.launcher
-        d = "#SBATCH"
-        text = set_directive(text, d, "--job-name", spec.job_name, "=")
-        text = set_directive(text, d, "--nodes", str(size.nodes), "=")
-        text = set_directive(text, d, "--ntasks-per-node", str(size.tasks_per_node), "=")
-        if spec.device == "cuda":
-            text = set_directive(text, d, "--gpus-per-node", str(size.tasks_per_node), "=")
-        if spec.cpus_per_task:
-            text = set_directive(text, d, "--cpus-per-task", str(spec.cpus_per_task), "=")
-        if spec.walltime:
-            text = set_directive(text, d, "--time", scheduler_time(spec.walltime, sched), "=")
-        if spec.partition:
-            text = set_directive(text, d, "--partition", spec.partition, "=")
-    if sched == "pbs":
-        tpn = size.tasks_per_node
-        select = f"{size.nodes}:ncpus={tpn * (spec.cpus_per_task or 1)}"
-        if spec.device == "cuda":
-            select += f":ngpus={tpn}"
-        select += f":mpiprocs={tpn}"
-        text = set_directive(text, "#PBS", "-N", spec.job_name, " ")
-        text = set_directive(text, "#PBS", "-l select", select, "=")
-        if spec.walltime:
-            text = set_directive(text, "#PBS", "-l walltime", scheduler_time(spec.walltime, sched),
-                                 "=")
-        if spec.partition:
-            text = set_directive(text, "#PBS", "-q", spec.partition, " ")
+    gpus = tpn if spec.device == "cuda" else None
+    select = (f"{size.nodes}:ncpus={tpn * (spec.cpus_per_task or 1)}"
+              + (f":ngpus={tpn}" if gpus else "") + f":mpiprocs={tpn}")
+    directives = {  # (key, value: None leaves the template's line as it is, separator), in order
+        "slurm": [("--job-name", spec.job_name, "="), ("--nodes", size.nodes, "="),
+                  ("--ntasks-per-node", tpn, "="), ("--gpus-per-node", gpus, "="),
+                  ("--cpus-per-task", spec.cpus_per_task, "="), ("--time", walltime, "="),
+                  ("--partition", spec.partition, "=")],
+        "pbs": [("-N", spec.job_name, " "), ("-l select", select, "="),
+                ("-l walltime", walltime, "="), ("-q", spec.partition, " ")]}
+    for key, value, sep in directives.get(sched, ()):
+        if value:
+            text = set_directive(text, "#SBATCH" if sched == "slurm" else "#PBS", key, str(value),
+                                 sep)
     text = set_knobs(text, knobs)
     if spec.header:
         first, _, rest = text.partition("\n")
