@@ -34,10 +34,11 @@ import zlib
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from time import perf_counter as now
 from typing import Optional
 
 from data_prep import readers, sniff
-from data_prep.parallel import Context, now
+from data_prep.parallel import Context
 from data_prep.pipeline import prepare
 from data_prep.settings import PrepareConfig
 from hvd_lm.options import Command, option

@@ -7,7 +7,7 @@ description (:class:`InputSpec`). The formats themselves are documented in
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 #: Format names accepted by ``--format``.
@@ -58,28 +58,25 @@ class InputError(ValueError):
     Never skipped by ``skip_bad``; the message names the file."""
 
 
-class BadRecord(ValueError):
-    """One malformed record. Attributes ``path``, ``line`` (1-based) and ``reason``;
-    ``str()`` is ``"PATH:LINE: REASON"``."""
+class _AtLine:
+    """An error at a line of a file: attributes ``path``, ``line`` (1-based) and ``reason``;
+    ``str()`` is ``"PATH:LINE: REASON"``; picklable across worker processes."""
 
     def __init__(self, path: str, line: int, reason: str):
         self.path, self.line, self.reason = path, line, reason
         super().__init__(f"{path}:{line}: {reason}")
 
-    def __reduce__(self):  # picklable across worker processes
+    def __reduce__(self):
         return (type(self), (self.path, self.line, self.reason))
 
 
-class CorruptInput(InputError):
+class BadRecord(_AtLine, ValueError):
+    """One malformed record (:class:`_AtLine`)."""
+
+
+class CorruptInput(_AtLine, InputError):
     """A compressed stream fails its integrity check (CRC) or holds invalid deflate data; raised
-    after the records before the failure were yielded. Attributes ``path``, ``line``."""
-
-    def __init__(self, path: str, line: int, reason: str):
-        self.path, self.line, self.reason = path, line, reason
-        super().__init__(f"{path}:{line}: {reason}")
-
-    def __reduce__(self):  # picklable across worker processes
-        return (type(self), (self.path, self.line, self.reason))
+    after the records before the failure were yielded (:class:`_AtLine`)."""
 
 
 @dataclass
@@ -119,9 +116,9 @@ class ReadStats:
 
     def merge(self, other: "ReadStats") -> None:
         """Add ``other``'s counts; keep the first samples in (path, line) order."""
-        for name in ("records", "blank_lines", "bad_records", "utf8_replaced",
-                     "truncated_files", "corrupt_files", "bytes_in", "members_left_out"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for f in fields(self):  # every counter (a subclass's too)
+            if f.name != "bad_samples":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
         self.bad_samples = sorted(self.bad_samples + [tuple(s) for s in other.bad_samples],
                                   key=lambda s: (s[0], s[1]))[:MAX_BAD_SAMPLES]
 

@@ -18,7 +18,6 @@ import multiprocessing as mp
 import os
 import signal
 import sys
-import time
 import traceback
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -102,15 +101,6 @@ class Context:
     def slots(self) -> int:
         """Processes working in parallel over all ranks (world size x workers)."""
         return self.size * self.workers
-
-    def barrier(self) -> None:
-        """Wait for all ranks (no-op without MPI)."""
-        if self.mpi is not None:
-            self.mpi.barrier()
-
-    def bcast(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank."""
-        return obj if self.mpi is None else self.mpi.bcast(obj)
 
     def root_call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on rank 0 and return its result on every rank; an exception there is
@@ -241,8 +231,3 @@ class Context:
             finally:
                 if bar is not None:
                     bar.close()
-
-
-def now() -> float:
-    """Monotonic seconds (``time.perf_counter``)."""
-    return time.perf_counter()

@@ -42,9 +42,9 @@ import math
 import os
 import platform
 import shutil
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from time import perf_counter as now
 from typing import Optional
 
 import h5py
@@ -52,7 +52,7 @@ import numpy as np
 
 import hvd_lm
 from data_prep import inputs, sniff
-from data_prep.parallel import Context, now
+from data_prep.parallel import Context
 from data_prep.plan import WriteTask, plan_shards, split_counts, write_task
 from data_prep.resume import (
     SHARD_NAME,
@@ -62,14 +62,15 @@ from data_prep.resume import (
     input_names,
     setup_output,
     shard_settings,
-    verify_complete,
 )
-from data_prep.settings import DOC_BUDGET_SHARE, MiB, PrepareConfig, PrepareError, check_config
+from data_prep.settings import DOC_BUDGET_SHARE, PrepareConfig, PrepareError, check_config
 from data_prep.sort import MAX_BUCKET_BITS, MapTask, SortTask, UnitStats, map_unit, sort_bucket
+from data_prep.verify import verify_directory
 from hvd_lm.formats import manifest as manifests
 from hvd_lm.formats import shards
 from hvd_lm.formats.tokenizer import TOKENIZER_NAME
 from hvd_lm.util.lock import FolderLock
+from hvd_lm.util.units import MIB
 
 
 def _versions() -> dict:
@@ -174,7 +175,7 @@ def _plan_run(cfg: PrepareConfig, ctx: Context, out: Path) -> _Run:
     for i, s in enumerate(specs):
         n = slots if (len(specs) < slots and s.format in inputs.LINE_FORMATS) else 1
         units.extend((i, k, n) for k in range(n))
-    per_proc = cfg.max_memory_mb * MiB // cfg.workers
+    per_proc = cfg.max_memory_mb * MIB // cfg.workers
     est = sum(_estimate_bytes(s) for s in specs)
     # a full disk names the folder and what the job needs there: the map spills and the sorted
     # buckets (each about the corpus) beside the shards (about the corpus again)
@@ -193,7 +194,7 @@ def _map(run: _Run) -> None:
     tasks = [MapTask(unit=u, spec=run.specs[i], stripe=k, n_stripes=n, work=str(work),
                      bits=run.bits, seed=cfg.seed, normalize=cfg.normalize,
                      min_chars=cfg.min_chars, skip_bad=cfg.skip_bad,
-                     utf8_errors=cfg.utf8_errors, buffer_bytes=max(1 * MiB, run.per_proc // 4),
+                     utf8_errors=cfg.utf8_errors, buffer_bytes=max(1 * MIB, run.per_proc // 4),
                      max_doc_bytes=run.per_proc // DOC_BUDGET_SHARE)
              for u, (i, k, n) in enumerate(run.units) if u not in done]
     mine = tasks[run.ctx.rank::run.ctx.size]
@@ -206,7 +207,7 @@ def _sort(run: _Run) -> None:
     done = run.ctx.root_call(lambda: {b for b in range(run.n_buckets)
                                       if (work / "sorted" / f"b{b:05d}").is_dir()})
     tasks = [SortTask(bucket=b, bits=run.bits, work=str(work), units=len(run.units),
-                      budget=max(1 * MiB, run.per_proc // 3), dedup=run.cfg.dedup)
+                      budget=max(1 * MIB, run.per_proc // 3), dedup=run.cfg.dedup)
              for b in range(run.n_buckets) if b not in done]
     run.ctx.run(sort_bucket, tasks, desc="sort")
 
@@ -308,7 +309,7 @@ def _prepare(cfg: PrepareConfig, ctx: Context, out: Path) -> dict:
     # same settings and inputs whose shards all verify is the result as it stands
     complete = ctx.root_call(lambda: setup_output(cfg, run.config_fp, run.inputs_fp, run.layout))
     if complete is not None:
-        if verify_complete(ctx, out):
+        if not verify_directory(out, ctx)[1]:  # every shard verifies
             return dict(_summary(complete, out), resumed_complete=True)
         # some shard fails: redo the run, keeping the shards that verify
         ctx.root_call(lambda: setup_output(cfg, run.config_fp, run.inputs_fp, run.layout,
@@ -374,7 +375,3 @@ def format_summary(summary: dict) -> str:
         lines.append("  first bad records:")
         lines += [f"    {s}" for s in summary["bad_samples"]]
     return "\n".join(lines)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit("use: python -m data_prep prepare ...")

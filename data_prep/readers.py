@@ -334,6 +334,20 @@ def _dialect(fmt: str) -> dict:
     return {"delimiter": ",", "quotechar": '"', "doublequote": True, "strict": False}
 
 
+def _check_read(spec: InputSpec, n_stripes: int, utf8_errors: str,
+                stats: Optional[ReadStats]) -> ReadStats:
+    """The arguments of a read checked; ``stats`` or new counters.
+
+    Raises:
+        ValueError: striping a multi-line format, an unknown ``utf8_errors``.
+    """
+    if n_stripes > 1 and spec.format not in LINE_FORMATS:
+        raise ValueError(f"{spec.path}: format {spec.format} cannot be read in stripes")
+    if utf8_errors not in ("replace", "strict"):
+        raise ValueError(f"utf8_errors must be 'replace' or 'strict', got {utf8_errors!r}")
+    return stats if stats is not None else ReadStats()
+
+
 def read_documents(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
                    stats: Optional[ReadStats] = None, skip_bad: bool = False,
                    utf8_errors: str = "replace",
@@ -362,11 +376,7 @@ def read_documents(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
         BadRecord: malformed record (unless ``skip_bad``); names file and line.
         CorruptInput: damaged compressed stream. ValueError: striping a multi-line format.
     """
-    if n_stripes > 1 and spec.format not in LINE_FORMATS:
-        raise ValueError(f"{spec.path}: format {spec.format} cannot be read in stripes")
-    if utf8_errors not in ("replace", "strict"):
-        raise ValueError(f"utf8_errors must be 'replace' or 'strict', got {utf8_errors!r}")
-    stats = stats if stats is not None else ReadStats()
+    stats = _check_read(spec, n_stripes, utf8_errors, stats)
     if spec.format == "tar":
         return read_tar_members(spec, stats, skip_bad, utf8_errors, progress,
                                 max_line_bytes)
@@ -402,11 +412,7 @@ def read_document_batches(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, 
     :func:`read_documents` records in lists of up to ``batch``.
     """
     if spec.format == "json" and orjson is not None:
-        if n_stripes > 1 and spec.format not in LINE_FORMATS:  # pragma: no cover - json is one
-            raise ValueError(f"{spec.path}: format {spec.format} cannot be read in stripes")
-        if utf8_errors not in ("replace", "strict"):
-            raise ValueError(f"utf8_errors must be 'replace' or 'strict', got {utf8_errors!r}")
-        stats = stats if stats is not None else ReadStats()
+        stats = _check_read(spec, n_stripes, utf8_errors, stats)
         segments = iter_segments(spec, stripe, n_stripes, stats=stats, skip_bad=skip_bad,
                                  progress=progress, block_size=block_size,
                                  max_line_bytes=max_line_bytes)

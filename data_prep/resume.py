@@ -22,10 +22,8 @@ import shutil
 from pathlib import Path
 
 from data_prep import sniff
-from data_prep.parallel import Context, PhaseError
 from data_prep.settings import PrepareConfig, PrepareError
 from hvd_lm.formats import manifest as manifests
-from hvd_lm.formats import shards
 from hvd_lm.formats.tokenizer import TOKENIZER_NAME
 from hvd_lm.util.atomic import remove_stale_temps, write_text
 from hvd_lm.util.digest import json_sha256
@@ -240,17 +238,3 @@ def setup_output(cfg: PrepareConfig, config_fp: str, inputs_fp: str, layout: dic
     atomic_json(state_path, {"config_sha256": config_fp, "inputs_sha256": inputs_fp,
                               "layout": layout})
     return None
-
-
-def verify_complete(ctx: Context, out: Path) -> bool:
-    """Every shard of an existing manifest verifies (checked in parallel)."""
-    manifest = manifests.load_manifest(out)
-    try:
-        ctx.run(_verify_one, manifest.shards, desc="verify")
-    except PhaseError:
-        return False
-    return True
-
-
-def _verify_one(info: manifests.ShardInfo, progress=None) -> None:
-    shards.verify_shard(info)

@@ -10,24 +10,17 @@ from typing import Optional
 
 from data_prep.inputs import FORMATS
 from hvd_lm.formats import shards
-from hvd_lm.options import option
+from hvd_lm.options import option, validate
 from hvd_lm.util.units import MIB, parse_bytes, parse_split
 
-MiB = MIB
 #: A document (record line) may use at most 1/8 of a worker's memory budget: reading, decoding,
-#: encoding and spilling it holds about 5 copies at once (measured: an 18 MB JSON line peaked at
-#: 5x its size), so larger ones are refused with their file, line and size.
+#: encoding and spilling it holds several copies at once (docs/data_prep.md), so larger ones are
+#: refused with their file, line and size.
 DOC_BUDGET_SHARE = 8
 
 
 class PrepareError(RuntimeError):
     """The run cannot proceed (bad settings, output directory in use, no documents)."""
-
-
-def parse_size(text: str) -> int:
-    """``"64M"``, ``"1.5G"``, ``"4096"``, ``"512K"`` -> bytes (binary units: K=1024;
-    :func:`hvd_lm.util.units.parse_bytes`)."""
-    return parse_bytes(text)
 
 
 @dataclass
@@ -90,8 +83,8 @@ class PrepareConfig:
     split: tuple[float, ...] = option((1000.0, 1.0, 1.0), "split ratios TRAIN,VAL,TEST (as in "
                                       "sentiment-discovery)", parse=parse_split,
                                       metavar="TRAIN,VAL,TEST")
-    shard_size: int = option(64 * MiB, "target bytes per shard, suffixes K/M/G",
-                             parse=parse_size, metavar="BYTES", ge=1)
+    shard_size: int = option(64 * MIB, "target bytes per shard, suffixes K/M/G",
+                             parse=parse_bytes, metavar="BYTES", ge=1)
     compression: str = option("none", "HDF5 compression of the datasets",
                               choices=shards.COMPRESSIONS)
     workers: int = option(1, "local worker processes per rank", ge=1)
@@ -119,18 +112,18 @@ class PrepareConfig:
 
 
 def check_config(cfg: PrepareConfig) -> None:
+    """The checks of a :class:`PrepareConfig` built in code (the flags' own, through
+    :func:`hvd_lm.options.validate`), inputs given, and a shard fitting the memory budget.
+
+    Raises:
+        hvd_lm.options.ConfigError: a value out of its range or choices.
+        PrepareError: no inputs, or ``--shard-size`` over the budget.
+    """
+    validate(cfg, "prepare")
     if not cfg.inputs:
         raise PrepareError("no input files")
-    if cfg.min_chars < 0:
-        raise PrepareError(f"--min-chars must be >= 0, got {cfg.min_chars}")
-    if cfg.shard_size < 1:
-        raise PrepareError(f"--shard-size must be positive, got {cfg.shard_size}")
-    if cfg.compression not in shards.COMPRESSIONS:
-        raise PrepareError(f"--compression must be one of {shards.COMPRESSIONS}")
-    if cfg.resume and cfg.overwrite:
-        raise PrepareError("--resume and --overwrite exclude each other")
-    per_proc = cfg.max_memory_mb * MiB // max(1, cfg.workers)
+    per_proc = cfg.max_memory_mb * MIB // max(1, cfg.workers)
     if 2 * cfg.shard_size > per_proc:
-        raise PrepareError(f"--shard-size {cfg.shard_size / MiB:.1f} MiB needs --max-memory-mb >= "
-                           f"{math.ceil(2 * cfg.shard_size * cfg.workers / MiB)} with "
+        raise PrepareError(f"--shard-size {cfg.shard_size / MIB:.1f} MiB needs --max-memory-mb >= "
+                           f"{math.ceil(2 * cfg.shard_size * cfg.workers / MIB)} with "
                            f"{cfg.workers} worker(s) (a shard is assembled in memory)")

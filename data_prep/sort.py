@@ -27,8 +27,8 @@ import numpy as np
 
 from data_prep import inputs, readers
 from data_prep.resume import atomic_json, finish_dir, fresh_dir
-from data_prep.settings import MiB
 from hvd_lm.formats.tokenizer import EOD, encode_bytes, normalize_text
+from hvd_lm.util.units import MIB
 
 #: Testing aid: seconds every map task sleeps first (a test acts while prepare still runs).
 SLEEP_HOOK_ENV = "HVD_LM_PREP_TASK_SLEEP"
@@ -48,11 +48,6 @@ class UnitStats(inputs.ReadStats):
     nul_removed: int = 0
     kept: int = 0
     kept_bytes: int = 0
-
-    def merge(self, other: "UnitStats") -> None:  # noqa: D102 - see ReadStats.merge
-        super().merge(other)
-        for name in ("too_short", "nul_removed", "kept", "kept_bytes"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 @dataclass(frozen=True)
@@ -306,7 +301,7 @@ def sort_bucket(task: SortTask, progress=None) -> None:
         if ix.exists():
             pairs.append((ix, ix.with_suffix(".dat")))
     lengths: list = []
-    with open(part / "data.bin", "wb", buffering=4 * MiB) as out:
+    with open(part / "data.bin", "wb", buffering=4 * MIB) as out:
         dups = _sort_into(pairs, task.bits, task.budget, task.dedup, out, lengths, part)
     lens = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
     np.save(part / "lengths.npy", lens)

@@ -19,14 +19,14 @@ from data_prep.parallel import Context, PhaseError
 from data_prep.pipeline import prepare
 from data_prep.plan import KILL_HOOK_ENV, plan_shards, split_counts
 from data_prep.resume import WORK_DIR, finished_with_other_inputs
-from data_prep.settings import PrepareConfig, PrepareError, parse_size
+from data_prep.settings import PrepareConfig, PrepareError
 from data_prep.sniff import resolve_input
 from data_prep.sort import MapTask, SortTask, map_unit, sort_bucket
 from hvd_lm import options
 from hvd_lm.formats.manifest import MANIFEST_NAME, load_manifest
 from hvd_lm.formats.shards import check_shard, open_shard
 from hvd_lm.formats.tokenizer import normalize_text
-from hvd_lm.util.units import parse_split
+from hvd_lm.util.units import parse_bytes, parse_split
 from tests.test_data_prep_readers import BLITZER, FOOD, KAGGLE, MUSIC, TSV, independent
 
 REPO = Path(__file__).resolve().parents[1]
@@ -372,7 +372,7 @@ def test_split_counts():
     with pytest.raises(ValueError):
         parse_split("1,-1")
     assert parse_split("98,1") == (98.0, 1.0, 0.0)
-    assert parse_size("64M") == 64 << 20 and parse_size("1.5K") == 1536
+    assert parse_bytes("64M") == 64 << 20 and parse_bytes("1.5K") == 1536
 
 
 def test_plan_cuts_at_document_boundaries(tmp_path):

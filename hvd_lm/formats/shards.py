@@ -288,6 +288,32 @@ def read_tokens(path, start: int, stop: int) -> np.ndarray:
                                    "`hvd-lm verify` checks every shard") from None
 
 
+def _datasets(path: Path, f: h5py.File) -> tuple[h5py.Dataset, h5py.Dataset]:
+    """The ``tokens`` and ``doc_offsets`` datasets of an open shard, once its format version,
+    their presence, dtypes, shapes and storage (:func:`_check_storage`) are checked (attributes
+    and shapes only, no data).
+
+    Raises:
+        ShardFormatError: naming the file, the dataset and what it holds.
+    """
+    version = _plain(f.attrs.get("format_version"))
+    if version != FORMAT_VERSION:
+        raise ShardFormatError(f"{path}: format_version={version!r}, expected {FORMAT_VERSION}")
+    found = []
+    for name, dtype, what in ((_TOKENS, np.uint8, "uint8 (byte tokens)"),
+                              (_OFFSETS, np.int64, "int64 of length documents+1")):
+        ds = f.get(name)
+        if not isinstance(ds, h5py.Dataset):
+            raise ShardFormatError(f"{path}: no dataset '{name}' (it has: "
+                                   f"{', '.join(sorted(f.keys())) or 'none'})")
+        if ds.dtype != dtype or ds.ndim != 1 or (name == _OFFSETS and ds.shape[0] < 1):
+            raise ShardFormatError(f"{path}: dataset '{name}' is {ds.dtype} shape {ds.shape},"
+                                   f" expected 1-D {what}")
+        _check_storage(path, ds)
+        found.append(ds)
+    return found[0], found[1]
+
+
 def check_layout(info) -> None:
     """The cheap part of :func:`verify_shard`, for ``--verify-shards false``: the file opens, has
     the format version, the ``tokens`` (1-D uint8) and ``doc_offsets`` (1-D int64) datasets, and
@@ -302,26 +328,12 @@ def check_layout(info) -> None:
     """
     path = Path(info.path)
     with _open_h5(path) as f:
-        version = _plain(f.attrs.get("format_version"))
-        if version != FORMAT_VERSION:
-            raise ShardFormatError(f"{path}: format_version={version!r}, expected "
-                                   f"{FORMAT_VERSION}")
-        for name, dtype, what in ((_TOKENS, np.uint8, "uint8 (byte tokens)"),
-                                  (_OFFSETS, np.int64, "int64")):
-            ds = f.get(name)
-            if not isinstance(ds, h5py.Dataset):
-                raise ShardFormatError(f"{path}: no dataset '{name}' (it has: "
-                                       f"{', '.join(sorted(f.keys())) or 'none'})")
-            if ds.dtype != dtype or ds.ndim != 1:
-                raise ShardFormatError(f"{path}: dataset '{name}' is {ds.dtype} shape {ds.shape},"
-                                       f" expected 1-D {what}")
-            _check_storage(path, ds)
-        n = f[_TOKENS].shape[0]
+        n = _datasets(path, f)[0].shape[0]
     if n != info.tokens:
         raise ShardFormatError(f"{path}: tokens={n}, manifest says {info.tokens}")
 
 
-def _stream_check(path: Path, f: h5py.File) -> tuple[dict, str, int, np.ndarray, str | None]:
+def _scan(path: Path) -> tuple[dict, str, int, np.ndarray, str | None]:
     """Read a shard's attributes and offsets, stream its tokens through SHA-256 (16 MiB reads)
     and check the internal structure.
 
@@ -330,42 +342,36 @@ def _stream_check(path: Path, f: h5py.File) -> tuple[dict, str, int, np.ndarray,
         None). Problems found while streaming are returned, not raised, so that callers can
         report a checksum mismatch first.
     Raises:
-        ShardFormatError: missing datasets or wrong dtypes/shapes (nothing to hash).
+        ShardFormatError: wrong version, missing datasets or wrong dtypes/shapes (nothing to
+            hash), or unreadable data (e.g. a corrupt chunk).
     """
-    try:
-        tok, offs = f[_TOKENS], f[_OFFSETS]
-    except KeyError as e:
-        raise ShardFormatError(f"{path}: missing dataset ({e})") from e
-    attrs = {k: _plain(v) for k, v in f.attrs.items()}
-    if tok.dtype != np.uint8 or tok.ndim != 1:
-        raise ShardFormatError(f"{path}: dataset {_TOKENS} is {tok.dtype} shape {tok.shape}, "
-                               "expected 1-D uint8")
-    if offs.dtype != np.int64 or offs.ndim != 1 or offs.shape[0] < 1:
-        raise ShardFormatError(f"{path}: dataset {_OFFSETS} is {offs.dtype} shape {offs.shape},"
-                               " expected 1-D int64 of length documents+1")
-    n = tok.shape[0]
-    for ds in (tok, offs):
-        _check_storage(path, ds)
-    if offs.shape[0] > n + 1:  # more documents than bytes: not read (it could be any size)
-        raise ShardFormatError(f"{path}: {offs.shape[0] - 1:,} documents in {n:,} bytes")
-    offsets = offs[...]
-    problem = None
-    if offsets[0] != 0 or offsets[-1] != n or (len(offsets) > 1 and
-                                               not np.all(np.diff(offsets) > 0)):
-        problem = f"{path}: {_OFFSETS} must rise strictly from 0 to {n}"
-        ends = np.zeros(0, dtype=np.int64)
-    else:
-        ends = offsets[1:] - 1  # position of each document's EOD
-    h = hashlib.sha256()
-    zeros = 0
-    for a in range(0, n, _READ_CHUNK):
-        chunk = tok[a:a + _READ_CHUNK]
-        h.update(chunk.data)
-        zeros += int(np.count_nonzero(chunk == 0))
-        lo, hi = np.searchsorted(ends, [a, a + len(chunk)])
-        if problem is None and hi > lo and np.any(chunk[ends[lo:hi] - a] != 0):
-            problem = (f"{path}: a document does not end with EOD (0) "
-                       f"in tokens[{a}:{a + len(chunk)}]")
+    with _open_h5(path) as f:
+        try:
+            tok, offs = _datasets(path, f)
+            attrs = {k: _plain(v) for k, v in f.attrs.items()}
+            n = tok.shape[0]
+            if offs.shape[0] > n + 1:  # more documents than bytes: not read (could be any size)
+                raise ShardFormatError(f"{path}: {offs.shape[0] - 1:,} documents in {n:,} bytes")
+            offsets = offs[...]
+            problem = None
+            if offsets[0] != 0 or offsets[-1] != n or (len(offsets) > 1 and
+                                                       not np.all(np.diff(offsets) > 0)):
+                problem = f"{path}: {_OFFSETS} must rise strictly from 0 to {n}"
+                ends = np.zeros(0, dtype=np.int64)
+            else:
+                ends = offsets[1:] - 1  # position of each document's EOD
+            h = hashlib.sha256()
+            zeros = 0
+            for a in range(0, n, _READ_CHUNK):
+                chunk = tok[a:a + _READ_CHUNK]
+                h.update(chunk.data)
+                zeros += int(np.count_nonzero(chunk == 0))
+                lo, hi = np.searchsorted(ends, [a, a + len(chunk)])
+                if problem is None and hi > lo and np.any(chunk[ends[lo:hi] - a] != 0):
+                    problem = (f"{path}: a document does not end with EOD (0) "
+                               f"in tokens[{a}:{a + len(chunk)}]")
+        except (OSError, RuntimeError) as e:  # HDF5 read errors (e.g. a corrupt chunk)
+            raise ShardFormatError(f"{path}: unreadable data ({e})") from e
     if problem is None and zeros != len(offsets) - 1:
         problem = f"{path}: {zeros} EOD (0) bytes in tokens but {len(offsets) - 1} documents"
     for key, actual in (("documents", len(offsets) - 1), ("bytes", n)):
@@ -373,18 +379,6 @@ def _stream_check(path: Path, f: h5py.File) -> tuple[dict, str, int, np.ndarray,
             problem = (f"{path}: attribute {key}={attrs.get(key)!r} but the datasets hold "
                        f"{actual}")
     return attrs, h.hexdigest(), n, offsets, problem
-
-
-def _scan(path: Path) -> tuple[dict, str, int, np.ndarray, str | None]:
-    with _open_h5(path) as f:
-        version = _plain(f.attrs.get("format_version"))
-        if version != FORMAT_VERSION:
-            raise ShardFormatError(f"{path}: format_version={version!r}, expected "
-                                   f"{FORMAT_VERSION}")
-        try:
-            return _stream_check(path, f)
-        except (OSError, RuntimeError) as e:  # HDF5 read errors (e.g. a corrupt chunk)
-            raise ShardFormatError(f"{path}: unreadable data ({e})") from e
 
 
 def check_shard(path) -> dict:
@@ -447,16 +441,14 @@ def open_shard(path, verify: bool = True) -> Shard:
     Returns:
         :class:`Shard` with ``tokens`` (uint8), ``doc_offsets`` (int64) and ``attrs`` (dict).
     Raises:
-        FileNotFoundError, ShardFormatError: missing or unreadable file, missing datasets.
+        FileNotFoundError, ShardFormatError: missing or unreadable file, another format version,
+            missing or ill-typed datasets.
         ShardChecksumError: ``verify`` and the checksum differs.
     """
     path = Path(path)
     with _open_h5(path) as f:
-        try:
-            tokens = f[_TOKENS][...]
-            offsets = f[_OFFSETS][...]
-        except KeyError as e:
-            raise ShardFormatError(f"{path}: missing dataset ({e})") from e
+        tok, offs = _datasets(path, f)
+        tokens, offsets = tok[...], offs[...]
         attrs = {k: _plain(v) for k, v in f.attrs.items()}
     if verify:
         actual = hashlib.sha256(tokens.data).hexdigest()

@@ -25,7 +25,7 @@ not a folder, not a FIFO or device, not one of the files the command reads (comp
 and inode: another spelling or a link counts too) and not one the command itself writes; it is
 then written atomically (:mod:`hvd_lm.util.atomic`: a rename replaces a link, never writes through
 it). A file a run appends to or locks inside its own folder (``metrics.jsonl``, ``.lock``) is
-opened by :func:`open_in_folder`: never through a link that leads out of the folder, never a
+opened by :func:`open_append`: never through a link that leads out of the folder, never a
 FIFO or device.
 
 Errors are :class:`FileRefused` (a ``ValueError``), one line naming the file and what it is.
@@ -34,7 +34,6 @@ Errors are :class:`FileRefused` (a ``ValueError``), one line naming the file and
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import math
 import os
@@ -107,15 +106,23 @@ def check_regular(path: str | Path, what: str = "", streams: bool = False) -> os
         FileNotFoundError: no such file (naming it). FileRefused: a folder, FIFO, device or
             socket, naming what it is.
     """
-    p = Path(path)
     try:
-        st = os.stat(p)
+        st = os.stat(path)
     except FileNotFoundError:
-        raise FileNotFoundError(errno.ENOENT, f"{shown(p)}: no such file") from None
+        raise FileNotFoundError(errno.ENOENT, f"{shown(path)}: no such file") from None
+    return _regular(path, st, what, streams)
+
+
+def _regular(path: str | Path, st: os.stat_result, what: str, streams: bool) -> os.stat_result:
+    """``st`` when it is a regular file's (or a stream's, see :func:`check_regular`).
+
+    Raises:
+        FileRefused: naming the file and what it is.
+    """
     if stat.S_ISREG(st.st_mode) or (stat.S_ISFIFO(st.st_mode)
-                                    and (streams or _anonymous_pipe(p))):
+                                    and (streams or _anonymous_pipe(Path(path)))):
         return st
-    raise FileRefused(f"{shown(p)}: {kind_of(st.st_mode)}, not a regular file"
+    raise FileRefused(f"{shown(path)}: {kind_of(st.st_mode)}, not a regular file"
                       + (f"; {what}" if what else ""))
 
 
@@ -129,12 +136,8 @@ def open_regular(path: str | Path, what: str = "", streams: bool = False) -> IO[
     check_regular(path, what, streams)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        st = os.fstat(fd)
-        if not (stat.S_ISREG(st.st_mode) or (stat.S_ISFIFO(st.st_mode)
-                                             and (streams or _anonymous_pipe(Path(path))))):
-            raise FileRefused(f"{shown(path)}: {kind_of(st.st_mode)}, not a regular file"
-                              + (f"; {what}" if what else ""))
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        _regular(path, os.fstat(fd), what, streams)
+        os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
@@ -151,12 +154,16 @@ def read_bounded(path: str | Path, limit: int, what: str) -> bytes:
         FileNotFoundError / FileRefused: not a regular file, or larger than ``limit``.
     """
     with open_regular(path, what) as f:
-        if os.fstat(f.fileno()).st_size > limit:  # refused from its size, before a byte is read
-            raise FileRefused(f"{shown(path)}: more than {limit:,} bytes; {what}")
+        _within(path, os.fstat(f.fileno()).st_size, limit, what)  # before a byte is read
         raw = f.read(limit + 1)  # (a /proc file, a pipe: sizes of 0)
-    if len(raw) > limit:
-        raise FileRefused(f"{shown(path)}: more than {limit:,} bytes; {what}")
+    _within(path, len(raw), limit, what)
     return raw
+
+
+def _within(path: str | Path, size: int, limit: int, what: str) -> None:
+    """Refuse a file of ``size`` bytes over ``limit`` (:class:`FileRefused` naming it)."""
+    if size > limit:
+        raise FileRefused(f"{shown(path)}: more than {limit:,} bytes; {what}")
 
 
 def iter_lines(path: str | Path, limit: int, what: str, line_limit: int = 1 << 20,
@@ -175,13 +182,11 @@ def iter_lines(path: str | Path, limit: int, what: str, line_limit: int = 1 << 2
             (from its size, before reading; or a file that grew past it while read).
     """
     with open_regular(path, what) as f:
-        if os.fstat(f.fileno()).st_size > limit:
-            raise FileRefused(f"{shown(path)}: more than {limit:,} bytes; {what}")
+        _within(path, os.fstat(f.fileno()).st_size, limit, what)
         number, pending, overlong, total = 1, bytearray(), False, 0
         while block := f.read(chunk):
             total += len(block)
-            if total > limit:
-                raise FileRefused(f"{shown(path)}: more than {limit:,} bytes; {what}")
+            _within(path, total, limit, what)
             start = 0
             while (end := block.find(b"\n", start)) >= 0:
                 overlong = overlong or len(pending) + end - start > line_limit
@@ -403,11 +408,11 @@ def check_output(path: str | Path, flag: str, *reads: str | Path,
                               "write the output elsewhere")
 
 
-def open_in_folder(folder: str | Path, name: str, flags: int, what: str = "") -> int:
-    """A descriptor of ``folder/name`` opened with ``flags`` (``O_CREAT`` with mode 0o644 when
-    given): never through a link that leads out of ``folder`` (a link inside it is followed),
-    never a FIFO, device or socket (opened ``O_NONBLOCK`` and checked on the descriptor before
-    blocking mode is restored).
+def open_append(folder: str | Path, name: str, buffering: int = -1) -> IO[str]:
+    """``open(folder/name, "a")`` (a run's ``metrics.jsonl``, created 0o644): never through a
+    link that leads out of ``folder`` (a link inside it is followed), never a FIFO, device or
+    socket (opened ``O_NONBLOCK`` and checked on the descriptor before blocking mode is
+    restored).
 
     Raises:
         FileRefused: a link leading out of the folder, or not a regular file, naming both.
@@ -415,7 +420,7 @@ def open_in_folder(folder: str | Path, name: str, flags: int, what: str = "") ->
     """
     d = Path(folder)
     path = d / name
-    why = what or "a run writes only regular files inside its folder"
+    why = "a run writes only regular files inside its folder"
     follow = False
     try:
         if path.is_symlink():
@@ -426,9 +431,9 @@ def open_in_folder(folder: str | Path, name: str, flags: int, what: str = "") ->
             follow = True
     except OSError:
         pass
-    nofollow = 0 if follow else os.O_NOFOLLOW
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags | nofollow | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, flags | (0 if follow else os.O_NOFOLLOW), 0o644)
     except OSError as e:
         if e.errno == errno.ELOOP:  # made a link since the check above
             raise FileRefused(f"{shown(path)}: a link; {why}: remove the link") from None
@@ -439,15 +444,5 @@ def open_in_folder(folder: str | Path, name: str, flags: int, what: str = "") ->
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise FileRefused(f"{shown(path)}: {kind_of(st.st_mode)}, not a regular file; {why}")
-    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
-    return fd
-
-
-def open_append(folder: str | Path, name: str, buffering: int = -1) -> IO[str]:
-    """``open(folder/name, "a")`` through :func:`open_in_folder` (a run's ``metrics.jsonl``).
-
-    Raises:
-        FileRefused / OSError: as :func:`open_in_folder`.
-    """
-    fd = open_in_folder(folder, name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.set_blocking(fd, True)
     return os.fdopen(fd, "a", buffering=buffering)

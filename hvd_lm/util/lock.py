@@ -73,7 +73,7 @@ def _open_lock(path: Path) -> int:
         os.close(fd)
         raise LockFileError(f"{shown(path)}: {why}; a folder's lock is a file of its own: "
                             "remove it")
-    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    os.set_blocking(fd, True)
     return fd
 
 
