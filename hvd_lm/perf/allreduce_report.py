@@ -6,6 +6,7 @@ per configuration (:func:`wire_summary`), printed from the records
 
 from __future__ import annotations
 
+from hvd_lm.perf.harness import print_table
 from hvd_lm.perf.results import busbw_factor
 from hvd_lm.util.units import KIB, MIB
 
@@ -37,21 +38,20 @@ def print_report(data: dict) -> None:
                lambda r: f"{r['ratio']:.2f}", "time / raw MPI (mpi4py) time, per size")
     if data.get("fits"):
         print("\nalpha-beta fit, t = 2(n-1) alpha + 2(n-1)/n S / beta (weighted least squares):")
-        print(f"{'configuration':34} {'a=t(0), us':>11} {'alpha, us':>10} {'beta, GB/s':>11} "
-              f"{'max rel err':>11}")
-        for label, f in data["fits"].items():
-            print(f"{label:34} {f['intercept_s'] * 1e6:>11.1f} {f['alpha_s'] * 1e6:>10.1f} "
-                  f"{f['beta_GBps']:>11.2f} {f['max_rel_error']:>11.1%}")
+        print_table([f | {"label": label} for label, f in data["fits"].items()], [
+            ("configuration", "34", "label"),
+            ("a=t(0), us", ">11.1f", lambda f: f["intercept_s"] * 1e6),
+            ("alpha, us", ">10.1f", lambda f: f["alpha_s"] * 1e6),
+            ("beta, GB/s", ">11.2f", "beta_GBps"), ("max rel err", ">11.1%", "max_rel_error")])
     _wire_table(recs)
     grouped = [r for r in recs if r["case"] == "grouped"]
     if grouped:
         print("\ngrouped gradients per step (Horovod: allreduce_async_ + synchronize, op Average)")
-        print(f"{'group':22} {'configuration':34} {'mode':6} {'tensors':>7} {'MB':>7} "
-              f"{'ms/step':>9} {'busbw GB/s':>10}")
-        for r in grouped:
-            print(f"{r['group']:22} {r['label']:34} {r['mode']:6} {r['tensors']:>7} "
-                  f"{r['size_bytes'] / 1e6:>7.2f} {r['time_s'] * 1e3:>9.3f} "
-                  f"{r['busbw_GBps']:>10.2f}")
+        print_table(grouped, [
+            ("group", "22", "group"), ("configuration", "34", "label"), ("mode", "6", "mode"),
+            ("tensors", ">7", "tensors"), ("MB", ">7.2f", lambda r: r["size_bytes"] / 1e6),
+            ("ms/step", ">9.3f", lambda r: r["time_s"] * 1e3),
+            ("busbw GB/s", ">10.2f", "busbw_GBps")])
 
 
 def wire_summary(records: list[dict]) -> list[dict]:

@@ -50,10 +50,7 @@ per rank): :mod:`hvd_lm.perf.allreduce_worker`.
 
 from __future__ import annotations
 
-import json
-import os
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -72,8 +69,8 @@ from hvd_lm.perf.allreduce_worker import (
     parse_size,
     parse_sizes,
 )
+from hvd_lm.perf.harness import host, run_child, save_json
 from hvd_lm.perf.results import derive, fit_records, median_over_repeats, ratios_to_mpi
-from hvd_lm.util.atomic import write_text
 from hvd_lm.util.units import MIB
 
 # ---- settings -----------------------------------------------------------------------------------
@@ -133,15 +130,6 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _run_worker(cmd: list[str], env: dict, timeout: float) -> list[dict]:
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    for line in proc.stdout.splitlines():
-        if "RESULT " in line:  # horovodrun prefixes rank output with "[0]<stdout>:"
-            return json.loads(line[line.index("RESULT ") + 7:])
-    raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                       f"{proc.stderr[-3000:]}")
-
-
 def configurations(args: AllreduceConfig) -> list[dict]:
     """The launches of one ``bench allreduce`` run: raw MPI, torch gloo, Horovod per controller at
     its defaults, then the MPI controller at each other fusion threshold / cycle time (those only
@@ -159,19 +147,14 @@ def configurations(args: AllreduceConfig) -> list[dict]:
                           "launcher": "mpirun" if ctl == "mpi" else "horovodrun",
                           "env": {"HOROVOD_CONTROLLER": ctl} if ctl == "mpi" else {}})
         ctl = "mpi" if "mpi" in args.controllers else args.controllers[0]
-        for mb in args.fusion_mb:
-            if int(mb * MIB) != HOROVOD_DEFAULT_FUSION_BYTES:
-                confs.append({"label": f"hvd-{ctl} fusion={mb:g}MB", "backend": "horovod",
-                              "launcher": "mpirun" if ctl == "mpi" else "horovodrun",
-                              "variant": True,
-                              "env": {"HOROVOD_FUSION_THRESHOLD": str(int(mb * MIB))}
-                              | ({"HOROVOD_CONTROLLER": ctl} if ctl == "mpi" else {})})
-        for ms in args.cycle_ms:
-            if ms != HOROVOD_DEFAULT_CYCLE_MS:
-                confs.append({"label": f"hvd-{ctl} cycle={ms:g}ms", "backend": "horovod",
-                              "launcher": "mpirun" if ctl == "mpi" else "horovodrun",
-                              "variant": True, "env": {"HOROVOD_CYCLE_TIME": f"{ms:g}"}
-                              | ({"HOROVOD_CONTROLLER": ctl} if ctl == "mpi" else {})})
+        knobs = [(f"fusion={mb:g}MB", {"HOROVOD_FUSION_THRESHOLD": str(int(mb * MIB))})
+                 for mb in args.fusion_mb if int(mb * MIB) != HOROVOD_DEFAULT_FUSION_BYTES]
+        knobs += [(f"cycle={ms:g}ms", {"HOROVOD_CYCLE_TIME": f"{ms:g}"})
+                  for ms in args.cycle_ms if ms != HOROVOD_DEFAULT_CYCLE_MS]
+        for name, env in knobs:
+            confs.append({"label": f"hvd-{ctl} {name}", "backend": "horovod",
+                          "launcher": "mpirun" if ctl == "mpi" else "horovodrun", "variant": True,
+                          "env": env | ({"HOROVOD_CONTROLLER": ctl} if ctl == "mpi" else {})})
     return confs
 
 
@@ -210,7 +193,7 @@ def run_allreduce_bench(args: AllreduceConfig) -> dict:
                    else horovodrun_argv(args.np, argv, "gloo", args.hosts,
                                         args.network_interface))
             t0 = time.perf_counter()
-            recs = _run_worker(cmd, env, args.timeout)
+            recs = run_child(cmd, args.timeout, env, "RESULT ", count=1)[0]
             print(f"  {conf['label']} (repeat {rep}): {len(recs)} records in "
                   f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
             for r in recs:
@@ -226,21 +209,20 @@ def run_allreduce_bench(args: AllreduceConfig) -> dict:
             "ratios_to_mpi": ratios_to_mpi(records),
             "horovod_defaults": {"fusion_threshold_bytes": HOROVOD_DEFAULT_FUSION_BYTES,
                                  "cycle_time_ms": HOROVOD_DEFAULT_CYCLE_MS},
-            "host": {"cpus": os.cpu_count(), "load_avg_1min": os.getloadavg()[0]},
+            "host": host(),
             "args": options.to_dict(args)}
 
 
 def bench_allreduce(args: AllreduceConfig) -> int:
-    """Run, print the tables, and with ``--json`` save; 1 with one ``ERROR:`` line when a
-    launch fails."""
-    try:
-        data = run_allreduce_bench(args)
-    except (ValueError, RuntimeError, subprocess.TimeoutExpired) as e:
-        print(f"hvd-lm bench allreduce: ERROR: {e}", file=sys.stderr)
-        return 1
+    """Run, print the tables, and with ``--json`` save.
+
+    Raises:
+        RuntimeError: a launch failed (:func:`hvd_lm.perf.harness.run_child`);
+            subprocess.TimeoutExpired; ValueError: bad sizes or groups.
+    """
+    data = run_allreduce_bench(args)
     print_report(data)
-    if args.json:
-        write_text(args.json, json.dumps(data, indent=2))
+    save_json(args.json, data)
     return 0
 
 # ---- command line -------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ on the file system checkpoints really go to, e.g. a cluster's shared one, to mea
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import statistics
@@ -39,14 +38,13 @@ from hvd_lm import options
 from hvd_lm.model import device as devices
 from hvd_lm.model.lm import LanguageModel, ModelConfig
 from hvd_lm.options import Command, option
+from hvd_lm.perf.harness import medians, print_table, random_batches, save_json
 from hvd_lm.train.async_checkpoint import CheckpointWriter
-from hvd_lm.train.data import Batch
 from hvd_lm.train.optim import build_optimizer
 from hvd_lm.train.resume import Position, payload
 from hvd_lm.train.schedule import make_scheduler
 from hvd_lm.train.settings import OptimConfig
 from hvd_lm.train.step import StepSpec, train_step
-from hvd_lm.util.atomic import write_text
 
 MODES = ("sync", "async")
 
@@ -123,13 +121,10 @@ def bench_checkpoint(cfg: BenchCheckpointConfig) -> int:
     model = LanguageModel(ModelConfig(hidden_size=cfg.hidden_size, embed_dim=cfg.embed_dim))
     opt = build_optimizer(model, OptimConfig(), 1e-4)
     B, T = cfg.batch_size, cfg.seq_len
-    g = torch.Generator().manual_seed(1)
-    data = torch.randint(0, 256, (cfg.steps, B, T + 1), generator=g)
     job = {"model": model, "opt": opt, "spec": StepSpec(device, "fp32", grad_clip=1.0),
            "scaler": devices.make_scaler(device, "fp32"), "state": model.init_state(B),
            "sched": make_scheduler(opt, 0, 10 ** 6, "none"),
-           "batches": [Batch(d[:, :-1].contiguous(), d[:, 1:].contiguous(),
-                             torch.zeros(B, T, dtype=torch.bool), B * T) for d in data]}
+           "batches": random_batches(cfg.steps, B, T, 1)}
     out = Path(cfg.out_dir or tempfile.mkdtemp(prefix="hvd_lm_bench_checkpoint_"))
     rounds: list[dict] = []
     try:
@@ -149,12 +144,8 @@ def bench_checkpoint(cfg: BenchCheckpointConfig) -> int:
             shutil.rmtree(out, ignore_errors=True)
     summary = {}
     for mode in MODES:
-        rs = [r for r in rounds if r["mode"] == mode]
-        med = {k: statistics.median(r[k] for r in rs) for k in
-               ("step_s", "stall_s", "blocked_s", "tail_wait_s", "write_s")}
-        during = [r["step_during_write_s"] for r in rs if r["step_during_write_s"] is not None]
-        med["step_during_write_s"] = statistics.median(during) if during else None
-        summary[mode] = med
+        summary[mode] = medians([r for r in rounds if r["mode"] == mode], (
+            "step_s", "stall_s", "blocked_s", "tail_wait_s", "write_s", "step_during_write_s"))
     ratio = summary["async"]["stall_s"] / summary["sync"]["stall_s"]
     load = (load_before, os.getloadavg()[0])
     print(f"model: mlstm H={cfg.hidden_size} E={cfg.embed_dim}, batch {B} x {T} chars, "
@@ -163,20 +154,17 @@ def bench_checkpoint(cfg: BenchCheckpointConfig) -> int:
           + (f", {cfg.added_write_latency:g} s added to each write" if cfg.added_write_latency
              else "") + f"; load average {load[0]:.1f} before, {load[1]:.1f} after "
           f"({os.cpu_count()} cores)")
-    print(f"{'mode':6} {'step s':>8} {'write s':>8} {'blocked s':>9} {'step during write s':>19} "
-          f"{'end wait s':>10} {'stall s':>8}")
-    for mode in MODES:
-        s = summary[mode]
-        dw = "-" if s["step_during_write_s"] is None else f"{s['step_during_write_s']:.3f}"
-        print(f"{mode:6} {s['step_s']:>8.3f} {s['write_s']:>8.3f} {s['blocked_s']:>9.3f} "
-              f"{dw:>19} {s['tail_wait_s']:>10.3f} {s['stall_s']:>8.3f}")
+    print_table([summary[m] | {"mode": m} for m in MODES], [
+        ("mode", "6", "mode"), ("step s", ">8.3f", "step_s"), ("write s", ">8.3f", "write_s"),
+        ("blocked s", ">9.3f", "blocked_s"),
+        ("step during write s", ">19.3f", "step_during_write_s"),
+        ("end wait s", ">10.3f", "tail_wait_s"), ("stall s", ">8.3f", "stall_s")])
     print(f"stall per checkpoint, async / sync: {ratio:.3f} (medians of {cfg.repeats} rounds "
           "each, alternating)")
-    if cfg.json:
-        write_text(cfg.json, json.dumps({"checkpoint_bytes": size, "load_average": load,
-                                         "cpu_count": os.cpu_count(), **summary,
-                                         "stall_ratio_async_over_sync": ratio, "rounds": rounds,
-                                         "args": options.to_dict(cfg)}, indent=2))
+    save_json(cfg.json, {"checkpoint_bytes": size, "load_average": load,
+                         "cpu_count": os.cpu_count(), **summary,
+                         "stall_ratio_async_over_sync": ratio, "rounds": rounds,
+                         "args": options.to_dict(cfg)})
     return 0
 
 

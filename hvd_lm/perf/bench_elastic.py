@@ -37,7 +37,7 @@ import psutil
 
 from hvd_lm.comm.world import local_mpi_env
 from hvd_lm.options import Command, option
-from hvd_lm.util.atomic import write_text
+from hvd_lm.perf.harness import save_json
 
 
 def local_names() -> list[str]:
@@ -205,8 +205,7 @@ def bench_elastic(cfg: BenchElasticConfig) -> int:
           f"{cfg.commit_every}")
     print(f"lost worker: {res['steps_lost']} step(s) rolled back (resumed from the commit at step "
           f"{resize['step']}), {res['kill_to_first_step_s']:.1f} s from the kill to the next step")
-    if cfg.json:
-        write_text(cfg.json, json.dumps(res | {"records": recs}, indent=1) + "\n")
+    save_json(cfg.json, res | {"records": recs}, indent=1)
     return 0
 
 

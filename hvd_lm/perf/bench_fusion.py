@@ -7,9 +7,7 @@ chose from the same start (``HOROVOD_AUTOTUNE_LOG``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -19,7 +17,7 @@ from hvd_lm import options
 from hvd_lm.comm.horovod import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.options import Command, option
 from hvd_lm.perf.bench_train import StepConfig, launch
-from hvd_lm.util.atomic import write_text
+from hvd_lm.perf.harness import print_table, save_json
 from hvd_lm.util.units import MIB
 
 
@@ -100,51 +98,47 @@ def _knobs(fusion_mb: float, cycle_ms: float) -> dict[str, str | None]:
 
 def bench_fusion(cfg: BenchFusionConfig) -> int:
     """Print (and with ``--json`` save, after every run) the fusion/cycle-time sweep and the
-    autotune result; 1 with one ``ERROR:`` line when a launch fails."""
+    autotune result.
+
+    Raises:
+        RuntimeError: a launch failed (:func:`hvd_lm.perf.harness.run_child`);
+            subprocess.TimeoutExpired; ValueError: the autotune log is not Horovod's.
+    """
     runs: list[dict] = []
     autotune = None
-    try:
-        for rep in range(cfg.repeats):  # round robin: drift on a shared machine hits all alike
-            for label, fmb, cms in fusion_configs(cfg):
-                r = launch("horovod", cfg.np, cfg, cfg.timeout, _knobs(fmb, cms))[0]
-                runs.append({"label": label, "fusion_threshold_mb": fmb, "cycle_time_ms": cms,
-                             "repeat": rep, **r})
-                _save_fusion(cfg, runs, None)  # partial results survive an interrupted sweep
-                print(f"  {label} (repeat {rep}): {r['step_time_s']:.4f} s/step",
-                      file=sys.stderr, flush=True)
-        if cfg.autotune:
-            with tempfile.TemporaryDirectory() as tmp:
-                log = Path(tmp) / "autotune.csv"
-                tune_env = {
-                    "HOROVOD_FUSION_THRESHOLD": None, "HOROVOD_CYCLE_TIME": None,
-                    "HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(log),
-                    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": str(cfg.autotune_warmup),
-                    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": str(cfg.autotune_steps_per_sample),
-                    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": str(cfg.autotune_samples)}
-                tuned_step = dataclasses.replace(cfg, steps=cfg.autotune_steps)
-                r = launch("horovod", cfg.np, tuned_step, cfg.timeout, tune_env)[0]
-                autotune = parse_autotune_log(log) | {"run": r, "log": log.read_text()}
-            best = autotune["best"]
-            if best is not None:
-                label = (f"autotuned fusion={best['tensor_fusion_threshold']:g}MB "
-                         f"cycle={best['cycle_time_ms']:g}ms")
-                r = launch("horovod", cfg.np, cfg, cfg.timeout,
-                           _knobs(best["tensor_fusion_threshold"], best["cycle_time_ms"]))[0]
-                runs.append({"label": label, "fusion_threshold_mb":
-                             best["tensor_fusion_threshold"], "cycle_time_ms":
-                             best["cycle_time_ms"], "repeat": 0, **r})
-    except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
-        print(f"hvd-lm bench fusion: ERROR: {e}", file=sys.stderr)
-        return 1
+    for rep in range(cfg.repeats):  # round robin: drift on a shared machine hits all alike
+        for label, fmb, cms in fusion_configs(cfg):
+            r = launch("horovod", cfg.np, cfg, cfg.timeout, _knobs(fmb, cms))[0]
+            runs.append({"label": label, "fusion_threshold_mb": fmb, "cycle_time_ms": cms,
+                         "repeat": rep, **r})
+            _save_fusion(cfg, runs, None)  # partial results survive an interrupted sweep
+            print(f"  {label} (repeat {rep}): {r['step_time_s']:.4f} s/step",
+                  file=sys.stderr, flush=True)
+    if cfg.autotune:
+        with tempfile.TemporaryDirectory() as tmp:
+            log = Path(tmp) / "autotune.csv"
+            tune_env = {
+                "HOROVOD_FUSION_THRESHOLD": None, "HOROVOD_CYCLE_TIME": None,
+                "HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(log),
+                "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": str(cfg.autotune_warmup),
+                "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": str(cfg.autotune_steps_per_sample),
+                "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": str(cfg.autotune_samples)}
+            tuned_step = dataclasses.replace(cfg, steps=cfg.autotune_steps)
+            r = launch("horovod", cfg.np, tuned_step, cfg.timeout, tune_env)[0]
+            autotune = parse_autotune_log(log) | {"run": r, "log": log.read_text()}
+        if (best := autotune["best"]) is not None:
+            fmb, cms = best["tensor_fusion_threshold"], best["cycle_time_ms"]
+            r = launch("horovod", cfg.np, cfg, cfg.timeout, _knobs(fmb, cms))[0]
+            runs.append({"label": f"autotuned fusion={fmb:g}MB cycle={cms:g}ms",
+                         "fusion_threshold_mb": fmb, "cycle_time_ms": cms, "repeat": 0, **r})
     summary = summarize_fusion(runs)
     print(f"\nhvd-lm bench fusion: {cfg.np} ranks, {cfg.cell} H={cfg.hidden_size}, per-rank "
           f"batch {cfg.batch_size} x {cfg.seq_len}, compression {cfg.compression}, "
           f"{cfg.steps} timed steps x {cfg.repeats} repeat(s)")
-    print(f"{'configuration':36} {'median s/step':>13} {'min':>9} {'vs default':>10} "
-          f"{'ar wait':>8}")
-    for s in summary:
-        print(f"{s['label']:36} {s['step_time_s']:>13.4f} {s['step_time_min_s']:>9.4f} "
-              f"{s['relative_to_default']:>10.3f} {s['allreduce_wait_share']:>8.1%}")
+    print_table(summary, [
+        ("configuration", "36", "label"), ("median s/step", ">13.4f", "step_time_s"),
+        ("min", ">9.4f", "step_time_min_s"), ("vs default", ">10.3f", "relative_to_default"),
+        ("ar wait", ">8.1%", "allreduce_wait_share")])
     if autotune:
         b = autotune["best"]
         print(f"autotune ({len(autotune['samples'])} samples, finished={autotune['finished']}): "
@@ -157,10 +151,8 @@ def bench_fusion(cfg: BenchFusionConfig) -> int:
 
 
 def _save_fusion(cfg: BenchFusionConfig, runs: list[dict], autotune: dict | None) -> None:
-    if cfg.json:
-        write_text(cfg.json, json.dumps(
-            {"runs": runs, "summary": summarize_fusion(runs), "autotune": autotune,
-             "args": options.to_dict(cfg)}, indent=2))
+    save_json(cfg.json, {"runs": runs, "summary": summarize_fusion(runs), "autotune": autotune,
+                         "args": options.to_dict(cfg)})
 
 
 def summarize_fusion(runs: list[dict]) -> list[dict]:

@@ -36,18 +36,14 @@ backend lacks, any exception) is recorded with its error and the run goes on; wi
 the file is rewritten (atomically) after every measurement, so a run cut short keeps every
 figure taken before. Timing: CUDA events around ``--steps`` steps after ``--warmup`` (medians
 of ``--repeats``). ``--device cpu`` runs the same code on the CPU (small shapes: tests; the
-figures then describe the CPU).
-
-Measured on one H200 (torch 2.11, H=4096, T=256; ``docs/results/gpu_h200/``): bf16 matmul
-806 TFLOP/s at 8192^3; fused/triton bf16 833,765 chars/s at B=256 (0.891 of cuDNN's LSTM per
-FLOP), 649,745 at B=128 with CUDA graphs; the reference loop 240,154 at B=256.
+figures then describe the CPU). Figures measured on GPUs: docs/gpu.md (from
+``docs/results/gpu_h200*/``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -63,11 +59,10 @@ from hvd_lm.model.mlstm_kernels import resolve
 from hvd_lm.options import Command, option
 from hvd_lm.perf import profile_step
 from hvd_lm.perf.ceilings import Timer, copy_gbps, gemm_ceiling, matmul_tflops, peak_key, step_gemms
+from hvd_lm.perf.harness import random_batches, save_json
 from hvd_lm.train import memory
-from hvd_lm.train.data import Batch
 from hvd_lm.train.settings import TrainConfig
 from hvd_lm.train.step import StepSpec, train_step
-from hvd_lm.util.atomic import write_text
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -163,6 +158,12 @@ def train_step_rate(v: Variant, H: int, E: int, B: int, T: int, precision: str,
     the model, its optimizer and its CUDA graphs are freed before it returns
     (:func:`free_device_memory`).
 
+    Returns:
+        ``step_s`` (median of ``repeats``; ``step_s_repeats`` each), ``chars_per_s``,
+        ``flops_per_char``, ``tflops``, ``peak_memory_gib`` (None off CUDA),
+        ``host_s_per_step`` (:func:`host_seconds`), ``kernels_per_step`` and
+        ``kernels_per_time_step`` (None where the profiler cannot start).
+
     Raises:
         whatever the step raises (torch.cuda.OutOfMemoryError when the shape does not fit);
         :func:`bench_gpu` records it as that variant's error.
@@ -185,9 +186,7 @@ def build_step(v: Variant, H: int, E: int, B: int, T: int, precision: str,
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
     scaler = devices.make_scaler(device, precision)
     spec = StepSpec(device, precision, grad_clip=1.0)
-    data = torch.randint(0, 256, (B, T + 1), generator=torch.Generator().manual_seed(1))
-    batch = Batch(data[:, :-1].contiguous(), data[:, 1:].contiguous(),
-                  torch.zeros(B, T, dtype=torch.bool), B * T)
+    batch = random_batches(1, B, T, 1)[0]
     state = [model.init_state(B, device)]
 
     def step():
@@ -297,8 +296,7 @@ class Results:
 
     def save(self) -> None:
         """Write the JSON (when a path was given)."""
-        if self.path:
-            write_text(self.path, json.dumps(self.data, indent=2) + "\n")
+        save_json(self.path, self.data)
 
 
 def attempt(fn: Callable[[], dict], device: torch.device) -> dict:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -52,11 +51,11 @@ from hvd_lm.model.lm import LanguageModel, ModelConfig, recurrence_label
 from hvd_lm.model.mfu import matmul_gflops
 from hvd_lm.options import Command, option
 from hvd_lm.perf.baselines import TorchGlooComm, ddp
-from hvd_lm.train.data import Batch, RankStreams
+from hvd_lm.perf.harness import print_table, random_batches, run_child, save_json
+from hvd_lm.train.data import RankStreams
 from hvd_lm.train.optim import build_optimizer
 from hvd_lm.train.settings import OptimConfig
 from hvd_lm.train.step import StepSpec, train_step
-from hvd_lm.util.atomic import write_text
 
 
 def peak_gflops(step: "StepConfig") -> tuple[float, str]:
@@ -186,10 +185,7 @@ def worker(cfg: WorkerConfig) -> int:
         batches = [streams.window(0, i % streams.steps_per_epoch)
                    for i in range(cfg.warmup + cfg.steps)]
     else:
-        g = torch.Generator().manual_seed(1000 + rank)
-        data = torch.randint(0, 256, (cfg.warmup + cfg.steps, B, T + 1), generator=g)
-        batches = [Batch(d[:, :-1].contiguous(), d[:, 1:].contiguous(),
-                         torch.zeros(B, T, dtype=torch.bool), B * T) for d in data]
+        batches = random_batches(cfg.warmup + cfg.steps, B, T, 1000 + rank)
 
     spec = StepSpec(device, cfg.precision, grad_clip=1.0)
     for i, batch in enumerate(batches):
@@ -248,27 +244,15 @@ def launch(backend: str, ranks: int, step: StepConfig, timeout: float,
     wcfg = WorkerConfig(**{f.name: getattr(step, f.name) for f in dataclasses.fields(StepConfig)},
                         backend=backend, **per_model)
     cmd = mpirun_argv(ranks, ["-m", "hvd_lm.perf.bench_train", *options.to_argv(wcfg)])
-    env = local_mpi_env(OMP_NUM_THREADS=str(step.threads))
-    if backend == "ddp":  # the baseline's env:// rendezvous (the torch engine asks MPI instead)
+    # every configuration states its own Horovod knobs; the DDP baseline's env:// rendezvous
+    # (the torch engine asks MPI instead)
+    env = local_mpi_env(OMP_NUM_THREADS=str(step.threads)) | dict.fromkeys((
+        "MASTER_ADDR", "MASTER_PORT", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME",
+        "HOROVOD_AUTOTUNE", "HOROVOD_AUTOTUNE_LOG")) | (env_extra or {})
+    if backend == "ddp":
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29507 + ranks))
-    else:
-        env.pop("MASTER_ADDR", None)
-        env.pop("MASTER_PORT", None)
-    for k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE",
-              "HOROVOD_AUTOTUNE_LOG"):
-        env.pop(k, None)  # every configuration states its own
-    for k, v in (env_extra or {}).items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    records = [json.loads(line[6:]) for line in proc.stdout.splitlines()
-               if line.startswith("BENCH ")]
-    if proc.returncode != 0 or len(records) != max(1, len(variants or [])):
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
-                           f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return records
+    env = {k: v for k, v in env.items() if v is not None}
+    return run_child(cmd, timeout, env, count=max(1, len(variants or [])))
 
 
 def variants(cfg: BenchTrainConfig) -> list[tuple[str, dict]]:
@@ -382,14 +366,14 @@ def bench_train(cfg: BenchTrainConfig) -> int:
     print(f"model: {cfg.cell} H={cfg.hidden_size} E={cfg.embed_dim}, per-rank batch "
           f"{cfg.batch_size} x {cfg.seq_len} chars, {runs[0]['flops_per_char'] / 1e6:.2f} "
           f"MFLOP/char (fwd+bwd), {cfg.device} {cfg.precision}")
-    print(f"{'variant':22} {'backend':8} {'ranks':>5} {'s/step':>8} {'chars/s/rank':>13} "
-          f"{'chars/s':>10} {'weak eff':>8} {'GFLOP/s/rank':>12} {'of peak':>7} {'ar wait':>7}")
-    for r in runs:
-        wait = r["allreduce_wait_share"]
-        print(f"{r['variant']:22} {r['backend']:8} {r['ranks']:>5} {r['step_time_s']:>8.3f} "
-              f"{r['chars_per_s_per_rank']:>13.0f} {r['chars_per_s_total']:>10.0f} "
-              f"{r['weak_scaling_efficiency']:>8.3f} {r['gflops_per_rank']:>12.1f} "
-              f"{r['fraction_of_matmul_peak']:>7.1%} {'-' if wait is None else f'{wait:.1%}':>7}")
+    print_table(runs, [
+        ("variant", "22", "variant"), ("backend", "8", "backend"), ("ranks", ">5", "ranks"),
+        ("s/step", ">8.3f", "step_time_s"), ("chars/s/rank", ">13.0f", "chars_per_s_per_rank"),
+        ("chars/s", ">10.0f", "chars_per_s_total"),
+        ("weak eff", ">8.3f", "weak_scaling_efficiency"),
+        ("GFLOP/s/rank", ">12.1f", "gflops_per_rank"),
+        ("of peak", ">7.1%", "fraction_of_matmul_peak"),
+        ("ar wait", ">7.1%", "allreduce_wait_share")])
     spread = "; ".join(f"{r['variant']} {r['backend']} x{r['ranks']} "
                        + ",".join(f"{v:.0f}" for v in r["chars_per_s_total_trials"])
                        for r in runs)
@@ -412,14 +396,9 @@ def bench_train(cfg: BenchTrainConfig) -> int:
                   f"{summary[f'{e}_over_ddp']:.3f}x")
     print(f"(medians of {cfg.repeats} interleaved runs; per-run totals, chars/s: {spread})")
     print(f"matmul peak re-measured after the runs: {peak_after:.1f} GFLOP/s")
-    if cfg.json:
-        write_text(cfg.json, json.dumps({
-            "matmul_gflops": peak, "matmul_gflops_after": peak_after, **summary,
-            "args": options.to_dict(cfg)}, indent=2, default=str))
+    save_json(cfg.json, {"matmul_gflops": peak, "matmul_gflops_after": peak_after, **summary,
+                         "args": options.to_dict(cfg)})
     return 0
-
-
-# ---- bench fusion -----------------------------------------------------------------------------
 
 
 # ---- command line -------------------------------------------------------------------------------

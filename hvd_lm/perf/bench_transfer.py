@@ -36,11 +36,11 @@ from pathlib import Path
 import numpy as np
 
 from hvd_lm.options import Command, option, to_argv
+from hvd_lm.perf.harness import run_child, save_json
 from hvd_lm.transfer import datasets
 from hvd_lm.transfer import fit as classify
 from hvd_lm.transfer.features import DEFAULT_CACHE_DIR, FEATURE_KINDS, open_lm
 from hvd_lm.transfer.run import TransferConfig, featurize_splits, parse_c_grid
-from hvd_lm.util.atomic import write_text
 from hvd_lm.util.digest import file_sha256
 
 
@@ -168,14 +168,9 @@ def _run_fit(problem: Path, solver: str, threads: int, cfg: BenchTransferConfig)
     cmd = [sys.executable, "-m", "hvd_lm.perf.bench_transfer", *to_argv(wc)]
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=cfg.time_limit + 60,
-                              env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        rec = run_child(cmd, cfg.time_limit + 60, {**os.environ, "PYTHONWARNINGS": "ignore"})[-1]
     except subprocess.TimeoutExpired:
         return {"solver": solver, "stopped": True, "seconds": time.perf_counter() - t0}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("BENCH ")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{solver} fit failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    rec = json.loads(lines[-1][6:])
     if rec["seconds"] > cfg.time_limit:
         rec["stopped"] = True
     return rec
@@ -273,7 +268,7 @@ def bench_command(cfg: BenchTransferConfig) -> int:
     results = run(cfg)
     print(format_table(results), end="")
     if cfg.json:
-        write_text(cfg.json, json.dumps(results, indent=1) + "\n")
+        save_json(cfg.json, results, indent=1)
         print(f"wrote {cfg.json}")
     return 0
 

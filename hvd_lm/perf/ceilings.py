@@ -144,8 +144,8 @@ def copy_gbps(mib: int, device: torch.device, timer: Callable, repeats: int = 3)
 def peak_key(cell: str, precision: str, peaks: dict[str, float]) -> str:
     """Which measured matmul peak a training row is a fraction of: its precision's, except
     cuDNN's LSTM in fp32, which PyTorch lets use TF32 tensor cores by default
-    (``torch.backends.cudnn.allow_tf32``, unlike its matmuls): the ``tf32`` peak when measured.
-    Seen on an H200: cuDNN's LSTM at 166 TFLOP/s in "fp32", 3.2x the fp32 matmul peak."""
+    (``torch.backends.cudnn.allow_tf32``, unlike its matmuls): the ``tf32`` peak when measured
+    (against the fp32 peak such a row can exceed 1; docs/gpu.md has an H200's figures)."""
     if cell == "lstm" and precision == "fp32" and "tf32" in peaks \
             and torch.backends.cudnn.allow_tf32:
         return "tf32"

@@ -49,10 +49,7 @@ and ``--label`` names the rate in the report.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -66,8 +63,8 @@ from hvd_lm.comm.world import horovodrun_argv, local_mpi_env
 from hvd_lm.model.lm import mlstm_parameters
 from hvd_lm.options import Command, option
 from hvd_lm.perf.bench_allreduce import AllreduceConfig, run_allreduce_bench
+from hvd_lm.perf.harness import host, print_table, random_batches, run_child, save_json
 from hvd_lm.perf.results import fit_alpha_beta
-from hvd_lm.util.atomic import write_text
 from tools.scaling.scaling_model import Link, ScalingConfig, ring_allreduce_time, step_time
 from tools.scaling.scaling_report import read_run
 
@@ -120,14 +117,6 @@ def train_argv(cfg: MultinodeConfig, out_dir: Path) -> list[str]:
             "false"]
 
 
-def _run(cmd: list[str], timeout: float) -> None:
-    proc = subprocess.run(cmd, env=local_mpi_env(), capture_output=True, text=True,
-                          timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n"
-                           f"{proc.stderr[-2000:]}")
-
-
 def _timing(out: Path, skip: int):
     """:func:`tools.scaling.scaling_report.read_run` of a finished run, its errors as RuntimeError
     (a run that logged too little is a failed measurement, not a bad setting)."""
@@ -149,8 +138,8 @@ def measure_training(cfg: MultinodeConfig, hosts: str, work: Path) -> tuple[floa
     """
     n = len(parse_hosts(hosts))
     out = work / f"train_n{n}"
-    _run(horovodrun_argv(n, train_argv(cfg, out), "gloo", hosts, cfg.network_interface),
-         cfg.timeout)
+    run_child(horovodrun_argv(n, train_argv(cfg, out), "gloo", hosts, cfg.network_interface),
+              cfg.timeout, local_mpi_env(), marker=None)
     timing = _timing(out, cfg.skip)
     if timing.compute_time_max is None:
         raise RuntimeError(f"{out}: no train record with compute_time_max")
@@ -166,7 +155,7 @@ def measure_compute(cfg: MultinodeConfig, work: Path) -> float:
         RuntimeError: the run failed, or logged no ``train`` record after ``--skip``.
     """
     out = work / "compute_p1"
-    _run([sys.executable, *train_argv(cfg, out)], cfg.timeout)
+    run_child([sys.executable, *train_argv(cfg, out)], cfg.timeout, local_mpi_env(), marker=None)
     return _timing(out, cfg.skip).step_time
 
 
@@ -186,10 +175,8 @@ def measure_backward_window(cfg: MultinodeConfig, steps: int = 30, skip: int = 5
     """
     import torch
 
-    from hvd_lm.formats.tokenizer import VOCAB_SIZE
     from hvd_lm.model import device as devices
     from hvd_lm.model.lm import LanguageModel, ModelConfig
-    from hvd_lm.train.data import Batch
     from hvd_lm.train.optim import build_optimizer
     from hvd_lm.train.settings import OptimConfig
     from hvd_lm.train.step import StepSpec, train_step
@@ -206,14 +193,11 @@ def measure_backward_window(cfg: MultinodeConfig, steps: int = 30, skip: int = 5
         for name, p in model.named_parameters():
             if name.startswith(EARLY_PREFIXES):
                 p.register_hook(lambda g, name=name: ready.__setitem__(name, time.perf_counter()))
-        gen = torch.Generator().manual_seed(0)
         B, T = cfg.batch_size, cfg.seq_len
         cpu = torch.device("cpu")
         state, scaler = model.init_state(B), devices.make_scaler(cpu, "fp32")
         parts = []
-        for i in range(skip + steps):
-            x = torch.randint(0, VOCAB_SIZE, (B, T + 1), generator=gen)
-            batch = Batch(x[:, :-1], x[:, 1:], torch.zeros(B, T, dtype=torch.bool), B * T)
+        for i, batch in enumerate(random_batches(skip + steps, B, T, 0)):
             # the training loop's own step (hvd_lm.train.step.train_step) on one process, its
             # parts timed as they end
             t: dict[str, float] = {"start": time.perf_counter()}
@@ -380,7 +364,7 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
                      "ratio": est["ratio"], "ratio_rounds": ratio_rounds})
     return {"label": cfg.label, "hosts": cfg.hosts, "network_interface": cfg.network_interface,
             "gradient_bytes": gradient_bytes, "rows": rows, "step_parts": window,
-            "host": {"cpus": os.cpu_count(), "load_avg_1min": os.getloadavg()[0]},
+            "host": host(),
             "args": options.to_dict(cfg),
             "records": {str(n): [r for recs in rs for r in recs] for n, rs in records.items()}}
 
@@ -390,14 +374,15 @@ def print_report(data: dict) -> None:
     mb = data["gradient_bytes"] / 1e6
     print(f"\nscaling model vs measured, links {data['label'] or '?'}, gradients {mb:.2f} MB "
           "(float32 payload), one rank per node")
-    print(f"{'nodes':>5} {'alpha, us':>9} {'beta, GB/s':>10} {'fit err':>7} {'compute, ms':>11} "
-          f"{'comm, ms':>8} {'predicted, ms':>13} {'measured, ms':>12} {'pred/meas':>9}")
-    for r in data["rows"]:
-        f = r["fit"]
-        print(f"{r['nodes']:>5} {f['alpha_s'] * 1e6:>9.0f} {f['beta_GBps']:>10.3f} "
-              f"{f['max_rel_error']:>7.1%} {r['compute_s'] * 1e3:>11.1f} "
-              f"{(r['comm_s'] + r['loop_s']) * 1e3:>8.1f} {r['predicted_s'] * 1e3:>13.1f} "
-              f"{r['measured_s'] * 1e3:>12.1f} {r['ratio']:>9.3f}")
+    print_table(data["rows"], [
+        ("nodes", ">5", "nodes"), ("alpha, us", ">9.0f", lambda r: r["fit"]["alpha_s"] * 1e6),
+        ("beta, GB/s", ">10.3f", lambda r: r["fit"]["beta_GBps"]),
+        ("fit err", ">7.1%", lambda r: r["fit"]["max_rel_error"]),
+        ("compute, ms", ">11.1f", lambda r: r["compute_s"] * 1e3),
+        ("comm, ms", ">8.1f", lambda r: (r["comm_s"] + r["loop_s"]) * 1e3),
+        ("predicted, ms", ">13.1f", lambda r: r["predicted_s"] * 1e3),
+        ("measured, ms", ">12.1f", lambda r: r["measured_s"] * 1e3),
+        ("pred/meas", ">9.3f", "ratio")])
     spans = {r["nodes"]: [x for x in r["ratio_rounds"] if x is not None] for r in data["rows"]}
     spread = "; ".join(f"{min(x):.2f}-{max(x):.2f} at {n}" for n, x in spans.items()
                        if len(x) > 1)
@@ -417,8 +402,7 @@ def bench_multinode(cfg: MultinodeConfig) -> int:
     """Run, print, and with ``--json`` save."""
     data = run_multinode_bench(cfg)
     print_report(data)
-    if cfg.json:
-        write_text(cfg.json, json.dumps(data, indent=1))
+    save_json(cfg.json, data, indent=1)
     return 0
 
 

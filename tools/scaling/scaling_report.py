@@ -27,9 +27,9 @@ from typing import Optional
 
 import matplotlib
 
-from hvd_lm.options import Command, error_text, option
+from hvd_lm.options import Command, option
+from hvd_lm.perf.harness import save_json
 from hvd_lm.train.log import iter_metrics
-from hvd_lm.util.atomic import write_text
 from hvd_lm.util.files import shown
 
 matplotlib.use("Agg")  # files only, never a window
@@ -272,14 +272,14 @@ class ScalingReportConfig:
 
 
 def report(args: ScalingReportConfig) -> int:
-    """Print the table; write the PNG and JSON when asked. 2 with one ``ERROR:`` line when a run
-    cannot be read."""
-    try:
-        runs = [read_run(r, args.skip) for r in args.runs]
-        rows, note = scaling_rows(runs, args.baseline, args.reference)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"hvd-lm scaling-report: ERROR: {error_text(e)}", file=sys.stderr)
-        return 2
+    """Print the table; write the PNG and JSON when asked.
+
+    Raises:
+        ValueError / FileNotFoundError: a run cannot be read (:func:`read_run`,
+            :func:`scaling_rows`): exit 2 (the command's usage errors).
+    """
+    runs = [read_run(r, args.skip) for r in args.runs]
+    rows, note = scaling_rows(runs, args.baseline, args.reference)
     payload = {"baseline_gpus": rows[0].gpus, "note": note,
                "reference": args.reference, "rows": [asdict(r) for r in rows]}
     if args.json == "-":
@@ -288,7 +288,7 @@ def report(args: ScalingReportConfig) -> int:
     print(note)
     print(format_table(rows, args.reference))
     if args.json:
-        write_text(args.json, json.dumps(payload, indent=2) + "\n")
+        save_json(args.json, payload)
         print(f"wrote {args.json}")
     return _plot(rows, args) if args.write_plot else 0
 
@@ -300,6 +300,6 @@ def _plot(rows: list[ScalingRow], args: ScalingReportConfig) -> int:
 
 
 SCALING_REPORT = Command(
-    ScalingReportConfig, report,
+    ScalingReportConfig, report, usage_errors=(ValueError, FileNotFoundError),
     description="s/iter, speedup (N x t1 / tN under weak scaling) and efficiency against GPU "
     "count, from the runs' metrics.jsonl files, as a table, PNG and JSON.")

@@ -13,9 +13,7 @@ against the reference talk and used to answer its questions.
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
@@ -26,8 +24,8 @@ from hvd_lm import REPO_ROOT
 from hvd_lm.comm.onebit_compression import DEFAULT_CHUNK
 from hvd_lm.model.lm import mlstm_parameters
 from hvd_lm.options import Command, option
+from hvd_lm.perf.harness import print_table, save_json
 from hvd_lm.perf.results import load_bench_json
-from hvd_lm.util.atomic import write_text
 from hvd_lm.util.units import MIB
 from tools.scaling.calibration import Calibration, calibrate_from_bench
 from tools.scaling.scaling_model import (
@@ -311,14 +309,13 @@ def _load_calibration(args: "ScalingModelConfig") -> Calibration | None:
 
 def _print_validation(v: dict) -> None:
     print(f"t_sync (fitted once, 4096-d IB, 8 GPUs) = {v['sync_overhead_s'] * 1e3:.1f} ms")
-    print(f"{'column':14} {'GPUs':>4} {'pub s/it':>8} {'pure':>7} {'err':>7} {'model':>7} "
-          f"{'err':>7} {'pub speed':>9} {'n t1/tn pub':>11} {'model speed':>11}")
-    for r in v["rows"]:
-        print(f"{r['column']:14} {r['gpus']:>4} {r['published_s_per_iter']:>8.2f} "
-              f"{r['pure_s_per_iter']:>7.3f} {r['pure_error']:>+7.1%} "
-              f"{r['model_s_per_iter']:>7.3f} {r['model_error']:>+7.1%} "
-              f"{r['published_speedup']:>9.1f} {r['published_n_t1_over_tn']:>11.1f} "
-              f"{r['model_speedup']:>11.1f}")
+    print_table(v["rows"], [
+        ("column", "14", "column"), ("GPUs", ">4", "gpus"),
+        ("pub s/it", ">8.2f", "published_s_per_iter"), ("pure", ">7.3f", "pure_s_per_iter"),
+        ("err", ">+7.1%", "pure_error"), ("model", ">7.3f", "model_s_per_iter"),
+        ("err", ">+7.1%", "model_error"), ("pub speed", ">9.1f", "published_speedup"),
+        ("n t1/tn pub", ">11.1f", "published_n_t1_over_tn"),
+        ("model speed", ">11.1f", "model_speedup")])
     for col, s in v["summary"].items():
         print(f"{col}: model max |error| {s['model_max_abs_error']:.1%}, mean "
               f"{s['model_mean_abs_error']:.1%} (without t_sync: max "
@@ -329,113 +326,108 @@ def _print_onebit(r: dict) -> None:
     print(f"4096-d mLSTM, DGX-1V, batch 256/GPU; t_sync {r['sync_overhead_s'] * 1e3:.1f} ms; "
           f"1-bit: {r['chunk']} values per scale, {r['warmup_fraction']:.0%} of steps in the "
           f"fp16 warmup; IB as published = {r['effective_inter_GBps']:.2f} GB/s per node")
-    print(f"{'column':16} {'GPUs':>4} {'fp16 s/it':>9} {'speedup':>8} {'1-bit s/it':>10} "
-          f"{'speedup':>8} {'end-to-end':>10} {'comm fp16 ms':>12} {'comm 1-bit ms':>13}")
-    for x in r["rows"]:
-        print(f"{x['column']:16} {x['gpus']:>4} {x['fp16_s_per_iter']:>9.3f} "
-              f"{x['fp16_speedup']:>8.1f} {x['onebit_s_per_iter']:>10.3f} "
-              f"{x['onebit_speedup']:>8.1f} {x['onebit_end_to_end_speedup']:>10.1f} "
-              f"{x['fp16_comm_s'] * 1e3:>12.1f} {x['onebit_comm_s'] * 1e3:>13.1f}")
+    print_table(r["rows"], [
+        ("column", "16", "column"), ("GPUs", ">4", "gpus"),
+        ("fp16 s/it", ">9.3f", "fp16_s_per_iter"), ("speedup", ">8.1f", "fp16_speedup"),
+        ("1-bit s/it", ">10.3f", "onebit_s_per_iter"), ("speedup", ">8.1f", "onebit_speedup"),
+        ("end-to-end", ">10.1f", "onebit_end_to_end_speedup"),
+        ("comm fp16 ms", ">12.1f", lambda x: x["fp16_comm_s"] * 1e3),
+        ("comm 1-bit ms", ">13.1f", lambda x: x["onebit_comm_s"] * 1e3)])
     print(f"\nat {r['n']} GPUs (1-bit speedups end to end, warmup included):")
-    print(f"{'column':16} {'compression':>11} {'batch/GPU':>9} {'global':>7} {'speedup':>8} "
-          f"{'published':>9}")
-    for x in r["settings"]:
-        print(f"{x['column']:16} {x['compression']:>11} {x['batch_per_gpu']:>9} "
-              f"{x['global_batch']:>7} {x['speedup']:>8.1f} {r['published'][x['column']]:>9}")
+    print_table(r["settings"], [
+        ("column", "16", "column"), ("compression", ">11", "compression"),
+        ("batch/GPU", ">9", "batch_per_gpu"), ("global", ">7", "global_batch"),
+        ("speedup", ">8.1f", "speedup"),
+        ("published", ">9", lambda x: r["published"][x["column"]])])
     for col, x in r["recommended"].items():
         print(f"recommended ({col}, the reference's 32k batch): {x['compression']} "
               f"-> {x['speedup']:.1f}x")
 
 
 def run(args: "ScalingModelConfig") -> int:
-    """Print (and with ``--json`` write) the predictions, the validation or the recommendations;
-    1 with one ``ERROR:`` line on a bad calibration file or setting."""
-    try:
-        cal = _load_calibration(args)
-        if cal is not None:
-            lo_o, hi_o = cal.per_cycle_overhead_range_s
-            lo_r, hi_r = cal.bandwidth_ratio_range
-            print(f"calibration {cal.source} (vs {cal.mpi_label}): Horovod per-cycle overhead "
-                  f"{cal.per_cycle_overhead_s * 1e6:.0f} us (interquartile {lo_o * 1e6:.0f}.."
-                  f"{hi_o * 1e6:.0f}; {cal.latency_label}), bandwidth ratio "
-                  f"{cal.measured_bandwidth_ratio:.3f} ({lo_r:.3f}..{hi_r:.3f}; "
-                  f"{cal.horovod_label}; model uses {cal.bandwidth_factor:.3f})")
+    """Print (and with ``--json`` write) the predictions, the validation or the recommendations.
+
+    Raises:
+        ValueError: a bad calibration file (:func:`load_bench_json`,
+            :func:`calibrate_from_bench`) or setting; OSError: the file cannot be read.
+    """
+    cal = _load_calibration(args)
+    if cal is not None:
+        lo_o, hi_o = cal.per_cycle_overhead_range_s
+        lo_r, hi_r = cal.bandwidth_ratio_range
+        print(f"calibration {cal.source} (vs {cal.mpi_label}): Horovod per-cycle overhead "
+              f"{cal.per_cycle_overhead_s * 1e6:.0f} us (interquartile {lo_o * 1e6:.0f}.."
+              f"{hi_o * 1e6:.0f}; {cal.latency_label}), bandwidth ratio "
+              f"{cal.measured_bandwidth_ratio:.3f} ({lo_r:.3f}..{hi_r:.3f}; "
+              f"{cal.horovod_label}; model uses {cal.bandwidth_factor:.3f})")
+    else:
+        print("calibration: none (Horovod's overhead over raw MPI taken as 0)")
+    out: dict = {"calibration": asdict(cal) if cal else None}
+    if args.mode == "predict":
+        if args.params:
+            params = [("all", args.params)]
         else:
-            print("calibration: none (Horovod's overhead over raw MPI taken as 0)")
-        out: dict = {"calibration": asdict(cal) if cal else None}
-        if args.mode == "predict":
-            if args.params:
-                params = [("all", args.params)]
-            else:
-                params = mlstm_parameters(args.hidden_size, args.embed_dim)
-            links = {**DGX1V_LINKS}
-            intra = Link(args.intra_bw, args.intra_latency) if args.intra_bw else links["nvlink"]
-            inter = (Link(args.inter_bw, args.inter_latency) if args.inter_bw
-                     else links[args.inter])
-            sync = (args.sync_overhead if args.sync_overhead is not None
-                    else calibrate_sync_overhead(cal))
-            cfg = ScalingConfig(
-                compute_time_s=args.compute_time, params=params, grad_bytes=args.grad_bytes,
-                compression=args.compression, onebit_chunk=args.onebit_chunk,
-                batch_per_gpu=args.batch_per_gpu or args.ref_batch,
-                ref_batch=args.ref_batch, gpus_per_node=args.gpus_per_node, intra=intra,
-                inter=inter, algorithm=args.algorithm,
-                staging_GBps=args.staging_bw or None,
-                fusion_threshold_bytes=args.fusion_threshold_mb * MIB,
-                cycle_time_s=args.cycle_time_ms / 1e3,
-                per_cycle_overhead_s=cal.per_cycle_overhead_s if cal else 0.0,
-                fusion_copy_GBps=args.copy_bw or None,
-                bandwidth_factor=cal.bandwidth_factor if cal else 1.0, sync_overhead_s=sync)
-            rows = predict(cfg, list(args.gpus))
-            print(f"{cfg.gradient_bytes / 1e6:.1f} MB of gradients per step, overlappable "
-                  f"{rows[0]['overlappable_fraction']:.1%}, t_sync {sync * 1e3:.1f} ms")
-            print(f"{'GPUs':>5} {'s/iter':>8} {'comm':>8} {'exposed':>8} {'buffers':>7} "
-                  f"{'speedup':>8} {'eff':>6}")
-            for r in rows:
-                print(f"{r['n']:>5} {r['s_per_iter']:>8.4f} {r['comm_s']:>8.4f} "
-                      f"{r['exposed_comm_s']:>8.4f} {r['buffers']:>7} {r['speedup']:>8.1f} "
-                      f"{r['efficiency']:>6.1%}")
-            out["predictions"] = rows
-        elif args.mode == "validate":
-            v = validate(cal)
-            _print_validation(v)
-            if cal is not None:  # how far the calibration's noise moves the comparison
-                v["calibration_range"] = {}
-                for name, bound in zip(("low", "high"), cal.bounds()):
-                    vb = validate(bound)
-                    v["calibration_range"][name] = vb["summary"]
-                for col, s_ in v["summary"].items():
-                    lo = v["calibration_range"]["low"][col]["model_max_abs_error"]
-                    hi = v["calibration_range"]["high"][col]["model_max_abs_error"]
-                    print(f"{col}: max |error| {s_['model_max_abs_error']:.1%} with the "
-                          f"calibration's interquartile range {min(lo, hi):.1%}..{max(lo, hi):.1%}")
-            out["validation"] = v
-            if args.plot:
-                plot_validation(v, args.plot)
-                print(f"plot: {args.plot}")
-        elif args.mode == "onebit":
-            r = onebit_study(cal, args.sync_overhead, list(args.gpus),
-                             args.onebit_warmup_fraction, args.onebit_chunk)
-            _print_onebit(r)
-            out["onebit"] = r
-        else:
-            r = recommend(cal)
-            print(f"{r['n']} GPUs, 4096-d, DGX-1V + IB; published speedup {r['published_speedup']}x"
-                  f"; effective inter-node bandwidth behind the published row "
-                  f"{r['effective_inter_GBps']:.2f} GB/s per node")
-            print(f"{'scenario':13} {'setting':62} {'s/iter':>7} {'speedup':>8} {'vs 109x':>8} "
-                  f"{'vs ref':>7} {'thru vs 1GPU@256':>16}")
-            for row in r["rows"]:
-                print(f"{row['scenario']:13} {row['setting']:62} {row['s_per_iter']:>7.3f} "
-                      f"{row['speedup']:>8.1f} {row['vs_published']:>+8.1%} "
-                      f"{row['vs_reference_setting']:>+7.1%} "
-                      f"{row['throughput_vs_1gpu_ref']:>16.1f}")
-            out["recommendations"] = r
-    except (ValueError, OSError, KeyError) as e:
-        print(f"hvd-lm scaling-model: ERROR: {e}", file=sys.stderr)
-        return 1
-    if args.json:
-        write_text(args.json, json.dumps(out, indent=2, default=str))
+            params = mlstm_parameters(args.hidden_size, args.embed_dim)
+        links = {**DGX1V_LINKS}
+        intra = Link(args.intra_bw, args.intra_latency) if args.intra_bw else links["nvlink"]
+        inter = (Link(args.inter_bw, args.inter_latency) if args.inter_bw
+                 else links[args.inter])
+        sync = (args.sync_overhead if args.sync_overhead is not None
+                else calibrate_sync_overhead(cal))
+        cfg = ScalingConfig(
+            compute_time_s=args.compute_time, params=params, grad_bytes=args.grad_bytes,
+            compression=args.compression, onebit_chunk=args.onebit_chunk,
+            batch_per_gpu=args.batch_per_gpu or args.ref_batch,
+            ref_batch=args.ref_batch, gpus_per_node=args.gpus_per_node, intra=intra,
+            inter=inter, algorithm=args.algorithm,
+            staging_GBps=args.staging_bw or None,
+            fusion_threshold_bytes=args.fusion_threshold_mb * MIB,
+            cycle_time_s=args.cycle_time_ms / 1e3,
+            per_cycle_overhead_s=cal.per_cycle_overhead_s if cal else 0.0,
+            fusion_copy_GBps=args.copy_bw or None,
+            bandwidth_factor=cal.bandwidth_factor if cal else 1.0, sync_overhead_s=sync)
+        rows = predict(cfg, list(args.gpus))
+        print(f"{cfg.gradient_bytes / 1e6:.1f} MB of gradients per step, overlappable "
+              f"{rows[0]['overlappable_fraction']:.1%}, t_sync {sync * 1e3:.1f} ms")
+        print_table(rows, [
+            ("GPUs", ">5", "n"), ("s/iter", ">8.4f", "s_per_iter"), ("comm", ">8.4f", "comm_s"),
+            ("exposed", ">8.4f", "exposed_comm_s"), ("buffers", ">7", "buffers"),
+            ("speedup", ">8.1f", "speedup"), ("eff", ">6.1%", "efficiency")])
+        out["predictions"] = rows
+    elif args.mode == "validate":
+        v = validate(cal)
+        _print_validation(v)
+        if cal is not None:  # how far the calibration's noise moves the comparison
+            v["calibration_range"] = {}
+            for name, bound in zip(("low", "high"), cal.bounds()):
+                vb = validate(bound)
+                v["calibration_range"][name] = vb["summary"]
+            for col, s_ in v["summary"].items():
+                lo = v["calibration_range"]["low"][col]["model_max_abs_error"]
+                hi = v["calibration_range"]["high"][col]["model_max_abs_error"]
+                print(f"{col}: max |error| {s_['model_max_abs_error']:.1%} with the "
+                      f"calibration's interquartile range {min(lo, hi):.1%}..{max(lo, hi):.1%}")
+        out["validation"] = v
+        if args.plot:
+            plot_validation(v, args.plot)
+            print(f"plot: {args.plot}")
+    elif args.mode == "onebit":
+        r = onebit_study(cal, args.sync_overhead, list(args.gpus),
+                         args.onebit_warmup_fraction, args.onebit_chunk)
+        _print_onebit(r)
+        out["onebit"] = r
+    else:
+        r = recommend(cal)
+        print(f"{r['n']} GPUs, 4096-d, DGX-1V + IB; published speedup {r['published_speedup']}x"
+              f"; effective inter-node bandwidth behind the published row "
+              f"{r['effective_inter_GBps']:.2f} GB/s per node")
+        print_table(r["rows"], [
+            ("scenario", "13", "scenario"), ("setting", "62", "setting"),
+            ("s/iter", ">7.3f", "s_per_iter"), ("speedup", ">8.1f", "speedup"),
+            ("vs 109x", ">+8.1%", "vs_published"), ("vs ref", ">+7.1%", "vs_reference_setting"),
+            ("thru vs 1GPU@256", ">16.1f", "throughput_vs_1gpu_ref")])
+        out["recommendations"] = r
+    save_json(args.json, out)
     return 0
 
 

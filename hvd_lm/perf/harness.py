@@ -1,0 +1,94 @@
+"""What every ``hvd-lm bench`` shares: running a child (a rank under ``mpirun``/``horovodrun``, a
+training run, one fit) and collecting the JSON records it prints, the synthetic batches the
+training benches time, the median of repeated runs, and the ``--json`` file.
+
+A child prints each record as one line ``<marker>{json}`` (or ``<marker>[json, ...]``) on
+stdout; the marker is looked for anywhere in a line, since ``horovodrun`` prefixes its ranks'
+output (``[0]<stdout>:``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+
+from hvd_lm.util.atomic import write_text
+
+
+def run_child(cmd: list[str], timeout: float, env: dict | None = None,
+              marker: str | None = "BENCH ", count: int | None = None) -> list:
+    """Run ``cmd`` (output captured) and return the JSON of its ``marker`` lines, in order.
+
+    Args:
+        env: the child's environment (None: this process's).
+        marker: the records' prefix; None: no records wanted, only a clean exit.
+        count: the number of records the run must print (None: at least one).
+
+    Raises:
+        RuntimeError: a non-zero exit, or not the records asked for, with the tail of the
+            child's stdout and stderr. subprocess.TimeoutExpired: past ``timeout`` seconds.
+    """
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout.splitlines()
+    recs = [json.loads(ln[ln.index(marker) + len(marker):]) for ln in out if marker in ln] \
+        if marker else []
+    if proc.returncode != 0 or (marker and (not recs or count not in (None, len(recs)))):
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n"
+                           f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return recs
+
+
+def random_batches(steps: int, batch: int, seq_len: int, seed: int) -> list:
+    """``steps`` training windows (:class:`hvd_lm.train.data.Batch`) of seeded random bytes (a
+    step's time does not depend on the values): inputs and targets int64 [batch, seq_len], no
+    resets, ``batch x seq_len`` chars."""
+    import torch  # here: a bench's --help, and the reports, load no torch
+
+    from hvd_lm.train.data import Batch
+
+    data = torch.randint(0, 256, (steps, batch, seq_len + 1),
+                         generator=torch.Generator().manual_seed(seed))
+    return [Batch(d[:, :-1].contiguous(), d[:, 1:].contiguous(),
+                  torch.zeros(batch, seq_len, dtype=torch.bool), batch * seq_len) for d in data]
+
+
+def medians(rows: list[dict], keys: tuple[str, ...]) -> dict:
+    """``{key: median of row[key] over rows}``; None for a key no row has a value for."""
+    out = {}
+    for k in keys:
+        vals = [r[k] for r in rows if r.get(k) is not None]
+        out[k] = statistics.median(vals) if vals else None
+    return out
+
+
+def print_table(rows: list[dict], columns: list[tuple]) -> None:
+    """The side-by-side table: a header line, then one line per row, columns one space apart.
+
+    Args:
+        columns: ``(header, spec, value)`` each: ``value`` a key of the row or a function of it,
+            printed with the format ``spec`` (e.g. ``">8.3f"``, ``"22"``); the header takes the
+            spec's alignment (left when it has none) and width; a value that is None prints
+            ``-`` in that width.
+    """
+    shape = [re.match(r"([<>^]?)[+\- ]?(\d*)", spec).groups() for _, spec, _ in columns]
+    print(" ".join(f"{h:{a or '<'}{w}}" for (h, _, _), (a, w) in zip(columns, shape)))
+    for r in rows:
+        vals = [v(r) if callable(v) else r[v] for _, _, v in columns]
+        print(" ".join(f"{'-':{a or '>'}{w}}" if x is None else format(x, spec)
+                       for x, (_, spec, _), (a, w) in zip(vals, columns, shape)))
+
+
+def host() -> dict:
+    """``{"cpus": logical CPUs, "load_avg_1min": the 1-minute load average}`` of this machine,
+    beside a result measured on it."""
+    return {"cpus": os.cpu_count(), "load_avg_1min": os.getloadavg()[0]}
+
+
+def save_json(path: str, data: dict, indent: int = 2) -> None:
+    """Write ``data`` to ``path`` (atomically) as JSON; nothing when ``path`` is empty (no
+    ``--json``). Values JSON lacks (paths, dtypes) are written as their ``str``."""
+    if path:
+        write_text(path, json.dumps(data, indent=indent, default=str) + "\n")
