@@ -53,6 +53,7 @@ connect, the whole check ``--timeout`` seconds (agents exit on their own after i
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import json
 import os
 import queue
@@ -131,12 +132,9 @@ class _Listeners:
                 conn, _ = s.accept()
             except OSError:
                 return
-            with conn:
-                try:
-                    conn.settimeout(PROBE_TIMEOUT)
-                    conn.sendall(self.reply)
-                except OSError:
-                    pass
+            with conn, contextlib.suppress(OSError):
+                conn.settimeout(PROBE_TIMEOUT)
+                conn.sendall(self.reply)
 
 
 def probe(addr: str, port: int, timeout: float = PROBE_TIMEOUT) -> dict:
@@ -267,10 +265,8 @@ class Agent:
             raise DoctorError(f"{self.host}: no answer from the doctor's agent within the "
                               "timeout (a hung ssh or a stalled host)") from None
         if line is None:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
             # stderr is read on its own thread: its last line (ssh's reason) may still be on the
             # way when stdout ends and the process exits; wait for that reader to reach EOF
             for t in self.readers:
@@ -354,10 +350,8 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> Report
         results = {a.host: a.read_line(deadline) for a in agents}
     finally:
         for a in agents:
-            try:
+            with contextlib.suppress(OSError):
                 a.proc.stdin.close()
-            except OSError:
-                pass
         for a in agents:
             try:
                 a.proc.wait(5)

@@ -103,17 +103,11 @@ def _kept_lines(path: str | Path | None) -> list[str]:
         return []
 
 
-def failure_records(out_dir: str | Path, since: float = 0.0) -> list[dict]:
-    """The ``failure`` records of ``<out_dir>/metrics.jsonl`` written at or after ``since``
-    (Unix seconds), in file order; [] when there is no such file."""
-    return run_records(out_dir, "failure", since)
-
-
 def clean_stop(out_dir: str | Path, since: float = 0.0) -> str:
     """The line saying the launch stopped cleanly (every rank checkpointed on a signal, no
     failure recorded), or '' when it did not."""
     ends = run_records(out_dir, "end", since)
-    if not ends or ends[-1].get("stop") != "signal" or failure_records(out_dir, since):
+    if not ends or ends[-1].get("stop") != "signal" or run_records(out_dir, "failure", since):
         return ""
     end = ends[-1]
     return (f"==== hvd-lm: stopped on a signal: every rank checkpointed at step {end['step']} "
@@ -157,11 +151,8 @@ def first_error_line(path: str | Path | None) -> str:
 
 def exit_text(rc: int) -> str:
     """What an exit status says: ``exit status 1``, ``killed by SIGKILL, exit status 137``."""
-    if rc > 128:
-        try:
-            return f"killed by {signal.Signals(rc - 128).name}, exit status {rc}"
-        except ValueError:
-            pass
+    if rc - 128 in {int(s) for s in signal.Signals}:
+        return f"killed by {signal.Signals(rc - 128).name}, exit status {rc}"
     return f"exit status {rc}"
 
 
@@ -188,7 +179,7 @@ def summary(out_dir: str, rc: int, since: float = 0.0, errors: str = "",
         errors: a file holding the ``ERROR:`` lines the launch printed ('' = none kept).
         resume: how to run this launch again ('' = the record's training command).
     """
-    recs = failure_records(out_dir, since)
+    recs = run_records(out_dir, "failure", since)
     lines = [f"==== hvd-lm: the job failed ({exit_text(rc)}) ===="]
     if recs:
         # rank 0's view when it recorded one (the launcher runs beside it: a host cut off from

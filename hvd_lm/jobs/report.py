@@ -49,32 +49,28 @@ def plot_training(records: list[dict], out_dir: str | Path) -> list[Path]:
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval"]
     files = []
-    for x_key, label, name in (("step", "optimizer step", "bpc_vs_step.png"),
-                               ("time", "wall time (s)", "bpc_vs_time.png")):
+    for name, key, xlabel, ylabel in (
+            ("bpc_vs_step.png", "step", "optimizer step", "bits per character"),
+            ("bpc_vs_time.png", "time", "wall time (s)", "bits per character"),
+            ("chars_per_s.png", "step", "optimizer step", "chars/s (all ranks)")):
         fig, ax = plt.subplots(figsize=(6, 4))
-        tx = [r[x_key] - (start if x_key == "time" else 0) for r in train]
-        ax.plot(tx, [r["bpc"] for r in train], label="train BPC")
-        if evals:
-            ex = [r[x_key] - (start if x_key == "time" else 0) for r in evals]
-            ax.plot(ex, [r["val_bpc"] for r in evals], "o-", label="validation BPC")
-        ax.set_xlabel(label)
-        ax.set_ylabel("bits per character")
+        x = [r[key] - (start if key == "time" else 0) for r in train]
+        if name == "chars_per_s.png":
+            ax.plot(x, [r["chars_per_s"] for r in train])
+            ax.set_ylim(bottom=0)  # a rate's axis from 0: a 5% wobble does not look like a halving
+        else:
+            ax.plot(x, [r["bpc"] for r in train], label="train BPC")
+            if evals:
+                ax.plot([r[key] - (start if key == "time" else 0) for r in evals],
+                        [r["val_bpc"] for r in evals], "o-", label="validation BPC")
+            ax.legend()
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend()
         fig.tight_layout()
         fig.savefig(out_dir / name, dpi=100)
         plt.close(fig)
         files.append(out_dir / name)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["step"] for r in train], [r["chars_per_s"] for r in train])
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("chars/s (all ranks)")
-    ax.set_ylim(bottom=0)  # a rate's axis from 0: a 5% wobble does not look like a halving
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out_dir / "chars_per_s.png", dpi=100)
-    plt.close(fig)
-    files.append(out_dir / "chars_per_s.png")
     return files
 
 
