@@ -36,6 +36,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Iterator
 
 from hvd_lm import comm
@@ -47,7 +48,6 @@ from hvd_lm.train.log import Progress
 from hvd_lm.transfer import texts as text_input
 from hvd_lm.transfer.features import featurize, open_lm
 from hvd_lm.transfer.saved import (
-    NPZ_NAME,
     USAGE_ERRORS,
     ClassifierError,
     check_checkpoint,
@@ -95,13 +95,6 @@ class ClassifyConfig:
     backend: str = option("horovod", comm.BACKEND_HELP, choices=comm.BACKENDS)
     progress: bool = option(True, "progress on stderr: a bar on a terminal, a line every 10 s "
                             "in a log (--no-progress: none)", switch=False, flag="--no-progress")
-
-
-def _output_kind(path: str) -> str:
-    name = path.lower()[:-3] if path.lower().endswith(".gz") else path.lower()
-    if name.endswith((".jsonl", ".json", ".ndjson")):
-        return "jsonl"
-    return "tsv" if name.endswith(".tsv") else "csv"
 
 
 def format_predictions(rows: list[dict], kind: str, header: bool = True) -> str:
@@ -163,7 +156,7 @@ def classify(cfg: ClassifyConfig) -> dict | None:
                          "launching several ranks")
     saved = load_classifier(cfg.classifier)
     if cfg.output != "-":  # before any work: never replace what this run reads
-        reads = [cfg.input, saved.path, saved.path.with_name(NPZ_NAME)]
+        reads = [cfg.input, *saved.files]
         try:
             reads.append(resolve_model(cfg.checkpoint))
         except (OSError, ValueError):
@@ -183,7 +176,7 @@ def classify(cfg: ClassifyConfig) -> dict | None:
     if lm.model.config.hidden_size != len(saved.model.coef):
         raise ClassifierError(f"{saved.path}: {len(saved.model.coef)} inputs, but the model has "
                               f"H={lm.model.config.hidden_size}")
-    kind = _output_kind(cfg.output)
+    kind = text_input._kind(Path(cfg.output), "csv")
     n = positive = correct = chars = truncated = 0
     seconds = 0.0
     bar = Progress("hvd-lm classify", None, "char", enabled=is_root and cfg.progress)

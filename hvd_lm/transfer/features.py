@@ -105,11 +105,8 @@ def encode_texts(texts: Sequence[str], max_chars: int = DEFAULT_MAX_CHARS,
     Returns:
         N uint8 arrays, each of length <= max_chars.
     """
-    out = []
-    for t in texts:
-        ids = tokenizer.encode(t, normalize=normalize)
-        out.append(ids[:max_chars] if max_chars > 0 else ids)
-    return out
+    ids = [tokenizer.encode(t, normalize=normalize) for t in texts]
+    return [s[:max_chars] for s in ids] if max_chars > 0 else ids
 
 
 def plan_batches(lengths: Sequence[int], batch_size: int, rank: int = 0, size: int = 1
@@ -133,6 +130,22 @@ def plan_batches(lengths: Sequence[int], batch_size: int, rank: int = 0, size: i
     order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     return batches[rank::size]
+
+
+def pad_batch(seqs: Sequence[np.ndarray], device: torch.device | str
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``seqs`` right-padded with 0 to the longest (at least 1 step) on ``device``.
+
+    Returns:
+        (tokens int64 [B, T], mask bool [B, T]: True on each row's own bytes, lengths int64 [B]).
+    """
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    T = max(int(lengths.max()) if len(seqs) else 0, 1)
+    tokens = torch.zeros(len(seqs), T, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        tokens[i, :len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))
+    mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
+    return tokens.to(device), mask.to(device), lengths.to(device)
 
 
 @torch.no_grad()
@@ -161,21 +174,10 @@ def encode_batch(model, seqs: Sequence[np.ndarray], kind: str = "cell",
         raise ValueError(f"features must be one of {FEATURE_KINDS}, got {kind!r}")
     device = torch.device(device)
     B = len(seqs)
-    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
-    T = int(lengths.max()) if B else 0
-    tokens = torch.zeros(B, max(T, 1), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if len(s):
-            tokens[i, :len(s)] = torch.from_numpy(np.asarray(s, dtype=np.int64))
-    mask = torch.arange(max(T, 1)).unsqueeze(0) < lengths.unsqueeze(1)
-    tokens, mask, lengths_d = tokens.to(device), mask.to(device), lengths.to(device)
+    tokens, mask, lengths_d = pad_batch(seqs, device)
+    T = max((len(s) for s in seqs), default=0)
     h, c = model.init_state(B, device, torch.float32)
-    H = h.shape[1]
-    acc = None
-    if kind == "mean":
-        acc = torch.zeros(B, H, device=device)
-    elif kind == "max":
-        acc = torch.full((B, H), float("-inf"), device=device)
+    acc = torch.full(h.shape, float("-inf") if kind == "max" else 0.0, device=device)
     for t0 in range(0, T, time_chunk):
         t1 = min(T, t0 + time_chunk)
         active = torch.nonzero(lengths_d > t0).flatten()
@@ -189,10 +191,8 @@ def encode_batch(model, seqs: Sequence[np.ndarray], kind: str = "cell",
         elif kind == "max":
             part = hs.float().masked_fill(~m.unsqueeze(-1), float("-inf")).amax(1)
             acc = acc.index_copy(0, active, torch.maximum(acc[active], part))
-    if kind == "cell":
-        out = c
-    elif kind == "hidden":
-        out = h
+    if kind in ("cell", "hidden"):
+        out = c if kind == "cell" else h
     elif kind == "mean":
         out = acc / lengths_d.clamp(min=1).unsqueeze(1).to(acc.dtype)
     else:
@@ -252,8 +252,7 @@ def featurize(model, texts: Sequence[str], kind: str = "cell",
     rank, size = (ctx.rank, ctx.size) if ctx is not None else (0, 1)
     seqs = encode_texts(texts, 0, normalize)
     truncated = sum(len(s) > max_chars for s in seqs) if max_chars > 0 else 0
-    if max_chars > 0:
-        seqs = [s[:max_chars] for s in seqs]
+    seqs = [s[:max_chars] for s in seqs] if max_chars > 0 else seqs
     lengths = np.array([len(s) for s in seqs], dtype=np.int64)
     mine = plan_batches(lengths, batch_size, rank, size)
     H = model.config.hidden_size

@@ -40,10 +40,9 @@ from hvd_lm.model import device as devices
 from hvd_lm.model.load import load_model, model_files, resolve_model, weights_sha256
 from hvd_lm.options import Command, option
 from hvd_lm.train.log import Progress
-from hvd_lm.transfer.features import featurize
+from hvd_lm.transfer.features import featurize, pad_batch
 from hvd_lm.transfer.heatmap import HeatRow, char_values, check_chars, check_suffix, render
 from hvd_lm.transfer.saved import (
-    NPZ_NAME,
     USAGE_ERRORS,
     ClassifierError,
     SavedClassifier,
@@ -223,16 +222,10 @@ def trace_unit(model, seqs: Sequence[np.ndarray], neuron: int, state: str = "cel
     if state not in STATES:
         raise ValueError(f"state must be one of {STATES}, got {state!r}")
     device = torch.device(device)
-    B = len(seqs)
+    tokens, mask, lengths = pad_batch(seqs, device)
     T = max((len(s) for s in seqs), default=0)
-    tokens = torch.zeros(B, max(T, 1), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        tokens[i, :len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))
-    lengths = torch.tensor([len(s) for s in seqs])
-    mask = (torch.arange(max(T, 1)).unsqueeze(0) < lengths.unsqueeze(1)).to(device)
-    tokens = tokens.to(device)
-    st = model.init_state(B, device)
-    vals = torch.zeros(B, T)
+    st = model.init_state(len(seqs), device)
+    vals = torch.zeros(len(seqs), T)
     bar = Progress("hvd-lm visualize", int(lengths.sum()), "char", enabled=progress)
     for t in range(T):
         _, st = model.encode(tokens[:, t:t + 1], st, mask[:, t:t + 1])
@@ -294,14 +287,30 @@ def pinned_value(overwrite: float | None, steer: str, polarity: int) -> float | 
     return magnitude * polarity * (1 if steer == "positive" else -1)
 
 
-def open_classifier(path: str, checkpoint: Path, model) -> SavedClassifier | None:
-    """The classifier at ``path`` (None for ""), refused unless fit on ``model``'s weights (those
-    of ``checkpoint``: its export's are the same)."""
-    if not path:
-        return None
-    saved = load_classifier(path)
-    check_checkpoint(saved, checkpoint, weights=weights_sha256(model))
-    return saved
+def open_model(command: str, checkpoint: str, device: str, threads: int, classifier: str
+               ) -> tuple[Path, torch.nn.Module, torch.device, SavedClassifier | None, list]:
+    """The model and classifier of ``generate``/``visualize`` (one process): torch threads
+    (:func:`hvd_lm.comm.threads.set_rank_threads`, its warning naming ``hvd-lm COMMAND``), the
+    device, the checkpoint's model on it, and the classifier at ``classifier`` (None for ""),
+    refused unless fit on that model's weights (a checkpoint's export has the same).
+
+    Returns:
+        (checkpoint path, model, device, classifier or None, every file read: what an output
+        flag may not name).
+    Raises:
+        FileNotFoundError: no checkpoint; ClassifierError: bad classifier files or another
+        model's; ValueError: a device that cannot be used.
+    """
+    set_rank_threads(threads, None, command)
+    path = resolve_model(checkpoint)
+    dev = devices.resolve_device(device, 0)
+    model, _ = load_model(path, map_location=dev)
+    model.to(dev)
+    saved = load_classifier(classifier) if classifier else None
+    if saved is not None:
+        check_checkpoint(saved, path, weights=weights_sha256(model))
+    reads = [path, *model_files(checkpoint), *(saved.files if saved else [])]
+    return path, model, dev, saved, reads
 
 
 @dataclass
@@ -365,14 +374,8 @@ class GenerateConfig:
 def generate_command(cfg: GenerateConfig) -> int:
     """``hvd-lm generate``: sample, print each sample (and the classifier's P(positive) of it),
     write the heatmap / JSON lines."""
-    set_rank_threads(cfg.threads, None, "generate")  # one process: hvd_lm.comm.threads
-    path = resolve_model(cfg.checkpoint)
-    device = devices.resolve_device(cfg.device, 0)
-    model, _ = load_model(path, map_location=device)
-    model.to(device)
-    saved = open_classifier(cfg.classifier, path, model)
-    reads = [path, *model_files(cfg.checkpoint),
-             *([saved.path, saved.path.with_name(NPZ_NAME)] if saved else [])]
+    path, model, device, saved, reads = open_model("generate", cfg.checkpoint, cfg.device,
+                                                   cfg.threads, cfg.classifier)
     for flag, out in (("--output", cfg.output), ("--heatmap", cfg.heatmap)):
         if out:  # before any work: never replace what this run reads
             check_output(out, flag, *reads)

@@ -75,6 +75,11 @@ class SavedClassifier:
         return self.meta["features"]
 
     @property
+    def files(self) -> list[Path]:
+        """The JSON file and its npz."""
+        return [self.path, self.path.with_name(NPZ_NAME)]
+
+    @property
     def neuron(self) -> dict:
         """The sentiment unit: ``index`` (None when every weight is 0), ``weight``, ``sign``,
         ``threshold``, and (classifiers written since 2026-11-27) ``accuracy``: the unit alone

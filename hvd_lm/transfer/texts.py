@@ -2,7 +2,7 @@
 (a header row), JSON lines, or plain lines (one text per non-blank line), gzip-compressed or not,
 or standard input; one record reader (:func:`_records`) serves the labelled datasets
 (:mod:`hvd_lm.transfer.datasets`) and the unlabelled texts of ``hvd-lm classify``/``visualize``
-(:func:`iter_texts`, :func:`load_texts`), with the same file/line/field errors.
+(:func:`iter_texts`), with the same file/line/field errors.
 
 Input is read in bounded memory: a physical line longer than ``max_line_bytes``
 (:data:`DEFAULT_MAX_LINE_BYTES`; classify's ``--max-line-bytes``) stops the read with one
@@ -29,8 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import numpy as np
-
 from hvd_lm.formats.tokenizer import replace_surrogates
 from hvd_lm.util.files import FileRefused, check_regular, open_regular
 
@@ -44,8 +42,6 @@ LABEL_MAP: dict[str, int] = {
 #: :data:`hvd_lm.transfer.features.DEFAULT_MAX_CHARS`).
 DEFAULT_MAX_LINE_BYTES = 1 << 20
 
-_CSV_SUFFIXES = (".csv", ".tsv")
-_JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 
 
 class DatasetError(ValueError):
@@ -152,19 +148,18 @@ def _open_text(path: Path, what: str, streams: bool = False) -> Iterator[io.Text
 
 
 def _kind(path: Path, fallback: str | None = None) -> str:
-    name = path.name.lower()
-    if name.endswith(".gz"):
-        name = name[:-3]
-    if name.endswith(".tsv"):
-        return "tsv"
-    if name.endswith(_CSV_SUFFIXES):
-        return "csv"
-    if name.endswith(_JSONL_SUFFIXES):
-        return "jsonl"
-    if fallback:
-        return fallback
-    raise DatasetError(f"{path}: unknown file type (expected .csv, .tsv, .jsonl, .json or .ndjson, "
-                       f"optionally .gz)")
+    """``csv``, ``tsv`` or ``jsonl`` by the name's suffix (``.gz`` ignored), else ``fallback``.
+
+    Raises:
+        DatasetError: another suffix and no ``fallback``.
+    """
+    name = path.name.lower().removesuffix(".gz")
+    kind = ("tsv" if name.endswith(".tsv") else "csv" if name.endswith(".csv") else
+            "jsonl" if name.endswith((".jsonl", ".json", ".ndjson")) else fallback)
+    if not kind:
+        raise DatasetError(f"{path}: unknown file type (expected .csv, .tsv, .jsonl, .json or "
+                           ".ndjson, optionally .gz)")
+    return kind
 
 
 def _records(path: Path, stream, kind: str, text_field: str, label_field: str | None,
@@ -237,25 +232,8 @@ def _records(path: Path, stream, kind: str, text_field: str, label_field: str | 
                 yield lineno, text, None
 
 
-#: ``--format`` of text inputs (:func:`load_texts`); ``auto`` goes by the file name.
+#: ``--format`` of text inputs (:func:`iter_texts`); ``auto`` goes by the file name.
 TEXT_FORMATS = ("auto", "csv", "tsv", "jsonl", "lines")
-
-
-@dataclass
-class TextInput:
-    """Texts to classify or visualise (:func:`load_texts`).
-
-    Attributes:
-        texts: N strings, in input order.
-        lines: N line numbers where each text's record ends (1-based).
-        labels: int64 [N] 0/1 when a label field was read, else None.
-        source: the file (``-`` for standard input) and format.
-    """
-
-    texts: list[str]
-    lines: list[int]
-    labels: np.ndarray | None
-    source: str
 
 
 @dataclass
@@ -323,24 +301,3 @@ def iter_texts(path: str | Path, fmt: str = "auto", text_field: str = "text",
                                                    f"'{label_field}'") if label_field else None)
 
     return TextStream(name, kind, records())
-
-
-def load_texts(path: str | Path, fmt: str = "auto", text_field: str = "text",
-               label_field: str | None = None,
-               max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> TextInput:
-    """All texts of an input at once (:func:`iter_texts`, same arguments), for callers that need
-    them together (``hvd-lm visualize``).
-
-    Raises:
-        DatasetError: as :func:`iter_texts`, or no texts.
-    """
-    stream = iter_texts(path, fmt, text_field, label_field, max_line_bytes)
-    texts, lines, labels = [], [], []
-    for line, text, label in stream.records:
-        texts.append(text)
-        lines.append(line)
-        labels.append(label)
-    if not texts:
-        raise DatasetError(f"{stream.name}: no texts")
-    return TextInput(texts, lines, np.array(labels, np.int64) if label_field else None,
-                     stream.source)

@@ -16,22 +16,19 @@ import itertools
 import sys
 from dataclasses import dataclass
 
-from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.formats import tokenizer
-from hvd_lm.model import device as devices
-from hvd_lm.model.load import load_model, model_files, resolve_model
 from hvd_lm.options import Command, option
 from hvd_lm.transfer import texts as text_input
-from hvd_lm.transfer.features import DEFAULT_MAX_CHARS
+from hvd_lm.transfer.features import DEFAULT_MAX_CHARS, encode_texts
 from hvd_lm.transfer.generate import (
     STATES,
-    open_classifier,
+    open_model,
     trace_unit,
     unit_from_classifier,
     unit_state,
 )
 from hvd_lm.transfer.heatmap import HeatRow, char_values, check_chars, check_suffix, render
-from hvd_lm.transfer.saved import NPZ_NAME, USAGE_ERRORS
+from hvd_lm.transfer.saved import USAGE_ERRORS
 from hvd_lm.util.files import check_output
 
 
@@ -74,14 +71,8 @@ def visualize(cfg: VisualizeConfig) -> dict:
         ClassifierError / DatasetError / FileNotFoundError / ValueError: bad classifier, input,
             checkpoint or unit.
     """
-    set_rank_threads(cfg.threads, None, "visualize")  # one process: hvd_lm.comm.threads
-    path = resolve_model(cfg.checkpoint)
-    device = devices.resolve_device(cfg.device, 0)
-    model, _ = load_model(path, map_location=device)
-    model.to(device)
-    saved = open_classifier(cfg.classifier, path, model)
-    reads = [*model_files(cfg.checkpoint), *([saved.path, saved.path.with_name(NPZ_NAME)]
-                                             if saved else [])]
+    path, model, device, saved, reads = open_model("visualize", cfg.checkpoint, cfg.device,
+                                                   cfg.threads, cfg.classifier)
     check_output(cfg.out, "--out", *reads, *([cfg.input] if cfg.input != "-" else []))
     neuron, polarity = unit_from_classifier(cfg.neuron, saved)
     stream = text_input.iter_texts(cfg.input, cfg.format, cfg.text_field)
@@ -93,8 +84,7 @@ def visualize(cfg: VisualizeConfig) -> dict:
     normalize = bool(saved.features["normalize"]) if saved else False
     max_chars = cfg.max_chars if cfg.max_chars is not None else (
         saved.features["max_chars"] if saved else DEFAULT_MAX_CHARS)
-    seqs = [tokenizer.encode(t, normalize) for t in texts]
-    seqs = [s[:max_chars] if max_chars > 0 else s for s in seqs]
+    seqs = encode_texts(texts, max_chars, normalize)
     # before one model step per byte: the heatmap's size bound (HTML as PNG), the flags named
     check_chars(cfg.out, sum(len(tokenizer.decode(s)) for s in seqs),
                 f"lower --max-chars ({max_chars:,}{': all' if max_chars == 0 else ''}) or "
