@@ -153,13 +153,6 @@ def make_comm(backend: str):
     raise ValueError(f"unknown backend {backend!r}")
 
 
-def _single(coll, t: torch.Tensor, compression: str, name: str) -> None:
-    if isinstance(coll, HorovodComm):
-        coll.allreduce(t, compression, name)
-    else:
-        coll.allreduce(t)
-
-
 def _bytes(comp: str, numel: int, n: int, args, measured: bool, wrote: float | None) -> dict:
     """The record's bytes on the wire per operation: computed, and measured when ``measured``."""
     return {"wire_bytes": wire_bytes(comp, numel, n, args.onebit_chunk),
@@ -173,15 +166,13 @@ def _grouped(coll, tensors: list[torch.Tensor], mode: str, flat: torch.Tensor,
     ``onebit``: packed, one compressed allreduce (1-bit Adam's momentum exchange), unpacked."""
     if mode in ("flat", "onebit"):
         torch.cat([t.view(-1) for t in tensors], out=flat)
-        _single(coll, flat, "none" if mode == "flat" else "onebit", f"{prefix}.flat")
+        coll.allreduce(flat, "none" if mode == "flat" else "onebit", f"{prefix}.flat")
         off = 0
         for t in tensors:
             t.view(-1).copy_(flat[off:off + t.numel()])
             off += t.numel()
-    elif isinstance(coll, HorovodComm):
-        coll.allreduce_group(tensors, prefix, "fp16" if mode == "async+fp16" else "none")
     else:
-        coll.allreduce_group(tensors)
+        coll.allreduce_group(tensors, prefix, "fp16" if mode == "async+fp16" else "none")
 
 
 def written_bytes() -> int | None:
@@ -242,8 +233,8 @@ def worker(args: AllreduceWorkerConfig) -> int:
             name = f"bench.s{size}.{comp}"
             if comp == "onebit":
                 coll.onebit_errors(name, t.numel(), args.onebit_chunk)
-            sec, wrote = _time(coll, lambda t=t, comp=comp, name=name: _single(coll, t, comp, name),
-                               k, args.warmup)
+            sec, wrote = _time(coll, lambda t=t, c=comp, m=name: coll.allreduce(t, c, m), k,
+                               args.warmup)
             records.append(base | {"case": "single", "compression": comp, "size_bytes": size,
                                    "iters": k, "time_s": sec}
                            | _bytes(comp, t.numel(), n, args, measured, wrote))

@@ -27,11 +27,12 @@ class MpiComm:
         self.MPI, self.communicator = MPI, MPI.COMM_WORLD
         self.rank, self.size = self.communicator.Get_rank(), self.communicator.Get_size()
 
-    def allreduce(self, t: torch.Tensor) -> None:
-        """``Allreduce(MPI.IN_PLACE, buf, MPI.SUM)`` of a float32 CPU tensor."""
+    def allreduce(self, t: torch.Tensor, *_) -> None:
+        """``Allreduce(MPI.IN_PLACE, buf, MPI.SUM)`` of a float32 CPU tensor (no compression:
+        Horovod's compression and name arguments are ignored)."""
         self.communicator.Allreduce(self.MPI.IN_PLACE, t.numpy(), op=self.MPI.SUM)
 
-    def allreduce_group(self, tensors: list[torch.Tensor]) -> None:
+    def allreduce_group(self, tensors: list[torch.Tensor], *_) -> None:
         """Non-blocking ``Iallreduce`` on each tensor, then ``Waitall`` (MPI-3)."""
         reqs = [self.communicator.Iallreduce(self.MPI.IN_PLACE, t.numpy(), op=self.MPI.SUM)
                 for t in tensors]
@@ -54,11 +55,11 @@ class TorchGlooComm:
         self.rank, self.size = ctx.rank, ctx.size
         tdist.init_process_group("gloo", rank=self.rank, world_size=self.size)
 
-    def allreduce(self, t: torch.Tensor) -> None:
-        """``all_reduce`` (sum) in place."""
+    def allreduce(self, t: torch.Tensor, *_) -> None:
+        """``all_reduce`` (sum) in place (no compression: as :meth:`MpiComm.allreduce`)."""
         tdist.all_reduce(t)
 
-    def allreduce_group(self, tensors: list[torch.Tensor]) -> None:
+    def allreduce_group(self, tensors: list[torch.Tensor], *_) -> None:
         """``all_reduce(async_op=True)`` on each tensor, then ``wait`` on each."""
         works = [tdist.all_reduce(t, async_op=True) for t in tensors]
         for w in works:

@@ -129,17 +129,25 @@ def count_launches(fn: Callable[[], object], device: torch.device,
     """Kernels ``fn()`` launches, from one ``torch.profiler`` run of it: on CUDA the device's
     kernels, copies and memsets (CUPTI's records), elsewhere :func:`cpu_launches` (``scopes``
     as there)."""
+    prof = _profiled(fn, device, 1)
+    if device.type == "cuda":
+        return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+    return cpu_launches(prof.events(), scopes)
+
+
+def _profiled(fn: Callable[[], object], device: torch.device, n: int):
+    """The ``torch.profiler`` of ``n`` calls of ``fn()``: CPU operators, and on CUDA the
+    device's work, synchronized before and after."""
     acts = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
         torch.cuda.synchronize(device)
     with torch.profiler.profile(activities=acts) as prof:
-        fn()
+        for _ in range(n):
+            fn()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    if device.type == "cuda":
-        return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
-    return cpu_launches(prof.events(), scopes)
+    return prof
 
 
 def profile_window(step: Callable[[], object], device: torch.device, steps: int = 3,
@@ -155,15 +163,7 @@ def profile_window(step: Callable[[], object], device: torch.device, steps: int 
         ``source`` ("cuda kernels" or "cpu operators"), ``steps``, ``events`` (their number),
         ``top`` (:func:`top_kernels`) and ``gaps`` (:func:`gap_stats`).
     """
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        acts.append(torch.profiler.ProfilerActivity.CUDA)
-        torch.cuda.synchronize(device)
-    with torch.profiler.profile(activities=acts) as prof:
-        for _ in range(steps):
-            step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    prof = _profiled(step, device, steps)
     if device.type == "cuda":
         evs = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
         source = "cuda kernels"

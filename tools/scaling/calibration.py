@@ -88,7 +88,7 @@ def calibrate_from_bench(data: dict, horovod_label: str = "hvd-mpi", mpi_label: 
     if not small:
         raise ValueError(f"no common sizes <= {small_max} bytes for {latency_label!r} and "
                          f"{mpi_label!r}")
-    overhead = max(0.0, _median([by[latency_label][s] - by[mpi_label][s] for s in small]))
+    overhead = max(0.0, statistics.median([by[latency_label][s] - by[mpi_label][s] for s in small]))
     overhead_samples = [max(0.0, a - b) for s in small
                         for a, b in zip(reps[latency_label][s], reps[mpi_label][s])]
     common = sorted(set(by[horovod_label]) & set(by[mpi_label]))
@@ -101,7 +101,7 @@ def calibrate_from_bench(data: dict, horovod_label: str = "hvd-mpi", mpi_label: 
         except ValueError:
             pass
     if large:
-        ratio = _median([by[horovod_label][s] / by[mpi_label][s] for s in large])
+        ratio = statistics.median([by[horovod_label][s] / by[mpi_label][s] for s in large])
         ratio_samples = [a / b for s in large
                          for a, b in zip(reps[horovod_label][s], reps[mpi_label][s])]
     elif len(fits) == 2:
@@ -120,7 +120,3 @@ def _iqr(xs: Sequence[float]) -> tuple[float, float]:
         return (float(xs[0]), float(xs[0]))
     q = statistics.quantiles(xs, n=4, method="inclusive")
     return (q[0], q[2])
-
-
-def _median(xs: Sequence[float]) -> float:
-    return statistics.median(xs)

@@ -131,13 +131,21 @@ def flat_ring_time(nbytes: float, n: int, gpus_per_node: int, intra: Link, inter
     nodes every ring step pays the slower latency and the ring's bandwidth is the slower of the
     per-GPU intra-node and the per-node inter-node bandwidth (each node's NICs carry 2(n-1)/n S).
     ``bandwidth_factor`` (>= 1: slower) scales the bandwidth term."""
-    _check_topology(n, gpus_per_node)
-    if n <= gpus_per_node:
-        lat, bw = intra.latency_s, intra.bandwidth_GBps
-    else:
-        lat = max(intra.latency_s, inter.latency_s)
-        bw = min(intra.bandwidth_GBps, inter.bandwidth_GBps)
+    lat, bw = _ring_link(n, gpus_per_node, intra, inter)
     return ring_allreduce_time(nbytes, n, lat, bw / bandwidth_factor)
+
+
+def _ring_link(n: int, g: int, intra: Link, inter: Link) -> tuple[float, float]:
+    """(latency s, bandwidth GB/s) of a flat ring over n GPUs, g per node: ``intra`` within
+    a node; across nodes the slower latency and the lower bandwidth of the two links.
+
+    Raises:
+        ValueError: n < 1 or g < 1.
+    """
+    _check_topology(n, g)
+    if n <= g:
+        return intra.latency_s, intra.bandwidth_GBps
+    return max(intra.latency_s, inter.latency_s), min(intra.bandwidth_GBps, inter.bandwidth_GBps)
 
 
 def hierarchical_allreduce_time(nbytes: float, n: int, gpus_per_node: int, intra: Link,
@@ -196,14 +204,10 @@ def ring_allgather_time(part_bytes: float, n: int, gpus_per_node: int, intra: Li
     """Ring allgather of one ``part_bytes`` part per rank, seconds: ``(n-1) alpha + (n-1)
     part / beta``, with the flat ring's slowest link across nodes (as :func:`flat_ring_time`:
     each node's NICs carry (n-1) parts). 0 for n = 1."""
-    _check_topology(n, gpus_per_node)
+    lat, bw = _ring_link(n, gpus_per_node, intra, inter)
     if n == 1:
         return 0.0
-    if n <= gpus_per_node:
-        lat, beta = intra.latency_s, intra.beta
-    else:
-        lat, beta = max(intra.latency_s, inter.latency_s), min(intra.beta, inter.beta)
-    return (n - 1) * lat + (n - 1) * part_bytes * bandwidth_factor / beta
+    return (n - 1) * lat + (n - 1) * part_bytes * bandwidth_factor / (bw * GB)
 
 
 def onebit_allreduce_time(numel: int, n: int, gpus_per_node: int, intra: Link, inter: Link,
@@ -385,15 +389,31 @@ def group_comm_time(cfg: ScalingConfig, tensor_bytes: Sequence[float], n: int) -
     one allreduce, plus the fusion copies for a buffer of several tensors."""
     if n == 1 or not tensor_bytes:
         return 0.0
-    lat = max(cfg.intra.latency_s, cfg.inter.latency_s if n > cfg.gpus_per_node else 0.0)
-    t = cfg.cycle_time_s / 2 + cfg.per_cycle_overhead_s
-    if cfg.negotiation:
-        t += 2 * math.ceil(math.log2(n)) * lat
+    t = _cycle_s(cfg, n)
     for buf in fused_buffers(tensor_bytes, cfg.fusion_threshold_bytes):
         t += allreduce_time(cfg, sum(buf), n)
         if len(buf) > 1 and cfg.fusion_copy_GBps:
             t += 2 * sum(buf) / (cfg.fusion_copy_GBps * GB)
     return t
+
+
+def _cycle_s(cfg: ScalingConfig, n: int) -> float:
+    """What one background cycle (n > 1 GPUs) adds, s: half a cycle time on average, the
+    framework's per-cycle overhead and, with ``negotiation``, the coordinator's bit-vector
+    allreduce (2 ceil(log2 n) latencies of the slowest link in use)."""
+    lat = max(cfg.intra.latency_s, cfg.inter.latency_s if n > cfg.gpus_per_node else 0.0)
+    neg = 2 * math.ceil(math.log2(n)) * lat if cfg.negotiation else 0.0
+    return cfg.cycle_time_s / 2 + cfg.per_cycle_overhead_s + neg
+
+
+def _step(cfg: ScalingConfig, n: int, comm: float, exposed: float, **rest) -> dict:
+    """:func:`step_time`'s dict from the communication (all of it, and the exposed part)."""
+    tc, sync = cfg.compute_s, (cfg.sync_overhead_s if n > 1 else 0.0)
+    t = tc + exposed + sync
+    speedup = n * tc / t
+    return {"n": n, "s_per_iter": t, "compute_s": tc, "comm_s": comm, "exposed_comm_s": exposed,
+            "hidden_comm_s": comm - exposed, "sync_s": sync, "speedup": speedup,
+            "efficiency": speedup / n, **rest}
 
 
 def step_time(cfg: ScalingConfig, n: int) -> dict:
@@ -413,40 +433,25 @@ def step_time(cfg: ScalingConfig, n: int) -> dict:
     w = cfg.wire_bytes_per_value
     eb, lb = [w * m for _, m in early], [w * m for _, m in late]
     t_early, t_late = group_comm_time(cfg, eb, n), group_comm_time(cfg, lb, n)
-    window = cfg.backward_fraction * tc
-    exposed = max(0.0, t_early - window) + t_late
-    sync = cfg.sync_overhead_s if n > 1 else 0.0
-    t = tc + exposed + sync
-    speedup = n * tc / t
-    return {"n": n, "s_per_iter": t, "compute_s": tc, "comm_s": t_early + t_late,
-            "exposed_comm_s": exposed, "hidden_comm_s": t_early + t_late - exposed,
-            "sync_s": sync, "speedup": speedup, "efficiency": speedup / n,
-            "overlappable_fraction": overlappable_fraction(cfg.params),
-            "buffers": (fused_buffer_count(eb, cfg.fusion_threshold_bytes)
-                        + fused_buffer_count(lb, cfg.fusion_threshold_bytes)) if n > 1 else 0}
+    exposed = max(0.0, t_early - cfg.backward_fraction * tc) + t_late
+    return _step(cfg, n, t_early + t_late, exposed,
+                 overlappable_fraction=overlappable_fraction(cfg.params),
+                 buffers=(fused_buffer_count(eb, cfg.fusion_threshold_bytes)
+                          + fused_buffer_count(lb, cfg.fusion_threshold_bytes)) if n > 1 else 0)
 
 
 def _onebit_step(cfg: ScalingConfig, n: int) -> dict:
     """:func:`step_time` in the compressed phase of 1-bit Adam / LAMB (see the module)."""
-    tc, numel = cfg.compute_s, sum(m for _, m in cfg.params)
+    numel = sum(m for _, m in cfg.params)
     comm = 0.0
     if n > 1:
-        lat = max(cfg.intra.latency_s, cfg.inter.latency_s if n > cfg.gpus_per_node else 0.0)
-        cycle = cfg.cycle_time_s / 2 + cfg.per_cycle_overhead_s
-        if cfg.negotiation:
-            cycle += 2 * math.ceil(math.log2(n)) * lat
-        comm = (3 * cycle  # gradient-norm allreduce, alltoall, allgather: one cycle each
+        comm = (3 * _cycle_s(cfg, n)  # gradient-norm allreduce, alltoall, allgather: a cycle each
                 + allreduce_time(cfg, 8, n)
                 + onebit_allreduce_time(numel, n, cfg.gpus_per_node, cfg.intra, cfg.inter,
                                         cfg.onebit_chunk, cfg.bandwidth_factor))
         if cfg.fusion_copy_GBps:
             comm += ONEBIT_PASSES * 4 * numel / (cfg.fusion_copy_GBps * GB)
-    sync = cfg.sync_overhead_s if n > 1 else 0.0
-    t = tc + comm + sync
-    speedup = n * tc / t
-    return {"n": n, "s_per_iter": t, "compute_s": tc, "comm_s": comm, "exposed_comm_s": comm,
-            "hidden_comm_s": 0.0, "sync_s": sync, "speedup": speedup, "efficiency": speedup / n,
-            "overlappable_fraction": 0.0, "buffers": 2 if n > 1 else 0}
+    return _step(cfg, n, comm, comm, overlappable_fraction=0.0, buffers=2 if n > 1 else 0)
 
 
 def predict(cfg: ScalingConfig, gpus: Sequence[int] = (1, 8, 16, 32, 64, 128)) -> list[dict]:
