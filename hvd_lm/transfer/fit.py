@@ -22,7 +22,6 @@ chosen without looking at the split it is scored on:
 from __future__ import annotations
 
 import inspect
-import os
 import time
 import warnings
 from pathlib import Path
@@ -37,6 +36,7 @@ from sklearn.model_selection import GridSearchCV, StratifiedKFold
 from sklearn.pipeline import FeatureUnion, Pipeline
 from sklearn.preprocessing import StandardScaler
 
+from hvd_lm.comm.threads import usable_cores
 from hvd_lm.transfer.linear import LinearClassifier
 from hvd_lm.util.atomic import atomic_path
 
@@ -109,15 +109,6 @@ def cv_folds(y: np.ndarray, folds: int) -> int:
     return int(min(folds, counts.min()))
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask; ``os.cpu_count()`` where there is
-    none)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def cross_validate(estimator, X, y, grid: Sequence[float], folds: int = DEFAULT_FOLDS,
                    seed: int = 42, jobs: int = 0, param: str = "C") -> GridSearchCV:
     """C (``param``) chosen by stratified k-fold cross-validation accuracy on (X, y), refit on
@@ -151,13 +142,21 @@ def cross_validate(estimator, X, y, grid: Sequence[float], folds: int = DEFAULT_
     return search
 
 
-def _cv_report(search: GridSearchCV, param: str = "C") -> dict:
-    """The search's per-C mean and standard deviation of fold accuracy, and the folds."""
+def _search_result(search: GridSearchCV, param: str, train: float, val: float | None,
+                   test: float | None, coef: np.ndarray, n_iter: int, max_iter: int) -> dict:
+    """What a fitted search reports: the chosen ``C``, ``cv`` (folds, per-C mean and standard
+    deviation of fold accuracy), ``grid`` (the means), ``accuracy`` {train, cv, val, test},
+    ``nonzero`` weights of ``coef`` and whether the refit ``converged`` (``n_iter`` below
+    ``max_iter``)."""
     res = search.cv_results_
-    Cs = [float(c) for c in res[f"param_{param}"]]
-    return {"folds": search.n_splits_, "scoring": "accuracy",
-            "mean": {f"{c:g}": float(m) for c, m in zip(Cs, res["mean_test_score"])},
-            "std": {f"{c:g}": float(s) for c, s in zip(Cs, res["std_test_score"])}}
+    Cs = [f"{float(c):g}" for c in res[f"param_{param}"]]
+    cv = {"folds": search.n_splits_, "scoring": "accuracy",
+          "mean": {c: float(m) for c, m in zip(Cs, res["mean_test_score"])},
+          "std": {c: float(s) for c, s in zip(Cs, res["std_test_score"])}}
+    return {"C": float(search.best_params_[param]), "cv": cv, "grid": cv["mean"],
+            "accuracy": {"train": train, "cv": float(search.best_score_), "val": val,
+                         "test": test},
+            "nonzero": int(np.count_nonzero(coef)), "converged": n_iter < max_iter}
 
 
 def fit_logreg(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray | None = None,
@@ -194,21 +193,16 @@ def fit_logreg(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray | None = None,
     X = np.asarray(Xtr, dtype=np.float64)
     search = cross_validate(pipe, X, ytr, grid, folds, seed, jobs, param="lr__C")
     fit_s = time.perf_counter() - t0
-    best = search.best_estimator_
-    fitted = best.named_steps["lr"]
+    fitted, scaler = (search.best_estimator_.named_steps[k] for k in ("lr", "scale"))
     d = X.shape[1]
-    scaler = best.named_steps["scale"]
-    mean, scale = ((scaler.mean_, scaler.scale_) if standardize else (np.zeros(d), np.ones(d)))
+    mean, scale = (scaler.mean_, scaler.scale_) if standardize else (np.zeros(d), np.ones(d))
     model = LinearClassifier(fitted.coef_.ravel().astype(np.float64),
                              float(fitted.intercept_[0]), np.asarray(mean, np.float64),
                              np.asarray(scale, np.float64))
-    cv = _cv_report(search, "lr__C")
     n_iter = int(np.max(fitted.n_iter_))
-    return {"model": model, "coef": model.coef, "C": float(search.best_params_["lr__C"]),
-            "cv": cv, "grid": cv["mean"],
-            "accuracy": {"train": model.accuracy(Xtr, ytr), "cv": float(search.best_score_),
-                         "val": model.accuracy(Xva, yva), "test": model.accuracy(Xte, yte)},
-            "nonzero": int(np.count_nonzero(model.coef)), "converged": n_iter < lr.max_iter,
+    return {"model": model, "coef": model.coef,
+            **_search_result(search, "lr__C", model.accuracy(Xtr, ytr), model.accuracy(Xva, yva),
+                             model.accuracy(Xte, yte), model.coef, n_iter, lr.max_iter),
             "n_iter": n_iter, "solver": lr.solver, "device": "cpu", "fit_seconds": fit_s,
             "seconds": time.perf_counter() - t0}
 
@@ -326,19 +320,15 @@ def tfidf_baseline(train, val=None, test=None, grid: Sequence[float] = DEFAULT_B
     search = cross_validate(logistic_regression("l2", "liblinear", seed=seed), Xtr, train.labels,
                             grid, folds, seed, jobs)
     model = search.best_estimator_
-    cv = _cv_report(search)
 
-    def accuracy(split):
+    def accuracy(split, X=None):
         if split is None:
             return None
-        return float((model.predict(union.transform(split.texts)) == split.labels).mean())
+        X = union.transform(split.texts) if X is None else X
+        return float((model.predict(X) == split.labels).mean())
 
     return {"method": "TF-IDF word 1-2 + char_wb 2-5, L2 logistic regression",
-            "features": int(Xtr.shape[1]), "C": float(search.best_params_["C"]), "cv": cv,
-            "grid": cv["mean"],
-            "accuracy": {"train": float((model.predict(Xtr) == train.labels).mean()),
-                         "cv": float(search.best_score_), "val": accuracy(val),
-                         "test": accuracy(test)},
-            "nonzero": int(np.count_nonzero(model.coef_)),
-            "converged": int(np.max(model.n_iter_)) < model.max_iter,
+            "features": int(Xtr.shape[1]),
+            **_search_result(search, "C", accuracy(train, Xtr), accuracy(val), accuracy(test),
+                             model.coef_, int(np.max(model.n_iter_)), model.max_iter),
             "seconds": time.perf_counter() - t0}

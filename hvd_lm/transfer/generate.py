@@ -119,14 +119,12 @@ def _pin(state, neuron: int | None, value: float | None, which: str):
     """Record the unit's value [B] (before pinning) and pin it; returns (state, value or None)."""
     if neuron is None:
         return state, None
-    h, c = state
-    idx = 1 if which == "cell" else 0
+    state, idx = list(state), 1 if which == "cell" else 0  # state is (h, c)
     seen = state[idx][:, neuron].float().cpu()
     if value is not None:
-        s = (c if idx == 1 else h).clone()
-        s[:, neuron] = value
-        state = (h, s) if idx == 1 else (s, c)
-    return state, seen
+        state[idx] = state[idx].clone()
+        state[idx][:, neuron] = value
+    return tuple(state), seen
 
 
 @torch.no_grad()
@@ -171,15 +169,13 @@ def generate(model, prime: str = "", length: int = 200, temperature: float = 1.0
     trace: list[torch.Tensor] = []
     if neuron is None:
         logits, st = model(tokens, st)
-        last = logits[:, -1]
     else:
         for t in range(tokens.shape[1]):
             logits, st = model(tokens[:, t:t + 1], st)
             st, seen = _pin(st, neuron, overwrite, state)
             trace.append(seen)
-        last = logits[:, -1]
-        if not len(ids):
-            trace = []  # the start byte is not part of the text
+        trace = trace if len(ids) else []  # the start byte is not part of the text
+    last = logits[:, -1]
     first = last.float().cpu().clone()
     out = []
     bar = Progress("hvd-lm generate", length * samples, "char", enabled=progress)
@@ -422,11 +418,8 @@ def generate_command(cfg: GenerateConfig) -> int:
         write_text(cfg.output, "".join(json.dumps(r, ensure_ascii=False) + "\n"
                                        for r in records))
     if cfg.heatmap:
-        rows = []
-        for i in range(len(res.texts)):
-            ids = res.sample_bytes(i)
-            chars, vals = char_values(ids, res.unit[i, :len(ids)])
-            rows.append(HeatRow(f"sample {i}", chars, vals))
+        rows = [HeatRow(f"sample {i}", *char_values(ids, res.unit[i, :len(ids)]))
+                for i, ids in enumerate(map(res.sample_bytes, range(len(res.texts))))]
         pin = f", held at {value:g} while sampling" if value is not None else ""
         render(rows, cfg.heatmap, f"unit {neuron} ({state}) of {path.name}{pin}: value "
                "after each character (before pinning)", polarity)

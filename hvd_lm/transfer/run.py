@@ -38,7 +38,7 @@ from hvd_lm.model import device as devices
 from hvd_lm.model.config import KERNELS
 from hvd_lm.model.load import weights_sha256
 from hvd_lm.options import Command, option
-from hvd_lm.transfer import datasets
+from hvd_lm.transfer import datasets, fit
 from hvd_lm.transfer.features import (
     DEFAULT_CACHE_DIR,
     DEFAULT_MAX_CHARS,
@@ -49,16 +49,6 @@ from hvd_lm.transfer.features import (
     featurize,
     open_lm,
     texts_sha256,
-)
-from hvd_lm.transfer.fit import (
-    DEFAULT_BASELINE_C_GRID,
-    DEFAULT_C_GRID,
-    DEFAULT_FOLDS,
-    SOLVERS,
-    fit_logreg,
-    plot_neuron_histogram,
-    sentiment_neuron,
-    tfidf_baseline,
 )
 from hvd_lm.transfer.saved import JSON_NAME, NPZ_NAME, save_classifier
 from hvd_lm.util.atomic import write_text
@@ -135,23 +125,23 @@ class TransferConfig:
                             "in a log (--no-progress: none)", switch=False, flag="--no-progress")
     # classifier
     penalty: str = option("l1", "logistic-regression penalty", choices=("l1", "l2"))
-    c_grid: tuple[float, ...] = option(DEFAULT_C_GRID, "comma-separated C values, one chosen by "
-                                       "k-fold cross-validation on train (default 2^-8..2^2)",
-                                       parse=parse_c_grid, gt=0)
-    cv_folds: int = option(DEFAULT_FOLDS, "folds of the stratified cross-validation on train "
+    c_grid: tuple[float, ...] = option(fit.DEFAULT_C_GRID, "comma-separated C values, one "
+                                       "chosen by k-fold cross-validation on train (default "
+                                       "2^-8..2^2)", parse=parse_c_grid, gt=0)
+    cv_folds: int = option(fit.DEFAULT_FOLDS, "folds of the stratified cross-validation on train "
                            "that chooses C (fewer when a label has fewer examples)", ge=2)
     standardize: bool = option(True, "z-score features with train statistics, kept with the "
                                "classifier (--no-standardize: raw features, as the reference)",
                                switch=False, flag="--no-standardize")
     solver: str = option("auto", "scikit-learn's LogisticRegression solver (auto: liblinear, the "
                          "reference's); the folds' fits run in parallel worker processes",
-                         choices=SOLVERS)
+                         choices=fit.SOLVERS)
     tol: float = option(0.0, "stopping tolerance (0 = scikit-learn's default, 1e-4)", ge=0)
     max_iter: int = option(0, "iterations per fit at most (0 = scikit-learn's default, 1000)",
                            ge=0)
     baseline: bool = option(True, "TF-IDF baseline (--no-baseline: skip it)", switch=False,
                             flag="--no-baseline")
-    baseline_c_grid: tuple[float, ...] = option(DEFAULT_BASELINE_C_GRID, "C values for the "
+    baseline_c_grid: tuple[float, ...] = option(fit.DEFAULT_BASELINE_C_GRID, "C values for the "
                                                 "TF-IDF baseline (default 2^-3..2^5)",
                                                 parse=parse_c_grid, gt=0)
 
@@ -168,6 +158,10 @@ class TransferConfig:
 
 _KIND_LABEL = {"cell": "final cell state", "hidden": "final hidden state",
                "mean": "mean of h_t", "max": "max of h_t"}
+
+
+#: The accuracy columns of the report's table.
+ACC_SPLITS = ("train", "cv", "val", "test")
 
 
 def _fmt_acc(v) -> str:
@@ -193,23 +187,21 @@ def format_markdown(report: dict) -> str:
         "non-zero weights |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    a = clf["accuracy"]
-    lines.append(f"| LM + {clf['penalty'].upper()} logistic regression | {_KIND_LABEL[f['kind']]}, "
-                 f"{f['dim']} | {clf['C']:g} | {_fmt_acc(a['train'])} | {_fmt_acc(a['cv'])} | "
-                 f"{_fmt_acc(a['val'])} | {_fmt_acc(a['test'])} | {clf['nonzero']} |")
-    a = neu["accuracy"]
+    def row(method, features, C, acc: dict, nonzero) -> str:  # acc: split -> fraction or None
+        cells = [method, features, C, *(_fmt_acc(acc.get(k)) for k in ACC_SPLITS), nonzero]
+        return "| " + " | ".join(map(str, cells)) + " |"
+
+    lines.append(row(f"LM + {clf['penalty'].upper()} logistic regression",
+                     f"{_KIND_LABEL[f['kind']]}, {f['dim']}", f"{clf['C']:g}", clf["accuracy"],
+                     clf["nonzero"]))
     if neu["index"] is None:
-        lines.append("| sentiment unit: none (all weights 0) | - | - | - | - | - | - | - |")
-    else:
-        lines.append(f"| sentiment unit #{neu['index']} alone (threshold on train) | 1 | - | "
-                     f"{_fmt_acc(a.get('train'))} | - | {_fmt_acc(a.get('val'))} | "
-                     f"{_fmt_acc(a.get('test'))} | 1 |")
-    b = report.get("baseline")
-    if b:
-        a = b["accuracy"]
-        lines.append(f"| TF-IDF word 1-2 + char_wb 2-5, L2 LR | n-grams, {b['features']:,} | "
-                     f"{b['C']:g} | {_fmt_acc(a['train'])} | {_fmt_acc(a['cv'])} | "
-                     f"{_fmt_acc(a['val'])} | {_fmt_acc(a['test'])} | {b['nonzero']:,} |")
+        lines.append(row("sentiment unit: none (all weights 0)", "-", "-", {}, "-"))
+    else:  # (no cv accuracy: "-")
+        lines.append(row(f"sentiment unit #{neu['index']} alone (threshold on train)", 1, "-",
+                         neu["accuracy"], 1))
+    if b := report.get("baseline"):
+        lines.append(row("TF-IDF word 1-2 + char_wb 2-5, L2 LR", f"n-grams, {b['features']:,}",
+                         f"{b['C']:g}", b["accuracy"], f"{b['nonzero']:,}"))
     lines.append("")
     lines.append(f"C is chosen by {clf['cv']['folds']}-fold cross-validation on the train split "
                  "(CV acc: the chosen C's mean over the folds); val and test accuracy are "
@@ -260,10 +252,9 @@ def featurize_splits(lm: LMSession, splits: dict[str, datasets.LabelledSplit],
         if cache is not None and is_root:
             key = cache_key(checkpoint_sha256, name, texts_sha256(split.texts), options)
             hit = cache.load(key, len(split))
+        cached = hit is not None
         if ctx is not None and cache is not None:
-            cached = comm.broadcast_object(hit is not None, name=f"transfer_hit_{name}")
-        else:
-            cached = hit is not None
+            cached = comm.broadcast_object(cached, name=f"transfer_hit_{name}")
         if cached:
             if is_root:
                 out.features[name] = hit
@@ -311,9 +302,7 @@ def run(cfg: TransferConfig) -> dict | None:
     sf = featurize_splits(lm, splits, cfg, ck_sha)
     if not is_root:
         return None
-    feats, device, ckpt, ckpt_path = sf.features, lm.device, lm.ckpt, lm.path
-    size = lm.ctx.size if lm.ctx else 1
-
+    feats, ckpt = sf.features, lm.ckpt
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     y = {k: s.labels for k, s in splits.items()}
@@ -323,23 +312,23 @@ def run(cfg: TransferConfig) -> dict | None:
     say(f"fitting {cfg.penalty.upper()} logistic regression: {len(cfg.c_grid)} C values x "
         f"{cfg.cv_folds}-fold cross-validation on {n:,} x {d:,} train features ({cfg.solver} "
         "solver)")
-    clf = fit_logreg(feats["train"], y["train"], feats.get("val"), y.get("val"),
+    clf = fit.fit_logreg(feats["train"], y["train"], feats.get("val"), y.get("val"),
                      feats.get("test"), y.get("test"), penalty=cfg.penalty, grid=cfg.c_grid,
                      seed=cfg.seed, max_iter=cfg.max_iter, standardize=cfg.standardize,
                      solver=cfg.solver, tol=cfg.tol, folds=cfg.cv_folds, jobs=cfg.threads)
     say(f"fit in {clf['seconds']:.1f} s ({clf['solver']}): C={clf['C']:g} (CV "
         f"{clf['accuracy']['cv']:.1%}), val {clf['accuracy']['val']:.1%}")
-    neuron = sentiment_neuron(clf["coef"], {k: (feats[k], y[k]) for k in splits})
+    neuron = fit.sentiment_neuron(clf["coef"], {k: (feats[k], y[k]) for k in splits})
     neuron["histogram"] = None
     (out / "neuron_hist.png").unlink(missing_ok=True)  # never leave an older run's plot
     if neuron["index"] is not None:
-        neuron["histogram"] = str(plot_neuron_histogram(
+        neuron["histogram"] = str(fit.plot_neuron_histogram(
             feats["train"][:, neuron["index"]], y["train"], neuron["index"], neuron["threshold"],
             out / "neuron_hist.png", f"unit {neuron['index']} on {cfg.dataset or 'train'} train"))
     baseline = None
     if cfg.baseline:
         say(f"TF-IDF baseline at {len(cfg.baseline_c_grid)} C values")
-        baseline = tfidf_baseline(splits["train"], splits.get("val"), splits.get("test"),
+        baseline = fit.tfidf_baseline(splits["train"], splits.get("val"), splits.get("test"),
                                   cfg.baseline_c_grid, cfg.seed, folds=cfg.cv_folds,
                                   jobs=cfg.threads)
     notes = sorted({n for s in splits.values() for n in s.notes})
@@ -359,7 +348,7 @@ def run(cfg: TransferConfig) -> dict | None:
         notes.append(f"the {clf['solver']} fit at the chosen C stopped at its iteration limit "
                      f"({clf['n_iter']}) before its tolerance: raise --max-iter")
     report = {
-        "checkpoint": str(ckpt_path), "checkpoint_step": int(ckpt.get("step", -1)),
+        "checkpoint": str(lm.path), "checkpoint_step": int(ckpt.get("step", -1)),
         "model": dict(ckpt["config"]["model"]),
         "dataset": {"name": cfg.dataset or ", ".join(
                         Path(p.strip()).name for f in (cfg.train, cfg.val, cfg.test) if f
@@ -371,7 +360,8 @@ def run(cfg: TransferConfig) -> dict | None:
         "features": {"kind": cfg.features, "dim": int(feats["train"].shape[1]),
                      "max_chars": cfg.max_chars, "normalize": cfg.normalize,
                      "truncated": sf.truncated, "batch_size": cfg.batch_size,
-                     "precision": cfg.precision, "device": str(device), "world_size": size,
+                     "precision": cfg.precision, "device": str(lm.device),
+                     "world_size": lm.ctx.size if lm.ctx else 1,
                      "chars": sf.chars, "seconds": sf.seconds,
                      "chars_per_s": sf.chars / sf.seconds if sf.seconds > 0 else None,
                      "cache": sf.cache},
@@ -383,7 +373,7 @@ def run(cfg: TransferConfig) -> dict | None:
         "notes": notes,
     }
     save_classifier(out, clf["model"], {
-        "checkpoint": str(ckpt_path), "checkpoint_sha256": ck_sha,
+        "checkpoint": str(lm.path), "checkpoint_sha256": ck_sha,
         "weights_sha256": weights_sha256(lm.model),
         "checkpoint_step": report["checkpoint_step"], "checkpoint_config": ckpt["config"],
         "features": feature_options(cfg), "dataset": report["dataset"]["name"],
@@ -391,8 +381,7 @@ def run(cfg: TransferConfig) -> dict | None:
         "standardize": cfg.standardize, "accuracy": clf["accuracy"],
         "neuron": {k: neuron[k] for k in ("index", "weight", "sign", "threshold", "accuracy")}})
     write_text(out / "transfer.json", json.dumps(report, indent=2) + "\n")
-    md = format_markdown(report)
-    write_text(out / "transfer.md", md)
+    write_text(out / "transfer.md", format_markdown(report))
     return report
 
 
