@@ -174,15 +174,50 @@ def test_module_names_mean_one_thing():
 
 
 def test_a_step_is_read_in_three_files():
-    """Following one step of ``hvd-lm train`` means reading the loop, the step and the Horovod
-    module: what train_step imports from the project, besides data classes and configuration,
-    is the comm package (whose functions are comm/horovod.py's: ``comm.synchronize``,
-    ``comm.skip_synchronize``), the device's autocast and the data's batch. That the loop and
-    the benchmarks call it, once per step: tests/test_step_order.py."""
-    graph = project_graph()
-    step_deps = {d for d in graph["hvd_lm.train.step"]
-                 if d not in ("hvd_lm", "hvd_lm.model", "hvd_lm.train")}
-    assert step_deps <= {"hvd_lm.comm", "hvd_lm.model.device", "hvd_lm.train.data"}, step_deps
+    """Following one step of ``hvd-lm train`` means reading the loop, the step and the engine,
+    checked by following the calls, not only the imports: every project function a real step
+    calls (traced with ``sys.setprofile`` through ``train_step`` of a tiny LM, k = 2, Adam on
+    the CPU) lives in train/step.py, the engine (comm: the facade and the engine under it),
+    the model's own forward (model/) or the data's batch; no call goes back out of the step
+    to the loop's components (counting, metrics, checkpointer). And the loop calls the step's
+    two halves itself, counting the previous step between them (its syntax tree)."""
+    import sys
+
+    import torch
+
+    from hvd_lm.model.config import ModelConfig
+    from hvd_lm.model.lm import LanguageModel
+    from hvd_lm.train import step
+    from hvd_lm.train.data import Batch
+
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(hidden_size=8, embed_dim=4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randint(0, 256, (2, 9))
+    batch = Batch(x[:, :-1], x[:, 1:], torch.zeros(2, 8, dtype=torch.bool), 16)
+    called: set[str] = set()
+
+    def profile(frame, event, arg):
+        name = frame.f_code.co_filename
+        if (event == "call" and name.startswith(str(REPO / "hvd_lm"))
+                and frame.f_code.co_name != "<module>"):  # not a module's first import
+            called.add(Path(name).relative_to(REPO).as_posix())
+
+    sys.setprofile(profile)
+    try:
+        step.train_step(model, opt, torch.amp.GradScaler("cpu", enabled=False), [batch, batch],
+                        model.init_state(2), step.StepSpec(torch.device("cpu"), k=2))
+    finally:
+        sys.setprofile(None)
+    assert "hvd_lm/train/step.py" in called and "hvd_lm/model/lm.py" in called
+    others = {f for f in called if not f.startswith(("hvd_lm/model/", "hvd_lm/comm/"))}
+    assert others <= {"hvd_lm/train/step.py", "hvd_lm/train/data.py"}, others
+
+    tree = ast.parse((REPO / "hvd_lm/train/loop.py").read_text())
+    steps = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "steps")
+    calls = [ast.unparse(c.func) for c in ast.walk(steps) if isinstance(c, ast.Call)]
+    calls = [c for c in calls if c in ("step.backward", "counter.settle", "step.update")]
+    assert calls == ["step.backward", "counter.settle", "step.update"], calls
 
 
 # ---- reading a path: hvd_lm/util/files.py is the one owner --------------------------------------
@@ -207,7 +242,7 @@ OWN_READS = {
     ("hvd_lm/comm/world.py", "Path(f'/proc/{pid}/cmdline').read_bytes()"): "a parent's command",
     ("hvd_lm/model/mfu.py", "open('/proc/cpuinfo')"): "the CPU model, for the peak's key",
     ("hvd_lm/perf/allreduce_worker.py", "open('/proc/self/io')"): "bytes this process read",
-    ("hvd_lm/train/log.py", "os.open(os.devnull)"): "/dev/null, written to",
+    ("hvd_lm/train/deadline.py", "os.open(os.devnull)"): "/dev/null, written to",
     ("hvd_lm/util/atomic.py", "open('/proc/self/status')"): "this process's memory",
     ("hvd_lm/util/lock.py", "Path(f'/proc/{pid}/stat').read_text()"): "whether a holder lives",
     # ---- what the command itself writes, in its own folders

@@ -58,7 +58,7 @@ class Recorder:
 
 def recording_optimizer(rec: Recorder, params, distributed: bool, fused: bool):
     """An SGD whose calls are recorded; ``distributed``: with Horovod's ``synchronize()`` and
-    ``skip_synchronize()`` (a :class:`hvd_lm.comm.horovod.SynchronizingOptimizer`)."""
+    ``skip_synchronize()`` (a :class:`hvd_lm.train.step.SynchronizingOptimizer`)."""
 
     class Plain(torch.optim.SGD):
         def step(self, closure=None):

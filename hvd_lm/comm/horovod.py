@@ -1,32 +1,21 @@
-"""Everything Horovod, in one place: the training loop calls only this module for collectives.
+"""The engine facade: every collective of the project goes through this module, on the engine
+chosen once per process (``--backend``, :func:`use_backend`): Horovod (``horovod.torch``, the
+default; Horovod's ``examples/pytorch`` and docs "Horovod with PyTorch", "Tensor Fusion",
+"Adasum"), the torch engine (:mod:`hvd_lm.comm.torch_engine`: torch.distributed and DDP) or,
+for one process without Horovod, the world of one (:mod:`hvd_lm.comm.single`). What only
+Horovod has (Adasum, elastic training) says so when asked of the torch engine.
 
-The engine underneath is chosen once per process (``--backend``, :func:`use_backend`): Horovod
-(``horovod.torch``, the default), the torch engine (:mod:`hvd_lm.comm.torch_engine`: the same
-API on ``torch.distributed``, NCCL/Gloo) or, for one process without Horovod, the world of one
-(:mod:`hvd_lm.comm.single`). Every function below runs on whichever it is; what only Horovod
-has (Adasum, elastic training) says so when asked of the torch engine.
-
-Follows Horovod's ``examples/pytorch`` scripts and its docs ("Horovod with PyTorch", "Tensor
-Fusion", "Adasum"):
-
-* :func:`init` maps our fusion/cycle-time settings onto ``HOROVOD_FUSION_THRESHOLD`` (bytes) and
-  ``HOROVOD_CYCLE_TIME`` (ms), which Horovod reads at ``hvd.init()``, then calls it. Works under
-  ``horovodrun`` (Gloo or MPI controller), plain ``mpirun``, and as one process with no launcher;
-  one process also without Horovod installed (:mod:`hvd_lm.comm.single`, the world of one rank).
-* :func:`distributed_optimizer` wraps the optimiser in ``hvd.DistributedOptimizer`` with fp16
-  compression, ``backward_passes_per_step`` and Average or Adasum.
-* :func:`broadcast_state` broadcasts parameters and optimiser state from rank 0.
-* :func:`synchronize` and :func:`skip_synchronize`: the two calls the training step
-  (:func:`hvd_lm.train.step.train_step`: ``synchronize``, unscale, clip, ``step()`` inside
-  ``skip_synchronize``, Horovod docs "Gradient clipping") makes on a distributed optimizer
-  (:class:`SynchronizingOptimizer`), and makes nothing of for a plain torch one.
-* :func:`allreduce_sum` / :func:`allreduce_max_each` / :func:`allgather` for metrics (sums over
-  ranks, each step's slowest rank) and checkpointed per-rank state.
-* :func:`compressed_allreduce`: the 1-bit compressed allreduce with error feedback (Tang et al.
-  2021) on ``hvd.alltoall`` + ``hvd.allgather`` (the math: :mod:`hvd_lm.comm.onebit_compression`),
-  which :class:`hvd_lm.train.onebit_optimizers.OnebitDistributedOptimizer` calls for the momentum of
-  1-bit Adam / 1-bit LAMB.
-* :func:`comm_stats`: bytes this rank put on the wire in the last step (metrics).
+* :func:`init`: fusion and cycle time to ``HOROVOD_FUSION_THRESHOLD`` (bytes) and
+  ``HOROVOD_CYCLE_TIME`` (ms), read at ``hvd.init()``; the torch engine's bucket and timeout.
+* :func:`wrap_model`, :func:`no_sync`, :func:`distributed_optimizer`: the model the step calls
+  (DDP on the torch engine), the windows that only accumulate, and ``hvd.DistributedOptimizer``
+  (compression, ``backward_passes_per_step``, Average or Adasum).
+* :func:`synchronize` / :func:`skip_synchronize`: the step's two calls on a distributed
+  optimizer (Horovod docs, "Gradient clipping"); nothing for a plain one.
+* :func:`broadcast_state`, :func:`allreduce_sum`, :func:`allreduce_max_each`,
+  :func:`allgather`: rank 0's start, metrics, checkpointed per-rank state.
+* :func:`compressed_allreduce`: the 1-bit allreduce with error feedback (Tang et al. 2021) on
+  ``alltoall`` + ``allgather`` (the math: :mod:`hvd_lm.comm.onebit_compression`).
 """
 
 from __future__ import annotations
@@ -35,7 +24,7 @@ import contextlib
 import functools
 import math
 import os
-from typing import Any, ContextManager, Iterator, Protocol, runtime_checkable
+from typing import ContextManager, Iterator
 
 import torch
 
@@ -118,12 +107,9 @@ def init(fusion_threshold_mb: float | None = None, cycle_time_ms: float | None =
     """Set Horovod's tensor-fusion knobs and Gloo's timeout, then ``hvd.init()``.
 
     Args:
-        fusion_threshold_mb: fusion buffer size in MiB -> ``HOROVOD_FUSION_THRESHOLD`` in bytes
-            (Horovod's default is 128 MiB; 0 disables fusion). None keeps the environment's value.
-            The torch engine: its largest gradient bucket (default 25 MiB, DDP's).
-        cycle_time_ms: how long Horovod's background thread waits to batch tensors, in ms ->
-            ``HOROVOD_CYCLE_TIME`` (default 1 ms in 0.28). None keeps the environment's value.
-            (The torch engine starts a bucket when its last gradient is ready: no cycle.)
+        fusion_threshold_mb: fusion buffer, MiB -> ``HOROVOD_FUSION_THRESHOLD`` in bytes
+            (default 128 MiB; 0: no fusion); the torch engine: DDP's ``bucket_cap_mb`` (25).
+        cycle_time_ms: Horovod's batching wait, ms -> ``HOROVOD_CYCLE_TIME`` (default 1 ms).
         gloo_timeout_s: seconds a Gloo operation (rendezvous, every collective of the Gloo
             controller) waits for a peer -> ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (whole seconds,
             rounded up; default 30). None keeps the environment's value. The torch engine: the
@@ -237,45 +223,23 @@ def keep_gradients_local(optimizer) -> None:
 _NEVER = 2 ** 62
 
 
-class StepOptimizer(Protocol):
-    """What the training step (:func:`hvd_lm.train.step.train_step`) calls on any optimizer: a
-    plain ``torch.optim`` one (one process without Horovod, or under DDP, whose allreduce runs
-    inside backward) has these; a distributed one is also a :class:`SynchronizingOptimizer`."""
-
-    param_groups: list[dict[str, Any]]
-
-    def step(self, closure=None) -> Any: ...
-
-    def zero_grad(self, set_to_none: bool = True) -> None: ...
+_SYNCHRONIZING: dict[type, bool] = {}  # per class
 
 
-@runtime_checkable
-class SynchronizingOptimizer(StepOptimizer, Protocol):
-    """An optimizer whose gradient allreduce the step waits for explicitly (Horovod docs,
-    "Gradient clipping"): Horovod's ``hvd.DistributedOptimizer`` (a class Horovod derives from
-    the wrapped optimizer's at run time, so known by what it has) and the 1-bit optimizers'
-    (:class:`hvd_lm.train.onebit_optimizers.OnebitDistributedOptimizer`). The torch engine's
-    optimizer is a plain one: DDP averages the gradients inside backward."""
-
-    def synchronize(self) -> None: ...
-
-    def skip_synchronize(self) -> ContextManager[None]: ...
-
-
-_SYNCHRONIZING: dict[type, bool] = {}  # per class: a Protocol's isinstance takes ~40 us
-
-
-def synchronizes(optimizer: StepOptimizer) -> bool:
-    """Whether :func:`synchronize` waits for anything on ``optimizer`` (a
-    :class:`SynchronizingOptimizer`); False for a plain torch optimizer (one process without
-    Horovod: :mod:`hvd_lm.comm.single` hands it back unwrapped) and under DDP."""
+def synchronizes(optimizer) -> bool:
+    """Whether :func:`synchronize` waits for anything on ``optimizer``: one with Horovod's
+    ``synchronize()`` and ``skip_synchronize()`` (Horovod's ``hvd.DistributedOptimizer``, a class
+    derived at run time from the wrapped one's, so known by what it has; the 1-bit
+    optimizers'); False for a plain torch optimizer (one process; the torch engine's, under
+    DDP)."""
     cls = type(optimizer)
     if cls not in _SYNCHRONIZING:
-        _SYNCHRONIZING[cls] = isinstance(optimizer, SynchronizingOptimizer)
+        _SYNCHRONIZING[cls] = all(callable(getattr(optimizer, m, None))
+                                  for m in ("synchronize", "skip_synchronize"))
     return _SYNCHRONIZING[cls]
 
 
-def synchronize(optimizer: StepOptimizer) -> None:
+def synchronize(optimizer) -> None:
     """Wait until the gradient allreduces that ``optimizer``'s backward hooks started are done
     and their averages are in ``.grad`` (Horovod: ``optimizer.synchronize()``; the 1-bit
     optimizers' the same call); nothing for a plain torch optimizer, whose
@@ -285,10 +249,10 @@ def synchronize(optimizer: StepOptimizer) -> None:
 
 
 @contextlib.contextmanager
-def skip_synchronize(optimizer: StepOptimizer) -> Iterator[None]:
+def skip_synchronize(optimizer) -> Iterator[None]:
     """The context ``optimizer.step()`` runs in after :func:`synchronize`: Horovod's
     ``optimizer.skip_synchronize()`` (its ``step()`` would otherwise synchronize again, and warn)
-    on a :class:`SynchronizingOptimizer`; nothing for a plain torch optimizer."""
+    on an optimizer that :func:`synchronizes`; nothing for a plain torch optimizer."""
     if synchronizes(optimizer):
         with optimizer.skip_synchronize():  # Horovod: the step after an explicit synchronize
             yield

@@ -344,7 +344,7 @@ def started_by_mpi(environ: Mapping[str, str] | None = None) -> bool:
 def under_openmpi(environ: Mapping[str, str] | None = None) -> bool:
     """True when OpenMPI's ``mpirun`` (directly, or as ``horovodrun --mpi`` runs it) started this
     process, whatever the world size: its ``OMPI_COMM_WORLD_SIZE`` is set. Such a process must
-    expect mpirun's teardown on SIGTERM/SIGINT (:class:`hvd_lm.train.log.StopSignals`)."""
+    expect mpirun's teardown on SIGTERM/SIGINT (:class:`hvd_lm.train.deadline.StopSignals`)."""
     env = os.environ if environ is None else environ
     return "OMPI_COMM_WORLD_SIZE" in env
 
@@ -372,7 +372,7 @@ def horovodrun_mpi_shell() -> int | None:
     shell), else None.
 
     A signal sent to ``horovodrun --mpi`` (that shell) kills only the shell: mpirun and the ranks
-    never see it. Ranks therefore watch this PID (:class:`hvd_lm.train.log.StopSignals`) and
+    never see it. Ranks therefore watch this PID (:class:`hvd_lm.train.deadline.StopSignals`) and
     treat its disappearance like SIGTERM.
     """
     mpirun = os.getppid()

@@ -1,6 +1,9 @@
-"""Training to a deadline (``--time-limit``) and to a time budget across allocations
-(``--time-budget``): how many optimizer steps fit, measured as the run goes, so that the LR
-schedule reaches 0 when the time is spent whatever the hardware.
+"""When a run stops: at a deadline (``--time-limit``), at the end of a time budget across
+allocations (``--time-budget``), or on the scheduler's signal (:class:`StopSignals`:
+SIGTERM/SIGINT/SIGUSR1 from SLURM preemption, ``scancel --signal`` or Ctrl-C -> a stop flag the
+loop allreduces, so every rank checkpoints at the same step; a line on stderr at once says
+when). For the deadline and the budget: how many optimizer steps fit, measured as the run goes,
+so that the LR schedule reaches 0 when the time is spent whatever the hardware.
 
 A job's walltime (SLURM ``--time``, PBS ``walltime``) or a lent machine's minutes bound a run in
 seconds, while the LR schedule (:mod:`hvd_lm.train.schedule`: warmup, then linear decay to 0,
@@ -45,13 +48,19 @@ clock and nothing else takes any (start-up, evaluations, checkpoints), so that a
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
+import os
+import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass
 
 import psutil
 
-from hvd_lm.comm.world import env_seconds
+from hvd_lm.comm.world import env_seconds, horovodrun_mpi_shell, under_openmpi
+from hvd_lm.util.lock import pid_alive
 
 #: Step attempts left out of the step time at the start (compilation, graph capture, warm-up).
 SKIP_ATTEMPTS = 2
@@ -371,3 +380,94 @@ class DeadlinePlanner:
             then = ("the LR did not reach 0: give a longer --time-limit, or --resume auto "
                     "with --time-budget to plan over several allocations")
         return f"stopped at step {step:,} with a checkpoint: {why}; {then}"
+
+
+class StopSignals:
+    """Turns SIGTERM/SIGINT/SIGUSR1 into a stop flag (:attr:`received` = the signal number):
+    the loop checkpoints on every rank at the same step and exits 0.
+
+    Under ``horovodrun --mpi`` a signal to horovodrun kills only the ``/bin/sh -c mpirun`` it
+    became (:func:`hvd_lm.comm.world.horovodrun_mpi_shell`); a daemon thread watches that
+    shell once a second and raises the flag (as SIGTERM) when it is gone.
+
+    Under OpenMPI's ``mpirun`` a SIGTERM/SIGINT reaching a rank means mpirun is tearing the job
+    down: it has stopped reading the ranks' stdout/stderr and sends SIGKILL after
+    ``odls_base_sigkill_timeout``. A rank that kept printing (a log line per step, the progress
+    bar) would block on the full pipe and be killed before its checkpoint, so the ranks then send
+    their console to /dev/null (``metrics.jsonl`` still gets every record).
+    """
+
+    def __init__(self, watch_interval_s: float = 1.0, describe=None) -> None:
+        self.received: int | None = None
+        #: () -> str: when the stop happens (set by the loop: the step, the steps to go)
+        self.describe = describe
+        self.mpirun_tears_down = under_openmpi()
+        self.previous = {sig: signal.signal(sig, self._handler)
+                         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+        self.wakeup_fd: int | None = None
+        self._watch_wakeups()
+        shell = horovodrun_mpi_shell()
+        if shell is not None:
+            threading.Thread(target=self._watch, args=(shell, watch_interval_s), daemon=True,
+                             name="launcher-watchdog").start()
+
+    def restore(self) -> None:
+        """Put back the handlers there were before (the run is over: a signal from now on, e.g.
+        mpirun tearing down a failed job, ends the process as it would have, instead of raising
+        a flag no loop reads)."""
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            for sig, handler in self.previous.items():
+                signal.signal(sig, handler)
+            if self.wakeup_fd is not None:
+                signal.set_wakeup_fd(self.wakeup_fd)
+
+    def _handler(self, signum, frame) -> None:
+        self.received = signum
+        if self.mpirun_tears_down and signum in (signal.SIGTERM, signal.SIGINT):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            for fd in (1, 2):  # what Python, tqdm and Horovod's C++ write to
+                os.dup2(devnull, fd)
+            os.close(devnull)
+
+    def _watch_wakeups(self) -> None:
+        """Say at once that a stop signal arrived: Python runs signal handlers only between
+        bytecodes of the main thread, which may be inside a long step or a collective, so the
+        C-level handler's wakeup byte (``signal.set_wakeup_fd``) wakes a thread that prints."""
+        try:
+            r, w = os.pipe()
+            os.set_blocking(w, False)
+            self.wakeup_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except (ValueError, OSError):  # not the main thread (tests building a trainer in one)
+            return
+        threading.Thread(target=self._acknowledge, args=(r,), daemon=True,
+                         name="stop-acknowledge").start()
+
+    def _acknowledge(self, fd: int) -> None:
+        said = False
+        stops = {int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGUSR1)}
+        while True:
+            data = os.read(fd, 64)
+            if not data:
+                return
+            signum = next((b for b in data if b in stops), None)
+            if signum is None or said:
+                continue
+            said = True
+            if self.mpirun_tears_down and signum != signal.SIGUSR1:
+                continue  # mpirun stopped reading our output: a line could block (above)
+            when = ""
+            if self.describe is not None:
+                with contextlib.suppress(Exception):
+                    when = self.describe()
+            print(f"hvd-lm train: {signal.Signals(signum).name} received: {when or 'stopping'}"
+                  "; the checkpoint is written, then the run exits 0 (--resume auto continues "
+                  "it)", file=sys.stderr, flush=True)
+
+    def _watch(self, pid: int, interval: float) -> None:
+        while self.received is None:
+            if not pid_alive(pid):
+                print(f"horovodrun (pid {pid}) is gone: checkpointing and stopping",
+                      file=sys.stderr, flush=True)
+                self.received = signal.SIGTERM
+                return
+            time.sleep(interval)

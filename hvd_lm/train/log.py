@@ -1,9 +1,6 @@
-"""The stop signals every rank listens for, and the records of ``metrics.jsonl`` any rank or
-reader touches outside rank 0's log (:class:`hvd_lm.train.metrics.MetricsLog` writes the rest).
+"""The records of ``metrics.jsonl`` any rank or reader touches outside rank 0's log
+(:class:`hvd_lm.train.metrics.MetricsLog` writes the rest), and the progress of long commands.
 
-* :class:`StopSignals`: SIGTERM/SIGINT/SIGUSR1 (SLURM preemption, ``scancel --signal``, Ctrl-C)
-  -> a stop flag the loop allreduces, so every rank checkpoints at the same step; a line on
-  stderr at once says when.
 * :func:`write_failure`: a ``failure`` record appended by the rank that prints a run's one-line
   cause, with :func:`resume_command`, what continues the run.
 * :func:`read_metrics` / :func:`iter_metrics`: the one reader of ``metrics.jsonl`` (reports,
@@ -14,114 +11,18 @@ reader touches outside rank 0's log (:class:`hvd_lm.train.metrics.MetricsLog` wr
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shlex
-import signal
 import socket
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Iterator
 
 from tqdm import tqdm
 
-from hvd_lm.comm.world import env_seconds, horovodrun_mpi_shell, under_openmpi
+from hvd_lm.comm.world import env_seconds
 from hvd_lm.util.files import FileRefused, iter_lines, open_append, shown
-from hvd_lm.util.lock import pid_alive
-
-
-class StopSignals:
-    """Turns SIGTERM/SIGINT/SIGUSR1 into a stop flag (:attr:`received` = the signal number):
-    the loop checkpoints on every rank at the same step and exits 0.
-
-    Under ``horovodrun --mpi`` a signal to horovodrun kills only the ``/bin/sh -c mpirun`` it
-    became (:func:`hvd_lm.comm.world.horovodrun_mpi_shell`); a daemon thread watches that
-    shell once a second and raises the flag (as SIGTERM) when it is gone.
-
-    Under OpenMPI's ``mpirun`` a SIGTERM/SIGINT reaching a rank means mpirun is tearing the job
-    down: it has stopped reading the ranks' stdout/stderr and sends SIGKILL after
-    ``odls_base_sigkill_timeout``. A rank that kept printing (a log line per step, the progress
-    bar) would block on the full pipe and be killed before its checkpoint, so the ranks then send
-    their console to /dev/null (``metrics.jsonl`` still gets every record).
-    """
-
-    def __init__(self, watch_interval_s: float = 1.0, describe=None) -> None:
-        self.received: int | None = None
-        #: () -> str: when the stop happens (set by the loop: the step, the steps to go)
-        self.describe = describe
-        self.mpirun_tears_down = under_openmpi()
-        self.previous = {sig: signal.signal(sig, self._handler)
-                         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
-        self.wakeup_fd: int | None = None
-        self._watch_wakeups()
-        shell = horovodrun_mpi_shell()
-        if shell is not None:
-            threading.Thread(target=self._watch, args=(shell, watch_interval_s), daemon=True,
-                             name="launcher-watchdog").start()
-
-    def restore(self) -> None:
-        """Put back the handlers there were before (the run is over: a signal from now on, e.g.
-        mpirun tearing down a failed job, ends the process as it would have, instead of raising
-        a flag no loop reads)."""
-        with contextlib.suppress(ValueError, OSError):  # not the main thread
-            for sig, handler in self.previous.items():
-                signal.signal(sig, handler)
-            if self.wakeup_fd is not None:
-                signal.set_wakeup_fd(self.wakeup_fd)
-
-    def _handler(self, signum, frame) -> None:
-        self.received = signum
-        if self.mpirun_tears_down and signum in (signal.SIGTERM, signal.SIGINT):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            for fd in (1, 2):  # what Python, tqdm and Horovod's C++ write to
-                os.dup2(devnull, fd)
-            os.close(devnull)
-
-    def _watch_wakeups(self) -> None:
-        """Say at once that a stop signal arrived: Python runs signal handlers only between
-        bytecodes of the main thread, which may be inside a long step or a collective, so the
-        C-level handler's wakeup byte (``signal.set_wakeup_fd``) wakes a thread that prints."""
-        try:
-            r, w = os.pipe()
-            os.set_blocking(w, False)
-            self.wakeup_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        except (ValueError, OSError):  # not the main thread (tests building a trainer in one)
-            return
-        threading.Thread(target=self._acknowledge, args=(r,), daemon=True,
-                         name="stop-acknowledge").start()
-
-    def _acknowledge(self, fd: int) -> None:
-        said = False
-        stops = {int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGUSR1)}
-        while True:
-            data = os.read(fd, 64)
-            if not data:
-                return
-            signum = next((b for b in data if b in stops), None)
-            if signum is None or said:
-                continue
-            said = True
-            if self.mpirun_tears_down and signum != signal.SIGUSR1:
-                continue  # mpirun stopped reading our output: a line could block (above)
-            when = ""
-            if self.describe is not None:
-                with contextlib.suppress(Exception):
-                    when = self.describe()
-            print(f"hvd-lm train: {signal.Signals(signum).name} received: {when or 'stopping'}"
-                  "; the checkpoint is written, then the run exits 0 (--resume auto continues "
-                  "it)", file=sys.stderr, flush=True)
-
-    def _watch(self, pid: int, interval: float) -> None:
-        while self.received is None:
-            if not pid_alive(pid):
-                print(f"horovodrun (pid {pid}) is gone: checkpointing and stopping",
-                      file=sys.stderr, flush=True)
-                self.received = signal.SIGTERM
-                return
-            time.sleep(interval)
 
 
 def resume_command(argv: list[str] | None = None) -> str:

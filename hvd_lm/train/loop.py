@@ -21,23 +21,15 @@ the allreduce wait, which costs nothing (the host then blocks on the allreduce, 
 backward done) and splits each step's time into device compute and wait
 (``compute_time_max``, a slow GPU's straggling).
 
-The :class:`Trainer` is the loop, and it holds its parts, as torchtitan's trainer does; each is
-its own module, given what it needs when built or called, none reading the trainer:
-
-* the run (:class:`hvd_lm.train.startup.Run`): the model, optimizer, schedule, scaler, this
-  rank's streams and world, the run folder, built from the configuration before the first step;
-* the metrics (:class:`hvd_lm.train.metrics.Metrics`): rank 0 logs (tqdm bar, a line every
-  ``log_every`` steps, ``metrics.jsonl``, TensorBoard with ``--tensorboard true``); metrics are
-  sums over ranks but ``compute_time_max`` (each step's slowest rank);
-* the checkpointer (:class:`hvd_lm.train.checkpointer.Checkpointer`): rank 0 writes, on a
-  thread by default;
-* the step count (:class:`hvd_lm.train.counting.StepCounter`) and the characters trained on
-  (``CharCount``);
-* with ``run.elastic`` (Horovod elastic), the elastic state
-  (:class:`hvd_lm.train.elastic.Elastic`): the same loop under ``hvd.elastic.run``, with a
-  commit in memory every ``run.commit_every`` steps;
-* the divergence guard (:mod:`hvd_lm.train.guard`), the ``--time-limit`` planner
-  (:mod:`hvd_lm.train.deadline`) and the stop signals (:mod:`hvd_lm.train.log`).
+The :class:`Trainer` is the loop, and it holds its parts, as torchtitan's trainer does, each in
+its own module, given what it needs when built or called, none reading the trainer: the run
+(:class:`hvd_lm.train.startup.Run`: model, optimizer, schedule, scaler, streams, world, run
+folder), the metrics (:class:`hvd_lm.train.metrics.Metrics`: sums over ranks, rank 0 logs), the
+checkpointer (:class:`hvd_lm.train.checkpointer.Checkpointer`), the step count
+(:class:`hvd_lm.train.counting.StepCounter`, ``CharCount``), with ``run.elastic`` the elastic
+state (:class:`hvd_lm.train.elastic.Elastic`: the same loop under ``hvd.elastic.run``), the
+divergence guard (:mod:`hvd_lm.train.guard`), the ``--time-limit`` planner and the stop signals
+(:mod:`hvd_lm.train.deadline`).
 
 Every Horovod call is marked ``# Horovod:`` where it happens (as Horovod's ``examples/pytorch``
 scripts do), in the loop and in the part that makes it.
@@ -64,11 +56,11 @@ from hvd_lm.train import faults, step
 from hvd_lm.train.checkpointer import Checkpointer
 from hvd_lm.train.counting import CharCount, StepCounter
 from hvd_lm.train.data import Prefetcher
-from hvd_lm.train.deadline import Cadence, DeadlinePlanner, virtual_step_s
+from hvd_lm.train.deadline import Cadence, DeadlinePlanner, StopSignals, virtual_step_s
 from hvd_lm.train.elastic import Elastic
 from hvd_lm.train.evaluate import bpc as eval_bpc
 from hvd_lm.train.guard import DivergenceGuard, TrainingDiverged
-from hvd_lm.train.log import StopSignals, write_failure
+from hvd_lm.train.log import write_failure
 from hvd_lm.train.metrics import Metrics
 from hvd_lm.train.schedule import refresh_lr, schedule_of
 from hvd_lm.train.settings import TrainConfig

@@ -22,7 +22,7 @@ Per rank, for the ``k`` windows of one optimizer step (``backward_passes_per_ste
 The two Horovod calls go through :mod:`hvd_lm.comm.horovod` (:func:`~hvd_lm.comm.horovod.
 synchronize`, :func:`~hvd_lm.comm.horovod.skip_synchronize`): on a distributed optimizer
 (Horovod's, the torch engine's, the 1-bit ones: a
-:class:`~hvd_lm.comm.horovod.SynchronizingOptimizer`) they are its own ``synchronize()`` and
+:class:`SynchronizingOptimizer`) they are its own ``synchronize()`` and
 ``skip_synchronize()``; a plain torch optimizer (one process without Horovod, or DDP, whose
 allreduce happens inside backward) takes the same path without the wait.
 
@@ -44,7 +44,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, ContextManager, Iterable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +54,29 @@ from hvd_lm.model import device as devices
 from hvd_lm.train.data import IGNORE, Batch
 
 State = tuple[torch.Tensor, torch.Tensor]
+
+
+class StepOptimizer(Protocol):
+    """What the step calls on any optimizer: a plain ``torch.optim`` one (one process; the torch
+    engine's, under DDP, whose allreduce runs inside backward) has these; a distributed one is
+    also a :class:`SynchronizingOptimizer`."""
+
+    param_groups: list[dict[str, Any]]
+
+    def step(self, closure=None) -> Any: ...
+
+    def zero_grad(self, set_to_none: bool = True) -> None: ...
+
+
+class SynchronizingOptimizer(StepOptimizer, Protocol):
+    """An optimizer whose gradient allreduce the step waits for explicitly (Horovod docs,
+    "Gradient clipping"; :func:`hvd_lm.comm.horovod.synchronizes` tells one): Horovod's
+    ``hvd.DistributedOptimizer`` and the 1-bit optimizers'
+    (:class:`hvd_lm.train.onebit_optimizers.OnebitDistributedOptimizer`)."""
+
+    def synchronize(self) -> None: ...
+
+    def skip_synchronize(self) -> ContextManager[None]: ...
 
 
 def window_nll(model, batch: Batch, state: State, device: torch.device, precision: str):
@@ -297,7 +320,7 @@ class Gradients:
     state: State
 
 
-def backward(model, optimizer: comm.StepOptimizer, scaler: torch.amp.GradScaler,
+def backward(model, optimizer: StepOptimizer, scaler: torch.amp.GradScaler,
              windows: Iterable[Batch], state: State, spec: StepSpec) -> Gradients:
     """The first half of a step: forward and backward over ``spec.k`` TBPTT windows, then the
     wait for the gradient allreduce (steps 1-2 of the module docstring).
@@ -306,7 +329,7 @@ def backward(model, optimizer: comm.StepOptimizer, scaler: torch.amp.GradScaler,
         model: the module to call: the model, or its DDP wrapper
             (:func:`hvd_lm.comm.horovod.wrap_model`).
         optimizer: a Horovod ``DistributedOptimizer``, a 1-bit optimizer (each a
-            :class:`hvd_lm.comm.horovod.SynchronizingOptimizer`) or a plain torch optimizer
+            :class:`SynchronizingOptimizer`) or a plain torch optimizer
             (one process; the torch engine's, under DDP).
         scaler: :func:`hvd_lm.model.device.make_scaler`'s.
         windows: the step's k batches, each [B, T]: a list, or an iterator read as the step goes
@@ -350,7 +373,7 @@ def backward(model, optimizer: comm.StepOptimizer, scaler: torch.amp.GradScaler,
     return Gradients(nats_step, chars, wait, state)
 
 
-def update(optimizer: comm.StepOptimizer, scaler: torch.amp.GradScaler, g: Gradients,
+def update(optimizer: StepOptimizer, scaler: torch.amp.GradScaler, g: Gradients,
            spec: StepSpec) -> StepResult:
     """The second half of a step: unscale and clip, then step or skip a step whose gradients are
     not finite, and zero the gradients (steps 3-4 of the module docstring). The loop counts the
@@ -387,7 +410,7 @@ def update(optimizer: comm.StepOptimizer, scaler: torch.amp.GradScaler, g: Gradi
     return StepResult(applied, norm, g.nats, g.chars, g.wait_s, state)
 
 
-def train_step(model, optimizer: comm.StepOptimizer, scaler: torch.amp.GradScaler,
+def train_step(model, optimizer: StepOptimizer, scaler: torch.amp.GradScaler,
                windows: Iterable[Batch], state: State, spec: StepSpec) -> StepResult:
     """One optimizer step over ``spec.k`` TBPTT windows: :func:`backward` then :func:`update`
     (the benchmarks' step; the loop calls the two itself, counting the previous step between
