@@ -263,7 +263,6 @@ OWN_READS = {
     ("data_prep/bench.py", "open(tmp)"): "the corpus the bench writes",
     ("data_prep/bench.py", "meta_path.read_text()"): "the bench corpus's own description",
     ("data_prep/bench.py", "gzip.open(path)"): "the corpus the bench wrote",
-    ("data_prep/bench.py", "open(path)"): "the corpus the bench wrote",
     ("data_prep/pipeline.py", "(work / 'map' / f'u{u:05d}' / 'stats.json').read_text()"):
         "prepare's work folder (OUT/.prepare)",
     ("data_prep/pipeline.py", "(work / 'sorted' / f'b{b:05d}' / 'stats.json').read_text()"):

@@ -108,8 +108,8 @@ def save(payload: dict, run_dir: str | Path, step: int, keep: int = 3,
 
 #: Bytes of a checkpoint besides its tensors' data: the RNG states (Python's, numpy's and torch's
 #: Mersenne Twister states, ~13 kB), the config, the pickled structure and the zip directory
-#: (torch.save's container: one entry per tensor, data aligned to 64 bytes). Measured 26.3 kB
-#: for an Adam checkpoint of any width (torch 2.13); rounded up to 28 KiB.
+#: (torch.save's container: one entry per tensor, data aligned to 64 bytes), rounded up from
+#: what docs/reliability.md records.
 CHECKPOINT_REST = 28 * 1024
 
 

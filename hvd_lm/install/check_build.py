@@ -21,6 +21,8 @@ from hvd_lm.options import Command, option
 
 _LINE = re.compile(r"^\s*\[(?P<mark>[ Xx])\]\s+(?P<name>\S.*?)\s*$")
 _VERSION = re.compile(r"Horovod v(?P<version>\S+?):?\s*$")
+#: The sections' headings (``Available Frameworks:``...), as :class:`BuildInfo`'s fields.
+_SECTIONS = ("frameworks", "controllers", "tensor operations")
 
 
 @dataclass
@@ -50,21 +52,15 @@ def parse_check_build(text: str) -> BuildInfo:
     seen = 0
     for line in text.splitlines():
         m = _VERSION.search(line)
+        low = line.strip().lower()
+        head = next((name for name in _SECTIONS if low.startswith("available " + name)), None)
         if m:
             info.version = m.group("version")
-            continue
-        low = line.strip().lower()
-        if low.startswith("available frameworks"):
-            section = info.frameworks
-        elif low.startswith("available controllers"):
-            section = info.controllers
-        elif low.startswith("available tensor operations"):
-            section = info.tensor_operations
-        else:
-            m = _LINE.match(line)
-            if m and section is not None:
-                section[m.group("name")] = m.group("mark") in "Xx"
-                seen += 1
+        elif head is not None:
+            section = getattr(info, head.replace(" ", "_"))
+        elif (m := _LINE.match(line)) and section is not None:
+            section[m.group("name")] = m.group("mark") in "Xx"
+            seen += 1
     if not info.version or not seen:
         raise ValueError(f"not `horovodrun --check-build` output:\n{text[:500]}")
     return info

@@ -280,11 +280,14 @@ def patch_sources(src: str | Path) -> list[str]:
     """
     src = Path(src)
     done = []
-    for rel in ("CMakeLists.txt", "horovod/torch/CMakeLists.txt"):
+    def source(rel: str) -> tuple[Path, str]:
         p = src / rel
         if not p.exists():
             raise BuildError(f"{p}: missing (not a Horovod {HOROVOD_VERSION} source tree?)")
-        text = p.read_text()
+        return p, p.read_text()
+
+    for rel in ("CMakeLists.txt", "horovod/torch/CMakeLists.txt"):
+        p, text = source(rel)
         if _CXX17[0] in text:
             p.write_text(text.replace(*_CXX17))
             done.append(f"{rel}: C++14 -> C++17 (PR #3998)")
@@ -294,17 +297,14 @@ def patch_sources(src: str | Path) -> list[str]:
     if cuda.exists():
         text = cuda.read_text()
         if "CMAKE_CUDA_STANDARD" not in text:
-            cuda.write_text("set(CMAKE_CUDA_STANDARD 17)\nset(CMAKE_CUDA_STANDARD_REQUIRED ON)\n"
-                            + text)
-            done.append("horovod/common/ops/cuda/CMakeLists.txt: CMAKE_CUDA_STANDARD 17")
-        elif re.search(r"CMAKE_CUDA_STANDARD\s+1[14]\b", text):
-            cuda.write_text(re.sub(r"(CMAKE_CUDA_STANDARD\s+)1[14]\b", r"\g<1>17", text))
+            patched = "set(CMAKE_CUDA_STANDARD 17)\nset(CMAKE_CUDA_STANDARD_REQUIRED ON)\n" + text
+        else:
+            patched = re.sub(r"(CMAKE_CUDA_STANDARD\s+)1[14]\b", r"\g<1>17", text)
+        if patched != text:
+            cuda.write_text(patched)
             done.append("horovod/common/ops/cuda/CMakeLists.txt: CMAKE_CUDA_STANDARD 17")
     for rel, includes in _HEADER_INCLUDES.items():
-        p = src / rel
-        if not p.exists():
-            raise BuildError(f"{p}: missing (not a Horovod {HOROVOD_VERSION} source tree?)")
-        text = p.read_text()
+        p, text = source(rel)
         missing = [i for i in includes if i not in text]
         if missing:
             # after the include guard / pragma once, before everything else

@@ -96,10 +96,6 @@ def option(default: Any = MISSING, help: str = "", *, default_factory: Any = MIS
 
 # ---- the tree -----------------------------------------------------------------------------------
 
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 def _is_section(tp: Any) -> bool:
     return dataclasses.is_dataclass(tp) and isinstance(tp, type)
 
@@ -116,7 +112,7 @@ def _optional_inner(tp: Any) -> tuple[Any, bool]:
 def leaves(cls: type, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...],
                                                                    dataclasses.Field, Any]]:
     """(dotted path, field, type) of every leaf of the tree ``cls``, in declaration order."""
-    hints = _hints(cls)
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         if _is_section(tp):
@@ -152,33 +148,18 @@ def _scalar(value: Any, tp: type, where: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str):
-            low = value.strip().lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
+        low = value.strip().lower() if isinstance(value, str) else None
+        if low in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return low in ("1", "true", "yes", "on")
         raise ConfigError(f"{where}: expected bool (true/false), got {shown(value)}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected int, got {shown(value)}")
-        if isinstance(value, float):
-            if not value.is_integer():
-                raise ConfigError(f"{where}: expected int, got {shown(value)}")
-            return int(value)
-        if not isinstance(value, (int, str)):
-            raise ConfigError(f"{where}: expected int, got {shown(value)}")
-        try:
-            return int(value.strip() if isinstance(value, str) else value)
-        except ValueError:
-            raise ConfigError(f"{where}: expected int, got {shown(value)}") from None
-    if tp is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected float, got {shown(value)}")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected float, got {shown(value)}") from None
+    if tp in (int, float):  # no bool; an int from a whole float or text, a float from any number
+        if not isinstance(value, bool) and (tp is float or isinstance(value, (int, str)) or (
+                isinstance(value, float) and value.is_integer())):
+            try:
+                return tp(value)
+            except (TypeError, ValueError):
+                pass
+        raise ConfigError(f"{where}: expected {tp.__name__}, got {shown(value)}")
     if tp is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{where}: expected str, got {shown(value)}")
@@ -258,7 +239,7 @@ def validate(obj: Any, source: str = "config", path: tuple[str, ...] = ()) -> No
     Raises:
         ConfigError: naming ``source`` and the dotted field.
     """
-    hints = _hints(type(obj))
+    hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if _is_section(hints[f.name]):
@@ -316,7 +297,7 @@ def _build(cls: type, data: Any, source: str, path: tuple[str, ...]) -> Any:
     where = ".".join(path) or "top level"
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: {where} must be a mapping, got {shown(data)}")
-    hints = _hints(cls)
+    hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in data.items():
@@ -419,7 +400,7 @@ def read_yaml(path: str | Path, max_bytes: int = MAX_YAML_BYTES,
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{where}: not UTF-8 text (byte {e.start})") from None
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)  # libyaml's parser: 10x faster
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)  # libyaml's C parser when built
     try:
         node = loader.get_single_node()
         if node is None:
