@@ -83,18 +83,19 @@ def _wire_table(records: list[dict]) -> None:
         return
     print("\nbytes on the wire per operation and rank (computed from the buffers; measured: "
           "/proc/self/io wchar, Gloo controller)")
-    print(f"{'controller':10} {'size/group':>17} {'none':>11} {'fp16':>11} {'onebit':>10} "
-          f"{'none/1bit':>9} {'fp16/1bit':>9} {'measured none/fp16/onebit':>32} "
-          f"{'ratios':>12}")
-    for r in rows:
-        what = r["what"] if isinstance(r["what"], str) else human_bytes(r["what"])
-        meas = "/".join(f"{r[c + '_measured']:.0f}" if r.get(c + "_measured") else "-"
-                        for c in ("none", "fp16", "onebit"))
-        ratios = "/".join(f"{r[c]:.1f}" for c in ("none_over_onebit_measured",
-                                                   "fp16_over_onebit_measured") if c in r)
-        print(f"{r['controller']:10} {what:>17} {r.get('none', 0):>11} {r.get('fp16', 0):>11} "
-              f"{r.get('onebit', 0):>10} {r.get('none_over_onebit', 0):>9.1f} "
-              f"{r.get('fp16_over_onebit', 0):>9.1f} {meas:>32} {ratios:>12}")
+    print_table(rows, [
+        ("controller", "10", "controller"),
+        ("size/group", ">17", lambda r: r["what"] if isinstance(r["what"], str)
+         else human_bytes(r["what"])),
+        *((c, f">{w}", lambda r, c=c: r.get(c, 0)) for c, w in
+          (("none", 11), ("fp16", 11), ("onebit", 10))),
+        ("none/1bit", ">9.1f", lambda r: r.get("none_over_onebit", 0)),
+        ("fp16/1bit", ">9.1f", lambda r: r.get("fp16_over_onebit", 0)),
+        ("measured none/fp16/onebit", ">32", lambda r: "/".join(
+            f"{r[c + '_measured']:.0f}" if r.get(c + "_measured") else "-"
+            for c in ("none", "fp16", "onebit"))),
+        ("ratios", ">12", lambda r: "/".join(f"{r[c]:.1f}" for c in (
+            "none_over_onebit_measured", "fp16_over_onebit_measured") if c in r))])
 
 
 def human_bytes(n: float) -> str:

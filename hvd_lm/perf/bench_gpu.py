@@ -59,7 +59,7 @@ from hvd_lm.model.mlstm_kernels import resolve
 from hvd_lm.options import Command, option
 from hvd_lm.perf import profile_step
 from hvd_lm.perf.ceilings import Timer, copy_gbps, gemm_ceiling, matmul_tflops, peak_key, step_gemms
-from hvd_lm.perf.harness import random_batches, save_json
+from hvd_lm.perf.harness import print_table, random_batches, save_json
 from hvd_lm.train import memory
 from hvd_lm.train.settings import TrainConfig
 from hvd_lm.train.step import StepSpec, train_step
@@ -382,9 +382,8 @@ def bench_gpu(cfg: BenchGpuConfig, timer: Callable | None = None) -> int:
                           f"({c['tflops']:.1f} TFLOP/s)", flush=True)
 
     # 3-5. the training step, every variant
-    print(f"\n{'cell':>6} {'impl':>20} {'B':>5} {'prec':>5} {'chars/s':>11} {'TFLOP/s':>8} "
-          f"{'of peak':>8} {'of GEMMs':>8} {'GiB peak/est':>12} {'kernels':>8} {'per t':>6} "
-          f"{'host ms':>8}")
+    print()
+    print_table([], TRAIN_COLUMNS)
     for v in variants(cfg, device):
         for B in cfg.batch_sizes:
             for prec in cfg.precisions:
@@ -403,7 +402,8 @@ def bench_gpu(cfg: BenchGpuConfig, timer: Callable | None = None) -> int:
                     row["fraction_of_gemm_ceiling"] = \
                         r["chars_per_s"] / ceilings[(B, prec)]["chars_per_s"]
                 res.add("train", row)
-                print(_row_line(row), flush=True)
+                print_table([row], TRAIN_COLUMNS[:4] + [("", "", "error")] if "error" in row
+                            else TRAIN_COLUMNS, header=False)
     _ratios(res, cfg)
     if cfg.profile_steps:
         profile_fastest(res, cfg, device)
@@ -411,22 +411,18 @@ def bench_gpu(cfg: BenchGpuConfig, timer: Callable | None = None) -> int:
     return 0
 
 
-def _row_line(r: dict) -> str:
-    head = f"{r['cell']:>6} {r['impl']:>20} {r['batch_size']:>5} {r['precision']:>5}"
-    if "error" in r:
-        return f"{head} {r['error']}"
-
-    def pct(key):
-        return f"{r[key]:>8.1%}" if key in r else f"{'-':>8}"
-
-    mem = (f"{r['peak_memory_gib']:.1f}" if r["peak_memory_gib"] is not None else "-") + \
-        f"/{r['estimated_memory_gib']:.1f}"
-    k = r.get("kernels_per_step")
-    kernels = f"{k:>8} {r['kernels_per_time_step']:>6.1f}" if k is not None else \
-        f"{'-':>8} {'-':>6}"
-    return (f"{head} {r['chars_per_s']:>11,.0f} {r['tflops']:>8.1f} {pct('fraction_of_peak')} "
-            f"{pct('fraction_of_gemm_ceiling')} {mem:>12} {kernels} "
-            f"{1e3 * r['host_s_per_step']:>8.1f}")
+#: The training rows' table (:func:`hvd_lm.perf.harness.print_table`); a row whose measurement
+#: failed prints the first four columns and its error.
+TRAIN_COLUMNS = [
+    ("cell", ">6", "cell"), ("impl", ">20", "impl"), ("B", ">5", "batch_size"),
+    ("prec", ">5", "precision"), ("chars/s", ">11,.0f", "chars_per_s"),
+    ("TFLOP/s", ">8.1f", "tflops"), ("of peak", ">8.1%", lambda r: r.get("fraction_of_peak")),
+    ("of GEMMs", ">8.1%", lambda r: r.get("fraction_of_gemm_ceiling")),
+    ("GiB peak/est", ">12", lambda r: ("-" if r["peak_memory_gib"] is None else
+                                       f"{r['peak_memory_gib']:.1f}")
+     + f"/{r['estimated_memory_gib']:.1f}"),
+    ("kernels", ">8", "kernels_per_step"), ("per t", ">6.1f", "kernels_per_time_step"),
+    ("host ms", ">8.1f", lambda r: 1e3 * r["host_s_per_step"])]
 
 
 def _ratios(res: Results, cfg: BenchGpuConfig) -> None:
@@ -434,17 +430,17 @@ def _ratios(res: Results, cfg: BenchGpuConfig) -> None:
     at the same batch and precision, and bf16 over fp32 of the first fused variant."""
     rows = [r for r in res.data["train"] if "tflops" in r]
     by = {(r["impl"], r["batch_size"], r["precision"]): r for r in rows}
-    print(f"\n{'impl':>20} {'B':>5} {'prec':>5} {'vs cuDNN/FLOP':>13} {'vs reference':>12}")
-    for r in rows:
-        if r["cell"] != "mlstm":
-            continue
+    mlstm = [r for r in rows if r["cell"] == "mlstm"]
+    for r in mlstm:
         lstm = by.get(("cudnn", r["batch_size"], r["precision"]))
         ref = by.get(("reference", r["batch_size"], r["precision"]))
         r["vs_cudnn_lstm_per_flop"] = r["tflops"] / lstm["tflops"] if lstm else None
         r["vs_reference"] = r["chars_per_s"] / ref["chars_per_s"] if ref else None
-        a = f"{r['vs_cudnn_lstm_per_flop']:.3f}" if lstm else "-"
-        b = f"{r['vs_reference']:.2f}x" if ref else "-"
-        print(f"{r['impl']:>20} {r['batch_size']:>5} {r['precision']:>5} {a:>13} {b:>12}")
+    print()
+    print_table(mlstm, [
+        ("impl", ">20", "impl"), ("B", ">5", "batch_size"), ("prec", ">5", "precision"),
+        ("vs cuDNN/FLOP", ">13.3f", "vs_cudnn_lstm_per_flop"),
+        ("vs reference", ">12", lambda r: r["vs_reference"] and f"{r['vs_reference']:.2f}x")])
     fused = next((r["impl"] for r in rows if r["impl"].startswith("fused")), None)
     for B in cfg.batch_sizes:
         f32, b16 = by.get((fused, B, "fp32")), by.get((fused, B, "bf16"))

@@ -182,7 +182,7 @@ def worker(cfg: WorkerConfig) -> int:
 
     if cfg.shards:
         streams = RankStreams(load_manifest(cfg.shards), "train", rank, size, B, T)
-        batches = [streams.window(0, i % streams.steps_per_epoch)
+        batches = [streams.window(0, i % streams.windows_per_epoch)
                    for i in range(cfg.warmup + cfg.steps)]
     else:
         batches = random_batches(cfg.warmup + cfg.steps, B, T, 1000 + rank)

@@ -64,8 +64,9 @@ def medians(rows: list[dict], keys: tuple[str, ...]) -> dict:
     return out
 
 
-def print_table(rows: list[dict], columns: list[tuple]) -> None:
-    """The side-by-side table: a header line, then one line per row, columns one space apart.
+def print_table(rows: list[dict], columns: list[tuple], header: bool = True) -> None:
+    """The side-by-side table: a header line (unless not ``header``: rows printed as they are
+    measured), then one line per row, columns one space apart, each line flushed.
 
     Args:
         columns: ``(header, spec, value)`` each: ``value`` a key of the row or a function of it,
@@ -74,11 +75,12 @@ def print_table(rows: list[dict], columns: list[tuple]) -> None:
             ``-`` in that width.
     """
     shape = [re.match(r"([<>^]?)[+\- ]?(\d*)", spec).groups() for _, spec, _ in columns]
-    print(" ".join(f"{h:{a or '<'}{w}}" for (h, _, _), (a, w) in zip(columns, shape)))
+    if header:
+        print(" ".join(f"{h:{a or '<'}{w}}" for (h, _, _), (a, w) in zip(columns, shape)))
     for r in rows:
         vals = [v(r) if callable(v) else r[v] for _, _, v in columns]
         print(" ".join(f"{'-':{a or '>'}{w}}" if x is None else format(x, spec)
-                       for x, (_, spec, _), (a, w) in zip(vals, columns, shape)))
+                       for x, (_, spec, _), (a, w) in zip(vals, columns, shape)), flush=True)
 
 
 def host() -> dict:

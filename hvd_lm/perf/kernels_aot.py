@@ -12,7 +12,6 @@ may compile to another (vectorised) binary with other register counts than the t
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hvd_lm.options import Command, option
-from hvd_lm.util.atomic import write_text
+from hvd_lm.perf.harness import print_table, save_json
 
 
 def _triton():
@@ -103,15 +102,13 @@ def kernels_command(cfg: KernelsConfig) -> int:
     rows = compile_ahead(cfg.arch)
     triton, tk = _triton()
     print(f"triton {triton.__version__}, sm_{cfg.arch}, BLOCK {tk.BLOCK}, {tk.NUM_WARPS} warps")
-    print(f"{'kernel':>22} {'compute':>7} {'keep':>5} {'reset':>5} {'regs':>5} {'spill B':>7} "
-          f"{'smem B':>6}")
-    for r in rows:
-        print(f"{r['kernel']:>22} {r['compute']:>7} {r['has_keep']!s:>5} {r['has_rk']!s:>5} "
-              f"{r['registers']:>5} {r['stack'] + r['local']:>7} {r['shared']:>6}")
-    if cfg.json:
-        write_text(cfg.json, json.dumps({"triton": triton.__version__, "arch": cfg.arch,
-                                         "block": tk.BLOCK, "num_warps": tk.NUM_WARPS,
-                                         "kernels": rows}, indent=1) + "\n")
+    print_table(rows, [
+        ("kernel", ">22", "kernel"), ("compute", ">7", "compute"),
+        ("keep", ">5", lambda r: str(r["has_keep"])), ("reset", ">5", lambda r: str(r["has_rk"])),
+        ("regs", ">5", "registers"), ("spill B", ">7", lambda r: r["stack"] + r["local"]),
+        ("smem B", ">6", "shared")])
+    save_json(cfg.json, {"triton": triton.__version__, "arch": cfg.arch, "block": tk.BLOCK,
+                         "num_warps": tk.NUM_WARPS, "kernels": rows}, indent=1)
     spilled = [r for r in rows if r["stack"] or r["local"]]
     if spilled:
         print(f"ERROR: {len(spilled)} kernel builds spill registers", file=sys.stderr)

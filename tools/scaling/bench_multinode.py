@@ -15,9 +15,8 @@ every figure alike:
    as on the cluster in a box) from inside the run of 3.: each step's slowest rank less its
    wait for the gradient allreduce (the ``compute_time_max`` of its ``train`` records). With more
    ranks than cores the contention between the ranks, and with the links' own traffic, is part of
-   every step, and only the run itself has it (3 ranks over loopback less the loopback
-   allreduce measured alone gave 24-147 ms across four rounds: ``compute_s_runs`` of
-   docs/results/bench_multinode_1gbit.json as of commit 4980ea5). The comparison then tests
+   every step, and only the run itself has it (docs/performance.md section 8: how far the
+   rounds' ``compute_s_runs`` spread). The comparison then tests
    the model's communication (from the fit of 1.) against what the measured step spent beyond
    that host time;
 3. the training step across the n hosts: ``hvd-lm train`` under ``horovodrun -H`` (median
@@ -30,16 +29,15 @@ every ``--control-every`` steps, the metrics' sum and per-step maximum every ``-
 The link is Hockney's two parameters, alpha measured where it is defined: the time of a
 :data:`LATENCY_BYTES` allreduce (``--latency-iters`` of them, a launch of its own: Horovod's
 negotiation round, cycle and the ring's latency; a free line through the large sizes alone puts
-its intercept wherever their noise takes it: 0.5 ms in one run across 3 hosts sharing 2 cores,
-7.0 ms in another, where the 32-byte allreduce took about 5 ms) is the fit's intercept, and beta
+its intercept wherever their noise takes it) is the fit's intercept, and beta
 is fitted to the sizes' times less it (``fit``; the free line is kept as ``fit_free``). Each fused
 allreduce of S bytes then costs ``t(32 B) + b S`` and each of the loop's small allreduces
 ``t(32 B)``. How much of the early gradients' allreduce (the decoder's, ready first)
 hides behind the backward pass is measured too (:func:`measure_backward_window`: the share of the
-step after those gradients are ready, one process, the same model, batch and optimizer); for this
+step after those gradients are ready, one process, the same model, batch and optimizer); for a
 small model the optimizer's step and the forward pass are most of the step, so the window is
-about 40% of it, not the 2/3 that :class:`~tools.scaling.scaling_model.ScalingConfig` assumes for
-a large one. The report prints per n: alpha, beta, compute, predicted communication, predicted and
+less than the 2/3 that :class:`~tools.scaling.scaling_model.ScalingConfig` assumes for a large
+one. The report prints per n: alpha, beta, compute, predicted communication, predicted and
 measured s/step and their ratio (predicted / measured). ``--json FILE`` keeps everything (the
 allreduce records too).
 The links are what they are: on the cluster in a box (tests/cluster.py) ``tc tbf`` sets them,

@@ -199,7 +199,7 @@ def onebit_study(calibration: Calibration | None = None, sync_overhead_s: float 
                  chunk: int = DEFAULT_CHUNK, n_recommend: int = 128) -> dict:
     """1-bit Adam / LAMB against the reference's fp16 gradient allreduce on the talk's columns
     (4096-d mLSTM, DGX-1V, batch 256 per GPU, t(1) = 0.81 s): ``10 GbE`` (the "w/o I.band" column,
-    which the model reproduces within 2.3%), ``IB as published`` (InfiniBand at the effective
+    which the model reproduces: :func:`validate`), ``IB as published`` (InfiniBand at the effective
     per-node bandwidth behind their 0.91 s/iter at 128 GPUs) and ``IB wire`` (4 x EDR).
 
     Per column and GPU count: the fp16 model's speedup, the compressed phase's, and the
