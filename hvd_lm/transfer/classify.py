@@ -47,12 +47,7 @@ from hvd_lm.options import Command, option
 from hvd_lm.train.log import Progress
 from hvd_lm.transfer import texts as text_input
 from hvd_lm.transfer.features import featurize, open_lm
-from hvd_lm.transfer.saved import (
-    USAGE_ERRORS,
-    ClassifierError,
-    check_checkpoint,
-    load_classifier,
-)
+from hvd_lm.transfer.saved import USAGE_ERRORS, ClassifierError, check_checkpoint, load_classifier
 from hvd_lm.util.atomic import atomic_path
 from hvd_lm.util.files import check_output
 from hvd_lm.util.units import parse_bytes
@@ -157,17 +152,16 @@ def classify(cfg: ClassifyConfig) -> dict | None:
     saved = load_classifier(cfg.classifier)
     if cfg.output != "-":  # before any work: never replace what this run reads
         reads = [cfg.input, *saved.files]
-        try:
+        with contextlib.suppress(OSError, ValueError):  # open_lm names what is missing
             reads.append(resolve_model(cfg.checkpoint))
-        except (OSError, ValueError):
-            pass  # open_lm names what is missing
         check_output(cfg.output, "--output", *reads)
     feat = saved.features
+    precision = cfg.precision or feat["precision"]
     stream = text_input.iter_texts(cfg.input, cfg.format, cfg.text_field,
                                    cfg.label_field or None, cfg.max_line_bytes,
                                    "--max-line-bytes")
-    lm = open_lm(cfg.checkpoint, cfg.device, cfg.precision or feat["precision"], cfg.threads,
-                 command="classify", backend=cfg.backend)
+    lm = open_lm(cfg.checkpoint, cfg.device, precision, cfg.threads, command="classify",
+                 backend=cfg.backend)
     is_root = lm.ctx is None or lm.ctx.rank == 0
     digest = weights_sha256(lm.model) if is_root else None  # what the classifier is bound to
     if lm.ctx is not None:
@@ -177,22 +171,20 @@ def classify(cfg: ClassifyConfig) -> dict | None:
         raise ClassifierError(f"{saved.path}: {len(saved.model.coef)} inputs, but the model has "
                               f"H={lm.model.config.hidden_size}")
     kind = text_input._kind(Path(cfg.output), "csv")
-    n = positive = correct = chars = truncated = 0
-    seconds = 0.0
+    n = positive = correct = chars = truncated = seconds = 0
     bar = Progress("hvd-lm classify", None, "char", enabled=is_root and cfg.progress)
     with open_predictions(cfg.output) if is_root else contextlib.nullcontext() as out:
         for block in blocks(stream.records):
             res = featurize(lm.model, [t for _, t, _ in block], feat["kind"], feat["max_chars"],
                             cfg.batch_size, lm.device, lm.ctx, progress=False, desc="classify",
-                            time_chunk=cfg.time_chunk, precision=cfg.precision or
-                            feat["precision"], normalize=feat["normalize"])
+                            time_chunk=cfg.time_chunk, precision=precision,
+                            normalize=feat["normalize"])
             chars, seconds, truncated = (chars + res.chars, seconds + res.seconds,
                                          truncated + res.truncated)
             bar.update(res.chars)
             if not is_root:
                 continue
-            prob = saved.model.predict_proba(res.features)
-            pred = saved.model.predict(res.features)
+            prob, pred = saved.model.predict_proba(res.features), saved.model.predict(res.features)
             rows = []
             for (line, text, label), p, y in zip(block, prob, pred):
                 row = {"line": line, "probability": round(float(p), 6), "label": int(y)}

@@ -38,6 +38,7 @@ from typing import Iterable
 import numpy as np
 from sklearn.model_selection import train_test_split
 
+from hvd_lm.options import error_text
 from hvd_lm.transfer.texts import (  # noqa: F401 - DatasetError and LABEL_MAP are used from here
     DEFAULT_MAX_LINE_BYTES,
     LABEL_MAP,
@@ -234,18 +235,8 @@ def load_sst2(data_dir: str | Path) -> dict[str, LabelledSplit]:
     return out
 
 
-def _imdb_sort_key(item: tuple[str, int, int, str]) -> tuple:
-    split, label, num, _ = item
-    return split, -label, num  # pos first, then neg; numeric id order
-
-
 #: The longest IMDB review read, in bytes (the longest in aclImdb is about 14 kB).
 MAX_REVIEW_BYTES = 1 << 20
-
-
-def first_line(e: BaseException) -> str:
-    """An exception's message up to its first line break (its type's name when empty)."""
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def load_imdb(path: str | Path) -> dict[str, LabelledSplit]:
@@ -282,7 +273,7 @@ def load_imdb(path: str | Path) -> dict[str, LabelledSplit]:
                         found.append((hit[1], int(hit[2] == "pos"), int(hit[3]), text))
         except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
             raise DatasetError(f"{p}: not a readable tar archive, or a damaged or truncated "
-                               f"one ({first_line(e)})") from None
+                               f"one ({error_text(e)})") from None
     elif p.is_dir():
         root = p / "aclImdb" if (p / "aclImdb").is_dir() else p
         for f in root.glob("*/*/*.txt"):
@@ -292,7 +283,7 @@ def load_imdb(path: str | Path) -> dict[str, LabelledSplit]:
                               review(str(f), f.stat().st_size, f.read_bytes)))
     else:
         raise DatasetError(f"{p}: IMDB not found (expected the aclImdb folder or its .tar.gz)")
-    found.sort(key=_imdb_sort_key)
+    found.sort(key=lambda r: (r[0], -r[1], r[2]))  # by split, pos first, numeric id order
     out = {}
     for split in ("train", "test"):
         rows = [r for r in found if r[0] == split]
@@ -394,12 +385,9 @@ def load_splits(dataset: str | None = None, data_dir: str | Path | None = None,
     if dataset:
         if data_dir is None:
             raise DatasetError(f"--dataset {dataset} needs --data-dir")
-        if dataset == "sst2":
-            splits.update(load_sst2(data_dir))
-        elif dataset == "imdb":
-            splits.update(load_imdb(data_dir))
-        else:
+        if dataset not in ("sst2", "imdb"):
             raise DatasetError(f"unknown dataset {dataset!r} (known: sst2, imdb)")
+        splits.update((load_sst2 if dataset == "sst2" else load_imdb)(data_dir))
     for name, path in (("train", train), ("val", val), ("test", test)):
         if path:
             splits[name] = load_files(path, name, text_field, label_field)

@@ -42,8 +42,8 @@ from hvd_lm.util.files import FileRefused, load_npy, shown
 FEATURE_KINDS = ("cell", "hidden", "mean", "max")
 
 
-#: Default truncation, in bytes (UTF-8 chars). On the IMDB train split it keeps 83% of reviews whole
-#: and 85% of all bytes (median 979, p99 5,213 bytes); SST-2 sentences are at most 255 bytes.
+#: Default truncation, in bytes (UTF-8 chars); docs/transfer.md gives how much of IMDB and SST-2
+#: it keeps.
 DEFAULT_MAX_CHARS = 2000
 
 

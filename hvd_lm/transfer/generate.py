@@ -61,9 +61,7 @@ MAX_LENGTH = 1 << 20
 MAX_SAMPLES = 4096
 MAX_GENERATED = 1 << 24
 #: Below this accuracy of the unit alone (on val, else train), generate warns that pinning it is
-#: unlikely to steer: on one H200 a 4096-d model at 1.475 val BPC had a top unit at 50.9% on
-#: SST-2 val, and held at +1 and -1 it moved the classifier the wrong way
-#: (docs/results/gpu_h200_2026-11-27/).
+#: unlikely to steer (a fraction; docs/transfer.md gives the run it comes from).
 WEAK_UNIT_ACCURACY = 0.6
 
 
@@ -185,12 +183,10 @@ def generate(model, prime: str = "", length: int = 200, temperature: float = 1.0
         out.append(nxt)
         logits, st = model(nxt.to(device).unsqueeze(1), st)
         st, seen = _pin(st, neuron, overwrite, state)
-        if seen is not None:
-            trace.append(seen)
+        trace.append(seen)  # (None without a neuron: not kept)
         last = logits[:, -1]
     bar.close()
-    sampled = torch.stack(out, 1).numpy()
-    result = Generation(ids.copy(), sampled, [], first,
+    result = Generation(ids.copy(), torch.stack(out, 1).numpy(), [], first,
                         torch.stack(trace, 1).numpy() if neuron is not None else None,
                         (st[0].detach(), st[1].detach()))
     result.texts = [tokenizer.decode(result.sample_bytes(i)) for i in range(samples)]

@@ -88,11 +88,8 @@ def render_html(rows: Sequence[HeatRow], path: str | Path, heading: str,
     """Write an HTML page with one block per row and one ``<span>`` per character.
 
     Returns:
-        ``path``.
-    Raises:
-        ValueError: more than :data:`MAX_HTML_CHARS` characters in all.
+        ``path`` (:func:`render` bounds the characters first: :data:`MAX_HTML_CHARS`).
     """
-    check_chars(path, sum(len(r.chars) for r in rows), "lower --max-chars")
     vmax = _scale(rows)
     parts = ["<!DOCTYPE html>", "<html><head><meta charset=\"utf-8\">",
              f"<title>{html.escape(heading)}</title>",
@@ -129,11 +126,11 @@ def _grid(chars: list[str], width: int) -> list[list[int]]:
     return [ln for ln in lines if ln] or [[]]
 
 
-#: The most characters a PNG heatmap draws (250 lines of 80; about 400 MB of matplotlib objects).
+#: The most characters a PNG heatmap draws (250 lines of 80; one matplotlib text object each).
 MAX_PNG_CHARS = 20_000
-#: The most characters an HTML heatmap holds: about 55 bytes of HTML each (11 MB), and one model
-#: step per byte to compute (3.2 MB took 222 s and 1.08 GB); 5x visualize's default (20 texts of
-#: 2,000).
+#: The most characters an HTML heatmap holds (about 55 bytes of HTML each, and one model step
+#: per byte to compute; docs/transfer.md gives what more cost): 5x visualize's default (20 texts
+#: of 2,000).
 MAX_HTML_CHARS = 200_000
 
 
@@ -160,12 +157,9 @@ def render_png(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity
     """Write a PNG: each row's characters on coloured cells, ``width`` per line.
 
     Returns:
-        ``path``.
-    Raises:
-        ValueError: more than :data:`MAX_PNG_CHARS` characters in all (matplotlib draws one
-            text object per character, ~20 kB each; the HTML page has no such limit).
+        ``path`` (:func:`render` bounds the characters first: :data:`MAX_PNG_CHARS`, as
+        matplotlib draws one text object per character).
     """
-    check_chars(path, sum(len(r.chars) for r in rows), "lower --max-chars")
     vmax = _scale(rows)
     layout = [(r, _grid(r.chars, width)) for r in rows]
     n_lines = sum(len(g) + 1 for _, g in layout)  # + a title line per row
@@ -183,7 +177,7 @@ def render_png(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity
                 texts.append((y, x, "\u21b5" if ch == "\n" else (" " if not ch.isprintable()
                                                                   else ch)))
             y += 1
-    import matplotlib.pyplot as plt  # here: pyplot's import (0.5 s) only for a PNG
+    import matplotlib.pyplot as plt  # here: pyplot's import only for a PNG
 
     fig, ax = plt.subplots(figsize=(max(4.0, 0.13 * width + 1.2), 0.25 * n_lines + 0.9))
     im = ax.imshow(grid, cmap=CMAP, vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
@@ -211,14 +205,13 @@ def render(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity: in
     """:func:`render_html` or :func:`render_png` by the suffix of ``path``.
 
     Raises:
-        ValueError: another suffix.
+        ValueError: another suffix (:func:`check_suffix`), or more characters than that kind
+            draws (:func:`check_chars`).
     """
-    suffix = Path(path).suffix.lower()
-    if suffix not in HEATMAP_SUFFIXES:
-        raise ValueError(f"{path}: a heatmap is .html or .png, not {suffix or 'no suffix'!r}")
-    if suffix == ".png":
-        return render_png(rows, path, heading, polarity)
-    return render_html(rows, path, heading, polarity)
+    check_suffix(str(path))
+    check_chars(path, sum(len(r.chars) for r in rows), "lower --max-chars")
+    draw = render_png if Path(path).suffix.lower() == ".png" else render_html
+    return draw(rows, path, heading, polarity)
 
 
 def check_suffix(path: str) -> None:
