@@ -34,7 +34,6 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter as now
-from typing import Optional
 
 from data_prep import readers, sniff
 from data_prep.gzip_blocks import _inflate_blocks
@@ -162,21 +161,21 @@ def pipeline_rate(path: Path, workers: int, out: Path, dedup: bool,
     return summary["counters"]["bytes_in"] / 1e6 / dt, summary
 
 
-def run_bench(data_dir: Path = DEFAULT_DATA, workdir: Optional[Path] = None,
-              size_mb: float = 200, seed: int = 0, workers: tuple = (1, 2), dedup: bool = False,
-              max_memory_mb: int = 1024, echo=print) -> dict:
-    """Build the corpus and measure raw and pipeline rates (see the module docstring).
+def run_bench(cfg: BenchPrepareConfig, echo=print) -> dict:
+    """Build the corpus and measure raw and pipeline rates (see the module docstring); ``echo``
+    prints each line.
 
     Returns:
         ``{"corpus": info, "raw_mb_s": float, "runs": [{"workers", "mb_s", "per_worker_mb_s",
         "ratio", "parallel_raw_mb_s", "phase_s"}]}``; ``ratio`` = per-worker MB/s / raw MB/s.
     """
-    own_dir = workdir is None
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="hvd_lm_bench_"))
+    data_dir, seed, dedup = Path(cfg.data), cfg.seed, cfg.dedup
+    own_dir = not cfg.workdir
+    workdir = Path(cfg.workdir or tempfile.mkdtemp(prefix="hvd_lm_bench_"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         echo(f"building corpus in {workdir} from {data_dir} ...")
-        path, info = build_corpus(Path(data_dir), workdir, size_mb, seed)
+        path, info = build_corpus(data_dir, workdir, cfg.size_mb, seed)
         echo(f"corpus: {path}: {info['bytes'] / 1e6:.1f} MB uncompressed, "
              f"{info['gzip_bytes'] / 1e6:.1f} MB gzip, {info['records']:,} JSON lines"
              + (" (reused)" if info["reused"] else ""))
@@ -189,12 +188,13 @@ def run_bench(data_dir: Path = DEFAULT_DATA, workdir: Optional[Path] = None,
              f"{raw_gz:.1f} MB/s ({raw_gz_s:.2f} s); zlib.decompressobj + bytes.split "
              f"{raw_zl:.1f} MB/s ({raw_zl_s:.2f} s); raw = the faster, {raw:.1f} MB/s")
         runs = []
-        for w in workers:
+        for w in cfg.workers:
             par = raw if w == 1 else parallel_raw_rate(path, w)
             if w > 1:
                 echo(f"raw read in {w} processes at once: {par:.1f} MB/s each "
                      f"({w * par / raw:.2f}x the 1-process total: the machine's own scaling)")
-            rate, summary = pipeline_rate(path, w, workdir / f"out-w{w}", dedup, max_memory_mb)
+            rate, summary = pipeline_rate(path, w, workdir / f"out-w{w}", dedup,
+                                          cfg.max_memory_mb)
             per = rate / w
             run = {"workers": w, "mb_s": round(rate, 2), "per_worker_mb_s": round(per, 2),
                    "ratio": round(per / raw, 3), "parallel_raw_mb_s": round(par, 2),
@@ -224,23 +224,16 @@ class BenchPrepareConfig:
     size_mb: float = option(200.0, "corpus size, MB", gt=0)
     seed: int = option(0, "shuffle seed of the corpus", ge=0)
     workers: list[int] = option(default_factory=lambda: [1, 2], help="worker counts to time, "
-                                "e.g. 1 2", nargs="+")
+                                "e.g. 1 2", nargs="+", ge=1, required=True)
     dedup: bool = option(False, "de-duplicate as prepare does by default (off here so every "
                          "byte is sorted and written)", switch=True)
     max_memory_mb: int = option(1024, "memory budget per rank, MiB", ge=1)
     json: str = option("", "also write the results as JSON to FILE", metavar="FILE")
 
-    def check(self) -> None:
-        """Worker counts are >= 1."""
-        if not self.workers or min(self.workers) < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
-
 
 def bench_prepare_command(cfg: BenchPrepareConfig) -> int:
     """Run :func:`run_bench` with the parsed settings (missing data: one ERROR line, exit 1)."""
-    result = run_bench(data_dir=Path(cfg.data), workdir=cfg.workdir or None,
-                       size_mb=cfg.size_mb, seed=cfg.seed, workers=tuple(cfg.workers),
-                       dedup=cfg.dedup, max_memory_mb=cfg.max_memory_mb)
+    result = run_bench(cfg)
     if cfg.json:
         write_text(cfg.json, json.dumps(result, indent=1) + "\n")
     return 0

@@ -56,13 +56,17 @@ def iter_lines(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *, keepends
                     raw += b"\n"
             elif raw.endswith(b"\r"):
                 raw = raw[:-1]
-            try:
-                text, ok = raw.decode("utf-8"), True
-            except UnicodeDecodeError:
-                text, ok = raw.decode("utf-8", errors="replace"), False
-            if first + k == 1 and text.startswith("\ufeff"):
-                text = text[1:]
-            yield first + k, text, ok
+            yield first + k, *decode(raw, first + k == 1)
+
+
+def decode(raw: bytes, first: bool) -> tuple[str, bool]:
+    """``(text, valid_utf8)`` of ``raw``: UTF-8 decoded, invalid bytes as U+FFFD
+    (``valid_utf8`` False); a UTF-8 BOM dropped when ``first`` (the file's or member's start)."""
+    try:
+        text, ok = raw.decode("utf-8"), True
+    except UnicodeDecodeError:
+        text, ok = raw.decode("utf-8", errors="replace"), False
+    return (text[1:] if first and text.startswith("\ufeff") else text), ok
 
 
 def iter_segments(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,

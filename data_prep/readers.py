@@ -67,7 +67,7 @@ from data_prep.inputs import (
     count_bad,
     utf8_ok,
 )
-from data_prep.lines import iter_lines, iter_segments
+from data_prep.lines import decode, iter_lines, iter_segments
 from data_prep.tars import read_tar_members
 
 try:  # C JSON parser (PyPI ``orjson``): the fast path of :func:`read_document_batches`
@@ -162,12 +162,7 @@ def _json_batches(spec, segments, stats, skip_bad, utf8_errors):
                         continue
             if raw.endswith(b"\r"):
                 raw = raw[:-1]
-            try:
-                text, ok = raw.decode("utf-8"), True
-            except UnicodeDecodeError:
-                text, ok = raw.decode("utf-8", errors="replace"), False
-            if line_no == 1 and text.startswith("\ufeff"):
-                text = text[1:]
+            text, ok = decode(raw, line_no == 1)
             stats.records += fast  # counts in step with read_documents, even when it raises
             fast = 0
             value = slow(spec, line_no, text, ok, stats, skip_bad, utf8_errors, parse, "JSON")

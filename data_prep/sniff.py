@@ -64,6 +64,17 @@ def _head_lines(path: str, compressed: bool, max_lines: int = 64) -> list[tuple[
     return out
 
 
+def _parse(text: str, fmt: str):
+    """The value of a ``json`` / ``loose-json`` record line; None when it does not parse (or
+    for another format)."""
+    try:
+        if fmt in ("json", "loose-json"):
+            return json.loads(text) if fmt == "json" else ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        pass
+    return None
+
+
 def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = None,
                   tar_members: Optional[str] = None) -> InputSpec:
     """Decide how to read ``path``: format (given, or from the name and the first record) and
@@ -111,15 +122,11 @@ def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = N
                          **kw)
     head = _head_lines(path, compressed) if size else []
     first = next(((n, t) for n, t in head if t.strip()), None)
-    if fmt == "json" and fsrc == "file name" and first is not None:
-        try:
-            json.loads(first[1])
-        except ValueError:
-            try:
-                if isinstance(ast.literal_eval(first[1].strip()), dict):
-                    fmt, fsrc = "loose-json", "file name + content"
-            except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
-                pass
+    obj = _parse(first[1], fmt) if first is not None else None  # None: not parsed
+    if fmt == "json" and fsrc == "file name" and first is not None and obj is None:
+        loose = _parse(first[1], "loose-json")  # a dict literal in a .json file
+        if isinstance(loose, dict):
+            fmt, fsrc, obj = "loose-json", "file name + content", loose
     kw.update(format=fmt, format_source=fsrc)
     wanted = [f.strip() for f in text_field.split(",")] if text_field else None
     if text_field is not None and not any(wanted or ()):
@@ -184,13 +191,7 @@ def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = N
     if wanted and len(wanted) == 1:
         return InputSpec(text_field=text_field, field_source="given", **kw)
     names = wanted or TEXT_FIELD_CANDIDATES
-    obj = None
-    if first is not None:
-        try:
-            obj = (json.loads(first[1]) if fmt == "json" else ast.literal_eval(first[1].strip()))
-        except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
-            obj = None  # reported as a bad record when read
-    if isinstance(obj, dict):
+    if isinstance(obj, dict):  # (a first record that is not one is a bad record when read)
         found = next((c for c in names if c in obj), None)
         if found is None:
             which = "the usual text fields" if wanted is None else ", ".join(names)

@@ -43,6 +43,7 @@ from data_prep.inputs import (
     count_bad,
     utf8_ok,
 )
+from data_prep.lines import decode
 from hvd_lm.util.files import FileRefused, open_regular, shown
 
 #: What reading a damaged or truncated tar stream raises (tarfile, and the decompressors).
@@ -186,11 +187,7 @@ def read_tar_members(spec: InputSpec, stats: ReadStats, skip_bad: bool, utf8_err
             except _TAR_ERRORS as e:
                 raise damaged(e, "in") from None
             stats.bytes_in += len(data)
-            try:
-                text, ok = data.decode("utf-8"), True
-            except UnicodeDecodeError:
-                text, ok = data.decode("utf-8", errors="replace"), False
-            text = text[1:] if text.startswith("\ufeff") else text
+            text, ok = decode(data, True)
             if not text or text.isspace():
                 stats.blank_lines += 1
                 continue

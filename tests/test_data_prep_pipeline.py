@@ -401,11 +401,11 @@ def test_subcommands_parse_into_the_config():
 
 
 def test_bench_smoke(shared_data, tmp_path):
-    from data_prep.bench import run_bench
+    from data_prep.bench import BenchPrepareConfig, run_bench
 
     lines = []
-    result = run_bench(shared_data / "amazon", tmp_path, size_mb=2, workers=(1, 2),
-                       echo=lines.append)
+    result = run_bench(BenchPrepareConfig(data=str(shared_data / "amazon"), workdir=str(tmp_path),
+                                          size_mb=2, workers=[1, 2]), echo=lines.append)
     assert result["corpus"]["bytes"] >= 2e6 and result["raw_mb_s"] > 0
     assert [r["workers"] for r in result["runs"]] == [1, 2]
     assert any("synthetic scale-up" in line for line in lines)

@@ -9,28 +9,24 @@ command-line flags and its validation.
 Everything public is importable from here: ``from hvd_lm.options import Command, option``.
 """
 from hvd_lm.options.command import (
-                                    ArgumentParser,
-                                    Command,
-                                    add_arguments,
-                                    error_text,
-                                    from_args,
-                                    to_argv,
+    ArgumentParser,
+    Command,
+    add_arguments,
+    error_text,
+    from_args,
+    to_argv,
 )
 from hvd_lm.options.tree import (
-                                    MISSING,
-                                    ConfigError,
-                                    check_required,
-                                    coerce,
-                                    flag_text,
-                                    from_dict,
-                                    leaves,
-                                    load_yaml,
-                                    option,
-                                    save_yaml,
-                                    to_dict,
-                                    validate,
+    ConfigError,
+    check_required,
+    from_dict,
+    load_yaml,
+    option,
+    save_yaml,
+    to_dict,
+    validate,
 )
 
-__all__ = ["ArgumentParser", "Command", "ConfigError", "MISSING", "add_arguments",
-           "check_required", "coerce", "error_text", "flag_text", "from_args", "from_dict",
-           "leaves", "load_yaml", "option", "save_yaml", "to_argv", "to_dict", "validate"]
+__all__ = ["ArgumentParser", "Command", "ConfigError", "add_arguments", "check_required",
+           "error_text", "from_args", "from_dict", "load_yaml", "option", "save_yaml", "to_argv",
+           "to_dict", "validate"]

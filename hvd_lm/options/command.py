@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import sys
 import traceback
 from dataclasses import dataclass
@@ -130,9 +131,7 @@ def to_argv(obj: Any) -> list[str]:
         m = f.metadata
         if not m.get("cli", True):
             continue
-        value = obj
-        for name in path:
-            value = getattr(value, name)
+        value = functools.reduce(getattr, path, obj)  # the leaf's value, through its sections
         if m.get("positional"):
             positional += [str(v) for v in value] if isinstance(value, (list, tuple)) else (
                 [] if value in (None, "") else [str(value)])

@@ -22,6 +22,7 @@ tree.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import reprlib
 import types
@@ -274,9 +275,7 @@ def check_required(obj: Any, source: str = "command line") -> None:
     for path, f, _ in leaves(type(obj)):
         if not f.metadata.get("required"):
             continue
-        value = obj
-        for name in path:
-            value = getattr(value, name)
+        value = functools.reduce(getattr, path, obj)  # the leaf's value, through its sections
         if value is None or value == "" or value == [] or value == ():
             raise ConfigError(f"{source}: {'.'.join(path)} is required ({flag_text(f)})")
 
