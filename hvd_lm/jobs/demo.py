@@ -127,13 +127,6 @@ def launcher_argv(cfg: DemoLaunchConfig, argv: list[str]) -> list[str]:
     return [sys.executable, *argv]
 
 
-def run_folder(cfg: DemoConfig) -> Path:
-    """``runs/<name>`` in the working directory (as every path of the config: relative to where
-    the demo is run, like every hvd-lm command's paths; ``make demo`` runs it from the
-    repository's root)."""
-    return (Path.cwd() / "runs" / cfg.name).absolute()
-
-
 def demo(cfg: DemoConfig) -> int:
     """Run every step of the demo described by ``cfg`` (validated as a whole when it was
     loaded: :data:`DEMO`); print where the report went; return 0.
@@ -142,7 +135,9 @@ def demo(cfg: DemoConfig) -> int:
         RuntimeError: a failed step.
     """
     t0 = time.time()
-    run_dir = run_folder(cfg)
+    # runs/<name> in the working directory, as every path of the config: relative to where the
+    # demo is run, like every hvd-lm command's paths (`make demo` runs it from the repository)
+    run_dir = (Path.cwd() / "runs" / cfg.name).absolute()
     shards, train_dir = run_dir / "shards", run_dir / "train"
     run_dir.mkdir(parents=True, exist_ok=True)
     env = local_mpi_env()

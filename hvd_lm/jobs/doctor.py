@@ -288,14 +288,14 @@ def start_agent(host: str, slots: int, cfg: "DoctorConfig", first: bool = False)
     """The agent on ``host``: directly when the host is this machine, else over ssh, with this
     process's working directory and ``PYTHONPATH`` (what the launchers pass to ranks); the
     ``first`` host's also listens on ``--rendezvous-port``."""
-    python = cfg.python or sys.executable
-    argv = [python, "-m", "hvd_lm.jobs.doctor", "--timeout", str(cfg.timeout + 10)]
-    if first and cfg.rendezvous_port:
-        argv += ["--rendezvous-port", str(cfg.rendezvous_port)]
-    if cfg.shards:  # absolute: a host that cannot enter this folder starts the agent elsewhere
-        argv += ["--shards", os.path.abspath(cfg.shards)]
-    if cfg.ssh_port:
-        argv += ["--ssh-port", str(cfg.ssh_port)]
+    argv = [cfg.python or sys.executable, "-m", "hvd_lm.jobs.doctor", "--timeout",
+            str(cfg.timeout + 10)]
+    # --shards absolute: a host that cannot enter this folder starts the agent elsewhere
+    for flag, value in (("--rendezvous-port", first and cfg.rendezvous_port),
+                        ("--shards", cfg.shards and os.path.abspath(cfg.shards)),
+                        ("--ssh-port", cfg.ssh_port)):
+        if value:
+            argv += [flag, str(value)]
     local = is_local(host)
     if not local:
         env = f"env PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} " \

@@ -96,8 +96,9 @@ def destination(out_dir: str | Path, save_as: str) -> Path:
     return out / save_as
 
 
-def fetch(url: str, dest: Path, sha256: str, size: int | None = None, timeout: float = 60) -> Path:
-    """Download ``url`` to ``dest`` atomically, keeping it only when its sha256 matches.
+def fetch(url: str, dest: Path, sha256: str, size: int | None = None) -> Path:
+    """Download ``url`` to ``dest`` atomically (60 s without data is a timeout), keeping it only
+    when its sha256 matches.
 
     Raises:
         ChecksumMismatch: wrong size or digest, or more bytes than ``size`` (the stream is cut
@@ -110,7 +111,7 @@ def fetch(url: str, dest: Path, sha256: str, size: int | None = None, timeout: f
     n = 0
     with atomic_path(dest) as tmp:  # a mismatch raises inside: the temporary file is removed
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as resp, open(tmp, "wb") as out:
+            with urllib.request.urlopen(url, timeout=60) as resp, open(tmp, "wb") as out:
                 announced = resp.headers.get("Content-Length")
                 if size is not None and announced and announced.isdigit() \
                         and int(announced) > size:
@@ -172,15 +173,13 @@ def download_all(sources_file: str | Path, out_dir: str | Path, mirror: str | No
                 check_regular(dest, "a download is saved as a file")
             except FileRefused as e:
                 raise ValueError(f"{shown_path(sources_file)}: files[{i}]: {e}") from None
-    out = []
     for s, dest in zip(sources, dests):
         if dest.exists() and file_sha256(dest) == s.sha256:
             log(f"ok (cached)  {dest}")
         else:
             fetch(f"{base}/{s.path}", dest, s.sha256, s.bytes)
             log(f"downloaded   {dest}  ({s.bytes:,} bytes, sha256 verified)")
-        out.append(dest)
-    return out
+    return dests
 
 
 @dataclass

@@ -3,8 +3,8 @@ the user sees (torchrun ends a failed job with "Root Cause (first observed
 failure)" the same way).
 
 A failed multi-rank job buries its one good line: after a lost peer, ``hvd-lm train: ERROR:
-lost rank 1 on host n2 ...`` was line 24 of 53, tagged ``[0]<stderr>:`` and followed by
-horovodrun's 20-line traceback. The rank that has the cause writes a ``failure`` record to
+lost rank 1 on host n2 ...`` stands in the middle of the output, tagged ``[0]<stderr>:`` and
+followed by horovodrun's traceback. The rank that has the cause writes a ``failure`` record to
 ``<out-dir>/metrics.jsonl`` (:meth:`hvd_lm.train.loop.Trainer.train` with
 :func:`hvd_lm.train.log.write_failure`: rank, host, step, the one-line error, the newest complete
 checkpoint, the command that resumes); the templates

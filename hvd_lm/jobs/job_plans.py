@@ -182,7 +182,7 @@ def _render_job(args: LaunchConfig, job: JobPlan, train_args: list[str], job_nam
 #: SLURM's warning before the walltime: launch/slurm.sbatch's ``#SBATCH --signal=B:USR1@120``.
 SLURM_SIGNAL_LEAD_S = 120
 #: How much earlier SLURM may deliver it: "the signal may be sent up to 60 seconds earlier than
-#: specified" (sbatch's ``--signal`` documentation); seen 27 s early on the cluster in a box.
+#: specified" (sbatch's ``--signal`` documentation).
 SLURM_SIGNAL_EARLY_S = 60
 #: The least of a SLURM margin left to the job's start (allocation, launcher, imports) once the
 #: signal's window is set aside.
