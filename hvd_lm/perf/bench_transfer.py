@@ -163,6 +163,13 @@ def worker(cfg: WorkerConfig) -> int:
 
 
 def _run_fit(problem: Path, solver: str, threads: int, cfg: BenchTransferConfig) -> dict:
+    """One fit of ``solver`` on the problem file, in a worker process (:func:`worker`): its
+    record (``seconds`` wall, ``C``, ``cv``/``val`` accuracy in [0, 1], ``nonzero``, ...), with
+    ``stopped`` when it took over ``--time-limit`` seconds or was killed 60 s after that.
+
+    Raises:
+        RuntimeError: the worker failed (:func:`hvd_lm.perf.harness.run_child`, its output).
+    """
     wc = WorkerConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(FitConfig)},
                       worker=str(problem), solver=solver, threads=threads)
     cmd = [sys.executable, "-m", "hvd_lm.perf.bench_transfer", *to_argv(wc)]

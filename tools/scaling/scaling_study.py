@@ -364,14 +364,12 @@ def run(args: "ScalingModelConfig") -> int:
         print("calibration: none (Horovod's overhead over raw MPI taken as 0)")
     out: dict = {"calibration": asdict(cal) if cal else None}
     if args.mode == "predict":
-        if args.params:
-            params = [("all", args.params)]
-        else:
-            params = mlstm_parameters(args.hidden_size, args.embed_dim)
-        links = {**DGX1V_LINKS}
-        intra = Link(args.intra_bw, args.intra_latency) if args.intra_bw else links["nvlink"]
+        params = ([("all", args.params)] if args.params
+                  else mlstm_parameters(args.hidden_size, args.embed_dim))
+        intra = (Link(args.intra_bw, args.intra_latency) if args.intra_bw
+                 else DGX1V_LINKS["nvlink"])
         inter = (Link(args.inter_bw, args.inter_latency) if args.inter_bw
-                 else links[args.inter])
+                 else DGX1V_LINKS[args.inter])
         sync = (args.sync_overhead if args.sync_overhead is not None
                 else calibrate_sync_overhead(cal))
         cfg = ScalingConfig(
