@@ -33,10 +33,10 @@ def test_every_target_once_per_epoch_across_ranks(manifest, world, batch, seq):
     steps = None
     for rank in range(world):
         rs = RankStreams(manifest, "train", rank, world, batch, seq, seed=7)
-        steps = steps or rs.steps_per_epoch
-        assert rs.steps_per_epoch == steps  # every rank runs the same number of steps
+        steps = steps or rs.windows_per_epoch
+        assert rs.windows_per_epoch == steps  # every rank runs the same number of steps
         lo = rs.row_bounds
-        for step in range(rs.steps_per_epoch):
+        for step in range(rs.windows_per_epoch):
             win = rs.window(1, step)
             for b in range(batch):
                 t0 = lo[b] + step * seq
@@ -75,7 +75,7 @@ def test_rows_share_chunk_aligned_reads(manifest, monkeypatch):
     assert rs._stream.reads <= len(touched) + len(shards) < batch / 2, \
         (rs._stream.reads, len(touched))
     lo = rs.row_bounds
-    for step in range(rs.steps_per_epoch):
+    for step in range(rs.windows_per_epoch):
         win = first if step == 0 else rs.window(1, step)
         for b in range(batch):
             t0 = lo[b] + step * seq
@@ -136,7 +136,7 @@ def test_prefetcher_returns_the_same_windows_in_any_order(manifest):
     """Sequential reads, an epoch boundary, a jump (resume) and a step back all give exactly
     RankStreams.window's windows; nothing at or past ``limit`` is read ahead."""
     direct = RankStreams(manifest, "train", 1, 2, 3, 40, seed=5)
-    n = direct.steps_per_epoch
+    n = direct.windows_per_epoch
     streams = CountingStreams(manifest, "train", 1, 2, 3, 40, seed=5)
     pre = Prefetcher(streams, depth=2, limit=n + 4)
     try:

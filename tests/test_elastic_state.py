@@ -56,8 +56,14 @@ def elastic(tmp_path, ctx=RankContext(rank=1, size=2)):
                           scaler=torch.amp.GradScaler("cpu", enabled=False), ctx=ctx,
                           windows_per_epoch=40, peak_lr=0.5, global_batch=4, B=B, device="cpu",
                           cfg=SimpleNamespace(run=SimpleNamespace(log_every=10)))
-    run.cut_streams = lambda: calls.append("cut") or setattr(run, "windows_per_epoch", 20)
-    run.take_root = lambda metrics, step: calls.append(("root", step))
+
+    def reform(metrics, step):  # Run.reform's three parts, recorded
+        run.ctx = horovod.rank_context()
+        calls.append("cut")
+        run.windows_per_epoch = 20
+        calls.append(("root", step))
+
+    run.reform = reform
     checkpointer = SimpleNamespace(wait=lambda: calls.append("wait"))
     metrics = Metrics(tmp_path, tensorboard=False)
     metrics.open(None, 0)

@@ -131,7 +131,7 @@ def test_fused_equals_reference_on_real_shards(shards):
     """Consecutive TBPTT windows of real review bytes (one with a shard start inside it): the
     window loss, the carried state and every parameter gradient within 1e-6 (fp32)."""
     streams = RankStreams(load_manifest(shards), "train", 0, 1, 4, 96, shuffle_shards=False)
-    inside = next(w for w in range(1, streams.steps_per_epoch)
+    inside = next(w for w in range(1, streams.windows_per_epoch)
                   if streams.window(0, w).reset[:, 1:].any())
     fused, ref = pair(hidden_size=64, embed_dim=16)
     results = []

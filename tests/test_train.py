@@ -82,7 +82,7 @@ def test_max_steps_cycles_the_data_and_resumes_exactly(tmp_path):
     warning that ``--max-steps`` is not reached."""
     texts = review_texts(4)
     tiny = make_shards(tmp_path / "tiny", {"train": [texts[0:2]], "val": [texts[2:4]]})
-    wpe = RankStreams(load_manifest(tiny), "train", 0, 1, 4, 16).steps_per_epoch
+    wpe = RankStreams(load_manifest(tiny), "train", 0, 1, 4, 16).windows_per_epoch
     assert 5 <= wpe <= 60, wpe
     every, steps = wpe + 2, 2 * (wpe + 2)  # a checkpoint in epoch 2, the last one in epoch 3
     common = ["--batch-size", "4", "--max-steps", str(steps), "--warmup-steps", "2"]

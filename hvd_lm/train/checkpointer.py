@@ -81,7 +81,7 @@ class Checkpointer:
         """
         if not self.guard.may_checkpoint():
             self.metrics.record("checkpoint_held", pos.step,
-                                loss=self.guard.above[-1][1] if self.guard.above else None)
+                                loss=self.guard.newest_above())
             return 0.0
         t0 = time.perf_counter()
         # Horovod: gather every rank's recurrent state rows (rank order) for an exact resume.
@@ -97,6 +97,10 @@ class Checkpointer:
         self.guard.wrote(pos.step)
         self.saved_step = pos.step  # every rank: the end does not write (or print) it again
         return time.perf_counter() - t0
+
+    def rolled_back(self) -> None:
+        """An elastic rollback: the weights of the step last saved are no longer the model's."""
+        self.saved_step = None
 
     def written(self, w: Written) -> None:
         """The writer's report of a finished checkpoint (rank 0, in the loop's thread): a

@@ -161,8 +161,7 @@ class StepCounter:
             return True
         if not run.elastic and pos.window + self.k > self.total_windows:
             return True
-        guard = self.guard
-        return bool(guard.max_skipped and guard.skipped_in_a_row + 1 >= guard.max_skipped)
+        return self.guard.one_skip_from_the_end()
 
     def settle(self, pos: Position) -> None:
         """Count the pending step exactly (the loop calls it between

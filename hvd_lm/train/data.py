@@ -173,7 +173,7 @@ class RankStreams:
         rows = slice(rank * batch_size, (rank + 1) * batch_size + 1)
         self.row_bounds = self.bounds[rows]  # [B + 1]
         longest = int(np.max(np.diff(self.bounds)))
-        self.steps_per_epoch = math.ceil(longest / seq_len)
+        self.windows_per_epoch = math.ceil(longest / seq_len)
         self._epoch = -1
         self._stream: ConcatStream | None = None
 
@@ -222,7 +222,7 @@ class RankStreams:
 
     def __iter__(self):
         """Windows of epoch 0, in order (evaluation)."""
-        for step in range(self.steps_per_epoch):
+        for step in range(self.windows_per_epoch):
             yield self.window(0, step)
 
 
@@ -253,7 +253,7 @@ class Prefetcher:
         self._ahead: dict[int, Future] = {}
 
     def _read(self, index: int) -> Batch:
-        epoch, step = divmod(index, self.streams.steps_per_epoch)
+        epoch, step = divmod(index, self.streams.windows_per_epoch)
         batch = self.streams.window(epoch, step)
         if self.pin_memory:
             batch = Batch(batch.inputs.pin_memory(), batch.targets.pin_memory(),
@@ -286,7 +286,7 @@ def window_in_new_cut(window: int, old_windows_per_epoch: int, windows_per_epoch
     Args:
         window: windows trained so far (all epochs) in the old cut.
         old_windows_per_epoch, windows_per_epoch: windows per epoch of each rank's streams in
-            the old and the new cut (:attr:`RankStreams.steps_per_epoch`).
+            the old and the new cut (:attr:`RankStreams.windows_per_epoch`).
     """
     epoch, w = divmod(window, old_windows_per_epoch)
     return epoch * windows_per_epoch + round(w * windows_per_epoch / old_windows_per_epoch)

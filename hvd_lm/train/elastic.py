@@ -127,11 +127,9 @@ class Elastic:
         r = self.run
         self.checkpointer.wait()
         old_size = state.world
-        r.ctx = comm.rank_context()  # Horovod: this rank in the re-formed world
-        r.cut_streams()
+        r.reform(self.metrics, step)  # Horovod: this rank in the re-formed world
         window = window_in_new_cut(state.position["window"], state.windows_per_epoch,
                                    r.windows_per_epoch)
-        r.take_root(self.metrics, step)
         self.metrics.record("resize", state.position["step"], world_size=r.ctx.size,
                             previous_world_size=old_size, global_batch=r.global_batch,
                             peak_lr=r.peak_lr, window=window)

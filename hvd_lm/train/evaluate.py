@@ -94,7 +94,7 @@ def estimate_seconds(model, streams: RankStreams, device: torch.device,
     if not times:
         return 0.0
     per_window = min(times[1:] or times)
-    return per_window * max(1, streams.steps_per_epoch)
+    return per_window * max(1, streams.windows_per_epoch)
 
 
 def bpc(model, streams: RankStreams, device: torch.device, precision: str = "fp32",

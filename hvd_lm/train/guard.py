@@ -108,6 +108,14 @@ class DivergenceGuard:
 
     # ---- what the loop asks -------------------------------------------------------------------
 
+    def newest_above(self) -> float | None:
+        """The newest logged loss above the bound in the current streak (None: none)."""
+        return self.above[-1][1] if self.above else None
+
+    def one_skip_from_the_end(self) -> bool:
+        """Whether one more skipped attempt would end the run (``max_skipped``)."""
+        return bool(self.max_skipped and self.skipped_in_a_row + 1 >= self.max_skipped)
+
     def may_checkpoint(self) -> bool:
         """Whether a checkpoint may be written now: no rule fired and the newest logged loss is
         within the bound."""

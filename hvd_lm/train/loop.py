@@ -115,10 +115,10 @@ class Trainer:
             run.total_steps  # summary.json's start_step: did this allocation train a step?
         self.start_step = self.pos.step
         # ---- the run folder, rank 0's log and the start record -----------------------------------
-        self.metrics = Metrics(run.out_dir, cfg.run.tensorboard)
+        peak = run.measure_peak()
+        self.metrics = Metrics(run.out_dir, cfg.run.tensorboard, peak)
         run.open_folder(self.metrics)  # Horovod (not elastic): every rank learns rank 0's lot
-        self.metrics.peak = run.measure_peak()
-        self.metrics.record("start", self.pos.step, **run.start_values(self.metrics.peak))
+        self.metrics.record("start", self.pos.step, **run.start_values(peak))
 
         # ---- control -----------------------------------------------------------------------------
         self.signals = StopSignals(describe=lambda: self.stop_eta())
@@ -264,7 +264,7 @@ class Trainer:
         """The loop under ``hvd.elastic.run``: the state (synced from rank 0) is where this rank
         starts (:meth:`Elastic.restore`); a commit every ``run.commit_every`` applied steps."""
         self.pos, self.rnn_state = self.elastic.restore(state, self.chars)
-        self.checkpointer.saved_step = None  # rolled back: the last step's weights are not saved
+        self.checkpointer.rolled_back()  # the last saved step's weights are not the model's
         self.next_control = self.pos.attempts + 1  # every rank alike, a new worker too
         self.loop(state)
         self.finish()

@@ -160,19 +160,19 @@ class Metrics:
     Args:
         out_dir: the run folder (``metrics.jsonl``, ``tensorboard/``).
         tensorboard: rank 0 writes TensorBoard events too (``--tensorboard``).
+        peak: the device's peak (:class:`hvd_lm.model.mfu.Peak`) the logged MFU is against
+            (:func:`hvd_lm.model.mfu.rate_against` may raise a CPU's); required by
+            :meth:`log_train`.
 
     Attributes:
-        peak: the device's peak (:class:`hvd_lm.model.mfu.Peak`) the logged MFU is against; the
-            trainer sets it once measured, and :func:`hvd_lm.model.mfu.rate_against` may raise a
-            CPU's (None: set it before :meth:`log_train`).
         meter: the sums since the last ``train`` record (:meth:`add_step`).
     """
 
-    def __init__(self, out_dir: str | Path, tensorboard: bool):
+    def __init__(self, out_dir: str | Path, tensorboard: bool, peak: Peak | None = None):
         self.out_dir = Path(out_dir)
         self.tensorboard = tensorboard
         self.log = MetricsLog(self.out_dir, False, 0, 0, False)  # rank 0's: open()
-        self.peak: Peak | None = None
+        self.peak = peak
         self.meter = StepMeter()
 
     @property

@@ -59,7 +59,7 @@ class Run:
     """What one training run is made of, built before its first step in the order the objects
     depend on each other (each block below one comment). The trainer
     (:class:`hvd_lm.train.loop.Trainer`) and its components are given what they need of it;
-    an elastic reset re-forms its world (:attr:`ctx`, :meth:`cut_streams`, :meth:`take_root`).
+    an elastic reset re-forms its world (:meth:`reform`).
 
     Attributes (besides the configuration ``cfg`` and what the blocks name):
         start_pos / start_state: the position (:class:`hvd_lm.train.resume.Position`) and the
@@ -264,10 +264,18 @@ class Run:
             self.val = RankStreams(self.manifest, cfg.data.val_split, ctx.rank, ctx.size,
                                    cfg.run.eval_batch_size, self.T, shuffle_shards=False,
                                    max_bytes=cfg.run.eval_chars)
-        self.windows_per_epoch = self.streams.steps_per_epoch
+        self.windows_per_epoch = self.streams.windows_per_epoch
         self.global_batch = ctx.size * self.B * self.k
         self.peak_lr = scaled_lr(cfg.optim.lr, cfg.optim.lr_ref_batch, self.global_batch,
                                  cfg.optim.lr_rule, cfg.optim.lr_cap)
+
+    def reform(self, metrics: Metrics, step: int) -> None:
+        """After an elastic reset: this rank's place in the re-formed world, its streams cut
+        again, and rank 0's duties taken or handed back (:meth:`take_root`; ``step``: applied
+        steps so far)."""
+        self.ctx = comm.rank_context()  # Horovod: rank and size now
+        self.cut_streams()
+        self.take_root(metrics, step)
 
     def open_log(self, metrics: Metrics, step: int) -> None:
         """Rank 0's metrics log (appending), once; ``step``: applied steps so far (the bar)."""

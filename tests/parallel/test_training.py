@@ -242,8 +242,8 @@ def test_a_one_rank_run_resumed_on_two_keeps_the_epoch_point_and_rescales_the_lr
     if ctx.rank == 0:
         assert "recurrent state reset" in capfd.readouterr().err
     manifest = load_manifest(SHARED / "shards")
-    wpe1 = RankStreams(manifest, "train", 0, 1, 2, 16).steps_per_epoch
-    wpe2 = RankStreams(manifest, "train", 0, 2, 2, 16).steps_per_epoch
+    wpe1 = RankStreams(manifest, "train", 0, 1, 2, 16).windows_per_epoch
+    wpe2 = RankStreams(manifest, "train", 0, 2, 2, 16).windows_per_epoch
     assert wpe1 != wpe2
     epoch, w = divmod(6, wpe1)
     ck = load(resolve(run_dir))
