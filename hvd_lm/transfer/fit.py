@@ -226,22 +226,15 @@ def fit_threshold(x: np.ndarray, y: np.ndarray) -> tuple[float, int, float]:
         raise ValueError(f"fit_threshold needs equal, non-empty x and y ({len(x)}, {len(y)})")
     order = np.argsort(x, kind="stable")
     xs, ys = x[order], y[order]
-    n, pos = len(xs), int(ys.sum())
-    cum = np.concatenate([[0], np.cumsum(ys)])
-    k = np.arange(n + 1)
-    correct_plus = (k - cum[k]) + (pos - cum[k])  # left k -> 0, right -> 1
-    valid = np.ones(n + 1, bool)
-    valid[1:n] = xs[1:] > xs[:-1]
+    n = len(xs)
+    cum = np.concatenate([[0], np.cumsum(ys)])  # positives among the k smallest, k = 0..n
+    correct_plus = np.arange(n + 1) - 2 * cum + cum[-1]  # the k smallest -> 0, the rest -> 1
+    valid = np.concatenate([[True], xs[1:] > xs[:-1], [True]])  # cuts between distinct values
     cand = np.where(valid, np.maximum(correct_plus, n - correct_plus), -1)
     kb = int(np.argmax(cand))
     sign = 1 if correct_plus[kb] >= n - correct_plus[kb] else -1
-    if kb == 0:
-        thr = xs[0] - 1.0
-    elif kb == n:
-        thr = xs[-1] + 1.0
-    else:
-        thr = (xs[kb - 1] + xs[kb]) / 2
-    return float(thr), sign, float(cand[kb] / n)
+    cuts = np.concatenate([[xs[0] - 1.0], (xs[:-1] + xs[1:]) / 2, [xs[-1] + 1.0]])
+    return float(cuts[kb]), sign, float(cand[kb] / n)
 
 
 def threshold_accuracy(x: np.ndarray, y: np.ndarray, threshold: float, sign: int) -> float:

@@ -27,6 +27,7 @@ from typing import Sequence
 
 import matplotlib
 import numpy as np
+from matplotlib.colors import to_hex
 
 from hvd_lm.util.atomic import atomic_path, write_text
 from hvd_lm.util.files import shown
@@ -61,16 +62,9 @@ def char_values(ids: Sequence[int], values: Sequence[float]) -> tuple[list[str],
     if len(ids) != len(values):
         raise ValueError(f"{len(ids)} bytes but {len(values)} values")
     dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    chars: list[str] = []
-    vals: list[float] = []
-    for b, v in zip(ids, values):
-        for ch in dec.decode(bytes([int(b)])):
-            chars.append(ch)
-            vals.append(float(v))
-    for ch in dec.decode(b"", final=True):  # a cut multi-byte sequence at the end
-        chars.append(ch)
-        vals.append(float(values[-1]))
-    return chars, np.asarray(vals, dtype=np.float64)
+    pairs = [(ch, float(v)) for b, v in zip(ids, values) for ch in dec.decode(bytes([int(b)]))]
+    pairs += [(ch, float(values[-1])) for ch in dec.decode(b"", final=True)]  # a cut sequence
+    return [c for c, _ in pairs], np.asarray([v for _, v in pairs], dtype=np.float64)
 
 
 def _scale(rows: Sequence[HeatRow]) -> float:
@@ -101,14 +95,10 @@ def render_html(rows: Sequence[HeatRow], path: str | Path, heading: str,
              f"{'high' if polarity < 0 else 'low'}, green = "
              f"{'low' if polarity < 0 else 'high'}); hover a character for its value</p>"]
     for r in rows:
-        rgba = _colors(r.values, vmax, polarity)
-        spans = []
-        for ch, v, c in zip(r.chars, r.values, rgba):
-            hexc = "#%02x%02x%02x" % tuple(int(round(255 * x)) for x in c[:3])
-            spans.append(f"<span style=\"background:{hexc}\" title=\"{v:.4f}\">"
-                         f"{html.escape(ch)}</span>")
-        parts.append(f"<h4>{html.escape(r.title)}</h4>")
-        parts.append("<div class=\"text\">" + "".join(spans) + "</div>")
+        spans = "".join(f"<span style=\"background:{to_hex(c)}\" title=\"{v:.4f}\">"
+                        f"{html.escape(ch)}</span>"
+                        for ch, v, c in zip(r.chars, r.values, _colors(r.values, vmax, polarity)))
+        parts += [f"<h4>{html.escape(r.title)}</h4>", f"<div class=\"text\">{spans}</div>"]
     parts.append("</body></html>")
     return write_text(path, "\n".join(parts) + "\n")
 
@@ -162,30 +152,21 @@ def render_png(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity
     """
     vmax = _scale(rows)
     layout = [(r, _grid(r.chars, width)) for r in rows]
-    n_lines = sum(len(g) + 1 for _, g in layout)  # + a title line per row
-    grid = np.full((n_lines, width), np.nan)
-    texts: list[tuple[int, int, str]] = []
-    titles: list[tuple[int, str]] = []
-    y = 0
-    for r, g in layout:
-        titles.append((y, r.title))
-        y += 1
-        for line in g:
-            for x, i in enumerate(line):
-                grid[y, x] = np.clip(polarity * r.values[i] / vmax, -1, 1)
-                ch = r.chars[i]
-                texts.append((y, x, "\u21b5" if ch == "\n" else (" " if not ch.isprintable()
-                                                                  else ch)))
-            y += 1
+    grid = np.full((sum(len(g) + 1 for _, g in layout), width), np.nan)  # + a title line each
     import matplotlib.pyplot as plt  # here: pyplot's import only for a PNG
 
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.13 * width + 1.2), 0.25 * n_lines + 0.9))
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.13 * width + 1.2), 0.25 * len(grid) + 0.9))
+    y = 0
+    for r, g in layout:
+        ax.text(-0.5, y, r.title, ha="left", va="center", fontsize=8, weight="bold")
+        for y, line in enumerate(g, y + 1):
+            for x, i in enumerate(line):
+                grid[y, x] = np.clip(polarity * r.values[i] / vmax, -1, 1)
+                ch = "\u21b5" if r.chars[i] == "\n" else r.chars[i]
+                if ch.isprintable() and ch.strip():  # (a space, a control character: a cell)
+                    ax.text(x, y, ch, ha="center", va="center", fontsize=8, family="monospace")
+        y += 1
     im = ax.imshow(grid, cmap=CMAP, vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
-    for yy, xx, ch in texts:
-        if ch.strip():
-            ax.text(xx, yy, ch, ha="center", va="center", fontsize=8, family="monospace")
-    for yy, title in titles:
-        ax.text(-0.5, yy, title, ha="left", va="center", fontsize=8, weight="bold")
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_title(heading, fontsize=9)
