@@ -6,7 +6,6 @@ description (:class:`InputSpec`). The formats themselves are documented in
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
@@ -148,18 +147,6 @@ class InputSpec:
     header_lines: int = 0
     size: int = 0
     compressed: bool = False
-
-    def describe(self) -> str:
-        """One line for summaries: ``name: format (how), field F (how)``."""
-        s = f"{os.path.basename(self.path)}: {self.format} ({self.format_source})"
-        if self.text_field is not None:
-            s += f", {text_field_label(self.format)} {self.text_field!r} ({self.field_source})"
-        return s + (", gzip" if self.compressed else "")
-
-
-def text_field_label(fmt: str) -> str:
-    """What :attr:`InputSpec.text_field` names for format ``fmt``, for summaries."""
-    return "members" if fmt == "tar" else "text field"
 
 
 def count_bad(stats: ReadStats, skip_bad: bool, path: str, line: int, reason: str) -> None:

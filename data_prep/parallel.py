@@ -142,29 +142,23 @@ class Context:
         errors: list[str] = []
         by_bytes = total is not None
 
-        def make_bar():
-            if not (self.progress and mine):
-                return None
+        def make_bar() -> tqdm:  # disabled off rank 0, without tasks, and off a terminal
             label = desc if self.size == 1 else f"{desc} (rank 0 of {self.size})"
             return tqdm(total=total if by_bytes else len(mine), desc=label,
                         unit="B" if by_bytes else "task", unit_scale=by_bytes, leave=False,
-                        dynamic_ncols=True, disable=None)
+                        dynamic_ncols=True, disable=None if self.progress and mine else True)
 
         if self.workers == 1 or len(mine) <= 1:
-            bar = make_bar()
-            cb = bar.update if (bar is not None and by_bytes) else None
-            try:
+            with make_bar() as bar:
+                cb = bar.update if by_bytes and not bar.disable else None
                 for i in mine:
                     try:
                         results[i] = fn(tasks[i], cb)
                     except Exception as e:  # noqa: BLE001 - reported on every rank
                         errors.append(self._describe(e, i))
                         break
-                    if bar is not None and not by_bytes:
+                    if not by_bytes:
                         bar.update(1)
-            finally:
-                if bar is not None:
-                    bar.close()
         else:
             self._run_pool(fn, tasks, mine, results, errors, make_bar, by_bytes)
         if self.mpi is not None:
@@ -200,34 +194,25 @@ class Context:
             method = "spawn"
         ctx = mp.get_context(method)
         counter = ctx.Value("q", 0)
-        shown = 0
-        bar = None
         with ProcessPoolExecutor(max_workers=min(self.workers, len(mine)), mp_context=ctx,
                                  initializer=_init_worker,
                                  initargs=(counter, os.getpid() if method == "fork" else None)
                                  ) as ex:
             futures = {ex.submit(_call, fn, tasks[i]): i for i in mine}
-            # the bar (and tqdm's monitor thread) only after the workers were forked
-            bar = make_bar()
             pending = set(futures)
-            try:
+            # the bar (and tqdm's monitor thread) only after the workers were forked
+            with make_bar() as bar:
                 while pending:
                     done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
                     for fut in done:
-                        i = futures[fut]
                         try:
-                            results[i] = fut.result()
+                            results[futures[fut]] = fut.result()
                         except Exception as e:  # noqa: BLE001 - includes BrokenProcessPool
-                            errors.append(self._describe(e, i))
-                        if bar is not None and not by_bytes:
+                            errors.append(self._describe(e, futures[fut]))
+                        if not by_bytes:
                             bar.update(1)
-                    if bar is not None and by_bytes:
-                        value = counter.value
-                        bar.update(value - shown)
-                        shown = value
+                    if by_bytes and not bar.disable:
+                        bar.update(counter.value - bar.n)
                     if errors:
                         ex.shutdown(wait=True, cancel_futures=True)
                         return
-            finally:
-                if bar is not None:
-                    bar.close()

@@ -341,7 +341,7 @@ def format_summary(summary: dict) -> str:
     lines += [
         f"  inputs: {len(summary['inputs'])} file(s)",
         *[f"    {i['name']}: {i['format']} ({i['format_source']})"
-          + (f", {inputs.text_field_label(i['format'])} {i['text_field']!r} "
+          + (f", {'members' if i['format'] == 'tar' else 'text field'} {i['text_field']!r} "
              f"({i['field_source']})" if i["text_field"] else "")
           for i in summary["inputs"]],
         f"  records read: {c['records']:,}  (blank lines skipped {c['blank_lines']:,})",

@@ -372,7 +372,7 @@ def test_tar_members_are_documents(tmp_path, suffix, mode):
     path = _tar(tmp_path / f"acl{suffix}", _ACL, mode)
     spec = resolve_input(path, tar_members="*/pos/*.txt, */neg/*.txt")
     assert (spec.format, spec.format_source, spec.field_source) == ("tar", "file name", "given")
-    assert "members '*/pos/*.txt, */neg/*.txt' (given)" in spec.describe()
+    assert spec.text_field == "*/pos/*.txt, */neg/*.txt"
     stats = ReadStats()
     got = list(read_documents(spec, stats=stats))
     assert got == [(4, "A gem.<br />Loved it."), (5, "Café scenes, great."),
