@@ -121,14 +121,11 @@ def load_table(path: str | Path, split: str, text_field: str = "text",
             short CSV rows), invalid JSON, unknown label, or no rows.
     """
     path = Path(path)
-    texts: list[str] = []
-    labels: list[int] = []
     with _open_text(path, f"split '{split}' is read from a regular file") as f:
-        for line, text, label in _records(path, f, _kind(path), text_field, label_field):
-            labels.append(normalize_label(label, f"{path}:{line}: field '{label_field}'"))
-            texts.append(text)
-    return _check_nonempty(LabelledSplit(split, texts, np.array(labels, np.int64), str(path)),
-                           str(path))
+        rows = [(text, normalize_label(label, f"{path}:{line}: field '{label_field}'"))
+                for line, text, label in _records(path, f, _kind(path), text_field, label_field)]
+    return _check_nonempty(LabelledSplit(split, [t for t, _ in rows], [y for _, y in rows],
+                                         str(path)), str(path))
 
 
 #: ``.review`` file (or folder) names that give its label (:func:`review_label`).

@@ -37,7 +37,7 @@ from sklearn.pipeline import FeatureUnion, Pipeline
 from sklearn.preprocessing import StandardScaler
 
 from hvd_lm.comm.threads import usable_cores
-from hvd_lm.transfer.linear import LinearClassifier
+from hvd_lm.transfer.saved import LinearClassifier
 from hvd_lm.util.atomic import atomic_path
 
 matplotlib.use("Agg")  # files only, never a window

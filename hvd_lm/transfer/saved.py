@@ -4,7 +4,8 @@
 
 * ``classifier.npz``: float64 arrays ``coef`` [H] (standardised units), ``intercept`` [1],
   ``mean`` [H] and ``scale`` [H] (the training split's statistics; zeros and ones when the fit
-  was on raw features): :class:`hvd_lm.transfer.linear.LinearClassifier`;
+  was on raw features): :class:`LinearClassifier` (numpy only, so the
+  commands that apply a saved classifier start without scikit-learn);
 * ``classifier.json``: everything needed to apply it again and to say what it is: the format
   version, the npz file's sha256, the features (kind, max chars, whitespace normalisation,
   precision), the fit (penalty, solver, C, standardised or not, accuracies), the sentiment unit,
@@ -28,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 
-from hvd_lm.transfer.linear import LinearClassifier
 from hvd_lm.transfer.texts import DatasetError
 from hvd_lm.util.atomic import atomic_path, write_text
 from hvd_lm.util.digest import file_sha256
@@ -42,6 +42,51 @@ MAX_JSON_BYTES = 1 << 20
 #: The largest array of a classifier.npz (each is [H] float64: 128 kB at H=16384, hvd_lm's
 #: widest; 16 MiB leaves room for features wider than H).
 MAX_ARRAY_BYTES = 16 << 20
+
+
+@dataclass
+class LinearClassifier:
+    """A binary linear classifier on (optionally standardised) features:
+    ``P(y=1 | x) = sigmoid(((x - mean) / scale) . coef + intercept)``.
+
+    Attributes:
+        coef: float64 [D] weights, in standardised units (raw units when ``mean`` is 0 and
+            ``scale`` 1, i.e. not standardised).
+        intercept: bias.
+        mean / scale: float64 [D] training statistics (zeros / ones when not standardised).
+    """
+
+    coef: np.ndarray
+    intercept: float
+    mean: np.ndarray
+    scale: np.ndarray
+
+    def decision_function(self, X: np.ndarray) -> np.ndarray:
+        """Margins float64 [N] of features X [N, D] (float64 arithmetic, so the same features
+        give bit-identical margins wherever the classifier is applied).
+
+        Raises:
+            ValueError: X is not [N, D] with D = ``len(coef)``.
+        """
+        X = np.asarray(X)
+        if X.ndim != 2 or X.shape[1] != self.coef.shape[0]:
+            raise ValueError(f"features of shape {X.shape} for a classifier of "
+                             f"{self.coef.shape[0]} inputs")
+        return ((X.astype(np.float64) - self.mean) / self.scale) @ self.coef + self.intercept
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        """P(y=1) float64 [N]."""
+        return 1.0 / (1.0 + np.exp(-self.decision_function(X)))
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Labels int64 [N]: 1 where the margin is > 0 (scikit-learn's rule)."""
+        return (self.decision_function(X) > 0).astype(np.int64)
+
+    def accuracy(self, X: np.ndarray | None, y: np.ndarray | None) -> float | None:
+        """Fraction of ``predict(X) == y``; None without data."""
+        if X is None or y is None:
+            return None
+        return float((self.predict(X) == np.asarray(y)).mean())
 
 
 class ClassifierError(ValueError):
@@ -59,7 +104,7 @@ class SavedClassifier:
     """A classifier read back from disk.
 
     Attributes:
-        model: the :class:`~hvd_lm.transfer.linear.LinearClassifier`.
+        model: the :class:`LinearClassifier`.
         meta: the JSON description (see the module docstring).
         path: the JSON file it was read from.
     """
@@ -89,13 +134,9 @@ class SavedClassifier:
 
 def _paths(path: str | Path) -> tuple[Path, Path]:
     """(npz, json) for a folder or either file of the pair."""
-    p = Path(path)
-    if p.is_dir():
-        return p / NPZ_NAME, p / JSON_NAME
-    if p.suffix == ".npz":
-        return p, p.with_suffix(".json")
-    if p.suffix == ".json":
-        return p.with_suffix(".npz"), p
+    p = Path(path) / JSON_NAME if Path(path).is_dir() else Path(path)
+    if p.suffix in (".npz", ".json"):
+        return p.with_suffix(".npz"), p.with_suffix(".json")
     raise ClassifierError(f"{p}: not a classifier (give its folder, {NPZ_NAME} or {JSON_NAME})")
 
 
