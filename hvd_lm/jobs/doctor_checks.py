@@ -123,20 +123,14 @@ def analyse_reach(report: Report, results: dict[str, dict]) -> None:
     reach: dict[str, list[str]] = {n: [] for n in sorted(names)}
     for a, res in results.items():
         for p in res["probes"]:
-            if p["iface"] not in reach:
-                continue
             b, addr = p["target"], p["addr"]
-            if not p["ok"]:
-                why = p["error"]
-                if addr in own[a]:
-                    why += f" ({addr} is also {a}'s own address)"
-                reach[p["iface"]].append(f"{a} -> {addr} ({p['iface']} of {b}): {why}")
-            elif p["token"] != report.facts[b]["token"]:
-                reach[p["iface"]].append(f"{a} -> {addr} ({p['iface']} of {b}): reached "
-                                         f"{p['host']}, not {b}")
-    single = len(hosts) == 1
-    for n in list(reach):
-        if report.facts[hosts[0]]["interfaces"][n]["loopback"] and not single:
+            if p["iface"] not in reach or (p["ok"] and p["token"] == report.facts[b]["token"]):
+                continue
+            why = (f"reached {p['host']}, not {b}" if p["ok"] else p["error"] + (
+                f" ({addr} is also {a}'s own address)" if addr in own[a] else ""))
+            reach[p["iface"]].append(f"{a} -> {addr} ({p['iface']} of {b}): {why}")
+    for n in reach:
+        if report.facts[hosts[0]]["interfaces"][n]["loopback"] and len(hosts) > 1:
             reach[n].append("loopback: reaches only its own host")
     report.reach = reach
     report.shared = [n for n, fails in reach.items() if not fails]
@@ -148,37 +142,32 @@ def choose(report: Report, wanted: str, env: dict[str, str]) -> None:
     hosts = list(report.facts)
     f0 = report.facts[hosts[0]]["interfaces"]
 
-    def speed(n: str) -> int:
-        return min(report.facts[h]["interfaces"][n]["speed_mbit"] for h in hosts)
-
     def verify(names: list[str], source: str) -> None:
+        shared = f"; shared by all hosts: {', '.join(report.shared) or 'none'}"
         for n in names:
             if n not in report.reach:
                 missing = [h for h in hosts if n not in report.facts[h]["interfaces"]]
                 report.errors.append(f"{source}: interface {n} is missing (or down, or without "
-                                     f"an IPv4 address) on {', '.join(missing)}; shared by all "
-                                     f"hosts: {', '.join(report.shared) or 'none'}")
+                                     f"an IPv4 address) on {', '.join(missing)}{shared}")
             elif report.reach[n]:
                 report.errors.append(f"{source}: interface {n} does not connect the hosts: "
-                                     f"{report.reach[n][0]}; shared by all hosts: "
-                                     f"{', '.join(report.shared) or 'none'}")
+                                     f"{report.reach[n][0]}{shared}")
 
     if wanted:
         names = [x for x in wanted.split(",") if x]
         verify(names, "--network-interface")
         report.chosen = ",".join(names)
-    else:
-        usable = sorted(report.shared, key=lambda n: (f0[n]["loopback"], -speed(n), n))
-        if len(hosts) == 1:
-            report.chosen = ""  # one host: nothing crosses a network
-        elif not usable:
+    elif len(hosts) > 1:  # (one host: nothing crosses a network, no interface is chosen)
+        usable = sorted(report.shared, key=lambda n: (f0[n]["loopback"], -min(
+            report.facts[h]["interfaces"][n]["speed_mbit"] for h in hosts), n))  # fastest
+        if usable:
+            report.chosen = usable[0]
+        else:
             first = next((f"{n}: {fails[0]}" for n, fails in report.reach.items()
                           if fails and not f0[n]["loopback"]), "no interface name is common "
                          "to all hosts")
             report.errors.append("no network interface connects every pair of hosts (" + first
                                  + "); fix the network or name one with --network-interface")
-        else:
-            report.chosen = usable[0]
     for var in EXPORTS:
         value = env.get(var, "")
         if value and var != "NETWORK_INTERFACE" and not value.startswith(("^", "=")):
