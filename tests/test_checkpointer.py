@@ -18,6 +18,7 @@ from hvd_lm.train.guard import DivergenceGuard
 from hvd_lm.train.log import read_metrics
 from hvd_lm.train.metrics import Metrics
 from hvd_lm.train.resume import Position
+from hvd_lm.train.settings import TrainConfig
 
 H, B = 6, 2
 
@@ -41,8 +42,10 @@ def tiny(tmp_path, asynchronous=False, guard=None):
     metrics = Metrics(tmp_path, tensorboard=False)
     metrics.open(None, 0)
     guard = guard or DivergenceGuard(max_loss=10.0, logs=3, max_skipped=0)
-    ck = Checkpointer(tmp_path, {"run": {"out_dir": str(tmp_path)}}, model, opt, sched, scaler,
-                      guard, metrics, keep=3, asynchronous=asynchronous)
+    cfg = TrainConfig()
+    cfg.run.out_dir, cfg.run.keep_checkpoints = str(tmp_path), 3
+    cfg.run.async_checkpoint = asynchronous
+    ck = Checkpointer(cfg, model, opt, sched, scaler, guard, metrics)
     return ck, model, opt, sched, metrics
 
 
@@ -62,7 +65,8 @@ def test_the_file_holds_what_was_saved_and_the_record_names_it(one_rank, tmp_pat
     assert (saved["step"], saved["window"], saved["skipped_steps"], saved["chars_trained"]) == (
         7, 9, 1, 123)
     assert (saved["world_size"], saved["windows_per_epoch"]) == (1, 40)
-    assert saved["config"] == {"run": {"out_dir": str(tmp_path)}}
+    assert saved["config"]["run"]["out_dir"] == str(tmp_path)
+    assert saved["config"] == TrainConfig().to_dict() | {"run": saved["config"]["run"]}
     assert saved["model"].keys() == model.state_dict().keys()
     for k, v in model.state_dict().items():
         assert torch.equal(saved["model"][k], v), k

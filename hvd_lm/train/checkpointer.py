@@ -32,6 +32,7 @@ from hvd_lm.train.deadline import DeadlinePlanner
 from hvd_lm.train.guard import DivergenceGuard
 from hvd_lm.train.metrics import Metrics
 from hvd_lm.train.resume import Position
+from hvd_lm.train.settings import TrainConfig
 from hvd_lm.train.step import State
 
 
@@ -39,15 +40,14 @@ class Checkpointer:
     """Saves the training checkpoints of one run (module docstring).
 
     Args:
-        out_dir: the run folder (checkpoints in ``<out_dir>/checkpoints``).
-        config: the run's configuration as a dict (``TrainConfig.to_dict()``), saved in each.
+        cfg: the run's configuration (saved in each checkpoint): the run folder
+            (``run.out_dir``; checkpoints in ``<out_dir>/checkpoints``), the newest kept
+            (``run.keep_checkpoints``), written on a thread (``run.async_checkpoint``).
         model, optimizer, scheduler, scaler: what is saved (the optimizer Horovod-wrapped; the
             scaler's state when it is enabled).
         guard: the divergence guard: it may hold a checkpoint back, it is told of each saved
             step, and the checkpoints it has not confirmed yet are kept from pruning.
         metrics: rank 0's ``checkpoint`` and ``checkpoint_held`` records.
-        keep: the newest checkpoints kept (``--keep-checkpoints``).
-        asynchronous: write on a thread (``--async-checkpoint``).
         planner: with ``--time-limit``, told how long each write took (None without).
 
     Attributes:
@@ -55,14 +55,14 @@ class Checkpointer:
             past it by an elastic reset).
     """
 
-    def __init__(self, out_dir: str | Path, config: dict, model, optimizer, scheduler, scaler,
-                 guard: DivergenceGuard, metrics: Metrics, keep: int, asynchronous: bool,
-                 planner: DeadlinePlanner | None = None):
-        self.out_dir, self.config, self.keep = Path(out_dir), config, keep
+    def __init__(self, cfg: TrainConfig, model, optimizer, scheduler, scaler,
+                 guard: DivergenceGuard, metrics: Metrics, planner: DeadlinePlanner | None = None):
+        self.out_dir, self.config = Path(cfg.run.out_dir), cfg.to_dict()
+        self.keep = cfg.run.keep_checkpoints
         self.model, self.optimizer, self.scheduler, self.scaler = (model, optimizer, scheduler,
                                                                    scaler)
         self.guard, self.metrics, self.planner = guard, metrics, planner
-        self.writer = CheckpointWriter(asynchronous, self.written)
+        self.writer = CheckpointWriter(cfg.run.async_checkpoint, self.written)
         self.saved_step: int | None = None
 
     def save(self, pos: Position, rnn_state: State, chars: CharCount, ctx: RankContext,

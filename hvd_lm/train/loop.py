@@ -147,10 +147,8 @@ class Trainer:
         self.stop_reason = "done"
 
         # ---- the components ----------------------------------------------------------------------
-        self.checkpointer = Checkpointer(run.out_dir, cfg.to_dict(), run.model, run.optimizer,
-                                         run.scheduler, run.scaler, self.guard, self.metrics,
-                                         cfg.run.keep_checkpoints, cfg.run.async_checkpoint,
-                                         self.planner)
+        self.checkpointer = Checkpointer(cfg, run.model, run.optimizer, run.scheduler,
+                                         run.scaler, self.guard, self.metrics, self.planner)
         self.counter = StepCounter(cfg.run, run.k, run.total_windows, run.scheduler,
                                    run.optimizer, run.scaler, self.guard, self.metrics,
                                    restart_state=lambda: run.model.init_state(run.B, run.device))
