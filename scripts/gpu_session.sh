@@ -91,7 +91,7 @@ if [ "${SMALL:-0}" = 1 ]; then  # a rehearsal on the CPU: tiny shapes, the same 
 fi
 skip() { [[ " ${SKIP:-} " == *" $1 "* ]]; }
 BENCH_CODE=(hvd_lm/model/*.py hvd_lm/perf/bench_gpu.py hvd_lm/perf/ceilings.py
-            hvd_lm/train/step.py)
+            hvd_lm/perf/harness.py hvd_lm/train/step.py)
 CUDA_CODE=("${BENCH_CODE[@]}" hvd_lm/formats/checkpoint.py hvd_lm/train/resume.py
            tests/test_cuda.py tests/test_mlstm_fused.py tests/test_mlstm_fused_step.py)
 code_hash() {  # the files in C order, so that every machine hashes the same list
