@@ -72,11 +72,6 @@ def _scale(rows: Sequence[HeatRow]) -> float:
     return vmax if vmax > 0 else 1.0
 
 
-def _colors(values: np.ndarray, vmax: float, polarity: int) -> np.ndarray:
-    """RGBA [N, 4] of ``values`` on the symmetric colour scale."""
-    return matplotlib.colormaps[CMAP](np.clip(polarity * values / vmax, -1, 1) * 0.5 + 0.5)
-
-
 def render_html(rows: Sequence[HeatRow], path: str | Path, heading: str,
                 polarity: int = 1) -> Path:
     """Write an HTML page with one block per row and one ``<span>`` per character.
@@ -94,10 +89,10 @@ def render_html(rows: Sequence[HeatRow], path: str | Path, heading: str,
              f"<p>colour: value / {vmax:.4g} ({CMAP}, red = "
              f"{'high' if polarity < 0 else 'low'}, green = "
              f"{'low' if polarity < 0 else 'high'}); hover a character for its value</p>"]
-    for r in rows:
+    for r in rows:  # the colour scale, symmetric about 0: value / vmax from -1 (red) to 1 (green)
+        rgba = matplotlib.colormaps[CMAP](np.clip(polarity * r.values / vmax, -1, 1) * 0.5 + 0.5)
         spans = "".join(f"<span style=\"background:{to_hex(c)}\" title=\"{v:.4f}\">"
-                        f"{html.escape(ch)}</span>"
-                        for ch, v, c in zip(r.chars, r.values, _colors(r.values, vmax, polarity)))
+                        f"{html.escape(ch)}</span>" for ch, v, c in zip(r.chars, r.values, rgba))
         parts += [f"<h4>{html.escape(r.title)}</h4>", f"<div class=\"text\">{spans}</div>"]
     parts.append("</body></html>")
     return write_text(path, "\n".join(parts) + "\n")

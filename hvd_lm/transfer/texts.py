@@ -124,6 +124,18 @@ def _first_undecodable_line(path, start: int) -> int:
     return start
 
 
+def _refusing(opener, path: Path, what: str, streams: bool):
+    """``opener(path, what, streams)`` (:func:`hvd_lm.util.files.check_regular` or
+    :func:`~hvd_lm.util.files.open_regular`), a missing file or a refused one (a folder, a
+    device...) as :class:`DatasetError` naming it."""
+    try:
+        return opener(path, what, streams)
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: no such file" + (f" ({what})" if what else "")) from None
+    except FileRefused as e:
+        raise DatasetError(str(e)) from None
+
+
 @contextmanager
 def _open_text(path: Path, what: str, streams: bool = False) -> Iterator[io.TextIOBase]:
     """UTF-8 text of standard input (``-``) or of a regular file (a FIFO too with ``streams``),
@@ -136,12 +148,7 @@ def _open_text(path: Path, what: str, streams: bool = False) -> Iterator[io.Text
         with io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", newline="") as f:
             yield f
         return
-    try:
-        raw = open_regular(path, what, streams)
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: no such file" + (f" ({what})" if what else "")) from None
-    except FileRefused as e:
-        raise DatasetError(str(e)) from None
+    raw = _refusing(open_regular, path, what, streams)
     with raw, io.TextIOWrapper(gzip.GzipFile(fileobj=raw, mode="rb") if path.suffix == ".gz"
                                else raw, encoding="utf-8-sig", newline="") as f:
         yield f
@@ -280,13 +287,8 @@ def iter_texts(path: str | Path, fmt: str = "auto", text_field: str = "text",
         raise DatasetError(f"unknown input format {fmt!r} (known: {', '.join(TEXT_FORMATS)})")
     path = Path(path)
     stdin = str(path) == "-"
-    if not stdin:
-        try:
-            check_regular(path, "texts are read from a file or a pipe", streams=True)
-        except FileNotFoundError:
-            raise DatasetError(f"{path}: no such file") from None
-        except FileRefused as e:
-            raise DatasetError(str(e)) from None
+    if not stdin:  # at once, not when the records are first read
+        _refusing(check_regular, path, "texts are read from a file or a pipe", True)
     kind = fmt if fmt != "auto" else ("lines" if stdin else _kind(path, "lines"))
     if kind == "lines" and label_field:
         raise DatasetError(f"{path}: plain-lines input has no label field "
