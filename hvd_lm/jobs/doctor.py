@@ -71,18 +71,7 @@ from typing import Optional
 
 import hvd_lm
 from hvd_lm.comm.hosts import interfaces, is_local, parse_hostfile, parse_hosts, peers_of
-from hvd_lm.jobs.doctor_checks import (
-    RENDEZVOUS,
-    Report,
-    analyse_reach,
-    check_gpus,
-    check_paths,
-    check_rendezvous,
-    check_shards,
-    check_versions,
-    choose,
-    render,
-)
+from hvd_lm.jobs import doctor_checks as checks
 from hvd_lm.jobs.doctor_facts import gpu_count, package_versions, shard_facts, source_digest
 from hvd_lm.options import Command, option
 
@@ -316,7 +305,7 @@ def start_agent(host: str, slots: int, cfg: "DoctorConfig", first: bool = False)
     return a
 
 
-def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> Report:
+def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> checks.Report:
     """Start the agents, collect facts, run the checks (see the module docstring).
 
     Raises:
@@ -329,7 +318,7 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> Report
     paths = paths_to_check(cfg)
     t0 = time.monotonic()
     deadline = t0 + cfg.timeout
-    report = Report(hosts=hosts)
+    report = checks.Report(hosts=hosts)
     agents = [start_agent(h, s, cfg, first=i == 0) for i, (h, s) in enumerate(hosts)]
     try:
         for a in agents:
@@ -342,7 +331,7 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> Report
                       for iface, lst in report.facts[b]["listeners"].items()
                       for addr, port in lst]
             if cfg.rendezvous_port and i > 0:  # the torch engine's ranks meet at the first host
-                probes.append({"target": names[0], "iface": RENDEZVOUS, "addr": names[0],
+                probes.append({"target": names[0], "iface": checks.RENDEZVOUS, "addr": names[0],
                                "port": cfg.rendezvous_port})
             a.proc.stdin.write(json.dumps({"probes": probes, "ssh": peers,
                                            "paths": list(paths)}) + "\n")
@@ -364,15 +353,15 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> Report
             if not r["ok"]:
                 report.errors.append(f"ssh {a} -> {b} failed: {r['error'] or 'exit status != 0'}"
                                      " (passwordless ssh must work between all hosts, both ways)")
-    lacking = check_paths(report, results, paths, socket.gethostname())
-    check_versions(report)
-    analyse_reach(report, results)
-    choose(report, cfg.network_interface, env)
+    lacking = checks.check_paths(report, results, paths, socket.gethostname())
+    checks.check_versions(report)
+    checks.analyse_reach(report, results)
+    checks.choose(report, cfg.network_interface, env)
     if cfg.rendezvous_port:
-        check_rendezvous(report, results, cfg.rendezvous_port, env)
+        checks.check_rendezvous(report, results, cfg.rendezvous_port, env)
     if cfg.shards:
-        check_shards(report, cfg.shards, skip=lacking)
-    check_gpus(report, cfg.device)
+        checks.check_shards(report, cfg.shards, skip=lacking)
+    checks.check_gpus(report, cfg.device)
     report.seconds = time.monotonic() - t0
     return report
 
@@ -438,11 +427,11 @@ def doctor(cfg: DoctorConfig) -> int:
         print(json.dumps(vars(report), indent=1))
     elif cfg.format == "shell":
         if not report.errors:
-            print(render(report), file=sys.stderr)
+            print(checks.render(report), file=sys.stderr)
             for var, value in report.exports.items():
                 print(f"export {var}={shlex.quote(value)}")
     else:
-        print(render(report))
+        print(checks.render(report))
     if report.errors:
         raise DoctorError(report.errors[0])
     return 0
