@@ -25,7 +25,7 @@ from hvd_lm.train.guard import DivergenceGuard
 from hvd_lm.train.metrics import Metrics
 from hvd_lm.train.resume import Position
 from hvd_lm.train.schedule import set_peak_lr
-from hvd_lm.train.startup import Run
+from hvd_lm.train.startup import RunParts
 from hvd_lm.train.step import State
 
 
@@ -33,23 +33,24 @@ class Elastic:
     """The elastic state of a training run (module docstring).
 
     Args:
-        run: the run (:class:`hvd_lm.train.startup.Run`): its model, optimizer, schedule and
-            scaler are committed and restored; its world (``ctx``, the streams, rank 0's
-            folder) is re-formed on a reset.
+        parts: the run's parts (:class:`hvd_lm.train.startup.RunParts`): its model, optimizer,
+            schedule and scaler are committed and restored; its world (``ctx``, the streams, rank
+            0's folder) is re-formed on a reset.
         checkpointer: a write in flight finishes before a reset.
         metrics: ``commit`` and ``resize`` records; rank 0's log moves with rank 0.
         guard: the divergence counters, committed and restored.
 
     Attributes:
-        run: the run given.
+        parts: the parts given.
         committed_rows: (rank, size, (h, c)) of this rank at the last commit, or None: the
             recurrent rows are per rank, kept beside the state.
         commit_seconds: each commit's seconds.
     """
 
-    def __init__(self, run: Run, checkpointer: Checkpointer, metrics: Metrics,
+    def __init__(self, parts: RunParts, checkpointer: Checkpointer, metrics: Metrics,
                  guard: DivergenceGuard):
-        self.run, self.checkpointer, self.metrics, self.guard = run, checkpointer, metrics, guard
+        self.parts, self.checkpointer = parts, checkpointer
+        self.metrics, self.guard = metrics, guard
         self.committed_rows: tuple | None = None
         self.commit_seconds: list[float] = []
 
@@ -58,7 +59,7 @@ class Elastic:
         ``pos``; the state is created without a collective (a joining worker gets it at the
         first sync); ``on_reset(state)`` runs after every reset (it should call
         :meth:`on_reset`)."""
-        r = self.run
+        r = self.parts
         # Horovod: the state committed in memory and synced from rank 0 after every reset
         state = comm.elastic_state(r.model, r.optimizer, **self.fields(pos))
         state.register_reset_callbacks([lambda: on_reset(state)])
@@ -67,7 +68,7 @@ class Elastic:
     def fields(self, pos: Position) -> dict:
         """What a commit holds besides model and optimizer (all ranks agree on it; the recurrent
         rows are per rank and kept beside, :attr:`committed_rows`)."""
-        r = self.run
+        r = self.parts
         return {"position": dataclasses.asdict(pos),
                 "scheduler": r.scheduler.state_dict(),
                 "scaler": r.scaler.state_dict() if r.scaler.is_enabled() else None,
@@ -84,11 +85,11 @@ class Elastic:
         chars.rebase(pos.chars_trained)
         for name, value in self.fields(pos).items():
             setattr(state, name, value)
-        ctx = self.run.ctx
+        ctx = self.parts.ctx
         self.committed_rows = (ctx.rank, ctx.size, tuple(s.detach().clone() for s in rnn_state))
         state.commit()  # Horovod: may raise HostsUpdatedInterrupt
         self.commit_seconds.append(time.perf_counter() - t0)
-        if len(self.commit_seconds) == 1 or pos.step % self.run.cfg.run.log_every == 0:
+        if len(self.commit_seconds) == 1 or pos.step % self.parts.cfg.run.log_every == 0:
             self.metrics.record("commit", pos.step, seconds=self.commit_seconds[-1])
 
     def restore(self, state, chars: CharCount) -> tuple[Position, State]:
@@ -102,7 +103,7 @@ class Elastic:
             the position to go on from, and the recurrent state: this rank's committed rows
             when it kept its place in the same world, else zeros.
         """
-        r = self.run
+        r = self.parts
         position = dict(state.position)
         position["window"] = window_in_new_cut(position["window"], state.windows_per_epoch,
                                                r.windows_per_epoch)
@@ -124,7 +125,7 @@ class Elastic:
         bar), and a ``resize`` record (peak LR for the new global batch; the window
         :meth:`restore` will continue from). A checkpoint write in flight finishes first: this
         rank may hand the run folder to another."""
-        r = self.run
+        r = self.parts
         self.checkpointer.wait()
         old_size = state.world
         r.reform(self.metrics, step)  # Horovod: this rank in the re-formed world

@@ -6,7 +6,7 @@ One optimizer step (per rank, B rows x T bytes per window, ``backward_passes_per
 ``train_step`` every benchmark times; :meth:`Trainer.steps` is the loop around them: count the
 previous step between the halves, count the step (the LR schedule advances on applied steps only),
 one tiny allreduce of control flags about once a second of steps (at most every
-``run.control_every`` attempts, every attempt when steps are slow: a preemption signal or a due
+``parts.control_every`` attempts, every attempt when steps are slow: a preemption signal or a due
 time-based checkpoint on any rank stops or checkpoints every rank at the same step; with
 ``--time-limit`` rank 0's plan of the last step, :mod:`hvd_lm.train.deadline`), log, validate, stop
 a diverged run, checkpoint. Each line of it that is a collective says so (``# Horovod:``): every
@@ -23,10 +23,10 @@ backward done) and splits each step's time into device compute and wait
 
 The :class:`Trainer` is the loop, and it holds its parts, as torchtitan's trainer does, each in
 its own module, given what it needs when built or called, none reading the trainer: the run
-(:class:`hvd_lm.train.startup.Run`: model, optimizer, schedule, scaler, streams, world, run
+(:class:`hvd_lm.train.startup.RunParts`: model, optimizer, schedule, scaler, streams, world, run
 folder), the metrics (:class:`hvd_lm.train.metrics.Metrics`: sums over ranks, rank 0 logs), the
 checkpointer (:class:`hvd_lm.train.checkpointer.Checkpointer`), the step count
-(:class:`hvd_lm.train.counting.StepCounter`, ``CharCount``), with ``run.elastic`` the elastic
+(:class:`hvd_lm.train.counting.StepCounter`, ``CharCount``), with ``parts.elastic`` the elastic
 state (:class:`hvd_lm.train.elastic.Elastic`: the same loop under ``hvd.elastic.run``), the
 divergence guard (:mod:`hvd_lm.train.guard`), the ``--time-limit`` planner and the stop signals
 (:mod:`hvd_lm.train.deadline`).
@@ -34,7 +34,7 @@ divergence guard (:mod:`hvd_lm.train.guard`), the ``--time-limit`` planner and t
 Every Horovod call is marked ``# Horovod:`` where it happens (as Horovod's ``examples/pytorch``
 scripts do), in the loop and in the part that makes it.
 
-Without ``run.elastic``, a lost peer (its host's link down, the host or the process gone) fails
+Without ``parts.elastic``, a lost peer (its host's link down, the host or the process gone) fails
 the collective it was in after Gloo's ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (``comm.gloo_timeout_s``);
 each surviving node's first rank then probes the others (:mod:`hvd_lm.comm.peers`) and the job
 stops with one line naming the lost rank's host and the newest complete checkpoint
@@ -64,11 +64,11 @@ from hvd_lm.train.log import write_failure
 from hvd_lm.train.metrics import Metrics
 from hvd_lm.train.schedule import refresh_lr, schedule_of
 from hvd_lm.train.settings import TrainConfig
-from hvd_lm.train.startup import Run
+from hvd_lm.train.startup import RunParts
 from hvd_lm.train.step import StepSpec
 from hvd_lm.util.atomic import write_text
 
-#: Seconds of steps between two control exchanges (at most ``run.control_every`` attempts).
+#: Seconds of steps between two control exchanges (at most ``parts.control_every`` attempts).
 CONTROL_TARGET_S = 1.0
 
 
@@ -86,16 +86,17 @@ def train(cfg: TrainConfig) -> dict:
 
 class Trainer:
     """One training run: the loop, holding its parts (module docstring). Built from ``cfg``:
-    the run (:class:`hvd_lm.train.startup.Run`: no collective in elastic mode, where a joining
+    the run (:class:`hvd_lm.train.startup.RunParts`: no collective in elastic mode, where a joining
     worker gets the state from the others), its folder and start record, then the components;
     :meth:`train` trains.
 
     Attributes:
-        run: the :class:`hvd_lm.train.startup.Run` (model, optimizer, schedule, data, world).
+        parts: the :class:`hvd_lm.train.startup.RunParts` (model, optimizer, schedule, data,
+            world).
         metrics: :class:`hvd_lm.train.metrics.Metrics` (rank 0's log, the ``train`` record).
         checkpointer: :class:`hvd_lm.train.checkpointer.Checkpointer`.
         counter / chars: :class:`hvd_lm.train.counting.StepCounter` and ``CharCount``.
-        elastic: :class:`hvd_lm.train.elastic.Elastic` with ``run.elastic``, else None.
+        elastic: :class:`hvd_lm.train.elastic.Elastic` with ``parts.elastic``, else None.
         guard / planner / signals / faults: the divergence guard, the ``--time-limit`` planner
             (None without), the stop signals, the test hooks.
         pos / rnn_state / total_steps: where the loop is: the position, this rank's recurrent
@@ -107,22 +108,22 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
-        self.run = run = Run(cfg)
-        self.summary = run.summary
+        self.parts = parts = RunParts(cfg)
+        self.summary = parts.summary
         if self.summary is not None:  # nothing to train (preflight.resume_end)
             return
-        self.pos, self.rnn_state, self.total_steps = run.start_pos, run.start_state, \
-            run.total_steps  # summary.json's start_step: did this allocation train a step?
+        self.pos, self.rnn_state, self.total_steps = parts.start_pos, parts.start_state, \
+            parts.total_steps  # summary.json's start_step: did this allocation train a step?
         self.start_step = self.pos.step
         # ---- the run folder, rank 0's log and the start record -----------------------------------
-        peak = run.measure_peak()
-        self.metrics = Metrics(run.out_dir, cfg.run.tensorboard, peak)
-        run.open_folder(self.metrics)  # Horovod (not elastic): every rank learns rank 0's lot
-        self.metrics.record("start", self.pos.step, **run.start_values(peak))
+        peak = parts.measure_peak()
+        self.metrics = Metrics(parts.out_dir, cfg.run.tensorboard, peak)
+        parts.open_folder(self.metrics)  # Horovod (not elastic): every rank learns rank 0's lot
+        self.metrics.record("start", self.pos.step, **parts.start_values(peak))
 
         # ---- control -----------------------------------------------------------------------------
         self.signals = StopSignals(describe=lambda: self.stop_eta())
-        self.faults = faults.for_rank(run.ctx.rank, cfg.run.inject_nan_steps)  # tests only
+        self.faults = faults.for_rank(parts.ctx.rank, cfg.run.inject_nan_steps)  # tests only
         self.chars = CharCount(self.pos.chars_trained)  # all ranks before, + this one's
         self.guard = DivergenceGuard(cfg.run.divergence_loss, cfg.run.divergence_logs,
                                      cfg.run.max_skipped_steps, self.pos.step)
@@ -134,11 +135,11 @@ class Trainer:
         self.planner = None  # --time-limit/--time-budget: the steps that fit
         if cfg.timed:  # (hvd_lm.train.deadline)
             self.planner = DeadlinePlanner(
-                run.time_limit_s, run.time_budget_s, trained_s=self.pos.trained_s,
+                parts.time_limit_s, parts.time_budget_s, trained_s=self.pos.trained_s,
                 cadence=Cadence(cfg.run.eval_every, cfg.run.checkpoint_every,
-                                cfg.run.checkpoint_minutes, run.val is not None),
-                eval_estimate=run.eval_estimate_s,
-                checkpoint_estimate_s=run.checkpoint_estimate_s(),
+                                cfg.run.checkpoint_minutes, parts.val is not None),
+                eval_estimate=parts.eval_estimate_s,
+                checkpoint_estimate_s=parts.checkpoint_estimate_s(),
                 virtual_step_s=virtual_step_s())
         self.stop_step = sys.maxsize  # the allocation's last step (--time-limit: planned)
         self.loop_started: float | None = None  # monotonic s: the first step's start
@@ -147,12 +148,13 @@ class Trainer:
         self.stop_reason = "done"
 
         # ---- the components ----------------------------------------------------------------------
-        self.checkpointer = Checkpointer(cfg, run.model, run.optimizer, run.scheduler,
-                                         run.scaler, self.guard, self.metrics, self.planner)
-        self.counter = StepCounter(cfg.run, run.k, run.total_windows, run.scheduler,
-                                   run.optimizer, run.scaler, self.guard, self.metrics,
-                                   restart_state=lambda: run.model.init_state(run.B, run.device))
-        self.elastic = (Elastic(run, self.checkpointer, self.metrics, self.guard)
+        self.checkpointer = Checkpointer(cfg, parts.model, parts.optimizer, parts.scheduler,
+                                         parts.scaler, self.guard, self.metrics, self.planner)
+        self.counter = StepCounter(cfg.run, parts.k, parts.total_windows, parts.scheduler,
+                                   parts.optimizer, parts.scaler, self.guard, self.metrics,
+                                   restart_state=lambda: parts.model.init_state(parts.B,
+                                                                                parts.device))
+        self.elastic = (Elastic(parts, self.checkpointer, self.metrics, self.guard)
                         if cfg.run.elastic else None)
 
     # ---- what the loop does besides the step -----------------------------------------------------
@@ -169,19 +171,19 @@ class Trainer:
     def save_checkpoint(self) -> None:
         """Every rank: the checkpoint of the current step (:meth:`Checkpointer.save`: Horovod
         allgathers and a sum); its seconds are not a step's (the deadline's plan)."""
-        run = self.run
+        parts = self.parts
         self.pos.trained_s = self.trained_s()
-        self.extra_s += self.checkpointer.save(self.pos, self.rnn_state, self.chars, run.ctx,
-                                               run.windows_per_epoch)
+        self.extra_s += self.checkpointer.save(self.pos, self.rnn_state, self.chars, parts.ctx,
+                                               parts.windows_per_epoch)
 
     def validate(self) -> None:
         """Validation BPC over all ranks (Horovod: sums bits and chars), logged by rank 0."""
-        run = self.run
-        if run.val is None:
+        parts = self.parts
+        if parts.val is None:
             return
         t0 = time.perf_counter()
-        v_bpc, v_chars = eval_bpc(run.model, run.val, run.device, self.cfg.run.precision)
-        run.model.train()
+        v_bpc, v_chars = eval_bpc(parts.model, parts.val, parts.device, self.cfg.run.precision)
+        parts.model.train()
         seconds = time.perf_counter() - t0
         self.extra_s += seconds
         if self.planner is not None:
@@ -193,13 +195,14 @@ class Trainer:
         """A ``train`` record (rank 0) of the steps since the last one, over all ranks
         (:meth:`Metrics.log_train`, Horovod allreduces); the loss goes to the divergence guard
         (the same float on every rank)."""
-        run, pos, scaler = self.run, self.pos, self.run.scaler
+        parts, pos, scaler = self.parts, self.pos, self.parts.scaler
         loss = self.metrics.log_train(  # Horovod: allreduces of the metrics
-            pos.step, run.ctx.size, run.model.flops_per_char(), run.scheduler.get_last_lr()[0],
+            pos.step, parts.ctx.size, parts.model.flops_per_char(),
+            parts.scheduler.get_last_lr()[0],
             scaler.get_scale() if scaler.is_enabled() else None,
             grad_norm=grad_norm, skipped_steps=pos.skipped_steps,
-            epoch=pos.window / run.windows_per_epoch, world_size=run.ctx.size,
-            **comm.comm_stats(run.optimizer))  # bytes on the wire (and 1-bit phase)
+            epoch=pos.window / parts.windows_per_epoch, world_size=parts.ctx.size,
+            **comm.comm_stats(parts.optimizer))  # bytes on the wire (and 1-bit phase)
         self.guard.logged(pos.step, loss)
 
     # ---- the loop --------------------------------------------------------------------------------
@@ -208,7 +211,7 @@ class Trainer:
         """Train to the end (or a stop signal), then validate, checkpoint and write the summary."""
         if self.summary is not None:  # nothing to train (preflight.resume_end)
             return self.summary
-        run = self.run
+        parts = self.parts
         try:
             if self.elastic is not None:
                 self.elastic.train(self.pos, self.elastic_loop, self.on_reset)
@@ -217,7 +220,7 @@ class Trainer:
                     self.loop()
                     self.finish()
                 except Exception as e:
-                    if run.peers and comm.is_collective_failure(e):
+                    if parts.peers and comm.is_collective_failure(e):
                         raise self.lost_peer(e) from e
                     raise
             return self.end()
@@ -225,17 +228,17 @@ class Trainer:
             # the rank that prints the one-line cause records it for the launch's summary (a
             # divergence, the same on every rank: rank 0 alone)
             if (e.report if isinstance(e, LostPeer) else
-                    run.ctx.is_root or not isinstance(e, TrainingDiverged)):
+                    parts.ctx.is_root or not isinstance(e, TrainingDiverged)):
                 with contextlib.suppress(Exception):  # a write in flight is the newest
                     self.checkpointer.wait()
                 last = self.checkpointer.newest()
-                write_failure(run.out_dir, self.pos.step, run.ctx.rank, error_text(e),
+                write_failure(parts.out_dir, self.pos.step, parts.ctx.rank, error_text(e),
                               str(last) if last else None)
             raise
         finally:  # the run is over: a signal now ends the process again (mpirun's teardown)
             self.signals.restore()
-            if getattr(run, "peer_watch", None) is not None:
-                run.peer_watch.close()
+            if getattr(parts, "peer_watch", None) is not None:
+                parts.peer_watch.close()
 
     def lost_peer(self, error: BaseException) -> LostPeer:
         """The one-line error of a collective that lost a peer: who (probed, at most 3 s), when,
@@ -250,9 +253,9 @@ class Trainer:
                  if timeout and waited >= 0.8 * timeout else
                  f" after {waited:.1f} s (its peer's connection closed)")
         last = self.checkpointer.newest()
-        ctx = self.run.ctx
+        ctx = self.parts.ctx
         return LostPeer(
-            f"{lost_peers_text(self.run.peers, ctx.rank)}: a collective failed at step "
+            f"{lost_peers_text(self.parts.peers, ctx.rank)}: a collective failed at step "
             f"{self.pos.step + 1}{bound}; the newest complete checkpoint is "
             f"{last or 'none (no step was saved)'}; bring the host back or leave "
             "it out, and run again with --resume auto (the launch templates add it)",
@@ -260,7 +263,7 @@ class Trainer:
 
     def elastic_loop(self, state) -> None:
         """The loop under ``hvd.elastic.run``: the state (synced from rank 0) is where this rank
-        starts (:meth:`Elastic.restore`); a commit every ``run.commit_every`` applied steps."""
+        starts (:meth:`Elastic.restore`); a commit every ``parts.commit_every`` applied steps."""
         self.pos, self.rnn_state = self.elastic.restore(state, self.chars)
         self.checkpointer.rolled_back()  # the last saved step's weights are not the model's
         self.next_control = self.pos.attempts + 1  # every rank alike, a new worker too
@@ -271,15 +274,16 @@ class Trainer:
         """After Horovod re-formed the world: :meth:`Elastic.on_reset`, and this rank's test
         hooks."""
         self.elastic.on_reset(state, self.pos.step)
-        self.faults = faults.for_rank(self.run.ctx.rank, self.cfg.run.inject_nan_steps)
+        self.faults = faults.for_rank(self.parts.ctx.rank, self.cfg.run.inject_nan_steps)
 
     def loop(self, state=None) -> None:
         """Optimizer steps until ``total_steps``, a stop signal or divergence."""
         # window i+1's bytes are read on a background thread while window i trains (elastic
         # runs wrap around epochs, so no read-ahead limit there)
-        run = self.run
-        batches = Prefetcher(run.streams, limit=None if state is not None else run.total_windows,
-                             pin_memory=run.device.type == "cuda")
+        parts = self.parts
+        batches = Prefetcher(parts.streams,
+                             limit=None if state is not None else parts.total_windows,
+                             pin_memory=parts.device.type == "cuda")
         try:
             self.steps(batches, state)
         finally:
@@ -287,12 +291,12 @@ class Trainer:
 
     def steps(self, batches: Prefetcher, state=None) -> None:
         """The body of :meth:`loop`: one iteration per optimizer step (attempt)."""
-        cfg, run, pos, counter = self.cfg, self.run, self.pos, self.counter
-        k = run.k
+        cfg, parts, pos, counter = self.cfg, self.parts, self.pos, self.counter
+        k = parts.k
         self.metrics.restart_meter()
-        run.model.train()
+        parts.model.train()
 
-        spec = StepSpec(run.device, cfg.run.precision, cfg.optim.grad_clip, cfg.run.nan_check, k,
+        spec = StepSpec(parts.device, cfg.run.precision, cfg.optim.grad_clip, cfg.run.nan_check, k,
                         loss_hook=lambda loss: self.faults.loss(loss, pos.attempts))
         last_start = None  # perf_counter s: the previous attempt's start
         if self.loop_started is None:  # trained time counts from here
@@ -300,7 +304,7 @@ class Trainer:
         if self.planner is not None:
             self.planner.start()
         while pos.step < self.total_steps and (state is not None
-                                               or pos.window + k <= run.total_windows):
+                                               or pos.window + k <= parts.total_windows):
             t_step = time.perf_counter()
             if last_start is not None:  # the previous attempt, less its validation/checkpoint
                 self.attempt_done(t_step - last_start - self.extra_s)
@@ -313,12 +317,12 @@ class Trainer:
             # forward, loss, backward, Horovod: synchronize, unscale and clip, step or skip
             # (hvd_lm.train.step, the one training step); its k windows read ahead on a thread
             windows = (batches.get(w) for w in range(pos.window, pos.window + k))
-            g = step.backward(run.train_model, run.optimizer, run.scaler, windows,
+            g = step.backward(parts.train_model, parts.optimizer, parts.scaler, windows,
                               self.rnn_state, spec)
             # the previous step counted exactly (a step late where nothing depended on it,
             # hvd_lm.train.counting), so that this update's LR follows every skip
             counter.settle(self.pos)
-            r = step.update(run.optimizer, run.scaler, g, spec)
+            r = step.update(parts.optimizer, parts.scaler, g, spec)
             pos.window += k
 
             # count it (the LR schedule advances on applied steps only), then log and validate;
@@ -368,7 +372,7 @@ class Trainer:
         """When a stop signal received now is acted on (the line :class:`StopSignals` prints):
         after the step in progress for one process, else at the next control exchange."""
         step = self.pos.step + 1
-        who = "stopping" if self.run.ctx.size == 1 else "every rank stops"
+        who = "stopping" if self.parts.ctx.size == 1 else "every rank stops"
         to_go = max(1, self.next_control - self.pos.attempts)
         if to_go == 1:
             return f"{who} after step {step:,} (in progress)"
@@ -380,7 +384,7 @@ class Trainer:
     def control_interval(self) -> int:
         """Attempts until the next control exchange, as rank 0 proposes it: about
         :data:`CONTROL_TARGET_S` seconds of steps, at least 1 and at most
-        ``run.control_every`` (every attempt before a step was timed; a step that takes a
+        ``parts.control_every`` (every attempt before a step was timed; a step that takes a
         second or more: every attempt, so a stop signal acts after the step in progress). The
         step count is exact at an exchange (:meth:`StepCounter.counts_now`); between them it
         may be read a step late (:mod:`hvd_lm.train.counting`)."""
@@ -398,12 +402,12 @@ class Trainer:
         cfg = self.cfg
         if self.pos.attempts < self.next_control:
             return 0.0, 0.0
-        root = self.run.ctx.is_root
+        root = self.parts.ctx.is_root
         due = (cfg.run.checkpoint_minutes > 0 and root
                and time.time() - self.last_ckpt_time >= 60 * cfg.run.checkpoint_minutes)
         plan = stop_at = None  # rank 0's new last step and last step of this allocation (sent
         if root and self.planner is not None:  # + 1: 0 means none)
-            plan = self.planner.plan(self.pos.step, self.total_steps, self.run.step_cap)
+            plan = self.planner.plan(self.pos.step, self.total_steps, self.parts.step_cap)
             stop_at = self.planner.stop_step(self.pos.step)
         stop, due_flag, plan_flag, interval, stop_flag = comm.allreduce_sum(  # Horovod: sums
             [1.0 if self.signals.received else 0.0, 1.0 if due else 0.0,
@@ -420,11 +424,11 @@ class Trainer:
         """Move the run's last step to ``total`` (every rank: the control exchange's plan): the
         LR schedule's line to 0 bends there without a jump; logged (rank 0) as a ``plan``
         record with what it was computed from."""
-        scheduler = self.run.scheduler
+        scheduler = self.parts.scheduler
         schedule_of(scheduler).replan(self.pos.step, total)
         refresh_lr(scheduler)  # the next step's LR on the new line (0 when it is the end)
         previous, self.total_steps = self.total_steps, max(self.pos.step, total)
-        if self.run.ctx.is_root:
+        if self.parts.ctx.is_root:
             self.metrics.set_total(self.total_steps)
             left = previous - self.pos.step
             # printed when it is the first plan, the end, or moves the end by over 5%
@@ -450,29 +454,29 @@ class Trainer:
                 self.save_checkpoint()  # Horovod: allgather of the recurrent state
         self.summary = {"stop": self.stop_reason, "step": self.pos.step,  # Horovod: chars sum
                         "start_step": self.start_step, "skipped_steps": self.pos.skipped_steps,
-                        "chars_trained": self.chars.total(), "world_size": self.run.ctx.size}
+                        "chars_trained": self.chars.total(), "world_size": self.parts.ctx.size}
         if self.planner is not None:  # seconds to the deadline once everything was written
             self.checkpointer.wait()
             self.summary.update(self.planner.summary())
-            if self.stop_reason == "time-limit" and self.run.ctx.is_root:
+            if self.stop_reason == "time-limit" and self.parts.ctx.is_root:
                 print(f"hvd-lm train: {self.planner.stopped_text(self.pos.step, self.cfg.run)}",
                       file=sys.stderr, flush=True)
 
     def end(self) -> dict:
         """The summary (and ``summary.json``) once the checkpoint in flight is written, released
         folder; raise on divergence."""
-        run = self.run
+        parts = self.parts
         self.checkpointer.wait()  # before the summary, the guard's settling, the lock's release
         summary = self.summary
-        if run.ctx.is_root:
+        if parts.ctx.is_root:
             self.metrics.record("end", self.pos.step,
                                 **{k: v for k, v in summary.items() if k != "step"})
-            write_text(run.out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+            write_text(parts.out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         self.metrics.close()
-        settled = self.guard.settle(run.out_dir) if (
-            self.stop_reason == "diverged" and run.ctx.is_root) else None
-        if run.lock is not None:
-            run.lock.release()
+        settled = self.guard.settle(parts.out_dir) if (
+            self.stop_reason == "diverged" and parts.ctx.is_root) else None
+        if parts.lock is not None:
+            parts.lock.release()
         if self.stop_reason == "diverged":
             raise self.guard.error(self.pos.step, settled)
         return summary

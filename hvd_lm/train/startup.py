@@ -1,4 +1,4 @@
-"""A training run built from its configuration, before its first step (:class:`Run`): the
+"""A training run built from its configuration, before its first step (:class:`RunParts`): the
 process (Horovod, device, precision, threads), the data (the manifest checked, this rank's
 streams), the model, optimizer and schedule length, a resume's weights, position, recurrent
 state and RNG, the Horovod-wrapped optimizer, every rank's host; then the run folder (locked,
@@ -55,7 +55,7 @@ def small_split_warning(manifest, split: str) -> None:
               file=sys.stderr, flush=True)
 
 
-class Run:
+class RunParts:
     """What one training run is made of, built before its first step in the order the objects
     depend on each other (each block below one comment). The trainer
     (:class:`hvd_lm.train.loop.Trainer`) and its components are given what they need of it;
