@@ -94,11 +94,9 @@ def _estimate_bytes(spec: inputs.InputSpec) -> int:
 
 def _summary(manifest: dict, out: Path) -> dict:
     """The manifest without its shard lists, with per-split totals and ``output``."""
-    summary = {k: v for k, v in manifest.items() if k != "splits"}
-    summary["output"] = str(out)
-    summary["splits"] = {k: {"shards": len(v["shards"]), "documents": v["documents"],
-                             "tokens": v["tokens"]} for k, v in manifest["splits"].items()}
-    return summary
+    return dict(manifest, output=str(out), splits={
+        k: {"shards": len(v["shards"]), "documents": v["documents"], "tokens": v["tokens"]}
+        for k, v in manifest["splits"].items()})
 
 
 def prepare(cfg: PrepareConfig, ctx: Optional[Context] = None) -> dict:

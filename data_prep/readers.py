@@ -58,6 +58,8 @@ import json
 import re
 from typing import Callable, Iterator, Optional
 
+import orjson  # C JSON parser (PyPI): the fast path of :func:`_json_records`
+
 from data_prep.gzip_blocks import BLOCK_SIZE
 from data_prep.inputs import (
     CSV_FIELD_LIMIT,
@@ -69,12 +71,6 @@ from data_prep.inputs import (
 )
 from data_prep.lines import decode, iter_lines, iter_segments
 from data_prep.tars import read_tar_members
-
-try:  # C JSON parser (PyPI ``orjson``): the fast path of :func:`read_document_batches`
-    import orjson
-except ImportError:  # pragma: no cover - a dependency; the stdlib path gives the same result
-    orjson = None
-
 
 _TAG = re.compile(r"<([A-Za-z_][\w.-]*)>")
 
@@ -107,15 +103,6 @@ def _json_record(spec, line_no, text, ok, stats, skip_bad, utf8_errors, parse, w
     return value
 
 
-def _json_records(spec, lines, stats, skip_bad, utf8_errors, loose):
-    parse = ast.literal_eval if loose else json.loads
-    what = "Python literal" if loose else "JSON"
-    for line_no, text, ok in lines:
-        value = _json_record(spec, line_no, text, ok, stats, skip_bad, utf8_errors, parse, what)
-        if value is not None:
-            yield line_no, value
-
-
 #: A line with at least this many ``[`` and ``{`` (it could nest containers deeper than
 #: ``json`` can: its C scanner stops at Python's recursion limit, 1000 frames, orjson at depth
 #: 1024) is parsed by ``json`` only, so both parsers accept exactly the same lines. (Counted only
@@ -123,54 +110,43 @@ def _json_records(spec, lines, stats, skip_bad, utf8_errors, loose):
 _DEEP_LINE = 500
 
 
-def _json_batches(spec, segments, stats, skip_bad, utf8_errors):
-    """Texts of a JSON-lines file, a list per run of lines from :func:`iter_segments`.
+def _json_records(spec, segments, stats, skip_bad, utf8_errors):
+    """``(line_number, text)`` of a json / loose-json file, from the raw runs of lines of
+    :func:`iter_segments`.
 
-    Each line is first given to ``orjson.loads`` (bytes in, no decode). When it yields an
+    A ``json`` line is first given to ``orjson.loads`` (bytes in, no decode). When it yields an
     object whose text field is a string, that string is what ``json.loads`` gives for the line:
     orjson accepts only valid UTF-8 and standard JSON (no NaN/Infinity, no lone surrogates,
     no BOM), all of which ``json`` accepts with the same result, and duplicate keys keep the
     last value in both. Every other line (blank, invalid, BOM, not an object, missing field,
-    invalid UTF-8, possibly deep nesting) goes through the ``json`` path of
-    :func:`read_documents` unchanged, so errors, counters and texts are the same.
+    invalid UTF-8, possibly deep nesting), and every ``loose-json`` line, is decoded and parsed
+    by ``json.loads`` (``ast.literal_eval``) in :func:`_json_record`, which names what is wrong.
     """
-    key = spec.text_field
-    loads, decode_error = orjson.loads, orjson.JSONDecodeError
-    deep = _DEEP_LINE
-    slow = _json_record
-    parse = json.loads
+    key, loose = spec.text_field, spec.format == "loose-json"
+    parse, what = (ast.literal_eval, "Python literal") if loose else (json.loads, "JSON")
     for line_no, chunk in segments:
         lines = chunk.split(b"\n")
         if not lines[-1]:
             lines.pop()
-        texts = []
-        append = texts.append
-        fast = 0
         for raw in lines:
-            if (len(raw) < deep or (b"[" not in raw and raw.find(b"{", raw.find(b"{") + 1) < 0)
-                    or raw.count(b"[") + raw.count(b"{") < deep):
+            if not loose and (len(raw) < _DEEP_LINE or (
+                    b"[" not in raw and raw.find(b"{", raw.find(b"{") + 1) < 0)
+                    or raw.count(b"[") + raw.count(b"{") < _DEEP_LINE):
                 try:
-                    obj = loads(raw)
-                except decode_error:
+                    obj = orjson.loads(raw)
+                except orjson.JSONDecodeError:
                     obj = None
-                if type(obj) is dict:
-                    value = obj.get(key)
-                    if type(value) is str:
-                        append(value)
-                        fast += 1
-                        line_no += 1
-                        continue
-            if raw.endswith(b"\r"):
-                raw = raw[:-1]
-            text, ok = decode(raw, line_no == 1)
-            stats.records += fast  # counts in step with read_documents, even when it raises
-            fast = 0
-            value = slow(spec, line_no, text, ok, stats, skip_bad, utf8_errors, parse, "JSON")
-            if value is not None:  # (counted in stats.records by _json_record)
-                append(value)
+                if type(obj) is dict and type(value := obj.get(key)) is str:
+                    stats.records += 1
+                    yield line_no, value
+                    line_no += 1
+                    continue
+            text, ok = decode(raw[:-1] if raw.endswith(b"\r") else raw, line_no == 1)
+            value = _json_record(spec, line_no, text, ok, stats, skip_bad, utf8_errors, parse,
+                                 what)
+            if value is not None:
+                yield line_no, value
             line_no += 1
-        stats.records += fast
-        yield texts
 
 
 class _TooLong(Exception):
@@ -329,20 +305,6 @@ def _dialect(fmt: str) -> dict:
     return {"delimiter": ",", "quotechar": '"', "doublequote": True, "strict": False}
 
 
-def _check_read(spec: InputSpec, n_stripes: int, utf8_errors: str,
-                stats: Optional[ReadStats]) -> ReadStats:
-    """The arguments of a read checked; ``stats`` or new counters.
-
-    Raises:
-        ValueError: striping a multi-line format, an unknown ``utf8_errors``.
-    """
-    if n_stripes > 1 and spec.format not in LINE_FORMATS:
-        raise ValueError(f"{spec.path}: format {spec.format} cannot be read in stripes")
-    if utf8_errors not in ("replace", "strict"):
-        raise ValueError(f"utf8_errors must be 'replace' or 'strict', got {utf8_errors!r}")
-    return stats if stats is not None else ReadStats()
-
-
 def read_documents(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
                    stats: Optional[ReadStats] = None, skip_bad: bool = False,
                    utf8_errors: str = "replace",
@@ -371,17 +333,20 @@ def read_documents(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
         BadRecord: malformed record (unless ``skip_bad``); names file and line.
         CorruptInput: damaged compressed stream. ValueError: striping a multi-line format.
     """
-    stats = _check_read(spec, n_stripes, utf8_errors, stats)
+    if n_stripes > 1 and spec.format not in LINE_FORMATS:
+        raise ValueError(f"{spec.path}: format {spec.format} cannot be read in stripes")
+    if utf8_errors not in ("replace", "strict"):
+        raise ValueError(f"utf8_errors must be 'replace' or 'strict', got {utf8_errors!r}")
+    stats = stats if stats is not None else ReadStats()
     if spec.format == "tar":
         return read_tar_members(spec, stats, skip_bad, utf8_errors, progress,
                                 max_line_bytes)
-    keepends = spec.format in ("csv", "tsv")
-    lines = iter_lines(spec, stripe, n_stripes, keepends=keepends, stats=stats,
-                       skip_bad=skip_bad, progress=progress, block_size=block_size,
-                       max_line_bytes=max_line_bytes)
+    read = dict(stats=stats, skip_bad=skip_bad, progress=progress, block_size=block_size,
+                max_line_bytes=max_line_bytes)
     if spec.format in ("json", "loose-json"):
-        return _json_records(spec, lines, stats, skip_bad, utf8_errors,
-                             spec.format == "loose-json")
+        return _json_records(spec, iter_segments(spec, stripe, n_stripes, **read), stats,
+                             skip_bad, utf8_errors)
+    lines = iter_lines(spec, stripe, n_stripes, keepends=spec.format in ("csv", "tsv"), **read)
     # one document's bound whatever its line structure (an unclosed CSV quote, a .review block
     # of many lines): the line reader's own (iter_segments)
     cap = None if max_line_bytes is None else max(int(max_line_bytes), 2 * block_size)
@@ -393,35 +358,17 @@ def read_documents(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
 
 
 def read_document_batches(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
-                          stats: Optional[ReadStats] = None, skip_bad: bool = False,
-                          utf8_errors: str = "replace",
-                          progress: Optional[Callable[[int], None]] = None,
-                          block_size: int = BLOCK_SIZE,
-                          batch: int = 4096,
-                          max_line_bytes: Optional[int] = None) -> Iterator[list]:
-    """The texts of :func:`read_documents` (same arguments, same texts in the same order, same
-    counters and errors) as lists, without line numbers: the bulk path of ``prepare``.
-
-    JSON-lines files (``json``) are read as raw byte runs (:func:`iter_segments`) and parsed
-    with orjson, one list per run (about ``block_size`` bytes); the other formats are the
-    :func:`read_documents` records in lists of up to ``batch``.
-    """
-    if spec.format == "json" and orjson is not None:
-        stats = _check_read(spec, n_stripes, utf8_errors, stats)
-        segments = iter_segments(spec, stripe, n_stripes, stats=stats, skip_bad=skip_bad,
-                                 progress=progress, block_size=block_size,
-                                 max_line_bytes=max_line_bytes)
-        yield from _json_batches(spec, segments, stats, skip_bad, utf8_errors)
-        return
+                          batch: int = 4096, **kw) -> Iterator[list]:
+    """The texts of :func:`read_documents` (same arguments, passed on as ``kw``: same texts in
+    the same order, same counters and errors) as lists, without line numbers: the bulk path of
+    ``prepare``. A list holds up to ``batch`` texts and about ``block_size`` characters."""
     out: list = []
-    for _, text in read_documents(spec, stripe, n_stripes, stats=stats, skip_bad=skip_bad,
-                                  utf8_errors=utf8_errors, progress=progress,
-                                  block_size=block_size, max_line_bytes=max_line_bytes):
+    size, limit = 0, kw.get("block_size", BLOCK_SIZE)
+    for _, text in read_documents(spec, stripe, n_stripes, **kw):
         out.append(text)
-        if len(out) >= batch:
+        size += len(text)
+        if len(out) >= batch or size >= limit:
             yield out
-            out = []
+            out, size = [], 0
     if out:
         yield out
-
-

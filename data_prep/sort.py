@@ -83,17 +83,13 @@ class SortTask:
     dedup: bool
 
 
-def _nibble(k0: np.ndarray, k1: np.ndarray, pos: int) -> np.ndarray:
-    """The 4 key bits after the first ``pos`` bits of the 128-bit keys (k0 high, k1 low)."""
-    key_hi, key_lo = k0.astype(np.uint64), k1.astype(np.uint64)
-    if pos + _SPLIT_BITS <= 64:
-        return ((key_hi >> np.uint64(64 - pos - _SPLIT_BITS)) & np.uint64(15)).astype(np.intp)
-    if pos >= 64:
-        return ((key_lo >> np.uint64(128 - pos - _SPLIT_BITS)) & np.uint64(15)).astype(np.intp)
-    hi_bits = 64 - pos  # bits taken from the end of k0
-    lo_bits = _SPLIT_BITS - hi_bits
-    hi = (key_hi & np.uint64((1 << hi_bits) - 1)) << np.uint64(lo_bits)
-    return (hi | (key_lo >> np.uint64(64 - lo_bits))).astype(np.intp)
+def _nibble(recs: np.ndarray, pos: int) -> np.ndarray:
+    """The 4 key bits after the first ``pos`` bits (``pos`` <= 124) of each :data:`_REC`
+    record's 128-bit key, read from its 16 big-endian bytes."""
+    key = np.zeros((len(recs), 17), np.uint16)  # a zero byte after the last (pos 120..124)
+    key[:, :16] = recs.view(np.uint8).reshape(len(recs), _REC.itemsize)[:, :16]
+    i = pos // 8
+    return ((key[:, i] << 8 | key[:, i + 1]) >> (12 - pos % 8) & 15).astype(np.intp)
 
 
 # ---- phase 1: map --------------------------------------------------------------------------
@@ -263,7 +259,7 @@ def _sort_into(pairs: list, pos: int, budget: int, dedup: bool, out, lengths_out
                         break
                     data = fd.read(int(recs["n"].sum()))
                     view = memoryview(data)
-                    nib = _nibble(recs["k0"], recs["k1"], pos)
+                    nib = _nibble(recs, pos)
                     offs = np.zeros(len(recs) + 1, dtype=np.int64)
                     np.cumsum(recs["n"].astype(np.int64), out=offs[1:])
                     for k in np.unique(nib).tolist():

@@ -267,10 +267,11 @@ _EDGE = [  # lines where orjson and json could disagree; every one must read as 
 @pytest.mark.parametrize("skip_bad,utf8_errors", [(True, "replace"), (True, "strict"),
                                                   (False, "replace")])
 @pytest.mark.parametrize("block_size,n_stripes", [(16, 3), (4096, 1), (1 << 20, 2)])
-def test_batches_read_what_read_documents_reads(tmp_path, skip_bad, utf8_errors, block_size,
-                                                n_stripes):
-    """read_document_batches (orjson, raw byte runs) gives the texts, counters and errors of
-    read_documents (json, decoded lines) for every stripe."""
+def test_batches_read_what_read_documents_reads(tmp_path, monkeypatch, skip_bad, utf8_errors,
+                                                block_size, n_stripes):
+    """read_document_batches (orjson's fast path, in lists) gives the texts, counters and errors
+    of read_documents with orjson refusing every line (the json path alone: decoded lines,
+    json.loads) for every stripe."""
     src = _write(tmp_path / "e.json.gz", b"\n".join(_EDGE * 3))
     spec = resolve_input(src)
 
@@ -283,9 +284,14 @@ def test_batches_read_what_read_documents_reads(tmp_path, skip_bad, utf8_errors,
             return str(e), stats
         return got, stats
 
+    def refuse(raw):
+        raise readers.orjson.JSONDecodeError("refused", "", 0)
+
     for stripe in range(n_stripes):
-        want, want_stats = outcome(read_documents, stripe)
         got, got_stats = outcome(readers.read_document_batches, stripe)
+        with monkeypatch.context() as m:
+            m.setattr(readers.orjson, "loads", refuse)
+            want, want_stats = outcome(read_documents, stripe)
         if isinstance(want, list):
             want, got = [t for _, t in want], [t for batch in got for t in batch]
         assert got == want and got_stats == want_stats
