@@ -15,8 +15,9 @@
 * :mod:`~hvd_lm.comm.onebit_compression`: the math of the 1-bit compressed allreduce (error
   feedback).
 
-A ``# Horovod:`` comment marks every line that runs a collective, whatever the engine under it
-(Horovod or torch.distributed): every rank must reach that line at the same step.
+A ``# collective:`` comment marks every line that runs a collective, whatever the engine under it
+(Horovod or torch.distributed): every rank must reach that line at the same step. ``# Horovod:``
+marks the calls into ``horovod.torch`` itself and what only Horovod runs (elastic training).
 """
 
 

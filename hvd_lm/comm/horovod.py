@@ -136,7 +136,7 @@ def init(fusion_threshold_mb: float | None = None, cycle_time_ms: float | None =
     if configure is not None:
         configure(gloo_timeout_s if gloo_timeout_s is not None else
                   env_seconds("HOROVOD_GLOO_TIMEOUT_SECONDS", None), fusion_threshold_mb)
-    hvd.init()
+    hvd.init()  # Horovod
     return rank_context()
 
 
@@ -177,7 +177,7 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
         raise ValueError(f"dist.allreduce_op must be one of {list(ops)}, got {allreduce_op!r}")
     if allreduce_op == "adasum" and engine() == "torch":
         raise ValueError("dist.allreduce_op adasum is Horovod's: run it with --backend horovod")
-    wrapped = hvd.DistributedOptimizer(
+    wrapped = hvd.DistributedOptimizer(  # Horovod
         optimizer, named_parameters=model.named_parameters(), compression=comps[compression],
         backward_passes_per_step=backward_passes_per_step, op=ops[allreduce_op])
     wrapped.hvd_lm_wire_bytes = _gradient_wire_bytes(model, compression, hvd.size())
@@ -285,9 +285,9 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     """Make every rank start from rank ``root_rank``'s parameters and optimiser state (of a
     wrapper's ``horovod_optimizer`` when it has one: the 1-bit error buffers are per rank)."""
     hvd = _hvd()
-    hvd.broadcast_parameters(model.state_dict(), root_rank=root_rank)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=root_rank)  # Horovod
     if optimizer is not None:
-        hvd.broadcast_optimizer_state(getattr(optimizer, "horovod_optimizer", optimizer),
+        hvd.broadcast_optimizer_state(getattr(optimizer, "horovod_optimizer", optimizer),  # Horovod
                                       root_rank=root_rank)
 
 
@@ -301,7 +301,7 @@ def _allreduce_floats(values: list[float], name: str, op: str) -> list[float]:
     if hvd.size() == 1:  # what Horovod returns for one rank, without its background cycle
         return [float(v) for v in values]
     t = torch.tensor(values, dtype=torch.float64)
-    return hvd.allreduce(t, op=getattr(hvd, op), name=name).tolist()
+    return hvd.allreduce(t, op=getattr(hvd, op), name=name).tolist()  # Horovod
 
 
 def allreduce_sum(values: list[float], name: str) -> list[float]:
@@ -391,10 +391,10 @@ def allreduce_inplace(tensor: torch.Tensor, name: str, op: str = "sum",
     hop = {"sum": hvd.Sum, "average": hvd.Average}[op]
     if compression == "fp16":
         c = tensor.to(torch.float16)
-        hvd.allreduce_(c, op=hop, name=name)
+        hvd.allreduce_(c, op=hop, name=name)  # Horovod
         tensor.copy_(c)
     else:
-        hvd.allreduce_(tensor, op=hop, name=name)
+        hvd.allreduce_(tensor, op=hop, name=name)  # Horovod
 
 
 def allreduce_group(tensors: list[torch.Tensor], prefix: str, op: str = "average",
@@ -405,10 +405,10 @@ def allreduce_group(tensors: list[torch.Tensor], prefix: str, op: str = "average
     hvd = _hvd()
     hop = {"sum": hvd.Sum, "average": hvd.Average}[op]
     wire = [t.to(torch.float16) for t in tensors] if compression == "fp16" else tensors
-    handles = [hvd.allreduce_async_(t, op=hop, name=f"{prefix}.{i}")
+    handles = [hvd.allreduce_async_(t, op=hop, name=f"{prefix}.{i}")  # Horovod
                for i, t in enumerate(wire)]
     for h in handles:
-        hvd.synchronize(h)
+        hvd.synchronize(h)  # Horovod
     if wire is not tensors:
         for t, w in zip(tensors, wire):
             t.copy_(w)
@@ -471,7 +471,7 @@ def compressed_allreduce(x: torch.Tensor, errors: ErrorFeedback, name: str) -> t
         raise ValueError(f"compressed allreduce laid out for {n} ranks, Horovod has {hvd.size()}")
     received = hvd.alltoall(send, name=f"{name}.alltoall")  # row i: rank i's part for this rank
     part = errors.server_reduce(received)
-    return errors.assemble(hvd.allgather(part.unsqueeze(0), name=f"{name}.allgather"))
+    return errors.assemble(hvd.allgather(part.unsqueeze(0), name=f"{name}.allgather"))  # Horovod
 
 
 # ---- elastic training (Horovod docs, "Elastic Horovod") -----------------------------------------

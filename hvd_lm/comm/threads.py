@@ -85,7 +85,7 @@ def ranks_on_this_machine(ctx, collective: bool = True) -> int:
         return 1
     if not collective:
         return ctx.local_size
-    ids = comm.allgather_object(machine_id(), name="machine_ids")  # Horovod: allgather
+    ids = comm.allgather_object(machine_id(), name="machine_ids")  # collective: allgather
     return max(ctx.local_size, ids.count(machine_id()))
 
 

@@ -3,7 +3,7 @@ writes it (a component :class:`hvd_lm.train.loop.Trainer` holds, as torchtitan's
 its checkpoint manager).
 
 :meth:`Checkpointer.save` is called by every rank at the same step. It gathers every rank's
-recurrent state rows (``# Horovod:`` allgathers, rank order) and the exact character count (a
+recurrent state rows (``# collective:`` allgathers, rank order) and the exact character count (a
 sum over ranks, :meth:`hvd_lm.train.counting.CharCount.total`), takes the optimizer's state on
 every rank (the 1-bit optimizers gather their error buffers there), and rank 0 hands the payload
 (:func:`hvd_lm.train.resume.payload`: position, model, optimizer, schedule, scaler, recurrent
@@ -84,10 +84,10 @@ class Checkpointer:
                                 loss=self.guard.newest_above())
             return 0.0
         t0 = time.perf_counter()
-        # Horovod: gather every rank's recurrent state rows (rank order) for an exact resume.
+        # collective: gather every rank's recurrent state rows (rank order) for an exact resume.
         h = comm.allgather(rnn_state[0].detach().float().cpu(), name="ckpt_h")
         c = comm.allgather(rnn_state[1].detach().float().cpu(), name="ckpt_c")
-        pos = dataclasses.replace(pos, chars_trained=chars.total())  # Horovod: sum
+        pos = dataclasses.replace(pos, chars_trained=chars.total())  # collective: sum
         opt_state = self.optimizer.state_dict()  # every rank: 1-bit optimizers gather errors
         if ctx.is_root:  # written on a thread unless --async-checkpoint false
             self.writer.submit(resume_io.payload(pos, self.model, opt_state, self.scheduler,

@@ -65,7 +65,7 @@ class CharCount:
 
     def total(self) -> int:
         """Characters trained on by all ranks (every rank calls it at the same point)."""
-        return self.base + int(comm.allreduce_sum([float(self.local)],  # Horovod: sum
+        return self.base + int(comm.allreduce_sum([float(self.local)],  # collective: sum
                                                   name="chars_total")[0])
 
     def rebase(self, total: int) -> None:

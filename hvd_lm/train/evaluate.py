@@ -227,7 +227,7 @@ def eval_command(cfg: EvalConfig) -> int:
     rank 0 (with ``--baselines``: ``"baselines": {"xz": BPC, "gzip": BPC}`` of the same
     bytes); ranks split the streams and sum bits and chars (Horovod)."""
     ctx = comm.init(backend=cfg.backend)
-    threads = set_rank_threads(cfg.threads, ctx, "eval")  # Horovod: an allgather of machine ids
+    threads = set_rank_threads(cfg.threads, ctx, "eval")  # collective: an allgather of machine ids
     device = devices.resolve_device(cfg.device, ctx.local_rank, ctx.local_size)
     model, ck = load_model(cfg.checkpoint, map_location=device, rnn_kernels=cfg.rnn_kernels)
     manifest = load_manifest(cfg.shards)

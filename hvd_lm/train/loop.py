@@ -9,7 +9,7 @@ one tiny allreduce of control flags about once a second of steps (at most every
 ``parts.control_every`` attempts, every attempt when steps are slow: a preemption signal or a due
 time-based checkpoint on any rank stops or checkpoints every rank at the same step; with
 ``--time-limit`` rank 0's plan of the last step, :mod:`hvd_lm.train.deadline`), log, validate, stop
-a diverged run, checkpoint. Each line of it that is a collective says so (``# Horovod:``): every
+a diverged run, checkpoint. Each line of it that is a collective says so (``# collective:``): every
 rank must reach it at the same step.
 
 The host does not wait on the device per step: the next window is read ahead on a thread
@@ -31,8 +31,9 @@ state (:class:`hvd_lm.train.elastic.Elastic`: the same loop under ``hvd.elastic.
 divergence guard (:mod:`hvd_lm.train.guard`), the ``--time-limit`` planner and the stop signals
 (:mod:`hvd_lm.train.deadline`).
 
-Every Horovod call is marked ``# Horovod:`` where it happens (as Horovod's ``examples/pytorch``
-scripts do), in the loop and in the part that makes it.
+Every collective is marked ``# collective:`` where it is reached (as Horovod's
+``examples/pytorch`` scripts mark theirs ``# Horovod:``), in the loop and in the part that makes
+it; ``# Horovod:`` marks what only Horovod runs (elastic training).
 
 Without ``parts.elastic``, a lost peer (its host's link down, the host or the process gone) fails
 the collective it was in after Gloo's ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (``comm.gloo_timeout_s``);
@@ -118,7 +119,7 @@ class Trainer:
         # ---- the run folder, rank 0's log and the start record -----------------------------------
         peak = parts.measure_peak()
         self.metrics = Metrics(parts.out_dir, cfg.run.tensorboard, peak)
-        parts.open_folder(self.metrics)  # Horovod (not elastic): every rank learns rank 0's lot
+        parts.open_folder(self.metrics)  # collective (not elastic): every rank learns rank 0's lot
         self.metrics.record("start", self.pos.step, **parts.start_values(peak))
 
         # ---- control -----------------------------------------------------------------------------
@@ -196,7 +197,7 @@ class Trainer:
         (:meth:`Metrics.log_train`, Horovod allreduces); the loss goes to the divergence guard
         (the same float on every rank)."""
         parts, pos, scaler = self.parts, self.pos, self.parts.scaler
-        loss = self.metrics.log_train(  # Horovod: allreduces of the metrics
+        loss = self.metrics.log_train(  # collective: allreduces of the metrics
             pos.step, parts.ctx.size, parts.model.flops_per_char(),
             parts.scheduler.get_last_lr()[0],
             scaler.get_scale() if scaler.is_enabled() else None,
@@ -332,12 +333,12 @@ class Trainer:
             self.rnn_state = r.state
             self.chars.add(r.chars)
             self.metrics.add_step(r.nats, r.chars, r.wait_s, time.perf_counter() - t_step)
-            stop_flag, due_flag = self.control_flags()  # Horovod: allreduce (at most every
+            stop_flag, due_flag = self.control_flags()  # collective: allreduce (at most every
             # control_every attempts; with --time-limit it may move total_steps)
             if r.applied and (pos.step % cfg.run.log_every == 0 or pos.step == self.total_steps):
-                self.log_train(r.grad_norm)  # Horovod: allreduce of the metrics
+                self.log_train(r.grad_norm)  # collective: allreduce of the metrics
             if r.applied and cfg.run.eval_every and pos.step % cfg.run.eval_every == 0:
-                self.validate()  # Horovod: allreduce of bits and chars
+                self.validate()  # collective: allreduce of bits and chars
 
             # stop a diverged run (every rank decides alike: global skips, allreduced losses)
             if self.guard.reason:
@@ -348,19 +349,19 @@ class Trainer:
             if stop_flag > 0:
                 self.stop_reason = "signal"
                 if self.checkpointer.saved_step != pos.step:  # a skipped attempt: may be saved
-                    self.save_checkpoint()  # Horovod: allgather of the recurrent state
+                    self.save_checkpoint()  # collective: allgather of the recurrent state
                 break
             if self.stop_step <= pos.step < self.total_steps:  # no step fits before the limit:
                 self.stop_reason = "time-limit"  # finish() checkpoints, for the next allocation
                 break
             if r.applied and ((cfg.run.checkpoint_every
                                and pos.step % cfg.run.checkpoint_every == 0) or due_flag > 0):
-                self.save_checkpoint()  # Horovod: allgather of the recurrent state
+                self.save_checkpoint()  # collective: allgather of the recurrent state
                 self.last_ckpt_time = time.time()
             # elastic: commit in memory every commit_every steps (Horovod: may raise
             # HostsUpdatedInterrupt when workers are added or removed, after saving)
             if state is not None and r.applied and pos.step % cfg.run.commit_every == 0:
-                self.elastic.commit(state, pos, self.rnn_state, self.chars)  # Horovod: sum
+                self.elastic.commit(state, pos, self.rnn_state, self.chars)  # collective: sum
 
     def attempt_done(self, seconds: float) -> None:
         """One step attempt took ``seconds`` (validation and checkpoint left out)."""
@@ -409,7 +410,7 @@ class Trainer:
         if root and self.planner is not None:  # + 1: 0 means none)
             plan = self.planner.plan(self.pos.step, self.total_steps, self.parts.step_cap)
             stop_at = self.planner.stop_step(self.pos.step)
-        stop, due_flag, plan_flag, interval, stop_flag = comm.allreduce_sum(  # Horovod: sums
+        stop, due_flag, plan_flag, interval, stop_flag = comm.allreduce_sum(  # collective: sums
             [1.0 if self.signals.received else 0.0, 1.0 if due else 0.0,
              0.0 if plan is None else plan + 1.0,
              float(self.control_interval()) if root else 0.0,
@@ -448,11 +449,11 @@ class Trainer:
         self.step_started = time.monotonic()  # the final validation's and save's collectives
         if self.stop_reason == "done":
             if not (self.cfg.run.eval_every and self.pos.step % self.cfg.run.eval_every == 0):
-                self.validate()  # Horovod: allreduce of bits and chars
+                self.validate()  # collective: allreduce of bits and chars
         if self.stop_reason in ("done", "time-limit"):
             if self.checkpointer.saved_step != self.pos.step:  # --checkpoint-every saved it?
-                self.save_checkpoint()  # Horovod: allgather of the recurrent state
-        self.summary = {"stop": self.stop_reason, "step": self.pos.step,  # Horovod: chars sum
+                self.save_checkpoint()  # collective: allgather of the recurrent state
+        self.summary = {"stop": self.stop_reason, "step": self.pos.step,  # collective: chars sum
                         "start_step": self.start_step, "skipped_steps": self.pos.skipped_steps,
                         "chars_trained": self.chars.total(), "world_size": self.parts.ctx.size}
         if self.planner is not None:  # seconds to the deadline once everything was written

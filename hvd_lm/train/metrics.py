@@ -11,7 +11,7 @@ component (:class:`Metrics`), as torchtitan's trainer holds a metrics processor.
 * :class:`Metrics`: the component the trainer (:class:`hvd_lm.train.loop.Trainer`) holds: rank
   0's log (opened and handed back as rank 0 changes, :meth:`Metrics.open`,
   :meth:`Metrics.hand_back`), the step meter, and the ``train`` record, summed over ranks
-  (:meth:`Metrics.log_train`, two collectives, each marked ``# Horovod:``). Every rank holds
+  (:meth:`Metrics.log_train`, two collectives, each marked ``# collective:``). Every rank holds
   one; on ranks other than 0 its records are not written.
 """
 
@@ -235,10 +235,10 @@ class Metrics:
             the loss over all ranks, nats per character (the same float on every rank).
         """
         m = self.meter
-        # Horovod: metrics summed over ranks (float(): the device sum, read now)
+        # collective: metrics summed over ranks (float(): the device sum, read now)
         nats, chars, waits, busy = comm.allreduce_sum([float(m.nats), m.chars, m.wait, m.busy],
                                                       name="log")
-        # Horovod: each step's slowest rank outside the allreduce wait, which sets the step (a
+        # collective: each step's slowest rank outside the allreduce wait, which sets the step (a
         # straggler shows as its mean well above the mean rank's)
         slowest = comm.allreduce_max_each(m.compute, name="log.compute")
         wall = time.perf_counter() - m.t0

@@ -342,7 +342,7 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
                  backward_passes_per_step: int = 1):
         # torch.optim.Optimizer.__init__ is not called: param_groups, state and defaults are the
         # Horovod-wrapped optimiser's own (load_state_dict replaces its param group dicts).
-        # Horovod: the warmup's gradient allreduce (hooks, fusion, compression)
+        # collective: the warmup's gradient allreduce (hooks, fusion, compression)
         self._opt = comm.distributed_optimizer(optimizer, model, compression,
                                                backward_passes_per_step, "average")
         ctx = comm.rank_context()
@@ -431,7 +431,7 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
         if not self.compressing or self._size == 1:
             return local_norm
         self.wire_bytes += ring_allreduce_wire_bytes(8, self._size)
-        # Horovod: the mean of the ranks' squared norms
+        # collective: the mean of the ranks' squared norms
         return math.sqrt(comm.allreduce_sum([local_norm ** 2], name="onebit.gradnorm")[0]
                          / self._size)
 
@@ -439,7 +439,7 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
         if self.errors is None:
             layout = Layout(flat.numel(), self._size, int(self.param_groups[0]["chunk"]))
             self.errors = ErrorFeedback(layout, self._rank, flat.device)
-        out = comm.compressed_allreduce(flat, self.errors, name="onebit.momentum")  # Horovod
+        out = comm.compressed_allreduce(flat, self.errors, name="onebit.momentum")  # collective
         self.wire_bytes += self.errors.layout.wire_bytes()
         return out
 
@@ -457,7 +457,7 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
             lay = self.errors.layout
             sd["onebit_errors"] = {
                 "world_size": lay.world_size, "numel": lay.numel, "chunk": lay.chunk,
-                # Horovod: every rank's error buffers, in rank order
+                # collective: every rank's error buffers, in rank order
                 "worker": comm.allgather(self.errors.worker_error.unsqueeze(0),
                                          "onebit.ckpt.worker"),
                 "server": comm.allgather(self.errors.server_error.unsqueeze(0),

@@ -80,13 +80,13 @@ class RunParts:
         check_required(cfg, "config")  # e.g. data.shards (the command line checked it already)
         self.cfg = cfg
         # ---- process: Horovod, device, precision, threads ----------------------------------------
-        self.ctx = comm.init(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms,  # Horovod: init
+        self.ctx = comm.init(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms,  # collective
                              cfg.dist.gloo_timeout_s, cfg.dist.backend)
         self.device = devices.resolve_device(cfg.run.device, self.ctx.local_rank,
                                              self.ctx.local_size)
         devices.check(self.device, cfg.run.precision)
         # threads per rank: the usable cores / the ranks on this machine (hvd_lm.comm.threads;
-        # Horovod: an allgather of machine ids, none before an elastic worker's first sync)
+        # collective: an allgather of machine ids, none before an elastic worker's first sync)
         self.threads = set_rank_threads(cfg.run.threads, self.ctx, "train",
                                         collective=not cfg.run.elastic)
         self.out_dir = Path(cfg.run.out_dir)
@@ -154,7 +154,7 @@ class RunParts:
         # the module the step calls: the model, or under the torch engine its DDP wrapper
         # (collective: DDP broadcasts rank 0's parameters as it is built)
         self.train_model = comm.wrap_model(self.model, cfg.dist.compression)
-        # Horovod: wrap the optimizer (gradient allreduce with fp16 compression and tensor fusion).
+        # the distributed optimizer (Horovod: gradient allreduce, fp16 compression, tensor fusion)
         self.optimizer = distributed(optimizer, self.model, cfg.dist.compression, self.k,
                                      cfg.dist.allreduce_op)
         # The scheduler wraps the Horovod optimizer's step(), so it sees the steps really taken.
@@ -180,14 +180,14 @@ class RunParts:
             set_peak_lr(self.scheduler, self.peak_lr)
             resume.release()
         if not cfg.run.elastic:
-            # Horovod: every rank starts from rank 0's weights (and optimizer state when resuming;
-            # an empty Adam state would make Horovod take a zero-gradient step to create it).
+            # collective: every rank starts from rank 0's weights (and optimizer state when
+            # resuming: an empty Adam state would make Horovod take a zero-gradient step).
             # Elastic runs get it from the state's sync instead (no collective before it).
             comm.broadcast_state(self.model, self.optimizer if resume is not None else None)
         self.peers: list[dict] = []  # every rank's {rank, host, port} (non-elastic, > 1 rank)
         if not cfg.run.elastic and self.ctx.size > 1:
             self.peer_watch = PeerWatch(self.ctx.rank)
-            self.peers = comm.allgather_object(self.peer_watch.info(), name="peers")  # Horovod
+            self.peers = comm.allgather_object(self.peer_watch.info(), name="peers")  # collective
 
         self.lock: FolderLock | None = None
 
@@ -205,7 +205,7 @@ class RunParts:
         if cfg.run.elastic:
             self.take_root(metrics, self.start_pos.step, first=True)
         else:
-            self.lock = comm.root_call(  # Horovod: every rank learns whether rank 0 got it
+            self.lock = comm.root_call(  # collective: every rank learns whether rank 0 got it
                 lambda: open_run_folder(cfg, self.model, self.ctx.size * self.B,
                                         self.resumed_from))
             self.open_log(metrics, self.start_pos.step)
@@ -273,7 +273,7 @@ class RunParts:
         """After an elastic reset: this rank's place in the re-formed world, its streams cut
         again, and rank 0's duties taken or handed back (:meth:`take_root`; ``step``: applied
         steps so far)."""
-        self.ctx = comm.rank_context()  # Horovod: rank and size now
+        self.ctx = comm.rank_context()  # collective: rank and size now
         self.cut_streams()
         self.take_root(metrics, step)
 

@@ -136,7 +136,7 @@ def unscale_and_clip(optimizer, params: list[torch.Tensor], max_norm: float,
     """
     norm = float(grad_norm(optimizer, params, max_norm, scaler))
     agree = getattr(optimizer, "agree_grad_norm", None)
-    return agree(norm) if agree is not None else norm  # Horovod: a 1-bit optimizer's allreduce
+    return agree(norm) if agree is not None else norm  # collective: a 1-bit optimizer's allreduce
 
 
 def step_or_skip(optimizer, scaler: torch.amp.GradScaler, grad_norm: float,
@@ -351,7 +351,7 @@ def backward(model, optimizer: StepOptimizer, scaler: torch.amp.GradScaler,
             loss = nats / max(1, batch.chars) / k
             if spec.loss_hook is not None:
                 loss = spec.loss_hook(loss)
-            # Horovod (or DDP): each gradient's allreduce starts from its hook once it is ready
+            # collective: each gradient's allreduce starts from its hook once it is ready
             scaler.scale(loss).backward()
         mark("backward")
         nats_step += nats.detach().double()  # on the device: no host sync
@@ -365,7 +365,7 @@ def backward(model, optimizer: StepOptimizer, scaler: torch.amp.GradScaler,
         if device.type == "cuda":  # the backward drained first, so the wait is the allreduce's
             torch.cuda.current_stream(device).synchronize()
         t_wait = time.perf_counter()
-        # Horovod: wait for the fused allreduce of every gradient (fp16 on the wire with
+        # collective: wait for the fused allreduce of every gradient (fp16 on the wire with
         # --compression fp16)
         comm.synchronize(optimizer)
         wait = time.perf_counter() - t_wait
@@ -391,7 +391,7 @@ def update(optimizer: StepOptimizer, scaler: torch.amp.GradScaler, g: Gradients,
         # unscale (fp16) and clip; step, or skip a step whose gradients are not finite: the
         # decision a tensor (every rank's alike: the norm of the allreduced gradients)
         norm = grad_norm(optimizer, params, spec.grad_clip, scaler)
-        with comm.skip_synchronize(optimizer):  # Horovod: synchronized in backward()
+        with comm.skip_synchronize(optimizer):  # collective: synchronized in backward()
             applied = step_or_skip_on_device(optimizer, scaler, norm, spec.check_finite)
         optimizer.zero_grad()
         mark("updated")
@@ -403,7 +403,7 @@ def update(optimizer: StepOptimizer, scaler: torch.amp.GradScaler, g: Gradients,
     # unscale (fp16) and clip; the norm read on the host is the step's sync
     norm = unscale_and_clip(optimizer, params, spec.grad_clip, scaler)
     # step, or skip a step whose gradients are not finite (every rank decides alike)
-    with comm.skip_synchronize(optimizer):  # Horovod: synchronized in backward()
+    with comm.skip_synchronize(optimizer):  # collective: synchronized in backward()
         applied = step_or_skip(optimizer, scaler, norm, spec.check_finite)
     optimizer.zero_grad()
     mark("updated")
