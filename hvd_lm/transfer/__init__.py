@@ -1,5 +1,5 @@
 """Sentiment transfer from a trained LM: labelled datasets, LM features (+ cache), the classifier
-fit (scikit-learn solvers and the batched torch solver), the saved classifier, and the commands
+fit (scikit-learn, :mod:`~hvd_lm.transfer.fit`), the saved classifier, and the commands
 ``hvd-lm transfer`` (:mod:`hvd_lm.transfer.run`), ``classify`` (:mod:`~hvd_lm.transfer.classify`),
 ``generate`` (:mod:`~hvd_lm.transfer.generate`) and ``visualize``
 (:mod:`~hvd_lm.transfer.visualize`).

@@ -254,11 +254,12 @@ def load_imdb(path: str | Path) -> dict[str, LabelledSplit]:
     p = Path(path)
     found: list[tuple[str, int, int, str]] = []
 
-    def review(where: str, size: int, read) -> str:
+    def add(hit: re.Match, where: str, size: int, read) -> None:  # (split, label, id, text)
         if size > MAX_REVIEW_BYTES:  # a review is a few kB: this is not the aclImdb archive
             raise DatasetError(f"{where}: {size:,} bytes, over the {MAX_REVIEW_BYTES:,} a "
                                "review may hold")
-        return read().decode("utf-8", errors="replace")
+        found.append((hit[1], int(hit[2] == "pos"), int(hit[3]),
+                      read().decode("utf-8", errors="replace")))
 
     if p.is_file():
         try:
@@ -266,8 +267,7 @@ def load_imdb(path: str | Path) -> dict[str, LabelledSplit]:
                 for m in tf:
                     hit = _IMDB_MEMBER.search(m.name) if m.isfile() else None
                     if hit:
-                        text = review(f"{p}[{m.name!r}]", m.size, tf.extractfile(m).read)
-                        found.append((hit[1], int(hit[2] == "pos"), int(hit[3]), text))
+                        add(hit, f"{p}[{m.name!r}]", m.size, tf.extractfile(m).read)
         except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
             raise DatasetError(f"{p}: not a readable tar archive, or a damaged or truncated "
                                f"one ({error_text(e)})") from None
@@ -276,8 +276,7 @@ def load_imdb(path: str | Path) -> dict[str, LabelledSplit]:
         for f in root.glob("*/*/*.txt"):
             hit = _IMDB_MEMBER.search(f.relative_to(root).as_posix())
             if hit and f.is_file():  # a regular file (a link to /dev/zero is none)
-                found.append((hit[1], int(hit[2] == "pos"), int(hit[3]),
-                              review(str(f), f.stat().st_size, f.read_bytes)))
+                add(hit, str(f), f.stat().st_size, f.read_bytes)
     else:
         raise DatasetError(f"{p}: IMDB not found (expected the aclImdb folder or its .tar.gz)")
     found.sort(key=lambda r: (r[0], -r[1], r[2]))  # by split, pos first, numeric id order
@@ -339,11 +338,8 @@ def carve_splits(data: LabelledSplit, ratios: tuple[float, float, float],
     except ValueError as e:
         raise DatasetError(f"{data.source}: cannot carve --split {tr:g},{va:g},{te:g} from "
                            f"{len(data)} examples ({e})") from None
-    out = {"train": data.take(np.sort(train), "train", how),
-           "val": data.take(np.sort(val), "val", how)}
-    if te > 0:
-        out["test"] = data.take(np.sort(test), "test", how)
-    return out
+    return {k: data.take(np.sort(v), k, how) for k, v in
+            (("train", train), ("val", val), ("test", test)) if len(v)}  # (no test share: none)
 
 
 def subsample(split: LabelledSplit, n: int, seed: int = 0) -> LabelledSplit:
@@ -399,9 +395,8 @@ def load_splits(dataset: str | None = None, data_dir: str | Path | None = None,
         splits = carve_splits(splits["train"], split, seed)
     elif "val" not in splits:
         splits["train"], splits["val"] = carve_validation(splits["train"], val_fraction, seed)
-        note = (f"no validation split given: {val_fraction:.0%} of train carved off as val "
-                f"(stratified, seed {seed})")
-        splits["train"].notes.append(note)
+        splits["train"].notes.append(f"no validation split given: {val_fraction:.0%} of train "
+                                     f"carved off as val (stratified, seed {seed})")
     if max_examples > 0:
         splits = {k: subsample(v, max_examples, seed) for k, v in splits.items()}
     for name, s in splits.items():

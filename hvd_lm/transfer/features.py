@@ -258,23 +258,19 @@ def featurize(model, texts: Sequence[str], kind: str = "cell",
     H = model.config.hidden_size
     bar = Progress(f"hvd-lm features of {desc}", int(sum(lengths[b].sum() for b in mine)), "char",
                    enabled=progress)  # a bar on a terminal, a line every 10 s in a log
-    local_idx, local_feats = [], []
+    # a sentinel row (index -1) first, so that no rank ever sends an empty tensor
+    local_idx, local_feats = [torch.tensor([-1])], [torch.zeros(1, H)]
     for b in mine:
         local_feats.append(encode_batch(model, [seqs[i] for i in b], kind, device, time_chunk,
                                         precision))
         local_idx.append(torch.from_numpy(b.astype(np.int64)))
         bar.update(int(lengths[b].sum()))
     bar.close()
-    feats = torch.cat(local_feats) if local_feats else torch.zeros(0, H)
-    idx = torch.cat(local_idx) if local_idx else torch.zeros(0, dtype=torch.long)
+    feats, idx = torch.cat(local_feats), torch.cat(local_idx)
     if size > 1:
-        # One sentinel row (index -1) per rank, so no rank ever sends an empty tensor.
-        feats = torch.cat([torch.zeros(1, H), feats])
-        idx = torch.cat([torch.tensor([-1]), idx])
         feats = comm.allgather(feats, name=f"transfer_feats_{desc}")
         idx = comm.allgather(idx, name=f"transfer_idx_{desc}")
-        keep = idx >= 0
-        feats, idx = feats[keep], idx[keep]
+    feats, idx = feats[idx >= 0], idx[idx >= 0]
     out = np.zeros((len(texts), H), dtype=np.float32)
     out[idx.numpy()] = feats.numpy()
     if len(np.unique(idx.numpy())) != len(texts):
