@@ -87,19 +87,18 @@ class DoctorError(RuntimeError):
 
 class _Listeners:
     """A TCP listener on an ephemeral port of every IPv4 address; each answers a connection with
-    one JSON line ``{"host", "token"}`` (who was reached) and closes it."""
+    one JSON line ``{"host", "token"}`` (who was reached) and closes it. Each socket is held by
+    its serving thread (a daemon: they end with the agent)."""
 
     def __init__(self, hostname: str, token: str, ifaces: dict[str, dict]):
         self.reply = (json.dumps({"host": hostname, "token": token}) + "\n").encode()
         self.ports: dict[str, list] = {}
-        self.socks = []
         for name, info in ifaces.items():
             for addr in info["addrs"]:
                 try:
                     s = socket.create_server((addr, 0))
                 except OSError:
                     continue
-                self.socks.append(s)
                 self.ports.setdefault(name, []).append([addr, s.getsockname()[1]])
                 threading.Thread(target=self._serve, args=(s,), daemon=True).start()
 
@@ -111,7 +110,6 @@ class _Listeners:
         except OSError as e:
             return {"port": port, "error": f"port {port} cannot be opened on "
                     f"{socket.gethostname()} ({e.strerror or e}): another job or process holds it"}
-        self.socks.append(s)
         threading.Thread(target=self._serve, args=(s,), daemon=True).start()
         return {"port": port, "error": None}
 
