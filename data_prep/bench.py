@@ -41,7 +41,7 @@ from data_prep.parallel import Context
 from data_prep.pipeline import prepare
 from data_prep.settings import PrepareConfig
 from hvd_lm.options import Command, option
-from hvd_lm.util.atomic import write_text
+from hvd_lm.util.atomic import atomic_path, write_text
 
 #: Where the shared data lives beside the repository.
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "amazon"
@@ -81,9 +81,8 @@ def build_corpus(data_dir: Path, workdir: Path, size_mb: float, seed: int) -> tu
     rng = random.Random(seed)
     target = int(size_mb * 1e6)
     written = records = 0
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", compresslevel=6,
-                                               fileobj=raw, mtime=0) as gz:
+    with atomic_path(path) as tmp, open(tmp, "wb") as raw, gzip.GzipFile(
+            filename="", mode="wb", compresslevel=6, fileobj=raw, mtime=0) as gz:
         while written < target:
             order = list(range(len(lines)))
             rng.shuffle(order)
@@ -93,11 +92,9 @@ def build_corpus(data_dir: Path, workdir: Path, size_mb: float, seed: int) -> tu
                 records += 1
                 if written >= target:
                     break
-    os.replace(tmp, path)
-    info = {"records": records, "bytes": written, "distinct_documents": len(set(t for _, t in
-                                                                                docs)),
+    info = {"records": records, "bytes": written, "distinct_documents": len({t for _, t in docs}),
             "real_documents": len(docs), "gzip_bytes": path.stat().st_size, "seed": seed}
-    meta_path.write_text(json.dumps(info))
+    write_text(meta_path, json.dumps(info))
     return path, dict(info, reused=False)
 
 

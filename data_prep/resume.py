@@ -209,9 +209,8 @@ def setup_output(cfg: PrepareConfig, config_fp: str, inputs_fp: str, layout: dic
     # (a work directory alone, from a run that failed before writing shards, is redone)
     remove_stale_temps(out, written_by_prepare)  # a killed writer's temporary shards and manifest
     state_path = work / "state.json"
-    state = None  # only a resumed run reuses work (else the work folder is redone)
-    if cfg.resume:
-        state = _own_json(state_path, STATE_MAX_BYTES) or None
+    # only a resumed run reuses work (else the work folder is redone)
+    state = (_own_json(state_path, STATE_MAX_BYTES) or None) if cfg.resume else None
     old = finished_manifest(out) if cfg.resume and accept_complete else {}
     if old.get("config_sha256"):  # a finished corpus: this run, or one of other inputs/settings
         what = other_run(old, config_fp, inputs_fp)
@@ -220,17 +219,14 @@ def setup_output(cfg: PrepareConfig, config_fp: str, inputs_fp: str, layout: dic
         raise PrepareError(
             f"{out} holds a finished corpus prepared with other {what}; --resume only "
             "continues the same run: pass --overwrite to replace it, or use another --out")
-    if manifest_path.exists():  # never leave a manifest that lists shards being replaced
-        manifest_path.unlink()
+    manifest_path.unlink(missing_ok=True)  # never a manifest listing shards being replaced
     same_inputs = bool(state) and state.get("config_sha256") == config_fp and \
         state.get("inputs_sha256") == inputs_fp
     if cfg.overwrite or (state is not None and not same_inputs):
         for p in ours:
             p.unlink()
-    reuse = cfg.resume and same_inputs and state.get("layout") == layout
-    if not reuse:
-        if work.exists():
-            shutil.rmtree(work)
+    if not (cfg.resume and same_inputs and state.get("layout") == layout) and work.exists():
+        shutil.rmtree(work)  # no work of another layout, settings or inputs is reused
     for sub in ("map", "sorted"):
         (work / sub).mkdir(parents=True, exist_ok=True)
         for p in (work / sub).glob("*.partial"):

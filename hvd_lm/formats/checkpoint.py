@@ -366,14 +366,17 @@ def load_newest(run_dir: str | Path, map_location: str | torch.device = "cpu",
         FileNotFoundError: no checkpoint at all. CheckpointError: none of them loads.
     """
     errors = []
+
+    def skip(e: CheckpointError, then: str) -> None:
+        errors.append(str(e))
+        if warn:
+            print(f"warning: {shown(str(e), LINE_CHARS)}; trying {then}", file=sys.stderr)
+
     try:
         first = latest_path(run_dir)
     except CheckpointError as e:
         first = None
-        errors.append(str(e))
-        if warn:
-            print(f"warning: {shown(str(e), LINE_CHARS)}; trying the step checkpoints",
-                  file=sys.stderr)
+        skip(e, "the step checkpoints")
     found = list_checkpoints(run_dir)
     if first is None and not found:
         if errors:
@@ -386,8 +389,5 @@ def load_newest(run_dir: str | Path, map_location: str | torch.device = "cpu",
         try:
             return c, load(c, map_location)
         except CheckpointError as e:
-            errors.append(str(e))
-            if warn:
-                print(f"warning: {shown(str(e), LINE_CHARS)}; trying an older checkpoint",
-                      file=sys.stderr)
+            skip(e, "an older checkpoint")
     raise CheckpointError(f"{run_dir}: no checkpoint loads: " + "; ".join(errors))

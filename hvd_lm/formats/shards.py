@@ -198,26 +198,19 @@ def write_shard(path, tokens: np.ndarray, doc_offsets: np.ndarray, attrs: dict,
     digest = hashlib.sha256(tokens.data).hexdigest()
 
     def _ds(f, name, data, chunk):
-        kw = {"compression": comp, "compression_opts": 4 if comp == "gzip" else None}
-        if len(data):
-            kw["chunks"] = (min(chunk, len(data)),)
-        else:
-            kw = {}
+        kw = {"compression": comp, "compression_opts": 4 if comp == "gzip" else None,
+              "chunks": (min(chunk, len(data)),)} if len(data) else {}  # (none for no data)
         f.create_dataset(name, data=data, **kw)
 
     with atomic_path(path) as tmp:
         with h5py.File(tmp, "w") as f:
             _ds(f, _TOKENS, tokens, TOKEN_CHUNK)
             _ds(f, _OFFSETS, doc_offsets, OFFSET_CHUNK)
-            f.attrs["format_version"] = FORMAT_VERSION
-            f.attrs["tokenizer"] = str(attrs["tokenizer"])
-            f.attrs["source_files"] = [str(s) for s in attrs["source_files"]]
-            f.attrs["documents"] = len(doc_offsets) - 1
-            f.attrs["bytes"] = len(tokens)
-            f.attrs["sha256"] = digest
-            for k, v in attrs.items():
-                if k not in _REQUIRED_ATTRS:
-                    f.attrs[k] = v
+            f.attrs.update({  # in this order: the file's bytes depend on it
+                "format_version": FORMAT_VERSION, "tokenizer": str(attrs["tokenizer"]),
+                "source_files": [str(s) for s in attrs["source_files"]],
+                "documents": len(doc_offsets) - 1, "bytes": len(tokens), "sha256": digest,
+                **{k: v for k, v in attrs.items() if k not in _REQUIRED_ATTRS}})
     return digest
 
 

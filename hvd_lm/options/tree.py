@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 import reprlib
 import types
 import typing
@@ -209,6 +210,10 @@ def _bound(x: float) -> str:
     return str(x) if isinstance(x, int) else f"{x:g}"
 
 
+#: :func:`option`'s bounds: (key, as written, the test).
+_BOUNDS = (("ge", ">=", operator.ge), ("gt", ">", operator.gt), ("le", "<=", operator.le))
+
+
 def _check_leaf(value: Any, f: dataclasses.Field, where: str) -> None:
     m = f.metadata
     # on the command line, the flag too: "command line: length must be <= 1048576, got
@@ -225,12 +230,10 @@ def _check_leaf(value: Any, f: dataclasses.Field, where: str) -> None:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             if isinstance(v, float) and m.get("finite", True) and not math.isfinite(v):
                 raise ConfigError(f"{where} must be a finite number, got {shown(v)}{flag}")
-            if m.get("ge") is not None and not v >= m["ge"]:
-                raise ConfigError(f"{where} must be >= {_bound(m['ge'])}, got {shown(v)}{flag}")
-            if m.get("gt") is not None and not v > m["gt"]:
-                raise ConfigError(f"{where} must be > {_bound(m['gt'])}, got {shown(v)}{flag}")
-            if m.get("le") is not None and not v <= m["le"]:
-                raise ConfigError(f"{where} must be <= {_bound(m['le'])}, got {shown(v)}{flag}")
+            for key, sign, holds in _BOUNDS:  # NaN fails every bound
+                if m.get(key) is not None and not holds(v, m[key]):
+                    raise ConfigError(f"{where} must be {sign} {_bound(m[key])}, got {shown(v)}"
+                                      f"{flag}")
 
 
 def validate(obj: Any, source: str = "config", path: tuple[str, ...] = ()) -> None:

@@ -39,8 +39,8 @@ def free_bytes(directory: str | Path) -> int:
 
 def human(n: float) -> str:
     """Bytes as ``"1.2 GB"`` (decimal units, as ``df -H``)."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
