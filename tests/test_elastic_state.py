@@ -55,20 +55,21 @@ def elastic(tmp_path, ctx=RankContext(rank=1, size=2)):
     run = SimpleNamespace(model=model, optimizer=opt, scheduler=sched,
                           scaler=torch.amp.GradScaler("cpu", enabled=False), ctx=ctx,
                           windows_per_epoch=40, peak_lr=0.5, global_batch=4, B=B, device="cpu",
+                          total_steps=100,
                           cfg=SimpleNamespace(run=SimpleNamespace(log_every=10)))
 
-    def reform(metrics, step):  # Run.reform's three parts, recorded
+    def reform():  # RunParts.reform: the new place, the streams cut again
         run.ctx = horovod.rank_context()
         calls.append("cut")
         run.windows_per_epoch = 20
-        calls.append(("root", step))
 
     run.reform = reform
+    folder = SimpleNamespace(take=lambda ctx, rows, step, total: calls.append(("root", step)))
     checkpointer = SimpleNamespace(wait=lambda: calls.append("wait"))
     metrics = Metrics(tmp_path, tensorboard=False)
     metrics.open(None, 0)
     guard = DivergenceGuard(10.0, 3, 5)
-    return Elastic(run, checkpointer, metrics, guard), run, calls
+    return Elastic(run, folder, checkpointer, metrics, guard), run, calls
 
 
 def test_commit_then_restore_in_the_same_world(tmp_path):

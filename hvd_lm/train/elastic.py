@@ -24,6 +24,7 @@ from hvd_lm.train.data import window_in_new_cut
 from hvd_lm.train.guard import DivergenceGuard
 from hvd_lm.train.metrics import Metrics
 from hvd_lm.train.resume import Position
+from hvd_lm.train.rundir import RunFolder
 from hvd_lm.train.schedule import set_peak_lr
 from hvd_lm.train.startup import RunParts
 from hvd_lm.train.step import State
@@ -36,6 +37,7 @@ class Elastic:
         parts: the run's parts (:class:`hvd_lm.train.startup.RunParts`): its model, optimizer,
             schedule and scaler are committed and restored; its world (``ctx``, the streams, rank
             0's folder) is re-formed on a reset.
+        folder: the run folder, which moves with rank 0 on a reset.
         checkpointer: a write in flight finishes before a reset.
         metrics: ``commit`` and ``resize`` records; rank 0's log moves with rank 0.
         guard: the divergence counters, committed and restored.
@@ -47,9 +49,9 @@ class Elastic:
         commit_seconds: each commit's seconds.
     """
 
-    def __init__(self, parts: RunParts, checkpointer: Checkpointer, metrics: Metrics,
-                 guard: DivergenceGuard):
-        self.parts, self.checkpointer = parts, checkpointer
+    def __init__(self, parts: RunParts, folder: RunFolder, checkpointer: Checkpointer,
+                 metrics: Metrics, guard: DivergenceGuard):
+        self.parts, self.folder, self.checkpointer = parts, folder, checkpointer
         self.metrics, self.guard = metrics, guard
         self.committed_rows: tuple | None = None
         self.commit_seconds: list[float] = []
@@ -128,7 +130,8 @@ class Elastic:
         r = self.parts
         self.checkpointer.wait()
         old_size = state.world
-        r.reform(self.metrics, step)  # Horovod: this rank in the re-formed world
+        r.reform()  # Horovod: this rank in the re-formed world, its streams cut again
+        self.folder.take(r.ctx, r.ctx.size * r.B, step, r.total_steps)  # rank 0's duties
         window = window_in_new_cut(state.position["window"], state.windows_per_epoch,
                                    r.windows_per_epoch)
         self.metrics.record("resize", state.position["step"], world_size=r.ctx.size,

@@ -6,7 +6,7 @@ One optimizer step (per rank, B rows x T bytes per window, ``backward_passes_per
 ``train_step`` every benchmark times; :meth:`Trainer.steps` is the loop around them: count the
 previous step between the halves, count the step (the LR schedule advances on applied steps only),
 one tiny allreduce of control flags about once a second of steps (at most every
-``parts.control_every`` attempts, every attempt when steps are slow: a preemption signal or a due
+``run.control_every`` attempts, every attempt when steps are slow: a preemption signal or a due
 time-based checkpoint on any rank stops or checkpoints every rank at the same step; with
 ``--time-limit`` rank 0's plan of the last step, :mod:`hvd_lm.train.deadline`), log, validate, stop
 a diverged run, checkpoint. Each line of it that is a collective says so (``# collective:``): every
@@ -21,21 +21,20 @@ the allreduce wait, which costs nothing (the host then blocks on the allreduce, 
 backward done) and splits each step's time into device compute and wait
 (``compute_time_max``, a slow GPU's straggling).
 
-The :class:`Trainer` is the loop, and it holds its parts, as torchtitan's trainer does, each in
-its own module, given what it needs when built or called, none reading the trainer: the run
-(:class:`hvd_lm.train.startup.RunParts`: model, optimizer, schedule, scaler, streams, world, run
-folder), the metrics (:class:`hvd_lm.train.metrics.Metrics`: sums over ranks, rank 0 logs), the
-checkpointer (:class:`hvd_lm.train.checkpointer.Checkpointer`), the step count
-(:class:`hvd_lm.train.counting.StepCounter`, ``CharCount``), with ``parts.elastic`` the elastic
-state (:class:`hvd_lm.train.elastic.Elastic`: the same loop under ``hvd.elastic.run``), the
+The :class:`Trainer` is the loop, and it holds its parts, as torchtitan's trainer does, each in its
+own module, given what it needs when built or called, none reading the trainer: the run's parts
+(:class:`hvd_lm.train.startup.RunParts`: model, optimizer, schedule, scaler, streams, world), its
+folder (:class:`hvd_lm.train.rundir.RunFolder`), the metrics (:class:`hvd_lm.train.metrics.Metrics`:
+sums over ranks, rank 0 logs), the checkpointer (:class:`hvd_lm.train.checkpointer.Checkpointer`),
+the step count (:class:`hvd_lm.train.counting.StepCounter`, ``CharCount``), with ``run.elastic`` the
+elastic state (:class:`hvd_lm.train.elastic.Elastic`: the same loop under ``hvd.elastic.run``), the
 divergence guard (:mod:`hvd_lm.train.guard`), the ``--time-limit`` planner and the stop signals
 (:mod:`hvd_lm.train.deadline`).
 
-Every collective is marked ``# collective:`` where it is reached (as Horovod's
-``examples/pytorch`` scripts mark theirs ``# Horovod:``), in the loop and in the part that makes
-it; ``# Horovod:`` marks what only Horovod runs (elastic training).
+Every collective is marked ``# collective:`` where it is reached, in the loop and in the part that
+makes it (Horovod's ``examples/pytorch`` mark theirs ``# Horovod:``, here kept for elastic).
 
-Without ``parts.elastic``, a lost peer (its host's link down, the host or the process gone) fails
+Without ``run.elastic``, a lost peer (its host's link down, the host or the process gone) fails
 the collective it was in after Gloo's ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (``comm.gloo_timeout_s``);
 each surviving node's first rank then probes the others (:mod:`hvd_lm.comm.peers`) and the job
 stops with one line naming the lost rank's host and the newest complete checkpoint
@@ -63,13 +62,14 @@ from hvd_lm.train.evaluate import bpc as eval_bpc
 from hvd_lm.train.guard import DivergenceGuard, TrainingDiverged
 from hvd_lm.train.log import write_failure
 from hvd_lm.train.metrics import Metrics
+from hvd_lm.train.rundir import RunFolder
 from hvd_lm.train.schedule import refresh_lr, schedule_of
 from hvd_lm.train.settings import TrainConfig
 from hvd_lm.train.startup import RunParts
 from hvd_lm.train.step import StepSpec
 from hvd_lm.util.atomic import write_text
 
-#: Seconds of steps between two control exchanges (at most ``parts.control_every`` attempts).
+#: Seconds of steps between two control exchanges (at most ``run.control_every`` attempts).
 CONTROL_TARGET_S = 1.0
 
 
@@ -87,17 +87,16 @@ def train(cfg: TrainConfig) -> dict:
 
 class Trainer:
     """One training run: the loop, holding its parts (module docstring). Built from ``cfg``:
-    the run (:class:`hvd_lm.train.startup.RunParts`: no collective in elastic mode, where a joining
-    worker gets the state from the others), its folder and start record, then the components;
-    :meth:`train` trains.
+    the run's parts (no collective in elastic mode, where a joining worker gets the state from
+    the others), its folder and start record, then the components; :meth:`train` trains.
 
     Attributes:
-        parts: the :class:`hvd_lm.train.startup.RunParts` (model, optimizer, schedule, data,
-            world).
+        parts: :class:`hvd_lm.train.startup.RunParts` (model, optimizer, schedule, data, world).
+        folder: :class:`hvd_lm.train.rundir.RunFolder` (rank 0's lock and log).
         metrics: :class:`hvd_lm.train.metrics.Metrics` (rank 0's log, the ``train`` record).
         checkpointer: :class:`hvd_lm.train.checkpointer.Checkpointer`.
         counter / chars: :class:`hvd_lm.train.counting.StepCounter` and ``CharCount``.
-        elastic: :class:`hvd_lm.train.elastic.Elastic` with ``parts.elastic``, else None.
+        elastic: :class:`hvd_lm.train.elastic.Elastic` with ``run.elastic``, else None.
         guard / planner / signals / faults: the divergence guard, the ``--time-limit`` planner
             (None without), the stop signals, the test hooks.
         pos / rnn_state / total_steps: where the loop is: the position, this rank's recurrent
@@ -119,7 +118,9 @@ class Trainer:
         # ---- the run folder, rank 0's log and the start record -----------------------------------
         peak = parts.measure_peak()
         self.metrics = Metrics(parts.out_dir, cfg.run.tensorboard, peak)
-        parts.open_folder(self.metrics)  # collective (not elastic): every rank learns rank 0's lot
+        self.folder = RunFolder(cfg, parts.model, parts.resumed_from, self.metrics)
+        self.folder.open(parts.ctx, parts.ctx.size * parts.B, self.pos.step,  # collective
+                         parts.total_steps)  # (not elastic): every rank learns rank 0's lot
         self.metrics.record("start", self.pos.step, **parts.start_values(peak))
 
         # ---- control -----------------------------------------------------------------------------
@@ -155,7 +156,7 @@ class Trainer:
                                    parts.optimizer, parts.scaler, self.guard, self.metrics,
                                    restart_state=lambda: parts.model.init_state(parts.B,
                                                                                 parts.device))
-        self.elastic = (Elastic(parts, self.checkpointer, self.metrics, self.guard)
+        self.elastic = (Elastic(parts, self.folder, self.checkpointer, self.metrics, self.guard)
                         if cfg.run.elastic else None)
 
     # ---- what the loop does besides the step -----------------------------------------------------
@@ -264,7 +265,7 @@ class Trainer:
 
     def elastic_loop(self, state) -> None:
         """The loop under ``hvd.elastic.run``: the state (synced from rank 0) is where this rank
-        starts (:meth:`Elastic.restore`); a commit every ``parts.commit_every`` applied steps."""
+        starts (:meth:`Elastic.restore`); a commit every ``run.commit_every`` applied steps."""
         self.pos, self.rnn_state = self.elastic.restore(state, self.chars)
         self.checkpointer.rolled_back()  # the last saved step's weights are not the model's
         self.next_control = self.pos.attempts + 1  # every rank alike, a new worker too
@@ -385,7 +386,7 @@ class Trainer:
     def control_interval(self) -> int:
         """Attempts until the next control exchange, as rank 0 proposes it: about
         :data:`CONTROL_TARGET_S` seconds of steps, at least 1 and at most
-        ``parts.control_every`` (every attempt before a step was timed; a step that takes a
+        ``run.control_every`` (every attempt before a step was timed; a step that takes a
         second or more: every attempt, so a stop signal acts after the step in progress). The
         step count is exact at an exchange (:meth:`StepCounter.counts_now`); between them it
         may be read a step late (:mod:`hvd_lm.train.counting`)."""
@@ -476,8 +477,7 @@ class Trainer:
         self.metrics.close()
         settled = self.guard.settle(parts.out_dir) if (
             self.stop_reason == "diverged" and parts.ctx.is_root) else None
-        if parts.lock is not None:
-            parts.lock.release()
+        self.folder.release()
         if self.stop_reason == "diverged":
             raise self.guard.error(self.pos.step, settled)
         return summary

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from hvd_lm import comm
 from hvd_lm.formats import checkpoint as ckpt_io
 from hvd_lm.options import ConfigError
 from hvd_lm.train.settings import TrainConfig, save_yaml
@@ -125,3 +126,65 @@ def open_run_folder(cfg: TrainConfig, model: torch.nn.Module, rows: int,
         lock.release()
         raise
     return lock
+
+
+class RunFolder:
+    """Rank 0's hold on the run folder (a component the trainer holds): the lock
+    (:func:`open_run_folder`) and rank 0's log in ``metrics``.
+
+    Args:
+        cfg: the run's configuration (``run.out_dir``; ``timed``: the bar's total once planned).
+        model: the model checkpointed (sizes the room check).
+        resumed_from: the checkpoint this job resumed from (None: a fresh start).
+        metrics: the :class:`hvd_lm.train.metrics.Metrics` whose log rank 0 opens.
+
+    Attributes:
+        lock: the folder's lock while this rank is rank 0 and holds it, else None.
+    """
+
+    def __init__(self, cfg: TrainConfig, model: torch.nn.Module,
+                 resumed_from: str | Path | None, metrics):
+        self.cfg, self.model, self.resumed_from, self.metrics = cfg, model, resumed_from, metrics
+        self.lock: FolderLock | None = None
+
+    def open(self, ctx, rows: int, step: int, total_steps: int) -> None:
+        """At the start: locked, checked for room, ``config.yaml`` written, rank 0's log opened.
+        Elastic: by rank 0 alone, with no collective (a joining worker must not wait here);
+        else rank 0 opens it and every rank learns whether it could.
+
+        Args:
+            ctx: this rank's place (:class:`hvd_lm.comm.world.RankContext`).
+            rows: recurrent-state rows in a checkpoint (world size x batch).
+            step: applied steps so far (the bar); total_steps: the bar's total.
+
+        Raises:
+            what :func:`open_run_folder` raises (on every rank).
+        """
+        if self.cfg.run.elastic:
+            self.take(ctx, rows, step, total_steps, first=True)
+            return
+        self.lock = comm.root_call(  # collective: every rank learns whether rank 0 got it
+            lambda: open_run_folder(self.cfg, self.model, rows, self.resumed_from))
+        self._open_log(ctx, step, total_steps)
+
+    def take(self, ctx, rows: int, step: int, total_steps: int, first: bool = False) -> None:
+        """Elastic, after a reset too: rank 0 owns the folder and the log; a rank that is no
+        longer 0 hands them back. ``first``: at the job's start (another run's checkpoints are
+        refused then; later the folder's checkpoints are this job's)."""
+        if ctx.is_root and self.lock is None:
+            self.lock = open_run_folder(self.cfg, self.model, rows, self.resumed_from,
+                                        first=first)
+            self._open_log(ctx, step, total_steps)
+        elif not ctx.is_root and self.lock is not None:
+            self.metrics.hand_back()
+            self.release()
+
+    def release(self) -> None:
+        """Let the folder go (the run is over, or this rank is no longer rank 0)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def _open_log(self, ctx, step: int, total_steps: int) -> None:
+        if ctx.is_root:  # --time-limit/--time-budget: the total once planned
+            self.metrics.open(None if self.cfg.timed else total_steps, step)

@@ -1,8 +1,8 @@
 """A training run built from its configuration, before its first step (:class:`RunParts`): the
 process (Horovod, device, precision, threads), the data (the manifest checked, this rank's
 streams), the model, optimizer and schedule length, a resume's weights, position, recurrent
-state and RNG, the Horovod-wrapped optimizer, every rank's host; then the run folder (locked,
-checked for space, ``config.yaml``) with rank 0's log, and the start record's values.
+state and RNG, the Horovod-wrapped optimizer, every rank's host, and the start record's values
+(the run folder is :class:`hvd_lm.train.rundir.RunFolder`'s).
 :class:`hvd_lm.train.loop.Trainer` holds one and trains it.
 """
 
@@ -33,12 +33,10 @@ from hvd_lm.train import resume as resume_io
 from hvd_lm.train.data import RankStreams, window_in_new_cut
 from hvd_lm.train.deadline import CHECKPOINT_BYTES_PER_S
 from hvd_lm.train.evaluate import estimate_seconds
-from hvd_lm.train.metrics import Metrics
 from hvd_lm.train.optim import build_optimizer, distributed
-from hvd_lm.train.rundir import OPTIMIZER_STATES, open_run_folder
+from hvd_lm.train.rundir import OPTIMIZER_STATES
 from hvd_lm.train.schedule import make_scheduler, scaled_lr, schedule_of, set_peak_lr
 from hvd_lm.train.settings import TrainConfig, time_budget_s, time_limit_s
-from hvd_lm.util.lock import FolderLock
 
 
 def small_split_warning(manifest, split: str) -> None:
@@ -68,7 +66,6 @@ class RunParts:
             ``--time-budget`` move the trainer's own; ``step_cap`` bounds it).
         summary: ``{"stop": "nothing-to-train", ...}`` when a resumed run had nothing left (then
             nothing after the resume was built), else None.
-        lock: the run folder's lock while this rank is rank 0 (:meth:`open_folder`).
 
     Raises:
         ValueError: bad configuration or data (naming the field / file); a ConfigError when the
@@ -189,26 +186,8 @@ class RunParts:
             self.peer_watch = PeerWatch(self.ctx.rank)
             self.peers = comm.allgather_object(self.peer_watch.info(), name="peers")  # collective
 
-        self.lock: FolderLock | None = None
 
-    # ---- the run folder and the start record ---------------------------------------------------
-
-    def open_folder(self, metrics: Metrics) -> None:
-        """The run folder: locked, checked for space, ``config.yaml`` written, and rank 0's log
-        opened in ``metrics``. Elastic: by rank 0 alone, with no collective (a joining worker
-        must not wait here); else rank 0 opens it and every rank learns whether it could.
-
-        Raises:
-            what :func:`hvd_lm.train.rundir.open_run_folder` raises (on every rank).
-        """
-        cfg = self.cfg
-        if cfg.run.elastic:
-            self.take_root(metrics, self.start_pos.step, first=True)
-        else:
-            self.lock = comm.root_call(  # collective: every rank learns whether rank 0 got it
-                lambda: open_run_folder(cfg, self.model, self.ctx.size * self.B,
-                                        self.resumed_from))
-            self.open_log(metrics, self.start_pos.step)
+    # ---- the start record ------------------------------------------------------------------------
 
     def measure_peak(self) -> Peak:
         """The peak the logged MFU is against (a CPU's is a matmul measured now:
@@ -269,29 +248,8 @@ class RunParts:
         self.peak_lr = scaled_lr(cfg.optim.lr, cfg.optim.lr_ref_batch, self.global_batch,
                                  cfg.optim.lr_rule, cfg.optim.lr_cap)
 
-    def reform(self, metrics: Metrics, step: int) -> None:
+    def reform(self) -> None:
         """After an elastic reset: this rank's place in the re-formed world, its streams cut
-        again, and rank 0's duties taken or handed back (:meth:`take_root`; ``step``: applied
-        steps so far)."""
-        self.ctx = comm.rank_context()  # collective: rank and size now
+        again (the run folder moves with rank 0: :meth:`hvd_lm.train.rundir.RunFolder.take`)."""
+        self.ctx = comm.rank_context()  # Horovod: rank and size now
         self.cut_streams()
-        self.take_root(metrics, step)
-
-    def open_log(self, metrics: Metrics, step: int) -> None:
-        """Rank 0's metrics log (appending), once; ``step``: applied steps so far (the bar)."""
-        if self.ctx.is_root:  # --time-limit/--time-budget: the total once planned
-            metrics.open(None if self.cfg.timed else self.total_steps, step)
-
-    def take_root(self, metrics: Metrics, step: int, first: bool = False) -> None:
-        """Elastic: rank 0 owns the run folder (lock, config.yaml) and the log in ``metrics``; a
-        rank that is no longer 0 after a reset hands them back. ``step``: applied steps so far
-        (the bar); ``first``: at the job's start (another run's checkpoints are refused then;
-        later the folder's checkpoints are this job's)."""
-        if self.ctx.is_root and self.lock is None:
-            self.lock = open_run_folder(self.cfg, self.model, self.ctx.size * self.B,
-                                        self.resumed_from, first=first)
-            self.open_log(metrics, step)
-        elif not self.ctx.is_root and self.lock is not None:
-            metrics.hand_back()
-            self.lock.release()
-            self.lock = None
