@@ -63,7 +63,7 @@ def test_fusion_buffer_counts():
     assert sm.fused_buffer_count(small, 1024 * 1024) == 13 == math.ceil(200 * 65536 / 2 ** 20)
     assert sm.fused_buffer_count(small, 0) == 200
     assert sm.fused_buffer_count(small, 64 * 2 ** 20) == 1
-    assert sm.fused_buffer_sizes([100, 50, 200, 10], 150) == [150, 200, 10]
+    assert [sum(b) for b in sm.fused_buffers([100, 50, 200, 10], 150)] == [150, 200, 10]
     with pytest.raises(ValueError):
         sm.fused_buffer_count(small, -1)
 

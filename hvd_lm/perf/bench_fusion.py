@@ -64,12 +64,8 @@ def parse_autotune_log(path: str | Path) -> dict:
     if not lines or not lines[0].startswith("hierarchical_allreduce"):
         raise ValueError(f"{path}: not a Horovod autotune log")
     head = lines[0].split(",")
-    rows = []
-    for ln in lines[1:]:
-        vals = [v.strip() for v in ln.split(",")]
-        if len(vals) != len(head):
-            continue
-        rows.append({h: float(v) for h, v in zip(head, vals)})
+    split = ([v.strip() for v in ln.split(",")] for ln in lines[1:])
+    rows = [dict(zip(head, map(float, vals))) for vals in split if len(vals) == len(head)]
     # The best-parameters row repeats one earlier sample's values with the best score; Horovod
     # writes it only when tuning finished. It is recognisable as the last row whose score equals
     # the maximum of the preceding rows.

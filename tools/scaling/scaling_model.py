@@ -166,8 +166,7 @@ def hierarchical_allreduce_time(nbytes: float, n: int, gpus_per_node: int, intra
     g = gpus_per_node
     _check_topology(n, g)
     if n <= g:
-        return ring_allreduce_time(nbytes, n, intra.latency_s,
-                                   intra.bandwidth_GBps / bandwidth_factor)
+        return flat_ring_time(nbytes, n, g, intra, inter, bandwidth_factor)
     if n % g:
         raise ValueError(f"hierarchical allreduce needs whole nodes: {n} GPUs, {g} per node")
     m = n // g
@@ -251,15 +250,10 @@ def fused_buffers(tensor_bytes: Sequence[float], threshold_bytes: float) -> list
     return buffers
 
 
-def fused_buffer_sizes(tensor_bytes: Sequence[float], threshold_bytes: float) -> list[float]:
-    """Bytes of each fusion buffer (:func:`fused_buffers`)."""
-    return [sum(buf) for buf in fused_buffers(tensor_bytes, threshold_bytes)]
-
-
 def fused_buffer_count(tensor_bytes: Sequence[float], threshold_bytes: float) -> int:
-    """Number of allreduces a group of ready tensors becomes (:func:`fused_buffer_sizes`); for many
+    """Number of allreduces a group of ready tensors becomes (:func:`fused_buffers`); for many
     equal small tensors it is ceil(total bytes / threshold)."""
-    return len(fused_buffer_sizes(tensor_bytes, threshold_bytes))
+    return len(fused_buffers(tensor_bytes, threshold_bytes))
 
 
 #: Parameter-name prefixes whose gradient is final before BPTT's backward starts.
