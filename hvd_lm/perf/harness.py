@@ -1,6 +1,7 @@
 """What every ``hvd-lm bench`` shares: running a child (a rank under ``mpirun``/``horovodrun``, a
 training run, one fit) and collecting the JSON records it prints, the synthetic batches the
-training benches time, the median of repeated runs, and the ``--json`` file.
+training benches time, the median of repeated runs, the side-by-side table
+(:func:`print_table`) and the ``--json`` file.
 
 A child prints each record as one line ``<marker>{json}`` (or ``<marker>[json, ...]``) on
 stdout; the marker is looked for anywhere in a line, since ``horovodrun`` prefixes its ranks'
