@@ -166,7 +166,7 @@ def classify(cfg: ClassifyConfig) -> dict | None:
     digest = weights_sha256(lm.model) if is_root else None  # what the classifier is bound to
     if lm.ctx is not None:
         digest = comm.broadcast_object(digest, name="classify_weights_sha256")  # Horovod
-    check_checkpoint(saved, lm.path, weights=digest)
+    check_checkpoint(saved, lm.path, digest)
     if lm.model.config.hidden_size != len(saved.model.coef):
         raise ClassifierError(f"{saved.path}: {len(saved.model.coef)} inputs, but the model has "
                               f"H={lm.model.config.hidden_size}")

@@ -300,7 +300,7 @@ def open_model(command: str, checkpoint: str, device: str, threads: int, classif
     model.to(dev)
     saved = load_classifier(classifier) if classifier else None
     if saved is not None:
-        check_checkpoint(saved, path, weights=weights_sha256(model))
+        check_checkpoint(saved, path, weights_sha256(model))
     reads = [path, *model_files(checkpoint), *(saved.files if saved else [])]
     return path, model, dev, saved, reads
 

@@ -220,36 +220,28 @@ def load_classifier(path: str | Path) -> SavedClassifier:
     return SavedClassifier(model, meta, js)
 
 
-def check_checkpoint(saved: SavedClassifier, checkpoint: str | Path,
-                     checkpoint_sha256: str | None = None, weights: str | None = None) -> str:
+def check_checkpoint(saved: SavedClassifier, checkpoint: str | Path, weights: str) -> None:
     """Refuse a model other than the one the classifier was fit on: by its weights
     (:func:`hvd_lm.model.load.weights_sha256`, recorded since classifiers hold
     ``weights_sha256``: a checkpoint and its export are the same weights, so either serves), else
-    by the checkpoint file's sha256.
+    (an older classifier) by the checkpoint file's sha256.
 
     Args:
         checkpoint: the checkpoint file or exported weights about to featurize texts.
-        checkpoint_sha256: its file's sha256 when already known (else it is computed when the
-            weights cannot decide).
         weights: the loaded model's :func:`~hvd_lm.model.load.weights_sha256`.
-    Returns:
-        The digest compared.
     Raises:
         ClassifierError: the digest differs (naming both files and both digests' prefixes).
     """
-    if weights is not None and saved.meta.get("weights_sha256"):
-        want = saved.meta["weights_sha256"]
+    if want := saved.meta.get("weights_sha256"):
         if weights != want:
             raise ClassifierError(
                 f"{saved.path} was fit on features of the weights of "
                 f"{saved.meta.get('checkpoint')} (weights sha256 {want[:12]}...), not those of "
                 f"{checkpoint} ({weights[:12]}...): refit it with hvd-lm transfer on this model")
-        return weights
-    digest = checkpoint_sha256 or file_sha256(checkpoint)
-    want = saved.meta["checkpoint_sha256"]
+        return
+    digest, want = file_sha256(checkpoint), saved.meta["checkpoint_sha256"]
     if digest != want:
         raise ClassifierError(
             f"{saved.path} was fit on features of checkpoint {saved.meta.get('checkpoint')} "
             f"(sha256 {want[:12]}...), not {checkpoint} (sha256 {digest[:12]}...): refit it "
             "with hvd-lm transfer on this checkpoint")
-    return digest

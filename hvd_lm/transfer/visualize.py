@@ -80,11 +80,10 @@ def visualize(cfg: VisualizeConfig) -> dict:
     stream.records.close()
     if not first:
         raise text_input.DatasetError(f"{stream.name}: no texts")
-    lines, texts = [r[0] for r in first], [r[1] for r in first]
     normalize = bool(saved.features["normalize"]) if saved else False
     max_chars = cfg.max_chars if cfg.max_chars is not None else (
         saved.features["max_chars"] if saved else DEFAULT_MAX_CHARS)
-    seqs = encode_texts(texts, max_chars, normalize)
+    seqs = encode_texts([text for _, text, _ in first], max_chars, normalize)
     # before one model step per byte: the heatmap's size bound (HTML as PNG), the flags named
     check_chars(cfg.out, sum(len(tokenizer.decode(s)) for s in seqs),
                 f"lower --max-chars ({max_chars:,}{': all' if max_chars == 0 else ''}) or "
@@ -92,10 +91,9 @@ def visualize(cfg: VisualizeConfig) -> dict:
     state = unit_state(cfg.state, saved)
     values = trace_unit(model, seqs, neuron, state, device, progress=True)
     rows = [HeatRow(f"line {line}", *char_values(s, v))
-            for line, s, v in zip(lines, seqs, values)]
-    orient = ""
-    if saved is not None:
-        orient = f"; classifier weight {'< 0: colours flipped' if polarity < 0 else '> 0'}"
+            for (line, _, _), s, v in zip(first, seqs, values)]
+    orient = "" if saved is None else \
+        f"; classifier weight {'< 0: colours flipped' if polarity < 0 else '> 0'}"
     render(rows, cfg.out, f"unit {neuron} ({state}) of {path.name} after each character"
            f"{orient}", polarity)
     return {"neuron": neuron, "polarity": polarity, "texts": len(rows), "out": cfg.out,
