@@ -97,12 +97,18 @@ class DemoConfig:
             raise ValueError(f"name must be a plain folder name, got {self.name!r}")
 
 
-def _run(cmd: list, env: dict | None = None) -> None:
-    """Run ``cmd`` showing its output live. Raises RuntimeError on failure."""
+def _run(cmd: list, env: dict | None = None) -> float:
+    """Run ``cmd`` showing its output live; returns its wall seconds.
+
+    Raises:
+        RuntimeError: it failed (naming the command and its exit status).
+    """
     print("$ " + " ".join(map(str, cmd)), flush=True)
+    t = time.time()
     proc = subprocess.run([str(c) for c in cmd], env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"step failed ({proc.returncode}): {' '.join(map(str, cmd))}")
+    return time.time() - t
 
 
 def corpus_files(cfg: CorpusConfig) -> list[Path]:
@@ -147,7 +153,6 @@ def demo(cfg: DemoConfig) -> int:
     files = corpus_files(cfg.corpus)
 
     print("\n== 2/5 prepare shards ==", flush=True)
-    t = time.time()
     prep = cfg.prepare
     prep.inputs, prep.out, prep.resume = [str(f) for f in files], str(shards), True
     if finished_with_other_inputs(prep):  # e.g. the corpus was copied again: start afresh
@@ -157,20 +162,17 @@ def demo(cfg: DemoConfig) -> int:
             shutil.rmtree(d, ignore_errors=True)
     prep.summary_json = str(run_dir / "prepare_summary.json")
     options.save_yaml(prep, run_dir / "prepare.yaml")
-    _run([sys.executable, "-m", "data_prep", "prepare", "--config", run_dir / "prepare.yaml"],
-         env)
-    timings["prepare_s"] = time.time() - t
+    timings["prepare_s"] = _run([sys.executable, "-m", "data_prep", "prepare", "--config",
+                                 run_dir / "prepare.yaml"], env)
 
     print("\n== 3/5 train ==", flush=True)
-    t = time.time()
     cfg.train.data.shards = str(shards)
     cfg.train.run.out_dir = str(train_dir)
     if (train_dir / "checkpoints").is_dir():
         cfg.train.run.resume = "auto"  # a second `make demo` continues (or ends at once)
     options.save_yaml(cfg.train, run_dir / "train.yaml")
-    _run(launcher_argv(cfg.launch, ["-m", "hvd_lm", "train", "--config",
-                                    str(run_dir / "train.yaml")]), env)
-    timings["train_s"] = time.time() - t
+    timings["train_s"] = _run(launcher_argv(cfg.launch, ["-m", "hvd_lm", "train", "--config",
+                                                         str(run_dir / "train.yaml")]), env)
 
     print("\n== 4/5 evaluate ==", flush=True)
     lm_json = run_dir / "eval_lm.json"
@@ -191,13 +193,11 @@ def demo(cfg: DemoConfig) -> int:
     transfer_dir = None
     if cfg.transfer_enabled:
         print("\n== 5/5 sentiment transfer ==", flush=True)
-        t = time.time()
         transfer_dir = run_dir / "transfer"
         cfg.transfer.checkpoint, cfg.transfer.out = str(train_dir), str(transfer_dir)
         options.save_yaml(cfg.transfer, run_dir / "transfer.yaml")
-        _run([sys.executable, "-m", "hvd_lm", "transfer", "--config", run_dir / "transfer.yaml"],
-             env)
-        timings["transfer_s"] = time.time() - t
+        timings["transfer_s"] = _run([sys.executable, "-m", "hvd_lm", "transfer", "--config",
+                                      run_dir / "transfer.yaml"], env)
 
     summary_json = Path(prep.summary_json)
     prep_summary = json.loads(summary_json.read_text()) if summary_json.exists() else None
