@@ -244,7 +244,6 @@ OWN_READS = {
     ("hvd_lm/perf/allreduce_worker.py", "open('/proc/self/io')"): "bytes this process read",
     ("hvd_lm/train/deadline.py", "os.open(os.devnull)"): "/dev/null, written to",
     ("hvd_lm/util/atomic.py", "open('/proc/self/status')"): "this process's memory",
-    ("hvd_lm/util/lock.py", "Path(f'/proc/{pid}/stat').read_text()"): "whether a holder lives",
     # ---- what the command itself writes, in its own folders
     ("hvd_lm/util/atomic.py", "os.open(directory)"): "fsync of the folder it renamed into",
     ("hvd_lm/util/atomic.py", "open(tmp)"): "its own temporary file, before the rename",

@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from hvd_lm.util.files import FileRefused, kind_of, shown
 
 LOCK_NAME = ".lock"
@@ -91,19 +93,13 @@ def _holder(info: dict) -> str:
 
 
 def pid_alive(pid: int) -> bool:
-    """True while process ``pid`` exists on this host and is not a zombie (``/proc/<pid>/stat``,
-    else ``kill(pid, 0)``)."""
+    """True while process ``pid`` exists on this host and is not a zombie (psutil)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, ValueError):  # (ValueError: a pid below 0, in no process)
+        return False
+    except psutil.AccessDenied:  # another user's: it exists
         return True
-    return state[state.rindex(")") + 2:].split()[0] != "Z"
 
 
 class FolderLock:
