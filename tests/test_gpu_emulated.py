@@ -27,7 +27,8 @@ import torch
 from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.model import mlstm_kernels as K
 from hvd_lm.model.lm import LanguageModel, ModelConfig
-from hvd_lm.model.mlstm_fused import WindowGraphs, mlstm_window, weight_grad_mm, weight_grad_path
+from hvd_lm.model.mlstm_fused import WindowGraphs, mlstm_window
+from hvd_lm.model.mlstm_gemms import out_dtype_gemm, weight_grad_mm
 from hvd_lm.train.data import RankStreams
 from tests._mp import SHARED, launch_env, run
 from tests.scripts.mlstm_cases import StaticBufferCapture, train_windows
@@ -111,9 +112,9 @@ def test_fp16_window_weight_gradients_are_summed_in_fp32():
 def test_weight_grad_paths():
     """fp32 output whatever the operands: cuBLAS's fp32-output GEMM on CUDA where torch has
     it, fp32 operands elsewhere; the values equal an fp64 product of the same operands."""
-    assert weight_grad_path("cuda", torch.bfloat16) == "out_dtype"  # torch >= 2.8
-    assert weight_grad_path("cpu", torch.float16) == "fp32"
-    assert weight_grad_path("cuda", torch.float32) == "native"
+    assert out_dtype_gemm("cuda") and not out_dtype_gemm("cpu")  # torch >= 2.8
+    x = torch.randn(3, 4, dtype=torch.float64)
+    assert weight_grad_mm(x, x.t()).dtype == torch.float64  # fp32/fp64: the GEMM's own dtype
     g = torch.Generator().manual_seed(2)
     a, b = torch.randn(6, 300, generator=g).bfloat16(), torch.randn(300, 5, generator=g).bfloat16()
     out = weight_grad_mm(a, b)

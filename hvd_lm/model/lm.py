@@ -29,8 +29,10 @@ from torch import nn
 from torch.nn.utils.parametrizations import weight_norm as wn
 
 from hvd_lm.model.config import ModelConfig  # noqa: F401 - the model's settings, here too
-from hvd_lm.model.mlstm_fused import WindowGraphs, default_layout, mlstm_window, project
+from hvd_lm.model.mlstm_fused import mlstm_window
+from hvd_lm.model.mlstm_graphs import WindowGraphs
 from hvd_lm.model.mlstm_kernels import get_kernels
+from hvd_lm.model.mlstm_layout import default_layout, project
 from hvd_lm.options import validate
 
 State = tuple[torch.Tensor, torch.Tensor]
@@ -43,8 +45,8 @@ class MLSTM(nn.Module):
     ``w_mx`` [H, E], ``w_mh`` [H, H], ``w_h`` [4H, H].
 
     Args:
-        impl: ``fused`` (:mod:`hvd_lm.model.mlstm_fused`) or ``reference`` (the per-step loop of
-            :meth:`reference_forward`).
+        impl: ``fused`` (:mod:`hvd_lm.model.mlstm_fused`) or ``reference`` (the per-step loop
+            at the end of :meth:`forward`, the oracle).
         kernels: the fused path's cell kernels (:data:`hvd_lm.model.config.KERNELS`).
         cuda_graphs: replay the fused window from a CUDA graph on CUDA (see
             :class:`hvd_lm.model.mlstm_fused.WindowGraphs`).
@@ -53,8 +55,7 @@ class MLSTM(nn.Module):
     def __init__(self, input_size: int, hidden_size: int, weight_norm: bool = False,
                  impl: str = "fused", kernels: str = "auto", cuda_graphs: bool = False):
         super().__init__()
-        self.input_size, self.hidden_size = input_size, hidden_size
-        self.impl, self.kernels = impl, kernels
+        self.hidden_size, self.impl, self.kernels = hidden_size, impl, kernels
         self.graphs = WindowGraphs() if cuda_graphs else None
         self.w_x = nn.Linear(input_size, 4 * hidden_size, bias=True)
         self.w_mx = nn.Linear(input_size, hidden_size, bias=False)
@@ -63,10 +64,9 @@ class MLSTM(nn.Module):
         bound = hidden_size ** -0.5
         for lin in (self.w_x, self.w_mx, self.w_mh, self.w_h):
             nn.init.uniform_(lin.weight, -bound, bound)
-        nn.init.zeros_(self.w_x.bias)
-        # Forget-gate bias 1 (Jozefowicz et al. 2015): long memory from the first step.
+        # Bias 0, the forget gate's 1 (Jozefowicz et al. 2015): long memory from the first step.
         with torch.no_grad():
-            self.w_x.bias[hidden_size:2 * hidden_size].fill_(1.0)
+            self.w_x.bias.zero_()[hidden_size:2 * hidden_size] = 1.0
         if weight_norm:
             for name in ("w_x", "w_mx", "w_mh", "w_h"):
                 setattr(self, name, wn(getattr(self, name), dim=0))
@@ -103,26 +103,16 @@ class MLSTM(nn.Module):
                                 mask, reset, self.graphs, layout, owned=True)
         if reset is not None:
             raise ValueError("MLSTM reference path: resets are applied by LanguageModel.encode")
-        return self.reference_forward(x, state, mask)
-
-    def reference_forward(self, x: torch.Tensor, state: State, mask: torch.Tensor | None = None
-                          ) -> tuple[torch.Tensor, State]:
-        """The step-by-step recurrence (``rnn_impl="reference"``, the oracle): arguments and
-        result as :meth:`forward` without ``reset``."""
-        T, B, _ = x.shape
-        H = self.hidden_size
-        # Fused input projections for all steps: [T, B, 4H] and [T, B, H] from one pass each.
-        # unbind, not xg[t]: the backward of T unbind outputs is one stack, while T selects
-        # would each fill and add a whole [T, B, 4H] zero gradient (measured: 45% of step time).
-        xg = self.w_x(x).unbind(0)
-        xm = self.w_mx(x).unbind(0)
+        # The step-by-step recurrence (rnn_impl="reference", the oracle). Fused input projections
+        # for all steps: [T, B, 4H] and [T, B, H] from one pass each; unbind, not xg[t]: the
+        # backward of T unbind outputs is one stack, while T selects would each fill and add a
+        # whole [T, B, 4H] zero gradient (docs/performance.md has its share of the step).
         w_mh, w_h = self.w_mh.weight.t(), self.w_h.weight.t()
         h, c = state
         outs = []
-        for t in range(T):
-            m = xm[t] * (h @ w_mh)
-            gates = xg[t] + m @ w_h
-            i, f, u, o = gates.split(H, dim=1)
+        for t, (xg, xm) in enumerate(zip(self.w_x(x).unbind(0), self.w_mx(x).unbind(0))):
+            m = xm * (h @ w_mh)
+            i, f, u, o = (xg + m @ w_h).split(self.hidden_size, dim=1)
             c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(u)
             h_new = torch.sigmoid(o) * torch.tanh(c_new)
             if mask is not None:
@@ -188,12 +178,6 @@ class LanguageModel(nn.Module):
         Returns:
             (hs [B, T, H] (or [T, B, H]), (h, c) each [B, H]).
         """
-        hs, state = self._encode_tm(tokens, state, mask, reset)
-        return (hs if time_major else hs.transpose(0, 1)), state
-
-    def _encode_tm(self, tokens: torch.Tensor, state: State | None, mask: torch.Tensor | None,
-                   reset: torch.Tensor | None) -> tuple[torch.Tensor, State]:
-        """:meth:`encode` with hs [T, B, H] contiguous."""
         B, T = tokens.shape
         if state is None:
             state = self.init_state(B, tokens.device, self.embed.weight.dtype)
@@ -205,24 +189,24 @@ class LanguageModel(nn.Module):
             for a, b in zip(edges[:-1], edges[1:]):
                 keep = (~reset[:, a]).unsqueeze(1).to(state[0].dtype)
                 state = (state[0] * keep, state[1] * keep)
-                hs, state = self._encode_tm(tokens[:, a:b], state,
-                                            None if mask is None else mask[:, a:b], None)
+                hs, state = self.encode(tokens[:, a:b], state,
+                                        None if mask is None else mask[:, a:b], time_major=True)
                 outs.append(hs)
-            return torch.cat(outs, 0), state
-        x = self.embed(tokens.t())  # [T, B, E], contiguous
-        if isinstance(self.rnn, MLSTM):
-            hs, state = self.rnn(x, state, None if mask is None else mask.t(),
+            hs = torch.cat(outs, 0)
+        elif isinstance(self.rnn, MLSTM):
+            hs, state = self.rnn(self.embed(tokens.t()), state,  # [T, B, E], contiguous
+                                 None if mask is None else mask.t(),
                                  reset.t() if fused and reset is not None else None)
-        elif mask is None:
-            hs, (h, c) = self.rnn(x, (state[0].unsqueeze(0), state[1].unsqueeze(0)))
-            state = (h[0], c[0])
         else:
-            lengths = mask.sum(1).cpu()
-            packed = nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
-            out, (h, c) = self.rnn(packed, (state[0].unsqueeze(0), state[1].unsqueeze(0)))
-            hs, _ = nn.utils.rnn.pad_packed_sequence(out, total_length=T)
+            x, hc = self.embed(tokens.t()), (state[0].unsqueeze(0), state[1].unsqueeze(0))
+            if mask is None:
+                hs, (h, c) = self.rnn(x, hc)
+            else:
+                x = nn.utils.rnn.pack_padded_sequence(x, mask.sum(1).cpu(), enforce_sorted=False)
+                out, (h, c) = self.rnn(x, hc)
+                hs, _ = nn.utils.rnn.pad_packed_sequence(out, total_length=T)
             state = (h[0], c[0])
-        return hs, state
+        return (hs if time_major else hs.transpose(0, 1)), state
 
     def forward(self, tokens: torch.Tensor, state: State | None = None,
                 reset: torch.Tensor | None = None, time_major: bool = False
@@ -230,7 +214,7 @@ class LanguageModel(nn.Module):
         """Logits [B, T, 256] for next-byte prediction, and the final state (see :meth:`encode`);
         ``time_major``: logits as contiguous [T, B, 256] (the training step's loss reads them
         so, with the targets transposed: no copy of the logits)."""
-        hs, state = self._encode_tm(tokens, state, None, reset)
+        hs, state = self.encode(tokens, state, None, reset, time_major=True)
         logits = self.decoder(hs)  # one GEMM over [T*B, H], bias in its epilogue
         return (logits if time_major else logits.transpose(0, 1)), state
 
@@ -270,12 +254,10 @@ def parameter_shapes(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     return [("embed.weight", (V, E)), *rnn, ("decoder.weight", (V, H)), ("decoder.bias", (V,))]
 
 
-def mlstm_parameters(hidden_size: int, embed_dim: int = 64, cell: str = "mlstm"
-                     ) -> list[tuple[str, int]]:
-    """(name, element count) of the parameters of ``LanguageModel(ModelConfig(cell,
-    embed_dim, hidden_size))`` in registration order (:func:`parameter_shapes`): what the
+def mlstm_parameters(hidden_size: int, embed_dim: int = 64) -> list[tuple[str, int]]:
+    """(name, element count) of the parameters of ``LanguageModel(ModelConfig(embed_dim=E,
+    hidden_size=H))`` (an mLSTM) in registration order (:func:`parameter_shapes`): what the
     gradient allreduce moves, for the scaling model and the allreduce benchmark."""
-    shapes = parameter_shapes(ModelConfig(cell=cell, hidden_size=hidden_size,
-                                          embed_dim=embed_dim))
+    shapes = parameter_shapes(ModelConfig(hidden_size=hidden_size, embed_dim=embed_dim))
     return [(name, int(math.prod(shape))) for name, shape in shapes]
 

@@ -141,7 +141,7 @@ def _keep_peak(key: str, gflops: float) -> None:
 
 def cpu_peak(dtype: torch.dtype, threads: int) -> Peak:
     """This machine's CPU matmul peak for ``dtype`` and ``threads``: kept from an earlier
-    measurement, else the best of 5 ``torch.mm`` of 1024^3 measured now (~0.1-10 s) and kept."""
+    measurement, else the best of 5 ``torch.mm`` of 1024^3 measured now and kept."""
     key = _machine_key(dtype, threads)
     gflops = _kept_peaks(peak_cache_path(), warn=True).get(key)
     if gflops is None:
@@ -161,23 +161,18 @@ def matmul_gflops(n: int = 2048, repeats: int = 5, threads: int = 1, device: str
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
 
-    def sync():
-        if a.is_cuda:
-            torch.cuda.synchronize()
-
-    torch.mm(a, b)
-    sync()
-    best = float("inf")
-    for _ in range(repeats):
+    times = []
+    for _ in range(repeats + 1):  # the first call untimed
         t = time.perf_counter()
         torch.mm(a, b)
-        sync()
-        best = min(best, time.perf_counter() - t)
+        if a.is_cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
     torch.set_num_threads(old)
     if a.is_cuda:
         del a, b
         torch.cuda.empty_cache()  # the workers a benchmark driver launches get the GPU's memory
-    return 2 * n ** 3 / best / 1e9
+    return 2 * n ** 3 / min(times[1:]) / 1e9
 
 
 def matmul_column(precision: str, tf32: bool) -> str:
@@ -229,23 +224,15 @@ def device_peak(device: torch.device, precision: str, override: float | None = N
     return cpu_peak(dtype, threads)
 
 
-def model_rate(chars_per_s_per_rank: float, flops_per_char: float, peak: Peak | None
-               ) -> dict[str, float | None]:
-    """``{"tflops": achieved TFLOP/s of one rank, "mfu": that / peak.tflops}`` (module
-    docstring; ``mfu`` None without a peak)."""
-    tflops = chars_per_s_per_rank * flops_per_char / 1e12
-    return {"tflops": tflops, "mfu": tflops / peak.tflops if peak and peak.tflops else None}
-
-
 def rate_against(chars_per_s_per_rank: float, flops_per_char: float, peak: Peak
                  ) -> tuple[dict[str, float | None], Peak]:
-    """:func:`model_rate`, and the peak to use from now on: a kept CPU peak that the run
-    exceeded (it was measured under load) is raised to the rate reached, and kept so, so that
-    MFU never reads above 1."""
-    rate = model_rate(chars_per_s_per_rank, flops_per_char, peak)
-    if peak.key is not None and rate["tflops"] > peak.tflops:
-        _keep_peak(peak.key, rate["tflops"] * 1e3)
-        peak = Peak(rate["tflops"], f"{peak.source.split(' (kept in')[0]}, raised to a rate a "
+    """``{"tflops": achieved TFLOP/s of one rank, "mfu": that / peak.tflops}`` (module
+    docstring; ``mfu`` None for a zero peak), and the peak to use from now on: a kept CPU peak
+    that the run exceeded (it was measured under load) is raised to the rate reached, and kept
+    so, so that MFU never reads above 1."""
+    tflops = chars_per_s_per_rank * flops_per_char / 1e12
+    if peak.key is not None and tflops > peak.tflops:
+        _keep_peak(peak.key, tflops * 1e3)
+        peak = Peak(tflops, f"{peak.source.split(' (kept in')[0]}, raised to a rate a "
                     f"training step reached (kept in {peak_cache_path()})", peak.key)
-        rate = model_rate(chars_per_s_per_rank, flops_per_char, peak)
-    return rate, peak
+    return {"tflops": tflops, "mfu": tflops / peak.tflops if peak.tflops else None}, peak

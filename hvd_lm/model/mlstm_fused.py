@@ -57,21 +57,10 @@ import contextlib
 
 import torch
 
-from hvd_lm.model.mlstm_gemms import state_grad_mm, weight_grad_mm, weight_grad_path
-from hvd_lm.model.mlstm_graphs import WindowGraphs, signature
+from hvd_lm.model.mlstm_gemms import state_grad_mm, weight_grad_mm
+from hvd_lm.model.mlstm_graphs import WindowGraphs
 from hvd_lm.model.mlstm_kernels import Kernels
-from hvd_lm.model.mlstm_layout import (
-    LAYOUTS,
-    default_layout,
-    project,
-    steps_empty,
-    to_layout,
-    uniform_steps,
-)
-
-__all__ = ["LAYOUTS", "MLSTMWindow", "WindowGraphs", "default_layout", "mlstm_window", "project",
-           "saved_bytes", "signature", "steps_empty", "to_layout", "weight_grad_mm",
-           "weight_grad_path"]
+from hvd_lm.model.mlstm_layout import default_layout, steps_empty, to_layout, uniform_steps
 
 State = tuple[torch.Tensor, torch.Tensor]
 
@@ -247,11 +236,10 @@ def saved_bytes(T: int, B: int, H: int, state_dtype: torch.dtype = torch.float32
         + act 4H S + tanh(c) H S      when C = S (fp32): H (6 S + 4 C)
         + g 4H C                      when C < S (bf16/fp16 autocast): H (S + 8 C)
 
-    that is 20 H bytes in bf16 (80 KiB at H = 4096; 32 H, 128 KiB, before the pre-activations
-    replaced the fp32 activations), plus one more row of c_{t-1} and hprev (the state after
-    the last step), and the mask (1 B) and reset multiplier (S) per (step, row) when given. At
-    B = 256, T = 256, H = 4096 in bf16 that is 5.4 GB (8.6 GB before; docs/mlstm_fused.md
-    section 2; tests/test_mlstm_fused.py checks it against torch's saved-tensor hooks).
+    that is 20 H bytes in bf16, plus one more row of c_{t-1} and hprev (the state after the
+    last step), and the mask (1 B) and reset multiplier (S) per (step, row) when given
+    (docs/mlstm_fused.md section 2 works it out for the GPU runs' shapes;
+    tests/test_mlstm_fused.py checks it against torch's saved-tensor hooks).
 
     Args:
         T: window length (steps); B: rows; H: hidden size.

@@ -21,34 +21,24 @@ def out_dtype_gemm(device_type: str) -> bool:
     return device_type == "cuda" and hasattr(torch.ops.aten.mm, "dtype_out")
 
 
-def weight_grad_path(device_type: str, dtype: torch.dtype) -> str:
-    """How :func:`weight_grad_mm` computes a weight gradient from ``dtype`` operands on
-    ``device_type``: ``native`` (fp32/fp64 operands: the GEMM's own dtype), ``out_dtype``
-    (CUDA with fp16/bf16 operands: cuBLAS accumulates in fp32 and writes fp32,
-    :func:`out_dtype_gemm`) or ``fp32`` (the operands cast to fp32 first: CPU, or a torch
-    without that overload)."""
-    if dtype in (torch.float32, torch.float64):
-        return "native"
-    if out_dtype_gemm(device_type):
-        return "out_dtype"
-    return "fp32"
-
-
 def weight_grad_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` summed and returned in fp32 (or fp64 for fp64 operands) whatever the operands'
     dtype: a weight gradient over all T*B rows of a window (``a`` [F1, T*B], ``b`` [T*B, F2]).
 
     Why: under fp16 autocast a half-precision output would round, and can overflow (65504), a
     sum of 32-65k rows of loss-scaled products that the per-step reference accumulates into an
-    fp32 ``.grad`` step by step (:func:`weight_grad_path` says how).
+    fp32 ``.grad`` step by step.
+
+    How: fp32/fp64 operands: the GEMM's own dtype; fp16/bf16 operands on CUDA with PyTorch >=
+    2.8: cuBLAS accumulates in fp32 and writes fp32 (:func:`out_dtype_gemm`); otherwise (CPU,
+    or a torch without that overload) the operands are cast to fp32 first.
 
     Returns:
         [F1, F2] in fp32 (fp64 for fp64 operands).
     """
-    path = weight_grad_path(a.device.type, a.dtype)
-    if path == "native":
+    if a.dtype in (torch.float32, torch.float64):
         return a @ b
-    if path == "out_dtype":
+    if out_dtype_gemm(a.device.type):
         return torch.mm(a, b, out_dtype=torch.float32)
     return a.float() @ b.float()
 

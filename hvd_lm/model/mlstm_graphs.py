@@ -41,46 +41,35 @@ class WindowGraphs:
     its own warm-up iterations run first) on clones of the arguments, then replays it for every
     call with that signature; other calls run eagerly: a different shape (an eval batch, a
     shorter last window, text generation), grad disabled, tensors not on ``device_type``, or a
-    capture that failed (reported once on stderr, never retried). Up to ``max_graphs``
-    signatures are kept (each holds its window's saved tensors in a private memory pool).
+    capture that failed (reported once on stderr, never retried). One signature is kept (it
+    holds its window's saved tensors in a private memory pool).
 
     Args:
         device_type: where graphs apply (``cuda``; tests use ``cpu`` with a fake ``capture``).
         capture: ``capture(fn, sample_args) -> graphed fn`` (default
             ``torch.cuda.make_graphed_callables``).
-        max_graphs: signatures captured at most.
 
     Attributes:
         stats: Counter of ``graphed``, ``eager`` and ``captures`` calls (read by tests/bench).
     """
 
-    def __init__(self, device_type: str = "cuda", capture: Callable | None = None,
-                 max_graphs: int = 1):
+    def __init__(self, device_type: str = "cuda", capture: Callable | None = None):
         self.device_type = device_type
         self.capture = capture or torch.cuda.make_graphed_callables
-        self.max_graphs = max_graphs
         self.graphs: dict[tuple, Callable] = {}
         self.failed: set[tuple] = set()
         self.stats: Counter = Counter()
 
-    def eligible(self, args: tuple) -> bool:
-        """Grad on, every tensor on ``device_type``, not inside another capture."""
-        tensors = [a for a in args if a is not None]
-        if not torch.is_grad_enabled() or not any(a.requires_grad for a in tensors):
-            return False
-        if any(a.device.type != self.device_type for a in tensors):
-            return False
-        return not (self.device_type == "cuda" and torch.cuda.is_current_stream_capturing())
-
     def __call__(self, fn: Callable, args: tuple):
         """``fn(*args)``, from a CUDA graph when one is (or can now be) captured for ``args``'s
         signature, else eagerly."""
-        if not self.eligible(args):
-            self.stats["eager"] += 1
-            return fn(*args)
-        key = signature(args)
-        if key not in self.graphs and key not in self.failed \
-                and len(self.graphs) < self.max_graphs:
+        tensors = [a for a in args if a is not None]
+        # eligible: grad on, every tensor on device_type, not inside another capture
+        eligible = torch.is_grad_enabled() and any(a.requires_grad for a in tensors) \
+            and all(a.device.type == self.device_type for a in tensors) \
+            and not (self.device_type == "cuda" and torch.cuda.is_current_stream_capturing())
+        key = signature(args) if eligible else None
+        if key is not None and not self.graphs and key not in self.failed:
             self._capture(fn, args, key)
         graphed = self.graphs.get(key)
         if graphed is None:
@@ -91,9 +80,8 @@ class WindowGraphs:
         # autograd may adopt as a leaf's .grad (pytorch/pytorch#181723): the next replay would
         # then overwrite it, and gradient accumulation (several backward passes per step) would
         # sum a buffer into itself. Leaves get their gradient as a fresh tensor instead.
-        present = [_FreshGrad.apply(a) if a.requires_grad and a.is_leaf else a
-                   for a in args if a is not None]
-        return graphed(*present)
+        return graphed(*[_FreshGrad.apply(a) if a.requires_grad and a.is_leaf else a
+                         for a in tensors])
 
     def _capture(self, fn: Callable, args: tuple, key: tuple) -> None:
         where, n = [i for i, a in enumerate(args) if a is not None], len(args)

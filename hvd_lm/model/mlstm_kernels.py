@@ -42,6 +42,7 @@ Three implementations of the same two functions, picked by :func:`get_kernels`:
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -241,9 +242,6 @@ class Kernels:
         return f"Kernels({self.name!r})"
 
 
-_CACHE: dict[str, Kernels] = {}
-
-
 def triton_available() -> bool:
     """Whether ``import triton`` works (the package is an optional, GPU-path dependency)."""
     try:
@@ -284,20 +282,20 @@ def get_kernels(name: str, device: torch.device | str = "cpu") -> Kernels:
             and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("triton kernels need a CUDA device (or TRITON_INTERPRET=1, Triton's "
                          "CPU interpreter, for tests)")
-    if name in _CACHE:
-        return _CACHE[name]
+    return _make(name)
+
+
+@functools.cache
+def _make(name: str) -> Kernels:
+    """The kernels ``name`` (``torch``, ``compile`` or ``triton``), made once per process."""
     if name == "torch":
-        k = Kernels("torch", torch_cell_forward, torch_cell_backward)
-    elif name == "compile":
+        return Kernels("torch", torch_cell_forward, torch_cell_backward)
+    if name == "compile":
         # dynamic=None: the first shape compiles static, a second one recompiles with dynamic
         # shapes (transfer feeds shrinking batches) instead of once per shape.
-        k = Kernels("compile", torch.compile(cell_forward, fullgraph=True),
-                    torch.compile(cell_backward, fullgraph=True), strided=False)
-    else:
-        from hvd_lm.model import mlstm_triton  # optional dependency (triton): GPU path only
+        return Kernels("compile", torch.compile(cell_forward, fullgraph=True),
+                       torch.compile(cell_backward, fullgraph=True), strided=False)
+    from hvd_lm.model import mlstm_triton  # optional dependency (triton): GPU path only
 
-        k = Kernels("triton", mlstm_triton.cell_forward, mlstm_triton.cell_backward,
-                    strided=False, binders=(mlstm_triton.bind_forward,
-                                            mlstm_triton.bind_backward))
-    _CACHE[name] = k
-    return k
+    return Kernels("triton", mlstm_triton.cell_forward, mlstm_triton.cell_backward,
+                   strided=False, binders=(mlstm_triton.bind_forward, mlstm_triton.bind_backward))

@@ -3,8 +3,8 @@
 Every per-step buffer is [n, B, F]; on CUDA (and on a one-thread CPU) it is stored ``rows``
 (contiguous, as cuDNN and haste do); on a multi-threaded CPU ``features``: storage [F, n*B], each
 step's [B, F] matrix column-major, so that MKL runs each per-step GEMM as ``W X^T`` with the large
-dimension first (1.5x faster on two threads at B = 32) while the weight gradients stay single
-GEMMs over the [F, n*B] rows (the input projections are computed straight into it by
+dimension first (docs/mlstm_fused.md section 5 has the measurement) while the weight gradients
+stay single GEMMs over the [F, n*B] rows (the input projections are computed straight into it by
 :func:`project`). ``hs`` and the returned state are contiguous in both.
 """
 
@@ -24,14 +24,13 @@ def default_layout(device: torch.device | str, kernels: Kernels,
     ``torch.get_num_threads()``) when the kernels take strided tensors
     (:attr:`Kernels.strided`), else ``rows``.
 
-    Why (measured here, ``docs/mlstm_fused.md`` section 5; H=1024, B=32, T=64): MKL computes a
-    per-step product ``Y [B, N] = X [B, K] W^T`` ~1.5x faster on two threads when Y and X are
-    stored transposed (``Y^T = W X^T``: the large N becomes the GEMM's row dimension, which MKL
-    splits across threads) and the weight operand is row-major in that form (the backward keeps
-    a transposed copy of each weight): the fused step takes 453 ms instead of 581 ms. On one
-    thread the GEMMs run at the same rate either way and the layout's extra copies make it ~5%
-    slower (874 vs 830 ms), so one thread keeps ``rows``. On CUDA the rows layout of cuDNN and
-    haste is kept (the Triton kernels index contiguous rows)."""
+    Why (the measurements are in ``docs/mlstm_fused.md`` section 5): on two or more threads MKL
+    computes a per-step product ``Y [B, N] = X [B, K] W^T`` faster when Y and X are stored
+    transposed (``Y^T = W X^T``: the large N becomes the GEMM's row dimension, which MKL splits
+    across threads) and the weight operand is row-major in that form (the backward keeps a
+    transposed copy of each weight). On one thread the GEMMs run at the same rate either way
+    and the layout's extra copies cost time, so one thread keeps ``rows``. On CUDA the rows
+    layout of cuDNN and haste is kept (the Triton kernels index contiguous rows)."""
     threads = torch.get_num_threads() if threads is None else threads
     cpu = torch.device(device).type == "cpu"
     return "features" if cpu and threads > 1 and kernels.strided else "rows"
@@ -75,8 +74,7 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     ``x`` is contiguous [T, B, E] on the training path (:meth:`LanguageModel.encode` embeds
     the tokens in [T, B] order): ``F.linear`` on a contiguous 3-d input is one GEMM with the
     bias added in its epilogue, where a strided one falls back to a matmul and a separate add
-    over the whole [T, B, F] output (two kernels; the H200 profile's 3.25 ms per step at
-    B = 256, H = 4096).
+    over the whole [T, B, F] output (two kernels; docs/mlstm_fused.md section 8 has its cost).
 
     Args:
         x: [T, B, E]; weight: [F, E]; bias: [F] or None.

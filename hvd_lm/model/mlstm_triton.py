@@ -21,8 +21,7 @@ Triton compiles for GPUs; with ``TRITON_INTERPRET=1`` set before this module is 
 interpreter runs the same kernels on CPU tensors (numpy), which is how the tests check them on a
 machine without a GPU. ``tanh`` is written out (:func:`_tanh`) because the interpreter has no
 libdevice: an odd Taylor polynomial below |x| = 0.25 and ``(1 - e^{-2|x|}) / (1 + e^{-2|x|})``
-above it; measured within 1.1e-7 absolute and 2.9e-7 relative error of the exact tanh over
-[-20, 20] (torch's fp32 tanh: 3.1e-8 absolute).
+above it (its error against the exact tanh: docs/mlstm_fused.md section 3).
 
 The ahead-of-time builds of these kernels for a GPU (``hvd-lm kernels``):
 :mod:`hvd_lm.perf.kernels_aot`.
@@ -251,19 +250,17 @@ def bind_backward(uniform: bool, dhs_t, dhp, dcp, rk_next, keep, act, tc, cprev,
     return backward
 
 
-def cell_forward(g, cprev, hstate, keep, rk_next, act, tc, hs_t, c_next, h_next, hc_next):
-    """The cell forward (:func:`hvd_lm.model.mlstm_kernels.cell_forward`) as one Triton kernel
-    (checked and launched through the JIT on every call: :func:`bind_forward` binds a window)."""
-    bind_forward(False, g, cprev, hstate, keep, rk_next, act, tc, hs_t, c_next, h_next,
-                 hc_next)(g, cprev, hstate, keep, rk_next, act, tc, hs_t, c_next, h_next,
-                          hc_next)
+def cell_forward(*args) -> None:
+    """The cell forward (:func:`hvd_lm.model.mlstm_kernels.cell_forward`, the same positional
+    arguments) as one Triton kernel (checked and launched through the JIT on every call:
+    :func:`bind_forward` binds a window)."""
+    bind_forward(False, *args)(*args)
 
 
-def cell_backward(dhs_t, dhp, dcp, rk_next, keep, act, tc, cprev, dg, dcp_out, dhold, g=None):
-    """The cell backward (:func:`hvd_lm.model.mlstm_kernels.cell_backward`) as one Triton
-    kernel (:func:`bind_backward` binds a window)."""
-    bind_backward(False, dhs_t, dhp, dcp, rk_next, keep, act, tc, cprev, dg, dcp_out, dhold,
-                  g)(dhs_t, dhp, dcp, rk_next, keep, act, tc, cprev, dg, dcp_out, dhold, g)
+def cell_backward(*args) -> None:
+    """The cell backward (:func:`hvd_lm.model.mlstm_kernels.cell_backward`, the same positional
+    arguments, ``g`` optional) as one Triton kernel (:func:`bind_backward` binds a window)."""
+    bind_backward(False, *args)(*args)
 
 
 # ---- ahead-of-time builds (no GPU needed) --------------------------------------------------------
@@ -272,18 +269,14 @@ def cell_backward(dhs_t, dhp, dcp, rk_next, keep, act, tc, cprev, dg, dcp_out, d
 COMPUTE_TYPES = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
 
 
-def recomputes(compute: str) -> bool:
-    """Whether the CUDA path saves the gate pre-activations and recomputes the activations in
-    the backward (``SAVE`` False, ``RECOMPUTE`` True) for a compute dtype: when it is narrower
-    than the fp32 state (:class:`hvd_lm.model.mlstm_fused.MLSTMWindow`)."""
-    return compute != "fp32"
-
-
 def launch_signatures(compute: str, has_keep: bool, has_rk: bool) -> dict[str, dict]:
     """The argument types both kernels are launched with by :func:`bind_forward` /
     :func:`bind_backward` for one compute dtype (``g``, ``hs``, ``dg`` and the GEMM copy of h;
     every state tensor is fp32) and mask/reset case (absent flags, and the activations a
-    window does not save, are passed as an fp32 state pointer, never read).
+    window does not save, are passed as an fp32 state pointer, never read). A compute dtype
+    narrower than the fp32 state (not ``fp32``) saves the gate pre-activations and recomputes
+    the activations in the backward (``SAVE`` False, ``RECOMPUTE`` True), as
+    :class:`hvd_lm.model.mlstm_fused.MLSTMWindow` does.
 
     Returns:
         {kernel name: Triton signature dict (argument -> type; constexprs -> "constexpr")}.
@@ -301,7 +294,7 @@ def launch_signatures(compute: str, has_keep: bool, has_rk: bool) -> dict[str, d
                                   "keep_ptr": keep, "act_ptr": f32, "tc_ptr": f32,
                                   "cprev_ptr": f32, "dg_ptr": c, "dcpout_ptr": f32,
                                   "dhold_ptr": f32,
-                                  "g_ptr": c if recomputes(compute) else f32, **const,
+                                  "g_ptr": c if compute != "fp32" else f32, **const,
                                   "RECOMPUTE": "constexpr", "BLOCK": "constexpr"}}
 
 
@@ -309,5 +302,5 @@ def launch_constexprs(compute: str, has_keep: bool, has_rk: bool) -> dict[str, d
     """The constexpr values of both kernels' launches for one compute dtype and mask/reset
     case (as :func:`launch_signatures`)."""
     flags = {"HAS_KEEP": has_keep, "HAS_RK": has_rk, "BLOCK": BLOCK}
-    return {"_cell_forward_kernel": {**flags, "SAVE": not recomputes(compute)},
-            "_cell_backward_kernel": {**flags, "RECOMPUTE": recomputes(compute)}}
+    return {"_cell_forward_kernel": {**flags, "SAVE": compute == "fp32"},
+            "_cell_backward_kernel": {**flags, "RECOMPUTE": compute != "fp32"}}
