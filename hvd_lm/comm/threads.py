@@ -8,14 +8,12 @@ process's affinity set (a SLURM/cgroup cpuset, ``taskset``, an MPI binding; ``os
 would count every core of the machine) and the ranks on this machine are counted by the kernel's
 boot id (``/proc/sys/kernel/random/boot_id``), not the host name: containers and network
 namespaces on one machine (the cluster in a box) have host names of their own but share its
-cores, and their ranks' threads spun against each other 20x slower (2.4 s vs 0.12 s a step)
-until they were counted together. The machine's other work counts too: the default is lowered
-to the usable cores left idle (:func:`idle_cores`: ``psutil.cpu_percent`` over the affinity set
-for :data:`LOAD_SAMPLE_S`, read after the ranks' gather, while they all wait in it), recorded
-where the command records its settings (a busy 2-core machine ran ``transfer`` at 1,213 chars/s
-on the default 2 threads and 35,768 on 1: 30x). An explicit ``--threads N`` whose ranks x
-threads exceed the usable cores is kept, with one warning line: steps then run 20-50x slower
-than with 1 thread.
+cores. The machine's other work counts too: the default is lowered to the usable cores left idle
+(:func:`idle_cores`: ``psutil.cpu_percent`` over the affinity set for :data:`LOAD_SAMPLE_S`,
+read after the ranks' gather, while they all wait in it), recorded where the command records its
+settings. An explicit ``--threads N`` whose ranks x threads exceed the usable cores is kept,
+with one warning line (oversubscribed threads spin against each other; what that cost:
+docs/training.md, "Threads").
 """
 
 from __future__ import annotations

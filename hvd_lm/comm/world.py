@@ -392,7 +392,7 @@ def local_mpi_env(**extra: str) -> dict[str, str]:
     ``PYTHONPATH``, one OpenMP thread per rank unless set, OpenMPI allowed to run as root and in
     containers (no ptrace single-copy), and ``OMPI_MCA_mpi_yield_when_idle=1``: with ranks sharing
     cores, OpenMPI's busy-polling in Horovod's MPI controller steals the compute threads' cores
-    (measured 4.7x slower 2-rank steps on 2 cores). ``extra`` is applied last."""
+    (docs/training.md). ``extra`` is applied last."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     repo = str(hvd_lm.REPO_ROOT)

@@ -31,30 +31,15 @@ workspace (the window's input gradients [T, B, 4H] and [T, B, H] and the gradien
 pre-activations, so the [T, B, 4H] one is not allocated: 2 N H C + 2 N V S) and, on the host,
 the shard read buffers (1 MiB per row and split).
 
-On a GPU the fused window's backward needed 2 N H C more than that workspace (measured on one
-H200 at H=4096, T=256, B=128 and 256, fp32 and bf16: the eager peak sat 3.6-3.9 bytes per
-position and unit above the estimate in bf16, 7.8 in fp32; ``docs/results/gpu_h200/``), one N H
-C of which was the contiguous copy of the gradient of hs, which came transposed then (issue 43:
-the data now stays in [T, B] order and the copy is gone): 1 N H C is added, on CUDA only.
-
-**Refit for issue 43, without a card** (:func:`gpu_savings`): those peaks were measured before
-the fused window saved the pre-activations (12 H bytes less per position in bf16), wrote the
-gate gradients over them (4 N H C less workspace) and stopped copying the gradient of hs (1 N H
-C); the estimate is the fitted one less exactly those bytes, checked against the H200's peaks
-less the same bytes by ``tests/test_reliability_preflight.py``. The next card's ``bench gpu``
-records the new peaks beside this estimate (``peak_memory_gib``, ``estimated_memory_gib``) to
-confirm it.
-
-With ``--cuda-graphs`` on a GPU, the fused window is replayed from a CUDA graph whose private
+On a GPU the fused window's backward needs 1 N H C more than that workspace (added on CUDA
+only), and with ``--cuda-graphs`` the fused window is replayed from a CUDA graph whose private
 memory pool (``torch.cuda.make_graphed_callables``) stays allocated for the whole run and is
 never shared with the eager allocator: :func:`graph_pool_bytes` adds the pool's static buffers
-(inputs, outputs, their gradients and the backward's gate gradients: 14 N H C, plus the
-recurrent weights cast and their gradients, 10 H^2 C; under autocast the gate gradients and
-the input's gradient are the static input buffer itself, 8 of the 17 elements per position the
-fit was made from: 7 N H C). The window's saved activations live in the pool instead of the eager
-allocator, so they count once. Measured on that H200: the graphed peak 7.1 GiB above the eager
-one at B=256 bf16 (the model: 7.3) and 7.2 at B=128 fp32 (7.6); the first model, which counted
-the saved activations twice and 17 N H C, was 2.4x the measured pool.
+(inputs, outputs, their gradients and the backward's gate gradients: 14 N H C, 7 N H C under
+autocast, plus the recurrent weights cast and their gradients, 10 H^2 C); the window's saved
+activations live in the pool, so they count once. These GPU terms were fitted to an H200's
+peaks and refitted without a card (:func:`gpu_savings`); the measurements and the fit:
+docs/training.md, "One step's memory".
 
 With ``--async-checkpoint`` (the default) rank 0 also holds a host copy of the checkpoint being
 written while the next steps run: weights and optimizer state, 4 P (1 + states), and every
@@ -170,9 +155,9 @@ def gpu_savings(T: int, B: int, H: int, C: int, graphed: bool = False) -> int:
     """Bytes issue 43 took off the fused window's step on a GPU, per rank: the activations
     (the pre-activations 4 H C saved instead of the activations and tanh(c) 5 H S per position,
     under autocast), the gate-gradient buffer (4 N H C, autocast), the copy of the gradient of
-    hs (1 N H C), and with CUDA graphs the pool's merged buffers (7 N H C, autocast). What
-    ``tests/test_reliability_preflight.py`` takes off the H200's peaks, measured before, to check
-    the refitted estimate (module docstring)."""
+    hs (1 N H C), and with CUDA graphs the pool's merged buffers (7 N H C, autocast): what
+    ``tests/test_reliability_preflight.py`` takes off the GPU peaks measured before them, to
+    check the refitted estimate (docs/training.md, "One step's memory")."""
     N, narrow = T * B, C < 4
     saved = N * H * (5 * 4 - 4 * C) if narrow else 0
     pool = 7 * N * H * C if graphed and narrow else 0
@@ -183,9 +168,8 @@ def graph_pool_bytes(T: int, B: int, H: int, C: int) -> int:
     """Bytes the private memory pool of a CUDA-graphed fused window adds for the whole run
     (module docstring), N = T B positions: its static buffers, 14 N H C in the compute dtype
     (the inputs xg [T, B, 4H] and xm [T, B, H], the output hs and its gradient, the inputs'
-    gradients, the backward's gate gradients; fitted to one H200's peaks, where 17 was the
-    count of the buffers' elements), 7 N H C under autocast (C < 4: the gate gradients and
-    xg's gradient, 8 of those elements, are xg's own buffer: half the fit, not yet measured),
+    gradients, the backward's gate gradients), 7 N H C under autocast (C < 4: the gate
+    gradients and xg's gradient are xg's own buffer),
     and the recurrent weights W_mh [H, H], W_h [4H, H]
     cast and their gradients, 10 H^2 C. The saved activations move into the pool and are
     counted in ``activations``.

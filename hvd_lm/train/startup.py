@@ -239,7 +239,7 @@ class RunParts:
         self.val = None
         if cfg.data.val_split:
             # eval's rows, not the training batch: each row's state starts at zero, so the BPC
-            # of a split cut into more rows is higher (an H200's 256 rows: 1.696 vs eval's 1.660)
+            # of a split cut into more rows is higher
             self.val = RankStreams(self.manifest, cfg.data.val_split, ctx.rank, ctx.size,
                                    cfg.run.eval_batch_size, self.T, shuffle_shards=False,
                                    max_bytes=cfg.run.eval_chars)
