@@ -316,11 +316,11 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
     ``param_groups`` (it passes ``isinstance(.., torch.optim.Optimizer)`` for LR schedulers).
 
     * Warmup (the optimiser's first ``warmup_steps`` steps): ``hvd.DistributedOptimizer`` with
-      ``compression`` averages the gradients (its hooks and ``synchronize()``), then the
-      uncompressed Adam / LAMB step.
-    * Compressed phase: gradients stay local (the hooks are silenced by setting Horovod's
-      ``backward_passes_per_step`` beyond reach; ``synchronize()`` returns at once); the
-      optimiser's step hands its flat momentum to
+      ``compression`` averages the gradients (its hooks and ``synchronize()``; the torch
+      engine: DDP inside backward), then the uncompressed Adam / LAMB step.
+    * Compressed phase: gradients stay local (:func:`hvd_lm.comm.horovod.keep_gradients_local`:
+      Horovod's hooks silenced, DDP's hook hands the buckets back; ``synchronize()`` returns at
+      once); the optimiser's step hands its flat momentum to
       :func:`hvd_lm.comm.horovod.compressed_allreduce` with this rank's
       :class:`~hvd_lm.comm.onebit_compression.ErrorFeedback` (created at the first compressed step).
       With one rank there is nothing to communicate and the momentum is used as is (as DeepSpeed
