@@ -121,15 +121,14 @@ def open_predictions(path: str) -> Iterator:
             yield f
 
 
-def blocks(records: Iterable[tuple], max_texts: int = BLOCK_TEXTS,
-           max_chars: int = BLOCK_CHARS) -> Iterator[list[tuple]]:
-    """``records`` in lists of at most ``max_texts`` records, each list ending once its texts
-    (the records' second item) reach ``max_chars`` characters; read lazily."""
+def blocks(records: Iterable[tuple]) -> Iterator[list[tuple]]:
+    """``records`` in lists of at most :data:`BLOCK_TEXTS` records, each list ending once its
+    texts (the records' second item) reach :data:`BLOCK_CHARS` characters; read lazily."""
     block, chars = [], 0
     for r in records:
         block.append(r)
         chars += len(r[1])
-        if len(block) >= max_texts or chars >= max_chars:
+        if len(block) >= BLOCK_TEXTS or chars >= BLOCK_CHARS:
             yield block
             block, chars = [], 0
     if block:

@@ -317,23 +317,22 @@ class FeatureCache:
         """``<dir>/<key>.npy``."""
         return self.dir / f"{key}.npy"
 
-    def load(self, key: str, n: int, width: int | None = None) -> np.ndarray | None:
-        """The cached float32 [``n``, H] array (H = ``width`` when given), or None when absent,
-        or when the entry is bad (one warning on stderr names it; it is featurized again and
-        rewritten): not a regular file (a FIFO, a device: never opened), a header declaring more
-        than ``n`` x ``width`` (else :data:`MAX_FEATURE_WIDTH`) float32 values or more than
-        the file holds (refused from the header, before anything is allocated:
-        :func:`hvd_lm.util.files.load_npy`), or another shape or dtype."""
+    def load(self, key: str, n: int) -> np.ndarray | None:
+        """The cached float32 [``n``, H] array, or None when absent, or when the entry is bad
+        (one warning on stderr names it; it is featurized again and rewritten): not a regular
+        file (a FIFO, a device: never opened), a header declaring more than ``n`` x
+        :data:`MAX_FEATURE_WIDTH` float32 values or more than the file holds (refused from the
+        header, before anything is allocated: :func:`hvd_lm.util.files.load_npy`), or another
+        shape or dtype."""
         p = self.path(key)
         if not p.exists() and not p.is_symlink():
             return None
-        budget = n * (width or MAX_FEATURE_WIDTH) * 4
         try:
-            arr = load_npy(p, budget, "a feature cache entry is a float32 [N, H] .npy")
-            if arr.dtype != np.float32 or arr.ndim != 2 or arr.shape[0] != n or \
-                    (width is not None and arr.shape[1] != width):
+            arr = load_npy(p, n * MAX_FEATURE_WIDTH * 4, "a feature cache entry is a float32 "
+                           "[N, H] .npy")
+            if arr.dtype != np.float32 or arr.ndim != 2 or arr.shape[0] != n:
                 raise FileRefused(f"{shown(p)}: {arr.dtype} {list(arr.shape)}, expected float32 "
-                                  f"[{n}, {width or 'H'}]")
+                                  f"[{n}, H]")
         except (OSError, FileRefused) as e:
             print(f"warning: feature cache: {error_text(e)}; featurizing again (the entry is "
                   "rewritten)", file=sys.stderr)

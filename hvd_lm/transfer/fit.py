@@ -286,10 +286,9 @@ def plot_neuron_histogram(values: np.ndarray, labels: np.ndarray, index: int, th
 
 
 def tfidf_baseline(train, val=None, test=None, grid: Sequence[float] = DEFAULT_BASELINE_C_GRID,
-                   seed: int = 42, max_features: int = 300_000, folds: int = DEFAULT_FOLDS,
-                   jobs: int = 0) -> dict:
+                   seed: int = 42, folds: int = DEFAULT_FOLDS, jobs: int = 0) -> dict:
     """TF-IDF n-gram baseline: word 1-2-grams + char_wb 2-5-grams (sublinear tf, each capped at
-    ``max_features``, min_df 2 when train has >= 100 texts) in a ``FeatureUnion`` fit on the
+    300,000 features, min_df 2 when train has >= 100 texts) in a ``FeatureUnion`` fit on the
     training texts (no labels), then an L2 ``LogisticRegression`` (liblinear) with C chosen by
     the same k-fold cross-validation on train as :func:`fit_logreg` (:func:`cross_validate`),
     validation and test accuracy measured once.
@@ -305,9 +304,9 @@ def tfidf_baseline(train, val=None, test=None, grid: Sequence[float] = DEFAULT_B
     min_df = 2 if len(train) >= 100 else 1
     union = FeatureUnion([
         ("word", TfidfVectorizer(analyzer="word", ngram_range=(1, 2), sublinear_tf=True,
-                                 min_df=min_df, max_features=max_features, dtype=np.float32)),
+                                 min_df=min_df, max_features=300_000, dtype=np.float32)),
         ("char", TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True,
-                                 min_df=min_df, max_features=max_features, dtype=np.float32)),
+                                 min_df=min_df, max_features=300_000, dtype=np.float32)),
     ])
     Xtr = union.fit_transform(train.texts)
     search = cross_validate(logistic_regression("l2", "liblinear", seed=seed), Xtr, train.labels,

@@ -164,10 +164,6 @@ _KIND_LABEL = {"cell": "final cell state", "hidden": "final hidden state",
 ACC_SPLITS = ("train", "cv", "val", "test")
 
 
-def _fmt_acc(v) -> str:
-    return "-" if v is None else f"{100 * v:.2f}"
-
-
 def format_markdown(report: dict) -> str:
     """The report as a markdown table (LM classifier, sentiment unit, TF-IDF baseline rows) with
     a header of checkpoint, dataset and featurization details."""
@@ -188,7 +184,8 @@ def format_markdown(report: dict) -> str:
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     def row(method, features, C, acc: dict, nonzero) -> str:  # acc: split -> fraction or None
-        cells = [method, features, C, *(_fmt_acc(acc.get(k)) for k in ACC_SPLITS), nonzero]
+        cells = [method, features, C, *("-" if acc.get(k) is None else f"{100 * acc[k]:.2f}"
+                                         for k in ACC_SPLITS), nonzero]
         return "| " + " | ".join(map(str, cells)) + " |"
 
     lines.append(row(f"LM + {clf['penalty'].upper()} logistic regression",

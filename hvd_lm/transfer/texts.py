@@ -62,9 +62,7 @@ def normalize_label(value, where: str) -> int:
     Raises:
         DatasetError: the value is not one of the accepted spellings.
     """
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, (int, float)) and value in (0, 1):
+    if isinstance(value, (int, float)) and value in (0, 1):  # bool too (False, True)
         return int(value)
     key = str(value).strip().lower() if value is not None else ""
     if key in LABEL_MAP:
