@@ -124,15 +124,15 @@ class _Listeners:
                 conn.sendall(self.reply)
 
 
-def probe(addr: str, port: int, timeout: float = PROBE_TIMEOUT) -> dict:
+def probe(addr: str, port: int) -> dict:
     """Connect to a listener; ``{"ok": True, "host", "token"}`` with whom it reached, or
     ``{"ok": False, "error": "timed out" | "connection refused" | ...}``."""
     try:
-        with socket.create_connection((addr, port), timeout=timeout) as s:
+        with socket.create_connection((addr, port), timeout=PROBE_TIMEOUT) as s:
             data = s.makefile("rb").readline()  # to the line's end or the connection's
         return {"ok": True, **json.loads(data.decode())}
     except socket.timeout:
-        return {"ok": False, "error": f"timed out after {timeout:g} s"}
+        return {"ok": False, "error": f"timed out after {PROBE_TIMEOUT:g} s"}
     except (OSError, ValueError) as e:
         return {"ok": False, "error": getattr(e, "strerror", None) or str(e)}
 
