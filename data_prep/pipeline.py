@@ -190,9 +190,7 @@ def _map(run: _Run) -> None:
     done = run.ctx.root_call(lambda: {u for u in range(len(run.units))
                                       if (work / "map" / f"u{u:05d}").is_dir()})
     tasks = [MapTask(unit=u, spec=run.specs[i], stripe=k, n_stripes=n, work=str(work),
-                     bits=run.bits, seed=cfg.seed, normalize=cfg.normalize,
-                     min_chars=cfg.min_chars, skip_bad=cfg.skip_bad,
-                     utf8_errors=cfg.utf8_errors, buffer_bytes=max(1 * MIB, run.per_proc // 4),
+                     bits=run.bits, cfg=cfg, buffer_bytes=max(1 * MIB, run.per_proc // 4),
                      max_doc_bytes=run.per_proc // DOC_BUDGET_SHARE)
              for u, (i, k, n) in enumerate(run.units) if u not in done]
     mine = tasks[run.ctx.rank::run.ctx.size]

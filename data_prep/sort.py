@@ -27,6 +27,7 @@ import numpy as np
 
 from data_prep import inputs, readers
 from data_prep.resume import atomic_json, finish_dir, fresh_dir
+from data_prep.settings import PrepareConfig
 from hvd_lm.formats.tokenizer import EOD, encode_bytes, normalize_text
 from hvd_lm.util.units import MIB
 
@@ -53,7 +54,8 @@ class UnitStats(inputs.ReadStats):
 @dataclass(frozen=True)
 class MapTask:
     """Phase-1 task: read stripe ``stripe`` of ``n_stripes`` of one input into ``2**bits``
-    bucket spill files under ``work``, buffering at most ``buffer_bytes`` bytes."""
+    bucket spill files under ``work``, buffering at most ``buffer_bytes`` bytes, as ``cfg``
+    says (its seed, normalize, min_chars, skip_bad and utf8_errors)."""
 
     unit: int
     spec: inputs.InputSpec
@@ -61,11 +63,7 @@ class MapTask:
     n_stripes: int
     work: str
     bits: int
-    seed: int
-    normalize: bool
-    min_chars: int
-    skip_bad: bool
-    utf8_errors: str
+    cfg: PrepareConfig
     buffer_bytes: int
     max_doc_bytes: Optional[int] = None
 
@@ -145,14 +143,15 @@ def map_unit(task: MapTask, progress=None) -> None:
     stats = UnitStats()
     n_buckets = 1 << task.bits
     spill = _Spill(part, n_buckets, task.buffer_bytes)
-    keyed = hashlib.blake2b(digest_size=16, key=str(task.seed).encode())
-    normalize, min_chars, limit = task.normalize, task.min_chars, spill.limit
+    cfg = task.cfg
+    keyed = hashlib.blake2b(digest_size=16, key=str(cfg.seed).encode())
+    normalize, min_chars, limit = cfg.normalize, cfg.min_chars, spill.limit
     shift = 16 - task.bits  # bucket = top ``bits`` bits of the key (bits <= MAX_BUCKET_BITS)
     keys, dats = spill.keys, spill.data
     try:
         batches = readers.read_document_batches(
-            task.spec, task.stripe, task.n_stripes, stats=stats, skip_bad=task.skip_bad,
-            utf8_errors=task.utf8_errors, progress=progress, max_line_bytes=task.max_doc_bytes)
+            task.spec, task.stripe, task.n_stripes, stats=stats, skip_bad=cfg.skip_bad,
+            utf8_errors=cfg.utf8_errors, progress=progress, max_line_bytes=task.max_doc_bytes)
         for texts in batches:
             kept = nbytes = too_short = 0
             for text in texts:
@@ -183,7 +182,7 @@ def map_unit(task: MapTask, progress=None) -> None:
             if spill.size >= limit:
                 spill.flush()
     except inputs.CorruptInput as e:
-        if not task.skip_bad:
+        if not cfg.skip_bad:
             raise
         part = fresh_dir(part)  # drop everything read from this file
         stats = UnitStats()

@@ -128,9 +128,8 @@ def test_external_sort_splits_oversized_buckets(music, tmp_path):
     """A bucket larger than the budget is split 16 ways recursively; same result."""
     spec = resolve_input(music)
     work = tmp_path / "work"
-    map_unit(MapTask(unit=0, spec=spec, stripe=0, n_stripes=1, work=str(work), bits=0, seed=1,
-                     normalize=False, min_chars=1, skip_bad=False, utf8_errors="replace",
-                     buffer_bytes=1 << 20))
+    map_unit(MapTask(unit=0, spec=spec, stripe=0, n_stripes=1, work=str(work), bits=0,
+                     cfg=PrepareConfig(seed=1), buffer_bytes=1 << 20))
     results = []
     for budget in (64 << 20, 96 << 10):
         sort_bucket(SortTask(bucket=0, bits=0, work=str(work), units=1, budget=budget,
