@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -209,7 +208,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu",
 
 # ---- hvd-lm export ------------------------------------------------------------------------------
 
-@dataclass
+@dataclasses.dataclass
 class ExportConfig:
     """``hvd-lm export CHECKPOINT OUT_DIR``."""
 

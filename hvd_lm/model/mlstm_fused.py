@@ -310,8 +310,5 @@ def mlstm_window(xg: torch.Tensor, xm: torch.Tensor, state: State, w_mh: torch.T
     def run(*a):
         return MLSTMWindow.apply(*a, kernels, save, layout)
 
-    if graphs is not None and save:
-        hs, h, c = graphs(run, args)
-    else:
-        hs, h, c = run(*args)
+    hs, h, c = graphs(run, args) if graphs is not None and save else run(*args)
     return hs, (h, c)

@@ -267,6 +267,9 @@ def cell_backward(*args) -> None:
 
 #: Triton's pointer type names of the compute dtypes the CUDA path launches the kernels with.
 COMPUTE_TYPES = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
+#: The kernels' arguments in the compute dtype (the rest are fp32 state tensors, the keep flag
+#: a bool when there is one, N and H int32).
+COMPUTE_ARGS = ("g_ptr", "hs_ptr", "hcnext_ptr", "dhs_ptr", "dg_ptr")
 
 
 def launch_signatures(compute: str, has_keep: bool, has_rk: bool) -> dict[str, dict]:
@@ -281,21 +284,11 @@ def launch_signatures(compute: str, has_keep: bool, has_rk: bool) -> dict[str, d
     Returns:
         {kernel name: Triton signature dict (argument -> type; constexprs -> "constexpr")}.
     """
-    c, f32 = COMPUTE_TYPES[compute], "*fp32"
-    keep = "*i1" if has_keep else f32
-    const = {"N": "i32", "H": "i32", "HAS_KEEP": "constexpr", "HAS_RK": "constexpr"}
-    return {
-        "_cell_forward_kernel": {"g_ptr": c, "cprev_ptr": f32, "hstate_ptr": f32,
-                                 "keep_ptr": keep, "rk_ptr": f32, "act_ptr": f32, "tc_ptr": f32,
-                                 "hs_ptr": c, "cnext_ptr": f32, "hnext_ptr": f32,
-                                 "hcnext_ptr": c, **const, "SAVE": "constexpr",
-                                 "BLOCK": "constexpr"},
-        "_cell_backward_kernel": {"dhs_ptr": c, "dhp_ptr": f32, "dcp_ptr": f32, "rk_ptr": f32,
-                                  "keep_ptr": keep, "act_ptr": f32, "tc_ptr": f32,
-                                  "cprev_ptr": f32, "dg_ptr": c, "dcpout_ptr": f32,
-                                  "dhold_ptr": f32,
-                                  "g_ptr": c if compute != "fp32" else f32, **const,
-                                  "RECOMPUTE": "constexpr", "BLOCK": "constexpr"}}
+    c, consts = COMPUTE_TYPES[compute], launch_constexprs(compute, has_keep, has_rk)
+    return {fn.__name__: {a: "constexpr" if a in consts[fn.__name__] else "i32" if a in ("N", "H")
+                          else "*i1" if a == "keep_ptr" and has_keep
+                          else c if a in COMPUTE_ARGS else "*fp32" for a in fn.arg_names}
+            for fn in (_cell_forward_kernel, _cell_backward_kernel)}
 
 
 def launch_constexprs(compute: str, has_keep: bool, has_rk: bool) -> dict[str, dict]:
