@@ -73,12 +73,6 @@ from hvd_lm.util.lock import FolderLock
 from hvd_lm.util.units import MIB
 
 
-def _versions() -> dict:
-    return {"hvd_lm": hvd_lm.__version__, "h5py": h5py.__version__,
-            "hdf5": h5py.version.hdf5_version, "numpy": np.__version__,
-            "python": platform.python_version()}
-
-
 def _estimate_bytes(spec: inputs.InputSpec) -> int:
     """Uncompressed size estimate: gzip ISIZE trailer (size mod 2**32), at least 3x on disk."""
     if not spec.compressed:
@@ -280,7 +274,9 @@ def _finish(run: _Run, plans: list, results: list, stats: UnitStats, dups: int, 
                     "gzip": s.compressed, "format": s.format,
                     "format_source": s.format_source, "text_field": s.text_field,
                     "field_source": s.field_source} for name, s in zip(run.names, specs)],
-        "versions": _versions(),
+        "versions": {"hvd_lm": hvd_lm.__version__, "h5py": h5py.__version__,
+                     "hdf5": h5py.version.hdf5_version, "numpy": np.__version__,
+                     "python": platform.python_version()},
         "counters": counters,
         "bad_samples": [f"{p}:{n}: {r}" for p, n, r in stats.bad_samples],
         "run": {"world_size": run.ctx.size, "workers": cfg.workers,

@@ -41,10 +41,7 @@ def infer_format(path: str) -> Optional[str]:
     name = os.path.basename(path).lower()
     if name.endswith(_TAR_SUFFIXES):
         return "tar"
-    for ext in (".gz", ".gzip"):
-        if name.endswith(ext):
-            name = name[: -len(ext)]
-    return _SUFFIX_FORMATS.get(os.path.splitext(name)[1])
+    return _SUFFIX_FORMATS.get(os.path.splitext(re.sub(r"\.gz(ip)?$", "", name))[1])
 
 
 def _head_lines(path: str, compressed: bool, max_lines: int = 64) -> list[tuple[int, str]]:

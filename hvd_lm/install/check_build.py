@@ -89,10 +89,8 @@ def horovodrun_path() -> str:
     Raises:
         FileNotFoundError: when neither exists (Horovod is not installed).
     """
-    here = Path(sys.executable).parent / "horovodrun"
-    if here.exists():
-        return str(here)
-    found = shutil.which("horovodrun")
+    found = (shutil.which("horovodrun", path=str(Path(sys.executable).parent))
+             or shutil.which("horovodrun"))
     if not found:
         raise FileNotFoundError("horovodrun not found: run `make setup` (scripts/setup.sh)")
     return found

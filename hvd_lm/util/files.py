@@ -384,13 +384,13 @@ def check_output(path: str | Path, flag: str, *reads: str | Path,
     try:
         st = os.stat(p)
     except OSError:
-        st = None
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        raise FileRefused(f"{flag} {shown(path)}: is a folder; give a file name")
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        raise FileRefused(f"{flag} {shown(path)}: is {kind_of(st.st_mode)}, not a file; give "
-                          "a file name")
-    if st is not None:
+        pass  # nothing there yet
+    else:
+        if stat.S_ISDIR(st.st_mode):
+            raise FileRefused(f"{flag} {shown(path)}: is a folder; give a file name")
+        if not stat.S_ISREG(st.st_mode):
+            raise FileRefused(f"{flag} {shown(path)}: is {kind_of(st.st_mode)}, not a file; "
+                              "give a file name")
         for k in reads:
             try:
                 same = Path(k).exists() and os.path.samefile(p, k)
