@@ -80,10 +80,6 @@ class JobPlan:
     out_dir: str | None = None
     script: str = ""
 
-    @property
-    def size(self) -> JobSize:
-        return JobSize(self.gpus, self.nodes, self.tasks_per_node)
-
 
 def plan_job(gpus: int, gpus_per_node: int, cfg, nodes: int | None = None,
              steps: int | None = None, out_dir: str | None = None) -> JobPlan:
@@ -170,7 +166,8 @@ def _render_job(args: LaunchConfig, job: JobPlan, train_args: list[str], job_nam
               f"{job.global_batch} ({per_gpu} per {_unit(args.device)}); peak LR {job.lr:.4g} "
               f"({_lr_rule_text(cfg)})" + (f"; {job.steps} steps" if job.steps else ""))
     return render(RenderSpec(
-        scheduler=args.scheduler, size=job.size, device=args.device, partition=args.partition,
+        scheduler=args.scheduler, size=JobSize(job.gpus, job.nodes, job.tasks_per_node),
+        device=args.device, partition=args.partition,
         walltime=args.walltime, config=args.config, out_dir=job.out_dir,
         train_args=tuple(train_args), job_name=job_name, python=args.python,
         launcher=args.launcher, controller=args.controller,
