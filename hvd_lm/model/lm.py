@@ -62,14 +62,13 @@ class MLSTM(nn.Module):
         self.w_mh = nn.Linear(hidden_size, hidden_size, bias=False)
         self.w_h = nn.Linear(hidden_size, 4 * hidden_size, bias=False)
         bound = hidden_size ** -0.5
-        for lin in (self.w_x, self.w_mx, self.w_mh, self.w_h):
-            nn.init.uniform_(lin.weight, -bound, bound)
+        for name in ("w_x", "w_mx", "w_mh", "w_h"):
+            nn.init.uniform_(getattr(self, name).weight, -bound, bound)
+            if weight_norm:
+                setattr(self, name, wn(getattr(self, name), dim=0))
         # Bias 0, the forget gate's 1 (Jozefowicz et al. 2015): long memory from the first step.
         with torch.no_grad():
             self.w_x.bias.zero_()[hidden_size:2 * hidden_size] = 1.0
-        if weight_norm:
-            for name in ("w_x", "w_mx", "w_mh", "w_h"):
-                setattr(self, name, wn(getattr(self, name), dim=0))
 
     def forward(self, x: torch.Tensor, state: State, mask: torch.Tensor | None = None,
                 reset: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:

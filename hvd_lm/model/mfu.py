@@ -33,6 +33,7 @@ The peak (:func:`device_peak`), in this order:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -96,12 +97,9 @@ def peak_cache_path() -> Path:
 
 def _machine_key(dtype: torch.dtype, threads: int) -> str:
     model = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f
-                          if ln.startswith("model name")), model)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        model = next((ln.split(":", 1)[1].strip() for ln in f
+                      if ln.startswith("model name")), model)
     return (f"{socket.gethostname()} | {model} | {os.cpu_count()} cores | torch "
             f"{torch.__version__} | {str(dtype)[6:]} | {threads} thread(s)")
 
@@ -132,11 +130,9 @@ def _keep_peak(key: str, gflops: float) -> None:
     path = peak_cache_path()
     kept = _kept_peaks(path)
     kept[key] = gflops
-    try:
+    with contextlib.suppress(OSError):  # a read-only home: measured again next time
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text(path, json.dumps(kept, indent=1, sort_keys=True) + "\n")
-    except OSError:
-        pass  # a read-only home: measured again next time
 
 
 def cpu_peak(dtype: torch.dtype, threads: int) -> Peak:
