@@ -119,10 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
     what = f"hvd-lm {args.command}" + (f" {args.bench}" if args.command == "bench" else "")
-    rc = args.command_obj.invoke(args, what)
-    if (engine := sys.modules.get("hvd_lm.comm.torch_engine")) is not None:
-        engine.ENDED_CLEANLY = rc == 0  # its exit waits for the peers only then
-    return rc
+    return args.command_obj.invoke(args, what)
 
 
 if __name__ == "__main__":

@@ -182,7 +182,8 @@ def init() -> None:
     LAUNCHER = f"torch ({backend}; {ctx.launcher}; rendezvous {where})"
 
 
-#: Set by :func:`hvd_lm.cli.main` when the command returned 0: the exit may wait for the peers.
+#: Set by :meth:`hvd_lm.options.Command.invoke` when the command returned 0: the exit may wait
+#: for the peers.
 ENDED_CLEANLY = False
 
 

@@ -264,7 +264,7 @@ class Command:
         on stderr (``args.debug``: with the traceback). Returns the exit status: 0 done, 1 a
         runtime error, 2 bad settings or input, 130 interrupted."""
         try:
-            return int(self.run(self.settings(args)) or 0)
+            rc = int(self.run(self.settings(args)) or 0)
         except KeyboardInterrupt:
             print(f"{name}: interrupted", file=sys.stderr)
             return 130
@@ -273,6 +273,11 @@ class Command:
                 traceback.print_exc()
             print(f"{name}: ERROR: {error_text(e)}", file=sys.stderr)
             return 2 if isinstance(e, (ConfigError, *self.usage_errors)) else 1
+        # a command that ended cleanly on the torch engine waits for its peers at exit
+        # (hvd_lm.comm.torch_engine.shutdown); looked up, not imported: options is below comm
+        if rc == 0 and (engine := sys.modules.get("hvd_lm.comm.torch_engine")) is not None:
+            engine.ENDED_CLEANLY = True
+        return rc
 
     def main(self, argv: list[str] | None, prog: str) -> int:
         """A stand-alone entry point (``python -m ...``): parse ``argv`` and :meth:`invoke`."""

@@ -106,7 +106,7 @@ class HorovodComm:
     """Horovod's collectives (:mod:`hvd_lm.comm.horovod`) behind the baselines' interface."""
 
     def __init__(self) -> None:
-        ctx = comm.init()  # Horovod: init (knobs from the environment of this launch)
+        ctx = comm.init()  # collective: init (knobs from the environment of this launch)
         self.rank, self.size = ctx.rank, ctx.size
         self.controller = comm.controller()
         #: name -> 1-bit error buffers (see :meth:`onebit_errors`)

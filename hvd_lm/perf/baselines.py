@@ -78,7 +78,10 @@ class TorchGlooComm:
         return t.tolist()
 
     def close(self) -> None:
-        """``destroy_process_group``."""
+        """A barrier, then ``destroy_process_group`` (a rank that tears its Gloo connections
+        down while a peer still finishes can abort both: :func:`hvd_lm.comm.torch_engine.
+        shutdown`)."""
+        tdist.barrier()
         tdist.destroy_process_group()
 
 

@@ -152,7 +152,7 @@ def worker(cfg: WorkerConfig) -> int:
     time and every timed step's time, allreduce wait share)."""
     torch.set_num_threads(cfg.threads)
     if cfg.backend != "ddp":  # an engine: Horovod or the torch engine
-        ctx = comm.init(cfg.fusion_threshold_mb, cfg.cycle_time_ms,  # Horovod: init
+        ctx = comm.init(cfg.fusion_threshold_mb, cfg.cycle_time_ms,  # collective: init
                         backend=cfg.backend)
         rank, size, local_rank = ctx.rank, ctx.size, ctx.local_rank
     else:
@@ -169,9 +169,9 @@ def worker(cfg: WorkerConfig) -> int:
                                           rnn_kernels=kernels, cuda_graphs=graphs)).to(device)
         opt = build_optimizer(model, OptimConfig(), 1e-4)  # Adam as in training (fused)
         if cfg.backend != "ddp":
-            opt = comm.distributed_optimizer(opt, model, cfg.compression)  # Horovod: hooks
-            comm.broadcast_state(model)  # Horovod: rank 0's weights everywhere
-            net = model
+            net = comm.wrap_model(model, cfg.compression)  # the torch engine: DDP
+            opt = comm.distributed_optimizer(opt, model, cfg.compression)  # Horovod: its hooks
+            comm.broadcast_state(model)  # collective: rank 0's weights everywhere
         else:
             net = ddp(model, peer)
         runs.append({"label": recurrence_label(impl, kernels, graphs), "impl": impl,
@@ -192,7 +192,7 @@ def worker(cfg: WorkerConfig) -> int:
         for r in runs:  # round robin over the variants, step by step
             t0 = time.perf_counter()
             # the loop's own step (hvd_lm.train.step.train_step): Horovod's synchronize inside,
-            # or DDP's allreduce inside backward
+            # or DDP's allreduce inside backward (the torch engine and the DDP peer)
             res = train_step(r["net"], r["opt"], r["scaler"], [batch], r["state"], spec)
             r["state"] = res.state
             if device.type == "cuda":
