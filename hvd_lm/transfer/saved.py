@@ -202,12 +202,11 @@ def load_classifier(path: str | Path) -> SavedClassifier:
                               f"... recorded in {js} (the pair was mixed or the npz changed)")
     try:  # every member's header first: an array inflating 8 MB to 7 GiB is never inflated
         check_npz(npz, MAX_ARRAY_BYTES, f"a {NPZ_NAME} holds four arrays of the LM's width")
-    except FileRefused as e:
-        raise ClassifierError(str(e)) from None
-    try:
         with np.load(npz, allow_pickle=False) as z:
             arrays = {k: np.asarray(z[k], np.float64) for k in ("coef", "intercept", "mean",
                                                                "scale")}
+    except FileRefused as e:
+        raise ClassifierError(str(e)) from None
     except (OSError, ValueError, KeyError) as e:
         raise ClassifierError(f"{npz}: unreadable classifier arrays ({e})") from None
     H = int(meta["inputs"])
