@@ -123,12 +123,12 @@ def test_tools_stand_beside_the_library():
 
 
 @pytest.mark.parametrize("library,owners", [
-    ("horovod", {"hvd_lm.comm.horovod"}),
+    ("horovod", {"hvd_lm.comm.engine"}),
     ("mpi4py", {"hvd_lm.comm.mpi", "hvd_lm.perf.baselines"}),
     ("torch.distributed", {"hvd_lm.comm.torch_engine", "hvd_lm.perf.baselines"}),
 ])
 def test_each_collective_library_has_one_caller(library, owners):
-    """Horovod is called from hvd_lm.comm.horovod only; mpi4py from hvd_lm.comm.mpi and the
+    """Horovod is called from hvd_lm.comm.engine only; mpi4py from hvd_lm.comm.mpi and the
     raw-MPI baseline; torch.distributed from the torch engine (hvd_lm.comm.torch_engine: its one
     caller in the library) and otherwise only from the baselines the benchmarks compare the
     engines with."""

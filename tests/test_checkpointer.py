@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hvd_lm.comm import horovod, single
+from hvd_lm.comm import engine, single
 from hvd_lm.comm.world import RankContext
 from hvd_lm.formats import checkpoint as ckpt_io
 from hvd_lm.train.checkpointer import Checkpointer
@@ -26,7 +26,7 @@ H, B = 6, 2
 @pytest.fixture
 def one_rank(monkeypatch):
     """Collectives on the one-rank engine (what a process without Horovod runs on)."""
-    monkeypatch.setattr(horovod, "_hvd", lambda: single)
+    monkeypatch.setattr(engine, "_hvd", lambda: single)
 
 
 def tiny(tmp_path, asynchronous=False, guard=None):

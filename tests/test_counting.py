@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hvd_lm.comm import horovod, single
+from hvd_lm.comm import engine, single
 from hvd_lm.train.counting import CharCount, StepCounter
 from hvd_lm.train.guard import DivergenceGuard
 from hvd_lm.train.log import read_metrics
@@ -123,7 +123,7 @@ def test_a_rolled_back_position_drops_the_pending_step(tmp_path):
 
 
 def test_the_characters_over_ranks(monkeypatch):
-    monkeypatch.setattr(horovod, "_hvd", lambda: single)
+    monkeypatch.setattr(engine, "_hvd", lambda: single)
     chars = CharCount(1000)
     chars.add(30)
     chars.add(12)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hvd_lm.comm import horovod, single
+from hvd_lm.comm import engine, single
 from hvd_lm.comm.world import RankContext
 from hvd_lm.train.counting import CharCount
 from hvd_lm.train.elastic import Elastic
@@ -28,7 +28,7 @@ B, H = 2, 3
 
 @pytest.fixture(autouse=True)
 def one_rank(monkeypatch):
-    monkeypatch.setattr(horovod, "_hvd", lambda: single)
+    monkeypatch.setattr(engine, "_hvd", lambda: single)
 
 
 class State:
@@ -59,7 +59,7 @@ def elastic(tmp_path, ctx=RankContext(rank=1, size=2)):
                           cfg=SimpleNamespace(run=SimpleNamespace(log_every=10)))
 
     def reform():  # RunParts.reform: the new place, the streams cut again
-        run.ctx = horovod.rank_context()
+        run.ctx = engine.rank_context()
         calls.append("cut")
         run.windows_per_epoch = 20
 

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from hvd_lm.comm import horovod, single
+from hvd_lm.comm import engine, single
 from hvd_lm.model.mfu import Peak
 from hvd_lm.train import metrics as metrics_mod
 from hvd_lm.train.log import read_metrics
@@ -24,7 +24,7 @@ STEPS = [(torch.tensor(30.0, dtype=torch.float64), 20, 0.25, 1.0),  # nats, char
 @pytest.fixture
 def one_rank(monkeypatch):
     """Collectives on the one-rank engine (what a process without Horovod runs on)."""
-    monkeypatch.setattr(horovod, "_hvd", lambda: single)
+    monkeypatch.setattr(engine, "_hvd", lambda: single)
 
 
 def fed(metrics: Metrics) -> Metrics:

@@ -103,7 +103,7 @@ def simulate_allreduce(xs: list[torch.Tensor], states: list[ob.ErrorFeedback]) -
     """The compressed allreduce of n ranks' tensors ``xs`` (each [N]) in one process, the
     library's three steps with the collectives done by indexing (``alltoall``: rank j gets row j
     of every rank's output; ``allgather``: every rank gets every rank's part), as
-    :func:`hvd_lm.comm.horovod.compressed_allreduce` runs them on n ranks; updates every state."""
+    :func:`hvd_lm.comm.engine.compressed_allreduce` runs them on n ranks; updates every state."""
     sent = [st.worker_compress(x) for st, x in zip(states, xs)]
     parts = [st.server_reduce(torch.stack([s[j] for s in sent])) for j, st in enumerate(states)]
     return states[0].assemble(torch.stack(parts))

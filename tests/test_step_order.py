@@ -272,10 +272,10 @@ def test_bench_train_times_one_step_per_timed_step(monkeypatch, capsys):
     """bench train's worker (one rank, on the world of one: hvd_lm.comm.single), two models
     alternating: each model's step is one train_step per step, warm-up and timed, and each
     timed step is one of its step times."""
-    from hvd_lm.comm import horovod, single
+    from hvd_lm.comm import engine, single
     from hvd_lm.perf import bench_train as bt
 
-    monkeypatch.setattr(horovod, "_hvd", functools.cache(lambda: single))
+    monkeypatch.setattr(engine, "_hvd", functools.cache(lambda: single))
     counted = Counted()
     monkeypatch.setattr(bt, "train_step", counted)
     cfg = bt.WorkerConfig(hidden_size=16, embed_dim=8, batch_size=2, seq_len=8, steps=3,

@@ -65,10 +65,10 @@ def test_auto_is_horovod_when_it_imports_else_torch(monkeypatch):
     try:
         comm.use_backend("auto")
         want = "horovod" if importlib.util.find_spec("horovod") else "torch"
-        assert comm.engine() == want
+        assert comm.engine_name() == want
         monkeypatch.setitem(sys.modules, "horovod.torch", None)  # import fails
         comm._hvd.cache_clear()
-        assert comm.engine() == "torch"
+        assert comm.engine_name() == "torch"
         with pytest.raises(ValueError, match="--backend must be one of horovod, torch, auto"):
             comm.use_backend("mpi")
     finally:

@@ -3,7 +3,7 @@
 * :mod:`~hvd_lm.comm.world`: what a launcher (horovodrun, mpirun, srun, PBS, torchrun) tells a
   process (rank, world size, local rank, the torch engine's rendezvous), the one
   :class:`~hvd_lm.comm.world.RankContext`, and the environment for launching local ranks.
-* :mod:`~hvd_lm.comm.horovod`: every collective of the project, on the engine ``--backend``
+* :mod:`~hvd_lm.comm.engine`: every collective of the project, on the engine ``--backend``
   picks: Horovod (every Horovod call of the project), the torch engine, or one process alone.
 * :mod:`~hvd_lm.comm.torch_engine`: the torch engine, ``horovod.torch``'s API on
   ``torch.distributed`` (NCCL/Gloo; its one caller besides the benchmarks' baselines), its
@@ -23,14 +23,14 @@ marks the calls into ``horovod.torch`` itself and what only Horovod runs (elasti
 
 def __getattr__(name: str):
     """``from hvd_lm import comm`` then ``comm.allreduce_sum(...)``: the collectives of
-    :mod:`hvd_lm.comm.horovod` are this package's own API, loaded on first use (PEP 562), so
+    :mod:`hvd_lm.comm.engine` are this package's own API, loaded on first use (PEP 562), so
     ``hvd_lm.comm.world`` stays importable without torch (data_prep's ranks)."""
     if name.startswith("__") or name in _SUBMODULES:  # (the import system asks for these)
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module("hvd_lm.comm.horovod"), name)
+    return getattr(importlib.import_module("hvd_lm.comm.engine"), name)
 
 
-_SUBMODULES = frozenset({"horovod", "world", "torch_engine", "single", "mpi",
+_SUBMODULES = frozenset({"engine", "world", "torch_engine", "single", "mpi",
                          "hosts", "peers", "onebit_compression", "threads"})

@@ -1,4 +1,4 @@
-"""One process without Horovod: the part of ``horovod.torch``'s API that :mod:`hvd_lm.comm.horovod`
+"""One process without Horovod: the part of ``horovod.torch``'s API that :mod:`hvd_lm.comm.engine`
 calls, for a world of one rank when Horovod is not installed (a workstation, a GPU node before its
 Horovod build). With one rank there is no collective to run, so each returns what Horovod 0.28.1
 returns for one rank: ``allreduce`` (sum, average, max) and ``allgather`` a copy of the input,
@@ -8,7 +8,7 @@ returns the optimizer itself (Horovod's registers no gradient hooks at size 1:
 with or without Horovod (``tests/test_train.py`` compares the two runs). The training step takes
 an optimizer without ``synchronize()`` as it is (:mod:`hvd_lm.train.step`).
 
-:func:`hvd_lm.comm.horovod._hvd` picks this module only when ``import horovod.torch`` fails and
+:func:`hvd_lm.comm.engine._hvd` picks this module only when ``import horovod.torch`` fails and
 the launcher's environment announces one rank; more ranks without Horovod stop with one line.
 Elastic training needs Horovod's driver: :data:`elastic` raises, naming what to install.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-#: What :func:`hvd_lm.comm.horovod.rank_context` reports as the launcher.
+#: What :func:`hvd_lm.comm.engine.rank_context` reports as the launcher.
 LAUNCHER = "none (one process, no Horovod)"
 
 # Horovod's reduction ops and compressors, by the names hvd_lm looks up.

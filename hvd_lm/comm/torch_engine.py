@@ -1,4 +1,4 @@
-"""The torch engine: the part of ``horovod.torch``'s API that :mod:`hvd_lm.comm.horovod` calls,
+"""The torch engine: the part of ``horovod.torch``'s API that :mod:`hvd_lm.comm.engine` calls,
 on ``torch.distributed`` (the one caller of it besides the benchmarks' baselines), so that the
 same trainer runs without Horovod on any number of ranks (``--backend torch``).
 
@@ -68,7 +68,7 @@ DEFAULT_BUCKET_MB = 25.0
 #: Seconds the rendezvous waits for every rank to arrive (ranks start seconds apart).
 RENDEZVOUS_TIMEOUT_S = 300.0
 
-#: What :func:`hvd_lm.comm.horovod.rank_context` reports as the launcher (set by :func:`init`).
+#: What :func:`hvd_lm.comm.engine.rank_context` reports as the launcher (set by :func:`init`).
 LAUNCHER = "torch"
 
 

@@ -20,7 +20,7 @@ torchrun        RANK                  WORLD_SIZE            LOCAL_RANK / LOCAL_W
 (OpenMPI: "mpirun(1)" environment variables; MPICH Hydra's PMI variables; SLURM "srun(1)" OUTPUT
 ENVIRONMENT VARIABLES; PyTorch "torchrun" docs; Horovod sets its own in ``horovodrun``'s Gloo mode.)
 A missing local rank/size falls back to rank/size (one node). Reading the environment needs no MPI
-library; :func:`hvd_lm.comm.horovod.init` gives the authoritative values once Horovod is up.
+library; :func:`hvd_lm.comm.engine.init` gives the authoritative values once Horovod is up.
 
 Every value is read strictly (:func:`env_int`, :func:`env_seconds`): an integer in its range (a
 world size >= 1, a rank in 0..size-1 and given when size > 1, a port in 1..65535), a duration
@@ -45,7 +45,7 @@ from typing import Mapping
 import hvd_lm
 from hvd_lm.util.files import shown
 
-#: The engines ``--backend`` picks from (:func:`hvd_lm.comm.horovod.use_backend`): ``auto`` is
+#: The engines ``--backend`` picks from (:func:`hvd_lm.comm.engine.use_backend`): ``auto`` is
 #: Horovod when it imports, else torch.
 BACKENDS = ("horovod", "torch", "auto")
 #: The ``--backend`` flag's help, the same for every command that runs on ranks.

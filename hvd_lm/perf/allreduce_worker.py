@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from hvd_lm import comm
-from hvd_lm.comm.horovod import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
+from hvd_lm.comm.engine import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.comm.onebit_compression import (
     DEFAULT_CHUNK,
     ErrorFeedback,
@@ -103,7 +103,7 @@ class AllreduceWorkerConfig:
 # ---- worker (one rank) --------------------------------------------------------------------------
 
 class HorovodComm:
-    """Horovod's collectives (:mod:`hvd_lm.comm.horovod`) behind the baselines' interface."""
+    """Horovod's collectives (:mod:`hvd_lm.comm.engine`) behind the baselines' interface."""
 
     def __init__(self) -> None:
         ctx = comm.init()  # collective: init (knobs from the environment of this launch)

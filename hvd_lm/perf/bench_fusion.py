@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hvd_lm import options
-from hvd_lm.comm.horovod import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
+from hvd_lm.comm.engine import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.options import Command, option
 from hvd_lm.perf.bench_train import StepConfig, launch
 from hvd_lm.perf.harness import print_table, save_json

@@ -59,7 +59,7 @@ from dataclasses import dataclass, fields
 import psutil
 import torch
 
-from hvd_lm.comm.horovod import HOROVOD_DEFAULT_FUSION_BYTES
+from hvd_lm.comm.engine import HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.model.lm import parameter_shapes
 from hvd_lm.model.mlstm_fused import saved_bytes
 from hvd_lm.train.data import READ_AHEAD

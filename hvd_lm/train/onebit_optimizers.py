@@ -25,8 +25,8 @@
 The optimisers do not communicate themselves: in the compression phase :meth:`step` hands the
 flat momentum (float32 [N], parameters in order) to ``self.reduce_momentum``, which
 :class:`OnebitDistributedOptimizer` (below, the optimisers on Horovod: the warmup through
-``hvd.DistributedOptimizer``, then :func:`hvd_lm.comm.horovod.compressed_allreduce`; every
-Horovod call through :mod:`hvd_lm.comm.horovod`) sets; None = one process, no compression, as
+``hvd.DistributedOptimizer``, then :func:`hvd_lm.comm.engine.compressed_allreduce`; every
+Horovod call through :mod:`hvd_lm.comm.engine`) sets; None = one process, no compression, as
 DeepSpeed does on one rank. The phase follows from the step count in the state: a checkpoint
 restores it. Settings every step needs live in the param groups (``hvd.DistributedOptimizer``
 rebuilds the optimiser from its param groups).
@@ -318,10 +318,10 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
     * Warmup (the optimiser's first ``warmup_steps`` steps): ``hvd.DistributedOptimizer`` with
       ``compression`` averages the gradients (its hooks and ``synchronize()``; the torch
       engine: DDP inside backward), then the uncompressed Adam / LAMB step.
-    * Compressed phase: gradients stay local (:func:`hvd_lm.comm.horovod.keep_gradients_local`:
+    * Compressed phase: gradients stay local (:func:`hvd_lm.comm.engine.keep_gradients_local`:
       Horovod's hooks silenced, DDP's hook hands the buckets back; ``synchronize()`` returns at
       once); the optimiser's step hands its flat momentum to
-      :func:`hvd_lm.comm.horovod.compressed_allreduce` with this rank's
+      :func:`hvd_lm.comm.engine.compressed_allreduce` with this rank's
       :class:`~hvd_lm.comm.onebit_compression.ErrorFeedback` (created at the first compressed step).
       With one rank there is nothing to communicate and the momentum is used as is (as DeepSpeed
       does).
@@ -420,7 +420,7 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
         :meth:`hvd_lm.comm.onebit_compression.Layout.wire_bytes` of the buffers handed to
         ``alltoall`` and
         ``allgather``, plus the gradient-norm allreduce) and ``onebit_phase`` (``warmup`` /
-        ``compressed``), for :func:`hvd_lm.comm.horovod.comm_stats`."""
+        ``compressed``), for :func:`hvd_lm.comm.engine.comm_stats`."""
         return {"wire_bytes": self.wire_bytes, "onebit_phase": self.phase}
 
     def agree_grad_norm(self, local_norm: float) -> float:

@@ -61,7 +61,7 @@ def distributed(optimizer: torch.optim.Optimizer, model: torch.nn.Module,
                 compression: str = "fp16", backward_passes_per_step: int = 1,
                 allreduce_op: str = "average") -> torch.optim.Optimizer:
     """``optimizer`` on Horovod: ``hvd.DistributedOptimizer``
-    (:func:`hvd_lm.comm.horovod.distributed_optimizer`: fp16 compression, tensor fusion, Average
+    (:func:`hvd_lm.comm.engine.distributed_optimizer`: fp16 compression, tensor fusion, Average
     or Adasum), or for a 1-bit optimiser (``optimizer.onebit``)
     :class:`~hvd_lm.train.onebit_optimizers.OnebitDistributedOptimizer`.
 

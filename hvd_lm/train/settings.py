@@ -80,7 +80,7 @@ class OptimConfig:
 @dataclass
 class DistConfig:
     """The collective engine's settings: Horovod's, or the torch engine's (see
-    hvd_lm.comm.horovod)."""
+    hvd_lm.comm.engine)."""
 
     backend: str = option("horovod", BACKEND_HELP, choices=BACKENDS)
     compression: str = option("fp16", "allreduce compression (reference: fp16; bf16: --backend "

@@ -198,7 +198,7 @@ class RunParts:
     def start_values(self, peak: Peak) -> dict:
         """The ``start`` record's values (after its step), ``peak`` the MFU's."""
         cfg = self.cfg
-        return dict(world_size=self.ctx.size, launcher=self.ctx.launcher, engine=comm.engine(),
+        return dict(world_size=self.ctx.size, launcher=self.ctx.launcher, engine=comm.engine_name(),
                     device=str(self.device),
                     global_batch=self.global_batch, peak_lr=self.peak_lr,
                     total_steps=self.total_steps if self.total_steps < sys.maxsize // 2

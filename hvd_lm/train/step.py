@@ -19,8 +19,8 @@ Per rank, for the ``k`` windows of one optimizer step (``backward_passes_per_ste
 4. step inside ``comm.skip_synchronize(optimizer)``, or skip a step whose gradients are not
    finite (every rank decides alike, from the same allreduced norm); zero the gradients.
 
-The two Horovod calls go through :mod:`hvd_lm.comm.horovod` (:func:`~hvd_lm.comm.horovod.
-synchronize`, :func:`~hvd_lm.comm.horovod.skip_synchronize`): on a distributed optimizer
+The two Horovod calls go through :mod:`hvd_lm.comm.engine` (:func:`~hvd_lm.comm.engine.
+synchronize`, :func:`~hvd_lm.comm.engine.skip_synchronize`): on a distributed optimizer
 (Horovod's, the torch engine's, the 1-bit ones: a
 :class:`SynchronizingOptimizer`) they are its own ``synchronize()`` and
 ``skip_synchronize()``; a plain torch optimizer (one process without Horovod, or DDP, whose
@@ -70,7 +70,7 @@ class StepOptimizer(Protocol):
 
 class SynchronizingOptimizer(StepOptimizer, Protocol):
     """An optimizer whose gradient allreduce the step waits for explicitly (Horovod docs,
-    "Gradient clipping"; :func:`hvd_lm.comm.horovod.synchronizes` tells one): Horovod's
+    "Gradient clipping"; :func:`hvd_lm.comm.engine.synchronizes` tells one): Horovod's
     ``hvd.DistributedOptimizer`` and the 1-bit optimizers'
     (:class:`hvd_lm.train.onebit_optimizers.OnebitDistributedOptimizer`)."""
 
@@ -327,7 +327,7 @@ def backward(model, optimizer: StepOptimizer, scaler: torch.amp.GradScaler,
 
     Args:
         model: the module to call: the model, or its DDP wrapper
-            (:func:`hvd_lm.comm.horovod.wrap_model`).
+            (:func:`hvd_lm.comm.engine.wrap_model`).
         optimizer: a Horovod ``DistributedOptimizer``, a 1-bit optimizer (each a
             :class:`SynchronizingOptimizer`) or a plain torch optimizer
             (one process; the torch engine's, under DDP).

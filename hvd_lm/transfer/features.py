@@ -8,7 +8,7 @@ Texts are sorted by length, cut into batches, right-padded and masked; padding n
 feature (the model holds/packs the state on masked steps, and each batch is run in time chunks
 over only its still-active rows). Under ``horovodrun``/``mpirun`` the length-sorted batches are
 dealt round-robin to the ranks and the features are gathered back in input order with
-:func:`hvd_lm.comm.horovod.allgather`. Features are cached as ``.npy`` (:class:`FeatureCache`).
+:func:`hvd_lm.comm.engine.allgather`. Features are cached as ``.npy`` (:class:`FeatureCache`).
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ def featurize(model, texts: Sequence[str], kind: str = "cell",
         batch_size: texts per batch (per rank).
         ctx: a :class:`hvd_lm.comm.world.RankContext` to split the work over ranks (each rank
             gets every ``size``-th batch of the length-sorted order, see :func:`plan_batches`;
-            results are gathered with :func:`hvd_lm.comm.horovod.allgather` onto every rank);
+            results are gathered with :func:`hvd_lm.comm.engine.allgather` onto every rank);
             None = this process does everything.
         progress: this rank's share in chars on stderr (:class:`hvd_lm.train.log.Progress`: a bar
             on a terminal, a line every 10 s in a log); pass True on rank 0 only.

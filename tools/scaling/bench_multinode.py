@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hvd_lm import options
-from hvd_lm.comm.horovod import HOROVOD_DEFAULT_FUSION_BYTES
+from hvd_lm.comm.engine import HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.comm.hosts import parse_hosts
 from hvd_lm.comm.world import horovodrun_argv, local_mpi_env
 from hvd_lm.model.lm import mlstm_parameters

@@ -91,7 +91,7 @@ def _hvd():
     return hvd
 
 
-def engine() -> str:
+def engine_name() -> str:
     """The engine this process's collectives run on: ``"horovod"``, ``"torch"`` or ``"none"``
     (one process without Horovod)."""
     return {"hvd_lm.comm.torch_engine": "torch",
@@ -175,7 +175,7 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
                          "adapter has no bfloat16 (horovod#4049, unmerged)")
     if allreduce_op not in ops:
         raise ValueError(f"dist.allreduce_op must be one of {list(ops)}, got {allreduce_op!r}")
-    if allreduce_op == "adasum" and engine() == "torch":
+    if allreduce_op == "adasum" and engine_name() == "torch":
         raise ValueError("dist.allreduce_op adasum is Horovod's: run it with --backend horovod")
     wrapped = hvd.DistributedOptimizer(  # Horovod
         optimizer, named_parameters=model.named_parameters(), compression=comps[compression],
@@ -346,7 +346,7 @@ def gloo_timeout_s() -> float | None:
 def timeout_phrase(timeout: float) -> str:
     """What ended a collective that waited ``timeout`` s (:func:`gloo_timeout_s`) for a lost
     peer, as the lost-peer line says it."""
-    if engine() == "torch":
+    if engine_name() == "torch":
         return f"torch.distributed gave up after its timeout, --gloo-timeout-s={timeout:g} s"
     return f"Gloo gave up after HOROVOD_GLOO_TIMEOUT_SECONDS={timeout:g} s"
 
