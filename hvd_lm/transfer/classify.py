@@ -164,7 +164,7 @@ def classify(cfg: ClassifyConfig) -> dict | None:
     is_root = lm.ctx is None or lm.ctx.rank == 0
     digest = weights_sha256(lm.model) if is_root else None  # what the classifier is bound to
     if lm.ctx is not None:
-        digest = comm.broadcast_object(digest, name="classify_weights_sha256")  # Horovod
+        digest = comm.broadcast_object(digest, name="classify_weights_sha256")  # collective
     check_checkpoint(saved, lm.path, digest)
     if lm.model.config.hidden_size != len(saved.model.coef):
         raise ClassifierError(f"{saved.path}: {len(saved.model.coef)} inputs, but the model has "

@@ -88,8 +88,8 @@ def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32
     Raises:
         FileNotFoundError: no checkpoint; ValueError: a device/precision that cannot be used.
     """
-    ctx = comm.init(backend=backend) if world_size() > 1 else None  # Horovod: ranks split texts
-    set_rank_threads(threads, ctx, command)  # Horovod: an allgather of machine ids
+    ctx = comm.init(backend=backend) if world_size() > 1 else None  # collective: ranks split texts
+    set_rank_threads(threads, ctx, command)  # collective: an allgather of machine ids
     path = resolve_model(checkpoint)
     dev = devices.resolve_device(device, ctx.local_rank if ctx else 0, ctx.local_size if ctx else 1)
     devices.check(dev, precision)
