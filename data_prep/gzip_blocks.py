@@ -6,6 +6,7 @@ what each case means for the records read).
 from __future__ import annotations
 
 import gzip
+import itertools
 import zlib
 from typing import Callable, Iterator, Optional
 
@@ -154,14 +155,11 @@ def _blocks(path: str, compressed: bool, block_size: int,
         for block in _inflate_blocks(path, block_size, progress):
             held.append(block)
             if len(held) > 2 * hold:
-                for b in held[:hold]:
-                    yield b
+                yield from held[:hold]
                 passed += hold
                 del held[:hold]
-    except _Anomaly:
-        for i, block in enumerate(_blocks_gzipfile(path, compressed, block_size, None)):
-            if i >= passed:
-                yield block
+    except _Anomaly:  # the reference, from the first block not passed on
+        yield from itertools.islice(_blocks_gzipfile(path, True, block_size, None), passed, None)
         return
     yield from held
 

@@ -206,8 +206,7 @@ def nccl_link_dir(lib_dir: str, work: Path) -> str:
     work.mkdir(parents=True, exist_ok=True)
     for name in ("libnccl.so", "libnccl.so.2"):
         link = work / name
-        if link.is_symlink() or link.exists():
-            link.unlink()
+        link.unlink(missing_ok=True)
         link.symlink_to(target[0])
     return str(work)
 
