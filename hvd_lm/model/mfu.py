@@ -190,9 +190,7 @@ def published_peak(device_name: str, column: str) -> Peak | None:
             value, used = row[_COLUMNS[column]], column
             if value is None and column == "tf32":
                 value, used = row[_COLUMNS["fp32"]], "fp32"
-            if value is None:
-                return None
-            return Peak(value, f"{row[5]}: {used} dense, {device_name}")
+            return None if value is None else Peak(value, f"{row[5]}: {used} dense, {device_name}")
     return None
 
 
