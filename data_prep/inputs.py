@@ -32,12 +32,11 @@ REVIEW_DEFAULT_FIELD = "review_text"
 #: Members of a ``tar`` archive read as documents when ``--tar-members`` is not given
 #: (comma-separated ``fnmatch`` globs over the member's path in the archive).
 TAR_DEFAULT_MEMBERS = "*.txt"
-#: ... less these known non-reviews and held-out reviews, when ``--tar-members`` is not given:
-#: aclImdb's URL lists (``train/urls_pos.txt``...) and expected-rating table (``imdbEr.txt``),
-#: and its ``test/`` reviews (IMDB's held-out split: never LM text). Counted in the summary
+#: ... less aclImdb's ``test/`` reviews (IMDB's held-out split: never LM text), when
+#: ``--tar-members`` is not given (its URL lists and ``imdbEr.txt`` are
+#: :data:`TAR_NOT_DOCUMENTS`, left out whatever the globs). Counted in the summary
 #: (``members_left_out``).
-TAR_DEFAULT_EXCLUDE = ("urls_*.txt", "*/urls_*.txt", "imdbEr.txt", "*/imdbEr.txt",
-                       "aclImdb/test/*", "*/aclImdb/test/*")
+TAR_DEFAULT_EXCLUDE = ("aclImdb/test/*", "*/aclImdb/test/*")
 #: Members never read as documents, whatever ``--tar-members`` says: aclImdb's URL lists and
 #: expected-rating table, matched on the member's file name (in any folder: IMDB's
 #: ``*/train/pos/*.txt`` glob matches a ``train/pos/urls_pos.txt`` too). Counted in

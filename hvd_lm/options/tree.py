@@ -102,15 +102,6 @@ def _is_section(tp: Any) -> bool:
     return dataclasses.is_dataclass(tp) and isinstance(tp, type)
 
 
-def _optional_inner(tp: Any) -> tuple[Any, bool]:
-    """``Optional[X]`` -> (X, True); X -> (X, False)."""
-    args = typing.get_args(tp)
-    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
-        inner = [a for a in args if a is not type(None)]
-        return (inner[0] if len(inner) == 1 else tp), True
-    return tp, False
-
-
 def leaves(cls: type, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...],
                                                                    dataclasses.Field, Any]]:
     """(dotted path, field, type) of every leaf of the tree ``cls``, in declaration order."""
@@ -124,8 +115,13 @@ def leaves(cls: type, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, .
 
 
 def _kind(tp: Any) -> tuple[type, type | None, bool]:
-    """(base type, element type for lists/tuples or None, optional?) of a leaf type."""
-    tp, optional = _optional_inner(tp)
+    """(base type, element type for lists/tuples or None, optional?) of a leaf type
+    (``Optional[X]``: X's, optional)."""
+    args = typing.get_args(tp)
+    optional = typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args
+    inner = [a for a in args if a is not type(None)]
+    if optional and len(inner) == 1:
+        tp = inner[0]
     origin = typing.get_origin(tp)
     if origin in (list, tuple):
         args = [a for a in typing.get_args(tp) if a is not Ellipsis]
