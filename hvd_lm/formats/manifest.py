@@ -158,10 +158,8 @@ def load_manifest(directory) -> Manifest:
         raise FileNotFoundError(f"{shown(path)}: no manifest (run `python -m data_prep prepare` "
                                 "first)") from None
     _field(path, "(top level)", data, dict, what="a JSON object")
-    version = data.get("format_version")
-    if version != FORMAT_VERSION:
-        raise ValueError(f"{path}: field format_version is {version!r}, expected "
-                         f"{FORMAT_VERSION}")
+    _field(path, "format_version", data.get("format_version"), int,
+           lambda v: v == FORMAT_VERSION, str(FORMAT_VERSION))
     _field(path, "tokenizer", data.get("tokenizer"), str, lambda t: t == TOKENIZER_NAME,
            f"{TOKENIZER_NAME!r} (hvd_lm.formats.tokenizer: UTF-8 bytes, end of document 0)")
     _field(path, "vocab_size", data.get("vocab_size"), int, lambda v: v == VOCAB_SIZE,

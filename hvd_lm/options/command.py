@@ -100,9 +100,7 @@ def from_args(cls: type, args: argparse.Namespace, source: str | None = None,
     config = getattr(args, "config", None)
     data = to_dict(load_yaml(cls, config)) if config else {}
     for key, value in vars(args).items():
-        if not key.startswith("cfg__") or value is None:
-            continue
-        if isinstance(value, list) and not value:  # an empty positional list: not given
+        if not key.startswith("cfg__") or value is None or value == []:  # ([]: no positionals)
             continue
         node = data
         *sections, name = key[5:].split("__")
