@@ -88,9 +88,7 @@ def encode_bytes(text: str, normalize: bool = False) -> bytes:
         data = text.encode("utf-8")
     except UnicodeEncodeError:  # lone surrogates, e.g. from a JSON "\ud83d" escape
         data = _SURROGATE.sub("\ufffd", text).encode("utf-8")
-    if _EOD_BYTE in data:
-        data = data.replace(_EOD_BYTE, b"")
-    return data
+    return data.replace(_EOD_BYTE, b"")
 
 
 def encode(text: str, normalize: bool = False) -> np.ndarray:
