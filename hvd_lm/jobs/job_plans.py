@@ -5,7 +5,7 @@ scripts (:mod:`hvd_lm.jobs.job_scripts`) and optionally submit them.
 reference's table (Puri et al. 2018, "Distributed data parallel scaling"): the per-GPU batch is
 fixed, so the global batch is GPUs x per-GPU batch (x backward passes per step) and the peak LR
 follows the configured rule (:func:`hvd_lm.train.schedule.scaled_lr`, which ``hvd-lm train`` applies
-the same way). ``hvd-lm scaling-report`` (hvd_lm.perf.scaling_report) turns the finished runs into
+the same way). ``hvd-lm scaling-report`` (tools.scaling.scaling_report) turns the finished runs into
 the s/iter and speedup table.
 """
 
