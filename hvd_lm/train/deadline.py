@@ -225,11 +225,6 @@ class DeadlinePlanner:
             return
         self.steps.append(seconds)
 
-    def restart_measurement(self) -> None:
-        """Forget the step times (the world changed: another step time)."""
-        self.steps.clear()
-        self.skip = 1
-
     def eval_done(self, seconds: float) -> None:
         """A validation took ``seconds`` (none on the virtual clock)."""
         self.eval_s = 0.0 if self.virtual else seconds

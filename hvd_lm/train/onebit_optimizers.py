@@ -68,13 +68,10 @@ class _Onebit(torch.optim.Optimizer):
         #: Flat momentum float32 [N] -> its compressed average over ranks (None: one process).
         self.reduce_momentum: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
 
-    def _params(self) -> list[torch.Tensor]:
-        return [p for g in self.param_groups for p in g["params"]]
-
     @property
     def steps_taken(self) -> int:
         """Optimizer steps applied so far (0 before the first)."""
-        for p in self._params():
+        for p in (p for g in self.param_groups for p in g["params"]):
             if "step" in self.state.get(p, {}):
                 return int(self.state[p]["step"])
         return 0
@@ -94,11 +91,8 @@ class _Onebit(torch.optim.Optimizer):
         flat = torch.cat([m.reshape(-1).float() for m in local])
         if self.reduce_momentum is not None:
             flat = self.reduce_momentum(flat)
-        out, off = [], 0
-        for m in local:
-            out.append(flat[off:off + m.numel()].view_as(m).to(m.dtype))
-            off += m.numel()
-        return out
+        return [f.view_as(m).to(m.dtype)
+                for f, m in zip(flat.split([m.numel() for m in local]), local)]
 
     @torch.no_grad()
     def step(self, closure=None):
