@@ -190,10 +190,10 @@ ENDED_CLEANLY = False
 def shutdown() -> None:
     """Leave the process group (at exit too: :func:`init` registers it). After a command that
     ended cleanly, first a barrier: no rank tears its Gloo connections down while a peer still
-    finishes (PyTorch docs, "Shutdown": destroy where communications are no longer needed). A
-    rank that left first aborted with "terminate called without an active exception" in 5 of
-    32 two-rank torchrun runs here (two at a time), in none of 32 with the barrier. After a
-    failure no barrier: a stalled peer would hold the exit for the collective timeout."""
+    finishes (PyTorch docs, "Shutdown": destroy where communications are no longer needed): a
+    rank that left first could abort with "terminate called without an active exception".
+    After a failure no barrier: a stalled peer would hold the exit for the collective
+    timeout."""
     if dist.is_initialized():
         with contextlib.suppress(Exception):  # a group a lost peer broke: nothing to leave
             if ENDED_CLEANLY:

@@ -78,11 +78,6 @@ HYSTERESIS = 0.01
 MAX_MARGIN_S = 60.0
 
 
-def process_start_time() -> float:
-    """Unix time (seconds) at which this process started."""
-    return psutil.Process().create_time()
-
-
 def virtual_step_s() -> float | None:
     """Seconds every step attempt takes on the planner's virtual clock (the test hook
     ``HVD_LM_VIRTUAL_STEP_S``), or None: the wall clock.
@@ -126,7 +121,8 @@ class DeadlinePlanner:
         budget_s: seconds of training the whole run may take over every allocation
             (``--time-budget``), or None: then the plan ends at the limit.
         trained_s: seconds of training before this allocation (the checkpoint's).
-        started: Unix time the limit counts from (default: this process's start).
+        started: Unix time the limit counts from (default: this process's start, psutil's
+            ``create_time``).
         cadence: the periodic evaluations and checkpoints.
         eval_estimate: () -> seconds one validation takes, asked once before one is measured
             (None: 0).
@@ -155,7 +151,7 @@ class DeadlinePlanner:
         self.virtual_now = 0.0
         self.clock = (lambda: self.virtual_now) if virtual_step_s else clock
         if started is None:
-            started = 0.0 if virtual_step_s else process_start_time()
+            started = 0.0 if virtual_step_s else psutil.Process().create_time()
         self.limit_s = None if limit_s is None else float(limit_s)
         self.budget_s = None if budget_s is None else float(budget_s)
         self.trained_before = float(trained_s)
@@ -268,31 +264,18 @@ class DeadlinePlanner:
         and the margin."""
         return self.validation_s() + self.ckpt_write_s + self.margin_s
 
-    def per_step_s(self, step_s: float) -> float:
-        """A step's seconds with the periodic evaluations' and checkpoints' share added."""
-        c = self.cadence
-        per_step = step_s
-        if c.eval_every:
-            per_step += self.validation_s() / c.eval_every
-        if c.checkpoint_every:
-            per_step += self.ckpt_block_s / c.checkpoint_every
-        return per_step
-
     def fit(self, available: float, step_s: float) -> int:
-        """Steps of ``step_s`` seconds that fit in ``available`` seconds, timed checkpoints'
-        share taken out."""
-        minutes = self.cadence.checkpoint_minutes
-        if minutes > 0:  # the share of wall time timed checkpoints take
-            available *= max(0.0, 1.0 - self.ckpt_block_s / (60.0 * minutes))
-        return max(0, math.floor(available / self.per_step_s(step_s)))
-
-    def steps_that_fit(self) -> int | None:
-        """Optimizer step attempts that fit before the plan's end from now, or None while the
-        step time is not measured yet."""
-        t = self.step_s
-        if t is None:
-            return None
-        return self.fit(self.left() - self.reserve_s(), t)
+        """Steps of ``step_s`` seconds that fit in ``available`` seconds, with the periodic
+        evaluations' and checkpoints' share added to each step and the timed checkpoints'
+        share of the wall time taken out."""
+        c = self.cadence
+        if c.eval_every:
+            step_s += self.validation_s() / c.eval_every
+        if c.checkpoint_every:
+            step_s += self.ckpt_block_s / c.checkpoint_every
+        if c.checkpoint_minutes > 0:  # the share of wall time timed checkpoints take
+            available *= max(0.0, 1.0 - self.ckpt_block_s / (60.0 * c.checkpoint_minutes))
+        return max(0, math.floor(available / step_s))
 
     def plan(self, step: int, total: int, cap: int | None = None) -> int | None:
         """The run's new last step (where the LR reaches 0), or None to keep ``total``.
@@ -308,9 +291,9 @@ class DeadlinePlanner:
             and always when nothing fits anymore); None while the step time is not measured, or
             when the change is smaller.
         """
-        fit = self.steps_that_fit()
-        if fit is None:
+        if self.step_s is None:  # the step time is not measured yet
             return None
+        fit = self.fit(self.left() - self.reserve_s(), self.step_s)
         new = step + fit
         if cap is not None:
             new = min(new, cap)
