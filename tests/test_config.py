@@ -3,7 +3,8 @@ import argparse
 
 import pytest
 
-from hvd_lm.train.settings import add_arguments, from_args, load_yaml
+from hvd_lm import options
+from hvd_lm.train.settings import TrainConfig, add_arguments, from_args
 
 
 def parse(argv):
@@ -37,7 +38,7 @@ def test_errors_name_file_and_field(tmp_path, text, match):
     y = tmp_path / "bad.yaml"
     y.write_text(text)
     with pytest.raises(ValueError, match=match) as e:
-        load_yaml(y)
+        options.load_yaml(TrainConfig, y)
     assert "bad.yaml" in str(e.value)
 
 

@@ -12,9 +12,9 @@ import torch
 from pytorch_optimizer import Lamb
 
 from hvd_lm.comm import onebit_compression as ob
-from hvd_lm.options import ConfigError
+from hvd_lm.options import ConfigError, from_dict
 from hvd_lm.train.onebit_optimizers import OnebitAdam, OnebitLamb
-from hvd_lm.train.settings import from_dict
+from hvd_lm.train.settings import TrainConfig
 from tests.scripts.onebit_rounds import inputs as round_inputs
 
 # ---- numpy reference: the paper's equations, written independently of
@@ -344,12 +344,12 @@ def test_onebit_settings_are_checked():
     with pytest.raises(ValueError, match="warmup_steps"):
         OnebitAdam(torch.nn.Linear(2, 2).parameters(), warmup_steps=0)
     base = {"data": {"shards": "x"}, "optim": {"optimizer": "onebit-adam"}}
-    assert from_dict(base).optim.onebit_warmup_steps == 100
+    assert from_dict(TrainConfig, base).optim.onebit_warmup_steps == 100
     with pytest.raises(ValueError, match="run.precision fp16"):
-        from_dict(base | {"run": {"precision": "fp16"}}).check()
+        from_dict(TrainConfig, base | {"run": {"precision": "fp16"}}).check()
     with pytest.raises(ValueError, match="dist.allreduce_op"):
-        from_dict(base | {"dist": {"allreduce_op": "adasum"}}).check()
+        from_dict(TrainConfig, base | {"dist": {"allreduce_op": "adasum"}}).check()
     with pytest.raises(ConfigError, match="optim.onebit_chunk"):
-        from_dict({"optim": {"onebit_chunk": -1}})
+        from_dict(TrainConfig, {"optim": {"onebit_chunk": -1}})
     with pytest.raises(ConfigError, match="optim.optimizer"):
-        from_dict({"optim": {"optimizer": "onebit-sgd"}})
+        from_dict(TrainConfig, {"optim": {"optimizer": "onebit-sgd"}})

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from hvd_lm import comm
+from hvd_lm import comm, options
 from hvd_lm.formats import checkpoint as ckpt_io
 from hvd_lm.options import ConfigError
-from hvd_lm.train.settings import TrainConfig, save_yaml
+from hvd_lm.train.settings import TrainConfig
 from hvd_lm.util.atomic import DiskFullError, free_bytes, human
 from hvd_lm.util.lock import FolderLock
 
@@ -120,8 +120,9 @@ def open_run_folder(cfg: TrainConfig, model: torch.nn.Module, rows: int,
                   "once", file=sys.stderr)
         # --overwrite is an action on the folder, not a setting of the run: a config.yaml
         # given back with --resume auto must not carry it
-        save_yaml(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, overwrite=False)),
-                  out_dir / "config.yaml")
+        options.save_yaml(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run,
+                                                                            overwrite=False)),
+                          out_dir / "config.yaml")
     except BaseException:
         lock.release()
         raise

@@ -13,7 +13,6 @@ import argparse
 import re
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from hvd_lm import options
 from hvd_lm.comm.world import BACKEND_HELP, BACKENDS
@@ -265,38 +264,11 @@ def _time_limit(text: str) -> str:
     return text
 
 
-def time_limit_s(cfg: TrainConfig) -> int | None:
-    """``run.time_limit`` in seconds, or None without one."""
-    return parse_duration(cfg.run.time_limit, "run.time_limit") if cfg.run.time_limit else None
-
-
-def time_budget_s(cfg: TrainConfig) -> int | None:
-    """``run.time_budget`` in seconds, or None without one."""
-    return (parse_duration(cfg.run.time_budget, "run.time_budget") if cfg.run.time_budget
-            else None)
-
-
 def _device(text: str) -> str:
     """A ``run.device`` value: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``."""
     if not _DEVICE.match(text.strip()):
         raise ValueError(f"must be auto, cpu, cuda or cuda:N, got {text!r}")
     return text.strip()
-
-
-def from_dict(data: dict, source: str = "config") -> TrainConfig:
-    """Build a :class:`TrainConfig` from a nested dict (YAML layout).
-
-    Raises:
-        hvd_lm.options.ConfigError: unknown section or field, wrong type, or a value outside
-            its choices or bounds, naming ``source`` and the dotted field (e.g.
-            ``demo.yaml: optim.lr_rule``).
-    """
-    return options.from_dict(TrainConfig, data, source)
-
-
-def load_yaml(path: str | Path) -> TrainConfig:
-    """Read a YAML config file. Raises ConfigError naming the file on parse or schema errors."""
-    return options.load_yaml(TrainConfig, path)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -310,11 +282,9 @@ def from_args(args: argparse.Namespace) -> TrainConfig:
     whose shards are set on the cluster).
 
     Raises:
-        ConfigError: as :func:`from_dict`, naming the file or ``command line`` and the field.
+        hvd_lm.options.ConfigError: unknown section or field, wrong type, or a value outside
+            its choices or bounds, naming the file or ``command line`` and the dotted field
+            (e.g. ``demo.yaml: optim.lr_rule``).
     """
     return options.from_args(TrainConfig, args, required=False)
 
-
-def save_yaml(cfg: TrainConfig, path: str | Path) -> None:
-    """Write ``cfg`` as YAML, atomically (temp file + rename)."""
-    options.save_yaml(cfg, path)

@@ -36,7 +36,8 @@ from hvd_lm.train.evaluate import estimate_seconds
 from hvd_lm.train.optim import build_optimizer, distributed
 from hvd_lm.train.rundir import OPTIMIZER_STATES
 from hvd_lm.train.schedule import make_scheduler, scaled_lr, schedule_of, set_peak_lr
-from hvd_lm.train.settings import TrainConfig, time_budget_s, time_limit_s
+from hvd_lm.train.settings import TrainConfig
+from hvd_lm.util.units import parse_duration
 
 
 def small_split_warning(manifest, split: str) -> None:
@@ -115,8 +116,10 @@ class RunParts:
         self.total_steps, self.total_windows, self.bound = preflight.run_length(
             cfg, self.windows_per_epoch, self.k, warn=self.ctx.is_root)
         self.step_cap = self.total_steps  # with --time-limit the plan stays at or below it
-        self.time_limit_s = time_limit_s(cfg)  # this allocation's
-        self.time_budget_s = time_budget_s(cfg)  # the run's, over every allocation
+        self.time_limit_s = (parse_duration(cfg.run.time_limit, "run.time_limit")
+                             if cfg.run.time_limit else None)  # this allocation's, s
+        self.time_budget_s = (parse_duration(cfg.run.time_budget, "run.time_budget")
+                              if cfg.run.time_budget else None)  # the run's, over every one
         optimizer = build_optimizer(self.model, cfg.optim, self.peak_lr)
         self.scaler = devices.make_scaler(self.device, cfg.run.precision)
 
