@@ -142,10 +142,9 @@ def bench_checkpoint(cfg: BenchCheckpointConfig) -> int:
             os.environ["HVD_LM_CHECKPOINT_SLEEP"] = old_sleep
         if not cfg.out_dir:
             shutil.rmtree(out, ignore_errors=True)
-    summary = {}
-    for mode in MODES:
-        summary[mode] = medians([r for r in rounds if r["mode"] == mode], (
-            "step_s", "stall_s", "blocked_s", "tail_wait_s", "write_s", "step_during_write_s"))
+    summary = {mode: medians([r for r in rounds if r["mode"] == mode], (
+        "step_s", "stall_s", "blocked_s", "tail_wait_s", "write_s", "step_during_write_s"))
+        for mode in MODES}
     ratio = summary["async"]["stall_s"] / summary["sync"]["stall_s"]
     load = (load_before, os.getloadavg()[0])
     print(f"model: mlstm H={cfg.hidden_size} E={cfg.embed_dim}, batch {B} x {T} chars, "

@@ -86,12 +86,6 @@ def fusion_configs(cfg: BenchFusionConfig) -> list[tuple[str, float, float]]:
     return [(f"fusion={f:g}MB cycle={c:g}ms", f, c) for f, c in pairs]
 
 
-def _knobs(fusion_mb: float, cycle_ms: float) -> dict[str, str | None]:
-    return {"HOROVOD_FUSION_THRESHOLD": str(int(fusion_mb * MIB)),
-            "HOROVOD_CYCLE_TIME": f"{cycle_ms:g}", "HOROVOD_AUTOTUNE": None,
-            "HOROVOD_AUTOTUNE_LOG": None}
-
-
 def bench_fusion(cfg: BenchFusionConfig) -> int:
     """Print (and with ``--json`` save, after every run) the fusion/cycle-time sweep and the
     autotune result.
@@ -102,19 +96,25 @@ def bench_fusion(cfg: BenchFusionConfig) -> int:
     """
     runs: list[dict] = []
     autotune = None
+
+    def timed(label: str, fmb: float, cms: float, rep: int) -> dict:
+        # launch() unsets every other Horovod knob (HOROVOD_AUTOTUNE included)
+        r = launch("horovod", cfg.np, cfg, cfg.timeout, {
+            "HOROVOD_FUSION_THRESHOLD": str(int(fmb * MIB)), "HOROVOD_CYCLE_TIME": f"{cms:g}"})[0]
+        runs.append({"label": label, "fusion_threshold_mb": fmb, "cycle_time_ms": cms,
+                     "repeat": rep, **r})
+        return r
+
     for rep in range(cfg.repeats):  # round robin: drift on a shared machine hits all alike
         for label, fmb, cms in fusion_configs(cfg):
-            r = launch("horovod", cfg.np, cfg, cfg.timeout, _knobs(fmb, cms))[0]
-            runs.append({"label": label, "fusion_threshold_mb": fmb, "cycle_time_ms": cms,
-                         "repeat": rep, **r})
+            r = timed(label, fmb, cms, rep)
             _save_fusion(cfg, runs, None)  # partial results survive an interrupted sweep
             print(f"  {label} (repeat {rep}): {r['step_time_s']:.4f} s/step",
                   file=sys.stderr, flush=True)
     if cfg.autotune:
         with tempfile.TemporaryDirectory() as tmp:
             log = Path(tmp) / "autotune.csv"
-            tune_env = {
-                "HOROVOD_FUSION_THRESHOLD": None, "HOROVOD_CYCLE_TIME": None,
+            tune_env = {  # launch() unsets the fusion threshold and the cycle time
                 "HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(log),
                 "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": str(cfg.autotune_warmup),
                 "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": str(cfg.autotune_steps_per_sample),
@@ -124,9 +124,7 @@ def bench_fusion(cfg: BenchFusionConfig) -> int:
             autotune = parse_autotune_log(log) | {"run": r, "log": log.read_text()}
         if (best := autotune["best"]) is not None:
             fmb, cms = best["tensor_fusion_threshold"], best["cycle_time_ms"]
-            r = launch("horovod", cfg.np, cfg, cfg.timeout, _knobs(fmb, cms))[0]
-            runs.append({"label": f"autotuned fusion={fmb:g}MB cycle={cms:g}ms",
-                         "fusion_threshold_mb": fmb, "cycle_time_ms": cms, "repeat": 0, **r})
+            timed(f"autotuned fusion={fmb:g}MB cycle={cms:g}ms", fmb, cms, 0)
     summary = summarize_fusion(runs)
     print(f"\nhvd-lm bench fusion: {cfg.np} ranks, {cfg.cell} H={cfg.hidden_size}, per-rank "
           f"batch {cfg.batch_size} x {cfg.seq_len}, compression {cfg.compression}, "

@@ -307,10 +307,9 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
     gradient_bytes = 4 * sum(m for _, m in params)
     sizes_arg = cfg.sizes if cfg.sizes != "auto" else ",".join(
         str(b) for b in fit_sizes(gradient_bytes))
-    records: dict[int, list] = {n: [] for n in cfg.nodes}  # per round: that round's records
-    latency: dict[int, list] = {n: [] for n in cfg.nodes}  # per round: s per 32-byte allreduce
-    train_t: dict[int, list] = {n: [] for n in cfg.nodes}
-    comp_t: dict[int, list] = {n: [] for n in cfg.nodes}
+    # per node count, one entry per round: that round's allreduce records, s per 32-byte
+    # allreduce, s per training step, compute s per step
+    records, latency, train_t, comp_t = ({n: [] for n in cfg.nodes} for _ in range(4))
     window = measure_backward_window(cfg)
     # run folders are written by rank 0 only, which horovodrun starts on this host
     with tempfile.TemporaryDirectory(prefix="hvdlm-multinode-") as tmp:

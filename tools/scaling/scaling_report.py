@@ -284,18 +284,15 @@ def report(args: ScalingReportConfig) -> int:
                "reference": args.reference, "rows": [asdict(r) for r in rows]}
     if args.json == "-":
         print(json.dumps(payload, indent=2))
-        return _plot(rows, args) if args.write_plot else 0
-    print(note)
-    print(format_table(rows, args.reference))
-    if args.json:
-        save_json(args.json, payload)
-        print(f"wrote {args.json}")
-    return _plot(rows, args) if args.write_plot else 0
-
-
-def _plot(rows: list[ScalingRow], args: ScalingReportConfig) -> int:
-    out = plot(rows, args.plot, args.reference, args.title)
-    print(f"wrote {out}", file=sys.stderr if args.json == "-" else sys.stdout)
+    else:
+        print(note)
+        print(format_table(rows, args.reference))
+        if args.json:
+            save_json(args.json, payload)
+            print(f"wrote {args.json}")
+    if args.write_plot:
+        out = plot(rows, args.plot, args.reference, args.title)
+        print(f"wrote {out}", file=sys.stderr if args.json == "-" else sys.stdout)
     return 0
 
 

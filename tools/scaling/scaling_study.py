@@ -277,14 +277,13 @@ def plot_validation(result: dict, path: str | Path) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("GPUs")
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     axes[0].set_ylabel("s/iter")
     axes[0].set_title(f"step time (dots: published; lines: model; dotted: without t_sync "
                       f"= {result['sync_overhead_s'] * 1e3:.0f} ms)", fontsize=9)
     axes[1].set_ylabel("efficiency = speedup / n")
     axes[1].set_title("efficiency: model (lines), published speedup column (o), published "
                       "n t1/tn (x)", fontsize=9)
-    axes[0].legend(fontsize=7)
-    axes[1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -396,10 +395,8 @@ def run(args: "ScalingModelConfig") -> int:
         v = validate(cal)
         _print_validation(v)
         if cal is not None:  # how far the calibration's noise moves the comparison
-            v["calibration_range"] = {}
-            for name, bound in zip(("low", "high"), cal.bounds()):
-                vb = validate(bound)
-                v["calibration_range"][name] = vb["summary"]
+            v["calibration_range"] = {name: validate(bound)["summary"]
+                                      for name, bound in zip(("low", "high"), cal.bounds())}
             for col, s_ in v["summary"].items():
                 lo = v["calibration_range"]["low"][col]["model_max_abs_error"]
                 hi = v["calibration_range"]["high"][col]["model_max_abs_error"]
