@@ -1,12 +1,11 @@
 """Host lists and this host's network, for multi-node launches (``hvd-lm doctor``, the
 benchmarks across hosts): ``host:slots`` lists and hostfiles as horovodrun and OpenMPI take them,
 whether a name is this machine (Horovod's rule for starting a rank without ssh), which peers a
-host checks, and this host's IPv4 interfaces (psutil; link speed from sysfs)."""
+host checks, and this host's IPv4 interfaces and link speeds (psutil)."""
 
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 from hvd_lm.options.command import error_text
 from hvd_lm.util.files import FileRefused, read_bounded, shown
@@ -110,7 +109,7 @@ def peers_of(i: int, n: int) -> list[int]:
 
 def interfaces() -> dict[str, dict]:
     """``{name: {"addrs": [IPv4...], "speed_mbit": int (-1 unknown), "loopback": bool}}`` of
-    every interface that is up and has an IPv4 address (psutil; speed from sysfs)."""
+    every interface that is up and has an IPv4 address (psutil's addresses and link speed)."""
     import psutil
 
     stats = psutil.net_if_stats()
@@ -120,10 +119,7 @@ def interfaces() -> dict[str, dict]:
         st = stats.get(name)
         if not v4 or (st is not None and not st.isup):
             continue
-        try:
-            speed = int(Path(f"/sys/class/net/{name}/speed").read_text().strip())
-        except (OSError, ValueError):
-            speed = -1
+        speed = st.speed if st is not None and st.speed > 0 else -1  # psutil: 0 when unknown
         out[name] = {"addrs": v4, "speed_mbit": speed,
                      "loopback": all(a.startswith("127.") for a in v4)}
     return out

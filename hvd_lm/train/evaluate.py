@@ -144,7 +144,8 @@ def eval_window(model_cfg, manifest, cfg: "EvalConfig", seq_len: int, rows: int,
                 world_size: int, device: torch.device) -> int:
     """The window eval reads: ``seq_len``, or the longest row of the split when that is shorter
     (the state is carried across windows, so the BPC is the same; only padding is saved: a
-    window of 10,000,000 bytes over a 100 kB split allocated 1.6 GB); refused when one window's
+    window far longer than the split would allocate its logits for nothing); refused when one
+    window's
     logits and states would not fit in the memory free (:func:`hvd_lm.train.memory.free_memory`),
     naming --seq-len and --batch-size and the window that fits.
 
@@ -202,8 +203,8 @@ class EvalConfig:
 def eval_rows(asked: int, ck: dict, ranks: int) -> tuple[int, str]:
     """Rows per rank for ``hvd-lm eval`` on ``ranks`` ranks, and a note when the BPC will not be
     the one the training logged. Each row's recurrent state starts at zero, so a split cut into
-    another number of rows scores another BPC (1 rank x 16 rows read 2.4270 where 2 training
-    ranks x 16 logged 2.4309); world size x batch = the same rows is the same cut
+    another number of rows scores a slightly different BPC; world size x batch = the same rows
+    is the same cut
     (:class:`hvd_lm.train.data.RankStreams`). ``asked`` > 0: that; 0: the training's
     ``run.eval_batch_size`` x its world size, over ``ranks`` when they divide."""
     if asked:
