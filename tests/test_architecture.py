@@ -236,7 +236,6 @@ _LOADERS = {("np", "load"), ("numpy", "load"), ("json", "load"), ("h5py", "File"
 #: longer in the code fails the test too, so the list stays the list.
 OWN_READS = {
     # ---- /proc, /sys and /dev: the kernel's files of this process and machine
-    ("hvd_lm/comm/hosts.py", "Path(f'/sys/class/net/{name}/speed').read_text()"): "link speed",
     ("hvd_lm/comm/threads.py", "open(BOOT_ID)"): "/proc/sys/kernel/random/boot_id",
     ("hvd_lm/comm/world.py", "Path(f'/proc/{pid}/stat').read_text()"): "a parent's pid",
     ("hvd_lm/comm/world.py", "Path(f'/proc/{pid}/cmdline').read_bytes()"): "a parent's command",
