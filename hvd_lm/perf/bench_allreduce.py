@@ -119,17 +119,6 @@ class AllreduceConfig:
 
 # ---- driver -------------------------------------------------------------------------------------
 
-def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Launch environment: one thread per rank, OpenMPI as root / in containers, ranks yielding
-    the cores when idle (:func:`hvd_lm.comm.world.local_mpi_env`); every configuration states
-    its own Horovod knobs."""
-    env = local_mpi_env(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
-    for k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE"):
-        env.pop(k, None)
-    env.update(extra or {})
-    return env
-
-
 def configurations(args: AllreduceConfig) -> list[dict]:
     """The launches of one ``bench allreduce`` run: raw MPI, torch gloo, Horovod per controller at
     its defaults, then the MPI controller at each other fusion threshold / cycle time (those only
@@ -158,21 +147,21 @@ def configurations(args: AllreduceConfig) -> list[dict]:
     return confs
 
 
-def _sizes(args: AllreduceConfig) -> list[int]:
+def run_allreduce_bench(args: AllreduceConfig) -> dict:
+    """Launch every configuration (see :func:`configurations`), ``--repeats`` times round robin
+    (drift on a shared machine then hits every configuration alike), and collect the records,
+    each the median over the repeats (:func:`median_over_repeats`)."""
     sizes = parse_sizes(args.sizes) if args.sizes else list(DEFAULT_SIZES)
     if args.max_size:
         sizes = [s for s in sizes if s <= parse_size(args.max_size)]
     if not sizes:
         raise ValueError("no message sizes left (check --sizes / --max-size)")
-    return sizes
-
-
-def run_allreduce_bench(args: AllreduceConfig) -> dict:
-    """Launch every configuration (see :func:`configurations`), ``--repeats`` times round robin
-    (drift on a shared machine then hits every configuration alike), and collect the records,
-    each the median over the repeats (:func:`median_over_repeats`)."""
-    sizes = _sizes(args)
     variant_sizes = [s for s in sizes if s <= parse_size(args.variant_max_size)] or sizes[:1]
+    # one thread per rank, OpenMPI as root / in containers, ranks yielding the cores when idle
+    # (local_mpi_env); every configuration states its own Horovod knobs
+    base_env = {k: v for k, v in local_mpi_env(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
+                .items() if k not in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME",
+                                      "HOROVOD_AUTOTUNE")}
     records = []
     for rep in range(args.repeats):
         for conf in configurations(args):
@@ -187,7 +176,7 @@ def run_allreduce_bench(args: AllreduceConfig) -> dict:
                              GLOO_SOCKET_IFNAME=args.network_interface or "lo")
                 if args.hosts:
                     extra["MASTER_ADDR"] = socket.gethostbyname(parse_hosts(args.hosts)[0][0])
-            env = _env(extra)
+            env = base_env | extra
             cmd = (mpirun_argv(args.np, argv, args.hosts, args.network_interface, env)
                    if conf["launcher"] == "mpirun"
                    else horovodrun_argv(args.np, argv, "gloo", args.hosts,

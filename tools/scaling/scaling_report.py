@@ -88,36 +88,25 @@ class ScalingRow:
     reference_speedup: float | None = None
 
 
-def metrics_file(path: str | Path) -> Path:
-    """``path/metrics.jsonl`` for a folder, else ``path`` itself.
-
-    Raises:
-        FileNotFoundError: neither exists.
-    """
-    p = Path(path)
-    f = p / "metrics.jsonl" if p.is_dir() else p
-    if not f.exists():  # (a FIFO or a device is named by the reader: hvd_lm.train.log)
-        raise FileNotFoundError(f"{shown(path)}: no metrics.jsonl (is it an hvd-lm train run "
-                                "directory?)")
-    return f
-
-
 def read_run(path: str | Path, skip: int = 1) -> RunTiming:
     """Timing of one run from its metrics.jsonl.
 
     Args:
-        path: run directory or metrics.jsonl file.
+        path: run directory (its ``metrics.jsonl`` is read) or metrics.jsonl file.
         skip: train records to drop after each ``start`` record (warm-up).
 
     Raises:
-        FileNotFoundError: no metrics file.
+        FileNotFoundError: no metrics file (neither ``path/metrics.jsonl`` nor ``path``).
         hvd_lm.util.files.FileRefused: the metrics file is not a regular file (a FIFO, a
             device), or is larger than :data:`hvd_lm.train.log.METRICS_MAX_BYTES` (read
             streamed: memory of one record, whatever its size).
         ValueError: malformed records, no start record, starts with different world sizes, or no
             train record left after skipping.
     """
-    f = metrics_file(path)
+    f = Path(path) / "metrics.jsonl" if Path(path).is_dir() else Path(path)
+    if not f.exists():  # (a FIFO or a device is named by the reader: hvd_lm.train.log)
+        raise FileNotFoundError(f"{shown(path)}: no metrics.jsonl (is it an hvd-lm train run "
+                                "directory?)")
     starts, times, rates, compute, since_start = [], [], [], [], 0
     for rec in iter_metrics(f):
         kind = rec.get("kind")
