@@ -237,8 +237,6 @@ _LOADERS = {("np", "load"), ("numpy", "load"), ("json", "load"), ("h5py", "File"
 OWN_READS = {
     # ---- /proc, /sys and /dev: the kernel's files of this process and machine
     ("hvd_lm/comm/threads.py", "open(BOOT_ID)"): "/proc/sys/kernel/random/boot_id",
-    ("hvd_lm/comm/world.py", "Path(f'/proc/{pid}/stat').read_text()"): "a parent's pid",
-    ("hvd_lm/comm/world.py", "Path(f'/proc/{pid}/cmdline').read_bytes()"): "a parent's command",
     ("hvd_lm/model/mfu.py", "open('/proc/cpuinfo')"): "the CPU model, for the peak's key",
     ("hvd_lm/perf/allreduce_worker.py", "open('/proc/self/io')"): "bytes this process read",
     ("hvd_lm/train/deadline.py", "os.open(os.devnull)"): "/dev/null, written to",

@@ -349,22 +349,6 @@ def under_openmpi(environ: Mapping[str, str] | None = None) -> bool:
     return "OMPI_COMM_WORLD_SIZE" in env
 
 
-def _proc_ppid(pid: int) -> int | None:
-    """Parent PID of ``pid`` from ``/proc/<pid>/stat`` (Linux), None when unreadable."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[1])
-
-
-def _proc_cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
-
-
 def horovodrun_mpi_shell() -> int | None:
     """PID of the ``/bin/sh -c mpirun ...`` that ``horovodrun --mpi`` turns into (Horovod 0.28.1
     ``runner/mpi_run.py``: ``os.execve('/bin/sh', ['/bin/sh', '-c', mpirun_command])``) when this
@@ -373,16 +357,22 @@ def horovodrun_mpi_shell() -> int | None:
 
     A signal sent to ``horovodrun --mpi`` (that shell) kills only the shell: mpirun and the ranks
     never see it. Ranks therefore watch this PID (:class:`hvd_lm.train.deadline.StopSignals`) and
-    treat its disappearance like SIGTERM.
+    treat its disappearance like SIGTERM (the processes read with psutil; one gone or not
+    readable: None).
     """
-    mpirun = os.getppid()
-    if Path((_proc_cmdline(mpirun) or [""])[0]).name not in ("mpirun", "mpiexec", "orterun"):
+    import psutil
+
+    try:
+        mpirun = psutil.Process(os.getppid())
+        if Path((mpirun.cmdline() or [""])[0]).name not in ("mpirun", "mpiexec", "orterun"):
+            return None
+        shell = mpirun.parent()
+        cmd = shell.cmdline() if shell else []
+    except psutil.Error:
         return None
-    shell = _proc_ppid(mpirun)
-    cmd = _proc_cmdline(shell) if shell else []
     if len(cmd) >= 3 and Path(cmd[0]).name in ("sh", "dash", "bash") and cmd[1] == "-c" \
             and cmd[2].lstrip().startswith("mpirun"):
-        return shell
+        return shell.pid
     return None
 
 
