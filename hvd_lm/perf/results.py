@@ -83,12 +83,9 @@ def ratios_to_mpi(records: list[dict], reference: str = "mpi4py") -> list[dict]:
     """Per single-tensor size and non-reference label: time / the reference's time at that size."""
     ref = {r["size_bytes"]: r["time_s"] for r in records
            if r["case"] == "single" and r["label"] == reference}
-    out = []
-    for r in records:
-        if r["case"] == "single" and r["label"] != reference and r["size_bytes"] in ref:
-            out.append({"label": r["label"], "size_bytes": r["size_bytes"],
-                        "time_ratio": r["time_s"] / ref[r["size_bytes"]]})
-    return out
+    return [{"label": r["label"], "size_bytes": r["size_bytes"],
+             "time_ratio": r["time_s"] / ref[r["size_bytes"]]} for r in records
+            if r["case"] == "single" and r["label"] != reference and r["size_bytes"] in ref]
 
 
 def median_over_repeats(records: list[dict]) -> list[dict]:

@@ -9,6 +9,8 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
+import numpy as np
+
 from hvd_lm.perf.results import fit_alpha_beta
 from hvd_lm.util.units import MIB
 
@@ -116,7 +118,5 @@ def calibrate_from_bench(data: dict, horovod_label: str = "hvd-mpi", mpi_label: 
 
 def _iqr(xs: Sequence[float]) -> tuple[float, float]:
     """(25th, 75th) percentile of ``xs`` (both the value for one sample)."""
-    if len(xs) == 1:
-        return (float(xs[0]), float(xs[0]))
-    q = statistics.quantiles(xs, n=4, method="inclusive")
-    return (q[0], q[2])
+    lo, hi = np.percentile(xs, [25, 75])  # linear interpolation: statistics' "inclusive"
+    return (float(lo), float(hi))
