@@ -12,6 +12,7 @@ may compile to another (vectorised) binary with other register counts than the t
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import subprocess
@@ -36,10 +37,10 @@ def _triton():
     return triton, mlstm_triton
 
 
-def compile_ahead(arch: int = 90, computes: tuple[str, ...] = ()) -> list[dict]:
+def compile_ahead(arch: int = 90) -> list[dict]:
     """Compile every cell kernel the CUDA path can launch (both kernels x compute dtype x
-    mask/reset cases, ``BLOCK``, ``NUM_WARPS`` of :mod:`hvd_lm.model.mlstm_triton`; ``computes``
-    () = every compute dtype) for ``sm_<arch>`` without a GPU
+    mask/reset cases, ``BLOCK``, ``NUM_WARPS`` of :mod:`hvd_lm.model.mlstm_triton`) for
+    ``sm_<arch>`` without a GPU
     (``triton.compile`` with a ``GPUTarget``; Triton's own ptxas), and read each cubin's
     resources with the ``cuobjdump --dump-resource-usage`` that ships with Triton.
 
@@ -62,29 +63,24 @@ def compile_ahead(arch: int = 90, computes: tuple[str, ...] = ()) -> list[dict]:
                "_cell_backward_kernel": tk._cell_backward_kernel}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for compute in computes or tuple(tk.COMPUTE_TYPES):
-            for has_keep in (False, True):
-                for has_rk in (False, True):
-                    consts = tk.launch_constexprs(compute, has_keep, has_rk)
-                    for name, sig in tk.launch_signatures(compute, has_keep,
-                                                          has_rk).items():
-                        src = ASTSource(fn=kernels[name], signature=sig,
-                                        constexprs=consts[name])
-                        built = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                                               options={"num_warps": tk.NUM_WARPS,
-                                                        "enable_fp_fusion": True})
-                        cubin = Path(tmp) / f"{name}.cubin"
-                        cubin.write_bytes(built.asm["cubin"])
-                        out = subprocess.run([tool, "--dump-resource-usage", str(cubin)],
-                                             capture_output=True, text=True, timeout=60).stdout
-                        use = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", out))
-                        if len(use) < 4:
-                            raise RuntimeError(f"cuobjdump: no resource usage for {name}:\n{out}")
-                        rows.append({"kernel": name, "compute": compute, "has_keep": has_keep,
-                                     "has_rk": has_rk, "registers": int(use["REG"]),
-                                     "stack": int(use["STACK"]), "local": int(use["LOCAL"]),
-                                     "shared": int(use["SHARED"]),
-                                     "cubin_bytes": len(built.asm["cubin"])})
+        for compute, has_keep, has_rk in itertools.product(tk.COMPUTE_TYPES, (False, True),
+                                                           (False, True)):
+            consts = tk.launch_constexprs(compute, has_keep, has_rk)
+            for name, sig in tk.launch_signatures(compute, has_keep, has_rk).items():
+                src = ASTSource(fn=kernels[name], signature=sig, constexprs=consts[name])
+                built = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={
+                    "num_warps": tk.NUM_WARPS, "enable_fp_fusion": True})
+                cubin = Path(tmp) / f"{name}.cubin"
+                cubin.write_bytes(built.asm["cubin"])
+                out = subprocess.run([tool, "--dump-resource-usage", str(cubin)],
+                                     capture_output=True, text=True, timeout=60).stdout
+                use = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", out))
+                if len(use) < 4:
+                    raise RuntimeError(f"cuobjdump: no resource usage for {name}:\n{out}")
+                rows.append({"kernel": name, "compute": compute, "has_keep": has_keep,
+                             "has_rk": has_rk, "registers": int(use["REG"]),
+                             "stack": int(use["STACK"]), "local": int(use["LOCAL"]),
+                             "shared": int(use["SHARED"]), "cubin_bytes": len(built.asm["cubin"])})
     return rows
 
 
