@@ -20,6 +20,7 @@ down. The listener thread is a daemon and costs nothing while nothing connects.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import json
 import socket
 import threading
@@ -52,19 +53,14 @@ class PeerWatch:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            with conn:
-                try:
-                    conn.settimeout(PROBE_TIMEOUT)
-                    conn.sendall(reply)
-                except OSError:
-                    pass
+            with conn, contextlib.suppress(OSError):
+                conn.settimeout(PROBE_TIMEOUT)
+                conn.sendall(reply)
 
     def close(self) -> None:
         """Stop listening."""
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
 
 
 def probe(peer: dict, timeout: float = PROBE_TIMEOUT) -> str | None:

@@ -27,9 +27,7 @@ Average, Sum, Max, Adasum = "average", "sum", "max", "adasum"
 class Compression:
     """``hvd.Compression``'s names (nothing is sent, so neither compresses anything)."""
 
-    none = "none"
-    fp16 = "fp16"
-    bf16 = "bf16"
+    none, fp16, bf16 = "none", "fp16", "bf16"
 
 
 def init() -> None:

@@ -117,7 +117,7 @@ class Progress(tqdm):
     """A long command's progress on stderr: tqdm's bar on a terminal; elsewhere one line every
     :data:`PROGRESS_EVERY_S` seconds and one at the end, e.g. ``hvd-lm eval (rank 0): 52,431 of
     133,753 chars (39%), 8,123 chars/s, 00:06 elapsed, 00:10 left`` (a log gets lines, not a bar's
-    carriage returns; before, a redirected transfer said nothing for 13 minutes).
+    carriage returns: a redirected long command would otherwise say nothing until its end).
 
     Args:
         desc: what is counted, e.g. ``"hvd-lm eval (rank 0)"``. total: the count at the end
