@@ -132,10 +132,9 @@ def stream_bounds(total: int, num_streams: int) -> np.ndarray:
     if targets < num_streams:
         raise ValueError(f"{total} bytes are too few for {num_streams} streams "
                          "(world size x batch size); use fewer ranks or a smaller batch")
-    base, extra = divmod(targets, num_streams)
-    lengths = np.full(num_streams, base, dtype=np.int64)
-    lengths[:extra] += 1
-    return np.concatenate([[1], 1 + np.cumsum(lengths)]).astype(np.int64)
+    base, extra = divmod(targets, num_streams)  # the first `extra` streams one target longer
+    s = np.arange(num_streams + 1, dtype=np.int64)
+    return 1 + s * base + np.minimum(s, extra)
 
 
 class RankStreams:
@@ -182,16 +181,13 @@ class RankStreams:
         """Targets per epoch over all ranks: total bytes - 1."""
         return self.total_bytes - 1
 
-    def _set_epoch(self, epoch: int) -> None:
-        if epoch != self._epoch:
+    def window(self, epoch: int, step: int) -> Batch:
+        """The window of step ``step`` (0-based within ``epoch``) for this rank's rows."""
+        if epoch != self._epoch:  # the epoch's shard order
             order = (epoch_shard_order(len(self.shards), self.seed, epoch)
                      if self.shuffle_shards else range(len(self.shards)))
             self._stream = ConcatStream([self.shards[i] for i in order])
             self._epoch = epoch
-
-    def window(self, epoch: int, step: int) -> Batch:
-        """The window of step ``step`` (0-based within ``epoch``) for this rank's rows."""
-        self._set_epoch(epoch)
         stream = self._stream
         B, T = self.batch_size, self.seq_len
         inputs = np.zeros((B, T), np.int64)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import socket
@@ -52,11 +53,8 @@ def write_failure(out_dir: str | Path, step: int, rank: int, error: str,
     rec = {"kind": "failure", "step": step, "time": time.time(), "rank": rank,
            "host": socket.gethostname(), "error": error, "checkpoint": checkpoint,
            "resume": resume_command()}
-    try:
-        with open_append(out_dir, "metrics.jsonl") as f:
-            f.write(json.dumps(rec) + "\n")
-    except (OSError, FileRefused):
-        pass
+    with contextlib.suppress(OSError, FileRefused), open_append(out_dir, "metrics.jsonl") as f:
+        f.write(json.dumps(rec) + "\n")
 
 
 #: Largest ``metrics.jsonl`` a reader takes (:func:`iter_metrics`): about 2.5 million records of
