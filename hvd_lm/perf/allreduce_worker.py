@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+import psutil
 import torch
 
 from hvd_lm import comm
@@ -144,13 +145,10 @@ def make_comm(backend: str):
     Raises:
         ValueError: unknown backend.
     """
-    if backend == "mpi":
-        return MpiComm()
-    if backend == "torch_gloo":
-        return TorchGlooComm()
-    if backend == "horovod":
-        return HorovodComm()
-    raise ValueError(f"unknown backend {backend!r}")
+    comms = {"mpi": MpiComm, "torch_gloo": TorchGlooComm, "horovod": HorovodComm}
+    if backend not in comms:
+        raise ValueError(f"unknown backend {backend!r}")
+    return comms[backend]()
 
 
 def _bytes(comp: str, numel: int, n: int, args, measured: bool, wrote: float | None) -> dict:
@@ -177,15 +175,12 @@ def _grouped(coll, tensors: list[torch.Tensor], mode: str, flat: torch.Tensor,
 
 def written_bytes() -> int | None:
     """This process's ``wchar`` from ``/proc/self/io`` (bytes handed to write/send system calls,
-    sockets included; proc(5)), or None where there is no such file."""
+    sockets included; proc(5)) as psutil reads it (``io_counters().write_chars``), or None where
+    there is no such file (not Linux) or it cannot be read."""
     try:
-        with open("/proc/self/io") as f:
-            for line in f:
-                if line.startswith("wchar:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
+        return psutil.Process().io_counters().write_chars
+    except (AttributeError, OSError, psutil.Error):
+        return None
 
 
 def _time(coll, fn, iters: int, warmup: int) -> tuple[float, float | None]:
