@@ -44,7 +44,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float) -> torc
         return torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum,
                                weight_decay=cfg.weight_decay)
     if cfg.optimizer == "lamb":
-        # Imported here for start-up cost: pytorch_optimizer adds ~1.5 s to every process.
+        # Imported here for start-up cost: pytorch_optimizer is slow to import, paid by lamb only.
         from pytorch_optimizer import Lamb
 
         return Lamb(model.parameters(), lr=lr, weight_decay=cfg.weight_decay,
