@@ -238,7 +238,8 @@ def _check_topology(n: int, g: int) -> None:
 def fused_buffers(tensor_bytes: Sequence[float], threshold_bytes: float) -> list[list[float]]:
     """Greedy in-order packing of tensors into fusion buffers of at most ``threshold_bytes``, as
     Horovod's controller fuses ready responses (a tensor larger than the threshold, or any tensor
-    with threshold 0, is an allreduce of its own). Returns the tensor sizes of each buffer."""
+    with threshold 0, is an allreduce of its own). Returns the tensor sizes of each buffer: as
+    many buffers as allreduces, for many equal small tensors ceil(total bytes / threshold)."""
     if threshold_bytes < 0:
         raise ValueError(f"fusion threshold must be >= 0 bytes, got {threshold_bytes}")
     buffers: list[list[float]] = []
@@ -248,12 +249,6 @@ def fused_buffers(tensor_bytes: Sequence[float], threshold_bytes: float) -> list
         else:
             buffers.append([b])
     return buffers
-
-
-def fused_buffer_count(tensor_bytes: Sequence[float], threshold_bytes: float) -> int:
-    """Number of allreduces a group of ready tensors becomes (:func:`fused_buffers`); for many
-    equal small tensors it is ceil(total bytes / threshold)."""
-    return len(fused_buffers(tensor_bytes, threshold_bytes))
 
 
 #: Parameter-name prefixes whose gradient is final before BPTT's backward starts.
@@ -430,8 +425,8 @@ def step_time(cfg: ScalingConfig, n: int) -> dict:
     exposed = max(0.0, t_early - cfg.backward_fraction * tc) + t_late
     return _step(cfg, n, t_early + t_late, exposed,
                  overlappable_fraction=overlappable_fraction(cfg.params),
-                 buffers=(fused_buffer_count(eb, cfg.fusion_threshold_bytes)
-                          + fused_buffer_count(lb, cfg.fusion_threshold_bytes)) if n > 1 else 0)
+                 buffers=(len(fused_buffers(eb, cfg.fusion_threshold_bytes))
+                          + len(fused_buffers(lb, cfg.fusion_threshold_bytes))) if n > 1 else 0)
 
 
 def _onebit_step(cfg: ScalingConfig, n: int) -> dict:
