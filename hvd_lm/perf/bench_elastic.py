@@ -61,13 +61,13 @@ class ElasticJob:
 
     Args:
         workdir: folder for the host list, the discovery script and the run.
-        hosts: initial "host:slots" entries.
+        hosts: initial "host:slots" entries (at most 2 ranks: ``--max-np 2``).
         train_args: ``hvd-lm train`` flags (``--elastic true`` and ``--out-dir`` are added).
         env: extra environment for the ranks.
     """
 
     def __init__(self, workdir: Path, hosts: list[str], train_args: list[str],
-                 env: dict[str, str] | None = None, max_np: int = 2):
+                 env: dict[str, str] | None = None):
         self.workdir = Path(workdir)
         self.run_dir = self.workdir / "run"
         self.hosts_file = self.workdir / "hosts.txt"
@@ -77,7 +77,7 @@ class ElasticJob:
         discover.chmod(0o755)
         horovodrun = Path(sys.executable).parent / "horovodrun"
         self.cmd = [str(horovodrun), "-np", str(len(hosts)), "--min-np", "1", "--max-np",
-                    str(max_np), "--host-discovery-script", str(discover), sys.executable, "-m",
+                    "2", "--host-discovery-script", str(discover), sys.executable, "-m",
                     "hvd_lm", "train", *map(str, train_args), "--out-dir", str(self.run_dir),
                     "--elastic", "true"]
         self.proc = subprocess.Popen(self.cmd, env=local_mpi_env(**(env or {})), cwd=self.workdir,
