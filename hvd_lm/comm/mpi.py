@@ -67,10 +67,6 @@ class MpiWorld:
                 raise MpiUnreachable(text)  # (Abort does not return)
             time.sleep(0.01)
 
-    def barrier(self) -> None:
-        """Wait for every rank."""
-        self.communicator.Barrier()
-
     def bcast(self, obj: Any, root: int = 0) -> Any:
         """Rank ``root``'s ``obj`` on every rank."""
         return self.communicator.bcast(obj, root=root)
