@@ -238,7 +238,6 @@ OWN_READS = {
     # ---- /proc, /sys and /dev: the kernel's files of this process and machine
     ("hvd_lm/comm/threads.py", "open(BOOT_ID)"): "/proc/sys/kernel/random/boot_id",
     ("hvd_lm/model/mfu.py", "open('/proc/cpuinfo')"): "the CPU model, for the peak's key",
-    ("hvd_lm/perf/allreduce_worker.py", "open('/proc/self/io')"): "bytes this process read",
     ("hvd_lm/train/deadline.py", "os.open(os.devnull)"): "/dev/null, written to",
     ("hvd_lm/util/atomic.py", "open('/proc/self/status')"): "this process's memory",
     # ---- what the command itself writes, in its own folders
