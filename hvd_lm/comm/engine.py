@@ -213,7 +213,7 @@ def keep_gradients_local(optimizer) -> None:
     engine's DDP hook handing the buckets back as they are."""
     own = getattr(_hvd(), "keep_gradients_local", None)
     if own is not None:
-        own(True)
+        own()
     elif getattr(optimizer, "backward_passes_per_step", _NEVER) != _NEVER:
         optimizer.set_backward_passes_per_step(_NEVER)
 

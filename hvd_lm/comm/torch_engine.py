@@ -396,10 +396,11 @@ def wrap_model(model: torch.nn.Module, compression: str = "none") -> torch.nn.Mo
     return ddp
 
 
-def keep_gradients_local(local: bool) -> None:
-    """True: from the next backward the DDP hook leaves each rank's gradients unreduced (a 1-bit
-    optimizer's compressed phase); False: they are averaged again."""
-    _settings["local"] = bool(local)
+def keep_gradients_local() -> None:
+    """From the next backward on, the DDP hook leaves each rank's gradients unreduced (a 1-bit
+    optimizer's compressed phase), until :func:`wrap_model` wraps a model again. One flag per
+    process: a process trains one model at a time."""
+    _settings["local"] = True
 
 
 def no_sync(model: torch.nn.Module):
