@@ -234,9 +234,10 @@ hvd_lm_run_preemptible() {
     rc=1
   fi
   # every rank checkpointed on a signal: a clean stop, whatever the launcher's exit status
-  # (horovodrun across hosts exits 255 after its ranks stopped cleanly; the requeue logic and
-  # the closing block must see a clean stop, not a crash)
-  if [ "$rc" != 0 ]; then
+  # (horovodrun across hosts exits 255 or 0 after its ranks stopped cleanly, from one run to the
+  # next; the requeue logic and the closing block must see a clean stop, not a crash, and the
+  # user the same line either way)
+  if [ "$rc" != 0 ] || [ "$HVD_LM_SIGNALLED" = 1 ]; then
     local clean=0  # 3: a clean stop (its line printed); 0: not one (the closing block says)
     "${PYTHON:-python3}" -m hvd_lm.jobs.failure_summary "$OUT_DIR" --rc "$rc" \
       --since "$HVD_LM_T0" --clean-only >&2 || clean=$?

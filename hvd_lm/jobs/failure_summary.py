@@ -26,8 +26,9 @@ n2 exited on signal 9``) or refused to start (OpenMPI as root, with the fix), el
 
 A launch whose ranks all stopped on a signal and checkpointed (the run's ``end`` record since the
 launch says ``stop: signal``) is a clean stop whatever the launcher's exit status (horovodrun
-across hosts exits 255 after its ranks stopped cleanly): :func:`clean_stop` says so, and the
-templates print that instead of a failure and exit 0.
+across hosts exits 255 or 0 after its ranks stopped cleanly, from one run to the next):
+:func:`clean_stop` says so, and the templates print that line after every signal they passed on
+(and instead of a failure's block) and exit 0.
 
 ``metrics.jsonl`` is read here from its end, its last :data:`METRICS_TAIL_BYTES` (the records
 since the launch are the last ones it appended), skipping a line that is not JSON (the last one
