@@ -23,6 +23,19 @@ def is_gzip(path: str) -> bool:
         return f.read(2) == _GZIP_MAGIC
 
 
+class _CountingReader:
+    """A binary file whose reads report their sizes to ``progress`` (bytes read from disk)."""
+
+    def __init__(self, raw, progress):
+        self.raw, self.progress = raw, progress
+
+    def read(self, n=-1):
+        data = self.raw.read(n)
+        if self.progress is not None and data:
+            self.progress(len(data))
+        return data
+
+
 def _reblock(pieces: Iterator[bytes], block_size: int) -> Iterator[bytes]:
     """``pieces`` regrouped into blocks of exactly ``block_size`` bytes (the last one shorter),
     so block boundaries depend on the content only (a piece of exactly one block passes
@@ -53,19 +66,15 @@ def _blocks_gzipfile(path: str, compressed: bool, block_size: int,
     truncated: list = []
 
     def pieces():
-        with open(path, "rb") as raw:
+        with open(path, "rb") as f:
+            raw = _CountingReader(f, progress)
             read = gzip.GzipFile(fileobj=raw, mode="rb").read1 if compressed else raw.read
-            done = 0
             while True:
                 try:
                     piece = read(block_size)
                 except EOFError as e:
                     truncated.append(e)
                     piece = b""
-                if progress is not None:
-                    pos = raw.tell()
-                    progress(pos - done)
-                    done = pos
                 if not piece:
                     return
                 yield piece
@@ -98,14 +107,10 @@ def _inflate_blocks(path: str, block_size: int,
     def pieces():
         d = zlib.decompressobj(31)
         in_member = False
-        done = 0
-        with open(path, "rb") as raw:
+        with open(path, "rb") as f:
+            raw = _CountingReader(f, progress)
             while True:
                 data = raw.read(_READ_SIZE)
-                if progress is not None:
-                    pos = raw.tell()
-                    progress(pos - done)
-                    done = pos
                 if not data:
                     break
                 while data:

@@ -33,6 +33,7 @@ import tarfile
 import zlib
 from typing import Callable, Iterator, Optional
 
+from data_prep.gzip_blocks import _CountingReader
 from data_prep.inputs import (
     TAR_DEFAULT_EXCLUDE,
     TAR_NOT_DOCUMENTS,
@@ -55,19 +56,6 @@ _TAR_EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE,
 #: Compressed streams by their magic bytes, each opened on a binary file object.
 _TAR_CODECS = ((b"\x1f\x8b", lambda f: gzip.GzipFile(fileobj=f)), (b"BZh", bz2.BZ2File),
                (b"\xfd7zXZ\x00", lzma.LZMAFile))
-
-
-class _CountingReader:
-    """A binary file whose reads report their sizes to ``progress`` (bytes read from disk)."""
-
-    def __init__(self, raw, progress):
-        self.raw, self.progress = raw, progress
-
-    def read(self, n=-1):
-        data = self.raw.read(n)
-        if self.progress is not None and data:
-            self.progress(len(data))
-        return data
 
 
 class _StrictTarInfo(tarfile.TarInfo):
