@@ -130,16 +130,12 @@ def raw_rate_zlib(path: Path) -> tuple:
     return n / 1e6 / dt, n, dt
 
 
-def _raw_worker(path: str) -> float:
-    return raw_rate(Path(path))[0]
-
-
 def parallel_raw_rate(path: Path, processes: int) -> float:
     """Mean per-process raw rate (MB/s) when ``processes`` processes each inflate and iterate the
     whole file at the same time: how far the machine itself scales (shared cores, memory
     bandwidth), the ceiling per worker at that parallelism."""
     with ProcessPoolExecutor(processes, mp_context=mp.get_context("fork")) as ex:
-        rates = list(ex.map(_raw_worker, [str(path)] * processes))
+        rates = [rate for rate, _, _ in ex.map(raw_rate, [path] * processes)]
     return sum(rates) / len(rates)
 
 

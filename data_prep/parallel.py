@@ -37,11 +37,13 @@ class PhaseError(RuntimeError):
     (rank, task, error) and is the same on all ranks."""
 
 
-def _die_with_parent(parent: int | None) -> None:
-    """Make this worker get SIGKILL when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``,
-    prctl(2)), so ``kill -9`` of ``prepare`` never leaves workers writing behind a ``--resume``;
-    and exit at once if the parent (``parent``; None: a forkserver's child, not checked) is
-    already gone. Elsewhere a no-op."""
+def _init_worker(counter, parent: int | None) -> None:
+    """A pool worker's start: keep the shared progress ``counter``; on Linux, get SIGKILL when
+    the parent dies (``prctl(PR_SET_PDEATHSIG)``, prctl(2)), so ``kill -9`` of ``prepare`` never
+    leaves workers writing behind a ``--resume``, and exit at once if the parent (``parent``;
+    None: a forkserver's child, not checked) is already gone."""
+    global _COUNTER
+    _COUNTER = counter
     if not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)
@@ -49,12 +51,6 @@ def _die_with_parent(parent: int | None) -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if parent is not None and os.getppid() != parent:  # it died before prctl took effect
         os._exit(1)
-
-
-def _init_worker(counter, parent: int | None) -> None:
-    global _COUNTER
-    _COUNTER = counter
-    _die_with_parent(parent)
 
 
 def _add_progress(n: int) -> None:
