@@ -118,8 +118,6 @@ class FolderLock:
     def __init__(self, folder: str | Path, what: str = "folder"):
         self.folder = Path(folder)
         self.path = self.folder / LOCK_NAME
-        self.what = what
-        self.previous: dict | None = None
         self.folder.mkdir(parents=True, exist_ok=True)
         while True:
             self._fd = _open_lock(self.path)
@@ -142,12 +140,12 @@ class FolderLock:
             if same:
                 break
             os.close(self._fd)
-        self.previous = self._read() or None
-        if self.previous and self.previous.get("host") == socket.gethostname() \
-                and isinstance(self.previous.get("pid"), int) \
-                and not pid_alive(self.previous["pid"]):
+        previous = self._read()
+        if previous.get("host") == socket.gethostname() \
+                and isinstance(previous.get("pid"), int) \
+                and not pid_alive(previous["pid"]):
             print(f"warning: {shown(self.folder)}: taking over the lock of "
-                  f"{_holder(self.previous)}, "
+                  f"{_holder(previous)}, "
                   "which is gone", file=sys.stderr)
         record = {"host": socket.gethostname(), "pid": os.getpid(), "start": time.time(),
                   "command": list(sys.argv)}
