@@ -83,29 +83,22 @@ def missing_components(info: BuildInfo, need_nccl: bool = False) -> list[str]:
     return missing
 
 
-def horovodrun_path() -> str:
-    """Path of ``horovodrun`` beside the running interpreter (the venv's), else on PATH.
-
-    Raises:
-        FileNotFoundError: when neither exists (Horovod is not installed).
-    """
-    found = (shutil.which("horovodrun", path=str(Path(sys.executable).parent))
-             or shutil.which("horovodrun"))
-    if not found:
-        raise FileNotFoundError("horovodrun not found: run `make setup` (scripts/setup.sh)")
-    return found
-
-
 def check_build(need_nccl: bool | None = None) -> BuildInfo:
-    """Run ``horovodrun --check-build`` and verify it; return the parsed info.
+    """Run ``horovodrun --check-build`` (the one beside the running interpreter, the venv's,
+    else on PATH) and verify it; return the parsed info.
 
     Args:
         need_nccl: require NCCL; ``None`` means "when torch sees a CUDA build".
 
     Raises:
+        FileNotFoundError: no ``horovodrun`` (Horovod is not installed).
         RuntimeError: naming every missing component, or when the command fails.
     """
-    proc = subprocess.run([horovodrun_path(), "--check-build"], capture_output=True, text=True)
+    found = (shutil.which("horovodrun", path=str(Path(sys.executable).parent))
+             or shutil.which("horovodrun"))
+    if not found:
+        raise FileNotFoundError("horovodrun not found: run `make setup` (scripts/setup.sh)")
+    proc = subprocess.run([found, "--check-build"], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"horovodrun --check-build failed ({proc.returncode}):\n{proc.stderr}")
     info = parse_check_build(proc.stdout)
