@@ -374,30 +374,39 @@ def _scan(path: Path) -> tuple[dict, str, int, np.ndarray, str | None]:
     return attrs, h.hexdigest(), n, offsets, problem
 
 
-def check_shard(path) -> dict:
-    """Check one shard file on its own: format version, dataset types, offsets, one EOD per
-    document, counts in the attributes, and the SHA-256 of the tokens (streamed in 16 MiB reads)
-    against its ``sha256`` attribute.
+def check_shard(path, info=None) -> dict:
+    """Check one shard file: format version, dataset types, offsets, one EOD per document, counts
+    in the attributes, and the SHA-256 of the tokens (streamed in 16 MiB reads) against its
+    ``sha256`` attribute; with ``info`` (its manifest entry) also against the token and document
+    counts and the SHA-256 recorded there (:func:`verify_shard`).
 
     Returns:
         The file's attributes (plain Python values).
     Raises:
         FileNotFoundError: no such file.
-        ShardChecksumError: the tokens do not hash to the ``sha256`` attribute.
-        ShardFormatError: unreadable file or a structural mismatch (names file and field).
+        ShardChecksumError: the tokens do not hash to ``info.sha256`` or to the ``sha256``
+            attribute (message names the file, expected and actual).
+        ShardFormatError: unreadable file, a structural mismatch, or counts that differ from
+            ``info`` (names file and field, expected and actual).
     """
     path = Path(path)
-    attrs, digest, _, _, problem = _scan(path)
+    attrs, digest, n, offsets, problem = _scan(path)
+    if info is not None and digest != info.sha256:
+        raise ShardChecksumError(path, info.sha256, digest)
     if attrs.get("sha256") != digest:
         raise ShardChecksumError(path, str(attrs.get("sha256")), digest)
+    if info is not None and n != info.tokens:
+        raise ShardFormatError(f"{path}: tokens={n}, manifest says {info.tokens}")
+    if info is not None and len(offsets) - 1 != info.documents:
+        raise ShardFormatError(f"{path}: documents={len(offsets) - 1}, manifest says "
+                               f"{info.documents}")
     if problem:
         raise ShardFormatError(problem)
     return attrs
 
 
 def verify_shard(info) -> None:
-    """Re-check a shard against its manifest entry: everything :func:`check_shard` checks, plus
-    the token and document counts and the SHA-256 recorded in the manifest.
+    """Re-check a shard against its manifest entry: :func:`check_shard` with ``info``.
 
     Args:
         info: the entry (:class:`hvd_lm.formats.manifest.ShardInfo`: ``path``, ``tokens``,
@@ -410,19 +419,7 @@ def verify_shard(info) -> None:
         ShardFormatError: unreadable, wrong ``format_version``, broken structure, or counts that
             differ from the manifest (message names the file, the field, expected and actual).
     """
-    path = Path(info.path)
-    attrs, digest, n, offsets, problem = _scan(path)
-    if digest != info.sha256:
-        raise ShardChecksumError(path, info.sha256, digest)
-    if attrs.get("sha256") != digest:
-        raise ShardChecksumError(path, str(attrs.get("sha256")), digest)
-    if n != info.tokens:
-        raise ShardFormatError(f"{path}: tokens={n}, manifest says {info.tokens}")
-    if len(offsets) - 1 != info.documents:
-        raise ShardFormatError(f"{path}: documents={len(offsets) - 1}, manifest says "
-                               f"{info.documents}")
-    if problem:
-        raise ShardFormatError(problem)
+    check_shard(info.path, info)
 
 
 def open_shard(path, verify: bool = True) -> Shard:
