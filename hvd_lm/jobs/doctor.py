@@ -418,8 +418,8 @@ class DoctorConfig:
 
 
 def doctor(cfg: DoctorConfig) -> int:
-    """Run the checks and print the report; 1 with the first failure as the one error line."""
-    cfg.check()
+    """Run the checks and print the report; 1 with the first failure as the one error line
+    (``cfg`` is validated: exactly one of --hosts and --hostfile)."""
     report = run_doctor(cfg)
     if cfg.format == "json":
         print(json.dumps(vars(report), indent=1))

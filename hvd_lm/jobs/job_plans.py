@@ -103,13 +103,11 @@ def plan_sweep(gpu_counts: list[int], gpus_per_node: int, cfg, steps: int,
     directories ``<runs_dir>/gNNN``, fewest GPUs first.
 
     Raises:
-        ValueError: empty/duplicate GPU counts, ``steps`` < 1, or a count that does not fill whole
-            nodes.
+        ValueError: empty/duplicate GPU counts, or a count that does not fill whole nodes
+            (``steps`` >= 1: ``--steps`` and ``--max-steps`` are bounded so).
     """
     if not gpu_counts or len(set(gpu_counts)) != len(gpu_counts):
         raise ValueError(f"--sweep needs distinct GPU counts, got {gpu_counts}")
-    if steps < 1:
-        raise ValueError(f"--steps must be >= 1, got {steps}")
     return [plan_job(g, gpus_per_node, cfg, steps=steps,
                      out_dir=f"{runs_dir.rstrip('/')}/g{g:03d}") for g in sorted(gpu_counts)]
 

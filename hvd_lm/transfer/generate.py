@@ -113,6 +113,16 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int,
     return torch.multinomial(torch.softmax(lg, -1), 1, generator=generator).squeeze(-1)
 
 
+def _check_unit(model, neuron: int | None, state: str) -> None:
+    """Raise ValueError for a ``state`` not in :data:`STATES` or a unit outside 0..H-1 (None:
+    no unit)."""
+    H = model.config.hidden_size
+    if state not in STATES:
+        raise ValueError(f"state must be one of {STATES}, got {state!r}")
+    if neuron is not None and not 0 <= neuron < H:
+        raise ValueError(f"neuron {neuron} is outside 0..{H - 1} (the model has H={H})")
+
+
 def _pin(state, neuron: int | None, value: float | None, which: str):
     """Record the unit's value [B] (before pinning) and pin it; returns (state, value or None)."""
     if neuron is None:
@@ -147,15 +157,11 @@ def generate(model, prime: str = "", length: int = 200, temperature: float = 1.0
         ValueError: length/samples < 1, temperature < 0, top_k < 0, unit outside 0..H-1,
             ``overwrite`` without ``neuron``, unknown state.
     """
-    H = model.config.hidden_size
     if length < 1 or samples < 1:
         raise ValueError(f"length and samples must be >= 1, got {length} and {samples}")
     if temperature < 0 or top_k < 0:
         raise ValueError(f"temperature and top_k must be >= 0, got {temperature}, {top_k}")
-    if state not in STATES:
-        raise ValueError(f"state must be one of {STATES}, got {state!r}")
-    if neuron is not None and not 0 <= neuron < H:
-        raise ValueError(f"neuron {neuron} is outside 0..{H - 1} (the model has H={H})")
+    _check_unit(model, neuron, state)
     if overwrite is not None and neuron is None:
         raise ValueError("overwrite needs a neuron to pin")
     device = torch.device(device)
@@ -208,11 +214,7 @@ def trace_unit(model, seqs: Sequence[np.ndarray], neuron: int, state: str = "cel
     Raises:
         ValueError: unit outside 0..H-1 or unknown state.
     """
-    H = model.config.hidden_size
-    if not 0 <= neuron < H:
-        raise ValueError(f"neuron {neuron} is outside 0..{H - 1} (the model has H={H})")
-    if state not in STATES:
-        raise ValueError(f"state must be one of {STATES}, got {state!r}")
+    _check_unit(model, neuron, state)
     device = torch.device(device)
     tokens, mask, lengths = pad_batch(seqs, device)
     T = max((len(s) for s in seqs), default=0)
@@ -297,7 +299,6 @@ def open_model(command: str, checkpoint: str, device: str, threads: int, classif
     path = resolve_model(checkpoint)
     dev = devices.resolve_device(device, 0)
     model, _ = load_model(path, map_location=dev)
-    model.to(dev)
     saved = load_classifier(classifier) if classifier else None
     if saved is not None:
         check_checkpoint(saved, path, weights_sha256(model))
