@@ -42,11 +42,9 @@ import torch
 
 from hvd_lm.formats.checkpoint import CheckpointError
 from hvd_lm.util.atomic import (
-    DiskFullError,
     current_umask,
-    free_bytes,
+    disk_full,
     fsync_dir,
-    human,
     temp_path,
 )
 from hvd_lm.util.digest import file_sha256
@@ -127,9 +125,7 @@ def write_export(out_dir: str | Path, tensors: dict[str, torch.Tensor], config: 
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             need = sum(t.numel() * t.element_size() for t in weights.values())
-            raise DiskFullError(e.errno, f"{out}: no space left on the device ({human(need)} "
-                                f"needed, {human(free_bytes(out.parent))} free); nothing "
-                                "was written") from None
+            raise disk_full(e, out, need, then="nothing was written") from None
         raise
     fsync_dir(out.parent)
     return out

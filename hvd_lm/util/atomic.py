@@ -46,12 +46,15 @@ def human(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def _disk_full(e: OSError, path: Path, needed: int | None, written: int) -> DiskFullError:
+def disk_full(e: OSError, path: Path, needed: int | None, written: int = 0,
+              then: str = "the previous file, if any, is unchanged") -> DiskFullError:
+    """The one-line :class:`DiskFullError` of ``e`` (``ENOSPC``/``EDQUOT``) writing ``path``:
+    the bytes ``needed`` (None: more than the ``written`` ones), the bytes free, and ``then``
+    (what became of the file)."""
     need = (f"{human(needed)} needed" if needed is not None
             else f"more than the {human(written)} written before it ran out")
     return DiskFullError(e.errno, f"{path}: no space left on the device ({need}, "
-                         f"{human(free_bytes(path.parent))} free); the previous file, if any, "
-                         "is unchanged")
+                         f"{human(free_bytes(path.parent))} free); {then}")
 
 
 def fsync_dir(directory: str | Path) -> None:
@@ -134,7 +137,7 @@ def atomic_path(path: str | Path, suffix: str = "", needed: int | None = None) -
         written = tmp.stat().st_size if tmp.exists() else 0
         tmp.unlink(missing_ok=True)
         if e.errno in (errno.ENOSPC, errno.EDQUOT) and not isinstance(e, DiskFullError):
-            raise _disk_full(e, path, needed, written) from None
+            raise disk_full(e, path, needed, written) from None
         raise
     except BaseException:
         tmp.unlink(missing_ok=True)
