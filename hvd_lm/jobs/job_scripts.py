@@ -231,14 +231,14 @@ class RenderSpec:
 
 
 def render(spec: RenderSpec, templates: Path | None = None) -> str:
-    """The template of ``spec.scheduler`` with its knobs and directives filled in.
+    """The template of ``spec.scheduler`` (a key of :data:`SCHEDULERS`; ``spec.engine``: None,
+    ``horovod`` or ``torch``, as ``hvd-lm launch``'s choices give them) with its knobs and
+    directives filled in.
 
     Raises:
-        ValueError: unknown scheduler, a layout the scheduler cannot express (more than one node
+        ValueError: a layout the scheduler cannot express (more than one node
             for ``horovodrun``; host list of the wrong length), unsafe values.
     """
-    if spec.scheduler not in SCHEDULERS:
-        raise ValueError(f"--scheduler must be one of {list(SCHEDULERS)}, got {spec.scheduler!r}")
     templates = templates or template_dir()
     text = (templates / SCHEDULERS[spec.scheduler]).read_text()
     size, sched, tpn = spec.size, spec.scheduler, spec.size.tasks_per_node
@@ -282,8 +282,6 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
         if not 1 <= spec.min_np <= size.gpus:
             raise ValueError(f"--min-np {spec.min_np} must be in 1..{size.gpus} (--gpus)")
         knobs["MIN_NP"] = str(spec.min_np)
-    if spec.engine not in (None, "horovod", "torch"):
-        raise ValueError(f"--engine must be horovod or torch, got {spec.engine!r}")
     if sched == "torchrun" and spec.engine == "horovod":
         raise ValueError("--scheduler torchrun trains on the torch engine: drop --engine horovod "
                          "(or use --scheduler horovodrun)")
