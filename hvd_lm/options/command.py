@@ -11,11 +11,10 @@ import difflib
 import functools
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from typing import Any, Callable
 
 from hvd_lm.options.tree import (
-    MISSING,
     ConfigError,
     _kind,
     check_required,

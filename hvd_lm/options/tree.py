@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 import yaml
 
 from hvd_lm.util.atomic import write_text
-from hvd_lm.util.files import FileRefused, open_regular
+from hvd_lm.util.files import SHOWN_CHARS, FileRefused, open_regular
 from hvd_lm.util.files import shown as shown_path
 
 MISSING = dataclasses.MISSING
@@ -45,8 +45,6 @@ MAX_YAML_BYTES = 1 << 20
 #: hundred bytes (nine lists of nine aliases of the previous one) expands to 9**9 nodes; a real
 #: config has a few hundred.
 MAX_YAML_NODES = 100_000
-#: Characters of a value shown in an error message (:func:`shown`).
-SHOWN_CHARS = 200
 
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, SHOWN_CHARS, 80, 60
