@@ -219,13 +219,11 @@ class LanguageModel(nn.Module):
 
     def flops_per_char(self) -> int:
         """Model FLOPs per character for one forward + backward pass (3x the forward's multiply-adds
-        x 2), counting the matmuls only (the usual convention, e.g. Kaplan et al. 2020)."""
-        E, H, V = self.config.embed_dim, self.config.hidden_size, self.config.vocab_size
-        if self.config.cell == "mlstm":
-            macs = E * 5 * H + H * H + H * 4 * H + H * V
-        else:
-            macs = E * 4 * H + H * 4 * H + H * V
-        return 3 * 2 * macs
+        x 2), counting the matmuls only (the usual convention, e.g. Kaplan et al. 2020): one
+        multiply-add per element of each weight matrix (:func:`parameter_shapes`; the embedding
+        is a lookup): mLSTM E x 5H + H x H + H x 4H + H x V, LSTM E x 4H + H x 4H + H x V."""
+        return 3 * 2 * sum(math.prod(shape) for name, shape in parameter_shapes(self.config)
+                           if len(shape) == 2 and name != "embed.weight")
 
 
 def recurrence_label(rnn_impl: str, rnn_kernels: str = "auto", cuda_graphs: bool = False) -> str:
