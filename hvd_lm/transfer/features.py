@@ -118,15 +118,11 @@ def plan_batches(lengths: Sequence[int], batch_size: int, rank: int = 0, size: i
     long and short batches). A batch is the same on any world size, so features do not depend on
     the number of ranks.
 
+    Args:
+        batch_size: >= 1 (every command's ``--batch-size`` is bounded so); rank: 0..size-1.
     Returns:
         list of int64 index arrays, each sorted by descending length.
-    Raises:
-        ValueError: batch_size < 1 or rank outside 0..size-1.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if not 0 <= rank < size:
-        raise ValueError(f"rank {rank} outside 0..{size - 1}")
     order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     return batches[rank::size]
@@ -234,7 +230,7 @@ def featurize(model, texts: Sequence[str], kind: str = "cell",
         texts: N strings.
         kind: ``cell`` (final c_T), ``hidden`` (final h_T), ``mean`` / ``max`` (over t of h_t).
         max_chars: keep the first ``max_chars`` bytes of each text (<= 0: all).
-        batch_size: texts per batch (per rank).
+        batch_size: texts per batch (per rank), >= 1.
         ctx: a :class:`hvd_lm.comm.world.RankContext` to split the work over ranks (each rank
             gets every ``size``-th batch of the length-sorted order, see :func:`plan_batches`;
             results are gathered with :func:`hvd_lm.comm.engine.allgather` onto every rank);
@@ -246,7 +242,7 @@ def featurize(model, texts: Sequence[str], kind: str = "cell",
     Returns:
         :class:`FeatureResult` with features float32 [N, H].
     Raises:
-        ValueError: unknown kind or bad batch size.
+        ValueError: unknown kind.
     """
     t0 = time.perf_counter()
     rank, size = (ctx.rank, ctx.size) if ctx is not None else (0, 1)
