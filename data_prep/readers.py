@@ -158,14 +158,12 @@ class _Feed:
     """The lines of a CSV/TSV file after its header, for ``csv.reader``, counting the characters
     of the record being parsed: past ``cap`` it raises :class:`_TooLong` (an unclosed quote
     makes the rest of the file one field; without the cap it is held whole, 4 bytes a
-    character). An iterator class, not a generator: it goes on after raising."""
+    character; the caller sets ``first``, ``invalid`` and ``size`` back at each record's start).
+    An iterator class, not a generator: it goes on after raising."""
 
     def __init__(self, lines, header_lines: int, cap: Optional[int]):
         self.lines, self.header_lines, self.cap = iter(lines), header_lines, cap
         self.first, self.last, self.invalid, self.size = None, 0, False, 0
-
-    def start_record(self) -> None:
-        self.first, self.invalid, self.size = None, False, 0
 
     def __iter__(self):
         return self
@@ -194,7 +192,7 @@ def _delimited_records(spec, lines, stats, skip_bad, utf8_errors, cap=None):
     ncols = len(spec.columns)
     idx = spec.columns.index(spec.text_field)
     while True:
-        feed.start_record()
+        feed.first, feed.invalid, feed.size = None, False, 0  # a new record
         try:
             row = next(reader)
         except StopIteration:

@@ -97,13 +97,8 @@ def scheduler_time(text: str, scheduler: str, what: str = "--walltime") -> str:
     t = str(text).strip()
     seconds = parse_duration(t, what, bare="seconds" if scheduler == "pbs" else "minutes")
     native = _PBS_TIME if scheduler == "pbs" else _SLURM_TIME
-    return t if native.fullmatch(t) else hms(seconds)
-
-
-def hms(seconds: float) -> str:
-    """``H:MM:SS`` of a duration in seconds (rounded down to whole seconds)."""
-    s = int(seconds)
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+    return t if native.fullmatch(t) else (
+        f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}")
 
 
 def parse_split(text) -> tuple:
