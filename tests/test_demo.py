@@ -84,7 +84,7 @@ def test_download_errors_name_the_url_and_the_mirror_option(mirror, tmp_path):
     url, root, sources = mirror
     # A path the server does not have: HTTP 404, named with its URL.
     with pytest.raises(DownloadError, match=rf"{url}/missing/file: HTTP 404.*--mirror URL"):
-        fetch(f"{url}/missing/file", tmp_path / "x", "0" * 64)
+        fetch(f"{url}/missing/file", tmp_path / "x", "0" * 64, 1)
     # No server at all (a closed port): the CLI prints one ERROR line with the URL, exit 1.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -96,9 +96,9 @@ def destination(out_dir: str | Path, save_as: str) -> Path:
     return out / save_as
 
 
-def fetch(url: str, dest: Path, sha256: str, size: int | None = None) -> Path:
+def fetch(url: str, dest: Path, sha256: str, size: int) -> Path:
     """Download ``url`` to ``dest`` atomically (60 s without data is a timeout), keeping it only
-    when its sha256 matches.
+    when its ``size`` (bytes) and sha256 match.
 
     Raises:
         ChecksumMismatch: wrong size or digest, or more bytes than ``size`` (the stream is cut
@@ -113,16 +113,14 @@ def fetch(url: str, dest: Path, sha256: str, size: int | None = None) -> Path:
         try:
             with urllib.request.urlopen(url, timeout=60) as resp, open(tmp, "wb") as out:
                 announced = resp.headers.get("Content-Length")
-                if size is not None and announced and announced.isdigit() \
-                        and int(announced) > size:
+                if announced and announced.isdigit() and int(announced) > size:
                     raise ChecksumMismatch(f"{url}: the server announces {int(announced):,} "
                                            f"bytes, the source list {size:,}; not fetched")
-                while chunk := resp.read(1 << 20 if size is None
-                                         else max(1, min(1 << 20, size - n + 1))):
+                while chunk := resp.read(max(1, min(1 << 20, size - n + 1))):
                     h.update(chunk)
                     out.write(chunk)
                     n += len(chunk)
-                    if size is not None and n > size:  # an endless or oversized stream
+                    if n > size:  # an endless or oversized stream
                         raise ChecksumMismatch(f"{url}: more than the {size:,} bytes the source "
                                                "list gives; download stopped, nothing kept")
         except urllib.error.HTTPError as e:
@@ -132,7 +130,7 @@ def fetch(url: str, dest: Path, sha256: str, size: int | None = None) -> Path:
             reason = " ".join(str(getattr(e, "reason", None) or e).split()) or type(e).__name__
             raise DownloadError(f"{url}: cannot fetch ({shorten(reason)}); {MIRROR_HINT}") \
                 from None
-        if size is not None and n != size:
+        if n != size:
             raise ChecksumMismatch(f"{url}: got {n} bytes, expected {size}")
         if h.hexdigest() != sha256:
             raise ChecksumMismatch(f"{url}: sha256 {h.hexdigest()} != expected {sha256}")
