@@ -14,11 +14,9 @@ from data_prep.inputs import CorruptInput, InputSpec, ReadStats, count_bad
 
 
 def iter_lines(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *, keepends: bool = False,
-               stats: Optional[ReadStats] = None, skip_bad: bool = False,
-               progress: Optional[Callable[[int], None]] = None,
-               block_size: int = BLOCK_SIZE,
-               max_line_bytes: Optional[int] = None) -> Iterator[tuple[int, str, bool]]:
-    """Decoded lines of a file, optionally only one stripe of them.
+               **kw) -> Iterator[tuple[int, str, bool]]:
+    """Decoded lines of a file, optionally only one stripe of them (``kw``: the keyword
+    arguments of :func:`iter_segments`, passed on).
 
     Striping: the uncompressed content is cut into blocks of ``block_size`` bytes, and stripe
     ``s`` of ``n`` owns the lines that *start* in blocks ``b`` with ``b % n == s``. Every stripe
@@ -42,9 +40,7 @@ def iter_lines(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *, keepends
         BadRecord: truncated gzip stream (unless ``skip_bad``), at the cut line.
         CorruptInput: failed CRC or invalid compressed data.
     """
-    for first, chunk in iter_segments(spec, stripe, n_stripes, stats=stats, skip_bad=skip_bad,
-                                      progress=progress, block_size=block_size,
-                                      max_line_bytes=max_line_bytes):
+    for first, chunk in iter_segments(spec, stripe, n_stripes, **kw):
         lines = chunk.split(b"\n")
         ends_nl = lines[-1] == b""
         if ends_nl:

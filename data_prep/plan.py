@@ -54,9 +54,8 @@ def split_counts(n: int, ratios: tuple) -> dict:
         PrepareError: too few documents to give every split with a positive ratio one.
     """
     total = sum(ratios)
-    counts = {}
-    for name, r in zip(shards.SPLITS[1:], ratios[1:]):
-        counts[name] = max(1, int(n * r // total)) if r > 0 else 0
+    counts = {name: max(1, int(n * r // total)) if r > 0 else 0
+              for name, r in zip(shards.SPLITS[1:], ratios[1:])}
     counts["train"] = n - sum(counts.values())
     need = sum(1 for r in ratios if r > 0)
     if n < need or (ratios[0] > 0 and counts["train"] < 1):
