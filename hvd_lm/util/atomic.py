@@ -59,28 +59,21 @@ def disk_full(e: OSError, path: Path, needed: int | None, written: int = 0,
 
 def fsync_dir(directory: str | Path) -> None:
     """fsync a folder so a rename inside it is durable (best effort: some file systems refuse)."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def current_umask() -> int:
     """This process's file-mode creation mask (``/proc/self/status``'s ``Umask``; elsewhere
     read by setting it and back, which is not thread-safe)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)  # pragma: no cover - not Linux
     os.umask(mask)
     return mask

@@ -33,6 +33,7 @@ Errors are :class:`FileRefused` (a ``ValueError``), one line naming the file and
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -422,15 +423,13 @@ def open_append(folder: str | Path, name: str, buffering: int = -1) -> IO[str]:
     path = d / name
     why = "a run writes only regular files inside its folder"
     follow = False
-    try:
+    with contextlib.suppress(OSError):
         if path.is_symlink():
             target = path.resolve()
             if not inside(target, d) or target == d.resolve():
                 raise FileRefused(f"{shown(path)}: a link to {shown(target)}, outside "
                                   f"{shown(d)}; {why}: remove the link")
             follow = True
-    except OSError:
-        pass
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags | (0 if follow else os.O_NOFOLLOW), 0o644)

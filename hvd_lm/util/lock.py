@@ -22,6 +22,7 @@ code, only sit under it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -166,10 +167,8 @@ class FolderLock:
         sees it gone and starts again (the inode check in ``__init__``)."""
         if self._fd is None:
             return
-        try:
+        with contextlib.suppress(OSError):
             self.path.unlink()
-        except OSError:
-            pass
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
