@@ -229,10 +229,14 @@ def trace_unit(model, seqs: Sequence[np.ndarray], neuron: int, state: str = "cel
     return [vals[i, :len(s)].numpy().copy() for i, s in enumerate(seqs)]
 
 
-def unit_from_classifier(neuron: int | None, saved: SavedClassifier | None) -> tuple[int | None,
-                                                                                      int]:
-    """(unit, polarity): ``neuron`` when given, else the classifier's sentiment unit; polarity
-    is the sign of the classifier's weight on that unit (+1 without a classifier or weight).
+def unit_from_classifier(neuron: int | None, state: str, saved: SavedClassifier | None
+                         ) -> tuple[int | None, int, str]:
+    """(unit, polarity, state): ``neuron`` when given, else the classifier's sentiment unit;
+    polarity is the sign of the classifier's weight on that unit (+1 without a classifier or
+    weight); the state the unit is read from and pinned in is ``state`` unless ``"auto"``, which
+    is the state the classifier's features were computed from (``cell``: the final cell state
+    c_t; ``hidden``, ``mean``, ``max``: the hidden state h_t), or ``cell`` without a classifier
+    (the reference's feature, Radford et al. 2017).
 
     Raises:
         ClassifierError: no neuron given and the classifier has no sentiment unit.
@@ -245,18 +249,9 @@ def unit_from_classifier(neuron: int | None, saved: SavedClassifier | None) -> t
     polarity = 1
     if saved is not None and neuron is not None and neuron < len(saved.model.coef):
         polarity = -1 if saved.model.coef[neuron] < 0 else 1
-    return neuron, polarity
-
-
-def unit_state(asked: str, saved: SavedClassifier | None) -> str:
-    """The state a unit is read from and pinned in: ``asked`` unless ``"auto"``, which is the
-    state the classifier's features were computed from (``cell``: the final cell state c_t;
-    ``hidden``, ``mean``, ``max``: the hidden state h_t), or ``cell`` without a classifier (the
-    reference's feature, Radford et al. 2017)."""
-    if asked != "auto":
-        return asked
-    kind = saved.features.get("kind") if saved is not None else "cell"
-    return "cell" if kind == "cell" else "hidden"
+    if state == "auto":
+        state = "hidden" if saved is not None and saved.features.get("kind") != "cell" else "cell"
+    return neuron, polarity, state
 
 
 def unit_alone_accuracy(saved: SavedClassifier | None) -> tuple[str, float] | None:
@@ -372,9 +367,8 @@ def generate_command(cfg: GenerateConfig) -> int:
     for flag, out in (("--output", cfg.output), ("--heatmap", cfg.heatmap)):
         if out:  # before any work: never replace what this run reads
             check_output(out, flag, *reads)
-    neuron, polarity = unit_from_classifier(cfg.neuron, saved)
+    neuron, polarity, state = unit_from_classifier(cfg.neuron, cfg.state, saved)
     value = pinned_value(cfg.overwrite, cfg.steer, polarity)
-    state = unit_state(cfg.state, saved)
     res = generate(model, cfg.prime, cfg.length, cfg.temperature, cfg.top_k, cfg.seed,
                    cfg.samples, neuron, value, state, device, progress=True)
     prob = None

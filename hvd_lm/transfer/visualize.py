@@ -25,7 +25,6 @@ from hvd_lm.transfer.generate import (
     open_model,
     trace_unit,
     unit_from_classifier,
-    unit_state,
 )
 from hvd_lm.transfer.heatmap import HeatRow, char_values, check_chars, check_suffix, render
 from hvd_lm.transfer.saved import USAGE_ERRORS
@@ -74,7 +73,7 @@ def visualize(cfg: VisualizeConfig) -> dict:
     path, model, device, saved, reads = open_model("visualize", cfg.checkpoint, cfg.device,
                                                    cfg.threads, cfg.classifier)
     check_output(cfg.out, "--out", *reads, *([cfg.input] if cfg.input != "-" else []))
-    neuron, polarity = unit_from_classifier(cfg.neuron, saved)
+    neuron, polarity, state = unit_from_classifier(cfg.neuron, cfg.state, saved)
     stream = text_input.iter_texts(cfg.input, cfg.format, cfg.text_field)
     first = list(itertools.islice(stream.records, cfg.max_texts))  # the rest is never read
     stream.records.close()
@@ -88,7 +87,6 @@ def visualize(cfg: VisualizeConfig) -> dict:
     check_chars(cfg.out, sum(len(tokenizer.decode(s)) for s in seqs),
                 f"lower --max-chars ({max_chars:,}{': all' if max_chars == 0 else ''}) or "
                 f"--max-texts ({cfg.max_texts})")
-    state = unit_state(cfg.state, saved)
     values = trace_unit(model, seqs, neuron, state, device, progress=True)
     rows = [HeatRow(f"line {line}", *char_values(s, v))
             for (line, _, _), s, v in zip(first, seqs, values)]
