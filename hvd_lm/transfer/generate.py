@@ -276,29 +276,36 @@ def pinned_value(overwrite: float | None, steer: str, polarity: int) -> float | 
     return magnitude * polarity * (1 if steer == "positive" else -1)
 
 
-def open_model(command: str, checkpoint: str, device: str, threads: int, classifier: str
-               ) -> tuple[Path, torch.nn.Module, torch.device, SavedClassifier | None, list]:
-    """The model and classifier of ``generate``/``visualize`` (one process): torch threads
+def open_model(command: str, cfg, outputs: dict[str, str], reads: Sequence = ()
+               ) -> tuple[Path, torch.nn.Module, torch.device, SavedClassifier | None, int | None,
+                          int, str]:
+    """The model, classifier and unit of ``generate``/``visualize`` (one process; ``cfg``: a
+    :class:`GenerateConfig` or ``VisualizeConfig``): torch threads
     (:func:`hvd_lm.comm.threads.set_rank_threads`, its warning naming ``hvd-lm COMMAND``), the
-    device, the checkpoint's model on it, and the classifier at ``classifier`` (None for ""),
-    refused unless fit on that model's weights (a checkpoint's export has the same).
+    device, the checkpoint's model on it, the classifier at ``cfg.classifier`` (None for ""),
+    refused unless fit on that model's weights (a checkpoint's export has the same), then each
+    output (``{flag: path}``, "" = none) refused where it names a file this run reads (the
+    model's, the classifier's, ``reads``), before any work, and the unit
+    (:func:`unit_from_classifier`).
 
     Returns:
-        (checkpoint path, model, device, classifier or None, every file read: what an output
-        flag may not name).
+        (checkpoint path, model, device, classifier or None, unit, polarity, state).
     Raises:
         FileNotFoundError: no checkpoint; ClassifierError: bad classifier files or another
-        model's; ValueError: a device that cannot be used.
+        model's, or no unit; ValueError: a device that cannot be used, an output that is read.
     """
-    set_rank_threads(threads, None, command)
-    path = resolve_model(checkpoint)
-    dev = devices.resolve_device(device, 0)
+    set_rank_threads(cfg.threads, None, command)
+    path = resolve_model(cfg.checkpoint)
+    dev = devices.resolve_device(cfg.device, 0)
     model, _ = load_model(path, map_location=dev)
-    saved = load_classifier(classifier) if classifier else None
+    saved = load_classifier(cfg.classifier) if cfg.classifier else None
     if saved is not None:
         check_checkpoint(saved, path, weights_sha256(model))
-    reads = [path, *model_files(checkpoint), *(saved.files if saved else [])]
-    return path, model, dev, saved, reads
+    for flag, out in outputs.items():
+        if out:  # never replace what this run reads
+            check_output(out, flag, path, *model_files(cfg.checkpoint),
+                         *(saved.files if saved else []), *reads)
+    return path, model, dev, saved, *unit_from_classifier(cfg.neuron, cfg.state, saved)
 
 
 @dataclass
@@ -362,12 +369,8 @@ class GenerateConfig:
 def generate_command(cfg: GenerateConfig) -> int:
     """``hvd-lm generate``: sample, print each sample (and the classifier's P(positive) of it),
     write the heatmap / JSON lines."""
-    path, model, device, saved, reads = open_model("generate", cfg.checkpoint, cfg.device,
-                                                   cfg.threads, cfg.classifier)
-    for flag, out in (("--output", cfg.output), ("--heatmap", cfg.heatmap)):
-        if out:  # before any work: never replace what this run reads
-            check_output(out, flag, *reads)
-    neuron, polarity, state = unit_from_classifier(cfg.neuron, cfg.state, saved)
+    path, model, device, saved, neuron, polarity, state = open_model(
+        "generate", cfg, {"--output": cfg.output, "--heatmap": cfg.heatmap})
     value = pinned_value(cfg.overwrite, cfg.steer, polarity)
     res = generate(model, cfg.prime, cfg.length, cfg.temperature, cfg.top_k, cfg.seed,
                    cfg.samples, neuron, value, state, device, progress=True)

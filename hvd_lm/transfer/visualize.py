@@ -24,11 +24,9 @@ from hvd_lm.transfer.generate import (
     STATES,
     open_model,
     trace_unit,
-    unit_from_classifier,
 )
 from hvd_lm.transfer.heatmap import HeatRow, char_values, check_chars, check_suffix, render
 from hvd_lm.transfer.saved import USAGE_ERRORS
-from hvd_lm.util.files import check_output
 
 
 @dataclass
@@ -70,10 +68,8 @@ def visualize(cfg: VisualizeConfig) -> dict:
         ClassifierError / DatasetError / FileNotFoundError / ValueError: bad classifier, input,
             checkpoint or unit.
     """
-    path, model, device, saved, reads = open_model("visualize", cfg.checkpoint, cfg.device,
-                                                   cfg.threads, cfg.classifier)
-    check_output(cfg.out, "--out", *reads, *([cfg.input] if cfg.input != "-" else []))
-    neuron, polarity, state = unit_from_classifier(cfg.neuron, cfg.state, saved)
+    path, model, device, saved, neuron, polarity, state = open_model(
+        "visualize", cfg, {"--out": cfg.out}, [cfg.input] if cfg.input != "-" else [])
     stream = text_input.iter_texts(cfg.input, cfg.format, cfg.text_field)
     first = list(itertools.islice(stream.records, cfg.max_texts))  # the rest is never read
     stream.records.close()
