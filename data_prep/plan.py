@@ -5,6 +5,7 @@ per shard; a resumed run keeps a shard that verifies and matches its plan)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from dataclasses import dataclass
@@ -146,15 +147,13 @@ def write_task(task: WriteTask, progress=None) -> tuple:
     plan = task.plan
     path = Path(task.out) / plan.file
     if task.resume and path.exists():
-        try:
+        with contextlib.suppress(ValueError, OSError):  # a shard that fails is rewritten below
             attrs = shards.check_shard(path)
             if (attrs.get("config_sha256") == task.attrs["config_sha256"]
                     and attrs.get("split") == plan.split
                     and attrs.get("documents") == plan.documents
                     and attrs.get("bytes") == plan.tokens):
                 return attrs["sha256"], True
-        except (ValueError, OSError):
-            pass  # rewritten below
     tokens = np.empty(plan.tokens, dtype=np.uint8)
     offsets = np.empty(plan.documents + 1, dtype=np.int64)
     offsets[0] = 0

@@ -6,6 +6,7 @@ readers take.
 from __future__ import annotations
 
 import ast
+import contextlib
 import csv
 import json
 import os
@@ -49,26 +50,22 @@ def _head_lines(path: str, compressed: bool, max_lines: int = 64) -> list[tuple[
     spec = InputSpec(path=path, format="text", text_field=None, format_source="",
                      field_source="", compressed=compressed)
     out = []
-    try:
+    with contextlib.suppress(CorruptInput):  # reported when the file is read for real
         # lines over 1 MiB are skipped: sniffing needs a few records, not a huge one in memory
         for line_no, text, _ in iter_lines(spec, keepends=True, skip_bad=True,
                                            block_size=1 << 16, max_line_bytes=1 << 20):
             out.append((line_no, text))
             if len(out) >= max_lines:
                 break
-    except CorruptInput:
-        pass  # reported when the file is read for real
     return out
 
 
 def _parse(text: str, fmt: str):
     """The value of a ``json`` / ``loose-json`` record line; None when it does not parse (or
     for another format)."""
-    try:
+    with contextlib.suppress(ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
         if fmt in ("json", "loose-json"):
             return json.loads(text) if fmt == "json" else ast.literal_eval(text.strip())
-    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
-        pass
     return None
 
 

@@ -27,6 +27,7 @@ This module is the one owner of what a checkpoint folder holds and which file is
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 import sys
@@ -251,10 +252,8 @@ def remove_all(run_dir: str | Path) -> list[Path]:
                 p.unlink()
                 removed.append(p)
     for folder in (d / "diverged", d):
-        try:
+        with contextlib.suppress(OSError):
             folder.rmdir()  # only when empty
-        except OSError:
-            pass
     return removed
 
 

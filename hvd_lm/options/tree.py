@@ -21,6 +21,7 @@ tree.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -151,10 +152,8 @@ def _scalar(value: Any, tp: type, where: str) -> Any:
     if tp in (int, float):  # no bool; an int from a whole float or text, a float from any number
         if not isinstance(value, bool) and (tp is float or isinstance(value, (int, str)) or (
                 isinstance(value, float) and value.is_integer())):
-            try:
+            with contextlib.suppress(TypeError, ValueError):
                 return tp(value)
-            except (TypeError, ValueError):
-                pass
         raise ConfigError(f"{where}: expected {tp.__name__}, got {shown(value)}")
     if tp is str:
         if isinstance(value, (dict, list)):
