@@ -42,7 +42,7 @@ from typing import Iterable, Iterator
 from hvd_lm import comm
 from hvd_lm.comm.world import world_size
 from hvd_lm.model import device as devices
-from hvd_lm.model.load import resolve_model, weights_sha256
+from hvd_lm.model.load import model_files, weights_sha256
 from hvd_lm.options import Command, option
 from hvd_lm.train.log import Progress
 from hvd_lm.transfer import texts as text_input
@@ -150,10 +150,7 @@ def classify(cfg: ClassifyConfig) -> dict | None:
                          "launching several ranks")
     saved = load_classifier(cfg.classifier)
     if cfg.output != "-":  # before any work: never replace what this run reads
-        reads = [cfg.input, *saved.files]
-        with contextlib.suppress(OSError, ValueError):  # open_lm names what is missing
-            reads.append(resolve_model(cfg.checkpoint))
-        check_output(cfg.output, "--output", *reads)
+        check_output(cfg.output, "--output", cfg.input, *saved.files, *model_files(cfg.checkpoint))
     feat = saved.features
     precision = cfg.precision or feat["precision"]
     stream = text_input.iter_texts(cfg.input, cfg.format, cfg.text_field,
