@@ -34,7 +34,6 @@ import gzip
 import io
 import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -136,8 +135,9 @@ def blocks(records: Iterable[tuple]) -> Iterator[list[tuple]]:
 
 
 def classify(cfg: ClassifyConfig) -> dict | None:
-    """Run ``hvd-lm classify`` (see the module docstring); returns the summary on rank 0 and
-    None on the other ranks.
+    """Run ``hvd-lm classify`` (see the module docstring); returns the summary line's figures on
+    rank 0 (``n``, ``positive``, ``accuracy``, ``chars``, ``seconds``, ``chars_per_s``,
+    ``truncated``, ``world_size``, ``device``, ``output``) and None on the other ranks.
 
     Raises:
         ClassifierError: bad classifier files, or a checkpoint other than the classifier's.
@@ -203,8 +203,7 @@ def classify(cfg: ClassifyConfig) -> dict | None:
             "chars": chars, "seconds": seconds,
             "chars_per_s": chars / seconds if seconds > 0 else float("nan"),
             "truncated": truncated, "world_size": lm.ctx.size if lm.ctx else 1,
-            "device": str(lm.device), "input": stream.source, "output": cfg.output,
-            "classifier": str(saved.path), "time": time.time()}
+            "device": str(lm.device), "output": cfg.output}
 
 
 def classify_command(cfg: ClassifyConfig) -> int:

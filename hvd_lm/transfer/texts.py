@@ -246,18 +246,12 @@ class TextStream:
     """Texts read one record at a time (:func:`iter_texts`).
 
     Attributes:
-        name: the file, or ``<stdin>``; kind: its format (``csv``, ``tsv``, ``jsonl``, ``lines``).
+        name: the file, or ``<stdin>``.
         records: (line number where the record ends, text, label 0/1 or None) per record.
     """
 
     name: str
-    kind: str
     records: Iterator[tuple[int, str, int | None]]
-
-    @property
-    def source(self) -> str:
-        """``name (kind)``, for reports."""
-        return f"{self.name} ({self.kind})"
 
 
 def iter_texts(path: str | Path, fmt: str = "auto", text_field: str = "text",
@@ -300,4 +294,4 @@ def iter_texts(path: str | Path, fmt: str = "auto", text_field: str = "text",
                 yield line, text, (normalize_label(label, f"{name}:{line}: field "
                                                    f"'{label_field}'") if label_field else None)
 
-    return TextStream(name, kind, records())
+    return TextStream(name, records())
