@@ -37,6 +37,7 @@ and its spill files), :mod:`data_prep.plan` (phases 3-4: shard plan and writing)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -77,12 +78,10 @@ def _estimate_bytes(spec: inputs.InputSpec) -> int:
     """Uncompressed size estimate: gzip ISIZE trailer (size mod 2**32), at least 3x on disk."""
     if not spec.compressed:
         return spec.size
-    try:
-        with open(spec.path, "rb") as f:
-            f.seek(-4, os.SEEK_END)
-            isize = int.from_bytes(f.read(4), "little")
-    except OSError:
-        isize = 0
+    isize = 0
+    with contextlib.suppress(OSError), open(spec.path, "rb") as f:
+        f.seek(-4, os.SEEK_END)
+        isize = int.from_bytes(f.read(4), "little")
     return max(isize, 3 * spec.size)
 
 

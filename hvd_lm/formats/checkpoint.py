@@ -204,10 +204,9 @@ def newest_complete(run_dir: str | Path) -> Path | None:
     """The checkpoint a user resumes from after a failure (:func:`resolve`'s choice: the one
     ``latest`` names, else the newest step file), or None when there is none or ``latest`` is
     unreadable; never raises (failure messages call it)."""
-    try:
+    with contextlib.suppress(OSError, CheckpointError):
         return resolve(run_dir) if checkpoint_dir(run_dir).is_dir() else None
-    except (OSError, CheckpointError):
-        return None
+    return None
 
 
 def describe(run_dir: str | Path) -> str | None:
@@ -223,10 +222,9 @@ def describe(run_dir: str | Path) -> str | None:
             return (f"a run that diverged ({len(aside)} checkpoint{'s' * (len(aside) > 1)} set "
                     f"aside in {aside[0].parent})")
         return None
-    try:
-        newest = latest_path(run_dir) or found[-1]
-    except CheckpointError:
-        newest = found[-1]
+    newest = found[-1]
+    with contextlib.suppress(CheckpointError):
+        newest = latest_path(run_dir) or newest
     config = Path(run_dir) / "config.yaml"
     return (f"a run at step {step_of(newest)} ({newest}; {len(found)} step checkpoint"
             f"{'s' * (len(found) > 1)}" + (f"; its settings: {config}" if config.is_file()
@@ -301,11 +299,9 @@ def _check_stored(path: Path) -> None:
     Raises:
         CheckpointError: naming the file and the entry.
     """
-    try:
-        with zipfile.ZipFile(path) as zf:
-            packed = [i for i in zf.infolist() if i.compress_type != zipfile.ZIP_STORED]
-    except (zipfile.BadZipFile, OSError, ValueError):
-        return
+    packed = []
+    with contextlib.suppress(zipfile.BadZipFile, OSError, ValueError), zipfile.ZipFile(path) as zf:
+        packed = [i for i in zf.infolist() if i.compress_type != zipfile.ZIP_STORED]
     if packed:
         raise CheckpointError(f"{path}: zip entry {packed[0].filename} is compressed "
                               f"({packed[0].compress_size:,} -> {packed[0].file_size:,} bytes); "

@@ -30,6 +30,7 @@ facts from :func:`probe` so tests can give fabricated ones.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -84,10 +85,9 @@ class Facts:
 
 
 def _major(cmd: list[str], pattern: str) -> int:
-    try:
+    out = ""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
     m = re.search(pattern, out)
     return int(m.group(1)) if m else 0
 
@@ -103,11 +103,10 @@ def probe() -> Facts:
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
     nvcc = shutil.which("nvcc") or (f"{cuda_home}/bin/nvcc"
                                     if os.path.exists(f"{cuda_home}/bin/nvcc") else "")
-    try:
+    mpi = ""
+    with contextlib.suppress(OSError, subprocess.SubprocessError, IndexError):
         mpi = subprocess.run(["mpirun", "--version"], capture_output=True, text=True,
                              timeout=30).stdout.splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        mpi = ""
     return Facts(
         torch_version=torch.__version__, torch_cuda=torch.version.cuda, capabilities=caps,
         torch_cuda_arch_list=os.environ.get("TORCH_CUDA_ARCH_LIST", ""),
@@ -186,10 +185,9 @@ def find_nccl(f: Facts) -> tuple[str, str, str]:
 
 def nccl_version(include_dir: str) -> str:
     """``"2.28.3"`` from ``nccl.h``'s NCCL_MAJOR/MINOR/PATCH, '' when unreadable."""
-    try:
+    text = ""
+    with contextlib.suppress(OSError):
         text = (Path(include_dir) / "nccl.h").read_text(errors="replace")
-    except OSError:
-        return ""
     parts = [re.search(rf"#define NCCL_{k}\s+(\d+)", text) for k in ("MAJOR", "MINOR", "PATCH")]
     return ".".join(m.group(1) for m in parts) if all(parts) else ""
 

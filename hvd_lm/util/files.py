@@ -89,10 +89,9 @@ def kind_of(mode: int) -> str:
 
 def _anonymous_pipe(path: Path) -> bool:
     """``/dev/fd/N`` or ``/proc/<pid>/fd/N`` of a pipe (``<(cmd)``): its writer exists."""
-    try:
+    with contextlib.suppress(OSError):
         return os.readlink(path).startswith("pipe:")
-    except OSError:
-        return False
+    return False
 
 
 def check_regular(path: str | Path, what: str = "", streams: bool = False) -> os.stat_result:
@@ -393,10 +392,9 @@ def check_output(path: str | Path, flag: str, *reads: str | Path,
             raise FileRefused(f"{flag} {shown(path)}: is {kind_of(st.st_mode)}, not a file; "
                               "give a file name")
         for k in reads:
-            try:
+            same = False
+            with contextlib.suppress(OSError):
                 same = Path(k).exists() and os.path.samefile(p, k)
-            except OSError:
-                same = False
             if same:
                 raise FileRefused(f"{flag} {shown(path)}: is {shown(k)}, which this command "
                                   "reads; write the output elsewhere")

@@ -61,10 +61,9 @@ def _open_lock(path: Path) -> int:
     except OSError as e:
         if e.errno != errno.ELOOP:
             raise
-        try:
+        target = ""
+        with contextlib.suppress(OSError):
             target = f" to {shown(os.readlink(path))}"
-        except OSError:
-            target = ""
         raise LockFileError(f"{shown(path)}: a link{target}; a folder's lock is a file of its "
                             "own (the holder written through the link would replace the file "
                             "it leads to): remove the link") from None
@@ -82,10 +81,9 @@ def _open_lock(path: Path) -> int:
 
 def _holder(info: dict) -> str:
     start = info.get("start")
-    try:
+    when = "an unknown time"
+    with contextlib.suppress(TypeError, ValueError, OverflowError, OSError):
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start))
-    except (TypeError, ValueError, OverflowError, OSError):
-        when = "an unknown time"
     words = info.get("command")
     cmd = shown(" ".join(map(str, words)) if isinstance(words, list) else "", 120)
     return (f"pid {shown(info.get('pid', '?'), 20)} on host {shown(info.get('host', '?'), 80)} "
@@ -134,10 +132,9 @@ class FolderLock:
                     "wait for it to finish, stop it, or use another folder") from None
             # A releasing holder may have unlinked the file between our open and flock: then
             # we hold a lock on a file nobody else can see, so start again on the new one.
-            try:
+            same = False
+            with contextlib.suppress(FileNotFoundError):
                 same = os.stat(self.path).st_ino == os.fstat(self._fd).st_ino
-            except FileNotFoundError:
-                same = False
             if same:
                 break
             os.close(self._fd)
@@ -155,12 +152,11 @@ class FolderLock:
         os.fsync(self._fd)
 
     def _read(self) -> dict:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             text = os.pread(self._fd, 1 << 16, 0).decode("utf-8", "replace").strip()
             info = json.loads(text) if text else {}
             return info if isinstance(info, dict) else {}
-        except (OSError, ValueError):
-            return {}
+        return {}
 
     def release(self) -> None:
         """Remove the lock file and unlock (idempotent); a job that opened the file just before
