@@ -232,7 +232,6 @@ class Agent:
     """One host's agent process as the driver sees it."""
 
     host: str
-    slots: int
     local: bool
     proc: subprocess.Popen
     lines: queue.Queue = field(default_factory=queue.Queue)
@@ -271,7 +270,7 @@ def _pump(stream, sink) -> None:
     sink(None)
 
 
-def start_agent(host: str, slots: int, cfg: "DoctorConfig", first: bool = False) -> Agent:
+def start_agent(host: str, cfg: "DoctorConfig", first: bool = False) -> Agent:
     """The agent on ``host``: directly when the host is this machine, else over ssh, with this
     process's working directory and ``PYTHONPATH`` (what the launchers pass to ranks); the
     ``first`` host's also listens on ``--rendezvous-port``."""
@@ -293,7 +292,7 @@ def start_agent(host: str, slots: int, cfg: "DoctorConfig", first: bool = False)
         argv = [*ssh_argv(host, cfg.ssh_port), remote]
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    a = Agent(host, slots, local, proc)
+    a = Agent(host, local, proc)
     a.readers = [threading.Thread(target=_pump, args=(proc.stdout, a.lines.put), daemon=True),
                  threading.Thread(target=_pump, args=(proc.stderr,
                                                       lambda x: x and a.stderr.append(x)),
@@ -317,7 +316,7 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> checks
     t0 = time.monotonic()
     deadline = t0 + cfg.timeout
     report = checks.Report(hosts=hosts)
-    agents = [start_agent(h, s, cfg, first=i == 0) for i, (h, s) in enumerate(hosts)]
+    agents = [start_agent(h, cfg, first=i == 0) for i, (h, _) in enumerate(hosts)]
     try:
         for a in agents:
             report.facts[a.host] = a.read_line(deadline)
