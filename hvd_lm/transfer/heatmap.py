@@ -73,12 +73,9 @@ def _scale(rows: Sequence[HeatRow]) -> float:
 
 
 def render_html(rows: Sequence[HeatRow], path: str | Path, heading: str,
-                polarity: int = 1) -> Path:
-    """Write an HTML page with one block per row and one ``<span>`` per character.
-
-    Returns:
-        ``path`` (:func:`render` bounds the characters first: :data:`MAX_HTML_CHARS`).
-    """
+                polarity: int = 1) -> None:
+    """Write an HTML page with one block per row and one ``<span>`` per character
+    (:func:`render` bounds the characters first: :data:`MAX_HTML_CHARS`)."""
     vmax = _scale(rows)
     parts = ["<!DOCTYPE html>", "<html><head><meta charset=\"utf-8\">",
              f"<title>{html.escape(heading)}</title>",
@@ -95,7 +92,7 @@ def render_html(rows: Sequence[HeatRow], path: str | Path, heading: str,
                         f"{html.escape(ch)}</span>" for ch, v, c in zip(r.chars, r.values, rgba))
         parts += [f"<h4>{html.escape(r.title)}</h4>", f"<div class=\"text\">{spans}</div>"]
     parts.append("</body></html>")
-    return write_text(path, "\n".join(parts) + "\n")
+    write_text(path, "\n".join(parts) + "\n")
 
 
 def _grid(chars: list[str], width: int) -> list[list[int]]:
@@ -138,13 +135,10 @@ def check_chars(path: str | Path, n: int, lower: str) -> None:
 
 
 def render_png(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity: int = 1,
-               width: int = 80) -> Path:
-    """Write a PNG: each row's characters on coloured cells, ``width`` per line.
-
-    Returns:
-        ``path`` (:func:`render` bounds the characters first: :data:`MAX_PNG_CHARS`, as
-        matplotlib draws one text object per character).
-    """
+               width: int = 80) -> None:
+    """Write a PNG: each row's characters on coloured cells, ``width`` per line
+    (:func:`render` bounds the characters first: :data:`MAX_PNG_CHARS`, as matplotlib draws one
+    text object per character)."""
     vmax = _scale(rows)
     layout = [(r, _grid(r.chars, width)) for r in rows]
     grid = np.full((sum(len(g) + 1 for _, g in layout), width), np.nan)  # + a title line each
@@ -174,10 +168,9 @@ def render_png(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity
         with atomic_path(path, suffix=".png") as tmp:
             fig.savefig(tmp, format="png", dpi=100)
     plt.close(fig)
-    return Path(path)
 
 
-def render(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity: int = 1) -> Path:
+def render(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity: int = 1) -> None:
     """:func:`render_html` or :func:`render_png` by the suffix of ``path``.
 
     Raises:
@@ -187,7 +180,7 @@ def render(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity: in
     check_suffix(str(path))
     check_chars(path, sum(len(r.chars) for r in rows), "lower --max-chars")
     draw = render_png if Path(path).suffix.lower() == ".png" else render_html
-    return draw(rows, path, heading, polarity)
+    draw(rows, path, heading, polarity)
 
 
 def check_suffix(path: str) -> None:
