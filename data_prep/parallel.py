@@ -119,15 +119,16 @@ class Context:
         return status[1]
 
     def run(self, fn: Callable[[Any, Optional[Callable[[int], None]]], Any], tasks: Sequence,
-            desc: str = "", total: Optional[int] = None) -> list:
+            desc: str = "", weight: Optional[Callable[[Any], int]] = None) -> list:
         """Run ``fn(task, progress)`` for every task, spread over ranks and workers.
 
         Args:
             fn: a module-level function (picklable); ``progress`` is ``None`` or a callable
-                taking an int (units of ``total``, e.g. bytes read).
+                taking an int (units of ``weight``, e.g. bytes read).
             tasks: picklable task descriptions.
             desc: progress-bar label.
-            total: progress total of this rank's tasks in ``fn``'s units; ``None`` counts tasks.
+            weight: a task's share of the progress bar in ``fn``'s units (the bar's total is this
+                rank's tasks' sum); ``None`` counts tasks.
         Returns:
             Results in task order, on every rank.
         Raises:
@@ -136,11 +137,12 @@ class Context:
         mine = list(range(self.rank, len(tasks), self.size))
         results: dict[int, Any] = {}
         errors: list[str] = []
-        by_bytes = total is not None
+        by_bytes = weight is not None
+        total = sum(weight(tasks[i]) for i in mine) if by_bytes else len(mine)
 
         def make_bar() -> tqdm:  # disabled off rank 0, without tasks, and off a terminal
             label = desc if self.size == 1 else f"{desc} (rank 0 of {self.size})"
-            return tqdm(total=total if by_bytes else len(mine), desc=label,
+            return tqdm(total=total, desc=label,
                         unit="B" if by_bytes else "task", unit_scale=by_bytes, leave=False,
                         dynamic_ncols=True, disable=None if self.progress and mine else True)
 

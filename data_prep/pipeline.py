@@ -186,8 +186,7 @@ def _map(run: _Run) -> None:
                      bits=run.bits, cfg=cfg, buffer_bytes=max(1 * MIB, run.per_proc // 4),
                      max_doc_bytes=run.per_proc // DOC_BUDGET_SHARE)
              for u, (i, k, n) in enumerate(run.units) if u not in done]
-    mine = tasks[run.ctx.rank::run.ctx.size]
-    run.ctx.run(map_unit, tasks, desc="read", total=sum(t.spec.size for t in mine))
+    run.ctx.run(map_unit, tasks, desc="read", weight=lambda t: t.spec.size)
 
 
 def _sort(run: _Run) -> None:
@@ -239,8 +238,7 @@ def _write(run: _Run, plans: list) -> list:
              "config_sha256": run.config_fp}
     tasks = [WriteTask(plan=p, out=str(run.out), work=str(run.work), attrs=attrs,
                        compression=run.cfg.compression, resume=run.cfg.resume) for p in plans]
-    return run.ctx.run(write_task, tasks, desc="write",
-                       total=sum(w.plan.tokens for w in tasks[run.ctx.rank::run.ctx.size]))
+    return run.ctx.run(write_task, tasks, desc="write", weight=lambda w: w.plan.tokens)
 
 
 def _finish(run: _Run, plans: list, results: list, stats: UnitStats, dups: int, counts: dict,
