@@ -101,16 +101,14 @@ class Context:
     def root_call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on rank 0 and return its result on every rank; an exception there is
         raised on every rank (as :class:`PhaseError` elsewhere, as itself on rank 0)."""
+        if self.mpi is None:  # the one rank
+            return fn()
         result, error = None, None
         if self.is_root:
             try:
                 result = fn()
             except Exception as e:  # noqa: BLE001 - re-raised below on every rank
                 error = e
-        if self.mpi is None:
-            if error is not None:
-                raise error
-            return result
         status = self.mpi.bcast((None, result) if error is None else (str(error), None))
         if error is not None:
             raise error
