@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional, Sequence
 from tqdm import tqdm
 
 from hvd_lm.comm import mpi
-from hvd_lm.comm.world import RankContext, started_by_mpi
+from hvd_lm.comm.world import started_by_mpi
 from hvd_lm.util.atomic import DiskFullError, free_bytes, human
 
 _COUNTER = None  # shared progress counter inside pool workers
@@ -66,7 +66,6 @@ class Context:
     """Rank, world size and local workers of this process.
 
     Attributes:
-        ranks: the :class:`hvd_lm.comm.world.RankContext` (rank 0 of 1 without MPI).
         rank, size: MPI rank and world size (0 and 1 without MPI).
         workers: local worker processes per rank (>= 1).
         mpi: the :class:`hvd_lm.comm.mpi.MpiWorld` (the world communicator), or ``None``.
@@ -80,11 +79,10 @@ class Context:
             raise ValueError(f"--workers must be >= 1, got {workers}")
         self.workers = workers
         self.mpi = None
-        self.ranks = RankContext()
+        self.rank, self.size = 0, 1
         if use_mpi or (use_mpi is None and started_by_mpi()):
             self.mpi = mpi.world()
-            self.ranks = RankContext(self.mpi.rank, self.mpi.size, launcher="mpi")
-        self.rank, self.size = self.ranks.rank, self.ranks.size
+            self.rank, self.size = self.mpi.rank, self.mpi.size
         self.progress = progress and self.rank == 0
         self.disk: Optional[tuple] = None
 
