@@ -23,8 +23,9 @@ def is_gzip(path: str) -> bool:
         return f.read(2) == _GZIP_MAGIC
 
 
-class _CountingReader:
-    """A binary file whose reads report their sizes to ``progress`` (bytes read from disk)."""
+class CountingReader:
+    """A binary file whose reads report their sizes to ``progress`` (bytes read from disk): the
+    gzip block readers here and the tar reader (:mod:`data_prep.tars`) count their input with it."""
 
     def __init__(self, raw, progress):
         self.raw, self.progress = raw, progress
@@ -67,7 +68,7 @@ def _blocks_gzipfile(path: str, compressed: bool, block_size: int,
 
     def pieces():
         with open(path, "rb") as f:
-            raw = _CountingReader(f, progress)
+            raw = CountingReader(f, progress)
             read = gzip.GzipFile(fileobj=raw, mode="rb").read1 if compressed else raw.read
             while True:
                 try:
@@ -108,7 +109,7 @@ def _inflate_blocks(path: str, block_size: int,
         d = zlib.decompressobj(31)
         in_member = False
         with open(path, "rb") as f:
-            raw = _CountingReader(f, progress)
+            raw = CountingReader(f, progress)
             while True:
                 data = raw.read(_READ_SIZE)
                 if not data:

@@ -33,7 +33,7 @@ import tarfile
 import zlib
 from typing import Callable, Iterator, Optional
 
-from data_prep.gzip_blocks import _CountingReader
+from data_prep.gzip_blocks import CountingReader
 from data_prep.inputs import (
     TAR_DEFAULT_EXCLUDE,
     TAR_NOT_DOCUMENTS,
@@ -120,7 +120,7 @@ def read_tar_members(spec: InputSpec, stats: ReadStats, skip_bad: bool, utf8_err
     with raw:
         magic = raw.read(6)
         raw.seek(0)
-        stream = _CountingReader(raw, progress)
+        stream = CountingReader(raw, progress)
         codec = next((c for m, c in _TAR_CODECS if magic.startswith(m)), None)
         if codec is not None:
             stream = codec(stream)
