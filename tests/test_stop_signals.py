@@ -85,7 +85,7 @@ def test_two_ranks_acknowledge_and_checkpoint_at_the_same_step(shards, tmp_path)
         step2 = lines.wait_for("[train] step=2 ", 120)
         proc.send_signal(signal.SIGTERM)  # horovodrun forwards it to every rank
         acked = lines.wait_for("SIGTERM received: every rank stops ", 60)
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=60) == 0, "".join(lines.lines)[-4000:]
         # acknowledged at once, before the step in progress (steps of 1 s) was logged
         nxt = lines.after(step2, "[train] step=")
         assert not nxt or acked < nxt[0], "".join(lines.lines)
