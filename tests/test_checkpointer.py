@@ -17,7 +17,7 @@ from hvd_lm.train.counting import CharCount
 from hvd_lm.train.guard import DivergenceGuard
 from hvd_lm.train.log import read_metrics
 from hvd_lm.train.metrics import Metrics
-from hvd_lm.train.resume import Position
+from hvd_lm.train.resume import Position, Resume
 from hvd_lm.train.settings import TrainConfig
 
 H, B = 6, 2
@@ -112,3 +112,35 @@ def test_the_checkpoint_loads_through_the_project_reader(one_rank, tmp_path):
     ck.save(Position(step=2), (torch.ones(B, H), torch.ones(B, H)), CharCount(5), RankContext(),
             windows_per_epoch=5)
     assert ckpt_io.load(ck.newest())["chars_trained"] == 5
+
+
+def test_a_rank_but_0_maps_the_file_and_takes_its_rows_alone(one_rank, tmp_path):
+    """What a resume reads on a rank other than 0 (the others get rank 0's weights and optimizer
+    state by broadcast): its own B rows of the saved recurrent state, the scheduler and the
+    position; its model keeps its own weights (names and shapes checked), its optimizer stays
+    empty, and the tensors come from a memory map of the file (read only where touched)."""
+    ck, model, opt, sched, _ = tiny(tmp_path)
+    rows = torch.arange(3 * B * H, dtype=torch.float32).view(3 * B, H)  # 3 ranks' rows
+    ck.save(Position(step=5, window=6), (rows, -rows), CharCount(0), RankContext(),
+            windows_per_epoch=9)
+    ck.wait()
+    (tmp_path / "other").mkdir()
+    other, _, other_sched, *_ = tiny(tmp_path / "other")[1:]
+    for p in other.parameters():
+        torch.nn.init.constant_(p, 0.5)
+    resume = Resume(ck.newest(), root=False)
+    resume.restore_model(other)
+    resume.restore_optimizer(torch.optim.Adam(other.parameters()), other_sched)
+    assert all(bool((p == 0.5).all()) for p in other.parameters())
+    assert other_sched.last_epoch == sched.last_epoch
+    h, c = resume.rnn_rows(1, 3, B)
+    assert torch.equal(h, rows[B:2 * B]) and torch.equal(c, -rows[B:2 * B])
+    assert (resume.position.step, resume.position.window) == (5, 6)
+    root = Resume(ck.newest())  # rank 0 reads the weights and the optimizer state
+    fresh = torch.optim.Adam(other.parameters())
+    root.restore_model(other)
+    root.restore_optimizer(fresh, other_sched)
+    for k, v in model.state_dict().items():
+        assert torch.equal(other.state_dict()[k], v), k
+    assert torch.equal(fresh.state_dict()["state"][0]["exp_avg"],
+                       opt.state_dict()["state"][0]["exp_avg"])

@@ -12,6 +12,7 @@ import torch
 from pytorch_optimizer import Lamb
 
 from hvd_lm.comm import onebit_compression as ob
+from hvd_lm.comm.engine import ring_allreduce_wire_bytes
 from hvd_lm.options import ConfigError, from_dict
 from hvd_lm.train.onebit_optimizers import OnebitAdam, OnebitLamb
 from hvd_lm.train.settings import TrainConfig
@@ -103,7 +104,7 @@ def simulate_allreduce(xs: list[torch.Tensor], states: list[ob.ErrorFeedback]) -
     """The compressed allreduce of n ranks' tensors ``xs`` (each [N]) in one process, the
     library's three steps with the collectives done by indexing (``alltoall``: rank j gets row j
     of every rank's output; ``allgather``: every rank gets every rank's part), as
-    :func:`hvd_lm.comm.engine.compressed_allreduce` runs them on n ranks; updates every state."""
+    ``onebit_compression.compressed_allreduce`` runs them on n ranks; updates every state."""
     sent = [st.worker_compress(x) for st, x in zip(states, xs)]
     parts = [st.server_reduce(torch.stack([s[j] for s in sent])) for j, st in enumerate(states)]
     return states[0].assemble(torch.stack(parts))
@@ -168,8 +169,8 @@ def test_wire_bytes_are_20x_below_fp32_and_10x_below_fp16():
     numel = 5_853_440
     for n in (2, 128):
         onebit = ob.Layout(numel, n, ob.DEFAULT_CHUNK).wire_bytes()
-        fp32 = ob.ring_allreduce_wire_bytes(4 * numel, n)
-        fp16 = ob.ring_allreduce_wire_bytes(2 * numel, n)
+        fp32 = ring_allreduce_wire_bytes(4 * numel, n)
+        fp16 = ring_allreduce_wire_bytes(2 * numel, n)
         assert fp32 / onebit > 31 and fp16 / onebit > 15.5
     lay = ob.Layout(100, 3, 0)
     assert (lay.part, lay.padded, lay.part_bytes, lay.wire_bytes()) == (40, 120, 9, 36)

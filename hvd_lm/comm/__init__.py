@@ -12,7 +12,7 @@
 * :mod:`~hvd_lm.comm.mpi`: every mpi4py call outside the raw-MPI benchmark baseline.
 * :mod:`~hvd_lm.comm.hosts`: ``host:slots`` lists and the interfaces hosts share (preflight).
 * :mod:`~hvd_lm.comm.peers`: which peer a failed collective lost, and on which host.
-* :mod:`~hvd_lm.comm.onebit_compression`: the math of the 1-bit compressed allreduce (error
+* :mod:`~hvd_lm.comm.onebit_compression`: the 1-bit compressed allreduce (its math, error
   feedback).
 
 A ``# collective:`` comment marks every line that runs a collective, whatever the engine under it

@@ -13,9 +13,10 @@ Horovod has (Adasum, elastic training) says so when asked of the torch engine.
 * :func:`synchronize` / :func:`skip_synchronize`: the step's two calls on a distributed
   optimizer (Horovod docs, "Gradient clipping"); nothing for a plain one.
 * :func:`broadcast_state`, :func:`allreduce_sum`, :func:`allreduce_max_each`,
-  :func:`allgather`: rank 0's start, metrics, checkpointed per-rank state.
-* :func:`compressed_allreduce`: the 1-bit allreduce with error feedback (Tang et al. 2021) on
-  ``alltoall`` + ``allgather`` (the math: :mod:`hvd_lm.comm.onebit_compression`).
+  :func:`allgather`, :func:`gather`: rank 0's start, metrics, per-rank state gathered to the
+  checkpoint's writer.
+* :func:`alltoall`: what the 1-bit allreduce
+  (:func:`hvd_lm.comm.onebit_compression.compressed_allreduce`) sends.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from typing import ContextManager, Iterator
 
 import torch
 
-from hvd_lm.comm.onebit_compression import ErrorFeedback, ring_allreduce_wire_bytes
 from hvd_lm.comm.world import (  # noqa: F401 - BACKENDS, BACKEND_HELP: here too
     BACKEND_HELP,
     BACKENDS,
@@ -260,6 +260,12 @@ def skip_synchronize(optimizer) -> Iterator[None]:
         yield
 
 
+def ring_allreduce_wire_bytes(nbytes: int, world_size: int) -> int:
+    """Bytes one rank sends in a ring allreduce of ``nbytes`` (reduce-scatter + allgather,
+    2(n-1)/n of the buffer; Thakur et al. 2005); 0 for one rank."""
+    return 2 * (world_size - 1) * nbytes // world_size
+
+
 def _gradient_wire_bytes(model: torch.nn.Module, compression: str, size: int) -> int:
     """Bytes one rank sends per step allreducing every gradient (ring allreduce, fp16: 2 bytes per
     value, else the parameter's element size)."""
@@ -282,13 +288,27 @@ def comm_stats(optimizer) -> dict:
 
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                     root_rank: int = 0) -> None:
-    """Make every rank start from rank ``root_rank``'s parameters and optimiser state (of a
-    wrapper's ``horovod_optimizer`` when it has one: the 1-bit error buffers are per rank)."""
+    """Every rank gets rank ``root_rank``'s parameters (``broadcast_parameters``) and, given
+    ``optimizer``, its optimiser state (``state_dict()``: no collective, the 1-bit optimizers'
+    too), as one object (``broadcast_object``, tensors on the host) the other ranks load: they
+    need no state of their own, so a resume reads the checkpoint's on rank 0 alone (Horovod's
+    ``broadcast_optimizer_state`` would first step a rank without state on zero gradients)."""
     hvd = _hvd()
     hvd.broadcast_parameters(model.state_dict(), root_rank=root_rank)  # Horovod
     if optimizer is not None:
-        hvd.broadcast_optimizer_state(getattr(optimizer, "horovod_optimizer", optimizer),  # Horovod
-                                      root_rank=root_rank)
+        mine = hvd.rank() == root_rank
+        state = broadcast_object(_to_cpu(optimizer.state_dict()) if mine else None, root_rank,
+                                 name="optimizer_state")  # Horovod
+        if not mine:
+            optimizer.load_state_dict(state)
+
+
+def _to_cpu(x):
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(map(_to_cpu, x))
+    return x.detach().cpu() if isinstance(x, torch.Tensor) else x
 
 
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None):
@@ -323,6 +343,27 @@ def allreduce_max(value: float, name: str) -> float:
 def allgather(tensor: torch.Tensor, name: str) -> torch.Tensor:
     """Concatenation over ranks along dim 0 (rank order) of each rank's ``tensor``."""
     return _hvd().allgather(tensor.contiguous(), name=name)
+
+
+def gather(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    """Rank 0: every rank's ``tensor`` (the same shape on each) concatenated along dim 0 in rank
+    order; the other ranks: an empty [0, ...] tensor. Each rank sends its rows once and rank 0
+    alone receives (an allgather hands every rank N x the rows). Horovod has no gather: its
+    ``alltoall`` with splits [rows, 0, ..., 0] (Horovod docs, "alltoall"); the torch engine:
+    ``torch.distributed.gather``."""
+    hvd = _hvd()
+    if engine_name() != "horovod":
+        return hvd.gather(tensor, name=name)
+    splits = torch.zeros(hvd.size(), dtype=torch.int32)
+    splits[0] = tensor.shape[0]
+    return alltoall(tensor, name, splits)
+
+
+def alltoall(tensor: torch.Tensor, name: str, splits: torch.Tensor | None = None) -> torch.Tensor:
+    """Row block i of ``tensor`` (dim 0 cut evenly over the ranks, or by ``splits``) to rank i;
+    returns the blocks received, in rank order (``hvd.alltoall``)."""
+    out = _hvd().alltoall(tensor.contiguous(), splits=splits, name=name)  # Horovod
+    return out[0] if isinstance(out, tuple) else out  # 0.28 returns (tensor, received splits)
 
 
 def allgather_object(obj, name: str) -> list:
@@ -368,11 +409,6 @@ def is_collective_failure(exc: BaseException) -> bool:
 def barrier() -> None:
     """Wait for every rank (a tiny allreduce: works with every controller)."""
     allreduce_sum([0.0], name="barrier")
-
-
-def shutdown() -> None:
-    """``hvd.shutdown()``."""
-    _hvd().shutdown()
 
 
 # ---- raw collectives for the benchmarks (hvd_lm.perf.bench_allreduce) -------------------------
@@ -437,41 +473,6 @@ def root_call(fn):
     if message is not None:
         raise RootError(message)
     return result
-
-
-# ---- 1-bit Adam / 1-bit LAMB: compressed allreduce with error feedback ---------------------------
-
-def compressed_allreduce(x: torch.Tensor, errors: ErrorFeedback, name: str) -> torch.Tensor:
-    """Average of ``x`` over all ranks through 1-bit compression with error feedback (Tang et al.
-    2021, Algorithm 1's compressed allreduce): worker error added and every rank's part compressed
-    (:meth:`~hvd_lm.comm.onebit_compression.ErrorFeedback.worker_compress`), ``hvd.alltoall`` of the
-    parts (uint8 [n, part_bytes]: signs packed 8 per byte, then the fp32 scales), average of this
-    rank's part plus the server error, recompressed
-    (:meth:`~hvd_lm.comm.onebit_compression.ErrorFeedback.server_reduce`), ``hvd.allgather`` of the
-    n compressed parts, decompressed
-    (:meth:`~hvd_lm.comm.onebit_compression.ErrorFeedback.assemble`).
-
-    Args:
-        x: this rank's tensor, float [N] (N = ``errors.layout.numel``).
-        errors: this rank's error buffers (updated in place); its layout fixes n and the chunk.
-        name: prefix of the collectives' names (unique per tensor).
-
-    Returns:
-        float32 [N], identical on every rank.
-
-    Raises:
-        ValueError: x does not match the layout, or the layout's world size is not Horovod's.
-    """
-    n = errors.layout.world_size
-    send = errors.worker_compress(x)
-    if n == 1:
-        return errors.assemble(errors.server_reduce(send).unsqueeze(0))
-    hvd = _hvd()
-    if n != hvd.size():
-        raise ValueError(f"compressed allreduce laid out for {n} ranks, Horovod has {hvd.size()}")
-    received = hvd.alltoall(send, name=f"{name}.alltoall")  # row i: rank i's part for this rank
-    part = errors.server_reduce(received)
-    return errors.assemble(hvd.allgather(part.unsqueeze(0), name=f"{name}.allgather"))  # Horovod
 
 
 # ---- elastic training (Horovod docs, "Elastic Horovod") -----------------------------------------

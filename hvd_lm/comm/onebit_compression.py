@@ -1,4 +1,5 @@
-"""Error-compensated 1-bit compression: the pure math of the compressed allreduce (no Horovod).
+"""Error-compensated 1-bit compression: the math of the compressed allreduce, and the allreduce
+itself on the engine's ``alltoall`` + ``allgather`` (:func:`compressed_allreduce`).
 
 Tang et al. 2021, "1-bit Adam: Communication Efficient Large-Scale Training with Adam's Convergence
 Speed" (arXiv:2102.02888), Algorithm 1, and its compressed allreduce (Section 4; DeepSpeed's
@@ -39,6 +40,9 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+from hvd_lm.comm import engine
 
 #: Sign bits per byte; bit weights of one byte, most significant first (``numpy.packbits``).
 BITS = 8
@@ -50,42 +54,44 @@ DEFAULT_CHUNK = 2048
 
 
 def pack_signs(x: torch.Tensor) -> torch.Tensor:
-    """Sign bits of ``x`` (float, [N]) packed 8 per byte: uint8 [ceil(N / 8)]; bit 1 where
-    ``x >= 0`` (sign(0) = +1), the first element in the most significant bit (``numpy.packbits``
-    order); a partial last byte is padded with 0 bits."""
-    bits = (x.reshape(-1) >= 0).to(torch.uint8)
-    pad = (-bits.numel()) % BITS
-    if pad:
-        bits = torch.cat([bits, bits.new_zeros(pad)])
-    return (bits.view(-1, BITS) * _WEIGHTS.to(bits.device)).sum(1, dtype=torch.uint8)
+    """Sign bits of ``x`` (float, [..., N]) packed 8 per byte: uint8 [..., ceil(N / 8)]; bit 1
+    where ``x >= 0`` (sign(0) = +1), the first element in the most significant bit
+    (``numpy.packbits`` order); a partial last byte is padded with 0 bits."""
+    bits = (x >= 0).to(torch.uint8)
+    bits = F.pad(bits, (0, (-bits.shape[-1]) % BITS))
+    return (bits.view(*bits.shape[:-1], -1, BITS) * _WEIGHTS.to(bits.device)).sum(
+        -1, dtype=torch.uint8)
 
 
 def unpack_signs(packed: torch.Tensor, n: int) -> torch.Tensor:
-    """Inverse of :func:`pack_signs`: float32 [n] of +1 / -1.
+    """Inverse of :func:`pack_signs`: uint8 [..., k] -> float32 [..., n] of +1 / -1.
 
     Raises:
         ValueError: ``packed`` holds fewer than n bits.
     """
-    if packed.numel() * BITS < n:
-        raise ValueError(f"{packed.numel()} bytes hold {packed.numel() * BITS} signs, not {n}")
-    bits = (packed.reshape(-1, 1) & _WEIGHTS.to(packed.device)) != 0
-    return bits.reshape(-1)[:n].to(torch.float32) * 2 - 1
+    if packed.shape[-1] * BITS < n:
+        raise ValueError(f"{packed.shape[-1]} bytes hold {packed.shape[-1] * BITS} signs, not {n}")
+    bits = (packed.unsqueeze(-1) & _WEIGHTS.to(packed.device)) != 0
+    return bits.flatten(-2)[..., :n].to(torch.float32) * 2 - 1
 
 
-def chunk_scales(x: torch.Tensor, chunk: int, valid: int | None = None) -> torch.Tensor:
-    """One scale per chunk of ``chunk`` elements of ``x`` (float, [N]): ``||x_c||_2 / sqrt(m_c)``
-    with m_c the chunk's real elements (the first ``valid`` of x are real, the rest padding that
-    must be 0); 0 for a chunk without real elements. Returns float32 [ceil(N / chunk)]."""
-    n = x.numel()
-    valid = n if valid is None else valid
+def chunk_scales(x: torch.Tensor, chunk: int, valid=None) -> torch.Tensor:
+    """One scale per chunk of ``chunk`` elements of ``x`` (float, [..., N]):
+    ``||x_c||_2 / sqrt(m_c)`` with m_c the chunk's real elements (the first ``valid`` of each row
+    are real: an int, or an int64 tensor of x's leading shape; the rest padding that must be
+    0); 0 for a chunk without real elements. Returns float32 [..., ceil(N / chunk)]."""
+    n = x.shape[-1]
     count = math.ceil(n / chunk)
-    pad = count * chunk - n
-    xx = torch.cat([x.reshape(-1).float(), x.new_zeros(pad, dtype=torch.float32)]) if pad else \
-        x.reshape(-1).float()
-    norms = torch.linalg.vector_norm(xx.view(count, chunk), dim=1)
-    starts = torch.arange(count, dtype=torch.float32) * chunk
-    real = (valid - starts).clamp(0, chunk)
-    return torch.where(real > 0, norms / real.clamp(min=1).sqrt(), torch.zeros_like(norms))
+    xx = F.pad(x.float(), (0, count * chunk - n))
+    norms = torch.linalg.vector_norm(xx.view(*x.shape[:-1], count, chunk), dim=-1)
+    starts = torch.arange(count, device=x.device) * chunk
+    real = (_column(n if valid is None else valid, x.device) - starts).clamp(0, chunk)
+    return torch.where(real > 0, norms / real.clamp(min=1).float().sqrt(), torch.zeros_like(norms))
+
+
+def _column(valid, device) -> torch.Tensor:
+    """``valid`` (int or [...] tensor) as an int64 [..., 1] tensor, to compare with positions."""
+    return torch.as_tensor(valid, dtype=torch.int64, device=device).unsqueeze(-1)
 
 
 @dataclass(frozen=True)
@@ -143,29 +149,29 @@ class Layout:
         return 2 * (self.world_size - 1) * self.part_bytes
 
 
-def encode(x: torch.Tensor, layout: Layout, valid: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Compress one part x (float32 [P], the first ``valid`` real): (uint8 [part_bytes] = packed
-    signs then the scales' bytes, the decompressed value C[x] float32 [P], 0 on padding)."""
+def encode(x: torch.Tensor, layout: Layout, valid) -> tuple[torch.Tensor, torch.Tensor]:
+    """Compress parts x (float32 [..., P], the first ``valid`` of each real: an int, or an int64
+    tensor of x's leading shape): (uint8 [..., part_bytes] = packed signs then the scales'
+    bytes, the decompressed value C[x] float32 [..., P], 0 on padding). All n parts of a rank
+    go through one call (no loop over the world size)."""
     scales = chunk_scales(x, layout.chunk_elems, valid)
-    wire = torch.cat([pack_signs(x), scales.view(torch.uint8)])
+    wire = torch.cat([pack_signs(x), scales.view(torch.uint8)], dim=-1)
     return wire, _expand(torch.where(x >= 0, 1.0, -1.0), scales, layout, valid)
 
 
-def decode(wire: torch.Tensor, layout: Layout, valid: int | None = None) -> torch.Tensor:
-    """Decompress one part: uint8 [part_bytes] -> float32 [P] (0 beyond ``valid``; a scale-0
-    chunk, e.g. padding, decodes to 0)."""
+def decode(wire: torch.Tensor, layout: Layout, valid=None) -> torch.Tensor:
+    """Decompress parts: uint8 [..., part_bytes] -> float32 [..., P] (0 beyond ``valid``, an int
+    or an int64 tensor of the leading shape; a scale-0 chunk, e.g. padding, decodes to 0)."""
     nsign = layout.part // BITS
-    signs = unpack_signs(wire[:nsign], layout.part)
-    scales = wire[nsign:].clone().view(torch.float32)  # clone: fp32-aligned storage
+    signs = unpack_signs(wire[..., :nsign], layout.part)
+    scales = wire[..., nsign:].clone(memory_format=torch.contiguous_format).view(torch.float32)
     return _expand(signs, scales, layout, layout.part if valid is None else valid)
 
 
-def _expand(signs: torch.Tensor, scales: torch.Tensor, layout: Layout, valid: int) -> torch.Tensor:
-    per = torch.repeat_interleave(scales, layout.chunk_elems)[:layout.part]
-    out = signs * per
-    if valid < layout.part:
-        out[valid:] = 0
-    return out
+def _expand(signs: torch.Tensor, scales: torch.Tensor, layout: Layout, valid) -> torch.Tensor:
+    per = torch.repeat_interleave(scales, layout.chunk_elems, dim=-1)[..., :layout.part]
+    real = torch.arange(layout.part, device=signs.device) < _column(valid, signs.device)
+    return torch.where(real, signs * per, 0.0)
 
 
 class ErrorFeedback:
@@ -185,6 +191,8 @@ class ErrorFeedback:
         self.rank = rank
         self.worker_error = torch.zeros(layout.padded, device=device)
         self.server_error = torch.zeros(layout.part, device=device)
+        self._valid = torch.tensor([layout.valid(j) for j in range(layout.world_size)],
+                                   device=device)  # real elements of each part, int64 [n]
 
     def worker_compress(self, x: torch.Tensor) -> torch.Tensor:
         """Step 1 on this rank: add the worker error to x (float, [N]), compress each rank's part,
@@ -194,34 +202,53 @@ class ErrorFeedback:
             raise ValueError(f"tensor has {x.numel()} elements, layout expects {lay.numel}")
         u = self.worker_error.clone()
         u[:lay.numel] += x.reshape(-1).float()
-        rows, approx = [], []
-        for j in range(lay.world_size):
-            w, c = encode(u[j * lay.part:(j + 1) * lay.part], lay, lay.valid(j))
-            rows.append(w)
-            approx.append(c)
-        self.worker_error = u - torch.cat(approx)
-        return torch.stack(rows)
+        wire, approx = encode(u.view(lay.world_size, lay.part), lay, self._valid)
+        self.worker_error = u - approx.reshape(-1)
+        return wire
 
     def server_reduce(self, received: torch.Tensor) -> torch.Tensor:
         """Step 2 on this rank: ``received`` uint8 [n, part_bytes] (row i from rank i, all for this
         rank's part) -> the mean plus the server error, compressed: uint8 [part_bytes]; updates
         the server error."""
-        lay = self.layout
-        valid = lay.valid(self.rank)
-        s = torch.stack([decode(received[i], lay, valid) for i in range(lay.world_size)]).mean(0)
-        s = s + self.server_error
-        wire, c = encode(s, lay, valid)
+        valid = self.layout.valid(self.rank)
+        s = decode(received, self.layout, valid).mean(0) + self.server_error
+        wire, c = encode(s, self.layout, valid)
         self.server_error = s - c
         return wire
 
     def assemble(self, gathered: torch.Tensor) -> torch.Tensor:
         """Step 3: uint8 [n, part_bytes] (row j = rank j's compressed part) -> float32 [N]."""
-        lay = self.layout
-        return torch.cat([decode(gathered[j], lay, lay.valid(j))
-                          for j in range(lay.world_size)])[:lay.numel]
+        return decode(gathered, self.layout, self._valid).reshape(-1)[:self.layout.numel]
 
 
-def ring_allreduce_wire_bytes(nbytes: int, world_size: int) -> int:
-    """Bytes one rank sends in a ring allreduce of ``nbytes`` (reduce-scatter + allgather,
-    2(n-1)/n of the buffer; Thakur et al. 2005); 0 for one rank."""
-    return 2 * (world_size - 1) * nbytes // world_size
+def compressed_allreduce(x: torch.Tensor, errors: ErrorFeedback, name: str) -> torch.Tensor:
+    """Average of ``x`` over all ranks through 1-bit compression with error feedback (Tang et al.
+    2021, Algorithm 1's compressed allreduce): worker error added and every rank's part compressed
+    (:meth:`ErrorFeedback.worker_compress`), an ``alltoall`` of the parts (uint8
+    [n, part_bytes]: signs packed 8 per byte, then the fp32 scales), average of this rank's part
+    plus the server error, recompressed (:meth:`ErrorFeedback.server_reduce`), an ``allgather``
+    of the n compressed parts, decompressed (:meth:`ErrorFeedback.assemble`); the collectives
+    on the engine's (:func:`hvd_lm.comm.engine.alltoall`, :func:`~hvd_lm.comm.engine.allgather`).
+
+    Args:
+        x: this rank's tensor, float [N] (N = ``errors.layout.numel``).
+        errors: this rank's error buffers (updated in place); its layout fixes n and the chunk.
+        name: prefix of the collectives' names (unique per tensor).
+
+    Returns:
+        float32 [N], identical on every rank.
+
+    Raises:
+        ValueError: x does not match the layout, or the layout's world size is not the engine's.
+    """
+    n = errors.layout.world_size
+    send = errors.worker_compress(x)
+    if n == 1:
+        return errors.assemble(errors.server_reduce(send).unsqueeze(0))
+    if n != engine.rank_context().size:
+        raise ValueError(f"compressed allreduce laid out for {n} ranks, the engine has "
+                         f"{engine.rank_context().size}")
+    # collective: row i of what comes back is rank i's part for this rank
+    part = errors.server_reduce(engine.alltoall(send, name=f"{name}.alltoall"))
+    # collective: every rank's compressed part
+    return errors.assemble(engine.allgather(part.unsqueeze(0), name=f"{name}.allgather"))

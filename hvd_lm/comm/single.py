@@ -67,10 +67,6 @@ def broadcast_parameters(params, root_rank: int = 0) -> None:
     """Rank 0's parameters are already this process's."""
 
 
-def broadcast_optimizer_state(optimizer, root_rank: int = 0) -> None:
-    """Rank 0's optimizer state is already this process's."""
-
-
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None):
     return obj
 
@@ -95,6 +91,11 @@ def synchronize(handle: torch.Tensor) -> torch.Tensor:
 def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     """The concatenation over one rank along dim 0: a copy of ``tensor``."""
     return tensor.clone()
+
+
+def gather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
+    """Rank 0's (the only rank's) ``tensor``."""
+    return tensor
 
 
 def allgather_object(obj, name: str | None = None) -> list:

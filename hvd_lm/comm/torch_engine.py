@@ -21,8 +21,7 @@ same trainer runs without Horovod on any number of ranks (``--backend torch``).
   without a launcher forms a world of one over an in-memory store.
 * Collectives: ``allreduce`` (sum, average, max; average = sum / size), ``allgather`` (ranks may
   hold different first dimensions, as Horovod allows), ``alltoall`` (the 1-bit allreduce),
-  ``broadcast_parameters`` / ``broadcast_optimizer_state`` / ``broadcast_object``,
-  ``allgather_object``, barrier.
+  ``gather``, ``broadcast_parameters`` / ``broadcast_object``, ``allgather_object``, barrier.
 * Gradients: :func:`wrap_model` wraps the model in ``torch.nn.parallel.DistributedDataParallel``
   (its reducer: buckets of ``bucket_cap_mb`` whose allreduce starts from backward hooks; PyTorch
   "DistributedDataParallel" design notes), ``no_sync()`` for the windows before a step's last,
@@ -288,6 +287,15 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     return torch.cat([p[:c] for p, c in zip(parts, counts)])
 
 
+def gather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
+    """Rank 0: every rank's ``tensor`` (the same shape on each) concatenated along dim 0 in rank
+    order; the other ranks: an empty [0, ...] tensor (``torch.distributed.gather``)."""
+    tensor = tensor.contiguous()
+    parts = [torch.empty_like(tensor) for _ in range(size())] if rank() == 0 else None
+    dist.gather(tensor, parts, dst=0)
+    return torch.cat(parts) if parts else tensor.new_empty((0, *tensor.shape[1:]))
+
+
 def allgather_object(obj, name: str | None = None) -> list:
     """Every rank's picklable ``obj``, in rank order."""
     out = [None] * size()
@@ -325,27 +333,6 @@ def broadcast_parameters(params, root_rank: int = 0) -> None:
     for _, t in sorted(items, key=lambda kv: kv[0]):
         if isinstance(t, torch.Tensor):
             dist.broadcast(t, src=root_rank)
-
-
-def broadcast_optimizer_state(optimizer, root_rank: int = 0) -> None:
-    """Load rank ``root_rank``'s optimizer state on every rank (sent as one pickled object, its
-    tensors on the host; ``load_state_dict`` moves them to each parameter's device)."""
-    state = None
-    if rank() == root_rank:
-        state = _to_cpu(optimizer.state_dict())
-    state = broadcast_object(state, root_rank)
-    if rank() != root_rank:
-        optimizer.load_state_dict(state)
-
-
-def _to_cpu(x):
-    if isinstance(x, torch.Tensor):
-        return x.detach().cpu()
-    if isinstance(x, dict):
-        return {k: _to_cpu(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return type(x)(_to_cpu(v) for v in x)
-    return x
 
 
 class Compression:

@@ -255,8 +255,10 @@ def remove_all(run_dir: str | Path) -> list[Path]:
     return removed
 
 
-def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """Read a checkpoint with ``weights_only=True``.
+def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict:
+    """Read a checkpoint with ``weights_only=True``; with ``mmap`` its tensors are mapped from
+    the file (``torch.load(mmap=True)``) and read only when touched: what a rank that needs a
+    few entries (its own recurrent rows) uses instead of reading the whole file.
 
     Raises:
         FileNotFoundError: no such file.
@@ -278,7 +280,7 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
                               "torch.save zip files, e.g. runs/NAME/checkpoints/step_N.pt)")
     _check_stored(path)
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except (RuntimeError, EOFError, OSError, ValueError, KeyError) as e:
         raise CheckpointError(f"{path}: truncated or damaged checkpoint "
                               f"({first_sentence(e)})") from None

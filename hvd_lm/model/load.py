@@ -43,8 +43,10 @@ def weights_sha256(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def load_state(model: torch.nn.Module, state: dict, path: str | Path) -> None:
-    """``model.load_state_dict(state)``, with a mismatch reported as one line.
+def load_state(model: torch.nn.Module, state: dict, path: str | Path, copy: bool = True) -> None:
+    """``model.load_state_dict(state)``, with a mismatch reported as one line; with ``copy``
+    False the names and shapes alone are checked (no tensor data read: a rank whose weights
+    rank 0 broadcasts next).
 
     Raises:
         CheckpointError: the checkpoint was written for a model of another shape (names the
@@ -63,7 +65,8 @@ def load_state(model: torch.nn.Module, state: dict, path: str | Path) -> None:
     extra = sorted(set(state) - set(own))
     if extra:
         raise CheckpointError(f"{path}: written for another model (it has {extra[0]})")
-    model.load_state_dict(state)
+    if copy:
+        model.load_state_dict(state)
 
 
 def model_config(fields: dict, source: str | Path, **override) -> ModelConfig:

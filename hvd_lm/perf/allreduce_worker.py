@@ -22,12 +22,16 @@ import psutil
 import torch
 
 from hvd_lm import comm
-from hvd_lm.comm.engine import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
+from hvd_lm.comm.engine import (
+    HOROVOD_DEFAULT_CYCLE_MS,
+    HOROVOD_DEFAULT_FUSION_BYTES,
+    ring_allreduce_wire_bytes,
+)
 from hvd_lm.comm.onebit_compression import (
     DEFAULT_CHUNK,
     ErrorFeedback,
     Layout,
-    ring_allreduce_wire_bytes,
+    compressed_allreduce,
 )
 from hvd_lm.model.lm import mlstm_parameters
 from hvd_lm.options import Command, option
@@ -121,7 +125,7 @@ class HorovodComm:
         """In-place sum-allreduce (fp16: cast around it, as ``Compression.fp16``); ``onebit``: the
         compressed allreduce (an average, with this tensor's error buffers, kept per name)."""
         if compression == "onebit":
-            t.copy_(comm.compressed_allreduce(t.view(-1), self.errors[name], name))
+            t.copy_(compressed_allreduce(t.view(-1), self.errors[name], name))
         else:
             comm.allreduce_inplace(t, name, "sum", compression)
 

@@ -13,7 +13,7 @@ default) with
   ``HOROVOD_CYCLE_TIME`` 1 ms in 0.28.1) and, for the MPI controller, at each other fusion
   threshold and cycle time asked for (Horovod docs: "Tensor Fusion");
 
-and 1-bit compression (``--compression onebit``): :func:`hvd_lm.comm.engine.compressed_allreduce`
+and 1-bit compression (``--compression onebit``): ``onebit_compression.compressed_allreduce``
 (Tang et al. 2021: sign bits packed 8 per byte plus one fp32 scale per ``--onebit-chunk`` values,
 ``hvd.alltoall`` + ``hvd.allgather``, error feedback) of the same float32 tensor, its time including
 the compression arithmetic;

@@ -3,9 +3,9 @@ writes it (a component :class:`hvd_lm.train.loop.Trainer` holds, as torchtitan's
 its checkpoint manager).
 
 :meth:`Checkpointer.save` is called by every rank at the same step. It gathers every rank's
-recurrent state rows (``# collective:`` allgathers, rank order) and the exact character count (a
-sum over ranks, :meth:`hvd_lm.train.counting.CharCount.total`), takes the optimizer's state on
-every rank (the 1-bit optimizers gather their error buffers there), and rank 0 hands the payload
+recurrent state rows to rank 0 alone (``# collective:`` :func:`hvd_lm.comm.engine.gather`,
+rank order: each rank sends its B rows, none receives another's) and the exact character count (a
+sum over ranks, :meth:`hvd_lm.train.counting.CharCount.total`); rank 0 hands the payload
 (:func:`hvd_lm.train.resume.payload`: position, model, optimizer, schedule, scaler, recurrent
 state, RNG, configuration, world size, windows per epoch) to its
 :class:`hvd_lm.train.async_checkpoint.CheckpointWriter` (on a thread unless
@@ -69,7 +69,8 @@ class Checkpointer:
              windows_per_epoch: int) -> float:
         """Every rank, at the same step: save the checkpoint of ``pos`` (its character count
         made exact from ``chars``; ``pos`` itself unchanged), with this rank's recurrent state
-        ``rnn_state`` (h, c), each [B, H], gathered from all; rank 0 writes it. Held (nothing
+        ``rnn_state`` (h, c), each [B, H], gathered to rank 0, which writes it (a non-root rank
+        sends 2 x B x H x 4 bytes, whatever the world size). Held (nothing
         gathered or written, a ``checkpoint_held`` record) while the newest logged loss is
         above the divergence bound.
 
@@ -84,13 +85,13 @@ class Checkpointer:
                                 loss=self.guard.newest_above())
             return 0.0
         t0 = time.perf_counter()
-        # collective: gather every rank's recurrent state rows (rank order) for an exact resume.
-        h = comm.allgather(rnn_state[0].detach().float().cpu(), name="ckpt_h")
-        c = comm.allgather(rnn_state[1].detach().float().cpu(), name="ckpt_c")
+        # collective: every rank's recurrent state rows to rank 0 alone (rank order), for an
+        # exact resume: each rank sends its B rows once, whatever the world size
+        h = comm.gather(rnn_state[0].detach().float().cpu(), name="ckpt_h")
+        c = comm.gather(rnn_state[1].detach().float().cpu(), name="ckpt_c")
         pos = dataclasses.replace(pos, chars_trained=chars.total())  # collective: sum
-        opt_state = self.optimizer.state_dict()  # every rank: 1-bit optimizers gather errors
         if ctx.is_root:  # written on a thread unless --async-checkpoint false
-            self.writer.submit(resume_io.payload(pos, self.model, opt_state, self.scheduler,
+            self.writer.submit(resume_io.payload(pos, self.model, self.optimizer, self.scheduler,
                                                  self.scaler, (h, c), self.config, ctx.size,
                                                  windows_per_epoch),
                                self.out_dir, pos.step, self.keep, self.guard.confirmed_below())

@@ -25,7 +25,7 @@
 The optimisers do not communicate themselves: in the compression phase :meth:`step` hands the
 flat momentum (float32 [N], parameters in order) to ``self.reduce_momentum``, which
 :class:`OnebitDistributedOptimizer` (below, the optimisers on Horovod: the warmup through
-``hvd.DistributedOptimizer``, then :func:`hvd_lm.comm.engine.compressed_allreduce`; every
+``hvd.DistributedOptimizer``, then ``onebit_compression.compressed_allreduce``; every
 Horovod call through :mod:`hvd_lm.comm.engine`) sets; None = one process, no compression, as
 DeepSpeed does on one rank. The phase follows from the step count in the state: a checkpoint
 restores it. Settings every step needs live in the param groups (``hvd.DistributedOptimizer``
@@ -42,11 +42,12 @@ from typing import Callable, Optional
 import torch
 
 from hvd_lm import comm
+from hvd_lm.comm.engine import ring_allreduce_wire_bytes
 from hvd_lm.comm.onebit_compression import (
     DEFAULT_CHUNK,
     ErrorFeedback,
     Layout,
-    ring_allreduce_wire_bytes,
+    compressed_allreduce,
 )
 
 #: pytorch_optimizer.Lamb's cap on the weight norm in the trust ratio (its ``Lamb.clamp``).
@@ -315,15 +316,14 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
     * Compressed phase: gradients stay local (:func:`hvd_lm.comm.engine.keep_gradients_local`:
       Horovod's hooks silenced, DDP's hook hands the buckets back; ``synchronize()`` returns at
       once); the optimiser's step hands its flat momentum to
-      :func:`hvd_lm.comm.engine.compressed_allreduce` with this rank's
+      ``onebit_compression.compressed_allreduce`` with this rank's
       :class:`~hvd_lm.comm.onebit_compression.ErrorFeedback` (created at the first compressed step).
       With one rank there is nothing to communicate and the momentum is used as is (as DeepSpeed
       does).
 
-    :meth:`state_dict` adds every rank's error buffers (an ``allgather``: call it on every rank,
-    as the training loop does before rank 0 writes a checkpoint); :meth:`load_state_dict` takes
-    this rank's rows back when the world size and chunk match, else it starts from zero errors
-    (with a warning: the resume is then not exact).
+    :meth:`state_dict` leaves the per-rank error buffers out (a checkpoint's bytes do not grow
+    with the world size); :meth:`load_state_dict` restarts the error feedback from zero (with a
+    warning: the resume is then not bit-exact), as DeepSpeed does.
 
     Args:
         optimizer: a 1-bit optimiser (``optimizer.onebit``), unwrapped.
@@ -433,7 +433,7 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
         if self.errors is None:
             layout = Layout(flat.numel(), self._size, int(self.param_groups[0]["chunk"]))
             self.errors = ErrorFeedback(layout, self._rank, flat.device)
-        out = comm.compressed_allreduce(flat, self.errors, name="onebit.momentum")  # collective
+        out = compressed_allreduce(flat, self.errors, name="onebit.momentum")  # collective
         self.wire_bytes += self.errors.layout.wire_bytes()
         return out
 
@@ -443,41 +443,24 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
 
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """The optimiser's ``state_dict()`` plus, in the compressed phase, ``"onebit_errors"``:
-        ``world_size``, ``numel``, ``chunk``, ``worker`` float32 [n, n P] and ``server`` float32
-        [n, P], every rank's error buffers in rank order (an ``allgather``: call on every rank)."""
-        sd = self._opt.state_dict()
-        if self.errors is not None:
-            lay = self.errors.layout
-            sd["onebit_errors"] = {
-                "world_size": lay.world_size, "numel": lay.numel, "chunk": lay.chunk,
-                # collective: every rank's error buffers, in rank order
-                "worker": comm.allgather(self.errors.worker_error.unsqueeze(0),
-                                         "onebit.ckpt.worker"),
-                "server": comm.allgather(self.errors.server_error.unsqueeze(0),
-                                         "onebit.ckpt.server")}
-        return sd
+        """The optimiser's ``state_dict()`` (no collective: any one rank may call it). The error
+        buffers are per-rank state and are not saved: gathered, they would add 4 bytes x
+        parameters per rank to every checkpoint (~44 GB at 128 ranks of the 86M-parameter
+        default); DeepSpeed's 1-bit Adam and LAMB reset them on load as well
+        (``deepspeed/runtime/fp16/onebit/adam.py``, ``load_state_dict``)."""
+        return self._opt.state_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Load :meth:`state_dict`'s output: the optimiser state (and with it the phase) and this
-        rank's error buffers."""
+        """Load :meth:`state_dict`'s output (and with it the phase); the error feedback starts
+        from zero (a resume in the compressed phase is not bit-exact; rank 0 says so in one
+        line). A checkpoint of an earlier version, which held every rank's error buffers
+        (``"onebit_errors"``), loads the same way."""
         sd = dict(state_dict)
-        saved = sd.pop("onebit_errors", None)
+        sd.pop("onebit_errors", None)
         self._opt.load_state_dict(sd)
         self.errors = None
         self._silence_hooks_if_compressing()
-        if saved is None:
-            if self.compressing and self._size > 1 and self._rank == 0:
-                print("warning: checkpoint has no 1-bit error buffers: error feedback restarts "
-                      "from zero (resume is not exact)", file=sys.stderr)
-            return
-        layout = Layout(int(saved["numel"]), self._size, int(saved["chunk"]))
-        if saved["world_size"] != self._size or saved["worker"].shape[1] != layout.padded:
-            if self._rank == 0:
-                print(f"warning: 1-bit error buffers were saved by {saved['world_size']} ranks, "
-                      f"this job has {self._size}: error feedback restarts from zero (resume is "
-                      "not exact)", file=sys.stderr)
-            return
-        self.errors = ErrorFeedback(layout, self._rank, saved["worker"].device)
-        self.errors.worker_error = saved["worker"][self._rank].clone().float()
-        self.errors.server_error = saved["server"][self._rank].clone().float()
+        if self.compressing and self._size > 1 and self._rank == 0:
+            print("warning: 1-bit error feedback restarts from zero on resume (error buffers are "
+                  "per rank, not checkpointed, as in DeepSpeed): resume is not exact",
+                  file=sys.stderr)

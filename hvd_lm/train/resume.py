@@ -85,11 +85,10 @@ class Position:
 def payload(position: Position, model, optimizer, scheduler, scaler, rnn_state, config: dict,
             world_size: int, windows_per_epoch: int | None = None) -> dict:
     """The dict :func:`save` writes: ``position``'s fields, model/optimizer/scheduler/scaler
-    state (``optimizer``: the optimizer or its ``state_dict()``, which for 1-bit optimizers every
-    rank must call), every rank's recurrent state ``rnn_state`` = (h, c) each [world x B, H]
-    (gathered in rank order), the RNG states, the config, the world size and the windows per
-    epoch of that world's streams (what a resume on another world size needs to find the same
-    point of the epoch)."""
+    state (``optimizer``: the optimizer or its ``state_dict()``), every rank's recurrent state
+    ``rnn_state`` = (h, c) each [world x B, H] (gathered to rank 0 in rank order), the RNG
+    states, the config, the world size and the windows per epoch of that world's streams (what
+    a resume on another world size needs to find the same point of the epoch)."""
     return {"step": position.step, "window": position.window,
             "skipped_steps": position.skipped_steps, "chars_trained": position.chars_trained,
             "trained_s": float(position.trained_s), "model": model.state_dict(),
@@ -116,19 +115,25 @@ class Resume:
         device: where this job trains (the recurrent state rows go there).
         fallback: a run directory's newest checkpoint that loads (:func:`load_newest`, for
             ``--resume auto``) instead of failing on a damaged ``latest``.
+        root: this rank reads the weights and the optimizer state (rank 0, which broadcasts
+            them next: :func:`hvd_lm.comm.engine.broadcast_state`). Another rank maps the file
+            (``torch.load(mmap=True)``) and reads only what it uses: its own B recurrent rows,
+            the RNG, the scheduler and the counters (kilobytes); its model's weights are checked
+            by name and shape alone. So rank 0 reads the file once and the others a few pages
+            each, whatever the world size (``benchmarks``' control-plane rehearsal measures it).
 
     Raises:
         FileNotFoundError / CheckpointError: as :func:`resolve` / :func:`load`.
     """
 
     def __init__(self, source: str | Path, device: str | torch.device = "cpu",
-                 fallback: bool = False, warn: bool = True):
-        self.device = torch.device(device)
+                 fallback: bool = False, warn: bool = True, root: bool = True):
+        self.device, self.root = torch.device(device), root
         if fallback:
             self.path, self.ckpt = load_newest(source, "cpu", warn)
         else:
             self.path = resolve(source)
-            self.ckpt = load(self.path, "cpu")
+            self.ckpt = load(self.path, "cpu", mmap=not root)
 
     @property
     def position(self) -> Position:
@@ -153,11 +158,12 @@ class Resume:
             return None
 
     def restore_model(self, model: torch.nn.Module, scaler=None) -> None:
-        """Load the model's weights (and the loss scaler's state when both exist).
+        """Load the model's weights (on a non-root rank: check their names and shapes only,
+        the weights come from rank 0's broadcast) and the loss scaler's state when both exist.
 
         Raises:
             CheckpointError: the checkpoint is for a model of another shape."""
-        load_state(model, self.ckpt["model"], self.path)
+        load_state(model, self.ckpt["model"], self.path, copy=self.root)
         if scaler is not None and scaler.is_enabled() and self.ckpt.get("scaler"):
             scaler.load_state_dict(self.ckpt["scaler"])
 
@@ -173,8 +179,8 @@ class Resume:
                       f"{size * batch_size}: recurrent state reset (resume is not exact)",
                       file=sys.stderr)
             return None
-        rows = slice(rank * batch_size, (rank + 1) * batch_size)
-        return h[rows].to(self.device), c[rows].to(self.device)
+        rows = slice(rank * batch_size, (rank + 1) * batch_size)  # (mapped: these rows read)
+        return h[rows].clone().to(self.device), c[rows].clone().to(self.device)
 
     def restore_rng(self) -> None:
         """Python, numpy and torch RNG states (the GPU's: this job's device)."""
@@ -182,8 +188,11 @@ class Resume:
 
     def restore_optimizer(self, optimizer, scheduler) -> None:
         """Optimizer and LR-scheduler state (the caller then sets the param groups' LR through
-        :func:`hvd_lm.train.schedule.set_peak_lr`, as the loop does)."""
-        optimizer.load_state_dict(self.ckpt["optimizer"])
+        :func:`hvd_lm.train.schedule.set_peak_lr`, as the loop does); on a non-root rank the
+        scheduler's alone (a few numbers): the optimizer's comes from rank 0
+        (:func:`hvd_lm.comm.engine.broadcast_state`)."""
+        if self.root:
+            optimizer.load_state_dict(self.ckpt["optimizer"])
         scheduler.load_state_dict(self.ckpt["scheduler"])
 
     def release(self) -> None:

@@ -129,8 +129,16 @@ class RunParts:
         resume, self.summary, self.resumed_from = None, None, None
         if cfg.run.resume:  # checked before anything is written: a bad source changes nothing
             auto = cfg.run.resume == "auto"
-            resume = resume_io.Resume(self.out_dir if auto else cfg.run.resume, self.device,
-                                    fallback=auto, warn=self.ctx.is_root)
+            source = self.out_dir if auto else cfg.run.resume
+            if cfg.run.elastic:  # no collective before the state's first sync: each rank reads
+                resume = resume_io.Resume(source, self.device, fallback=auto,
+                                          warn=self.ctx.is_root)
+            else:  # rank 0 reads the checkpoint (--resume auto: the newest that loads) and
+                # broadcasts its weights and optimizer later; the others map the file it chose
+                # and read their own rows (collectives: rank 0's outcome, then the path)
+                resume = comm.root_call(lambda: resume_io.Resume(source, self.device, auto))
+                path = comm.broadcast_object(resume and resume.path, name="resume_path")
+                resume = resume or resume_io.Resume(path, self.device, root=False)
             resume.restore_model(self.model, self.scaler)
             pos = self.start_pos = resume.position
             self.resumed_from = resume.path

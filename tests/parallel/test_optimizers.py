@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from hvd_lm import comm
-from hvd_lm.comm.onebit_compression import ErrorFeedback, Layout
+from hvd_lm.comm.onebit_compression import ErrorFeedback, Layout, compressed_allreduce
 from tests.parallel.conftest import ENGINE
 from tests.scripts.onebit_rounds import inputs as round_inputs
 from tests.scripts.problem import make_problem, train_steps
@@ -109,7 +109,7 @@ def test_compressed_allreduce_equals_numpy_every_round(ctx):
     the exact mean within the error-feedback bound."""
     numel, chunk, T, seed = 1001, 64, 30, 7
     errors = ErrorFeedback(Layout(numel, ctx.size, chunk), ctx.rank)
-    outs = np.stack([comm.compressed_allreduce(round_inputs(seed, t, ctx.rank, numel), errors,
+    outs = np.stack([compressed_allreduce(round_inputs(seed, t, ctx.rank, numel), errors,
                                                name=f"rounds.{t}").numpy() for t in range(T)])
     xs = np.stack([np.stack([round_inputs(seed, t, r, numel).numpy() for r in range(ctx.size)])
                    for t in range(T)])

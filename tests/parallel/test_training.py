@@ -17,7 +17,8 @@
 * ``hvd-lm eval`` in one process of a 2-rank run's checkpoint gives the val BPC training logged
   (:func:`after`: eval's default rows are the training's), and a 2-rank run resumed in one
   process counts every character once.
-* 1-bit Adam / LAMB resume exactly in the compressed phase (and not without the error buffers),
+* 1-bit Adam / LAMB checkpoints hold no per-rank error buffers; a resume restarts the error
+  feedback from zero, with a warning,
   and 1-bit Adam trains within 0.05 BPC of Adam; a finite divergence stops both ranks at the
   same step; tflops are per rank and ``--peak-tflops`` overrides the peak.
 """
@@ -121,6 +122,17 @@ def model_of(path: Path) -> dict[str, torch.Tensor]:
     return load(resolve(path))["model"]
 
 
+def bytes_beside_rows(path: Path) -> int:
+    """Bytes of a run's newest checkpoint's tensors besides the recurrent rows (what a rank adds
+    to every checkpoint must be its rows alone)."""
+    def size(x) -> int:
+        if isinstance(x, torch.Tensor):
+            return x.numel() * x.element_size()
+        items = x.values() if isinstance(x, dict) else x if isinstance(x, (list, tuple)) else ()
+        return sum(map(size, items))
+    return size({k: v for k, v in load(resolve(path)).items() if k != "rnn_state"})
+
+
 def same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -138,6 +150,9 @@ def test_two_ranks_equal_one_process_on_the_double_batch(ctx):
     assert max(float((two[k] - one[k]).abs().max()) for k in one) <= 1e-5
     init = load(resolve(here("two") / "checkpoints" / "step_00000003.pt"))["model"]
     assert max(float((one[k] - init[k]).abs().max()) for k in one) > 1e-3  # it moved
+    # the 2-rank file is the one-process file with each rank's rows gathered in rank order
+    assert bytes_beside_rows(here("two")) == bytes_beside_rows(SHARED / "one")
+    assert load(resolve(here("two")))["rnn_state"][0].shape == (4, 32)
     start, = records(here("two"), "start")
     assert (start["world_size"], start["global_batch"], start["engine"]) == (2, 4, ENGINE)
     # the logged training loss is the global one: the same in both runs
@@ -194,13 +209,13 @@ def test_eval_on_two_ranks_gives_the_same_bpc_on_both_engines(ctx, capsys):
 @only(HOROVOD, TORCH)
 def test_onebit_adam_is_the_same_run_on_both_engines(ctx):
     """3 warmup steps (gradients averaged by each engine's distributed optimizer), then 5
-    compressed ones (alltoall + allgather of the 1-bit momentum); the checkpoint holds both
-    ranks' error buffers."""
+    compressed ones (alltoall + allgather of the 1-bit momentum); the checkpoint holds no
+    per-rank error buffers."""
     train(here("onebit"), *ONEBIT)
     phases = [r["onebit_phase"] for r in records(here("onebit"), "train")]
     assert phases == ["warmup"] * 3 + ["compressed"] * 5
-    errors = load(resolve(here("onebit")))["optimizer"]["onebit_errors"]
-    assert errors["world_size"] == 2 and float(errors["worker"].abs().max()) > 0
+    assert "onebit_errors" not in load(resolve(here("onebit")))["optimizer"]
+    assert bytes_beside_rows(here("onebit")) == bytes_beside_rows(here("two"))  # Adam's state
     if ENGINE == "torch":
         assert same(model_of(here("onebit")), model_of(SHARED / HOROVOD / "onebit"))
 
@@ -271,36 +286,27 @@ def test_featurizing_over_the_ranks_gathers_one_processs_features(ctx):
 
 @only(HOROVOD)
 @pytest.mark.parametrize("optimizer", ["onebit-adam", "onebit-lamb"])
-def test_onebit_resume_is_exact_in_the_compressed_phase(ctx, capfd, optimizer):
-    """Warmup 3 steps: 8 steps straight == 5 steps, checkpoint, resume, 3 more, bit for bit; the
-    checkpoint holds both ranks' error buffers, and without them the resume differs (made for
-    1-bit Adam only: saving, loading and resetting them is code both optimisers share, and for
-    1-bit LAMB the bit-for-bit resume fails already if the restored buffers go unused). The
+def test_onebit_resume_restarts_the_error_feedback(ctx, capfd, optimizer):
+    """Warmup 3 steps: 8 steps straight, and 5 steps, checkpoint, resume, 3 more. The checkpoint
+    holds no error buffers (per-rank state; DeepSpeed resets them on load too), so the resume in
+    the compressed phase says in one line that the error feedback restarts from zero, stays in
+    the compressed phase, and ends with finite weights, not bit for bit the straight run's. The
     metrics show the phases and the bytes on the wire."""
     common = ["--batch-size", "2", "--max-steps", "8", "--optimizer", optimizer,
               "--onebit-warmup-steps", "3", "--compression", "none"]
     straight = here(f"{optimizer}-straight")
     train(straight, *common, "--checkpoint-every", "5")
     half = resolve(straight / "checkpoints" / "step_00000005.pt")
-    train(here(f"{optimizer}-resumed"), *common, "--resume", half)
-    a, b = load(resolve(straight)), load(resolve(here(f"{optimizer}-resumed")))
-    assert same(a["model"], b["model"])
-    errors = load(half)["optimizer"]["onebit_errors"]
-    assert errors["world_size"] == 2 and errors["worker"].shape[0] == 2
-    assert float(errors["worker"].abs().max()) > 0
-    if optimizer == "onebit-adam":
-        no_errors = here("no_errors.pt")
-        if ctx.rank == 0:
-            ck = load(half)
-            del ck["optimizer"]["onebit_errors"]
-            torch.save(ck, no_errors)
-        from hvd_lm import comm
-        comm.barrier()
-        capfd.readouterr()
-        train(here("reset"), *common, "--resume", no_errors)
-        if ctx.rank == 0:
-            assert "error feedback restarts from zero" in "".join(capfd.readouterr())
-        assert not same(a["model"], model_of(here("reset")))
+    assert "onebit_errors" not in load(half)["optimizer"]
+    capfd.readouterr()
+    resumed = here(f"{optimizer}-resumed")
+    train(resumed, *common, "--resume", half)
+    if ctx.rank == 0:
+        assert "error feedback restarts from zero" in "".join(capfd.readouterr())
+    a, b = load(resolve(straight))["model"], load(resolve(resumed))["model"]
+    assert not same(a, b)
+    assert all(torch.isfinite(v).all() for v in b.values())
+    assert [r["onebit_phase"] for r in records(resumed, "train")][-3:] == ["compressed"] * 3
     recs = records(straight, "train")
     assert [r["onebit_phase"] for r in recs] == ["warmup"] * 3 + ["compressed"] * 5
     fp32_ring = recs[0]["wire_bytes"]  # 2(n-1)/n x 4 bytes x params at n = 2

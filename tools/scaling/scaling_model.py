@@ -26,7 +26,7 @@ Per training step (weak scaling: the per-GPU batch is fixed) on n GPUs, g per no
   negotiation (a bit-vector allreduce, 2 ceil(log2 n) latencies) and Horovod's per-cycle overhead.
 * fp16 compression: 2 bytes per gradient value on the wire instead of 4.
 * 1-bit compression (``compression="onebit"``: the compressed phase of 1-bit Adam / 1-bit LAMB,
-  Tang et al. 2021, :func:`hvd_lm.comm.engine.compressed_allreduce`): no gradient allreduce;
+  Tang et al. 2021, ``onebit_compression.compressed_allreduce``): no gradient allreduce;
   after the backward pass the momentum, packed as :class:`hvd_lm.comm.onebit_compression.Layout`
   packs it (N/8 sign bytes + 4 bytes per ``onebit_chunk`` values, S_c = n x part bytes), goes
   through an
