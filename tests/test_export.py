@@ -29,15 +29,15 @@ from tests.test_transfer import synthetic_reviews
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """A weight-normed tiny model's checkpoint (step 7, trained on 2 ranks evaluating 4 rows
-    each: eval's default is 8 rows, not 16) and ``hvd-lm export`` of it."""
+    """A weight-normed tiny model's checkpoint (step 7, trained on 2 ranks evaluating 8 rows in
+    all: eval's default is 8 rows, not 32) and ``hvd-lm export`` of it."""
     d = tmp_path_factory.mktemp("export")
     torch.manual_seed(3)
     cfg = ModelConfig(embed_dim=8, hidden_size=32, weight_norm=True)
     model = LanguageModel(cfg)
     path = ck.save({"model": model.state_dict(), "step": 7, "world_size": 2,
                     "config": {"model": asdict(cfg), "data": {"seq_len": 16},
-                               "run": {"eval_batch_size": 4}}}, d / "run", 7)
+                               "run": {"eval_batch_size": 8}}}, d / "run", 7)
     assert cli_main(["export", str(d / "run"), str(d / "exp")]) == 0
     return {"dir": d, "ckpt": path, "exp": d / "exp", "model": model}
 

@@ -30,7 +30,7 @@ from tests.reliability_common import (  # noqa: F401 - the fixtures these tests 
      ["data.seq_len 1,000,000 (--seq-len)", "74,300 targets / (1 rank(s) x 32 rows",
       "= 2,321 bytes per row", "--seq-len 2,321 or less"]),
     (["--batch-size", "5000"], ["5000 rows (--batch-size)) = 14 bytes per row"]),
-    (["--eval-chars", "2"], ["run.eval_batch_size 16 (--eval-batch-size) x 1 rank(s) = 16 rows",
+    (["--eval-chars", "2"], ["run.eval_batch_size 32 (--eval-batch-size) rows",
                              "--eval-chars 2", "lower --eval-batch-size"]),
 ])
 def test_impossible_shapes_are_refused_before_anything_is_written(shards, tmp_path, flags,

@@ -275,7 +275,7 @@ def test_eval_cli_matches_in_process_bpc(shards, tmp_path):
 
 
 def test_the_logged_val_bpc_is_what_eval_reports_whatever_the_batch(shards, tmp_path):
-    """Training's last evaluation reads the val split as `hvd-lm eval` does (16 rows per rank,
+    """Training's last evaluation reads the val split as `hvd-lm eval` does (32 rows in all,
     --eval-batch-size), not cut into --batch-size rows: its val_bpc equals eval's on the final
     checkpoint, where the split cut into the 8 training rows gives another figure (before: the
     logged 1.696 beside eval's 1.660 of the H200's 4096-d run, 256 rows against 16)."""
@@ -291,6 +291,26 @@ def test_the_logged_val_bpc_is_what_eval_reports_whatever_the_batch(shards, tmp_
     eight = RankStreams(load_manifest(shards), "val", 0, 1, 8, 16, shuffle_shards=False)
     other, _ = bpc(model, eight, torch.device("cpu"), distributed=False)
     assert abs(other - got["bpc"]) > 1e-4
+
+
+@pytest.mark.slow
+def test_validation_is_the_same_on_1_2_and_4_ranks(shards, tmp_path):
+    """30 validation rows in all (--eval-batch-size), split over the ranks (4 ranks: 7, 8, 7, 8
+    rows): the val BPC a one-process run logged is what `hvd-lm eval` of its checkpoint reports
+    on 1, 2 and 4 ranks of horovodrun (the same rows, summed in another order: within 1e-4), the
+    same characters each time. Before, each rank cut 16 rows of its own: 4 ranks scored the split
+    cut into 64 rows, another figure."""
+    one_process(shards, tmp_path / "r", "--batch-size", "4", "--max-steps", "10",
+                "--eval-chars", "0", "--eval-batch-size", "30", "--lr", "1e-2")
+    (last,) = records(tmp_path / "r", "eval")
+    for n in (1, 2, 4):
+        argv = ["-m", "hvd_lm", "eval", str(tmp_path / "r"), str(shards), "--threads", "1"]
+        out = run(horovodrun_cmd(n, argv) if n > 1 else [sys.executable, *argv],
+                  timeout=300).stdout
+        line = [x for x in out.splitlines() if '"bpc"' in x][-1]
+        got = json.loads(line[line.index("{"):])
+        assert (got["world_size"], got["rows"], got["chars"]) == (n, 30, last["val_chars"])
+        assert got["bpc"] == pytest.approx(last["val_bpc"], abs=1e-4), n
 
 
 def test_a_checkpoint_resumes_on_another_device(tmp_path):

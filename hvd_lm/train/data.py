@@ -150,6 +150,9 @@ class RankStreams:
         shuffle_shards: permute the shard order per epoch (False: manifest order, e.g. for eval).
         max_bytes: use only the first ``max_bytes`` of the (ordered) split, 0 = all.
         verify: check every shard's sha256 against the manifest first (raises ShardChecksumError).
+        global_rows: ``batch_size`` is the rows of all ranks together (validation: the same cut,
+            so the same BPC, at any world size); rank r takes rows [r R / n, (r + 1) R / n)
+            (rounded down; a rank past the R-th has none: ``batch_size`` 0).
 
     Raises:
         KeyError: the split is not in the manifest. ValueError: too little data.
@@ -157,7 +160,7 @@ class RankStreams:
 
     def __init__(self, manifest: Manifest, split: str, rank: int, world_size: int,
                  batch_size: int, seq_len: int, seed: int = 0, shuffle_shards: bool = True,
-                 max_bytes: int = 0, verify: bool = False):
+                 max_bytes: int = 0, verify: bool = False, global_rows: bool = False):
         self.shards = manifest.split(split)
         if verify:
             for info in self.shards:
@@ -168,9 +171,12 @@ class RankStreams:
         self.total_bytes = sum(s.tokens for s in self.shards)
         if max_bytes:
             self.total_bytes = min(self.total_bytes, max_bytes)
-        self.bounds = stream_bounds(self.total_bytes, world_size * batch_size)
-        rows = slice(rank * batch_size, (rank + 1) * batch_size + 1)
-        self.row_bounds = self.bounds[rows]  # [B + 1]
+        streams = batch_size if global_rows else world_size * batch_size
+        self.bounds = stream_bounds(self.total_bytes, streams)
+        first, last = ((rank * batch_size // world_size, (rank + 1) * batch_size // world_size)
+                       if global_rows else (rank * batch_size, (rank + 1) * batch_size))
+        self.batch_size = last - first
+        self.row_bounds = self.bounds[first:last + 1]  # [B + 1]
         longest = int(np.max(np.diff(self.bounds)))
         self.windows_per_epoch = math.ceil(longest / seq_len)
         self._epoch = -1

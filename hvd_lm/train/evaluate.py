@@ -52,6 +52,8 @@ def nll_bits(model, streams: RankStreams, device: torch.device, precision: str =
     model.eval()
     state = None
     bits, chars = 0.0, 0
+    if streams.batch_size == 0:  # more ranks than validation rows: nothing here
+        return bits, chars
     bar = Progress("hvd-lm eval (rank 0)", streams.chars_per_epoch, "char", enabled=progress)
     for batch in streams:
         x, y = batch.inputs.to(device), batch.targets.to(device)
@@ -75,6 +77,8 @@ def estimate_seconds(model, streams: RankStreams, device: torch.device,
     windows timed (after one untimed: kernels compiled for these shapes) and scaled to its
     windows per row; the model is left in training mode. What a run planned to a deadline
     (:mod:`hvd_lm.train.deadline`) reserves for its final validation before it has run one."""
+    if streams.batch_size == 0:  # more ranks than validation rows: nothing here
+        return 0.0
     model.eval()
     state, times = None, []
     it = iter(streams)
@@ -140,8 +144,8 @@ def split_bytes(manifest, split: str, max_bytes: int = 0) -> bytes:
     return data[:max_bytes] if max_bytes else data
 
 
-def eval_window(model_cfg, manifest, cfg: "EvalConfig", seq_len: int, rows: int,
-                world_size: int, device: torch.device) -> int:
+def eval_window(model_cfg, manifest, cfg: "EvalConfig", seq_len: int, rows: int, ranks: int,
+                device: torch.device) -> int:
     """The window eval reads: ``seq_len``, or the longest row of the split when that is shorter
     (the state is carried across windows, so the BPC is the same; only padding is saved: a
     window far longer than the split would allocate its logits for nothing); refused when one
@@ -154,16 +158,17 @@ def eval_window(model_cfg, manifest, cfg: "EvalConfig", seq_len: int, rows: int,
     """
     total = sum(s.tokens for s in manifest.split(cfg.split))
     total = min(total, cfg.max_bytes) if cfg.max_bytes else total
-    longest = int(np.max(np.diff(stream_bounds(max(total, 2), world_size * rows))))
+    longest = int(np.max(np.diff(stream_bounds(max(total, 2), rows))))
     seq_len = max(1, min(seq_len, longest))
     # logits in fp32 and two fp64 copies (the loss's), 20 bytes per class; the window's states
     # and gates, about 32 bytes per unit
     per_position = 20 * model_cfg.vocab_size + 32 * model_cfg.hidden_size
-    need = rows * seq_len * per_position
+    mine = -(-rows // ranks)  # this rank's share of the rows in all, at most
+    need = mine * seq_len * per_position
     free, where = free_memory(device)
     if need > free:
-        fits = max(1, free // (rows * per_position))
-        raise ConfigError(f"one eval window of {rows} rows x {seq_len:,} bytes needs "
+        fits = max(1, free // (mine * per_position))
+        raise ConfigError(f"one eval window of {mine} rows per rank x {seq_len:,} bytes needs "
                           f"about {human(need)} (logits and states of H={model_cfg.hidden_size}) "
                           f"and {human(free)} is {where}: give --seq-len {fits:,} or less, "
                           f"or a lower --batch-size ({rows})")
@@ -179,10 +184,9 @@ class EvalConfig:
     shards: str = option("", "shard directory (with manifest.json)", positional=True,
                          required=True)
     split: str = option("val", "manifest split")
-    batch_size: int = option(0, "rows per rank (0 = the rows the training evaluated with: its "
-                             "--eval-batch-size x its world size, over this job's ranks, so "
-                             f"the BPC is the val BPC it logged; {EVAL_BATCH_SIZE} per rank when "
-                             "they do not divide)", ge=0)
+    batch_size: int = option(0, "rows in all, split over the ranks (0 = the rows the training "
+                             "evaluated with, its --eval-batch-size, so the BPC is the val BPC "
+                             f"it logged; {EVAL_BATCH_SIZE} for an export without them)", ge=0)
     seq_len: int = option(0, "window, bytes (0 = the checkpoint's; at most 1,048,576)", ge=0,
                           le=MAX_SEQ_LEN)
     max_bytes: int = option(0, "evaluate only the first N bytes (0 = all)", ge=0)
@@ -200,27 +204,14 @@ class EvalConfig:
                                   choices=("xz", "gzip"))
 
 
-def eval_rows(asked: int, ck: dict, ranks: int) -> tuple[int, str]:
-    """Rows per rank for ``hvd-lm eval`` on ``ranks`` ranks, and a note when the BPC will not be
-    the one the training logged. Each row's recurrent state starts at zero, so a split cut into
-    another number of rows scores a slightly different BPC; world size x batch = the same rows
-    is the same cut
-    (:class:`hvd_lm.train.data.RankStreams`). ``asked`` > 0: that; 0: the training's
-    ``run.eval_batch_size`` x its world size, over ``ranks`` when they divide."""
-    if asked:
-        return asked, ""
+def eval_rows(asked: int, ck: dict) -> int:
+    """Rows in all for ``hvd-lm eval`` (split over its ranks, whatever their number): ``asked``
+    when > 0, else the training's ``run.eval_batch_size`` (the same cut, so the BPC it logged),
+    else :data:`~hvd_lm.train.settings.EVAL_BATCH_SIZE`. Each row's recurrent state starts at
+    zero, so a split cut into another number of rows scores a slightly different BPC."""
     run = ck.get("config", {}).get("run", {}) if isinstance(ck.get("config"), dict) else {}
-    per_rank = run.get("eval_batch_size", EVAL_BATCH_SIZE) if isinstance(run, dict) else 0
-    world = ck.get("world_size")
-    if type(per_rank) is not int or type(world) is not int or per_rank < 1 or world < 1:
-        return EVAL_BATCH_SIZE, ""  # an export or an old checkpoint: the default
-    total = per_rank * world
-    if total % ranks:
-        return EVAL_BATCH_SIZE, (f"the training evaluated with {total} rows ({world} ranks x "
-                                 f"{per_rank}); {ranks} ranks cannot split them, so this "
-                                 f"evaluation uses {EVAL_BATCH_SIZE} per rank and its BPC "
-                                 "differs slightly from the logged one (--batch-size sets it)")
-    return total // ranks, ""
+    rows = run.get("eval_batch_size") if isinstance(run, dict) else None
+    return asked or (rows if type(rows) is int and rows >= 1 else EVAL_BATCH_SIZE)
 
 
 def eval_command(cfg: EvalConfig) -> int:
@@ -242,17 +233,16 @@ def eval_command(cfg: EvalConfig) -> int:
         raise CheckpointError(f"{cfg.checkpoint}: field config.data.seq_len is "
                               f"{str(seq_len)[:40]!r}, expected an int in 1..{MAX_SEQ_LEN:,} "
                               "(or give --seq-len)")
-    rows, note = eval_rows(cfg.batch_size, ck, ctx.size)
+    rows = eval_rows(cfg.batch_size, ck)
     seq_len = eval_window(model.config, manifest, cfg, seq_len, rows, ctx.size, device)
-    streams = RankStreams(manifest, cfg.split, ctx.rank, ctx.size,
-                          rows, seq_len, shuffle_shards=False, max_bytes=cfg.max_bytes,
-                          verify=True)
+    streams = RankStreams(manifest, cfg.split, ctx.rank, ctx.size, rows, seq_len,
+                          shuffle_shards=False, max_bytes=cfg.max_bytes, verify=True,
+                          global_rows=True)
     value, chars = bpc(model, streams, device, cfg.precision, progress=ctx.is_root)
     if ctx.is_root:
         result = {"checkpoint": str(cfg.checkpoint), "split": cfg.split, "bpc": value,
                   "chars": chars, "step": ck["step"], "world_size": ctx.size,
-                  "rows": rows * ctx.size, "threads": threads,
-                  **({"note": note} if note else {})}
+                  "rows": rows, "threads": threads}
         if cfg.baselines:  # the same bytes through xz -9 / gzip -9: what the LM must beat
             result["baselines"] = compressor_bpc(
                 split_bytes(manifest, cfg.split, cfg.max_bytes), tuple(cfg.baselines))

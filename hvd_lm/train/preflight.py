@@ -85,7 +85,8 @@ def split_bytes(manifest: Manifest, split: str) -> int:
 
 def check_shapes(cfg: TrainConfig, manifest: Manifest, world_size: int) -> None:
     """Every row of the train split holds a whole window, and the val split (its first
-    ``run.eval_chars`` bytes) at least one byte per row.
+    ``run.eval_chars`` bytes) at least one byte per validation row (``run.eval_batch_size``
+    rows in all, whatever the world size).
 
     Raises:
         ConfigError: naming ``data.seq_len``/``data.batch_size``, the split's bytes, the
@@ -105,13 +106,12 @@ def check_shapes(cfg: TrainConfig, manifest: Manifest, world_size: int) -> None:
             f"({who}) = {per_row:,} bytes per row; {fits}, or fewer --batch-size rows or ranks")
     if d.val_split:
         val = eval_bytes(cfg, manifest)
-        val_rows = cfg.run.eval_batch_size * world_size
-        if val - 1 < val_rows:
+        if val - 1 < cfg.run.eval_batch_size:  # rows in all, whatever the world size
             raise ConfigError(
-                f"run.eval_batch_size {cfg.run.eval_batch_size} (--eval-batch-size) x "
-                f"{world_size} rank(s) = {val_rows} rows, but the {d.val_split} split evaluated "
-                f"({val:,} bytes, --eval-chars {cfg.run.eval_chars}) has fewer targets; raise "
-                "--eval-chars (0 = the whole split) or lower --eval-batch-size")
+                f"run.eval_batch_size {cfg.run.eval_batch_size} (--eval-batch-size) rows, but "
+                f"the {d.val_split} split evaluated ({val:,} bytes, --eval-chars "
+                f"{cfg.run.eval_chars}) has fewer targets; raise --eval-chars (0 = the whole "
+                "split) or lower --eval-batch-size")
 
 
 def eval_bytes(cfg: TrainConfig, manifest: Manifest) -> int:

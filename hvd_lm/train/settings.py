@@ -21,9 +21,10 @@ from hvd_lm.options import option
 from hvd_lm.train.guard import DEFAULT_BOUND, UNIFORM_LOSS
 from hvd_lm.util.units import parse_duration
 
-#: Validation rows per rank of `hvd-lm eval` and of training's evaluations: each row starts from a
-#: zero state, so the BPC of a split depends on how many rows it is cut into.
-EVAL_BATCH_SIZE = 16
+#: Validation rows in all (split over the ranks) of `hvd-lm eval` and of training's evaluations:
+#: each row starts from a zero state, so the BPC of a split depends on how many rows it is cut
+#: into, and a count fixed whatever the world size gives the same BPC on 1 or 1,024 ranks.
+EVAL_BATCH_SIZE = 32
 
 
 @dataclass
@@ -113,10 +114,9 @@ class RunConfig:
     log_every: int = option(10, "log a metrics line every N steps", ge=1)
     eval_every: int = option(0, "validation BPC every N steps (0 = only at the end)", ge=0)
     eval_chars: int = option(262144, "validation bytes per evaluation (0 = the whole split)", ge=0)
-    eval_batch_size: int = option(EVAL_BATCH_SIZE, "validation rows per rank, as `hvd-lm eval "
-                                  "--batch-size` "
-                                  "(so the logged val BPC is eval's, whatever --batch-size)",
-                                  ge=1)
+    eval_batch_size: int = option(EVAL_BATCH_SIZE, "validation rows in all, split over the "
+                                  "ranks, as `hvd-lm eval --batch-size` (so the logged val BPC "
+                                  "is eval's, whatever --batch-size and the world size)", ge=1)
     checkpoint_every: int = option(0, "checkpoint every N steps (0 = only at the end)", ge=0)
     checkpoint_minutes: float = option(0.0, "also checkpoint every M minutes of wall time "
                                        "(0 = off)", ge=0)

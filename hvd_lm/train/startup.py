@@ -249,11 +249,11 @@ class RunParts:
                                    self.T, seed=cfg.data.seed)
         self.val = None
         if cfg.data.val_split:
-            # eval's rows, not the training batch: each row's state starts at zero, so the BPC
-            # of a split cut into more rows is higher
+            # eval's rows in all, split over the ranks, not the training batch: each row's state
+            # starts at zero, so the BPC of a split cut into more rows is higher
             self.val = RankStreams(self.manifest, cfg.data.val_split, ctx.rank, ctx.size,
                                    cfg.run.eval_batch_size, self.T, shuffle_shards=False,
-                                   max_bytes=cfg.run.eval_chars)
+                                   max_bytes=cfg.run.eval_chars, global_rows=True)
         self.windows_per_epoch = self.streams.windows_per_epoch
         self.global_batch = ctx.size * self.B * self.k
         self.peak_lr = scaled_lr(cfg.optim.lr, cfg.optim.lr_ref_batch, self.global_batch,

@@ -74,9 +74,9 @@ def prepare(shared: Path) -> None:
 
 
 def after(shared: Path) -> None:
-    """In one process, after the ranks: ``hvd-lm eval``'s default rows are the training's (2
-    ranks x 16), so evaluating the 2-rank run's checkpoint gives the val BPC it logged;
-    ``--batch-size 16`` another figure, as each row starts at zero."""
+    """In one process, after the ranks: ``hvd-lm eval``'s default rows are the training's (32
+    in all, 16 on each of its 2 ranks), so evaluating the 2-rank run's checkpoint gives the val
+    BPC it logged; ``--batch-size 16`` another figure, as each row starts at zero."""
     from tests._mp import run
     run_dir, shards = shared / HOROVOD / "logged", shared / "shards"
     (last,) = [r for r in records(run_dir) if r["kind"] == "eval"]
