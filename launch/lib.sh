@@ -102,17 +102,21 @@ hvd_lm_mpirun_env_flags() {
   done < <(compgen -e)
 }
 
-# hvd_lm_preflight HOSTS [HOSTFILE]: `hvd-lm doctor` on the job's hosts (host:slots,... or a
-# hostfile) before any rank starts, when PREFLIGHT=1 (the templates' default): passwordless ssh
-# both ways, the same Python and hvd_lm on every host, the network interface every host reaches
-# every other one through, ports, the shards (HVD_LM_SHARDS), OUT_DIR and CONFIG at the same path
-# on every host, GPUs per slot; with ENGINE=torch and MASTER_PORT set, the torch engine's
-# rendezvous port on the first host. It exports what it picked (NETWORK_INTERFACE, NCCL_SOCKET_IFNAME,
-# GLOO_SOCKET_IFNAME, OMPI_MCA_btl_tcp_if_include, OMPI_MCA_oob_tcp_if_include; values already
-# set are kept, and checked), so that a node with
-# docker0 or a management NIC cannot make Horovod or OpenMPI hang; or it stops the job with the
-# doctor's one line (exit 2). Bounded: PREFLIGHT_TIMEOUT seconds (45). With PREFLIGHT=0 only the
-# last step runs: a NETWORK_INTERFACE you set becomes those variables' default.
+# hvd_lm_preflight HOSTS [HOSTFILE [START]]: `hvd-lm doctor` on the job's hosts (host:slots,...
+# or a hostfile) before any rank starts, when PREFLIGHT=1 (the templates' default): the same
+# Python and hvd_lm on every host, the network interface every host reaches every other one
+# through, ports, the shards (HVD_LM_SHARDS), OUT_DIR and CONFIG at the same path on every host,
+# GPUs per slot; with ENGINE=torch and MASTER_PORT set, the torch engine's rendezvous port on
+# the first host. START is how its agents start (`hvd-lm doctor --launcher`): ssh (the default:
+# from here to every host, and passwordless ssh both ways is checked, as horovodrun and OpenMPI
+# without a scheduler need it), srun (one task per node of a SLURM job) or mpirun (one process
+# per host, as a PBS job's ranks start): the last two need no ssh between the nodes. It exports
+# what it picked (NETWORK_INTERFACE, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME,
+# OMPI_MCA_btl_tcp_if_include, OMPI_MCA_oob_tcp_if_include; values already set are kept, and
+# checked), so that a node with docker0 or a management NIC cannot make Horovod or OpenMPI hang;
+# or it stops the job with the doctor's one line (exit 2). Bounded: PREFLIGHT_TIMEOUT seconds
+# (45). With PREFLIGHT=0 only the last step runs: a NETWORK_INTERFACE you set becomes those
+# variables' default.
 hvd_lm_preflight() {
   if [ "${PREFLIGHT:-1}" = 1 ]; then
     _hvd_lm_doctor "$@"
@@ -149,6 +153,7 @@ _hvd_lm_doctor() {
   if [ -n "${SSH_PORT:-}" ]; then
     args+=(--ssh-port "$SSH_PORT")
   fi
+  args+=(--launcher "${3:-ssh}")
   # the torch engine with a fixed rendezvous port (SLURM sets one): the first host opens it,
   # every other host reaches it (exports MASTER_ADDR/MASTER_PORT when not set)
   if [ "${ENGINE:-horovod}" = torch ] && [ -n "${MASTER_PORT:-}" ]; then

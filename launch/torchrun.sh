@@ -25,7 +25,7 @@ NPROC_PER_NODE="${NPROC_PER_NODE:-2}"  # ranks per node = GPUs per node
 NNODES="${NNODES:-1}"                  # nodes; each runs this script (1 = this machine, --standalone)
 HOSTS="${HOSTS:-}"                     # several nodes: host:slots list, e.g. node1:8,node2:8 (the first hosts the rendezvous)
 RDZV_ENDPOINT="${RDZV_ENDPOINT:-}"     # several nodes: host:port of the rendezvous ('' = the first host of HOSTS, port 29500)
-RDZV_ID="${RDZV_ID:-hvd-lm}"           # several nodes: the job's id, the same on every node (e.g. $SLURM_JOB_ID)
+RDZV_ID="${RDZV_ID:-}"                 # several nodes: the job's id, the same on every node ('' = $SLURM_JOB_ID, else $PBS_JOBID, else one made from HOSTS, RDZV_ENDPOINT, the working folder and OUT_DIR)
 NETWORK_INTERFACE="${NETWORK_INTERFACE:-}"  # NIC across nodes for Gloo/NCCL, e.g. ib0 ('' = the preflight's pick)
 PREFLIGHT="${PREFLIGHT:-1}"            # with HOSTS, on its first host: 1 = `hvd-lm doctor` checks the hosts first; 0 = skip
 BIND_GPU="${BIND_GPU:-0}"              # 1 = CUDA_VISIBLE_DEVICES=<local rank> per rank; 0 = torch uses cuda:<local rank>
@@ -66,6 +66,12 @@ sys.exit(0 if is_local(sys.argv[1]) else 1)' "$first"; then
     hvd_lm_preflight "$HOSTS" ""
   else
     PREFLIGHT=0 hvd_lm_preflight "" ""  # a NETWORK_INTERFACE set becomes Gloo's and NCCL's
+  fi
+  # one id per job, the same on every node: two jobs meeting at one endpoint under one id would
+  # join one rendezvous
+  if [ -z "$RDZV_ID" ]; then
+    RDZV_ID="${SLURM_JOB_ID:-${PBS_JOBID:-hvd-lm-$(printf '%s\n' "$HOSTS" "$RDZV_ENDPOINT" "$PWD" \
+      "$OUT_DIR" | cksum | cut -d ' ' -f 1)}}"
   fi
   launch+=(--nnodes "$NNODES" --rdzv-backend c10d --rdzv-endpoint "$endpoint" --rdzv-id "$RDZV_ID")
   where="$NNODES nodes, rendezvous $endpoint"

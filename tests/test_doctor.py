@@ -4,7 +4,10 @@ and how it reports ssh's failure. A host that does not resolve is not local, so 
 reaches it through the ``ssh`` it finds on PATH."""
 from __future__ import annotations
 
+import json
 import os
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +15,12 @@ from pathlib import Path
 from tests._mp import REPO, launch_env
 
 FAR = "far-host.invalid"  # never resolves (RFC 6761): always reached over ssh
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def fake_ssh(tmp: Path, body: str) -> dict[str, str]:
@@ -84,3 +93,93 @@ def test_the_report_says_every_host_reads_the_shards_only_when_every_host_does()
     assert "shards (2.0 MB) readable on n1 only (the ERROR below names the rest)" in text
     both = Report([("n1", 1), ("n2", 1)], facts={"n1": facts(ok), "n2": facts(ok)})
     assert "shards (2.0 MB) readable on every host" in render(both)
+
+
+def test_every_dead_host_is_named_in_one_run_with_8_ssh_connecting_at_most(tmp_path):
+    """12 hosts whose ssh is refused after 0.3 s: one line names all 12 (before, the first
+    only: k dead nodes took k runs), and no more than 8 of the doctor's ssh ever connect at
+    once (sshd's MaxStartups drops unauthenticated connections beyond 10)."""
+    (tmp_path / "inflight").mkdir()
+    env = fake_ssh(tmp_path, f"touch {tmp_path}/inflight/$$; ls {tmp_path}/inflight | wc -l >> "
+                   f"{tmp_path}/at_once.log; sleep 0.3; rm {tmp_path}/inflight/$$\n"
+                   'echo "ssh: connect to host $6 port 22: Connection refused" >&2; exit 255')
+    far = [f"far{i}.invalid" for i in range(1, 13)]
+    proc = doctor(env, "--hosts", ",".join(["localhost:1", *far]), "--timeout", "30")
+    at_once = [int(x) for x in (tmp_path / "at_once.log").read_text().split()]
+    assert len(at_once) == 12 and max(at_once) <= 8, at_once
+    assert proc.returncode == 1 and proc.stderr.strip() == (
+        "hvd-lm doctor: ERROR: 12 of 13 hosts did not answer: far[1-9].invalid,far[10-12].invalid;"
+        " the first: ssh far1.invalid: the doctor's agent on far1.invalid exited 255: ssh: "
+        "connect to host far1.invalid port 22: Connection refused"), proc.stderr
+    proc = doctor(env, "--hosts", "localhost,far1.invalid,far2.invalid", "--timeout", "30")
+    assert proc.stderr.strip() == "hvd-lm doctor: ERROR: 2 of 3 hosts did not answer: " + "; ".join(
+        f"ssh {h}: the doctor's agent on {h} exited 255: ssh: connect to host {h} port 22: "
+        "Connection refused" for h in far[:2]), proc.stderr
+
+
+def test_no_host_receives_more_than_8_of_the_agents_ssh_checks(tmp_path):
+    """10 hosts (ssh stood in by a script that runs the command here): host 0 reaches every
+    host, every other host its 3 ring neighbours each side, so no host receives more than 8
+    (every pair would give each host 9)."""
+    env = fake_ssh(tmp_path, 'for a; do last=$a; done; exec bash -c "$last"')
+    names = [f"far{i}.invalid" for i in range(10)]
+    proc = doctor(env, "--hosts", ",".join(names), "--format", "json", "--timeout", "50")
+    pairs = set(json.loads(proc.stdout)["ssh"])
+    want = {f"{names[0]} -> {b}" for b in names[1:]} | {
+        f"{names[i]} -> {names[(i + d) % 10]}" for i in range(1, 10) for d in (1, 2, 3, 7, 8, 9)}
+    assert pairs == want, sorted(pairs ^ want)
+    assert max(sum(p.endswith(f"> {b}") for p in pairs) for b in names) == 7
+
+
+def test_a_host_listed_twice_is_refused_and_a_node_list_adds_up(tmp_path):
+    env = launch_env()
+    proc = doctor(env, "--hosts", ",".join(["localhost:8"] * 64))
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "hvd-lm doctor: ERROR: --hosts lists localhost 64 times: give each host once, with all "
+        "its ranks as its slots (localhost:N)"), proc.stderr
+    nodefile = tmp_path / "nodefile"  # $PBS_NODEFILE: a line per rank
+    nodefile.write_text("localhost\n" * 3)
+    proc = doctor(env, "--hostfile", str(nodefile), "--format", "json")
+    assert json.loads(proc.stdout)["hosts"] == [["localhost", 3]], proc.stderr
+
+
+def test_srun_starts_one_agent_per_node_and_no_ssh_runs(tmp_path):
+    """``--launcher srun`` under a stand-in srun (its tasks run here, each with the
+    SLURMD_NODENAME of its node of --nodelist): the agents connect back, the first node alone
+    opens the rendezvous port, and no ssh runs."""
+    env = fake_ssh(tmp_path, "exit 255")
+    (tmp_path / "bin" / "srun").write_text(
+        f'#!/bin/bash\nprintf "%s\\n" "$*" > {tmp_path}/srun.log\n'
+        'while [[ $1 == --* ]]; do [[ $1 == --nodelist=* ]] && nodes=${1#--nodelist=}; shift; '
+        'done\nfor n in ${nodes//,/ }; do SLURMD_NODENAME=$n "$@" & done\nwait\n')
+    (tmp_path / "bin" / "srun").chmod(0o755)
+    port, here = free_port(), socket.gethostname()
+    proc = doctor(env, "--hosts", f"localhost:1,{here}:1", "--launcher", "srun",
+                  "--rendezvous-port", str(port), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert {h: f["node"] for h, f in report["facts"].items()} == {"localhost": "localhost",
+                                                                  here: here}
+    assert report["facts"]["localhost"]["rendezvous"] == {"port": port, "error": None}
+    assert report["facts"][here]["rendezvous"] is None and report["ssh"] == {}
+    assert (tmp_path / "srun.log").read_text().startswith(
+        f"--nodes=2 --ntasks=2 --ntasks-per-node=1 --nodelist=localhost,{here} ")
+    assert not ssh_calls(tmp_path)
+
+
+def test_mpirun_starts_the_agents_and_names_the_hosts_it_cannot_reach(tmp_path):
+    """``--launcher mpirun`` (OpenMPI, one application context per host): two names of this
+    machine answer, each agent under its own name; hosts OpenMPI's own ssh cannot reach are
+    named in one line with mpirun's first line."""
+    here = socket.gethostname()
+    proc = doctor(launch_env(), "--hosts", f"localhost:1,{here}:1", "--launcher", "mpirun",
+                  "--format", "json")
+    assert {h: f["node"] for h, f in json.loads(proc.stdout)["facts"].items()} == {
+        "localhost": "localhost", here: here}, proc.stderr
+    env = fake_ssh(tmp_path, 'echo "ssh: connect to host far port 22: Connection refused" >&2\n'
+                   "exit 255")
+    proc = doctor(env, "--hosts", "far1.invalid:1,far2.invalid:1", "--launcher", "mpirun")
+    assert proc.returncode == 1 and re.fullmatch(
+        r"hvd-lm doctor: ERROR: no agent reported from far\[1-2\]\.invalid \(2 of 2 hosts; "
+        r"mpirun started them and exited \d+; its first line: ssh: connect to host far port 22: "
+        r"Connection refused\)", proc.stderr.strip()), proc.stderr

@@ -5,31 +5,41 @@ host checks, and this host's IPv4 interfaces and link speeds (psutil)."""
 
 from __future__ import annotations
 
+import re
 import socket
 
 from hvd_lm.options.command import error_text
 from hvd_lm.util.files import FileRefused, read_bounded, shown
 
 FULL_MESH_HOSTS = 16    # up to this many hosts every pair is checked; above, ring neighbours
+#: Most of the doctor's ssh connections one host receives at once (:func:`ssh_peers`), and most
+#: ssh connections the doctor has unauthenticated at once: under sshd's default ``MaxStartups
+#: 10:30:100``, which drops unauthenticated connections beyond 10.
+SSH_AT_ONCE = 8
 #: Largest hostfile read (:func:`parse_hostfile`): a PBS/SLURM node list has a line per rank,
 #: 100,000 ranks of 64-byte names in 6.4 MB.
 HOSTFILE_MAX_BYTES = 16 << 20
 
 
-def parse_hosts(text: str) -> list[tuple[str, int]]:
-    """``"n1:8,n2:8"`` (horovodrun's ``-H``; ``n1`` alone is 1 slot) -> [(host, slots)], a host
-    listed twice adding up its slots, in first-seen order.
+def parse_hosts(text: str, merge: bool = False) -> list[tuple[str, int]]:
+    """``"n1:8,n2:8"`` (horovodrun's ``-H``; ``n1`` alone is 1 slot) -> [(host, slots)], in
+    first-seen order; with ``merge`` (a node list, one line per rank) a host listed twice adds
+    up its slots.
 
     Raises:
-        ValueError: an empty list, an empty name or a bad slot count.
+        ValueError: an empty list, an empty name, a bad slot count, or (without ``merge``) a
+            host listed twice (``localhost:8`` 64 times would be one host of 512 slots).
     """
     out: dict[str, int] = {}
-    for item in (x.strip() for x in text.split(",")):
-        if not item:
-            continue
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    for item in items:
         host, _, slots = item.partition(":")
         if not host or (slots and (not slots.isdigit() or int(slots) < 1)):
             raise ValueError(f"--hosts {text!r}: {item!r} is not host or host:slots (slots >= 1)")
+        if host in out and not merge:
+            n = sum(x.partition(":")[0] == host for x in items)
+            raise ValueError(f"--hosts lists {host} {n} times: give each host once, with all "
+                             f"its ranks as its slots ({host}:N)")
         out[host] = out.get(host, 0) + int(slots or 1)
     if not out:
         raise ValueError("--hosts is empty: give host:slots,... (e.g. n1:8,n2:8) or --hostfile")
@@ -77,7 +87,7 @@ def parse_hostfile(path: str) -> list[tuple[str, int]]:
         items.append(f"{host}:{slots}")
     if not items:
         raise ValueError(f"{shown(path)}: no hosts listed")
-    return parse_hosts(",".join(items))
+    return parse_hosts(",".join(items), merge=True)
 
 
 def local_addresses() -> set[str]:
@@ -105,6 +115,47 @@ def peers_of(i: int, n: int) -> list[int]:
         return [j for j in range(n) if j != i]
     near = {(i + d) % n for d in (-4, -3, -2, -1, 1, 2, 3, 4)} | {0}
     return sorted(near - {i})
+
+
+def ssh_peers(i: int, n: int) -> list[int]:
+    """Indices of the hosts host ``i`` checks ssh to: all others up to ``SSH_AT_ONCE + 1``
+    hosts; beyond that host 0 reaches every host (the launchers start ranks from it) and every
+    other host its 3 ring neighbours on each side. So no host receives more than
+    :data:`SSH_AT_ONCE` of these connections, however many hosts there are."""
+    if n <= SSH_AT_ONCE + 1 or i == 0:
+        return [j for j in range(n) if j != i]
+    return sorted({(i + d) % n for d in (-3, -2, -1, 1, 2, 3)} - {i})
+
+
+def same_host(a: str, b: str) -> bool:
+    """True when two names of a host agree, a short name matching the long one
+    (``n1`` and ``n1.cluster``: a node list and ``hostname`` may differ so; addresses must be
+    equal)."""
+    short = [x.split(".")[0] for x in (a, b) if not x.replace(".", "").isdigit()]
+    return a == b or (len(short) == 2 and short[0] == short[1])
+
+
+def host_ranges(names: list[str]) -> str:
+    """``n1,n2,n3,n7,login`` -> ``n[1-3,7],login``: SLURM's hostlist form of many names, so
+    that a line naming every bad host of a large job stays short (names that differ only in
+    one number of the same width share brackets; runs of numbers become ``a-b``)."""
+    groups: dict[tuple, list[str]] = {}
+    for name in names:
+        m = re.fullmatch(r"(.*?)(\d+)(\D*)", name)
+        key = (m[1], m[3], len(m[2])) if m else (name, None, 0)
+        groups.setdefault(key, []).append(m[2] if m else "")
+    out = []
+    for (head, tail, _), nums in groups.items():
+        runs: list[list[str]] = []
+        for x in sorted(set(nums), key=lambda x: int(x or 0)):
+            if runs and int(x) == int(runs[-1][1]) + 1:
+                runs[-1][1] = x
+            else:
+                runs.append([x, x])
+        inner = ",".join(a if a == b else f"{a}-{b}" for a, b in runs)
+        out.append(head if tail is None else f"{head}{inner}{tail}" if len(nums) == 1
+                   else f"{head}[{inner}]{tail}")
+    return ",".join(out)
 
 
 def interfaces() -> dict[str, dict]:

@@ -7,16 +7,19 @@ Horovod, OpenMPI or NCCL picking one the other nodes cannot reach (horovod#975, 
 starts, within a bounded time, and either prints the settings that work or stops with one line
 that says what does not.
 
-It starts one *agent* (``python -m hvd_lm.jobs.doctor``) on every host, over ssh exactly as the
-launchers reach them (``ssh -o BatchMode=yes -o ConnectTimeout=5 HOST``: a password prompt or an
-unknown host key fails instead of waiting; a host that resolves to this machine runs it
-directly). Each agent reports its hostname, Python, hvd_lm/torch/Horovod/mpi4py versions, its
-IPv4 interfaces (with link speed), GPUs, and whether it reads the shard folder (the manifest's
-sha256 and every shard's size), and listens on an ephemeral TCP port on every address. Then every
-host
+It starts one *agent* (:mod:`hvd_lm.jobs.doctor_agent`) on every host, over ssh exactly as
+horovodrun and OpenMPI reach them (``ssh -o BatchMode=yes -o ConnectTimeout=5 HOST``: a password
+prompt or an unknown host key fails instead of waiting; a host that resolves to this machine runs
+it directly), or, with ``--launcher srun`` (a SLURM job) or ``--launcher mpirun`` (a PBS job), with
+one ``srun``/``mpirun`` that starts one agent per node the way the job's ranks start, each
+connecting back to the doctor over TCP: no ssh between the nodes. Each agent reports its hostname,
+Python, hvd_lm/torch/Horovod/mpi4py versions, its IPv4 interfaces (with link speed), GPUs, and
+whether it reads the shard folder (the manifest's sha256 and every shard's size), and listens on an
+ephemeral TCP port on every address. Then every host
 
-* runs ``ssh -o BatchMode=yes OTHER true`` to every other host (OpenMPI's tree spawn and elastic
-  Horovod start processes from any node, so ssh must work both ways), and
+* runs ``ssh -o BatchMode=yes OTHER true`` to the other hosts (OpenMPI's tree spawn and elastic
+  Horovod start processes from any node, so ssh must work both ways; every pair up to 9 hosts,
+  below; not with ``--launcher srun`` or ``mpirun``), and
 * connects to every other host's listeners, 3 s each, and checks that the answer carries that
   host's token: an interface counts as *shared* when every host reaches every other one through
   it. ``docker0`` (``172.17.0.1`` on every node) fails this test: from n1 that address is n1
@@ -48,11 +51,19 @@ every other host connects to it by the first host's name, 3 s each; the exports 
 training (``PREFLIGHT=1``, their default); a value already in the environment is kept and
 checked, as every template knob is. Every wait is bounded: each connection 3 s, each ssh 5 s to
 connect, the whole check ``--timeout`` seconds (agents exit on their own after it too).
+
+Bounded at any size, and every host that fails named in one run: at most
+:data:`~hvd_lm.comm.hosts.SSH_AT_ONCE` (8) of the doctor's ssh connections are unauthenticated
+at once (an agent's counts until its shell's first line), below sshd's default ``MaxStartups
+10:30:100``; no host receives more than 8 of the agents' ssh checks
+(:func:`~hvd_lm.comm.hosts.ssh_peers`: every pair up to 9 hosts, beyond that host 0 to every
+host and each host to its 3 ring neighbours each side); TCP probes: every pair up to 16 hosts,
+beyond that host 0 and 4 ring neighbours each side (:func:`~hvd_lm.comm.hosts.peers_of`), each
+agent 32 connections at once at most, each listener queueing 1024.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import contextlib
 import json
 import os
@@ -67,233 +78,131 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-import hvd_lm
-from hvd_lm.comm.hosts import interfaces, is_local, parse_hostfile, parse_hosts, peers_of
+from hvd_lm.comm.hosts import (
+    SSH_AT_ONCE,
+    host_ranges,
+    interfaces,
+    is_local,
+    parse_hostfile,
+    parse_hosts,
+    peers_of,
+    same_host,
+    ssh_peers,
+)
 from hvd_lm.jobs import doctor_checks as checks
-from hvd_lm.jobs.doctor_facts import gpu_count, package_versions, shard_facts, source_digest
+from hvd_lm.jobs.doctor_agent import BACKLOG, PROBE_TIMEOUT, check_host_names, ssh_argv
 from hvd_lm.options import Command, option
 
-PROBE_TIMEOUT = 3.0     # seconds per TCP connection attempt
-SSH_CONNECT = 5         # ssh ConnectTimeout, seconds
+#: How the agents start (``--launcher``).
+LAUNCHERS = ("ssh", "srun", "mpirun")
 
 
 class DoctorError(RuntimeError):
     """A check failed; the message is the one line the launch stops with."""
 
 
-# ---- the agent (one per host) --------------------------------------------------------------------
-
-class _Listeners:
-    """A TCP listener on an ephemeral port of every IPv4 address; each answers a connection with
-    one JSON line ``{"host", "token"}`` (who was reached) and closes it. Each socket is held by
-    its serving thread (a daemon: they end with the agent)."""
-
-    def __init__(self, hostname: str, token: str, ifaces: dict[str, dict]):
-        self.reply = (json.dumps({"host": hostname, "token": token}) + "\n").encode()
-        self.ports: dict[str, list] = {}
-        for name, info in ifaces.items():
-            for addr in info["addrs"]:
-                try:
-                    s = socket.create_server((addr, 0))
-                except OSError:
-                    continue
-                self.ports.setdefault(name, []).append([addr, s.getsockname()[1]])
-                threading.Thread(target=self._serve, args=(s,), daemon=True).start()
-
-    def listen_on(self, port: int) -> dict:
-        """Also answer on ``port`` of every address (the torch engine's rendezvous port):
-        ``{"port", "error"}``, the error (None: listening) saying why it cannot be opened."""
-        try:
-            s = socket.create_server(("", port))
-        except OSError as e:
-            return {"port": port, "error": f"port {port} cannot be opened on "
-                    f"{socket.gethostname()} ({e.strerror or e}): another job or process holds it"}
-        threading.Thread(target=self._serve, args=(s,), daemon=True).start()
-        return {"port": port, "error": None}
-
-    def _serve(self, s: socket.socket) -> None:
-        while True:
-            try:
-                conn, _ = s.accept()
-            except OSError:
-                return
-            with conn, contextlib.suppress(OSError):
-                conn.settimeout(PROBE_TIMEOUT)
-                conn.sendall(self.reply)
-
-
-def probe(addr: str, port: int) -> dict:
-    """Connect to a listener; ``{"ok": True, "host", "token"}`` with whom it reached, or
-    ``{"ok": False, "error": "timed out" | "connection refused" | ...}``."""
-    try:
-        with socket.create_connection((addr, port), timeout=PROBE_TIMEOUT) as s:
-            data = s.makefile("rb").readline()  # to the line's end or the connection's
-        return {"ok": True, **json.loads(data.decode())}
-    except socket.timeout:
-        return {"ok": False, "error": f"timed out after {PROBE_TIMEOUT:g} s"}
-    except (OSError, ValueError) as e:
-        return {"ok": False, "error": getattr(e, "strerror", None) or str(e)}
-
-
-def ssh_argv(host: str, port: int | None = None) -> list[str]:
-    """``ssh`` as the doctor uses it: batch mode (no password or host-key prompt), a connect
-    timeout, the port when given, and the host after ``--`` (so that a name starting with ``-``
-    is never read as an option such as ``-oProxyCommand=...``; :func:`check_host_names` refuses
-    those names anyway).
-
-    Raises:
-        ValueError: ``host`` starts with ``-`` (see :func:`check_host_names`).
-    """
-    check_host_names([host])
-    return ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_CONNECT}",
-            *(["-p", str(port)] if port else []), "--", host]
-
-
-def check_host_names(hosts: list[str]) -> None:
-    """Refuse a host name that starts with ``-`` (no host is named so; ssh would take it for an
-    option, e.g. ``-oProxyCommand=CMD`` runs CMD) or holds whitespace or a control character.
-
-    Raises:
-        ValueError: one line naming the host.
-    """
-    for h in hosts:
-        if h.startswith("-") or any(c.isspace() or ord(c) < 32 for c in h):
-            raise ValueError(f"host name {h!r} is not a host name (it starts with '-' or holds "
-                             "whitespace): refused before any ssh")
-
-
-def ssh_check(host: str, port: int | None) -> dict:
-    """``ssh HOST true`` in batch mode: ``{"ok": bool, "error": its last stderr line}``."""
-    try:
-        proc = subprocess.run([*ssh_argv(host, port), "true"], capture_output=True, text=True,
-                              timeout=SSH_CONNECT + 15, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"no answer within {SSH_CONNECT + 15} s"}
-    except OSError as e:
-        return {"ok": False, "error": str(e)}
-    lines = [x for x in proc.stderr.splitlines() if x.strip()]
-    return {"ok": proc.returncode == 0,
-            "error": lines[-1] if lines and proc.returncode else ""}
-
-
-@dataclass
-class AgentConfig:
-    """One host's agent (``python -m hvd_lm.jobs.doctor``): facts on stdout, then the checks
-    the driver sends on stdin."""
-
-    shards: str = option("", "shard folder to check ('' = none)")
-    ssh_port: Optional[int] = option(None, "ssh port of the other hosts", ge=1, le=65535)
-    timeout: float = option(60.0, "the agent exits after this many seconds whatever happens",
-                            gt=0)
-    rendezvous_port: Optional[int] = option(None, "also listen on this port (the first host's "
-                                            "agent: the torch engine's rendezvous)", ge=1,
-                                            le=65535)
-
-
-def agent(cfg: AgentConfig) -> int:
-    """Print this host's facts (one JSON line), read the plan (one JSON line: ``probes``,
-    ``ssh``), run it in parallel, print the results (one JSON line), exit at stdin's EOF."""
-    signal.signal(signal.SIGALRM, lambda *_: os._exit(3))
-    signal.alarm(max(1, int(cfg.timeout)))
-    hostname = socket.gethostname()
-    token = secrets.token_hex(8)
-    ifaces = interfaces()
-    listen = _Listeners(hostname, token, ifaces)
-    gpus, gpu_names = gpu_count()
-    facts = {"host": hostname, "token": token, "python": sys.version.split()[0],
-             "executable": sys.executable, "hvd_lm": hvd_lm.__version__,
-             "hvd_lm_path": str(Path(hvd_lm.__file__).parent), "hvd_lm_digest": source_digest(),
-             "packages": package_versions(), "interfaces": ifaces, "listeners": listen.ports,
-             "gpus": gpus, "gpu_names": gpu_names,
-             "shards": shard_facts(cfg.shards) if cfg.shards else None,
-             "rendezvous": listen.listen_on(cfg.rendezvous_port) if cfg.rendezvous_port else None}
-    print(json.dumps(facts), flush=True)
-    line = sys.stdin.readline()
-    if not line:
-        return 0
-    plan = json.loads(line)
-    with cf.ThreadPoolExecutor(max_workers=32) as pool:
-        probes = [pool.submit(probe, p["addr"], p["port"]) for p in plan["probes"]]
-        sshs = {h: pool.submit(ssh_check, h, cfg.ssh_port) for h in plan["ssh"]}
-        result = {"probes": [dict(p, **f.result()) for p, f in zip(plan["probes"], probes)],
-                  "ssh": {h: f.result() for h, f in sshs.items()},
-                  "paths": {p: os.path.exists(p) for p in plan.get("paths", [])}}
-    print(json.dumps(result), flush=True)
-    sys.stdin.read()  # stay reachable until every host is done probing
-    return 0
-
-
-# ---- the driver ----------------------------------------------------------------------------------
-
 @dataclass
 class Agent:
-    """One host's agent process as the driver sees it."""
+    """One host's agent as the doctor sees it: the lines it sent, where its plan goes (``out``:
+    the ssh process's stdin, or the agent's connection ``conn``) and the process that started it
+    (None for an agent that connected back)."""
 
     host: str
     local: bool
-    proc: subprocess.Popen
+    proc: Optional[subprocess.Popen]
+    out: Any = None
+    conn: Optional[socket.socket] = None
     lines: queue.Queue = field(default_factory=queue.Queue)
     stderr: list = field(default_factory=list)
     readers: list = field(default_factory=list)  # the threads pumping stdout and stderr
 
     def read_line(self, deadline: float) -> dict:
-        """The next JSON line of the agent's stdout.
+        """The next JSON line the agent sent (lines not starting with ``{`` are skipped: the
+        remote shell's first line, a login script's chatter).
 
         Raises:
             DoctorError: the agent ended or said nothing before ``deadline`` (one line naming
                 the host and, for ssh, its error).
         """
-        try:
-            line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
-        except queue.Empty:
-            raise DoctorError(f"{self.host}: no answer from the doctor's agent within the "
-                              "timeout (a hung ssh or a stalled host)") from None
-        if line is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(5)
-            # stderr is read on its own thread: its last line (ssh's reason) may still be on the
-            # way when stdout ends and the process exits; wait for that reader to reach EOF
-            for t in self.readers:
-                t.join(5)
-            err = next((x for x in reversed(self.stderr) if x.strip()), "").strip()
-            via = "" if self.local else f"ssh {self.host}: "
-            raise DoctorError(f"{via}the doctor's agent on {self.host} exited "
-                              f"{self.proc.returncode}: {err or 'no message'}")
-        return json.loads(line)
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise DoctorError(f"{self.host}: no answer from the doctor's agent within the "
+                                  "timeout (a hung ssh or a stalled host)") from None
+            if line is None and self.proc is None:
+                raise DoctorError(f"the doctor's agent on {self.host} closed its connection")
+            if line is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(5)
+                # stderr is read on its own thread: its last line (ssh's reason) may still be on
+                # the way when stdout ends and the process exits; wait for that reader's EOF
+                for t in self.readers:
+                    t.join(5)
+                err = next((x for x in reversed(self.stderr) if x.strip()), "").strip()
+                via = "" if self.local else f"ssh {self.host}: "
+                raise DoctorError(f"{via}the doctor's agent on {self.host} exited "
+                                  f"{self.proc.returncode}: {err or 'no message'}")
+            if line.startswith("{"):
+                return json.loads(line)
+
+    def close(self) -> None:
+        """End the agent's input: it exits."""
+        with contextlib.suppress(OSError):
+            self.out.close()
+            if self.conn:
+                self.conn.shutdown(socket.SHUT_WR)
 
 
-def _pump(stream, sink) -> None:
+def _pump(stream, sink, first=None) -> None:
+    """Every line of ``stream`` to ``sink``, then None; ``first()`` at the first line or the
+    end, whichever comes first."""
     for line in stream:
+        if first:
+            first()
+            first = None
         sink(line)
+    if first:
+        first()
     sink(None)
 
 
-def start_agent(host: str, cfg: "DoctorConfig", first: bool = False) -> Agent:
-    """The agent on ``host``: directly when the host is this machine, else over ssh, with this
-    process's working directory and ``PYTHONPATH`` (what the launchers pass to ranks); the
-    ``first`` host's also listens on ``--rendezvous-port``."""
-    argv = [cfg.python or sys.executable, "-m", "hvd_lm.jobs.doctor", "--timeout",
-            str(cfg.timeout + 10)]
+def _agent_argv(cfg: "DoctorConfig", *extra: str) -> list[str]:
+    argv = [cfg.python or sys.executable, "-m", "hvd_lm.jobs.doctor_agent", "--timeout",
+            str(cfg.timeout + 10), *extra]
     # --shards absolute: a host that cannot enter this folder starts the agent elsewhere
-    for flag, value in (("--rendezvous-port", first and cfg.rendezvous_port),
-                        ("--shards", cfg.shards and os.path.abspath(cfg.shards)),
+    for flag, value in (("--shards", cfg.shards and os.path.abspath(cfg.shards)),
                         ("--ssh-port", cfg.ssh_port)):
         if value:
             argv += [flag, str(value)]
+    return argv
+
+
+def start_agent(host: str, cfg: "DoctorConfig", first: bool = False,
+                started=lambda: None) -> Agent:
+    """The agent on ``host``: directly when the host is this machine, else over ssh, with this
+    process's working directory and ``PYTHONPATH`` (what the launchers pass to ranks); the
+    ``first`` host's also listens on ``--rendezvous-port``. ``started()`` is called once ssh is
+    through (the remote shell's first line, or ssh's end), at once for a local host."""
+    argv = _agent_argv(cfg, *(["--rendezvous-port", str(cfg.rendezvous_port)]
+                              if first and cfg.rendezvous_port else []))
     local = is_local(host)
     if not local:
         env = f"env PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} " \
             if os.environ.get("PYTHONPATH") else ""
         # a host that cannot enter this folder runs the agent in $HOME: the plan's path check
         # then names the folder (not a symptom of it, such as a missing manifest)
-        remote = f"cd {shlex.quote(os.getcwd())} 2>/dev/null; {env}{shlex.join(argv)}"
+        remote = f"echo; cd {shlex.quote(os.getcwd())} 2>/dev/null; {env}{shlex.join(argv)}"
         argv = [*ssh_argv(host, cfg.ssh_port), remote]
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    a = Agent(host, local, proc)
-    a.readers = [threading.Thread(target=_pump, args=(proc.stdout, a.lines.put), daemon=True),
+    a = Agent(host, local, proc, out=proc.stdin)
+    if local:
+        started()
+    a.readers = [threading.Thread(target=_pump, args=(proc.stdout, a.lines.put,
+                                                      None if local else started), daemon=True),
                  threading.Thread(target=_pump, args=(proc.stderr,
                                                       lambda x: x and a.stderr.append(x)),
                                   daemon=True)]
@@ -302,12 +211,110 @@ def start_agent(host: str, cfg: "DoctorConfig", first: bool = False) -> Agent:
     return a
 
 
+def ssh_agents(hosts: list[tuple[str, int]], cfg: "DoctorConfig", deadline: float,
+               agents: list[Agent], procs: list) -> tuple[dict, dict]:
+    """Start every host's agent (:func:`start_agent`), at most
+    :data:`~hvd_lm.comm.hosts.SSH_AT_ONCE` of them connecting at once, into ``agents`` (their
+    processes into ``procs``); their facts, and ``{host: why}`` for each that did not answer."""
+    gate = threading.Semaphore(SSH_AT_ONCE)
+    for i, (h, _) in enumerate(hosts):
+        if not gate.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            break
+        agents.append(start_agent(h, cfg, first=i == 0, started=gate.release))
+        procs.append(agents[-1].proc)
+    facts, failed = {}, {}
+    for a in agents:
+        try:
+            facts[a.host] = a.read_line(deadline)
+        except DoctorError as e:
+            failed[a.host] = str(e)
+    for h, _ in hosts[len(agents):]:
+        failed[h] = f"{h}: not tried: the timeout ran out while other hosts' ssh connected"
+    return facts, failed
+
+
+def launcher_argv(launcher: str, names: list[str], agent: list[str]) -> list[str]:
+    """The command that starts the ``agent`` command once on every host of ``names``: ``srun``,
+    one task per node of the SLURM allocation (each knows its node: ``SLURMD_NODENAME``), or
+    OpenMPI's ``mpirun``, one process per host as a PBS job's ranks start (one application
+    context per host, which passes it ``--node HOST``), with PATH, LD_LIBRARY_PATH, PYTHONPATH
+    and VIRTUAL_ENV."""
+    n = len(names)
+    if launcher == "srun":
+        return ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1",
+                "--nodelist=" + ",".join(names), "--mpi=none", "--kill-on-bad-exit=0", *agent]
+    argv = ["mpirun", "-bind-to", "none", "--oversubscribe",
+            *(x for v in ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV")
+              if v in os.environ for x in ("-x", v))]
+    for i, h in enumerate(names):
+        argv += [*([":"] if i else []), "-np", "1", "--host", f"{h}:1", *agent, "--node", h]
+    return argv
+
+
+def group_agents(hosts: list[tuple[str, int]], cfg: "DoctorConfig", deadline: float,
+                 agents: list[Agent], procs: list) -> tuple[dict, dict]:
+    """One ``srun`` or ``mpirun`` (:func:`launcher_argv`, into ``procs``) starts an agent on
+    every host; each connects back over TCP (to this host's name or one of its addresses) with
+    the doctor's key and its node's name, and becomes one of ``agents``. Their facts, and one
+    line naming every host no agent answered for, with the launcher's first line
+    (``{hosts: why}``)."""
+    names = [h for h, _ in hosts]
+    key = secrets.token_hex(8)
+    facts: dict[str, dict] = {}
+    with socket.create_server(("", 0), backlog=BACKLOG) as srv:
+        here = [socket.gethostname(), *sorted((a for i in interfaces().values()
+                                               for a in i["addrs"]),
+                                              key=lambda a: a.startswith("127."))]
+        rdzv = (["--rendezvous-port", str(cfg.rendezvous_port), "--rendezvous-host", names[0]]
+                if cfg.rendezvous_port else [])
+        argv = launcher_argv(cfg.launcher, names, _agent_argv(
+            cfg, "--report-to", f"{','.join(here)}:{srv.getsockname()[1]}", "--key", key, *rdzv))
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        procs.append(proc)
+        said: list[str] = []
+        threading.Thread(target=_pump, args=(proc.stdout, lambda x: x and said.append(x)),
+                         daemon=True).start()
+        srv.settimeout(0.2)
+        while len(facts) < len(names) and time.monotonic() < deadline:
+            try:
+                conn, _ = srv.accept()
+            except socket.timeout:
+                if proc.poll() is not None:
+                    break
+                continue
+            conn.settimeout(None)
+            a = Agent("", False, None, out=conn.makefile("w"), conn=conn)
+            threading.Thread(target=_pump, args=(conn.makefile("r"), a.lines.put),
+                             daemon=True).start()
+            try:
+                f = a.read_line(time.monotonic() + PROBE_TIMEOUT)
+            except (DoctorError, ValueError):
+                f = {}
+            a.host = next((n for n in names if f.get("key") == key and same_host(n, f["node"])),
+                          "")
+            if a.host and a.host not in facts:
+                facts[a.host] = f
+                agents.append(a)
+            else:
+                a.close()
+    missing = host_ranges([n for n in names if n not in facts])
+    if not missing:
+        return facts, {}
+    state = "is still running" if proc.poll() is None else f"exited {proc.returncode}"
+    said1 = next((x.strip() for x in said if any(c.isalpha() for c in x)), "no message")
+    return facts, {missing: f"no agent reported from {missing} ({len(names) - len(facts)} of "
+                   f"{len(names)} hosts; {cfg.launcher} started them and {state}; its first "
+                   f"line: {said1})"}
+
+
 def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> checks.Report:
     """Start the agents, collect facts, run the checks (see the module docstring).
 
     Raises:
         ValueError: bad ``--hosts``/``--hostfile``.
-        DoctorError: a host did not answer (ssh, Python) within the timeout.
+        DoctorError: hosts did not answer (ssh, Python) within the timeout: one line naming
+            every one of them.
     """
     env = dict(os.environ if env is None else env)
     hosts = parse_hostfile(cfg.hostfile) if cfg.hostfile else parse_hosts(cfg.hosts)
@@ -315,14 +322,23 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> checks
     paths = paths_to_check(cfg)
     t0 = time.monotonic()
     deadline = t0 + cfg.timeout
-    report = checks.Report(hosts=hosts)
-    agents = [start_agent(h, cfg, first=i == 0) for i, (h, _) in enumerate(hosts)]
+    report = checks.Report(hosts=hosts, launcher=cfg.launcher)
+    names = [h for h, _ in hosts]
+    agents: list[Agent] = []
+    procs: list[subprocess.Popen] = []
     try:
-        for a in agents:
-            report.facts[a.host] = a.read_line(deadline)
-        names = [a.host for a in agents]
-        for i, a in enumerate(agents):
-            peers = [names[j] for j in peers_of(i, len(agents))]
+        start = ssh_agents if cfg.launcher == "ssh" else group_agents
+        facts, failed = start(hosts, cfg, deadline, agents, procs)
+        if failed:  # every host named, in a line of bounded length
+            why = list(failed.values())
+            every = "; ".join(why)
+            short = f"{host_ranges(list(failed))}; the first: {why[0]}"
+            raise DoctorError(every if len(why) == 1 else f"{len(why)} of {len(hosts)} hosts did "
+                              f"not answer: {every if len(every) < 800 else short}")
+        report.facts = {h: facts[h] for h in names}
+        by_host = {a.host: a for a in agents}
+        for i, a in enumerate(by_host[h] for h in names):
+            peers = [names[j] for j in peers_of(i, len(names))]
             probes = [{"target": b, "iface": iface, "addr": addr, "port": port}
                       for b in peers
                       for iface, lst in report.facts[b]["listeners"].items()
@@ -330,20 +346,20 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> checks
             if cfg.rendezvous_port and i > 0:  # the torch engine's ranks meet at the first host
                 probes.append({"target": names[0], "iface": checks.RENDEZVOUS, "addr": names[0],
                                "port": cfg.rendezvous_port})
-            a.proc.stdin.write(json.dumps({"probes": probes, "ssh": peers,
-                                           "paths": list(paths)}) + "\n")
-            a.proc.stdin.flush()
-        results = {a.host: a.read_line(deadline) for a in agents}
+            ssh = [names[j] for j in ssh_peers(i, len(names))] if cfg.launcher == "ssh" else []
+            a.out.write(json.dumps({"probes": probes, "ssh": ssh, "paths": list(paths)}) + "\n")
+            a.out.flush()
+        results = {h: by_host[h].read_line(deadline) for h in names}
     finally:
         for a in agents:
-            with contextlib.suppress(OSError):
-                a.proc.stdin.close()
-        for a in agents:
-            try:
-                a.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                os.killpg(a.proc.pid, signal.SIGKILL)
-                a.proc.wait(5)
+            a.close()
+        for p in procs:  # each ends at its input's end; else SIGTERM (srun ends its step), KILL
+            for sig in (0, signal.SIGTERM, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, sig)  # (0: none sent)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(5)
+                    break
     for a, res in results.items():
         for b, r in res["ssh"].items():
             report.ssh[f"{a} -> {b}"] = r
@@ -405,6 +421,11 @@ class DoctorConfig:
                                             "that the first host can open this port and every "
                                             "other host reaches it there; exports MASTER_ADDR "
                                             "and MASTER_PORT", ge=1, le=65535)
+    launcher: str = option("ssh", "how the agents start: ssh (from here to every host, as "
+                           "horovodrun reaches them; ssh between the hosts is checked too), srun "
+                           "(one task per node of this SLURM job) or mpirun (OpenMPI, one "
+                           "process per host: a PBS job); srun and mpirun need no ssh between "
+                           "the hosts", choices=LAUNCHERS)
     timeout: float = option(45.0, "seconds the whole check may take (each connection 3 s, each "
                             "ssh 5 s to connect)", gt=0)
     format: str = option("text", "text: the report; shell: `export` lines for the launch "
@@ -417,7 +438,7 @@ class DoctorConfig:
 
 
 def doctor(cfg: DoctorConfig) -> int:
-    """Run the checks and print the report; 1 with the first failure as the one error line
+    """Run the checks and print the report; 1 with every failure in the one error line
     (``cfg`` is validated: exactly one of --hosts and --hostfile)."""
     report = run_doctor(cfg)
     if cfg.format == "json":
@@ -429,8 +450,9 @@ def doctor(cfg: DoctorConfig) -> int:
                 print(f"export {var}={shlex.quote(value)}")
     else:
         print(checks.render(report))
-    if report.errors:
-        raise DoctorError(report.errors[0])
+    if report.errors:  # every one, so that a run names every bad host
+        raise DoctorError(report.errors[0] if len(report.errors) == 1 else
+                          f"{len(report.errors)} problems: " + " | ".join(report.errors))
     return 0
 
 
@@ -443,8 +465,3 @@ DOCTOR = Command(
     epilog="examples:\n"
     "  hvd-lm doctor --hosts node1:8,node2:8 --shards data/amazon\n"
     "  eval \"$(hvd-lm doctor --hostfile hosts.txt --format shell)\"   # what the templates do")
-AGENT = Command(AgentConfig, agent, config_flag=False)
-
-
-if __name__ == "__main__":  # one host's agent: python -m hvd_lm.jobs.doctor
-    sys.exit(AGENT.main(None, "python -m hvd_lm.jobs.doctor"))

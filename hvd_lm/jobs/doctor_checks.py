@@ -32,6 +32,7 @@ class Report:
         chosen: the interface(s) to use ('' when none is needed: one host).
         exports: variable -> value the launch should set.
         rendezvous: ``host:port`` of the torch engine's rendezvous once checked ('' otherwise).
+        launcher: how the agents started (``hvd-lm doctor --launcher``: ssh, srun, mpirun).
         errors: every failed check, one line each (the first is raised).
     """
 
@@ -45,6 +46,7 @@ class Report:
     errors: list = field(default_factory=list)
     seconds: float = 0.0
     rendezvous: str = ""
+    launcher: str = "ssh"
 
 
 def check_versions(report: Report) -> None:
@@ -221,6 +223,9 @@ def render(report: Report) -> str:
         lines.append(f"  ssh          {len(report.ssh) - len(bad)} of {len(report.ssh)} host "
                      f"pairs ok (batch mode, both ways)" + (f"; FAILED: {', '.join(bad)}"
                                                              if bad else ""))
+    elif report.launcher != "ssh" and len(hosts) > 1:
+        lines.append(f"  ssh          not checked: {report.launcher} started the agents, one per "
+                     "host")
     pk = ", ".join(f"{k} {v}" for k, v in f0["packages"].items() if v)
     lines.append(f"  python       {f0['python']} ({f0['executable']}); hvd_lm {f0['hvd_lm']} "
                  f"(source {f0['hvd_lm_digest']}); {pk}"

@@ -126,6 +126,22 @@ def _lr_rule_text(cfg) -> str:
     return f"LR rule {o.lr_rule}: {o.lr:g} at global batch {o.lr_ref_batch}{cap}"
 
 
+#: ``--lr-rule none`` at this many times the reference batch or more gets a warning line.
+LR_RULE_NONE_WARN_RATIO = 32
+
+
+def lr_warning(cfg, job: JobPlan) -> str:
+    """``WARNING: ...`` when the training keeps its LR unscaled (``--lr-rule none``) at a global
+    batch :data:`LR_RULE_NONE_WARN_RATIO` or more times ``--lr-ref-batch``; else ''."""
+    o = cfg.optim
+    if o.lr_rule != "none" or job.global_batch < LR_RULE_NONE_WARN_RATIO * o.lr_ref_batch:
+        return ""
+    return (f"WARNING: LR rule none at global batch {job.global_batch}, "
+            f"{job.global_batch / o.lr_ref_batch:g}x its reference {o.lr_ref_batch}: the peak LR "
+            f"stays {job.lr:.4g}, as at {o.lr_ref_batch}; scale it with --lr-rule sqrt (or "
+            "linear, with --lr-cap)")
+
+
 def _parse_counts(text: str) -> list[int]:
     try:
         counts = [int(x) for x in text.split(",") if x.strip()]
@@ -158,11 +174,14 @@ def _render_job(args: LaunchConfig, job: JobPlan, train_args: list[str], job_nam
     if args.time_budget and job.steps is None:
         train_args = [*train_args, "--time-budget", args.time_budget]
     kind = "Scaling sweep job, rendered" if args.sweep else "Rendered"
+    warning = lr_warning(cfg, job)
+    if warning:
+        print(f"hvd-lm launch: {warning}", file=sys.stderr)
     header = (f"{kind} by `hvd-lm launch --scheduler {args.scheduler}`: its knobs and directives "
               "are filled in, the rest is the template",
-              f"{_size_text(job, args.device)}; global batch "
-              f"{job.global_batch} ({per_gpu} per {_unit(args.device)}); peak LR {job.lr:.4g} "
-              f"({_lr_rule_text(cfg)})" + (f"; {job.steps} steps" if job.steps else ""))
+              f"{_size_text(job, args.device)}; global batch {job.global_batch} ({per_gpu} per "
+              f"{_unit(args.device)}); peak LR at that batch {job.lr:.4g} ({_lr_rule_text(cfg)})"
+              + (f"; {job.steps} steps" if job.steps else ""), *([warning] if warning else []))
     return render(RenderSpec(
         scheduler=args.scheduler, size=JobSize(job.gpus, job.nodes, job.tasks_per_node),
         device=args.device, partition=args.partition,
@@ -324,7 +343,9 @@ class LaunchConfig:
     device: str = option("cuda", "cuda asks the scheduler for one GPU per rank; cpu renders the "
                          "same ranks without a GPU request (CPU clusters, tests)",
                          choices=("cuda", "cpu"))
-    cpus_per_task: Optional[int] = option(None, "CPU cores per rank (SLURM, PBS ncpus)", ge=1)
+    cpus_per_task: Optional[int] = option(None, "CPU cores per rank for its threads (SLURM "
+                                           "--cpus-per-task; PBS ncpus = ranks per node x this, "
+                                           "default 4 per GPU rank, 1 per CPU rank)", ge=1)
     # scheduler
     partition: Optional[str] = option(None, "SLURM partition / PBS queue (default: the "
                                       "cluster's)", aliases=("--queue",))

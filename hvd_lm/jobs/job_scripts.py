@@ -52,6 +52,10 @@ _DIRECTIVE_VALUE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.,:=+-]{0,127}$")
 #: A host or network interface name given to horovodrun/mpirun (``-H``, ``--network-interface``):
 #: letters, digits, ``_ . -`` (and ``,`` between names), not starting with ``-``.
 _HOST_WORD = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}$")
+#: PBS ``ncpus`` per GPU rank without ``--cpus-per-task``: its training thread, the batch
+#: read-ahead thread, Horovod's background thread and NCCL's (a DGX-1 has 40 cores for 8 GPUs,
+#: 5 each); a CPU rank (``--device cpu``) gets 1 core, a rank per core.
+PBS_CORES_PER_GPU_RANK = 4
 
 
 def template_dir() -> Path:
@@ -314,7 +318,8 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
         elif spec.launcher:
             knobs["LAUNCHER"] = spec.launcher
     gpus = tpn if spec.device == "cuda" else None
-    select = (f"{size.nodes}:ncpus={tpn * (spec.cpus_per_task or 1)}"
+    cores = spec.cpus_per_task or (PBS_CORES_PER_GPU_RANK if gpus else 1)
+    select = (f"{size.nodes}:ncpus={tpn * cores}"
               + (f":ngpus={tpn}" if gpus else "") + f":mpiprocs={tpn}")
     directives = {  # (key, value: None leaves the template's line as it is, separator), in order
         "slurm": [("--job-name", spec.job_name, "="), ("--nodes", size.nodes, "="),

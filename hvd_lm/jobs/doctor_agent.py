@@ -1,0 +1,212 @@
+"""One host's ``hvd-lm doctor`` agent (``python -m hvd_lm.jobs.doctor_agent``; the doctor,
+:mod:`hvd_lm.jobs.doctor`, starts one on every host): it prints its facts as one JSON line,
+listens on an ephemeral TCP port of every address, reads the plan (one JSON line: whom to probe
+and ssh to, which paths to look for), runs it, 32 connections at once at most, prints the
+results (one JSON line) and stays reachable until the doctor closes its input.
+
+Started over ssh it speaks on stdout and stdin; started by ``srun`` or ``mpirun`` (one per
+node, ``--report-to``) it connects back to the doctor and speaks on that connection, naming its
+node (``--node``, or SLURM's name for it: ``SLURMD_NODENAME``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import hvd_lm
+from hvd_lm.comm.hosts import interfaces, same_host
+from hvd_lm.jobs.doctor_facts import gpu_count, package_versions, shard_facts, source_digest
+from hvd_lm.options import Command, option
+
+PROBE_TIMEOUT = 3.0     # seconds per TCP connection attempt
+BACKLOG = 1024          # connections a listener queues (every host probes host 0's at once)
+SSH_CONNECT = 5         # ssh ConnectTimeout, seconds
+
+
+class _Listeners:
+    """A TCP listener on an ephemeral port of every IPv4 address; each answers a connection with
+    one JSON line ``{"host", "token"}`` (who was reached) and closes it. Each socket is held by
+    its serving thread (a daemon: they end with the agent)."""
+
+    def __init__(self, hostname: str, token: str, ifaces: dict[str, dict]):
+        self.reply = (json.dumps({"host": hostname, "token": token}) + "\n").encode()
+        self.ports: dict[str, list] = {}
+        for name, info in ifaces.items():
+            for addr in info["addrs"]:
+                try:
+                    s = socket.create_server((addr, 0), backlog=BACKLOG)
+                except OSError:
+                    continue
+                self.ports.setdefault(name, []).append([addr, s.getsockname()[1]])
+                threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+
+    def listen_on(self, port: int) -> dict:
+        """Also answer on ``port`` of every address (the torch engine's rendezvous port):
+        ``{"port", "error"}``, the error (None: listening) saying why it cannot be opened."""
+        try:
+            s = socket.create_server(("", port))
+        except OSError as e:
+            return {"port": port, "error": f"port {port} cannot be opened on "
+                    f"{socket.gethostname()} ({e.strerror or e}): another job or process holds it"}
+        threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+        return {"port": port, "error": None}
+
+    def _serve(self, s: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = s.accept()
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):
+                conn.settimeout(PROBE_TIMEOUT)
+                conn.sendall(self.reply)
+
+
+def probe(addr: str, port: int) -> dict:
+    """Connect to a listener; ``{"ok": True, "host", "token"}`` with whom it reached, or
+    ``{"ok": False, "error": "timed out" | "connection refused" | ...}``."""
+    try:
+        with socket.create_connection((addr, port), timeout=PROBE_TIMEOUT) as s:
+            data = s.makefile("rb").readline()  # to the line's end or the connection's
+        return {"ok": True, **json.loads(data.decode())}
+    except socket.timeout:
+        return {"ok": False, "error": f"timed out after {PROBE_TIMEOUT:g} s"}
+    except (OSError, ValueError) as e:
+        return {"ok": False, "error": getattr(e, "strerror", None) or str(e)}
+
+
+def ssh_argv(host: str, port: int | None = None) -> list[str]:
+    """``ssh`` as the doctor uses it: batch mode (no password or host-key prompt), a connect
+    timeout, the port when given, and the host after ``--`` (so that a name starting with ``-``
+    is never read as an option such as ``-oProxyCommand=...``; :func:`check_host_names` refuses
+    those names anyway).
+
+    Raises:
+        ValueError: ``host`` starts with ``-`` (see :func:`check_host_names`).
+    """
+    check_host_names([host])
+    return ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_CONNECT}",
+            *(["-p", str(port)] if port else []), "--", host]
+
+
+def check_host_names(hosts: list[str]) -> None:
+    """Refuse a host name that starts with ``-`` (no host is named so; ssh would take it for an
+    option, e.g. ``-oProxyCommand=CMD`` runs CMD) or holds whitespace or a control character.
+
+    Raises:
+        ValueError: one line naming the host.
+    """
+    for h in hosts:
+        if h.startswith("-") or any(c.isspace() or ord(c) < 32 for c in h):
+            raise ValueError(f"host name {h!r} is not a host name (it starts with '-' or holds "
+                             "whitespace): refused before any ssh")
+
+
+def ssh_check(host: str, port: int | None) -> dict:
+    """``ssh HOST true`` in batch mode: ``{"ok": bool, "error": its last stderr line}``."""
+    try:
+        proc = subprocess.run([*ssh_argv(host, port), "true"], capture_output=True, text=True,
+                              timeout=SSH_CONNECT + 15, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"no answer within {SSH_CONNECT + 15} s"}
+    except OSError as e:
+        return {"ok": False, "error": str(e)}
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    return {"ok": proc.returncode == 0,
+            "error": lines[-1] if lines and proc.returncode else ""}
+
+
+@dataclass
+class AgentConfig:
+    """One host's agent: facts, then the checks the doctor sends (stdout and stdin, or the
+    connection ``--report-to`` opens)."""
+
+    shards: str = option("", "shard folder to check ('' = none)")
+    ssh_port: Optional[int] = option(None, "ssh port of the other hosts", ge=1, le=65535)
+    timeout: float = option(60.0, "the agent exits after this many seconds whatever happens",
+                            gt=0)
+    rendezvous_port: Optional[int] = option(None, "also listen on this port (the first host's "
+                                            "agent: the torch engine's rendezvous)", ge=1,
+                                            le=65535)
+    rendezvous_host: str = option("", "listen on --rendezvous-port only on this node (the "
+                                  "first; agents started by srun or mpirun)")
+    node: str = option("", "the listed name of this host (mpirun gives each agent its own; "
+                       "under srun: SLURMD_NODENAME)")
+    report_to: str = option("", "speak to the doctor at ADDR[,ADDR...]:PORT (the first address "
+                            "that answers within 3 s) instead of stdout and stdin")
+    key: str = option("", "with --report-to: the doctor's key, sent back with the facts")
+
+
+def connect_back(report_to: str):
+    """(writer, reader) of a connection to the doctor at ``ADDR[,ADDR...]:PORT``, the first
+    address that accepts within :data:`PROBE_TIMEOUT` seconds; None when none does."""
+    addrs, _, port = report_to.rpartition(":")
+    for addr in addrs.split(","):
+        with contextlib.suppress(OSError, ValueError):
+            s = socket.create_connection((addr, int(port)), timeout=PROBE_TIMEOUT)
+            s.settimeout(None)
+            return s.makefile("w"), s.makefile("r")
+    return None
+
+
+def agent(cfg: AgentConfig) -> int:
+    """Print this host's facts (one JSON line), read the plan (one JSON line: ``probes``,
+    ``ssh``, ``paths``), run it in parallel, print the results (one JSON line), exit at the
+    input's end; 2 when the doctor at ``--report-to`` cannot be reached."""
+    signal.signal(signal.SIGALRM, lambda *_: os._exit(3))
+    signal.alarm(max(1, int(cfg.timeout)))
+    hostname = socket.gethostname()
+    token = secrets.token_hex(8)
+    ifaces = interfaces()
+    listen = _Listeners(hostname, token, ifaces)
+    gpus, gpu_names = gpu_count()
+    # started by srun or mpirun: which listed host this is
+    node = cfg.node or os.environ.get("SLURMD_NODENAME", "")
+    first = not cfg.rendezvous_host or same_host(node, cfg.rendezvous_host)
+    facts = {"host": hostname, "token": token, "python": sys.version.split()[0],
+             "executable": sys.executable, "hvd_lm": hvd_lm.__version__,
+             "hvd_lm_path": str(Path(hvd_lm.__file__).parent), "hvd_lm_digest": source_digest(),
+             "packages": package_versions(), "interfaces": ifaces, "listeners": listen.ports,
+             "gpus": gpus, "gpu_names": gpu_names, "node": node, "key": cfg.key,
+             "shards": shard_facts(cfg.shards) if cfg.shards else None,
+             "rendezvous": listen.listen_on(cfg.rendezvous_port)
+             if cfg.rendezvous_port and first else None}
+    out, inp = ((connect_back(cfg.report_to) or (None, None)) if cfg.report_to
+                else (sys.stdout, sys.stdin))
+    if out is None:
+        print(f"hvd-lm doctor: ERROR: {node or hostname} cannot reach the doctor at "
+              f"{cfg.report_to}", file=sys.stderr)
+        return 2
+    print(json.dumps(facts), file=out, flush=True)
+    line = inp.readline()
+    if not line:
+        return 0
+    plan = json.loads(line)
+    with cf.ThreadPoolExecutor(max_workers=32) as pool:
+        probes = [pool.submit(probe, p["addr"], p["port"]) for p in plan["probes"]]
+        sshs = {h: pool.submit(ssh_check, h, cfg.ssh_port) for h in plan["ssh"]}
+        result = {"probes": [dict(p, **f.result()) for p, f in zip(plan["probes"], probes)],
+                  "ssh": {h: f.result() for h, f in sshs.items()},
+                  "paths": {p: os.path.exists(p) for p in plan.get("paths", [])}}
+    print(json.dumps(result), file=out, flush=True)
+    inp.read()  # stay reachable until every host is done probing
+    return 0
+
+
+AGENT = Command(AgentConfig, agent, config_flag=False)
+
+
+if __name__ == "__main__":  # one host's agent
+    sys.exit(AGENT.main(None, "python -m hvd_lm.jobs.doctor_agent"))
