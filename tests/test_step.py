@@ -11,7 +11,7 @@ import torch
 import torch.utils._python_dispatch
 
 from hvd_lm.train import faults, step
-from hvd_lm.train.data import window_in_new_cut
+from hvd_lm.train.data import recut_bytes, window_in_new_cut
 
 #: fp32/bf16's loss scaler: disabled, every call passes through
 NO_SCALING = torch.amp.GradScaler("cpu", enabled=False)
@@ -73,6 +73,32 @@ def test_step_or_skip_skips_a_non_finite_step_and_applies_a_finite_one():
 ])
 def test_window_in_new_cut_keeps_epochs_and_the_fraction_of_the_epoch(window, old, new, want):
     assert window_in_new_cut(window, old, new) == want
+
+
+def epoch_marks(total: int, streams: int, windows: int, seq_len: int) -> np.ndarray:
+    """bool [total]: the targets the first ``windows`` windows of each of ``streams`` streams
+    cover, the streams cut by hand (the first (total - 1) mod streams one longer)."""
+    base, extra = divmod(total - 1, streams)
+    marks, start = np.zeros(total, bool), 1
+    for s in range(streams):
+        length = base + (s < extra)
+        marks[start:start + min(length, windows * seq_len)] = True
+        start += length
+    return marks
+
+
+@pytest.mark.parametrize("total,T,old_rows,old_w,rows,w", [
+    (1000, 16, 8, 3, 4, 6),     # 4 ranks -> 2: the same point, other streams
+    (1000, 16, 4, 6, 6, 4),     # 2 -> 3
+    (5000, 7, 12, 10, 12, 10),  # the same cut: nothing re-read or skipped
+    (777, 5, 3, 40, 5, 0),      # a new cut at the epoch's start: all re-read, none skipped
+    (777, 5, 2, 0, 7, 9),
+])
+def test_recut_bytes_counts_what_a_resume_reads_twice_and_skips(total, T, old_rows, old_w,
+                                                                rows, w):
+    before, after = epoch_marks(total, old_rows, old_w, T), epoch_marks(total, rows, w, T)
+    want = (int(np.sum(before & ~after)), int(np.sum(after & ~before)))
+    assert recut_bytes(total, T, old_rows, old_w, rows, w) == want
 
 
 def test_faults_are_a_no_op_object_unless_a_test_asks(monkeypatch):

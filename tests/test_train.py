@@ -313,6 +313,44 @@ def test_validation_is_the_same_on_1_2_and_4_ranks(shards, tmp_path):
         assert got["bpc"] == pytest.approx(last["val_bpc"], abs=1e-4), n
 
 
+@pytest.mark.slow
+def test_a_run_resized_4_to_2_to_3_ranks_says_what_each_new_cut_rereads_and_skips(shards,
+                                                                               tmp_path):
+    """3 steps on 4 horovodrun ranks, 3 more on 2, 3 more on 3 (``--resume auto``, 2 rows per
+    rank): each resume continues at the same point of the epoch and rank 0 alone says in one
+    line which window of which cut it left and took, and how many bytes of the epoch the new cut
+    re-reads and skips, the figures those of the streams cut by hand here (bool marks of every
+    target, :func:`tests.test_step.epoch_marks`)."""
+    import re
+
+    from tests.test_step import epoch_marks
+    manifest = load_manifest(shards)
+    total = sum(s.tokens for s in manifest.split("train"))
+    out, saved = tmp_path / "r", None
+    for n, steps in ((4, 3), (2, 6), (3, 9)):
+        argv = train_argv(shards, out, "--batch-size", "2", "--max-steps", str(steps),
+                          *(["--resume", "auto"] if saved else []))
+        proc = run(horovodrun_cmd(n, argv), timeout=300)
+        said = [x for x in (proc.stdout + proc.stderr).splitlines() if "cut anew" in x]
+        wpe = RankStreams(manifest, "train", 0, n, 2, 16).windows_per_epoch
+        if saved:
+            assert len(said) == 1, said
+            m = re.search(r"written by (\d+) rows, this job has (\d+) .*\(window (\d+) of (\d+) "
+                          r"-> (\d+) of (\d+)\): this epoch re-reads ([\d,]+) bytes and skips "
+                          r"([\d,]+)", said[0])
+            old_rows, rows, old, old_wpe, new, new_wpe = map(int, m.groups()[:6])
+            assert (old_rows, rows, old_wpe, new_wpe) == (saved["rows"], 2 * n,
+                                                          saved["windows_per_epoch"], wpe)
+            assert old == saved["window"] and new == round(old * wpe / old_wpe)
+            a, b = epoch_marks(total, old_rows, old, 16), epoch_marks(total, rows, new, 16)
+            assert [int(x.replace(",", "")) for x in m.groups()[6:]] == [
+                int(np.sum(a & ~b)), int(np.sum(b & ~a))]
+        ck = load(resolve(out))
+        assert ck["step"] == steps and ck["window"] < ck["windows_per_epoch"]  # in epoch 0
+        saved = {"rows": ck["rnn_state"][0].shape[0], "window": ck["window"],
+                 "windows_per_epoch": ck["windows_per_epoch"]}
+
+
 def test_a_checkpoint_resumes_on_another_device(tmp_path):
     """A checkpoint read for a job on another device (here the meta device standing in for a
     GPU, which the CPU lacks) restores the RNG states exactly (torch takes CPU generator states

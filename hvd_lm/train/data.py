@@ -292,3 +292,36 @@ def window_in_new_cut(window: int, old_windows_per_epoch: int, windows_per_epoch
     """
     epoch, w = divmod(window, old_windows_per_epoch)
     return epoch * windows_per_epoch + round(w * windows_per_epoch / old_windows_per_epoch)
+
+
+def recut_bytes(total: int, seq_len: int, old_rows: int, old_window: int, rows: int,
+                window: int) -> tuple[int, int]:
+    """What a resume that cuts an epoch's streams anew (another world size or batch) does to that
+    epoch: (bytes re-read, bytes skipped). The saving job had trained the first ``old_window``
+    windows of each of its ``old_rows`` streams; the resumed job counts the first ``window`` of
+    each of its ``rows`` as done and trains the rest. Re-read: targets trained before that the
+    new cut trains again; skipped: targets neither cut trains this epoch (both 0 when the cut is
+    the same). Exact interval arithmetic over the epoch's ``total`` bytes (``stream_bounds``),
+    O(rows + old_rows) whatever the bytes.
+
+    Args:
+        total: bytes of the split (its targets are positions 1..total-1).
+        seq_len: the window T, bytes (the same before and after).
+        old_rows, old_window: the saving job's streams (world size x batch) and windows done
+            in this epoch; rows, window: the resumed job's.
+    """
+    def done(streams: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+        b = stream_bounds(total, streams)
+        return b[:-1], np.minimum(b[1:], b[:-1] + w * seq_len)  # disjoint, sorted
+
+    (alo, ahi), (blo, bhi) = done(old_rows, old_window), done(rows, window)
+    # measure of B below x: whole intervals before x's, plus the part of x's own
+    before = np.concatenate([[0], np.cumsum(bhi - blo)])
+
+    def below(x: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(blo, x, side="right") - 1
+        inside = np.clip(x - blo[np.maximum(i, 0)], 0, (bhi - blo)[np.maximum(i, 0)])
+        return np.where(i >= 0, before[np.maximum(i, 0)] + inside, 0)
+
+    both = int(np.sum(below(ahi) - below(alo)))
+    return int(np.sum(ahi - alo)) - both, int(np.sum(bhi - blo)) - both

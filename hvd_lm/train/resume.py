@@ -6,7 +6,6 @@ and the checkpoint folder are :mod:`hvd_lm.formats.checkpoint`'s).
 from __future__ import annotations
 
 import random
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,18 +166,18 @@ class Resume:
         if scaler is not None and scaler.is_enabled() and self.ckpt.get("scaler"):
             scaler.load_state_dict(self.ckpt["scaler"])
 
-    def rnn_rows(self, rank: int, size: int, batch_size: int, warn: bool = True):
+    @property
+    def rows(self) -> int:
+        """Rows of the saved recurrent state: the saving job's world size x batch."""
+        return int(self.ckpt["rnn_state"][0].shape[0])
+
+    def rnn_rows(self, rank: int, size: int, batch_size: int):
         """This rank's B rows of the saved recurrent state (h, c) each [B, H] on the job's
-        device, or None (and a warning on stderr when ``warn``) when the checkpoint was written
-        by a job with another number of rows (world size x batch): its streams are then cut
-        differently."""
-        h, c = self.ckpt["rnn_state"]
-        if h.shape[0] != size * batch_size:
-            if warn:
-                print(f"warning: {self.path} was written by {h.shape[0]} rows, this job has "
-                      f"{size * batch_size}: recurrent state reset (resume is not exact)",
-                      file=sys.stderr)
+        device, or None when the checkpoint was written by a job with another number of rows
+        (world size x batch): its streams are then cut differently (the caller says so)."""
+        if self.rows != size * batch_size:
             return None
+        h, c = self.ckpt["rnn_state"]
         rows = slice(rank * batch_size, (rank + 1) * batch_size)  # (mapped: these rows read)
         return h[rows].clone().to(self.device), c[rows].clone().to(self.device)
 

@@ -30,7 +30,7 @@ from hvd_lm.model.mfu import Peak, device_peak
 from hvd_lm.options import check_required
 from hvd_lm.train import preflight
 from hvd_lm.train import resume as resume_io
-from hvd_lm.train.data import RankStreams, window_in_new_cut
+from hvd_lm.train.data import RankStreams, recut_bytes, window_in_new_cut
 from hvd_lm.train.deadline import CHECKPOINT_BYTES_PER_S
 from hvd_lm.train.evaluate import estimate_seconds
 from hvd_lm.train.optim import build_optimizer, distributed
@@ -142,12 +142,16 @@ class RunParts:
             resume.restore_model(self.model, self.scaler)
             pos = self.start_pos = resume.position
             self.resumed_from = resume.path
+            saved_window = pos.window
             if resume.windows_per_epoch:  # another world size x batch cuts other streams:
                 # continue at the same point of the epoch (the same window when cut alike)
                 pos.window = window_in_new_cut(pos.window, resume.windows_per_epoch,
                                                self.windows_per_epoch)
-            self.start_state = resume.rnn_rows(self.ctx.rank, self.ctx.size, self.B,
-                                               warn=self.ctx.is_root) or self.start_state
+            rows = resume.rnn_rows(self.ctx.rank, self.ctx.size, self.B)
+            self.start_state = rows or self.start_state
+            if rows is None and self.ctx.is_root:
+                print(f"hvd-lm train: warning: {self.recut_text(resume, saved_window)}",
+                      file=sys.stderr, flush=True)
             resume.restore_rng()
             if preflight.resume_end(pos.step, pos.window, self.total_steps,
                                     sys.maxsize if cfg.run.elastic else self.total_windows,
@@ -197,6 +201,25 @@ class RunParts:
             self.peer_watch = PeerWatch(self.ctx.rank)
             self.peers = comm.allgather_object(self.peer_watch.info(), name="peers")  # collective
 
+
+    def recut_text(self, resume: resume_io.Resume, saved_window: int) -> str:
+        """The one line of a resume whose streams are cut anew (another world size x batch):
+        where in the epoch it continues and the bytes of that epoch re-read and skipped
+        (:func:`hvd_lm.train.data.recut_bytes`)."""
+        rows = self.ctx.size * self.B
+        text = (f"{resume.path} was written by {resume.rows} rows, this job has {rows} "
+                f"({self.ctx.size} rank(s) x {self.B}): recurrent state reset (resume is not "
+                "exact)")
+        if not resume.windows_per_epoch:  # written before windows per epoch were saved
+            return text
+        epoch, old = divmod(saved_window, resume.windows_per_epoch)
+        new = self.start_pos.window - epoch * self.windows_per_epoch
+        reread, skipped = recut_bytes(self.streams.total_bytes, self.T, resume.rows, old, rows,
+                                      new)
+        return (f"{text}; the streams are cut anew at the same point of epoch {epoch} (window "
+                f"{old} of {resume.windows_per_epoch} -> {new} of {self.windows_per_epoch}): "
+                f"this epoch re-reads {reread:,} bytes and skips {skipped:,} of "
+                f"{self.streams.chars_per_epoch:,}")
 
     # ---- the start record ------------------------------------------------------------------------
 
