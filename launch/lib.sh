@@ -253,11 +253,12 @@ hvd_lm_run_preemptible() {
 
 # The filters' awk program: stdin to stdout unchanged, each line holding "ERROR:" (or the
 # launcher's own word on a lost rank or a refused start: srun's "srun: error:", OpenMPI's
-# "mpirun noticed that process rank" and its root refusal) also appended to the file `errors`
+# "mpirun noticed that process rank" and its root refusal, horovodrun's "Process N exit with
+# status code", torchrun's root-cause block and its host/rank/exitcode fields) also appended to the file `errors`
 # ($HVD_LM_ERRORS), which the closing block reads. awk, not a `read` loop: bash reads a pipe a
 # byte per system call, which a verbose job's output (NCCL_DEBUG=INFO on many ranks) would back
 # up behind.
-HVD_LM_KEEP_ERRORS='{ print; fflush() } /ERROR:|srun: error:|mpirun noticed that process rank|mpirun has detected an attempt to run as root/ { print >> errors; fflush(errors) }'
+HVD_LM_KEEP_ERRORS='{ print; fflush() } /ERROR:|srun: error:|mpirun noticed that process rank|mpirun has detected an attempt to run as root|^Process [0-9]+ exit with status code|Root Cause \(first observed failure\)|^(\[[0-9,]+\]<std(out|err)>:)? *(host|rank|exitcode) *: / { print >> errors; fflush(errors) }'
 # mawk (Debian's and Ubuntu's awk) reads a pipe a block at a time, holding a line back until the
 # block fills, unless -W interactive; gawk and busybox pass each line on as it comes
 HVD_LM_AWK=(awk)

@@ -93,8 +93,16 @@ def test_a_failed_launch_ends_with_its_first_failure(template, knobs, cause, sha
     env = launch_env(NP="2", OUT_DIR=str(out), **knobs,
                      TRAIN_ARGS=f"--shards {shards} {TINY} --checkpoint-every 2 {extra}")
     proc = run(["bash", LAUNCH / template], timeout=240, env=env, cwd=tmp_path, check=False)
-    rec, = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+    recs = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
             if r["kind"] == "failure"]
+    if not recs and template == "horovodrun_local.sh":  # horovodrun's SIGTERM reached rank 0
+        # before its collective failed: nothing probed or recorded (hvd_lm.comm.peers.failure),
+        # and horovodrun's own line names the rank
+        import socket
+        assert proc.returncode != 0 and proc.stderr.rstrip().splitlines()[-1] == (
+            f"cause: horovodrun: rank 1 on host {socket.gethostname()} exited with status 3")
+        return
+    rec, = recs
     ckpt = out / "checkpoints" / "step_00000002.pt"
     assert rec["rank"] == 0 and rec["step"] == 3 and rec["checkpoint"] == str(ckpt), rec
     assert rec["resume"].endswith(f"--out-dir {out} --shards {shards} {' '.join(TINY.split())}"

@@ -188,3 +188,62 @@ def test_a_requeue_is_reported_as_a_requeue_and_a_cancel_as_a_cancel(tmp_path, r
     else:
         assert "got SIGTERM (scancel, or the node going down)" in stderr, stderr
         assert "checkpoint written after SIGTERM; the job ends" in stdout, stdout
+
+
+def _rank_pid(launch: subprocess.Popen, rank: int) -> int | None:
+    """The pid of the training process of ``rank`` under ``launch`` (its environment says the
+    rank: every launcher sets one of these), or None."""
+    import psutil
+    for p in psutil.Process(launch.pid).children(recursive=True):
+        try:
+            env, cmd = p.environ(), " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if "hvd_lm" in cmd and "train" in cmd and str(rank) in (
+                env.get("OMPI_COMM_WORLD_RANK"), env.get("HOROVOD_RANK"), env.get("RANK")):
+            return p.pid
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("template,ranks", [("horovodrun_local.sh", "NP"),
+                                            ("mpirun.sh", "NP"),
+                                            ("torchrun.sh", "NPROC_PER_NODE")])
+def test_a_rank_killed_under_each_launcher_is_the_one_the_block_names(shards, tmp_path, template,
+                                                                      ranks):
+    """Rank 2 of 3 SIGKILLed mid-run (an OOM kill): the closing block's cause names rank 2 and
+    this host and no other rank (before: torchrun's 'lost ranks 1,2 ...' from a probe after
+    torchrun had stopped them, horovodrun's 'no rank reported an error'); no rank claims a
+    checkpoint it did not write; this one host acknowledges the launcher's SIGTERM at most once
+    and prints at most one ERROR line."""
+    import socket
+    out = tmp_path / "run"
+    proc = subprocess.Popen(["bash", str(LAUNCH / template)], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=launch_env(**{ranks: "3"}, OUT_DIR=str(out), PREFLIGHT="0",
+                                           ENGINE="horovod" if template != "torchrun.sh"
+                                           else "torch", HVD_LM_STEP_SLEEP="0.1",
+                                           MPIRUN_ARGS="--oversubscribe",
+                                           TRAIN_ARGS=f"--shards {shards} {TINY} "
+                                                      "--max-steps 100000"))
+    try:
+        end, pid = time.time() + 180, None
+        while time.time() < end and proc.poll() is None and not (pid and (
+                out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().count(
+                '"train"') >= 3):
+            pid = pid or _rank_pid(proc, 2)
+            time.sleep(0.3)
+        assert pid, "rank 2 was not found"
+        import os
+        os.kill(pid, signal.SIGKILL)
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0, output[-3000:]
+    cause = output.rstrip().splitlines()[-1]
+    assert cause.startswith("cause: ") and "rank 2 " in cause, output[-3000:]
+    assert f"host {socket.gethostname()}" in cause, cause
+    assert not any(f"rank {r}" in cause or f",{r}" in cause for r in (0, 1)), cause
+    assert "checkpoint is written" not in output and "every rank checkpointed" not in output
+    assert sum("received:" in x for x in output.splitlines()) <= 1, output[-3000:]
+    assert sum("hvd-lm train: ERROR:" in x for x in output.splitlines()) <= 1, output[-3000:]

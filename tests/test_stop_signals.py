@@ -103,3 +103,7 @@ def test_two_ranks_acknowledge_and_checkpoint_at_the_same_step(shards, tmp_path)
         proc.kill()
     end, = records(out, "end")
     assert end["stop"] == "signal"
+    # one host: one acknowledgement, not one per rank; rank 0 confirms the checkpoint once written
+    assert sum("received:" in x for x in lines.lines) == 1, "".join(lines.lines)
+    assert any(f"hvd-lm train: stopped on a signal: every rank checkpointed at step "
+               f"{end['step']:,} (" in x for x in lines.lines), "".join(lines.lines)

@@ -7,6 +7,7 @@ torch engine's runs against Horovod's and one process (bit for bit, resume acros
 from __future__ import annotations
 
 import re
+import socket
 import sys
 
 import pytest
@@ -39,8 +40,12 @@ def same(a: dict, b: dict) -> bool:
 @pytest.mark.slow
 def test_a_killed_rank_is_one_line_and_the_launch_ends_with_its_cause(shards, tmp_path):
     """Rank 1 exits at step 3 (a fault hook) under launch/torchrun.sh: rank 0's collective fails
-    at once (the peer's connection closed), it prints one line naming rank 1 and its host and
-    records it; torchrun stops the job; the template's last lines are the closing block."""
+    at once (the peer's connection closed) and torchrun stops the job; one ERROR line, and the
+    template's last lines are the closing block naming rank 1 and its host. Which words depends
+    on a race the test does not fix: when rank 0's probe ran before torchrun's SIGTERM reached
+    it, its own line (recorded: 'lost rank 1 ... refuses the connection'); when the signal came
+    first, nothing is probed (the launcher is stopping the ranks) and torchrun's root cause
+    ('rank 1 ... exited with status 3') is the cause."""
     out = tmp_path / "run"
     env = launch_env(NPROC_PER_NODE="2", OUT_DIR=str(out), PYTHON=sys.executable,
                      HVD_LM_FAULT_RANK="1", HVD_LM_FAULT_STEP="3",
@@ -49,18 +54,24 @@ def test_a_killed_rank_is_one_line_and_the_launch_ends_with_its_cause(shards, tm
                                                    "2"])))
     proc = run(["bash", LAUNCH / "torchrun.sh"], timeout=240, env=env, cwd=tmp_path, check=False)
     text = proc.stdout + proc.stderr
-    lines = [x for x in text.splitlines() if "ERROR: lost rank" in x]
+    lines = [x for x in text.splitlines() if "hvd-lm train: ERROR:" in x]
     assert proc.returncode != 0 and len(lines) == 1, text[-4000:]
-    assert re.match(r"hvd-lm train: ERROR: lost rank 1 on host \S+ \(\S+ refuses the "
-                    r"connection: the host is up but the rank's process is gone\): a collective "
-                    r"failed at step 4 after \d+\.\d s \(its peer's connection closed\)",
-                    lines[0]), lines[0]
-    rec, = records(out, "failure")
-    assert rec["rank"] == 0 and rec["step"] == 3
     last = proc.stderr.rstrip().splitlines()[-5:]
     assert last[0] == f"==== hvd-lm: the job failed (exit status {proc.returncode}) ===="
     assert last[2] == f"newest complete checkpoint: {out / 'checkpoints' / 'step_00000002.pt'}"
-    assert last[4] == f"cause: {rec['error']}" and rec["error"] in lines[0]
+    recs = records(out, "failure")
+    if recs:  # rank 0 probed before the launcher's signal
+        rec, = recs
+        assert rec["rank"] == 0 and rec["step"] == 3
+        assert re.match(r"hvd-lm train: ERROR: lost rank 1 on host \S+ \(\S+ refuses the "
+                        r"connection: the host is up but the rank's process is gone\): a "
+                        r"collective failed at step 4 after \d+\.\d s \(its peer's connection "
+                        r"closed\)", lines[0]), lines[0]
+        assert last[4] == f"cause: {rec['error']}" and rec["error"] in lines[0]
+    else:
+        assert "stopped on a signal during step 4 before its checkpoint" in lines[0], lines[0]
+        assert last[4] == f"cause: torchrun: rank 1 on host {socket.gethostname()} exited with " \
+            "status 3", last
 
 
 def test_what_one_engine_lacks_is_refused_in_one_line(shards, tmp_path):
@@ -89,6 +100,6 @@ def test_a_stalled_peer_fails_after_the_gloo_timeout_in_one_line(shards, tmp_pat
                timeout=120, env=env, check=False)
     lines = [x for x in proc.stderr.splitlines() if "ERROR" in x and "hvd-lm train" in x]
     assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-3000:]
-    assert ("every other rank still answers (the failure is not a lost host): a collective "
+    assert ("every probed rank still answers (the failure is not a lost host): a collective "
             "failed at step 1 (torch.distributed gave up after its timeout, "
             "--gloo-timeout-s=2 s)") in lines[0]

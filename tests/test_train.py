@@ -351,6 +351,20 @@ def test_a_run_resized_4_to_2_to_3_ranks_says_what_each_new_cut_rereads_and_skip
                  "windows_per_epoch": ck["windows_per_epoch"]}
 
 
+@pytest.mark.slow
+def test_a_bad_resume_on_three_ranks_is_one_error_line(shards, tmp_path):
+    """Rank 0 reads the checkpoint to resume and the others learn its outcome (#61: they no
+    longer read the file): a missing one stops all three ranks, rank 0 alone printing the line
+    (the others' copy of it is not printed again)."""
+    argv = train_argv(shards, tmp_path / "r", "--batch-size", "2", "--max-steps", "2",
+                      "--resume", str(tmp_path / "missing.pt"))
+    proc = run(horovodrun_cmd(3, argv), timeout=300, check=False)
+    errors = [x for x in (proc.stdout + proc.stderr).splitlines() if "ERROR:" in x]
+    assert proc.returncode != 0 and len(errors) == 1, errors  # (horovodrun adds a traceback)
+    assert errors[0].startswith("[0]<stderr>:hvd-lm train: ERROR: no checkpoint at ")
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_checkpoint_resumes_on_another_device(tmp_path):
     """A checkpoint read for a job on another device (here the meta device standing in for a
     GPU, which the CPU lacks) restores the RNG states exactly (torch takes CPU generator states

@@ -199,3 +199,20 @@ def test_mpirun_and_horovodrun_argv_across_hosts():
     assert hr[1:8] == ["-np", "3", "-H", "n1:1,n2:1,n3:1", "--gloo", "--network-interface",
                        "eth0"]
     assert horovodrun_argv(2, ["-m", "x"])[3:6] == ["-H", "localhost:2", "--gloo"]
+
+
+def test_a_failures_probes_are_bounded_by_the_hosts_not_the_world():
+    """128 ranks on 16 hosts of 8: a host's first rank probes its own host's 7 other ranks and
+    the next host's 8 (a ring), so each rank is probed by at most 2 probers and a failure makes
+    2 x 128 - 16 connections in all, where every survivor probing every peer made 16,256."""
+    from collections import Counter
+
+    from hvd_lm.comm.peers import probe_targets
+    table = [{"rank": r, "host": f"n{r // 8}", "port": 1} for r in range(128)]
+    probes = {r: probe_targets(table, r) for r in range(0, 128, 8)}  # each host's rank 0
+    assert all(len(t) == 15 for t in probes.values())
+    assert {p["host"] for p in probes[120]} == {"n15", "n0"}  # the ring closes
+    seen = Counter(p["rank"] for t in probes.values() for p in t)
+    assert set(seen) == set(range(128)) and max(seen.values()) == 2
+    assert sum(seen.values()) == 2 * 128 - 16
+    assert probe_targets(table[:8], 3) == [p for p in table[:8] if p["rank"] != 3]  # one host

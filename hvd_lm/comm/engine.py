@@ -451,8 +451,9 @@ def allreduce_group(tensors: list[torch.Tensor], prefix: str, op: str = "average
 
 
 class RootError(RuntimeError):
-    """Raised on every rank but 0 when rank 0's part of :func:`root_call` failed (the message is
-    rank 0's)."""
+    """Raised on every rank but 0 when rank 0's part of :func:`root_call` failed (rank 0 prints
+    the message: ``quiet``, the command line prints no copy)."""
+    quiet = True
 
 
 def root_call(fn):

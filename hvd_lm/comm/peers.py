@@ -6,8 +6,9 @@ waiting 30000ms for recv operation to complete", Horovod then shuts down with "H
 shut down. This was caused by an exception on one of the ranks ...". To turn that into one line
 naming the host, every rank opens a listener on an ephemeral TCP port at start (:class:`PeerWatch`;
 it answers a connection with its rank), the ranks exchange ``{rank, host, port}`` once (the
-training loop's one ``allgather_object``), and after a failed collective each surviving rank
-connects to every other rank's listener, 3 s each, in parallel (:func:`probe_peers`):
+training loop's one ``allgather_object``), and after a failed collective each surviving host's
+local rank 0 connects to the listeners of its own host's ranks and the next host's, 3 s each, in
+parallel (:func:`probe_lost`; bounded: about 2 x world size connections per failure in all):
 
 * no answer within 3 s: the host is unreachable (its link is down, or the host is gone);
 * connection refused: the host is up but the rank's process is gone (killed, crashed);
@@ -85,27 +86,39 @@ def probe(peer: dict, timeout: float = PROBE_TIMEOUT) -> str | None:
         return f"{addr}: {e}"
 
 
-def probe_peers(table: list[dict], me: int, timeout: float = PROBE_TIMEOUT) -> dict[int, str]:
-    """``{rank: why}`` for every other rank in ``table`` (:meth:`PeerWatch.info` of each) that
-    does not answer; empty when all do. All probes run at once (at most ``timeout`` s)."""
-    others = [p for p in table if p["rank"] != me]
-    if not others:
-        return {}
-    with cf.ThreadPoolExecutor(max_workers=min(64, len(others))) as pool:
-        results = list(pool.map(lambda p: probe(p, timeout), others))
-    return {p["rank"]: why for p, why in zip(others, results) if why}
+def probe_targets(table: list[dict], me: int) -> list[dict]:
+    """The peers rank ``me`` probes after a failed collective: the other ranks of its own host
+    and every rank of the next host (hosts in the order of their first rank, a ring): each
+    rank's host is probed by two hosts' first ranks at most, so the probes of a failure are
+    about 2 x world size in all and 2 x ranks per host from any one prober, whatever the world
+    size (an all-to-all probe was world size squared: 16K connections at 128 ranks)."""
+    hosts = list(dict.fromkeys(p["host"] for p in table))
+    mine = next(p["host"] for p in table if p["rank"] == me)
+    nxt = hosts[(hosts.index(mine) + 1) % len(hosts)]
+    return [p for p in table if p["rank"] != me and p["host"] in (mine, nxt)]
 
 
-def lost_peers_text(table: list[dict], me: int, timeout: float = PROBE_TIMEOUT) -> str:
-    """The lost ranks as one phrase: ``rank 1 on host n2 (10.77.0.2 does not answer ...)``
-    (grouped by host when a host lost several ranks), or a phrase saying every peer answers."""
-    lost = probe_peers(table, me, timeout)
+def probe_lost(table: list[dict], me: int, timeout: float = PROBE_TIMEOUT) -> list[dict]:
+    """``[{rank, host, why}]`` for each of :func:`probe_targets` that does not answer, in rank
+    order; empty when all do. All probes run at once (at most ``timeout`` s)."""
+    targets = probe_targets(table, me)
+    if not targets:
+        return []
+    with cf.ThreadPoolExecutor(max_workers=min(64, len(targets))) as pool:
+        results = list(pool.map(lambda p: probe(p, timeout), targets))
+    return [{"rank": p["rank"], "host": p["host"], "why": why}
+            for p, why in zip(targets, results) if why]
+
+
+def lost_text(lost: list[dict]) -> str:
+    """The lost ranks as one phrase: ``lost rank 1 on host n2 (10.77.0.2 does not answer ...)``
+    (grouped by host and reason when a host lost several ranks), or a phrase saying every probed
+    peer answers."""
     if not lost:
-        return "every other rank still answers (the failure is not a lost host)"
+        return "every probed rank still answers (the failure is not a lost host)"
     by_host: dict[tuple[str, str], list[int]] = {}
-    hosts = {p["rank"]: p["host"] for p in table}
-    for r, why in sorted(lost.items()):
-        by_host.setdefault((hosts[r], why), []).append(r)
+    for p in sorted(lost, key=lambda p: p["rank"]):
+        by_host.setdefault((p["host"], p["why"]), []).append(p["rank"])
     parts = []
     for (host, why), ranks in by_host.items():
         rs = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {','.join(map(str, ranks))}"
@@ -114,14 +127,55 @@ def lost_peers_text(table: list[dict], me: int, timeout: float = PROBE_TIMEOUT) 
 
 
 class LostPeer(RuntimeError):
-    """A collective failed because a peer was lost (the message names its host).
+    """A collective failed because a peer was lost (the message names its host), or, after a
+    stop signal, because the launcher is stopping the job.
 
     Attributes:
-        report: True on the ranks that print the line (each node's local rank 0), False on the
-            others, which exit 1 quietly so that the job log gets one line per node, not one per
+        report: True on the ranks that print the line (each host's local rank 0), False on the
+            others, which exit 1 quietly so that the job log gets one line per host, not one per
             rank.
+        record: a ``failure`` record is written (False after a stop signal: the launcher names
+            the rank that failed first, and a teardown's probes would name every rank it
+            stopped).
+        lost: ``[{rank, host, why}]`` this rank's probes found (the record keeps them: the
+            launch's summary joins every host's).
     """
 
-    def __init__(self, message: str, report: bool = True):
+    def __init__(self, message: str, report: bool = True, record: bool = True,
+                 lost: list[dict] | None = None):
         super().__init__(message)
-        self.report = report
+        self.report, self.record, self.lost = report, record, lost
+
+
+def failure(table: list[dict], ctx, step: int, waited: float, newest, signalled,
+            timeout: float = PROBE_TIMEOUT) -> LostPeer:
+    """The error of a collective that failed during ``step``, on the rank ``ctx``
+    (:class:`hvd_lm.comm.world.RankContext`), ``waited`` seconds into it, ``newest`` the newest
+    complete checkpoint (None: none). ``signalled()`` says whether a stop signal has come: then
+    the launcher is tearing the job down (torchrun, horovodrun and mpirun stop every rank once
+    one failed, and name it): nothing is probed and nothing recorded, a probe's findings
+    included when the signal came during it (they would name the ranks being stopped). Else
+    each host's local rank 0 probes (:func:`probe_lost`) and names who is lost; the other ranks
+    probe nothing and stay quiet."""
+    from hvd_lm.comm import engine
+
+    ckpt = f"the newest complete checkpoint is {newest or 'none (no step was saved)'}"
+    torn_down = LostPeer(f"stopped on a signal during step {step} before its checkpoint: a "
+                         "collective failed and the launcher is stopping the job (it names the "
+                         f"rank that failed first); {ckpt}", report=ctx.local_rank == 0,
+                         record=False)
+    if signalled():
+        return torn_down
+    if ctx.local_rank != 0:
+        return LostPeer("a collective failed (this host's first rank names the lost peer)",
+                        report=False)
+    # Gloo's timeout is named only when it is what ended the wait (a killed peer fails at once)
+    limit = engine.gloo_timeout_s()
+    bound = (f" ({engine.timeout_phrase(limit)})" if limit and waited >= 0.8 * limit else
+             f" after {waited:.1f} s (its peer's connection closed)")
+    lost = probe_lost(table, ctx.rank, timeout)
+    if signalled():
+        return torn_down
+    return LostPeer(f"{lost_text(lost)}: a collective failed at step {step}{bound}; {ckpt}; "
+                    "bring the host back or leave it out, and run again with --resume auto (the "
+                    "launch templates add it)", lost=lost)

@@ -378,7 +378,7 @@ def wrap_model(model: torch.nn.Module, compression: str = "none") -> torch.nn.Mo
     device = next(model.parameters()).device
     ddp = DistributedDataParallel(
         model, device_ids=[device] if device.type == "cuda" else None,
-        bucket_cap_mb=_settings["bucket_mb"], broadcast_buffers=False)
+        bucket_cap_mb=_settings["bucket_mb"])  # (the LM has no buffers to sync)
     ddp.register_comm_hook(None, _hook(compression))
     return ddp
 

@@ -17,12 +17,18 @@ non-zero, and it prints::
     resume: run the same launch again (OUT_DIR=runs/x); it continues with --resume auto
     cause: lost rank 1 on host n2 (10.77.0.2 does not answer within 3 s: ...): ...
 
-Without a record newer than the launch (a rank killed outright, an error before the run folder
-was opened) the cause is what the launcher itself said when it names a rank and host (srun's
-``srun: error: n2: task 1: Killed``, OpenMPI's ``mpirun noticed that process rank 1 ... on node
-n2 exited on signal 9``) or refused to start (OpenMPI as root, with the fix), else the first
-``ERROR:`` line the launch printed (kept by the template, launcher tags such as
-``[1]<stderr>:`` removed), else what the exit status says.
+A rank the launcher saw killed by a signal is the first failure, ahead of any record (it could
+record nothing itself; what the others recorded followed from it, e.g. a probe that ran while
+the launcher was stopping them): srun's ``srun: error: n2: task 1: Killed``, OpenMPI's ``mpirun
+noticed that process rank 1 ... on node n2 exited on signal 9``, horovodrun's ``Process 1 exit
+with status code 137.`` and torchrun's "Root Cause (first observed failure)" block, the host
+from the run's ``start`` record when the launcher names none (:func:`launcher_first`). Records
+of lost peers from several hosts' probers are joined. Without a record newer than the launch
+(an error before the run folder was opened, a rank that exited with an error and was not
+recorded) the cause is what the launcher said of the rank that failed first or of a start it
+refused (OpenMPI as root, with the fix), else the first ``ERROR:`` line the launch printed
+(kept by the template, launcher tags such as ``[1]<stderr>:`` removed), else what the exit
+status says.
 
 A launch whose ranks all stopped on a signal and checkpointed (the run's ``end`` record since the
 launch says ``stop: signal``) is a clean stop whatever the launcher's exit status (horovodrun
@@ -143,6 +149,40 @@ def launcher_cause(path: str | Path | None) -> str:
     return ""
 
 
+#: horovodrun's line about a rank that ended with a non-zero status (its index is the rank; a
+#: status of 128 + N is signal N); torchrun's is its "Root Cause (first observed failure)" block
+#: (``rank : 7 (local_rank: 7)``, ``host : n2``, ``exitcode : -9 (pid: 123)``: -N is signal N).
+_HOROVODRUN_EXIT = re.compile(r"^Process (?P<rank>\d+) exit with status code (?P<status>\d+)\.")
+
+
+def launcher_first(path: str | Path | None, hosts: list | None = None) -> tuple[str, bool]:
+    """The rank the launcher saw fail first, in its words, and whether a signal killed it (then
+    it could record nothing itself, and what the other ranks recorded followed from it):
+    horovodrun's and torchrun's with the host from ``hosts[rank]`` (the run's ``start``
+    record), mpirun's and srun's through :data:`LAUNCHER_LINES`; ('', False) when none."""
+    lines = [_TAG.sub("", x).rstrip() for x in _kept_lines(path)]
+    for i, line in enumerate(lines):
+        rank, status, launcher = None, 0, ""
+        if "Root Cause (first observed failure)" in line:  # torchrun's block: the next fields
+            f = dict(re.findall(r"^\s*(host|rank|exitcode)\s*: (\S+)", "\n".join(lines[i:i + 8]),
+                                re.M))
+            if re.fullmatch(r"-?\d+", f.get("exitcode", "")) and f.get("rank", "").isdigit():
+                code = int(f["exitcode"])
+                rank, status, launcher = int(f["rank"]), 128 - code if code < 0 else code, \
+                    "torchrun"
+        elif m := _HOROVODRUN_EXIT.search(line):
+            rank, status, launcher = int(m["rank"]), int(m["status"]), "horovodrun"
+        if rank is not None:
+            host = hosts[rank] if hosts and 0 <= rank < len(hosts) else None
+            where = f"{launcher}: rank {rank}{f' on host {host}' if host else ''}"
+            if status > 128 and status - 128 in {int(x) for x in signal.Signals}:
+                return (f"{where} was killed by signal {status - 128} "
+                        f"({signal.Signals(status - 128).name})"), True
+            return f"{where} exited with status {status}", False
+    said = launcher_cause(path)
+    return said, bool(re.match(r"mpirun: rank |srun: rank .*: (Killed|Terminated)", said))
+
+
 def first_error_line(path: str | Path | None) -> str:
     """The first line holding ``ERROR:`` in the launch's kept output, launcher tags removed;
     '' when none."""
@@ -182,7 +222,9 @@ def summary(out_dir: str, rc: int, since: float = 0.0, errors: str = "",
     """
     recs = run_records(out_dir, "failure", since)
     lines = [f"==== hvd-lm: the job failed ({exit_text(rc)}) ===="]
-    if recs:
+    starts = run_records(out_dir, "start", since)
+    said, killed = launcher_first(errors, starts[-1].get("hosts") if starts else None)
+    if recs and not killed:
         # rank 0's view when it recorded one (the launcher runs beside it: a host cut off from
         # the others may still reach the shared disk and record the mirror image), else the first
         r = next((x for x in recs if x.get("rank") == 0), recs[0])
@@ -193,13 +235,21 @@ def summary(out_dir: str, rc: int, since: float = 0.0, errors: str = "",
                      f"{r.get('step')} (recorded in {Path(out_dir) / 'metrics.jsonl'}{also})")
         ckpt = r.get("checkpoint") or "none (no step was saved)"
         cause = r.get("error") or first_error_line(errors)
+        lost = [p for x in recs for p in x.get("lost") or [] if isinstance(p, dict)]
+        if lost:  # each host's first rank probed two hosts: every host's findings, joined
+            from hvd_lm.comm.peers import lost_text
+            unique = list({p.get("rank"): p for p in lost}.values())
+            rest = cause[cause.find(": a collective failed"):] if ": a collective failed" \
+                in cause else ""
+            cause = lost_text(unique) + rest
         again = resume or (f"the same launcher with `{r['resume']}`" if r.get("resume") else "")
     else:
-        said = launcher_cause(errors)
         line = first_error_line(errors)
         unread = _metrics_tail(out_dir)[1]
-        lines.append("where: no rank recorded a failure in "
-                     f"{Path(out_dir) / 'metrics.jsonl'}"
+        lines.append(("where: the launcher saw a rank killed first (what the other ranks "
+                      "recorded followed from it)" if recs else
+                      "where: no rank recorded a failure in "
+                      f"{Path(out_dir) / 'metrics.jsonl'}")
                      + (f" (unreadable: {unread})" if unread else "")
                      + ("; the launcher's own words follow" if said else
                         "; the first ERROR line of the launch follows" if line else ""))

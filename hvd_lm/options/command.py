@@ -268,7 +268,8 @@ class Command:
         except Exception as e:  # noqa: BLE001 - every error becomes one line (or a traceback)
             if getattr(args, "debug", False):
                 traceback.print_exc()
-            print(f"{name}: ERROR: {error_text(e)}", file=sys.stderr)
+            if not getattr(e, "quiet", False):  # (a rank's copy of rank 0's error: no line)
+                print(f"{name}: ERROR: {error_text(e)}", file=sys.stderr)
             return 2 if isinstance(e, (ConfigError, *self.usage_errors)) else 1
         # a command that ended cleanly on the torch engine waits for its peers at exit
         # (hvd_lm.comm.torch_engine.shutdown); looked up, not imported: options is below comm

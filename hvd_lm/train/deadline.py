@@ -52,6 +52,7 @@ import contextlib
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -362,7 +363,9 @@ class DeadlinePlanner:
 
 class StopSignals:
     """Turns SIGTERM/SIGINT/SIGUSR1 into a stop flag (:attr:`received` = the signal number):
-    the loop checkpoints on every rank at the same step and exits 0.
+    the loop checkpoints on every rank at the same step and exits 0. With ``announce`` (each
+    host's local rank 0) the signal is acknowledged at once in one line: one line per host, not
+    per rank.
 
     Under ``horovodrun --mpi`` a signal to horovodrun kills only the ``/bin/sh -c mpirun`` it
     became (:func:`hvd_lm.comm.world.horovodrun_mpi_shell`); a daemon thread watches that
@@ -375,10 +378,13 @@ class StopSignals:
     their console to /dev/null (``metrics.jsonl`` still gets every record).
     """
 
-    def __init__(self, watch_interval_s: float = 1.0, describe=None) -> None:
+    def __init__(self, watch_interval_s: float = 1.0, describe=None,
+                 announce: bool = True) -> None:
         self.received: int | None = None
         #: () -> str: when the stop happens (set by the loop: the step, the steps to go)
         self.describe = describe
+        #: this rank says that a signal came (one rank per host: local rank 0)
+        self.announce = announce
         self.mpirun_tears_down = under_openmpi()
         self.previous = {sig: signal.signal(sig, self._handler)
                          for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
@@ -428,7 +434,7 @@ class StopSignals:
             if not data:
                 return
             signum = next((b for b in data if b in stops), None)
-            if signum is None or said:
+            if signum is None or said or not self.announce:
                 continue
             said = True
             if self.mpirun_tears_down and signum != signal.SIGUSR1:
@@ -437,9 +443,10 @@ class StopSignals:
             if self.describe is not None:
                 with contextlib.suppress(Exception):
                     when = self.describe()
+            # a promise, not a fact: the checkpoint's own line follows once it is written
             print(f"hvd-lm train: {signal.Signals(signum).name} received: {when or 'stopping'}"
-                  "; the checkpoint is written, then the run exits 0 (--resume auto continues "
-                  "it)", file=sys.stderr, flush=True)
+                  f", to checkpoint there and exit 0 (host {socket.gethostname()}; rank 0 "
+                  "confirms the checkpoint once saved)", file=sys.stderr, flush=True)
 
     def _watch(self, pid: int, interval: float) -> None:
         while self.received is None:

@@ -44,15 +44,16 @@ def resume_command(argv: list[str] | None = None) -> str:
 
 
 def write_failure(out_dir: str | Path, step: int, rank: int, error: str,
-                  checkpoint: str | None) -> None:
+                  checkpoint: str | None, lost: list[dict] | None = None) -> None:
     """Append a ``failure`` record (``rank``, ``host``, ``error``: the one line the rank prints,
-    ``checkpoint``: the newest complete one or None, ``resume``: :func:`resume_command`) to
+    ``checkpoint``: the newest complete one or None, ``resume``: :func:`resume_command`, and
+    after a lost peer ``lost``: ``[{rank, host, why}]`` this rank's probes found) to
     ``<out_dir>/metrics.jsonl``: what ``hvd_lm.jobs.failure_summary`` shows as the last lines
     of a failed launch. Any rank may call it (an appended line, not rank 0's open log); it never
     raises (the error it records is the one to report)."""
     rec = {"kind": "failure", "step": step, "time": time.time(), "rank": rank,
            "host": socket.gethostname(), "error": error, "checkpoint": checkpoint,
-           "resume": resume_command()}
+           "resume": resume_command(), **({"lost": lost} if lost is not None else {})}
     with contextlib.suppress(OSError, FileRefused), open_append(out_dir, "metrics.jsonl") as f:
         f.write(json.dumps(rec) + "\n")
 

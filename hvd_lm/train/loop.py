@@ -50,7 +50,8 @@ import sys
 import time
 
 from hvd_lm import comm
-from hvd_lm.comm.peers import LostPeer, lost_peers_text
+from hvd_lm.comm.peers import LostPeer
+from hvd_lm.comm.peers import failure as peer_failure
 from hvd_lm.options import Command, error_text
 from hvd_lm.train import faults, step
 from hvd_lm.train.checkpointer import Checkpointer
@@ -124,7 +125,8 @@ class Trainer:
         self.metrics.record("start", self.pos.step, **parts.start_values(peak))
 
         # ---- control -----------------------------------------------------------------------------
-        self.signals = StopSignals(describe=lambda: self.stop_eta())
+        self.signals = StopSignals(describe=lambda: self.stop_eta(),
+                                   announce=parts.ctx.local_rank == 0)
         self.faults = faults.for_rank(parts.ctx.rank, cfg.run.inject_nan_steps)  # tests only
         self.chars = CharCount(self.pos.chars_trained)  # all ranks before, + this one's
         self.guard = DivergenceGuard(cfg.run.divergence_loss, cfg.run.divergence_logs,
@@ -223,45 +225,34 @@ class Trainer:
                     self.finish()
                 except Exception as e:
                     if parts.peers and comm.is_collective_failure(e):
-                        raise self.lost_peer(e) from e
+                        raise self.collective_failed() from e
                     raise
             return self.end()
         except Exception as e:
             # the rank that prints the one-line cause records it for the launch's summary (a
             # divergence, the same on every rank: rank 0 alone)
-            if (e.report if isinstance(e, LostPeer) else
+            if (e.report and e.record if isinstance(e, LostPeer) else
                     parts.ctx.is_root or not isinstance(e, TrainingDiverged)):
                 with contextlib.suppress(Exception):  # a write in flight is the newest
                     self.checkpointer.wait()
                 last = self.checkpointer.newest()
                 write_failure(parts.out_dir, self.pos.step, parts.ctx.rank, error_text(e),
-                              str(last) if last else None)
+                              str(last) if last else None, getattr(e, "lost", None))
             raise
         finally:  # the run is over: a signal now ends the process again (mpirun's teardown)
             self.signals.restore()
             if getattr(parts, "peer_watch", None) is not None:
                 parts.peer_watch.close()
 
-    def lost_peer(self, error: BaseException) -> LostPeer:
-        """The one-line error of a collective that lost a peer: who (probed, at most 3 s), when,
-        after which timeout, and the newest complete checkpoint to resume from."""
+    def collective_failed(self) -> LostPeer:
+        """The one-line error of a failed collective (:func:`hvd_lm.comm.peers.failure`): the
+        lost peer, probed by each host's local rank 0, or after a stop signal the launcher's
+        teardown (nothing probed); with the newest complete checkpoint to resume from."""
         with contextlib.suppress(Exception):  # the newest checkpoint: the one in flight too
             self.checkpointer.wait()
-        # how long the failed collective waited (from its step's start, an upper bound): Gloo's
-        # timeout is named only when it is what ended it (a killed peer fails at once)
-        waited = time.monotonic() - self.step_started
-        timeout = comm.gloo_timeout_s()
-        bound = (f" ({comm.timeout_phrase(timeout)})"
-                 if timeout and waited >= 0.8 * timeout else
-                 f" after {waited:.1f} s (its peer's connection closed)")
-        last = self.checkpointer.newest()
-        ctx = self.parts.ctx
-        return LostPeer(
-            f"{lost_peers_text(self.parts.peers, ctx.rank)}: a collective failed at step "
-            f"{self.pos.step + 1}{bound}; the newest complete checkpoint is "
-            f"{last or 'none (no step was saved)'}; bring the host back or leave "
-            "it out, and run again with --resume auto (the launch templates add it)",
-            report=ctx.local_rank == 0)
+        return peer_failure(self.parts.peers, self.parts.ctx, self.pos.step + 1,
+                            time.monotonic() - self.step_started, self.checkpointer.newest(),
+                            signalled=lambda: bool(self.signals.received))
 
     def elastic_loop(self, state) -> None:
         """The loop under ``hvd.elastic.run``: the state (synced from rank 0) is where this rank
@@ -313,7 +304,7 @@ class Trainer:
             last_start, self.extra_s = t_step, 0.0
             if self.planner is not None:
                 self.planner.attempt_begins()  # (the test hook's virtual clock)
-            self.step_started = time.monotonic()  # what a failed collective waited: lost_peer
+            self.step_started = time.monotonic()  # what a failed collective waited
             self.faults.before_step(pos.step)
 
             # forward, loss, backward, Horovod: synchronize, unscale and clip, step or skip
@@ -473,6 +464,10 @@ class Trainer:
         if parts.ctx.is_root:
             self.metrics.record("end", self.pos.step,
                                 **{k: v for k, v in summary.items() if k != "step"})
+            if self.stop_reason == "signal" and self.checkpointer.saved_step == self.pos.step:
+                print(f"hvd-lm train: stopped on a signal: every rank checkpointed at step "
+                      f"{self.pos.step:,} ({self.checkpointer.newest()}); --resume auto "
+                      "continues it", file=sys.stderr, flush=True)
             write_text(parts.out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         self.metrics.close()
         settled = self.guard.settle(parts.out_dir) if (
