@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests._mp import REPO, launch_env
 
 FAR = "far-host.invalid"  # never resolves (RFC 6761): always reached over ssh
@@ -108,13 +110,24 @@ def test_every_dead_host_is_named_in_one_run_with_8_ssh_connecting_at_most(tmp_p
     at_once = [int(x) for x in (tmp_path / "at_once.log").read_text().split()]
     assert len(at_once) == 12 and max(at_once) <= 8, at_once
     assert proc.returncode == 1 and proc.stderr.strip() == (
-        "hvd-lm doctor: ERROR: 12 of 13 hosts did not answer: far[1-9].invalid,far[10-12].invalid;"
+        "hvd-lm doctor: ERROR: 12 of 13 hosts did not answer: far[1-12].invalid;"
         " the first: ssh far1.invalid: the doctor's agent on far1.invalid exited 255: ssh: "
         "connect to host far1.invalid port 22: Connection refused"), proc.stderr
     proc = doctor(env, "--hosts", "localhost,far1.invalid,far2.invalid", "--timeout", "30")
     assert proc.stderr.strip() == "hvd-lm doctor: ERROR: 2 of 3 hosts did not answer: " + "; ".join(
         f"ssh {h}: the doctor's agent on {h} exited 255: ssh: connect to host {h} port 22: "
         "Connection refused" for h in far[:2]), proc.stderr
+
+
+def test_slurm_node_lists_are_read_with_their_brackets():
+    """What ``$SLURM_JOB_NODELIST`` holds, ``n[001-004,7]``, with slots: python-hostlist expands
+    it (before, the comma inside the brackets split it: ``ssh n[001-004: Could not resolve
+    hostname``); a bracket left open is one line naming it."""
+    from hvd_lm.comm.hosts import parse_hosts
+    assert parse_hosts("n[001-004,7]:8,login") == [
+        ("n001", 8), ("n002", 8), ("n003", 8), ("n004", 8), ("n7", 8), ("login", 1)]
+    with pytest.raises(ValueError, match=r"'n\[1-4:8' is not SLURM's host list syntax"):
+        parse_hosts("n[1-4:8")
 
 
 def test_no_host_receives_more_than_8_of_the_agents_ssh_checks(tmp_path):

@@ -88,26 +88,20 @@ def test_a_failed_launch_ends_with_its_first_failure(template, knobs, cause, sha
     once, not after Gloo's 30 s timeout) or a run that diverges on both ranks (mpirun): the
     template's last lines are the closing block read from the ``failure`` record rank 0 wrote to
     metrics.jsonl: who, after which step, the newest checkpoint, how to resume, the cause."""
-    out = tmp_path / "run"
-    extra = knobs.pop("EXTRA", "")
+    out, extra = tmp_path / "run", knobs.pop("EXTRA", "")
     env = launch_env(NP="2", OUT_DIR=str(out), **knobs,
                      TRAIN_ARGS=f"--shards {shards} {TINY} --checkpoint-every 2 {extra}")
     proc = run(["bash", LAUNCH / template], timeout=240, env=env, cwd=tmp_path, check=False)
-    recs = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
-            if r["kind"] == "failure"]
-    if not recs and template == "horovodrun_local.sh":  # horovodrun's SIGTERM reached rank 0
-        # before its collective failed: nothing probed or recorded (hvd_lm.comm.peers.failure),
-        # and horovodrun's own line names the rank
-        import socket
-        assert proc.returncode != 0 and proc.stderr.rstrip().splitlines()[-1] == (
-            f"cause: horovodrun: rank 1 on host {socket.gethostname()} exited with status 3")
+    recs, last = conftest.records(out, "failure"), proc.stderr.rstrip().splitlines()[-5:]
+    if not recs and template == "horovodrun_local.sh":  # horovodrun's SIGTERM came first: its
+        assert last[-1] == f"cause: horovodrun: rank 1 on host {os.uname().nodename} exited " \
+            "with status 3"  # words (nothing probed or recorded: hvd_lm.comm.peers.failure)
         return
     rec, = recs
     ckpt = out / "checkpoints" / "step_00000002.pt"
     assert rec["rank"] == 0 and rec["step"] == 3 and rec["checkpoint"] == str(ckpt), rec
     assert rec["resume"].endswith(f"--out-dir {out} --shards {shards} {' '.join(TINY.split())}"
                                   f" --checkpoint-every 2 {extra}".rstrip() + " --resume auto")
-    last = proc.stderr.rstrip().splitlines()[-5:]
     assert proc.returncode != 0 and last[:4] == [
         f"==== hvd-lm: the job failed (exit status {proc.returncode}) ====",
         f"where: rank 0 on host {rec['host']}, after step 3 (recorded in "

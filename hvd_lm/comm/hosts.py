@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 import socket
 
+import hostlist
+
 from hvd_lm.options.command import error_text
 from hvd_lm.util.files import FileRefused, read_bounded, shown
 
@@ -23,15 +25,23 @@ HOSTFILE_MAX_BYTES = 16 << 20
 
 def parse_hosts(text: str, merge: bool = False) -> list[tuple[str, int]]:
     """``"n1:8,n2:8"`` (horovodrun's ``-H``; ``n1`` alone is 1 slot) -> [(host, slots)], in
-    first-seen order; with ``merge`` (a node list, one line per rank) a host listed twice adds
-    up its slots.
+    first-seen order; SLURM's compressed names expand (``n[001-004,7]:8``, what
+    ``$SLURM_JOB_NODELIST`` holds: python-hostlist's ``expand_hostlist``), each with the slots;
+    with ``merge`` (a node list, one line per rank) a host listed twice adds up its slots.
 
     Raises:
         ValueError: an empty list, an empty name, a bad slot count, or (without ``merge``) a
             host listed twice (``localhost:8`` 64 times would be one host of 512 slots).
     """
     out: dict[str, int] = {}
-    items = [x.strip() for x in text.split(",") if x.strip()]
+    items = []
+    for item in (x.strip() for x in re.split(r",(?![^\[]*\])", text) if x.strip()):
+        names, _, slots = item.partition(":")  # (a comma inside brackets is the name's)
+        try:
+            items += [f"{h}:{slots}" if slots else h for h in hostlist.expand_hostlist(names)]
+        except hostlist.BadHostlist as e:
+            raise ValueError(f"--hosts {text!r}: {item!r} is not SLURM's host list syntax "
+                             f"({e})") from None
     for item in items:
         host, _, slots = item.partition(":")
         if not host or (slots and (not slots.isdigit() or int(slots) < 1)):
@@ -133,29 +143,6 @@ def same_host(a: str, b: str) -> bool:
     equal)."""
     short = [x.split(".")[0] for x in (a, b) if not x.replace(".", "").isdigit()]
     return a == b or (len(short) == 2 and short[0] == short[1])
-
-
-def host_ranges(names: list[str]) -> str:
-    """``n1,n2,n3,n7,login`` -> ``n[1-3,7],login``: SLURM's hostlist form of many names, so
-    that a line naming every bad host of a large job stays short (names that differ only in
-    one number of the same width share brackets; runs of numbers become ``a-b``)."""
-    groups: dict[tuple, list[str]] = {}
-    for name in names:
-        m = re.fullmatch(r"(.*?)(\d+)(\D*)", name)
-        key = (m[1], m[3], len(m[2])) if m else (name, None, 0)
-        groups.setdefault(key, []).append(m[2] if m else "")
-    out = []
-    for (head, tail, _), nums in groups.items():
-        runs: list[list[str]] = []
-        for x in sorted(set(nums), key=lambda x: int(x or 0)):
-            if runs and int(x) == int(runs[-1][1]) + 1:
-                runs[-1][1] = x
-            else:
-                runs.append([x, x])
-        inner = ",".join(a if a == b else f"{a}-{b}" for a, b in runs)
-        out.append(head if tail is None else f"{head}{inner}{tail}" if len(nums) == 1
-                   else f"{head}[{inner}]{tail}")
-    return ",".join(out)
 
 
 def interfaces() -> dict[str, dict]:

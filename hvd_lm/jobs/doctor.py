@@ -80,9 +80,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import hostlist
+
 from hvd_lm.comm.hosts import (
     SSH_AT_ONCE,
-    host_ranges,
     interfaces,
     is_local,
     parse_hostfile,
@@ -298,7 +299,7 @@ def group_agents(hosts: list[tuple[str, int]], cfg: "DoctorConfig", deadline: fl
                 agents.append(a)
             else:
                 a.close()
-    missing = host_ranges([n for n in names if n not in facts])
+    missing = hostlist.collect_hostlist([n for n in names if n not in facts])
     if not missing:
         return facts, {}
     state = "is still running" if proc.poll() is None else f"exited {proc.returncode}"
@@ -332,9 +333,10 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> checks
         if failed:  # every host named, in a line of bounded length
             why = list(failed.values())
             every = "; ".join(why)
-            short = f"{host_ranges(list(failed))}; the first: {why[0]}"
+            if len(why) > 1 and len(every) >= 800:  # SLURM's form of the names (python-hostlist)
+                every = f"{hostlist.collect_hostlist(list(failed))}; the first: {why[0]}"
             raise DoctorError(every if len(why) == 1 else f"{len(why)} of {len(hosts)} hosts did "
-                              f"not answer: {every if len(every) < 800 else short}")
+                              f"not answer: {every}")
         report.facts = {h: facts[h] for h in names}
         by_host = {a.host: a for a in agents}
         for i, a in enumerate(by_host[h] for h in names):
