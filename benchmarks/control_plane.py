@@ -182,6 +182,7 @@ def stop_run(launcher: str, n: int, shards: Path, folder: Path, timeout: float) 
             "checkpoint_bytes": ckpt.stat().st_size, "rows_bytes": 2 * n * B * H * 4,
             "lines_before_first_step": sum(1 for s, _ in run.lines if s < first),
             "lines_after_stop": len(run.after(signalled)),
+            "hvd_lm_lines_after_stop": sum(_ours(x) for x in run.after(signalled)),
             "acknowledged": sum("received:" in x for x in run.after(signalled)),
             "confirmed": any("stopped on a signal: every rank checkpointed" in x
                              for x in run.after(signalled)),
@@ -205,7 +206,16 @@ def kill_run(launcher: str, n: int, shards: Path, folder: Path, timeout: float) 
     named = {int(r) for r in re.findall(r"ranks? ([\d,]+)", cause) for r in r.split(",") if r}
     return {"launcher": launcher, "ranks": n, "rc": rc, "cause": cause,
             "names_the_killed_rank_alone": named == {n - 1},
-            "lines_after_kill": len(run.after(killed))}
+            "lines_after_kill": len(run.after(killed)),
+            "hvd_lm_lines_after_kill": sum(_ours(x) for x in run.after(killed))}
+
+
+def _ours(line: str) -> bool:
+    """A line hvd-lm printed (a rank's ``hvd-lm train:`` or ``[kind]`` record line, the
+    template's own), not the launcher's (torchrun's per-rank closing signals and failures block,
+    horovodrun's per-rank exit status, tracebacks)."""
+    return bool(re.match(r"(\[[\d,]+\]<std(out|err)>:)?(hvd-lm |\[\w+\] |==== hvd-lm|where: |"
+                         r"newest complete|resume: |cause: |\d{4}-\d\d-\d\d \S+ launch:)", line))
 
 
 def resume_reads(path: Path, ranks: int, batch: int = B) -> dict:
@@ -298,16 +308,20 @@ def table(rows: dict) -> str:
     kill = {(k["launcher"], k["ranks"]): k for k in rows["kill"]}
     read = {(r["launcher"], r["ranks"]): r for r in rows["resume"]}
     out = ["| launcher | N | startup s | s/step | RSS/rank MB (median, max) | checkpoint B "
-           "(rows) | resume read B, rank > 0 | lines: start, after stop (acks) | killed rank "
-           "named alone | lines after kill |", "|" + "---|" * 10]
+           "(rows) | resume read B, rank > 0 | lines: start, after stop ([hvd-lm's;] acks) | "
+           "killed rank named alone | lines after kill [(hvd-lm's)] |", "|" + "---|" * 10]
     for s in rows["stop"]:
         k, r = kill.get((s["launcher"], s["ranks"]), {}), read[(s["launcher"], s["ranks"])]
         out.append(
             f"| {s['launcher']} | {s['ranks']} | {s['startup_s']:.1f} | {s['step_s']:.3f} | "
             f"{s['rss_mb_median']:.0f}, {s['rss_mb_max']:.0f} | {s['checkpoint_bytes']:,} "
             f"({s['rows_bytes']:,}) | {r['read_bytes']:,} of {r['file_bytes']:,} | "
-            f"{s['lines_before_first_step']}, {s['lines_after_stop']} ({s['acknowledged']}) | "
-            f"{k.get('names_the_killed_rank_alone', '-')} | {k.get('lines_after_kill', '-')} |")
+            f"{s['lines_before_first_step']}, {s['lines_after_stop']} ("
+            + (f"{s['hvd_lm_lines_after_stop']}; " if "hvd_lm_lines_after_stop" in s else "")
+            + f"{s['acknowledged']}) | {k.get('names_the_killed_rank_alone', '-')} | "
+            f"{k.get('lines_after_kill', '-')}"
+            + (f" ({k['hvd_lm_lines_after_kill']})" if "hvd_lm_lines_after_kill" in k else "")
+            + " |")
     big = rows.get("resume_h1024")
     if big:
         out.append(f"\nH=1024 checkpoint: a rank but 0 reads {big['read_bytes']:,} of its "

@@ -354,10 +354,10 @@ def first_sentence(e: BaseException, limit: int = 200) -> str:
 
 
 def load_newest(run_dir: str | Path, map_location: str | torch.device = "cpu",
-                warn: bool = True) -> tuple[Path, dict]:
+                warn: bool = True, mmap: bool = False) -> tuple[Path, dict]:
     """The newest checkpoint of a run that loads (``--resume auto``): ``latest`` first, then the
     step files of lower steps, newest first (without a usable ``latest``: every step file); each
-    damaged one is skipped with a warning on stderr.
+    damaged one is skipped with a warning on stderr; ``mmap``: as :func:`load`.
 
     Raises:
         FileNotFoundError: no checkpoint at all. CheckpointError: none of them loads.
@@ -384,7 +384,7 @@ def load_newest(run_dir: str | Path, map_location: str | torch.device = "cpu",
     candidates = ([first] if first is not None else []) + older
     for c in candidates:
         try:
-            return c, load(c, map_location)
+            return c, load(c, map_location, mmap)
         except CheckpointError as e:
             skip(e, "an older checkpoint")
     raise CheckpointError(f"{run_dir}: no checkpoint loads: " + "; ".join(errors))

@@ -115,11 +115,12 @@ class Resume:
         fallback: a run directory's newest checkpoint that loads (:func:`load_newest`, for
             ``--resume auto``) instead of failing on a damaged ``latest``.
         root: this rank reads the weights and the optimizer state (rank 0, which broadcasts
-            them next: :func:`hvd_lm.comm.engine.broadcast_state`). Another rank maps the file
-            (``torch.load(mmap=True)``) and reads only what it uses: its own B recurrent rows,
-            the RNG, the scheduler and the counters (kilobytes); its model's weights are checked
-            by name and shape alone. So rank 0 reads the file once and the others a few pages
-            each, whatever the world size (``benchmarks``' control-plane rehearsal measures it).
+            them next: :func:`hvd_lm.comm.engine.broadcast_state`); another rank only its own
+            B recurrent rows, the RNG, the scheduler and the counters (kilobytes), its model's
+            weights checked by name and shape alone. Every rank maps the file
+            (``torch.load(mmap=True)``) and reads what it touches: rank 0 one copy of the model
+            and optimizer state and its own rows (not every rank's), the others a few pages,
+            whatever the world size (``benchmarks/control_plane.py`` measures it).
 
     Raises:
         FileNotFoundError / CheckpointError: as :func:`resolve` / :func:`load`.
@@ -129,10 +130,10 @@ class Resume:
                  fallback: bool = False, warn: bool = True, root: bool = True):
         self.device, self.root = torch.device(device), root
         if fallback:
-            self.path, self.ckpt = load_newest(source, "cpu", warn)
+            self.path, self.ckpt = load_newest(source, "cpu", warn, mmap=True)
         else:
             self.path = resolve(source)
-            self.ckpt = load(self.path, "cpu", mmap=not root)
+            self.ckpt = load(self.path, "cpu", mmap=True)
 
     @property
     def position(self) -> Position:
