@@ -124,7 +124,15 @@ class Launch:
         return [r for r in recs if r.get("kind") == kind]
 
     def wait_steps(self, steps: int, timeout: float) -> None:
-        """Until ``steps`` train records are logged, sampling every rank's RSS."""
+        """Until ``steps`` train records are logged, sampling every rank's RSS; the launch
+        killed when they are not (or on any error here)."""
+        try:
+            self._wait_steps(steps, timeout)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _wait_steps(self, steps: int, timeout: float) -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end and self.proc.poll() is None:
             for rank, p in self.ranks().items():
@@ -162,11 +170,7 @@ class Launch:
 def stop_run(launcher: str, n: int, shards: Path, folder: Path, timeout: float) -> dict:
     """The stop launch's figures (module docstring)."""
     run = Launch(launcher, n, shards, folder / f"{launcher}-{n}-stop")
-    try:
-        run.wait_steps(15, timeout)
-    except BaseException:
-        run.kill()
-        raise
+    run.wait_steps(15, timeout)
     start, = run.records("start")
     first = min(s for s, x in run.lines if "[train] " in x)
     signalled = time.monotonic()
@@ -192,11 +196,7 @@ def stop_run(launcher: str, n: int, shards: Path, folder: Path, timeout: float) 
 def kill_run(launcher: str, n: int, shards: Path, folder: Path, timeout: float) -> dict:
     """The kill launch's figures (module docstring)."""
     run = Launch(launcher, n, shards, folder / f"{launcher}-{n}-kill")
-    try:
-        run.wait_steps(5, timeout)
-    except BaseException:
-        run.kill()
-        raise
+    run.wait_steps(5, timeout)
     victim = run.ranks()[n - 1]
     killed = time.monotonic()
     victim.send_signal(signal.SIGKILL)
