@@ -516,3 +516,14 @@ def control_plane() -> dict[str, str]:
             "control_plane.horovodrun_step_32": f"{stop[('horovodrun', 32)]['step_s']:.1f}",
             "control_plane.mpirun_step_32": f"{stop[('mpirun', 32)]['step_s']:.2f}",
             "control_plane.torchrun_kill_lines_32": f"{kill[('torchrun', 32)]['lines_after_kill']}"}
+
+
+@figures("docs/results/control_plane_lines.json")
+def control_plane_lines() -> dict[str, str]:
+    """The rehearsal again at 4 and 16 ranks, counting hvd-lm's own lines apart from the
+    launchers': the most after a stop and after a kill, over every launcher and size."""
+    c = load("control_plane_lines.json")
+    assert {s["ranks"] for s in c["stop"]} == {4, 16}
+    stop = max(s["hvd_lm_lines_after_stop"] for s in c["stop"])
+    kill = max(k["hvd_lm_lines_after_kill"] for k in c["kill"])
+    return {"control_plane.ours_after_stop": f"{stop}", "control_plane.ours_after_kill": f"{kill}"}
