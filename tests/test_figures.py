@@ -7,6 +7,7 @@ import functools
 import pytest
 
 import tests.figures_gpu  # noqa: F401 - registers the GPU cards' figures
+import tests.figures_scale  # noqa: F401 - registers the control-plane rehearsal's
 from tests._mp import REPO
 from tests.figures import (
     GROUPS,
