@@ -109,3 +109,14 @@ def test_the_lost_ranks_every_host_found_are_joined_and_no_other(tmp_path):
     assert p.stdout.rstrip().splitlines()[-1] == (
         "cause: lost rank 5 on host n2 (gone); rank 9 on host n3 (gone): a collective failed "
         "at step 12 after 0.1 s")
+    # a host cut off (its link down) that still reached the shared disk records the mirror
+    # image: rank 0 lost; rank 0 recorded too, so rank 0's view stands
+    write_records(
+        tmp_path / "cut", {"kind": "start", "step": 0, "time": t0},
+        {**rec, "rank": 0, "host": "n1", "lost": [{"rank": 1, "host": "n2", "why": "gone"}],
+         "error": "lost rank 1 on host n2 (gone): a collective failed at step 12 after 0.1 s"},
+        {**rec, "rank": 1, "host": "n2", "lost": [{"rank": 0, "host": "n1", "why": "gone"}],
+         "error": "lost rank 0 on host n1 (gone): a collective failed at step 12 after 0.1 s"})
+    p = summary(tmp_path / "cut", "--rc", "1", "--since", t0 - 1)
+    assert p.stdout.rstrip().splitlines()[-1] == (
+        "cause: lost rank 1 on host n2 (gone): a collective failed at step 12 after 0.1 s")

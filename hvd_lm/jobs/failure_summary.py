@@ -235,8 +235,12 @@ def summary(out_dir: str, rc: int, since: float = 0.0, errors: str = "",
                      f"{r.get('step')} (recorded in {Path(out_dir) / 'metrics.jsonl'}{also})")
         ckpt = r.get("checkpoint") or "none (no step was saved)"
         cause = r.get("error") or first_error_line(errors)
-        lost = [p for x in recs for p in x.get("lost") or [] if isinstance(p, dict)]
-        if lost:  # each host's first rank probed two hosts: every host's findings, joined
+        # each host's first rank probed two hosts: every host's findings joined, rank 0's view
+        # first (a host cut off records the mirror image: rank 0 lost, though it recorded too)
+        recorded = {x.get("rank") for x in recs}
+        lost = [p for x in recs for p in x.get("lost") or [] if isinstance(p, dict)
+                and (x is r or p.get("rank") not in recorded)]
+        if lost:
             from hvd_lm.comm.peers import lost_text
             unique = list({p.get("rank"): p for p in lost}.values())
             rest = cause[cause.find(": a collective failed"):] if ": a collective failed" \
