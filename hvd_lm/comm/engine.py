@@ -37,6 +37,7 @@ from hvd_lm.comm.world import (  # noqa: F401 - BACKENDS, BACKEND_HELP: here too
     from_environment,
     world_size,
 )
+from hvd_lm.formats.checkpoint import to_host
 from hvd_lm.util.units import MIB
 
 #: Horovod 0.28.1's defaults (horovod/common/operations.cc): fusion threshold, bytes; cycle, ms.
@@ -297,18 +298,12 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     hvd.broadcast_parameters(model.state_dict(), root_rank=root_rank)  # Horovod
     if optimizer is not None:
         mine = hvd.rank() == root_rank
-        state = broadcast_object(_to_cpu(optimizer.state_dict()) if mine else None, root_rank,
-                                 name="optimizer_state")  # Horovod
+        state = to_host(optimizer.state_dict()) if mine else None
+        if mine and torch.cuda.is_available():
+            torch.cuda.synchronize()  # (to_host copies from a GPU asynchronously)
+        state = broadcast_object(state, root_rank, name="optimizer_state")  # Horovod
         if not mine:
             optimizer.load_state_dict(state)
-
-
-def _to_cpu(x):
-    if isinstance(x, dict):
-        return {k: _to_cpu(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return type(x)(map(_to_cpu, x))
-    return x.detach().cpu() if isinstance(x, torch.Tensor) else x
 
 
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None):

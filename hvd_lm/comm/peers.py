@@ -157,7 +157,7 @@ def failure(table: list[dict], ctx, step: int, waited: float, newest, signalled,
     included when the signal came during it (they would name the ranks being stopped). Else
     each host's local rank 0 probes (:func:`probe_lost`) and names who is lost; the other ranks
     probe nothing and stay quiet."""
-    from hvd_lm.comm import engine
+    from hvd_lm.comm import engine  # (here: the closing block reads lost_text without torch)
 
     ckpt = f"the newest complete checkpoint is {newest or 'none (no step was saved)'}"
     torn_down = LostPeer(f"stopped on a signal during step {step} before its checkpoint: a "

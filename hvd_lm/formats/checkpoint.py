@@ -28,6 +28,7 @@ This module is the one owner of what a checkpoint folder holds and which file is
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import re
 import sys
@@ -253,6 +254,29 @@ def remove_all(run_dir: str | Path) -> list[Path]:
         with contextlib.suppress(OSError):
             folder.rmdir()  # only when empty
     return removed
+
+
+def to_host(obj):
+    """A copy of ``obj`` (nested dicts, lists and tuples of tensors and plain values) whose
+    tensors are new CPU tensors: cloned from CPU tensors, copied from CUDA ones into pinned
+    memory (asynchronously; call ``torch.cuda.synchronize()`` before reading them). Dict types
+    (``OrderedDict``) and a state dict's ``_metadata`` are kept."""
+    if torch.is_tensor(obj):
+        if obj.device.type == "cuda":
+            out = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=True)
+            return out.copy_(obj.detach(), non_blocking=True)
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        out = type(obj)((k, to_host(v)) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):
+            out._metadata = copy.deepcopy(obj._metadata)
+        return out
+    if isinstance(obj, list):
+        return [to_host(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(to_host(v) for v in obj)
+    return obj
+
 
 
 def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict:

@@ -34,7 +34,6 @@ checkpoint`` measures the step time around a checkpoint both ways (docs/performa
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable
@@ -44,29 +43,8 @@ from pathlib import Path
 import torch
 
 from hvd_lm.formats import checkpoint as ckpt_io
+from hvd_lm.formats.checkpoint import to_host
 from hvd_lm.train.faults import checkpoint_write_delay
-
-
-def to_host(obj):
-    """A copy of ``obj`` (nested dicts, lists and tuples of tensors and plain values) whose
-    tensors are new CPU tensors: cloned from CPU tensors, copied from CUDA ones into pinned
-    memory (asynchronously; call ``torch.cuda.synchronize()`` before reading them). Dict types
-    (``OrderedDict``) and a state dict's ``_metadata`` are kept."""
-    if torch.is_tensor(obj):
-        if obj.device.type == "cuda":
-            out = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=True)
-            return out.copy_(obj.detach(), non_blocking=True)
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        out = type(obj)((k, to_host(v)) for k, v in obj.items())
-        if hasattr(obj, "_metadata"):
-            out._metadata = copy.deepcopy(obj._metadata)
-        return out
-    if isinstance(obj, list):
-        return [to_host(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(to_host(v) for v in obj)
-    return obj
 
 
 @dataclass
