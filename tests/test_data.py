@@ -23,6 +23,21 @@ def test_stream_bounds_partition():
         stream_bounds(5, 8)
 
 
+@pytest.mark.parametrize("rows,world", [(30, 4), (32, 64), (5, 3), (7, 7)])
+def test_validation_rows_split_over_the_ranks_rank_0_the_most(manifest, rows, world):
+    """``global_rows``: the ranks' rows are the one cut of ``rows`` streams, each row on one rank
+    (their bounds together are the one-process cut's), rank 0 with the most (its timing of a
+    validation is the deadline plan's), none missing when there are more ranks than rows."""
+    cut = [RankStreams(manifest, "val", r, world, rows, 16, shuffle_shards=False,
+                       global_rows=True) for r in range(world)]
+    counts = [s.batch_size for s in cut]
+    assert sum(counts) == rows and counts[0] == max(counts) >= 1
+    assert max(counts) - min(counts) <= 1
+    whole = RankStreams(manifest, "val", 0, 1, rows, 16, shuffle_shards=False).row_bounds
+    starts = np.concatenate([s.row_bounds[:-1] for s in cut])
+    np.testing.assert_array_equal(starts, whole[:-1])
+
+
 @pytest.mark.parametrize("world,batch,seq", [(1, 4, 64), (2, 2, 64), (3, 5, 50)])
 def test_every_target_once_per_epoch_across_ranks(manifest, world, batch, seq):
     # The epoch's byte stream, built independently from the shards in the epoch's order.

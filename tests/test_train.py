@@ -295,7 +295,7 @@ def test_the_logged_val_bpc_is_what_eval_reports_whatever_the_batch(shards, tmp_
 
 @pytest.mark.slow
 def test_validation_is_the_same_on_1_2_and_4_ranks(shards, tmp_path):
-    """30 validation rows in all (--eval-batch-size), split over the ranks (4 ranks: 7, 8, 7, 8
+    """30 validation rows in all (--eval-batch-size), split over the ranks (4 ranks: 8, 7, 8, 7
     rows): the val BPC a one-process run logged is what `hvd-lm eval` of its checkpoint reports
     on 1, 2 and 4 ranks of horovodrun (the same rows, summed in another order: within 1e-4), the
     same characters each time. Before, each rank cut 16 rows of its own: 4 ranks scored the split

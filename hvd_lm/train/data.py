@@ -152,7 +152,9 @@ class RankStreams:
         verify: check every shard's sha256 against the manifest first (raises ShardChecksumError).
         global_rows: ``batch_size`` is the rows of all ranks together (validation: the same cut,
             so the same BPC, at any world size); rank r takes rows [r R / n, (r + 1) R / n)
-            (rounded down; a rank past the R-th has none: ``batch_size`` 0).
+            rounded up, so rank 0 has the most (its timing of a validation is the slowest
+            rank's, what the deadline's plan reserves) and, with more ranks than rows, the last
+            ranks none (``batch_size`` 0).
 
     Raises:
         KeyError: the split is not in the manifest. ValueError: too little data.
@@ -173,7 +175,8 @@ class RankStreams:
             self.total_bytes = min(self.total_bytes, max_bytes)
         streams = batch_size if global_rows else world_size * batch_size
         self.bounds = stream_bounds(self.total_bytes, streams)
-        first, last = ((rank * batch_size // world_size, (rank + 1) * batch_size // world_size)
+        first, last = ((-(-rank * batch_size // world_size),
+                        -(-(rank + 1) * batch_size // world_size))
                        if global_rows else (rank * batch_size, (rank + 1) * batch_size))
         self.batch_size = last - first
         self.row_bounds = self.bounds[first:last + 1]  # [B + 1]
