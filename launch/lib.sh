@@ -8,6 +8,7 @@
 #   hvd_lm_mpirun_env_flags   -> HVD_LM_MPI_X    `-x NAME` for the variables ranks need
 #   hvd_lm_run_preemptible    runs a launcher, turning scheduler signals into a checkpoint
 #   hvd_lm_failure_summary    the closing block of a failed launch: its cause, last
+#   hvd_lm_hosts              SLURM's compressed names in HOSTS or HOSTFILE -> HOSTS, expanded
 #   hvd_lm_preflight          `hvd-lm doctor` on the job's hosts; exports the interface to use
 
 # Build HVD_LM_CMD from the knobs PYTHON, CONFIG, SHARDS, OUT_DIR, ENGINE and TRAIN_ARGS:
@@ -100,6 +101,30 @@ hvd_lm_mpirun_env_flags() {
         HVD_LM_MPI_X+=(-x "$name") ;;
     esac
   done < <(compgen -e)
+}
+
+# hvd_lm_hosts: SLURM's compressed node names (n[001-004,7]:8, what $SLURM_JOB_NODELIST holds;
+# the slots apply to each name of their item) in HOSTS, or in the lines of HOSTFILE when HOSTS is
+# '', expanded into HOSTS (n001:8,...,n004:8,n7:8; HOSTFILE then '') by the parser `hvd-lm doctor`
+# reads host lists with (hvd_lm.comm.hosts.parse_hosts): horovodrun's and mpirun's -H and
+# -hostfile do not read them. A list it cannot read stops the launch with one line naming HOSTS
+# or HOSTFILE (exit 2). A list without brackets is left as it is.
+hvd_lm_hosts() {
+  local from=HOSTS
+  if [ -z "${HOSTS:-}" ] && [ -f "${HOSTFILE:-}" ] && grep -q '\[' "$HOSTFILE"; then
+    from=HOSTFILE
+  elif [[ "${HOSTS:-}" != *"["* ]]; then
+    return 0
+  fi
+  HOSTS="$("${PYTHON:-python3}" -c 'import sys
+from hvd_lm.comm.hosts import parse_hostfile, parse_hosts
+what, value = sys.argv[1:]
+try:
+    hosts = parse_hosts(value, what=what) if what == "HOSTS" else parse_hostfile(value, what)
+except ValueError as e:
+    sys.exit(f"launch: ERROR: {e}")
+print(",".join(f"{h}:{n}" for h, n in hosts))' "$from" "${!from}")" || exit 2
+  HOSTFILE=""
 }
 
 # hvd_lm_preflight HOSTS [HOSTFILE [START]]: `hvd-lm doctor` on the job's hosts (host:slots,...

@@ -25,7 +25,7 @@
 
 # ---- knobs: every one can be overridden from the environment -----------------------------------
 NP="${NP:-2}"                          # total ranks = GPUs (world size)
-HOSTS="${HOSTS:-}"                     # host:slots list, e.g. node1:8,node2:8 ('' = HOSTFILE, else this machine)
+HOSTS="${HOSTS:-}"                     # host:slots list, e.g. node1:8,node2:8 or node[1-2]:8 ('' = HOSTFILE, else this machine)
 HOSTFILE="${HOSTFILE:-}"               # OpenMPI hostfile, lines "node1 slots=8" ('' = HOSTS, else this machine)
 MPIRUN="${MPIRUN:-mpirun}"             # OpenMPI's mpirun (4.x)
 MPIRUN_ARGS="${MPIRUN_ARGS:-}"         # extra mpirun flags, space-separated (e.g. -mca btl_tcp_if_include ib0)
@@ -47,6 +47,7 @@ source "$LAUNCH_DIR/env.sh"
 # shellcheck source=launch/lib.sh
 source "$LAUNCH_DIR/lib.sh"
 
+hvd_lm_hosts  # SLURM's n[001-004,7]:8 in HOSTS or HOSTFILE -> HOSTS, expanded
 launch=("$MPIRUN" -np "$NP")
 if [ -n "$HOSTS" ]; then
   launch+=(-H "$HOSTS")

@@ -23,7 +23,7 @@
 # ---- knobs: every one can be overridden from the environment -----------------------------------
 NPROC_PER_NODE="${NPROC_PER_NODE:-2}"  # ranks per node = GPUs per node
 NNODES="${NNODES:-1}"                  # nodes; each runs this script (1 = this machine, --standalone)
-HOSTS="${HOSTS:-}"                     # several nodes: host:slots list, e.g. node1:8,node2:8 (the first hosts the rendezvous)
+HOSTS="${HOSTS:-}"                     # several nodes: host:slots list, e.g. node1:8,node2:8 or node[1-2]:8 (the first hosts the rendezvous)
 RDZV_ENDPOINT="${RDZV_ENDPOINT:-}"     # several nodes: host:port of the rendezvous ('' = the first host of HOSTS, port 29500)
 RDZV_ID="${RDZV_ID:-}"                 # several nodes: the job's id, the same on every node ('' = $SLURM_JOB_ID, else $PBS_JOBID, else one made from HOSTS, RDZV_ENDPOINT, the working folder and OUT_DIR)
 NETWORK_INTERFACE="${NETWORK_INTERFACE:-}"  # NIC across nodes for Gloo/NCCL, e.g. ib0 ('' = the preflight's pick)
@@ -50,6 +50,7 @@ if [ "$NNODES" = 1 ]; then
   launch+=(--standalone)
   where="this machine"
 else
+  hvd_lm_hosts  # SLURM's n[001-004,7]:8 in HOSTS -> n001:8,...: the first is a name
   first="${HOSTS%%,*}"
   first="${first%%:*}"
   endpoint="${RDZV_ENDPOINT:-${first:+$first:29500}}"

@@ -196,3 +196,29 @@ def test_mpirun_starts_the_agents_and_names_the_hosts_it_cannot_reach(tmp_path):
         r"hvd-lm doctor: ERROR: no agent reported from far\[1-2\]\.invalid \(2 of 2 hosts; "
         r"mpirun started them and exited \d+; its first line: ssh: connect to host far port 22: "
         r"Connection refused\)", proc.stderr.strip()), proc.stderr
+
+
+def test_one_listener_and_probe_for_the_ranks_and_the_doctors_agents():
+    """One implementation (issue 62): :mod:`hvd_lm.comm.peers`' listener and probe are a rank's
+    (PeerWatch, probe: who is lost) and the doctor agent's (who was reached, by its token)."""
+    from hvd_lm.comm.peers import PeerWatch, probe, serve
+    from hvd_lm.jobs import doctor_agent
+
+    watch = PeerWatch(3)
+    agent = serve(socket.create_server(("127.0.0.1", 0)), {"host": "n1", "token": "t0"})
+    me, port = {"rank": 3, "host": "localhost", "port": watch.port}, agent.getsockname()[1]
+    assert probe(me) is None
+    assert probe({**me, "rank": 4}) == f"127.0.0.1:{watch.port} answered as another process"
+    assert probe({**me, "port": port}) == f"127.0.0.1:{port} answered as another process"
+    assert doctor_agent.probe("127.0.0.1", port) == {"ok": True, "host": "n1", "token": "t0"}
+    assert doctor_agent.probe("127.0.0.1", watch.port) == {"ok": True, "rank": 3,
+                                                            "host": watch.host}
+    with socket.socket() as closed:  # bound, not listening: a host up, its process gone
+        closed.bind(("127.0.0.1", 0))
+        gone = closed.getsockname()[1]
+        assert probe({**me, "port": gone}) == ("127.0.0.1 refuses the connection: the host is "
+                                               "up but the rank's process is gone")
+        assert doctor_agent.probe("127.0.0.1", gone) == {"ok": False,
+                                                         "error": "Connection refused"}
+    watch.close()
+    agent.close()

@@ -1,7 +1,8 @@
 """Host lists and this host's network, for multi-node launches (``hvd-lm doctor``, the
-benchmarks across hosts): ``host:slots`` lists and hostfiles as horovodrun and OpenMPI take them,
-whether a name is this machine (Horovod's rule for starting a rank without ssh), which peers a
-host checks, and this host's IPv4 interfaces and link speeds (psutil)."""
+benchmarks across hosts): ``host:slots`` lists and hostfiles as horovodrun and OpenMPI take them
+(SLURM's compressed names expanded), whether a name is this machine (Horovod's rule for starting
+a rank without ssh), which peers a host checks, and this host's IPv4 interfaces and link speeds
+(psutil)."""
 
 from __future__ import annotations
 
@@ -23,42 +24,48 @@ SSH_AT_ONCE = 8
 HOSTFILE_MAX_BYTES = 16 << 20
 
 
-def parse_hosts(text: str, merge: bool = False) -> list[tuple[str, int]]:
+def parse_hosts(text: str, merge: bool = False, what: str = "--hosts") -> list[tuple[str, int]]:
     """``"n1:8,n2:8"`` (horovodrun's ``-H``; ``n1`` alone is 1 slot) -> [(host, slots)], in
     first-seen order; SLURM's compressed names expand (``n[001-004,7]:8``, what
-    ``$SLURM_JOB_NODELIST`` holds: python-hostlist's ``expand_hostlist``), each with the slots;
-    with ``merge`` (a node list, one line per rank) a host listed twice adds up its slots.
+    ``$SLURM_JOB_NODELIST`` holds: python-hostlist's ``expand_hostlist``), each with the slots
+    of its item; with ``merge`` (a node list, one line per rank) a host listed twice adds up its
+    slots. The one reader of host lists: ``hvd-lm doctor``, ``hvd-lm launch --hosts``, the
+    launch templates' ``HOSTS`` and hostfiles (:func:`parse_hostfile`).
 
     Raises:
-        ValueError: an empty list, an empty name, a bad slot count, or (without ``merge``) a
-            host listed twice (``localhost:8`` 64 times would be one host of 512 slots).
+        ValueError: one line naming ``what`` (the flag or variable): an empty list, an empty
+            name, a bad slot count, brackets SLURM's syntax does not read, or (without
+            ``merge``) a host listed twice (``localhost:8`` 64 times would be one host of 512
+            slots).
     """
     out: dict[str, int] = {}
     items = []
-    for item in (x.strip() for x in re.split(r",(?![^\[]*\])", text) if x.strip()):
-        names, _, slots = item.partition(":")  # (a comma inside brackets is the name's)
+    # items split at the commas outside brackets (linear: a look-ahead for "]" was quadratic)
+    for item in (x.strip() for x in re.findall(r"(?:\[[^\]]*\]?|[^,\[])+", text) if x.strip()):
+        names, _, slots = item.partition(":")
         try:
             items += [f"{h}:{slots}" if slots else h for h in hostlist.expand_hostlist(names)]
         except hostlist.BadHostlist as e:
-            raise ValueError(f"--hosts {text!r}: {item!r} is not SLURM's host list syntax "
-                             f"({e})") from None
+            raise ValueError(f"{what} {item!r} is not SLURM's host list syntax, e.g. "
+                             f"n[001-004,7]:8 ({e})") from None
     for item in items:
         host, _, slots = item.partition(":")
         if not host or (slots and (not slots.isdigit() or int(slots) < 1)):
-            raise ValueError(f"--hosts {text!r}: {item!r} is not host or host:slots (slots >= 1)")
+            raise ValueError(f"{what} {item!r} is not host or host:slots (slots >= 1)")
         if host in out and not merge:
             n = sum(x.partition(":")[0] == host for x in items)
-            raise ValueError(f"--hosts lists {host} {n} times: give each host once, with all "
+            raise ValueError(f"{what} lists {host} {n} times: give each host once, with all "
                              f"its ranks as its slots ({host}:N)")
         out[host] = out.get(host, 0) + int(slots or 1)
     if not out:
-        raise ValueError("--hosts is empty: give host:slots,... (e.g. n1:8,n2:8) or --hostfile")
+        raise ValueError(f"{what} is empty: give host:slots,... (e.g. n1:8,n2:8) or a hostfile")
     return list(out.items())
 
 
-def parse_hostfile(path: str) -> list[tuple[str, int]]:
+def parse_hostfile(path: str, what: str = "--hostfile") -> list[tuple[str, int]]:
     """Hosts of an OpenMPI/horovodrun hostfile (``node1 slots=8``, ``node1:8``) or a PBS/SLURM
-    node list (one line per rank: repeated names add slots); ``#`` starts a comment.
+    node list (one line per rank: repeated names add slots); ``#`` starts a comment; a name may
+    be SLURM's compressed form (``n[001-004] slots=8``: :func:`parse_hosts`).
 
     Read within :data:`HOSTFILE_MAX_BYTES` (:func:`hvd_lm.util.files.read_bounded`): a FIFO, a
     device or a socket is named as what it is, never opened.
@@ -66,19 +73,19 @@ def parse_hostfile(path: str) -> list[tuple[str, int]]:
     Raises:
         ValueError: the file is missing, not a regular file, larger than
             :data:`HOSTFILE_MAX_BYTES`, not UTF-8 or lists no host; a malformed line (named with
-            its number). Each names ``--hostfile`` and the file.
+            its number). Each names ``what`` (the flag or variable) and the file.
     """
     try:
         raw_bytes = read_bounded(path, HOSTFILE_MAX_BYTES, "a hostfile is text, a line per "
                                  "host or per rank (hvd_lm.comm.hosts.HOSTFILE_MAX_BYTES)")
         text = raw_bytes.decode("utf-8")
     except FileNotFoundError:
-        raise ValueError(f"--hostfile {shown(path)}: no such file") from None
+        raise ValueError(f"{what} {shown(path)}: no such file") from None
     except UnicodeDecodeError as e:
-        raise ValueError(f"--hostfile {shown(path)}: not UTF-8 text (byte {e.start:,})") from None
+        raise ValueError(f"{what} {shown(path)}: not UTF-8 text (byte {e.start:,})") from None
     except (FileRefused, OSError) as e:
-        raise ValueError(f"--hostfile {error_text(e)}") from None
-    items = []
+        raise ValueError(f"{what} {error_text(e)}") from None
+    out: dict[str, int] = {}
     for i, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -92,12 +99,13 @@ def parse_hostfile(path: str) -> list[tuple[str, int]]:
             else:
                 slots = None
         if not host or slots is None or slots < 1:
-            raise ValueError(f"{shown(path)}:{i}: expected 'host', 'host:N' or 'host slots=N' "
-                             f"with N >= 1, got {raw.strip()[:120]!r}")
-        items.append(f"{host}:{slots}")
-    if not items:
-        raise ValueError(f"{shown(path)}: no hosts listed")
-    return parse_hosts(",".join(items), merge=True)
+            raise ValueError(f"{what} {shown(path)}:{i}: expected 'host', 'host:N' or 'host "
+                             f"slots=N' with N >= 1, got {raw.strip()[:120]!r}")
+        for h, n in parse_hosts(f"{host}:{slots}", True, f"{what} {shown(path)}:{i}:"):
+            out[h] = out.get(h, 0) + n
+    if not out:
+        raise ValueError(f"{what} {shown(path)}: no hosts listed")
+    return list(out.items())
 
 
 def local_addresses() -> set[str]:

@@ -15,7 +15,9 @@ parallel (:func:`probe_lost`; bounded: about 2 x world size connections per fail
 * an answer: that rank is alive (it is not the one lost).
 
 No collective library is used here (plain sockets), so the probe works after Horovod has shut
-down. The listener thread is a daemon and costs nothing while nothing connects.
+down. The listener thread is a daemon and costs nothing while nothing connects. The listener and
+the probe (:func:`serve`, :func:`ask`) are also ``hvd-lm doctor``'s: its agents answer on every
+address with their token (:mod:`hvd_lm.jobs.doctor_agent`).
 """
 
 from __future__ import annotations
@@ -39,29 +41,53 @@ class PeerWatch:
     def __init__(self, rank: int):
         self.rank = rank
         self.host = socket.gethostname()
-        self.sock = socket.create_server(("", 0))
+        self.sock = serve(socket.create_server(("", 0)), {"rank": rank, "host": self.host})
         self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True, name="hvd_lm-peerwatch").start()
 
     def info(self) -> dict:
         """``{"rank", "host", "port"}``: what the other ranks need to probe this one."""
         return {"rank": self.rank, "host": self.host, "port": self.port}
 
-    def _serve(self) -> None:
-        reply = (json.dumps({"rank": self.rank, "host": self.host}) + "\n").encode()
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn, contextlib.suppress(OSError):
-                conn.settimeout(PROBE_TIMEOUT)
-                conn.sendall(reply)
-
     def close(self) -> None:
         """Stop listening."""
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+def serve(sock: socket.socket, reply: dict) -> socket.socket:
+    """Answer every connection to the listening ``sock`` with ``reply`` as one JSON line, then
+    close it, on a daemon thread until ``sock`` is closed; returns ``sock``."""
+    line = (json.dumps(reply) + "\n").encode()
+
+    def loop() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):
+                conn.settimeout(PROBE_TIMEOUT)
+                conn.sendall(line)
+
+    threading.Thread(target=loop, daemon=True, name="hvd_lm-listener").start()
+    return sock
+
+
+def ask(addr: str, port: int, timeout: float = PROBE_TIMEOUT) -> dict:
+    """The JSON line a listener (:func:`serve`) at ``addr:port`` answers, within ``timeout`` s
+    to connect and as long again to read it.
+
+    Raises:
+        socket.timeout: no connection or no answer in time (a link down, a host gone).
+        ConnectionRefusedError: nothing listens there (the host is up, the process gone).
+        OSError: another network error.
+        ValueError: the answer is not one JSON object (another process answered).
+    """
+    with socket.create_connection((addr, port), timeout=timeout) as s:
+        answer = json.loads(s.makefile("rb").readline())
+    if not isinstance(answer, dict):
+        raise ValueError(f"{addr}:{port} answered as another process")
+    return answer
 
 
 def probe(peer: dict, timeout: float = PROBE_TIMEOUT) -> str | None:
@@ -71,19 +97,19 @@ def probe(peer: dict, timeout: float = PROBE_TIMEOUT) -> str | None:
     except OSError as e:
         return f"its host name does not resolve ({e})"
     try:
-        with socket.create_connection((addr, peer["port"]), timeout=timeout) as s:
-            s.settimeout(timeout)
-            data = s.makefile("rb").readline()
-        if json.loads(data.decode() or "{}").get("rank") == peer["rank"]:
-            return None
-        return f"{addr}:{peer['port']} answered as another process"
+        answer = ask(addr, peer["port"], timeout)
     except socket.timeout:
         return (f"{addr} does not answer within {timeout:g} s: its network link is down or the "
                 "host is gone")
     except ConnectionRefusedError:
         return f"{addr} refuses the connection: the host is up but the rank's process is gone"
-    except (OSError, ValueError) as e:
+    except ValueError:
+        answer = {}
+    except OSError as e:
         return f"{addr}: {e}"
+    if answer.get("rank") == peer["rank"]:
+        return None
+    return f"{addr}:{peer['port']} answered as another process"
 
 
 def probe_targets(table: list[dict], me: int) -> list[dict]:

@@ -92,8 +92,9 @@ from hvd_lm.comm.hosts import (
     same_host,
     ssh_peers,
 )
+from hvd_lm.comm.peers import PROBE_TIMEOUT
 from hvd_lm.jobs import doctor_checks as checks
-from hvd_lm.jobs.doctor_agent import BACKLOG, PROBE_TIMEOUT, check_host_names, ssh_argv
+from hvd_lm.jobs.doctor_agent import BACKLOG, check_host_names, ssh_argv
 from hvd_lm.options import Command, option
 
 #: How the agents start (``--launcher``).
@@ -405,9 +406,10 @@ def paths_to_check(cfg: "DoctorConfig") -> dict[str, str]:
 class DoctorConfig:
     """Settings of ``hvd-lm doctor``."""
 
-    hosts: str = option("", "hosts as horovodrun -H takes them: n1:8,n2:8 (slots = ranks)")
+    hosts: str = option("", "hosts as horovodrun -H takes them: n1:8,n2:8 (slots = ranks), or "
+                        "SLURM's compressed n[001-004,7]:8 ($SLURM_JOB_NODELIST)")
     hostfile: str = option("", "or a hostfile: 'node1 slots=8' / 'node1:8' lines, or one line "
-                           "per rank ($PBS_NODEFILE)")
+                           "per rank ($PBS_NODEFILE); names as in --hosts")
     network_interface: str = option("", "interface(s) to verify instead of picking one, e.g. "
                                     "eth0 or ib0")
     shards: str = option("", "shard folder every host must read (the manifest must be the "

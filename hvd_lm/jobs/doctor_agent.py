@@ -20,67 +20,49 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import hvd_lm
 from hvd_lm.comm.hosts import interfaces, same_host
+from hvd_lm.comm.peers import PROBE_TIMEOUT, ask, serve
 from hvd_lm.jobs.doctor_facts import gpu_count, package_versions, shard_facts, source_digest
 from hvd_lm.options import Command, option
 
-PROBE_TIMEOUT = 3.0     # seconds per TCP connection attempt
 BACKLOG = 1024          # connections a listener queues (every host probes host 0's at once)
 SSH_CONNECT = 5         # ssh ConnectTimeout, seconds
 
 
-class _Listeners:
-    """A TCP listener on an ephemeral port of every IPv4 address; each answers a connection with
-    one JSON line ``{"host", "token"}`` (who was reached) and closes it. Each socket is held by
-    its serving thread (a daemon: they end with the agent)."""
+def listeners(reply: dict, ifaces: dict[str, dict]) -> dict[str, list]:
+    """``{interface: [[addr, port], ...]}``: a TCP listener on an ephemeral port of every IPv4
+    address, each answering a connection with ``reply``, one JSON line ``{"host", "token"}``
+    (who was reached), and closing it (:func:`hvd_lm.comm.peers.serve`)."""
+    ports: dict[str, list] = {}
+    for name, info in ifaces.items():
+        for addr in info["addrs"]:
+            with contextlib.suppress(OSError):  # (an address that cannot be bound is left out)
+                s = serve(socket.create_server((addr, 0), backlog=BACKLOG), reply)
+                ports.setdefault(name, []).append([addr, s.getsockname()[1]])
+    return ports
 
-    def __init__(self, hostname: str, token: str, ifaces: dict[str, dict]):
-        self.reply = (json.dumps({"host": hostname, "token": token}) + "\n").encode()
-        self.ports: dict[str, list] = {}
-        for name, info in ifaces.items():
-            for addr in info["addrs"]:
-                try:
-                    s = socket.create_server((addr, 0), backlog=BACKLOG)
-                except OSError:
-                    continue
-                self.ports.setdefault(name, []).append([addr, s.getsockname()[1]])
-                threading.Thread(target=self._serve, args=(s,), daemon=True).start()
 
-    def listen_on(self, port: int) -> dict:
-        """Also answer on ``port`` of every address (the torch engine's rendezvous port):
-        ``{"port", "error"}``, the error (None: listening) saying why it cannot be opened."""
-        try:
-            s = socket.create_server(("", port))
-        except OSError as e:
-            return {"port": port, "error": f"port {port} cannot be opened on "
-                    f"{socket.gethostname()} ({e.strerror or e}): another job or process holds it"}
-        threading.Thread(target=self._serve, args=(s,), daemon=True).start()
-        return {"port": port, "error": None}
-
-    def _serve(self, s: socket.socket) -> None:
-        while True:
-            try:
-                conn, _ = s.accept()
-            except OSError:
-                return
-            with conn, contextlib.suppress(OSError):
-                conn.settimeout(PROBE_TIMEOUT)
-                conn.sendall(self.reply)
+def listen_on(port: int, reply: dict) -> dict:
+    """Also answer ``reply`` on ``port`` of every address (the torch engine's rendezvous port):
+    ``{"port", "error"}``, the error (None: listening) saying why it cannot be opened."""
+    try:
+        serve(socket.create_server(("", port)), reply)
+    except OSError as e:
+        return {"port": port, "error": f"port {port} cannot be opened on "
+                f"{socket.gethostname()} ({e.strerror or e}): another job or process holds it"}
+    return {"port": port, "error": None}
 
 
 def probe(addr: str, port: int) -> dict:
-    """Connect to a listener; ``{"ok": True, "host", "token"}`` with whom it reached, or
-    ``{"ok": False, "error": "timed out" | "connection refused" | ...}``."""
+    """Connect to a listener (:func:`hvd_lm.comm.peers.ask`): ``{"ok": True, "host",
+    "token"}`` with whom it reached, or ``{"ok": False, "error": "timed out" | ...}``."""
     try:
-        with socket.create_connection((addr, port), timeout=PROBE_TIMEOUT) as s:
-            data = s.makefile("rb").readline()  # to the line's end or the connection's
-        return {"ok": True, **json.loads(data.decode())}
+        return {"ok": True, **ask(addr, port)}
     except socket.timeout:
         return {"ok": False, "error": f"timed out after {PROBE_TIMEOUT:g} s"}
     except (OSError, ValueError) as e:
@@ -170,7 +152,7 @@ def agent(cfg: AgentConfig) -> int:
     hostname = socket.gethostname()
     token = secrets.token_hex(8)
     ifaces = interfaces()
-    listen = _Listeners(hostname, token, ifaces)
+    reply = {"host": hostname, "token": token}
     gpus, gpu_names = gpu_count()
     # started by srun or mpirun: which listed host this is
     node = cfg.node or os.environ.get("SLURMD_NODENAME", "")
@@ -178,10 +160,11 @@ def agent(cfg: AgentConfig) -> int:
     facts = {"host": hostname, "token": token, "python": sys.version.split()[0],
              "executable": sys.executable, "hvd_lm": hvd_lm.__version__,
              "hvd_lm_path": str(Path(hvd_lm.__file__).parent), "hvd_lm_digest": source_digest(),
-             "packages": package_versions(), "interfaces": ifaces, "listeners": listen.ports,
+             "packages": package_versions(), "interfaces": ifaces,
+             "listeners": listeners(reply, ifaces),
              "gpus": gpus, "gpu_names": gpu_names, "node": node, "key": cfg.key,
              "shards": shard_facts(cfg.shards) if cfg.shards else None,
-             "rendezvous": listen.listen_on(cfg.rendezvous_port)
+             "rendezvous": listen_on(cfg.rendezvous_port, reply)
              if cfg.rendezvous_port and first else None}
     out, inp = ((connect_back(cfg.report_to) or (None, None)) if cfg.report_to
                 else (sys.stdout, sys.stdin))
