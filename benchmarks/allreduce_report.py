@@ -1,13 +1,13 @@
-"""The report of ``hvd-lm bench allreduce``: time,
+"""The report of ``python -m benchmarks allreduce``: time,
 bus bandwidth and ratio-to-MPI tables per size, the alpha-beta fits, and the bytes on the wire
 per configuration (:func:`wire_summary`), printed from the records
-:mod:`hvd_lm.perf.results` owns.
+:mod:`benchmarks.results` owns.
 """
 
 from __future__ import annotations
 
-from hvd_lm.perf.harness import print_table
-from hvd_lm.perf.results import busbw_factor
+from benchmarks.harness import print_table
+from benchmarks.results import busbw_factor
 from hvd_lm.util.units import KIB, MIB
 
 

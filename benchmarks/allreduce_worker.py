@@ -1,5 +1,5 @@
-"""One rank of ``hvd-lm bench allreduce`` (:mod:`hvd_lm.perf.bench_allreduce`, the driver, launches
-it: ``python -m hvd_lm.perf.allreduce_worker --backend {mpi,torch_gloo,horovod} ...`` under
+"""One rank of ``python -m benchmarks allreduce`` (:mod:`benchmarks.bench_allreduce`, the driver,
+launches it: ``python -m benchmarks.allreduce_worker --backend {mpi,torch_gloo,horovod} ...`` under
 ``mpirun`` or ``horovodrun``): times the collectives of one backend per message size and per
 gradient group, and prints its records as one ``RESULT [...]`` JSON line (rank 0).
 
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from hvd_lm import comm
+from benchmarks.baselines import MpiComm, TorchGlooComm
+from hvd_lm.comm import engine
 from hvd_lm.comm.engine import (
     HOROVOD_DEFAULT_CYCLE_MS,
     HOROVOD_DEFAULT_FUSION_BYTES,
@@ -35,7 +36,6 @@ from hvd_lm.comm.onebit_compression import (
 )
 from hvd_lm.model.lm import mlstm_parameters
 from hvd_lm.options import Command, option
-from hvd_lm.perf.baselines import MpiComm, TorchGlooComm
 from hvd_lm.util.units import KIB, parse_bytes
 
 DEFAULT_SIZES = [4 * KIB * 4 ** i for i in range(9)]  # 4 KiB, 16 KiB, ..., 256 MiB
@@ -92,7 +92,7 @@ def group_tensor_numels(spec: str) -> list[int]:
 
 @dataclass
 class AllreduceWorkerConfig:
-    """One rank (``python -m hvd_lm.perf.allreduce_worker FLAGS``)."""
+    """One rank (``python -m benchmarks.allreduce_worker FLAGS``)."""
 
     backend: str = option("horovod", "who allreduces", choices=("mpi", "torch_gloo", "horovod"))
     sizes: str = option("", "message sizes, bytes, comma-separated")
@@ -111,9 +111,9 @@ class HorovodComm:
     """Horovod's collectives (:mod:`hvd_lm.comm.engine`) behind the baselines' interface."""
 
     def __init__(self) -> None:
-        ctx = comm.init()  # collective: init (knobs from the environment of this launch)
+        ctx = engine.init()  # collective: init (knobs from the environment of this launch)
         self.rank, self.size = ctx.rank, ctx.size
-        self.controller = comm.controller()
+        self.controller = engine.controller()
         #: name -> 1-bit error buffers (see :meth:`onebit_errors`)
         self.errors: dict[str, ErrorFeedback] = {}
 
@@ -127,23 +127,23 @@ class HorovodComm:
         if compression == "onebit":
             t.copy_(compressed_allreduce(t.view(-1), self.errors[name], name))
         else:
-            comm.allreduce_inplace(t, name, "sum", compression)
+            engine.allreduce_inplace(t, name, "sum", compression)
 
     def allreduce_group(self, tensors: list[torch.Tensor], prefix: str = "bench.g",
                         compression: str = "none") -> None:
         """``allreduce_async_`` on each, then ``synchronize`` (as DistributedOptimizer)."""
-        comm.allreduce_group(tensors, prefix, "average", compression)
+        engine.allreduce_group(tensors, prefix, "average", compression)
 
     def max(self, x: float) -> float:
         """Maximum over ranks."""
-        return comm.allreduce_max(x, "bench.max")
+        return engine.allreduce_max(x, "bench.max")
 
     def close(self) -> None:
         """Nothing to do."""
 
 
 def make_comm(backend: str):
-    """The communicator of ``backend``: raw MPI or torch gloo (:mod:`hvd_lm.perf.baselines`) or
+    """The communicator of ``backend``: raw MPI or torch gloo (:mod:`benchmarks.baselines`) or
     Horovod (:class:`HorovodComm`).
 
     Raises:
@@ -268,5 +268,5 @@ def worker(args: AllreduceWorkerConfig) -> int:
 WORKER = Command(AllreduceWorkerConfig, worker, config_flag=False)
 
 
-if __name__ == "__main__":  # one rank of a run: python -m hvd_lm.perf.allreduce_worker FLAGS
-    sys.exit(WORKER.main(None, "python -m hvd_lm.perf.allreduce_worker"))
+if __name__ == "__main__":  # one rank of a run: python -m benchmarks.allreduce_worker FLAGS
+    sys.exit(WORKER.main(None, "python -m benchmarks.allreduce_worker"))

@@ -1,5 +1,6 @@
 """The peers Horovod is measured against, called directly: raw MPI through mpi4py and
-``torch.distributed`` (gloo), for ``hvd-lm bench allreduce`` and ``hvd-lm bench train``.
+``torch.distributed`` (gloo), for ``python -m benchmarks allreduce`` and ``python -m benchmarks
+train``.
 
 This is the one module of the benchmarks that calls mpi4py and ``torch.distributed`` itself:
 they are the baselines, so they must not go through :mod:`hvd_lm.comm`. Ranks are started by

@@ -1,4 +1,5 @@
-"""``hvd-lm bench allreduce`` and ``hvd-lm bench fusion``: the collective layer measured on its own.
+"""``python -m benchmarks allreduce`` and ``python -m benchmarks fusion``: the collective layer
+measured on its own.
 
 ``bench allreduce`` times, in one run (so that a shared, noisy machine affects every figure alike),
 an in-place sum-allreduce of one float32 tensor per message size (4 KiB to 256 MiB, powers of 4 by
@@ -43,9 +44,9 @@ fp16 compression (which puts S/2 on the wire). Then, per size, the ratio of each
 configuration's time to raw MPI's, and a least-squares alpha-beta fit per configuration
 (Hockney's model; for the ring algorithm t = 2(n-1) alpha + 2(n-1)/n S/beta, Thakur et al. 2005,
 "Optimization of collective communication operations in MPICH"). ``--json FILE`` saves it all;
-:func:`tools.scaling.calibration.calibrate_from_bench` reads Horovod's overhead over raw MPI
-from it; :mod:`hvd_lm.perf.results` owns the records, the JSON file and the fit. Workers (one
-per rank): :mod:`hvd_lm.perf.allreduce_worker`.
+:func:`benchmarks.calibration.calibrate_from_bench` reads Horovod's overhead over raw MPI
+from it; :mod:`benchmarks.results` owns the records, the JSON file and the fit. Workers (one
+per rank): :mod:`benchmarks.allreduce_worker`.
 """
 
 from __future__ import annotations
@@ -55,29 +56,29 @@ import sys
 import time
 from dataclasses import dataclass
 
-from hvd_lm import options
-from hvd_lm.comm.engine import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
-from hvd_lm.comm.hosts import parse_hosts
-from hvd_lm.comm.onebit_compression import DEFAULT_CHUNK
-from hvd_lm.comm.world import horovodrun_argv, local_mpi_env, mpirun_argv
-from hvd_lm.options import Command, option
-from hvd_lm.perf.allreduce_report import print_report, wire_summary
-from hvd_lm.perf.allreduce_worker import (
+from benchmarks.allreduce_report import print_report, wire_summary
+from benchmarks.allreduce_worker import (
     DEFAULT_GROUPS,
     DEFAULT_SIZES,
     AllreduceWorkerConfig,
     parse_size,
     parse_sizes,
 )
-from hvd_lm.perf.harness import host, run_child, save_json
-from hvd_lm.perf.results import derive, fit_records, median_over_repeats, ratios_to_mpi
+from benchmarks.harness import host, run_child, save_json
+from benchmarks.results import derive, fit_records, median_over_repeats, ratios_to_mpi
+from hvd_lm import options
+from hvd_lm.comm.engine import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
+from hvd_lm.comm.hosts import parse_hosts
+from hvd_lm.comm.onebit_compression import DEFAULT_CHUNK
+from hvd_lm.comm.world import horovodrun_argv, local_mpi_env, mpirun_argv
+from hvd_lm.options import Command, option
 from hvd_lm.util.units import MIB
 
 # ---- settings -----------------------------------------------------------------------------------
 
 @dataclass
 class AllreduceConfig:
-    """``hvd-lm bench allreduce``."""
+    """``python -m benchmarks allreduce``."""
 
     np: int = option(2, "ranks", ge=1)
     sizes: str = option("", "message sizes, e.g. 4K,64K,1M (default: 4K to 256M, powers of 4)")
@@ -169,7 +170,7 @@ def run_allreduce_bench(args: AllreduceConfig) -> dict:
             wcfg = AllreduceWorkerConfig(conf["backend"], ",".join(map(str, szs)), args.iters,
                                          args.warmup, list(args.compressions),
                                          args.onebit_chunk, list(args.groups))
-            argv = ["-m", "hvd_lm.perf.allreduce_worker", *options.to_argv(wcfg)]
+            argv = ["-m", "benchmarks.allreduce_worker", *options.to_argv(wcfg)]
             extra = dict(conf["env"])
             if conf["backend"] == "torch_gloo":
                 extra.update(MASTER_PORT=str(args.port),
@@ -206,7 +207,7 @@ def bench_allreduce(args: AllreduceConfig) -> int:
     """Run, print the tables, and with ``--json`` save.
 
     Raises:
-        RuntimeError: a launch failed (:func:`hvd_lm.perf.harness.run_child`);
+        RuntimeError: a launch failed (:func:`benchmarks.harness.run_child`);
             subprocess.TimeoutExpired; ValueError: bad sizes or groups.
     """
     data = run_allreduce_bench(args)

@@ -1,5 +1,5 @@
-"""``hvd-lm bench checkpoint``: the training step time around a checkpoint, written synchronously
-and in the background (:mod:`hvd_lm.train.async_checkpoint`), side by side in one run.
+"""``python -m benchmarks checkpoint``: the training step time around a checkpoint, written
+synchronously and in the background (:mod:`hvd_lm.train.async_checkpoint`), side by side in one run.
 
 One process trains the LM (``--hidden-size``, default 2048: a 266 MB checkpoint with Adam's
 state, large enough for the write to show) with the loop's own step
@@ -34,11 +34,11 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.harness import medians, print_table, random_batches, save_json
 from hvd_lm import options
 from hvd_lm.model import device as devices
 from hvd_lm.model.lm import LanguageModel, ModelConfig
 from hvd_lm.options import Command, option
-from hvd_lm.perf.harness import medians, print_table, random_batches, save_json
 from hvd_lm.train.async_checkpoint import CheckpointWriter
 from hvd_lm.train.optim import build_optimizer
 from hvd_lm.train.resume import Position, payload
@@ -51,7 +51,7 @@ MODES = ("sync", "async")
 
 @dataclass
 class BenchCheckpointConfig:
-    """``hvd-lm bench checkpoint`` (module docstring)."""
+    """``python -m benchmarks checkpoint`` (module docstring)."""
 
     hidden_size: int = option(2048, "mLSTM width H (2048: a 266 MB checkpoint with Adam)", ge=1)
     embed_dim: int = option(64, "byte embedding width", ge=1)

@@ -1,4 +1,5 @@
-"""``hvd-lm bench elastic``: what elastic training costs, measured on this machine in one run.
+"""``python -m benchmarks elastic``: what elastic training costs, measured on this machine in one
+run.
 
 An elastic ``hvd-lm train --elastic`` job (:class:`ElasticJob`) runs under ``horovodrun
 --min-np 1 --max-np 2 --host-discovery-script`` on two names of this machine, one slot each
@@ -35,9 +36,9 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.harness import save_json
 from hvd_lm.comm.world import local_mpi_env
 from hvd_lm.options import Command, option
-from hvd_lm.perf.harness import save_json
 
 
 def local_names() -> list[str]:
@@ -138,7 +139,7 @@ class ElasticJob:
 
 @dataclass
 class BenchElasticConfig:
-    """``hvd-lm bench elastic``."""
+    """``python -m benchmarks elastic``."""
 
     shards: str = option("", "shard directory to train on", required=True)
     hidden_size: int = option(256, "mLSTM width H", ge=1)

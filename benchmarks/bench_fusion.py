@@ -1,7 +1,7 @@
-"""``hvd-lm bench fusion``: the training step's time against Horovod's tensor fusion threshold and
-cycle time (Horovod docs, "Tensor Fusion", "Autotune"), each configuration a launch of
-``hvd-lm bench train``'s worker (:mod:`hvd_lm.perf.bench_train`), and what Horovod's autotuner
-chose from the same start (``HOROVOD_AUTOTUNE_LOG``).
+"""``python -m benchmarks fusion``: the training step's time against Horovod's tensor fusion
+threshold and cycle time (Horovod docs, "Tensor Fusion", "Autotune"), each configuration a launch of
+``python -m benchmarks train``'s worker (:mod:`benchmarks.bench_train`), and what Horovod's
+autotuner chose from the same start (``HOROVOD_AUTOTUNE_LOG``).
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.bench_train import StepConfig, launch
+from benchmarks.harness import print_table, save_json
 from hvd_lm import options
 from hvd_lm.comm.engine import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.options import Command, option
-from hvd_lm.perf.bench_train import StepConfig, launch
-from hvd_lm.perf.harness import print_table, save_json
 from hvd_lm.util.units import MIB
 
 
 @dataclass
 class BenchFusionConfig(StepConfig):
-    """``hvd-lm bench fusion``."""
+    """``python -m benchmarks fusion``."""
 
     hidden_size: int = option(256, "mLSTM width H", ge=1)
     steps: int = option(20, "timed steps per run", ge=1)
@@ -91,7 +91,7 @@ def bench_fusion(cfg: BenchFusionConfig) -> int:
     autotune result.
 
     Raises:
-        RuntimeError: a launch failed (:func:`hvd_lm.perf.harness.run_child`);
+        RuntimeError: a launch failed (:func:`benchmarks.harness.run_child`);
             subprocess.TimeoutExpired; ValueError: the autotune log is not Horovod's.
     """
     runs: list[dict] = []
@@ -126,8 +126,8 @@ def bench_fusion(cfg: BenchFusionConfig) -> int:
             fmb, cms = best["tensor_fusion_threshold"], best["cycle_time_ms"]
             timed(f"autotuned fusion={fmb:g}MB cycle={cms:g}ms", fmb, cms, 0)
     summary = summarize_fusion(runs)
-    print(f"\nhvd-lm bench fusion: {cfg.np} ranks, {cfg.cell} H={cfg.hidden_size}, per-rank "
-          f"batch {cfg.batch_size} x {cfg.seq_len}, compression {cfg.compression}, "
+    print(f"\npython -m benchmarks fusion: {cfg.np} ranks, {cfg.cell} H={cfg.hidden_size}, "
+          f"per-rank batch {cfg.batch_size} x {cfg.seq_len}, compression {cfg.compression}, "
           f"{cfg.steps} timed steps x {cfg.repeats} repeat(s)")
     print_table(summary, [
         ("configuration", "36", "label"), ("median s/step", ">13.4f", "step_time_s"),

@@ -1,4 +1,5 @@
-"""``hvd-lm bench gpu``: one GPU's ceilings and the LM's training step, side by side in one run.
+"""``python -m benchmarks gpu``: one GPU's ceilings and the LM's training step, side by side in one
+run.
 
 In one invocation (so every figure shares the card's clocks and temperature):
 
@@ -15,7 +16,7 @@ In one invocation (so every figure shares the card's clocks and temperature):
    dynamic loss scaling, bf16): chars/s, model TFLOP/s (:meth:`LanguageModel.flops_per_char`),
    the fraction of the square-matmul peak and of the GEMM ceiling, peak memory beside the
    preflight's estimate (:func:`estimated_memory`), the kernels one step launches (counted by
-   ``torch.profiler``: the device's kernels on CUDA, :func:`hvd_lm.perf.profile_step.cpu_launches`
+   ``torch.profiler``: the device's kernels on CUDA, :func:`benchmarks.profile_step.cpu_launches`
    on the CPU; also per time step, the step's count / T) and the host's time in one step
    (:func:`host_seconds`: what launching costs, which the device time hides when it is
    shorter);
@@ -26,10 +27,10 @@ In one invocation (so every figure shares the card's clocks and temperature):
    ``--rnn-kernels`` and (on CUDA) per ``--cuda-graphs``, each over the reference at the same
    shape;
 6. with ``--profile-steps N``, one ``torch.profiler`` window of the fastest mLSTM variant: its
-   top kernels and the idle gaps between them (:mod:`hvd_lm.perf.profile_step`).
+   top kernels and the idle gaps between them (:mod:`benchmarks.profile_step`).
 
 cuDNN's LSTM in fp32 is a fraction of a TF32 matmul peak, measured beside the others: PyTorch
-lets cuDNN use TF32 by default but not its matmuls (:func:`hvd_lm.perf.ceilings.peak_key`).
+lets cuDNN use TF32 by default but not its matmuls (:func:`benchmarks.ceilings.peak_key`).
 
 Every measurement is attempted on its own: one that fails (out of memory, a kernel the
 backend lacks, any exception) is recorded with its error and the run goes on; with ``--json``
@@ -51,15 +52,15 @@ from typing import Callable
 
 import torch
 
+from benchmarks import profile_step
+from benchmarks.ceilings import Timer, copy_gbps, gemm_ceiling, matmul_tflops, peak_key, step_gemms
+from benchmarks.harness import print_table, random_batches, save_json
 from hvd_lm import options as configlib
 from hvd_lm.model import device as devices
 from hvd_lm.model.config import KERNELS
 from hvd_lm.model.lm import LanguageModel, ModelConfig, recurrence_label
 from hvd_lm.model.mlstm_kernels import resolve
 from hvd_lm.options import Command, option
-from hvd_lm.perf import profile_step
-from hvd_lm.perf.ceilings import Timer, copy_gbps, gemm_ceiling, matmul_tflops, peak_key, step_gemms
-from hvd_lm.perf.harness import print_table, random_batches, save_json
 from hvd_lm.train import memory
 from hvd_lm.train.settings import TrainConfig
 from hvd_lm.train.step import StepSpec, train_step
@@ -69,7 +70,7 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 @dataclass
 class BenchGpuConfig:
-    """``hvd-lm bench gpu``."""
+    """``python -m benchmarks gpu``."""
 
     device: str = option("cuda", "cuda (the GPU of this process) or cpu (small shapes, tests)",
                          choices=("cuda", "cpu"))
@@ -238,7 +239,7 @@ def _train_step_rate(v: Variant, H: int, E: int, B: int, T: int, precision: str,
 
 
 def profile_fastest(res: "Results", cfg: BenchGpuConfig, device: torch.device) -> None:
-    """``--profile-steps``: one profiler window (:mod:`hvd_lm.perf.profile_step`) of the
+    """``--profile-steps``: one profiler window (:mod:`benchmarks.profile_step`) of the
     fastest mLSTM row measured, printed and saved as the JSON's ``profile``."""
     rows = [r for r in res.data.get("train", []) if r["cell"] == "mlstm" and "chars_per_s" in r]
     if not rows:
@@ -411,7 +412,7 @@ def bench_gpu(cfg: BenchGpuConfig, timer: Callable | None = None) -> int:
     return 0
 
 
-#: The training rows' table (:func:`hvd_lm.perf.harness.print_table`); a row whose measurement
+#: The training rows' table (:func:`benchmarks.harness.print_table`); a row whose measurement
 #: failed prints the first four columns and its error.
 TRAIN_COLUMNS = [
     ("cell", ">6", "cell"), ("impl", ">20", "impl"), ("B", ">5", "batch_size"),

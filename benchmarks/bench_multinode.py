@@ -1,14 +1,15 @@
-"""``hvd-lm bench multinode``: the scaling model against measured links, across hosts, in one run.
+"""``python -m benchmarks multinode``: the scaling model against measured links, across hosts, in
+one run.
 
 For each node count n of ``--nodes`` (the first n hosts of ``--hosts``, one rank each), the
 benchmark measures, interleaved over ``--repeats`` rounds so that a shared machine's drift hits
 every figure alike:
 
-1. ``hvd-lm bench allreduce`` across the n hosts (Horovod's Gloo controller under ``horovodrun``,
-   as the training runs; ``--compression``; single tensors of ``--sizes`` and the model's own
-   gradient list as a group), and from it the alpha-beta fit of that configuration at n ranks,
-   ``t(S) = a + b S`` read as the ring ``2(n-1) alpha + 2(n-1)/n S / beta`` (Hockney; Thakur,
-   Rabenseifner & Gropp 2005; :func:`hvd_lm.perf.results.fit_alpha_beta`);
+1. ``python -m benchmarks allreduce`` across the n hosts (Horovod's Gloo controller under
+   ``horovodrun``, as the training runs; ``--compression``; single tensors of ``--sizes`` and the
+   model's own gradient list as a group), and from it the alpha-beta fit of that configuration
+   at n ranks, ``t(S) = a + b S`` read as the ring ``2(n-1) alpha + 2(n-1)/n S / beta``
+   (Hockney; Thakur, Rabenseifner & Gropp 2005; :func:`benchmarks.results.fit_alpha_beta`);
 2. the host time of one optimizer step (compute plus Horovod's own work: everything but the
    gradients' time on the wire): ``hvd-lm train`` as one process with the same per-rank batch
    (:func:`measure_compute`), or with ``--colocated`` (the n "hosts" share this machine's cores,
@@ -23,7 +24,7 @@ every figure alike:
    ``step_time`` of the ``train`` records, the first ``--skip`` dropped as warm-up).
 
 and predicts 3. from 1. and 2. with the scaling model (:func:`predict_step`:
-:func:`tools.scaling.scaling_model.step_time` with both links set to the measured one, one rank per
+:func:`benchmarks.scaling_model.step_time` with both links set to the measured one, one rank per
 node, Horovod's default fusion), plus the training loop's own small allreduces (control flags
 every ``--control-every`` steps, the metrics' sum and per-step maximum every ``--log-every``).
 The link is Hockney's two parameters, alpha measured where it is defined: the time of a
@@ -36,7 +37,7 @@ allreduce of S bytes then costs ``t(32 B) + b S`` and each of the loop's small a
 hides behind the backward pass is measured too (:func:`measure_backward_window`: the share of the
 step after those gradients are ready, one process, the same model, batch and optimizer); for a
 small model the optimizer's step and the forward pass are most of the step, so the window is
-less than the 2/3 that :class:`~tools.scaling.scaling_model.ScalingConfig` assumes for a large
+less than the 2/3 that :class:`~benchmarks.scaling_model.ScalingConfig` assumes for a large
 one. The report prints per n: alpha, beta, compute, predicted communication, predicted and
 measured s/step and their ratio (predicted / measured). ``--json FILE`` keeps everything (the
 allreduce records too).
@@ -54,22 +55,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.bench_allreduce import AllreduceConfig, run_allreduce_bench
+from benchmarks.harness import host, print_table, random_batches, run_child, save_json
+from benchmarks.results import fit_alpha_beta
+from benchmarks.scaling_model import Link, ScalingConfig, ring_allreduce_time, step_time
+from benchmarks.scaling_report import read_run
 from hvd_lm import options
 from hvd_lm.comm.engine import HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.comm.hosts import parse_hosts
 from hvd_lm.comm.world import horovodrun_argv, local_mpi_env
 from hvd_lm.model.lm import mlstm_parameters
 from hvd_lm.options import Command, option
-from hvd_lm.perf.bench_allreduce import AllreduceConfig, run_allreduce_bench
-from hvd_lm.perf.harness import host, print_table, random_batches, run_child, save_json
-from hvd_lm.perf.results import fit_alpha_beta
-from tools.scaling.scaling_model import Link, ScalingConfig, ring_allreduce_time, step_time
-from tools.scaling.scaling_report import read_run
 
 
 @dataclass
 class MultinodeConfig:
-    """Settings of ``hvd-lm bench multinode``."""
+    """Settings of ``python -m benchmarks multinode``."""
 
     hosts: str = option("", "the hosts, host:slots,... (one rank each is used)", required=True)
     network_interface: str = option("", "the interface between them (`hvd-lm doctor` prints "
@@ -116,7 +117,7 @@ def train_argv(cfg: MultinodeConfig, out_dir: Path) -> list[str]:
 
 
 def _timing(out: Path, skip: int):
-    """:func:`tools.scaling.scaling_report.read_run` of a finished run, its errors as RuntimeError
+    """:func:`benchmarks.scaling_report.read_run` of a finished run, its errors as RuntimeError
     (a run that logged too little is a failed measurement, not a bad setting)."""
     try:
         return read_run(out, skip)
@@ -165,7 +166,7 @@ def measure_backward_window(cfg: MultinodeConfig, steps: int = 30, skip: int = 5
     Returns:
         ``forward_s`` (:func:`hvd_lm.train.step.window_nll`), ``backward_s``, ``window_s``
         (the part of the backward after the last gradient of the early group is ready:
-        :data:`tools.scaling.scaling_model.EARLY_PREFIXES`, whose allreduce Horovod starts then
+        :data:`benchmarks.scaling_model.EARLY_PREFIXES`, whose allreduce Horovod starts then
         and which that time can hide), ``update_s`` (the wait, unscale and clip, step or skip,
         zero_grad),
         ``step_s`` and ``fraction`` = window_s / step_s, the share of the step's compute the
@@ -173,12 +174,12 @@ def measure_backward_window(cfg: MultinodeConfig, steps: int = 30, skip: int = 5
     """
     import torch
 
+    from benchmarks.scaling_model import EARLY_PREFIXES
     from hvd_lm.model import device as devices
     from hvd_lm.model.lm import LanguageModel, ModelConfig
     from hvd_lm.train.optim import build_optimizer
     from hvd_lm.train.settings import OptimConfig
     from hvd_lm.train.step import StepSpec, train_step
-    from tools.scaling.scaling_model import EARLY_PREFIXES
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the training runs (--threads 1)
@@ -237,7 +238,7 @@ def predict_step(t_comp: float, params: list, fit: dict, n: int, control_every: 
     Args:
         t_comp: compute time of one step (s), measured.
         params: (name, elements) of the gradients (:func:`hvd_lm.model.lm.mlstm_parameters`).
-        fit: :func:`hvd_lm.perf.results.fit_alpha_beta` of Horovod's allreduce at n ranks, time
+        fit: :func:`benchmarks.results.fit_alpha_beta` of Horovod's allreduce at n ranks, time
             against the float32 payload (so fp16 compression is inside the fit: the model moves
             4 bytes per value); the bench fixes its intercept at the measured time of a
             :data:`LATENCY_BYTES` allreduce.
@@ -248,7 +249,7 @@ def predict_step(t_comp: float, params: list, fit: dict, n: int, control_every: 
             (:func:`measure_backward_window`).
 
     Returns:
-        :func:`tools.scaling.scaling_model.step_time`'s dict plus ``loop_s`` (the small
+        :func:`benchmarks.scaling_model.step_time`'s dict plus ``loop_s`` (the small
         allreduces per step) and ``predicted_s`` (s_per_iter + loop_s).
     """
     link = Link(fit["beta_GBps"], fit["alpha_s"], "fitted")
@@ -274,7 +275,7 @@ def estimate(n: int, records: list[dict], latency: list[float], compute: list[fl
     ``fit_free`` (the free line, for the record) is None where it cannot be fitted.
 
     Raises:
-        ValueError: as :func:`hvd_lm.perf.results.fit_alpha_beta` (no single-tensor size, or
+        ValueError: as :func:`benchmarks.results.fit_alpha_beta` (no single-tensor size, or
             times that do not grow with size).
     """
     by_size: dict[int, list] = {}

@@ -209,7 +209,7 @@ def run_bench(cfg: BenchPrepareConfig, echo=print) -> dict:
 
 @dataclass
 class BenchPrepareConfig:
-    """``python -m data_prep bench`` / ``hvd-lm bench prepare``."""
+    """``python -m benchmarks prepare`` / ``python -m benchmarks prepare``."""
 
     data: str = option(str(DEFAULT_DATA), "shared Amazon data directory")
     workdir: str = option("", "keep the corpus here and reuse it ('' = a temporary directory, "

@@ -1,4 +1,5 @@
-"""``hvd-lm bench train`` and ``hvd-lm bench fusion``: the training step measured side by side.
+"""``python -m benchmarks train`` and ``python -m benchmarks fusion``: the training step measured
+side by side.
 
 ``bench train``, in one invocation (so that a shared, noisy machine affects every figure alike):
 
@@ -11,7 +12,7 @@
    per ``--rnn-kernels`` x ``--cuda-graphs`` variant, ``reference`` once): the implementations
    side by side in one run;
 3. the same model and data with ``torch.nn.parallel.DistributedDataParallel`` (gloo backend,
-   :mod:`hvd_lm.perf.baselines`) as the baseline, at the largest N (``--no-ddp``: skipped).
+   :mod:`benchmarks.baselines`) as the baseline, at the largest N (``--no-ddp``: skipped).
 
 Each configuration runs ``--repeats`` times, interleaved with the others, and the median run is
 reported with the spread. It prints chars/s per rank and in total, weak-scaling efficiency
@@ -26,7 +27,7 @@ repeat too: the two ran back to back) and each engine over DDP. ``--json FILE`` 
 training step (under ``mpirun -np N``), then runs it with ``HOROVOD_AUTOTUNE=1`` (Horovod docs:
 "Autotune") and reads the chosen values from ``HOROVOD_AUTOTUNE_LOG``.
 
-The workers (``python -m hvd_lm.perf.bench_train --backend ...``) train on seeded random bytes
+The workers (``python -m benchmarks.bench_train --backend ...``) train on seeded random bytes
 (throughput does not depend on the values) or, with ``--shards``, on a shard directory's train
 split.
 """
@@ -42,7 +43,10 @@ from dataclasses import dataclass
 
 import torch
 
-from hvd_lm import comm, options
+from benchmarks.baselines import TorchGlooComm, ddp
+from benchmarks.harness import print_table, random_batches, run_child, save_json
+from hvd_lm import options
+from hvd_lm.comm import engine
 from hvd_lm.comm.world import local_mpi_env, mpirun_argv
 from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.model import device as devices
@@ -50,8 +54,6 @@ from hvd_lm.model.config import KERNELS
 from hvd_lm.model.lm import LanguageModel, ModelConfig, recurrence_label
 from hvd_lm.model.mfu import matmul_gflops
 from hvd_lm.options import Command, option
-from hvd_lm.perf.baselines import TorchGlooComm, ddp
-from hvd_lm.perf.harness import print_table, random_batches, run_child, save_json
 from hvd_lm.train.data import RankStreams
 from hvd_lm.train.optim import build_optimizer
 from hvd_lm.train.settings import OptimConfig
@@ -94,7 +96,7 @@ class StepConfig:
 
 @dataclass
 class WorkerConfig(StepConfig):
-    """One rank of a run (``python -m hvd_lm.perf.bench_train FLAGS``)."""
+    """One rank of a run (``python -m benchmarks.bench_train FLAGS``)."""
 
     backend: str = option("horovod", "who allreduces the gradients: an engine (horovod, torch) "
                           "or the DDP baseline", choices=("horovod", "torch", "ddp"))
@@ -117,7 +119,7 @@ class WorkerConfig(StepConfig):
 
 @dataclass
 class BenchTrainConfig(StepConfig):
-    """``hvd-lm bench train``."""
+    """``python -m benchmarks train``."""
 
     ranks: list[int] = option(default_factory=lambda: [1, 2], help="rank counts to run, e.g. 1,2",
                               ge=1)
@@ -152,7 +154,7 @@ def worker(cfg: WorkerConfig) -> int:
     time and every timed step's time, allreduce wait share)."""
     torch.set_num_threads(cfg.threads)
     if cfg.backend != "ddp":  # an engine: Horovod or the torch engine
-        ctx = comm.init(cfg.fusion_threshold_mb, cfg.cycle_time_ms,  # collective: init
+        ctx = engine.init(cfg.fusion_threshold_mb, cfg.cycle_time_ms,  # collective: init
                         backend=cfg.backend)
         rank, size, local_rank = ctx.rank, ctx.size, ctx.local_rank
     else:
@@ -169,9 +171,9 @@ def worker(cfg: WorkerConfig) -> int:
                                           rnn_kernels=kernels, cuda_graphs=graphs)).to(device)
         opt = build_optimizer(model, OptimConfig(), 1e-4)  # Adam as in training (fused)
         if cfg.backend != "ddp":
-            net = comm.wrap_model(model, cfg.compression)  # the torch engine: DDP
-            opt = comm.distributed_optimizer(opt, model, cfg.compression)  # Horovod: its hooks
-            comm.broadcast_state(model)  # collective: rank 0's weights everywhere
+            net = engine.wrap_model(model, cfg.compression)  # the torch engine: DDP
+            opt = engine.distributed_optimizer(opt, model, cfg.compression)  # Horovod: its hooks
+            engine.broadcast_state(model)  # collective: rank 0's weights everywhere
         else:
             net = ddp(model, peer)
         runs.append({"label": recurrence_label(impl, kernels, graphs), "impl": impl,
@@ -205,7 +207,7 @@ def worker(cfg: WorkerConfig) -> int:
         step_time = sum(times) / len(times)
         per_rank = B * T / step_time
         if cfg.backend != "ddp":
-            tot, wait_sum, time_sum = comm.allreduce_sum([per_rank, sum(waits), sum(times)],
+            tot, wait_sum, time_sum = engine.allreduce_sum([per_rank, sum(waits), sum(times)],
                                                          "bench")
         else:
             tot, wait_sum, time_sum = peer.sum([per_rank, 0.0, sum(times)])
@@ -243,7 +245,7 @@ def launch(backend: str, ranks: int, step: StepConfig, timeout: float,
                      "cuda_graphs": [v.get("cuda_graphs", False) for v in variants]}
     wcfg = WorkerConfig(**{f.name: getattr(step, f.name) for f in dataclasses.fields(StepConfig)},
                         backend=backend, **per_model)
-    cmd = mpirun_argv(ranks, ["-m", "hvd_lm.perf.bench_train", *options.to_argv(wcfg)])
+    cmd = mpirun_argv(ranks, ["-m", "benchmarks.bench_train", *options.to_argv(wcfg)])
     # every configuration states its own Horovod knobs; the DDP baseline's env:// rendezvous
     # (the torch engine asks MPI instead)
     env = local_mpi_env(OMP_NUM_THREADS=str(step.threads)) | dict.fromkeys((
@@ -407,5 +409,5 @@ BENCH_TRAIN = Command(BenchTrainConfig, bench_train, description=__doc__.split("
 WORKER = Command(WorkerConfig, worker, config_flag=False)
 
 
-if __name__ == "__main__":  # one rank of a run: python -m hvd_lm.perf.bench_train FLAGS
-    sys.exit(WORKER.main(None, "python -m hvd_lm.perf.bench_train"))
+if __name__ == "__main__":  # one rank of a run: python -m benchmarks.bench_train FLAGS
+    sys.exit(WORKER.main(None, "python -m benchmarks.bench_train"))

@@ -1,12 +1,12 @@
-"""``hvd-lm bench transfer``: seconds of the transfer classifier fit per solver and problem size,
-side by side in one run.
+"""``python -m benchmarks transfer``: seconds of the transfer classifier fit per solver and problem
+size, side by side in one run.
 
 For each problem (synthetic ``--sizes NxD``, and real LM features when ``--checkpoint`` and a
 dataset are given) each solver of ``--solvers`` (scikit-learn's liblinear and saga) runs the
 whole protocol of ``hvd-lm transfer`` (:func:`hvd_lm.transfer.fit.fit_logreg`: the C grid,
 default 11 values 2^-8..2^2, by k-fold cross-validation on train, the folds' fits in
 ``--threads`` worker processes, then the refit). Each fit runs in its own process
-(``python -m hvd_lm.perf.bench_transfer --worker``) under ``--time-limit`` seconds, so a solver
+(``python -m benchmarks.bench_transfer --worker``) under ``--time-limit`` seconds, so a solver
 that does not finish is reported as such instead of stalling the benchmark; solvers take turns
 over ``--repeats`` rounds and the median is reported.
 
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.harness import run_child, save_json
 from hvd_lm.options import Command, option, to_argv
-from hvd_lm.perf.harness import run_child, save_json
 from hvd_lm.transfer import datasets
 from hvd_lm.transfer import fit as classify
 from hvd_lm.transfer.features import DEFAULT_CACHE_DIR, FEATURE_KINDS, open_lm
@@ -103,7 +103,7 @@ class FitConfig:
 
 @dataclass
 class WorkerConfig(FitConfig):
-    """One fit (``python -m hvd_lm.perf.bench_transfer --worker PROBLEM.npz --solver S``)."""
+    """One fit (``python -m benchmarks.bench_transfer --worker PROBLEM.npz --solver S``)."""
 
     worker: str = option("", "problem file (Xtr, ytr, Xva, yva)", required=True)
     solver: str = option("liblinear", "solver", choices=classify.SOLVERS[1:])
@@ -113,7 +113,7 @@ class WorkerConfig(FitConfig):
 
 @dataclass
 class BenchTransferConfig(FitConfig):
-    """``hvd-lm bench transfer``."""
+    """``python -m benchmarks transfer``."""
 
     sizes: list[str] = option(default_factory=lambda: ["6920x4096"], help="synthetic training "
                               "sets NxD (texts x features), comma-separated; none: ''")
@@ -168,11 +168,11 @@ def _run_fit(problem: Path, solver: str, threads: int, cfg: BenchTransferConfig)
     ``stopped`` when it took over ``--time-limit`` seconds or was killed 60 s after that.
 
     Raises:
-        RuntimeError: the worker failed (:func:`hvd_lm.perf.harness.run_child`, its output).
+        RuntimeError: the worker failed (:func:`benchmarks.harness.run_child`, its output).
     """
     wc = WorkerConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(FitConfig)},
                       worker=str(problem), solver=solver, threads=threads)
-    cmd = [sys.executable, "-m", "hvd_lm.perf.bench_transfer", *to_argv(wc)]
+    cmd = [sys.executable, "-m", "benchmarks.bench_transfer", *to_argv(wc)]
     t0 = time.perf_counter()
     try:
         rec = run_child(cmd, cfg.time_limit + 60, {**os.environ, "PYTHONWARNINGS": "ignore"})[-1]
@@ -271,7 +271,7 @@ def format_table(results: dict) -> str:
 
 
 def bench_command(cfg: BenchTransferConfig) -> int:
-    """``hvd-lm bench transfer``: run, print the table, write ``--json``."""
+    """``python -m benchmarks transfer``: run, print the table, write ``--json``."""
     results = run(cfg)
     print(format_table(results), end="")
     if cfg.json:
@@ -289,4 +289,4 @@ WORKER = Command(WorkerConfig, worker)
 
 
 if __name__ == "__main__":
-    sys.exit(WORKER.main(sys.argv[1:], "python -m hvd_lm.perf.bench_transfer"))
+    sys.exit(WORKER.main(sys.argv[1:], "python -m benchmarks.bench_transfer"))

@@ -1,6 +1,6 @@
-"""Calibrating the scaling model from ``hvd-lm bench allreduce --json``: Horovod's overhead over raw
-MPI per message size and the machine's alpha-beta link, read into a :class:`Calibration` that
-:mod:`tools.scaling.scaling_model` and :mod:`tools.scaling.scaling_study` use.
+"""Calibrating the scaling model from ``python -m benchmarks allreduce --json``: Horovod's overhead
+over raw MPI per message size and the machine's alpha-beta link, read into a :class:`Calibration`
+that :mod:`benchmarks.scaling_model` and :mod:`benchmarks.scaling_study` use.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hvd_lm.perf.results import fit_alpha_beta
+from benchmarks.results import fit_alpha_beta
 from hvd_lm.util.units import MIB
 
 

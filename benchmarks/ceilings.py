@@ -1,4 +1,4 @@
-"""The card's ceilings and the mLSTM step's GEMMs, for ``hvd-lm bench gpu``.
+"""The card's ceilings and the mLSTM step's GEMMs, for ``python -m benchmarks gpu``.
 
 A square matmul's TFLOP/s per precision and the device-to-device copy's GB/s are what the card
 can do at best; every GEMM of the fused mLSTM's training window, timed alone at its own shape

@@ -1,4 +1,4 @@
-"""What every ``hvd-lm bench`` shares: running a child (a rank under ``mpirun``/``horovodrun``, a
+"""What every benchmark shares: running a child (a rank under ``mpirun``/``horovodrun``, a
 training run, one fit) and collecting the JSON records it prints, the synthetic batches the
 training benches time, the median of repeated runs, the side-by-side table
 (:func:`print_table`) and the ``--json`` file.

@@ -1,6 +1,6 @@
 """One ``torch.profiler`` window of a training step: where a step's device time goes.
 
-``hvd-lm bench gpu --profile-steps N`` profiles the fastest mLSTM variant it measured for N
+``python -m benchmarks gpu --profile-steps N`` profiles the fastest mLSTM variant it measured for N
 steps (after its warmup) and reports, from the device's own activity records (CUPTI, through
 PyTorch's Kineto profiler: "torch.profiler" in the PyTorch docs):
 

@@ -1,4 +1,4 @@
-"""The ``hvd-lm bench allreduce`` results: records, their JSON file and the alpha-beta fit.
+"""The ``python -m benchmarks allreduce`` results: records, their JSON file and the alpha-beta fit.
 
 A record is one (configuration, case, size) measurement: ``label``, ``case`` (``single`` or
 ``grouped``), ``size_bytes``, ``time_s`` (mean seconds per allreduce, max over ranks), ``ranks``.

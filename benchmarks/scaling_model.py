@@ -39,7 +39,7 @@ Per training step (weak scaling: the per-GPU batch is fixed) on n GPUs, g per no
   steps, and the input projections (``w_x``, ``w_mx``, bias) and the embedding are differentiated
   after the recurrence, so their allreduce starts only after the whole backward. The overlappable
   fraction is the decoder's share of the gradient bytes (1.2% at H=4096).
-* Horovod's overhead over raw MPI, calibrated on this machine from ``hvd-lm bench allreduce
+* Horovod's overhead over raw MPI, calibrated on this machine from ``python -m benchmarks allreduce
   --json`` (:func:`calibrate_from_bench`): the extra latency of a synchronous allreduce (per
   cycle: measured equal for 1 and for 200 unfused tensors) and the ratio of the bandwidth terms
   (Horovod time / MPI time for large messages), applied on top of the links.
@@ -49,8 +49,8 @@ Per training step (weak scaling: the per-GPU batch is fixed) on n GPUs, g per no
 
 Speedup is n x t(1) / t(n) (weak scaling), efficiency = speedup / n. :func:`validate` compares
 with the reference talk (Puri et al. 2018) on DGX-1V figures (:data:`DGX1V_LINKS`), and
-:func:`recommend` evaluates settings at 128 GPUs: both in :mod:`tools.scaling.scaling_study`, with
-the ``hvd-lm scaling-model`` command; this module is the model alone.
+:func:`recommend` evaluates settings at 128 GPUs: both in :mod:`benchmarks.scaling_study`, with
+the ``python -m benchmarks scaling-model`` command; this module is the model alone.
 """
 
 from __future__ import annotations
@@ -303,8 +303,8 @@ class ScalingConfig:
         negotiation: charge Horovod's coordinator bit-vector allreduce per ready group.
         backward_fraction: share of ``t_comp`` the early group's allreduce can overlap: the
             backward pass after the early gradients are ready (2/3: backward is twice the
-            forward's FLOPs; ``hvd-lm bench multinode`` measures it,
-            :func:`tools.scaling.bench_multinode.measure_backward_window`).
+            forward's FLOPs; ``python -m benchmarks multinode`` measures it,
+            :func:`benchmarks.bench_multinode.measure_backward_window`).
         sync_overhead_s: per-step overhead of synchronous multi-GPU training (n > 1).
     """
 
@@ -448,6 +448,6 @@ def predict(cfg: ScalingConfig, gpus: Sequence[int] = (1, 8, 16, 32, 64, 128)) -
     return [step_time(cfg, n) for n in gpus]
 
 
-# ---- calibration from `hvd-lm bench allreduce --json` -------------------------------------------
+# ---- calibration from `python -m benchmarks allreduce --json` ---------------------------------
 
 

@@ -1,4 +1,5 @@
-"""``hvd-lm scaling-report``: s/iter, speedup and efficiency against GPU count from a sweep's runs.
+"""``python -m benchmarks scaling-report``: s/iter, speedup and efficiency against GPU count from a
+sweep's runs.
 
 Reads each run's ``metrics.jsonl`` (written by rank 0 of ``hvd-lm train``): the world size and
 global batch from its ``start`` record(s) and the median ``step_time`` (s/iter) of its ``train``
@@ -27,8 +28,8 @@ from typing import Optional
 
 import matplotlib
 
+from benchmarks.harness import save_json
 from hvd_lm.options import Command, option
-from hvd_lm.perf.harness import save_json
 from hvd_lm.train.log import iter_metrics
 from hvd_lm.util.files import shown
 
@@ -242,7 +243,7 @@ def plot(rows: list[ScalingRow], path: str | Path, reference: str | None = None,
 
 @dataclass
 class ScalingReportConfig:
-    """Settings of ``hvd-lm scaling-report``."""
+    """Settings of ``python -m benchmarks scaling-report``."""
 
     runs: list[str] = option(default_factory=list, help="run directories (or metrics.jsonl "
                              "files), one per GPU count", positional=True, required=True,

@@ -1,5 +1,5 @@
-"""``hvd-lm scaling-model``: the alpha-beta model of :mod:`tools.scaling.scaling_model` checked
-against the reference talk and used to answer its questions.
+"""``python -m benchmarks scaling-model``: the alpha-beta model of :mod:`benchmarks.scaling_model`
+checked against the reference talk and used to answer its questions.
 
 * :func:`validate`: the model against the talk's published s/iter and speedup (Puri et al. 2018,
   "Distributed data parallel scaling", :data:`PUBLISHED`), with one constant, ``t_sync``,
@@ -20,15 +20,10 @@ from typing import Optional, Sequence
 
 import matplotlib
 
-from hvd_lm import REPO_ROOT
-from hvd_lm.comm.onebit_compression import DEFAULT_CHUNK
-from hvd_lm.model.lm import mlstm_parameters
-from hvd_lm.options import Command, option
-from hvd_lm.perf.harness import print_table, save_json
-from hvd_lm.perf.results import load_bench_json
-from hvd_lm.util.units import MIB
-from tools.scaling.calibration import Calibration, calibrate_from_bench
-from tools.scaling.scaling_model import (
+from benchmarks.calibration import Calibration, calibrate_from_bench
+from benchmarks.harness import print_table, save_json
+from benchmarks.results import load_bench_json
+from benchmarks.scaling_model import (
     DGX1V_LINKS,
     PCIE3_X16_GBPS,
     V100_COPY_GBPS,
@@ -37,7 +32,12 @@ from tools.scaling.scaling_model import (
     predict,
     step_time,
 )
-from tools.scaling.scaling_report import REFERENCE
+from benchmarks.scaling_report import REFERENCE
+from hvd_lm import REPO_ROOT
+from hvd_lm.comm.onebit_compression import DEFAULT_CHUNK
+from hvd_lm.model.lm import mlstm_parameters
+from hvd_lm.options import Command, option
+from hvd_lm.util.units import MIB
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
@@ -46,7 +46,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
 #: Puri et al. 2018 (the reference talk), "Distributed data parallel scaling": s/iter and their
 #: speedup column, per GPU count; the numbers live once, in
-#: :data:`tools.scaling.scaling_report.REFERENCE`.
+#: :data:`benchmarks.scaling_report.REFERENCE`.
 PUBLISHED = {
     "4096-d w/o IB": {"hidden_size": 4096, "inter": "10gbe", "rows": REFERENCE["no-ib"]},
     "4096-d w/ IB": {"hidden_size": 4096, "inter": "ib", "rows": REFERENCE["ib"]},
@@ -291,8 +291,8 @@ def plot_validation(result: dict, path: str | Path) -> None:
 
 # ---- CLI ----------------------------------------------------------------------------------------
 
-#: The calibration the docs' figures used: ``hvd-lm bench allreduce --np 2 --repeats 3`` on the
-#: project's 2-core CI machine (the model's default ``--bench-json``).
+#: The calibration the docs' figures used: ``python -m benchmarks allreduce --np 2 --repeats 3``
+#: on the project's 2-core CI machine (the model's default ``--bench-json``).
 SHIPPED_CALIBRATION = REPO_ROOT / "docs" / "results" / "allreduce_calibration.json"
 
 
@@ -428,7 +428,7 @@ def run(args: "ScalingModelConfig") -> int:
 
 @dataclass
 class ScalingModelConfig:
-    """Settings of ``hvd-lm scaling-model {predict,validate,recommend}``."""
+    """Settings of ``python -m benchmarks scaling-model {predict,validate,recommend}``."""
 
     mode: str = option("predict", "predict s/iter on 1-128 GPUs, validate against the reference "
                        "table, recommend settings at 128 GPUs, or onebit: 1-bit Adam/LAMB vs "
@@ -464,7 +464,8 @@ class ScalingModelConfig:
     cycle_time_ms: float = option(1.0, "HOROVOD_CYCLE_TIME, ms", ge=0)
     sync_overhead: Optional[float] = option(None, "t_sync, s (default: calibrated on the "
                                             "reference's 8-GPU row)", ge=0)
-    bench_json: str = option("shipped", "`hvd-lm bench allreduce --json` output calibrating "
+    bench_json: str = option("shipped", "`python -m benchmarks allreduce --json` output "
+                             "calibrating "
                              "Horovod's per-op overhead and bandwidth factor: a file, 'shipped' "
                              "(docs/results/allreduce_calibration.json, what the docs used) or "
                              "'none'")

@@ -1,4 +1,4 @@
-"""``python -m data_prep prepare|verify|bench ...`` (parser in :mod:`data_prep.cli`)."""
+"""``python -m data_prep prepare|verify ...`` (parser in :mod:`data_prep.cli`)."""
 
 import sys
 

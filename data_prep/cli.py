@@ -1,9 +1,8 @@
-"""Command line of ``data_prep``: ``prepare``, ``verify`` and ``bench``.
+"""Command line of ``data_prep``: ``prepare`` and ``verify``.
 
 Each command is a :class:`hvd_lm.options.Command`: its settings are one dataclass
-(:class:`data_prep.settings.PrepareConfig`, :class:`data_prep.verify.VerifyConfig`,
-:class:`data_prep.bench.BenchPrepareConfig`) whose flags and YAML layout come from
-:mod:`hvd_lm.options`; ``hvd-lm prepare|verify|bench prepare`` (:mod:`hvd_lm.cli`) and
+(:class:`data_prep.settings.PrepareConfig`, :class:`data_prep.verify.VerifyConfig`) whose flags
+and YAML layout come from :mod:`hvd_lm.options`; ``hvd-lm prepare|verify`` (:mod:`hvd_lm.cli`) and
 ``python -m data_prep`` (:func:`build_parser`) run the same objects.
 """
 
@@ -13,7 +12,6 @@ import argparse
 import json
 import sys
 
-from data_prep.bench import BENCH_PREPARE
 from data_prep.inputs import BadRecord, InputError
 from data_prep.parallel import Context, PhaseError
 from data_prep.pipeline import format_summary, prepare
@@ -92,13 +90,12 @@ VERIFY = Command(
 COMMANDS = {
     "prepare": (PREPARE, "turn review text files into shuffled, split, checksummed HDF5 shards"),
     "verify": (VERIFY, "re-check a shard directory against its manifest"),
-    "bench": (BENCH_PREPARE, "measure prepare's MB/s against the raw read rate"),
 }
 
 
 def build_parser(prog: str = "python -m data_prep") -> argparse.ArgumentParser:
-    """The ``python -m data_prep`` parser: ``prepare``, ``verify``, ``bench``."""
-    parser = ArgumentParser(prog=prog, description="Prepare, verify and benchmark "
+    """The ``python -m data_prep`` parser: ``prepare``, ``verify``."""
+    parser = ArgumentParser(prog=prog, description="Prepare and verify "
                                      "byte-level token shards of review text.")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)

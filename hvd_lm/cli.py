@@ -41,50 +41,22 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                "config.json, which every command that takes a checkpoint also loads"),
     "import-openai": ("hvd_lm.model.openai_import", "IMPORT_OPENAI", "OpenAI's released "
                       "sentiment-neuron mLSTM (15 .npy arrays) as an exported folder"),
-    "kernels": ("hvd_lm.perf.kernels_aot", "KERNELS_AOT", "build the fused mLSTM's Triton "
+    "kernels": ("hvd_lm.model.kernels_aot", "KERNELS_AOT", "build the fused mLSTM's Triton "
                 "kernels ahead of time for a GPU (no GPU needed): registers, spills, smem"),
     "launch": ("hvd_lm.jobs.job_plans", "LAUNCH", "render a launch script (horovodrun, mpirun, "
                "SLURM, PBS) or a scaling sweep"),
     "doctor": ("hvd_lm.jobs.doctor", "DOCTOR", "preflight of a multi-node launch: ssh both ways, "
                "same Python/hvd_lm, the shared network interface (and the flags to use), "
                "ports, shards, GPUs per host"),
-    "scaling-report": ("tools.scaling.scaling_report", "SCALING_REPORT",
-                       "s/iter, speedup and efficiency vs GPUs from a sweep's metrics.jsonl"),
-    "scaling-model": ("tools.scaling.scaling_study", "SCALING_MODEL", "alpha-beta model of "
-                      "s/iter, speedup and efficiency on 1-128 GPUs; validation against the "
-                      "reference"),
     "download": ("hvd_lm.jobs.download", "DOWNLOAD",
                  "fetch the demo's public review files, each verified against its sha256"),
     "demo": ("hvd_lm.jobs.demo", "DEMO", "end to end on real reviews: prepare, train on 2 "
              "ranks, evaluate vs xz/gzip, SST-2 transfer, report"),
 }
-#: ``hvd-lm bench <name>``: the benchmarks, same layout.
-BENCHMARKS: dict[str, tuple[str, str, str]] = {
-    "train": ("hvd_lm.perf.bench_train", "BENCH_TRAIN",
-              "training throughput: 1 vs N ranks, Horovod and the torch engine vs DDP, "
-              "fraction of matmul peak"),
-    "allreduce": ("hvd_lm.perf.bench_allreduce", "BENCH_ALLREDUCE",
-                  "allreduce latency/bandwidth: Horovod (MPI, Gloo controllers; fp16; fusion, "
-                  "cycle time) vs mpi4py vs torch gloo"),
-    "fusion": ("hvd_lm.perf.bench_fusion", "BENCH_FUSION", "training step time vs "
-               "HOROVOD_FUSION_THRESHOLD / HOROVOD_CYCLE_TIME, and HOROVOD_AUTOTUNE's choice"),
-    "transfer": ("hvd_lm.perf.bench_transfer", "BENCH_TRANSFER", "classifier fit seconds per "
-                 "solver (liblinear, saga, torch) and size, synthetic and real features"),
-    "prepare": ("data_prep.bench", "BENCH_PREPARE",
-                "measure prepare's MB/s against the raw read rate"),
-    "elastic": ("hvd_lm.perf.bench_elastic", "BENCH_ELASTIC", "elastic training: the cost of a "
-                "commit and of losing a worker, on this machine"),
-    "multinode": ("tools.scaling.bench_multinode", "BENCH_MULTINODE", "across hosts: allreduce "
-                  "alpha-beta fit per node count and the scaling model's predicted training "
-                  "step vs the measured one"),
-    "checkpoint": ("hvd_lm.perf.bench_checkpoint", "BENCH_CHECKPOINT", "the step time around "
-                   "a checkpoint, written synchronously and in the background, side by side"),
-    "gpu": ("hvd_lm.perf.bench_gpu", "BENCH_GPU", "one GPU: matmul and copy ceilings, mLSTM and "
-            "cuDNN-LSTM training chars/s, TFLOP/s and fraction of peak per precision"),
-}
-
-
-def _add(sub, name: str, entry: tuple[str, str, str], load: bool) -> None:
+def add_command(sub, name: str, entry: tuple[str, str, str], load: bool) -> None:
+    """Add command ``name`` (``entry``: module, Command attribute, help) to the subparsers
+    ``sub``; with ``load``, import its module and give it its arguments (``python -m
+    benchmarks`` builds its table the same way)."""
     module, attr, text = entry
     p = sub.add_parser(name, help=text, description=text)
     if load:
@@ -104,13 +76,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     words = [a for a in (argv or []) if not a.startswith("-")]
     for name, entry in COMMANDS.items():
-        _add(sub, name, entry, argv is None or words[:1] == [name])
-    bench = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCHMARKS),
-                           description="Benchmarks that print ratios measured side by side in "
-                           "one run.")
-    bsub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
-    for name, entry in BENCHMARKS.items():
-        _add(bsub, name, entry, argv is None or words[:2] == ["bench", name])
+        add_command(sub, name, entry, argv is None or words[:1] == [name])
     return p
 
 
@@ -118,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``hvd-lm`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
-    what = f"hvd-lm {args.command}" + (f" {args.bench}" if args.command == "bench" else "")
-    return args.command_obj.invoke(args, what)
+    return args.command_obj.invoke(args, f"hvd-lm {args.command}")
 
 
 if __name__ == "__main__":

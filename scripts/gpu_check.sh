@@ -13,7 +13,7 @@
 #          (Horovod builds in about 2 with -j16); a stamp makes every later setup seconds.
 #   cuda   `pytest -m cuda`: the GPU paths against CPU references (tests/test_cuda.py, the cuda
 #          tests of tests/test_mlstm_fused*.py). About 2 minutes.
-#   bench  `hvd-lm bench gpu` (ceilings, every GEMM of the step and the GEMM ceiling; fused and
+#   bench  `python -m benchmarks gpu` (ceilings, every GEMM of the step and the GEMM ceiling; fused and
 #          reference mLSTM, CUDA graphs off/on, vs cuDNN LSTM), stopped with SIGINT before the
 #          stage's budget ends: its JSON keeps every figure taken before.
 #   suite  the whole suite but the cuda tests, in parts: each run of the stage starts no test
@@ -29,7 +29,7 @@
 # every stage run so far (scripts/gpu_check_summary.py).
 #
 # Environment: PYTHON (default python3), VENV (default .venv), MAKEFLAGS (default -j<cores>),
-# STAGE_BUDGET, RESERVE, BENCH_ARGS (extra `hvd-lm bench gpu` flags, e.g. --device cpu on a
+# STAGE_BUDGET, RESERVE, BENCH_ARGS (extra `python -m benchmarks gpu` flags, e.g. --device cpu on a
 # machine without a GPU), SUITE_ARGS (extra pytest arguments for cuda and suite, e.g. a test
 # file), SUITE_BUDGET (seconds after which the suite starts no test; default: what the stage's
 # budget leaves).
@@ -122,7 +122,7 @@ for s in setup cuda bench suite; do
         setup) run_stage setup setup.log 3 env PYTHON="${PYTHON:-python3}" VENV="$VENV" \
                    VENV_SYSTEM_SITE=1 bash scripts/setup.sh || { status=1; break; } ;;
         cuda) pytest_part cuda cuda || status=1 ;;
-        bench) run_stage bench bench_gpu.log 40 "$PY" -m hvd_lm bench gpu --steps 3 --repeats 1 \
+        bench) run_stage bench bench_gpu.log 40 "$PY" -m benchmarks gpu --steps 3 --repeats 1 \
                    --json "$OUT/bench_gpu.json" "${bench_args[@]}" || status=1 ;;
         suite) pytest_part suite "not cuda" || status=1 ;;
     esac

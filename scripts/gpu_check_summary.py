@@ -7,8 +7,8 @@ when setup failed and there is no venv).
 Reads: ``<stage>.json`` (exit status, seconds) for setup, cuda, bench, suite; the parts of the
 pytest stages, ``cuda-<k>.xml`` and ``suite-<k>.xml`` (pytest's JUnit reports: counts and the
 failed tests) with ``<stage>-<k>.budget.json`` (tests/_budget.py: how many were left for the
-next part); ``bench_gpu.json`` (``hvd-lm bench gpu``). Stages run in separate invocations are
-merged: the newest record of each stage wins, the parts of a pytest stage add up.
+next part); ``bench_gpu.json`` (``python -m benchmarks gpu``). Stages run in separate invocations
+are merged: the newest record of each stage wins, the parts of a pytest stage add up.
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def markdown(summary: dict) -> str:
                       + "".join(f"\n  - FAILED {x}" for x in r["failed"]))
     b = summary.get("bench_gpu")
     if b:
-        md += ["", f"## hvd-lm bench gpu ({b['device']}, torch {b['torch']})", "",
+        md += ["", f"## python -m benchmarks gpu ({b['device']}, torch {b['torch']})", "",
                "| matmul | shape | TFLOP/s |", "|---|---|---:|"]
         md += [f"| {r['precision']} | {'x'.join(map(str, r['shape']))} | "
                f"{_fmt(r.get('tflops'), '.1f', r.get('error', '-'))} |" for r in b["matmul"]]

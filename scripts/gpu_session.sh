@@ -8,7 +8,7 @@
 #   PART=1 (default), call 1, TOTAL_S (585) seconds:
 #     probe      nvidia-smi, torch, Triton, cores                                 probe.txt
 #     cuda       the one-process cuda tests (CUDA_S, 60), only when their code changed
-#     bench      hvd-lm bench gpu at H=WIDTH, T=256, B=TRAIN_BATCH and 128, bf16: cuDNN's LSTM
+#     bench      python -m benchmarks gpu at H=WIDTH, T=256, B=TRAIN_BATCH and 128, bf16: cuDNN's LSTM
 #                beside the fused mLSTM eager and with CUDA graphs (BENCH_S, 80), only when its
 #                code changed
 #     train      hvd-lm train at H=WIDTH, B=TRAIN_BATCH, bf16, the fastest fused variant
@@ -90,8 +90,8 @@ if [ "${SMALL:-0}" = 1 ]; then  # a rehearsal on the CPU: tiny shapes, the same 
     kernels=${KERNELS:-torch}
 fi
 skip() { [[ " ${SKIP:-} " == *" $1 "* ]]; }
-BENCH_CODE=(hvd_lm/model/*.py hvd_lm/perf/bench_gpu.py hvd_lm/perf/ceilings.py
-            hvd_lm/perf/harness.py hvd_lm/train/step.py)
+BENCH_CODE=(hvd_lm/model/*.py benchmarks/bench_gpu.py benchmarks/ceilings.py
+            benchmarks/harness.py hvd_lm/train/step.py)
 CUDA_CODE=("${BENCH_CODE[@]}" hvd_lm/formats/checkpoint.py hvd_lm/train/resume.py
            tests/test_cuda.py tests/test_mlstm_fused.py tests/test_mlstm_fused_step.py)
 code_hash() {  # the files in C order, so that every machine hashes the same list
@@ -164,7 +164,7 @@ torch.cuda.get_device_name(0))'
         say "bench for at most $secs s"
         profile=()
         [ "${PROFILE:-0}" = 1 ] && profile=(--profile-steps 2)
-        timeout -s INT -k 10 "$secs" "${MPY[@]}" -m hvd_lm bench gpu --device "$DEVICE" \
+        timeout -s INT -k 10 "$secs" "${MPY[@]}" -m benchmarks gpu --device "$DEVICE" \
             "${shape[@]}" --rnn-kernels "$kernels" --batch-sizes "$TRAIN_BATCH,128" \
             --precisions bf16 --rnn-impl fused --json "$WORK/bench_gpu.json" "${profile[@]}" \
             >"$WORK/bench_gpu.log" 2>&1

@@ -154,13 +154,9 @@ def _hvd_lm_argv(argv: list[str]) -> list[str] | None:
     if prog == "hvd-lm":
         return argv[1:]
     if prog.startswith("python") and len(argv) > 2 and argv[1] == "-m":
-        mod, rest = argv[2], argv[3:]
-        if mod == "hvd_lm":
-            return rest
-        if mod == "hvd_lm.transfer":
-            return ["transfer", *rest]
-        if mod == "data_prep":
-            return ["bench", "prepare", *rest[1:]] if rest[:1] == ["bench"] else rest
+        prefix = {"hvd_lm": [], "data_prep": [], "hvd_lm.transfer": ["transfer"],
+                  "benchmarks": ["bench"]}.get(argv[2])   # python -m benchmarks NAME ...
+        return None if prefix is None else [*prefix, *argv[3:]]
     return None
 
 
@@ -299,8 +295,11 @@ def _check_inputs(cmd: Cmd, argv: list[str], s: Session, skip: set[str] = frozen
 
 
 def _parse_hvd_lm(cmd: Cmd, hvd: list[str], s: Session) -> None:
-    """Parse with hvd-lm's real parser; validate the settings when nothing is a placeholder."""
+    """Parse with hvd-lm's real parser (``python -m benchmarks``'s for ``["bench", ...]``);
+    validate the settings when nothing is a placeholder."""
+    from benchmarks import build_parser as bench_parser
     from hvd_lm.cli import build_parser
+    build_parser, hvd = (bench_parser, hvd[1:]) if hvd[:1] == ["bench"] else (build_parser, hvd)
     words = []
     for w in hvd:                                     # a placeholder goes with its flag
         if _placeholder(w):
@@ -365,7 +364,7 @@ def _execute(cmd: Cmd, argv: list[str], s: Session, env: dict | None = None,
 #: hvd-lm commands that run here (the rest are checked): cheap, or shrunk by :func:`shrink`
 #: (check-build, 12-16 s, is run as written by tests/test_foundation.py).
 RUN_COMMANDS = {"prepare", "verify", "train", "eval", "transfer", "classify", "generate",
-                "visualize", "export", "launch", "scaling-model", "scaling-report"}
+                "visualize", "export", "launch", "bench scaling-model", "bench scaling-report"}
 
 
 def _template_knobs(path: Path) -> set[str]:
@@ -475,10 +474,10 @@ def handle(cmd: Cmd, s: Session) -> None:
     hvd = _hvd_lm_argv(inner)
     assert hvd is not None, f"{cmd.where()}: the docs test does not know `{prog}`"
     _parse_hvd_lm(cmd, hvd, s)
-    what = hvd[0] if hvd[0] != "bench" else "bench"
+    what = " ".join(hvd[:2]) if hvd[0] == "bench" else hvd[0]
     local = not launcher or _local_hosts(facts["hosts"])
     placeholders = any(_placeholder(w) for w in argv)
-    if hvd[:1] == ["scaling-model"] and any(_flag(hvd, f) in s.produced - {None}
+    if hvd[:2] == ["bench", "scaling-model"] and any(_flag(hvd, f) in s.produced - {None}
                                             for f in ("--bench-json",)):
         placeholders = True                          # its input was only checked, not made
     help_only = "-h" in hvd or "--help" in hvd
@@ -486,7 +485,7 @@ def handle(cmd: Cmd, s: Session) -> None:
     inputs_made = _check_inputs(cmd, hvd, s)
     if help_only or (what in RUN_COMMANDS and local and not placeholders and not needs_gpu
                      and inputs_made):
-        if hvd[:1] == ["scaling-report"] and not any((s.root / w).exists() for w in hvd[1:]):
+        if what == "bench scaling-report" and not any((s.root / w).exists() for w in hvd[2:]):
             s.log.append(f"checked {cmd.where()} (its runs come from a cluster)")
             return
         extra = shrink(hvd, s.root)[len(hvd):]        # shrink only appends flags

@@ -304,8 +304,8 @@ for _h, _t in ((1024, 2), (256, 2), (1024, 1), (256, 1)):
 
 @figures("docs/results/bench_train_engines_h256.json")
 def engines() -> dict[str, str]:
-    """`hvd-lm bench train --engines horovod,torch` (docs/performance.md section 9, the choice
-    between the engines in docs/training.md)."""
+    """`python -m benchmarks train --engines horovod,torch` (docs/performance.md section 9, the
+    choice between the engines in docs/training.md)."""
     name = "bench_train_engines_h256.json"
     d, r = load(name), bench_rows(name)
     out = {}
@@ -330,9 +330,9 @@ def engines() -> dict[str, str]:
 
 @functools.cache
 def calibration():
-    from hvd_lm.perf.results import load_bench_json
-    from tools.scaling import scaling_study as ss
-    from tools.scaling.calibration import calibrate_from_bench
+    from benchmarks import scaling_study as ss
+    from benchmarks.calibration import calibrate_from_bench
+    from benchmarks.results import load_bench_json
     return calibrate_from_bench(load_bench_json(ss.SHIPPED_CALIBRATION))
 
 
@@ -354,16 +354,17 @@ def shipped_calibration() -> dict[str, str]:
 
 @figures("docs/results/allreduce_loaded.json")
 def loaded_calibration() -> dict[str, str]:
-    from hvd_lm.perf.results import load_bench_json
-    from tools.scaling.calibration import calibrate_from_bench
+    from benchmarks.calibration import calibrate_from_bench
+    from benchmarks.results import load_bench_json
     return calibration_figures(
         "loaded_calibration",
         calibrate_from_bench(load_bench_json(RESULTS / "allreduce_loaded.json")))
 
 
-@figures("hvd-lm scaling-model validate/recommend with docs/results/allreduce_calibration.json")
+@figures("python -m benchmarks scaling-model validate/recommend with "
+         "docs/results/allreduce_calibration.json")
 def scaling_model() -> dict[str, str]:
-    from tools.scaling import scaling_study as ss
+    from benchmarks import scaling_study as ss
     v = ss.validate(calibration())["summary"]
     worst = max(v["4096-d w/o IB"]["model_max_abs_error"],
                 v["8192-d w/ IB"]["model_max_abs_error"])
@@ -382,9 +383,9 @@ def scaling_model() -> dict[str, str]:
     }
 
 
-@figures("hvd-lm scaling-model onebit with docs/results/allreduce_calibration.json")
+@figures("python -m benchmarks scaling-model onebit with docs/results/allreduce_calibration.json")
 def onebit_scaling() -> dict[str, str]:
-    from tools.scaling import scaling_study as ss
+    from benchmarks import scaling_study as ss
     at = {(x["column"], x["gpus"]): x for x in ss.onebit_study(calibration())["rows"]}
     g, ib = at[("10 GbE", 128)], at[("IB as published", 128)]
     return {
@@ -403,13 +404,13 @@ NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four"}
 
 @figures("docs/results/bench_multinode_{1gbit,200mbit}.json")
 def multinode() -> dict[str, str]:
-    """Every row of ``hvd-lm bench multinode`` (2 and 3 hosts at each shaped link speed, one
+    """Every row of ``python -m benchmarks multinode`` (2 and 3 hosts at each shaped link speed, one
     ``docs/results/bench_multinode_<rate>.json`` per speed) and the figures the prose takes from
     them: the free line's and the 32-byte allreduce's times, one process's step parts and the
     window's share, the previous model's ratios on the same measurements, each round's ratios,
     the 8 MiB allreduce's range, and the 3-host step against its parts measured apart."""
+    from benchmarks.bench_multinode import predict_step
     from hvd_lm.model.lm import mlstm_parameters
-    from tools.scaling.bench_multinode import predict_step
 
     assert len(list(RESULTS.glob("bench_multinode_*.json"))) == 2, "two shaped link speeds"
     run = {lb: load(f"bench_multinode_{lb}.json") for lb in ("1gbit", "200mbit")}

@@ -115,7 +115,7 @@ def issue43_memory() -> dict[str, str]:
     """docs/mlstm_fused.md section 8: the refitted memory estimates."""
     import torch
 
-    from hvd_lm.perf.bench_gpu import Variant, estimated_memory
+    from benchmarks.bench_gpu import Variant, estimated_memory
 
     def gib(b: int, prec: str, graphs: bool) -> str:
         v = Variant("mlstm", "fused", "triton", graphs)

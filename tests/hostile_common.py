@@ -133,7 +133,7 @@ def reviews(tmp_path_factory):
 
 
 def measured_main(argv: list[str], mem_bytes: int = 3 << 30, stdin=None,
-                  warmup: list | None = None, env: dict | None = None
+                  warmup: list | None = None, env: dict | None = None, cli: str = "hvd_lm.cli"
                   ) -> tuple[subprocess.CompletedProcess, float, float]:
     """``hvd_lm.cli.main(argv)`` in a child with its address space capped at ``mem_bytes`` (so
     a blow-up ends as MemoryError, not a swapping machine), the command's modules imported
@@ -141,8 +141,9 @@ def measured_main(argv: list[str], mem_bytes: int = 3 << 30, stdin=None,
     read through read() calls: /proc/self/io's rchar, MB its peak RSS rose above the RSS before
     it: Linux's VmHWM, reset through /proc/self/clear_refs). Bytes and memory, not seconds: a
     verdict on them does not hang on this machine's load. ``env``: variables set for the child
-    (on top of :func:`tests._mp.launch_env`)."""
-    code = ("import sys, resource; from hvd_lm.cli import build_parser, main; "
+    (on top of :func:`tests._mp.launch_env`). ``cli``: the module with ``build_parser`` and
+    ``main`` (``benchmarks`` for ``python -m benchmarks``)."""
+    code = (f"import sys, resource; from {cli} import build_parser, main; "
             "argv = sys.argv[1:]; i = argv.index('--'); warm, argv = argv[:i], argv[i + 1:]; "
             "build_parser(argv); warm and main(warm); "
             f"resource.setrlimit(resource.RLIMIT_AS, ({mem_bytes}, {mem_bytes})); "

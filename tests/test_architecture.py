@@ -11,7 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 #: Sub-packages of hvd_lm, lowest first: a module may import its own layer and those below.
 LAYERS = ["util", "options", "formats", "model", "comm", "install", "train", "transfer", "jobs",
-          "perf", "cli"]
+          "cli"]
 
 
 def module_name(path: Path) -> str:
@@ -24,7 +24,7 @@ def module_name(path: Path) -> str:
 
 def project_modules() -> dict[str, Path]:
     mods = {}
-    for pkg in ("hvd_lm", "data_prep", "tools"):
+    for pkg in ("hvd_lm", "data_prep", "benchmarks"):
         for path in sorted((REPO / pkg).rglob("*.py")):
             mods[module_name(path)] = path
     return mods
@@ -114,18 +114,22 @@ def test_data_prep_builds_on_the_ground_floors_and_the_launcher_only():
                 f"{m} imports {dp}"
 
 
-def test_tools_stand_beside_the_library():
-    """tools/ (the scaling study) builds on hvd_lm; neither hvd_lm nor data_prep imports it
-    (the CLI's table names a command's module as a string and loads only the one that runs)."""
-    up = {m: sorted(d for d in deps if d.split(".")[0] == "tools")
-          for m, deps in project_graph().items() if not m.startswith("tools")}
+def test_the_benchmarks_stand_beside_the_installed_package():
+    """benchmarks/ (the benchmarks and the scaling study, run from a checkout) builds on hvd_lm
+    and data_prep; neither imports it, and pip installs hvd_lm and data_prep only (a top-level
+    ``tools`` or ``benchmarks`` package would collide with other projects')."""
+    import tomllib
+    up = {m: sorted(d for d in deps if d.split(".")[0] == "benchmarks")
+          for m, deps in project_graph().items() if not m.startswith("benchmarks")}
     assert not any(up.values()), {m: d for m, d in up.items() if d}
+    find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert find["packages"]["find"]["include"] == ["hvd_lm*", "data_prep*"]
 
 
 @pytest.mark.parametrize("library,owners", [
     ("horovod", {"hvd_lm.comm.engine"}),
-    ("mpi4py", {"hvd_lm.comm.mpi", "hvd_lm.perf.baselines"}),
-    ("torch.distributed", {"hvd_lm.comm.torch_engine", "hvd_lm.perf.baselines"}),
+    ("mpi4py", {"hvd_lm.comm.mpi", "benchmarks.baselines"}),
+    ("torch.distributed", {"hvd_lm.comm.torch_engine", "benchmarks.baselines"}),
 ])
 def test_each_collective_library_has_one_caller(library, owners):
     """Horovod is called from hvd_lm.comm.engine only; mpi4py from hvd_lm.comm.mpi and the
@@ -203,10 +207,14 @@ def test_a_step_is_read_in_three_files():
                 and frame.f_code.co_name != "<module>"):  # not a module's first import
             called.add(Path(name).relative_to(REPO).as_posix())
 
-    sys.setprofile(profile)
-    try:
+    def one_step():
         step.train_step(model, opt, torch.amp.GradScaler("cpu", enabled=False), [batch, batch],
                         model.init_state(2), step.StepSpec(torch.device("cpu"), k=2))
+
+    one_step()  # untraced: what a first step imports (module-level code) is not the step
+    sys.setprofile(profile)
+    try:
+        one_step()
     finally:
         sys.setprofile(None)
     assert "hvd_lm/train/step.py" in called and "hvd_lm/model/lm.py" in called
@@ -251,13 +259,15 @@ OWN_READS = {
     ("hvd_lm/jobs/demo.py", "summary_json.read_text()"): "the demo's prepare summary",
     ("hvd_lm/jobs/demo.py", "(transfer_dir / 'transfer.json').read_text()"): "its transfer",
     ("hvd_lm/jobs/report.py", "(t / 'transfer.md').read_text()"): "the demo's transfer folder",
-    ("hvd_lm/perf/bench_elastic.py", "path.read_text()"): "the bench's own run's metrics",
-    ("hvd_lm/perf/bench_fusion.py", "Path(path).read_text()"): "the autotune log it asked for",
-    ("hvd_lm/perf/bench_fusion.py", "log.read_text()"): "the autotune log it asked for",
-    ("hvd_lm/perf/bench_transfer.py", "np.load(cfg.worker)"): "the problem its driver wrote",
-    ("data_prep/bench.py", "open(tmp)"): "the corpus the bench writes",
-    ("data_prep/bench.py", "meta_path.read_text()"): "the bench corpus's own description",
-    ("data_prep/bench.py", "gzip.open(path)"): "the corpus the bench wrote",
+    ("benchmarks/bench_elastic.py", "path.read_text()"): "the bench's own run's metrics",
+    ("benchmarks/bench_fusion.py", "Path(path).read_text()"): "the autotune log it asked for",
+    ("benchmarks/bench_fusion.py", "log.read_text()"): "the autotune log it asked for",
+    ("benchmarks/bench_transfer.py", "np.load(cfg.worker)"): "the problem its driver wrote",
+    ("benchmarks/control_plane.py", "open('/proc/self/smaps')"): "this process's memory",
+    ("benchmarks/control_plane.py", "path.read_text()"): "the rehearsal's own runs' files",
+    ("benchmarks/bench_prepare.py", "open(tmp)"): "the corpus the bench writes",
+    ("benchmarks/bench_prepare.py", "meta_path.read_text()"): "the bench corpus's own description",
+    ("benchmarks/bench_prepare.py", "gzip.open(path)"): "the corpus the bench wrote",
     ("data_prep/pipeline.py", "(work / 'map' / f'u{u:05d}' / 'stats.json').read_text()"):
         "prepare's work folder (OUT/.prepare)",
     ("data_prep/pipeline.py", "(work / 'sorted' / f'b{b:05d}' / 'stats.json').read_text()"):

@@ -190,12 +190,13 @@ def test_a_signal_and_the_end_wait_for_the_write_in_flight(shards, tmp_path):
 
 @pytest.mark.serial  # a write's timing against the steps' or a signal's
 def test_bench_checkpoint_measures_both_modes(tmp_path):
-    """``hvd-lm bench checkpoint`` at a tiny size, 0.3 s of write latency added: the synchronous
-    checkpoint blocks the loop for the whole write, the background one for its copy only."""
-    from hvd_lm.cli import main as cli_main
+    """``python -m benchmarks checkpoint`` at a tiny size, 0.3 s of write latency added: the
+    synchronous checkpoint blocks the loop for the whole write, the background one for its
+    copy only."""
+    from benchmarks import main as bench_main
 
     out = tmp_path / "b.json"
-    assert cli_main(["bench", "checkpoint", "--hidden-size", "32", "--steps", "6",
+    assert bench_main(["checkpoint", "--hidden-size", "32", "--steps", "6",
                      "--checkpoint-after", "2", "--repeats", "1", "--added-write-latency", "0.3",
                      "--json", str(out)]) == 0
     d = json.loads(out.read_text())

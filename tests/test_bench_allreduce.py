@@ -1,17 +1,17 @@
-"""``hvd-lm bench allreduce`` / ``bench fusion``: helpers, JSON parsing, and one real 2-rank run.
-(hvd_lm.perf.bench_allreduce, hvd_lm.perf.bench_train, hvd_lm.perf.results)"""
+"""``python -m benchmarks allreduce`` / ``fusion``: helpers, JSON parsing, and one real 2-rank run.
+(benchmarks.bench_allreduce, benchmarks.bench_train, benchmarks.results)"""
 
 import json
 import sys
 
 import pytest
 
-from hvd_lm.cli import build_parser
-from hvd_lm.perf import allreduce_worker as aw
-from hvd_lm.perf import bench_allreduce as ba
-from hvd_lm.perf import bench_fusion as bf
-from hvd_lm.perf import results as R
-from hvd_lm.perf.allreduce_report import human_bytes, print_report
+from benchmarks import allreduce_worker as aw
+from benchmarks import bench_allreduce as ba
+from benchmarks import bench_fusion as bf
+from benchmarks import build_parser
+from benchmarks import results as R
+from benchmarks.allreduce_report import human_bytes, print_report
 from tests._mp import REPO, launch_env, run
 
 
@@ -76,7 +76,7 @@ def test_derived_fields_ratios_and_json_roundtrip(tmp_path, capsys):
     print_report(loaded)
     out = capsys.readouterr().out
     assert "time / raw MPI" in out and "synthetic200x64k" in out
-    from tools.scaling.calibration import calibrate_from_bench
+    from benchmarks.calibration import calibrate_from_bench
 
     cal = calibrate_from_bench(loaded)  # no sizes >= 16 MiB here: ratio of fitted slopes
     assert cal.bandwidth_factor == pytest.approx(4 / 3, rel=1e-6)
@@ -125,10 +125,10 @@ def test_summarize_fusion():
 
 
 def test_registers_bench_subcommands():
-    argv = ["bench", "allreduce", "--sizes", "4K,64K", "--np", "2"]
+    argv = ["allreduce", "--sizes", "4K,64K", "--np", "2"]
     a = build_parser(argv).parse_args(argv)
     assert a.command_obj is ba.BENCH_ALLREDUCE and a.command_obj.settings(a).np == 2
-    argv = ["bench", "fusion", "--fusion-mb", "0,64"]
+    argv = ["fusion", "--fusion-mb", "0,64"]
     f = build_parser(argv).parse_args(argv)
     cfg = f.command_obj.settings(f)
     assert f.command_obj is bf.BENCH_FUSION and cfg.hidden_size == 256 and cfg.fusion_mb == [0, 64]
@@ -137,7 +137,7 @@ def test_registers_bench_subcommands():
 @pytest.mark.slow
 def test_real_allreduce_bench_two_ranks(tmp_path):
     out = tmp_path / "ar.json"
-    run([sys.executable, "-m", "hvd_lm", "bench", "allreduce", "--np", "2",
+    run([sys.executable, "-m", "benchmarks", "allreduce", "--np", "2",
          "--sizes", "4096,65536", "--iters", "3", "--warmup", "1", "--fusion-mb", "",
          "--cycle-ms", "", "--groups", "synthetic8x16k", "--json", str(out)],
         timeout=240, env=launch_env(), cwd=REPO)

@@ -1,5 +1,5 @@
-"""``hvd-lm bench gpu`` on the CPU (``--device cpu``, tiny shapes): the step's GEMMs against the
-model's own FLOP count, every derived figure against values known in advance (a clock that
+"""``python -m benchmarks gpu`` on the CPU (``--device cpu``, tiny shapes): the step's GEMMs against
+the model's own FLOP count, every derived figure against values known in advance (a clock that
 reads a fixed time per call), failures recorded and the JSON kept as the run goes (on a GPU
 node the same command measures the card)."""
 import json
@@ -7,12 +7,11 @@ import json
 import pytest
 import torch
 
-from hvd_lm.cli import main
+from benchmarks import bench_gpu as bg
+from benchmarks import ceilings, main
 from hvd_lm.model.lm import LanguageModel, ModelConfig
-from hvd_lm.perf import bench_gpu as bg
-from hvd_lm.perf import ceilings
 
-TINY = ["bench", "gpu", "--device", "cpu", "--hidden-size", "32", "--embed-dim", "8",
+TINY = ["gpu", "--device", "cpu", "--hidden-size", "32", "--embed-dim", "8",
         "--seq-len", "8", "--batch-sizes", "4", "--steps", "1", "--warmup", "0", "--repeats",
         "1", "--matmul-size", "64", "--copy-mib", "1"]
 
@@ -185,7 +184,7 @@ def test_a_variant_leaves_no_graphed_window_alive(monkeypatch):
 def test_gap_stats_against_a_hand_count():
     """Kernels at [0,10], [5,12] (overlapping: one busy stretch 0-12), [20,30], [100,101]:
     window 101 us, busy 12 + 10 + 1 = 23, gaps of 8 and 70 us."""
-    from hvd_lm.perf.profile_step import gap_stats, top_kernels
+    from benchmarks.profile_step import gap_stats, top_kernels
     g = gap_stats([(20, 30), (0, 10), (100, 101), (5, 12)])
     assert g["window_us"] == 101 and g["busy_us"] == 23 and g["idle_us"] == 78
     assert g["gaps"] == 2 and g["largest_gap_us"] == 70
@@ -218,7 +217,7 @@ def test_cudnn_fp32_rows_are_a_fraction_of_the_tf32_peak(monkeypatch):
     """PyTorch lets cuDNN use TF32 in fp32 (torch.backends.cudnn.allow_tf32) but not its
     matmuls: cuDNN's fp32 LSTM is measured against the TF32 peak when one was taken (on an
     H200 it reached 3.2x the fp32 matmul peak); every other row against its own precision."""
-    from hvd_lm.perf.ceilings import peak_key
+    from benchmarks.ceilings import peak_key
     peaks = {"fp32": 51.0, "tf32": 400.0, "bf16": 800.0}
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
     assert peak_key("lstm", "fp32", peaks) == "tf32"

@@ -1,5 +1,5 @@
-"""``hvd-lm bench multinode``'s pure parts against hand computations; the bench itself runs for
-real on the cluster in a box in tests/test_multinode.py
+"""``python -m benchmarks multinode``'s pure parts against hand computations; the bench itself runs
+for real on the cluster in a box in tests/test_multinode.py
 (``test_bench_multinode_runs_on_a_shaped_link``)."""
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ import statistics
 import numpy as np
 import pytest
 
-from hvd_lm.model.lm import mlstm_parameters
-from hvd_lm.perf.results import fit_alpha_beta
-from tools.scaling.bench_multinode import (
+from benchmarks.bench_multinode import (
     LATENCY_BYTES,
     MultinodeConfig,
     fit_sizes,
@@ -19,6 +17,8 @@ from tools.scaling.bench_multinode import (
     print_report,
     train_argv,
 )
+from benchmarks.results import fit_alpha_beta
+from hvd_lm.model.lm import mlstm_parameters
 
 GB = 1e9
 #: a model of two gradient tensors: the decoder's (ready early, overlaps the recurrence's
@@ -142,7 +142,7 @@ def test_rounds_are_estimated_alone_and_together(monkeypatch):
     time as its intercept; ratio_rounds has each round's own estimate, None for a round whose
     times do not grow with size (too noisy to fit) instead of ending the run; the JSON's
     records are every round's."""
-    import tools.scaling.bench_multinode as bm
+    import benchmarks.bench_multinode as bm
 
     lat, b = 2e-3, 1 / 100e6
     sizes = [1 << 20, 1 << 21]

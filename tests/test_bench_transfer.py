@@ -1,6 +1,6 @@
-"""``hvd-lm bench transfer`` (hvd_lm.perf.bench_transfer): runs every solver on a small problem
-in worker processes and reports them side by side; asserts behaviour (what is reported, that the
-solvers solved the same problem), never speed."""
+"""``python -m benchmarks transfer`` (benchmarks.bench_transfer): runs every solver on a small
+problem in worker processes and reports them side by side; asserts behaviour (what is reported, that
+the solvers solved the same problem), never speed."""
 from __future__ import annotations
 
 import contextlib
@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from hvd_lm.perf import bench_transfer as B
+from benchmarks import bench_transfer as B
 
 
 def test_synthetic_problem_is_seeded_and_learnable():
@@ -40,12 +40,12 @@ def test_parse_size(text, ok):
 
 
 def test_bench_runs_every_solver_side_by_side(tmp_path, capsys, monkeypatch):
-    """``hvd-lm bench transfer`` through the CLI's entry point in this process: the first
-    problem's fits in real worker processes (``python -m hvd_lm.perf.bench_transfer
+    """``python -m benchmarks transfer`` through the CLI's entry point in this process: the first
+    problem's fits in real worker processes (``python -m benchmarks.bench_transfer
     --worker``), the second's through the same worker function in this process (a worker
     process costs ~4 s of imports; the second problem is there to show problems side by side).
     Each row is transfer's own fit: its chosen C and fold accuracy are fit_logreg's."""
-    from hvd_lm.cli import main
+    from benchmarks import main
     from hvd_lm.transfer.fit import fit_logreg
 
     real_run_fit, in_process = B._run_fit, []
@@ -66,7 +66,7 @@ def test_bench_runs_every_solver_side_by_side(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(B, "_run_fit", run_fit)
     out = tmp_path / "b.json"
-    assert main(["bench", "transfer", "--sizes", "300x12,200x8", "--solvers",
+    assert main(["transfer", "--sizes", "300x12,200x8", "--solvers",
                  "liblinear,saga", "--threads", "1", "--c-grid", "0.01,0.1,1", "--json",
                  str(out)]) == 0
     assert in_process == ["liblinear", "saga"]

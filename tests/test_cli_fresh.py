@@ -1,13 +1,14 @@
 """Every command as users start it: a fresh interpreter, never the warm one of tests/_warm.py.
 
-* ``--help`` of every command and benchmark, under ``python -X importtime`` (CPython's own list
-  of what an interpreter imported): exit 0, and the import promises of hvd_lm/cli.py and the
-  commands' docs hold (``hvd-lm --help`` loads nothing heavy; ``prepare`` and ``verify`` no
-  torch; ``classify``, ``generate`` and ``visualize`` no scikit-learn, scipy or pyplot...).
+* ``--help`` of every command under ``python -X importtime`` (CPython's own list of what an
+  interpreter imported), and of every benchmark (``python -m benchmarks NAME``): exit 0, and
+  the import promises of hvd_lm/cli.py and the commands' docs hold (``hvd-lm --help`` loads
+  nothing heavy; ``prepare`` and ``verify`` no torch; ``classify``, ``generate`` and
+  ``visualize`` no scikit-learn, scipy or pyplot...).
 * One tiny real invocation of every command that works on this machine without a network, a
   cluster or a GPU, chained as a user would (prepare, verify, train, eval, export, transfer,
-  classify, generate, visualize, scaling-report, launch, scaling-model, kernels, doctor), each a
-  fresh ``python -m hvd_lm``; the rest (download, demo, check-build, import-openai, bench) run
+  classify, generate, visualize, launch, kernels, doctor), each a fresh ``python -m hvd_lm``;
+  the rest (download, demo, check-build, import-openai, the benchmarks) run
   fresh where their own tests start them (tests/test_demo.py, tests/test_foundation.py,
   tests/test_export.py, tests/test_bench_*.py).
 """
@@ -19,7 +20,8 @@ import sys
 
 import pytest
 
-from hvd_lm.cli import BENCHMARKS, COMMANDS
+from benchmarks import BENCHMARKS
+from hvd_lm.cli import COMMANDS
 from tests._mp import REPO, launch_env
 from tests.shardutil import review_texts
 
@@ -35,11 +37,11 @@ NOT_IMPORTED = {
 }
 
 
-def fresh(*argv: str, cwd=REPO, timeout: float = 300, importtime: bool = False
-          ) -> subprocess.CompletedProcess:
-    """``python [-X importtime] -m hvd_lm ARGV``, always a new interpreter."""
+def fresh(*argv: str, cwd=REPO, timeout: float = 300, importtime: bool = False,
+          module: str = "hvd_lm") -> subprocess.CompletedProcess:
+    """``python [-X importtime] -m MODULE ARGV``, always a new interpreter."""
     x = ["-X", "importtime"] if importtime else []
-    return subprocess.run([sys.executable, *x, "-m", "hvd_lm", *map(str, argv)], cwd=cwd,
+    return subprocess.run([sys.executable, *x, "-m", module, *map(str, argv)], cwd=cwd,
                           env=launch_env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -49,8 +51,7 @@ def imported(stderr: str) -> set[str]:
             if line.startswith("import time:") and "|" in line}
 
 
-@pytest.mark.parametrize("words", [[], *([c] for c in COMMANDS),
-                                   *(["bench", b] for b in BENCHMARKS)],
+@pytest.mark.parametrize("words", [[], *([c] for c in COMMANDS)],
                          ids=lambda w: " ".join(w) or "hvd-lm")
 def test_help_of_every_command_runs_fresh_and_imports_what_it_promises(words):
     proc = fresh(*words, "--help", importtime=True)
@@ -60,6 +61,16 @@ def test_help_of_every_command_runs_fresh_and_imports_what_it_promises(words):
     assert "hvd_lm.cli" in loaded
     wrong = sorted(NOT_IMPORTED.get(" ".join(words), set()) & loaded)
     assert not wrong, f"hvd-lm {' '.join(words)} --help imported {wrong}"
+
+
+@pytest.mark.parametrize("name", [None, *BENCHMARKS])
+def test_help_of_every_benchmark_runs_fresh_from_any_folder(name, tmp_path):
+    """``python -m benchmarks [NAME] --help`` from a folder outside the checkout (the checkout
+    on PYTHONPATH, as docs/performance.md says): exit 0, its own usage line."""
+    words = [name] if name else []
+    proc = fresh(*words, "--help", module="benchmarks", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("usage: python -m benchmarks" + "".join(f" {w}" for w in words))
 
 
 @pytest.mark.slow
@@ -96,10 +107,10 @@ def test_every_command_runs_fresh_once(tmp_path):
     ok("generate", "run", "--length", "20", "--samples", "1", "--seed", "1")
     (tmp_path / "texts.txt").write_text("Great value.\nBroke in a day.\n")
     ok("visualize", "run", "--classifier", "clf", "--input", "texts.txt", "--out", "v.html")
-    ok("scaling-report", "run")
+    assert fresh("scaling-report", "run", module="benchmarks", cwd=tmp_path).returncode == 0
     ok("launch", "--scheduler", "slurm", "--gpus", "16", "--gpus-per-node", "8",
        "--walltime", "4:00:00", "--out", "job.sbatch", "--", "--shards", "shards")
-    ok("scaling-model", "--gpus", "8")
+    assert fresh("scaling-model", "--gpus", "8", module="benchmarks", cwd=tmp_path).returncode == 0
     ok("kernels", "--help")  # building kernels needs Triton's compiler: tests/test_mlstm_fused.py
     d = json.loads(ok("doctor", "--hosts", "localhost:1", "--shards", "shards", "--format",
                       "json", timeout=120).stdout)

@@ -395,12 +395,10 @@ def test_subcommands_parse_into_the_config():
     assert args.command_obj is PREPARE and cfg.split == (98.0, 1.0, 1.0)
     assert cfg.shard_size == 8 << 20 and cfg.inputs == ["a.json"] and cfg.dedup
     assert parser.parse_args(["verify", "d"]).command_obj is VERIFY
-    assert parser.parse_args(["bench", "--size-mb", "1"]).command_obj.config.__name__ == \
-        "BenchPrepareConfig"
 
 
 def test_bench_smoke(shared_data, tmp_path):
-    from data_prep.bench import BenchPrepareConfig, run_bench
+    from benchmarks.bench_prepare import BenchPrepareConfig, run_bench
 
     lines = []
     result = run_bench(BenchPrepareConfig(data=str(shared_data / "amazon"), workdir=str(tmp_path),

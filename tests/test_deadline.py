@@ -312,3 +312,37 @@ def test_three_allocations_of_a_time_budget_equal_one_run_of_it(shards, tmp_path
     assert again.returncode == 0, again.stderr
     lines = [x for x in again.stderr.splitlines() if "budget is spent" in x]
     assert len(lines) == 1 and "--time-budget 30s" in lines[0], again.stderr
+
+
+def test_a_step_longer_than_the_limit_stops_the_run_after_it_with_a_checkpoint(shards, tmp_path):
+    """Before: with every step slower than --time-limit (a cold node's first step, a compile, a
+    straggler), the first step ended past the limit and a second one started: the scheduler's
+    kill came with no checkpoint. Now the step that ends past the limit is the last one, with a
+    checkpoint and one line saying the limit is shorter than a step; the time budget counts
+    exactly the step trained. On the virtual clock (every step attempt 330 s of it)."""
+    env = launch_env(HVD_LM_VIRTUAL_STEP_S="330")
+    for extra in ([], ["--time-budget", "20m"]):
+        out = tmp_path / f"run{len(extra)}"
+        proc = run([sys.executable, "-m", "hvd_lm", "train", "--shards", shards, "--out-dir",
+                    out, *TINY, "--time-limit", "5m", *extra], timeout=180, env=env)
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["stop"] == "time-limit" and summary["step"] == 1, summary
+        assert load(resolve(out))["step"] == 1  # checkpointed there
+        lines = [x for x in proc.stderr.splitlines() if "is shorter than one step" in x]
+        assert len(lines) == 1 and "--time-limit 5m (300 s)" in lines[0], proc.stderr
+        if extra:
+            assert summary["trained_s"] == 330 and load(resolve(out))["trained_s"] == 330
+            assert summary["budget_left_s"] == 20 * 60 - 330
+
+
+def test_the_attempt_that_just_ended_counts_before_it_is_timed():
+    """On the wall clock the loop times an attempt when the next one begins; the stop decided
+    between them counts the attempt that just ended (``running_s``): a first step of 200 s
+    under a 300 s limit leaves no room for a second (stop after step 1), one of 330 s ended past
+    it (stop there too); a 2 s step leaves room."""
+    now = {"t": 0.0}
+    for took, expect in ((200.0, 1), (330.0, 1), (2.0, None)):
+        now["t"] = took
+        p = DeadlinePlanner(300, started=0.0, clock=lambda: now["t"])
+        got = p.stop_step(1, running_s=took)
+        assert (got == 1) if expect else got > 1, (took, got)

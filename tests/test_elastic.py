@@ -1,5 +1,5 @@
 """Elastic training (``hvd-lm train --elastic``) under a real ``horovodrun`` with a host
-discovery script, on this machine (hvd_lm.perf.bench_elastic.ElasticJob): a worker killed with
+discovery script, on this machine (benchmarks.bench_elastic.ElasticJob): a worker killed with
 SIGKILL, then a worker added back. Each "host" is another name of this machine (Horovod
 blacklists a host whose worker failed)."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
+from benchmarks.bench_elastic import ElasticJob, local_names
 from hvd_lm.formats.checkpoint import load, resolve
-from hvd_lm.perf.bench_elastic import ElasticJob, local_names
 from hvd_lm.train.schedule import scaled_lr
 from tests import conftest
 from tests._mp import run
@@ -91,11 +91,11 @@ def test_lose_a_worker_then_get_one_back(tmp_path):
 def test_bench_elastic_measures_commit_and_loss(tmp_path, capsys):
     import json
 
-    from hvd_lm.cli import main
+    from benchmarks import main
 
     shards = default_shards(tmp_path / "shards")
     out = tmp_path / "e.json"
-    assert main(["bench", "elastic", "--shards", str(shards), "--hidden-size", "32",
+    assert main(["elastic", "--shards", str(shards), "--hidden-size", "32",
                  "--batch-size", "2", "--seq-len", "16", "--steps", "60", "--kill-at", "20",
                  "--commit-every", "5", "--json", str(out)]) == 0
     res = json.loads(out.read_text())

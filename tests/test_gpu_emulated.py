@@ -10,7 +10,7 @@ did not, run here.
 * The production path under Triton's CPU interpreter (``TRITON_INTERPRET=1``, each in its own
   process): ``hvd-lm train --rnn-kernels triton`` against ``--rnn-impl reference``, ``hvd-lm
   eval`` and ``hvd-lm transfer`` featurisation through the Triton kernels against the torch
-  kernels, ``hvd-lm bench gpu --device cpu --rnn-kernels triton``.
+  kernels, ``python -m benchmarks gpu --device cpu --rnn-kernels triton``.
 
 The real-GPU checks of the same paths are ``pytest -m cuda`` (tests/test_cuda.py,
 tests/test_mlstm_fused.py) via ``scripts/gpu_check.sh --stage cuda``.
@@ -207,10 +207,10 @@ def test_emulated_transfer_features_through_triton_kernels(emulated_runs, tmp_pa
 
 @needs_triton
 def test_emulated_bench_gpu_with_triton_kernels(tmp_path):
-    """``hvd-lm bench gpu --device cpu --rnn-kernels triton`` completes, every variant with
+    """``python -m benchmarks gpu --device cpu --rnn-kernels triton`` completes, every variant with
     a figure (none recorded as an error)."""
     out = tmp_path / "bench.json"
-    run([sys.executable, "-m", "hvd_lm", "bench", "gpu", "--device", "cpu", "--rnn-kernels",
+    run([sys.executable, "-m", "benchmarks", "gpu", "--device", "cpu", "--rnn-kernels",
          "triton", "--hidden-size", "16", "--embed-dim", "4", "--seq-len", "8", "--batch-sizes",
          "2", "--precisions", "fp32", "--steps", "1", "--warmup", "0", "--repeats", "1",
          "--matmul-size", "32", "--copy-mib", "1", "--json", out], timeout=600,

@@ -160,8 +160,8 @@ def test_gpu_session_runs_both_calls_on_the_cpu(tmp_path):
 
     # whether the bench runs: the hash of its code against the last card's
     files = sorted(str(f.relative_to(REPO)) for f in (REPO / "hvd_lm/model").glob("*.py"))
-    files = sorted(files + ["hvd_lm/perf/bench_gpu.py", "hvd_lm/perf/ceilings.py",
-                            "hvd_lm/perf/harness.py", "hvd_lm/train/step.py"])
+    files = sorted(files + ["benchmarks/bench_gpu.py", "benchmarks/ceilings.py",
+                            "benchmarks/harness.py", "hvd_lm/train/step.py"])
     listing = "".join(f"{hashlib.sha256((REPO / f).read_bytes()).hexdigest()}  {f}\n"
                       for f in files)
     digest = hashlib.sha256(listing.encode()).hexdigest()

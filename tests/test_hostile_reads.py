@@ -362,27 +362,28 @@ def test_the_closing_block_reads_the_tail_of_metrics_jsonl(tmp_path):
 
 
 def test_scaling_report_streams_metrics_jsonl_within_its_cap(tmp_path):
-    """Before: ``hvd-lm scaling-report`` blocked on a FIFO metrics.jsonl and read a 5 GB sparse
-    one whole. Now: the FIFO named, a file over 1 GiB refused from its size (nothing read), and
-    a file read in 1 MiB pieces, a line over 1 MiB skipped with a warning, never held."""
+    """Before: ``python -m benchmarks scaling-report`` blocked on a FIFO metrics.jsonl and read
+    a 5 GB sparse one whole. Now: the FIFO named, a file over 1 GiB refused from its size
+    (nothing read), and a file read in 1 MiB pieces, a line over 1 MiB skipped with a warning,
+    never held."""
     run = tmp_path / "run"
     run.mkdir()
     metrics = run / "metrics.jsonl"
     os.mkfifo(metrics)
     argv = ["scaling-report", run, "--no-plot"]
-    proc, _, _ = measured_main(argv)
+    proc, _, _ = measured_main(argv, cli="benchmarks")
     one_error_line(proc, f"{metrics}: a FIFO (named pipe), not a regular file")
     metrics.unlink()
     with open(metrics, "wb") as f:
         f.truncate(5 << 30)
-    proc, read_mb, grew_mb = measured_main(argv)
+    proc, read_mb, grew_mb = measured_main(argv, cli="benchmarks")
     one_error_line(proc, f"{metrics}: more than 1,073,741,824 bytes", "METRICS_MAX_BYTES")
     assert read_mb < 1 and grew_mb < 32, (read_mb, grew_mb)
     recs = [{"kind": "start", "world_size": 1, "global_batch": 2}] + [
         {"kind": "train", "step": i, "step_time": 0.5} for i in range(4)]
     lines = [json.dumps(r) for r in recs]
     metrics.write_text("\n".join(lines[:2] + ["x" * (24 << 20)] + lines[2:]) + "\n")
-    proc, read_mb, grew_mb = measured_main(argv)
+    proc, read_mb, grew_mb = measured_main(argv, cli="benchmarks")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("warning:") == 1 and f"{metrics}:3: a line of more than " \
         "1,048,576 bytes" in proc.stderr, proc.stderr

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks import bench_train as bt
 from hvd_lm.model import mlstm_kernels as K
 from hvd_lm.model.lm import LanguageModel, ModelConfig
 from hvd_lm.model.mlstm_fused import (
     mlstm_window,
 )
-from hvd_lm.perf import bench_train as bt
 from tests.conftest import records
 from tests.scripts.mlstm_cases import (
     SPEC,
@@ -225,9 +225,9 @@ def counted_kernels() -> K.Kernels:
 def step_launches(T: int, precision: str, monkeypatch) -> int:
     """Kernels one training step (train_step: forward, loss, backward, clip, fused Adam) of an
     H=16 fused model launches on the CPU at window length T (:func:`count_launches`)."""
+    from benchmarks.profile_step import count_launches
     from hvd_lm.model import device as devices
     from hvd_lm.model import lm as lm_mod
-    from hvd_lm.perf.profile_step import count_launches
     from hvd_lm.train.data import Batch
     from hvd_lm.train.step import StepSpec, train_step
 

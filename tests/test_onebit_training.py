@@ -42,8 +42,8 @@ def test_lamb_trains_and_resumes_exactly_in_one_process(shards, tmp_path):
 
 
 def test_wire_summary_ratios():
-    from hvd_lm.perf.allreduce_report import wire_summary
-    from hvd_lm.perf.allreduce_worker import wire_bytes
+    from benchmarks.allreduce_report import wire_summary
+    from benchmarks.allreduce_worker import wire_bytes
 
     recs = [{"label": f"hvd-gloo{'+' + c if c != 'none' else ''}", "backend": "horovod",
              "case": "single", "size_bytes": 4096, "compression": c,
@@ -58,16 +58,16 @@ def test_wire_summary_ratios():
 
 @pytest.mark.slow
 def test_bench_measures_onebit_bytes_20x_below_fp32_and_10x_below_fp16(tmp_path):
-    """``hvd-lm bench allreduce --compression none,fp16,onebit`` under horovodrun --gloo (all
-    traffic through TCP): the bytes each rank writes to its sockets, per step of the H=1024
+    """``python -m benchmarks allreduce --compression none,fp16,onebit`` under horovodrun --gloo
+    (all traffic through TCP): the bytes each rank writes to its sockets, per step of the H=1024
     mLSTM (23.4 MB of fp32 values) and per 16 MiB tensor, are >= 20x fewer with onebit than fp32
     and >= 10x fewer than fp16. Horovod's own control messages count too (~1 KB per operation,
     more while a rank waits for a slower one): on small buffers (H=256, 1 MiB) they can pull the
     measured ratio below 20x on a busy machine (docs/performance.md section 7.1)."""
-    from hvd_lm.perf import results as R
+    from benchmarks import results as R
 
     out = tmp_path / "ar.json"
-    run([sys.executable, "-m", "hvd_lm", "bench", "allreduce", "--np", "2", "--backends",
+    run([sys.executable, "-m", "benchmarks", "allreduce", "--np", "2", "--backends",
          "horovod", "--controllers", "gloo", "--compression", "none,fp16,onebit", "--sizes",
          "16M", "--iters", "3", "--warmup", "1", "--fusion-mb", "", "--cycle-ms", "",
          "--groups", "mlstm1024", "--json", out], timeout=300, env=launch_env())

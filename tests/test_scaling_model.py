@@ -6,13 +6,13 @@ import math
 import numpy as np
 import pytest
 
-from hvd_lm.cli import main
+from benchmarks import calibration as cal_mod
+from benchmarks import main
+from benchmarks import scaling_model as sm
+from benchmarks import scaling_study as ss
+from benchmarks.results import fit_alpha_beta
+from benchmarks.scaling_model import Link, ScalingConfig
 from hvd_lm.model.lm import mlstm_parameters
-from hvd_lm.perf.results import fit_alpha_beta
-from tools.scaling import calibration as cal_mod
-from tools.scaling import scaling_model as sm
-from tools.scaling import scaling_study as ss
-from tools.scaling.scaling_model import Link, ScalingConfig
 
 MB = 1e6
 

@@ -249,7 +249,7 @@ class Counted:
 
 def test_bench_gpu_times_one_step_per_timed_step(monkeypatch):
     """bench gpu's training row: every timed call of its step is one train_step."""
-    from hvd_lm.perf import bench_gpu as bg
+    from benchmarks import bench_gpu as bg
 
     counted = Counted()
     monkeypatch.setattr(bg, "train_step", counted)
@@ -272,8 +272,8 @@ def test_bench_train_times_one_step_per_timed_step(monkeypatch, capsys):
     """bench train's worker (one rank, on the world of one: hvd_lm.comm.single), two models
     alternating: each model's step is one train_step per step, warm-up and timed, and each
     timed step is one of its step times."""
+    from benchmarks import bench_train as bt
     from hvd_lm.comm import engine, single
-    from hvd_lm.perf import bench_train as bt
 
     monkeypatch.setattr(engine, "_hvd", functools.cache(lambda: single))
     counted = Counted()
@@ -297,7 +297,7 @@ def test_bench_train_times_one_step_per_timed_step(monkeypatch, capsys):
 def test_bench_multinode_times_one_step_per_step(monkeypatch):
     """bench multinode's step parts: one train_step per step, each with the clock that times
     its parts."""
-    from tools.scaling.bench_multinode import MultinodeConfig, measure_backward_window
+    from benchmarks.bench_multinode import MultinodeConfig, measure_backward_window
 
     counted = Counted()
     monkeypatch.setattr(step_mod, "train_step", counted)  # bench_multinode imports it late

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hvd_lm.comm import threads
+from hvd_lm.comm import engine, threads
 from tests._mp import launch_env, run
 
 
@@ -20,7 +20,7 @@ def test_ranks_are_counted_per_machine_not_per_host_name(monkeypatch):
     boot ids say two ranks share the cores; a 2-core machine then gives each rank 1 thread."""
     ctx = SimpleNamespace(size=3, local_size=1, local_rank=0)
     monkeypatch.setattr(threads, "machine_id", lambda: "boot-a")
-    monkeypatch.setattr(threads.comm, "allgather_object",
+    monkeypatch.setattr(engine, "allgather_object",
                         lambda obj, name: ["boot-a", "boot-b", "boot-a"])
     assert threads.ranks_on_this_machine(ctx) == 2
     assert threads.ranks_on_this_machine(ctx, collective=False) == 1  # an elastic worker

@@ -30,7 +30,7 @@ def test_bench_train_sets_the_engines_side_by_side():
     """``bench train``'s summary: each engine's weak scaling against its own one rank, the torch
     engine over Horovod at each rank count (of medians, and repeat by repeat: the two ran back
     to back), each engine over the DDP baseline."""
-    from hvd_lm.perf.bench_train import summarize_train
+    from benchmarks.bench_train import summarize_train
 
     def rec(chars, ranks, backend="horovod"):
         return {"backend": backend, "ranks": ranks, "chars_per_s_total": chars,
@@ -60,17 +60,17 @@ def test_auto_is_horovod_when_it_imports_else_torch(monkeypatch):
     torch engine when it does not (nothing is initialised here: only which module answers)."""
     import importlib.util
 
-    from hvd_lm import comm
+    from hvd_lm.comm import engine
 
     try:
-        comm.use_backend("auto")
+        engine.use_backend("auto")
         want = "horovod" if importlib.util.find_spec("horovod") else "torch"
-        assert comm.engine_name() == want
+        assert engine.engine_name() == want
         monkeypatch.setitem(sys.modules, "horovod.torch", None)  # import fails
-        comm._hvd.cache_clear()
-        assert comm.engine_name() == "torch"
+        engine._hvd.cache_clear()
+        assert engine.engine_name() == "torch"
         with pytest.raises(ValueError, match="--backend must be one of horovod, torch, auto"):
-            comm.use_backend("mpi")
+            engine.use_backend("mpi")
     finally:
-        comm.use_backend("horovod")
-        comm._hvd.cache_clear()
+        engine.use_backend("horovod")
+        engine._hvd.cache_clear()

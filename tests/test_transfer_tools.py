@@ -429,7 +429,8 @@ def test_bad_options_are_usage_errors(argv, match, trained, capsys):
 
 
 def test_commands_are_in_the_table():
-    from hvd_lm.cli import BENCHMARKS, COMMANDS
+    from benchmarks import BENCHMARKS
+    from hvd_lm.cli import COMMANDS
     for name in ("classify", "generate", "visualize"):
         assert name in COMMANDS
     assert "transfer" in BENCHMARKS

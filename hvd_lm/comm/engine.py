@@ -406,7 +406,7 @@ def barrier() -> None:
     allreduce_sum([0.0], name="barrier")
 
 
-# ---- raw collectives for the benchmarks (hvd_lm.perf.bench_allreduce) -------------------------
+# ---- raw collectives for the benchmarks (benchmarks.bench_allreduce) -------------------------
 
 def controller() -> str:
     """The controller Horovod runs with after :func:`init`: ``"mpi"`` or ``"gloo"``."""

@@ -1,5 +1,5 @@
 """Every mpi4py call of the project outside the raw-MPI benchmark baseline
-(:mod:`hvd_lm.perf.baselines`): the world communicator as data_prep's ranks use it.
+(:mod:`benchmarks.baselines`): the world communicator as data_prep's ranks use it.
 
 mpi4py initialises MPI when imported, which only a process started by an MPI launcher (or a
 singleton) should do, so :func:`world` imports it on first use, and callers ask

@@ -25,7 +25,6 @@ import sys
 import psutil
 import torch
 
-from hvd_lm import comm
 from hvd_lm.comm.world import env_int
 
 #: Seconds the default ``--threads 0`` watches the machine's load (:func:`idle_cores`); paid only
@@ -83,7 +82,8 @@ def ranks_on_this_machine(ctx, collective: bool = True) -> int:
         return 1
     if not collective:
         return ctx.local_size
-    ids = comm.allgather_object(machine_id(), name="machine_ids")  # collective: allgather
+    from hvd_lm.comm import engine  # (torch on first use: transfer.fit reads usable_cores)
+    ids = engine.allgather_object(machine_id(), name="machine_ids")  # collective: allgather
     return max(ctx.local_size, ids.count(machine_id()))
 
 

@@ -5,8 +5,8 @@ scripts (:mod:`hvd_lm.jobs.job_scripts`) and optionally submit them.
 reference's table (Puri et al. 2018, "Distributed data parallel scaling"): the per-GPU batch is
 fixed, so the global batch is GPUs x per-GPU batch (x backward passes per step) and the peak LR
 follows the configured rule (:func:`hvd_lm.train.schedule.scaled_lr`, which ``hvd-lm train`` applies
-the same way). ``hvd-lm scaling-report`` (tools.scaling.scaling_report) turns the finished runs into
-the s/iter and speedup table.
+the same way). ``python -m benchmarks scaling-report`` (from a checkout) turns the finished runs
+into the s/iter and speedup table.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+from hvd_lm.comm.hosts import parse_hosts
 from hvd_lm.jobs.job_scripts import (
     SCHEDULERS,
     SUBMIT,
@@ -188,9 +189,19 @@ def _render_job(args: LaunchConfig, job: JobPlan, train_args: list[str], job_nam
         walltime=args.walltime, config=args.config, out_dir=job.out_dir,
         train_args=tuple(train_args), job_name=job_name, python=args.python,
         launcher=args.launcher, controller=args.controller,
-        hosts=tuple(h for h in (args.hosts or "").split(",") if h),
+        hosts=_hosts(args.hosts, job.tasks_per_node),
         network_interface=args.network_interface, cpus_per_task=args.cpus_per_task,
         header=header, elastic=args.elastic, min_np=args.min_np, engine=args.engine), templates)
+
+
+def _hosts(text: str | None, per_node: int) -> tuple[str, ...]:
+    """The node names of ``--hosts`` (:func:`hvd_lm.comm.hosts.parse_hosts`: ``n1,n2`` or
+    SLURM's ``n[001-004,7]``); slots, when given, must be the job's ranks per node."""
+    hosts = parse_hosts(text) if text else []
+    if text and ":" in text and {n for _, n in hosts} != {per_node}:
+        raise ValueError(f"--hosts {text!r}: the job runs {per_node} ranks on each node; give "
+                         f"the node names alone (n[001-004,7]) or with :{per_node}")
+    return tuple(h for h, _ in hosts)
 
 
 #: SLURM's warning before the walltime: launch/slurm.sbatch's ``#SBATCH --signal=B:USR1@120``.
@@ -320,7 +331,8 @@ def launch(args: LaunchConfig) -> int:
           f"{cfg.data.batch_size * cfg.dist.backward_passes_per_step} fixed (weak scaling), "
           f"{_lr_rule_text(cfg)}")
     print(sweep_table(jobs))
-    print(f"start all: bash {out / 'submit_all.sh'}; then: hvd-lm scaling-report {runs_dir}/g*")
+    print(f"start all: bash {out / 'submit_all.sh'}; then, from a checkout: "
+          f"python -m benchmarks scaling-report {runs_dir}/g*")
     return 0
 
 
@@ -379,8 +391,9 @@ class LaunchConfig:
                                    "mpirun, pbs; --scheduler torchrun always)",
                                    choices=("horovod", "torch"))
     hosts: Optional[str] = option(None, "horovodrun-multinode/mpirun/torchrun: comma-separated "
-                                  "node names, one per node (default: a hostfile named "
-                                  "'hostfile'; torchrun: the first hosts the rendezvous)")
+                                  "node names, one per node, or SLURM's n[001-004,7] (default: "
+                                  "a hostfile named 'hostfile'; torchrun: the first hosts the "
+                                  "rendezvous)")
     network_interface: Optional[str] = option(None, "horovodrun-multinode/torchrun: NIC, e.g. "
                                               "ib0")
     # run

@@ -13,6 +13,7 @@ may compile to another (vectorised) binary with other register counts than the t
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import shutil
 import subprocess
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hvd_lm.options import Command, option
-from hvd_lm.perf.harness import print_table, save_json
+from hvd_lm.util.atomic import write_text
 
 
 def _triton():
@@ -98,13 +99,16 @@ def kernels_command(cfg: KernelsConfig) -> int:
     rows = compile_ahead(cfg.arch)
     triton, tk = _triton()
     print(f"triton {triton.__version__}, sm_{cfg.arch}, BLOCK {tk.BLOCK}, {tk.NUM_WARPS} warps")
-    print_table(rows, [
-        ("kernel", ">22", "kernel"), ("compute", ">7", "compute"),
-        ("keep", ">5", lambda r: str(r["has_keep"])), ("reset", ">5", lambda r: str(r["has_rk"])),
-        ("regs", ">5", "registers"), ("spill B", ">7", lambda r: r["stack"] + r["local"]),
-        ("smem B", ">6", "shared")])
-    save_json(cfg.json, {"triton": triton.__version__, "arch": cfg.arch, "block": tk.BLOCK,
-                         "num_warps": tk.NUM_WARPS, "kernels": rows}, indent=1)
+    print(f"{'kernel':>22} {'compute':>7} {'keep':>5} {'reset':>5} {'regs':>5} {'spill B':>7} "
+          f"{'smem B':>6}")
+    for r in rows:
+        print(f"{r['kernel']:>22} {r['compute']:>7} {str(r['has_keep']):>5} "
+              f"{str(r['has_rk']):>5} {r['registers']:>5} {r['stack'] + r['local']:>7} "
+              f"{r['shared']:>6}")
+    if cfg.json:
+        write_text(cfg.json, json.dumps({"triton": triton.__version__, "arch": cfg.arch,
+                                         "block": tk.BLOCK, "num_warps": tk.NUM_WARPS,
+                                         "kernels": rows}, indent=1) + "\n")
     spilled = [r for r in rows if r["stack"] or r["local"]]
     if spilled:
         print(f"ERROR: {len(spilled)} kernel builds spill registers", file=sys.stderr)

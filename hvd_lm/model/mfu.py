@@ -23,8 +23,8 @@ The peak (:func:`device_peak`), in this order:
    on a CPU the best of 5 of 1024^3 with the run's threads, **measured once per machine** and
    kept in :func:`peak_cache_path` (keyed by host, CPU model, cores, torch, dtype and threads),
    so the MFU is relative to what this machine's BLAS reaches with those threads (what
-   ``hvd-lm bench train`` calls the matmul peak) and comparable across restarts, whatever load
-   the machine has at each start; a run that reaches more than the kept figure raises it
+   ``python -m benchmarks train`` calls the matmul peak) and comparable across restarts, whatever
+   load the machine has at each start; a run that reaches more than the kept figure raises it
    (:func:`rate_against`), so MFU stays at or below 1. A cache that is not a regular JSON file
    of peaks within :data:`PEAK_CACHE_MAX_BYTES` (a FIFO, a device, a damaged or huge file) is
    never opened or read past that size: the peak is measured again with one warning naming the

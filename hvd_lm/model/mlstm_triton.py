@@ -24,7 +24,7 @@ libdevice: an odd Taylor polynomial below |x| = 0.25 and ``(1 - e^{-2|x|}) / (1 
 above it (its error against the exact tanh: docs/mlstm_fused.md section 3).
 
 The ahead-of-time builds of these kernels for a GPU (``hvd-lm kernels``):
-:mod:`hvd_lm.perf.kernels_aot`.
+:mod:`hvd_lm.model.kernels_aot`.
 
 Raises (from the wrappers):
     ValueError: a state tensor that is not fp32, or a non-contiguous tensor.

@@ -28,7 +28,7 @@ reason still finishes the write in flight before the process exits.
 
 Costs. Host memory for one more copy of the checkpoint's tensors while a write is in flight
 (the serialised bytes, which a synchronous write holds too, come on top). The thread shares the
-GIL with the loop: pickling holds it, the file write and fsync release it. ``hvd-lm bench
+GIL with the loop: pickling holds it, the file write and fsync release it. ``python -m benchmarks
 checkpoint`` measures the step time around a checkpoint both ways (docs/performance.md).
 """
 

@@ -22,7 +22,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from hvd_lm import comm
+from hvd_lm.comm import engine
 from hvd_lm.comm.world import RankContext
 from hvd_lm.formats import checkpoint as ckpt_io
 from hvd_lm.train import resume as resume_io
@@ -87,8 +87,8 @@ class Checkpointer:
         t0 = time.perf_counter()
         # collective: every rank's recurrent state rows to rank 0 alone (rank order), for an
         # exact resume: each rank sends its B rows once, whatever the world size
-        h = comm.gather(rnn_state[0].detach().float().cpu(), name="ckpt_h")
-        c = comm.gather(rnn_state[1].detach().float().cpu(), name="ckpt_c")
+        h = engine.gather(rnn_state[0].detach().float().cpu(), name="ckpt_h")
+        c = engine.gather(rnn_state[1].detach().float().cpu(), name="ckpt_c")
         pos = dataclasses.replace(pos, chars_trained=chars.total())  # collective: sum
         if ctx.is_root:  # written on a thread unless --async-checkpoint false
             self.writer.submit(resume_io.payload(pos, self.model, self.optimizer, self.scheduler,

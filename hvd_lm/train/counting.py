@@ -40,7 +40,7 @@ from collections.abc import Callable
 
 import torch
 
-from hvd_lm import comm
+from hvd_lm.comm import engine
 from hvd_lm.train.guard import DivergenceGuard
 from hvd_lm.train.metrics import Metrics
 from hvd_lm.train.resume import Position
@@ -65,7 +65,7 @@ class CharCount:
 
     def total(self) -> int:
         """Characters trained on by all ranks (every rank calls it at the same point)."""
-        return self.base + int(comm.allreduce_sum([float(self.local)],  # collective: sum
+        return self.base + int(engine.allreduce_sum([float(self.local)],  # collective: sum
                                                   name="chars_total")[0])
 
     def rebase(self, total: int) -> None:

@@ -304,15 +304,23 @@ class DeadlinePlanner:
             return None
         return new
 
-    def stop_step(self, step: int) -> int | None:
+    def stop_step(self, step: int, running_s: float = 0.0) -> int | None:
         """The last step this allocation may reach before its limit, or None: no limit, or no
-        attempt timed yet. Before the step time is measured the slowest attempt so far stands
-        for it (a first step slower than the limit stops the run after it). Kept free after it:
-        the checkpoint's whole write and the limit's margin, and the final validation too when
-        the limit is also the plan's end (then only until the step time is measured: from there
-        :meth:`plan` ends the run before the limit)."""
+        attempt timed yet. ``running_s``: seconds the attempt that just ended took (the loop
+        times an attempt when the next begins; this one counts at once). ``step`` itself once
+        the limit has passed: a step that ended past it (a slow first step, a straggler) stops
+        the run there, the step time measured or not. Before the step time is measured the
+        slowest attempt so far stands for it (a first step slower than the limit stops the run
+        after it). Kept free after it: the checkpoint's whole write and the limit's margin, and
+        the final validation too when the limit is also the plan's end (then only until the
+        step time is measured: from there :meth:`plan` ends the run before the limit)."""
         left = self.stop_left()
-        if left is None or self.slowest_s <= 0 or (self.step_s and not self.stops_first):
+        if left is None:
+            return None
+        self.slowest_s = max(self.slowest_s, self.virtual or running_s)
+        if left <= 0:
+            return step
+        if self.slowest_s <= 0 or (self.step_s and not self.stops_first):
             return None  # a limit that is the plan's end: the measured plan ends before it
         t = self.step_s or self.slowest_s
         reserve = self.ckpt_write_s + self.stop_margin_s
@@ -351,6 +359,9 @@ class DeadlinePlanner:
         why = (f"the --time-limit {run_cfg.time_limit} leaves no time for step {step + 1:,} "
                f"(a step ~{t:.3g} s, the checkpoint ~{self.ckpt_write_s:.3g} s, "
                f"{self.stop_margin_s:.3g} s kept)")
+        if self.limit_s is not None and t >= self.limit_s:
+            why = (f"the --time-limit {run_cfg.time_limit} ({self.limit_s:.0f} s) is shorter than "
+                   f"one step (~{t:.3g} s): the run ended past it")
         if self.budget_s is not None and self.stops_first:
             then = (f"{self.trained_s():,.0f} s of the --time-budget {run_cfg.time_budget} "
                     "trained: run again with --resume auto to continue the plan (the launch "

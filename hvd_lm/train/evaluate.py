@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hvd_lm import comm
+from hvd_lm.comm import engine
 from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.formats.checkpoint import CheckpointError
 from hvd_lm.formats.export import MAX_SEQ_LEN
@@ -110,7 +110,7 @@ def bpc(model, streams: RankStreams, device: torch.device, precision: str = "fp3
     """
     bits, chars = nll_bits(model, streams, device, precision, progress)
     if distributed:
-        bits, chars = comm.allreduce_sum([bits, float(chars)], name="eval_bpc")
+        bits, chars = engine.allreduce_sum([bits, float(chars)], name="eval_bpc")
     if chars <= 0:
         raise ValueError("no characters to evaluate (empty split?)")
     return bits / chars, int(chars)
@@ -197,7 +197,7 @@ class EvalConfig:
     output: str = option("", "also write the result JSON to this file (rank 0)")
     threads: int = option(0, "torch CPU threads per rank (0 = the usable cores / the ranks on "
                           "this machine; a warning when ranks x threads exceed them)", ge=0)
-    backend: str = option("horovod", comm.BACKEND_HELP, choices=comm.BACKENDS)
+    backend: str = option("horovod", engine.BACKEND_HELP, choices=engine.BACKENDS)
     baselines: list[str] = option(default_factory=list, help="also the bits per character of "
                                   "general-purpose compressors on the same bytes (rank 0, once): "
                                   "xz (xz -9), gzip (gzip -9), comma-separated",
@@ -218,7 +218,7 @@ def eval_command(cfg: EvalConfig) -> int:
     """``hvd-lm eval``: print (and with ``--output`` write) ``{"bpc", "chars", ...}`` as JSON on
     rank 0 (with ``--baselines``: ``"baselines": {"xz": BPC, "gzip": BPC}`` of the same
     bytes); ranks split the streams and sum bits and chars (Horovod)."""
-    ctx = comm.init(backend=cfg.backend)
+    ctx = engine.init(backend=cfg.backend)
     threads = set_rank_threads(cfg.threads, ctx, "eval")  # collective: an allgather of machine ids
     device = devices.resolve_device(cfg.device, ctx.local_rank, ctx.local_size)
     model, ck = load_model(cfg.checkpoint, map_location=device, rnn_kernels=cfg.rnn_kernels)

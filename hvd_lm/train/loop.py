@@ -35,7 +35,7 @@ Every collective is marked ``# collective:`` where it is reached, in the loop an
 makes it (Horovod's ``examples/pytorch`` mark theirs ``# Horovod:``, here kept for elastic).
 
 Without ``run.elastic``, a lost peer (its host's link down, the host or the process gone) fails
-the collective it was in after Gloo's ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (``comm.gloo_timeout_s``);
+the collective it was in after Gloo's ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (``engine.gloo_timeout_s``);
 each surviving node's first rank then probes the others (:mod:`hvd_lm.comm.peers`) and the job
 stops with one line naming the lost rank's host and the newest complete checkpoint
 (:class:`LostPeer`), from which ``--resume auto`` continues.
@@ -49,7 +49,7 @@ import json
 import sys
 import time
 
-from hvd_lm import comm
+from hvd_lm.comm import engine
 from hvd_lm.comm.peers import LostPeer
 from hvd_lm.comm.peers import failure as peer_failure
 from hvd_lm.options import Command, error_text
@@ -206,7 +206,7 @@ class Trainer:
             scaler.get_scale() if scaler.is_enabled() else None,
             grad_norm=grad_norm, skipped_steps=pos.skipped_steps,
             epoch=pos.window / parts.windows_per_epoch, world_size=parts.ctx.size,
-            **comm.comm_stats(parts.optimizer))  # bytes on the wire (and 1-bit phase)
+            **engine.comm_stats(parts.optimizer))  # bytes on the wire (and 1-bit phase)
         self.guard.logged(pos.step, loss)
 
     # ---- the loop --------------------------------------------------------------------------------
@@ -224,7 +224,7 @@ class Trainer:
                     self.loop()
                     self.finish()
                 except Exception as e:
-                    if parts.peers and comm.is_collective_failure(e):
+                    if parts.peers and engine.is_collective_failure(e):
                         raise self.collective_failed() from e
                     raise
             return self.end()
@@ -401,8 +401,8 @@ class Trainer:
         plan = stop_at = None  # rank 0's new last step and last step of this allocation (sent
         if root and self.planner is not None:  # + 1: 0 means none)
             plan = self.planner.plan(self.pos.step, self.total_steps, self.parts.step_cap)
-            stop_at = self.planner.stop_step(self.pos.step)
-        stop, due_flag, plan_flag, interval, stop_flag = comm.allreduce_sum(  # collective: sums
+            stop_at = self.planner.stop_step(self.pos.step, time.monotonic() - self.step_started)
+        stop, due_flag, plan_flag, interval, stop_flag = engine.allreduce_sum(  # collective: sums
             [1.0 if self.signals.received else 0.0, 1.0 if due else 0.0,
              0.0 if plan is None else plan + 1.0,
              float(self.control_interval()) if root else 0.0,

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from hvd_lm import comm
+from hvd_lm.comm import engine
 from hvd_lm.model.mfu import Peak, rate_against
 from hvd_lm.util.atomic import DiskFullError, free_bytes, human
 from hvd_lm.util.files import open_append
@@ -236,11 +236,11 @@ class Metrics:
         """
         m = self.meter
         # collective: metrics summed over ranks (float(): the device sum, read now)
-        nats, chars, waits, busy = comm.allreduce_sum([float(m.nats), m.chars, m.wait, m.busy],
+        nats, chars, waits, busy = engine.allreduce_sum([float(m.nats), m.chars, m.wait, m.busy],
                                                       name="log")
         # collective: each step's slowest rank outside the allreduce wait, which sets the step (a
         # straggler shows as its mean well above the mean rank's)
-        slowest = comm.allreduce_max_each(m.compute, name="log.compute")
+        slowest = engine.allreduce_max_each(m.compute, name="log.compute")
         wall = time.perf_counter() - m.t0
         loss = nats / max(1.0, chars)
         # per rank: TFLOP/s and MFU against one device's peak (hvd_lm.model.mfu)

@@ -41,7 +41,7 @@ from typing import Callable, Optional
 
 import torch
 
-from hvd_lm import comm
+from hvd_lm.comm import engine
 from hvd_lm.comm.engine import ring_allreduce_wire_bytes
 from hvd_lm.comm.onebit_compression import (
     DEFAULT_CHUNK,
@@ -337,9 +337,9 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
         # torch.optim.Optimizer.__init__ is not called: param_groups, state and defaults are the
         # Horovod-wrapped optimiser's own (load_state_dict replaces its param group dicts).
         # collective: the warmup's gradient allreduce (hooks, fusion, compression)
-        self._opt = comm.distributed_optimizer(optimizer, model, compression,
+        self._opt = engine.distributed_optimizer(optimizer, model, compression,
                                                backward_passes_per_step, "average")
-        ctx = comm.rank_context()
+        ctx = engine.rank_context()
         self._size, self._rank = ctx.size, ctx.rank
         self._warmup_wire = self._opt.hvd_lm_wire_bytes
         self.errors: ErrorFeedback | None = None
@@ -381,20 +381,20 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
         if self.compressing:
             self.wire_bytes = 0
             return
-        comm.synchronize(self._opt)
+        engine.synchronize(self._opt)
         self.wire_bytes = self._warmup_wire
 
     @contextmanager
     def skip_synchronize(self):
         """``step()`` inside it does not synchronize (Horovod's context manager)."""
-        with comm.skip_synchronize(self._opt):
+        with engine.skip_synchronize(self._opt):
             yield
 
     def step(self, closure=None):
         """One optimiser step (warmup: after the gradient allreduce; compressed: the compressed
         allreduce of the momentum happens inside)."""
         if self.compressing:
-            with comm.skip_synchronize(self._opt):
+            with engine.skip_synchronize(self._opt):
                 loss = self._opt.step(closure)
         else:
             loss = self._opt.step(closure)
@@ -426,7 +426,7 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
             return local_norm
         self.wire_bytes += ring_allreduce_wire_bytes(8, self._size)
         # collective: the mean of the ranks' squared norms
-        return math.sqrt(comm.allreduce_sum([local_norm ** 2], name="onebit.gradnorm")[0]
+        return math.sqrt(engine.allreduce_sum([local_norm ** 2], name="onebit.gradnorm")[0]
                          / self._size)
 
     def _reduce(self, flat: torch.Tensor) -> torch.Tensor:
@@ -439,7 +439,7 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
 
     def _silence_hooks_if_compressing(self) -> None:
         if self.compressing:
-            comm.keep_gradients_local(self._opt)
+            engine.keep_gradients_local(self._opt)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from hvd_lm import comm
+from hvd_lm.comm import engine
 from hvd_lm.train.onebit_optimizers import OnebitAdam, OnebitDistributedOptimizer, OnebitLamb
 from hvd_lm.train.settings import OptimConfig
 
@@ -73,5 +73,5 @@ def distributed(optimizer: torch.optim.Optimizer, model: torch.nn.Module,
             raise ValueError("dist.allreduce_op must be average with a 1-bit optimizer (its "
                              "compressed allreduce averages the momentum)")
         return OnebitDistributedOptimizer(optimizer, model, compression, backward_passes_per_step)
-    return comm.distributed_optimizer(optimizer, model, compression, backward_passes_per_step,
+    return engine.distributed_optimizer(optimizer, model, compression, backward_passes_per_step,
                                       allreduce_op)

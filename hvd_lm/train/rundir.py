@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from hvd_lm import comm, options
+from hvd_lm import options
+from hvd_lm.comm import engine
 from hvd_lm.formats import checkpoint as ckpt_io
 from hvd_lm.options import ConfigError
 from hvd_lm.train.settings import TrainConfig
@@ -164,7 +165,7 @@ class RunFolder:
         if self.cfg.run.elastic:
             self.take(ctx, rows, step, total_steps, first=True)
             return
-        self.lock = comm.root_call(  # collective: every rank learns whether rank 0 got it
+        self.lock = engine.root_call(  # collective: every rank learns whether rank 0 got it
             lambda: open_run_folder(self.cfg, self.model, rows, self.resumed_from))
         self._open_log(ctx, step, total_steps)
 

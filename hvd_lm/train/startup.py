@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from hvd_lm import comm
+from hvd_lm.comm import engine
 from hvd_lm.comm.peers import PeerWatch
 from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.formats import checkpoint as ckpt_io
@@ -78,7 +78,7 @@ class RunParts:
         check_required(cfg, "config")  # e.g. data.shards (the command line checked it already)
         self.cfg = cfg
         # ---- process: Horovod, device, precision, threads ----------------------------------------
-        self.ctx = comm.init(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms,  # collective
+        self.ctx = engine.init(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms,  # collective
                              cfg.dist.gloo_timeout_s, cfg.dist.backend)
         self.device = devices.resolve_device(cfg.run.device, self.ctx.local_rank,
                                              self.ctx.local_size)
@@ -136,8 +136,8 @@ class RunParts:
             else:  # rank 0 reads the checkpoint (--resume auto: the newest that loads) and
                 # broadcasts its weights and optimizer later; the others map the file it chose
                 # and read their own rows (collectives: rank 0's outcome, then the path)
-                resume = comm.root_call(lambda: resume_io.Resume(source, self.device, auto))
-                path = comm.broadcast_object(resume and resume.path, name="resume_path")
+                resume = engine.root_call(lambda: resume_io.Resume(source, self.device, auto))
+                path = engine.broadcast_object(resume and resume.path, name="resume_path")
                 resume = resume or resume_io.Resume(path, self.device, root=False)
             resume.restore_model(self.model, self.scaler)
             pos = self.start_pos = resume.position
@@ -165,7 +165,7 @@ class RunParts:
 
         # the module the step calls: the model, or under the torch engine its DDP wrapper
         # (collective: DDP broadcasts rank 0's parameters as it is built)
-        self.train_model = comm.wrap_model(self.model, cfg.dist.compression)
+        self.train_model = engine.wrap_model(self.model, cfg.dist.compression)
         # the distributed optimizer (Horovod: gradient allreduce, fp16 compression, tensor fusion)
         self.optimizer = distributed(optimizer, self.model, cfg.dist.compression, self.k,
                                      cfg.dist.allreduce_op)
@@ -195,11 +195,11 @@ class RunParts:
             # collective: every rank starts from rank 0's weights (and optimizer state when
             # resuming: an empty Adam state would make Horovod take a zero-gradient step).
             # Elastic runs get it from the state's sync instead (no collective before it).
-            comm.broadcast_state(self.model, self.optimizer if resume is not None else None)
+            engine.broadcast_state(self.model, self.optimizer if resume is not None else None)
         self.peers: list[dict] = []  # every rank's {rank, host, port} (non-elastic, > 1 rank)
         if not cfg.run.elastic and self.ctx.size > 1:
             self.peer_watch = PeerWatch(self.ctx.rank)
-            self.peers = comm.allgather_object(self.peer_watch.info(), name="peers")  # collective
+            self.peers = engine.allgather_object(self.peer_watch.info(), name="peers")  # collective
 
 
     def recut_text(self, resume: resume_io.Resume, saved_window: int) -> str:
@@ -232,8 +232,8 @@ class RunParts:
     def start_values(self, peak: Peak) -> dict:
         """The ``start`` record's values (after its step), ``peak`` the MFU's."""
         cfg = self.cfg
-        return dict(world_size=self.ctx.size, launcher=self.ctx.launcher, engine=comm.engine_name(),
-                    device=str(self.device),
+        return dict(world_size=self.ctx.size, launcher=self.ctx.launcher,
+                    engine=engine.engine_name(), device=str(self.device),
                     global_batch=self.global_batch, peak_lr=self.peak_lr,
                     total_steps=self.total_steps if self.total_steps < sys.maxsize // 2
                     else None, bound=self.bound,  # --time-limit: planned, at most this
@@ -285,5 +285,5 @@ class RunParts:
     def reform(self) -> None:
         """After an elastic reset: this rank's place in the re-formed world, its streams cut
         again (the run folder moves with rank 0: :meth:`hvd_lm.train.rundir.RunFolder.take`)."""
-        self.ctx = comm.rank_context()  # Horovod: rank and size now
+        self.ctx = engine.rank_context()  # Horovod: rank and size now
         self.cut_streams()

@@ -1,5 +1,5 @@
 """One training step, written once: ``hvd-lm train`` (:mod:`hvd_lm.train.loop`) and every benchmark
-that times a step (``hvd-lm bench train``, ``bench gpu``, ``bench multinode``, ``bench
+that times a step (``python -m benchmarks train``, ``bench gpu``, ``bench multinode``, ``bench
 checkpoint``) call :func:`train_step`::
 
     r = train_step(model, optimizer, scaler, windows, state, StepSpec(device, k=2, ...))
@@ -13,10 +13,10 @@ Per rank, for the ``k`` windows of one optimizer step (``backward_passes_per_ste
    window's real targets / k, in fp32 (:func:`window_nll`); backward through the loss scaler
    (fp16: dynamic loss scaling; bf16/fp32: a disabled ``GradScaler`` that passes through).
    Horovod's hooks start each gradient's fused, fp16-compressed allreduce as soon as it is ready.
-2. ``comm.synchronize(optimizer)``: wait for those allreduces (Horovod docs, "Gradient
+2. ``engine.synchronize(optimizer)``: wait for those allreduces (Horovod docs, "Gradient
    clipping"); on CUDA the stream is drained first, so the wait measured is the allreduce's alone.
 3. unscale (fp16) and clip the global L2 norm (:func:`grad_norm`);
-4. step inside ``comm.skip_synchronize(optimizer)``, or skip a step whose gradients are not
+4. step inside ``engine.skip_synchronize(optimizer)``, or skip a step whose gradients are not
    finite (every rank decides alike, from the same allreduced norm); zero the gradients.
 
 The two Horovod calls go through :mod:`hvd_lm.comm.engine` (:func:`~hvd_lm.comm.engine.
@@ -49,7 +49,7 @@ from typing import Any, Callable, ContextManager, Iterable, Protocol
 import torch
 import torch.nn.functional as F
 
-from hvd_lm import comm
+from hvd_lm.comm import engine
 from hvd_lm.model import device as devices
 from hvd_lm.train.data import IGNORE, Batch
 
@@ -345,7 +345,7 @@ def backward(model, optimizer: StepOptimizer, scaler: torch.amp.GradScaler,
     nats_step, chars, seen = torch.zeros((), dtype=torch.float64, device=device), 0, 0
     for batch in windows:
         # the windows before the last only accumulate (DDP: no_sync; Horovod counts them)
-        with comm.no_sync(model) if seen + 1 < k else contextlib.nullcontext():
+        with engine.no_sync(model) if seen + 1 < k else contextlib.nullcontext():
             nats, state = window_nll(model, batch, state, device, spec.precision)  # fp32, sum
             mark("forward")
             loss = nats / max(1, batch.chars) / k
@@ -361,13 +361,13 @@ def backward(model, optimizer: StepOptimizer, scaler: torch.amp.GradScaler,
         raise ValueError(f"train_step: {seen} window(s) for a step of k={k}")
 
     wait = 0.0
-    if comm.synchronizes(optimizer):
+    if engine.synchronizes(optimizer):
         if device.type == "cuda":  # the backward drained first, so the wait is the allreduce's
             torch.cuda.current_stream(device).synchronize()
         t_wait = time.perf_counter()
         # collective: wait for the fused allreduce of every gradient (fp16 on the wire with
         # --compression fp16)
-        comm.synchronize(optimizer)
+        engine.synchronize(optimizer)
         wait = time.perf_counter() - t_wait
     mark("synchronized")
     return Gradients(nats_step, chars, wait, state)
@@ -391,7 +391,7 @@ def update(optimizer: StepOptimizer, scaler: torch.amp.GradScaler, g: Gradients,
         # unscale (fp16) and clip; step, or skip a step whose gradients are not finite: the
         # decision a tensor (every rank's alike: the norm of the allreduced gradients)
         norm = grad_norm(optimizer, params, spec.grad_clip, scaler)
-        with comm.skip_synchronize(optimizer):  # collective: synchronized in backward()
+        with engine.skip_synchronize(optimizer):  # collective: synchronized in backward()
             applied = step_or_skip_on_device(optimizer, scaler, norm, spec.check_finite)
         optimizer.zero_grad()
         mark("updated")
@@ -403,7 +403,7 @@ def update(optimizer: StepOptimizer, scaler: torch.amp.GradScaler, g: Gradients,
     # unscale (fp16) and clip; the norm read on the host is the step's sync
     norm = unscale_and_clip(optimizer, params, spec.grad_clip, scaler)
     # step, or skip a step whose gradients are not finite (every rank decides alike)
-    with comm.skip_synchronize(optimizer):  # collective: synchronized in backward()
+    with engine.skip_synchronize(optimizer):  # collective: synchronized in backward()
         applied = step_or_skip(optimizer, scaler, norm, spec.check_finite)
     optimizer.zero_grad()
     mark("updated")

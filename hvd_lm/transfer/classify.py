@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from hvd_lm import comm
+from hvd_lm.comm import engine
 from hvd_lm.comm.world import world_size
 from hvd_lm.model import device as devices
 from hvd_lm.model.load import model_files, weights_sha256
@@ -86,7 +86,7 @@ class ClassifyConfig:
                             choices=("",) + devices.PRECISIONS)
     threads: int = option(0, "torch CPU threads (0 = the usable cores; a warning when more are "
                           "asked for)", ge=0)
-    backend: str = option("horovod", comm.BACKEND_HELP, choices=comm.BACKENDS)
+    backend: str = option("horovod", engine.BACKEND_HELP, choices=engine.BACKENDS)
     progress: bool = option(True, "progress on stderr: a bar on a terminal, a line every 10 s "
                             "in a log (--no-progress: none)", switch=False, flag="--no-progress")
 
@@ -161,7 +161,7 @@ def classify(cfg: ClassifyConfig) -> dict | None:
     is_root = lm.ctx is None or lm.ctx.rank == 0
     digest = weights_sha256(lm.model) if is_root else None  # what the classifier is bound to
     if lm.ctx is not None:
-        digest = comm.broadcast_object(digest, name="classify_weights_sha256")  # collective
+        digest = engine.broadcast_object(digest, name="classify_weights_sha256")  # collective
     check_checkpoint(saved, lm.path, digest)
     if lm.model.config.hidden_size != len(saved.model.coef):
         raise ClassifierError(f"{saved.path}: {len(saved.model.coef)} inputs, but the model has "

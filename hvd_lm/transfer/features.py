@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from hvd_lm import comm
+from hvd_lm.comm import engine
 from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.comm.world import RankContext, world_size
 from hvd_lm.formats import tokenizer
@@ -88,7 +88,7 @@ def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32
     Raises:
         FileNotFoundError: no checkpoint; ValueError: a device/precision that cannot be used.
     """
-    ctx = comm.init(backend=backend) if world_size() > 1 else None  # collective: ranks split texts
+    ctx = engine.init(backend=backend) if world_size() > 1 else None  # collective: split texts
     set_rank_threads(threads, ctx, command)  # collective: an allgather of machine ids
     path = resolve_model(checkpoint)
     dev = devices.resolve_device(device, ctx.local_rank if ctx else 0, ctx.local_size if ctx else 1)
@@ -264,8 +264,8 @@ def featurize(model, texts: Sequence[str], kind: str = "cell",
     bar.close()
     feats, idx = torch.cat(local_feats), torch.cat(local_idx)
     if size > 1:
-        feats = comm.allgather(feats, name=f"transfer_feats_{desc}")
-        idx = comm.allgather(idx, name=f"transfer_idx_{desc}")
+        feats = engine.allgather(feats, name=f"transfer_feats_{desc}")
+        idx = engine.allgather(idx, name=f"transfer_idx_{desc}")
     feats, idx = feats[idx >= 0], idx[idx >= 0]
     out = np.zeros((len(texts), H), dtype=np.float32)
     out[idx.numpy()] = feats.numpy()

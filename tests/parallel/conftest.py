@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_lm import comm
+from hvd_lm.comm import engine
 from hvd_lm.comm.world import RankContext
 
 #: The engine a session's collectives run on and its launcher (tests/test_parallel.py sets them
@@ -35,7 +35,7 @@ def ctx() -> RankContext:
 
 
 def _init() -> RankContext:
-    c = comm.init(backend=ENGINE)
+    c = engine.init(backend=ENGINE)
     import torch
     torch.set_num_threads(1)
     return c
@@ -66,7 +66,7 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     mine = 1.0 if item.nodeid in _failed else 0.0
     try:
-        bad = comm.allreduce_sum([mine], name="test_verdict")[0]
+        bad = engine.allreduce_sum([mine], name="test_verdict")[0]
     except Exception as e:  # noqa: BLE001 - a collective lost in the failed test: stop here
         bad, why = max(mine, 1.0), f"the ranks lost each other ({type(e).__name__})"
     else:

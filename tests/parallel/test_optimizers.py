@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_lm import comm
+from hvd_lm.comm import engine
 from hvd_lm.comm.onebit_compression import ErrorFeedback, Layout, compressed_allreduce
 from tests.parallel.conftest import ENGINE
 from tests.scripts.onebit_rounds import inputs as round_inputs
@@ -54,24 +54,24 @@ def test_two_ranks_equal_one_process_on_the_double_batch(ctx, compression, k):
     b = 8
     model, x, y = make_problem(global_batch=ctx.size * b)
     xs, ys = x[ctx.rank * b:(ctx.rank + 1) * b], y[ctx.rank * b:(ctx.rank + 1) * b]
-    net = comm.wrap_model(model, compression)  # the torch engine: DDP; Horovod: model
-    opt = comm.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model,
+    net = engine.wrap_model(model, compression)  # the torch engine: DDP; Horovod: model
+    opt = engine.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model,
                                      compression, k)
-    comm.broadcast_state(model)
+    engine.broadcast_state(model)
     for _ in range(5):
         for part in range(k):
             rows = slice(part * b // k, (part + 1) * b // k)
-            with comm.no_sync(net) if part + 1 < k else contextlib.nullcontext():
+            with engine.no_sync(net) if part + 1 < k else contextlib.nullcontext():
                 (torch.nn.functional.mse_loss(net(xs[rows]), ys[rows]) / k).backward()
-        comm.synchronize(opt)
-        with comm.skip_synchronize(opt):
+        engine.synchronize(opt)
+        with engine.skip_synchronize(opt):
             opt.step()
         opt.zero_grad()
     got, want = flat(model), one_process(5, ctx.size * b)
     np.testing.assert_allclose(got, want, atol=TOL[compression], rtol=0)
     init = flat(make_problem(ctx.size * b)[0])
     assert np.abs(got - init).max() > max(10 * TOL[compression], 1e-2)  # the steps moved them
-    assert np.array_equal(np.stack(comm.allgather_object(got, name=f"params.{compression}.{k}")),
+    assert np.array_equal(np.stack(engine.allgather_object(got, name=f"params.{compression}.{k}")),
                           np.stack([got, got]))  # every rank the same, bit for bit
 
 
@@ -86,13 +86,13 @@ def test_one_bucket_per_tensor_equals_one_fused_buffer(ctx):
         torch_engine.configure(bucket_mb=mb)
         model, x, y = make_problem(global_batch=16)
         xs, ys = x[ctx.rank * 8:(ctx.rank + 1) * 8], y[ctx.rank * 8:(ctx.rank + 1) * 8]
-        net = comm.wrap_model(model, "none")
-        opt = comm.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model,
+        net = engine.wrap_model(model, "none")
+        opt = engine.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model,
                                          "none", 1)
         for _ in range(3):
             torch.nn.functional.mse_loss(net(xs), ys).backward()
-            comm.synchronize(opt)
-            with comm.skip_synchronize(opt):
+            engine.synchronize(opt)
+            with engine.skip_synchronize(opt):
                 opt.step()
             opt.zero_grad()
         # DDP's own record (bytes), of the buckets it rebuilt after the first step

@@ -110,10 +110,10 @@ def here(name: str) -> Path:
 def train(out: Path, *extra) -> None:
     """``hvd-lm train`` on every rank of this job, on this session's engine; returns once every
     rank is back (rank 0's files are complete)."""
-    from hvd_lm import comm
+    from hvd_lm.comm import engine
     assert main(["train", "--shards", str(SHARED / "shards"), "--out-dir", str(out), *TINY,
                  *map(str, extra), "--backend", ENGINE]) == 0
-    comm.barrier()
+    engine.barrier()
 
 
 
@@ -249,10 +249,10 @@ def test_a_one_rank_run_resumed_on_two_keeps_the_epoch_point_and_rescales_the_lr
     cut's windows per epoch computed here independently), the peak LR is the rule's for the new
     global batch, and the recurrent state restarts from zero with a warning."""
     run_dir = here("resized")
-    from hvd_lm import comm
+    from hvd_lm.comm import engine
     if ctx.rank == 0:
         shutil.copytree(SHARED / "one-rank", run_dir)
-    comm.barrier()
+    engine.barrier()
     train(run_dir, *SQRT_LR, "--max-steps", "9", "--resume", "auto")
     if ctx.rank == 0:
         assert "recurrent state reset" in capfd.readouterr().err
@@ -328,8 +328,8 @@ def test_onebit_adam_trains_within_005_bpc_of_adam(ctx):
         assert main(["train", "--shards", str(SHARED / "reviews"), "--out-dir",
                      str(here(opt)), "--optimizer", opt, "--threads", "1", "--device", "cpu",
                      *common]) == 0
-        from hvd_lm import comm
-        comm.barrier()
+        from hvd_lm.comm import engine
+        engine.barrier()
         bpc[opt] = records(here(opt), "eval")[-1]["val_bpc"]
     assert bpc["adam"] < 4.0  # it learned something (uniform: 8.0)
     assert abs(bpc["onebit-adam"] - bpc["adam"]) <= 0.05, bpc
@@ -362,8 +362,8 @@ def test_a_finite_divergence_stops_every_rank_at_the_same_step(ctx, capfd):
                  str(here("diverged")), *TINY, "--batch-size", "2", "--lr", "1e6",
                  "--max-steps", "300"]) != 0
     assert "".join(capfd.readouterr()).count("training diverged") == 1  # this rank's line
-    from hvd_lm import comm
-    comm.barrier()
+    from hvd_lm.comm import engine
+    engine.barrier()
     end = records(here("diverged"), "end")[-1]
     assert end["stop"] == "diverged" and end["step"] == 4 and end["world_size"] == 2
 
