@@ -42,7 +42,7 @@ from hvd_lm.options import Command, option
 from hvd_lm.train.async_checkpoint import CheckpointWriter
 from hvd_lm.train.optim import build_optimizer
 from hvd_lm.train.resume import Position, payload
-from hvd_lm.train.schedule import make_scheduler
+from hvd_lm.train.schedule import LRPlan
 from hvd_lm.train.settings import OptimConfig
 from hvd_lm.train.step import StepSpec, train_step
 
@@ -123,7 +123,7 @@ def bench_checkpoint(cfg: BenchCheckpointConfig) -> int:
     B, T = cfg.batch_size, cfg.seq_len
     job = {"model": model, "opt": opt, "spec": StepSpec(device, "fp32", grad_clip=1.0),
            "scaler": devices.make_scaler(device, "fp32"), "state": model.init_state(B),
-           "sched": make_scheduler(opt, 0, 10 ** 6, "none"),
+           "sched": LRPlan(1e-3, 0, 10 ** 6, "none"),
            "batches": random_batches(cfg.steps, B, T, 1)}
     out = Path(cfg.out_dir or tempfile.mkdtemp(prefix="hvd_lm_bench_checkpoint_"))
     rounds: list[dict] = []

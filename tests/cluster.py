@@ -22,7 +22,8 @@ cannot reach, the cause of Horovod's and OpenMPI's classic multi-node hang (horo
 #1086). ``tc qdisc ... tbf`` on both ends of every link sets its bandwidth (:meth:`Cluster.shape`);
 this kernel has no netem, so latency is measured (:meth:`Cluster.ping`), not set. The nodes share
 this machine's filesystem, so paths (the checkout, ``.venv``, shards, run folders) are the same
-everywhere, except under ``/tmp`` (see below).
+everywhere, except under ``/tmp`` (see below; a checkout under ``/tmp``, a clone there, is
+shared with its ``.venv``).
 
 Faults: :meth:`Cluster.link` unplugs a node's cable at the switch (its ``eth0`` loses carrier),
 :meth:`Cluster.kill_jobs` kills every process of a node but the cluster's daemons.
@@ -36,7 +37,8 @@ go with them) and the cluster folder. Command line (``python -m tests.cluster up
 ``up 2 --slurm``, ``run n1 -- hostname``, ``shape 100mbit``, ``status``, ``ping``, ``down``):
 tests/cluster_cli.py; the tests use the pytest fixture ``cluster`` in tests/conftest.py. What the
 nodes share: everything outside ``/tmp``; under ``/tmp`` each node has its own, but for the
-cluster folder, pytest's temporary folders and the folders listed in ``HVD_LM_CLUSTER_SHARE``
+cluster folder, pytest's temporary folders, the checkout and its venv (when they are under
+``/tmp``) and the folders listed in ``HVD_LM_CLUSTER_SHARE``
 (colon-separated, read by ``up``): work in one of those, as on a real cluster's shared filesystem.
 
 Needs root, ``ip``/``tc`` (iproute2), ``nsenter``/``unshare`` (util-linux), ``sshd``
@@ -50,6 +52,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -105,6 +108,7 @@ class Cluster:
         self.root = Path(root)
         self.nodes: dict[str, Node] = {}
         self.rate: str | None = None
+        self.shares: list[str] = []  # the folders under /tmp its nodes share (shared_tmp)
         self._slurm: SlurmCluster | None = None
 
     # ---- state -------------------------------------------------------------------------------
@@ -114,7 +118,8 @@ class Cluster:
         return list(self.nodes)
 
     def _save(self) -> None:
-        state = {"rate": self.rate, "nodes": [vars(n) for n in self.nodes.values()],
+        state = {"rate": self.rate, "shares": self.shares,
+                 "nodes": [vars(n) for n in self.nodes.values()],
                  "slurm": self._slurm.pids() if self._slurm else None}
         (self.root / "state.json").write_text(json.dumps(state, indent=1))
 
@@ -130,7 +135,7 @@ class Cluster:
         if not path.is_file():
             raise RuntimeError(f"no cluster is up ({path} missing): python -m tests.cluster up 3")
         state = json.loads(path.read_text())
-        c.rate = state["rate"]
+        c.rate, c.shares = state["rate"], state.get("shares", [])
         c.nodes = {n["name"]: Node(**n) for n in state["nodes"]}
         dead = [n.name for n in c.nodes.values() if _netns_inode(n.holder) is None]
         if dead:
@@ -172,8 +177,9 @@ class Cluster:
         if rate:
             rate_bits(rate)
         with contextlib.suppress(RuntimeError):
-            c = cls.attach(root)
-            if len(c.nodes) == n and c.healthy():
+            c = cls.attach(root)  # reused when its nodes share what this process needs
+            if len(c.nodes) == n and {str(d) for d in shared_tmp(root)} <= set(c.shares) \
+                    and c.healthy():
                 c.shape(rate)
                 return c
         check_available()
@@ -193,6 +199,7 @@ class Cluster:
             (r / d).mkdir(parents=True, exist_ok=True)
         self.nodes = {f"n{i}": Node(f"n{i}", f"{PREFIX}-n{i}", f"{SUBNET}.{i}")
                       for i in range(1, n + 1)}
+        self.shares = [str(d) for d in shared_tmp(r)]
         self._write_ssh_files()
         (r / "hosts").write_text("127.0.0.1 localhost\n::1 localhost ip6-localhost\n" + "".join(
             f"{node.addr} {node.name}\n" for node in self.nodes.values()))
@@ -233,9 +240,9 @@ class Cluster:
     def _start_holder(self, node: Node) -> None:
         r = self.root
         shares = []
-        for d in shared_tmp(r):
+        for d in map(Path, self.shares):
             d.mkdir(parents=True, exist_ok=True)
-            rel = d.relative_to("/tmp")
+            rel = shlex.quote(str(d.relative_to("/tmp")))
             shares.append(f"mkdir -p /tmp/{rel} && mount --bind /run/hosttmp/{rel} /tmp/{rel}")
         script = "; ".join([
             f"hostname {node.name}",

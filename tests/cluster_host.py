@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -19,6 +20,7 @@ PREFIX = "hvdlm"                       # namespace names: hvdlm-sw, hvdlm-n1, ..
 SUBNET = "10.77.0"                     # private, exists only inside the namespaces
 DECOY_IF, DECOY_ADDR = "docker0", "172.17.0.1/16"
 DEFAULT_ROOT = Path(os.environ.get("HVD_LM_CLUSTER_DIR", "/tmp/hvdlm-cluster"))
+CHECKOUT = Path(__file__).resolve().parents[1]  # the repository the nodes run
 #: set (to its PID) by the process that holds :func:`session_lock`, for its children
 HOLDER_VAR = "HVD_LM_CLUSTER_HOLDER"
 #: binary -> Debian package
@@ -99,25 +101,31 @@ def check_available() -> dict[str, str]:
             created (e.g. an unprivileged container), with the reason.
     """
     if os.geteuid() != 0:
-        raise Unavailable("network namespaces need root")
+        raise Unavailable("network namespaces need root: run the cluster tests as root")
     tools = ensure_tools(TOOLS)
     probe = f"{PREFIX}-probe"
     proc = _sh(["ip", "netns", "add", probe], check=False)
     if proc.returncode != 0:
-        raise Unavailable(f"cannot create a network namespace: {proc.stderr.strip()}")
+        raise Unavailable(f"cannot create a network namespace ({proc.stderr.strip()}): run "
+                          "them on a host or a container allowed to (CAP_SYS_ADMIN)")
     _sh(["ip", "netns", "del", probe], check=False)
     return tools
 
 
 def shared_tmp(root: Path) -> list[Path]:
     """Folders under /tmp that every node shares with this machine (each node's /tmp is its
-    own): the cluster folder, pytest's temporary folders (``/tmp/pytest-of-<user>``) and those
-    listed in ``HVD_LM_CLUSTER_SHARE`` (colon-separated). Everything outside /tmp is shared."""
+    own): the cluster folder, pytest's temporary folders (``/tmp/pytest-of-<user>``), this
+    checkout and the interpreter's environment when they are under /tmp (a clone in /tmp: the
+    nodes run its ``.venv/bin/python`` at the same path) and those listed in
+    ``HVD_LM_CLUSTER_SHARE`` (colon-separated); a folder inside another is left out (shared
+    with it). Everything outside /tmp is shared."""
     user = os.environ.get("USER") or ("root" if os.geteuid() == 0 else str(os.geteuid()))
-    dirs = [Path(root), Path(f"/tmp/pytest-of-{user}"),
+    dirs = [Path(root), Path(f"/tmp/pytest-of-{user}"), CHECKOUT, Path(sys.prefix),
+            Path(sys.base_prefix),
             *(Path(p) for p in os.environ.get("HVD_LM_CLUSTER_SHARE", "").split(":") if p)]
-    return [d.resolve() for d in dirs if d.resolve().is_relative_to("/tmp")
-            and d.resolve() != Path("/tmp")]
+    found = list(dict.fromkeys(d.resolve() for d in dirs))
+    found = [d for d in found if d.is_relative_to("/tmp") and d != Path("/tmp")]
+    return [d for d in found if not any(d != e and d.is_relative_to(e) for e in found)]
 
 
 def find(tool: str) -> str:
@@ -177,7 +185,8 @@ def session_lock(root: Path = DEFAULT_ROOT, timeout: float = 900) -> Iterator[No
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise Unavailable(f"another session holds {path} (its cluster is up)") from None
+                    raise Unavailable(f"another session holds {path} (its cluster is up): let "
+                                      "it end, or python -m tests.cluster down") from None
                 time.sleep(1)
         os.environ[HOLDER_VAR] = str(os.getpid())  # its children may use the command line
         try:

@@ -61,6 +61,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.serial)
 
 
+#: what a test that skips for want of ../shared adds to its reason, where it says only what
+#: is missing (a clone on its own: one line, the cause and the fix)
+SHARED_FIX = "put the shared folder, or a link to it, beside the checkout to run it"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A skip whose reason names a path under ``../shared`` but not the fix gets the fix."""
+    rep = yield
+    if rep.skipped and isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3:
+        path, line, reason = rep.longrepr
+        if str(SHARED_DIR) in reason and SHARED_FIX not in reason:
+            rep.longrepr = (path, line, f"{reason} (../shared, absent here): {SHARED_FIX}")
+    return rep
+
+
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory):
     """One tiny trained run for every test that only reads a model (eval, transfer, pruning,
@@ -91,11 +107,12 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """``../shared/data`` beside the repository; skips the test when it is absent."""
+    """``../shared/data`` beside the repository; skips the test when it is absent (a clone on
+    its own: every other test runs on shipped or generated data)."""
     data = SHARED_DIR / "data"
     if not data.is_dir():
-        pytest.skip(f"shared data not found at {data} (it lives beside the repository, "
-                    "see ../shared/README.md)")
+        pytest.skip(f"reads the project's shared review corpus, not found at {data} (a clone "
+                    f"without ../shared): {SHARED_FIX}")
     return data
 
 

@@ -6,6 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
+import h5py
 import numpy as np
 
 from hvd_lm.formats.manifest import build_manifest, manifest_entry, write_manifest
@@ -55,3 +56,14 @@ def default_shards(directory: Path) -> Path:
     texts = review_texts(80)
     return make_shards(directory, {"train": [texts[0:20], texts[20:40], texts[40:60]],
                                    "val": [texts[60:80]]})
+
+
+def split_tokens(directory: Path, split: str) -> int:
+    """Tokens (bytes) of ``split``'s shards in ``directory`` (``<split>-*.h5``), read from the
+    files themselves with h5py, not through hvd_lm's manifest: what a test expects of a fixture
+    it did not choose (real reviews from ../shared, or generated text without it)."""
+    total = 0
+    for path in sorted(Path(directory).glob(f"{split}-*.h5")):
+        with h5py.File(path, "r") as f:
+            total += len(f["tokens"])
+    return total

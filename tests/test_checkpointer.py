@@ -18,6 +18,7 @@ from hvd_lm.train.guard import DivergenceGuard
 from hvd_lm.train.log import read_metrics
 from hvd_lm.train.metrics import Metrics
 from hvd_lm.train.resume import Position, Resume
+from hvd_lm.train.schedule import LRPlan
 from hvd_lm.train.settings import TrainConfig
 
 H, B = 6, 2
@@ -34,10 +35,10 @@ def tiny(tmp_path, asynchronous=False, guard=None):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, H), torch.nn.Linear(H, 2))
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    sched = LRPlan(0.1, 0, 100)
+    sched.replan(1, 50)
     model(torch.randn(4, 3)).square().sum().backward()
     opt.step()
-    sched.step()
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     metrics = Metrics(tmp_path, tensorboard=False)
     metrics.open(None, 0)
@@ -72,7 +73,7 @@ def test_the_file_holds_what_was_saved_and_the_record_names_it(one_rank, tmp_pat
         assert torch.equal(saved["model"][k], v), k
     exp_avg = opt.state_dict()["state"][0]["exp_avg"]
     assert torch.equal(saved["optimizer"]["state"][0]["exp_avg"], exp_avg)
-    assert saved["scheduler"]["last_epoch"] == sched.last_epoch == 1
+    assert saved["lr_plan"] == sched.state_dict() and saved["lr_plan"]["anchor_step"] == 1
     assert saved["scaler"] is None
     assert torch.equal(saved["rnn_state"][0], h) and torch.equal(saved["rnn_state"][1], c)
     [rec] = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "checkpoint"]
@@ -116,7 +117,7 @@ def test_the_checkpoint_loads_through_the_project_reader(one_rank, tmp_path):
 
 def test_a_rank_but_0_maps_the_file_and_takes_its_rows_alone(one_rank, tmp_path):
     """What a resume reads on a rank other than 0 (the others get rank 0's weights and optimizer
-    state by broadcast): its own B rows of the saved recurrent state, the scheduler and the
+    state by broadcast): its own B rows of the saved recurrent state, the LR plan and the
     position; its model keeps its own weights (names and shapes checked), its optimizer stays
     empty, and the tensors come from a memory map of the file (read only where touched)."""
     ck, model, opt, sched, _ = tiny(tmp_path)
@@ -128,11 +129,12 @@ def test_a_rank_but_0_maps_the_file_and_takes_its_rows_alone(one_rank, tmp_path)
     other, _, other_sched, *_ = tiny(tmp_path / "other")[1:]
     for p in other.parameters():
         torch.nn.init.constant_(p, 0.5)
+    other_sched.reset(7)  # another line: the saved one must replace it
     resume = Resume(ck.newest(), root=False)
     resume.restore_model(other)
     resume.restore_optimizer(torch.optim.Adam(other.parameters()), other_sched)
     assert all(bool((p == 0.5).all()) for p in other.parameters())
-    assert other_sched.last_epoch == sched.last_epoch
+    assert other_sched.state_dict() == sched.state_dict()
     h, c = resume.rnn_rows(1, 3, B)
     assert torch.equal(h, rows[B:2 * B]) and torch.equal(c, -rows[B:2 * B])
     assert (resume.position.step, resume.position.window) == (5, 6)

@@ -16,11 +16,10 @@ import sys
 import time
 
 import pytest
-import torch
 
 from hvd_lm.formats.checkpoint import load, resolve
 from hvd_lm.train.deadline import SKIP_ATTEMPTS, Cadence, DeadlinePlanner
-from hvd_lm.train.schedule import Schedule, lr_factor, make_scheduler, schedule_of
+from hvd_lm.train.schedule import LRPlan, lr_factor
 from hvd_lm.util.units import parse_duration, scheduler_time
 from tests import conftest
 from tests._mp import REPO, horovodrun_cmd, launch_env, run
@@ -54,29 +53,24 @@ def test_durations_in_the_forms_people_and_slurm_write():
 
 
 def test_a_replanned_schedule_bends_without_a_jump_and_ends_at_zero():
-    s = Schedule(warmup_steps=10, total_steps=100)
+    plan = LRPlan(1.0, warmup_steps=10, total_steps=100)
+    s = plan.factor
     assert [s(i) for i in range(100)] == [lr_factor(i, 10, 100) for i in range(100)]
-    s.replan(4, 50)  # in the warmup: only the end moves
+    plan.replan(4, 50)  # in the warmup: only the end moves
     assert [s(i) for i in range(50)] == [lr_factor(i, 10, 50) for i in range(50)]
     before = s(30)
-    s.replan(30, 80)  # later: from the factor it had, a straight line to 0 at 80
+    plan.replan(30, 80)  # later: from the factor it had, a straight line to 0 at 80
     assert s(30) == before and s(80) == 0.0 and s(90) == 0.0
     assert s(55) == pytest.approx(before * 25 / 50)
     before = s(60)
-    s.replan(60, 60)  # nothing fits anymore: 0 from here
+    plan.replan(60, 60)  # nothing fits anymore: 0 from here
     assert s(60) == 0.0 and before > 0
-    # the plan travels with the scheduler's state (a checkpoint holds it)
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    sched = make_scheduler(opt, 0, 100)
-    for _ in range(20):
-        opt.step()
-        sched.step()
-    schedule_of(sched).replan(20, 40)
-    fresh_opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    fresh = make_scheduler(fresh_opt, 0, 100)
-    fresh.load_state_dict(sched.state_dict())
-    assert vars(schedule_of(fresh)) == vars(schedule_of(sched))
-    assert schedule_of(fresh)(30) == pytest.approx(0.8 * 10 / 20)
+    # the plan travels in its state (a checkpoint holds it)
+    plan = LRPlan(1.0, 0, 100)
+    plan.replan(20, 40)
+    fresh = LRPlan(1.0, 0, 100)
+    fresh.load_state_dict(plan.state_dict())
+    assert vars(fresh) == vars(plan) and fresh.factor(30) == pytest.approx(0.8 * 10 / 20)
 
 
 def test_the_planner_fits_steps_evaluations_and_checkpoints_before_the_deadline():

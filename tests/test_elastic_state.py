@@ -21,7 +21,7 @@ from hvd_lm.train.guard import DivergenceGuard
 from hvd_lm.train.log import read_metrics
 from hvd_lm.train.metrics import Metrics
 from hvd_lm.train.resume import Position
-from hvd_lm.train.schedule import make_scheduler
+from hvd_lm.train.schedule import LRPlan
 
 B, H = 2, 3
 
@@ -49,10 +49,8 @@ class Model(torch.nn.Linear):
 def elastic(tmp_path, ctx=RankContext(rank=1, size=2)):
     model = Model(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    sched = make_scheduler(opt, warmup_steps=0, total_steps=100)
-    opt.step()  # no gradients: nothing moves (the scheduler's steps come after an update)
     calls = []
-    run = SimpleNamespace(model=model, optimizer=opt, scheduler=sched,
+    run = SimpleNamespace(model=model, optimizer=opt, lr_plan=LRPlan(0.5, 0, 100),
                           scaler=torch.amp.GradScaler("cpu", enabled=False), ctx=ctx,
                           windows_per_epoch=40, peak_lr=0.5, global_batch=4, B=B, device="cpu",
                           total_steps=100,
@@ -79,14 +77,12 @@ def test_commit_then_restore_in_the_same_world(tmp_path):
     pos = Position(step=10, window=30, skipped_steps=2, chars_trained=500)
     rows = (torch.randn(B, H), torch.randn(B, H))
     kept = tuple(t.clone() for t in rows)
-    for _ in range(10):
-        run.scheduler.step()
     e.guard.logged(10, 11.0)  # a loss above the bound, committed with the rest
     e.commit(state, pos, rows, chars)
     assert state.commits == 1 and pos.chars_trained == 525 and chars.total() == 525
-    committed_lr = run.scheduler.get_last_lr()
-    for _ in range(5):  # training goes on past the commit, then a worker is lost
-        run.scheduler.step()
+    committed_plan = run.lr_plan.state_dict()
+    run.lr_plan.replan(15, 40)  # training goes on past the commit (a --time-limit plan moved),
+    run.lr_plan.peak = 9.0      # then a worker is lost
     chars.add(99)
     e.guard.logged(15, 1.0)
     rows[0].add_(1.0)
@@ -94,7 +90,7 @@ def test_commit_then_restore_in_the_same_world(tmp_path):
     new_pos, new_rows = e.restore(state, chars)
     assert new_pos == Position(step=10, window=30, skipped_steps=2, chars_trained=525)
     assert chars.total() == 525
-    assert run.scheduler.last_epoch == 10 and run.scheduler.get_last_lr() == committed_lr
+    assert run.lr_plan.state_dict() == committed_plan  # the committed line, the rule's peak
     assert e.guard.above == [(10, 11.0)]
     assert torch.equal(new_rows[0], kept[0]) and torch.equal(new_rows[1], kept[1])
     assert new_rows[1] is not rows[1]  # a copy: the loop's rows change in place

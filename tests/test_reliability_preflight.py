@@ -21,26 +21,33 @@ from tests.reliability_common import (  # noqa: F401 - the fixtures these tests 
     hvd_lm,
     one_error_line,
 )
+from tests.shardutil import split_tokens
 
 # ---- 11. issue 27: shapes and memory checked before anything is written --------------------------
 
-@pytest.mark.parametrize("flags,needles", [
-    (["--vocab-size", "10"], ["model.vocab_size is 10", "byte ids 0..255", "--vocab-size 256"]),
+@pytest.mark.parametrize("flags,needles", [  # needles of the train split's targets n
+    (["--vocab-size", "10"],
+     lambda n: ["model.vocab_size is 10", "byte ids 0..255", "--vocab-size 256"]),
     (["--seq-len", "1000000", "--batch-size", "32"],
-     ["data.seq_len 1,000,000 (--seq-len)", "74,300 targets / (1 rank(s) x 32 rows",
-      "= 2,321 bytes per row", "--seq-len 2,321 or less"]),
-    (["--batch-size", "5000"], ["5000 rows (--batch-size)) = 14 bytes per row"]),
-    (["--eval-chars", "2"], ["run.eval_batch_size 32 (--eval-batch-size) rows",
-                             "--eval-chars 2", "lower --eval-batch-size"]),
-])
+     lambda n: ["data.seq_len 1,000,000 (--seq-len)", f"{n:,} targets / (1 rank(s) x 32 rows",
+                f"= {n // 32:,} bytes per row", f"--seq-len {n // 32:,} or less"]),
+    (["--batch-size", "5000"], lambda n: [f"5000 rows (--batch-size)) = {n // 5000} bytes per row",
+                                          "or fewer --batch-size rows or ranks"]),
+    (["--eval-chars", "2"], lambda n: ["run.eval_batch_size 32 (--eval-batch-size) rows",
+                                       "--eval-chars 2", "lower --eval-batch-size"]),
+], ids=["vocab", "seq-len", "batch-size", "eval-chars"])
 def test_impossible_shapes_are_refused_before_anything_is_written(shards, tmp_path, flags,
                                                                    needles):
     """Today: --vocab-size 10 fails mid-training with "index out of range in self", and
-    --seq-len 1000000 is OOM-killed; both leave the run folder behind."""
+    --seq-len 1000000 is OOM-killed; both leave the run folder behind. The figures are the
+    fixture's own (its train shards' bytes less one, read with h5py): real reviews or, without
+    ../shared, generated text."""
+    targets = split_tokens(shards, "train") - 1
+    assert 1 <= targets // 5000 < 16, f"{targets} targets: 5000 rows must get 1-15 bytes each"
     proc = hvd_lm("train", "--shards", shards, "--out-dir", tmp_path / "r", *TINY,
                   "--max-steps", "3", *flags, timeout=120)
     assert proc.returncode == 2, proc.stderr
-    one_error_line(proc, *needles)
+    one_error_line(proc, *needles(targets))
     assert not (tmp_path / "r").exists()
 
 
@@ -49,11 +56,13 @@ def test_a_step_that_cannot_fit_in_memory_is_refused_with_the_estimate(shards, t
     from hvd_lm.train.settings import TrainConfig
     from hvd_lm.util.atomic import human
 
+    train = split_tokens(shards, "train")
+    T = min(70000, train - 1)  # the longest window the fixture's one row holds (shape check)
     flags = ["--hidden-size", "16384", "--embed-dim", "64", "--batch-size", "1", "--seq-len",
-             "70000"]
+             str(T)]
     cfg = TrainConfig()
-    cfg.model.hidden_size, cfg.data.batch_size, cfg.data.seq_len = 16384, 1, 70000
-    est = memory.step_memory(cfg, "cpu", 1, (74301, 2000))
+    cfg.model.hidden_size, cfg.data.batch_size, cfg.data.seq_len = 16384, 1, T
+    est = memory.step_memory(cfg, "cpu", 1, (train, min(split_tokens(shards, "val"), 2000)))
     if est.total <= psutil.virtual_memory().available:
         pytest.skip(f"this machine has more than {human(est.total)} available")
     proc = hvd_lm("train", "--shards", shards, "--out-dir", tmp_path / "r", "--device", "cpu",
@@ -103,7 +112,7 @@ def test_gpu_memory_estimate_against_the_h200s_peaks():
     (hvd_lm.train.memory.gpu_savings: the activations, a workspace buffer, a copy, the graph
     pool's merged buffers): the estimate plus those bytes is checked against them (the next
     card's JSON holds the new peaks beside the new estimate)."""
-    from hvd_lm.perf.bench_gpu import Variant, estimated_memory
+    from benchmarks.bench_gpu import Variant, estimated_memory
     from hvd_lm.train.memory import compute_bytes, gpu_savings
 
     rows = [r for b in (256, 128) for r in json.loads(
@@ -215,7 +224,7 @@ def test_step_memory_estimate_against_peak_rss(shards, tmp_path, flags):
         cfg.model.rnn_impl = values.get("--rnn-impl", "fused")
         cfg.data.batch_size, cfg.data.seq_len = int(values["--batch-size"]), int(
             values["--seq-len"])
-        return memory.step_memory(cfg, "cpu", 1, (74301,)).total
+        return memory.step_memory(cfg, "cpu", 1, (split_tokens(shards, "train"),)).total
 
     base = ["--hidden-size", "8", "--embed-dim", "8", "--batch-size", "1", "--seq-len", "8"]
     # several runs: the step's peak is the largest (what a run must have room for), the fixed

@@ -1,10 +1,9 @@
 """LR rules against the reference talk's table, and the warmup/decay schedule."""
-import warnings
 
 import pytest
 import torch
 
-from hvd_lm.train.schedule import lr_factor, make_scheduler, scaled_lr, set_peak_lr
+from hvd_lm.train.schedule import LRPlan, lr_factor, saved_factor, scaled_lr
 
 
 @pytest.mark.parametrize("rule,batch,want", [
@@ -32,33 +31,40 @@ def test_warmup_then_linear_decay_to_zero():
     assert all(a >= b for a, b in zip(f[4:], f[5:]))
 
 
-def test_scheduler_drives_optimizer():
+def test_the_plan_sets_the_optimizer_lr_from_the_step():
+    """The LR is a pure function of the applied-step count (as nanoGPT's get_lr): the loop sets
+    it before each update; the same step gives the same LR whatever came before (a count undone
+    after a skip needs nothing restored)."""
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    sched = make_scheduler(opt, warmup_steps=0, total_steps=4)
-    lrs = []
-    for _ in range(4):
-        lrs.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
+    plan = LRPlan(1.0, warmup_steps=0, total_steps=4)
+    lrs = [plan.apply(opt, step) for step in (0, 1, 2, 3)]
     assert lrs == pytest.approx([1.0, 0.75, 0.5, 0.25])
+    assert opt.param_groups[0]["lr"] == 0.25 and plan.apply(opt, 1) == pytest.approx(0.75)
 
 
-def test_set_peak_lr_rescales_at_the_same_point_of_the_schedule():
-    """An elastic resize or a resume with another global batch: the new peak times the schedule's
-    factor at the current step (lr_factor, computed by hand here), in the optimizer and in
-    get_last_lr; the step count and the following steps go on from there."""
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    sched = make_scheduler(opt, warmup_steps=2, total_steps=10)
-    for _ in range(5):
-        opt.step()
-        sched.step()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # set_peak_lr itself must not warn
-        set_peak_lr(sched, 4.0)
-    want = 4.0 * (1 - (5 - 2) / 8)  # step 5 of a warmup 2, decay to 0 at 10
-    assert sched.last_epoch == 5
-    assert opt.param_groups[0]["lr"] == pytest.approx(want)
-    assert sched.get_last_lr() == pytest.approx([want])
-    opt.step()
-    sched.step()
-    assert opt.param_groups[0]["lr"] == pytest.approx(4.0 * (1 - (6 - 2) / 8))
+def test_a_new_peak_rescales_at_the_same_point_of_the_line():
+    """An elastic resize or a resume with another global batch: the new peak times the plan's
+    factor at the current step (lr_factor, computed by hand here)."""
+    plan = LRPlan(1.0, warmup_steps=2, total_steps=10)
+    plan.peak = 4.0
+    assert plan.lr(5) == pytest.approx(4.0 * (1 - (5 - 2) / 8))  # warmup 2, 0 at 10
+    assert plan.lr(6) == pytest.approx(4.0 * (1 - (6 - 2) / 8))
+
+
+def test_a_checkpoint_of_the_old_lambdalr_scheduler_loads_into_the_plan():
+    """Checkpoints written before the plan hold torch's LambdaLR state: the same numbers
+    (lr_lambdas[0] the plan's fields, base_lrs[0] the peak) give the same LR at every step."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
+    old = {"warmup_steps": 3, "total_steps": 40, "decay": "linear", "anchor_step": 20,
+           "anchor_factor": 0.5}
+    legacy = {"base_lrs": [2.0], "last_epoch": 20, "_last_lr": [1.0], "lr_lambdas": [old],
+              "verbose": False, "_step_count": 21}
+    plan = LRPlan(9.0, 0, 1)
+    plan.load_state_dict(legacy)
+    assert plan.peak == 2.0 and plan.lr(20) == pytest.approx(1.0)
+    assert plan.lr(30) == pytest.approx(2.0 * 0.5 * 10 / 20)
+    assert saved_factor(legacy, 20) == pytest.approx(0.5) and saved_factor(None, 3) is None
+    fresh = LRPlan(1.0, 0, 1)
+    fresh.load_state_dict(plan.state_dict())
+    assert fresh.state_dict() == plan.state_dict()
+    assert opt.param_groups[0]["lr"] == 2.0  # (loading sets nothing: the loop applies it)

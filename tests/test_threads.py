@@ -81,8 +81,9 @@ def test_eval_and_transfer_warn_as_train_does(run_dir):
     """Confined to one core, --threads 2 in eval and transfer says so in one line naming the
     command (they used torch's default threads silently: 5x slower featurization); transfer
     says when its fit starts and ends."""
-    for split in ("train", "val"):
-        rows = ["label,text"] + [f"{i % 2},{'great' if i % 2 else 'awful'} {i}" for i in range(8)]
+    for split in ("train", "val"):  # (no text in both: transfer would drop val's copies)
+        rows = ["label,text"] + [f"{i % 2},{'great' if i % 2 else 'awful'} {split} {i}"
+                                 for i in range(8)]
         (run_dir / f"{split}.csv").write_text("\n".join(rows) + "\n")
     warning = (f"WARNING: 1 rank(s) x 2 threads on {socket.gethostname()} exceed its 1 usable "
                "cores: steps can run 20-50x slower; use --threads 1 (0 picks that)")

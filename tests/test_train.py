@@ -374,7 +374,7 @@ def test_a_checkpoint_resumes_on_another_device(tmp_path):
 
     from hvd_lm.formats.checkpoint import save
     from hvd_lm.train.resume import Position, Resume, payload
-    from hvd_lm.train.schedule import make_scheduler
+    from hvd_lm.train.schedule import LRPlan
 
     torch.manual_seed(3)
     model = LanguageModel(ModelConfig(hidden_size=8, embed_dim=4))
@@ -382,7 +382,7 @@ def test_a_checkpoint_resumes_on_another_device(tmp_path):
     model(torch.randint(0, 256, (2, 5)), model.init_state(2, torch.device("cpu")))[0] \
         .float().sum().backward()
     opt.step()
-    sched = make_scheduler(opt, 0, 10, "linear")
+    sched = LRPlan(1e-3, 0, 10, "linear")
     rows = (torch.randn(2, 8), torch.randn(2, 8))
     random.seed(7), np.random.seed(7), torch.manual_seed(7)
     scaler = torch.amp.GradScaler("cpu", enabled=False)  # fp32's
@@ -394,7 +394,7 @@ def test_a_checkpoint_resumes_on_another_device(tmp_path):
     fresh = LanguageModel(ModelConfig(hidden_size=8, embed_dim=4))
     resume.restore_model(fresh)
     fresh_opt = torch.optim.Adam(fresh.parameters(), lr=1e-3)
-    resume.restore_optimizer(fresh_opt, make_scheduler(fresh_opt, 0, 10, "linear"))
+    resume.restore_optimizer(fresh_opt, LRPlan(1e-3, 0, 10, "linear"))
     h, c = resume.rnn_rows(0, 1, 2)
     resume.restore_rng()
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == want

@@ -4,7 +4,9 @@
   process (rank, world size, local rank, the torch engine's rendezvous), the one
   :class:`~hvd_lm.comm.world.RankContext`, and the environment for launching local ranks.
 * :mod:`~hvd_lm.comm.engine`: every collective of the project, on the engine ``--backend``
-  picks: Horovod (every Horovod call of the project), the torch engine, or one process alone.
+  picks once per process: Horovod (every Horovod call of the project), the torch engine, or one
+  process alone. A caller imports it by name (``from hvd_lm.comm import engine``, then
+  ``engine.allreduce_sum(...)``): a plain module attribute, no lookup hook in the step.
 * :mod:`~hvd_lm.comm.torch_engine`: the torch engine, ``horovod.torch``'s API on
   ``torch.distributed`` (NCCL/Gloo; its one caller besides the benchmarks' baselines), its
   gradients through ``DistributedDataParallel`` (fp16/bf16 on the wire by torch's comm hooks).
@@ -20,17 +22,3 @@ A ``# collective:`` comment marks every line that runs a collective, whatever th
 marks the calls into ``horovod.torch`` itself and what only Horovod runs (elastic training).
 """
 
-
-def __getattr__(name: str):
-    """``from hvd_lm import comm`` then ``comm.allreduce_sum(...)``: the collectives of
-    :mod:`hvd_lm.comm.engine` are this package's own API, loaded on first use (PEP 562), so
-    ``hvd_lm.comm.world`` stays importable without torch (data_prep's ranks)."""
-    if name.startswith("__") or name in _SUBMODULES:  # (the import system asks for these)
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module("hvd_lm.comm.engine"), name)
-
-
-_SUBMODULES = frozenset({"engine", "world", "torch_engine", "single", "mpi",
-                         "hosts", "peers", "onebit_compression", "threads"})

@@ -41,7 +41,11 @@ def parse_hosts(text: str, merge: bool = False, what: str = "--hosts") -> list[t
     out: dict[str, int] = {}
     items = []
     # items split at the commas outside brackets (linear: a look-ahead for "]" was quadratic)
-    for item in (x.strip() for x in re.findall(r"(?:\[[^\]]*\]?|[^,\[])+", text) if x.strip()):
+    for item in (x.strip(" ") for x in re.findall(r"(?:\[[^\]]*\]?|[^,\[])+", text)
+                 if x.strip()):
+        if re.search(r"[\x00-\x1f\x7f]", item):  # a newline in a name: a script's next line
+            raise ValueError(f"{what} {item!r} is not host or host:slots (a control character "
+                             "inside)")
         names, _, slots = item.partition(":")
         try:
             items += [f"{h}:{slots}" if slots else h for h in hostlist.expand_hostlist(names)]

@@ -2,7 +2,7 @@
 run's ``checkpoints/`` folder holds.
 
 A checkpoint holds everything an exact resume needs (:mod:`hvd_lm.train.resume` builds it): model,
-optimiser, loss scaler and LR scheduler state, the data position (epoch, window), every rank's
+optimiser, loss scaler and LR plan state, the data position (epoch, window), every rank's
 carried recurrent state (gathered to rank 0), the RNG states and the resolved config. Only
 tensors, numbers, strings, lists, tuples and dicts are stored, so ``torch.load(path,
 weights_only=True)`` reads it (PyTorch "Serialization semantics").

@@ -43,7 +43,7 @@ class Checkpointer:
         cfg: the run's configuration (saved in each checkpoint): the run folder
             (``run.out_dir``; checkpoints in ``<out_dir>/checkpoints``), the newest kept
             (``run.keep_checkpoints``), written on a thread (``run.async_checkpoint``).
-        model, optimizer, scheduler, scaler: what is saved (the optimizer Horovod-wrapped; the
+        model, optimizer, lr_plan, scaler: what is saved (the optimizer Horovod-wrapped; the
             scaler's state when it is enabled).
         guard: the divergence guard: it may hold a checkpoint back, it is told of each saved
             step, and the checkpoints it has not confirmed yet are kept from pruning.
@@ -55,11 +55,11 @@ class Checkpointer:
             past it by an elastic reset).
     """
 
-    def __init__(self, cfg: TrainConfig, model, optimizer, scheduler, scaler,
+    def __init__(self, cfg: TrainConfig, model, optimizer, lr_plan, scaler,
                  guard: DivergenceGuard, metrics: Metrics, planner: DeadlinePlanner | None = None):
         self.out_dir, self.config = Path(cfg.run.out_dir), cfg.to_dict()
         self.keep = cfg.run.keep_checkpoints
-        self.model, self.optimizer, self.scheduler, self.scaler = (model, optimizer, scheduler,
+        self.model, self.optimizer, self.lr_plan, self.scaler = (model, optimizer, lr_plan,
                                                                    scaler)
         self.guard, self.metrics, self.planner = guard, metrics, planner
         self.writer = CheckpointWriter(cfg.run.async_checkpoint, self.written)
@@ -91,7 +91,7 @@ class Checkpointer:
         c = engine.gather(rnn_state[1].detach().float().cpu(), name="ckpt_c")
         pos = dataclasses.replace(pos, chars_trained=chars.total())  # collective: sum
         if ctx.is_root:  # written on a thread unless --async-checkpoint false
-            self.writer.submit(resume_io.payload(pos, self.model, self.optimizer, self.scheduler,
+            self.writer.submit(resume_io.payload(pos, self.model, self.optimizer, self.lr_plan,
                                                  self.scaler, (h, c), self.config, ctx.size,
                                                  windows_per_epoch),
                                self.out_dir, pos.step, self.keep, self.guard.confirmed_below())

@@ -2,8 +2,9 @@
 device (:func:`hvd_lm.train.step.decides_on_device`).
 
 :meth:`StepCounter.count_step` counts a step once its outcome (applied or skipped) is known on
-the host: the step count and the learning-rate schedule advance on applied steps
-only. Reading the outcome right after the step would drain the device's queue every step (the
+the host: the step count advances on applied steps only (and with it the learning rate, a
+function of the count: :class:`hvd_lm.train.schedule.LRPlan`, set by the loop before each
+update). Reading the outcome right after the step would drain the device's queue every step (the
 host would wait for the update to finish before queuing the next step's forward). Instead
 (:class:`StepCounter`, a component the trainer holds):
 
@@ -12,16 +13,15 @@ host would wait for the update to finish before queuing the next step's forward)
   checkpoints, a skip streak one short of ``--max-skipped-steps``), the outcome is read at once
   and counted exactly (:meth:`StepCounter.count`); with ``--log-every 1`` that is every
   step;
-* at any other step the step is counted as applied, speculatively (the step count and the
-  schedule advance; the loop's conditions at such a step are false either way), and its
+* at any other step the step is counted as applied, speculatively (the step count
+  advances; the loop's conditions at such a step are false either way), and its
   outcome is read during the next step, after that step's forward and backward are queued and
   before its update (:meth:`StepCounter.settle`, called by the loop between the step's halves): the
   read waits for the decision alone (:class:`hvd_lm.train.step.DeviceOutcome`), never for
-  queued work. A skipped step is then un-counted (the step count back, the schedule restored
-  from its state before the speculation, the parameter groups' learning rate with it) and
-  counted as a skip (the skip record, the skipped-step count, the divergence guard) before the
-  next update runs, so every update uses the learning rate of the exact count, as when each
-  step was read at once.
+  queued work. A skipped step is then un-counted (the step count back, and with it the learning
+  rate the loop sets next) and counted as a skip (the skip record, the skipped-step count, the
+  divergence guard) before the next update runs, so every update uses the learning rate of the
+  exact count, as when each step was read at once.
 
 The speculation never outlives one step, every rank speculates and settles alike (the outcome
 comes from the allreduced gradients), and the count at every checkpoint, log and stop is exact:
@@ -34,7 +34,6 @@ rollback to a commit (a new position) drops a pending step: it was undone with t
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Callable
 
@@ -83,27 +82,24 @@ class StepCounter:
             cadences, ``elastic``).
         k: windows per step (``backward_passes_per_step``).
         total_windows: the windows this run may read (a non-elastic run stops before it).
-        scheduler: the LR schedule, stepped on applied steps only.
-        optimizer: its parameter groups' LR follows an un-counted speculation.
         scaler: the loss scaler (its scale is in the ``skip`` record).
         guard: the divergence guard, told of every attempt.
         metrics: the progress bar ticks an applied step; a skip is a ``skip`` record.
         restart_state: () -> the recurrent state to restart from, zeros (``init_state``).
     """
 
-    def __init__(self, settings: RunConfig, k: int, total_windows: int, scheduler, optimizer,
-                 scaler, guard: DivergenceGuard, metrics: Metrics,
-                 restart_state: Callable[[], State]):
+    def __init__(self, settings: RunConfig, k: int, total_windows: int, scaler,
+                 guard: DivergenceGuard, metrics: Metrics, restart_state: Callable[[], State]):
         self.settings, self.k, self.total_windows = settings, k, total_windows
-        self.scheduler, self.optimizer, self.scaler = scheduler, optimizer, scaler
+        self.scaler = scaler
         self.guard, self.metrics, self.restart_state = guard, metrics, restart_state
-        #: (the step's result, the position it was counted in, the schedule's state before it)
+        #: (the step's result, the position it was counted in)
         self.pending: tuple | None = None
 
     def count_step(self, pos: Position, applied: bool, grad_norm: float,
                    state: State | None = None) -> State | None:
-        """Count one attempt in ``pos``: an applied step advances the step count and the LR
-        schedule; a skipped one is counted (and logged as a ``skip`` record).
+        """Count one attempt in ``pos``: an applied step advances the step count (and so the
+        LR); a skipped one is counted (and logged as a ``skip`` record).
 
         Returns:
             ``state`` (the recurrent state after the attempt), or zeros in its place when the
@@ -112,7 +108,6 @@ class StepCounter:
         self.guard.attempt(applied)
         self.metrics.tick(1 if applied else 0)
         if applied:
-            self.scheduler.step()
             pos.step += 1
             return state
         pos.skipped_steps += 1
@@ -140,9 +135,8 @@ class StepCounter:
             r = r.read()
             state = self.count_step(pos, r.applied, r.grad_norm, r.state)
             return r if state is r.state else dataclasses.replace(r, state=state)
-        self.pending = (r, pos, copy.deepcopy(self.scheduler.state_dict()))
+        self.pending = (r, pos)
         pos.step += 1
-        self.scheduler.step()
         return dataclasses.replace(r, applied=True)
 
     def counts_now(self, pos: Position, total_steps: int, next_control: int) -> bool:
@@ -166,7 +160,7 @@ class StepCounter:
     def settle(self, pos: Position) -> None:
         """Count the pending step exactly (the loop calls it between
         :func:`~hvd_lm.train.step.backward` and :func:`~hvd_lm.train.step.update`: before the next
-        update, so that it uses the schedule's learning rate of the exact count): applied, its
+        update, so that it uses the learning rate of the exact count): applied, its
         speculation stands; skipped, it is undone and counted as a skip. ``pos``: the loop's
         position now (another one than the pending step's after an elastic rollback: the step went
         with it). A skip is counted without restarting the recurrent state: the step in progress
@@ -174,7 +168,7 @@ class StepCounter:
         state itself (:func:`hvd_lm.train.step.train_step`)."""
         if self.pending is None:
             return
-        r, counted_in, schedule = self.pending
+        r, counted_in = self.pending
         self.pending = None
         if counted_in is not pos:  # an elastic rollback since: the step went with it
             return
@@ -184,7 +178,4 @@ class StepCounter:
             self.metrics.tick(1)
             return
         pos.step -= 1
-        self.scheduler.load_state_dict(schedule)
-        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
-            group["lr"] = lr
         self.count_step(pos, False, r.grad_norm)

@@ -35,7 +35,7 @@ Two times bound a run, and the planner keeps them apart:
   a run that cannot fit one more step says so and checkpoints.
 
 The loop asks for both at its control exchanges (rank 0 plans; the allreduce hands every rank
-the same steps) and moves the schedule's end (:meth:`hvd_lm.train.schedule.Schedule.replan`:
+the same steps) and moves the schedule's end (:meth:`hvd_lm.train.schedule.LRPlan.replan`:
 the LR stays continuous and falls to 0 at the new end), so a re-estimate as the run goes (a
 slower epoch start, the first real checkpoint) bends the line without a jump.
 

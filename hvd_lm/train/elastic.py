@@ -7,7 +7,7 @@ applied steps the model, optimizer, LR schedule, loss scaler, data position, cha
 divergence counters are committed in memory (``hvd.elastic.TorchState``, :meth:`Elastic.commit`).
 A lost worker rolls every rank back to the last commit; a changed world size re-cuts the streams
 at the same fraction of the epoch (:func:`hvd_lm.train.data.window_in_new_cut`), rescales the LR
-for the new global batch (:func:`hvd_lm.train.schedule.set_peak_lr`) and starts the recurrent
+for the new global batch (the :class:`hvd_lm.train.schedule.LRPlan`'s peak) and starts the recurrent
 state of the re-cut rows from zero (:meth:`Elastic.on_reset`, :meth:`Elastic.restore`).
 """
 
@@ -17,7 +17,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from hvd_lm import comm
+from hvd_lm.comm import engine
 from hvd_lm.train.checkpointer import Checkpointer
 from hvd_lm.train.counting import CharCount
 from hvd_lm.train.data import window_in_new_cut
@@ -25,7 +25,6 @@ from hvd_lm.train.guard import DivergenceGuard
 from hvd_lm.train.metrics import Metrics
 from hvd_lm.train.resume import Position
 from hvd_lm.train.rundir import RunFolder
-from hvd_lm.train.schedule import set_peak_lr
 from hvd_lm.train.startup import RunParts
 from hvd_lm.train.step import State
 
@@ -63,16 +62,16 @@ class Elastic:
         :meth:`on_reset`)."""
         r = self.parts
         # Horovod: the state committed in memory and synced from rank 0 after every reset
-        state = comm.elastic_state(r.model, r.optimizer, **self.fields(pos))
+        state = engine.elastic_state(r.model, r.optimizer, **self.fields(pos))
         state.register_reset_callbacks([lambda: on_reset(state)])
-        comm.elastic_run(loop)(state)  # Horovod: re-forms the world on failures
+        engine.elastic_run(loop)(state)  # Horovod: re-forms the world on failures
 
     def fields(self, pos: Position) -> dict:
         """What a commit holds besides model and optimizer (all ranks agree on it; the recurrent
         rows are per rank and kept beside, :attr:`committed_rows`)."""
         r = self.parts
         return {"position": dataclasses.asdict(pos),
-                "scheduler": r.scheduler.state_dict(),
+                "lr_plan": r.lr_plan.state_dict(),
                 "scaler": r.scaler.state_dict() if r.scaler.is_enabled() else None,
                 "world": r.ctx.size, "windows_per_epoch": r.windows_per_epoch,
                 "guard": self.guard.state_dict()}
@@ -111,9 +110,9 @@ class Elastic:
                                                r.windows_per_epoch)
         pos = Position(**position)
         chars.rebase(pos.chars_trained)
-        r.scheduler.load_state_dict(state.scheduler)
+        r.lr_plan.load_state_dict(state.lr_plan)
         self.guard.load_state_dict(state.guard)
-        set_peak_lr(r.scheduler, r.peak_lr)
+        r.lr_plan.peak = r.peak_lr  # the rule's peak for the new world's global batch
         if r.scaler.is_enabled() and state.scaler:
             r.scaler.load_state_dict(state.scaler)
         rows = self.committed_rows

@@ -64,7 +64,6 @@ from hvd_lm.train.guard import DivergenceGuard, TrainingDiverged
 from hvd_lm.train.log import write_failure
 from hvd_lm.train.metrics import Metrics
 from hvd_lm.train.rundir import RunFolder
-from hvd_lm.train.schedule import refresh_lr, schedule_of
 from hvd_lm.train.settings import TrainConfig
 from hvd_lm.train.startup import RunParts
 from hvd_lm.train.step import StepSpec
@@ -152,10 +151,10 @@ class Trainer:
         self.stop_reason = "done"
 
         # ---- the components ----------------------------------------------------------------------
-        self.checkpointer = Checkpointer(cfg, parts.model, parts.optimizer, parts.scheduler,
+        self.checkpointer = Checkpointer(cfg, parts.model, parts.optimizer, parts.lr_plan,
                                          parts.scaler, self.guard, self.metrics, self.planner)
-        self.counter = StepCounter(cfg.run, parts.k, parts.total_windows, parts.scheduler,
-                                   parts.optimizer, parts.scaler, self.guard, self.metrics,
+        self.counter = StepCounter(cfg.run, parts.k, parts.total_windows, parts.scaler,
+                                   self.guard, self.metrics,
                                    restart_state=lambda: parts.model.init_state(parts.B,
                                                                                 parts.device))
         self.elastic = (Elastic(parts, self.folder, self.checkpointer, self.metrics, self.guard)
@@ -202,7 +201,7 @@ class Trainer:
         parts, pos, scaler = self.parts, self.pos, self.parts.scaler
         loss = self.metrics.log_train(  # collective: allreduces of the metrics
             pos.step, parts.ctx.size, parts.model.flops_per_char(),
-            parts.scheduler.get_last_lr()[0],
+            parts.lr_plan.lr(self.pos.step),
             scaler.get_scale() if scaler.is_enabled() else None,
             grad_norm=grad_norm, skipped_steps=pos.skipped_steps,
             epoch=pos.window / parts.windows_per_epoch, world_size=parts.ctx.size,
@@ -315,6 +314,7 @@ class Trainer:
             # the previous step counted exactly (a step late where nothing depended on it,
             # hvd_lm.train.counting), so that this update's LR follows every skip
             counter.settle(self.pos)
+            parts.lr_plan.apply(parts.optimizer, pos.step)  # the LR: a function of the step
             r = step.update(parts.optimizer, parts.scaler, g, spec)
             pos.window += k
 
@@ -417,9 +417,7 @@ class Trainer:
         """Move the run's last step to ``total`` (every rank: the control exchange's plan): the
         LR schedule's line to 0 bends there without a jump; logged (rank 0) as a ``plan``
         record with what it was computed from."""
-        scheduler = self.parts.scheduler
-        schedule_of(scheduler).replan(self.pos.step, total)
-        refresh_lr(scheduler)  # the next step's LR on the new line (0 when it is the end)
+        self.parts.lr_plan.replan(self.pos.step, total)  # the next update's LR on the new line
         previous, self.total_steps = self.total_steps, max(self.pos.step, total)
         if self.parts.ctx.is_root:
             self.metrics.set_total(self.total_steps)

@@ -14,6 +14,7 @@ import torch
 
 from hvd_lm.formats.checkpoint import load, load_newest, resolve
 from hvd_lm.model.load import load_state
+from hvd_lm.train.schedule import saved_factor
 
 
 def rng_state(device: torch.device | None = None) -> dict:
@@ -81,9 +82,9 @@ class Position:
         return self.step + self.skipped_steps
 
 
-def payload(position: Position, model, optimizer, scheduler, scaler, rnn_state, config: dict,
+def payload(position: Position, model, optimizer, lr_plan, scaler, rnn_state, config: dict,
             world_size: int, windows_per_epoch: int | None = None) -> dict:
-    """The dict :func:`save` writes: ``position``'s fields, model/optimizer/scheduler/scaler
+    """The dict :func:`save` writes: ``position``'s fields, model/optimizer/LR plan/scaler
     state (``optimizer``: the optimizer or its ``state_dict()``), every rank's recurrent state
     ``rnn_state`` = (h, c) each [world x B, H] (gathered to rank 0 in rank order), the RNG
     states, the config, the world size and the windows per epoch of that world's streams (what
@@ -92,7 +93,7 @@ def payload(position: Position, model, optimizer, scheduler, scaler, rnn_state, 
             "skipped_steps": position.skipped_steps, "chars_trained": position.chars_trained,
             "trained_s": float(position.trained_s), "model": model.state_dict(),
             "optimizer": optimizer if isinstance(optimizer, dict) else optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
+            "lr_plan": lr_plan.state_dict(),
             "scaler": scaler.state_dict() if scaler.is_enabled() else None,
             "rnn_state": tuple(rnn_state),
             "rng": rng_state(next(model.parameters()).device), "config": config,
@@ -101,7 +102,7 @@ def payload(position: Position, model, optimizer, scheduler, scaler, rnn_state, 
 
 class Resume:
     """A checkpoint being resumed from, applied in the order training builds its objects (the
-    model first; the optimizer and scheduler once Horovod has wrapped the optimizer, because
+    model first; the optimizer and the LR plan once Horovod has wrapped the optimizer, because
     ``hvd.DistributedOptimizer`` builds a new optimizer over the same param groups).
 
     The checkpoint is read onto the CPU whatever device trains, so that one written on any
@@ -116,7 +117,7 @@ class Resume:
             ``--resume auto``) instead of failing on a damaged ``latest``.
         root: this rank reads the weights and the optimizer state (rank 0, which broadcasts
             them next: :func:`hvd_lm.comm.engine.broadcast_state`); another rank only its own
-            B recurrent rows, the RNG, the scheduler and the counters (kilobytes), its model's
+            B recurrent rows, the RNG, the LR plan and the counters (kilobytes), its model's
             weights checked by name and shape alone. Every rank maps the file
             (``torch.load(mmap=True)``) and reads what it touches: rank 0 one copy of the model
             and optimizer state and its own rows (not every rank's), the others a few pages,
@@ -151,11 +152,11 @@ class Resume:
     def lr_factor(self) -> float | None:
         """The saved job's LR multiplier at its step (its last LR / its peak): where a run
         re-planned to a deadline continues the schedule from; None when not saved."""
-        sched = self.ckpt.get("scheduler")
-        try:
-            return float(sched["_last_lr"][0]) / float(sched["base_lrs"][0])
-        except (TypeError, KeyError, IndexError, ValueError, ZeroDivisionError):
-            return None
+        return saved_factor(self._plan_state(), self.ckpt["step"])
+
+    def _plan_state(self) -> dict | None:
+        # ("scheduler": a LambdaLR's state, in checkpoints written before the LR plan)
+        return self.ckpt.get("lr_plan", self.ckpt.get("scheduler"))
 
     def restore_model(self, model: torch.nn.Module, scaler=None) -> None:
         """Load the model's weights (on a non-root rank: check their names and shapes only,
@@ -186,14 +187,14 @@ class Resume:
         """Python, numpy and torch RNG states (the GPU's: this job's device)."""
         set_rng_state(self.ckpt["rng"], self.device)
 
-    def restore_optimizer(self, optimizer, scheduler) -> None:
-        """Optimizer and LR-scheduler state (the caller then sets the param groups' LR through
-        :func:`hvd_lm.train.schedule.set_peak_lr`, as the loop does); on a non-root rank the
-        scheduler's alone (a few numbers): the optimizer's comes from rank 0
+    def restore_optimizer(self, optimizer, lr_plan) -> None:
+        """Optimizer state and the LR plan (:class:`hvd_lm.train.schedule.LRPlan`: the caller
+        then sets its peak for this job's global batch); on a non-root rank the plan's alone (a
+        few numbers): the optimizer's comes from rank 0
         (:func:`hvd_lm.comm.engine.broadcast_state`)."""
         if self.root:
             optimizer.load_state_dict(self.ckpt["optimizer"])
-        scheduler.load_state_dict(self.ckpt["scheduler"])
+        lr_plan.load_state_dict(self._plan_state())
 
     def release(self) -> None:
         """Drop the loaded tensors (the model and optimizer hold their own copies)."""

@@ -16,11 +16,6 @@ comes first").
 from __future__ import annotations
 
 import math
-import warnings
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # torch at call time only: `hvd-lm launch` plans LRs without it (0.8 s)
-    import torch
 
 LR_RULES = ("none", "linear", "sqrt")
 
@@ -63,37 +58,53 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, decay: str = "line
     return max(0.0, 1.0 - (step - warmup_steps) / span)
 
 
-class Schedule:
-    """The LR multiplier :class:`torch.optim.lr_scheduler.LambdaLR` calls with the applied-step
-    count: :func:`lr_factor` until :meth:`replan` moves the last step, then from the step of the
-    move a straight line from the multiplier it had there to 0 at the new last step, so the LR
-    never jumps (a run trained to a deadline, ``--time-limit``, sets its length from measured
-    step times and re-estimates it as it goes: :mod:`hvd_lm.train.deadline`).
+class LRPlan:
+    """The learning rate as a pure function of the applied-step count (as nanoGPT's ``get_lr``):
+    ``peak x`` :func:`lr_factor` until :meth:`replan` moves the last step, then from the step of
+    the move a straight line from the multiplier it had there to 0 at the new last step, so the
+    LR never jumps (a run trained to a deadline, ``--time-limit``, sets its length from measured
+    step times and re-estimates it as it goes: :mod:`hvd_lm.train.deadline`). The loop sets the
+    optimizer's LR from it before every update (:meth:`apply`), so a step counted late and then
+    undone (:mod:`hvd_lm.train.counting`) or a rollback needs nothing restored but the count.
 
-    A callable object rather than a function: ``LambdaLR.state_dict()`` saves its attributes
-    (plain ints and floats) and ``load_state_dict()`` restores them, so a checkpoint holds the
-    plan.
+    Its state is six numbers (:meth:`state_dict`, ``torch.distributed.checkpoint``'s
+    ``Stateful`` protocol) in the checkpoint and the elastic commit. ``peak`` is the configured
+    rule's LR for the job's global batch (:func:`scaled_lr`): a resume or an elastic resize at
+    another global batch sets it again, at the same point of the line.
     """
 
-    def __init__(self, warmup_steps: int, total_steps: int, decay: str = "linear"):
-        self.warmup_steps, self.total_steps, self.decay = warmup_steps, total_steps, decay
+    def __init__(self, peak: float, warmup_steps: int, total_steps: int, decay: str = "linear"):
+        self.peak, self.warmup_steps, self.total_steps, self.decay = (
+            peak, warmup_steps, total_steps, decay)
         self.anchor_step: int | None = None  # where the line to 0 starts after a replan
         self.anchor_factor = 1.0  # the multiplier there
 
-    def __call__(self, step: int) -> float:
+    def factor(self, step: int) -> float:
+        """The multiplier of the peak at applied step ``step`` (0-based)."""
         if self.anchor_step is None or step < self.anchor_step or self.decay == "none":
             return lr_factor(step, self.warmup_steps, self.total_steps, self.decay)
         span = max(1, self.total_steps - self.anchor_step)
         return self.anchor_factor * max(0.0, (self.total_steps - step) / span)
 
+    def lr(self, step: int) -> float:
+        """The learning rate of the update after ``step`` applied steps."""
+        return self.peak * self.factor(step)
+
+    def apply(self, optimizer, step: int) -> float:
+        """Set every param group's ``lr`` to :meth:`lr` at ``step``; returns it."""
+        lr = self.lr(step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
     def replan(self, step: int, total_steps: int) -> None:
-        """End the schedule at ``total_steps`` (>= ``step``, the applied steps so far): the
+        """End the line at ``total_steps`` (>= ``step``, the applied steps so far): the
         multiplier at ``step`` stays what it was and falls linearly to 0 at ``total_steps``;
         during the warmup only the end moves (the warmup's line is the same)."""
         if step < self.warmup_steps and self.anchor_step is None:
             self.total_steps = total_steps
             return
-        self.anchor_factor, self.anchor_step = self(step), step
+        self.anchor_factor, self.anchor_step = self.factor(step), step
         self.total_steps = max(step, total_steps)
 
     def reset(self, total_steps: int) -> None:
@@ -101,38 +112,32 @@ class Schedule:
         length comes from its configuration."""
         self.total_steps, self.anchor_step, self.anchor_factor = total_steps, None, 1.0
 
+    _FIELDS = ("peak", "warmup_steps", "total_steps", "decay", "anchor_step", "anchor_factor")
 
-def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int,
-                   decay: str = "linear") -> torch.optim.lr_scheduler.LambdaLR:
-    """A ``LambdaLR`` applying a :class:`Schedule` (:func:`lr_factor` until replanned), reachable
-    as :func:`schedule_of`. Call its ``step()`` only after an optimizer step that was applied
-    (not one skipped for gradient overflow), so skipped steps do not advance it."""
-    from torch.optim.lr_scheduler import LambdaLR
+    def state_dict(self) -> dict:
+        """The plan's six numbers."""
+        return {k: getattr(self, k) for k in self._FIELDS}
 
-    return LambdaLR(optimizer, Schedule(warmup_steps, total_steps, decay))
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s numbers; a checkpoint written before the plan was a pure
+        function holds a ``LambdaLR`` state (its ``lr_lambdas[0]`` the plan's fields,
+        ``base_lrs[0]`` the peak), read the same way.
 
-
-def schedule_of(scheduler: torch.optim.lr_scheduler.LambdaLR) -> Schedule:
-    """The :class:`Schedule` a scheduler of :func:`make_scheduler` applies (every param group
-    shares it)."""
-    return scheduler.lr_lambdas[0]
-
-
-def refresh_lr(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
-    """Apply the scheduler's multiplier at its current step to the optimizer again (after its
-    :class:`Schedule` was replanned): ``step()`` at the current step once more (``last_epoch``
-    set back by one), which recomputes every group's ``lr`` and ``get_last_lr()``."""
-    scheduler.last_epoch -= 1
-    with warnings.catch_warnings():  # "step() before optimizer.step()": not a new step here
-        warnings.simplefilter("ignore", UserWarning)
-        scheduler.step()
+        Raises:
+            KeyError: neither form."""
+        if "lr_lambdas" in state:  # (written by torch.optim.lr_scheduler.LambdaLR)
+            state = {**state["lr_lambdas"][0], "peak": state["base_lrs"][0]}
+        for k in self._FIELDS:
+            setattr(self, k, state[k])
 
 
-def set_peak_lr(scheduler: torch.optim.lr_scheduler.LambdaLR, peak_lr: float) -> None:
-    """Make ``peak_lr`` the scheduler's base LR and apply it to the optimiser at the current step
-    (an elastic resize or a resume with another global batch: the rule's new peak, the same
-    point of the schedule). Through the scheduler's public interface: ``base_lrs``, then
-    ``step()`` at the current step again (``last_epoch`` set back by one; ``step()`` recomputes
-    every group's ``lr`` and what ``get_last_lr()`` returns)."""
-    scheduler.base_lrs = [peak_lr] * len(scheduler.optimizer.param_groups)
-    refresh_lr(scheduler)
+def saved_factor(state: dict | None, step: int) -> float | None:
+    """The LR multiplier a saved plan (:meth:`LRPlan.state_dict`, or an older ``LambdaLR``
+    state) had at ``step``: where a run re-planned to a deadline continues from; None when
+    nothing usable was saved."""
+    try:
+        plan = LRPlan(1.0, 0, 0)
+        plan.load_state_dict(state)
+        return plan.factor(step)
+    except (TypeError, KeyError, IndexError, ValueError):
+        return None

@@ -35,7 +35,7 @@ from hvd_lm.train.deadline import CHECKPOINT_BYTES_PER_S
 from hvd_lm.train.evaluate import estimate_seconds
 from hvd_lm.train.optim import build_optimizer, distributed
 from hvd_lm.train.rundir import OPTIMIZER_STATES
-from hvd_lm.train.schedule import make_scheduler, scaled_lr, schedule_of, set_peak_lr
+from hvd_lm.train.schedule import LRPlan, scaled_lr
 from hvd_lm.train.settings import TrainConfig
 from hvd_lm.util.units import parse_duration
 
@@ -169,27 +169,27 @@ class RunParts:
         # the distributed optimizer (Horovod: gradient allreduce, fp16 compression, tensor fusion)
         self.optimizer = distributed(optimizer, self.model, cfg.dist.compression, self.k,
                                      cfg.dist.allreduce_op)
-        # The scheduler wraps the Horovod optimizer's step(), so it sees the steps really taken.
-        self.scheduler = make_scheduler(self.optimizer, cfg.optim.warmup_steps, self.total_steps,
-                                        cfg.optim.lr_decay)
+        # the LR, a function of the applied steps (the loop sets it before every update)
+        self.lr_plan = LRPlan(self.peak_lr, cfg.optim.warmup_steps, self.total_steps,
+                              cfg.optim.lr_decay)
         if resume is not None:
-            resume.restore_optimizer(self.optimizer, self.scheduler)
-            schedule = schedule_of(self.scheduler)
-            if (self.time_budget_s and schedule.total_steps < sys.maxsize // 2
-                    and schedule.total_steps <= self.total_steps):
+            plan = self.lr_plan
+            resume.restore_optimizer(self.optimizer, plan)
+            if (self.time_budget_s and plan.total_steps < sys.maxsize // 2
+                    and plan.total_steps <= self.total_steps):
                 # the saved plan of the budget: the line goes on where it was until re-planned
-                self.total_steps = schedule.total_steps
+                self.total_steps = plan.total_steps
             elif cfg.timed and pos.step >= cfg.optim.warmup_steps:
                 # continue the line to 0 from the LR the saved job had (the plan moves its end)
                 factor = resume.lr_factor()
-                schedule.reset(self.total_steps)
-                schedule.anchor_step, schedule.anchor_factor = pos.step, (
-                    schedule(pos.step) if factor is None else factor)
+                plan.reset(self.total_steps)
+                plan.anchor_step, plan.anchor_factor = pos.step, (
+                    plan.factor(pos.step) if factor is None else factor)
             else:  # the length this configuration gives (a saved plan is not this run's)
-                schedule.reset(self.total_steps)
+                plan.reset(self.total_steps)
             # the configured rule's peak for this job's global batch (the saving job's may differ:
             # another world size or batch)
-            set_peak_lr(self.scheduler, self.peak_lr)
+            plan.peak = self.peak_lr
             resume.release()
         if not cfg.run.elastic:
             # collective: every rank starts from rank 0's weights (and optimizer state when

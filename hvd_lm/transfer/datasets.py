@@ -23,11 +23,15 @@ texts of ``hvd-lm classify``/``visualize``), with the same file/line/field error
 
 A split without a validation file gets one carved from its training split
 (:func:`carve_validation`, stratified and seeded), or ``--split TRAIN,VAL,TEST`` carves one
-labelled set into all three (:func:`carve_splits`); the transfer report records either.
+labelled set into all three (:func:`carve_splits`); the transfer report records either. No text
+is on both sides: exact duplicates are dropped from a set before it is carved
+(:func:`drop_duplicates`), and a given val/test text that is also in train is dropped from val/test
+(:func:`drop_overlap`; a ``--dataset``'s own splits are only counted: the benchmark as published).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import tarfile
 import zlib
@@ -46,8 +50,10 @@ from hvd_lm.transfer.texts import (  # noqa: F401 - DatasetError and LABEL_MAP a
     _kind,
     _open_text,
     _records,
+    _refusing,
     normalize_label,
 )
+from hvd_lm.util.files import check_folder, check_regular
 
 #: Default fraction of a training split carved off as validation when none is given.
 DEFAULT_VAL_FRACTION = 0.1
@@ -103,7 +109,7 @@ def _check_nonempty(split: LabelledSplit, origin: str) -> LabelledSplit:
 
 
 def load_table(path: str | Path, split: str, text_field: str = "text",
-               label_field: str = "label") -> LabelledSplit:
+               label_field: str = "label", what: str = "") -> LabelledSplit:
     """Read a CSV/TSV (header row) or JSON-lines file, optionally ``.gz``.
 
     TSV is chosen by the ``.tsv`` suffix. CSV is read with :mod:`csv` (quoted fields may hold
@@ -113,6 +119,7 @@ def load_table(path: str | Path, split: str, text_field: str = "text",
         path: the file.
         split: split name recorded in the result.
         text_field / label_field: column (CSV) or key (JSON) names.
+        what: how a refusal of the path ends (default: the split is read from a regular file).
     Returns:
         The split, in file order.
     Raises:
@@ -121,7 +128,7 @@ def load_table(path: str | Path, split: str, text_field: str = "text",
             short CSV rows), invalid JSON, unknown label, or no rows.
     """
     path = Path(path)
-    with _open_text(path, f"split '{split}' is read from a regular file") as f:
+    with _open_text(path, what or f"split '{split}' is read from a regular file") as f:
         rows = [(text, normalize_label(label, f"{path}:{line}: field '{label_field}'"))
                 for line, text, label in _records(path, f, _kind(path), text_field, label_field)]
     return _check_nonempty(LabelledSplit(split, [t for t, _ in rows], [y for _, y in rows],
@@ -217,19 +224,15 @@ def load_sst2(data_dir: str | Path) -> dict[str, LabelledSplit]:
     Returns:
         ``{"train", "val"[, "test"]}`` -> split (6,920 / 872 rows for the standard files).
     Raises:
-        DatasetError: the folder or a required file is missing, or any :func:`load_table` error.
+        DatasetError: the folder or a required file missing, or either not what it should be
+            (a FIFO, a file, a device: named as what it is), or any :func:`load_table` error.
     """
     d = Path(data_dir)
-    if not d.is_dir():
-        raise DatasetError(f"{d}: SST-2 folder not found (expected train.csv and val.csv)")
-    out = {}
-    for split in ("train", "val", "test"):
-        p = d / f"{split}.csv"
-        if p.is_file():
-            out[split] = load_table(p, split, text_field="sentence", label_field="label")
-        elif split != "test":
-            raise DatasetError(f"{p}: no such file (SST-2 needs train.csv and val.csv)")
-    return out
+    what = "SST-2 is read from --data-dir: train.csv and val.csv, and test.csv if present"
+    _refusing(check_folder, d, what)
+    return {split: load_table(d / f"{split}.csv", split, "sentence", "label", what)
+            for split in ("train", "val", "test")
+            if split != "test" or os.path.lexists(d / "test.csv")}
 
 
 #: The longest IMDB review read, in bytes (the longest in aclImdb is about 14 kB).
@@ -248,8 +251,9 @@ def load_imdb(path: str | Path) -> dict[str, LabelledSplit]:
         ``{"train"[, "test"]}`` -> split, whichever are present (the shared tarball holds train
         only: 25,000 reviews, 12,500 per class).
     Raises:
-        DatasetError: path missing, no ``train/{pos,neg}`` reviews found, a damaged or
-            truncated tarball, or a review over :data:`MAX_REVIEW_BYTES`.
+        DatasetError: path missing or not a folder or regular file (a FIFO, a device: named as
+            what it is), no ``train/{pos,neg}`` reviews found, a damaged or truncated tarball,
+            or a review over :data:`MAX_REVIEW_BYTES`.
     """
     p = Path(path)
     found: list[tuple[str, int, int, str]] = []
@@ -261,7 +265,8 @@ def load_imdb(path: str | Path) -> dict[str, LabelledSplit]:
         found.append((hit[1], int(hit[2] == "pos"), int(hit[3]),
                       read().decode("utf-8", errors="replace")))
 
-    if p.is_file():
+    if not p.is_dir():
+        _refusing(check_regular, p, "IMDB is read from the aclImdb folder or its .tar.gz")
         try:
             with tarfile.open(p, "r:*") as tf:
                 for m in tf:
@@ -271,14 +276,12 @@ def load_imdb(path: str | Path) -> dict[str, LabelledSplit]:
         except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
             raise DatasetError(f"{p}: not a readable tar archive, or a damaged or truncated "
                                f"one ({error_text(e)})") from None
-    elif p.is_dir():
+    else:
         root = p / "aclImdb" if (p / "aclImdb").is_dir() else p
         for f in root.glob("*/*/*.txt"):
             hit = _IMDB_MEMBER.search(f.relative_to(root).as_posix())
             if hit and f.is_file():  # a regular file (a link to /dev/zero is none)
                 add(hit, str(f), f.stat().st_size, f.read_bytes)
-    else:
-        raise DatasetError(f"{p}: IMDB not found (expected the aclImdb folder or its .tar.gz)")
     found.sort(key=lambda r: (r[0], -r[1], r[2]))  # by split, pos first, numeric id order
     out = {}
     for split in ("train", "test"):
@@ -342,6 +345,44 @@ def carve_splits(data: LabelledSplit, ratios: tuple[float, float, float],
             (("train", train), ("val", val), ("test", test)) if len(v)}  # (no test share: none)
 
 
+def drop_duplicates(split: LabelledSplit) -> LabelledSplit:
+    """``split`` without the exact copies of a text it holds before (the text itself is the key;
+    the first copy kept, with its label), a note saying how many were dropped and how many of
+    them were labelled otherwise; ``split`` itself when no text repeats."""
+    first: dict[str, int] = {}
+    for i, t in enumerate(split.texts):
+        first.setdefault(t, i)
+    dropped = len(split) - len(first)
+    if not dropped:
+        return split
+    clash = int((split.labels != split.labels[[first[t] for t in split.texts]]).sum())
+    out = split.take(first.values(), how=f"[{dropped:,} duplicates dropped]")
+    out.notes.append(f"{dropped:,} duplicate texts dropped from train before val/test were carved "
+                     f"from it (the first copy kept; {clash:,} of them labelled otherwise)")
+    return out
+
+
+def drop_overlap(splits: dict[str, LabelledSplit], dataset: str | None = None,
+                 published: Iterable[str] = ()) -> None:
+    """Count the val/test texts that also appear in train and drop them from the split they are
+    in (``splits`` changed in place), with one note in train's ``notes``; the splits named in
+    ``published`` (``--dataset``'s own: a standard benchmark) are counted and left intact."""
+    seen, said, total = set(splits["train"].texts), [], 0
+    for name in ("val", "test"):
+        s = splits.get(name)
+        keep = [] if s is None else [i for i, t in enumerate(s.texts) if t not in seen]
+        n = 0 if s is None else len(s) - len(keep)
+        if n and name in published:
+            said.append(f"{n:,} in {name} kept (--dataset {dataset}'s own split, as published)")
+        elif n:
+            splits[name] = s.take(keep, how=f"[{n:,} texts also in train dropped]")
+            said.append(f"{n:,} dropped from {name}")
+        total += n
+    if total:
+        splits["train"].notes.append(f"{total:,} val/test texts also appear in train: "
+                                     + ", ".join(said))
+
+
 def subsample(split: LabelledSplit, n: int, seed: int = 0) -> LabelledSplit:
     """At most ``n`` examples of ``split``: a seeded subsample, stratified by label when every
     class can be represented, kept in original order. Returns ``split`` itself if ``n >= len``."""
@@ -367,8 +408,11 @@ def load_splits(dataset: str | None = None, data_dir: str | Path | None = None,
     optional ``val``/``test``) files (:func:`load_files`: CSV/TSV/JSON lines, ``.review``
     files, comma-separated lists, ``.review`` folders). Explicit files override the dataset's.
     ``split`` (``--split``) carves the training set into train/val/test (:func:`carve_splits`);
-    else without a validation split, one is carved from train (:func:`carve_validation`).
-    ``max_examples > 0`` then subsamples every split (:func:`subsample`).
+    else without a validation split, one is carved from train (:func:`carve_validation`); before
+    either, train's duplicate texts are dropped (:func:`drop_duplicates`). The texts of a given
+    val/test split that are also in train are dropped from it, or only counted in ``dataset``'s
+    own splits (:func:`drop_overlap`). ``max_examples > 0`` then subsamples every split
+    (:func:`subsample`).
 
     Raises:
         DatasetError: nothing to load, unknown dataset name, ``split`` beside a given val or test
@@ -381,9 +425,11 @@ def load_splits(dataset: str | None = None, data_dir: str | Path | None = None,
         if dataset not in ("sst2", "imdb"):
             raise DatasetError(f"unknown dataset {dataset!r} (known: sst2, imdb)")
         splits.update((load_sst2 if dataset == "sst2" else load_imdb)(data_dir))
+    published = set(splits) - {"train"}
     for name, path in (("train", train), ("val", val), ("test", test)):
         if path:
             splits[name] = load_files(path, name, text_field, label_field)
+            published.discard(name)
     if "train" not in splits:
         raise DatasetError("no training split: give --dataset NAME --data-dir DIR or --train FILE")
     if split is not None:
@@ -392,6 +438,10 @@ def load_splits(dataset: str | None = None, data_dir: str | Path | None = None,
             raise DatasetError(f"--split carves the training set into train, val and test, and "
                                f"{' and '.join(given)} split(s) are given too (--{given[0]} or "
                                f"--dataset's files): give one or the other")
+    drop_overlap(splits, dataset, published)
+    if split is not None or "val" not in splits:  # copies of a text would land on both sides
+        splits["train"] = drop_duplicates(splits["train"])
+    if split is not None:
         splits = carve_splits(splits["train"], split, seed)
     elif "val" not in splits:
         splits["train"], splits["val"] = carve_validation(splits["train"], val_fraction, seed)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hvd_lm import comm
+from hvd_lm.comm import engine
 from hvd_lm.formats import tokenizer
 from hvd_lm.model import device as devices
 from hvd_lm.model.config import KERNELS
@@ -117,7 +117,7 @@ class TransferConfig:
     threads: int = option(0, "torch CPU threads per rank (0 = the usable cores / the ranks "
                           "on this machine; a warning when ranks x threads exceed them), and "
                           "the classifier's parallel fits (0 = one per usable core)", ge=0)
-    backend: str = option("horovod", comm.BACKEND_HELP, choices=comm.BACKENDS)
+    backend: str = option("horovod", engine.BACKEND_HELP, choices=engine.BACKENDS)
     cache_dir: str = option(DEFAULT_CACHE_DIR, "feature cache folder")
     cache: bool = option(True, "read and write the feature cache (--no-cache: neither)",
                          switch=False, flag="--no-cache")
@@ -251,7 +251,7 @@ def featurize_splits(lm: LMSession, splits: dict[str, datasets.LabelledSplit],
             hit = cache.load(key, len(split))
         cached = hit is not None
         if ctx is not None and cache is not None:
-            cached = comm.broadcast_object(cached, name=f"transfer_hit_{name}")
+            cached = engine.broadcast_object(cached, name=f"transfer_hit_{name}")
         if cached:
             if is_root:
                 out.features[name] = hit
@@ -295,6 +295,11 @@ def run(cfg: TransferConfig) -> dict | None:
     lm = open_lm(cfg.checkpoint, cfg.device, cfg.precision, cfg.threads, cfg.rnn_kernels,
                  backend=cfg.backend)
     is_root = lm.ctx is None or lm.ctx.rank == 0
+    say = (lambda text: print(f"hvd-lm transfer: {text}", file=sys.stderr, flush=True)) \
+        if cfg.progress and is_root else (lambda text: None)  # the fit and baseline take minutes
+    notes = sorted({n for s in splits.values() for n in s.notes})
+    for note in notes:  # what was carved and dropped, said before the featurization
+        say(note)
     ck_sha = file_sha256(lm.path) if is_root else ""
     sf = featurize_splits(lm, splits, cfg, ck_sha)
     if not is_root:
@@ -303,8 +308,6 @@ def run(cfg: TransferConfig) -> dict | None:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     y = {k: s.labels for k, s in splits.items()}
-    say = (lambda text: print(f"hvd-lm transfer: {text}", file=sys.stderr, flush=True)) \
-        if cfg.progress else (lambda text: None)  # the fit and the baseline take minutes
     n, d = feats["train"].shape
     say(f"fitting {cfg.penalty.upper()} logistic regression: {len(cfg.c_grid)} C values x "
         f"{cfg.cv_folds}-fold cross-validation on {n:,} x {d:,} train features ({cfg.solver} "
@@ -328,7 +331,6 @@ def run(cfg: TransferConfig) -> dict | None:
         baseline = fit.tfidf_baseline(splits["train"], splits.get("val"), splits.get("test"),
                                   cfg.baseline_c_grid, cfg.seed, folds=cfg.cv_folds,
                                   jobs=cfg.threads)
-    notes = sorted({n for s in splits.values() for n in s.notes})
     if "test" not in splits:
         notes.append("no test split: only train/val accuracies are reported")
     for what, res, grid, flag in (("LM classifier", clf, cfg.c_grid, "--c-grid"),

@@ -122,14 +122,16 @@ def _first_undecodable_line(path, start: int) -> int:
     return start
 
 
-def _refusing(opener, path: Path, what: str, streams: bool):
-    """``opener(path, what, streams)`` (:func:`hvd_lm.util.files.check_regular` or
-    :func:`~hvd_lm.util.files.open_regular`), a missing file or a refused one (a folder, a
-    device...) as :class:`DatasetError` naming it."""
+def _refusing(opener, path: Path, what: str, *args):
+    """``opener(path, what, *args)`` (:func:`hvd_lm.util.files.check_regular`,
+    :func:`~hvd_lm.util.files.open_regular` or :func:`~hvd_lm.util.files.check_folder`): the one
+    check of every path transfer reads, a missing one or a refused one (a FIFO, a folder, a
+    device...) as :class:`DatasetError` naming it and what it is."""
     try:
-        return opener(path, what, streams)
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: no such file" + (f" ({what})" if what else "")) from None
+        return opener(path, what, *args)
+    except FileNotFoundError as e:  # the check's "PATH: no such file" (or folder)
+        raise DatasetError((e.strerror if e.filename is None else f"{path}: no such file")
+                           + (f" ({what})" if what else "")) from None
     except FileRefused as e:
         raise DatasetError(str(e)) from None
 

@@ -126,6 +126,23 @@ def _regular(path: str | Path, st: os.stat_result, what: str, streams: bool) -> 
                       + (f"; {what}" if what else ""))
 
 
+def check_folder(path: str | Path, what: str = "") -> os.stat_result:
+    """:func:`check_regular` for a path that names a folder (a dataset's ``--data-dir``).
+
+    Raises:
+        FileNotFoundError: no such folder (naming it). FileRefused: a file, FIFO, device or
+            socket, naming what it is.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, f"{shown(path)}: no such folder") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise FileRefused(f"{shown(path)}: {kind_of(st.st_mode)}, not a folder"
+                          + (f"; {what}" if what else ""))
+    return st
+
+
 def open_regular(path: str | Path, what: str = "", streams: bool = False) -> IO[bytes]:
     """``open(path, "rb")`` of a regular file (:func:`check_regular` before, and its descriptor
     checked again after an ``O_NONBLOCK`` open, so nothing swapped in between blocks or passes).
