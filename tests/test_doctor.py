@@ -220,5 +220,6 @@ def test_one_listener_and_probe_for_the_ranks_and_the_doctors_agents():
                                                "up but the rank's process is gone")
         assert doctor_agent.probe("127.0.0.1", gone) == {"ok": False,
                                                          "error": "Connection refused"}
-    watch.close()
+    watch.close()  # its thread, blocked in accept(), is woken: the port answers no more
+    assert doctor_agent.probe("127.0.0.1", watch.port)["ok"] is False
     agent.close()

@@ -49,7 +49,10 @@ class PeerWatch:
         return {"rank": self.rank, "host": self.host, "port": self.port}
 
     def close(self) -> None:
-        """Stop listening."""
+        """Stop listening: ``shutdown`` first, which wakes the thread blocked in ``accept()``
+        (``close`` alone leaves it answering on Linux)."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self.sock.close()
 
