@@ -34,11 +34,6 @@ WORK_DIR = ".prepare"
 SHARD_NAME = re.compile(r"^(train|val|test)-\d{5}\.h5\Z")
 
 
-def atomic_json(path: Path, obj) -> None:
-    """``obj`` as indented JSON in ``path``, written atomically."""
-    write_text(path, json.dumps(obj, indent=1))
-
-
 def written_by_prepare(name: str) -> bool:
     """Whether ``name`` is a file ``prepare`` writes into its output folder: a shard or the
     manifest (or, through :func:`check_out`, the work directory and the lock)."""
@@ -231,6 +226,6 @@ def setup_output(cfg: PrepareConfig, config_fp: str, inputs_fp: str, layout: dic
         (work / sub).mkdir(parents=True, exist_ok=True)
         for p in (work / sub).glob("*.partial"):
             shutil.rmtree(p)
-    atomic_json(state_path, {"config_sha256": config_fp, "inputs_sha256": inputs_fp,
-                              "layout": layout})
+    write_text(state_path, json.dumps({"config_sha256": config_fp,
+                                       "inputs_sha256": inputs_fp, "layout": layout}, indent=1))
     return None

@@ -16,6 +16,7 @@ Both write into ``.partial`` folders of the work directory renamed when complete
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import time
@@ -26,9 +27,10 @@ from typing import Optional
 import numpy as np
 
 from data_prep import inputs, readers
-from data_prep.resume import atomic_json, finish_dir, fresh_dir
+from data_prep.resume import finish_dir, fresh_dir
 from data_prep.settings import PrepareConfig
 from hvd_lm.formats.tokenizer import EOD, encode_bytes, normalize_text
+from hvd_lm.util.atomic import write_text
 from hvd_lm.util.units import MIB
 
 #: Testing aid: seconds every map task sleeps first (a test acts while prepare still runs).
@@ -192,7 +194,7 @@ def map_unit(task: MapTask, progress=None) -> None:
             stats.add_bad(e.path, e.line, e.reason + " (file dropped)")
     if spill is not None:
         spill.flush()
-    atomic_json(part / "stats.json", asdict(stats))
+    write_text(part / "stats.json", json.dumps(asdict(stats), indent=1))
     finish_dir(part, final)
 
 
@@ -300,6 +302,6 @@ def sort_bucket(task: SortTask, progress=None) -> None:
         dups = _sort_into(pairs, task.bits, task.budget, task.dedup, out, lengths, part)
     lens = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
     np.save(part / "lengths.npy", lens)
-    atomic_json(part / "stats.json", {"documents": int(len(lens)), "duplicates": dups,
-                                       "tokens": int(lens.sum())})
+    write_text(part / "stats.json", json.dumps({"documents": int(len(lens)), "duplicates": dups,
+                                                "tokens": int(lens.sum())}, indent=1))
     finish_dir(part, final)
