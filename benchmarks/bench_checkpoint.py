@@ -40,6 +40,7 @@ from hvd_lm.model import device as devices
 from hvd_lm.model.lm import LanguageModel, ModelConfig
 from hvd_lm.options import Command, option
 from hvd_lm.train.async_checkpoint import CheckpointWriter
+from hvd_lm.train.guard import DivergenceGuard
 from hvd_lm.train.optim import build_optimizer
 from hvd_lm.train.resume import Position, payload
 from hvd_lm.train.schedule import LRPlan
@@ -96,7 +97,8 @@ def one_round(cfg: BenchCheckpointConfig, mode: str, job: dict, out: Path, index
             tb = time.perf_counter()
             step = index * cfg.steps + i + 1
             writer.submit(payload(Position(step, step), model, opt, job["sched"], job["scaler"],
-                                  job["state"], {"bench": "checkpoint"}, 1), out, step, keep=1)
+                                  job["guard"], job["state"], {"bench": "checkpoint"}, 1), out,
+                          step, keep=1)
             blocked = time.perf_counter() - tb
     tw = time.perf_counter()
     writer.wait()
@@ -123,7 +125,7 @@ def bench_checkpoint(cfg: BenchCheckpointConfig) -> int:
     B, T = cfg.batch_size, cfg.seq_len
     job = {"model": model, "opt": opt, "spec": StepSpec(device, "fp32", grad_clip=1.0),
            "scaler": devices.make_scaler(device, "fp32"), "state": model.init_state(B),
-           "sched": LRPlan(1e-3, 0, 10 ** 6, "none"),
+           "sched": LRPlan(1e-3, 0, 10 ** 6, "none"), "guard": DivergenceGuard(10.0, 3, 0),
            "batches": random_batches(cfg.steps, B, T, 1)}
     out = Path(cfg.out_dir or tempfile.mkdtemp(prefix="hvd_lm_bench_checkpoint_"))
     rounds: list[dict] = []

@@ -146,3 +146,24 @@ def test_a_rank_but_0_maps_the_file_and_takes_its_rows_alone(one_rank, tmp_path)
         assert torch.equal(other.state_dict()[k], v), k
     assert torch.equal(fresh.state_dict()["state"][0]["exp_avg"],
                        opt.state_dict()["state"][0]["exp_avg"])
+
+
+def test_one_save_protocol_round_trips_every_part():
+    """A checkpoint and an elastic commit hold the same train_state: each part's state_dict()
+    (position, LR plan, loss scaler, divergence guard), given back by load_train_state to
+    fresh objects that then hold the same state."""
+    from hvd_lm.train.resume import load_train_state, train_state
+
+    plan, guard = LRPlan(3e-3, 5, 100), DivergenceGuard(max_loss=10.0, logs=3, max_skipped=2)
+    plan.replan(40, 70)
+    guard.logged(7, 12.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=512.0)
+    pos = Position(step=40, window=44, skipped_steps=1, chars_trained=9000, trained_s=12.5)
+    state = train_state(pos, plan, scaler, guard, world_size=4, windows_per_epoch=30)
+    assert (state["step"], state["world_size"], state["windows_per_epoch"]) == (40, 4, 30)
+    plan2, guard2 = LRPlan(1.0, 0, 1), DivergenceGuard(max_loss=10.0, logs=3, max_skipped=2)
+    scaler2 = torch.amp.GradScaler("cpu", init_scale=2.0)
+    assert load_train_state(state, plan2, scaler2, guard2) == pos
+    assert plan2.state_dict() == plan.state_dict() and guard2.above == [(7, 12.0)]
+    assert scaler2.get_scale() == 512.0
+    assert load_train_state(state, LRPlan(1.0, 0, 1)) == pos  # the scaler, the guard: left

@@ -373,6 +373,7 @@ def test_a_checkpoint_resumes_on_another_device(tmp_path):
     import random
 
     from hvd_lm.formats.checkpoint import save
+    from hvd_lm.train.guard import DivergenceGuard
     from hvd_lm.train.resume import Position, Resume, payload
     from hvd_lm.train.schedule import LRPlan
 
@@ -386,8 +387,8 @@ def test_a_checkpoint_resumes_on_another_device(tmp_path):
     rows = (torch.randn(2, 8), torch.randn(2, 8))
     random.seed(7), np.random.seed(7), torch.manual_seed(7)
     scaler = torch.amp.GradScaler("cpu", enabled=False)  # fp32's
-    save(payload(Position(step=1, window=1), model, opt, sched, scaler, rows, {}, 1),
-         tmp_path, 1)
+    save(payload(Position(step=1, window=1), model, opt, sched, scaler,
+                 DivergenceGuard(10.0, 3, 0), rows, {}, 1), tmp_path, 1)
     want = (random.random(), float(np.random.rand()), float(torch.rand(1)))
 
     resume = Resume(tmp_path, "meta")  # the job trains on another device

@@ -92,8 +92,8 @@ class Checkpointer:
         pos = dataclasses.replace(pos, chars_trained=chars.total())  # collective: sum
         if ctx.is_root:  # written on a thread unless --async-checkpoint false
             self.writer.submit(resume_io.payload(pos, self.model, self.optimizer, self.lr_plan,
-                                                 self.scaler, (h, c), self.config, ctx.size,
-                                                 windows_per_epoch),
+                                                 self.scaler, self.guard, (h, c), self.config,
+                                                 ctx.size, windows_per_epoch),
                                self.out_dir, pos.step, self.keep, self.guard.confirmed_below())
         self.guard.wrote(pos.step)
         self.saved_step = pos.step  # every rank: the end does not write (or print) it again

@@ -13,7 +13,6 @@ state of the re-cut rows from zero (:meth:`Elastic.on_reset`, :meth:`Elastic.res
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 
@@ -23,7 +22,7 @@ from hvd_lm.train.counting import CharCount
 from hvd_lm.train.data import window_in_new_cut
 from hvd_lm.train.guard import DivergenceGuard
 from hvd_lm.train.metrics import Metrics
-from hvd_lm.train.resume import Position
+from hvd_lm.train.resume import Position, load_train_state, train_state
 from hvd_lm.train.rundir import RunFolder
 from hvd_lm.train.startup import RunParts
 from hvd_lm.train.step import State
@@ -67,14 +66,12 @@ class Elastic:
         engine.elastic_run(loop)(state)  # Horovod: re-forms the world on failures
 
     def fields(self, pos: Position) -> dict:
-        """What a commit holds besides model and optimizer (all ranks agree on it; the recurrent
-        rows are per rank and kept beside, :attr:`committed_rows`)."""
+        """What a commit holds besides model and optimizer: ``train``, what a checkpoint holds
+        too (:func:`hvd_lm.train.resume.train_state`: all ranks agree on it; the recurrent rows
+        are per rank and kept beside, :attr:`committed_rows`)."""
         r = self.parts
-        return {"position": dataclasses.asdict(pos),
-                "lr_plan": r.lr_plan.state_dict(),
-                "scaler": r.scaler.state_dict() if r.scaler.is_enabled() else None,
-                "world": r.ctx.size, "windows_per_epoch": r.windows_per_epoch,
-                "guard": self.guard.state_dict()}
+        return {"train": train_state(pos, r.lr_plan, r.scaler, self.guard, r.ctx.size,
+                                     r.windows_per_epoch)}
 
     def commit(self, state, pos: Position, rnn_state: State, chars: CharCount) -> None:
         """Commit the run in memory (every rank, same step): ``pos`` with the exact character
@@ -105,16 +102,11 @@ class Elastic:
             when it kept its place in the same world, else zeros.
         """
         r = self.parts
-        position = dict(state.position)
-        position["window"] = window_in_new_cut(position["window"], state.windows_per_epoch,
-                                               r.windows_per_epoch)
-        pos = Position(**position)
+        pos = load_train_state(state.train, r.lr_plan, r.scaler, self.guard)
+        pos.window = window_in_new_cut(pos.window, state.train["windows_per_epoch"],
+                                       r.windows_per_epoch)
         chars.rebase(pos.chars_trained)
-        r.lr_plan.load_state_dict(state.lr_plan)
-        self.guard.load_state_dict(state.guard)
         r.lr_plan.peak = r.peak_lr  # the rule's peak for the new world's global batch
-        if r.scaler.is_enabled() and state.scaler:
-            r.scaler.load_state_dict(state.scaler)
         rows = self.committed_rows
         if rows and rows[:2] == (r.ctx.rank, r.ctx.size):
             return pos, tuple(t.clone() for t in rows[2])
@@ -128,11 +120,11 @@ class Elastic:
         rank may hand the run folder to another."""
         r = self.parts
         self.checkpointer.wait()
-        old_size = state.world
+        old_size, committed = state.train["world_size"], state.train
         r.reform()  # Horovod: this rank in the re-formed world, its streams cut again
         self.folder.take(r.ctx, r.ctx.size * r.B, step, r.total_steps)  # rank 0's duties
-        window = window_in_new_cut(state.position["window"], state.windows_per_epoch,
+        window = window_in_new_cut(committed["window"], committed["windows_per_epoch"],
                                    r.windows_per_epoch)
-        self.metrics.record("resize", state.position["step"], world_size=r.ctx.size,
+        self.metrics.record("resize", committed["step"], world_size=r.ctx.size,
                             previous_world_size=old_size, global_batch=r.global_batch,
                             peak_lr=r.peak_lr, window=window)

@@ -1,10 +1,18 @@
-"""Resuming training exactly: the position, the RNG states and the payload a checkpoint of a
-run holds, and :class:`Resume`, which applies a checkpoint to a job being built (the file format
+"""Resuming training exactly: the position, the RNG states and what a checkpoint of a run
+holds, and :class:`Resume`, which applies a checkpoint to a job being built (the file format
 and the checkpoint folder are :mod:`hvd_lm.formats.checkpoint`'s).
+
+One save protocol: every part of the run's state is an object with ``state_dict()`` and
+``load_state_dict()`` (``torch.distributed.checkpoint.stateful.Stateful``'s protocol: the
+model, the optimizer, :class:`Position`, the LR plan, the loss scaler, the divergence guard).
+:func:`train_state` gathers the small ones, what a checkpoint (:func:`payload`, written by the
+async writer) and an elastic commit (:class:`hvd_lm.train.elastic.Elastic`) both hold, and
+:func:`load_train_state` gives each its own back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,23 +89,54 @@ class Position:
         allreduce count these: the same on every rank)."""
         return self.step + self.skipped_steps
 
+    def state_dict(self) -> dict:
+        """The five fields (``trained_s`` a float)."""
+        return {**dataclasses.asdict(self), "trained_s": float(self.trained_s)}
 
-def payload(position: Position, model, optimizer, lr_plan, scaler, rnn_state, config: dict,
-            world_size: int, windows_per_epoch: int | None = None) -> dict:
-    """The dict :func:`save` writes: ``position``'s fields, model/optimizer/LR plan/scaler
-    state (``optimizer``: the optimizer or its ``state_dict()``), every rank's recurrent state
-    ``rnn_state`` = (h, c) each [world x B, H] (gathered to rank 0 in rank order), the RNG
-    states, the config, the world size and the windows per epoch of that world's streams (what
-    a resume on another world size needs to find the same point of the epoch)."""
-    return {"step": position.step, "window": position.window,
-            "skipped_steps": position.skipped_steps, "chars_trained": position.chars_trained,
-            "trained_s": float(position.trained_s), "model": model.state_dict(),
-            "optimizer": optimizer if isinstance(optimizer, dict) else optimizer.state_dict(),
-            "lr_plan": lr_plan.state_dict(),
+    def load_state_dict(self, state: dict) -> None:
+        """Take :meth:`state_dict`'s fields (``trained_s`` 0 when a checkpoint predates it)."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, state.get(f.name, f.default))
+
+
+def train_state(position: Position, lr_plan, scaler, guard, world_size: int,
+                windows_per_epoch: int | None) -> dict:
+    """What a checkpoint and an elastic commit both hold besides the model, the optimizer and
+    the recurrent rows: the ``state_dict()`` of the position (its fields at the top level, as
+    checkpoints have always had them), the LR plan, the loss scaler (None when off) and the
+    divergence guard, the world size and the windows per epoch of that world's streams (what a
+    resume or a resize needs to find the same point of the epoch)."""
+    return {**position.state_dict(), "lr_plan": lr_plan.state_dict(),
             "scaler": scaler.state_dict() if scaler.is_enabled() else None,
+            "guard": guard.state_dict(), "world_size": world_size,
+            "windows_per_epoch": windows_per_epoch}
+
+
+def load_train_state(state: dict, lr_plan, scaler=None, guard=None) -> Position:
+    """Give each part its state back from :func:`train_state`'s dict (a checkpoint's ``lr_plan``
+    may be an older ``scheduler``: a LambdaLR's state; a part given as None is left as it is: a
+    resumed run starts its divergence counters afresh); returns the :class:`Position`."""
+    lr_plan.load_state_dict(state.get("lr_plan", state.get("scheduler")))
+    if scaler is not None and scaler.is_enabled() and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
+    if guard is not None and state.get("guard"):
+        guard.load_state_dict(state["guard"])
+    pos = Position()
+    pos.load_state_dict(state)
+    return pos
+
+
+def payload(position: Position, model, optimizer, lr_plan, scaler, guard, rnn_state,
+            config: dict, world_size: int, windows_per_epoch: int | None = None) -> dict:
+    """The dict :func:`save` writes: :func:`train_state`, the model's and the optimizer's
+    ``state_dict()`` (``optimizer``: the optimizer or its ``state_dict()``), every rank's
+    recurrent state ``rnn_state`` = (h, c) each [world x B, H] (gathered to rank 0 in rank
+    order), the RNG states and the config."""
+    return {**train_state(position, lr_plan, scaler, guard, world_size, windows_per_epoch),
+            "model": model.state_dict(),
+            "optimizer": optimizer if isinstance(optimizer, dict) else optimizer.state_dict(),
             "rnn_state": tuple(rnn_state),
-            "rng": rng_state(next(model.parameters()).device), "config": config,
-            "world_size": world_size, "windows_per_epoch": windows_per_epoch}
+            "rng": rng_state(next(model.parameters()).device), "config": config}
 
 
 class Resume:
@@ -139,9 +178,9 @@ class Resume:
     @property
     def position(self) -> Position:
         """The saved :class:`Position`."""
-        c = self.ckpt
-        return Position(c["step"], c["window"], c["skipped_steps"], c["chars_trained"],
-                        float(c.get("trained_s", 0.0)))
+        pos = Position()
+        pos.load_state_dict(self.ckpt)
+        return pos
 
     @property
     def windows_per_epoch(self) -> int | None:
@@ -152,11 +191,9 @@ class Resume:
     def lr_factor(self) -> float | None:
         """The saved job's LR multiplier at its step (its last LR / its peak): where a run
         re-planned to a deadline continues the schedule from; None when not saved."""
-        return saved_factor(self._plan_state(), self.ckpt["step"])
-
-    def _plan_state(self) -> dict | None:
         # ("scheduler": a LambdaLR's state, in checkpoints written before the LR plan)
-        return self.ckpt.get("lr_plan", self.ckpt.get("scheduler"))
+        return saved_factor(self.ckpt.get("lr_plan", self.ckpt.get("scheduler")),
+                            self.ckpt["step"])
 
     def restore_model(self, model: torch.nn.Module, scaler=None) -> None:
         """Load the model's weights (on a non-root rank: check their names and shapes only,
@@ -194,7 +231,7 @@ class Resume:
         (:func:`hvd_lm.comm.engine.broadcast_state`)."""
         if self.root:
             optimizer.load_state_dict(self.ckpt["optimizer"])
-        lr_plan.load_state_dict(self._plan_state())
+        load_train_state(self.ckpt, lr_plan)
 
     def release(self) -> None:
         """Drop the loaded tensors (the model and optimizer hold their own copies)."""
