@@ -14,6 +14,13 @@
 # Horovod 0.28.1 detects the common network interface between hosts and so waits for two hosts
 # before it starts (runner/gloo_run.py, _get_min_start_hosts): on a single host, set
 # NETWORK_INTERFACE (e.g. lo) and it starts at once.
+# GLOO_TIMEOUT: when a host is added, Horovod starts its worker only after the running ones have
+# entered the new rendezvous, and they wait for it GLOO_TIMEOUT seconds (Horovod's one Gloo
+# timeout, also a collective's wait for a silent peer: a pulled cable stalls the job that long).
+# A worker not there by then (ssh, Python and the torch/Horovod imports on a busy node, or a
+# worker that died starting) ends the whole job: every worker aborts and Horovod stops
+# ("failure count == N -> stop running"). Hence 300 s here, not Horovod's 30; a training flag
+# --gloo-timeout-s overrides it (docs/reliability.md "Elastic: a host that comes back").
 # `hvd-lm train --elastic` commits its state in memory every --commit-every steps; a lost worker
 # rolls every rank back to the last commit, the world re-forms, and training continues (see
 # docs/launch.md "Elastic training").
@@ -26,6 +33,7 @@ DISCOVERY="${DISCOVERY:-}"             # host discovery script ('' = print HOSTS
 HOSTS_FILE="${HOSTS_FILE:-}"           # with DISCOVERY='': a file of "host:slots" lines you may edit while the job runs
 SLOTS="${SLOTS:-}"                     # slots per host for launch/discover_hosts.sh ('' = SLURM's tasks per node)
 ELASTIC_TIMEOUT="${ELASTIC_TIMEOUT:-600}"  # seconds to wait for MIN_NP ranks after a failure
+GLOO_TIMEOUT="${GLOO_TIMEOUT:-300}"    # seconds a worker waits for the others: at a rendezvous (a returning host's new worker starting) and in a collective (a silent peer); HOROVOD_GLOO_TIMEOUT_SECONDS, see above
 RESET_LIMIT="${RESET_LIMIT:-}"         # most resets (worker losses/additions) before giving up ('' = no limit)
 BLACKLIST_COOLDOWN="${BLACKLIST_COOLDOWN:-}"  # "MIN MAX" seconds a host whose worker failed stays out before discovery may add it back ('' = out for good)
 NETWORK_INTERFACE="${NETWORK_INTERFACE:-}"  # NIC(s) for Horovod traffic, e.g. ib0 ('' = the preflight's pick; on ONE host set it, e.g. lo)
@@ -64,7 +72,8 @@ if [ "$(tr ',' '\n' <<< "$start_hosts" | grep -c .)" -gt 1 ]; then
   hvd_lm_preflight "$start_hosts"      # ssh, versions, shards, the shared NIC (or one line, exit 2)
 fi
 launch=("$HOROVODRUN" -np "$NP" --min-np "$MIN_NP" --max-np "$MAX_NP"
-  --host-discovery-script "$DISCOVERY" --elastic-timeout "$ELASTIC_TIMEOUT")
+  --host-discovery-script "$DISCOVERY" --elastic-timeout "$ELASTIC_TIMEOUT"
+  --gloo-timeout-seconds "$GLOO_TIMEOUT")
 if [ -n "$RESET_LIMIT" ]; then
   launch+=(--reset-limit "$RESET_LIMIT")
 fi
