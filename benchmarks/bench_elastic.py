@@ -22,7 +22,6 @@ most the steps since the last commit. ``--json FILE`` saves the figures and the 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -39,6 +38,7 @@ import psutil
 from benchmarks.harness import save_json
 from hvd_lm.comm.world import local_mpi_env
 from hvd_lm.options import Command, option
+from hvd_lm.train.log import read_metrics
 
 
 def local_names() -> list[str]:
@@ -91,11 +91,10 @@ class ElasticJob:
 
     def records(self, kind: str | None = None) -> list[dict]:
         """The run's metrics records so far (of ``kind``)."""
-        path = self.run_dir / "metrics.jsonl"
+        path = self.run_dir / "metrics.jsonl"  # (read_metrics: the one reader, torn lines skipped)
         if not path.exists():
             return []
-        recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-        return [r for r in recs if kind is None or r["kind"] == kind]
+        return [r for r in read_metrics(path) if kind is None or r["kind"] == kind]
 
     def wait_for(self, pred, what: str, timeout: float = 120) -> None:
         """Poll until ``pred()``.

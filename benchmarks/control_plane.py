@@ -53,6 +53,7 @@ import numpy as np
 import psutil
 
 from hvd_lm.comm.world import local_mpi_env
+from hvd_lm.train.log import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHERS = {  # template, its ranks variable, extra knobs
@@ -112,16 +113,10 @@ class Launch:
         return out
 
     def records(self, kind: str) -> list[dict]:
-        path = self.out / "metrics.jsonl"
+        path = self.out / "metrics.jsonl"  # (read_metrics: the one reader, torn lines skipped)
         if not path.exists():
             return []
-        recs = []
-        for line in path.read_text().splitlines():
-            try:
-                recs.append(json.loads(line))
-            except ValueError:
-                continue
-        return [r for r in recs if r.get("kind") == kind]
+        return [r for r in read_metrics(path) if r.get("kind") == kind]
 
     def wait_steps(self, steps: int, timeout: float) -> None:
         """Until ``steps`` train records are logged, sampling every rank's RSS; the launch

@@ -65,6 +65,7 @@ if [ -z "$DISCOVERY" ]; then
   chmod +x "$DISCOVERY"
 fi
 export SLOTS
+hvd_lm_gate_discovery                  # a returning host: listed once a worker can start there
 TRAIN_ARGS="--elastic true $TRAIN_ARGS"
 hvd_lm_train_cmd
 start_hosts="$("$DISCOVERY" | paste -sd, -)"

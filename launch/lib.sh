@@ -10,6 +10,7 @@
 #   hvd_lm_failure_summary    the closing block of a failed launch: its cause, last
 #   hvd_lm_hosts              SLURM's compressed names in HOSTS or HOSTFILE -> HOSTS, expanded
 #   hvd_lm_preflight          `hvd-lm doctor` on the job's hosts; exports the interface to use
+#   hvd_lm_gate_discovery     elastic: a returning host listed only once a worker can start there
 
 # Build HVD_LM_CMD from the knobs PYTHON, CONFIG, SHARDS, OUT_DIR, ENGINE and TRAIN_ARGS:
 #   $PYTHON -m hvd_lm train [--config $CONFIG] [--shards $SHARDS] --out-dir $OUT_DIR
@@ -387,4 +388,20 @@ hvd_lm_failure_summary() {
 hvd_lm_stopped_for() {
   "${PYTHON:-python3}" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["stop"] != sys.argv[2])' \
     "$OUT_DIR/summary.json" "$1" 2>/dev/null
+}
+
+# hvd_lm_gate_discovery: wrap the host discovery script DISCOVERY so that a host returning to an
+# elastic job is listed to horovodrun only once a worker can start there (launch/gate_hosts.sh: a
+# worker that fails to start ends the whole job in Horovod 0.28.1). The wrapper and the gate's
+# state (emptied here: the first call lists the job's start hosts) go beside the run, in OUT_DIR;
+# DISCOVERY becomes the wrapper.
+hvd_lm_gate_discovery() {
+  local out
+  mkdir -p "$OUT_DIR"
+  out="$(cd "$OUT_DIR" && pwd)"
+  rm -rf "$out/.host_gate"
+  printf '#!/usr/bin/env bash\nexec bash %q %q %q %q\n' "$LAUNCH_DIR/gate_hosts.sh" \
+    "$out/.host_gate" "$PYTHON" "$DISCOVERY" > "$out/discover_gated.sh"
+  chmod +x "$out/discover_gated.sh"
+  DISCOVERY="$out/discover_gated.sh"
 }

@@ -10,7 +10,9 @@ horovodrun that records its arguments (the cluster test in tests/test_multinode.
 real)."""
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +79,54 @@ def test_the_slurm_elastic_launch_carries_it_too(tmp_path, capsys):
     assert knob_defaults(text)["GLOO_TIMEOUT"] == "300"
     launch = text[text.index("  elastic)"):text.index(";;", text.index("  elastic)"))]
     assert '--gloo-timeout-seconds "$GLOO_TIMEOUT"' in launch
+
+
+def gate(tmp_path: Path, hosts: str, **env) -> list[str]:
+    """One call of launch/gate_hosts.sh (what horovodrun runs every second) over a discovery
+    that prints ``hosts``, ssh a stand-in that fails for the host named ``bad``."""
+    (tmp_path / "hosts").write_text(hosts)
+    bin_ = tmp_path / "bin"
+    if not bin_.exists():
+        bin_.mkdir()
+        (bin_ / "ssh").write_text(f"#!/bin/bash\necho \"$*\" >> {tmp_path}/ssh_calls\n"
+                                  "for a; do [ \"$a\" = bad ] && exit 1; done\nexit 0\n")
+        (bin_ / "ssh").chmod(0o755)
+    proc = run(["bash", REPO / "launch" / "gate_hosts.sh", tmp_path / "state", sys.executable,
+                "cat", tmp_path / "hosts"], env=launch_env(
+                    PATH=f"{bin_}:{os.environ['PATH']}", **env), timeout=60)
+    return proc.stdout.split()
+
+
+def wait_for(path: Path, seconds: float = 30.0) -> None:
+    end = time.monotonic() + seconds
+    while not path.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert path.exists(), path
+
+
+def test_a_returning_host_is_listed_once_a_worker_can_start_there(tmp_path):
+    """Horovod starts a returning host's worker only after the running workers entered the new
+    rendezvous, and one that fails to start ends the whole job at any Gloo timeout: the gate
+    lists the job's first hosts at once, a host that comes back only after a worker could start
+    there (``ssh host PYTHON -c 'import horovod.torch, hvd_lm.cli'``, in the background: the
+    call returns at once), and never one where it cannot (tried again after GATE_RETRY_S)."""
+    state, calls = tmp_path / "state", tmp_path / "ssh_calls"
+    assert gate(tmp_path, "a:1\nb:1\n") == ["a:1", "b:1"]  # the start: the preflight's hosts
+    assert gate(tmp_path, "a:1\n") == ["a:1"]  # b lost
+    assert gate(tmp_path, "a:1\nb:1\n") == ["a:1"]  # b back: checked first
+    wait_for(state / "ok.b")
+    assert gate(tmp_path, "a:1\nb:1\n") == ["a:1", "b:1"]
+    assert gate(tmp_path, "a:1\nb:1\n") == ["a:1", "b:1"]  # listed: not checked again
+    assert [c.split()[6] for c in calls.read_text().splitlines()] == ["b"]  # (after 3 -o)
+    assert "import horovod.torch, hvd_lm.cli" in calls.read_text()
+    assert gate(tmp_path, "a:1\nb:1\nbad:1\n") == ["a:1", "b:1"]
+    wait_for(state / "failed.bad")
+    assert gate(tmp_path, "a:1\nb:1\nbad:1\n") == ["a:1", "b:1"]  # not again within 30 s
+    assert len(calls.read_text().splitlines()) == 2
+    log = (state / "gate.log").read_text()
+    assert "bad: returned, but a worker cannot start there" in log and "b: a worker can" in log
+    assert gate(tmp_path, "a:1\nbad:1\n", GATE_RETRY_S="0") == ["a:1"]  # b gone, bad retried
+    end = time.monotonic() + 30
+    while len(calls.read_text().splitlines()) < 3 and time.monotonic() < end:
+        time.sleep(0.05)
+    assert len(calls.read_text().splitlines()) == 3 and not (state / "ok.b").exists()
