@@ -12,7 +12,6 @@ Importing the package puts the checkout on ``PYTHONPATH``, so the ranks a benchm
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 _CHECKOUT = str(Path(__file__).resolve().parent.parent)
@@ -51,24 +50,18 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
 }
 
 
+DESCRIPTION = ("hvd_lm's benchmarks and scaling study: ratios measured side by side in one run "
+               "(docs/performance.md).")
+
+
 def build_parser(argv: list[str] | None = None):
-    """The ``python -m benchmarks`` parser: one subcommand per :data:`BENCHMARKS` entry; only
-    the one ``argv`` names (all when None) is imported."""
-    from hvd_lm.cli import add_command
-    from hvd_lm.options import ArgumentParser
-    p = ArgumentParser(prog="python -m benchmarks", description="hvd_lm's benchmarks and "
-                       "scaling study: ratios measured side by side in one run "
-                       "(docs/performance.md).")
-    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    sub = p.add_subparsers(dest="command", required=True, metavar="BENCHMARK")
-    words = [a for a in (argv or []) if not a.startswith("-")]
-    for name, entry in BENCHMARKS.items():
-        add_command(sub, name, entry, argv is None or words[:1] == [name])
-    return p
+    """The ``python -m benchmarks`` parser: :func:`hvd_lm.cli.build_parser` on
+    :data:`BENCHMARKS` (only the one ``argv`` names, all when None, is imported)."""
+    from hvd_lm import cli
+    return cli.build_parser(argv, BENCHMARKS, "python -m benchmarks", DESCRIPTION)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m benchmarks NAME``; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(argv).parse_args(argv)
-    return args.command_obj.invoke(args, f"benchmarks {args.command}")
+    from hvd_lm import cli
+    return cli.main(argv, BENCHMARKS, "python -m benchmarks", DESCRIPTION)

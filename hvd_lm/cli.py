@@ -66,25 +66,31 @@ def add_command(sub, name: str, entry: tuple[str, str, str], load: bool) -> None
         p.set_defaults(command_obj=command)
 
 
-def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    """The ``hvd-lm`` parser. Every command is listed with its help; only the command named in
+DESCRIPTION = ("Horovod/MPI data-parallel training of byte-level mLSTM language models on review "
+               "text, and sentiment transfer (see README.md).")
+
+
+def build_parser(argv: list[str] | None = None, commands: dict | None = None,
+                 prog: str = "hvd-lm", description: str = DESCRIPTION) -> argparse.ArgumentParser:
+    """The ``hvd-lm`` parser (``commands``, ``prog``: another table's, as ``python -m
+    benchmarks`` has). Every command is listed with its help; only the command named in
     ``argv`` (all of them when ``argv`` is None, e.g. for documentation) gets its arguments."""
-    p = ArgumentParser(
-        prog="hvd-lm", description="Horovod/MPI data-parallel training of byte-level mLSTM "
-        "language models on review text, and sentiment transfer (see README.md).")
+    p = ArgumentParser(prog=prog, description=description)
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     words = [a for a in (argv or []) if not a.startswith("-")]
-    for name, entry in COMMANDS.items():
+    for name, entry in (COMMANDS if commands is None else commands).items():
         add_command(sub, name, entry, argv is None or words[:1] == [name])
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``hvd-lm`` console script; returns the exit status."""
+def main(argv: list[str] | None = None, commands: dict | None = None, prog: str = "hvd-lm",
+         description: str = DESCRIPTION) -> int:
+    """Entry point of the ``hvd-lm`` console script (and, given its table, of ``python -m
+    benchmarks``); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(argv).parse_args(argv)
-    return args.command_obj.invoke(args, f"hvd-lm {args.command}")
+    args = build_parser(argv, commands, prog, description).parse_args(argv)
+    return args.command_obj.invoke(args, f"{prog} {args.command}")
 
 
 if __name__ == "__main__":
