@@ -237,6 +237,10 @@ class Trainer:
                 last = self.checkpointer.newest()
                 write_failure(parts.out_dir, self.pos.step, parts.ctx.rank, error_text(e),
                               str(last) if last else None, getattr(e, "lost", None))
+                # its line now, before the handlers are restored below (a launcher's teardown
+                # signal would end the process before the command line printed it: no copy)
+                print(f"hvd-lm train: ERROR: {error_text(e)}", file=sys.stderr, flush=True)
+                e.quiet = True
             raise
         finally:  # the run is over: a signal now ends the process again (mpirun's teardown)
             self.signals.restore()
