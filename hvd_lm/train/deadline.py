@@ -409,10 +409,14 @@ class StopSignals:
     def restore(self) -> None:
         """Put back the handlers there were before (the run is over: a signal from now on, e.g.
         mpirun tearing down a failed job, ends the process as it would have, instead of raising
-        a flag no loop reads)."""
+        a flag no loop reads). After a stop on a signal, the run checkpointed and exits 0: a
+        second SIGTERM/SIGINT of the same teardown (a launcher's, while this rank exits) is
+        ignored, not taken as a kill (exit 143 turned horovodrun's clean stop into a failure)."""
+        stopping = self.received is not None
         with contextlib.suppress(ValueError, OSError):  # not the main thread
             for sig, handler in self.previous.items():
-                signal.signal(sig, handler)
+                ignore = stopping and sig in (signal.SIGTERM, signal.SIGINT)
+                signal.signal(sig, signal.SIG_IGN if ignore else handler)
             if self.wakeup_fd is not None:
                 signal.set_wakeup_fd(self.wakeup_fd)
 
