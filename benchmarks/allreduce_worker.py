@@ -78,11 +78,9 @@ def group_tensor_numels(spec: str) -> list[int]:
     Raises:
         ValueError: unknown spec.
     """
-    m = re.fullmatch(r"mlstm(\d+)", spec)
-    if m:
+    if m := re.fullmatch(r"mlstm(\d+)", spec):
         return [numel for _, numel in mlstm_parameters(int(m.group(1)))]
-    m = re.fullmatch(r"synthetic(\d+)x(.+)", spec)
-    if m:
+    if m := re.fullmatch(r"synthetic(\d+)x(.+)", spec):
         return [parse_size(m.group(2)) // 4] * int(m.group(1))
     raise ValueError(f"unknown group {spec!r}: use mlstm<H> (e.g. mlstm1024) or "
                      "synthetic<N>x<size> (e.g. synthetic200x64k)")

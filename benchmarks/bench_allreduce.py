@@ -124,14 +124,10 @@ def configurations(args: AllreduceConfig) -> list[dict]:
     """The launches of one ``bench allreduce`` run: raw MPI, torch gloo, Horovod per controller at
     its defaults, then the MPI controller at each other fusion threshold / cycle time (those only
     up to ``--variant-max-size``: they matter for small messages and for the grouped case)."""
-    backends = list(args.backends)
-    confs = []
-    if "mpi" in backends:
-        confs.append({"label": "mpi4py", "backend": "mpi", "launcher": "mpirun", "env": {}})
-    if "torch_gloo" in backends:
-        confs.append({"label": "torch-gloo", "backend": "torch_gloo", "launcher": "mpirun",
-                      "env": {}})
-    if "horovod" in backends:
+    confs = [{"label": label, "backend": backend, "launcher": "mpirun", "env": {}}
+             for label, backend in (("mpi4py", "mpi"), ("torch-gloo", "torch_gloo"))
+             if backend in args.backends]
+    if "horovod" in args.backends:
         for ctl in args.controllers:
             confs.append({"label": f"hvd-{ctl}", "backend": "horovod",
                           "launcher": "mpirun" if ctl == "mpi" else "horovodrun",

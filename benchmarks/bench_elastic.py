@@ -22,6 +22,7 @@ most the steps since the last commit. ``--json FILE`` saves the figures and the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -35,10 +36,9 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.harness import save_json
+from benchmarks.harness import run_records, save_json
 from hvd_lm.comm.world import local_mpi_env
 from hvd_lm.options import Command, option
-from hvd_lm.train.log import read_metrics
 
 
 def local_names() -> list[str]:
@@ -47,11 +47,9 @@ def local_names() -> list[str]:
     local = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs
              if a.family == socket.AF_INET}
     names = ["localhost"]
-    try:
+    with contextlib.suppress(OSError):
         if socket.gethostbyname(socket.gethostname()) in local:
             names.append(socket.gethostname())
-    except OSError:
-        pass
     names += sorted(a for a in local if not a.startswith("127."))
     return list(dict.fromkeys(names))
 
@@ -91,10 +89,7 @@ class ElasticJob:
 
     def records(self, kind: str | None = None) -> list[dict]:
         """The run's metrics records so far (of ``kind``)."""
-        path = self.run_dir / "metrics.jsonl"  # (read_metrics: the one reader, torn lines skipped)
-        if not path.exists():
-            return []
-        return [r for r in read_metrics(path) if kind is None or r["kind"] == kind]
+        return run_records(self.run_dir, kind)
 
     def wait_for(self, pred, what: str, timeout: float = 120) -> None:
         """Poll until ``pred()``.

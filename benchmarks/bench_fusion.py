@@ -78,12 +78,9 @@ def fusion_configs(cfg: BenchFusionConfig) -> list[tuple[str, float, float]]:
     """(label, fusion MiB, cycle ms): fusion thresholds at the default cycle time, then cycle
     times at the default threshold (or the full grid with ``--grid``)."""
     dfus, dcyc = HOROVOD_DEFAULT_FUSION_BYTES / MIB, HOROVOD_DEFAULT_CYCLE_MS
-    if cfg.grid:
-        pairs = [(f, c) for f in cfg.fusion_mb for c in cfg.cycle_ms]
-    else:
-        pairs = [(f, dcyc) for f in cfg.fusion_mb] + [(dfus, c) for c in cfg.cycle_ms]
-    pairs = list(dict.fromkeys(pairs))
-    return [(f"fusion={f:g}MB cycle={c:g}ms", f, c) for f, c in pairs]
+    pairs = ([(f, c) for f in cfg.fusion_mb for c in cfg.cycle_ms] if cfg.grid
+             else [(f, dcyc) for f in cfg.fusion_mb] + [(dfus, c) for c in cfg.cycle_ms])
+    return [(f"fusion={f:g}MB cycle={c:g}ms", f, c) for f, c in dict.fromkeys(pairs)]
 
 
 def bench_fusion(cfg: BenchFusionConfig) -> int:

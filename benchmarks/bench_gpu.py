@@ -289,10 +289,8 @@ class Results:
 
     def add(self, section: str, record: dict | float) -> None:
         """Append ``record`` to ``section`` (or set it, for a scalar) and save."""
-        if isinstance(self.data[section], list):
-            self.data[section].append(record)
-        else:
-            self.data[section] = record
+        listed = isinstance(self.data[section], list)
+        self.data[section] = [*self.data[section], record] if listed else record
         self.save()
 
     def save(self) -> None:
@@ -342,8 +340,8 @@ def bench_gpu(cfg: BenchGpuConfig, timer: Callable | None = None) -> int:
         peaks.append("tf32")  # the yardstick cuDNN's fp32 LSTM may reach (ceilings.peak_key)
     n = cfg.matmul_size
     for prec in peaks:
-        dtype = torch.float32 if prec == "tf32" else DTYPES[prec]
-        r = attempt(lambda: {"tflops": matmul_tflops(n, n, n, dtype, device, timer, cfg.repeats,
+        r = attempt(lambda: {"tflops": matmul_tflops(n, n, n, DTYPES.get(prec, torch.float32),
+                                                     device, timer, cfg.repeats,
                                                      tf32=prec == "tf32")}, device)
         res.add("matmul", {"precision": prec, "shape": [n, n, n], **r})
         if "tflops" in r:

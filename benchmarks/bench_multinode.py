@@ -47,6 +47,7 @@ and ``--label`` names the rate in the report.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import sys
@@ -116,11 +117,13 @@ def train_argv(cfg: MultinodeConfig, out_dir: Path) -> list[str]:
             "false"]
 
 
-def _timing(out: Path, skip: int):
-    """:func:`benchmarks.scaling_report.read_run` of a finished run, its errors as RuntimeError
-    (a run that logged too little is a failed measurement, not a bad setting)."""
+def _timing(cmd: list[str], out: Path, cfg: MultinodeConfig):
+    """Run ``cmd`` (an ``hvd-lm train`` writing to ``out``), then
+    :func:`benchmarks.scaling_report.read_run` of it, its errors as RuntimeError (a run that
+    logged too little is a failed measurement, not a bad setting)."""
+    run_child(cmd, cfg.timeout, local_mpi_env(), marker=None)
     try:
-        return read_run(out, skip)
+        return read_run(out, cfg.skip)
     except ValueError as e:
         raise RuntimeError(str(e)) from e
 
@@ -137,9 +140,8 @@ def measure_training(cfg: MultinodeConfig, hosts: str, work: Path) -> tuple[floa
     """
     n = len(parse_hosts(hosts))
     out = work / f"train_n{n}"
-    run_child(horovodrun_argv(n, train_argv(cfg, out), "gloo", hosts, cfg.network_interface),
-              cfg.timeout, local_mpi_env(), marker=None)
-    timing = _timing(out, cfg.skip)
+    timing = _timing(horovodrun_argv(n, train_argv(cfg, out), "gloo", hosts,
+                                     cfg.network_interface), out, cfg)
     if timing.compute_time_max is None:
         raise RuntimeError(f"{out}: no train record with compute_time_max")
     return timing.step_time, timing.compute_time_max
@@ -154,8 +156,7 @@ def measure_compute(cfg: MultinodeConfig, work: Path) -> float:
         RuntimeError: the run failed, or logged no ``train`` record after ``--skip``.
     """
     out = work / "compute_p1"
-    run_child([sys.executable, *train_argv(cfg, out)], cfg.timeout, local_mpi_env(), marker=None)
-    return _timing(out, cfg.skip).step_time
+    return _timing([sys.executable, *train_argv(cfg, out)], out, cfg).step_time
 
 
 def measure_backward_window(cfg: MultinodeConfig, steps: int = 30, skip: int = 5) -> dict:
@@ -211,8 +212,7 @@ def measure_backward_window(cfg: MultinodeConfig, steps: int = 30, skip: int = 5
         torch.set_num_threads(threads)
     med = [statistics.median(p[k] for p in parts) for k in range(5)]
     out = dict(zip(("forward_s", "backward_s", "window_s", "update_s", "step_s"), med))
-    out["fraction"] = out["window_s"] / out["step_s"]
-    return out
+    return out | {"fraction": out["window_s"] / out["step_s"]}
 
 
 def fit_sizes(gradient_bytes: int) -> list[int]:
@@ -278,21 +278,17 @@ def estimate(n: int, records: list[dict], latency: list[float], compute: list[fl
         ValueError: as :func:`benchmarks.results.fit_alpha_beta` (no single-tensor size, or
             times that do not grow with size).
     """
-    by_size: dict[int, list] = {}
-    for r in records:
-        if r["case"] == "single":
-            by_size.setdefault(r["size_bytes"], []).append(r["time_s"])
-    sizes = sorted(by_size)
-    times = [statistics.median(by_size[s]) for s in sizes]
+    sizes = sorted({r["size_bytes"] for r in records if r["case"] == "single"})
+    times = [statistics.median(r["time_s"] for r in records if r["case"] == "single"
+                               and r["size_bytes"] == s) for s in sizes]
     lat_s = statistics.median(latency)
     fit = fit_alpha_beta(sizes, times, n, intercept_s=lat_s)
     t_comp, t_step = statistics.median(compute), statistics.median(measured)
     pred = predict_step(t_comp, params, fit, n, cfg.control_every, cfg.log_every,
                         backward_fraction)
-    try:
+    free = None  # the free line, where the times allow one
+    with contextlib.suppress(ValueError):
         free = fit_alpha_beta(sizes, times, n)
-    except ValueError:
-        free = None
     return {"fit": fit, "fit_free": free,
             "allreduce": [{"size_bytes": s, "time_s": t} for s, t in zip(sizes, times)],
             "latency_s": lat_s, "compute_s": t_comp, "measured_s": t_step, "pred": pred,
@@ -348,9 +344,9 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
                                              window["fraction"])["ratio"])
             except ValueError:
                 ratio_rounds.append(None)
-        fit, pred = est["fit"], est["pred"]
+        pred = est["pred"]
         grouped = [r["time_s"] for r in every if r["case"] == "grouped"]
-        rows.append({"nodes": n, "link": cfg.label, "fit": fit, "fit_free": est["fit_free"],
+        rows.append({"nodes": n, "link": cfg.label, "fit": est["fit"], "fit_free": est["fit_free"],
                      "allreduce": est["allreduce"],
                      "latency_s": est["latency_s"], "latency_s_runs": latency[n],
                      "grouped_allreduce_s": statistics.median(grouped) if grouped else None,

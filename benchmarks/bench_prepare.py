@@ -102,11 +102,9 @@ def raw_rate(path: Path) -> tuple:
     """Inflate ``path`` and iterate over its lines (``for line in gzip.open(path, "rb")``), one
     thread, nothing else: the ceiling of any reader of this file. Returns (MB/s, bytes,
     seconds)."""
-    n = 0
     t = now()
     with gzip.open(path, "rb") as f:
-        for line in f:
-            n += len(line)
+        n = sum(map(len, f))  # line by line
     dt = now() - t
     return n / 1e6 / dt, n, dt
 

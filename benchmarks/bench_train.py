@@ -205,12 +205,9 @@ def worker(cfg: WorkerConfig) -> int:
     for r in runs:
         times, waits = r["times"], r["waits"]
         step_time = sum(times) / len(times)
-        per_rank = B * T / step_time
-        if cfg.backend != "ddp":
-            tot, wait_sum, time_sum = engine.allreduce_sum([per_rank, sum(waits), sum(times)],
-                                                         "bench")
-        else:
-            tot, wait_sum, time_sum = peer.sum([per_rank, 0.0, sum(times)])
+        sums = [B * T / step_time, sum(waits), sum(times)]  # chars/s of this rank, seconds
+        tot, wait_sum, time_sum = (peer.sum(sums) if cfg.backend == "ddp"
+                                   else engine.allreduce_sum(sums, "bench"))
         if rank == 0:
             print("BENCH " + json.dumps({
                 "backend": cfg.backend, "ranks": size, "hidden_size": cfg.hidden_size,
@@ -238,11 +235,9 @@ def launch(backend: str, ranks: int, step: StepConfig, timeout: float,
     Raises:
         RuntimeError: the launch failed (with its output). subprocess.TimeoutExpired.
     """
-    per_model = {}
-    if variants:
-        per_model = {"rnn_impl": [v["rnn_impl"] for v in variants],
-                     "rnn_kernels": [v.get("rnn_kernels", "auto") for v in variants],
-                     "cuda_graphs": [v.get("cuda_graphs", False) for v in variants]}
+    per_model = {"rnn_impl": [v["rnn_impl"] for v in variants],
+                 "rnn_kernels": [v.get("rnn_kernels", "auto") for v in variants],
+                 "cuda_graphs": [v.get("cuda_graphs", False) for v in variants]} if variants else {}
     wcfg = WorkerConfig(**{f.name: getattr(step, f.name) for f in dataclasses.fields(StepConfig)},
                         backend=backend, **per_model)
     cmd = mpirun_argv(ranks, ["-m", "benchmarks.bench_train", *options.to_argv(wcfg)])
@@ -292,9 +287,8 @@ def summarize_train(trials: dict[tuple[str, str, int], list[dict]], peak: float)
     runs = []
     for (label, backend, n), recs in trials.items():
         ts = sorted(recs, key=lambda r: r["chars_per_s_total"])
-        med = dict(ts[len(ts) // 2], variant=label)
-        med["chars_per_s_total_trials"] = [r["chars_per_s_total"] for r in recs]
-        runs.append(med)
+        runs.append(dict(ts[len(ts) // 2], variant=label,
+                         chars_per_s_total_trials=[r["chars_per_s_total"] for r in recs]))
     engines = [e for e in ("horovod", "torch") if any(r["backend"] == e for r in runs)]
     first = engines[0] if engines else "horovod"
     for r in runs:
@@ -302,9 +296,8 @@ def summarize_train(trials: dict[tuple[str, str, int], list[dict]], peak: float)
         same = [x for x in runs if x["variant"] == r["variant"] and x["backend"] == own]
         base = min(same, key=lambda x: x["ranks"]) if same else r
         gf = r["chars_per_s_per_rank"] * r["flops_per_char"] / 1e9
-        r["weak_scaling_efficiency"] = r["chars_per_s_per_rank"] / base["chars_per_s_per_rank"]
-        r["gflops_per_rank"] = gf
-        r["fraction_of_matmul_peak"] = gf / peak
+        r.update(weak_scaling_efficiency=r["chars_per_s_per_rank"] / base["chars_per_s_per_rank"],
+                 gflops_per_rank=gf, fraction_of_matmul_peak=gf / peak)
     by = {(r["backend"], r["variant"], r["ranks"]): r for r in runs}
 
     def paired(a_key, b_key) -> dict:  # median ratio a/b, and repeat by repeat
@@ -349,10 +342,8 @@ def bench_train(cfg: BenchTrainConfig) -> int:
     var = variants(cfg)
     # one launch per group: every variant together (paired: steps alternate in one process);
     # the engines back to back at each rank count
-    if cfg.paired:
-        groups = [(e, n, var) for n in ranks for e in engines]
-    else:
-        groups = [(e, n, [v]) for v in var for n in ranks for e in engines]
+    groups = ([(e, n, var) for n in ranks for e in engines] if cfg.paired
+              else [(e, n, [v]) for v in var for n in ranks for e in engines])
     if cfg.ddp:
         groups.append(("ddp", ranks[-1], [var[0]]))
     trials: dict[tuple[str, str, int], list[dict]] = {

@@ -5,6 +5,7 @@ that :mod:`benchmarks.scaling_model` and :mod:`benchmarks.scaling_study` use.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from dataclasses import dataclass, field, replace
 from typing import Sequence
@@ -98,10 +99,8 @@ def calibrate_from_bench(data: dict, horovod_label: str = "hvd-mpi", mpi_label: 
     n = data["ranks"]
     fits = {}
     for key, lb in (("horovod", horovod_label), ("mpi", mpi_label)):
-        try:
+        with contextlib.suppress(ValueError):
             fits[key] = fit_alpha_beta(common, [by[lb][s] for s in common], n)
-        except ValueError:
-            pass
     if large:
         ratio = statistics.median([by[horovod_label][s] / by[mpi_label][s] for s in large])
         ratio_samples = [a / b for s in large

@@ -52,8 +52,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from benchmarks.harness import run_records
 from hvd_lm.comm.world import local_mpi_env
-from hvd_lm.train.log import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHERS = {  # template, its ranks variable, extra knobs
@@ -113,33 +113,25 @@ class Launch:
         return out
 
     def records(self, kind: str) -> list[dict]:
-        path = self.out / "metrics.jsonl"  # (read_metrics: the one reader, torn lines skipped)
-        if not path.exists():
-            return []
-        return [r for r in read_metrics(path) if r.get("kind") == kind]
+        return run_records(self.out, kind)
 
     def wait_steps(self, steps: int, timeout: float) -> None:
         """Until ``steps`` train records are logged, sampling every rank's RSS; the launch
         killed when they are not (or on any error here)."""
+        end = time.monotonic() + timeout
         try:
-            self._wait_steps(steps, timeout)
+            while time.monotonic() < end and self.proc.poll() is None:
+                for rank, p in self.ranks().items():
+                    with contextlib.suppress(psutil.Error):
+                        self.rss[rank] = max(self.rss.get(rank, 0), p.memory_info().rss)
+                if len(self.records("train")) >= steps:
+                    return
+                time.sleep(0.5)
+            raise RuntimeError(f"no step {steps} within {timeout:.0f} s: "
+                               + " | ".join(x for _, x in self.lines[-5:]))
         except BaseException:
             self.kill()
             raise
-
-    def _wait_steps(self, steps: int, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end and self.proc.poll() is None:
-            for rank, p in self.ranks().items():
-                try:
-                    self.rss[rank] = max(self.rss.get(rank, 0), p.memory_info().rss)
-                except psutil.Error:
-                    pass
-            if len(self.records("train")) >= steps:
-                return
-            time.sleep(0.5)
-        raise RuntimeError(f"no step {steps} within {timeout:.0f} s: "
-                           + " | ".join(x for _, x in self.lines[-5:]))
 
     def finish(self, timeout: float) -> int:
         """The launch's exit status; whatever is left of it killed (its process group)."""
@@ -196,8 +188,7 @@ def kill_run(launcher: str, n: int, shards: Path, folder: Path, timeout: float) 
     killed = time.monotonic()
     victim.send_signal(signal.SIGKILL)
     rc = run.finish(timeout)
-    causes = [x for x in run.after(killed) if x.startswith("cause: ")]
-    cause = causes[-1] if causes else ""
+    cause = next((x for x in reversed(run.after(killed)) if x.startswith("cause: ")), "")
     named = {int(r) for r in re.findall(r"ranks? ([\d,]+)", cause) for r in r.split(",") if r}
     return {"launcher": launcher, "ranks": n, "rc": rc, "cause": cause,
             "names_the_killed_rank_alone": named == {n - 1},

@@ -15,6 +15,7 @@ import os
 import re
 import statistics
 import subprocess
+from pathlib import Path
 
 from hvd_lm.util.atomic import write_text
 
@@ -58,11 +59,8 @@ def random_batches(steps: int, batch: int, seq_len: int, seed: int) -> list:
 
 def medians(rows: list[dict], keys: tuple[str, ...]) -> dict:
     """``{key: median of row[key] over rows}``; None for a key no row has a value for."""
-    out = {}
-    for k in keys:
-        vals = [r[k] for r in rows if r.get(k) is not None]
-        out[k] = statistics.median(vals) if vals else None
-    return out
+    return {k: statistics.median(vals) if (vals := [r[k] for r in rows if r.get(k) is not None])
+            else None for k in keys}
 
 
 def print_table(rows: list[dict], columns: list[tuple], header: bool = True) -> None:
@@ -82,6 +80,16 @@ def print_table(rows: list[dict], columns: list[tuple], header: bool = True) -> 
         vals = [v(r) if callable(v) else r[v] for _, _, v in columns]
         print(" ".join(f"{'-':{a or '>'}{w}}" if x is None else format(x, spec)
                        for x, (_, spec, _), (a, w) in zip(vals, columns, shape)), flush=True)
+
+
+def run_records(run_dir, kind: str | None = None) -> list[dict]:
+    """The ``metrics.jsonl`` records (of ``kind``) a run folder holds so far (read by
+    :func:`hvd_lm.train.log.read_metrics`, the one reader: torn lines skipped)."""
+    from hvd_lm.train.log import read_metrics
+
+    path = Path(run_dir) / "metrics.jsonl"
+    return [r for r in read_metrics(path) if kind in (None, r.get("kind"))] if path.exists() \
+        else []
 
 
 def host() -> dict:

@@ -54,28 +54,18 @@ def gap_stats(intervals: Iterable[tuple[float, float]]) -> dict:
         intervals), ``largest_gap_us`` and ``gaps_over_us`` ({edge: count of gaps longer than
         edge} for each of :data:`GAP_EDGES_US`). All zero for no intervals.
     """
-    spans = sorted((float(s), float(e)) for s, e in intervals)
-    out = {"window_us": 0.0, "busy_us": 0.0, "idle_us": 0.0, "idle_fraction": 0.0, "gaps": 0,
-           "largest_gap_us": 0.0, "gaps_over_us": {str(e): 0 for e in GAP_EDGES_US}}
-    if not spans:
-        return out
+    spans = sorted((float(s), float(e)) for s, e in intervals) or [(0.0, 0.0)]
     gaps: list[float] = []
-    busy = 0.0
-    cur_s, cur_e = spans[0]
+    end = spans[0][1]  # the end of the busy stretch so far
     for s, e in spans[1:]:
-        if s > cur_e:  # an idle stretch: close the merged interval
-            busy += cur_e - cur_s
-            gaps.append(s - cur_e)
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    busy += cur_e - cur_s
-    window = max(e for _, e in spans) - spans[0][0]
-    out.update(window_us=window, busy_us=busy, idle_us=window - busy,
-               idle_fraction=(window - busy) / window if window > 0 else 0.0, gaps=len(gaps),
-               largest_gap_us=max(gaps, default=0.0),
-               gaps_over_us={str(edge): sum(g > edge for g in gaps) for edge in GAP_EDGES_US})
-    return out
+        if s > end:  # an idle stretch before this interval
+            gaps.append(s - end)
+        end = max(end, e)
+    window, idle = end - spans[0][0], sum(gaps, 0.0)
+    return {"window_us": window, "busy_us": window - idle, "idle_us": idle,
+            "idle_fraction": idle / window if window > 0 else 0.0, "gaps": len(gaps),
+            "largest_gap_us": max(gaps, default=0.0),
+            "gaps_over_us": {str(edge): sum(g > edge for g in gaps) for edge in GAP_EDGES_US}}
 
 
 def top_kernels(events: Iterable[tuple[str, float]], top: int = 20) -> list[dict]:
@@ -88,8 +78,7 @@ def top_kernels(events: Iterable[tuple[str, float]], top: int = 20) -> list[dict
         rows of ``name``, ``calls``, ``total_us``, ``mean_us`` and ``share`` (of all the events'
         time), largest total first.
     """
-    total: dict[str, float] = defaultdict(float)
-    calls: dict[str, int] = defaultdict(int)
+    total, calls = defaultdict(float), defaultdict(int)
     for name, us in events:
         total[name] += us
         calls[name] += 1

@@ -28,7 +28,7 @@ from typing import Optional
 
 import matplotlib
 
-from benchmarks.harness import save_json
+from benchmarks.harness import print_table, save_json
 from hvd_lm.options import Command, option
 from hvd_lm.train.log import iter_metrics
 from hvd_lm.util.files import shown
@@ -181,20 +181,17 @@ def scaling_rows(runs: list[RunTiming], baseline: str = "one",
     return rows, note
 
 
-def format_table(rows: list[ScalingRow], reference: str | None = None) -> str:
-    """The report in the talk's form: GPUs, s/iter, speedup (+ efficiency, throughput)."""
-    head = f"{'GPUs':>5} {'s/iter':>8} {'speedup':>8} {'efficiency':>10} {'chars/s':>11}"
-    if reference:
-        head += f" {'talk s/iter':>11} {'talk speed':>10}"
-    lines = [head + "  run"]
-    for r in rows:
-        rate = f"{r.chars_per_s:>11.4g}" if r.chars_per_s is not None else f"{'-':>11}"
-        line = f"{r.gpus:>5} {r.step_time:>8.3f} {r.speedup:>7.1f}x {r.efficiency:>10.1%} {rate}"
-        if reference:
-            line += (f" {r.reference_step_time:>11.2f} {r.reference_speedup:>9.1f}x"
-                     if r.reference_speedup is not None else f" {'-':>11} {'-':>10}")
-        lines.append(line + f"  {r.run}")
-    return "\n".join(lines)
+def print_rows(rows: list[ScalingRow], reference: str | None = None) -> None:
+    """The report in the talk's form: GPUs, s/iter, speedup (+ efficiency, throughput; the
+    talk's s/iter and speedup with ``reference``), and the run."""
+    talk = [("talk s/iter", ">11.2f", lambda r: r.reference_step_time),
+            ("talk speed", ">10", lambda r: None if r.reference_speedup is None
+             else f"{r.reference_speedup:.1f}x")] if reference else []
+    print_table(rows, [
+        ("GPUs", ">5", lambda r: r.gpus), ("s/iter", ">8.3f", lambda r: r.step_time),
+        ("speedup", ">8", lambda r: f"{r.speedup:.1f}x"),
+        ("efficiency", ">10.1%", lambda r: r.efficiency),
+        ("chars/s", ">11.4g", lambda r: r.chars_per_s), *talk, (" run", "", lambda r: " " + r.run)])
 
 
 def plot(rows: list[ScalingRow], path: str | Path, reference: str | None = None,
@@ -206,32 +203,30 @@ def plot(rows: list[ScalingRow], path: str | Path, reference: str | None = None,
     base = gpus[0]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     ax_t, ax_s, ax_e = axes
-    ax_t.plot(gpus, [r.step_time for r in rows], "o-", label="measured")
     ax_t.set_ylabel("s/iter")
-    ax_t.set_ylim(bottom=0)
     ax_s.plot(gpus, [g / base for g in gpus], "k--", lw=1, label="ideal (linear)")
-    ax_s.plot(gpus, [r.speedup for r in rows], "o-", label="measured")
     ax_s.set_ylabel(f"speedup vs {base} GPU{'s' * (base > 1)}")
     ax_s.set_yscale("log", base=2)  # log-log: ideal scaling is the diagonal
     plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
     ax_s.get_yaxis().set_major_formatter(plain)
-    ax_e.plot(gpus, [100 * r.efficiency for r in rows], "o-", label="measured")
     ax_e.set_ylabel("efficiency (%)")
     ax_e.set_ylim(0, 110)
-    if reference:
-        ref = sorted(REFERENCE[reference].items())
-        rg = [g for g, _ in ref]
-        ax_t.plot(rg, [t for _, (t, _) in ref], "s:", label=REFERENCE_LABEL[reference])
-        ax_s.plot(rg, [s for _, (_, s) in ref], "s:", label=REFERENCE_LABEL[reference])
-        ax_e.plot(rg, [100 * s / g for g, (_, s) in ref], "s:", label=REFERENCE_LABEL[reference])
-    ticks = sorted(set(gpus) | (set(REFERENCE[reference]) if reference else set()))
-    for ax in axes:
+    ref = sorted(REFERENCE[reference].items()) if reference else []
+    ticks = sorted(set(gpus) | {g for g, _ in ref})
+    for ax, measured, talk in (
+            (ax_t, [r.step_time for r in rows], [t for _, (t, _) in ref]),
+            (ax_s, [r.speedup for r in rows], [s for _, (_, s) in ref]),
+            (ax_e, [100 * r.efficiency for r in rows], [100 * s / g for g, (_, s) in ref])):
+        ax.plot(gpus, measured, "o-", label="measured")
+        if reference:
+            ax.plot([g for g, _ in ref], talk, "s:", label=REFERENCE_LABEL[reference])
         ax.set_xscale("log", base=2)
         ax.set_xticks(ticks)
         ax.get_xaxis().set_major_formatter(plain)
         ax.set_xlabel("GPUs (ranks)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
+    ax_t.set_ylim(bottom=0)  # (after the lines: it ends autoscaling)
     fig.suptitle(title)
     fig.tight_layout()
     out = Path(path)
@@ -276,7 +271,7 @@ def report(args: ScalingReportConfig) -> int:
         print(json.dumps(payload, indent=2))
     else:
         print(note)
-        print(format_table(rows, args.reference))
+        print_rows(rows, args.reference)
         if args.json:
             save_json(args.json, payload)
             print(f"wrote {args.json}")

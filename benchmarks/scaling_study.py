@@ -62,15 +62,13 @@ def reference_config(hidden_size: int, inter: str | Link, compute_time_s: float,
     with Horovod's overhead (``calibration``) and defaults (128 MiB fusion, 1 ms cycle) on top.
     ``inter``: a :data:`DGX1V_LINKS` key or a :class:`Link`."""
     cal = calibration or Calibration()
-    kw = dict(compute_time_s=compute_time_s, params=mlstm_parameters(hidden_size), grad_bytes=2,
-              compression="fp16", batch_per_gpu=256, ref_batch=256, gpus_per_node=8,
-              intra=DGX1V_LINKS["nvlink"],
-              inter=inter if isinstance(inter, Link) else DGX1V_LINKS[inter], algorithm="ring",
-              per_cycle_overhead_s=cal.per_cycle_overhead_s, fusion_copy_GBps=V100_COPY_GBPS,
-              bandwidth_factor=cal.bandwidth_factor,
-              sync_overhead_s=sync_overhead_s)
-    kw.update(overrides)
-    return ScalingConfig(**kw)
+    return ScalingConfig(**dict(
+        compute_time_s=compute_time_s, params=mlstm_parameters(hidden_size), grad_bytes=2,
+        compression="fp16", batch_per_gpu=256, ref_batch=256, gpus_per_node=8,
+        intra=DGX1V_LINKS["nvlink"], inter=inter if isinstance(inter, Link) else DGX1V_LINKS[inter],
+        algorithm="ring", per_cycle_overhead_s=cal.per_cycle_overhead_s,
+        fusion_copy_GBps=V100_COPY_GBPS, bandwidth_factor=cal.bandwidth_factor,
+        sync_overhead_s=sync_overhead_s) | overrides)
 
 
 def calibrate_sync_overhead(calibration: Calibration | None = None,
@@ -113,10 +111,11 @@ def validate(calibration: Calibration | None = None, sync_overhead_s: float | No
                          "gradient_MB": full.gradient_bytes / 1e6})
     summary = {}
     for col in PUBLISHED:
-        errs = [abs(r["model_error"]) for r in rows if r["column"] == col and r["gpus"] > 1]
-        perrs = [abs(r["pure_error"]) for r in rows if r["column"] == col and r["gpus"] > 1]
+        multi = [r for r in rows if r["column"] == col and r["gpus"] > 1]
+        errs = [abs(r["model_error"]) for r in multi]
         summary[col] = {"model_max_abs_error": max(errs), "model_mean_abs_error":
-                        sum(errs) / len(errs), "pure_max_abs_error": max(perrs)}
+                        sum(errs) / len(errs),
+                        "pure_max_abs_error": max(abs(r["pure_error"]) for r in multi)}
     return {"sync_overhead_s": sync_overhead_s, "rows": rows, "summary": summary,
             "links": {k: asdict(v) for k, v in DGX1V_LINKS.items()},
             "calibration": asdict(calibration or Calibration())}
@@ -247,10 +246,9 @@ def onebit_study(calibration: Calibration | None = None, sync_overhead_s: float 
                 settings.append({"column": col, "compression": comp, "batch_per_gpu": batch,
                                  "global_batch": batch * n_recommend, "speedup": speed,
                                  "compressed_phase_speedup": r["speedup"]})
-    recommended = {}
-    for col in columns:
-        at_ref = [x for x in settings if x["column"] == col and x["batch_per_gpu"] == 256]
-        recommended[col] = max(at_ref, key=lambda x: x["speedup"])
+    recommended = {col: max((x for x in settings if x["column"] == col
+                             and x["batch_per_gpu"] == 256), key=lambda x: x["speedup"])
+                   for col in columns}
     return {"sync_overhead_s": sync_overhead_s, "effective_inter_GBps": bw_eff,
             "warmup_fraction": warmup_fraction, "chunk": chunk, "rows": rows,
             "settings": settings, "recommended": recommended, "n": n_recommend,

@@ -14,13 +14,10 @@ from typing import Callable, Iterator, Optional
 BLOCK_SIZE = 1 << 20
 
 
-_GZIP_MAGIC = b"\x1f\x8b"
-
-
 def is_gzip(path: str) -> bool:
     """True when the file starts with the gzip magic bytes ``1f 8b``."""
     with open(path, "rb") as f:
-        return f.read(2) == _GZIP_MAGIC
+        return f.read(2) == b"\x1f\x8b"
 
 
 class CountingReader:
@@ -85,10 +82,6 @@ def _blocks_gzipfile(path: str, compressed: bool, block_size: int,
         raise _Truncated(str(truncated[0]))
 
 
-#: Compressed bytes per ``read`` of the zlib inflater.
-_READ_SIZE = 1 << 20
-
-
 class _Anomaly(Exception):
     """The fast inflater met something other than clean gzip members (damage, truncation)."""
 
@@ -111,7 +104,7 @@ def _inflate_blocks(path: str, block_size: int,
         with open(path, "rb") as f:
             raw = CountingReader(f, progress)
             while True:
-                data = raw.read(_READ_SIZE)
+                data = raw.read(1 << 20)  # compressed bytes per read
                 if not data:
                     break
                 while data:

@@ -155,6 +155,13 @@ def count_bad(stats: ReadStats, skip_bad: bool, path: str, line: int, reason: st
     stats.add_bad(path, line, reason)
 
 
+def over_budget(what: str, limit: int) -> str:
+    """The reason given for a record over the per-document budget of ``limit`` bytes: ``what``
+    (the record and its size) and what to do."""
+    return (f"{what} is longer than the {limit:,} bytes the memory budget allows per document "
+            "(raise --max-memory-mb, or --skip-bad to drop it)")
+
+
 def utf8_ok(stats: ReadStats, skip_bad: bool, utf8_errors: str, path: str, line: int) -> bool:
     """Handle a record that held invalid UTF-8; True when it is still to be used."""
     if utf8_errors == "strict":

@@ -10,7 +10,7 @@ import zlib
 from typing import Callable, Iterator, Optional
 
 from data_prep.gzip_blocks import BLOCK_SIZE, _blocks, _Truncated
-from data_prep.inputs import CorruptInput, InputSpec, ReadStats, count_bad
+from data_prep.inputs import CorruptInput, InputSpec, ReadStats, count_bad, over_budget
 
 
 def iter_lines(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *, keepends: bool = False,
@@ -67,8 +67,7 @@ def decode(raw: bytes, first: bool) -> tuple[str, bool]:
 
 def iter_segments(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
                   stats: Optional[ReadStats] = None, skip_bad: bool = False,
-                  progress: Optional[Callable[[int], None]] = None,
-                  block_size: int = BLOCK_SIZE,
+                  progress: Optional[Callable[[int], None]] = None, block_size: int = BLOCK_SIZE,
                   max_line_bytes: Optional[int] = None) -> Iterator[tuple[int, bytes]]:
     """The raw lines of one stripe of a file in runs: the lines :func:`iter_lines` yields, same
     blocks, same ownership, same line numbers, same truncated/corrupt handling, but undecoded
@@ -98,8 +97,7 @@ def iter_segments(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
 
     def too_long(size: int) -> None:
         count_bad(stats, skip_bad, spec.path, pending_no,
-             f"a record of {size:,} bytes is longer than the {limit:,} bytes the memory budget "
-             "allows per document (raise --max-memory-mb, or --skip-bad to drop it)")
+                  over_budget(f"a record of {size:,} bytes", limit))
 
     try:
         for b, data in enumerate(_blocks(spec.path, spec.compressed, block_size, progress)):

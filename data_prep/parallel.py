@@ -46,9 +46,7 @@ def _init_worker(counter, parent: int | None) -> None:
     _COUNTER = counter
     if not sys.platform.startswith("linux"):
         return
-    libc = ctypes.CDLL(None, use_errno=True)
-    PR_SET_PDEATHSIG = 1
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
     if parent is not None and os.getppid() != parent:  # it died before prctl took effect
         os._exit(1)
 
@@ -78,11 +76,8 @@ class Context:
         if workers < 1:
             raise ValueError(f"--workers must be >= 1, got {workers}")
         self.workers = workers
-        self.mpi = None
-        self.rank, self.size = 0, 1
-        if use_mpi or (use_mpi is None and started_by_mpi()):
-            self.mpi = mpi.world()
-            self.rank, self.size = self.mpi.rank, self.mpi.size
+        self.mpi = mpi.world() if use_mpi or (use_mpi is None and started_by_mpi()) else None
+        self.rank, self.size = (0, 1) if self.mpi is None else (self.mpi.rank, self.mpi.size)
         self.progress = progress and self.rank == 0
         self.disk: Optional[tuple] = None
 
@@ -131,8 +126,7 @@ class Context:
             PhaseError: any task failed anywhere (message lists the failures).
         """
         mine = list(range(self.rank, len(tasks), self.size))
-        results: dict[int, Any] = {}
-        errors: list[str] = []
+        results, errors = {}, []  # task index -> result; failures described
         by_bytes = weight is not None
         total = sum(weight(tasks[i]) for i in mine) if by_bytes else len(mine)
 
@@ -157,10 +151,8 @@ class Context:
             self._run_pool(fn, tasks, mine, results, errors, make_bar, by_bytes)
         if self.mpi is not None:
             gathered = self.mpi.allgather((results, errors))
-            results, errors = {}, []
-            for r, e in gathered:
-                results.update(r)
-                errors.extend(e)
+            results = {i: r for done, _ in gathered for i, r in done.items()}
+            errors = [e for _, failed in gathered for e in failed]
         if errors:
             raise PhaseError("; ".join(dict.fromkeys(errors)))  # each distinct message once
         return [results[i] for i in range(len(tasks))]

@@ -52,18 +52,9 @@ import h5py
 import numpy as np
 
 import hvd_lm
-from data_prep import inputs, sniff
+from data_prep import inputs, resume, sniff
 from data_prep.parallel import Context
 from data_prep.plan import WriteTask, plan_shards, split_counts, write_task
-from data_prep.resume import (
-    SHARD_NAME,
-    WORK_DIR,
-    check_out,
-    fingerprints,
-    input_names,
-    setup_output,
-    shard_settings,
-)
 from data_prep.settings import DOC_BUDGET_SHARE, PrepareConfig, PrepareError, check_config
 from data_prep.sort import MAX_BUCKET_BITS, MapTask, SortTask, UnitStats, map_unit, sort_bucket
 from data_prep.verify import verify_directory
@@ -115,7 +106,7 @@ def prepare(cfg: PrepareConfig, ctx: Optional[Context] = None) -> dict:
     # whether it got it; the lock object itself stays on rank 0); a folder of other files is
     # refused before the lock touches it
     held: list = []
-    ctx.root_call(lambda: (check_out(cfg.out),
+    ctx.root_call(lambda: (resume.check_out(cfg.out),
                            held.append(FolderLock(out, "prepare output folder"))))
     lock = held[0] if held else None
     try:
@@ -148,11 +139,6 @@ class _Run:
         """``2**bits``."""
         return 1 << self.bits
 
-    @property
-    def layout(self) -> dict:
-        """What ``state.json`` records of the layout (a resume reuses work cut alike)."""
-        return {"units": self.units, "bits": self.bits}
-
 
 def _plan_run(cfg: PrepareConfig, ctx: Context, out: Path) -> _Run:
     """Resolve the inputs (rank 0), fingerprint them, and cut the work: units are whole files,
@@ -160,7 +146,7 @@ def _plan_run(cfg: PrepareConfig, ctx: Context, out: Path) -> _Run:
     a third of a process's memory budget and every process gets several."""
     specs = ctx.root_call(lambda: [sniff.resolve_input(p, cfg.format, cfg.text_field,
                                                        cfg.tar_members) for p in cfg.inputs])
-    config_fp, inputs_fp = fingerprints(cfg, specs)
+    config_fp, inputs_fp = resume.fingerprints(cfg, specs)
     slots = ctx.slots
     units = []
     for i, s in enumerate(specs):
@@ -173,17 +159,23 @@ def _plan_run(cfg: PrepareConfig, ctx: Context, out: Path) -> _Run:
     ctx.disk = (out, 3 * est)
     bits = max(math.ceil(math.log2(max(1, 4 * slots))),
                math.ceil(math.log2(max(1.0, 1.2 * est / (per_proc / 3)))))
-    return _Run(cfg, ctx, out, out / WORK_DIR, specs, input_names([s.path for s in specs]),
-                config_fp, inputs_fp, units, min(bits, MAX_BUCKET_BITS), per_proc)
+    return _Run(cfg, ctx, out, out / resume.WORK_DIR, specs,
+                resume.input_names([s.path for s in specs]), config_fp, inputs_fp, units,
+                min(bits, MAX_BUCKET_BITS), per_proc)
+
+
+def _finished(run: _Run, prefix: str, n: int) -> set:
+    """Which of the ``n`` units (``prefix`` ``map/u``) or buckets (``sorted/b``) an earlier run
+    finished (rank 0 looks, every rank learns)."""
+    return run.ctx.root_call(lambda: {i for i in range(n)
+                                      if (run.work / f"{prefix}{i:05d}").is_dir()})
 
 
 def _map(run: _Run) -> None:
     """Phase 1 on every rank: the units not finished by an earlier run."""
-    cfg, work = run.cfg, run.work
-    done = run.ctx.root_call(lambda: {u for u in range(len(run.units))
-                                      if (work / "map" / f"u{u:05d}").is_dir()})
-    tasks = [MapTask(unit=u, spec=run.specs[i], stripe=k, n_stripes=n, work=str(work),
-                     bits=run.bits, cfg=cfg, buffer_bytes=max(1 * MIB, run.per_proc // 4),
+    done = _finished(run, "map/u", len(run.units))
+    tasks = [MapTask(unit=u, spec=run.specs[i], stripe=k, n_stripes=n, work=str(run.work),
+                     bits=run.bits, cfg=run.cfg, buffer_bytes=max(1 * MIB, run.per_proc // 4),
                      max_doc_bytes=run.per_proc // DOC_BUDGET_SHARE)
              for u, (i, k, n) in enumerate(run.units) if u not in done]
     run.ctx.run(map_unit, tasks, desc="read", weight=lambda t: t.spec.size)
@@ -191,10 +183,8 @@ def _map(run: _Run) -> None:
 
 def _sort(run: _Run) -> None:
     """Phase 2 on every rank: the buckets not finished by an earlier run."""
-    work = run.work
-    done = run.ctx.root_call(lambda: {b for b in range(run.n_buckets)
-                                      if (work / "sorted" / f"b{b:05d}").is_dir()})
-    tasks = [SortTask(bucket=b, bits=run.bits, work=str(work), units=len(run.units),
+    done = _finished(run, "sorted/b", run.n_buckets)
+    tasks = [SortTask(bucket=b, bits=run.bits, work=str(run.work), units=len(run.units),
                       budget=max(1 * MIB, run.per_proc // 3), dedup=run.cfg.dedup)
              for b in range(run.n_buckets) if b not in done]
     run.ctx.run(sort_bucket, tasks, desc="sort")
@@ -248,17 +238,16 @@ def _finish(run: _Run, plans: list, results: list, stats: UnitStats, dups: int, 
     cfg, out, specs = run.cfg, run.out, run.specs
     planned = {p.file for p in plans}
     for p in out.iterdir():
-        if SHARD_NAME.match(p.name) and p.name not in planned:
+        if resume.SHARD_NAME.match(p.name) and p.name not in planned:
             p.unlink()  # left by an earlier, larger run
     entries = {s: [] for s in shards.SPLITS}
     for p, (digest, _) in zip(plans, results):
         entries[p.split].append(manifests.manifest_entry(p.file, p.tokens, p.documents, digest))
     elapsed = now() - t0
-    settings = shard_settings(cfg)
+    settings = resume.shard_settings(cfg)
     counters = {k: v for k, v in asdict(stats).items() if k != "bad_samples"}
     counters.update(duplicates=dups, documents=sum(counts.values()),
-                    tokens=sum(p.tokens for p in plans),
-                    shards_kept=sum(1 for _, kept in results if kept))
+                    tokens=sum(p.tokens for p in plans), shards_kept=sum(k for _, k in results))
     meta = {
         "created_by": "hvd_lm data_prep prepare",
         "command": list(cfg.command),
@@ -293,24 +282,24 @@ def _prepare(cfg: PrepareConfig, ctx: Context, out: Path) -> dict:
     """:func:`prepare` once the output folder is locked: the phases in order."""
     t0 = now()
     run = _plan_run(cfg, ctx, out)
+    layout = {"units": run.units, "bits": run.bits}  # in state.json: resume reuses work cut alike
 
     # the output folder (rank 0): claimed, earlier work kept or dropped; a finished run with the
     # same settings and inputs whose shards all verify is the result as it stands
-    complete = ctx.root_call(lambda: setup_output(cfg, run.config_fp, run.inputs_fp, run.layout))
+    complete = ctx.root_call(lambda: resume.setup_output(cfg, run.config_fp, run.inputs_fp,
+                                                         layout))
     if complete is not None:
         if not verify_directory(out, ctx)[1]:  # every shard verifies
             return dict(_summary(complete, out), resumed_complete=True)
         # some shard fails: redo the run, keeping the shards that verify
-        ctx.root_call(lambda: setup_output(cfg, run.config_fp, run.inputs_fp, run.layout,
-                                           accept_complete=False))
+        ctx.root_call(lambda: resume.setup_output(cfg, run.config_fp, run.inputs_fp, layout,
+                                                  accept_complete=False))
 
     seconds = {}
-    t = now()
-    _map(run)  # phase 1: map (every rank)
-    seconds["read"] = now() - t
-    t = now()
-    _sort(run)  # phase 2: sort (every rank)
-    seconds["sort"] = now() - t
+    for name, phase in (("read", _map), ("sort", _sort)):  # phases 1-2: map, sort (every rank)
+        t = now()
+        phase(run)
+        seconds[name] = now() - t
     stats, dups, counts, plans = ctx.root_call(lambda: _plan(run))  # phase 3: plan (rank 0)
     t = now()
     results = _write(run, plans)  # phase 4: write (every rank)

@@ -82,11 +82,9 @@ def plan_shards(work: Path, n_buckets: int, counts: dict, shard_size: int) -> li
     """
     plans: list = []
     order = [s for s in shards.SPLITS if counts[s] > 0]
-    si = 0
-    left = counts[order[0]] if order else 0
+    si, left = 0, counts[order[0]] if order else 0  # the split being cut, its documents left
     index = {s: 0 for s in shards.SPLITS}
-    cur: list = []
-    cur_docs = cur_tokens = 0
+    cur, cur_docs, cur_tokens = [], 0, 0  # the shard being cut
 
     def close():
         nonlocal cur, cur_docs, cur_tokens
@@ -155,8 +153,7 @@ def write_task(task: WriteTask, progress=None) -> tuple:
                     and attrs.get("bytes") == plan.tokens):
                 return attrs["sha256"], True
     tokens = np.empty(plan.tokens, dtype=np.uint8)
-    offsets = np.empty(plan.documents + 1, dtype=np.int64)
-    offsets[0] = 0
+    offsets = np.zeros(plan.documents + 1, dtype=np.int64)
     view = memoryview(tokens)
     pos = d = 0
     for b, i, j, a, z in plan.pieces:

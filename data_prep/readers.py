@@ -60,15 +60,9 @@ from typing import Callable, Iterator, Optional
 
 import orjson  # C JSON parser (PyPI): the fast path of :func:`_json_records`
 
+from data_prep import inputs
 from data_prep.gzip_blocks import BLOCK_SIZE
-from data_prep.inputs import (
-    CSV_FIELD_LIMIT,
-    LINE_FORMATS,
-    InputSpec,
-    ReadStats,
-    count_bad,
-    utf8_ok,
-)
+from data_prep.inputs import CSV_FIELD_LIMIT, LINE_FORMATS, InputSpec, ReadStats, count_bad, utf8_ok
 from data_prep.lines import decode, iter_lines, iter_segments
 from data_prep.tars import read_tar_members
 
@@ -87,13 +81,10 @@ def _json_record(spec, line_no, text, ok, stats, skip_bad, utf8_errors, parse, w
     except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError) as e:
         count_bad(stats, skip_bad, spec.path, line_no, f"invalid {what}: {e}")
         return None
-    if not isinstance(obj, dict):
-        count_bad(stats, skip_bad, spec.path, line_no, f"{what} value is a "
-             f"{type(obj).__name__}, expected an object")
-        return None
-    value = obj.get(key)
+    value = obj.get(key) if isinstance(obj, dict) else None
     if not isinstance(value, str):
-        reason = (f"no field {key!r}" if key not in obj else
+        reason = (f"{what} value is a {type(obj).__name__}, expected an object"
+                  if not isinstance(obj, dict) else f"no field {key!r}" if key not in obj else
                   f"field {key!r} is {type(value).__name__}, expected a string")
         count_bad(stats, skip_bad, spec.path, line_no, reason)
         return None
@@ -201,10 +192,8 @@ def _delimited_records(spec, lines, stats, skip_bad, utf8_errors, cap=None):
             count_bad(stats, skip_bad, spec.path, feed.first or feed.last, f"CSV error: {e}")
             continue
         except _TooLong:  # with --skip-bad: a fresh reader goes on at the next line
-            count_bad(stats, skip_bad, spec.path, feed.first,
-                      f"a record of more than {cap:,} characters (a quote never closed?) is "
-                      f"longer than the {cap:,} bytes the memory budget allows per document "
-                      "(raise --max-memory-mb, or --skip-bad to drop it)")
+            count_bad(stats, skip_bad, spec.path, feed.first, inputs.over_budget(
+                f"a record of more than {cap:,} characters (a quote never closed?)", cap))
             reader = csv.reader(feed, **_dialect(spec.format))
             continue
         line_no = feed.first
@@ -242,10 +231,8 @@ def _review_records(spec, lines, stats, skip_bad, utf8_errors, cap=None):
         invalid = invalid or not ok
         size += len(text) + 1
         if cap is not None and size > cap and not skipping:  # a block of many short lines
-            count_bad(stats, skip_bad, spec.path, start,
-                      f"a <review> block of more than {cap:,} characters is longer than the "
-                      f"{cap:,} bytes the memory budget allows per document (raise "
-                      "--max-memory-mb, or --skip-bad to drop it)")
+            count_bad(stats, skip_bad, spec.path, start, inputs.over_budget(
+                f"a <review> block of more than {cap:,} characters", cap))
             skipping, value, cur = True, None, None  # --skip-bad: on to its </review>
         if skipping:
             if s == "</review>":
@@ -305,8 +292,7 @@ def _dialect(fmt: str) -> dict:
 
 def read_documents(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
                    stats: Optional[ReadStats] = None, skip_bad: bool = False,
-                   utf8_errors: str = "replace",
-                   progress: Optional[Callable[[int], None]] = None,
+                   utf8_errors: str = "replace", progress: Optional[Callable[[int], None]] = None,
                    block_size: int = BLOCK_SIZE,
                    max_line_bytes: Optional[int] = None) -> Iterator[tuple[int, str]]:
     """The documents of one input file (or of one stripe of it).

@@ -61,18 +61,15 @@ class PrepareConfig:
     out: str = option("", "output directory for shards and manifest.json", required=True)
     format: Optional[str] = option(None, "input format of every INPUT (default: inferred from "
                                    "each file name)", choices=FORMATS)
-    text_field: Optional[str] = option(None, "JSON key / CSV column / .review tag holding the "
-                                       "text (default: reviewText, review_body, Text, ... "
-                                       "whichever the file has; review_text); several, "
-                                       "comma-separated: each file reads the first it has; #N: "
-                                       "column N of a CSV without a header row",
-                                       metavar="FIELD[,FIELD...]")
-    tar_members: Optional[str] = option(None, "tar inputs: the members read as documents, "
-                                        "comma-separated globs over their paths in the archive "
-                                        "(default: *.txt; IMDB: "
-                                        "'*/train/pos/*.txt,*/train/neg/*.txt'); never its "
-                                        "urls_*.txt lists nor imdbEr.txt",
-                                        metavar="GLOBS")
+    text_field: Optional[str] = option(
+        None, "JSON key / CSV column / .review tag holding the text (default: reviewText, "
+        "review_body, Text, ... whichever the file has; review_text); several, comma-separated: "
+        "each file reads the first it has; #N: column N of a CSV without a header row",
+        metavar="FIELD[,FIELD...]")
+    tar_members: Optional[str] = option(
+        None, "tar inputs: the members read as documents, comma-separated globs over their paths "
+        "in the archive (default: *.txt; IMDB: '*/train/pos/*.txt,*/train/neg/*.txt'); never its "
+        "urls_*.txt lists nor imdbEr.txt", metavar="GLOBS")
     normalize: bool = option(False, "collapse whitespace runs to one space and strip (Radford "
                              "et al. 2017); recorded in the manifest", switch=True)
     min_chars: int = option(1, "drop documents with fewer characters (after --normalize)",

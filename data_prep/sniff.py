@@ -13,17 +13,9 @@ import os
 import re
 from typing import Optional
 
+from data_prep import inputs
 from data_prep.gzip_blocks import is_gzip
-from data_prep.inputs import (
-    CSV_FIELD_LIMIT,
-    FORMATS,
-    REVIEW_DEFAULT_FIELD,
-    TAR_DEFAULT_MEMBERS,
-    TEXT_FIELD_CANDIDATES,
-    CorruptInput,
-    InputError,
-    InputSpec,
-)
+from data_prep.inputs import FORMATS, TEXT_FIELD_CANDIDATES, CorruptInput, InputError, InputSpec
 from data_prep.lines import iter_lines
 from data_prep.readers import _dialect
 from hvd_lm.util.files import FileRefused, check_regular, shown
@@ -109,7 +101,7 @@ def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = N
                              f"({', '.join(FORMATS)})")
     kw = dict(path=path, format=fmt, size=size, compressed=compressed, format_source=fsrc)
     if fmt == "tar":  # binary: nothing to sniff; the members are read in the archive's order
-        globs = tar_members if tar_members else TAR_DEFAULT_MEMBERS
+        globs = tar_members or inputs.TAR_DEFAULT_MEMBERS
         if not [g for g in globs.split(",") if g.strip()]:
             raise InputError(f"{path}: --tar-members {tar_members!r} holds no glob")
         return InputSpec(text_field=globs, field_source="given" if tar_members else "default",
@@ -132,37 +124,30 @@ def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = N
         if name.startswith("#") and not re.fullmatch(r"#[1-9]\d{0,3}", name):
             raise InputError(f"--text-field {name!r}: a column number of a CSV/TSV without a "
                              "header row is #1 to #9999 (1-based)")
-    if wanted and len(wanted) == 1:
-        text_field = wanted[0]
+    names = wanted or TEXT_FIELD_CANDIDATES
+    one = wanted is not None and len(wanted) == 1  # one field given: that field, no choice
     if fmt == "text":
         return InputSpec(text_field=None, field_source="", **kw)
     if fmt == "review":
-        if wanted and len(wanted) > 1:  # the first listed tag the first blocks hold
+        if wanted and not one:  # the first listed tag the first blocks hold
             tags = {t.strip()[1:-1] for _, t in head if re.fullmatch(r"\s*<[\w.-]+>\s*", t)}
             pick = next((w for w in wanted if w in tags), wanted[0])
             return InputSpec(text_field=pick, field_source="given, first in the blocks", **kw)
-        return InputSpec(text_field=wanted[0] if wanted else REVIEW_DEFAULT_FIELD,
+        return InputSpec(text_field=wanted[0] if wanted else inputs.REVIEW_DEFAULT_FIELD,
                          field_source="given" if wanted else "default", **kw)
     if fmt in ("csv", "tsv"):
-        csv.field_size_limit(CSV_FIELD_LIMIT)
+        csv.field_size_limit(inputs.CSV_FIELD_LIMIT)
         lines = iter(t for n, t in head)
         try:
             header = next(csv.reader(lines, **_dialect(fmt)), None)
         except csv.Error as e:
             raise InputError(f"{path}:1: unreadable {fmt.upper()} header ({e})") from e
-        if not header:
-            if size and not head:
-                raise InputError(f"{path}: no header row")
-            header = []
+        if not header and size and not head:
+            raise InputError(f"{path}: no header row")
         consumed = len(head) - sum(1 for _ in lines)
-        columns = tuple(header)
-        if text_field is None or len(wanted) > 1:
-            names = wanted or TEXT_FIELD_CANDIDATES
-            text_field = next((c for c in names if c in columns), None)
-            fld_src = "header" if wanted is None else "given, first in the header"
-        else:
-            fld_src = "given"
-            names = [text_field]
+        columns = tuple(header or ())
+        text_field = names[0] if one else next((c for c in names if c in columns), None)
+        fld_src = "given" if one else "header" if wanted is None else "given, first in the header"
         numbered = [n for n in names if re.fullmatch(r"#[1-9]\d{0,3}", n)]
         if columns and text_field not in columns and numbered:
             # none of the named columns: a file without a header row, its first row is data
@@ -182,9 +167,8 @@ def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = N
         return InputSpec(text_field=text_field, field_source=fld_src, columns=columns,
                          header_lines=consumed, **kw)
     # json / loose-json
-    if wanted and len(wanted) == 1:
-        return InputSpec(text_field=text_field, field_source="given", **kw)
-    names = wanted or TEXT_FIELD_CANDIDATES
+    if one:
+        return InputSpec(text_field=names[0], field_source="given", **kw)
     if isinstance(obj, dict):  # (a first record that is not one is a bad record when read)
         found = next((c for c in names if c in obj), None)
         if found is None:

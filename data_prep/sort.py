@@ -15,6 +15,7 @@ Both write into ``.partial`` folders of the work directory renamed when complete
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -118,8 +119,7 @@ class _Spill:
                 with open(self.dir / f"b{b:05d}.idx", "ab") as f:
                     f.write(recs.tobytes())
                 with open(self.dir / f"b{b:05d}.dat", "ab") as f:
-                    f.write(_EOD_BYTE.join(data))
-                    f.write(_EOD_BYTE)
+                    f.write(_EOD_BYTE.join([*data, b""]))  # each document, then EOD
                 keys.clear()
                 data.clear()
         self.size = 0
@@ -139,12 +139,10 @@ def map_unit(task: MapTask, progress=None) -> None:
         without ``skip_bad`` (with it, the unit's output is dropped and counted).
     """
     time.sleep(float(os.environ.get(SLEEP_HOOK_ENV, "0") or 0))
-    work = Path(task.work)
-    final = work / "map" / f"u{task.unit:05d}"
+    final = Path(task.work) / "map" / f"u{task.unit:05d}"
     part = fresh_dir(final.with_name(final.name + ".partial"))
     stats = UnitStats()
-    n_buckets = 1 << task.bits
-    spill = _Spill(part, n_buckets, task.buffer_bytes)
+    spill = _Spill(part, 1 << task.bits, task.buffer_bytes)
     cfg = task.cfg
     keyed = hashlib.blake2b(digest_size=16, key=str(cfg.seed).encode())
     normalize, min_chars, limit = cfg.normalize, cfg.min_chars, spill.limit
@@ -204,8 +202,8 @@ def map_unit(task: MapTask, progress=None) -> None:
 def _load_sorted(pairs: list, dedup: bool):
     """Load spill files ``[(idx_path, dat_path)]``, sort by key, optionally de-duplicate.
     Returns (dat uint8 array, starts, lengths in sorted order, duplicates dropped)."""
-    recs = [np.fromfile(ix, dtype=_REC) for ix, _ in pairs]
-    recs = np.concatenate(recs) if recs else np.zeros(0, dtype=_REC)
+    recs = np.concatenate([np.zeros(0, dtype=_REC)] + [np.fromfile(ix, dtype=_REC)
+                                                       for ix, _ in pairs])
     sizes = [os.path.getsize(dt) for _, dt in pairs]
     dat = np.empty(sum(sizes), dtype=np.uint8)
     pos = 0
@@ -249,8 +247,9 @@ def _sort_into(pairs: list, pos: int, budget: int, dedup: bool, out, lengths_out
         return dups
     sub = fresh_dir(scratch / f"p{pos:03d}")
     names = [(sub / f"s{k:02d}.idx", sub / f"s{k:02d}.dat") for k in range(16)]
-    handles = [(open(ix, "wb"), open(dt, "wb")) for ix, dt in names]
-    try:
+    with contextlib.ExitStack() as files:
+        handles = [(files.enter_context(open(ix, "wb")), files.enter_context(open(dt, "wb")))
+                   for ix, dt in names]
         step = max(1, budget // (4 * 1024))  # records per chunk: bounded by the budget
         for ix_path, dt_path in pairs:
             with open(ix_path, "rb") as fi, open(dt_path, "rb") as fd:
@@ -269,10 +268,6 @@ def _sort_into(pairs: list, pos: int, budget: int, dedup: bool, out, lengths_out
                         recs[sel].tofile(hi)
                         for j in sel.tolist():
                             hd.write(view[offs[j]:offs[j + 1]])
-    finally:
-        for hi, hd in handles:
-            hi.close()
-            hd.close()
     dups = 0
     for ix, dt in names:
         if os.path.getsize(ix):
@@ -292,11 +287,8 @@ def sort_bucket(task: SortTask, progress=None) -> None:
     work = Path(task.work)
     final = work / "sorted" / f"b{task.bucket:05d}"
     part = fresh_dir(final.with_name(final.name + ".partial"))
-    pairs = []
-    for u in range(task.units):
-        ix = work / "map" / f"u{u:05d}" / f"b{task.bucket:05d}.idx"
-        if ix.exists():
-            pairs.append((ix, ix.with_suffix(".dat")))
+    idx = [work / "map" / f"u{u:05d}" / f"b{task.bucket:05d}.idx" for u in range(task.units)]
+    pairs = [(ix, ix.with_suffix(".dat")) for ix in idx if ix.exists()]
     lengths: list = []
     with open(part / "data.bin", "wb", buffering=4 * MIB) as out:
         dups = _sort_into(pairs, task.bits, task.budget, task.dedup, out, lengths, part)

@@ -33,17 +33,9 @@ import tarfile
 import zlib
 from typing import Callable, Iterator, Optional
 
+from data_prep import inputs
 from data_prep.gzip_blocks import CountingReader
-from data_prep.inputs import (
-    TAR_DEFAULT_EXCLUDE,
-    TAR_NOT_DOCUMENTS,
-    CorruptInput,
-    InputError,
-    InputSpec,
-    ReadStats,
-    count_bad,
-    utf8_ok,
-)
+from data_prep.inputs import CorruptInput, InputError, InputSpec, ReadStats, count_bad, utf8_ok
 from data_prep.lines import decode
 from hvd_lm.util.files import FileRefused, open_regular, shown
 
@@ -108,7 +100,8 @@ def read_tar_members(spec: InputSpec, stats: ReadStats, skip_bad: bool, utf8_err
         InputError: the file cannot be opened, or holds no tar archive.
     """
     globs = [g.strip() for g in spec.text_field.split(",") if g.strip()]
-    default = spec.field_source == "default"  # no --tar-members: TAR_DEFAULT_EXCLUDE applies
+    # no --tar-members: TAR_DEFAULT_EXCLUDE applies
+    excluded = inputs.TAR_DEFAULT_EXCLUDE if spec.field_source == "default" else ()
     if not spec.size:
         return
     try:  # a FIFO or a device swapped in since the input was resolved is refused, not read
@@ -154,17 +147,15 @@ def read_tar_members(spec: InputSpec, stats: ReadStats, skip_bad: bool, utf8_err
             index += 1
             wanted = member.isreg() and any(fnmatch.fnmatchcase(member.name, g) for g in globs)
             base = member.name.rsplit("/", 1)[-1]
-            if wanted and (any(fnmatch.fnmatchcase(base, g) for g in TAR_NOT_DOCUMENTS) or (
-                    default and any(fnmatch.fnmatchcase(member.name, g)
-                                    for g in TAR_DEFAULT_EXCLUDE))):
+            if wanted and (any(fnmatch.fnmatchcase(base, g) for g in inputs.TAR_NOT_DOCUMENTS)
+                           or any(fnmatch.fnmatchcase(member.name, g) for g in excluded)):
                 stats.members_left_out += 1  # a URL list, IMDB's held-out test reviews...
                 wanted = False
             name = member.name if member.name.isprintable() else repr(member.name)
             where = f"{spec.path}[{name}]"  # one line, whatever the archive names it
             if wanted and max_doc_bytes is not None and member.size > max_doc_bytes:
-                count_bad(stats, skip_bad, where, 1, f"a member of {member.size:,} bytes is "
-                          f"longer than the {max_doc_bytes:,} bytes the memory budget allows "
-                          "per document (raise --max-memory-mb, or --skip-bad to drop it)")
+                count_bad(stats, skip_bad, where, 1, inputs.over_budget(
+                    f"a member of {member.size:,} bytes", max_doc_bytes))
                 wanted = False
             try:
                 if not wanted:  # read past its data here: tarfile's own skip never stops

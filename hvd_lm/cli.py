@@ -53,18 +53,6 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "demo": ("hvd_lm.jobs.demo", "DEMO", "end to end on real reviews: prepare, train on 2 "
              "ranks, evaluate vs xz/gzip, SST-2 transfer, report"),
 }
-def add_command(sub, name: str, entry: tuple[str, str, str], load: bool) -> None:
-    """Add command ``name`` (``entry``: module, Command attribute, help) to the subparsers
-    ``sub``; with ``load``, import its module and give it its arguments (``python -m
-    benchmarks`` builds its table the same way)."""
-    module, attr, text = entry
-    p = sub.add_parser(name, help=text, description=text)
-    if load:
-        # The one dynamic import: only the module of the command that runs is loaded.
-        command = getattr(importlib.import_module(module), attr)
-        command.add_arguments(p)
-        p.set_defaults(command_obj=command)
-
 
 DESCRIPTION = ("Horovod/MPI data-parallel training of byte-level mLSTM language models on review "
                "text, and sentiment transfer (see README.md).")
@@ -75,13 +63,18 @@ def build_parser(argv: list[str] | None = None, commands: dict | None = None,
     """The ``hvd-lm`` parser (``commands``, ``prog``: another table's, as ``python -m
     benchmarks`` has). Every command is listed with its help; only the command named in
     ``argv`` (all of them when ``argv`` is None, e.g. for documentation) gets its arguments."""
-    p = ArgumentParser(prog=prog, description=description)
-    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     words = [a for a in (argv or []) if not a.startswith("-")]
-    for name, entry in (COMMANDS if commands is None else commands).items():
-        add_command(sub, name, entry, argv is None or words[:1] == [name])
-    return p
+    for name, (module, attr, text) in (COMMANDS if commands is None else commands).items():
+        p = sub.add_parser(name, help=text, description=text)
+        if argv is None or words[:1] == [name]:
+            # The one dynamic import: only the module of the command that runs is loaded.
+            command = getattr(importlib.import_module(module), attr)
+            command.add_arguments(p)
+            p.set_defaults(command_obj=command)
+    return parser
 
 
 def main(argv: list[str] | None = None, commands: dict | None = None, prog: str = "hvd-lm",

@@ -2,7 +2,7 @@
 # Build (or take from the wheel cache) Horovod 0.28.1 for the given venv's python, and install it.
 #
 # Horovod 0.28.1, the last release, needs patches and settings on today's stack; the decisions
-# live in hvd_lm/install/horovod_build.py (tested in tests/test_build_horovod.py) and this script acts on
+# live in scripts/horovod_build.py (tested in tests/test_build_horovod.py) and this script acts on
 # them:
 #   * C++17 in both CMakeLists.txt (upstream issue #3996 / PR #3998) and CMAKE_CUDA_STANDARD 17;
 #   * <cstdint>, <string>, <stdexcept> added to group_table.h and common.h (g++ >= 13; PR #3957);
@@ -42,8 +42,8 @@ fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/hvd_lm-horovod.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-# The decisions (and the errors that name what to install): see hvd_lm/install/horovod_build.py.
-build_env=$("$PY" -m hvd_lm.install.horovod_build env "$work") || exit 1
+# The decisions (and the errors that name what to install): see scripts/horovod_build.py.
+build_env=$("$PY" "$(dirname "$0")/horovod_build.py" env "$work") || exit 1
 eval "$build_env"
 say "cache key $HVD_LM_CACHE_KEY${HOROVOD_GPU_OPERATIONS:+; GPU ops $HOROVOD_GPU_OPERATIONS (NCCL in ${HOROVOD_NCCL_INCLUDE%/include}, CUDA archs ${HOROVOD_BUILD_CUDA_CC_LIST:-all})}"
 
@@ -73,7 +73,7 @@ elif ! "${PIP[@]}" download --no-deps --no-binary :all: "horovod==$HVD_VERSION" 
 fi
 tar -xzf "$work/horovod-$HVD_VERSION.tar.gz" -C "$work"
 src="$work/horovod-$HVD_VERSION"
-"$PY" -m hvd_lm.install.horovod_build patch "$src"
+"$PY" "$(dirname "$0")/horovod_build.py" patch "$src"
 
 export MAKEFLAGS=${MAKEFLAGS:--j$(($(nproc) + 1))}
 "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$work/dist" "$src" \

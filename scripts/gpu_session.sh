@@ -36,7 +36,7 @@
 # docs/results/gpu_checked.txt, written when a card's results are committed: the same hash means
 # the last card ran that very code, and its figures stand. FORCE_CHECKS=1 runs both anyway.
 #
-# No Horovod: one GPU trains as one process (hvd_lm.comm.single), on the image's python3 with
+# No Horovod: one GPU trains as one process (the torch engine's world of one), on the image's python3 with
 # the tree on PYTHONPATH; no build, no wheelhouse.
 #
 #   PART=1 bash scripts/gpu_session.sh [DATA] [OUT]    (defaults: .gpu; $OUT, else ./gpu_session)

@@ -43,7 +43,7 @@ fi
 # imports hvd_lm or Horovod (removed by hand) is set up again.
 ready="$VENV/.hvd_lm-ready"
 ready_key=$(cat pyproject.toml scripts/setup.sh scripts/build_horovod.sh \
-                hvd_lm/install/horovod_build.py 2>/dev/null | sha256sum | cut -d' ' -f1)
+                scripts/horovod_build.py 2>/dev/null | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$ready" 2>/dev/null)" = "$ready_key" ] && [ -x "$VENV/bin/hvd-lm" ] \
         && "$VENV/bin/python" -c 'import hvd_lm, horovod.torch' >/dev/null 2>&1; then
     say "ready (stamp $ready matches; rm it to set up again): source $VENV/bin/activate"

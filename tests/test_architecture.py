@@ -286,18 +286,11 @@ OWN_READS = {
     ("hvd_lm/jobs/doctor_facts.py", "p.read_bytes()"): "hvd_lm's sources, for their digest",
     ("hvd_lm/jobs/job_scripts.py", "(templates / SCHEDULERS[spec.scheduler]).read_text()"):
         "the package's launch/ templates (HVD_LM_LAUNCH_DIR: the tests' copy)",
-    ("hvd_lm/install/horovod_build.py", "(Path(include_dir) / 'nccl.h').read_text()"):
-        "the CUDA toolchain's header, at install time",
-    ("hvd_lm/install/horovod_build.py", "p.read_text()"): "Horovod's unpacked sources, patched",
-    ("hvd_lm/install/horovod_build.py", "cuda.read_text()"): "Horovod's unpacked sources",
     # ---- a path its caller has checked with files.py (or is_file) first
     ("hvd_lm/formats/checkpoint.py", "open(latest)"): "after is_file(); 256 bytes read",
     ("hvd_lm/formats/checkpoint.py", "torch.load(path)"): "after open_regular and zip checks",
     ("hvd_lm/formats/shards.py", "h5py.File(path)"): "after check_regular (_open_h5)",
-    ("hvd_lm/transfer/saved.py", "np.load(npz)"): "after check_npz (each member's header)",
     ("hvd_lm/transfer/datasets.py", "tarfile.open(p)"): "after is_file(); streamed members",
-    ("hvd_lm/transfer/texts.py", "gzip.open(p)"): "the input just read, for a bad line's number",
-    ("hvd_lm/transfer/texts.py", "open(p)"): "the input just read, for a bad line's number",
     ("hvd_lm/util/digest.py", "open(path)"): "hashes what its caller opened or wrote",
     ("data_prep/gzip_blocks.py", "open(path)"): "an input, after sniff's check_regular",
     ("data_prep/pipeline.py", "open(spec.path)"): "an input, after sniff's check_regular",

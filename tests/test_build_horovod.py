@@ -1,18 +1,23 @@
-"""The Horovod build's decisions (hvd_lm/install/horovod_build.py, acted on by
+"""The Horovod build's decisions (scripts/horovod_build.py, acted on by
 scripts/build_horovod.sh) on fabricated machines: a CPU box, a CUDA node with NCCL from the pip
 wheel, from HOROVOD_NCCL_HOME, and the failures that must name what to install; the source patches
 on a miniature sdist; and the device rule of one rank per GPU
 (hvd_lm.model.device.resolve_device)."""
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
-from hvd_lm.install import horovod_build as B
 from hvd_lm.install.check_build import missing_components, parse_check_build
 from hvd_lm.model.device import DeviceError, resolve_device
+
+_SPEC = importlib.util.spec_from_file_location(
+    "horovod_build", Path(__file__).resolve().parents[1] / "scripts" / "horovod_build.py")
+B = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(B)
 
 NCCL_H = "#define NCCL_MAJOR 2\n#define NCCL_MINOR 28\n#define NCCL_PATCH 3\n"
 
@@ -28,7 +33,7 @@ def nccl_wheel(site: Path, so: str = "libnccl.so.2") -> Path:
 
 def cuda_facts(tmp_path: Path, **kw) -> B.Facts:
     base = dict(torch_version="2.11.0+cu130", torch_cuda="13.0", capabilities=[(9, 0)],
-                gxx_major=13, cmake_major=4, nvcc="/usr/local/cuda/bin/nvcc",
+                cmake_major=4, nvcc="/usr/local/cuda/bin/nvcc",
                 site_packages=[str(tmp_path / "site")], system_nccl_dirs=[],
                 mpi_version="mpirun (Open MPI) 4.1.6", python_tag="py312")
     base.update(kw)
@@ -36,7 +41,7 @@ def cuda_facts(tmp_path: Path, **kw) -> B.Facts:
 
 
 def test_cpu_box_builds_mpi_and_gloo_only(tmp_path):
-    f = B.Facts(torch_version="2.13.0+cpu", torch_cuda=None, gxx_major=12, cmake_major=3,
+    f = B.Facts(torch_version="2.13.0+cpu", torch_cuda=None, cmake_major=3,
                 mpi_version="mpirun (Open MPI) 4.1.4", python_tag="py311")
     env = B.build_env(f, tmp_path)
     assert env["HOROVOD_WITH_MPI"] == env["HOROVOD_WITH_GLOO"] == "1"

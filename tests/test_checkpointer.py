@@ -1,5 +1,5 @@
 """The trainer's checkpointer alone (hvd_lm.train.checkpointer), on one process with the one-rank
-engine (hvd_lm.comm.single): what torch.load reads back from the file it writes is the tiny
+engine (comm.torch_engine): what torch.load reads back from the file it writes is the tiny
 model's tensors, the optimizer's and schedule's state, the recurrent state and the position with
 the exact character count; the ``checkpoint`` record names that file; a write in the background
 holds the tensors of the moment it was asked for; a run above the divergence bound writes
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hvd_lm.comm import engine, single
+from hvd_lm.comm import engine, torch_engine
 from hvd_lm.comm.world import RankContext
 from hvd_lm.formats import checkpoint as ckpt_io
 from hvd_lm.train.checkpointer import Checkpointer
@@ -27,7 +27,10 @@ H, B = 6, 2
 @pytest.fixture
 def one_rank(monkeypatch):
     """Collectives on the one-rank engine (what a process without Horovod runs on)."""
-    monkeypatch.setattr(engine, "_hvd", lambda: single)
+    monkeypatch.setattr(engine, "_hvd", lambda: torch_engine)
+    torch_engine.init()
+    yield
+    torch_engine.shutdown()
 
 
 def tiny(tmp_path, asynchronous=False, guard=None):

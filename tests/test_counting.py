@@ -2,7 +2,7 @@
 (settled before the next update) gives, at every update, the step count, the learning rate the
 loop sets from it and the skip records of counting each step at once; the exact count at the
 steps where it decides something; a skipped step's non-finite recurrent state restarts from
-zeros; the characters over ranks (one rank here: hvd_lm.comm.single)."""
+zeros; the characters over ranks (one rank here: the torch engine's world of one)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hvd_lm.comm import engine, single
+from hvd_lm.comm import engine, torch_engine
 from hvd_lm.train.counting import CharCount, StepCounter
 from hvd_lm.train.guard import DivergenceGuard
 from hvd_lm.train.log import read_metrics
@@ -119,8 +119,10 @@ def test_a_rolled_back_position_drops_the_pending_step(tmp_path):
     assert out.reads == 0 and c.pending is None and old.skipped_steps == 0
 
 
-def test_the_characters_over_ranks(monkeypatch):
-    monkeypatch.setattr(engine, "_hvd", lambda: single)
+def test_the_characters_over_ranks(monkeypatch, request):
+    monkeypatch.setattr(engine, "_hvd", lambda: torch_engine)
+    torch_engine.init()
+    request.addfinalizer(torch_engine.shutdown)
     chars = CharCount(1000)
     chars.add(30)
     chars.add(12)

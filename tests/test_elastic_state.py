@@ -4,7 +4,7 @@ schedule, scaler, divergence counters and this rank's recurrent rows; in another
 start from zero and the window moves to the same fraction of the epoch (by hand); a reset waits
 for the checkpoint in flight, re-forms the run's world and says so in a ``resize`` record. The
 state is a stand-in with hvd.elastic.TorchState's interface (attributes and ``commit()``);
-collectives run on the one-rank engine (hvd_lm.comm.single). The whole of elastic training on
+collectives run on the torch engine's world of one. The whole of elastic training on
 real workers: tests/test_elastic.py."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hvd_lm.comm import engine, single
+from hvd_lm.comm import engine, torch_engine
 from hvd_lm.comm.world import RankContext
 from hvd_lm.train.counting import CharCount
 from hvd_lm.train.elastic import Elastic
@@ -28,7 +28,10 @@ B, H = 2, 3
 
 @pytest.fixture(autouse=True)
 def one_rank(monkeypatch):
-    monkeypatch.setattr(engine, "_hvd", lambda: single)
+    monkeypatch.setattr(engine, "_hvd", lambda: torch_engine)
+    torch_engine.init()
+    yield
+    torch_engine.shutdown()
 
 
 class State:
@@ -125,4 +128,4 @@ def test_a_reset_reforms_the_world_after_the_write_in_flight(tmp_path):
 
 
 def single_context() -> RankContext:
-    return RankContext(0, 1, 0, 1, single.LAUNCHER)
+    return RankContext(0, 1, 0, 1, torch_engine.LAUNCHER)

@@ -203,7 +203,7 @@ def test_gpu_session_runs_both_calls_on_the_cpu(tmp_path):
     recs = [json.loads(x) for x in (work / "run/metrics.jsonl").read_text().splitlines()]
     starts = [r for r in recs if r["kind"] == "start"]
     assert [s["resumed_from"] is None for s in starts] == [True, False]
-    assert "no Horovod" in starts[0]["launcher"] and starts[1]["trained_s"] == first["trained_s"]
+    assert starts[0]["engine"] == "torch" and starts[1]["trained_s"] == first["trained_s"]
     end = json.loads((work / "run/summary.json").read_text())
     assert end["stop"] == "done" and end["trained_s"] <= end["time_budget_s"], end
     lrs = [r["lr"] for r in recs if r["kind"] == "train"]

@@ -89,14 +89,14 @@ def test_transfer_names_what_its_training_file_is(trained, tmp_path, capsys):
 
 
 def test_classify_never_replaces_what_it_reads(trained, tmp_path, capsys):
-    """--output naming the input, the classifier (its json or npz), the checkpoint, a link to the
+    """--output naming the input, the classifier, the checkpoint, a link to the
     input, or a folder: one ERROR line before any work, and every input byte for byte as it was
     (before: the input or the classifier was replaced by the predictions)."""
     inp = tmp_path / "mine.txt"
     inp.write_text("a great album\nawful, boring\n")
     (tmp_path / "link.txt").symlink_to(inp)
     out = trained["dir"] / "out"
-    reads = [inp, out / "classifier.json", out / "classifier.npz", trained["ckpt"]]
+    reads = [inp, out / "classifier.safetensors", trained["ckpt"]]
     before = [f.read_bytes() for f in reads]
     base = ["classify", str(trained["ckpt"]), str(out), "--input", str(inp), "--no-progress"]
     for target, needle in [*[(f, "which this command reads") for f in reads],

@@ -192,14 +192,14 @@ def test_eval_and_generate_never_replace_what_they_read(trained, shards, tmp_pat
 
     shard = load_manifest(shards).shards[0].path
     reads = [trained["ckpt"], shards / MANIFEST_NAME, shard,
-             trained["dir"] / "out" / "classifier.json"]
+             trained["dir"] / "out" / "classifier.safetensors"]
     before = [Path(f).read_bytes() for f in reads]
     for argv in (["eval", trained["ckpt"], shards, "--output", trained["ckpt"]],
                  ["eval", trained["ckpt"], shards, "--output", shards / MANIFEST_NAME],
                  ["eval", trained["ckpt"], shards, "--output", shard],
                  ["generate", trained["ckpt"], "--length", "4", "--output", trained["ckpt"]],
                  ["generate", trained["ckpt"], "--classifier", trained["dir"] / "out",
-                  "--length", "4", "--output", trained["dir"] / "out" / "classifier.json"]):
+                  "--length", "4", "--output", trained["dir"] / "out" / "classifier.safetensors"]):
         assert main([str(a) for a in argv]) != 0, argv
         err = capsys.readouterr().err
         assert err.count("ERROR:") == 1 and "which this command reads" in err, err

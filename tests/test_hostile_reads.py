@@ -1,23 +1,20 @@
 """Hostile and careless input, issue 44: what a command reads (:mod:`hvd_lm.util.files`, the one
-owner). A file read is a regular file (a FIFO, a device or a socket is named and refused before
-it is opened: a FIFO blocks ``open``, ``/dev/zero`` never ends), within a budget of its kind
-(manifest.json, classifier.json, every ``.npy`` member of a classifier.npz from its header, before
-it is inflated); record readers are bounded per document whatever the line structure (an unclosed
-CSV quote, a Blitzer ``.review`` block of many short lines); flags that size memory are bounded
-(``generate --length/--samples``, ``eval --seq-len``, ``visualize --max-chars`` for HTML), each
-error naming the flag and the bound. Where memory is the point the command runs under an
-address-space cap (``RLIMIT_AS``: what it had at start plus a small headroom), so a read that
-grows with the input ends as a MemoryError, not as a swapping machine."""
+owner). A file read is a regular file (a FIFO, a device or a socket is named and refused before it
+is opened: a FIFO blocks ``open``, ``/dev/zero`` never ends), within a budget of its kind
+(manifest.json, classifier.safetensors); record readers are bounded per document whatever the line
+structure (an unclosed CSV quote, a Blitzer ``.review`` block of many short lines); flags that size
+memory are bounded (``generate --length/--samples``, ``eval --seq-len``, ``visualize --max-chars``
+for HTML), each error naming the flag and the bound. Where memory is the point the command runs
+under an address-space cap (``RLIMIT_AS``: what it had at start plus a small headroom), so a read
+that grows with the input ends as a MemoryError, not as a swapping machine."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -96,53 +93,40 @@ def test_a_config_fifo_nobody_writes_is_refused_not_opened(shards, tmp_path):
     one_error_line(proc, "model.hidden_size must be >= 1, got 0")
 
 
-# ---- case 7: a classifier whose array inflates 1,000:1, or whose JSON is 3 GB --------------------
+# ---- case 7: a classifier whose header declares 256 MiB it does not hold, or that is 3 GB ------
 
-def fake_classifier(folder: Path, npz_writer) -> Path:
-    """classifier.npz written by ``npz_writer(path)`` and a classifier.json recording its sha256."""
+def fake_classifier(folder: Path, coef_values: int = 32) -> Path:
+    """classifier.safetensors (metadata as transfer writes it) whose header declares
+    ``coef_values`` float64 values of ``coef``; the file holds 32 (and the other arrays)."""
     folder.mkdir(parents=True, exist_ok=True)
-    npz_writer(folder / "classifier.npz")
-    digest = hashlib.sha256((folder / "classifier.npz").read_bytes()).hexdigest()
-    (folder / "classifier.json").write_text(json.dumps({
-        "format": 1, "npz": "classifier.npz", "npz_sha256": digest, "checkpoint_sha256": "0" * 64,
-        "features": {"kind": "mean", "max_chars": 100, "normalize": False, "precision": "fp32"},
-        "inputs": 32}))
+    meta = {"format": 2, "weights_sha256": "0" * 64,
+            "features": {"kind": "mean", "max_chars": 100, "normalize": False, "precision": "fp32"}}
+    header, at = {"__metadata__": {"classifier": json.dumps(meta)}}, 0
+    for name, n in (("coef", coef_values), ("intercept", 1), ("mean", 32), ("scale", 32)):
+        header[name] = {"dtype": "F64", "shape": [n], "data_offsets": [at, at + 8 * n]}
+        at += 8 * n
+    text = json.dumps(header).encode()
+    (folder / "classifier.safetensors").write_bytes(len(text).to_bytes(8, "little") + text
+                                                    + bytes(8 * 97))
     return folder
 
 
-def bomb(path: Path, mib: int = 256) -> None:
-    """An npz whose ``coef`` is ``mib`` MiB of float64 zeros, deflated (~1,000:1)."""
-    header = np.lib.format.header_data_from_array_1_0(np.zeros(0))
-    header["shape"] = (mib << 17,)
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
-        with zf.open("coef.npy", "w", force_zip64=True) as f:
-            np.lib.format.write_array_header_1_0(f, header)
-            block = bytes(16 << 20)
-            for _ in range(mib // 16):
-                f.write(block)
-        for name, a in (("intercept", np.zeros(1)), ("mean", np.zeros(32)),
-                        ("scale", np.ones(32))):
-            with zf.open(f"{name}.npy", "w") as f:
-                np.lib.format.write_array(f, a)
-
-
-def test_a_classifier_is_checked_before_it_is_inflated_or_read(tmp_path):
-    """Before: a classifier.npz whose array inflates to gigabytes from megabytes was inflated
-    before any shape check, and a 3 GB classifier.json was read whole; under a cap of 160 MB
-    beyond the start both end as one line naming the file and the bound."""
+def test_a_classifier_is_checked_before_it_is_read_whole(tmp_path):
+    """Before: a classifier.npz whose array inflated to gigabytes from megabytes was inflated
+    before any shape check, and a 3 GB classifier.json was read whole. Now one
+    classifier.safetensors: one whose header declares 256 MiB the file does not hold, and a
+    3 GB one, end under a cap of 160 MB beyond the start as one line naming the file."""
     ckpt = write_checkpoint(tmp_path / "run")
     (tmp_path / "t.txt").write_text("a great album\n")
-    clf = fake_classifier(tmp_path / "clf", bomb)
-    assert (clf / "classifier.npz").stat().st_size < 2 << 20
+    clf = fake_classifier(tmp_path / "clf", 1 << 25)
     base = ["classify", ckpt, clf, "--input", tmp_path / "t.txt", "--output", tmp_path / "p.csv",
             "--no-progress"]
     proc = capped(*base)
-    one_error_line(proc, f"{clf / 'classifier.npz'}: member coef.npy", "268,435,456 bytes",
-                   "more than the 16,777,216 bytes")
-    with open(clf / "classifier.json", "r+b") as f:  # a sparse file: 3 GB, no disk used
+    one_error_line(proc, f"{clf / 'classifier.safetensors'}: not a classifier file")
+    with open(clf / "classifier.safetensors", "r+b") as f:  # a sparse file: 3 GB, no disk used
         f.truncate(3 << 30)
     proc = capped(*base)
-    one_error_line(proc, f"{clf / 'classifier.json'}: more than 1,048,576 bytes")
+    one_error_line(proc, f"{clf / 'classifier.safetensors'}: more than 16,777,216 bytes")
     assert not (tmp_path / "p.csv").exists()
 
 

@@ -1,5 +1,5 @@
 """The trainer's metrics component alone (hvd_lm.train.metrics), on one process with the one-rank
-engine (hvd_lm.comm.single): the ``train`` record that ``read_metrics`` parses back holds the
+engine (comm.torch_engine): the ``train`` record that ``read_metrics`` parses back holds the
 sums of the steps given, computed here by hand (loss, BPC, wait share, compute time, TFLOP/s and
 MFU), in the order the printed line shows them, and the meter starts again after it; a rank that
 is not rank 0 writes nothing but gets the same loss; TensorBoard gets one scalar per value; a log
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from hvd_lm.comm import engine, single
+from hvd_lm.comm import engine, torch_engine
 from hvd_lm.model.mfu import Peak
 from hvd_lm.train import metrics as metrics_mod
 from hvd_lm.train.log import read_metrics
@@ -24,7 +24,10 @@ STEPS = [(torch.tensor(30.0, dtype=torch.float64), 20, 0.25, 1.0),  # nats, char
 @pytest.fixture
 def one_rank(monkeypatch):
     """Collectives on the one-rank engine (what a process without Horovod runs on)."""
-    monkeypatch.setattr(engine, "_hvd", lambda: single)
+    monkeypatch.setattr(engine, "_hvd", lambda: torch_engine)
+    torch_engine.init()
+    yield
+    torch_engine.shutdown()
 
 
 def fed(metrics: Metrics) -> Metrics:

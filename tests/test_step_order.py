@@ -269,13 +269,13 @@ def test_bench_gpu_times_one_step_per_timed_step(monkeypatch):
 
 
 def test_bench_train_times_one_step_per_timed_step(monkeypatch, capsys):
-    """bench train's worker (one rank, on the world of one: hvd_lm.comm.single), two models
+    """bench train's worker (one rank, on the torch engine's world of one), two models
     alternating: each model's step is one train_step per step, warm-up and timed, and each
     timed step is one of its step times."""
     from benchmarks import bench_train as bt
-    from hvd_lm.comm import engine, single
+    from hvd_lm.comm import engine, torch_engine
 
-    monkeypatch.setattr(engine, "_hvd", functools.cache(lambda: single))
+    monkeypatch.setattr(engine, "_hvd", functools.cache(lambda: torch_engine))
     counted = Counted()
     monkeypatch.setattr(bt, "train_step", counted)
     cfg = bt.WorkerConfig(hidden_size=16, embed_dim=8, batch_size=2, seq_len=8, steps=3,
@@ -286,6 +286,7 @@ def test_bench_train_times_one_step_per_timed_step(monkeypatch, capsys):
         assert bt.worker(cfg) == 0
     finally:
         torch.set_num_threads(threads)
+        torch_engine.shutdown()
     recs = [json.loads(line[len("BENCH "):]) for line in capsys.readouterr().out.splitlines()
             if line.startswith("BENCH ")]
     assert [r["variant"] for r in recs] == ["fused/torch", "reference"]

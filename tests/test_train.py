@@ -417,9 +417,10 @@ def _no_horovod(tmp_path) -> str:
 
 def test_one_process_trains_and_evaluates_without_horovod(shards, tmp_path):
     """Where Horovod is not installed (a workstation, a GPU node before its build), one process
-    trains, checkpoints, resumes and evaluates as the one rank of its world (hvd_lm.comm.single):
-    the same parameters as the run with Horovod, bit for bit (Horovod adds no hooks at size 1),
-    the start record names no Horovod; two ranks without it stop with one ERROR line."""
+    trains, checkpoints, resumes and evaluates as the one rank of its world (on the torch
+    engine): the same parameters as the run with Horovod, bit for bit (neither adds hooks at
+    size 1), the start record names the torch engine; two ranks without it stop with one ERROR
+    line."""
     common = ["--batch-size", "3", "--max-steps", "6", "--warmup-steps", "2", "--precision",
               "bf16", "--checkpoint-every", "3"]
     one_process(shards, tmp_path / "with", *common)
@@ -427,7 +428,7 @@ def test_one_process_trains_and_evaluates_without_horovod(shards, tmp_path):
     one_process(shards, tmp_path / "without", *common, **block)
     assert max_diff(params_of(tmp_path / "with"), params_of(tmp_path / "without")) == 0.0
     start = records(tmp_path / "without", "start")[0]
-    assert "no Horovod" in json.dumps(start), start
+    assert start["engine"] == "torch", start
     half = tmp_path / "without" / "checkpoints" / "step_00000003.pt"
     one_process(shards, tmp_path / "resumed", *common, "--resume", half, **block)
     assert max_diff(params_of(tmp_path / "with"), params_of(tmp_path / "resumed")) == 0.0

@@ -22,6 +22,7 @@ from hvd_lm.transfer import features as F
 from hvd_lm.transfer import generate as G
 from hvd_lm.transfer import heatmap as HM
 from hvd_lm.transfer import saved as S
+from hvd_lm.util.digest import file_sha256
 from tests._mp import REPO, horovodrun_cmd, run
 from tests.test_transfer import SST2, need_sst2, synthetic_reviews, tiny_model, write_checkpoint
 
@@ -43,16 +44,14 @@ def trained(tmp_path_factory):
     return {"dir": d, "ckpt": ckpt, "test": test, "report": report}
 
 
-# ---------------------------------------------------------------------------------------------
-# The saved classifier
-# ---------------------------------------------------------------------------------------------
+# ---- The saved classifier ------------------------------------------------------------------------
 
 def test_saved_classifier_reproduces_transfer_test_accuracy(trained):
-    """Reloaded from classifier.npz/.json and applied to freshly computed test features (the
+    """Reloaded from classifier.safetensors and applied to freshly computed test features (the
     options read from the JSON), the classifier's accuracy is transfer's test accuracy exactly."""
     rep = trained["report"]
     saved = S.load_classifier(trained["dir"] / "out")
-    assert saved.meta["checkpoint_sha256"] == S.file_sha256(trained["ckpt"])
+    assert saved.meta["checkpoint_sha256"] == file_sha256(trained["ckpt"])
     assert saved.meta["C"] == rep["classifier"]["C"] and saved.meta["standardize"] is True
     assert saved.neuron["index"] == rep["neuron"]["index"]
     split = D.load_table(trained["test"], "test", "review", "sentiment")
@@ -68,19 +67,27 @@ def test_saved_classifier_reproduces_transfer_test_accuracy(trained):
 
 
 def test_classifier_files_are_checked(tmp_path, trained):
-    src = trained["dir"] / "out"
-    for name in (S.NPZ_NAME, S.JSON_NAME):
-        (tmp_path / name).write_bytes((src / name).read_bytes())
+    """One classifier.safetensors, read by file or folder; a bit flipped in an array, a truncated
+    file, an older hvd_lm's classifier.npz + .json, a missing file or another name: one
+    ClassifierError naming it."""
+    data = (trained["dir"] / "out" / S.FILE_NAME).read_bytes()
+    (tmp_path / S.FILE_NAME).write_bytes(data)
     want = trained["report"]["classifier"]["C"]
-    assert S.load_classifier(tmp_path / S.NPZ_NAME).meta["C"] == want
-    z = dict(np.load(tmp_path / S.NPZ_NAME))
-    z["coef"] = z["coef"] * 2
-    np.savez(tmp_path / S.NPZ_NAME, **z)
-    with pytest.raises(S.ClassifierError, match=r"classifier\.npz: sha256 .* is not the"):
+    assert S.load_classifier(tmp_path / S.FILE_NAME).meta["C"] == want
+    (tmp_path / S.FILE_NAME).write_bytes(data[:-3] + bytes([data[-3] ^ 1]) + data[-2:])
+    with pytest.raises(S.ClassifierError, match=r"safetensors: its arrays' sha256 .* not the rec"):
         S.load_classifier(tmp_path)
-    (tmp_path / S.JSON_NAME).unlink()
-    with pytest.raises(S.ClassifierError, match=r"classifier\.json: no such file"):
+    (tmp_path / S.FILE_NAME).write_bytes(data[:-5])
+    with pytest.raises(S.ClassifierError, match=r"classifier\.safetensors: not a classifier file"):
         S.load_classifier(tmp_path)
+    (tmp_path / S.FILE_NAME).unlink()
+    with pytest.raises(S.ClassifierError, match=r"classifier\.safetensors: no such file"):
+        S.load_classifier(tmp_path)
+    for name in ("classifier.npz", "classifier.json"):
+        (tmp_path / name).write_bytes(b"{}")
+    for where in (tmp_path, tmp_path / "classifier.json"):
+        with pytest.raises(S.ClassifierError, match="older hvd_lm .* run hvd-lm transfer again"):
+            S.load_classifier(where)
     with pytest.raises(S.ClassifierError, match="not a classifier"):
         S.load_classifier(tmp_path / "model.txt")
 
@@ -97,8 +104,8 @@ def test_classifier_from_another_checkpoint_is_refused(tmp_path, trained, capsys
                   "--text-field", "review", "--out", str(tmp_path / "v.html")]):
         assert cli_main(argv) == 2, argv
         err = capsys.readouterr().err
-        assert re.search(r"ERROR: .*classifier\.json was fit on features of the weights of .* "
-                         r"\(weights sha256 [0-9a-f]{12}\.\.\.\), not those of .* "
+        assert re.search(r"ERROR: .*classifier\.safetensors was fit on features of the weights "
+                         r"of .* \(weights sha256 [0-9a-f]{12}\.\.\.\), not those of .* "
                          r"\([0-9a-f]{12}", err), err
     assert not (tmp_path / "p.csv").exists() and not (tmp_path / "v.html").exists()
 
@@ -122,9 +129,7 @@ def test_a_classifier_serves_the_export_of_its_checkpoint(tmp_path, trained, cap
     assert rows["export"] == rows["ckpt"] and len(rows["ckpt"]) == 80
 
 
-# ---------------------------------------------------------------------------------------------
-# hvd-lm classify
-# ---------------------------------------------------------------------------------------------
+# ---- hvd-lm classify -----------------------------------------------------------------------------
 
 def _read_csv(path):
     with open(path, newline="") as f:
@@ -234,9 +239,7 @@ def test_classify_under_horovodrun_matches_one_process(tmp_path, trained):
                                [float(r["probability"]) for r in one], atol=1e-6)
 
 
-# ---------------------------------------------------------------------------------------------
-# Generation
-# ---------------------------------------------------------------------------------------------
+# ---- Generation ----------------------------------------------------------------------------------
 
 def test_generation_is_reproducible_and_starts_from_the_forward_pass():
     model = tiny_model()
@@ -323,9 +326,7 @@ def test_trace_unit_is_padding_invariant():
         np.testing.assert_allclose(t, alone, atol=1e-6)
 
 
-# ---------------------------------------------------------------------------------------------
-# Heatmaps
-# ---------------------------------------------------------------------------------------------
+# ---- Heatmaps ------------------------------------------------------------------------------------
 
 class _Spans(HTMLParser):
     def __init__(self):
@@ -457,19 +458,25 @@ def test_a_png_heatmap_of_too_many_characters_is_refused_before_drawing(tmp_path
 
 def test_steering_warns_when_the_unit_alone_is_near_chance(tmp_path, trained, capsys):
     """What one H200 showed (docs/results/gpu_h200_2026-11-27/: a top unit at 50.9% on SST-2
-    val, held at +1 and -1, moved the classifier the wrong way): classifier.json records the
+    val, held at +1 and -1, moved the classifier the wrong way): the classifier records the
     unit's own accuracy as transfer.json reports it, and generate pinning a unit that alone is
     near chance says so on stderr; a strong unit, or a JSON without the record, is not warned."""
     import shutil
     rep = trained["report"]["neuron"]
     clf = tmp_path / "clf"
     shutil.copytree(trained["dir"] / "out", clf)
-    meta = json.loads((clf / "classifier.json").read_text())
+    meta = S.load_classifier(clf).meta
+
+    def rewrite(meta):  # the same arrays, this metadata
+        from safetensors.numpy import load_file, save_file
+        path = str(clf / S.FILE_NAME)
+        save_file(load_file(path), path, metadata={"classifier": json.dumps(meta)})
+
     assert meta["neuron"]["accuracy"] == rep["accuracy"]
     ckpt = str(trained["ckpt"])
     for acc, warned in ((0.509, True), (0.9, False), (None, False)):
         meta["neuron"]["accuracy"] = {"train": acc, "val": acc} if acc is not None else None
-        (clf / "classifier.json").write_text(json.dumps(meta))
+        rewrite(meta)
         assert cli_main(["generate", ckpt, "--classifier", str(clf), "--steer", "positive",
                          "--length", "3"]) == 0
         err = capsys.readouterr().err
@@ -481,7 +488,7 @@ def test_steering_warns_when_the_unit_alone_is_near_chance(tmp_path, trained, ca
     # the unit is pinned in the state the classifier's features were computed from: h_t for a
     # classifier on the mean of h_t (before: the cell state unless --state hidden was given)
     meta["features"]["kind"] = "mean"
-    (clf / "classifier.json").write_text(json.dumps(meta))
+    rewrite(meta)
     assert cli_main(["generate", ckpt, "--classifier", str(clf), "--steer", "positive",
                      "--length", "3"]) == 0
     assert f"unit {rep['index']} of the hidden state" in capsys.readouterr().out

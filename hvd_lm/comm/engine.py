@@ -1,8 +1,8 @@
 """The engine facade: every collective of the project goes through this module, on the engine
 chosen once per process (``--backend``, :func:`use_backend`): Horovod (``horovod.torch``, the
 default; Horovod's ``examples/pytorch`` and docs "Horovod with PyTorch", "Tensor Fusion",
-"Adasum"), the torch engine (:mod:`hvd_lm.comm.torch_engine`: torch.distributed and DDP) or,
-for one process without Horovod, the world of one (:mod:`hvd_lm.comm.single`). What only
+"Adasum") or the torch engine (:mod:`hvd_lm.comm.torch_engine`: torch.distributed and DDP),
+which also runs one process where Horovod is not installed (a world of one). What only
 Horovod has (Adasum, elastic training) says so when asked of the torch engine.
 
 * :func:`init`: fusion and cycle time to ``HOROVOD_FUSION_THRESHOLD`` (bytes) and
@@ -73,30 +73,24 @@ def _hvd():
     # search sys.path again at each one). Imported on first use: `hvd-lm --help`, prepare,
     # launch rendering and the CPU-only tools run
     # without loading Horovod's extension (and its MPI/Gloo libraries). Without Horovod, one
-    # process runs as the one rank of its world (hvd_lm.comm.single: no collective to run).
-    if _backend == "torch":
-        from hvd_lm.comm import torch_engine as hvd
-        return hvd
-    try:
-        import horovod.torch as hvd
-    except ImportError as e:
-        if _backend == "auto":
-            from hvd_lm.comm import torch_engine as hvd
+    # process runs on the torch engine, as the one rank of its world.
+    if _backend != "torch":
+        try:
+            import horovod.torch as hvd
             return hvd
-        n = world_size()
-        if n > 1:
-            raise HorovodMissing(f"Horovod is not installed ({e}), and the launcher started {n} "
-                                 "ranks: build it with `make setup` (docs/install.md), run with "
-                                 "--backend torch, or run one process") from None
-        from hvd_lm.comm import single as hvd
+        except ImportError as e:
+            if _backend == "horovod" and (n := world_size()) > 1:
+                raise HorovodMissing(f"Horovod is not installed ({e}), and the launcher started "
+                                     f"{n} ranks: build it with `make setup` (docs/install.md), "
+                                     "run with --backend torch, or run one process") from None
+    from hvd_lm.comm import torch_engine as hvd
     return hvd
 
 
 def engine_name() -> str:
-    """The engine this process's collectives run on: ``"horovod"``, ``"torch"`` or ``"none"``
-    (one process without Horovod)."""
-    return {"hvd_lm.comm.torch_engine": "torch",
-            "hvd_lm.comm.single": "none"}.get(_hvd().__name__, "horovod")
+    """The engine this process's collectives run on: ``"horovod"`` or ``"torch"`` (also one
+    process without Horovod installed)."""
+    return "torch" if _hvd().__name__ == "hvd_lm.comm.torch_engine" else "horovod"
 
 
 #: Horovod 0.28.1's default for HOROVOD_GLOO_TIMEOUT_SECONDS (horovod/common/gloo/gloo_context.cc)
@@ -181,7 +175,10 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
     wrapped = hvd.DistributedOptimizer(  # Horovod
         optimizer, named_parameters=model.named_parameters(), compression=comps[compression],
         backward_passes_per_step=backward_passes_per_step, op=ops[allreduce_op])
-    wrapped.hvd_lm_wire_bytes = _gradient_wire_bytes(model, compression, hvd.size())
+    # bytes one rank sends per step: every gradient, 2 bytes per value with fp16 or bf16
+    nbytes = sum(p.numel() * (2 if compression in ("fp16", "bf16") else p.element_size())
+                 for p in model.parameters() if p.requires_grad)
+    wrapped.hvd_lm_wire_bytes = ring_allreduce_wire_bytes(nbytes, hvd.size())
     return wrapped
 
 
@@ -224,20 +221,13 @@ def keep_gradients_local(optimizer) -> None:
 _NEVER = 2 ** 62
 
 
-_SYNCHRONIZING: dict[type, bool] = {}  # per class
-
-
 def synchronizes(optimizer) -> bool:
     """Whether :func:`synchronize` waits for anything on ``optimizer``: one with Horovod's
     ``synchronize()`` and ``skip_synchronize()`` (Horovod's ``hvd.DistributedOptimizer``, a class
     derived at run time from the wrapped one's, so known by what it has; the 1-bit
     optimizers'); False for a plain torch optimizer (one process; the torch engine's, under
     DDP)."""
-    cls = type(optimizer)
-    if cls not in _SYNCHRONIZING:
-        _SYNCHRONIZING[cls] = all(callable(getattr(optimizer, m, None))
-                                  for m in ("synchronize", "skip_synchronize"))
-    return _SYNCHRONIZING[cls]
+    return all(callable(getattr(optimizer, m, None)) for m in ("synchronize", "skip_synchronize"))
 
 
 def synchronize(optimizer) -> None:
@@ -265,14 +255,6 @@ def ring_allreduce_wire_bytes(nbytes: int, world_size: int) -> int:
     """Bytes one rank sends in a ring allreduce of ``nbytes`` (reduce-scatter + allgather,
     2(n-1)/n of the buffer; Thakur et al. 2005); 0 for one rank."""
     return 2 * (world_size - 1) * nbytes // world_size
-
-
-def _gradient_wire_bytes(model: torch.nn.Module, compression: str, size: int) -> int:
-    """Bytes one rank sends per step allreducing every gradient (ring allreduce, fp16: 2 bytes per
-    value, else the parameter's element size)."""
-    nbytes = sum(p.numel() * (2 if compression in ("fp16", "bf16") else p.element_size())
-                 for p in model.parameters() if p.requires_grad)
-    return ring_allreduce_wire_bytes(nbytes, size)
 
 
 def comm_stats(optimizer) -> dict:
@@ -394,10 +376,7 @@ def is_collective_failure(exc: BaseException) -> bool:
     own = getattr(_hvd(), "is_collective_failure", None)
     if own is not None:
         return own(exc)
-    try:
-        from horovod.common.exceptions import HorovodInternalError
-    except ImportError:  # one process without Horovod: no collective to fail
-        return False
+    from horovod.common.exceptions import HorovodInternalError
     return isinstance(exc, HorovodInternalError)
 
 
@@ -417,15 +396,9 @@ def allreduce_inplace(tensor: torch.Tensor, name: str, op: str = "sum",
                       compression: str = "none") -> None:
     """``hvd.allreduce_`` of ``tensor`` in place (op ``sum`` or ``average``); with
     ``compression="fp16"`` the tensor is cast to float16 around the allreduce, as
-    ``hvd.Compression.fp16`` does inside ``DistributedOptimizer``."""
-    hvd = _hvd()
-    hop = {"sum": hvd.Sum, "average": hvd.Average}[op]
-    if compression == "fp16":
-        c = tensor.to(torch.float16)
-        hvd.allreduce_(c, op=hop, name=name)  # Horovod
-        tensor.copy_(c)
-    else:
-        hvd.allreduce_(tensor, op=hop, name=name)  # Horovod
+    ``hvd.Compression.fp16`` does inside ``DistributedOptimizer`` (:func:`allreduce_group` of
+    one tensor: Horovod's ``allreduce_`` is ``synchronize(allreduce_async_(...))``)."""
+    allreduce_group([tensor], name, op, compression)
 
 
 def allreduce_group(tensors: list[torch.Tensor], prefix: str, op: str = "average",

@@ -41,8 +41,7 @@ def parse_hosts(text: str, merge: bool = False, what: str = "--hosts") -> list[t
     out: dict[str, int] = {}
     items = []
     # items split at the commas outside brackets (linear: a look-ahead for "]" was quadratic)
-    for item in (x.strip(" ") for x in re.findall(r"(?:\[[^\]]*\]?|[^,\[])+", text)
-                 if x.strip()):
+    for item in (x.strip(" ") for x in re.findall(r"(?:\[[^\]]*\]?|[^,\[])+", text) if x.strip()):
         if re.search(r"[\x00-\x1f\x7f]", item):  # a newline in a name: a script's next line
             raise ValueError(f"{what} {item!r} is not host or host:slots (a control character "
                              "inside)")
@@ -112,22 +111,17 @@ def parse_hostfile(path: str, what: str = "--hostfile") -> list[tuple[str, int]]
     return list(out.items())
 
 
-def local_addresses() -> set[str]:
-    """Every IPv4 address of this machine (its network namespace), loopback included."""
+def is_local(host: str) -> bool:
+    """True when ``host`` resolves to an IPv4 address of this machine (its network namespace,
+    loopback included: Horovod's rule for starting a rank without ssh); an unresolvable name is
+    not local."""
     import psutil
 
-    return {a.address for addrs in psutil.net_if_addrs().values() for a in addrs
-            if a.family == socket.AF_INET}
-
-
-def is_local(host: str) -> bool:
-    """True when ``host`` resolves to an address of this machine (Horovod's rule for starting a
-    rank without ssh); an unresolvable name is not local."""
     try:
         addrs = {ai[4][0] for ai in socket.getaddrinfo(host, None, socket.AF_INET)}
     except OSError:
         return False
-    return bool(addrs & local_addresses())
+    return any(a.address in addrs for nic in psutil.net_if_addrs().values() for a in nic)
 
 
 def peers_of(i: int, n: int) -> list[int]:
@@ -144,9 +138,9 @@ def ssh_peers(i: int, n: int) -> list[int]:
     hosts; beyond that host 0 reaches every host (the launchers start ranks from it) and every
     other host its 3 ring neighbours on each side. So no host receives more than
     :data:`SSH_AT_ONCE` of these connections, however many hosts there are."""
-    if n <= SSH_AT_ONCE + 1 or i == 0:
-        return [j for j in range(n) if j != i]
-    return sorted({(i + d) % n for d in (-3, -2, -1, 1, 2, 3)} - {i})
+    everyone = n <= SSH_AT_ONCE + 1 or i == 0
+    near = range(n) if everyone else {(i + d) % n for d in (-3, -2, -1, 1, 2, 3)}
+    return sorted(set(near) - {i})
 
 
 def same_host(a: str, b: str) -> bool:

@@ -110,9 +110,8 @@ def probe(peer: dict, timeout: float = PROBE_TIMEOUT) -> str | None:
         answer = {}
     except OSError as e:
         return f"{addr}: {e}"
-    if answer.get("rank") == peer["rank"]:
-        return None
-    return f"{addr}:{peer['port']} answered as another process"
+    same = answer.get("rank") == peer["rank"]
+    return None if same else f"{addr}:{peer['port']} answered as another process"
 
 
 def probe_targets(table: list[dict], me: int) -> list[dict]:
@@ -131,9 +130,7 @@ def probe_lost(table: list[dict], me: int, timeout: float = PROBE_TIMEOUT) -> li
     """``[{rank, host, why}]`` for each of :func:`probe_targets` that does not answer, in rank
     order; empty when all do. All probes run at once (at most ``timeout`` s)."""
     targets = probe_targets(table, me)
-    if not targets:
-        return []
-    with cf.ThreadPoolExecutor(max_workers=min(64, len(targets))) as pool:
+    with cf.ThreadPoolExecutor(max_workers=min(64, len(targets) or 1)) as pool:
         results = list(pool.map(lambda p: probe(p, timeout), targets))
     return [{"rank": p["rank"], "host": p["host"], "why": why}
             for p, why in zip(targets, results) if why]

@@ -34,13 +34,18 @@ LOAD_SAMPLE_S = 0.2
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
+def _affinity():
+    """The cores this process may run on (every core where there is no affinity set)."""
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return range(os.cpu_count() or 1)
+
+
 def usable_cores() -> int:
     """CPU cores this process may run on: its affinity set, which ``os.cpu_count()`` (every core
     of the machine) ignores."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    return len(_affinity())
 
 
 def idle_cores(seconds: float = LOAD_SAMPLE_S) -> float:
@@ -57,11 +62,7 @@ def idle_cores(seconds: float = LOAD_SAMPLE_S) -> float:
     if fixed is not None:  # the tests: the same threads whatever else the machine runs
         return float(fixed)
     busy = psutil.cpu_percent(interval=seconds, percpu=True)
-    try:
-        cores = os.sched_getaffinity(0)
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        cores = range(len(busy))
-    return sum(1 - busy[c] / 100 for c in cores if c < len(busy))
+    return sum(1 - busy[c] / 100 for c in _affinity() if c < len(busy))
 
 
 def machine_id() -> str:
@@ -113,7 +114,6 @@ def set_rank_threads(requested: int, ctx, command: str, collective: bool = True)
     """Apply :func:`threads_per_rank` to torch (``torch.set_num_threads``) for this rank of
     ``ctx`` (None: one process), warning once per machine; returns the threads."""
     here = ranks_on_this_machine(ctx, collective)
-    threads = threads_per_rank(requested, here, command,
-                               warn=ctx is None or ctx.local_rank == 0)
+    threads = threads_per_rank(requested, here, command, warn=ctx is None or ctx.local_rank == 0)
     torch.set_num_threads(threads)
     return threads

@@ -1,6 +1,7 @@
 """The torch engine: the part of ``horovod.torch``'s API that :mod:`hvd_lm.comm.engine` calls,
 on ``torch.distributed`` (the one caller of it besides the benchmarks' baselines), so that the
-same trainer runs without Horovod on any number of ranks (``--backend torch``).
+same trainer runs without Horovod on any number of ranks (``--backend torch``), and one process
+where Horovod is not installed.
 
 * Process group: Gloo for CPU tensors, and on a machine with CUDA, NCCL for CUDA tensors in the
   same group (``init_process_group("cpu:gloo,cuda:nccl")``: metrics, objects and the barrier
@@ -21,7 +22,7 @@ same trainer runs without Horovod on any number of ranks (``--backend torch``).
   without a launcher forms a world of one over an in-memory store.
 * Collectives: ``allreduce`` (sum, average, max; average = sum / size), ``allgather`` (ranks may
   hold different first dimensions, as Horovod allows), ``alltoall`` (the 1-bit allreduce),
-  ``gather``, ``broadcast_parameters`` / ``broadcast_object``, ``allgather_object``, barrier.
+  ``gather``, ``broadcast_parameters`` / ``broadcast_object``, ``allgather_object``.
 * Gradients: :func:`wrap_model` wraps the model in ``torch.nn.parallel.DistributedDataParallel``
   (its reducer: buckets of ``bucket_cap_mb`` whose allreduce starts from backward hooks; PyTorch
   "DistributedDataParallel" design notes), ``no_sync()`` for the windows before a step's last,
@@ -91,12 +92,6 @@ def timeout_s() -> float:
     return _settings["timeout_s"]
 
 
-def _backend() -> str:
-    if torch.cuda.is_available() and dist.is_nccl_available():
-        return "cpu:gloo,cuda:nccl"
-    return "gloo"
-
-
 def _rank0_address() -> str:
     """How the other ranks reach rank 0: the IPv4 address of ``GLOO_SOCKET_IFNAME`` when set
     (the doctor exports it), else this host's name (resolved on each peer, as the launchers do)."""
@@ -163,8 +158,8 @@ def init() -> None:
     if dist.is_initialized():
         return
     ctx = from_environment()
-    timeout = datetime.timedelta(seconds=timeout_s())
-    backend = _backend()
+    cuda = torch.cuda.is_available() and dist.is_nccl_available()
+    backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
     if ctx.size == 1:  # nobody to meet
         store, where = dist.HashStore(), "in memory"
     else:
@@ -172,7 +167,7 @@ def init() -> None:
         store, (addr, port, source) = _store(ctx, rdzv)
         where = f"{addr}:{port} from {source}"
     dist.init_process_group(backend, store=store, rank=ctx.rank, world_size=ctx.size,
-                            timeout=timeout)
+                            timeout=datetime.timedelta(seconds=timeout_s()))
     # PyTorch's advice: destroy the group before the interpreter exits (left to the static
     # destructors, Gloo's threads could end the process with "terminate called without an
     # active exception" after a finished run: a rank torchrun reported as failed)
@@ -248,14 +243,9 @@ class _Handle:
         return self.tensor
 
 
-def allreduce_(tensor: torch.Tensor, op=Average, name: str | None = None) -> torch.Tensor:
-    """In-place reduction over ranks (sum, average or maximum)."""
-    return _Handle(tensor, op).wait()
-
-
 def allreduce(tensor: torch.Tensor, op=Average, name: str | None = None) -> torch.Tensor:
-    """The reduction over ranks of a copy of ``tensor``."""
-    return allreduce_(tensor.clone(), op, name)
+    """The reduction over ranks (sum, average or maximum) of a copy of ``tensor``."""
+    return _Handle(tensor.clone(), op).wait()
 
 
 def allreduce_async_(tensor: torch.Tensor, op=Average, name: str | None = None) -> _Handle:
@@ -318,11 +308,6 @@ def alltoall(tensor: torch.Tensor, splits=None, name: str | None = None) -> torc
     out = torch.empty_like(tensor)
     dist.all_to_all_single(out, tensor.contiguous())
     return out
-
-
-def barrier() -> None:
-    """Wait for every rank."""
-    dist.barrier()
 
 
 @torch.no_grad()
@@ -393,9 +378,8 @@ def keep_gradients_local() -> None:
 def no_sync(model: torch.nn.Module):
     """The context for the backward passes that only accumulate (DDP's ``no_sync()``; a model
     that is no DDP wrapper: nothing to hold back)."""
-    if isinstance(model, DistributedDataParallel):
-        return model.no_sync()
-    return contextlib.nullcontext()
+    ddp = isinstance(model, DistributedDataParallel)
+    return model.no_sync() if ddp else contextlib.nullcontext()
 
 
 def DistributedOptimizer(optimizer, named_parameters=None,  # noqa: N802 - Horovod's name
@@ -418,7 +402,7 @@ class _NoElastic:
 
     def __getattr__(self, name):
         raise RuntimeError("elastic training is Horovod's (horovodrun --min-np ...): run it "
-                           "with --backend horovod")
+                           "with --backend horovod, Horovod built (`make setup`, docs/install.md)")
 
 
 elastic = _NoElastic()

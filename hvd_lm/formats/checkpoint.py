@@ -100,8 +100,7 @@ def save(payload: dict, run_dir: str | Path, step: int, keep: int = 3,
     write_text(d / "latest", path.name + "\n")
     if keep > 0:
         older = [p for p in list_checkpoints(run_dir) if step_of(p) < step]
-        confirmed = [p for p in older if protect_below is not None
-                     and step_of(p) < protect_below]
+        confirmed = [p for p in older if protect_below is not None and step_of(p) < protect_below]
         for old in older[:max(0, len(older) - (keep - 1))]:
             if not (confirmed and old == confirmed[-1]):
                 old.unlink(missing_ok=True)
@@ -403,8 +402,7 @@ def load_newest(run_dir: str | Path, map_location: str | torch.device = "cpu",
         if errors:
             raise CheckpointError(errors[0])
         resolve(run_dir)  # raises FileNotFoundError naming what was looked for
-    older = [c for c in reversed(found)
-             if first is None or step_of(c) < step_of(first)]
+    older = [c for c in reversed(found) if first is None or step_of(c) < step_of(first)]
     candidates = ([first] if first is not None else []) + older
     for c in candidates:
         try:

@@ -41,12 +41,7 @@ from pathlib import Path
 import torch
 
 from hvd_lm.formats.checkpoint import CheckpointError
-from hvd_lm.util.atomic import (
-    current_umask,
-    disk_full,
-    fsync_dir,
-    temp_path,
-)
+from hvd_lm.util.atomic import current_umask, disk_full, fsync_dir, temp_path
 from hvd_lm.util.digest import file_sha256
 from hvd_lm.util.files import FileRefused, read_json
 
@@ -141,8 +136,7 @@ def read_export(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     """
     folder = export_folder(path)
     if folder is None:
-        raise FileNotFoundError(f"{path}: no exported model (a folder with {CONFIG} and "
-                                f"{WEIGHTS})")
+        raise FileNotFoundError(f"{path}: no exported model (a folder with {CONFIG} and {WEIGHTS})")
     cfg_path = folder / CONFIG
     try:  # within its budget; a FIFO, a device or JSON nested 100,000 deep refused, one line
         cfg = read_json(cfg_path, MAX_CONFIG_BYTES, "an export's config.json is a few kB")
@@ -155,11 +149,9 @@ def read_export(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
                           f"hvd_lm reads {FORMAT_VERSION}")
     for key, kind, what in (("weights", str, "a file name"), ("weights_sha256", str, "a hex "
                             "digest"), ("model", dict, "an object"), ("seq_len", int, "an int")):
-        if key not in cfg:
-            if key == "seq_len":
-                continue  # optional: 256 when absent
+        if key not in cfg and key != "seq_len":  # (seq_len is optional: 256 when absent)
             raise ExportError(f"{cfg_path}: no {key!r} field")
-        value = cfg[key]
+        value = cfg.get(key, 256)
         if type(value) is not kind or (kind is int and not 1 <= value <= MAX_SEQ_LEN):
             raise ExportError(f"{cfg_path}: field {key!r} is {str(value)[:60]!r}, expected {what}"
                               + (f" in 1..{MAX_SEQ_LEN:,}" if kind is int else ""))

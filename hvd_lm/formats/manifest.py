@@ -105,8 +105,7 @@ def write_manifest(directory, manifest_dict: dict) -> Path:
 
 def manifest_entry(file_name: str, tokens: int, documents: int, sha256: str) -> dict:
     """One shard's entry in a manifest's ``splits.<name>.shards`` list."""
-    return {"file": file_name, "tokens": int(tokens), "documents": int(documents),
-            "sha256": sha256}
+    return {"file": file_name, "tokens": int(tokens), "documents": int(documents), "sha256": sha256}
 
 
 def build_manifest(entries: dict[str, list[dict]], tokenizer: str, **meta) -> dict:

@@ -369,8 +369,7 @@ def _scan(path: Path) -> tuple[dict, str, int, np.ndarray, str | None]:
         problem = f"{path}: {zeros} EOD (0) bytes in tokens but {len(offsets) - 1} documents"
     for key, actual in (("documents", len(offsets) - 1), ("bytes", n)):
         if problem is None and attrs.get(key) != actual:
-            problem = (f"{path}: attribute {key}={attrs.get(key)!r} but the datasets hold "
-                       f"{actual}")
+            problem = f"{path}: attribute {key}={attrs.get(key)!r} but the datasets hold {actual}"
     return attrs, h.hexdigest(), n, offsets, problem
 
 

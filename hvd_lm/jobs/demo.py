@@ -53,8 +53,7 @@ class CorpusConfig:
 
     shared_dir: str = option("../shared/data/amazon", "real review files, used when this "
                              "folder exists")
-    sources: str = option("configs/sources.yaml", "otherwise these public files are "
-                          "downloaded...")
+    sources: str = option("configs/sources.yaml", "otherwise these public files are downloaded...")
     download_dir: str = option("data/amazon", "...here, each verified against its sha256")
 
 
@@ -72,9 +71,8 @@ class DemoLaunchConfig:
 class EvaluateConfig:
     """The baselines the LM's validation BPC is compared with."""
 
-    compressors: list[str] = option(default_factory=lambda: ["xz", "gzip"],
-                                    help="BPC of `xz -9` and `gzip -9` on the same bytes",
-                                    choices=("xz", "gzip"))
+    compressors: list[str] = option(default_factory=lambda: ["xz", "gzip"], help="BPC of `xz -9` "
+                                    "and `gzip -9` on the same bytes", choices=("xz", "gzip"))
     batch_size: int = option(8, "eval rows per rank", ge=1)
 
 
@@ -177,15 +175,12 @@ def demo(cfg: DemoConfig) -> int:
     print("\n== 4/5 evaluate ==", flush=True)
     lm_json = run_dir / "eval_lm.json"
     lm_json.unlink(missing_ok=True)
-    _run(launcher_argv(cfg.launch, ["-m", "hvd_lm", "eval", str(train_dir), str(shards),
-                                    "--split", "val", "--batch-size",
-                                    str(cfg.evaluate.batch_size), "--output", str(lm_json),
-                                    # the ranks of training: on its device (2 CPU ranks on a
-                                    # 1-GPU node cannot share the GPU)
-                                    "--device", cfg.train.run.device,
-                                    *(["--baselines", ",".join(cfg.evaluate.compressors)]
-                                      if cfg.evaluate.compressors else [])]),
-         env)
+    baselines = ["--baselines", ",".join(cfg.evaluate.compressors)]
+    _run(launcher_argv(cfg.launch, [
+        "-m", "hvd_lm", "eval", str(train_dir), str(shards), "--split", "val", "--batch-size",
+        str(cfg.evaluate.batch_size), "--output", str(lm_json),
+        # the ranks of training: on its device (2 CPU ranks on a 1-GPU node cannot share the GPU)
+        "--device", cfg.train.run.device, *(baselines if cfg.evaluate.compressors else [])]), env)
     eval_result = json.loads(lm_json.read_text())
     comp = eval_result.pop("baselines", {})
     write_text(run_dir / "eval.json", json.dumps({**eval_result, "compressors": comp}, indent=1))
@@ -218,9 +213,8 @@ def demo(cfg: DemoConfig) -> int:
         print("SST-2: " + transfer_line(tr))
     total = time.time() - t0
     print(f"total {total:.0f} s ({', '.join(f'{k} {v:.0f}' for k, v in timings.items())})")
-    write_text(run_dir / "summary.json", json.dumps(
-        demo_summary(s, eval_result, comp, tr, total, timings),
-        indent=1) + "\n")
+    write_text(run_dir / "summary.json",
+               json.dumps(demo_summary(s, eval_result, comp, tr, total, timings), indent=1) + "\n")
     print(f"report: {report} (headline figures: {run_dir / 'summary.json'})")
     return 0
 
@@ -243,14 +237,12 @@ def demo_summary(train: dict, eval_result: dict, compressors: dict[str, float],
            "median_chars_per_s": train["median_chars_per_s"], "val_bpc": eval_result["bpc"],
            "val_chars": eval_result["chars"], "compressor_bpc": compressors}
     if transfer:
+        clf, neuron = transfer["classifier"], transfer["neuron"]
         out["transfer"] = {
             "dataset": transfer["dataset"]["name"], "features": transfer["features"]["kind"],
-            "val_acc": transfer["classifier"]["accuracy"]["val"],
-            "cv_acc": transfer["classifier"]["accuracy"]["cv"],
-            "cv_folds": transfer["classifier"]["cv"]["folds"],
-            "C": transfer["classifier"]["C"], "nonzero": transfer["classifier"]["nonzero"],
-            "neuron": transfer["neuron"]["index"],
-            "neuron_val_acc": transfer["neuron"]["accuracy"]["val"],
+            "val_acc": clf["accuracy"]["val"], "cv_acc": clf["accuracy"]["cv"],
+            "cv_folds": clf["cv"]["folds"], "C": clf["C"], "nonzero": clf["nonzero"],
+            "neuron": neuron["index"], "neuron_val_acc": neuron["accuracy"]["val"],
             "baseline_val_acc": (transfer.get("baseline") or {}).get("accuracy", {}).get("val")}
     return out
 
@@ -268,7 +260,6 @@ def transfer_line(tr: dict) -> str:
     return line
 
 
-DEMO = Command(DemoConfig, demo, flags=False,
-               default_config=str(REPO / "configs" / "demo.yaml"),
+DEMO = Command(DemoConfig, demo, flags=False, default_config=str(REPO / "configs" / "demo.yaml"),
                description="End to end on real reviews: prepare, train on 2 ranks, evaluate vs "
                "xz/gzip, SST-2 transfer, report (every step's settings in one YAML file).")

@@ -172,14 +172,11 @@ def _pump(stream, sink, first=None) -> None:
 
 
 def _agent_argv(cfg: "DoctorConfig", *extra: str) -> list[str]:
-    argv = [cfg.python or sys.executable, "-m", "hvd_lm.jobs.doctor_agent", "--timeout",
-            str(cfg.timeout + 10), *extra]
     # --shards absolute: a host that cannot enter this folder starts the agent elsewhere
-    for flag, value in (("--shards", cfg.shards and os.path.abspath(cfg.shards)),
-                        ("--ssh-port", cfg.ssh_port)):
-        if value:
-            argv += [flag, str(value)]
-    return argv
+    return [cfg.python or sys.executable, "-m", "hvd_lm.jobs.doctor_agent", "--timeout",
+            str(cfg.timeout + 10), *extra,
+            *(["--shards", os.path.abspath(cfg.shards)] if cfg.shards else []),
+            *(["--ssh-port", str(cfg.ssh_port)] if cfg.ssh_port else [])]
 
 
 def start_agent(host: str, cfg: "DoctorConfig", first: bool = False,
@@ -203,11 +200,9 @@ def start_agent(host: str, cfg: "DoctorConfig", first: bool = False,
     a = Agent(host, local, proc, out=proc.stdin)
     if local:
         started()
-    a.readers = [threading.Thread(target=_pump, args=(proc.stdout, a.lines.put,
-                                                      None if local else started), daemon=True),
-                 threading.Thread(target=_pump, args=(proc.stderr,
-                                                      lambda x: x and a.stderr.append(x)),
-                                  daemon=True)]
+    a.readers = [threading.Thread(target=_pump, args=args, daemon=True) for args in (
+        (proc.stdout, a.lines.put, None if local else started),
+        (proc.stderr, lambda x: x and a.stderr.append(x)))]
     for t in a.readers:
         t.start()
     return a
@@ -264,9 +259,8 @@ def group_agents(hosts: list[tuple[str, int]], cfg: "DoctorConfig", deadline: fl
     key = secrets.token_hex(8)
     facts: dict[str, dict] = {}
     with socket.create_server(("", 0), backlog=BACKLOG) as srv:
-        here = [socket.gethostname(), *sorted((a for i in interfaces().values()
-                                               for a in i["addrs"]),
-                                              key=lambda a: a.startswith("127."))]
+        addrs = (a for i in interfaces().values() for a in i["addrs"])
+        here = [socket.gethostname(), *sorted(addrs, key=lambda a: a.startswith("127."))]
         rdzv = (["--rendezvous-port", str(cfg.rendezvous_port), "--rendezvous-host", names[0]]
                 if cfg.rendezvous_port else [])
         argv = launcher_argv(cfg.launcher, names, _agent_argv(
@@ -293,8 +287,7 @@ def group_agents(hosts: list[tuple[str, int]], cfg: "DoctorConfig", deadline: fl
                 f = a.read_line(time.monotonic() + PROBE_TIMEOUT)
             except (DoctorError, ValueError):
                 f = {}
-            a.host = next((n for n in names if f.get("key") == key and same_host(n, f["node"])),
-                          "")
+            a.host = next((n for n in names if f.get("key") == key and same_host(n, f["node"])), "")
             if a.host and a.host not in facts:
                 facts[a.host] = f
                 agents.append(a)
@@ -320,12 +313,12 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> checks
     """
     env = dict(os.environ if env is None else env)
     hosts = parse_hostfile(cfg.hostfile) if cfg.hostfile else parse_hosts(cfg.hosts)
-    check_host_names([h for h, _ in hosts])
+    names = [h for h, _ in hosts]
+    check_host_names(names)
     paths = paths_to_check(cfg)
     t0 = time.monotonic()
     deadline = t0 + cfg.timeout
     report = checks.Report(hosts=hosts, launcher=cfg.launcher)
-    names = [h for h, _ in hosts]
     agents: list[Agent] = []
     procs: list[subprocess.Popen] = []
     try:
@@ -341,17 +334,15 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> checks
         report.facts = {h: facts[h] for h in names}
         by_host = {a.host: a for a in agents}
         for i, a in enumerate(by_host[h] for h in names):
-            peers = [names[j] for j in peers_of(i, len(names))]
             probes = [{"target": b, "iface": iface, "addr": addr, "port": port}
-                      for b in peers
-                      for iface, lst in report.facts[b]["listeners"].items()
-                      for addr, port in lst]
+                      for b in (names[j] for j in peers_of(i, len(names)))
+                      for iface, lst in report.facts[b]["listeners"].items() for addr, port in lst]
             if cfg.rendezvous_port and i > 0:  # the torch engine's ranks meet at the first host
                 probes.append({"target": names[0], "iface": checks.RENDEZVOUS, "addr": names[0],
                                "port": cfg.rendezvous_port})
             ssh = [names[j] for j in ssh_peers(i, len(names))] if cfg.launcher == "ssh" else []
-            a.out.write(json.dumps({"probes": probes, "ssh": ssh, "paths": list(paths)}) + "\n")
-            a.out.flush()
+            print(json.dumps({"probes": probes, "ssh": ssh, "paths": list(paths)}), file=a.out,
+                  flush=True)
         results = {h: by_host[h].read_line(deadline) for h in names}
     finally:
         for a in agents:
@@ -392,13 +383,9 @@ def paths_to_check(cfg: "DoctorConfig") -> dict[str, str]:
         ("--paths", p.strip()) for p in cfg.paths.split(",") if p.strip()]
     for label, p in named:
         full = os.path.abspath(p)
-        q = Path(full)
-        while not q.exists() and q != q.parent:
-            q = q.parent
-        what = f"{label} {p}" + (f" ({full})" if full != p else "")
-        if str(q) != full:
-            what += f" (not made yet: its parent {q})"
-        out.setdefault(str(q), what)
+        q = next(x for x in (Path(full), *Path(full).parents) if x.exists())  # "/" at least
+        out.setdefault(str(q), f"{label} {p}" + (f" ({full})" if full != p else "")
+                       + (f" (not made yet: its parent {q})" if str(q) != full else ""))
     return out
 
 
@@ -466,6 +453,5 @@ DOCTOR = Command(
     "and hvd_lm everywhere, the network interface every host reaches every other one through "
     "(prints the exact --network-interface / btl_tcp_if_include / NCCL_SOCKET_IFNAME to use), "
     "ports, the shard folder, GPUs per host. Stops with one line when something is wrong.",
-    epilog="examples:\n"
-    "  hvd-lm doctor --hosts node1:8,node2:8 --shards data/amazon\n"
+    epilog="examples:\n  hvd-lm doctor --hosts node1:8,node2:8 --shards data/amazon\n"
     "  eval \"$(hvd-lm doctor --hostfile hosts.txt --format shell)\"   # what the templates do")

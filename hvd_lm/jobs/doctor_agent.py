@@ -117,11 +117,9 @@ class AgentConfig:
 
     shards: str = option("", "shard folder to check ('' = none)")
     ssh_port: Optional[int] = option(None, "ssh port of the other hosts", ge=1, le=65535)
-    timeout: float = option(60.0, "the agent exits after this many seconds whatever happens",
-                            gt=0)
+    timeout: float = option(60.0, "the agent exits after this many seconds whatever happens", gt=0)
     rendezvous_port: Optional[int] = option(None, "also listen on this port (the first host's "
-                                            "agent: the torch engine's rendezvous)", ge=1,
-                                            le=65535)
+                                            "agent: the torch engine's rendezvous)", ge=1, le=65535)
     rendezvous_host: str = option("", "listen on --rendezvous-port only on this node (the "
                                   "first; agents started by srun or mpirun)")
     node: str = option("", "the listed name of this host (mpirun gives each agent its own; "

@@ -73,15 +73,13 @@ def check_paths(report: Report, results: dict[str, dict], paths: dict[str, str],
     lack one (their shard check would only repeat it)."""
     lacking = set()
     for h, res in results.items():
-        missing = [p for p, ok in res.get("paths", {}).items() if not ok and p in paths]
-        if not missing:
-            continue
-        lacking.add(h)
-        what = "; ".join(paths[p] for p in missing)
-        report.errors.append(
-            f"{h} lacks {what}, which {here} has: every rank starts in the working folder and "
-            "reads the data, config and run folder at the same path, so they must be on a "
-            f"filesystem every host shares (or copied to the same path on {h})")
+        if missing := [p for p, ok in res.get("paths", {}).items() if not ok and p in paths]:
+            lacking.add(h)
+            report.errors.append(
+                f"{h} lacks {'; '.join(paths[p] for p in missing)}, which {here} has: every rank "
+                "starts in the working folder and reads the data, config and run folder at the "
+                f"same path, so they must be on a filesystem every host shares (or copied to the "
+                f"same path on {h})")
     return lacking
 
 
@@ -191,24 +189,22 @@ def check_rendezvous(report: Report, results: dict[str, dict], port: int,
                              "(and --rendezvous-port)")
         return
     before = len(report.errors)
-    for host, res in results.items():
-        for p in res["probes"]:
-            if p["iface"] != RENDEZVOUS:
-                continue
-            if not p["ok"]:
-                report.errors.append(
-                    f"rendezvous: {host} cannot reach {first}:{port} ({p['error']}): the torch "
-                    f"engine's ranks meet there; open TCP port {port} on {first} to the other "
-                    "hosts (a firewall?) or pick another with MASTER_PORT")
-            elif p["token"] != report.facts[first]["token"]:
-                report.errors.append(
-                    f"rendezvous: {host} reaches {p['host']}, not {first}, at {first}:{port}: "
-                    f"the name {first} means another machine there (/etc/hosts, DNS)")
+    for host, p in ((h, p) for h, res in results.items() for p in res["probes"]
+                    if p["iface"] == RENDEZVOUS):
+        if not p["ok"]:
+            report.errors.append(
+                f"rendezvous: {host} cannot reach {first}:{port} ({p['error']}): the torch "
+                f"engine's ranks meet there; open TCP port {port} on {first} to the other "
+                "hosts (a firewall?) or pick another with MASTER_PORT")
+        elif p["token"] != report.facts[first]["token"]:
+            report.errors.append(
+                f"rendezvous: {host} reaches {p['host']}, not {first}, at {first}:{port}: "
+                f"the name {first} means another machine there (/etc/hosts, DNS)")
     if len(report.errors) == before:
         report.rendezvous = f"{first}:{port}"
-        for var, value in (("MASTER_ADDR", first), ("MASTER_PORT", str(port))):
-            if not env.get(var):
-                report.exports[var] = value
+        report.exports.update({var: value for var, value in (("MASTER_ADDR", first),
+                                                             ("MASTER_PORT", str(port)))
+                               if not env.get(var)})
 
 
 def render(report: Report) -> str:
@@ -235,13 +231,10 @@ def render(report: Report) -> str:
         ifs = ", ".join(f"{n} {'/'.join(i['addrs'])}" + (f" {i['speed_mbit']} Mbit/s"
                                                           if i["speed_mbit"] > 0 else "")
                         for n, i in report.facts[h]["interfaces"].items())
-        g = report.facts[h]["gpus"]
-        lines.append(f"  {h:12} {ifs}; GPUs: {g}")
+        lines.append(f"  {h:12} {ifs}; GPUs: {report.facts[h]['gpus']}")
     lines.append(f"  shared       {', '.join(report.shared) or 'none'} (an ephemeral TCP port on "
                  "it reached from every other host)")
-    for n, fails in report.reach.items():
-        if fails:
-            lines.append(f"  not shared   {n}: {fails[0]}")
+    lines += [f"  not shared   {n}: {fails[0]}" for n, fails in report.reach.items() if fails]
     readable = [h for h, f in report.facts.items() if f["shards"] and "error" not in f["shards"]]
     s = report.facts[readable[0]]["shards"] if readable else None
     if s:
@@ -260,6 +253,5 @@ def render(report: Report) -> str:
                   f"    NCCL_SOCKET_IFNAME={x} GLOO_SOCKET_IFNAME={x}"]
     elif len(hosts) == 1:
         lines.append("  use          (one host: no interface needed)")
-    for e in report.errors:
-        lines.append(f"  ERROR        {e}")
+    lines += [f"  ERROR        {e}" for e in report.errors]
     return "\n".join(lines)

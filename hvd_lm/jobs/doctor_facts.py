@@ -4,6 +4,7 @@ hvd_lm's sources (two checkouts of one commit agree)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -18,17 +19,14 @@ from hvd_lm.util.files import open_regular, read_bounded
 def gpu_count() -> tuple[int, list[str]]:
     """(GPUs, their names) from ``nvidia-smi`` (10 s at most), else the driver's
     ``/proc/driver/nvidia/gpus`` entries, else (0, [])."""
-    try:
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         proc = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                               capture_output=True, text=True, timeout=10)
         if proc.returncode == 0:
             names = [x.strip() for x in proc.stdout.splitlines() if x.strip()]
             return len(names), names
-    except (OSError, subprocess.TimeoutExpired):
-        pass
     d = Path("/proc/driver/nvidia/gpus")
-    n = len(list(d.iterdir())) if d.is_dir() else 0
-    return n, []
+    return len(list(d.iterdir())) if d.is_dir() else 0, []
 
 
 def shard_facts(folder: str) -> dict:

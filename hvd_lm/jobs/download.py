@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import hvd_lm
-from hvd_lm.options import Command, ConfigError, option
+from hvd_lm.options import Command, option
 from hvd_lm.options.tree import read_yaml, shorten, shown
 from hvd_lm.util.atomic import atomic_path
 from hvd_lm.util.digest import file_sha256
@@ -63,11 +63,8 @@ def load_sources(path: str | Path) -> tuple[str, list[Source]]:
     """
     try:
         data = read_yaml(path)
-        base, files = data["base_url"], data["files"]
-        sources = [Source(**f) for f in files]
-    except ConfigError:
-        raise
-    except (KeyError, TypeError) as e:
+        base, sources = data["base_url"], [Source(**f) for f in data["files"]]
+    except (KeyError, TypeError) as e:  # (a ConfigError of read_yaml is a ValueError: raised)
         raise ValueError(f"{path}: bad source list ({shorten(str(e))}); need base_url and "
                          "files[path, save_as, sha256, bytes]") from None
     for i, s in enumerate(sources):
@@ -196,6 +193,5 @@ def download_command(cfg: DownloadConfig) -> int:
     return 0
 
 
-DOWNLOAD = Command(DownloadConfig, download_command,
-                   description="Fetch the demo's public review files into --out, each kept only "
-                   "if its size and sha256 match the source list.")
+DOWNLOAD = Command(DownloadConfig, download_command, description="Fetch the demo's public review "
+                   "files into --out, each kept only if its size and sha256 match the source list.")

@@ -143,8 +143,7 @@ def launcher_cause(path: str | Path | None) -> str:
     the launch's kept lines; '' when it said nothing of the kind."""
     for line in _kept_lines(path):
         for pattern, text in LAUNCHER_LINES:
-            m = pattern.search(_TAG.sub("", line))
-            if m:
+            if m := pattern.search(_TAG.sub("", line)):
                 return text.format(**m.groupdict())
     return ""
 
@@ -285,8 +284,7 @@ class SummaryConfig:
 def main(cfg: SummaryConfig) -> int:
     """Print the block on stdout (the templates send it to stderr): 0 for a failure's block, 3
     for a clean stop's line (:func:`clean_stop`: the template then exits 0)."""
-    stopped = clean_stop(cfg.out_dir, cfg.since)
-    if stopped:
+    if stopped := clean_stop(cfg.out_dir, cfg.since):
         print(stopped, flush=True)
         return CLEAN_STOP
     if not cfg.clean_only:

@@ -19,15 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from hvd_lm.comm.hosts import parse_hosts
-from hvd_lm.jobs.job_scripts import (
-    SCHEDULERS,
-    SUBMIT,
-    JobSize,
-    RenderSpec,
-    job_size,
-    render,
-    template_dir,
-)
+from hvd_lm.jobs.job_scripts import SCHEDULERS, SUBMIT, RenderSpec, job_size, render, template_dir
 from hvd_lm.options import Command, option
 from hvd_lm.train.schedule import scaled_lr
 from hvd_lm.train.settings import add_arguments, from_args
@@ -169,28 +161,24 @@ def _render_job(args: LaunchConfig, job: JobPlan, train_args: list[str], job_nam
     per_gpu = cfg.data.batch_size * cfg.dist.backward_passes_per_step
     if job.steps is not None:
         train_args = [*train_args, "--max-steps", str(job.steps)]
-    elif (limit := derived_time_limit(args.walltime, args.time_margin, cfg,
-                                                 args.scheduler)) is not None:
-        train_args = [*train_args, "--time-limit", limit]
-    if args.time_budget and job.steps is None:
-        train_args = [*train_args, "--time-budget", args.time_budget]
-    kind = "Scaling sweep job, rendered" if args.sweep else "Rendered"
-    warning = lr_warning(cfg, job)
-    if warning:
+    else:
+        limit = derived_time_limit(args.walltime, args.time_margin, cfg, args.scheduler)
+        train_args = [*train_args, *(["--time-limit", limit] if limit is not None else []),
+                      *(["--time-budget", args.time_budget] if args.time_budget else [])]
+    if warning := lr_warning(cfg, job):
         print(f"hvd-lm launch: {warning}", file=sys.stderr)
+    kind = "Scaling sweep job, rendered" if args.sweep else "Rendered"
     header = (f"{kind} by `hvd-lm launch --scheduler {args.scheduler}`: its knobs and directives "
               "are filled in, the rest is the template",
               f"{_size_text(job, args.device)}; global batch {job.global_batch} ({per_gpu} per "
               f"{_unit(args.device)}); peak LR at that batch {job.lr:.4g} ({_lr_rule_text(cfg)})"
               + (f"; {job.steps} steps" if job.steps else ""), *([warning] if warning else []))
     return render(RenderSpec(
-        scheduler=args.scheduler, size=JobSize(job.gpus, job.nodes, job.tasks_per_node),
-        device=args.device, partition=args.partition,
-        walltime=args.walltime, config=args.config, out_dir=job.out_dir,
-        train_args=tuple(train_args), job_name=job_name, python=args.python,
-        launcher=args.launcher, controller=args.controller,
-        hosts=_hosts(args.hosts, job.tasks_per_node),
-        network_interface=args.network_interface, cpus_per_task=args.cpus_per_task,
+        scheduler=args.scheduler, size=job_size(job.gpus, job.tasks_per_node, job.nodes),
+        device=args.device, partition=args.partition, walltime=args.walltime, config=args.config,
+        out_dir=job.out_dir, train_args=tuple(train_args), job_name=job_name, python=args.python,
+        launcher=args.launcher, controller=args.controller, cpus_per_task=args.cpus_per_task,
+        hosts=_hosts(args.hosts, job.tasks_per_node), network_interface=args.network_interface,
         header=header, elastic=args.elastic, min_np=args.min_np, engine=args.engine), templates)
 
 
@@ -322,14 +310,13 @@ def launch(args: LaunchConfig) -> int:
         f"# should go under ({runs_dir}/gNNN is relative to it).\n"
         'set -euo pipefail\nsweep_dir="$(dirname "${BASH_SOURCE[0]}")"\n'
         + "".join(f'{submit_with} "$sweep_dir/{Path(j.script).name}"\n' for j in jobs)))
+    per_gpu = cfg.data.batch_size * cfg.dist.backward_passes_per_step
     write_text(out / "sweep.json", json.dumps({
-        "scheduler": args.scheduler, "gpus_per_node": gpn,
-        "per_gpu_batch": cfg.data.batch_size * cfg.dist.backward_passes_per_step,
+        "scheduler": args.scheduler, "gpus_per_node": gpn, "per_gpu_batch": per_gpu,
         "lr": cfg.optim.lr, "lr_ref_batch": cfg.optim.lr_ref_batch, "lr_rule": cfg.optim.lr_rule,
         "lr_cap": cfg.optim.lr_cap, "jobs": [asdict(j) for j in jobs]}, indent=2) + "\n")
-    print(f"scaling sweep ({args.scheduler}, {gpn} GPUs per node): per-GPU batch "
-          f"{cfg.data.batch_size * cfg.dist.backward_passes_per_step} fixed (weak scaling), "
-          f"{_lr_rule_text(cfg)}")
+    print(f"scaling sweep ({args.scheduler}, {gpn} GPUs per node): per-GPU batch {per_gpu} fixed "
+          f"(weak scaling), {_lr_rule_text(cfg)}")
     print(sweep_table(jobs))
     print(f"start all: bash {out / 'submit_all.sh'}; then, from a checkout: "
           f"python -m benchmarks scaling-report {runs_dir}/g*")
@@ -361,20 +348,16 @@ class LaunchConfig:
     # scheduler
     partition: Optional[str] = option(None, "SLURM partition / PBS queue (default: the "
                                       "cluster's)", aliases=("--queue",))
-    walltime: Optional[str] = option(None, "time limit in sbatch's --time forms (M, M:S, "
-                                     "H:M:S, D-H[:M[:S]]; PBS: [[H:]M:]S, a bare number is "
-                                     "seconds) or 4h-style, written into the job as "
-                                     "given; the training gets --time-limit = walltime - "
-                                     "--time-margin (not in a --sweep: its jobs run fixed "
-                                     "steps)")
-    time_margin: str = option("5m", "with --walltime: the part of it the training's "
-                              "--time-limit leaves to the job's start and end (0: no "
-                              "--time-limit)")
-    time_budget: Optional[str] = option(None, "the training's --time-budget: its time over "
-                                        "every allocation (40h, 2d...); with --walltime each "
-                                        "job trains its --time-limit of it and (SLURM) requeues "
-                                        "itself until the budget is spent, the LR reaching 0 at "
-                                        "its end", parse=lambda v: _duration_text(v))
+    walltime: Optional[str] = option(
+        None, "time limit in sbatch's --time forms (M, M:S, H:M:S, D-H[:M[:S]]; PBS: [[H:]M:]S, a "
+        "bare number is seconds) or 4h-style, written into the job as given; the training gets "
+        "--time-limit = walltime - --time-margin (not in a --sweep: its jobs run fixed steps)")
+    time_margin: str = option("5m", "with --walltime: the part of it the training's --time-limit "
+                              "leaves to the job's start and end (0: no --time-limit)")
+    time_budget: Optional[str] = option(
+        None, "the training's --time-budget: its time over every allocation (40h, 2d...); with "
+        "--walltime each job trains its --time-limit of it and (SLURM) requeues itself until the "
+        "budget is spent, the LR reaching 0 at its end", parse=lambda v: _duration_text(v))
     job_name: str = option("hvd-lm", "job name (SLURM, PBS)")
     launcher: Optional[str] = option(None, "SLURM: how ranks start inside the allocation "
                                      "(template default srun)", choices=("srun", "mpirun"))
@@ -385,17 +368,15 @@ class LaunchConfig:
                                    "(template default 1)", ge=1)
     controller: Optional[str] = option(None, "horovodrun: Horovod controller (template default "
                                        "gloo)", choices=("gloo", "mpi"))
-    engine: Optional[str] = option(None, "collective engine the job trains on: horovod "
-                                   "(templates' default) or torch (--backend torch: "
-                                   "torch.distributed; slurm: srun starts one rank per GPU; "
-                                   "mpirun, pbs; --scheduler torchrun always)",
-                                   choices=("horovod", "torch"))
+    engine: Optional[str] = option(
+        None, "collective engine the job trains on: horovod (templates' default) or torch "
+        "(--backend torch: torch.distributed; slurm: srun starts one rank per GPU; mpirun, pbs; "
+        "--scheduler torchrun always)", choices=("horovod", "torch"))
     hosts: Optional[str] = option(None, "horovodrun-multinode/mpirun/torchrun: comma-separated "
                                   "node names, one per node, or SLURM's n[001-004,7] (default: "
                                   "a hostfile named 'hostfile'; torchrun: the first hosts the "
                                   "rendezvous)")
-    network_interface: Optional[str] = option(None, "horovodrun-multinode/torchrun: NIC, e.g. "
-                                              "ib0")
+    network_interface: Optional[str] = option(None, "horovodrun-multinode/torchrun: NIC, e.g. ib0")
     # run
     config: Optional[str] = option(None, "YAML training config (hvd-lm train --config)")
     run_dir: Optional[str] = option(None, "training out-dir (default: the template's; sweep: "

@@ -24,19 +24,12 @@ import hvd_lm
 from hvd_lm.util.units import scheduler_time
 
 #: scheduler name -> template file in the launch directory
-SCHEDULERS = {
-    "horovodrun": "horovodrun_local.sh",
-    "horovodrun-multinode": "horovodrun_multinode.sh",
-    "horovodrun-elastic": "horovodrun_elastic.sh",
-    "mpirun": "mpirun.sh",
-    "slurm": "slurm.sbatch",
-    "pbs": "pbs.qsub",
-    "torchrun": "torchrun.sh",
-}
+SCHEDULERS = {"horovodrun": "horovodrun_local.sh",
+              "horovodrun-multinode": "horovodrun_multinode.sh",
+              "horovodrun-elastic": "horovodrun_elastic.sh", "mpirun": "mpirun.sh",
+              "slurm": "slurm.sbatch", "pbs": "pbs.qsub", "torchrun": "torchrun.sh"}
 #: how each rendered job is started (for the sweep's submit script)
-SUBMIT = {"horovodrun": "bash", "horovodrun-multinode": "bash", "horovodrun-elastic": "bash",
-          "mpirun": "bash", "torchrun": "bash",
-          "slurm": "sbatch", "pbs": "qsub"}
+SUBMIT = {k: {"slurm": "sbatch", "pbs": "qsub"}.get(k, "bash") for k in SCHEDULERS}
 
 _KNOB = re.compile(r'^(?P<name>[A-Z][A-Z0-9_]*)="\$\{(?P=name):-(?P<default>.*)\}"'
                    r'(?P<rest>\s*(?:#.*)?)$', re.M)
@@ -99,13 +92,11 @@ def job_size(gpus: int, gpus_per_node: int, nodes: int | None = None) -> JobSize
     if gpus < 1 or gpus_per_node < 1:
         raise ValueError(f"need --gpus >= 1 and --gpus-per-node >= 1, got {gpus} and "
                          f"{gpus_per_node}")
-    if gpus <= gpus_per_node:
-        size = JobSize(gpus, 1, gpus)
-    elif gpus % gpus_per_node:
+    per_node = min(gpus, gpus_per_node)
+    if gpus % per_node:
         raise ValueError(f"{gpus} GPUs do not fill {gpus_per_node}-GPU nodes evenly "
                          f"({gpus / gpus_per_node:.2f} nodes); use a multiple of {gpus_per_node}")
-    else:
-        size = JobSize(gpus, gpus // gpus_per_node, gpus_per_node)
+    size = JobSize(gpus, gpus // per_node, per_node)
     if nodes is not None and nodes != size.nodes:
         raise ValueError(f"--nodes {nodes} does not match {gpus} GPUs at {gpus_per_node} per node "
                          f"(that is {size.nodes} node{'s' * (size.nodes > 1)} x "
@@ -143,13 +134,6 @@ def check_host_words(flag: str, value: str) -> str:
     return value
 
 
-def _check_value(name: str, value: str) -> str:
-    if _UNSAFE.search(value):
-        raise ValueError(f"{name}={value!r}: the characters $ ` \" \\ }} and newlines cannot be "
-                         "rendered into a template default; edit the script instead")
-    return value
-
-
 def set_knobs(text: str, knobs: dict[str, str]) -> str:
     """Replace the defaults of ``NAME="${NAME:-default}"`` lines.
 
@@ -158,15 +142,17 @@ def set_knobs(text: str, knobs: dict[str, str]) -> str:
         ValueError: a value with shell-special characters.
     """
     found = set(knob_defaults(text))
-    missing = set(knobs) - found
-    if missing:
+    if missing := set(knobs) - found:
         raise KeyError(f"template has no knob(s) {sorted(missing)} (it has {sorted(found)})")
 
     def sub(m: re.Match) -> str:
         name = m.group("name")
         if name not in knobs:
             return m.group(0)
-        value = _check_value(name, knobs[name])
+        value = knobs[name]
+        if _UNSAFE.search(value):
+            raise ValueError(f"{name}={value!r}: the characters $ ` \" \\ }} and newlines cannot "
+                             "be rendered into a template default; edit the script instead")
         if value.startswith("-"):  # "${X:- --flag}" reads better than "${X:---flag}"
             value = " " + value
         return _keep_comment_column(m.group(0), f'{name}="${{{name}:-{value}}}"', m.group("rest"))
@@ -176,11 +162,10 @@ def set_knobs(text: str, knobs: dict[str, str]) -> str:
 
 def _keep_comment_column(old_line: str, new_code: str, rest: str) -> str:
     """``new_code`` + ``rest`` with a trailing ``# comment`` kept at its old column when it fits."""
-    comment = rest.strip()
-    if not comment:
+    if not rest.strip():
         return new_code
-    column = len(old_line) - len(rest) + (len(rest) - len(rest.lstrip()))
-    return new_code + " " * max(1, column - len(new_code)) + comment
+    column = len(old_line) - len(rest.lstrip())
+    return new_code + " " * max(1, column - len(new_code)) + rest.strip()
 
 
 def knob_defaults(text: str) -> dict[str, str]:
@@ -295,8 +280,7 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
                              f"{'--elastic (Horovod elastic)' if spec.elastic else sched}")
         knobs["ENGINE"] = "torch"
     if sched == "torchrun":
-        knobs["NPROC_PER_NODE"] = str(tpn)
-        knobs["NNODES"] = str(size.nodes)
+        knobs.update(NPROC_PER_NODE=str(tpn), NNODES=str(size.nodes))
     if sched == "horovodrun" and size.nodes > 1:
         raise ValueError(f"--scheduler horovodrun runs on one node, but {size.gpus} GPUs need "
                          f"{size.nodes} nodes: use horovodrun-multinode, mpirun, slurm or pbs")

@@ -64,8 +64,7 @@ def plot_training(records: list[dict], out_dir: str | Path) -> list[Path]:
                 ax.plot([r[key] - (start if key == "time" else 0) for r in evals],
                         [r["val_bpc"] for r in evals], "o-", label="validation BPC")
             ax.legend()
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
+        ax.set(xlabel=xlabel, ylabel=ylabel)
         ax.grid(alpha=0.3)
         fig.tight_layout()
         fig.savefig(out_dir / name, dpi=100)

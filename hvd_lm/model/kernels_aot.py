@@ -60,15 +60,13 @@ def compile_ahead(arch: int = 90) -> list[dict]:
     tool = str(tool) if tool.exists() else shutil.which("cuobjdump")
     if not tool:
         raise RuntimeError("cuobjdump not found (it ships with triton's nvidia backend)")
-    kernels = {"_cell_forward_kernel": tk._cell_forward_kernel,
-               "_cell_backward_kernel": tk._cell_backward_kernel}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for compute, has_keep, has_rk in itertools.product(tk.COMPUTE_TYPES, (False, True),
                                                            (False, True)):
             consts = tk.launch_constexprs(compute, has_keep, has_rk)
             for name, sig in tk.launch_signatures(compute, has_keep, has_rk).items():
-                src = ASTSource(fn=kernels[name], signature=sig, constexprs=consts[name])
+                src = ASTSource(fn=getattr(tk, name), signature=sig, constexprs=consts[name])
                 built = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={
                     "num_warps": tk.NUM_WARPS, "enable_fp_fusion": True})
                 cubin = Path(tmp) / f"{name}.cubin"

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm as wn
 
 from hvd_lm.model.config import ModelConfig  # noqa: F401 - the model's settings, here too
@@ -70,8 +70,8 @@ class MLSTM(nn.Module):
         with torch.no_grad():
             self.w_x.bias.zero_()[hidden_size:2 * hidden_size] = 1.0
 
-    def forward(self, x: torch.Tensor, state: State, mask: torch.Tensor | None = None,
-                reset: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+    def forward(self, x: Tensor, state: State, mask: Tensor | None = None,
+                reset: Tensor | None = None) -> tuple[Tensor, State]:
         """Run the recurrence.
 
         Args:
@@ -154,9 +154,8 @@ class LanguageModel(nn.Module):
         z = torch.zeros(batch_size, self.config.hidden_size, device=device, dtype=dtype)
         return z, z.clone()
 
-    def encode(self, tokens: torch.Tensor, state: State | None = None,
-               mask: torch.Tensor | None = None, reset: torch.Tensor | None = None,
-               time_major: bool = False) -> tuple[torch.Tensor, State]:
+    def encode(self, tokens: Tensor, state: State | None = None, mask: Tensor | None = None,
+               reset: Tensor | None = None, time_major: bool = False) -> tuple[Tensor, State]:
         """Hidden states of ``tokens`` [B, T] (int64 byte ids).
 
         The data stays in [T, B] order from the embedding to the output (the embedding of
@@ -207,9 +206,8 @@ class LanguageModel(nn.Module):
             state = (h[0], c[0])
         return (hs if time_major else hs.transpose(0, 1)), state
 
-    def forward(self, tokens: torch.Tensor, state: State | None = None,
-                reset: torch.Tensor | None = None, time_major: bool = False
-                ) -> tuple[torch.Tensor, State]:
+    def forward(self, tokens: Tensor, state: State | None = None, reset: Tensor | None = None,
+                time_major: bool = False ) -> tuple[Tensor, State]:
         """Logits [B, T, 256] for next-byte prediction, and the final state (see :meth:`encode`);
         ``time_major``: logits as contiguous [T, B, 256] (the training step's loss reads them
         so, with the targets transposed: no copy of the logits)."""
@@ -229,9 +227,7 @@ class LanguageModel(nn.Module):
 def recurrence_label(rnn_impl: str, rnn_kernels: str = "auto", cuda_graphs: bool = False) -> str:
     """The mLSTM recurrence's name in the benchmarks' tables: ``reference`` (or another
     non-fused ``rnn_impl`` as it is), ``fused/<kernels>[+graphs]``."""
-    if rnn_impl != "fused":
-        return rnn_impl
-    return f"fused/{rnn_kernels}" + ("+graphs" if cuda_graphs else "")
+    return rnn_impl if rnn_impl != "fused" else f"fused/{rnn_kernels}{'+graphs' * cuda_graphs}"
 
 
 def parameter_shapes(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:

@@ -13,15 +13,9 @@ from pathlib import Path
 
 import torch
 
+from hvd_lm.formats import export
 from hvd_lm.formats.checkpoint import CheckpointError, checkpoint_dir, load, resolve
-from hvd_lm.formats.export import (
-    ARCHITECTURE,
-    CONFIG,
-    WEIGHTS,
-    export_folder,
-    read_export,
-    write_export,
-)
+from hvd_lm.formats.export import ARCHITECTURE, CONFIG, WEIGHTS, export_folder
 from hvd_lm.formats.tokenizer import TOKENIZER_NAME
 from hvd_lm.model.lm import LanguageModel, ModelConfig, parameter_shapes
 from hvd_lm.options import Command, option, validate
@@ -184,7 +178,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu",
     """
     folder = export_folder(path)
     if folder is not None:
-        state, meta = read_export(folder)
+        state, meta = export.read_export(folder)
         path = folder / WEIGHTS
         model_cfg = architecture(meta["model"], folder / "config.json")
         step = meta.get("step")
@@ -236,7 +230,7 @@ def export_command(cfg: ExportConfig) -> int:
     check_state(ckpt["model"], model_cfg, src)
     model = LanguageModel(ModelConfig(**model_cfg))
     load_state(model, ckpt["model"], src)  # a checkpoint of another shape: one line
-    out = write_export(cfg.out_dir, model.state_dict(), {
+    out = export.write_export(cfg.out_dir, model.state_dict(), {
         "model": model_cfg, "vocab_size": model_cfg["vocab_size"], "tokenizer": TOKENIZER_NAME,
         "step": ckpt.get("step"), "seq_len": ckpt["config"].get("data", {}).get("seq_len"),
         "world_size": ckpt.get("world_size"),

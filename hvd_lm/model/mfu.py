@@ -154,9 +154,7 @@ def matmul_gflops(n: int = 2048, repeats: int = 5, threads: int = 1, device: str
     ``device`` (CPU with ``threads`` threads), GFLOP/s, after one untimed call."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     times = []
     for _ in range(repeats + 1):  # the first call untimed
         t = time.perf_counter()
@@ -174,9 +172,7 @@ def matmul_gflops(n: int = 2048, repeats: int = 5, threads: int = 1, device: str
 def matmul_column(precision: str, tf32: bool) -> str:
     """The peak column a run's matmuls use: ``bf16``/``fp16`` autocast as such; ``fp32`` is
     ``tf32`` when torch lets fp32 matmuls use TF32 (``tf32``), else ``fp32``."""
-    if precision in ("bf16", "fp16"):
-        return precision
-    return "tf32" if tf32 else "fp32"
+    return precision if precision in ("bf16", "fp16") else "tf32" if tf32 else "fp32"
 
 
 def published_peak(device_name: str, column: str) -> Peak | None:

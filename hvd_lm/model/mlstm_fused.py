@@ -132,12 +132,10 @@ class MLSTMWindow(torch.autograd.Function):
             cprev, hprev_c = steps(n + 1, H, S), steps(n + 1, H, C)
             a, m = steps(n, H, C), steps(n, H, C)
             hs = torch.empty(T, B, H, dtype=C, device=dev)  # rows in both: the decoder's input
-            h0s, c0s = h0, c0
-            if rk is not None:
-                h0s, c0s = h0s * rk[0], c0s * rk[0]
-            hstate = steps(1, H, S)[0].copy_(h0s)
-            cprev[0].copy_(c0s)
-            hprev_c[0].copy_(h0s)
+            r0 = 1.0 if rk is None else rk[0]  # a stream starting at step 0: zero state
+            hstate = steps(1, H, S)[0].copy_(h0 * r0)
+            cprev[0].copy_(c0 * r0)
+            hprev_c[0].copy_(hstate)
             # Per-step views made once in C++ (unbind), not by T x 13 Python indexing calls.
             xg_t, xm_t, hs_t = xg.unbind(0), xm.unbind(0), hs.unbind(0)
             act_t = act.unbind(0) if save_act else [None] * n

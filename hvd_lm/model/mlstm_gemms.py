@@ -43,8 +43,7 @@ def weight_grad_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.float() @ b.float()
 
 
-def state_grad_mm(device_type: str, compute: torch.dtype, state: torch.dtype,
-                  held: bool):
+def state_grad_mm(device_type: str, compute: torch.dtype, state: torch.dtype, held: bool):
     """The per-step GEMM of the backward ``dh_{t-1} = da_t W_mh (+ dhold_t)`` written into the
     state-dtype buffer ``out`` [B, H]: ``fn(da [B, H], w [H, H], out, dhold)`` (``dhold`` [B, H]
     in the state dtype, the gradient that bypassed the cell on held rows, or None).

@@ -84,15 +84,13 @@ class WindowGraphs:
                          for a in tensors])
 
     def _capture(self, fn: Callable, args: tuple, key: tuple) -> None:
-        where, n = [i for i, a in enumerate(args) if a is not None], len(args)
-        sample = tuple(args[i].detach().clone().requires_grad_(args[i].requires_grad)
-                       for i in where)
+        absent = [a is None for a in args]
+        sample = tuple(a.detach().clone().requires_grad_(a.requires_grad)
+                       for a in args if a is not None)
 
         def dense(*present):  # make_graphed_callables takes tensors only: re-insert the Nones
-            full: list = [None] * n
-            for i, p in zip(where, present):
-                full[i] = p
-            return fn(*full)
+            given = iter(present)
+            return fn(*[None if gone else next(given) for gone in absent])
 
         try:
             # Autocast must be off (or uncached) while capturing; the Function sets its dtypes.

@@ -46,14 +46,14 @@ import functools
 import os
 
 import torch
+from torch import Tensor
 
 from hvd_lm.model.config import KERNELS
 
 
-def cell_forward(g: torch.Tensor, cprev: torch.Tensor, hstate: torch.Tensor,
-                 keep: torch.Tensor | None, rk_next: torch.Tensor | None,
-                 act: torch.Tensor | None, tc: torch.Tensor | None, hs_t: torch.Tensor,
-                 c_next: torch.Tensor, h_next: torch.Tensor, hc_next: torch.Tensor) -> None:
+def cell_forward(g: Tensor, cprev: Tensor, hstate: Tensor, keep: Tensor | None,
+                 rk_next: Tensor | None, act: Tensor | None, tc: Tensor | None, hs_t: Tensor,
+                 c_next: Tensor, h_next: Tensor, hc_next: Tensor) -> None:
     """One step's elementwise forward, as pure tensor expressions copied into the outputs (the
     specification of the cell kernels, and what ``torch.compile`` fuses; shapes and dtypes in
     the module docstring). The equations are :class:`hvd_lm.model.lm.MLSTM`'s:
@@ -75,7 +75,7 @@ def cell_forward(g: torch.Tensor, cprev: torch.Tensor, hstate: torch.Tensor,
     h_next.copy_(h_out)
 
 
-def _activations(g: torch.Tensor, cprev: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _activations(g: Tensor, cprev: Tensor) -> tuple[Tensor, ...]:
     """sigmoid(i), sigmoid(f), tanh(u), sigmoid(o), the candidate c and tanh(c) of one step, in
     the state dtype, from the gate pre-activations ``g`` [B, 4H] and ``cprev`` [B, H] (the
 specification's form)."""
@@ -85,11 +85,10 @@ specification's form)."""
     return si, sf, tu, so, c, torch.tanh(c)
 
 
-def cell_backward(dhs_t: torch.Tensor, dhp: torch.Tensor, dcp: torch.Tensor,
-                  rk_next: torch.Tensor | None, keep: torch.Tensor | None,
-                  act: torch.Tensor | None, tc: torch.Tensor | None, cprev: torch.Tensor,
-                  dg: torch.Tensor, dcp_out: torch.Tensor, dhold: torch.Tensor | None,
-                  g: torch.Tensor | None = None) -> None:
+def cell_backward(dhs_t: Tensor, dhp: Tensor, dcp: Tensor, rk_next: Tensor | None,
+                  keep: Tensor | None, act: Tensor | None, tc: Tensor | None, cprev: Tensor,
+                  dg: Tensor, dcp_out: Tensor, dhold: Tensor | None,
+                  g: Tensor | None = None) -> None:
     """One step's elementwise backward (the derivative of :func:`cell_forward`), as pure tensor
     expressions copied into ``dg``, ``dcp_out`` and ``dhold`` (module docstring); with ``act``
     None the activations are recomputed from ``g``."""
@@ -117,8 +116,7 @@ def cell_backward(dhs_t: torch.Tensor, dhp: torch.Tensor, dcp: torch.Tensor,
         dhold.copy_(hold_h)
 
 
-def _torch_activations(g: torch.Tensor, cprev: torch.Tensor, act: torch.Tensor,
-                       c: torch.Tensor, tc: torch.Tensor) -> torch.Tensor:
+def _torch_activations(g: Tensor, cprev: Tensor, act: Tensor, c: Tensor, tc: Tensor) -> Tensor:
     """The torch kernels' activations: sigmoid i, f, o and tanh u of ``g`` into ``act``, the
     candidate c_t into ``c`` and tanh(c_t) into
     ``tc``, with out= ops in one fixed order (the forward and the backward's recomputation give
@@ -133,10 +131,9 @@ def _torch_activations(g: torch.Tensor, cprev: torch.Tensor, act: torch.Tensor,
     return c
 
 
-def torch_cell_forward(g: torch.Tensor, cprev: torch.Tensor, hstate: torch.Tensor,
-                       keep: torch.Tensor | None, rk_next: torch.Tensor | None,
-                       act: torch.Tensor | None, tc: torch.Tensor | None, hs_t: torch.Tensor,
-                       c_next: torch.Tensor, h_next: torch.Tensor, hc_next: torch.Tensor) -> None:
+def torch_cell_forward(g: Tensor, cprev: Tensor, hstate: Tensor, keep: Tensor | None,
+                       rk_next: Tensor | None, act: Tensor | None, tc: Tensor | None, hs_t: Tensor,
+                       c_next: Tensor, h_next: Tensor, hc_next: Tensor) -> None:
     """:func:`cell_forward` in eager torch ops writing straight into the outputs (``out=`` and
     in-place ops: no concatenation; ``act`` / ``tc`` None: written to scratch tensors instead):
     the ``torch`` kernels."""
@@ -159,11 +156,10 @@ def torch_cell_forward(g: torch.Tensor, cprev: torch.Tensor, hstate: torch.Tenso
     hc_next.copy_(h)
 
 
-def torch_cell_backward(dhs_t: torch.Tensor, dhp: torch.Tensor, dcp: torch.Tensor,
-                        rk_next: torch.Tensor | None, keep: torch.Tensor | None,
-                        act: torch.Tensor | None, tc: torch.Tensor | None, cprev: torch.Tensor,
-                        dg: torch.Tensor, dcp_out: torch.Tensor, dhold: torch.Tensor | None,
-                        g: torch.Tensor | None = None) -> None:
+def torch_cell_backward(dhs_t: Tensor, dhp: Tensor, dcp: Tensor, rk_next: Tensor | None,
+                        keep: Tensor | None, act: Tensor | None, tc: Tensor | None, cprev: Tensor,
+                        dg: Tensor, dcp_out: Tensor, dhold: Tensor | None,
+                        g: Tensor | None = None) -> None:
     """:func:`cell_backward` in eager torch ops writing straight into the outputs: the
     ``torch`` kernels (``act`` None: the activations recomputed from ``g`` into scratch
     tensors first, so ``dg`` may be ``g``)."""
@@ -264,9 +260,7 @@ def resolve(name: str, device: torch.device | str) -> str:
         raise ValueError(f"rnn kernels must be one of {KERNELS}, got {name!r}")
     if name != "auto":
         return name
-    if torch.device(device).type == "cuda" and triton_available():
-        return "triton"
-    return "torch"
+    return "triton" if torch.device(device).type == "cuda" and triton_available() else "torch"
 
 
 def get_kernels(name: str, device: torch.device | str = "cpu") -> Kernels:

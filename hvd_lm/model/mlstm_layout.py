@@ -17,8 +17,7 @@ from hvd_lm.model.mlstm_kernels import Kernels
 LAYOUTS = ("rows", "features")
 
 
-def default_layout(device: torch.device | str, kernels: Kernels,
-                   threads: int | None = None) -> str:
+def default_layout(device: torch.device | str, kernels: Kernels, threads: int | None = None) -> str:
     """How the fused window stores its per-step [B, F] matrices (:func:`steps_empty`):
     ``features`` on a CPU running torch on two or more threads (``threads``, default
     ``torch.get_num_threads()``) when the kernels take strided tensors

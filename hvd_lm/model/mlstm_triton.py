@@ -72,10 +72,9 @@ def _gates(g_ptr, gate, live, H):
 
 
 @triton.jit
-def _cell_forward_kernel(g_ptr, cprev_ptr, hstate_ptr, keep_ptr, rk_ptr, act_ptr, tc_ptr,
-                         hs_ptr, cnext_ptr, hnext_ptr, hcnext_ptr, N, H,
-                         HAS_KEEP: tl.constexpr, HAS_RK: tl.constexpr, SAVE: tl.constexpr,
-                         BLOCK: tl.constexpr):
+def _cell_forward_kernel(g_ptr, cprev_ptr, hstate_ptr, keep_ptr, rk_ptr, act_ptr, tc_ptr, hs_ptr,
+                         cnext_ptr, hnext_ptr, hcnext_ptr, N, H, HAS_KEEP: tl.constexpr,
+                         HAS_RK: tl.constexpr, SAVE: tl.constexpr, BLOCK: tl.constexpr):
     offs, live, row, gate = _elements(N, H, BLOCK)
     si, sf, tu, so = _gates(g_ptr, gate, live, H)
     cp = tl.load(cprev_ptr + offs, mask=live, other=0.0)
@@ -103,10 +102,9 @@ def _cell_forward_kernel(g_ptr, cprev_ptr, hstate_ptr, keep_ptr, rk_ptr, act_ptr
 
 
 @triton.jit
-def _cell_backward_kernel(dhs_ptr, dhp_ptr, dcp_ptr, rk_ptr, keep_ptr, act_ptr, tc_ptr,
-                          cprev_ptr, dg_ptr, dcpout_ptr, dhold_ptr, g_ptr, N, H,
-                          HAS_KEEP: tl.constexpr, HAS_RK: tl.constexpr,
-                          RECOMPUTE: tl.constexpr, BLOCK: tl.constexpr):
+def _cell_backward_kernel(dhs_ptr, dhp_ptr, dcp_ptr, rk_ptr, keep_ptr, act_ptr, tc_ptr, cprev_ptr,
+                          dg_ptr, dcpout_ptr, dhold_ptr, g_ptr, N, H, HAS_KEEP: tl.constexpr,
+                          HAS_RK: tl.constexpr, RECOMPUTE: tl.constexpr, BLOCK: tl.constexpr):
     offs, live, row, gate = _elements(N, H, BLOCK)
     dh = tl.load(dhs_ptr + offs, mask=live, other=0.0).to(tl.float32)
     dhp = tl.load(dhp_ptr + offs, mask=live, other=0.0)

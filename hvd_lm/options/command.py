@@ -32,8 +32,7 @@ def _dest(path: tuple[str, ...]) -> str:
     return "cfg__" + "__".join(path)
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type, config_flag: bool = True,
-                  groups: bool = True) -> None:
+def add_arguments(parser: argparse.ArgumentParser, cls: type, config_flag: bool = True) -> None:
     """Add ``--config FILE`` (optional) and one argument per leaf of ``cls`` to ``parser``.
 
     Every flag defaults to "unset" (None), so a YAML value survives unless the flag is given; the
@@ -52,10 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, config_flag: bool 
         if not m.get("cli", True):
             continue
         target = parser
-        if groups and len(path) > 1:
+        if len(path) > 1:
             if path[:-1] not in group_of:
-                sec = ".".join(path[:-1])
-                group_of[path[:-1]] = parser.add_argument_group(sec)
+                group_of[path[:-1]] = parser.add_argument_group(".".join(path[:-1]))
             target = group_of[path[:-1]]
         default = (f.default if f.default is not MISSING else
                    (f.default_factory() if f.default_factory is not MISSING else None))
@@ -65,9 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, config_flag: bool 
         base, elem, _ = _kind(tp)
         metavar = m.get("metavar")
         if m.get("positional"):
-            nargs = "*" if elem is not None else "?"
-            target.add_argument(_dest(path), nargs=nargs, default=None, metavar=metavar
-                                or f.name.upper(), help=help_text)
+            target.add_argument(_dest(path), nargs="*" if elem is not None else "?", default=None,
+                                metavar=metavar or f.name.upper(), help=help_text)
             continue
         names = [flag_text(f), *m.get("aliases", ())]
         for n in names:
@@ -79,16 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, config_flag: bool 
                                 const=m["switch"], default=None, help=help_text)
             continue
         choices = m.get("choices") if (m.get("parse") is None and elem is None
-                                      and base in (str,)) else None
+                                      and base is str) else None
+        metavar = metavar or (None if choices else (elem or base).__name__.upper())
         target.add_argument(*names, dest=_dest(path), default=None, choices=choices,
-                            nargs=m.get("nargs"),
-                            metavar=metavar or (None if choices else
-                                                (elem or base).__name__.upper()),
-                            help=help_text)
+                            nargs=m.get("nargs"), metavar=metavar, help=help_text)
 
 
-def from_args(cls: type, args: argparse.Namespace, source: str | None = None,
-              required: bool = True) -> Any:
+def from_args(cls: type, args: argparse.Namespace, required: bool = True) -> Any:
     """The tree from ``--config`` (when given) with every argument the user set applied on top,
     validated; with ``required`` also :func:`check_required`.
 
@@ -106,7 +100,7 @@ def from_args(cls: type, args: argparse.Namespace, source: str | None = None,
         for sec in sections:
             node = node.setdefault(sec, {})
         node[name] = value
-    src = source or (f"{config} + command line" if config else "command line")
+    src = f"{config} + command line" if config else "command line"
     obj = from_dict(cls, data, src)
     if required:
         check_required(obj, src)
@@ -134,16 +128,12 @@ def to_argv(obj: Any) -> list[str]:
                 [] if value in (None, "") else [str(value)])
             continue
         if m.get("switch") is not None:
-            if value == m["switch"]:
-                words.append(flag_text(f))
-            continue
-        if value is None:
-            continue
-        if isinstance(value, (list, tuple)):
+            words += [flag_text(f)] if value == m["switch"] else []
+        elif isinstance(value, (list, tuple)):
             if any("," in str(v) for v in value):
                 raise ValueError(f"{'.'.join(path)}: list items with commas cannot be flags")
-            words += [flag_text(f), ",".join(str(v) for v in value)]
-        else:
+            words += [flag_text(f), ",".join(map(str, value))]
+        elif value is not None:
             words += [flag_text(f), str(value)]
     return words + (["--", *positional] if positional else [])
 
@@ -252,9 +242,7 @@ class Command:
 
     def settings(self, args: argparse.Namespace) -> Any:
         """The validated settings from parsed ``args`` (:func:`from_args`)."""
-        if not self.flags:
-            return load_yaml(self.config, args.config)
-        return from_args(self.config, args)
+        return from_args(self.config, args) if self.flags else load_yaml(self.config, args.config)
 
     def invoke(self, args: argparse.Namespace, name: str) -> int:
         """Parse settings from ``args`` and run; errors become one ``<name>: ERROR: ...`` line

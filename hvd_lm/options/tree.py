@@ -90,9 +90,7 @@ def option(default: Any = MISSING, help: str = "", *, default_factory: Any = MIS
             "positional": positional, "switch": switch, "parse": parse, "metavar": metavar,
             "ge": ge, "gt": gt, "le": le, "required": required, "finite": finite, "cli": cli,
             "nargs": nargs}
-    if default_factory is not MISSING:
-        return dataclasses.field(default_factory=default_factory, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
 
 
 # ---- the tree -----------------------------------------------------------------------------------
@@ -218,8 +216,7 @@ def _check_leaf(value: Any, f: dataclasses.Field, where: str) -> None:
         if v is None:
             continue
         if m.get("choices") and v not in m["choices"]:
-            raise ConfigError(f"{where} must be one of {list(m['choices'])}, got {shown(v)}"
-                              f"{flag}")
+            raise ConfigError(f"{where} must be one of {list(m['choices'])}, got {shown(v)}{flag}")
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             if isinstance(v, float) and m.get("finite", True) and not math.isfinite(v):
                 raise ConfigError(f"{where} must be a finite number, got {shown(v)}{flag}")
@@ -257,9 +254,8 @@ def validate(obj: Any, source: str = "config", path: tuple[str, ...] = ()) -> No
 def flag_text(f: dataclasses.Field) -> str:
     """How the command line spells a leaf: ``--field-name`` (or its metadata's ``flag``), or
     ``argument NAME`` for a positional one."""
-    if f.metadata.get("positional"):
-        return f"argument {f.name.upper()}"
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+    return (f"argument {f.name.upper()}" if f.metadata.get("positional") else
+            f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
 
 
 def check_required(obj: Any, source: str = "command line") -> None:
@@ -306,8 +302,7 @@ def _build(cls: type, data: Any, source: str, path: tuple[str, ...]) -> Any:
         if _is_section(tp):
             kwargs[key] = _build(tp, value if value is not None else {}, source, path + (key,))
         else:
-            kwargs[key] = coerce(value, known[key], tp,
-                                 f"{source}: {'.'.join(path + (key,))}")
+            kwargs[key] = coerce(value, known[key], tp, f"{source}: {'.'.join(path + (key,))}")
     try:
         return cls(**kwargs)
     except ConfigError:

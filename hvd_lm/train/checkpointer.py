@@ -18,6 +18,7 @@ with ``--time-limit``, a measurement for the deadline's plan
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -31,7 +32,6 @@ from hvd_lm.train.counting import CharCount
 from hvd_lm.train.deadline import DeadlinePlanner
 from hvd_lm.train.guard import DivergenceGuard
 from hvd_lm.train.metrics import Metrics
-from hvd_lm.train.resume import Position
 from hvd_lm.train.settings import TrainConfig
 from hvd_lm.train.step import State
 
@@ -65,7 +65,7 @@ class Checkpointer:
         self.writer = CheckpointWriter(cfg.run.async_checkpoint, self.written)
         self.saved_step: int | None = None
 
-    def save(self, pos: Position, rnn_state: State, chars: CharCount, ctx: RankContext,
+    def save(self, pos: resume_io.Position, rnn_state: State, chars: CharCount, ctx: RankContext,
              windows_per_epoch: int) -> float:
         """Every rank, at the same step: save the checkpoint of ``pos`` (its character count
         made exact from ``chars``; ``pos`` itself unchanged), with this rank's recurrent state
@@ -121,5 +121,9 @@ class Checkpointer:
         self.writer.wait()
 
     def newest(self) -> Path | None:
-        """The newest complete checkpoint in the run folder (None: none)."""
+        """The newest complete checkpoint in the run folder (None: none), once the write in
+        flight (if any) is done: the newest is that one (a failed write's error is not raised
+        here: the callers name the checkpoint a run that failed can resume from)."""
+        with contextlib.suppress(Exception):
+            self.writer.wait()
         return ckpt_io.newest_complete(self.out_dir)

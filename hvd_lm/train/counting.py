@@ -113,10 +113,9 @@ class StepCounter:
         pos.skipped_steps += 1
         if state is not None and not all(bool(torch.isfinite(s).all()) for s in state):
             state = self.restart_state()
-        scaler = self.scaler
-        self.metrics.record("skip", pos.step, skipped_steps=pos.skipped_steps,
-                            grad_norm=grad_norm,
-                            loss_scale=scaler.get_scale() if scaler.is_enabled() else None)
+        self.metrics.record("skip", pos.step, skipped_steps=pos.skipped_steps, grad_norm=grad_norm,
+                            loss_scale=self.scaler.get_scale() if self.scaler.is_enabled()
+                            else None)
         return state
 
     def count(self, r: StepResult, pos: Position, total_steps: int,
@@ -173,9 +172,5 @@ class StepCounter:
         if counted_in is not pos:  # an elastic rollback since: the step went with it
             return
         r = r.read()
-        if r.applied:
-            self.guard.attempt(True)
-            self.metrics.tick(1)
-            return
-        pos.step -= 1
-        self.count_step(pos, False, r.grad_norm)
+        pos.step -= 1  # the speculative count taken back, then counted exactly
+        self.count_step(pos, r.applied, r.grad_norm)

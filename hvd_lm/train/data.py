@@ -89,8 +89,7 @@ class ConcatStream:
         out = []
         i = self._shard_of(start)
         while start < stop:
-            s_lo, s_hi = int(self.starts[i]), int(self.starts[i + 1])
-            hi = min(stop, s_hi)
+            s_lo, hi = int(self.starts[i]), min(stop, int(self.starts[i + 1]))
             out.append(read_tokens(self.shards[i].path, start - s_lo, hi - s_lo))
             self.reads += 1
             start, i = hi, i + 1
@@ -170,9 +169,7 @@ class RankStreams:
         self.rank, self.world_size = rank, world_size
         self.batch_size, self.seq_len = batch_size, seq_len
         self.seed, self.shuffle_shards, self.max_bytes = seed, shuffle_shards, max_bytes
-        self.total_bytes = sum(s.tokens for s in self.shards)
-        if max_bytes:
-            self.total_bytes = min(self.total_bytes, max_bytes)
+        self.total_bytes = min(sum(s.tokens for s in self.shards), max_bytes or math.inf)
         streams = batch_size if global_rows else world_size * batch_size
         self.bounds = stream_bounds(self.total_bytes, streams)
         first, last = ((-(-rank * batch_size // world_size),
@@ -215,13 +212,10 @@ class RankStreams:
             inputs[b, :n] = seg[:-1]
             targets[b, :n] = seg[1:]
             chars += n
-            if step == 0:
-                reset[b, 0] = True
+            reset[b, 0] = step == 0
             # A shard start at input position p = t0-1+j: reset before consuming it.
-            for s in shard_starts[(shard_starts >= t0 - 1) & (shard_starts < t1 - 1)]:
-                j = int(s) - (t0 - 1)
-                if 0 <= j < n:
-                    reset[b, j] = True
+            starts = shard_starts[(shard_starts >= t0 - 1) & (shard_starts < t1 - 1)]
+            reset[b, starts - (t0 - 1)] = True
         return Batch(torch.from_numpy(inputs), torch.from_numpy(targets),
                      torch.from_numpy(reset), chars)
 
@@ -277,10 +271,8 @@ class Prefetcher:
 
     def close(self) -> None:
         """Drop what was read ahead and stop the thread."""
-        for fut in self._ahead.values():
-            fut.cancel()
         self._ahead.clear()
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def window_in_new_cut(window: int, old_windows_per_epoch: int, windows_per_epoch: int) -> int:

@@ -148,31 +148,27 @@ class DeadlinePlanner:
         for name, value in (("time limit", limit_s), ("time budget", budget_s)):
             if value is not None and not value > 0:
                 raise ValueError(f"the {name} must be positive, got {value}")
-        self.virtual = virtual_step_s
-        self.virtual_now = 0.0
+        self.virtual, self.virtual_now = virtual_step_s, 0.0
         self.clock = (lambda: self.virtual_now) if virtual_step_s else clock
         if started is None:
             started = 0.0 if virtual_step_s else psutil.Process().create_time()
         self.limit_s = None if limit_s is None else float(limit_s)
         self.budget_s = None if budget_s is None else float(budget_s)
         self.trained_before = float(trained_s)
-        self.started = started
         self.stop_at = None if limit_s is None else started + self.limit_s
         self.loop_started: float | None = None
         self.cadence = cadence or Cadence()
         self.eval_estimate = None if virtual_step_s else eval_estimate
-        span = self.budget_s if self.budget_s is not None else self.limit_s
-        self.margin_s = margin_for(span) if margin_s is None else margin_s
-        self.stop_margin_s = (margin_for(self.limit_s) if self.limit_s is not None else 0.0) \
-            if margin_s is None else margin_s
+        # (the stop's margin matters only with a limit)
+        self.margin_s = margin_for(self.budget_s or self.limit_s) if margin_s is None else margin_s
+        self.stop_margin_s = margin_for(self.limit_s or 0.0) if margin_s is None else margin_s
         self.steps: collections.deque[float] = collections.deque(maxlen=WINDOW)
         self.skip = SKIP_ATTEMPTS
         self.slowest_s = 0.0  # the slowest attempt seen (the skipped ones too)
         self.eval_s: float | None = None  # the newest validation's seconds
-        self.eval_estimated = False
         estimate = 0.0 if virtual_step_s else checkpoint_estimate_s
-        self.ckpt_write_s = estimate  # a whole write (the final one waits for it)
-        self.ckpt_block_s = estimate  # what the loop waits (async: the copy)
+        # a whole write (the final one waits for it), and what the loop waits (async: the copy)
+        self.ckpt_write_s = self.ckpt_block_s = estimate
         self.ckpt_measured = False
 
     # ---- the clock -------------------------------------------------------------------------------
@@ -255,10 +251,9 @@ class DeadlinePlanner:
         """Seconds one validation takes: measured, else estimated once (0 without a split)."""
         if not self.cadence.has_val:
             return 0.0
-        if self.eval_s is None and not self.eval_estimated:
-            self.eval_estimated = True
+        if self.eval_s is None:  # estimated once
             self.eval_s = self.eval_estimate() if self.eval_estimate is not None else 0.0
-        return self.eval_s or 0.0
+        return self.eval_s
 
     def reserve_s(self) -> float:
         """Seconds kept for the end: the final validation, the final checkpoint's whole write
@@ -295,12 +290,8 @@ class DeadlinePlanner:
         if self.step_s is None:  # the step time is not measured yet
             return None
         fit = self.fit(self.left() - self.reserve_s(), self.step_s)
-        new = step + fit
-        if cap is not None:
-            new = min(new, cap)
-        if new == total:
-            return None
-        if fit > 0 and abs(new - total) <= HYSTERESIS * max(total - step, 0):
+        new = step + fit if cap is None else min(step + fit, cap)
+        if new == total or (fit > 0 and abs(new - total) <= HYSTERESIS * max(total - step, 0)):
             return None
         return new
 
@@ -443,12 +434,11 @@ class StopSignals:
 
     def _acknowledge(self, fd: int) -> None:
         said = False
-        stops = {int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGUSR1)}
         while True:
             data = os.read(fd, 64)
             if not data:
                 return
-            signum = next((b for b in data if b in stops), None)
+            signum = next((b for b in data if b in self.previous), None)  # a stop signal
             if signum is None or said or not self.announce:
                 continue
             said = True

@@ -61,17 +61,17 @@ class Elastic:
         :meth:`on_reset`)."""
         r = self.parts
         # Horovod: the state committed in memory and synced from rank 0 after every reset
-        state = engine.elastic_state(r.model, r.optimizer, **self.fields(pos))
+        state = engine.elastic_state(r.model, r.optimizer, train=self.train_state(pos))
         state.register_reset_callbacks([lambda: on_reset(state)])
         engine.elastic_run(loop)(state)  # Horovod: re-forms the world on failures
 
-    def fields(self, pos: Position) -> dict:
-        """What a commit holds besides model and optimizer: ``train``, what a checkpoint holds
-        too (:func:`hvd_lm.train.resume.train_state`: all ranks agree on it; the recurrent rows
-        are per rank and kept beside, :attr:`committed_rows`)."""
+    def train_state(self, pos: Position) -> dict:
+        """What a commit holds besides model and optimizer (its ``train`` field), what a
+        checkpoint holds too (:func:`hvd_lm.train.resume.train_state`: all ranks agree on it;
+        the recurrent rows are per rank and kept beside, :attr:`committed_rows`)."""
         r = self.parts
-        return {"train": train_state(pos, r.lr_plan, r.scaler, self.guard, r.ctx.size,
-                                     r.windows_per_epoch)}
+        return train_state(pos, r.lr_plan, r.scaler, self.guard, r.ctx.size,
+                           r.windows_per_epoch)
 
     def commit(self, state, pos: Position, rnn_state: State, chars: CharCount) -> None:
         """Commit the run in memory (every rank, same step): ``pos`` with the exact character
@@ -81,8 +81,7 @@ class Elastic:
         t0 = time.perf_counter()
         pos.chars_trained = chars.total()  # Horovod: sum over ranks
         chars.rebase(pos.chars_trained)
-        for name, value in self.fields(pos).items():
-            setattr(state, name, value)
+        state.train = self.train_state(pos)
         ctx = self.parts.ctx
         self.committed_rows = (ctx.rank, ctx.size, tuple(s.detach().clone() for s in rnn_state))
         state.commit()  # Horovod: may raise HostsUpdatedInterrupt

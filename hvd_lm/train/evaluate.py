@@ -8,6 +8,7 @@ process over the whole split (up to float rounding).
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import lzma
 import math
@@ -50,8 +51,7 @@ def nll_bits(model, streams: RankStreams, device: torch.device, precision: str =
             terminal, a line every 10 s in a log).
     """
     model.eval()
-    state = None
-    bits, chars = 0.0, 0
+    state, bits, chars = None, 0.0, 0
     if streams.batch_size == 0:  # more ranks than validation rows: nothing here
         return bits, chars
     bar = Progress("hvd-lm eval (rank 0)", streams.chars_per_epoch, "char", enabled=progress)
@@ -81,19 +81,15 @@ def estimate_seconds(model, streams: RankStreams, device: torch.device,
         return 0.0
     model.eval()
     state, times = None, []
-    it = iter(streams)
     try:
-        for batch in it:
+        for batch in itertools.islice(streams, 3):
             t0 = time.perf_counter()
             x = batch.inputs.to(device)
             with devices.autocast(device, precision):
                 logits, state = model(x, state, reset=batch.reset.to(device))
             float(logits[0, 0, 0])  # the device done
             times.append(time.perf_counter() - t0)
-            if len(times) == 3:
-                break
     finally:
-        getattr(it, "close", lambda: None)()
         model.train()
     if not times:
         return 0.0

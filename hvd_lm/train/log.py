@@ -1,5 +1,5 @@
 """The records of ``metrics.jsonl`` any rank or reader touches outside rank 0's log
-(:class:`hvd_lm.train.metrics.MetricsLog` writes the rest), and the progress of long commands.
+(:class:`hvd_lm.train.metrics.Metrics` writes the rest), and the progress of long commands.
 
 * :func:`write_failure`: a ``failure`` record appended by the rank that prints a run's one-line
   cause, with :func:`resume_command`, what continues the run.

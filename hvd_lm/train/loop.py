@@ -38,20 +38,17 @@ Without ``run.elastic``, a lost peer (its host's link down, the host or the proc
 the collective it was in after Gloo's ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (``engine.gloo_timeout_s``);
 each surviving node's first rank then probes the others (:mod:`hvd_lm.comm.peers`) and the job
 stops with one line naming the lost rank's host and the newest complete checkpoint
-(:class:`LostPeer`), from which ``--resume auto`` continues.
+(:class:`~hvd_lm.comm.peers.LostPeer`), from which ``--resume auto`` continues.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import sys
 import time
 
-from hvd_lm.comm import engine
-from hvd_lm.comm.peers import LostPeer
-from hvd_lm.comm.peers import failure as peer_failure
+from hvd_lm.comm import engine, peers
 from hvd_lm.options import Command, error_text
 from hvd_lm.train import faults, step
 from hvd_lm.train.checkpointer import Checkpointer
@@ -66,7 +63,6 @@ from hvd_lm.train.metrics import Metrics
 from hvd_lm.train.rundir import RunFolder
 from hvd_lm.train.settings import TrainConfig
 from hvd_lm.train.startup import RunParts
-from hvd_lm.train.step import StepSpec
 from hvd_lm.util.atomic import write_text
 
 #: Seconds of steps between two control exchanges (at most ``run.control_every`` attempts).
@@ -135,15 +131,14 @@ class Trainer:
         self.next_control = self.pos.attempts + 1
         self.attempt_times: collections.deque[float] = collections.deque(maxlen=20)  # seconds
         self.extra_s = 0.0  # seconds of validation and checkpoint in the current attempt
-        self.planner = None  # --time-limit/--time-budget: the steps that fit
-        if cfg.timed:  # (hvd_lm.train.deadline)
-            self.planner = DeadlinePlanner(
-                parts.time_limit_s, parts.time_budget_s, trained_s=self.pos.trained_s,
-                cadence=Cadence(cfg.run.eval_every, cfg.run.checkpoint_every,
-                                cfg.run.checkpoint_minutes, parts.val is not None),
-                eval_estimate=parts.eval_estimate_s,
-                checkpoint_estimate_s=parts.checkpoint_estimate_s(),
-                virtual_step_s=virtual_step_s())
+        # --time-limit/--time-budget: the steps that fit (hvd_lm.train.deadline)
+        self.planner = DeadlinePlanner(
+            parts.time_limit_s, parts.time_budget_s, trained_s=self.pos.trained_s,
+            cadence=Cadence(cfg.run.eval_every, cfg.run.checkpoint_every,
+                            cfg.run.checkpoint_minutes, parts.val is not None),
+            eval_estimate=parts.eval_estimate_s,
+            checkpoint_estimate_s=parts.checkpoint_estimate_s(),
+            virtual_step_s=virtual_step_s()) if cfg.timed else None
         self.stop_step = sys.maxsize  # the allocation's last step (--time-limit: planned)
         self.loop_started: float | None = None  # monotonic s: the first step's start
         self.trained_before = self.pos.trained_s  # seconds, the earlier allocations'
@@ -167,17 +162,15 @@ class Trainer:
         earlier ones' and this one's loop so far (the planner's clock when it has one)."""
         if self.planner is not None:
             return self.planner.trained_s()
-        if self.loop_started is None:
-            return self.trained_before
-        return self.trained_before + time.monotonic() - self.loop_started
+        started = self.loop_started
+        return self.trained_before + (0.0 if started is None else time.monotonic() - started)
 
     def save_checkpoint(self) -> None:
         """Every rank: the checkpoint of the current step (:meth:`Checkpointer.save`: Horovod
         allgathers and a sum); its seconds are not a step's (the deadline's plan)."""
-        parts = self.parts
         self.pos.trained_s = self.trained_s()
-        self.extra_s += self.checkpointer.save(self.pos, self.rnn_state, self.chars, parts.ctx,
-                                               parts.windows_per_epoch)
+        self.extra_s += self.checkpointer.save(self.pos, self.rnn_state, self.chars,
+                                               self.parts.ctx, self.parts.windows_per_epoch)
 
     def validate(self) -> None:
         """Validation BPC over all ranks (Horovod: sums bits and chars), logged by rank 0."""
@@ -230,11 +223,9 @@ class Trainer:
         except Exception as e:
             # the rank that prints the one-line cause records it for the launch's summary (a
             # divergence, the same on every rank: rank 0 alone)
-            if (e.report and e.record if isinstance(e, LostPeer) else
+            if (e.report and e.record if isinstance(e, peers.LostPeer) else
                     parts.ctx.is_root or not isinstance(e, TrainingDiverged)):
-                with contextlib.suppress(Exception):  # a write in flight is the newest
-                    self.checkpointer.wait()
-                last = self.checkpointer.newest()
+                last = self.checkpointer.newest()  # (a write in flight is the newest)
                 write_failure(parts.out_dir, self.pos.step, parts.ctx.rank, error_text(e),
                               str(last) if last else None, getattr(e, "lost", None))
                 # its line now, before the handlers are restored below (a launcher's teardown
@@ -247,14 +238,13 @@ class Trainer:
             if getattr(parts, "peer_watch", None) is not None:
                 parts.peer_watch.close()
 
-    def collective_failed(self) -> LostPeer:
+    def collective_failed(self) -> peers.LostPeer:
         """The one-line error of a failed collective (:func:`hvd_lm.comm.peers.failure`): the
         lost peer, probed by each host's local rank 0, or after a stop signal the launcher's
         teardown (nothing probed); with the newest complete checkpoint to resume from."""
-        with contextlib.suppress(Exception):  # the newest checkpoint: the one in flight too
-            self.checkpointer.wait()
-        return peer_failure(self.parts.peers, self.parts.ctx, self.pos.step + 1,
-                            time.monotonic() - self.step_started, self.checkpointer.newest(),
+        newest = self.checkpointer.newest()  # the one in flight too
+        return peers.failure(self.parts.peers, self.parts.ctx, self.pos.step + 1,
+                            time.monotonic() - self.step_started, newest,
                             signalled=lambda: bool(self.signals.received))
 
     def elastic_loop(self, state) -> None:
@@ -292,8 +282,8 @@ class Trainer:
         self.metrics.restart_meter()
         parts.model.train()
 
-        spec = StepSpec(parts.device, cfg.run.precision, cfg.optim.grad_clip, cfg.run.nan_check, k,
-                        loss_hook=lambda loss: self.faults.loss(loss, pos.attempts))
+        spec = step.StepSpec(parts.device, cfg.run.precision, cfg.optim.grad_clip,
+                             cfg.run.nan_check, k, lambda x: self.faults.loss(x, pos.attempts))
         last_start = None  # perf_counter s: the previous attempt's start
         if self.loop_started is None:  # trained time counts from here
             self.loop_started = time.monotonic()
@@ -303,7 +293,9 @@ class Trainer:
                                                or pos.window + k <= parts.total_windows):
             t_step = time.perf_counter()
             if last_start is not None:  # the previous attempt, less its validation/checkpoint
-                self.attempt_done(t_step - last_start - self.extra_s)
+                self.attempt_times.append(t_step - last_start - self.extra_s)
+                if self.planner is not None:
+                    self.planner.step_done(self.attempt_times[-1])
             last_start, self.extra_s = t_step, 0.0
             if self.planner is not None:
                 self.planner.attempt_begins()  # (the test hook's virtual clock)
@@ -358,12 +350,6 @@ class Trainer:
             # HostsUpdatedInterrupt when workers are added or removed, after saving)
             if state is not None and r.applied and pos.step % cfg.run.commit_every == 0:
                 self.elastic.commit(state, pos, self.rnn_state, self.chars)  # collective: sum
-
-    def attempt_done(self, seconds: float) -> None:
-        """One step attempt took ``seconds`` (validation and checkpoint left out)."""
-        self.attempt_times.append(seconds)
-        if self.planner is not None:
-            self.planner.step_done(seconds)
 
     def stop_eta(self) -> str:
         """When a stop signal received now is acted on (the line :class:`StopSignals` prints):
@@ -425,10 +411,9 @@ class Trainer:
         previous, self.total_steps = self.total_steps, max(self.pos.step, total)
         if self.parts.ctx.is_root:
             self.metrics.set_total(self.total_steps)
-            left = previous - self.pos.step
             # printed when it is the first plan, the end, or moves the end by over 5%
             shown = (previous >= sys.maxsize // 2 or self.total_steps == self.pos.step
-                     or abs(self.total_steps - previous) > 0.05 * left)
+                     or abs(self.total_steps - previous) > 0.05 * (previous - self.pos.step))
             self.metrics.record("plan", self.pos.step, printed=shown,
                                 total_steps=self.total_steps,
                                 previous_total_steps=previous if previous < sys.maxsize // 2
@@ -485,7 +470,7 @@ def train_command(cfg: TrainConfig) -> int:
     nothing left to train."""
     try:
         summary = train(cfg)
-    except LostPeer as e:
+    except peers.LostPeer as e:
         if e.report:
             raise
         return 1

@@ -71,8 +71,6 @@ from hvd_lm.util.units import MIB
 #: moments, SGD its momentum buffer, the 1-bit optimizers two moments, the local momentum
 #: copy they compress and the worker error (the server error is 1/world of it: counted as 1).
 OPTIMIZER_STATES = {"adam": 2, "sgd": 1, "lamb": 2, "onebit-adam": 5, "onebit-lamb": 5}
-#: Bytes each batch row's shard reader buffers (hvd_lm.train.data.ConcatStream).
-READ_BUFFER = READ_AHEAD
 
 
 @dataclass
@@ -194,15 +192,11 @@ def step_memory(cfg: TrainConfig, device_type: str, world_size: int = 1,
     C = compute_bytes(cfg.run.precision)
     fusion = int(cfg.dist.fusion_threshold_mb * MIB) if cfg.dist.fusion_threshold_mb is not None \
         else HOROVOD_DEFAULT_FUSION_BYTES
-    allreduce = 0
-    if world_size > 1:
-        allreduce = min(4 * P, fusion) + (2 * P if cfg.dist.compression == "fp16" else 0)
+    allreduce = (min(4 * P, fusion) + (2 * P if cfg.dist.compression == "fp16" else 0)
+                 if world_size > 1 else 0)
     states = OPTIMIZER_STATES.get(cfg.optim.optimizer, 2)
     if cfg.optim.optimizer == "sgd" and cfg.optim.momentum == 0:
         states = 0
-    data = 0
-    if device_type == "cpu":
-        data = d.batch_size * sum(min(READ_BUFFER, n) for n in split_bytes)
     fused_gpu = device_type == "cuda" and m.cell == "mlstm" and m.rnn_impl == "fused"
     graphed = fused_gpu and m.cuda_graphs
     return StepMemory(
@@ -213,7 +207,9 @@ def step_memory(cfg: TrainConfig, device_type: str, world_size: int = 1,
         parameters=4 * P,
         gradients=4 * P + allreduce,
         optimizer=4 * P * states,
-        data=data,
+        # each row's shard reader buffers (hvd_lm.train.data.ConcatStream), on the host
+        data=d.batch_size * sum(min(READ_AHEAD, n) for n in split_bytes)
+        if device_type == "cpu" else 0,
         graph_pool=graph_pool_bytes(d.seq_len, d.batch_size, m.hidden_size, C) if graphed
         else 0,
         checkpoint_copy=(4 * P * (1 + states) + 2 * 4 * world_size * d.batch_size * m.hidden_size

@@ -1,18 +1,17 @@
 """Rank 0's outputs of a training run and what they are computed from: the trainer's metrics
 component (:class:`Metrics`), as torchtitan's trainer holds a metrics processor.
 
-* :class:`MetricsLog`: ``<out-dir>/metrics.jsonl`` (one JSON record per line: ``kind`` = start,
-  train, eval, skip, checkpoint, plan, commit, resize, end; ``step``; ``time`` in Unix seconds;
-  the values; a ``failure`` record comes from :func:`hvd_lm.train.log.write_failure`), a stdout
-  line per record, a tqdm bar on a terminal, TensorBoard events with ``--tensorboard true`` (a
-  warning instead when the ``tensorboard`` package is missing).
-  :func:`hvd_lm.train.log.read_metrics` is the one reader of that file.
-* :class:`StepMeter`: what the loop sums on each rank between two ``train`` records.
 * :class:`Metrics`: the component the trainer (:class:`hvd_lm.train.loop.Trainer`) holds: rank
   0's log (opened and handed back as rank 0 changes, :meth:`Metrics.open`,
-  :meth:`Metrics.hand_back`), the step meter, and the ``train`` record, summed over ranks
-  (:meth:`Metrics.log_train`, two collectives, each marked ``# collective:``). Every rank holds
-  one; on ranks other than 0 its records are not written.
+  :meth:`Metrics.hand_back`): ``<out-dir>/metrics.jsonl`` (one JSON record per line: ``kind`` =
+  start, train, eval, skip, checkpoint, plan, commit, resize, end; ``step``; ``time`` in Unix
+  seconds; the values; a ``failure`` record comes from :func:`hvd_lm.train.log.write_failure`), a
+  stdout line per record, a tqdm bar on a terminal, TensorBoard events with ``--tensorboard
+  true`` (a warning instead when the ``tensorboard`` package is missing); the step meter; and
+  the ``train`` record, summed over ranks (:meth:`Metrics.log_train`, two collectives, each
+  marked ``# collective:``). Every rank holds one; on ranks other than 0 its records are not
+  written. :func:`hvd_lm.train.log.read_metrics` is the one reader of that file.
+* :class:`StepMeter`: what the loop sums on each rank between two ``train`` records.
 """
 
 from __future__ import annotations
@@ -43,44 +42,76 @@ LN2 = math.log(2.0)
 
 def fmt(v) -> str:
     """A metric value for a log line (floats to 4 significant digits)."""
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-class MetricsLog:
-    """Rank 0's outputs: metrics.jsonl, stdout lines, tqdm bar, TensorBoard (when asked for).
+@dataclass
+class StepMeter:
+    """What the next ``train`` record sums, on this rank: nats (a 0-d device tensor until read),
+    characters, seconds waiting on the allreduce and busy, steps, since ``t0``; ``compute``: each
+    step's busy less its wait, seconds."""
+
+    nats: float | torch.Tensor = 0.0
+    chars: float = 0.0
+    wait: float = 0.0
+    busy: float = 0.0
+    steps: int = 0
+    compute: list[float] = field(default_factory=list)
+    t0: float = field(default_factory=time.perf_counter)
+
+
+class Metrics:
+    """The trainer's metrics and logging (module docstring): rank 0's outputs (``metrics.jsonl``,
+    stdout lines, a tqdm bar, TensorBoard when asked for), this rank's :class:`StepMeter` and
+    the ``train`` record over all ranks.
 
     Args:
-        out_dir: the run directory.
-        enabled: False on ranks other than 0 (every method is then a no-op).
-        total / initial: optimizer steps of the whole run (None: not known yet) / already done
-            (the bar).
-        tensorboard: write ``<out_dir>/tensorboard`` events (one warning line on stderr when
-            the ``tensorboard`` package is missing).
+        out_dir: the run folder (``metrics.jsonl``, ``tensorboard/``).
+        tensorboard: rank 0 writes ``<out_dir>/tensorboard`` events too (``--tensorboard``; one
+            warning line on stderr when the ``tensorboard`` package is missing).
+        peak: the device's peak (:class:`hvd_lm.model.mfu.Peak`) the logged MFU is against
+            (:func:`hvd_lm.model.mfu.rate_against` may raise a CPU's); required by
+            :meth:`log_train`.
+
+    Attributes:
+        meter: the sums since the last ``train`` record (:meth:`add_step`).
+        enabled: this process writes the log (it is rank 0 and :meth:`open` was called); on
+            other ranks every output method is a no-op.
     """
 
-    def __init__(self, out_dir: Path, enabled: bool, total: int | None, initial: int,
-                 tensorboard: bool):
-        self.enabled = enabled
-        self.bar = None
-        self.tb = None
-        if not enabled:
+    def __init__(self, out_dir: str | Path, tensorboard: bool, peak: Peak | None = None):
+        self.out_dir = Path(out_dir)
+        self.tensorboard = tensorboard
+        self.peak = peak
+        self.meter = StepMeter()
+        self.enabled, self.bar, self.tb = False, None, None
+
+    def open(self, total: int | None, initial: int) -> None:
+        """Open the log (rank 0, appending), once: ``total`` steps of the run for the bar (None:
+        not known yet, ``--time-limit``), ``initial`` already done."""
+        if self.enabled:
             return
+        self.enabled = True
         # never through a link out of the run folder, never a FIFO (hvd_lm.util.files)
-        self.file = open_append(out_dir, "metrics.jsonl", buffering=1)
+        self.file = open_append(self.out_dir, "metrics.jsonl", buffering=1)
         self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
                         disable=None, file=sys.stderr)
-        if tensorboard and SummaryWriter is not None:
-            self.tb = SummaryWriter(str(out_dir / "tensorboard"))
-        elif tensorboard:
+        if self.tensorboard and SummaryWriter is not None:
+            self.tb = SummaryWriter(str(self.out_dir / "tensorboard"))
+        elif self.tensorboard:
             print("hvd-lm train: WARNING: --tensorboard true, but the tensorboard package is not "
                   "installed (pip install tensorboard): no TensorBoard events are written; "
-                  f"{out_dir / 'metrics.jsonl'} has every record", file=sys.stderr, flush=True)
+                  f"{self.out_dir / 'metrics.jsonl'} has every record", file=sys.stderr,
+                  flush=True)
+
+    def hand_back(self) -> None:
+        """Close the log: this rank is no longer rank 0 (an elastic reset); records are then
+        not written."""
+        self.close()
 
     def record(self, kind: str, step: int, printed: bool = True, **values) -> None:
-        """Append ``{"kind", "step", "time", **values}`` and (``printed``) print it as one
-        line."""
+        """Append ``{"kind", "step", "time", **values}`` to ``metrics.jsonl`` and (``printed``)
+        print it as one line (rank 0)."""
         if not self.enabled:
             return
         rec = {"kind": kind, "step": step, "time": time.time(), **values}
@@ -100,11 +131,16 @@ class MetricsLog:
             return
         shown = " ".join(f"{k}={fmt(v)}" for k, v in values.items())
         msg = f"[{kind}] step={step} {shown}"
-        if self.bar is not None and not self.bar.disable:  # a terminal: keep the bar below
+        if not self.bar.disable:  # a terminal: keep the bar below
             self.bar.write(msg, file=sys.stdout)
         else:  # one write per line: launchers tag each write (stdout may be unbuffered)
             sys.stdout.write(msg + "\n")
             sys.stdout.flush()
+
+    def tick(self, n: int = 1) -> None:
+        """Advance the progress bar by ``n`` applied steps."""
+        if self.bar is not None:
+            self.bar.update(n)
 
     def set_total(self, total: int) -> None:
         """The run's last step moved (``--time-limit``): the bar's total."""
@@ -112,101 +148,15 @@ class MetricsLog:
             self.bar.total = total
             self.bar.refresh()
 
-    def tick(self, n: int = 1, **postfix) -> None:
-        """Advance the bar by ``n`` steps."""
-        if self.bar is not None:
-            self.bar.update(n)
-            if postfix:
-                self.bar.set_postfix({k: fmt(v) for k, v in postfix.items()}, refresh=False)
-
     def close(self) -> None:
-        """Close the bar, TensorBoard writer and file."""
+        """Close the log (its bar, TensorBoard writer and file); records are then not
+        written."""
         if self.enabled:
-            if self.bar is not None:
-                self.bar.close()
+            self.bar.close()
             if self.tb is not None:
                 self.tb.close()
             self.file.close()
-
-
-@dataclass
-class StepMeter:
-    """What the next ``train`` record sums, on this rank: nats (a 0-d device tensor until read),
-    characters, seconds waiting on the allreduce and busy, steps, since ``t0``; ``compute``: each
-    step's busy less its wait, seconds."""
-
-    nats: float | torch.Tensor = 0.0
-    chars: float = 0.0
-    wait: float = 0.0
-    busy: float = 0.0
-    steps: int = 0
-    compute: list[float] = field(default_factory=list)
-    t0: float = field(default_factory=time.perf_counter)
-
-    def add(self, nats, chars: int, wait: float, busy: float) -> None:
-        """One step attempt's sums."""
-        self.nats = self.nats + nats
-        self.chars += chars
-        self.wait += wait
-        self.busy += busy
-        self.steps += 1
-        self.compute.append(busy - wait)
-
-
-class Metrics:
-    """The trainer's metrics and logging (module docstring): rank 0's :class:`MetricsLog`, this
-    rank's :class:`StepMeter` and the ``train`` record over all ranks.
-
-    Args:
-        out_dir: the run folder (``metrics.jsonl``, ``tensorboard/``).
-        tensorboard: rank 0 writes TensorBoard events too (``--tensorboard``).
-        peak: the device's peak (:class:`hvd_lm.model.mfu.Peak`) the logged MFU is against
-            (:func:`hvd_lm.model.mfu.rate_against` may raise a CPU's); required by
-            :meth:`log_train`.
-
-    Attributes:
-        meter: the sums since the last ``train`` record (:meth:`add_step`).
-    """
-
-    def __init__(self, out_dir: str | Path, tensorboard: bool, peak: Peak | None = None):
-        self.out_dir = Path(out_dir)
-        self.tensorboard = tensorboard
-        self.log = MetricsLog(self.out_dir, False, 0, 0, False)  # rank 0's: open()
-        self.peak = peak
-        self.meter = StepMeter()
-
-    @property
-    def enabled(self) -> bool:
-        """This process writes the log (it is rank 0 and :meth:`open` was called)."""
-        return self.log.enabled
-
-    def open(self, total: int | None, initial: int) -> None:
-        """Open the log (rank 0, appending), once: ``total`` steps of the run for the bar (None:
-        not known yet, ``--time-limit``), ``initial`` already done."""
-        if not self.log.enabled:
-            self.log = MetricsLog(self.out_dir, True, total, initial, self.tensorboard)
-
-    def hand_back(self) -> None:
-        """Close the log: this rank is no longer rank 0 (an elastic reset); records are then
-        not written."""
-        self.log.close()
-        self.log = MetricsLog(self.out_dir, False, 0, 0, False)
-
-    def record(self, kind: str, step: int, printed: bool = True, **values) -> None:
-        """A record in ``metrics.jsonl`` and a stdout line (:meth:`MetricsLog.record`; rank 0)."""
-        self.log.record(kind, step, printed, **values)
-
-    def tick(self, n: int = 1) -> None:
-        """Advance the progress bar by ``n`` applied steps."""
-        self.log.tick(n)
-
-    def set_total(self, total: int) -> None:
-        """The run's last step moved (``--time-limit``): the bar's total."""
-        self.log.set_total(total)
-
-    def close(self) -> None:
-        """Close the log (its bar, TensorBoard writer and file)."""
-        self.log.close()
+        self.enabled, self.bar, self.tb = False, None, None
 
     def restart_meter(self) -> None:
         """Start the sums of the next ``train`` record now (the loop's start)."""
@@ -215,7 +165,13 @@ class Metrics:
     def add_step(self, nats, chars: int, wait_s: float, busy_s: float) -> None:
         """One step attempt on this rank: ``nats`` summed over its windows (a 0-d device tensor
         or a float), ``chars`` targets, seconds waiting on the allreduce and busy in all."""
-        self.meter.add(nats, chars, wait_s, busy_s)
+        m = self.meter
+        m.nats = m.nats + nats  # a device tensor stays one: no host sync
+        m.chars += chars
+        m.wait += wait_s
+        m.busy += busy_s
+        m.steps += 1
+        m.compute.append(busy_s - wait_s)
 
     def log_train(self, step: int, ranks: int, flops_per_char: float, lr: float,
                   loss_scale: float | None, **tail) -> float:
@@ -246,11 +202,9 @@ class Metrics:
         # per rank: TFLOP/s and MFU against one device's peak (hvd_lm.model.mfu)
         rate, self.peak = rate_against(chars / wall / ranks, flops_per_char, self.peak)
         self.record("train", step, loss=loss, bpc=loss / LN2, lr=lr, loss_scale=loss_scale,
-                    chars_per_s=chars / wall, step_time=wall / m.steps,
-                    **rate,
+                    chars_per_s=chars / wall, step_time=wall / m.steps, **rate,
                     allreduce_wait=waits / max(busy, 1e-9),
                     compute_time_max=sum(slowest) / m.steps,
-                    compute_time_mean=(busy - waits) / (ranks * m.steps),
-                    **tail)
+                    compute_time_mean=(busy - waits) / (ranks * m.steps), **tail)
         self.meter = StepMeter()
         return loss

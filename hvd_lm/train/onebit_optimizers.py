@@ -36,19 +36,13 @@ from __future__ import annotations
 
 import math
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable, Optional
 
 import torch
 
 from hvd_lm.comm import engine
-from hvd_lm.comm.engine import ring_allreduce_wire_bytes
-from hvd_lm.comm.onebit_compression import (
-    DEFAULT_CHUNK,
-    ErrorFeedback,
-    Layout,
-    compressed_allreduce,
-)
+from hvd_lm.comm import onebit_compression as ob
 
 #: pytorch_optimizer.Lamb's cap on the weight norm in the trust ratio (its ``Lamb.clamp``).
 LAMB_WEIGHT_NORM_CAP = 10.0
@@ -116,12 +110,6 @@ class _Onebit(torch.optim.Optimizer):
         # rank's flat momentum has the same layout.
         return p.grad if p.grad is not None else torch.zeros_like(p)
 
-    def _warmup_update(self, p, group) -> None:
-        raise NotImplementedError
-
-    def _compressed_step(self) -> None:
-        raise NotImplementedError
-
 
 class OnebitAdam(_Onebit):
     """1-bit Adam (see the module docstring for the update).
@@ -141,7 +129,7 @@ class OnebitAdam(_Onebit):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, warmup_steps: int = 100,
-                 chunk: int = DEFAULT_CHUNK):
+                 chunk: int = ob.DEFAULT_CHUNK):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
                                       weight_decay=weight_decay, warmup_steps=warmup_steps,
                                       chunk=chunk))
@@ -208,7 +196,7 @@ class OnebitLamb(_Onebit):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.0, warmup_steps: int = 100,
-                 chunk: int = DEFAULT_CHUNK, coeff_beta: float = 0.9, factor_max: float = 4.0,
+                 chunk: int = ob.DEFAULT_CHUNK, coeff_beta: float = 0.9, factor_max: float = 4.0,
                  factor_min: float = 0.5, factor_threshold: float = 0.1):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
                                       weight_decay=weight_decay, warmup_steps=warmup_steps,
@@ -342,47 +330,25 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
         ctx = engine.rank_context()
         self._size, self._rank = ctx.size, ctx.rank
         self._warmup_wire = self._opt.hvd_lm_wire_bytes
-        self.errors: ErrorFeedback | None = None
+        self.errors: ob.ErrorFeedback | None = None
         self.wire_bytes = 0
         self.phase = "compressed" if self.compressing else "warmup"
         self._opt.reduce_momentum = self._reduce if self._size > 1 else None
         self._silence_hooks_if_compressing()
 
     # -- what torch.optim.Optimizer users read --------------------------------------------------
-    @property
-    def param_groups(self) -> list[dict]:
-        """The param groups (the wrapped optimiser's; LR schedulers write ``lr`` here)."""
-        return self._opt.param_groups
-
-    @property
-    def state(self):
-        """Per-parameter optimiser state."""
-        return self._opt.state
-
-    @property
-    def defaults(self) -> dict:
-        """The optimiser's default hyperparameters."""
-        return self._opt.defaults
-
-    @property
-    def horovod_optimizer(self):
-        """The ``hvd.DistributedOptimizer`` instance underneath."""
-        return self._opt
-
-    @property
-    def compressing(self) -> bool:
-        """True in the compressed phase (the warmup's steps are done)."""
-        return self._opt.compressing
+    def __getattr__(self, name: str):
+        """The wrapped optimiser's attributes: ``param_groups`` (LR schedulers write ``lr``
+        there), ``state``, ``defaults``, ``compressing`` (the compressed phase)."""
+        return getattr(self.__dict__.get("_opt"), name)  # (None while being built)
 
     # -- the step -------------------------------------------------------------------------------
     def synchronize(self) -> None:
         """Warmup: wait for the gradient allreduce. Compressed phase: nothing (local gradients)."""
         self.phase = "compressed" if self.compressing else "warmup"
-        if self.compressing:
-            self.wire_bytes = 0
-            return
-        engine.synchronize(self._opt)
-        self.wire_bytes = self._warmup_wire
+        self.wire_bytes = 0 if self.compressing else self._warmup_wire
+        if not self.compressing:
+            engine.synchronize(self._opt)
 
     @contextmanager
     def skip_synchronize(self):
@@ -393,10 +359,7 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         """One optimiser step (warmup: after the gradient allreduce; compressed: the compressed
         allreduce of the momentum happens inside)."""
-        if self.compressing:
-            with engine.skip_synchronize(self._opt):
-                loss = self._opt.step(closure)
-        else:
+        with engine.skip_synchronize(self._opt) if self.compressing else nullcontext():
             loss = self._opt.step(closure)
         self._silence_hooks_if_compressing()
         return loss
@@ -424,16 +387,16 @@ class OnebitDistributedOptimizer(torch.optim.Optimizer):
         every rank skip the step."""
         if not self.compressing or self._size == 1:
             return local_norm
-        self.wire_bytes += ring_allreduce_wire_bytes(8, self._size)
+        self.wire_bytes += engine.ring_allreduce_wire_bytes(8, self._size)
         # collective: the mean of the ranks' squared norms
         return math.sqrt(engine.allreduce_sum([local_norm ** 2], name="onebit.gradnorm")[0]
                          / self._size)
 
     def _reduce(self, flat: torch.Tensor) -> torch.Tensor:
         if self.errors is None:
-            layout = Layout(flat.numel(), self._size, int(self.param_groups[0]["chunk"]))
-            self.errors = ErrorFeedback(layout, self._rank, flat.device)
-        out = compressed_allreduce(flat, self.errors, name="onebit.momentum")  # collective
+            layout = ob.Layout(flat.numel(), self._size, int(self.param_groups[0]["chunk"]))
+            self.errors = ob.ErrorFeedback(layout, self._rank, flat.device)
+        out = ob.compressed_allreduce(flat, self.errors, name="onebit.momentum")  # collective
         self.wire_bytes += self.errors.layout.wire_bytes()
         return out
 

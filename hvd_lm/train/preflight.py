@@ -188,21 +188,18 @@ def deadline_run_ended(lr_factor: float | None, step: int, cfg: TrainConfig, sou
     train: its saved LR is 0 (the schedule ended there: a run trained to its deadline started
     again), or it has trained ``trained_s`` seconds of its ``budget_s`` already. One note on
     stderr when ``warn``; the caller writes nothing."""
-    ended = (lr_factor is not None and lr_factor <= 0 and step >= cfg.optim.warmup_steps)
+    ended = lr_factor is not None and lr_factor <= 0 and step >= cfg.optim.warmup_steps
     if budget_s is not None and (ended or trained_s >= budget_s):
-        if warn:
-            spent = " (its LR reached 0)" if ended else ""
-            print(f"note: {source} (step {step:,}) has trained {trained_s:,.1f} s of its "
-                  f"--time-budget {cfg.run.time_budget}: the budget is spent{spent}, nothing to "
-                  "train, nothing written; start a new run (--out-dir) to train further",
-                  file=sys.stderr)
-        return True
-    if not ended:
+        why = (f" (step {step:,}) has trained {trained_s:,.1f} s of its --time-budget "
+               f"{cfg.run.time_budget}: the budget is spent"
+               f"{' (its LR reached 0)' if ended else ''},")
+    elif ended:
+        why = f" is at step {step:,}, where its schedule ended (LR 0):"
+    else:
         return False
     if warn:
-        print(f"note: {source} is at step {step:,}, where its schedule ended (LR 0): nothing to "
-              "train, nothing written; start a new run (--out-dir) to train further",
-              file=sys.stderr)
+        print(f"note: {source}{why} nothing to train, nothing written; start a new run "
+              "(--out-dir) to train further", file=sys.stderr)
     return True
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +62,7 @@ def set_rng_state(state: dict, device: torch.device | None = None) -> None:
         torch.cuda.set_rng_state(cuda.cpu(), device)
 
 
-@dataclass
+@dataclasses.dataclass
 class Position:
     """Where training stands: what a resume continues from.
 

@@ -37,14 +37,6 @@ class RunFolderError(ConfigError):
     the ways on (``--resume auto``, ``--overwrite``, another ``--out-dir``)."""
 
 
-def resumes_here(out_dir: Path, resumed_from: str | Path | None) -> bool:
-    """Whether the checkpoint a job resumed from is one of ``out_dir``'s (the run continues)."""
-    if resumed_from is None:
-        return False
-    d = ckpt_io.checkpoint_dir(out_dir).resolve()
-    return Path(resumed_from).resolve().parent == d
-
-
 def check_other_run(cfg: TrainConfig, resumed_from: str | Path | None) -> None:
     """Refuse (or with ``run.overwrite`` delete) another run's checkpoints in the out-dir.
 
@@ -57,8 +49,9 @@ def check_other_run(cfg: TrainConfig, resumed_from: str | Path | None) -> None:
             touched).
     """
     out_dir = Path(cfg.run.out_dir)
-    if resumes_here(out_dir, resumed_from):
-        return
+    if resumed_from is not None and (Path(resumed_from).resolve().parent
+                                     == ckpt_io.checkpoint_dir(out_dir).resolve()):
+        return  # a checkpoint of this folder: the run continues
     other = ckpt_io.describe(out_dir)
     if other is None:
         return
@@ -167,7 +160,8 @@ class RunFolder:
             return
         self.lock = engine.root_call(  # collective: every rank learns whether rank 0 got it
             lambda: open_run_folder(self.cfg, self.model, rows, self.resumed_from))
-        self._open_log(ctx, step, total_steps)
+        if ctx.is_root:  # --time-limit/--time-budget: the total once planned
+            self.metrics.open(None if self.cfg.timed else total_steps, step)
 
     def take(self, ctx, rows: int, step: int, total_steps: int, first: bool = False) -> None:
         """Elastic, after a reset too: rank 0 owns the folder and the log; a rank that is no
@@ -176,7 +170,7 @@ class RunFolder:
         if ctx.is_root and self.lock is None:
             self.lock = open_run_folder(self.cfg, self.model, rows, self.resumed_from,
                                         first=first)
-            self._open_log(ctx, step, total_steps)
+            self.metrics.open(None if self.cfg.timed else total_steps, step)
         elif not ctx.is_root and self.lock is not None:
             self.metrics.hand_back()
             self.release()
@@ -186,7 +180,3 @@ class RunFolder:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
-
-    def _open_log(self, ctx, step: int, total_steps: int) -> None:
-        if ctx.is_root:  # --time-limit/--time-budget: the total once planned
-            self.metrics.open(None if self.cfg.timed else total_steps, step)

@@ -27,6 +27,22 @@ from hvd_lm.util.units import parse_duration
 EVAL_BATCH_SIZE = 32
 
 
+def _time_limit(text: str) -> str:
+    """A ``run.time_limit`` value: a duration :func:`hvd_lm.util.units.parse_duration` reads, or
+    '' (none)."""
+    text = str(text).strip()
+    if text:
+        parse_duration(text, "time limit")
+    return text
+
+
+def _device(text: str) -> str:
+    """A ``run.device`` value: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text.strip()):
+        raise ValueError(f"must be auto, cpu, cuda or cuda:N, got {text!r}")
+    return text.strip()
+
+
 @dataclass
 class DataConfig:
     """Where the training text comes from and how it is cut into TBPTT windows."""
@@ -107,7 +123,7 @@ class RunConfig:
     precision: str = option("fp32", "fp32; fp16/bf16 autocast (fp16 on CUDA only, with dynamic "
                             "loss scaling)", choices=("fp32", "fp16", "bf16"))
     device: str = option("auto", "cpu, cuda, cuda:N, or auto (cuda:local_rank when available)",
-                         parse=lambda v: _device(v))
+                         parse=_device)
     threads: int = option(0, "torch intra-op threads per rank (0 = the cores this process may "
                           "use, less those other work keeps busy, / ranks on this host; a "
                           "warning when ranks x threads exceed them)", ge=0)
@@ -127,23 +143,21 @@ class RunConfig:
                                     "in host memory while training goes on (the next "
                                     "checkpoint, a signal, a reset and the end wait for it; "
                                     "hvd_lm/train/async_checkpoint.py)")
-    time_limit: str = option("", "train until this long after the process started (90s, 6m, "
-                             "1.5h, or as sbatch's --time: M, M:S, H:M:S, D-H[:M[:S]]): the "
-                             "steps that fit are "
-                             "measured as the run goes and the LR reaches 0 at the deadline, "
-                             "after which the final validation and checkpoint are written "
-                             "(--max-steps / --epochs still cap it; each invocation, a resumed "
-                             "one too, has its own limit; hvd_lm/train/deadline.py); with "
-                             "--time-budget, the end of this allocation: the run stops there "
-                             "with a checkpoint when its budget is not spent yet",
-                             parse=lambda v: _time_limit(v))
+    time_limit: str = option("", "train until this long after the process started (90s, 6m, 1.5h, "
+                             "or as sbatch's --time: M, M:S, H:M:S, D-H[:M[:S]]): the steps that "
+                             "fit are measured as the run goes and the LR reaches 0 at the "
+                             "deadline, after which the final validation and checkpoint are "
+                             "written (--max-steps / --epochs still cap it; each invocation, a "
+                             "resumed one too, has its own limit; hvd_lm/train/deadline.py); with "
+                             "--time-budget, the end of this allocation: the run stops there with "
+                             "a checkpoint when its budget is not spent yet", parse=_time_limit)
     time_budget: str = option("", "train this long in all, over every allocation of the run "
                               "(40h, 2d, ...; the seconds trained so far are kept in the "
                               "checkpoint and --resume continues them): the LR reaches 0 when "
                               "the budget is spent, after which the final validation and "
                               "checkpoint are written; each allocation's --time-limit stops "
                               "it earlier with a checkpoint (hvd_lm/train/deadline.py)",
-                              parse=lambda v: _time_limit(v))
+                              parse=_time_limit)
     resume: str = option("", "checkpoint file or run directory to resume from ('auto' = out_dir)")
     overwrite: bool = option(False, "start over in an out-dir that holds another run's "
                              "checkpoints: delete them (checkpoints/step_*.pt, latest, diverged/), "
@@ -153,9 +167,8 @@ class RunConfig:
     max_skipped_steps: int = option(100, "stop the run (exit 1, no checkpoint) after N consecutive "
                                     "skipped steps: it diverged (0 = never)", ge=0)
     divergence_loss: float = option(DEFAULT_BOUND, "stop the run (exit 1) when the logged training "
-                                    "loss, nats per char, stays above this (default 2 ln 256: "
-                                    "16 bits per char, twice a uniform guess; "
-                                    "hvd_lm/train/guard.py)",
+                                    "loss, nats per char, stays above this (default 2 ln 256: 16 "
+                                    "bits per char, twice a uniform guess; hvd_lm/train/guard.py)",
                                     gt=UNIFORM_LOSS)
     divergence_logs: int = option(3, "... for this many logged steps in a row (or at the last "
                                   "step); no checkpoint is written meanwhile (0 = off)", ge=0)
@@ -217,9 +230,8 @@ class TrainConfig:
                              "run.time_budget")
         if self.timed and self.run.elastic:
             raise ValueError("run.time_limit and run.time_budget do not work with run.elastic: "
-                             "workers joining and "
-                             "leaving change the step time the plan is measured on (give "
-                             "--max-steps)")
+                             "workers joining and leaving change the step time the plan is "
+                             "measured on (give --max-steps)")
         if self.run.elastic and self.dist.backend == "torch":
             raise ValueError("run.elastic is Horovod's elastic driver: train elastic jobs with "
                              "--backend horovod")
@@ -248,27 +260,6 @@ class TrainConfig:
                 raise ValueError(f"run.elastic does not work with optim.optimizer "
                                  f"{self.optim.optimizer}: its error buffers are per rank and "
                                  "laid out for one world size")
-
-
-
-
-_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
-
-
-def _time_limit(text: str) -> str:
-    """A ``run.time_limit`` value: a duration :func:`hvd_lm.util.units.parse_duration` reads, or
-    '' (none)."""
-    text = str(text).strip()
-    if text:
-        parse_duration(text, "time limit")
-    return text
-
-
-def _device(text: str) -> str:
-    """A ``run.device`` value: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``."""
-    if not _DEVICE.match(text.strip()):
-        raise ValueError(f"must be auto, cpu, cuda or cuda:N, got {text!r}")
-    return text.strip()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,12 +18,7 @@ from hvd_lm.comm.peers import PeerWatch
 from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.formats import checkpoint as ckpt_io
 from hvd_lm.formats.manifest import load_manifest
-from hvd_lm.formats.shards import (
-    SMALL_SPLIT_BYTES,
-    check_layout,
-    small_split_advice,
-    verify_shard,
-)
+from hvd_lm.formats.shards import SMALL_SPLIT_BYTES, check_layout, small_split_advice, verify_shard
 from hvd_lm.model import device as devices
 from hvd_lm.model.lm import LanguageModel
 from hvd_lm.model.mfu import Peak, device_peak
@@ -96,13 +91,11 @@ class RunParts:
                                                self.ctx.local_size)
         self.B, self.T = cfg.data.batch_size, cfg.data.seq_len
         self.k = cfg.dist.backward_passes_per_step
-        if cfg.data.verify_shards:  # each rank verifies a disjoint subset of the shards
-            for i, info in enumerate(self.manifest.shards):
-                if i % self.ctx.size == self.ctx.rank:
-                    verify_shard(info)
-        else:  # still one line naming a shard that is not one, before anything is written
-            for info in self.manifest.shards:
-                check_layout(info)
+        for i, info in enumerate(self.manifest.shards):
+            if not cfg.data.verify_shards:  # still one line naming a shard that is not one,
+                check_layout(info)  # before anything is written
+            elif i % self.ctx.size == self.ctx.rank:  # each rank verifies a disjoint subset
+                verify_shard(info)
         self.cut_streams()
         if self.val is not None and self.ctx.is_root:
             small_split_warning(self.manifest, cfg.data.val_split)
@@ -110,7 +103,6 @@ class RunParts:
         # ---- model, optimizer, schedule length ---------------------------------------------------
         torch.manual_seed(cfg.data.seed)
         self.model = LanguageModel(cfg.model).to(self.device)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
         # Decay to 0 over --max-steps (the data cycled as often as they need) or an explicit
         # --epochs, whichever comes first; elastic runs keep the length fixed at start.
         self.total_steps, self.total_windows, self.bound = preflight.run_length(
@@ -179,14 +171,12 @@ class RunParts:
                     and plan.total_steps <= self.total_steps):
                 # the saved plan of the budget: the line goes on where it was until re-planned
                 self.total_steps = plan.total_steps
-            elif cfg.timed and pos.step >= cfg.optim.warmup_steps:
-                # continue the line to 0 from the LR the saved job had (the plan moves its end)
-                factor = resume.lr_factor()
-                plan.reset(self.total_steps)
-                plan.anchor_step, plan.anchor_factor = pos.step, (
-                    plan.factor(pos.step) if factor is None else factor)
             else:  # the length this configuration gives (a saved plan is not this run's)
+                factor = plan.factor(pos.step)  # the LR multiplier the saved job had
                 plan.reset(self.total_steps)
+                if cfg.timed and pos.step >= cfg.optim.warmup_steps:
+                    # continue the line to 0 from that LR (the deadline's plan moves its end)
+                    plan.anchor_step, plan.anchor_factor = pos.step, factor
             # the configured rule's peak for this job's global batch (the saving job's may differ:
             # another world size or batch)
             plan.peak = self.peak_lr
@@ -239,7 +229,7 @@ class RunParts:
                     else None, bound=self.bound,  # --time-limit: planned, at most this
                     windows_per_epoch=self.windows_per_epoch,
                     chars_per_epoch=self.streams.chars_per_epoch,
-                    params=sum(p.numel() for p in self.params),
+                    params=sum(p.numel() for p in self.model.parameters() if p.requires_grad),
                     precision=cfg.run.precision, compression=cfg.dist.compression,
                     threads=self.threads, elastic=cfg.run.elastic,
                     step_memory_bytes=self.step_memory.total,  # per rank, estimated
@@ -270,13 +260,12 @@ class RunParts:
         cfg, ctx = self.cfg, self.ctx
         self.streams = RankStreams(self.manifest, cfg.data.train_split, ctx.rank, ctx.size, self.B,
                                    self.T, seed=cfg.data.seed)
-        self.val = None
-        if cfg.data.val_split:
-            # eval's rows in all, split over the ranks, not the training batch: each row's state
-            # starts at zero, so the BPC of a split cut into more rows is higher
-            self.val = RankStreams(self.manifest, cfg.data.val_split, ctx.rank, ctx.size,
-                                   cfg.run.eval_batch_size, self.T, shuffle_shards=False,
-                                   max_bytes=cfg.run.eval_chars, global_rows=True)
+        # eval's rows in all, split over the ranks, not the training batch: each row's state
+        # starts at zero, so the BPC of a split cut into more rows is higher
+        self.val = (RankStreams(self.manifest, cfg.data.val_split, ctx.rank, ctx.size,
+                                cfg.run.eval_batch_size, self.T, shuffle_shards=False,
+                                max_bytes=cfg.run.eval_chars, global_rows=True)
+                    if cfg.data.val_split else None)
         self.windows_per_epoch = self.streams.windows_per_epoch
         self.global_batch = ctx.size * self.B * self.k
         self.peak_lr = scaled_lr(cfg.optim.lr, cfg.optim.lr_ref_batch, self.global_batch,

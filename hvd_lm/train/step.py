@@ -43,7 +43,6 @@ import contextlib
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterable, Protocol
 
 import torch
@@ -240,7 +239,7 @@ def _zero_lost_state(state: State, applied: torch.Tensor) -> State:
     return torch.where(keep, h, 0.0), torch.where(keep, c, 0.0)
 
 
-@dataclass
+@dataclasses.dataclass
 class StepResult:
     """What one :func:`train_step` did.
 
@@ -275,7 +274,7 @@ class StepResult:
         return dataclasses.replace(self, applied=applied, grad_norm=norm, outcome=None)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class StepSpec:
     """How :func:`train_step` runs: the settings of a run (or a benchmark), made once.
 
@@ -301,7 +300,7 @@ class StepSpec:
     clock: Callable[[str], None] | None = None
 
 
-@dataclass
+@dataclasses.dataclass
 class Gradients:
     """What :func:`backward` leaves for :func:`update`: the step's gradients are in ``.grad``
     (averaged over the ranks); the loss and counts of its windows.
@@ -386,28 +385,23 @@ def update(optimizer: StepOptimizer, scaler: torch.amp.GradScaler, g: Gradients,
     """
     mark = spec.clock or (lambda _: None)
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    state = g.state
-    if decides_on_device(optimizer):
-        # unscale (fp16) and clip; step, or skip a step whose gradients are not finite: the
-        # decision a tensor (every rank's alike: the norm of the allreduced gradients)
-        norm = grad_norm(optimizer, params, spec.grad_clip, scaler)
-        with engine.skip_synchronize(optimizer):  # collective: synchronized in backward()
-            applied = step_or_skip_on_device(optimizer, scaler, norm, spec.check_finite)
-        optimizer.zero_grad()
-        mark("updated")
-        checked = not isinstance(applied, bool)  # else nothing was checked: applied
-        if checked:
-            state = _zero_lost_state(state, applied)
-        return StepResult(applied, norm, g.nats, g.chars, g.wait_s, state,
-                          DeviceOutcome(norm, checked))
-    # unscale (fp16) and clip; the norm read on the host is the step's sync
-    norm = unscale_and_clip(optimizer, params, spec.grad_clip, scaler)
-    # step, or skip a step whose gradients are not finite (every rank decides alike)
+    on_device = decides_on_device(optimizer)
+    # unscale (fp16) and clip: on the device, the norm a tensor; else read on the host (the
+    # step's sync)
+    norm = (grad_norm if on_device else unscale_and_clip)(optimizer, params, spec.grad_clip,
+                                                          scaler)
+    # step, or skip a step whose gradients are not finite (every rank decides alike, from the
+    # norm of the allreduced gradients): on the device, the decision a tensor
     with engine.skip_synchronize(optimizer):  # collective: synchronized in backward()
-        applied = step_or_skip(optimizer, scaler, norm, spec.check_finite)
+        applied = (step_or_skip_on_device if on_device else step_or_skip)(
+            optimizer, scaler, norm, spec.check_finite)
     optimizer.zero_grad()
     mark("updated")
-    return StepResult(applied, norm, g.nats, g.chars, g.wait_s, state)
+    if not on_device:
+        return StepResult(applied, norm, g.nats, g.chars, g.wait_s, g.state)
+    checked = not isinstance(applied, bool)  # else nothing was checked: applied
+    state = _zero_lost_state(g.state, applied) if checked else g.state
+    return StepResult(applied, norm, g.nats, g.chars, g.wait_s, state, DeviceOutcome(norm, checked))
 
 
 def train_step(model, optimizer: StepOptimizer, scaler: torch.amp.GradScaler,

@@ -2,7 +2,7 @@
 (sentiment-discovery's ``run_classifier.py``).
 
 1. The classifier written by ``hvd-lm transfer`` (:mod:`hvd_lm.transfer.saved`) is read and the
-   checkpoint is checked against the sha256 it records: another checkpoint is refused.
+   model is checked against the weights' sha256 it records: another model is refused.
 2. Texts are read from CSV/TSV (a header row), JSON lines or plain lines (one text per non-blank
    line), gzip-compressed or not, or standard input (:func:`hvd_lm.transfer.texts.iter_texts`);
    a bad record stops the run naming the file, line and field, as in ``hvd-lm transfer``.
@@ -31,24 +31,20 @@ from __future__ import annotations
 import contextlib
 import csv
 import gzip
-import io
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from hvd_lm.comm import engine
 from hvd_lm.comm.world import world_size
 from hvd_lm.model import device as devices
-from hvd_lm.model.load import model_files, weights_sha256
 from hvd_lm.options import Command, option
 from hvd_lm.train.log import Progress
 from hvd_lm.transfer import texts as text_input
-from hvd_lm.transfer.features import featurize, open_lm
-from hvd_lm.transfer.saved import USAGE_ERRORS, ClassifierError, check_checkpoint, load_classifier
+from hvd_lm.transfer.features import RankOptions, featurize, open_classified
+from hvd_lm.transfer.saved import USAGE_ERRORS
 from hvd_lm.util.atomic import atomic_path
-from hvd_lm.util.files import check_output
 from hvd_lm.util.units import parse_bytes
 
 #: Texts featurized and written at a time (sorted by length into batches within the block).
@@ -58,20 +54,17 @@ BLOCK_CHARS = 1 << 20
 
 
 @dataclass
-class ClassifyConfig:
-    """Settings of ``hvd-lm classify``."""
+class ClassifyConfig(text_input.TextOptions, RankOptions):
+    """Settings of ``hvd-lm classify`` (the shared ones: :class:`RankOptions`,
+    :class:`~hvd_lm.transfer.texts.TextOptions`)."""
 
     checkpoint: str = option("", "checkpoint file, run directory (its latest) or exported "
                              "folder; must be the one the classifier was fit on",
                              positional=True, required=True)
-    classifier: str = option("", "classifier: hvd-lm transfer's --out folder, its "
-                             "classifier.json or classifier.npz", positional=True, required=True)
-    input: str = option("-", "texts: CSV/TSV/JSON lines/plain lines (.gz ok), - = standard input")
+    classifier: str = option("", "classifier: hvd-lm transfer's --out folder or its "
+                             "classifier.safetensors", positional=True, required=True)
     output: str = option("-", "predictions: .csv, .tsv or .jsonl (.gz ok); - = CSV on standard "
                          "output")
-    format: str = option("auto", "input format (auto: by suffix, else plain lines)",
-                         choices=text_input.TEXT_FORMATS)
-    text_field: str = option("text", "text column/key of CSV/TSV/JSON-lines input")
     label_field: str = option("", "also read 0/1 labels from this column/key and report the "
                               "accuracy")
     keep_text: bool = option(True, "copy each text into the output (--no-text: don't)",
@@ -79,30 +72,8 @@ class ClassifyConfig:
     max_line_bytes: int = option(text_input.DEFAULT_MAX_LINE_BYTES, "longest input line, bytes "
                                  "(e.g. 4M); a longer one stops the run naming it, so an endless "
                                  "line cannot fill memory", parse=parse_bytes, ge=1)
-    batch_size: int = option(64, "texts per batch per rank", ge=1)
-    time_chunk: int = option(256, "steps per model call", ge=1)
-    device: str = option("auto", "auto, cpu, cuda or cuda:N")
     precision: str = option("", "autocast precision (default: the classifier's features')",
                             choices=("",) + devices.PRECISIONS)
-    threads: int = option(0, "torch CPU threads (0 = the usable cores; a warning when more are "
-                          "asked for)", ge=0)
-    backend: str = option("horovod", engine.BACKEND_HELP, choices=engine.BACKENDS)
-    progress: bool = option(True, "progress on stderr: a bar on a terminal, a line every 10 s "
-                            "in a log (--no-progress: none)", switch=False, flag="--no-progress")
-
-
-def format_predictions(rows: list[dict], kind: str, header: bool = True) -> str:
-    """``rows`` (dicts with the same keys, in order) as CSV/TSV (with a header row when
-    ``header``), or as JSON lines."""
-    if kind == "jsonl":
-        return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), delimiter="\t" if kind == "tsv"
-                            else ",", lineterminator="\n")
-    if header:
-        writer.writeheader()
-    writer.writerows(rows)
-    return buf.getvalue()
 
 
 @contextlib.contextmanager
@@ -134,10 +105,9 @@ def blocks(records: Iterable[tuple]) -> Iterator[list[tuple]]:
         yield block
 
 
-def classify(cfg: ClassifyConfig) -> dict | None:
-    """Run ``hvd-lm classify`` (see the module docstring); returns the summary line's figures on
-    rank 0 (``n``, ``positive``, ``accuracy``, ``chars``, ``seconds``, ``chars_per_s``,
-    ``truncated``, ``world_size``, ``device``, ``output``) and None on the other ranks.
+def classify(cfg: ClassifyConfig) -> int:
+    """``hvd-lm classify`` (see the module docstring): write the predictions and print one
+    summary line on rank 0 (on standard error when the predictions go to standard output).
 
     Raises:
         ClassifierError: bad classifier files, or a checkpoint other than the classifier's.
@@ -148,33 +118,21 @@ def classify(cfg: ClassifyConfig) -> dict | None:
     if cfg.input == "-" and world_size() > 1:
         raise ValueError("--input - (standard input) reaches rank 0 only: give a file when "
                          "launching several ranks")
-    saved = load_classifier(cfg.classifier)
-    if cfg.output != "-":  # before any work: never replace what this run reads
-        check_output(cfg.output, "--output", cfg.input, *saved.files, *model_files(cfg.checkpoint))
-    feat = saved.features
-    precision = cfg.precision or feat["precision"]
     stream = text_input.iter_texts(cfg.input, cfg.format, cfg.text_field,
                                    cfg.label_field or None, cfg.max_line_bytes,
                                    "--max-line-bytes")
-    lm = open_lm(cfg.checkpoint, cfg.device, precision, cfg.threads, command="classify",
-                 backend=cfg.backend)
-    is_root = lm.ctx is None or lm.ctx.rank == 0
-    digest = weights_sha256(lm.model) if is_root else None  # what the classifier is bound to
-    if lm.ctx is not None:
-        digest = engine.broadcast_object(digest, name="classify_weights_sha256")  # collective
-    check_checkpoint(saved, lm.path, digest)
-    if lm.model.config.hidden_size != len(saved.model.coef):
-        raise ClassifierError(f"{saved.path}: {len(saved.model.coef)} inputs, but the model has "
-                              f"H={lm.model.config.hidden_size}")
+    lm, saved = open_classified(cfg, cfg.classifier, "classify", {"--output": cfg.output},
+                                [cfg.input], cfg.precision, cfg.backend)
+    feat, is_root = saved.features, lm.ctx is None or lm.ctx.rank == 0
     kind = text_input._kind(Path(cfg.output), "csv")
     n = positive = correct = chars = truncated = seconds = 0
+    writer = None
     bar = Progress("hvd-lm classify", None, "char", enabled=is_root and cfg.progress)
     with open_predictions(cfg.output) if is_root else contextlib.nullcontext() as out:
         for block in blocks(stream.records):
             res = featurize(lm.model, [t for _, t, _ in block], feat["kind"], feat["max_chars"],
-                            cfg.batch_size, lm.device, lm.ctx, progress=False, desc="classify",
-                            time_chunk=cfg.time_chunk, precision=precision,
-                            normalize=feat["normalize"])
+                            cfg.batch_size, lm.device, lm.ctx, False, "classify", cfg.time_chunk,
+                            cfg.precision or feat["precision"], feat["normalize"])
             chars, seconds, truncated = (chars + res.chars, seconds + res.seconds,
                                          truncated + res.truncated)
             bar.update(res.chars)
@@ -190,40 +148,33 @@ def classify(cfg: ClassifyConfig) -> dict | None:
                 if cfg.keep_text:
                     row["text"] = text
                 rows.append(row)
-            out.write(format_predictions(rows, kind, header=n == 0))
+            if kind == "jsonl":
+                out.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+            else:
+                if writer is None:  # the header row once, from the first block's keys
+                    writer = csv.DictWriter(out, list(rows[0]), lineterminator="\n",
+                                            delimiter="\t" if kind == "tsv" else ",")
+                    writer.writeheader()
+                writer.writerows(rows)
             n += len(rows)
             positive += int(pred.sum())
         bar.close()
         if is_root and n == 0:
             raise text_input.DatasetError(f"{stream.name}: no texts")
-    if not is_root:
-        return None
-    return {"n": n, "positive": positive,
-            "accuracy": correct / n if cfg.label_field else None,
-            "chars": chars, "seconds": seconds,
-            "chars_per_s": chars / seconds if seconds > 0 else float("nan"),
-            "truncated": truncated, "world_size": lm.ctx.size if lm.ctx else 1,
-            "device": str(lm.device), "output": cfg.output}
-
-
-def classify_command(cfg: ClassifyConfig) -> int:
-    """``hvd-lm classify``: run and print one summary line (on standard error when the
-    predictions go to standard output)."""
-    s = classify(cfg)
-    if s is not None:
-        acc = f", accuracy {100 * s['accuracy']:.2f}% against --label-field" \
-            if s["accuracy"] is not None else ""
-        cut = f", {s['truncated']:,} texts cut to max chars" if s["truncated"] else ""
-        where = "standard output" if s["output"] == "-" else s["output"]
-        print(f"classified {s['n']:,} texts: {s['positive']:,} positive "
-              f"({100 * s['positive'] / s['n']:.1f}%){acc}; {s['chars']:,} chars at "
-              f"{s['chars_per_s']:,.0f} chars/s on {s['world_size']} rank(s), {s['device']}{cut}; "
-              f"wrote {where}", file=sys.stderr if s["output"] == "-" else sys.stdout)
+    if is_root:
+        acc = f", accuracy {100 * correct / n:.2f}% against --label-field" \
+            if cfg.label_field else ""
+        cut = f", {truncated:,} texts cut to max chars" if truncated else ""
+        print(f"classified {n:,} texts: {positive:,} positive ({100 * positive / n:.1f}%){acc}; "
+              f"{chars:,} chars at {chars / seconds if seconds > 0 else float('nan'):,.0f} "
+              f"chars/s on {lm.ctx.size if lm.ctx else 1} rank(s), {lm.device}{cut}; wrote "
+              f"{'standard output' if cfg.output == '-' else cfg.output}",
+              file=sys.stderr if cfg.output == "-" else sys.stdout)
     return 0
 
 
 CLASSIFY = Command(
-    ClassifyConfig, classify_command,
+    ClassifyConfig, classify,
     usage_errors=USAGE_ERRORS,
     description="Apply a classifier saved by hvd-lm transfer to new texts: probability and "
     "label per text as CSV/TSV/JSON lines (NVIDIA/sentiment-discovery run_classifier.py). The "

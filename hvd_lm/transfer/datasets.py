@@ -43,16 +43,8 @@ import numpy as np
 from sklearn.model_selection import train_test_split
 
 from hvd_lm.options import error_text
-from hvd_lm.transfer.texts import (  # noqa: F401 - DatasetError and LABEL_MAP are used from here
-    DEFAULT_MAX_LINE_BYTES,
-    LABEL_MAP,
-    DatasetError,
-    _kind,
-    _open_text,
-    _records,
-    _refusing,
-    normalize_label,
-)
+from hvd_lm.transfer import texts as text_input
+from hvd_lm.transfer.texts import DEFAULT_MAX_LINE_BYTES, LABEL_MAP, DatasetError, normalize_label
 from hvd_lm.util.files import check_folder, check_regular
 
 #: Default fraction of a training split carved off as validation when none is given.
@@ -128,9 +120,10 @@ def load_table(path: str | Path, split: str, text_field: str = "text",
             short CSV rows), invalid JSON, unknown label, or no rows.
     """
     path = Path(path)
-    with _open_text(path, what or f"split '{split}' is read from a regular file") as f:
+    with text_input._open_text(path, what or f"split '{split}' is read from a regular file") as f:
         rows = [(text, normalize_label(label, f"{path}:{line}: field '{label_field}'"))
-                for line, text, label in _records(path, f, _kind(path), text_field, label_field)]
+                for line, text, label in text_input._records(path, f, text_input._kind(path),
+                                                             text_field, label_field)]
     return _check_nonempty(LabelledSplit(split, [t for t, _ in rows], [y for _, y in rows],
                                          str(path)), str(path))
 
@@ -229,7 +222,7 @@ def load_sst2(data_dir: str | Path) -> dict[str, LabelledSplit]:
     """
     d = Path(data_dir)
     what = "SST-2 is read from --data-dir: train.csv and val.csv, and test.csv if present"
-    _refusing(check_folder, d, what)
+    text_input._refusing(check_folder, d, what)
     return {split: load_table(d / f"{split}.csv", split, "sentence", "label", what)
             for split in ("train", "val", "test")
             if split != "test" or os.path.lexists(d / "test.csv")}
@@ -266,7 +259,8 @@ def load_imdb(path: str | Path) -> dict[str, LabelledSplit]:
                       read().decode("utf-8", errors="replace")))
 
     if not p.is_dir():
-        _refusing(check_regular, p, "IMDB is read from the aclImdb folder or its .tar.gz")
+        text_input._refusing(check_regular, p,
+                             "IMDB is read from the aclImdb folder or its .tar.gz")
         try:
             with tarfile.open(p, "r:*") as tf:
                 for m in tf:

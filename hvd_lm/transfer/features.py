@@ -31,12 +31,13 @@ from hvd_lm.comm.world import RankContext, world_size
 from hvd_lm.formats import tokenizer
 from hvd_lm.model import device as devices
 from hvd_lm.model.lm import ModelConfig
-from hvd_lm.model.load import load_model, resolve_model
-from hvd_lm.options.command import error_text
+from hvd_lm.model.load import load_model, model_files, resolve_model, weights_sha256
+from hvd_lm.options import error_text, option
 from hvd_lm.train.log import Progress
+from hvd_lm.transfer.saved import ClassifierError, check_checkpoint, load_classifier
 from hvd_lm.util.atomic import atomic_path, write_text
 from hvd_lm.util.digest import json_sha256
-from hvd_lm.util.files import FileRefused, load_npy, shown
+from hvd_lm.util.files import FileRefused, check_output, load_npy, shown
 
 #: Feature types: final cell state, final hidden state, mean / max over time of the hidden states.
 FEATURE_KINDS = ("cell", "hidden", "mean", "max")
@@ -52,6 +53,31 @@ DEFAULT_CACHE_DIR = "~/.cache/hvd_lm/features"
 
 #: Bumped whenever featurization changes meaning, so old cache entries are not reused.
 CACHE_VERSION = 1
+
+
+@dataclass
+class ModelOptions:
+    """The settings every transfer command shares (:class:`~hvd_lm.transfer.run.TransferConfig`,
+    ``ClassifyConfig``, ``GenerateConfig`` and ``VisualizeConfig`` inherit them): the checkpoint,
+    the device and the torch CPU threads."""
+
+    checkpoint: str = option("", "checkpoint file, run directory (its latest) or exported folder",
+                             positional=True, required=True)
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    threads: int = option(0, "torch CPU threads (0 = the usable cores; a warning when more are "
+                          "asked for)", ge=0)
+
+
+@dataclass
+class RankOptions(ModelOptions):
+    """The settings of the commands that featurize texts over ranks (``transfer``,
+    ``classify``)."""
+
+    batch_size: int = option(64, "texts per batch per rank", ge=1)
+    time_chunk: int = option(256, "steps per model call (bounds memory for mean/max)", ge=1)
+    backend: str = option("horovod", engine.BACKEND_HELP, choices=engine.BACKENDS)
+    progress: bool = option(True, "progress on stderr: a bar on a terminal, a line every 10 s "
+                            "in a log (--no-progress: none)", switch=False, flag="--no-progress")
 
 
 @dataclass
@@ -84,17 +110,53 @@ def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32
         threads: torch CPU threads (0: the usable cores / the ranks on this machine, the rule
             of :mod:`hvd_lm.comm.threads`, whose warning names ``hvd-lm COMMAND``).
         rnn_kernels: the fused mLSTM's cell kernels (:func:`hvd_lm.model.load.load_model`).
-        backend: the collective engine of several ranks (:data:`hvd_lm.comm.world.BACKENDS`).
+        backend: the collective engine of several ranks (:data:`hvd_lm.comm.world.BACKENDS`);
+            "": one process, however many a launcher started.
     Raises:
         FileNotFoundError: no checkpoint; ValueError: a device/precision that cannot be used.
     """
-    ctx = engine.init(backend=backend) if world_size() > 1 else None  # collective: split texts
+    # collective: the ranks split the texts
+    ctx = engine.init(backend=backend) if backend and world_size() > 1 else None
     set_rank_threads(threads, ctx, command)  # collective: an allgather of machine ids
     path = resolve_model(checkpoint)
     dev = devices.resolve_device(device, ctx.local_rank if ctx else 0, ctx.local_size if ctx else 1)
     devices.check(dev, precision)
     model, ckpt = load_model(path, map_location=dev, rnn_kernels=rnn_kernels)
     return LMSession(ctx, path, model, ckpt, dev)
+
+
+def open_classified(cfg: ModelOptions, classifier: str, command: str, outputs: dict[str, str],
+                    reads: Sequence = (), precision: str = "fp32", backend: str = "") -> tuple:
+    """The LM and the classifier of ``classify``, ``generate`` and ``visualize``: the classifier
+    at ``classifier`` ("" = none) is read and each output (``{flag: path}``, "" or "-" = none)
+    refused where it names a file this run reads (the model's, the classifier's, ``reads``),
+    before any work; then the LM is opened (:func:`open_lm`: ``cfg``'s checkpoint, device and
+    threads; ``precision`` "" = the classifier's; over ranks with a ``backend``) and refused
+    unless the classifier was fit on its weights (a checkpoint's export has the same:
+    :func:`~hvd_lm.transfer.saved.check_checkpoint`).
+
+    Returns:
+        (:class:`LMSession`, :class:`~hvd_lm.transfer.saved.SavedClassifier` or None).
+    Raises:
+        ClassifierError: bad classifier files, or another model's; FileNotFoundError: no
+        checkpoint; ValueError: a device/precision that cannot be used, an output that is read.
+    """
+    saved = load_classifier(classifier) if classifier else None
+    for flag, out in outputs.items():
+        if out not in ("", "-"):  # never replace what this run reads
+            check_output(out, flag, *model_files(cfg.checkpoint),
+                         *([saved.path] if saved else []), *reads)
+    lm = open_lm(cfg.checkpoint, cfg.device, precision or saved.features["precision"],
+                 cfg.threads, command=command, backend=backend)
+    if saved is not None:
+        digest = weights_sha256(lm.model) if lm.ctx is None or lm.ctx.rank == 0 else None
+        if lm.ctx is not None:  # collective: rank 0 hashed the weights
+            digest = engine.broadcast_object(digest, name=f"{command}_weights_sha256")
+        check_checkpoint(saved, lm.path, digest)
+        if lm.model.config.hidden_size != len(saved.model.coef):
+            raise ClassifierError(f"{saved.path}: {len(saved.model.coef)} inputs, but the model "
+                                  f"has H={lm.model.config.hidden_size}")
+    return lm, saved
 
 
 def encode_texts(texts: Sequence[str], max_chars: int = DEFAULT_MAX_CHARS,
@@ -274,24 +336,20 @@ def featurize(model, texts: Sequence[str], kind: str = "cell",
     return FeatureResult(out, int(lengths.sum()), time.perf_counter() - t0, truncated)
 
 
-def texts_sha256(texts: Sequence[str]) -> str:
-    """sha256 of the texts (each UTF-8 encoded and length-prefixed, so boundaries count)."""
+def cache_key(checkpoint_sha256: str, split: str, texts: Sequence[str], options: dict) -> str:
+    """Cache key: sha256 of (the checkpoint file's sha256, the split name, the sha256 of the
+    split's texts in order (each UTF-8 encoded and length-prefixed, so boundaries count: the
+    dataset's identity after loading, carving and subsampling, independent of where the file
+    lies), the feature options (kind, max_chars, normalize, precision) and
+    :data:`CACHE_VERSION`). Batch size, device and world size are left out: they do not change
+    the features (beyond float rounding)."""
     h = hashlib.sha256()
     for t in texts:
         b = t.encode("utf-8", "surrogatepass")
         h.update(len(b).to_bytes(8, "little"))
         h.update(b)
-    return h.hexdigest()
-
-
-def cache_key(checkpoint_sha256: str, split: str, texts_digest: str, options: dict) -> str:
-    """Cache key: sha256 of (the checkpoint file's sha256, the split name, the sha256 of the
-    split's texts in order (:func:`texts_sha256`: the dataset's identity after loading, carving and
-    subsampling, independent of where the file lies), the feature options (kind, max_chars,
-    normalize, precision) and :data:`CACHE_VERSION`). Batch size, device and world size are left
-    out: they do not change the features (beyond float rounding)."""
     return json_sha256({"version": CACHE_VERSION, "checkpoint_sha256": checkpoint_sha256,
-                        "split": split, "texts_sha256": texts_digest, "options": options})
+                        "split": split, "texts_sha256": h.hexdigest(), "options": options})
 
 
 #: Widest feature vector a cache entry may hold when the reader does not say

@@ -28,29 +28,18 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from hvd_lm.comm.threads import set_rank_threads
 from hvd_lm.formats import tokenizer
-from hvd_lm.model import device as devices
-from hvd_lm.model.load import load_model, model_files, resolve_model, weights_sha256
 from hvd_lm.options import Command, option
 from hvd_lm.train.log import Progress
-from hvd_lm.transfer.features import featurize, pad_batch
+from hvd_lm.transfer.features import ModelOptions, featurize, open_classified, pad_batch
 from hvd_lm.transfer.heatmap import HeatRow, char_values, check_chars, check_suffix, render
-from hvd_lm.transfer.saved import (
-    USAGE_ERRORS,
-    ClassifierError,
-    SavedClassifier,
-    check_checkpoint,
-    load_classifier,
-)
+from hvd_lm.transfer.saved import USAGE_ERRORS, ClassifierError
 from hvd_lm.util.atomic import write_text
-from hvd_lm.util.files import check_output
 
 #: Which state a unit is read from / pinned in.
 STATES = ("cell", "hidden")
@@ -229,36 +218,11 @@ def trace_unit(model, seqs: Sequence[np.ndarray], neuron: int, state: str = "cel
     return [vals[i, :len(s)].numpy().copy() for i, s in enumerate(seqs)]
 
 
-def unit_from_classifier(neuron: int | None, state: str, saved: SavedClassifier | None
-                         ) -> tuple[int | None, int, str]:
-    """(unit, polarity, state): ``neuron`` when given, else the classifier's sentiment unit;
-    polarity is the sign of the classifier's weight on that unit (+1 without a classifier or
-    weight); the state the unit is read from and pinned in is ``state`` unless ``"auto"``, which
-    is the state the classifier's features were computed from (``cell``: the final cell state
-    c_t; ``hidden``, ``mean``, ``max``: the hidden state h_t), or ``cell`` without a classifier
-    (the reference's feature, Radford et al. 2017).
-
-    Raises:
-        ClassifierError: no neuron given and the classifier has no sentiment unit.
-    """
-    if neuron is None and saved is not None:
-        neuron = saved.neuron.get("index")
-        if neuron is None:
-            raise ClassifierError(f"{saved.path}: the classifier has no sentiment unit (every "
-                                  "weight is 0); give --neuron")
-    polarity = 1
-    if saved is not None and neuron is not None and neuron < len(saved.model.coef):
-        polarity = -1 if saved.model.coef[neuron] < 0 else 1
-    if state == "auto":
-        state = "hidden" if saved is not None and saved.features.get("kind") != "cell" else "cell"
-    return neuron, polarity, state
-
-
-def unit_alone_accuracy(saved: SavedClassifier | None) -> tuple[str, float] | None:
-    """(split, accuracy as a fraction) of the classifier's sentiment unit alone, thresholded:
-    ``val`` when recorded, else ``train``; None without a classifier, or when its JSON predates
-    the record (or holds no number in [0, 1] there)."""
-    acc = (saved.neuron.get("accuracy") if saved is not None else None) or {}
+def unit_alone_accuracy(neuron: dict) -> tuple[str, float] | None:
+    """(split, accuracy as a fraction) of a classifier's sentiment unit alone (its ``neuron``
+    record), thresholded: ``val`` when recorded, else ``train``; None when the record holds no
+    number in [0, 1] there."""
+    acc = neuron.get("accuracy") or {}
     for split in ("val", "train"):
         v = acc.get(split) if isinstance(acc, dict) else None
         if isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0:
@@ -276,44 +240,43 @@ def pinned_value(overwrite: float | None, steer: str, polarity: int) -> float | 
     return magnitude * polarity * (1 if steer == "positive" else -1)
 
 
-def open_model(command: str, cfg, outputs: dict[str, str], reads: Sequence = ()
-               ) -> tuple[Path, torch.nn.Module, torch.device, SavedClassifier | None, int | None,
-                          int, str]:
+def open_model(command: str, cfg, outputs: dict[str, str], reads: Sequence = ()) -> tuple:
     """The model, classifier and unit of ``generate``/``visualize`` (one process; ``cfg``: a
-    :class:`GenerateConfig` or ``VisualizeConfig``): torch threads
-    (:func:`hvd_lm.comm.threads.set_rank_threads`, its warning naming ``hvd-lm COMMAND``), the
-    device, the checkpoint's model on it, the classifier at ``cfg.classifier`` (None for ""),
-    refused unless fit on that model's weights (a checkpoint's export has the same), then each
-    output (``{flag: path}``, "" = none) refused where it names a file this run reads (the
-    model's, the classifier's, ``reads``), before any work, and the unit
-    (:func:`unit_from_classifier`).
+    :class:`GenerateConfig` or ``VisualizeConfig``): the checkpoint's model and the classifier
+    at ``cfg.classifier`` (None for ""), each output (``{flag: path}``, "" = none) refused where
+    it names a file this run reads (:func:`hvd_lm.transfer.features.open_classified`), and the
+    unit.
 
     Returns:
-        (checkpoint path, model, device, classifier or None, unit, polarity, state).
+        (checkpoint path, model, device, classifier or None, unit, polarity, state): the unit is
+        ``cfg.neuron`` when given, else the classifier's sentiment unit; polarity the sign of
+        the classifier's weight on it (+1 without a classifier or weight); the state the unit
+        is read from and pinned in is ``cfg.state`` unless ``"auto"``, which is the state the
+        classifier's features were computed from (``cell``: the final cell state c_t;
+        ``hidden``, ``mean``, ``max``: the hidden state h_t), or ``cell`` without a classifier
+        (the reference's feature, Radford et al. 2017).
     Raises:
         FileNotFoundError: no checkpoint; ClassifierError: bad classifier files or another
-        model's, or no unit; ValueError: a device that cannot be used, an output that is read.
+        model's, or no unit given and none in the classifier; ValueError: a device that cannot
+        be used, an output that is read.
     """
-    set_rank_threads(cfg.threads, None, command)
-    path = resolve_model(cfg.checkpoint)
-    dev = devices.resolve_device(cfg.device, 0)
-    model, _ = load_model(path, map_location=dev)
-    saved = load_classifier(cfg.classifier) if cfg.classifier else None
+    lm, saved = open_classified(cfg, cfg.classifier, command, outputs, reads)
+    neuron, polarity, state = cfg.neuron, 1, cfg.state
     if saved is not None:
-        check_checkpoint(saved, path, weights_sha256(model))
-    for flag, out in outputs.items():
-        if out:  # never replace what this run reads
-            check_output(out, flag, path, *model_files(cfg.checkpoint),
-                         *(saved.files if saved else []), *reads)
-    return path, model, dev, saved, *unit_from_classifier(cfg.neuron, cfg.state, saved)
+        neuron = saved.neuron.get("index") if neuron is None else neuron
+        if neuron is None:
+            raise ClassifierError(f"{saved.path}: the classifier has no sentiment unit (every "
+                                  "weight is 0); give --neuron")
+        polarity = -1 if neuron < len(saved.model.coef) and saved.model.coef[neuron] < 0 else 1
+    if state == "auto":
+        state = "hidden" if saved is not None and saved.features.get("kind") != "cell" else "cell"
+    return lm.path, lm.model, lm.device, saved, neuron, polarity, state
 
 
 @dataclass
-class GenerateConfig:
-    """Settings of ``hvd-lm generate``."""
+class GenerateConfig(ModelOptions):
+    """Settings of ``hvd-lm generate`` (the shared ones: :class:`ModelOptions`)."""
 
-    checkpoint: str = option("", "checkpoint file, run directory (its latest) or exported folder",
-                             positional=True, required=True)
     prime: str = option("", "text the samples continue (empty: a new review)")
     length: int = option(200, "bytes to generate per sample (at most 1,048,576)", ge=1,
                          le=MAX_LENGTH)
@@ -334,15 +297,12 @@ class GenerateConfig:
     state: str = option("auto", "state the unit is read from and pinned in (auto: the one the "
                         "classifier's features come from, h_t for mean/max/hidden, else the "
                         "cell state)", choices=("auto", *STATES))
-    classifier: str = option("", "classifier from hvd-lm transfer (folder or classifier.json): "
+    classifier: str = option("", "classifier from hvd-lm transfer (its folder or file): "
                              "default --neuron, and each sample's P(positive); refused if fit on "
                              "another checkpoint")
     heatmap: str = option("", "write the unit's value per character of prime + sample: "
                           "OUT.html or OUT.png")
     output: str = option("", "also write the samples as JSON lines to this file")
-    device: str = option("auto", "auto, cpu, cuda or cuda:N")
-    threads: int = option(0, "torch CPU threads (0 = the usable cores; a warning when more are "
-                          "asked for)", ge=0)
 
     def check(self) -> None:
         """Cross-field rules (raised as ConfigError naming the settings' source)."""
@@ -387,26 +347,22 @@ def generate_command(cfg: GenerateConfig) -> int:
             pin += (f": steering toward {'positive' if value * polarity > 0 else 'negative'} "
                     "sentiment")
         print(f"unit {neuron} of the {state} state{orient}{pin}")
-        alone = unit_alone_accuracy(saved) if value is not None else None
+        alone = unit_alone_accuracy(saved.neuron) if saved and value is not None else None
         if alone and alone[1] < WEAK_UNIT_ACCURACY and neuron == saved.neuron.get("index"):
             print(f"warning: unit {neuron} alone classifies the {alone[0]} split of "
                   f"{saved.meta.get('dataset') or 'its dataset'} at {alone[1]:.1%} (chance is "
-                  "50%): pinning it is unlikely to "
-                  "steer sentiment; a sentiment unit emerges with longer training (Radford et "
-                  "al. 2017)", file=sys.stderr)
+                  "50%): pinning it is unlikely to steer sentiment; a sentiment unit emerges "
+                  "with longer training (Radford et al. 2017)", file=sys.stderr)
     records = []
     for i, text in enumerate(res.texts):
-        extra = f", classifier P(positive) = {prob[i]:.3f}" if prob is not None else ""
-        if res.unit is not None:
-            extra += f", unit mean over the sample {res.unit[i, len(res.prime):].mean():.3f}"
-        print(f"=== sample {i} (seed {cfg.seed}{extra}) ===")
-        print(text)
-        rec = {"sample": i, "seed": cfg.seed, "prime": cfg.prime, "text": text}
+        rec, extra = {"sample": i, "seed": cfg.seed, "prime": cfg.prime, "text": text}, ""
         if prob is not None:
             rec["p_positive"] = float(prob[i])
+            extra += f", classifier P(positive) = {prob[i]:.3f}"
         if res.unit is not None:
-            rec["unit"] = neuron
-            rec["unit_values"] = [round(float(v), 5) for v in res.unit[i]]
+            rec.update(unit=neuron, unit_values=[round(float(v), 5) for v in res.unit[i]])
+            extra += f", unit mean over the sample {res.unit[i, len(res.prime):].mean():.3f}"
+        print(f"=== sample {i} (seed {cfg.seed}{extra}) ===\n{text}")
         records.append(rec)
     if cfg.output:
         write_text(cfg.output, "".join(json.dumps(r, ensure_ascii=False) + "\n"

@@ -18,7 +18,7 @@ rebuilt by NVIDIA/sentiment-discovery (``transfer.py`` + ``logreg_utils.py``):
 
 Settings: :class:`TransferConfig` (flags, or the ``transfer:`` section of a YAML file).
 Outputs (rank 0): ``OUT/transfer.json``, ``OUT/transfer.md``, ``OUT/neuron_hist.png`` and
-``OUT/classifier.npz`` + ``OUT/classifier.json``; the markdown table is also printed. See
+``OUT/classifier.safetensors``; the markdown table is also printed. See
 ``docs/transfer.md``.
 """
 
@@ -39,18 +39,8 @@ from hvd_lm.model.config import KERNELS
 from hvd_lm.model.load import weights_sha256
 from hvd_lm.options import Command, option
 from hvd_lm.transfer import datasets, fit
-from hvd_lm.transfer.features import (
-    DEFAULT_CACHE_DIR,
-    DEFAULT_MAX_CHARS,
-    FEATURE_KINDS,
-    FeatureCache,
-    LMSession,
-    cache_key,
-    featurize,
-    open_lm,
-    texts_sha256,
-)
-from hvd_lm.transfer.saved import JSON_NAME, NPZ_NAME, save_classifier
+from hvd_lm.transfer import features as lm_features
+from hvd_lm.transfer.saved import FILE_NAME, save_classifier
 from hvd_lm.util.atomic import write_text
 from hvd_lm.util.digest import file_sha256
 from hvd_lm.util.units import parse_split
@@ -72,14 +62,13 @@ def parse_c_grid(text: str) -> tuple[float, ...]:
 
 
 @dataclass
-class TransferConfig:
+class TransferConfig(lm_features.RankOptions):
     """Settings of ``hvd-lm transfer`` (flags; or a YAML file's keys, e.g. the demo's
-    ``transfer:`` section)."""
+    ``transfer:`` section); the checkpoint, device, threads, batch size, time chunk, backend and
+    progress are :class:`~hvd_lm.transfer.features.RankOptions`'."""
 
-    checkpoint: str = option("", "checkpoint file, run directory (its latest) or exported folder",
-                             positional=True, required=True)
-    out: str = option("", "output folder for transfer.json/.md, the PNG and classifier.npz/"
-                      ".json", required=True)
+    out: str = option("", "output folder for transfer.json/.md, the PNG and "
+                      "classifier.safetensors", required=True)
     # data
     dataset: str | None = option(None, "named dataset read from --data-dir (sst2: "
                                  "train/val[/test].csv; imdb: aclImdb folder or tar.gz)",
@@ -103,26 +92,20 @@ class TransferConfig:
     seed: int = option(0, "seed for carving, subsampling, liblinear/saga", ge=0)
     # features
     features: str = option("cell", "final cell state (reference), final hidden state, mean/max "
-                           "of h_t", choices=FEATURE_KINDS)
-    max_chars: int = option(DEFAULT_MAX_CHARS, "keep the first N bytes of each text (0 = no "
-                            "limit)", ge=0)
+                           "of h_t", choices=lm_features.FEATURE_KINDS)
+    max_chars: int = option(lm_features.DEFAULT_MAX_CHARS, "keep the first N bytes of each "
+                            "text (0 = no limit)", ge=0)
     normalize: bool = option(False, "collapse whitespace before encoding "
                              "(tokenizer.normalize_text)", switch=True)
-    batch_size: int = option(64, "texts per batch per rank", ge=1)
-    time_chunk: int = option(256, "steps per model call (bounds memory for mean/max)", ge=1)
-    device: str = option("auto", "auto, cpu, cuda or cuda:N")
     precision: str = option("fp32", "autocast precision", choices=devices.PRECISIONS)
     rnn_kernels: str = option("auto", "fused mLSTM cell kernels on this device (auto: triton "
                               "on CUDA when installed, else torch)", choices=KERNELS)
     threads: int = option(0, "torch CPU threads per rank (0 = the usable cores / the ranks "
                           "on this machine; a warning when ranks x threads exceed them), and "
                           "the classifier's parallel fits (0 = one per usable core)", ge=0)
-    backend: str = option("horovod", engine.BACKEND_HELP, choices=engine.BACKENDS)
-    cache_dir: str = option(DEFAULT_CACHE_DIR, "feature cache folder")
+    cache_dir: str = option(lm_features.DEFAULT_CACHE_DIR, "feature cache folder")
     cache: bool = option(True, "read and write the feature cache (--no-cache: neither)",
                          switch=False, flag="--no-cache")
-    progress: bool = option(True, "progress on stderr: a bar on a terminal, a line every 10 s "
-                            "in a log (--no-progress: none)", switch=False, flag="--no-progress")
     # classifier
     penalty: str = option("l1", "logistic-regression penalty", choices=("l1", "l2"))
     c_grid: tuple[float, ...] = option(fit.DEFAULT_C_GRID, "comma-separated C values, one "
@@ -232,7 +215,7 @@ def feature_options(cfg: TransferConfig) -> dict:
             "precision": cfg.precision}
 
 
-def featurize_splits(lm: LMSession, splits: dict[str, datasets.LabelledSplit],
+def featurize_splits(lm: lm_features.LMSession, splits: dict[str, datasets.LabelledSplit],
                      cfg: TransferConfig, checkpoint_sha256: str) -> SplitFeatures | None:
     """Features of each split with the LM of ``lm``, from the cache where it has them (rank 0
     looks, the answer is broadcast), else featurized over all ranks and cached by rank 0.
@@ -241,13 +224,13 @@ def featurize_splits(lm: LMSession, splits: dict[str, datasets.LabelledSplit],
         :class:`SplitFeatures` on rank 0, None on the other ranks.
     """
     ctx, is_root = lm.ctx, lm.ctx is None or lm.ctx.rank == 0
-    cache = None if not cfg.cache else FeatureCache(cfg.cache_dir)
+    cache = None if not cfg.cache else lm_features.FeatureCache(cfg.cache_dir)
     options = feature_options(cfg)
     out = SplitFeatures({}, {}, 0, 0.0, 0)
     for name, split in splits.items():
-        key, hit = None, None
+        key = hit = None
         if cache is not None and is_root:
-            key = cache_key(checkpoint_sha256, name, texts_sha256(split.texts), options)
+            key = lm_features.cache_key(checkpoint_sha256, name, split.texts, options)
             hit = cache.load(key, len(split))
         cached = hit is not None
         if ctx is not None and cache is not None:
@@ -256,14 +239,12 @@ def featurize_splits(lm: LMSession, splits: dict[str, datasets.LabelledSplit],
             if is_root:
                 out.features[name] = hit
                 out.cache[name] = {"hit": True, "path": str(cache.path(key))}
-                if cfg.max_chars > 0:
-                    out.truncated += sum(len(tokenizer.encode_bytes(t, cfg.normalize)) >
-                                         cfg.max_chars for t in split.texts)
+                out.truncated += sum(len(tokenizer.encode_bytes(t, cfg.normalize))
+                                     > cfg.max_chars > 0 for t in split.texts)
             continue
-        res = featurize(lm.model, split.texts, cfg.features, cfg.max_chars, cfg.batch_size,
-                        lm.device, ctx, progress=is_root and cfg.progress, desc=name,
-                        time_chunk=cfg.time_chunk, precision=cfg.precision,
-                        normalize=cfg.normalize)
+        res = lm_features.featurize(lm.model, split.texts, cfg.features, cfg.max_chars,
+                                    cfg.batch_size, lm.device, ctx, is_root and cfg.progress,
+                                    name, cfg.time_chunk, cfg.precision, cfg.normalize)
         out.chars += res.chars
         out.seconds += res.seconds
         out.truncated += res.truncated
@@ -280,9 +261,10 @@ def featurize_splits(lm: LMSession, splits: dict[str, datasets.LabelledSplit],
     return out if is_root else None
 
 
-def run(cfg: TransferConfig) -> dict | None:
-    """Everything ``hvd-lm transfer`` does (see the module docstring); returns the report on
-    rank 0 and None on other ranks.
+def run(cfg: TransferConfig) -> int:
+    """``hvd-lm transfer``: everything of the module docstring; rank 0 writes the outputs and
+    prints the markdown table and where the outputs went. Bad data or options: exit 2 with one
+    ``ERROR:`` line (:data:`TRANSFER`).
 
     Raises:
         hvd_lm.transfer.datasets.DatasetError: bad dataset input.
@@ -292,8 +274,8 @@ def run(cfg: TransferConfig) -> dict | None:
     splits = datasets.load_splits(
         cfg.dataset, cfg.data_dir, cfg.train, cfg.val, cfg.test, cfg.text_field,
         cfg.label_field, cfg.val_fraction, cfg.max_examples, cfg.seed, cfg.split)
-    lm = open_lm(cfg.checkpoint, cfg.device, cfg.precision, cfg.threads, cfg.rnn_kernels,
-                 backend=cfg.backend)
+    lm = lm_features.open_lm(cfg.checkpoint, cfg.device, cfg.precision, cfg.threads,
+                             cfg.rnn_kernels, backend=cfg.backend)
     is_root = lm.ctx is None or lm.ctx.rank == 0
     say = (lambda text: print(f"hvd-lm transfer: {text}", file=sys.stderr, flush=True)) \
         if cfg.progress and is_root else (lambda text: None)  # the fit and baseline take minutes
@@ -303,7 +285,7 @@ def run(cfg: TransferConfig) -> dict | None:
     ck_sha = file_sha256(lm.path) if is_root else ""
     sf = featurize_splits(lm, splits, cfg, ck_sha)
     if not is_root:
-        return None
+        return 0
     feats, ckpt = sf.features, lm.ckpt
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -329,8 +311,7 @@ def run(cfg: TransferConfig) -> dict | None:
     if cfg.baseline:
         say(f"TF-IDF baseline at {len(cfg.baseline_c_grid)} C values")
         baseline = fit.tfidf_baseline(splits["train"], splits.get("val"), splits.get("test"),
-                                  cfg.baseline_c_grid, cfg.seed, folds=cfg.cv_folds,
-                                  jobs=cfg.threads)
+                                      cfg.baseline_c_grid, cfg.seed, cfg.cv_folds, cfg.threads)
     if "test" not in splits:
         notes.append("no test split: only train/val accuracies are reported")
     for what, res, grid, flag in (("LM classifier", clf, cfg.c_grid, "--c-grid"),
@@ -365,12 +346,9 @@ def run(cfg: TransferConfig) -> dict | None:
                      "chars_per_s": sf.chars / sf.seconds if sf.seconds > 0 else None,
                      "cache": sf.cache},
         "classifier": {"penalty": cfg.penalty, "standardize": cfg.standardize,
-                       "file": str(out / JSON_NAME),
+                       "file": str(out / FILE_NAME),
                        **{k: v for k, v in clf.items() if k not in ("model", "coef")}},
-        "neuron": neuron,
-        "baseline": baseline,
-        "notes": notes,
-    }
+        "neuron": neuron, "baseline": baseline, "notes": notes}
     save_classifier(out, clf["model"], {
         "checkpoint": str(lm.path), "checkpoint_sha256": ck_sha,
         "weights_sha256": weights_sha256(lm.model),
@@ -381,30 +359,20 @@ def run(cfg: TransferConfig) -> dict | None:
         "neuron": {k: neuron[k] for k in ("index", "weight", "sign", "threshold", "accuracy")}})
     write_text(out / "transfer.json", json.dumps(report, indent=2) + "\n")
     write_text(out / "transfer.md", format_markdown(report))
-    return report
-
-
-def transfer_command(cfg: TransferConfig) -> int:
-    """``hvd-lm transfer``: run, print the markdown table and where the outputs went (rank 0).
-    Bad data or options: exit 2 with one ``ERROR:`` line (:data:`TRANSFER`)."""
-    report = run(cfg)
-    if report is not None:
-        print(format_markdown(report), end="")
-        png = ", neuron_hist.png" if report["neuron"]["histogram"] else ""
-        print(f"wrote {Path(cfg.out) / 'transfer.json'}, transfer.md{png}, {NPZ_NAME} + "
-              f"{JSON_NAME} (fit: {report['classifier']['solver']} on "
-              f"{report['classifier']['device']}, {report['classifier']['fit_seconds']:.1f} s)")
+    print(format_markdown(report), end="")
+    png = ", neuron_hist.png" if neuron["histogram"] else ""
+    print(f"wrote {out / 'transfer.json'}, transfer.md{png}, {FILE_NAME} (fit: {clf['solver']} "
+          f"on {clf['device']}, {clf['fit_seconds']:.1f} s)")
     return 0
 
 
 TRANSFER = Command(
-    TransferConfig, transfer_command,
+    TransferConfig, run,
     usage_errors=(datasets.DatasetError, FileNotFoundError, ValueError),
     description="Featurize labelled texts with a trained LM (final cell state by default), fit "
     "an L1 logistic regression with C chosen by k-fold cross-validation on train, find the "
-    "sentiment neuron, and "
-    "compare with a TF-IDF baseline (Radford et al. 2017; NVIDIA/sentiment-discovery "
-    "transfer.py).")
+    "sentiment neuron, and compare with a TF-IDF baseline (Radford et al. 2017; "
+    "NVIDIA/sentiment-discovery transfer.py).")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,47 +1,55 @@
-"""A trained sentiment classifier on disk, tied to the LM checkpoint whose features it reads.
+"""A trained sentiment classifier on disk, tied to the LM whose features it reads.
 
-``hvd-lm transfer`` writes two files to its output folder (:func:`save_classifier`):
+``hvd-lm transfer`` writes one file to its output folder (:func:`save_classifier`),
+``classifier.safetensors``: the float64 arrays ``coef`` [H] (standardised units), ``intercept``
+[1], ``mean`` [H] and ``scale`` [H] (the training split's statistics; zeros and ones when the fit
+was on raw features) of a :class:`LinearClassifier` (numpy only, so the commands that apply a
+saved classifier start without scikit-learn), and in the safetensors header's metadata (key
+``classifier``, JSON) everything needed to apply it again and to say what it is: the format
+version, the features (kind, max chars, whitespace normalisation, precision), the fit (penalty,
+solver, C, standardised or not, accuracies), the sentiment unit, and the LM checkpoint's path,
+step, sha256, its **weights' sha256** and config, and the arrays' own sha256 (checked on read).
 
-* ``classifier.npz``: float64 arrays ``coef`` [H] (standardised units), ``intercept`` [1],
-  ``mean`` [H] and ``scale`` [H] (the training split's statistics; zeros and ones when the fit
-  was on raw features): :class:`LinearClassifier` (numpy only, so the
-  commands that apply a saved classifier start without scikit-learn);
-* ``classifier.json``: everything needed to apply it again and to say what it is: the format
-  version, the npz file's sha256, the features (kind, max chars, whitespace normalisation,
-  precision), the fit (penalty, solver, C, standardised or not, accuracies), the sentiment unit,
-  and the LM checkpoint's path, step, **sha256**, its weights' sha256 and config.
-
-:func:`load_classifier` reads the pair back (either file or their folder) and checks it is whole
-(the npz's sha256 is the one recorded, the arrays have the recorded width);
-:func:`check_checkpoint` refuses a model whose weights are not the recorded ones (a checkpoint
-and its export are the same weights; a classifier of an older version is checked by the
-checkpoint file's sha256): features of another LM (even another step of the same run) mean
-nothing to these weights. Both files are
-written atomically, the npz first, so the JSON never points at a missing or older npz.
+:func:`load_classifier` reads it back (the file or its folder) within :data:`MAX_BYTES`;
+safetensors checks the header, that every array lies inside the file and that the file holds
+nothing else; the arrays must have the one width. :func:`check_checkpoint` refuses a model whose
+weights are not the recorded ones (a checkpoint and its export are the same weights): features
+of another LM (even another step of the same run) mean nothing to these weights. The file is
+written atomically. A classifier of an older hvd_lm (``classifier.npz`` + ``classifier.json``)
+is refused with one line saying to re-run ``hvd-lm transfer``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import safetensors.numpy
+from safetensors import SafetensorError
 
 from hvd_lm.transfer.texts import DatasetError
-from hvd_lm.util.atomic import atomic_path, write_text
-from hvd_lm.util.digest import file_sha256
-from hvd_lm.util.files import FileRefused, check_npz, check_regular, read_json, shown
+from hvd_lm.util.atomic import write_bytes
+from hvd_lm.util.files import FileRefused, read_bounded, shown
 
-CLASSIFIER_FORMAT = 1
-NPZ_NAME = "classifier.npz"
-JSON_NAME = "classifier.json"
-#: The largest classifier.json read (one is about 2 kB: settings, accuracies, the unit).
-MAX_JSON_BYTES = 1 << 20
-#: The largest array of a classifier.npz (each is [H] float64: 128 kB at H=16384, hvd_lm's
-#: widest; 16 MiB leaves room for features wider than H).
-MAX_ARRAY_BYTES = 16 << 20
+CLASSIFIER_FORMAT = 2
+FILE_NAME = "classifier.safetensors"
+#: The largest classifier file read: four float64 [H] arrays (512 kB at H=16,384, hvd_lm's
+#: widest) and a few kB of JSON; 16 MiB leaves room for features wider than H.
+MAX_BYTES = 16 << 20
+#: The arrays of a classifier file.
+ARRAYS = ("coef", "intercept", "mean", "scale")
+
+
+def arrays_sha256(arrays: dict[str, np.ndarray]) -> str:
+    """sha256 hex digest of the float64 bytes of :data:`ARRAYS`, in that order."""
+    digest = hashlib.sha256()
+    for k in ARRAYS:
+        digest.update(np.ascontiguousarray(arrays[k], np.float64).tobytes())
+    return digest.hexdigest()
 
 
 @dataclass
@@ -106,7 +114,7 @@ class SavedClassifier:
     Attributes:
         model: the :class:`LinearClassifier`.
         meta: the JSON description (see the module docstring).
-        path: the JSON file it was read from.
+        path: the file it was read from.
     """
 
     model: LinearClassifier
@@ -120,11 +128,6 @@ class SavedClassifier:
         return self.meta["features"]
 
     @property
-    def files(self) -> list[Path]:
-        """The JSON file and its npz."""
-        return [self.path, self.path.with_name(NPZ_NAME)]
-
-    @property
     def neuron(self) -> dict:
         """The sentiment unit: ``index`` (None when every weight is 0), ``weight``, ``sign``,
         ``threshold``, and (classifiers written since 2026-11-27) ``accuracy``: the unit alone
@@ -132,94 +135,79 @@ class SavedClassifier:
         return self.meta.get("neuron") or {"index": None}
 
 
-def _paths(path: str | Path) -> tuple[Path, Path]:
-    """(npz, json) for a folder or either file of the pair."""
-    p = Path(path) / JSON_NAME if Path(path).is_dir() else Path(path)
-    if p.suffix in (".npz", ".json"):
-        return p.with_suffix(".npz"), p.with_suffix(".json")
-    raise ClassifierError(f"{p}: not a classifier (give its folder, {NPZ_NAME} or {JSON_NAME})")
-
-
 def save_classifier(out_dir: str | Path, model: LinearClassifier, meta: dict) -> Path:
-    """Write ``OUT/classifier.npz`` then ``OUT/classifier.json`` (``meta`` plus the format
-    version, the npz's sha256, the width and the time), both atomically.
+    """Write ``OUT/classifier.safetensors`` atomically: the arrays, and ``meta`` plus the format
+    version and the time as its metadata.
 
     Args:
         model: the classifier to store.
-        meta: JSON-able description, holding ``checkpoint_sha256`` and ``features`` (what
+        meta: JSON-able description, holding ``weights_sha256`` and ``features`` (what
             :func:`load_classifier` requires; transfer's one call gives them).
     Returns:
-        The JSON file's path.
+        The file's path.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    npz, js = out / NPZ_NAME, out / JSON_NAME
-    with atomic_path(npz, suffix=".npz") as tmp:
-        np.savez(tmp, coef=np.asarray(model.coef, np.float64),
-                 intercept=np.array([model.intercept], np.float64),
-                 mean=np.asarray(model.mean, np.float64), scale=np.asarray(model.scale, np.float64))
-    full = {"format": CLASSIFIER_FORMAT, "npz": NPZ_NAME, "npz_sha256": file_sha256(npz),
-            "inputs": int(len(model.coef)), "created": time.time(), **meta}
-    write_text(js, json.dumps(full, indent=2, default=str) + "\n")
-    return js
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    arrays = {k: np.ascontiguousarray(v, np.float64) for k, v in
+              zip(ARRAYS, (model.coef, [model.intercept], model.mean, model.scale))}
+    full = {"format": CLASSIFIER_FORMAT, "created": time.time(), **meta,
+            "arrays_sha256": arrays_sha256(arrays)}
+    return write_bytes(Path(out_dir) / FILE_NAME, safetensors.numpy.save(
+        arrays, {"classifier": json.dumps(full, default=str)}))
 
 
 def load_classifier(path: str | Path) -> SavedClassifier:
     """Read a classifier written by :func:`save_classifier`.
 
     Args:
-        path: its folder, ``classifier.json`` or ``classifier.npz``.
+        path: its folder or its ``classifier.safetensors``.
     Raises:
-        ClassifierError: a file is missing or unreadable (a FIFO or device, a JSON over
-            :data:`MAX_JSON_BYTES`, an npz member whose header declares more than
-            :data:`MAX_ARRAY_BYTES`: refused before it is read or inflated), the JSON is not a
-            classifier of this format, the npz is not the one the JSON describes (sha256) or
-            its arrays disagree in shape; the message names the file.
+        ClassifierError: the file is missing, not a regular file or over :data:`MAX_BYTES`
+            (refused before it is read), not a safetensors file (truncated, a header that
+            overruns it), not a classifier of this format, its arrays disagree in shape or
+            with their recorded sha256; a
+            classifier of an older hvd_lm; the message names the file.
     """
-    npz, js = _paths(path)
-    for p in (js, npz):
-        if not p.exists():
-            raise ClassifierError(f"{shown(p)}: no such file (a classifier is {JSON_NAME} + "
-                                  f"{NPZ_NAME}, written by hvd-lm transfer)")
-    try:  # within its budget: a 3 GB classifier.json is refused, not read whole
-        meta = read_json(js, MAX_JSON_BYTES, f"a {JSON_NAME} is a few kB")
-        check_regular(npz, f"a {NPZ_NAME} is a file")
+    p = Path(path) / FILE_NAME if Path(path).is_dir() else Path(path)
+    if p.suffix in (".npz", ".json") or (not p.exists() and p.with_suffix(".npz").exists()):
+        raise ClassifierError(f"{shown(p)}: a classifier of an older hvd_lm (classifier.npz + "
+                              f"classifier.json); run hvd-lm transfer again to write {FILE_NAME}")
+    if p.suffix != ".safetensors":
+        raise ClassifierError(f"{shown(p)}: not a classifier (give its folder or {FILE_NAME})")
+    try:  # within its budget, then safetensors checks the header and every array's offsets
+        raw = read_bounded(p, MAX_BYTES, f"a {FILE_NAME} holds four arrays of the LM's width")
+        arrays = {k: v.astype(np.float64) for k, v in safetensors.numpy.load(raw).items()}
+        header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])  # (checked by load)
+        meta = json.loads(header.get("__metadata__", {}).get("classifier", "null"))
+    except FileNotFoundError:
+        raise ClassifierError(f"{shown(p)}: no such file (a classifier is the {FILE_NAME} "
+                              "written by hvd-lm transfer)") from None
     except (OSError, FileRefused) as e:
-        raise ClassifierError(f"unreadable classifier description: {e}") from None
+        raise ClassifierError(f"unreadable classifier: {e}") from None
+    except (SafetensorError, ValueError, RecursionError) as e:
+        raise ClassifierError(f"{shown(p)}: not a classifier file ({shown(str(e))})") from None
     if not isinstance(meta, dict) or meta.get("format") != CLASSIFIER_FORMAT:
-        raise ClassifierError(f"{js}: not a classifier description of format "
-                              f"{CLASSIFIER_FORMAT}")
-    for key in ("npz_sha256", "checkpoint_sha256", "features", "inputs"):
-        if key not in meta:
-            raise ClassifierError(f"{js}: field '{key}' missing")
-    digest = file_sha256(npz)
-    if digest != meta["npz_sha256"]:
-        raise ClassifierError(f"{npz}: sha256 {digest[:12]}... is not the {meta['npz_sha256'][:12]}"
-                              f"... recorded in {js} (the pair was mixed or the npz changed)")
-    try:  # every member's header first: an array inflating 8 MB to 7 GiB is never inflated
-        check_npz(npz, MAX_ARRAY_BYTES, f"a {NPZ_NAME} holds four arrays of the LM's width")
-        with np.load(npz, allow_pickle=False) as z:
-            arrays = {k: np.asarray(z[k], np.float64) for k in ("coef", "intercept", "mean",
-                                                               "scale")}
-    except FileRefused as e:
-        raise ClassifierError(str(e)) from None
-    except (OSError, ValueError, KeyError) as e:
-        raise ClassifierError(f"{npz}: unreadable classifier arrays ({e})") from None
-    H = int(meta["inputs"])
-    if any(arrays[k].shape != (H,) for k in ("coef", "mean", "scale")) \
-            or arrays["intercept"].shape != (1,):
-        raise ClassifierError(f"{npz}: arrays {({k: v.shape for k, v in arrays.items()})} do not "
-                              f"match the {H} inputs of {js}")
+        raise ClassifierError(f"{shown(p)}: not a classifier of format {CLASSIFIER_FORMAT}")
+    for key, kind in (("weights_sha256", str), ("features", dict), ("arrays_sha256", str)):
+        if not isinstance(meta.get(key), kind):
+            raise ClassifierError(f"{shown(p)}: field '{key}' missing or not a {kind.__name__}")
+    H = len(arrays.get("coef", ()))
+    if sorted(arrays) != sorted(ARRAYS) or any(arrays[k].shape != (n,) for k, n in
+                                               zip(ARRAYS, (H, 1, H, H))):
+        raise ClassifierError(f"{shown(p)}: arrays {({k: v.shape for k, v in arrays.items()})}, "
+                              f"not {', '.join(ARRAYS)} of one width")
+    if arrays_sha256(arrays) != meta["arrays_sha256"]:
+        raise ClassifierError(f"{shown(p)}: its arrays' sha256 {arrays_sha256(arrays)[:12]}... is "
+                              f"not the recorded {meta['arrays_sha256'][:12]}... (a damaged "
+                              "file): run hvd-lm transfer again")
     model = LinearClassifier(arrays["coef"], float(arrays["intercept"][0]), arrays["mean"],
                              arrays["scale"])
-    return SavedClassifier(model, meta, js)
+    return SavedClassifier(model, meta, p)
 
 
 def check_checkpoint(saved: SavedClassifier, checkpoint: str | Path, weights: str) -> None:
-    """Refuse a model other than the one the classifier was fit on: by its weights
-    (:func:`hvd_lm.model.load.weights_sha256`, recorded since classifiers hold
-    ``weights_sha256``: a checkpoint and its export are the same weights, so either serves), else
-    (an older classifier) by the checkpoint file's sha256.
+    """Refuse a model other than the one the classifier was fit on, by its weights
+    (:func:`hvd_lm.model.load.weights_sha256`: a checkpoint and its export are the same weights,
+    so either serves).
 
     Args:
         checkpoint: the checkpoint file or exported weights about to featurize texts.
@@ -227,16 +215,9 @@ def check_checkpoint(saved: SavedClassifier, checkpoint: str | Path, weights: st
     Raises:
         ClassifierError: the digest differs (naming both files and both digests' prefixes).
     """
-    if want := saved.meta.get("weights_sha256"):
-        if weights != want:
-            raise ClassifierError(
-                f"{saved.path} was fit on features of the weights of "
-                f"{saved.meta.get('checkpoint')} (weights sha256 {want[:12]}...), not those of "
-                f"{checkpoint} ({weights[:12]}...): refit it with hvd-lm transfer on this model")
-        return
-    digest, want = file_sha256(checkpoint), saved.meta["checkpoint_sha256"]
-    if digest != want:
+    want = saved.meta["weights_sha256"]
+    if weights != want:
         raise ClassifierError(
-            f"{saved.path} was fit on features of checkpoint {saved.meta.get('checkpoint')} "
-            f"(sha256 {want[:12]}...), not {checkpoint} (sha256 {digest[:12]}...): refit it "
-            "with hvd-lm transfer on this checkpoint")
+            f"{saved.path} was fit on features of the weights of "
+            f"{saved.meta.get('checkpoint')} (weights sha256 {want[:12]}...), not those of "
+            f"{checkpoint} ({weights[:12]}...): refit it with hvd-lm transfer on this model")

@@ -23,6 +23,7 @@ import csv
 import gzip
 import io
 import json
+import re
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Iterator
 
 from hvd_lm.formats.tokenizer import replace_surrogates
+from hvd_lm.options import option
 from hvd_lm.util.files import FileRefused, check_regular, open_regular
 
 #: Accepted label spellings (lower-cased, stripped) and the class they map to.
@@ -71,9 +73,14 @@ def normalize_label(value, where: str) -> int:
                        f"0/neg/negative/false -> 0)")
 
 
+#: Bytes that are not UTF-8, as text read with ``errors="surrogateescape"`` holds them.
+_UNDECODED = re.compile("[\udc80-\udcff]")
+
+
 def read_lines(stream, path, max_bytes: int = DEFAULT_MAX_LINE_BYTES,
                flag: str | None = None) -> Iterator[str]:
-    """The lines of a text ``stream`` (line ends kept), each at most ``max_bytes`` UTF-8 bytes
+    """The lines of a text ``stream`` (line ends kept; opened by :func:`_open_text`, which keeps
+    bytes that are not UTF-8 as lone surrogates), each UTF-8 text of at most ``max_bytes`` bytes
     besides its line end; at most ``max_bytes + 1`` characters of a line are ever held.
 
     Args:
@@ -81,45 +88,23 @@ def read_lines(stream, path, max_bytes: int = DEFAULT_MAX_LINE_BYTES,
             the error; None where the command has none.
 
     Raises:
-        DatasetError: a longer line, naming ``path`` and the line number (1-based).
+        DatasetError: a line that is not UTF-8 or longer, naming ``path`` and the line number
+            (1-based).
     """
-    lineno = 0
-    while True:
-        try:
-            line = stream.readline(max_bytes + 1)
-        except UnicodeDecodeError as e:  # decoded a block ahead: find the line it is on
-            at = _first_undecodable_line(path, lineno + 1)
-            raise DatasetError(f"{path}:{at}: not UTF-8 text ({e.reason}); convert it, e.g. "
-                               "with iconv -t utf-8") from None
-        if not line:
-            return
-        lineno += 1
+    for lineno, line in enumerate(iter(lambda: stream.readline(max_bytes + 1), ""), 1):
         body = line.rstrip("\r\n")
+        if _UNDECODED.search(body):  # the bytes again, for the decoder's reason
+            try:
+                body.encode("utf-8", "surrogateescape").decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DatasetError(f"{path}:{lineno}: not UTF-8 text ({e.reason}); convert it, "
+                                   "e.g. with iconv -t utf-8") from None
         if len(body) > max_bytes or (4 * len(body) > max_bytes and len(
                 body.encode("utf-8", "surrogatepass")) > max_bytes):
             raise DatasetError(f"{path}:{lineno}: line longer than {max_bytes:,} bytes"
                                + (f" ({flag} sets the limit)" if flag else "") +
                                "; is this the text you meant to read?")
         yield line
-
-
-def _first_undecodable_line(path, start: int) -> int:
-    """The first line from ``start`` on (1-based) of file ``path`` that is not UTF-8; ``start``
-    itself when it cannot be read again (standard input)."""
-    p = Path(str(path))
-    if not p.is_file():
-        return start
-    n = 1
-    with (gzip.open(p, "rb") if p.suffix == ".gz" else open(p, "rb")) as f:
-        for piece in iter(lambda: f.readline(1 << 20), b""):  # 1 MiB at most held
-            if n >= start:
-                try:
-                    piece.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    if e.reason != "unexpected end of data" or piece.endswith(b"\n"):
-                        return n
-            n += piece.endswith(b"\n")
-    return start
 
 
 def _refusing(opener, path: Path, what: str, *args):
@@ -144,13 +129,10 @@ def _open_text(path: Path, what: str, streams: bool = False) -> Iterator[io.Text
     Raises:
         DatasetError: no such file, or a folder, device, socket (or FIFO) named as what it is.
     """
-    if str(path) == "-":
-        with io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", newline="") as f:
-            yield f
-        return
-    raw = _refusing(open_regular, path, what, streams)
+    raw = sys.stdin.buffer if str(path) == "-" else _refusing(open_regular, path, what, streams)
     with raw, io.TextIOWrapper(gzip.GzipFile(fileobj=raw, mode="rb") if path.suffix == ".gz"
-                               else raw, encoding="utf-8-sig", newline="") as f:
+                               else raw, encoding="utf-8-sig", newline="",
+                               errors="surrogateescape") as f:
         yield f
 
 
@@ -241,6 +223,17 @@ def _records(path: Path, stream, kind: str, text_field: str, label_field: str | 
 
 #: ``--format`` of text inputs (:func:`iter_texts`); ``auto`` goes by the file name.
 TEXT_FORMATS = ("auto", "csv", "tsv", "jsonl", "lines")
+
+
+@dataclass
+class TextOptions:
+    """The settings of the commands that read texts with :func:`iter_texts` (``classify``,
+    ``visualize`` inherit them)."""
+
+    input: str = option("-", "texts: CSV/TSV/JSON lines/plain lines (.gz ok), - = standard input")
+    format: str = option("auto", "input format (auto: by suffix, else plain lines)",
+                         choices=TEXT_FORMATS)
+    text_field: str = option("text", "text column/key of CSV/TSV/JSON-lines input")
 
 
 @dataclass

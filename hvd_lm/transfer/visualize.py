@@ -19,40 +19,28 @@ from dataclasses import dataclass
 from hvd_lm.formats import tokenizer
 from hvd_lm.options import Command, option
 from hvd_lm.transfer import texts as text_input
-from hvd_lm.transfer.features import DEFAULT_MAX_CHARS, encode_texts
-from hvd_lm.transfer.generate import (
-    STATES,
-    open_model,
-    trace_unit,
-)
+from hvd_lm.transfer.features import DEFAULT_MAX_CHARS, ModelOptions, encode_texts
+from hvd_lm.transfer.generate import STATES, open_model, trace_unit
 from hvd_lm.transfer.heatmap import HeatRow, char_values, check_chars, check_suffix, render
 from hvd_lm.transfer.saved import USAGE_ERRORS
 
 
 @dataclass
-class VisualizeConfig:
-    """Settings of ``hvd-lm visualize``."""
+class VisualizeConfig(text_input.TextOptions, ModelOptions):
+    """Settings of ``hvd-lm visualize`` (the shared ones: :class:`ModelOptions`,
+    :class:`~hvd_lm.transfer.texts.TextOptions`)."""
 
-    checkpoint: str = option("", "checkpoint file, run directory (its latest) or exported folder",
-                             positional=True, required=True)
     out: str = option("", "heatmap file: OUT.html (one span per character) or OUT.png",
                       required=True)
-    input: str = option("-", "texts: CSV/TSV/JSON lines/plain lines (.gz ok), - = standard input")
-    format: str = option("auto", "input format (auto: by suffix, else plain lines)",
-                         choices=text_input.TEXT_FORMATS)
-    text_field: str = option("text", "text column/key of CSV/TSV/JSON-lines input")
     neuron: int | None = option(None, "unit to draw (default: the classifier's sentiment unit)",
                                 ge=0)
-    classifier: str = option("", "classifier from hvd-lm transfer (folder or classifier.json)")
+    classifier: str = option("", "classifier from hvd-lm transfer (its folder or file)")
     state: str = option("auto", "state the unit is read from (auto: the one the classifier's "
                         "features come from, h_t for mean/max/hidden, else the cell state)",
                         choices=("auto", *STATES))
     max_texts: int = option(20, "draw at most the first N texts", ge=1)
     max_chars: int | None = option(None, "keep the first N bytes of each text (default: the "
                                    f"classifier's, else {DEFAULT_MAX_CHARS}; 0 = all)", ge=0)
-    device: str = option("auto", "auto, cpu, cuda or cuda:N")
-    threads: int = option(0, "torch CPU threads (0 = the usable cores; a warning when more are "
-                          "asked for)", ge=0)
 
     def check(self) -> None:
         """Cross-field rules."""
@@ -61,8 +49,9 @@ class VisualizeConfig:
         check_suffix(self.out)
 
 
-def visualize(cfg: VisualizeConfig) -> dict:
-    """Draw the heatmap (see the module docstring); returns what was drawn.
+def visualize(cfg: VisualizeConfig) -> int:
+    """``hvd-lm visualize``: draw the heatmap (see the module docstring) and say what was
+    written.
 
     Raises:
         ClassifierError / DatasetError / FileNotFoundError / ValueError: bad classifier, input,
@@ -75,10 +64,9 @@ def visualize(cfg: VisualizeConfig) -> dict:
     stream.records.close()
     if not first:
         raise text_input.DatasetError(f"{stream.name}: no texts")
-    normalize = bool(saved.features["normalize"]) if saved else False
-    max_chars = cfg.max_chars if cfg.max_chars is not None else (
-        saved.features["max_chars"] if saved else DEFAULT_MAX_CHARS)
-    seqs = encode_texts([text for _, text, _ in first], max_chars, normalize)
+    feat = saved.features if saved else {"max_chars": DEFAULT_MAX_CHARS, "normalize": False}
+    max_chars = feat["max_chars"] if cfg.max_chars is None else cfg.max_chars
+    seqs = encode_texts([text for _, text, _ in first], max_chars, bool(feat["normalize"]))
     # before one model step per byte: the heatmap's size bound (HTML as PNG), the flags named
     check_chars(cfg.out, sum(len(tokenizer.decode(s)) for s in seqs),
                 f"lower --max-chars ({max_chars:,}{': all' if max_chars == 0 else ''}) or "
@@ -90,20 +78,13 @@ def visualize(cfg: VisualizeConfig) -> dict:
         f"; classifier weight {'< 0: colours flipped' if polarity < 0 else '> 0'}"
     render(rows, cfg.out, f"unit {neuron} ({state}) of {path.name} after each character"
            f"{orient}", polarity)
-    return {"neuron": neuron, "polarity": polarity, "texts": len(rows), "out": cfg.out,
-            "chars": sum(len(r.chars) for r in rows)}
-
-
-def visualize_command(cfg: VisualizeConfig) -> int:
-    """``hvd-lm visualize``: draw and say what was written."""
-    r = visualize(cfg)
-    print(f"wrote {r['out']}: unit {r['neuron']} over {r['texts']} text(s), {r['chars']:,} "
-          "characters", file=sys.stderr)
+    print(f"wrote {cfg.out}: unit {neuron} over {len(rows)} text(s), "
+          f"{sum(len(r.chars) for r in rows):,} characters", file=sys.stderr)
     return 0
 
 
 VISUALIZE = Command(
-    VisualizeConfig, visualize_command,
+    VisualizeConfig, visualize,
     usage_errors=USAGE_ERRORS,
     description="Per-character heatmap (HTML or PNG) of one LM unit over given texts: by "
     "default the sentiment unit of a classifier saved by hvd-lm transfer "

@@ -15,10 +15,9 @@ within a size budget (:func:`read_bounded`, :func:`read_json`: the budgets are t
 constants, listed in docs/reliability.md; a regular file over it is refused from its size,
 before a byte is read); a file that may be large is streamed (:func:`iter_lines`: 1 MiB reads, a
 line over its cap skipped, never held) or read in a window at its end or start
-(:func:`tail_lines`, :func:`head_lines`); a ``.npy`` array, alone (:func:`load_npy`) or inside
-an ``.npz`` (:func:`check_npz`), is read only after its header's shape and dtype give a size
-within the budget and within what the file holds, so an array is never inflated or allocated
-before it is known to fit.
+(:func:`tail_lines`, :func:`head_lines`); a ``.npy`` array (:func:`load_npy`) is read only
+after its header's shape and dtype give a size within the budget and within what the file
+holds, so an array is never allocated before it is known to fit.
 
 **Writing.** An output file given by a flag is checked before any work (:func:`check_output`):
 not a folder, not a FIFO or device, not one of the files the command reads (compared by device
@@ -40,7 +39,6 @@ import math
 import os
 import re
 import stat
-import zipfile
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
@@ -94,13 +92,15 @@ def _anonymous_pipe(path: Path) -> bool:
     return False
 
 
-def check_regular(path: str | Path, what: str = "", streams: bool = False) -> os.stat_result:
+def check_regular(path: str | Path, what: str = "", streams: bool = False,
+                  folder: bool = False) -> os.stat_result:
     """Stat ``path`` (following links) and refuse what is not a regular file, without opening it.
 
     Args:
         what: how the refusal ends (e.g. ``"a config is a YAML file"``).
         streams: accept a FIFO too (a command that reads a stream by design); an anonymous pipe
             (``/dev/fd/N`` of ``<(cmd)``) is always accepted.
+        folder: refuse what is not a folder instead (:func:`check_folder`).
 
     Raises:
         FileNotFoundError: no such file (naming it). FileRefused: a folder, FIFO, device or
@@ -109,21 +109,25 @@ def check_regular(path: str | Path, what: str = "", streams: bool = False) -> os
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise FileNotFoundError(errno.ENOENT, f"{shown(path)}: no such file") from None
-    return _regular(path, st, what, streams)
+        kind = "folder" if folder else "file"
+        raise FileNotFoundError(errno.ENOENT, f"{shown(path)}: no such {kind}") from None
+    return _regular(path, st, what, streams, folder)
 
 
-def _regular(path: str | Path, st: os.stat_result, what: str, streams: bool) -> os.stat_result:
-    """``st`` when it is a regular file's (or a stream's, see :func:`check_regular`).
+def _regular(path: str | Path, st: os.stat_result, what: str, streams: bool,
+             folder: bool = False) -> os.stat_result:
+    """``st`` when it is a regular file's (or a stream's, or a folder's: see
+    :func:`check_regular`).
 
     Raises:
         FileRefused: naming the file and what it is.
     """
-    if stat.S_ISREG(st.st_mode) or (stat.S_ISFIFO(st.st_mode)
-                                    and (streams or _anonymous_pipe(Path(path)))):
+    mode = st.st_mode
+    if stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode) or (
+            stat.S_ISFIFO(mode) and (streams or _anonymous_pipe(Path(path)))):
         return st
-    raise FileRefused(f"{shown(path)}: {kind_of(st.st_mode)}, not a regular file"
-                      + (f"; {what}" if what else ""))
+    raise FileRefused(f"{shown(path)}: {kind_of(mode)}, not a "
+                      f"{'folder' if folder else 'regular file'}" + (f"; {what}" if what else ""))
 
 
 def check_folder(path: str | Path, what: str = "") -> os.stat_result:
@@ -133,14 +137,7 @@ def check_folder(path: str | Path, what: str = "") -> os.stat_result:
         FileNotFoundError: no such folder (naming it). FileRefused: a file, FIFO, device or
             socket, naming what it is.
     """
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(errno.ENOENT, f"{shown(path)}: no such folder") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise FileRefused(f"{shown(path)}: {kind_of(st.st_mode)}, not a folder"
-                          + (f"; {what}" if what else ""))
-    return st
+    return check_regular(path, what, folder=True)
 
 
 def open_regular(path: str | Path, what: str = "", streams: bool = False) -> IO[bytes]:
@@ -200,24 +197,17 @@ def iter_lines(path: str | Path, limit: int, what: str, line_limit: int = 1 << 2
     """
     with open_regular(path, what) as f:
         _within(path, os.fstat(f.fileno()).st_size, limit, what)
-        number, pending, overlong, total = 1, bytearray(), False, 0
-        while block := f.read(chunk):
-            total += len(block)
+        number = total = 0
+        while line := f.readline(line_limit + 1):
+            number += 1
+            total += len(line)
+            overlong = len(line) > line_limit and not line.endswith(b"\n")
+            while overlong and line and not line.endswith(b"\n"):  # its rest read past
+                _within(path, total, limit, what)
+                line = f.readline(chunk)
+                total += len(line)
             _within(path, total, limit, what)
-            start = 0
-            while (end := block.find(b"\n", start)) >= 0:
-                overlong = overlong or len(pending) + end - start > line_limit
-                yield number, None if overlong else bytes(pending + block[start:end])
-                pending.clear()
-                number, overlong, start = number + 1, False, end + 1
-            if not overlong:
-                overlong = len(pending) + len(block) - start > line_limit
-                if overlong:
-                    pending.clear()
-                else:
-                    pending += block[start:]
-        if pending or overlong:
-            yield number, None if overlong else bytes(pending)
+            yield number, None if overlong else line.removesuffix(b"\n")
 
 
 def _window(path: str | Path, limit: int, what: str, tail: bool) -> list[bytes]:
@@ -289,8 +279,7 @@ def _npy_header(fp: IO[bytes], where: str) -> tuple[tuple[int, ...], Any, int]:
     fmt = np.lib.format
     try:
         version = fmt.read_magic(fp)
-        reader = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}.get(
-            version)
+        reader = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}.get(version)
         if reader is None:
             raise ValueError(f"format version {version}")
         shape, _, dtype = reader(fp, max_header_size=10_000)
@@ -301,16 +290,6 @@ def _npy_header(fp: IO[bytes], where: str) -> tuple[tuple[int, ...], Any, int]:
     if any(type(n) is not int or n < 0 for n in shape):
         raise FileRefused(f"{where}: shape {shown(shape)} is not a shape")
     return tuple(shape), dtype, math.prod(shape) * dtype.itemsize
-
-
-def _too_big(where: str, shape, dtype, nbytes: int, budget: int, holds: int | None) -> None:
-    desc = f"its header declares {shown(list(shape), 80)} {dtype} ({nbytes:,} bytes)"
-    if nbytes > budget:
-        raise FileRefused(f"{where}: {desc}, more than the {budget:,} bytes such an array may "
-                          "take")
-    if holds is not None and nbytes > holds:
-        raise FileRefused(f"{where}: {desc}, but holds {holds:,} bytes of data (truncated or "
-                          "not written by numpy)")
 
 
 def load_npy(path: str | Path, budget: int, what: str = "") -> "np.ndarray":  # noqa: F821
@@ -331,43 +310,18 @@ def load_npy(path: str | Path, budget: int, what: str = "") -> "np.ndarray":  # 
         f.seek(0)
         shape, dtype, nbytes = _npy_header(f, where)
         holds = os.fstat(f.fileno()).st_size - f.tell()
-        _too_big(where, shape, dtype, nbytes, budget, holds)
+        desc = f"its header declares {shown(list(shape), 80)} {dtype} ({nbytes:,} bytes)"
+        if nbytes > budget:
+            raise FileRefused(f"{where}: {desc}, more than the {budget:,} bytes such an array "
+                              "may take")
+        if nbytes > holds:
+            raise FileRefused(f"{where}: {desc}, but holds {holds:,} bytes of data (truncated "
+                              "or not written by numpy)")
         f.seek(0)
         try:
             return np.load(f, allow_pickle=False)
         except (ValueError, OSError, EOFError) as e:
             raise FileRefused(f"{where}: unreadable .npy array ({shown(str(e), 120)})") from None
-
-
-def check_npz(path: str | Path, budget: int, what: str = "") -> dict[str, tuple]:
-    """Check every member of an ``.npz`` (a zip of ``.npy`` files) before ``np.load`` inflates
-    any: a regular file, a zip, each member a ``.npy`` whose header (read from the first bytes
-    of the member: at most a few kB inflated) declares at most ``budget`` bytes of data and no
-    more than the member's recorded size (a member inflating 8 MB to 7.45 GiB is refused from
-    its header).
-
-    Returns:
-        member name without ``.npy`` -> (shape, dtype).
-    Raises:
-        FileNotFoundError / FileRefused: naming the file and the member.
-    """
-    check_regular(path, what)
-    out = {}
-    try:
-        with zipfile.ZipFile(path) as zf:
-            for info in zf.infolist():
-                where = f"{shown(path)}: member {shown(info.filename, 80)}"
-                if not info.filename.endswith(".npy"):
-                    raise FileRefused(f"{where} is not a .npy array")
-                with zf.open(info) as member:
-                    shape, dtype, nbytes = _npy_header(member, where)
-                    holds = info.file_size - member.tell()
-                _too_big(where, shape, dtype, nbytes, budget, holds)
-                out[info.filename[:-4]] = (shape, dtype)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as e:
-        raise FileRefused(f"{shown(path)}: not a readable .npz archive "
-                          f"({shown(str(e), 120)})") from None
-    return out
 
 
 # ---- writing ----------------------------------------------------------------------------------

@@ -87,8 +87,7 @@ def _holder(info: dict) -> str:
     words = info.get("command")
     cmd = shown(" ".join(map(str, words)) if isinstance(words, list) else "", 120)
     return (f"pid {shown(info.get('pid', '?'), 20)} on host {shown(info.get('host', '?'), 80)} "
-            f"since {when}"
-            + (f" ({cmd})" if cmd else ""))
+            f"since {when}" + (f" ({cmd})" if cmd else ""))
 
 
 def pid_alive(pid: int) -> bool:
@@ -127,9 +126,8 @@ class FolderLock:
                 os.close(self._fd)
                 self._fd = None
                 raise FolderBusyError(
-                    f"{shown(self.folder)}: this {what} is in use by another job "
-                    f"({_holder(info)}); "
-                    "wait for it to finish, stop it, or use another folder") from None
+                    f"{shown(self.folder)}: this {what} is in use by another job ({_holder(info)});"
+                    " wait for it to finish, stop it, or use another folder") from None
             # A releasing holder may have unlinked the file between our open and flock: then
             # we hold a lock on a file nobody else can see, so start again on the new one.
             same = False
@@ -139,11 +137,10 @@ class FolderLock:
                 break
             os.close(self._fd)
         previous = self._read()
-        if previous.get("host") == socket.gethostname() \
-                and isinstance(previous.get("pid"), int) \
-                and not pid_alive(previous["pid"]):
-            print(f"warning: {shown(self.folder)}: taking over the lock of "
-                  f"{_holder(previous)}, "
+        pid = previous.get("pid")
+        if previous.get("host") == socket.gethostname() and isinstance(pid, int) \
+                and not pid_alive(pid):
+            print(f"warning: {shown(self.folder)}: taking over the lock of {_holder(previous)}, "
                   "which is gone", file=sys.stderr)
         record = {"host": socket.gethostname(), "pid": os.getpid(), "start": time.time(),
                   "command": list(sys.argv)}

@@ -18,17 +18,15 @@ and on a CUDA 13 / g++ 13 / CMake 4 H100 node, see ``../shared/README.md``):
 * NCCL for the GPU allreduce: a system install (``HOROVOD_NCCL_HOME``, ``/usr``, CUDA's folder) or
   the ``nvidia-nccl-cu*`` wheel beside a pip-installed CUDA torch, which ships only
   ``libnccl.so.2``; Horovod's FindNCCL wants ``libnccl.so``, so a private folder with that link is
-  made (:func:`nccl_env`), never touching site-packages.
+  made (:func:`nccl_link_dir`), never touching site-packages.
 * ``HOROVOD_BUILD_CUDA_CC_LIST`` from ``TORCH_CUDA_ARCH_LIST`` or the local GPU (else nvcc builds
   every architecture it knows, several times slower).
 
-``python -m hvd_lm.install.horovod_build env`` prints the ``export`` lines (and the wheel-cache
-key);
-``python -m hvd_lm.install.horovod_build patch SRC`` patches an unpacked sdist. Both take their
-facts from :func:`probe` so tests can give fabricated ones.
+``python scripts/horovod_build.py env [WORK]`` prints the ``export`` lines (and the wheel-cache
+key); ``python scripts/horovod_build.py patch SRC`` patches an unpacked sdist. Both take their
+facts from :func:`probe` so tests can give fabricated ones. This script stands beside the
+installed package (only the build uses it) and imports nothing of it.
 """
-
-from __future__ import annotations
 
 import contextlib
 import glob
@@ -43,6 +41,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HOROVOD_VERSION = "0.28.1"
+#: The headers g++ >= 13 no longer includes transitively, forced into every C++ translation unit
+#: (``-include``), as the build that worked on the H100 (g++ 13.3) did: the header patches below
+#: cover the two files known to stop, these any other.
+GXX13_INCLUDES = ("cstdint", "string", "stdexcept")
+#: The includes each header gets (upstream PR #3957), after its include guard / pragma once.
+_HEADER_INCLUDES = {
+    "horovod/common/group_table.h": ("#include <string>", "#include <cstdint>"),
+    "horovod/common/common.h": ("#include <stdexcept>", "#include <cstdint>", "#include <string>"),
+}
 
 
 class BuildError(RuntimeError):
@@ -57,7 +64,7 @@ class Facts:
         torch_version / torch_cuda: ``torch.__version__`` and ``torch.version.cuda`` (None: CPU).
         capabilities: compute capabilities of the visible GPUs, e.g. ``[(9, 0)]``.
         torch_cuda_arch_list: ``$TORCH_CUDA_ARCH_LIST`` ('' when unset), e.g. ``"8.0 9.0+PTX"``.
-        gxx_major / cmake_major: compiler and CMake major versions (0: not found).
+        cmake_major: CMake's major version (0: not found).
         nvcc: path of nvcc ('' when not found; CUDA builds need it).
         nccl_home: ``$HOROVOD_NCCL_HOME`` (or ``$NCCL_HOME``) when set.
         site_packages: folders searched for the ``nvidia/nccl`` wheel.
@@ -71,7 +78,6 @@ class Facts:
     torch_cuda: str | None = None
     capabilities: list[tuple[int, int]] = field(default_factory=list)
     torch_cuda_arch_list: str = ""
-    gxx_major: int = 0
     cmake_major: int = 0
     nvcc: str = ""
     nccl_home: str = ""
@@ -84,37 +90,30 @@ class Facts:
     cxxflags: str = ""
 
 
-def _major(cmd: list[str], pattern: str) -> int:
+def _first_match(cmd: list[str], pattern: str) -> str:
+    """The first group of ``pattern`` (multi-line) in ``cmd``'s output, '' when none/no cmd."""
     out = ""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
-    m = re.search(pattern, out)
-    return int(m.group(1)) if m else 0
+    m = re.search(pattern, out, re.M)
+    return m.group(1) if m else ""
 
 
 def probe() -> Facts:
     """The :class:`Facts` of this machine (imports torch; runs g++, cmake, mpirun)."""
     import torch  # the interpreter the build is for: a CPU or CUDA torch
 
-    caps = []
-    if torch.version.cuda and torch.cuda.is_available():
-        caps = sorted({torch.cuda.get_device_capability(i)
-                       for i in range(torch.cuda.device_count())})
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-    nvcc = shutil.which("nvcc") or (f"{cuda_home}/bin/nvcc"
-                                    if os.path.exists(f"{cuda_home}/bin/nvcc") else "")
-    mpi = ""
-    with contextlib.suppress(OSError, subprocess.SubprocessError, IndexError):
-        mpi = subprocess.run(["mpirun", "--version"], capture_output=True, text=True,
-                             timeout=30).stdout.splitlines()[0]
     return Facts(
-        torch_version=torch.__version__, torch_cuda=torch.version.cuda, capabilities=caps,
+        torch_version=torch.__version__, torch_cuda=torch.version.cuda,
+        capabilities=sorted({torch.cuda.get_device_capability(i)
+                             for i in range(torch.cuda.device_count())}),  # 0 on a CPU torch
         torch_cuda_arch_list=os.environ.get("TORCH_CUDA_ARCH_LIST", ""),
-        gxx_major=_major([os.environ.get("CXX", "g++"), "-dumpversion"], r"^(\d+)"),
-        cmake_major=_major(["cmake", "--version"], r"version (\d+)"),
-        nvcc=nvcc, nccl_home=os.environ.get("HOROVOD_NCCL_HOME", os.environ.get("NCCL_HOME", "")),
+        cmake_major=int(_first_match(["cmake", "--version"], r"version (\d+)") or 0),
+        nvcc=shutil.which("nvcc") or shutil.which("nvcc", path=f"{cuda_home}/bin") or "",
+        nccl_home=os.environ.get("HOROVOD_NCCL_HOME", os.environ.get("NCCL_HOME", "")),
         site_packages=package_dirs(torch.__file__, sys.path),
-        mpi_version=mpi,
+        mpi_version=_first_match(["mpirun", "--version"], r"\A(.*)$"),
         python_tag=f"py{sys.version_info[0]}{sys.version_info[1]}",
         cxxflags=os.environ.get("CXXFLAGS", ""))
 
@@ -126,7 +125,7 @@ def package_dirs(torch_file: str, path: list[str]) -> list[str]:
     and Ubuntu's system Pythons install into ``dist-packages``), without duplicates."""
     names = ("site-packages", "dist-packages")
     return list(dict.fromkeys([str(Path(torch_file).resolve().parent.parent),
-                               sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+                               sysconfig.get_path("purelib"), sysconfig.get_path("platlib"),
                                *[p for p in path if Path(p).name in names]]))
 
 
@@ -139,16 +138,14 @@ def cuda_cc_list(f: Facts) -> str:
     Raises:
         BuildError: an unreadable ``TORCH_CUDA_ARCH_LIST``.
     """
-    if f.torch_cuda_arch_list.strip():
-        out = []
-        for item in re.split(r"[;,\s]+", f.torch_cuda_arch_list.strip()):
-            m = re.fullmatch(r"(\d+)\.(\d+)[af]?(\+PTX)?", item)
-            if not m:
-                raise BuildError(f"TORCH_CUDA_ARCH_LIST={f.torch_cuda_arch_list!r}: expected "
-                                 "items like 8.0, 9.0, 9.0a or 9.0+PTX")
-            out.append(f"{m.group(1)}{m.group(2)}")
-        return ",".join(dict.fromkeys(out))
-    return ",".join(f"{a}{b}" for a, b in f.capabilities)
+    items = re.split(r"[;,\s]+", f.torch_cuda_arch_list.strip())
+    if items == [""]:
+        return ",".join(f"{a}{b}" for a, b in f.capabilities)
+    matches = [re.fullmatch(r"(\d+)\.(\d+)[af]?(\+PTX)?", item) for item in items]
+    if not all(matches):
+        raise BuildError(f"TORCH_CUDA_ARCH_LIST={f.torch_cuda_arch_list!r}: expected "
+                         "items like 8.0, 9.0, 9.0a or 9.0+PTX")
+    return ",".join(dict.fromkeys(m.group(1) + m.group(2) for m in matches))
 
 
 def find_nccl(f: Facts) -> tuple[str, str, str]:
@@ -159,37 +156,23 @@ def find_nccl(f: Facts) -> tuple[str, str, str]:
         BuildError: none found (says what to install or set).
     """
     if f.nccl_home:
-        inc, lib = Path(f.nccl_home) / "include", Path(f.nccl_home) / "lib"
-        if not (inc / "nccl.h").exists():
+        if not os.path.exists(f"{f.nccl_home}/include/nccl.h"):
             raise BuildError(f"HOROVOD_NCCL_HOME={f.nccl_home}: no include/nccl.h there")
-        return str(inc), str(lib), "HOROVOD_NCCL_HOME"
+        return f"{f.nccl_home}/include", f"{f.nccl_home}/lib", "HOROVOD_NCCL_HOME"
     for sp in dict.fromkeys(f.site_packages):
-        wheel = Path(sp) / "nvidia" / "nccl"
-        if (wheel / "include" / "nccl.h").exists() and \
-                glob.glob(str(wheel / "lib" / "libnccl.so*")):
-            return str(wheel / "include"), str(wheel / "lib"), f"the nvidia-nccl wheel in {sp}"
+        wheel = f"{sp}/nvidia/nccl"
+        if os.path.exists(f"{wheel}/include/nccl.h") and glob.glob(f"{wheel}/lib/libnccl.so*"):
+            return f"{wheel}/include", f"{wheel}/lib", f"the nvidia-nccl wheel in {sp}"
     for d in f.system_nccl_dirs:
-        if glob.glob(f"{d}/libnccl.so*"):
-            inc = next((i for i in ("/usr/include", "/usr/local/cuda/include",
-                                    str(Path(d).parent / "include"))
-                        if os.path.exists(f"{i}/nccl.h")), "")
-            if inc:
-                return inc, d, f"the system install in {d}"
+        incs = ("/usr/include", "/usr/local/cuda/include", str(Path(d).parent / "include"))
+        inc = next((i for i in incs if os.path.exists(f"{i}/nccl.h")), "")
+        if inc and glob.glob(f"{d}/libnccl.so*"):
+            return inc, d, f"the system install in {d}"
     raise BuildError(
         "CUDA torch found but no NCCL for Horovod's GPU allreduce: install the NCCL wheel that "
-        f"matches torch's CUDA {f.torch_cuda} (pip install "
-        f"nvidia-nccl-cu{(f.torch_cuda or '12').split('.')[0]}), "
-        "or the system packages (libnccl2 libnccl-dev), or set HOROVOD_NCCL_HOME to a folder with "
-        "include/nccl.h and lib/libnccl.so*")
-
-
-def nccl_version(include_dir: str) -> str:
-    """``"2.28.3"`` from ``nccl.h``'s NCCL_MAJOR/MINOR/PATCH, '' when unreadable."""
-    text = ""
-    with contextlib.suppress(OSError):
-        text = (Path(include_dir) / "nccl.h").read_text(errors="replace")
-    parts = [re.search(rf"#define NCCL_{k}\s+(\d+)", text) for k in ("MAJOR", "MINOR", "PATCH")]
-    return ".".join(m.group(1) for m in parts) if all(parts) else ""
+        f"matches torch's CUDA {f.torch_cuda} (pip install nvidia-nccl-cu"
+        f"{(f.torch_cuda or '12').split('.')[0]}), or the system packages (libnccl2 libnccl-dev), "
+        "or set HOROVOD_NCCL_HOME to a folder with include/nccl.h and lib/libnccl.so*")
 
 
 def nccl_link_dir(lib_dir: str, work: Path) -> str:
@@ -203,68 +186,48 @@ def nccl_link_dir(lib_dir: str, work: Path) -> str:
         raise BuildError(f"{lib_dir}: no libnccl.so*")
     work.mkdir(parents=True, exist_ok=True)
     for name in ("libnccl.so", "libnccl.so.2"):
-        link = work / name
-        link.unlink(missing_ok=True)
-        link.symlink_to(target[0])
+        (work / name).unlink(missing_ok=True)
+        (work / name).symlink_to(target[0])
     return str(work)
 
 
 def build_env(f: Facts, work: Path) -> dict[str, str]:
     """The environment of the Horovod build for ``f`` (``work``: a scratch folder for the NCCL
     link), plus ``HVD_LM_CACHE_KEY`` (Horovod, torch, CUDA, NCCL, Python and MPI versions).
+    ``CXXFLAGS`` is the caller's followed by ``-include H`` for each header of
+    :data:`GXX13_INCLUDES` it does not force already.
 
     Raises:
         BuildError: a CUDA torch without nvcc or NCCL (naming what to install).
     """
+    forced = re.findall(r"(?<!\S)-include\s+(\S+)", f.cxxflags)
+    extra = " ".join(f"-include {h}" for h in GXX13_INCLUDES if h not in forced)
     env = {"HOROVOD_WITH_PYTORCH": "1", "HOROVOD_WITH_MPI": "1", "HOROVOD_WITH_GLOO": "1",
            "HOROVOD_WITHOUT_TENSORFLOW": "1", "HOROVOD_WITHOUT_MXNET": "1",
-           "CXXFLAGS": cxxflags(f.cxxflags)}
+           "CXXFLAGS": f"{f.cxxflags.strip()} {extra}".strip()}
     if f.cmake_major >= 4:
         env["CMAKE_POLICY_VERSION_MINIMUM"] = "3.5"
-    nccl = ""
+    gpu = ""  # CPU keys as before: old caches still hit
     if f.torch_cuda:
         if not f.nvcc:
-            raise BuildError(f"torch is a CUDA {f.torch_cuda} build but nvcc was not found: "
-                             "install the CUDA toolkit (or put its bin/ on PATH, or set "
-                             "CUDA_HOME), or use a CPU torch")
+            raise BuildError(
+                f"torch is a CUDA {f.torch_cuda} build but nvcc was not found: install the CUDA "
+                "toolkit (or put its bin/ on PATH, or set CUDA_HOME), or use a CPU torch")
         inc, lib, _ = find_nccl(f)
         env.update(HOROVOD_GPU_OPERATIONS="NCCL", HOROVOD_NCCL_INCLUDE=inc,
                    HOROVOD_NCCL_LIB=nccl_link_dir(lib, work / "nccl-lib"),
                    HOROVOD_NCCL_LINK="SHARED", HOROVOD_CUDA_HOME=str(Path(f.nvcc).parents[1]))
-        cc = cuda_cc_list(f)
-        if cc:
+        if cc := cuda_cc_list(f):
             env["HOROVOD_BUILD_CUDA_CC_LIST"] = cc
-        nccl = nccl_version(inc) or "unknown"
+        # nccl.h's NCCL_MAJOR/MINOR/PATCH, e.g. 2.28.3
+        text = (Path(inc) / "nccl.h").read_text(errors="replace")
+        parts = [re.search(rf"#define NCCL_{k}\s+(\d+)", text) for k in ("MAJOR", "MINOR", "PATCH")]
+        gpu = "_nccl-" + (".".join(m.group(1) for m in parts) if all(parts) else "unknown")
     mpi = re.sub(r"[^A-Za-z0-9.]+", "-", f.mpi_version).strip("-") or "nompi"
-    gpu = f"_nccl-{nccl}" if f.torch_cuda else ""  # CPU keys as before: old caches still hit
     torch_tag = f.torch_version.replace("+", "-")
     env["HVD_LM_CACHE_KEY"] = (f"horovod-{HOROVOD_VERSION}_torch-{torch_tag}"
                                f"_cuda-{f.torch_cuda or 'cpu'}{gpu}_{f.python_tag}_{mpi}")
     return env
-
-
-#: The headers g++ >= 13 no longer includes transitively, forced into every C++ translation unit
-#: (``-include``), as the build that worked on the H100 (g++ 13.3) did: the header patches below
-#: cover the two files known to stop, these any other.
-GXX13_INCLUDES = ("cstdint", "string", "stdexcept")
-
-
-def cxxflags(given: str = "") -> str:
-    """``given`` (the caller's ``CXXFLAGS``) followed by ``-include H`` for each header of
-    :data:`GXX13_INCLUDES` it does not force already."""
-    have = given.split()
-    extra = [f"-include {h}" for h in GXX13_INCLUDES
-             if not any(a == "-include" and b == h for a, b in zip(have, have[1:]))]
-    return " ".join([given.strip(), *extra]).strip()
-
-
-#: (file, pattern that must already be there after patching, replacement or insertion).
-_CXX17 = ("set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)")
-_HEADER_INCLUDES = {
-    # upstream PR #3957: the includes g++ 13 no longer brings in transitively
-    "horovod/common/group_table.h": ("#include <string>", "#include <cstdint>"),
-    "horovod/common/common.h": ("#include <stdexcept>", "#include <cstdint>", "#include <string>"),
-}
 
 
 def patch_sources(src: str | Path) -> list[str]:
@@ -275,64 +238,54 @@ def patch_sources(src: str | Path) -> list[str]:
         BuildError: a file to patch is missing or the patch did not take (another Horovod
             version?).
     """
-    src = Path(src)
-    done = []
-    def source(rel: str) -> tuple[Path, str]:
-        p = src / rel
-        if not p.exists():
-            raise BuildError(f"{p}: missing (not a Horovod {HOROVOD_VERSION} source tree?)")
-        return p, p.read_text()
-
+    src, done = Path(src), []
+    for rel in ("CMakeLists.txt", "horovod/torch/CMakeLists.txt", *_HEADER_INCLUDES):
+        if not (src / rel).exists():
+            raise BuildError(f"{src / rel}: missing (not a Horovod {HOROVOD_VERSION} source tree?)")
     for rel in ("CMakeLists.txt", "horovod/torch/CMakeLists.txt"):
-        p, text = source(rel)
-        if _CXX17[0] in text:
-            p.write_text(text.replace(*_CXX17))
+        text = (src / rel).read_text()
+        if "set(CMAKE_CXX_STANDARD 14)" in text:
+            text = text.replace("set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)")
+            (src / rel).write_text(text)
             done.append(f"{rel}: C++14 -> C++17 (PR #3998)")
-        if _CXX17[1] not in p.read_text():
-            raise BuildError(f"{p}: the C++17 patch did not apply")
+        if "set(CMAKE_CXX_STANDARD 17)" not in text:
+            raise BuildError(f"{src / rel}: the C++17 patch did not apply")
     cuda = src / "horovod/common/ops/cuda/CMakeLists.txt"
-    if cuda.exists():
-        text = cuda.read_text()
-        if "CMAKE_CUDA_STANDARD" not in text:
-            patched = "set(CMAKE_CUDA_STANDARD 17)\nset(CMAKE_CUDA_STANDARD_REQUIRED ON)\n" + text
-        else:
-            patched = re.sub(r"(CMAKE_CUDA_STANDARD\s+)1[14]\b", r"\g<1>17", text)
-        if patched != text:
-            cuda.write_text(patched)
-            done.append("horovod/common/ops/cuda/CMakeLists.txt: CMAKE_CUDA_STANDARD 17")
+    text = cuda.read_text() if cuda.exists() else "CMAKE_CUDA_STANDARD 17"  # none: no patch
+    patched = re.sub(r"(CMAKE_CUDA_STANDARD\s+)1[14]\b", r"\g<1>17", text)
+    if "CMAKE_CUDA_STANDARD" not in text:
+        patched = "set(CMAKE_CUDA_STANDARD 17)\nset(CMAKE_CUDA_STANDARD_REQUIRED ON)\n" + text
+    if patched != text:
+        cuda.write_text(patched)
+        done.append("horovod/common/ops/cuda/CMakeLists.txt: CMAKE_CUDA_STANDARD 17")
     for rel, includes in _HEADER_INCLUDES.items():
-        p, text = source(rel)
-        missing = [i for i in includes if i not in text]
-        if missing:
-            # after the include guard / pragma once, before everything else
+        text = (src / rel).read_text()
+        if missing := [i for i in includes if i not in text]:
             m = re.search(r"^(#pragma once|#define [A-Z0-9_]+_H\w*)\s*$", text, re.M)
             at = m.end() + 1 if m else 0
-            text = text[:at] + "\n".join(missing) + "\n" + text[at:]
-            p.write_text(text)
+            (src / rel).write_text(text[:at] + "\n".join(missing) + "\n" + text[at:])
             done.append(f"{rel}: + {' '.join(missing)} (g++ >= 13, PR #3957)")
     return done
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m hvd_lm.install.horovod_build env [WORK]`` (print ``export`` lines) or
+    """``python scripts/horovod_build.py env [WORK]`` (print ``export`` lines) or
     ``patch SRC``."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["env"] and (argv[:1] != ["patch"] or len(argv) != 2):
+        print("usage: scripts/horovod_build.py env [WORKDIR] | patch SRCDIR", file=sys.stderr)
+        return 2
     try:
-        if argv[:1] == ["env"]:
+        if argv[0] == "env":
             work = Path(argv[1] if len(argv) > 1 else os.environ.get("TMPDIR", "/tmp"))
-            for k, v in build_env(probe(), work).items():
-                print(f"export {k}={shlex.quote(v)}")
-            return 0
-        if argv[:1] == ["patch"] and len(argv) == 2:
-            for line in patch_sources(argv[1]):
-                print(f"[horovod] patched {line}")
-            return 0
+            out = [f"export {k}={shlex.quote(v)}" for k, v in build_env(probe(), work).items()]
+        else:
+            out = [f"[horovod] patched {line}" for line in patch_sources(argv[1])]
     except BuildError as e:
         print(f"[horovod] ERROR: {e}", file=sys.stderr)
         return 1
-    print("usage: python -m hvd_lm.install.horovod_build env [WORKDIR] | patch SRCDIR",
-          file=sys.stderr)
-    return 2
+    sys.stdout.writelines(f"{line}\n" for line in out)
+    return 0
 
 
 if __name__ == "__main__":
