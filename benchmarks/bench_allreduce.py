@@ -70,7 +70,7 @@ from hvd_lm import options
 from hvd_lm.comm.engine import HOROVOD_DEFAULT_CYCLE_MS, HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.comm.hosts import parse_hosts
 from hvd_lm.comm.onebit_compression import DEFAULT_CHUNK
-from hvd_lm.comm.world import horovodrun_argv, local_mpi_env, mpirun_argv
+from hvd_lm.jobs.job_scripts import horovodrun_argv, local_mpi_env, mpirun_argv
 from hvd_lm.options import Command, option
 from hvd_lm.util.units import MIB
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.harness import run_records, save_json
-from hvd_lm.comm.world import local_mpi_env
+from hvd_lm.jobs.job_scripts import local_mpi_env
 from hvd_lm.options import Command, option
 
 

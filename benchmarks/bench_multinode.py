@@ -64,7 +64,7 @@ from benchmarks.scaling_report import read_run
 from hvd_lm import options
 from hvd_lm.comm.engine import HOROVOD_DEFAULT_FUSION_BYTES
 from hvd_lm.comm.hosts import parse_hosts
-from hvd_lm.comm.world import horovodrun_argv, local_mpi_env
+from hvd_lm.jobs.job_scripts import horovodrun_argv, local_mpi_env
 from hvd_lm.model.lm import mlstm_parameters
 from hvd_lm.options import Command, option
 

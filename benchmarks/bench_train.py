@@ -47,8 +47,8 @@ from benchmarks.baselines import TorchGlooComm, ddp
 from benchmarks.harness import print_table, random_batches, run_child, save_json
 from hvd_lm import options
 from hvd_lm.comm import engine
-from hvd_lm.comm.world import local_mpi_env, mpirun_argv
 from hvd_lm.formats.manifest import load_manifest
+from hvd_lm.jobs.job_scripts import local_mpi_env, mpirun_argv
 from hvd_lm.model import device as devices
 from hvd_lm.model.config import KERNELS
 from hvd_lm.model.lm import LanguageModel, ModelConfig, recurrence_label

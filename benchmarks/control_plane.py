@@ -53,7 +53,7 @@ import numpy as np
 import psutil
 
 from benchmarks.harness import run_records
-from hvd_lm.comm.world import local_mpi_env
+from hvd_lm.jobs.job_scripts import local_mpi_env
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHERS = {  # template, its ranks variable, extra knobs

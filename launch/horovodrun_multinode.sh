@@ -15,7 +15,7 @@
 
 # ---- knobs: every one can be overridden from the environment -----------------------------------
 NP="${NP:-2}"                          # total ranks = GPUs (world size)
-HOSTS="${HOSTS:-localhost:2}"          # host:slots list, e.g. node1:8,node2:8 or node[1-2]:8 ('' = use HOSTFILE)
+HOSTS="${HOSTS:-}"                     # host:slots list, e.g. node1:8,node2:8 or node[1-2]:8 ('' = HOSTFILE, else localhost:2)
 HOSTFILE="${HOSTFILE:-}"               # file with one "hostname slots=N" line per node (used when HOSTS is '')
 CONTROLLER="${CONTROLLER:-gloo}"       # gloo (needs no MPI) or mpi (horovodrun then calls mpirun)
 NETWORK_INTERFACE="${NETWORK_INTERFACE:-}"  # NIC(s) for Horovod traffic, e.g. ib0 or eth0,eth1 ('' = the preflight's pick)
@@ -37,6 +37,7 @@ source "$LAUNCH_DIR/env.sh"
 # shellcheck source=launch/lib.sh
 source "$LAUNCH_DIR/lib.sh"
 
+[ -n "$HOSTS$HOSTFILE" ] || HOSTS="localhost:2"  # neither given: this machine
 hvd_lm_hosts  # SLURM's n[001-004,7]:8 in HOSTS or HOSTFILE -> HOSTS, expanded
 launch=("$HOROVODRUN" -np "$NP")
 if [ -n "$HOSTS" ]; then

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hvd_lm.comm.world import local_mpi_env
+from hvd_lm.jobs.job_scripts import local_mpi_env
 from tests import _warm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -17,7 +17,7 @@ BIN = Path(sys.executable).parent
 
 
 def launch_env(**extra: str) -> dict[str, str]:
-    """Environment for launched ranks: :func:`hvd_lm.comm.world.local_mpi_env` (the venv first
+    """Environment for launched ranks: :func:`hvd_lm.jobs.job_scripts.local_mpi_env` (the venv first
     on PATH, the repo importable, one thread per rank, OpenMPI as root, idle ranks yielding)."""
     return local_mpi_env(**extra)
 

@@ -50,12 +50,12 @@ def _start_keys(env: dict[str, str]) -> dict[str, str]:
 
 def _server():
     """The forkserver context and the start-up variables of its server, started once per process
-    under :func:`hvd_lm.comm.world.local_mpi_env` (the environment tests give their commands:
+    under :func:`hvd_lm.jobs.job_scripts.local_mpi_env` (the environment tests give their commands:
     ``tests._mp.launch_env``)."""
     global _server_env
     ctx = multiprocessing.get_context("forkserver")
     if _server_env is None:
-        from hvd_lm.comm.world import local_mpi_env
+        from hvd_lm.jobs.job_scripts import local_mpi_env
 
         env = local_mpi_env()
         ctx.set_forkserver_preload(PRELOAD)

@@ -110,7 +110,8 @@ def _template(tmp: Path, script: Path | str, **knobs: str):
     for var in ("SLURM_JOB_ID", "PBS_JOBID", "NETWORK_INTERFACE", "MASTER_PORT", "HOSTS",
                 "HOSTFILE"):
         env.pop(var, None)
-    env.update(MPIRUN=str(stub), PYTHON=sys.executable, SHARDS="data/s", OUT_DIR=str(tmp / "run"))
+    env.update(MPIRUN=str(stub), HOROVODRUN=str(stub), PYTHON=sys.executable, SHARDS="data/s",
+               OUT_DIR=str(tmp / "run"))
     env.update(knobs)
     return run(["bash", script], env=env, cwd=tmp, timeout=120, check=False)
 
@@ -131,9 +132,13 @@ def test_mpirun_template_expands_hosts_and_a_hostfile(tmp_path):
     words = _launched(proc)
     assert words[words.index("-H") + 1] == want and "-hostfile" not in words
     (tmp_path / "plain.txt").write_text("localhost slots=2\n")  # no brackets: as it was
-    words = _launched(_template(tmp_path, REPO / "launch" / "mpirun.sh", PREFLIGHT="0",
-                                HOSTFILE="plain.txt"))
-    assert words[words.index("-hostfile") + 1] == "plain.txt" and "-H" not in words
+    for script in ("mpirun.sh", "horovodrun_multinode.sh"):  # (this one ignored a HOSTFILE)
+        words = _launched(_template(tmp_path, REPO / "launch" / script, PREFLIGHT="0",
+                                    HOSTFILE="plain.txt"))
+        assert words[words.index("-hostfile") + 1] == "plain.txt" and "-H" not in words, script
+    words = _launched(_template(tmp_path, REPO / "launch" / "horovodrun_multinode.sh",
+                                PREFLIGHT="0"))  # neither: this machine, as documented
+    assert words[words.index("-H") + 1] == "localhost:2" and "-hostfile" not in words
 
 
 def test_the_templates_preflight_reads_the_expanded_list(tmp_path):

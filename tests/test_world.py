@@ -181,7 +181,7 @@ def test_mpirun_and_horovodrun_argv_across_hosts():
     """With hosts: ``-H``, every forwarded variable passed with ``-x`` (names and prefixes of
     FORWARDED only, sorted), the interface for OpenMPI's BTL and out-of-band channel; horovodrun
     gets ``-H`` and ``--network-interface``. Without: this node only, as before."""
-    from hvd_lm.comm.world import horovodrun_argv, mpirun_argv
+    from hvd_lm.jobs.job_scripts import horovodrun_argv, mpirun_argv
 
     env = {"PATH": "/b", "HOROVOD_CYCLE_TIME": "1", "NCCL_DEBUG": "INFO", "HOME": "/root",
            "OMPI_MCA_x": "1", "PYTHONPATH": "/r"}

@@ -36,13 +36,11 @@ import math
 import os
 import re
 import socket
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-import hvd_lm
 from hvd_lm.util.files import shown
 
 #: The engines ``--backend`` picks from (:func:`hvd_lm.comm.engine.use_backend`): ``auto`` is
@@ -374,67 +372,3 @@ def horovodrun_mpi_shell() -> int | None:
             and cmd[2].lstrip().startswith("mpirun"):
         return shell.pid
     return None
-
-
-def local_mpi_env(**extra: str) -> dict[str, str]:
-    """Environment for ranks launched on this machine by ``mpirun``/``horovodrun`` (tests,
-    benchmarks, the demo): this interpreter's bin folder first on ``PATH``, the repository on
-    ``PYTHONPATH``, one OpenMP thread per rank unless set, OpenMPI allowed to run as root and in
-    containers (no ptrace single-copy), and ``OMPI_MCA_mpi_yield_when_idle=1``: with ranks sharing
-    cores, OpenMPI's busy-polling in Horovod's MPI controller steals the compute threads' cores
-    (docs/training.md). ``extra`` is applied last."""
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    repo = str(hvd_lm.REPO_ROOT)
-    env["PYTHONPATH"] = f"{repo}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    if os.geteuid() == 0:
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
-    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-    env.update(extra)
-    return env
-
-
-#: Variables ``mpirun`` forwards to ranks on other hosts (``-x``), by name or prefix (Horovod docs,
-#: "Running Horovod": ``-x NCCL_DEBUG=INFO -x LD_LIBRARY_PATH -x PATH``); OpenMPI forwards OMPI_*.
-FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "OMP_", "HOROVOD_", "NCCL_",
-             "GLOO_", "MASTER_", "HVD_LM_")
-
-
-def mpirun_argv(np_: int, argv: list[str], hosts: str = "", network_interface: str = "",
-                env: Mapping[str, str] | None = None) -> list[str]:
-    """``mpirun -np N`` with Horovod's recommended OpenMPI flags (docs "Running Horovod": no
-    binding, slots in order, ob1 PML, no openib BTL), then this interpreter and ``argv``.
-
-    Args:
-        hosts: ``host:slots,...`` (``-H``); '' = this node. With hosts, every variable of ``env``
-            (default: this process's) named in :data:`FORWARDED` is passed on with ``-x``.
-        network_interface: the interface OpenMPI's TCP BTL and out-of-band channel use across
-            hosts (``btl_tcp_if_include``, ``oob_tcp_if_include``: what ``hvd-lm doctor``
-            prints); '' = OpenMPI's choice, which a docker0 on the hosts makes hang.
-    """
-    cmd = ["mpirun", "-np", str(np_)]
-    if hosts:
-        cmd += ["-H", hosts]
-        names = sorted(n for n in (os.environ if env is None else env)
-                       if n in FORWARDED or n.startswith(tuple(x for x in FORWARDED
-                                                               if x.endswith("_"))))
-        cmd += [w for n in names for w in ("-x", n)]
-    if network_interface:
-        cmd += ["-mca", "btl_tcp_if_include", network_interface,
-                "-mca", "oob_tcp_if_include", network_interface]
-    return cmd + ["-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl",
-                  "^openib", sys.executable, *argv]
-
-
-def horovodrun_argv(np_: int, argv: list[str], controller: str = "gloo", hosts: str = "",
-                    network_interface: str = "") -> list[str]:
-    """``horovodrun -np N -H localhost:N --gloo|--mpi`` with this interpreter and ``argv``
-    (the ``horovodrun`` beside this interpreter when there is one); ``hosts`` (``host:slots,...``)
-    instead of localhost, ``network_interface`` as ``--network-interface``."""
-    here = Path(sys.executable).parent / "horovodrun"
-    hr = str(here) if here.exists() else "horovodrun"
-    nic = ["--network-interface", network_interface] if network_interface else []
-    return [hr, "-np", str(np_), "-H", hosts or f"localhost:{np_}", f"--{controller}", *nic,
-            sys.executable, *argv]

@@ -34,8 +34,8 @@ import hvd_lm
 from data_prep.resume import finished_with_other_inputs
 from data_prep.settings import PrepareConfig
 from hvd_lm import options
-from hvd_lm.comm.world import horovodrun_argv, local_mpi_env, mpirun_argv
 from hvd_lm.jobs.download import download_all
+from hvd_lm.jobs.job_scripts import horovodrun_argv, local_mpi_env, mpirun_argv
 from hvd_lm.jobs.report import training_summary, write_report
 from hvd_lm.options import Command, option
 from hvd_lm.train.log import read_metrics
