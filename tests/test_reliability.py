@@ -148,12 +148,16 @@ def test_signal_to_the_launcher_checkpoints_every_rank(shards, tmp_path, kind, s
     end = records(out, "end")
     log = proc.stdout.read()
     assert len(end) == 1 and end[0]["stop"] == "signal", log
-    # the ranks exit 0; horovodrun --gloo returns 0, OpenMPI's mpirun returns 1 after a SIGTERM
-    # it forwarded; under horovodrun --mpi the signalled process is the /bin/sh horovodrun
-    # became, which the signal kills (its status says nothing about the ranks)
-    if kind != "horovodrun-mpi":
-        assert proc.returncode == (0 if kind == "horovodrun-gloo" else 1), (proc.returncode,
-                                                                             log[-3000:])
+    # the ranks exit 0; OpenMPI's mpirun returns 1 after a SIGTERM it forwarded; under
+    # horovodrun --mpi the signalled process is the /bin/sh horovodrun became, which the signal
+    # kills (its status says nothing about the ranks); horovodrun --gloo returns 0, or 1 naming
+    # exit code 143: its teardown (safe_shell_exec.terminate_executor_shell_and_children, 0.28.1)
+    # SIGSTOPs and SIGTERMs the /bin/sh around each rank once the rank is gone, and a shell not
+    # yet exited then dies of it (seen twice in make test under load)
+    if kind == "mpirun":
+        assert proc.returncode == 1, (proc.returncode, log[-3000:])
+    elif kind == "horovodrun-gloo" and proc.returncode != 0:
+        assert proc.returncode == 1 and "Exit code: 143" in log, (proc.returncode, log[-3000:])
     saved = ck.load(ck.resolve(out))
     assert saved["step"] == end[0]["step"] and saved["rnn_state"][0].shape == (4, 32)
 
