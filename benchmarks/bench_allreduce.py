@@ -128,19 +128,16 @@ def configurations(args: AllreduceConfig) -> list[dict]:
              for label, backend in (("mpi4py", "mpi"), ("torch-gloo", "torch_gloo"))
              if backend in args.backends]
     if "horovod" in args.backends:
-        for ctl in args.controllers:
-            confs.append({"label": f"hvd-{ctl}", "backend": "horovod",
-                          "launcher": "mpirun" if ctl == "mpi" else "horovodrun",
-                          "env": {"HOROVOD_CONTROLLER": ctl} if ctl == "mpi" else {}})
         ctl = "mpi" if "mpi" in args.controllers else args.controllers[0]
-        knobs = [(f"fusion={mb:g}MB", {"HOROVOD_FUSION_THRESHOLD": str(int(mb * MIB))})
+        knobs = [(f" fusion={mb:g}MB", {"HOROVOD_FUSION_THRESHOLD": str(int(mb * MIB))})
                  for mb in args.fusion_mb if int(mb * MIB) != HOROVOD_DEFAULT_FUSION_BYTES]
-        knobs += [(f"cycle={ms:g}ms", {"HOROVOD_CYCLE_TIME": f"{ms:g}"})
+        knobs += [(f" cycle={ms:g}ms", {"HOROVOD_CYCLE_TIME": f"{ms:g}"})
                   for ms in args.cycle_ms if ms != HOROVOD_DEFAULT_CYCLE_MS]
-        for name, env in knobs:
-            confs.append({"label": f"hvd-{ctl} {name}", "backend": "horovod",
-                          "launcher": "mpirun" if ctl == "mpi" else "horovodrun", "variant": True,
-                          "env": env | ({"HOROVOD_CONTROLLER": ctl} if ctl == "mpi" else {})})
+        for c, name, env in [(c, "", {}) for c in args.controllers] + [(ctl, *k) for k in knobs]:
+            confs.append({"label": f"hvd-{c}{name}", "backend": "horovod",
+                          "launcher": "mpirun" if c == "mpi" else "horovodrun",
+                          "variant": bool(name),
+                          "env": env | ({"HOROVOD_CONTROLLER": c} if c == "mpi" else {})})
     return confs
 
 
@@ -189,14 +186,11 @@ def run_allreduce_bench(args: AllreduceConfig) -> dict:
     records = median_over_repeats(records)
     derive(records)
     return {"ranks": args.np, "hosts": args.hosts or None, "repeats": args.repeats,
-            "sizes": sizes, "records": records,
-            "fits": fit_records(records),
-            "wire": wire_summary(records),
-            "ratios_to_mpi": ratios_to_mpi(records),
+            "sizes": sizes, "records": records, "fits": fit_records(records),
+            "wire": wire_summary(records), "ratios_to_mpi": ratios_to_mpi(records),
             "horovod_defaults": {"fusion_threshold_bytes": HOROVOD_DEFAULT_FUSION_BYTES,
                                  "cycle_time_ms": HOROVOD_DEFAULT_CYCLE_MS},
-            "host": host(),
-            "args": options.to_dict(args)}
+            "host": host(), "args": options.to_dict(args)}
 
 
 def bench_allreduce(args: AllreduceConfig) -> int:

@@ -1,11 +1,12 @@
 """``python -m benchmarks checkpoint``: the training step time around a checkpoint, written
-synchronously and in the background (:mod:`hvd_lm.train.async_checkpoint`), side by side in one run.
+synchronously and in the background (:class:`hvd_lm.train.checkpointer.CheckpointWriter`), side by
+side in one run.
 
 One process trains the LM (``--hidden-size``, default 2048: a 266 MB checkpoint with Adam's
 state, large enough for the write to show) with the loop's own step
 (:func:`hvd_lm.train.step.train_step`, Adam) on random bytes. Each round runs ``--steps`` steps
 and checkpoints after step ``--checkpoint-after`` exactly as the loop does (the payload of
-:func:`hvd_lm.train.resume.payload`, rank 0's :class:`~hvd_lm.train.async_checkpoint.
+:func:`hvd_lm.train.resume.payload`, rank 0's :class:`~hvd_lm.train.checkpointer.
 CheckpointWriter`), then waits for the write at the end of the round. Rounds alternate between
 the two modes (``--repeats`` each), so a drifting machine load hits both alike.
 
@@ -34,18 +35,15 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import medians, print_table, random_batches, save_json
+from benchmarks.harness import lm_step, medians, print_table, random_batches, save_json
 from hvd_lm import options
-from hvd_lm.model import device as devices
-from hvd_lm.model.lm import LanguageModel, ModelConfig
+from hvd_lm.model.lm import ModelConfig
 from hvd_lm.options import Command, option
-from hvd_lm.train.async_checkpoint import CheckpointWriter
+from hvd_lm.train.checkpointer import CheckpointWriter
 from hvd_lm.train.guard import DivergenceGuard
-from hvd_lm.train.optim import build_optimizer
 from hvd_lm.train.resume import Position, payload
 from hvd_lm.train.schedule import LRPlan
-from hvd_lm.train.settings import OptimConfig
-from hvd_lm.train.step import StepSpec, train_step
+from hvd_lm.train.step import train_step
 
 MODES = ("sync", "async")
 
@@ -77,18 +75,16 @@ class BenchCheckpointConfig:
                              f"({self.steps})")
 
 
-def one_round(cfg: BenchCheckpointConfig, mode: str, job: dict, out: Path, index: int) -> dict:
+def one_round(cfg: BenchCheckpointConfig, mode: str, job, out: Path, index: int) -> dict:
     """One round (module docstring): step times, which steps overlapped the write, the time the
     loop was blocked by the checkpoint and waited for it at the end, and the stall."""
-    writer = CheckpointWriter(mode == "async", lambda w: job.__setitem__("last", w))
-    model, opt = job["model"], job["opt"]
+    writer = CheckpointWriter(mode == "async", lambda w: setattr(job, "last", w))
     times, during, blocked = [], [], 0.0
     for i in range(cfg.steps):
         in_flight = writer.in_flight
         t0 = time.perf_counter()
-        r = train_step(model, opt, job["scaler"], [job["batches"][i]], job["state"],
-                       job["spec"])
-        job["state"] = r.state
+        job.state = train_step(job.model, job.opt, job.scaler, [job.batches[i]], job.state,
+                               job.spec).state
         times.append(time.perf_counter() - t0)
         if in_flight:
             during.append(i)
@@ -96,9 +92,9 @@ def one_round(cfg: BenchCheckpointConfig, mode: str, job: dict, out: Path, index
         if i + 1 == cfg.checkpoint_after:
             tb = time.perf_counter()
             step = index * cfg.steps + i + 1
-            writer.submit(payload(Position(step, step), model, opt, job["sched"], job["scaler"],
-                                  job["guard"], job["state"], {"bench": "checkpoint"}, 1), out,
-                          step, keep=1)
+            writer.submit(payload(Position(step, step), job.model, job.opt, job.sched, job.scaler,
+                                  job.guard, job.state, {"bench": "checkpoint"}, 1), out, step,
+                          keep=1)
             blocked = time.perf_counter() - tb
     tw = time.perf_counter()
     writer.wait()
@@ -106,7 +102,7 @@ def one_round(cfg: BenchCheckpointConfig, mode: str, job: dict, out: Path, index
     base = statistics.median(t for i, t in enumerate(times) if i not in during)
     return {"mode": mode, "step_s": base, "blocked_s": blocked, "tail_wait_s": tail,
             "stall_s": blocked + sum(times[i] - base for i in during) + tail,
-            "write_s": job["last"].write_s, "steps_during_write": len(during),
+            "write_s": job.last.write_s, "steps_during_write": len(during),
             "step_during_write_s": statistics.mean(times[i] for i in during) if during else None,
             "step_times_s": times}
 
@@ -118,20 +114,16 @@ def bench_checkpoint(cfg: BenchCheckpointConfig) -> int:
     if cfg.added_write_latency:
         os.environ["HVD_LM_CHECKPOINT_SLEEP"] = str(cfg.added_write_latency)
     load_before = os.getloadavg()[0]
-    torch.manual_seed(0)
-    device = torch.device("cpu")
-    model = LanguageModel(ModelConfig(hidden_size=cfg.hidden_size, embed_dim=cfg.embed_dim))
-    opt = build_optimizer(model, OptimConfig(), 1e-4)
     B, T = cfg.batch_size, cfg.seq_len
-    job = {"model": model, "opt": opt, "spec": StepSpec(device, "fp32", grad_clip=1.0),
-           "scaler": devices.make_scaler(device, "fp32"), "state": model.init_state(B),
-           "sched": LRPlan(1e-3, 0, 10 ** 6, "none"), "guard": DivergenceGuard(10.0, 3, 0),
-           "batches": random_batches(cfg.steps, B, T, 1)}
+    job = lm_step(ModelConfig(hidden_size=cfg.hidden_size, embed_dim=cfg.embed_dim),
+                  torch.device("cpu"), "fp32", B)
+    job.sched, job.guard = LRPlan(1e-3, 0, 10 ** 6, "none"), DivergenceGuard(10.0, 3, 0)
+    job.batches = random_batches(cfg.steps, B, T, 1)
     out = Path(cfg.out_dir or tempfile.mkdtemp(prefix="hvd_lm_bench_checkpoint_"))
     rounds: list[dict] = []
     try:
-        train_step(model, opt, job["scaler"], job["batches"][:1], job["state"],
-                   job["spec"])  # warm-up (Adam's state made)
+        train_step(job.model, job.opt, job.scaler, job.batches[:1], job.state,
+                   job.spec)  # warm-up (Adam's state made)
         for rep in range(cfg.repeats):
             for mode in (MODES if rep % 2 == 0 else MODES[::-1]):
                 rounds.append(one_round(cfg, mode, job, out, len(rounds)))

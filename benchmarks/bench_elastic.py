@@ -22,7 +22,6 @@ most the steps since the last commit. ``--json FILE`` saves the figures and the 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -37,20 +36,19 @@ from pathlib import Path
 import psutil
 
 from benchmarks.harness import run_records, save_json
+from hvd_lm.comm.hosts import interfaces, is_local
 from hvd_lm.jobs.job_scripts import local_mpi_env
 from hvd_lm.options import Command, option
 
 
 def local_names() -> list[str]:
     """Names of this machine that Horovod treats as local hosts (no ssh): ``localhost``, the host
-    name when it resolves to a local address, and every non-loopback IPv4 address."""
-    local = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs
-             if a.family == socket.AF_INET}
-    names = ["localhost"]
-    with contextlib.suppress(OSError):
-        if socket.gethostbyname(socket.gethostname()) in local:
-            names.append(socket.gethostname())
-    names += sorted(a for a in local if not a.startswith("127."))
+    name when it resolves to a local address (:func:`hvd_lm.comm.hosts.is_local`), and every
+    non-loopback IPv4 address of an interface that is up (:func:`hvd_lm.comm.hosts.interfaces`)."""
+    host = socket.gethostname()
+    names = ["localhost"] + ([host] if is_local(host) else [])
+    names += sorted(a for nic in interfaces().values() for a in nic["addrs"]
+                    if not a.startswith("127."))
     return list(dict.fromkeys(names))
 
 

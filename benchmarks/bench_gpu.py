@@ -43,7 +43,6 @@ figures then describe the CPU). Figures measured on GPUs: docs/gpu.md (from
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import statistics
 import time
@@ -54,7 +53,7 @@ import torch
 
 from benchmarks import profile_step
 from benchmarks.ceilings import Timer, copy_gbps, gemm_ceiling, matmul_tflops, peak_key, step_gemms
-from benchmarks.harness import print_table, random_batches, save_json
+from benchmarks.harness import lm_step, print_table, random_batches, rnn_impls, save_json
 from hvd_lm import options as configlib
 from hvd_lm.model import device as devices
 from hvd_lm.model.config import KERNELS
@@ -63,7 +62,7 @@ from hvd_lm.model.mlstm_kernels import resolve
 from hvd_lm.options import Command, option
 from hvd_lm.train import memory
 from hvd_lm.train.settings import TrainConfig
-from hvd_lm.train.step import StepSpec, train_step
+from hvd_lm.train.step import train_step
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -120,24 +119,21 @@ class Variant:
             return "cudnn"
         return recurrence_label(self.rnn_impl, self.rnn_kernels, self.cuda_graphs)
 
+    def model(self, H: int, E: int) -> ModelConfig:
+        """The variant's LM of width H and byte embedding E."""
+        return ModelConfig(cell=self.cell, hidden_size=H, embed_dim=E, rnn_impl=self.rnn_impl,
+                           rnn_kernels=self.rnn_kernels, cuda_graphs=self.cuda_graphs)
+
 
 def variants(cfg: BenchGpuConfig, device: torch.device) -> list[Variant]:
     """The variants to run: the LSTM once; the mLSTM per ``--rnn-impl`` and, fused, per
     ``--rnn-kernels`` (resolved for ``device``, duplicates dropped) and on CUDA per
     ``--cuda-graphs`` (graphs need CUDA: off elsewhere)."""
-    out: list[Variant] = []
-    for cell in cfg.cells:
-        if cell != "mlstm":
-            out.append(Variant(cell))
-            continue
-        for impl in cfg.rnn_impls:
-            if impl != "fused":
-                out.append(Variant(cell, impl))
-                continue
-            graphs = cfg.cuda_graphs if device.type == "cuda" else [False]
-            for kernels in dict.fromkeys(resolve(k, device) for k in cfg.rnn_kernels):
-                out += [Variant(cell, impl, kernels, g) for g in dict.fromkeys(graphs)]
-    return out
+    kernels = [resolve(k, device) for k in cfg.rnn_kernels]
+    graphs = cfg.cuda_graphs if device.type == "cuda" else [False]
+    return [v for cell in cfg.cells for v in (
+        [Variant(cell, *r) for r in rnn_impls(cfg.rnn_impls, kernels, graphs)]
+        if cell == "mlstm" else [Variant(cell)])]
 
 
 def free_device_memory(device: torch.device) -> None:
@@ -180,20 +176,13 @@ def build_step(v: Variant, H: int, E: int, B: int, T: int, precision: str,
                device: torch.device) -> tuple[LanguageModel, Callable[[], None]]:
     """The variant's model and one training step on random bytes (the loop's own step,
     :func:`hvd_lm.train.step.train_step`, without Horovod: forward, backward, clip, Adam)."""
-    torch.manual_seed(0)
-    model = LanguageModel(ModelConfig(cell=v.cell, hidden_size=H, embed_dim=E,
-                                      rnn_impl=v.rnn_impl, rnn_kernels=v.rnn_kernels,
-                                      cuda_graphs=v.cuda_graphs)).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
-    scaler = devices.make_scaler(device, precision)
-    spec = StepSpec(device, precision, grad_clip=1.0)
+    j = lm_step(v.model(H, E), device, precision, B)
     batch = random_batches(1, B, T, 1)[0]
-    state = [model.init_state(B, device)]
 
     def step():
-        state[0] = train_step(model, opt, scaler, [batch], state[0], spec).state
+        j.state = train_step(j.model, j.opt, j.scaler, [batch], j.state, j.spec).state
 
-    return model, step
+    return j.model, step
 
 
 def host_seconds(step: Callable[[], None], device: torch.device, repeats: int) -> float:
@@ -268,10 +257,7 @@ def estimated_memory(v: Variant, H: int, E: int, B: int, T: int, precision: str,
     """Bytes the preflight of ``hvd-lm train`` (:func:`hvd_lm.train.memory.step_memory`, one
     rank, Adam) estimates for this variant's step: recorded beside the measured peak so that a
     GPU run checks the estimate, the CUDA-graph pool included."""
-    cfg = TrainConfig()
-    cfg.model = dataclasses.replace(cfg.model, cell=v.cell, hidden_size=H, embed_dim=E,
-                                    rnn_impl=v.rnn_impl, rnn_kernels=v.rnn_kernels,
-                                    cuda_graphs=v.cuda_graphs)
+    cfg = TrainConfig(model=v.model(H, E))
     cfg.data.batch_size, cfg.data.seq_len, cfg.run.precision = B, T, precision
     return memory.step_memory(cfg, device.type).total
 

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.bench_allreduce import AllreduceConfig, run_allreduce_bench
-from benchmarks.harness import host, print_table, random_batches, run_child, save_json
+from benchmarks.harness import host, lm_step, print_table, random_batches, run_child, save_json
 from benchmarks.results import fit_alpha_beta
 from benchmarks.scaling_model import Link, ScalingConfig, ring_allreduce_time, step_time
 from benchmarks.scaling_report import read_run
@@ -176,34 +176,25 @@ def measure_backward_window(cfg: MultinodeConfig, steps: int = 30, skip: int = 5
     import torch
 
     from benchmarks.scaling_model import EARLY_PREFIXES
-    from hvd_lm.model import device as devices
-    from hvd_lm.model.lm import LanguageModel, ModelConfig
-    from hvd_lm.train.optim import build_optimizer
-    from hvd_lm.train.settings import OptimConfig
-    from hvd_lm.train.step import StepSpec, train_step
+    from hvd_lm.model.lm import ModelConfig
+    from hvd_lm.train.step import train_step
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the training runs (--threads 1)
     try:
-        torch.manual_seed(0)
-        model = LanguageModel(ModelConfig(hidden_size=cfg.hidden_size, embed_dim=cfg.embed_dim))
-        optim = OptimConfig()
-        opt = build_optimizer(model, optim, 1e-4)
+        j = lm_step(ModelConfig(hidden_size=cfg.hidden_size, embed_dim=cfg.embed_dim),
+                    torch.device("cpu"), "fp32", cfg.batch_size)
         ready: dict[str, float] = {}
-        for name, p in model.named_parameters():
+        for name, p in j.model.named_parameters():
             if name.startswith(EARLY_PREFIXES):
                 p.register_hook(lambda g, name=name: ready.__setitem__(name, time.perf_counter()))
-        B, T = cfg.batch_size, cfg.seq_len
-        cpu = torch.device("cpu")
-        state, scaler = model.init_state(B), devices.make_scaler(cpu, "fp32")
+        t: dict[str, float] = {}  # the step's parts, timed as they end
+        spec = dataclasses.replace(j.spec, clock=lambda k: t.__setitem__(k, time.perf_counter()))
         parts = []
-        for i, batch in enumerate(random_batches(skip + steps, B, T, 0)):
-            # the training loop's own step (hvd_lm.train.step.train_step) on one process, its
-            # parts timed as they end
-            t: dict[str, float] = {"start": time.perf_counter()}
-            spec = StepSpec(cpu, "fp32", optim.grad_clip,
-                            clock=lambda part: t.__setitem__(part, time.perf_counter()))
-            state = train_step(model, opt, scaler, [batch], state, spec).state
+        for i, batch in enumerate(random_batches(skip + steps, cfg.batch_size, cfg.seq_len, 0)):
+            # the training loop's own step (hvd_lm.train.step.train_step) on one process
+            t["start"] = time.perf_counter()
+            j.state = train_step(j.model, j.opt, j.scaler, [batch], j.state, spec).state
             if i >= skip:
                 parts.append((t["forward"] - t["start"], t["backward"] - t["forward"],
                               t["backward"] - max(ready.values()), t["updated"] - t["backward"],
@@ -344,22 +335,17 @@ def run_multinode_bench(cfg: MultinodeConfig) -> dict:
                                              window["fraction"])["ratio"])
             except ValueError:
                 ratio_rounds.append(None)
-        pred = est["pred"]
+        pred = est.pop("pred")
         grouped = [r["time_s"] for r in every if r["case"] == "grouped"]
-        rows.append({"nodes": n, "link": cfg.label, "fit": est["fit"], "fit_free": est["fit_free"],
-                     "allreduce": est["allreduce"],
-                     "latency_s": est["latency_s"], "latency_s_runs": latency[n],
+        rows.append({"nodes": n, "link": cfg.label, **est, "latency_s_runs": latency[n],
                      "grouped_allreduce_s": statistics.median(grouped) if grouped else None,
-                     "compute_s": est["compute_s"], "compute_s_runs": comp_t[n],
-                     "comm_s": pred["exposed_comm_s"], "hidden_comm_s": pred["hidden_comm_s"],
-                     "loop_s": pred["loop_s"],
-                     "predicted_s": pred["predicted_s"], "measured_s": est["measured_s"],
-                     "measured_s_runs": train_t[n],
-                     "ratio": est["ratio"], "ratio_rounds": ratio_rounds})
+                     "compute_s_runs": comp_t[n], "comm_s": pred["exposed_comm_s"],
+                     "hidden_comm_s": pred["hidden_comm_s"], "loop_s": pred["loop_s"],
+                     "predicted_s": pred["predicted_s"], "measured_s_runs": train_t[n],
+                     "ratio_rounds": ratio_rounds})
     return {"label": cfg.label, "hosts": cfg.hosts, "network_interface": cfg.network_interface,
             "gradient_bytes": gradient_bytes, "rows": rows, "step_parts": window,
-            "host": host(),
-            "args": options.to_dict(cfg),
+            "host": host(), "args": options.to_dict(cfg),
             "records": {str(n): [r for recs in rs for r in recs] for n, rs in records.items()}}
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter as now
 
+from benchmarks.harness import save_json
 from data_prep import readers, sniff
 from data_prep.gzip_blocks import _inflate_blocks
 from data_prep.parallel import Context
@@ -196,7 +197,7 @@ def run_bench(cfg: BenchPrepareConfig, echo=print) -> dict:
                  f"{per / raw:.2f} x raw (target >= 0.5); phases (s): "
                  + ", ".join(f"{k} {v:.2f}" for k, v in run["phase_s"].items()))
         echo(f"(dedup {'on' if dedup else 'off'}; {os.cpu_count()} CPU cores; MB = 10**6 bytes)")
-        return {"corpus": {k: v for k, v in info.items()}, "corpus_path": str(path),
+        return {"corpus": dict(info), "corpus_path": str(path),
                 "raw_mb_s": round(raw, 2), "raw_gzip_open_mb_s": round(raw_gz, 2),
                 "raw_zlib_mb_s": round(raw_zl, 2), "runs": runs, "dedup": dedup,
                 "cpu_count": os.cpu_count()}
@@ -224,9 +225,7 @@ class BenchPrepareConfig:
 
 def bench_prepare_command(cfg: BenchPrepareConfig) -> int:
     """Run :func:`run_bench` with the parsed settings (missing data: one ERROR line, exit 1)."""
-    result = run_bench(cfg)
-    if cfg.json:
-        write_text(cfg.json, json.dumps(result, indent=1) + "\n")
+    save_json(cfg.json, run_bench(cfg), indent=1)
     return 0
 
 

@@ -44,20 +44,18 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.baselines import TorchGlooComm, ddp
-from benchmarks.harness import print_table, random_batches, run_child, save_json
+from benchmarks.harness import lm_step, print_table, random_batches, rnn_impls, run_child, save_json
 from hvd_lm import options
 from hvd_lm.comm import engine
 from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.jobs.job_scripts import local_mpi_env, mpirun_argv
 from hvd_lm.model import device as devices
 from hvd_lm.model.config import KERNELS
-from hvd_lm.model.lm import LanguageModel, ModelConfig, recurrence_label
+from hvd_lm.model.lm import ModelConfig, recurrence_label
 from hvd_lm.model.mfu import matmul_gflops
 from hvd_lm.options import Command, option
 from hvd_lm.train.data import RankStreams
-from hvd_lm.train.optim import build_optimizer
-from hvd_lm.train.settings import OptimConfig
-from hvd_lm.train.step import StepSpec, train_step
+from hvd_lm.train.step import train_step
 
 
 def peak_gflops(step: "StepConfig") -> tuple[float, str]:
@@ -165,22 +163,18 @@ def worker(cfg: WorkerConfig) -> int:
     B, T = cfg.batch_size, cfg.seq_len
     runs = []
     for impl, kernels, graphs in zip(cfg.rnn_impl, cfg.rnn_kernels, cfg.cuda_graphs):
-        torch.manual_seed(0)
-        model = LanguageModel(ModelConfig(cell=cfg.cell, hidden_size=cfg.hidden_size,
-                                          embed_dim=cfg.embed_dim, rnn_impl=impl,
-                                          rnn_kernels=kernels, cuda_graphs=graphs)).to(device)
-        opt = build_optimizer(model, OptimConfig(), 1e-4)  # Adam as in training (fused)
+        r = lm_step(ModelConfig(cell=cfg.cell, hidden_size=cfg.hidden_size, embed_dim=cfg.embed_dim,
+                                rnn_impl=impl, rnn_kernels=kernels, cuda_graphs=graphs),
+                    device, cfg.precision, B)  # Adam as in training (fused)
         if cfg.backend != "ddp":
-            net = engine.wrap_model(model, cfg.compression)  # the torch engine: DDP
-            opt = engine.distributed_optimizer(opt, model, cfg.compression)  # Horovod: its hooks
-            engine.broadcast_state(model)  # collective: rank 0's weights everywhere
+            r.net = engine.wrap_model(r.model, cfg.compression)  # the torch engine: DDP
+            r.opt = engine.distributed_optimizer(r.opt, r.model, cfg.compression)  # Horovod's hooks
+            engine.broadcast_state(r.model)  # collective: rank 0's weights everywhere
         else:
-            net = ddp(model, peer)
-        runs.append({"label": recurrence_label(impl, kernels, graphs), "impl": impl,
-                     "kernels": kernels, "graphs": graphs, "model": model, "net": net, "opt": opt,
-                     "state": model.init_state(B, device),
-                     "scaler": devices.make_scaler(device, cfg.precision), "times": [],
-                     "waits": []})
+            r.net = ddp(r.model, peer)
+        vars(r).update(label=recurrence_label(impl, kernels, graphs), impl=impl, kernels=kernels,
+                       graphs=graphs, times=[], waits=[])
+        runs.append(r)
 
     if cfg.shards:
         streams = RankStreams(load_manifest(cfg.shards), "train", rank, size, B, T)
@@ -189,21 +183,20 @@ def worker(cfg: WorkerConfig) -> int:
     else:
         batches = random_batches(cfg.warmup + cfg.steps, B, T, 1000 + rank)
 
-    spec = StepSpec(device, cfg.precision, grad_clip=1.0)
     for i, batch in enumerate(batches):
         for r in runs:  # round robin over the variants, step by step
             t0 = time.perf_counter()
             # the loop's own step (hvd_lm.train.step.train_step): Horovod's synchronize inside,
             # or DDP's allreduce inside backward (the torch engine and the DDP peer)
-            res = train_step(r["net"], r["opt"], r["scaler"], [batch], r["state"], spec)
-            r["state"] = res.state
+            res = train_step(r.net, r.opt, r.scaler, [batch], r.state, r.spec)
+            r.state = res.state
             if device.type == "cuda":
                 torch.cuda.synchronize()  # the step's kernels are done before the clock is read
             if i >= cfg.warmup:
-                r["times"].append(time.perf_counter() - t0)
-                r["waits"].append(res.wait_s)
+                r.times.append(time.perf_counter() - t0)
+                r.waits.append(res.wait_s)
     for r in runs:
-        times, waits = r["times"], r["waits"]
+        times, waits = r.times, r.waits
         step_time = sum(times) / len(times)
         sums = [B * T / step_time, sum(waits), sum(times)]  # chars/s of this rank, seconds
         tot, wait_sum, time_sum = (peer.sum(sums) if cfg.backend == "ddp"
@@ -211,12 +204,12 @@ def worker(cfg: WorkerConfig) -> int:
         if rank == 0:
             print("BENCH " + json.dumps({
                 "backend": cfg.backend, "ranks": size, "hidden_size": cfg.hidden_size,
-                "variant": r["label"], "rnn_impl": r["impl"], "rnn_kernels": r["kernels"],
-                "cuda_graphs": r["graphs"], "device": str(device), "precision": cfg.precision,
+                "variant": r.label, "rnn_impl": r.impl, "rnn_kernels": r.kernels,
+                "cuda_graphs": r.graphs, "device": str(device), "precision": cfg.precision,
                 "batch_size": B, "seq_len": T, "step_time_s": step_time, "step_times_s": times,
                 "chars_per_s_per_rank": tot / size, "chars_per_s_total": tot,
                 "allreduce_wait_share": wait_sum / time_sum if cfg.backend != "ddp" else None,
-                "flops_per_char": r["model"].flops_per_char()}), flush=True)
+                "flops_per_char": r.model.flops_per_char()}), flush=True)
     if cfg.backend == "ddp":
         peer.close()
     return 0
@@ -258,16 +251,8 @@ def variants(cfg: BenchTrainConfig) -> list[tuple[str, dict]]:
     ``fused/auto``, ``fused/triton+graphs``, ``reference``); the plain LSTM has one."""
     if cfg.cell != "mlstm":
         return [("lstm", {"rnn_impl": "fused"})]
-    out = []
-    for impl in dict.fromkeys(cfg.rnn_impl):
-        if impl == "reference":
-            out.append((recurrence_label("reference"), {"rnn_impl": "reference"}))
-            continue
-        for kern in dict.fromkeys(cfg.rnn_kernels):
-            for graphs in dict.fromkeys(cfg.cuda_graphs):
-                out.append((recurrence_label("fused", kern, graphs),
-                            {"rnn_impl": "fused", "rnn_kernels": kern, "cuda_graphs": graphs}))
-    return out
+    return [(recurrence_label(*r), dict(zip(("rnn_impl", "rnn_kernels", "cuda_graphs"), r)))
+            for r in rnn_impls(cfg.rnn_impl, cfg.rnn_kernels, cfg.cuda_graphs)]
 
 
 def summarize_train(trials: dict[tuple[str, str, int], list[dict]], peak: float) -> dict:

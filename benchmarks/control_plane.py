@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from benchmarks.harness import run_records
+from benchmarks.harness import run_records, save_json
 from hvd_lm.jobs.job_scripts import local_mpi_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -284,8 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(rows["stop"][-1]), flush=True)
         rows["resume_h1024"] = resume_reads(big_checkpoint(folder, shards), 1)
     print(table(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    save_json(args.json, rows, indent=1)
     return 0
 
 

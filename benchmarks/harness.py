@@ -1,6 +1,7 @@
 """What every benchmark shares: running a child (a rank under ``mpirun``/``horovodrun``, a
-training run, one fit) and collecting the JSON records it prints, the synthetic batches the
-training benches time, the median of repeated runs, the side-by-side table
+training run, one fit) and collecting the JSON records it prints, the seeded LM with its
+optimizer and step settings (:func:`lm_step`), the recurrences (:func:`rnn_impls`) and the synthetic
+batches the training benches time, the median of repeated runs, the side-by-side table
 (:func:`print_table`) and the ``--json`` file.
 
 A child prints each record as one line ``<marker>{json}`` (or ``<marker>[json, ...]``) on
@@ -16,6 +17,7 @@ import re
 import statistics
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 from hvd_lm.util.atomic import write_text
 
@@ -55,6 +57,40 @@ def random_batches(steps: int, batch: int, seq_len: int, seed: int) -> list:
                          generator=torch.Generator().manual_seed(seed))
     return [Batch(d[:, :-1].contiguous(), d[:, 1:].contiguous(),
                   torch.zeros(batch, seq_len, dtype=torch.bool), batch * seq_len) for d in data]
+
+
+def lm_step(model, device, precision: str = "fp32", batch: int = 1) -> SimpleNamespace:
+    """What timing the loop's own training step needs, made alike by every bench: the LM of
+    ``model`` (a :class:`hvd_lm.model.lm.ModelConfig`) seeded with 0 on ``device``, Adam as
+    ``hvd-lm train`` builds it (:func:`hvd_lm.train.optim.build_optimizer`, LR 1e-4), the
+    precision's scaler, the step's settings (clip at 1.0) and ``batch`` rows of zero state:
+    ``namespace(model, opt, scaler, spec, state)``."""
+    import torch
+
+    from hvd_lm.model import device as devices
+    from hvd_lm.model.lm import LanguageModel
+    from hvd_lm.train.optim import build_optimizer
+    from hvd_lm.train.settings import OptimConfig
+    from hvd_lm.train.step import StepSpec
+
+    torch.manual_seed(0)
+    lm = LanguageModel(model).to(device)
+    return SimpleNamespace(model=lm, opt=build_optimizer(lm, OptimConfig(), 1e-4),
+                           scaler=devices.make_scaler(device, precision),
+                           spec=StepSpec(device, precision, grad_clip=1.0),
+                           state=lm.init_state(batch, device))
+
+
+def rnn_impls(impls: list[str], kernels: list[str], graphs: list[bool]
+                ) -> list[tuple[str, str, bool]]:
+    """``(rnn_impl, rnn_kernels, cuda_graphs)`` of every mLSTM recurrence to time, in ``impls``
+    order, duplicates dropped: a non-fused one once (``auto``, no graphs), ``fused`` once per
+    (kernels, graphs) pair."""
+    out = []
+    for impl in dict.fromkeys(impls):
+        out += ([("fused", k, g) for k in dict.fromkeys(kernels) for g in dict.fromkeys(graphs)]
+                if impl == "fused" else [(impl, "auto", False)])
+    return out
 
 
 def medians(rows: list[dict], keys: tuple[str, ...]) -> dict:

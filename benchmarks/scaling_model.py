@@ -120,8 +120,6 @@ def ring_allreduce_time(nbytes: float, n: int, latency_s: float, bandwidth_GBps:
     if nbytes < 0 or latency_s < 0 or not bandwidth_GBps > 0:
         raise ValueError(f"need nbytes >= 0, latency >= 0, bandwidth > 0; got {nbytes}, "
                          f"{latency_s}, {bandwidth_GBps}")
-    if n == 1:
-        return 0.0
     return 2 * (n - 1) * latency_s + 2 * (n - 1) / n * nbytes / (bandwidth_GBps * GB)
 
 
@@ -188,8 +186,6 @@ def alltoall_time(nbytes: float, n: int, gpus_per_node: int, intra: Link, inter:
     time. Unlike a ring, whose every node carries about 2 S, an alltoall sends g times more per
     node across the network than it would with one rank per node. 0 for n = 1."""
     _check_topology(n, gpus_per_node)
-    if n == 1:
-        return 0.0
     g = min(n, gpus_per_node)
     if n <= gpus_per_node:
         return (n - 1) * intra.latency_s + (n - 1) / n * nbytes * bandwidth_factor / intra.beta
@@ -204,8 +200,6 @@ def ring_allgather_time(part_bytes: float, n: int, gpus_per_node: int, intra: Li
     part / beta``, with the flat ring's slowest link across nodes (as :func:`flat_ring_time`:
     each node's NICs carry (n-1) parts). 0 for n = 1."""
     lat, bw = _ring_link(n, gpus_per_node, intra, inter)
-    if n == 1:
-        return 0.0
     return (n - 1) * lat + (n - 1) * part_bytes * bandwidth_factor / (bw * GB)
 
 

@@ -20,7 +20,6 @@ reference's table (Puri et al. 2018, "Distributed data parallel scaling") is in 
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Optional
 
 import matplotlib
 
-from benchmarks.harness import print_table, save_json
+from benchmarks.harness import medians, print_table, save_json
 from hvd_lm.options import Command, option
 from hvd_lm.train.log import iter_metrics
 from hvd_lm.util.files import shown
@@ -108,7 +107,7 @@ def read_run(path: str | Path, skip: int = 1) -> RunTiming:
     if not f.exists():  # (a FIFO or a device is named by the reader: hvd_lm.train.log)
         raise FileNotFoundError(f"{shown(path)}: no metrics.jsonl (is it an hvd-lm train run "
                                 "directory?)")
-    starts, times, rates, compute, since_start = [], [], [], [], 0
+    starts, used, since_start = [], [], 0
     for rec in iter_metrics(f):
         kind = rec.get("kind")
         if kind == "start":
@@ -117,24 +116,21 @@ def read_run(path: str | Path, skip: int = 1) -> RunTiming:
         elif kind == "train" and rec.get("step_time") is not None:
             since_start += 1
             if since_start > skip:
-                times.append(float(rec["step_time"]))
-                if rec.get("chars_per_s") is not None:
-                    rates.append(float(rec["chars_per_s"]))
-                if rec.get("compute_time_max") is not None:
-                    compute.append(float(rec["compute_time_max"]))
+                used.append({k: rec.get(k) for k in ("step_time", "chars_per_s",
+                                                     "compute_time_max")})
     if not starts:
         raise ValueError(f"{f}: no 'start' record, so no world size")
     sizes = {int(s["world_size"]) for s in starts}
     if len(sizes) != 1:
         raise ValueError(f"{f}: the run was (re)started with different world sizes {sorted(sizes)}")
-    if not times:
+    if not used:
         raise ValueError(f"{f}: no 'train' record with step_time left after skipping the first "
                          f"{skip} after each start (train longer, log more often, or lower --skip)")
     gpus = sizes.pop()
     gb = int(starts[0].get("global_batch") or gpus)
-    return RunTiming(str(path), gpus, gb, statistics.median(times), len(times),
-                     statistics.median(rates) if rates else None,
-                     statistics.median(compute) if compute else None)
+    m = medians(used, ("step_time", "chars_per_s", "compute_time_max"))
+    return RunTiming(str(path), gpus, gb, m["step_time"], len(used), m["chars_per_s"],
+                     m["compute_time_max"])
 
 
 def scaling_rows(runs: list[RunTiming], baseline: str = "one",

@@ -80,6 +80,11 @@ def calibrate_sync_overhead(calibration: Calibration | None = None,
     return max(0.0, col["rows"][n][0] - step_time(cfg, n)["s_per_iter"])
 
 
+def _sync(calibration: Calibration | None, sync_overhead_s: float | None) -> float:
+    """``sync_overhead_s``, or when None :func:`calibrate_sync_overhead`'s."""
+    return calibrate_sync_overhead(calibration) if sync_overhead_s is None else sync_overhead_s
+
+
 def validate(calibration: Calibration | None = None, sync_overhead_s: float | None = None
              ) -> dict:
     """Predicted vs published for every row of the reference's scaling table.
@@ -90,8 +95,7 @@ def validate(calibration: Calibration | None = None, sync_overhead_s: float | No
     Returns:
         ``{"sync_overhead_s", "rows": [...], "summary": {column: max/mean abs error}}``.
     """
-    if sync_overhead_s is None:
-        sync_overhead_s = calibrate_sync_overhead(calibration)
+    sync_overhead_s = _sync(calibration, sync_overhead_s)
     rows = []
     for col, spec in PUBLISHED.items():
         t1 = spec["rows"][1][0]
@@ -155,8 +159,7 @@ def recommend(calibration: Calibration | None = None, sync_overhead_s: float | N
     effective per-node bandwidth that reproduces the published 128-GPU s/iter,
     :func:`effective_inter_bandwidth`). Speedup is n t(1)/t(n) at the setting's own batch;
     ``throughput_vs_1gpu_ref`` is throughput relative to 1 GPU at batch 256."""
-    if sync_overhead_s is None:
-        sync_overhead_s = calibrate_sync_overhead(calibration)
+    sync_overhead_s = _sync(calibration, sync_overhead_s)
     bw_eff = effective_inter_bandwidth(sync_overhead_s=sync_overhead_s, calibration=calibration)
     fusion_default = 128 * MIB
     settings = {
@@ -212,8 +215,7 @@ def onebit_study(calibration: Calibration | None = None, sync_overhead_s: float 
     """
     if not 0 <= warmup_fraction <= 1:
         raise ValueError(f"warmup fraction must be in [0, 1], got {warmup_fraction}")
-    if sync_overhead_s is None:
-        sync_overhead_s = calibrate_sync_overhead(calibration)
+    sync_overhead_s = _sync(calibration, sync_overhead_s)
     bw_eff = effective_inter_bandwidth(sync_overhead_s=sync_overhead_s, calibration=calibration)
     columns = {"10 GbE": DGX1V_LINKS["10gbe"],
                "IB as published": replace(DGX1V_LINKS["ib"], bandwidth_GBps=bw_eff),
@@ -367,8 +369,7 @@ def run(args: "ScalingModelConfig") -> int:
                  else DGX1V_LINKS["nvlink"])
         inter = (Link(args.inter_bw, args.inter_latency) if args.inter_bw
                  else DGX1V_LINKS[args.inter])
-        sync = (args.sync_overhead if args.sync_overhead is not None
-                else calibrate_sync_overhead(cal))
+        sync = _sync(cal, args.sync_overhead)
         cfg = ScalingConfig(
             compute_time_s=args.compute_time, params=params, grad_bytes=args.grad_bytes,
             compression=args.compression, onebit_chunk=args.onebit_chunk,
@@ -463,10 +464,9 @@ class ScalingModelConfig:
     sync_overhead: Optional[float] = option(None, "t_sync, s (default: calibrated on the "
                                             "reference's 8-GPU row)", ge=0)
     bench_json: str = option("shipped", "`python -m benchmarks allreduce --json` output "
-                             "calibrating "
-                             "Horovod's per-op overhead and bandwidth factor: a file, 'shipped' "
-                             "(docs/results/allreduce_calibration.json, what the docs used) or "
-                             "'none'")
+                             "calibrating Horovod's per-op overhead and bandwidth factor: a file, "
+                             "'shipped' (docs/results/allreduce_calibration.json, what the docs "
+                             "used) or 'none'")
     horovod_label: str = option("hvd-mpi", "bench configuration of Horovod")
     mpi_label: str = option("mpi4py", "bench configuration of raw MPI")
     latency_label: str = option("", "configuration for the per-op overhead (default: the "

@@ -42,17 +42,15 @@ def iter_lines(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *, keepends
     """
     for first, chunk in iter_segments(spec, stripe, n_stripes, **kw):
         lines = chunk.split(b"\n")
-        ends_nl = lines[-1] == b""
-        if ends_nl:
+        if ends_nl := not lines[-1]:
             lines.pop()
-        last = len(lines) - 1
-        for k, raw in enumerate(lines):
-            if keepends:
-                if k < last or ends_nl:
-                    raw += b"\n"
-            elif raw.endswith(b"\r"):
+        last = first + len(lines) - 1
+        for line_no, raw in enumerate(lines, first):
+            if keepends and (line_no < last or ends_nl):
+                raw += b"\n"
+            elif not keepends and raw.endswith(b"\r"):
                 raw = raw[:-1]
-            yield first + k, *decode(raw, first + k == 1)
+            yield line_no, *decode(raw, line_no == 1)
 
 
 def decode(raw: bytes, first: bool) -> tuple[str, bool]:

@@ -108,12 +108,8 @@ def prepare(cfg: PrepareConfig, ctx: Optional[Context] = None) -> dict:
     held: list = []
     ctx.root_call(lambda: (resume.check_out(cfg.out),
                            held.append(FolderLock(out, "prepare output folder"))))
-    lock = held[0] if held else None
-    try:
+    with held[0] if held else contextlib.nullcontext():  # released however the run ends
         return _prepare(cfg, ctx, out)
-    finally:
-        if lock is not None:
-            lock.release()
 
 
 @dataclass

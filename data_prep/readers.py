@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import functools
 import json
 import re
 from typing import Callable, Iterator, Optional
@@ -67,31 +68,6 @@ from data_prep.lines import decode, iter_lines, iter_segments
 from data_prep.tars import read_tar_members
 
 _TAG = re.compile(r"<([A-Za-z_][\w.-]*)>")
-
-
-def _json_record(spec, line_no, text, ok, stats, skip_bad, utf8_errors, parse, what):
-    """One line of a json/loose-json file: its text field, or ``None`` (blank line or bad
-    record, counted)."""
-    if not text or text.isspace():
-        stats.blank_lines += 1
-        return None
-    key = spec.text_field
-    try:
-        obj = parse(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError) as e:
-        count_bad(stats, skip_bad, spec.path, line_no, f"invalid {what}: {e}")
-        return None
-    value = obj.get(key) if isinstance(obj, dict) else None
-    if not isinstance(value, str):
-        reason = (f"{what} value is a {type(obj).__name__}, expected an object"
-                  if not isinstance(obj, dict) else f"no field {key!r}" if key not in obj else
-                  f"field {key!r} is {type(value).__name__}, expected a string")
-        count_bad(stats, skip_bad, spec.path, line_no, reason)
-        return None
-    if not ok and not utf8_ok(stats, skip_bad, utf8_errors, spec.path, line_no):
-        return None
-    stats.records += 1
-    return value
 
 
 #: A line with at least this many ``[`` and ``{`` (it could nest containers deeper than
@@ -111,15 +87,15 @@ def _json_records(spec, segments, stats, skip_bad, utf8_errors):
     no BOM), all of which ``json`` accepts with the same result, and duplicate keys keep the
     last value in both. Every other line (blank, invalid, BOM, not an object, missing field,
     invalid UTF-8, possibly deep nesting), and every ``loose-json`` line, is decoded and parsed
-    by ``json.loads`` (``ast.literal_eval``) in :func:`_json_record`, which names what is wrong.
+    by ``json.loads`` (``ast.literal_eval``), and what is wrong with it is named.
     """
     key, loose = spec.text_field, spec.format == "loose-json"
     parse, what = (ast.literal_eval, "Python literal") if loose else (json.loads, "JSON")
-    for line_no, chunk in segments:
+    for first, chunk in segments:
         lines = chunk.split(b"\n")
         if not lines[-1]:
             lines.pop()
-        for raw in lines:
+        for line_no, raw in enumerate(lines, first):
             if not loose and (len(raw) < _DEEP_LINE or (
                     b"[" not in raw and raw.find(b"{", raw.find(b"{") + 1) < 0)
                     or raw.count(b"[") + raw.count(b"{") < _DEEP_LINE):
@@ -130,14 +106,25 @@ def _json_records(spec, segments, stats, skip_bad, utf8_errors):
                 if type(obj) is dict and type(value := obj.get(key)) is str:
                     stats.records += 1
                     yield line_no, value
-                    line_no += 1
                     continue
             text, ok = decode(raw[:-1] if raw.endswith(b"\r") else raw, line_no == 1)
-            value = _json_record(spec, line_no, text, ok, stats, skip_bad, utf8_errors, parse,
-                                 what)
-            if value is not None:
+            if not text or text.isspace():
+                stats.blank_lines += 1
+                continue
+            try:
+                obj = parse(text)
+            except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError) as e:
+                count_bad(stats, skip_bad, spec.path, line_no, f"invalid {what}: {e}")
+                continue
+            if not isinstance(obj, dict):
+                count_bad(stats, skip_bad, spec.path, line_no,
+                          f"{what} value is a {type(obj).__name__}, expected an object")
+            elif not isinstance(value := obj.get(key), str):
+                count_bad(stats, skip_bad, spec.path, line_no, f"no field {key!r}" if key not in obj
+                          else f"field {key!r} is {type(value).__name__}, expected a string")
+            elif ok or utf8_ok(stats, skip_bad, utf8_errors, spec.path, line_no):
+                stats.records += 1
                 yield line_no, value
-            line_no += 1
 
 
 class _TooLong(Exception):
@@ -211,12 +198,10 @@ def _delimited_records(spec, lines, stats, skip_bad, utf8_errors, cap=None):
 
 
 def _review_records(spec, lines, stats, skip_bad, utf8_errors, cap=None):
-    want = spec.text_field
-    in_review = skipping = False
+    want, bad = spec.text_field, functools.partial(count_bad, stats, skip_bad, spec.path)
+    in_review = skipping = invalid = False
     start = size = 0
-    cur: Optional[str] = None
-    value: Optional[list] = None
-    invalid = False
+    cur = value = None  # the open field's tag; the text field's lines, once its tag is seen
     for line_no, text, ok in lines:
         s = text.strip()
         if not in_review:
@@ -226,13 +211,12 @@ def _review_records(spec, lines, stats, skip_bad, utf8_errors, cap=None):
                 in_review, skipping, start, size = True, False, line_no, 0
                 cur, value, invalid = None, None, not ok
             else:
-                count_bad(stats, skip_bad, spec.path, line_no, f"expected <review>, got {s[:40]!r}")
+                bad(line_no, f"expected <review>, got {s[:40]!r}")
             continue
         invalid = invalid or not ok
         size += len(text) + 1
         if cap is not None and size > cap and not skipping:  # a block of many short lines
-            count_bad(stats, skip_bad, spec.path, start, inputs.over_budget(
-                f"a <review> block of more than {cap:,} characters", cap))
+            bad(start, inputs.over_budget(f"a <review> block of more than {cap:,} characters", cap))
             skipping, value, cur = True, None, None  # --skip-bad: on to its </review>
         if skipping:
             if s == "</review>":
@@ -242,7 +226,7 @@ def _review_records(spec, lines, stats, skip_bad, utf8_errors, cap=None):
             if s == "</review>":
                 in_review = False
                 if value is None:
-                    count_bad(stats, skip_bad, spec.path, start, f"<review> block has no <{want}>")
+                    bad(start, f"<review> block has no <{want}>")
                 elif not invalid or utf8_ok(stats, skip_bad, utf8_errors, spec.path, start):
                     stats.records += 1
                     yield start, "\n".join(value)
@@ -253,15 +237,14 @@ def _review_records(spec, lines, stats, skip_bad, utf8_errors, cap=None):
                 if cur == want:
                     value = []
             elif s:
-                count_bad(stats, skip_bad, spec.path, line_no,
-                     f"unexpected {s[:40]!r} between fields of the <review> block "
-                     f"starting at line {start}")
+                bad(line_no, f"unexpected {s[:40]!r} between fields of the <review> block "
+                    f"starting at line {start}")
                 skipping = True
         elif s == f"</{cur}>":
             cur = None
         elif s in ("<review>", "</review>"):
-            count_bad(stats, skip_bad, spec.path, line_no,
-                 f"{s} inside <{cur}> (field not closed) in the block starting at line {start}")
+            bad(line_no, f"{s} inside <{cur}> (field not closed) in the block starting at line "
+                f"{start}")
             if s == "<review>":
                 start, cur, value, invalid = line_no, None, None, not ok
             else:
@@ -269,8 +252,7 @@ def _review_records(spec, lines, stats, skip_bad, utf8_errors, cap=None):
         elif cur == want:
             value.append(text)
     if in_review:
-        count_bad(stats, skip_bad, spec.path, start,
-             "<review> block not closed at end of file")
+        bad(start, "<review> block not closed at end of file")
 
 
 def _text_records(spec, lines, stats, skip_bad, utf8_errors):

@@ -224,8 +224,7 @@ def _load_sorted(pairs: list, dedup: bool):
     dups = 0
     if dedup and len(order) > 1:
         s0, s1 = k0[order], k1[order]
-        keep = np.ones(len(order), dtype=bool)
-        keep[1:] = (s0[1:] != s0[:-1]) | (s1[1:] != s1[:-1])
+        keep = np.r_[True, (s0[1:] != s0[:-1]) | (s1[1:] != s1[:-1])]  # first of equal keys
         dups = int(len(order) - keep.sum())
         order = order[keep]
     return dat, starts[order], lengths[order], dups

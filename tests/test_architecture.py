@@ -250,9 +250,8 @@ OWN_READS = {
     ("hvd_lm/util/atomic.py", "open('/proc/self/status')"): "this process's memory",
     # ---- what the command itself writes, in its own folders
     ("hvd_lm/util/atomic.py", "os.open(directory)"): "fsync of the folder it renamed into",
-    ("hvd_lm/util/atomic.py", "open(tmp)"): "its own temporary file, before the rename",
-    ("hvd_lm/util/lock.py", "os.open(path)"): "the folder's .lock (O_NOFOLLOW, checked)",
-    ("hvd_lm/formats/export.py", "open(tmp / name)"): "fsync of the export it is writing",
+    ("hvd_lm/util/atomic.py", "open(part)"):
+        "its own temporary file (or each file of an exported folder), before the rename",
     ("hvd_lm/formats/shards.py", "h5py.File(tmp)"): "the shard writer's temporary file",
     ("hvd_lm/jobs/download.py", "open(tmp)"): "the download's temporary file, written",
     ("hvd_lm/jobs/demo.py", "lm_json.read_text()"): "the demo's eval output, in its folder",
@@ -283,7 +282,7 @@ OWN_READS = {
     ("data_prep/sort.py", "open(dt_path)"): "prepare's spill files",
     ("data_prep/sort.py", "open(part / 'data.bin')"): "prepare's sorted buckets, written",
     # ---- the package's own files, and the toolchain an install builds with
-    ("hvd_lm/jobs/doctor_facts.py", "p.read_bytes()"): "hvd_lm's sources, for their digest",
+    ("hvd_lm/jobs/doctor_agent.py", "p.read_bytes()"): "hvd_lm's sources, for their digest",
     ("hvd_lm/jobs/job_scripts.py", "(templates / SCHEDULERS[spec.scheduler]).read_text()"):
         "the package's launch/ templates (HVD_LM_LAUNCH_DIR: the tests' copy)",
     # ---- a path its caller has checked with files.py (or is_file) first

@@ -1,7 +1,7 @@
-"""Asynchronous checkpoints (hvd_lm.train.async_checkpoint): the copy is taken at the step, the
-write goes on while training does, a failed write is the synchronous error at the next wait, the
-next checkpoint / a signal / the end wait for the write in flight, and a process killed during a
-write resumes from the previous complete checkpoint."""
+"""Asynchronous checkpoints (hvd_lm.train.checkpointer.CheckpointWriter): the copy is taken at the
+step, the write goes on while training does, a failed write is the synchronous error at the next
+wait, the next checkpoint / a signal / the end wait for the write in flight, and a process killed
+during a write resumes from the previous complete checkpoint."""
 from __future__ import annotations
 
 import errno
@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from hvd_lm.formats import checkpoint as ck
-from hvd_lm.train.async_checkpoint import CheckpointWriter, to_host
+from hvd_lm.formats.checkpoint import to_host
+from hvd_lm.train.checkpointer import CheckpointWriter
 from hvd_lm.util import atomic
 from tests import conftest
 from tests._mp import launch_env, run

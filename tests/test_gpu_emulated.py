@@ -27,8 +27,7 @@ import torch
 from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.model import mlstm_kernels as K
 from hvd_lm.model.lm import LanguageModel, ModelConfig
-from hvd_lm.model.mlstm_fused import WindowGraphs, mlstm_window
-from hvd_lm.model.mlstm_gemms import out_dtype_gemm, weight_grad_mm
+from hvd_lm.model.mlstm_fused import WindowGraphs, mlstm_window, out_dtype_gemm, weight_grad_mm
 from hvd_lm.train.data import RankStreams
 from tests._mp import SHARED, launch_env, run
 from tests.scripts.mlstm_cases import StaticBufferCapture, train_windows
@@ -281,7 +280,7 @@ def test_triton_launches_bind_after_the_first(monkeypatch):
 
 def test_uniform_steps_needs_16_byte_step_strides():
     """A binding serves every step only when each per-step slice keeps step 0's alignment."""
-    from hvd_lm.model.mlstm_layout import uniform_steps
+    from hvd_lm.model.mlstm_fused import uniform_steps
 
     assert uniform_steps(torch.empty(3, 4, 8), None, torch.empty(3, 4, 1))  # 128 B, 16 B
     assert not uniform_steps(torch.empty(3, 3, 1))  # 12 B a step (an fp32 flag of B = 3)

@@ -91,7 +91,7 @@ def test_tensorboard_gets_each_value_and_a_handed_back_log_appends(one_rank, tmp
     m = Metrics(tmp_path, tensorboard=True)
     m.open(None, 0)
     m.record("eval", 5, val_bpc=1.5, val_chars=100, note="text")
-    m.hand_back()  # no longer rank 0 (an elastic reset)
+    m.close()  # no longer rank 0 (an elastic reset)
     m.record("eval", 6, val_bpc=9.0)
     m.open(None, 6)  # rank 0 again
     m.record("end", 7)

@@ -15,9 +15,17 @@ from benchmarks import bench_train as bt
 from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.model import mlstm_kernels as K
 from hvd_lm.model.lm import LanguageModel, ModelConfig
-from hvd_lm.model.mlstm_fused import MLSTMWindow, WindowGraphs, mlstm_window, saved_bytes
+from hvd_lm.model.mlstm_fused import (
+    LAYOUTS,
+    MLSTMWindow,
+    WindowGraphs,
+    default_layout,
+    mlstm_window,
+    saved_bytes,
+    steps_empty,
+    to_layout,
+)
 from hvd_lm.model.mlstm_graphs import signature
-from hvd_lm.model.mlstm_layout import LAYOUTS, default_layout, steps_empty, to_layout
 from hvd_lm.train.data import RankStreams
 from hvd_lm.train.step import window_nll
 from tests._mp import launch_env, run

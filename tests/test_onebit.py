@@ -14,7 +14,7 @@ from pytorch_optimizer import Lamb
 from hvd_lm.comm import onebit_compression as ob
 from hvd_lm.comm.engine import ring_allreduce_wire_bytes
 from hvd_lm.options import ConfigError, from_dict
-from hvd_lm.train.onebit_optimizers import OnebitAdam, OnebitLamb
+from hvd_lm.train.optim import OnebitAdam, OnebitLamb
 from hvd_lm.train.settings import TrainConfig
 from tests.scripts.onebit_rounds import inputs as round_inputs
 

@@ -25,7 +25,7 @@ import contextlib
 import functools
 import math
 import os
-from typing import ContextManager, Iterator
+from typing import ContextManager
 
 import torch
 
@@ -140,7 +140,7 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
                           allreduce_op: str = "average") -> torch.optim.Optimizer:
     """Wrap ``optimizer`` in ``hvd.DistributedOptimizer`` (its gradient hooks start the allreduce
     of each gradient as soon as it is ready; tensor fusion batches them). The 1-bit optimisers
-    are wrapped by :class:`hvd_lm.train.onebit_optimizers.OnebitDistributedOptimizer`, which calls
+    are wrapped by :class:`hvd_lm.train.optim.OnebitDistributedOptimizer`, which calls
     this for its warmup.
 
     Args:
@@ -160,8 +160,7 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
         ValueError: unknown compression or op, or one the engine does not have (naming it).
     """
     hvd = _hvd()
-    comps = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16,
-             "bf16": getattr(hvd.Compression, "bf16", None)}
+    comps = {c: getattr(hvd.Compression, c, None) for c in ("none", "fp16", "bf16")}
     ops = {"average": hvd.Average, "adasum": hvd.Adasum}
     if compression not in comps:
         raise ValueError(f"dist.compression must be one of {list(comps)}, got {compression!r}")
@@ -239,16 +238,12 @@ def synchronize(optimizer) -> None:
         optimizer.synchronize()  # Horovod: wait for the fused gradient allreduce
 
 
-@contextlib.contextmanager
-def skip_synchronize(optimizer) -> Iterator[None]:
+def skip_synchronize(optimizer) -> ContextManager[None]:
     """The context ``optimizer.step()`` runs in after :func:`synchronize`: Horovod's
     ``optimizer.skip_synchronize()`` (its ``step()`` would otherwise synchronize again, and warn)
     on an optimizer that :func:`synchronizes`; nothing for a plain torch optimizer."""
-    if synchronizes(optimizer):
-        with optimizer.skip_synchronize():  # Horovod: the step after an explicit synchronize
-            yield
-    else:
-        yield
+    # Horovod: the step after an explicit synchronize
+    return optimizer.skip_synchronize() if synchronizes(optimizer) else contextlib.nullcontext()
 
 
 def ring_allreduce_wire_bytes(nbytes: int, world_size: int) -> int:

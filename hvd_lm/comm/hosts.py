@@ -79,9 +79,8 @@ def parse_hostfile(path: str, what: str = "--hostfile") -> list[tuple[str, int]]
             its number). Each names ``what`` (the flag or variable) and the file.
     """
     try:
-        raw_bytes = read_bounded(path, HOSTFILE_MAX_BYTES, "a hostfile is text, a line per "
-                                 "host or per rank (hvd_lm.comm.hosts.HOSTFILE_MAX_BYTES)")
-        text = raw_bytes.decode("utf-8")
+        text = read_bounded(path, HOSTFILE_MAX_BYTES, "a hostfile is text, a line per host or "
+                            "per rank (hvd_lm.comm.hosts.HOSTFILE_MAX_BYTES)").decode("utf-8")
     except FileNotFoundError:
         raise ValueError(f"{what} {shown(path)}: no such file") from None
     except UnicodeDecodeError as e:

@@ -76,6 +76,5 @@ class MpiWorld:
         return self.communicator.allgather(obj)
 
 
-def world() -> MpiWorld:
-    """The world communicator (initialises MPI on first use)."""
-    return MpiWorld()
+#: The world communicator (``world()`` initialises MPI on first use).
+world = MpiWorld

@@ -145,11 +145,8 @@ def lost_text(lost: list[dict]) -> str:
     by_host: dict[tuple[str, str], list[int]] = {}
     for p in sorted(lost, key=lambda p: p["rank"]):
         by_host.setdefault((p["host"], p["why"]), []).append(p["rank"])
-    parts = []
-    for (host, why), ranks in by_host.items():
-        rs = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {','.join(map(str, ranks))}"
-        parts.append(f"{rs} on host {host} ({why})")
-    return "lost " + "; ".join(parts)
+    return "lost " + "; ".join(f"rank{'s' * (len(ranks) > 1)} {','.join(map(str, ranks))} on "
+                               f"host {host} ({why})" for (host, why), ranks in by_host.items())
 
 
 class LostPeer(RuntimeError):

@@ -18,6 +18,7 @@ docs/training.md, "Threads").
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -68,11 +69,9 @@ def idle_cores(seconds: float = LOAD_SAMPLE_S) -> float:
 def machine_id() -> str:
     """This machine's identity across containers and network namespaces: the kernel's boot id
     (the host name where there is none)."""
-    try:
-        with open(BOOT_ID) as f:
-            return f.read(64).strip() or socket.gethostname()
-    except OSError:
-        return socket.gethostname()
+    with contextlib.suppress(OSError), open(BOOT_ID) as f:
+        return f.read(64).strip() or socket.gethostname()
+    return socket.gethostname()
 
 
 def ranks_on_this_machine(ctx, collective: bool = True) -> int:
@@ -98,10 +97,8 @@ def threads_per_rank(requested: int, ranks_here: int, command: str = "train",
     an explicit ``requested`` puts ranks x threads (> 1 each) over the usable cores."""
     cores = usable_cores()
     threads = requested or max(1, cores // ranks_here)
-    if not requested and threads > 1:
-        idle = idle_cores()
-        free = max(1, int(idle + 0.5) // ranks_here)
-        threads = min(threads, free)
+    if not requested and threads > 1:  # the idle cores' share
+        threads = min(threads, max(1, int(idle_cores() + 0.5) // ranks_here))
     if warn and threads > 1 and ranks_here * threads > cores:
         print(f"hvd-lm {command}: WARNING: {ranks_here} rank(s) x {threads} threads on "
               f"{socket.gethostname()} exceed its {cores} usable cores: steps can run 20-50x "

@@ -195,12 +195,7 @@ def shutdown() -> None:
             dist.destroy_process_group()
 
 
-def rank() -> int:
-    return dist.get_rank()
-
-
-def size() -> int:
-    return dist.get_world_size()
+rank, size = dist.get_rank, dist.get_world_size
 
 
 def local_rank() -> int:
@@ -229,33 +224,23 @@ def is_collective_failure(exc: BaseException) -> bool:
 
 # ---- collectives --------------------------------------------------------------------------------
 
-class _Handle:
-    """An asynchronous allreduce: the work, its tensor, and whether to average."""
+def allreduce_async_(tensor: torch.Tensor, op=Average, name: str | None = None) -> tuple:
+    """Start an in-place reduction (sum, average or maximum); :func:`synchronize` waits for it.
+    The handle: (the work, ``tensor``, the op)."""
+    return dist.all_reduce(tensor, op=_OPS[op], async_op=True), tensor, op
 
-    def __init__(self, tensor: torch.Tensor, op: str):
-        self.tensor, self.op = tensor, op
-        self.work = dist.all_reduce(tensor, op=_OPS[op], async_op=True)
 
-    def wait(self) -> torch.Tensor:
-        self.work.wait()
-        if self.op == Average:
-            self.tensor.div_(size())
-        return self.tensor
+def synchronize(handle: tuple) -> torch.Tensor:
+    """Wait for :func:`allreduce_async_`'s reduction; its tensor (divided by the ranks for an
+    average)."""
+    work, tensor, op = handle
+    work.wait()
+    return tensor.div_(size()) if op == Average else tensor
 
 
 def allreduce(tensor: torch.Tensor, op=Average, name: str | None = None) -> torch.Tensor:
     """The reduction over ranks (sum, average or maximum) of a copy of ``tensor``."""
-    return _Handle(tensor.clone(), op).wait()
-
-
-def allreduce_async_(tensor: torch.Tensor, op=Average, name: str | None = None) -> _Handle:
-    """Start an in-place reduction; :func:`synchronize` waits for it."""
-    return _Handle(tensor, op)
-
-
-def synchronize(handle: _Handle) -> torch.Tensor:
-    """Wait for :func:`allreduce_async_`'s reduction; its tensor."""
-    return handle.wait()
+    return synchronize(allreduce_async_(tensor.clone(), op))
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
@@ -268,12 +253,9 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     counts = [torch.zeros_like(rows) for _ in range(n)]
     dist.all_gather(counts, rows)
     counts = [int(c) for c in counts]
-    top = max(counts)
-    padded = tensor
-    if tensor.shape[0] < top:
-        padded = torch.cat([tensor, tensor.new_zeros((top - tensor.shape[0], *tensor.shape[1:]))])
+    padded = torch.cat([tensor, tensor.new_zeros((max(counts) - len(tensor), *tensor.shape[1:]))])
     parts = [torch.empty_like(padded) for _ in range(n)]
-    dist.all_gather(parts, padded.contiguous())
+    dist.all_gather(parts, padded)
     return torch.cat([p[:c] for p, c in zip(parts, counts)])
 
 
@@ -386,14 +368,8 @@ def DistributedOptimizer(optimizer, named_parameters=None,  # noqa: N802 - Horov
                          compression=Compression.none, backward_passes_per_step: int = 1,
                          op=Average):
     """``optimizer`` itself: under DDP (:func:`wrap_model`) the gradients are averaged when
-    backward returns, so there is nothing to wait for at the step.
-
-    Raises:
-        ValueError: an op other than average (Adasum is Horovod's).
-    """
-    if op != Average:
-        raise ValueError(f"the torch engine averages gradients (op {op!r} is Horovod's: "
-                         "--backend horovod)")
+    backward returns, so there is nothing to wait for at the step (the only op:
+    :func:`hvd_lm.comm.engine.distributed_optimizer` refuses Adasum, Horovod's, first)."""
     return optimizer
 
 

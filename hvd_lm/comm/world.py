@@ -101,9 +101,10 @@ class LauncherEnvError(ValueError):
     a host name with a space. The message is one line naming the variable and its value."""
 
 
-def _value(env: Mapping[str, str], name: str) -> str | None:
-    """``env[name]`` stripped, or None when it is unset or empty (a template's ``VAR=``)."""
-    text = (env.get(name) or "").strip()
+def _value(env: Mapping[str, str] | None, name: str) -> str | None:
+    """``env[name]`` (None: ``os.environ``) stripped, or None when it is unset or empty (a
+    template's ``VAR=``)."""
+    text = ((os.environ if env is None else env).get(name) or "").strip()
     return text or None
 
 
@@ -124,18 +125,14 @@ def env_int(name: str, lo: int, hi: int, what: str, environ: Mapping[str, str] |
         LauncherEnvError: not an integer (``x``, ``1.5``, ``nan``), or outside ``lo..hi``
             (``-1``, ``0`` for a size), naming the variable, its value and the range.
     """
-    env = os.environ if environ is None else environ
-    text = _value(env, name)
+    text = _value(environ, name)
     if text is None:
         return None
-    tail = f" ({context})" if context else ""
-    if not re.fullmatch(r"[+-]?\d{1,30}", text):
+    n = int(text) if re.fullmatch(r"[+-]?\d{1,30}", text) else None
+    if n is None or not lo <= n <= hi:
+        why = f"an integer in {lo}..{hi}" if n is None else f"outside {lo}..{hi}"
         raise LauncherEnvError(f"launcher environment: {_named(name, text)} is not {what}: "
-                               f"an integer in {lo}..{hi}{tail}")
-    n = int(text)
-    if not lo <= n <= hi:
-        raise LauncherEnvError(f"launcher environment: {_named(name, text)} is not {what}: "
-                               f"outside {lo}..{hi}{tail}")
+                               f"{why}" + (f" ({context})" if context else ""))
     return n
 
 
@@ -148,8 +145,7 @@ def env_seconds(name: str, default: float | None, hi: float = 7 * 86400.0,
         LauncherEnvError: not a number, not finite (``nan``, ``inf``), not above 0, or above
             ``hi`` (a week by default), naming the variable and its value.
     """
-    env = os.environ if environ is None else environ
-    text = _value(env, name)
+    text = _value(environ, name)
     if text is None:
         return default
     try:
@@ -343,8 +339,7 @@ def under_openmpi(environ: Mapping[str, str] | None = None) -> bool:
     """True when OpenMPI's ``mpirun`` (directly, or as ``horovodrun --mpi`` runs it) started this
     process, whatever the world size: its ``OMPI_COMM_WORLD_SIZE`` is set. Such a process must
     expect mpirun's teardown on SIGTERM/SIGINT (:class:`hvd_lm.train.deadline.StopSignals`)."""
-    env = os.environ if environ is None else environ
-    return "OMPI_COMM_WORLD_SIZE" in env
+    return "OMPI_COMM_WORLD_SIZE" in (os.environ if environ is None else environ)
 
 
 def horovodrun_mpi_shell() -> int | None:

@@ -164,8 +164,7 @@ def latest_path(run_dir: str | Path) -> Path | None:
     if not latest.is_file():
         return None
     with open(latest, "rb") as f:
-        raw = f.read(256)
-    name = raw.decode("utf-8", "replace").strip()
+        name = f.read(256).decode("utf-8", "replace").strip()
     if not _STEP_FILE.match(name):
         raise CheckpointError(f"{latest}: names {name[:80]!r}, not a checkpoint of this folder "
                               "(latest holds one file name, step_NNNNNNNN.pt); fix or remove it, "
@@ -190,14 +189,12 @@ def resolve(path_or_run: str | Path) -> Path:
     p = Path(path_or_run)
     if p.exists() and not p.is_dir():  # a file; a FIFO or device is named by load()
         return p
-    target = latest_path(p)
-    if target is not None:
-        return target
-    found = list_checkpoints(p)
-    if found:
-        return found[-1]
-    raise FileNotFoundError(f"no checkpoint at {p} (looked for a file, "
-                            f"{checkpoint_dir(p) / 'latest'} and {checkpoint_dir(p)}/step_*.pt)")
+    target = latest_path(p) or (list_checkpoints(p) or [None])[-1]
+    if target is None:
+        d = checkpoint_dir(p)
+        raise FileNotFoundError(f"no checkpoint at {p} (looked for a file, {d / 'latest'} and "
+                                f"{d}/step_*.pt)")
+    return target
 
 
 def newest_complete(run_dir: str | Path) -> Path | None:
@@ -270,12 +267,10 @@ def to_host(obj):
         if hasattr(obj, "_metadata"):
             out._metadata = copy.deepcopy(obj._metadata)
         return out
-    if isinstance(obj, list):
-        return [to_host(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(to_host(v) for v in obj)
+    if isinstance(obj, (list, tuple)):
+        items = [to_host(v) for v in obj]
+        return items if isinstance(obj, list) else tuple(items)
     return obj
-
 
 
 def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict:
@@ -403,8 +398,7 @@ def load_newest(run_dir: str | Path, map_location: str | torch.device = "cpu",
             raise CheckpointError(errors[0])
         resolve(run_dir)  # raises FileNotFoundError naming what was looked for
     older = [c for c in reversed(found) if first is None or step_of(c) < step_of(first)]
-    candidates = ([first] if first is not None else []) + older
-    for c in candidates:
+    for c in ([first] if first is not None else []) + older:
         try:
             return c, load(c, map_location, mmap)
         except CheckpointError as e:

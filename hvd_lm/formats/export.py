@@ -32,16 +32,14 @@ and the folder is renamed into place (onto a missing or empty folder only).
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import shutil
 from pathlib import Path
 
 import torch
 
 from hvd_lm.formats.checkpoint import CheckpointError
-from hvd_lm.util.atomic import current_umask, disk_full, fsync_dir, temp_path
+from hvd_lm.util.atomic import atomic_path, current_umask
 from hvd_lm.util.digest import file_sha256
 from hvd_lm.util.files import FileRefused, read_json
 
@@ -99,11 +97,11 @@ def write_export(out_dir: str | Path, tensors: dict[str, torch.Tensor], config: 
     from safetensors.torch import save_file  # the one writer of the format
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(out)
-    tmp.mkdir()
     weights = {k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype)
                .contiguous() for k, v in tensors.items()}
-    try:
+    need = sum(t.numel() * t.element_size() for t in weights.values())
+    with atomic_path(out, needed=need, then="nothing was written") as tmp:
+        tmp.mkdir()
         save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
         # safetensors creates its file 0600: give it the mode the umask gives every other
         # file of the run (config.json, checkpoints), so others on a shared cluster can read it
@@ -111,18 +109,6 @@ def write_export(out_dir: str | Path, tensors: dict[str, torch.Tensor], config: 
         meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "weights": WEIGHTS,
                 "weights_sha256": file_sha256(tmp / WEIGHTS), **config}
         (tmp / CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
-        for name in (WEIGHTS, CONFIG):
-            with open(tmp / name, "rb+") as fh:
-                os.fsync(fh.fileno())
-        fsync_dir(tmp)
-        os.replace(tmp, out)
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            need = sum(t.numel() * t.element_size() for t in weights.values())
-            raise disk_full(e, out, need, then="nothing was written") from None
-        raise
-    fsync_dir(out.parent)
     return out
 
 

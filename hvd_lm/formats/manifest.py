@@ -116,13 +116,11 @@ def build_manifest(entries: dict[str, list[dict]], tokenizer: str, **meta) -> di
         tokenizer: tokenizer name.
         **meta: extra top-level fields (provenance, counters, ...).
     """
-    splits = {}
-    for name, shards in entries.items():
-        splits[name] = {"shards": shards, "tokens": sum(s["tokens"] for s in shards),
-                        "documents": sum(s["documents"] for s in shards)}
+    counts = ("tokens", "documents")
+    splits = {name: {"shards": shards, **{k: sum(s[k] for s in shards) for k in counts}}
+              for name, shards in entries.items()}
     totals = {"shards": sum(len(s["shards"]) for s in splits.values()),
-              "tokens": sum(s["tokens"] for s in splits.values()),
-              "documents": sum(s["documents"] for s in splits.values())}
+              **{k: sum(s[k] for s in splits.values()) for k in counts}}
     return {"format_version": FORMAT_VERSION, "tokenizer": tokenizer, "eod": EOD,
             "vocab_size": VOCAB_SIZE, "splits": splits, "totals": totals, **meta}
 
@@ -179,10 +177,8 @@ def load_manifest(directory) -> Manifest:
                 raise ValueError(f"{path}: field {where}.file names {fname!r}, already listed "
                                  f"at {seen[fname]}; each shard belongs to one place")
             seen[fname] = where
-            tokens = _field(path, f"{where}.tokens", entry.get("tokens"), int,
-                            lambda v: v >= 0, "an int >= 0")
-            docs = _field(path, f"{where}.documents", entry.get("documents"), int,
-                          lambda v: v >= 0, "an int >= 0")
+            tokens, docs = (_field(path, f"{where}.{k}", entry.get(k), int, lambda v: v >= 0,
+                                   "an int >= 0") for k in ("tokens", "documents"))
             sha = _field(path, f"{where}.sha256", entry.get("sha256"), str,
                          lambda s: bool(_HEX64.match(s)), "64 lower-case hex digits")
             shards.append(ShardInfo(path=directory / fname, split=name, tokens=tokens,

@@ -347,8 +347,7 @@ def _scan(path: Path) -> tuple[dict, str, int, np.ndarray, str | None]:
                 raise ShardFormatError(f"{path}: {offs.shape[0] - 1:,} documents in {n:,} bytes")
             offsets = offs[...]
             problem = None
-            if offsets[0] != 0 or offsets[-1] != n or (len(offsets) > 1 and
-                                                       not np.all(np.diff(offsets) > 0)):
+            if offsets[0] != 0 or offsets[-1] != n or not np.all(np.diff(offsets) > 0):
                 problem = f"{path}: {_OFFSETS} must rise strictly from 0 to {n}"
                 ends = np.zeros(0, dtype=np.int64)
             else:
@@ -394,11 +393,9 @@ def check_shard(path, info=None) -> dict:
         raise ShardChecksumError(path, info.sha256, digest)
     if attrs.get("sha256") != digest:
         raise ShardChecksumError(path, str(attrs.get("sha256")), digest)
-    if info is not None and n != info.tokens:
-        raise ShardFormatError(f"{path}: tokens={n}, manifest says {info.tokens}")
-    if info is not None and len(offsets) - 1 != info.documents:
-        raise ShardFormatError(f"{path}: documents={len(offsets) - 1}, manifest says "
-                               f"{info.documents}")
+    for key, actual in (("tokens", n), ("documents", len(offsets) - 1)) if info is not None else ():
+        if actual != getattr(info, key):
+            raise ShardFormatError(f"{path}: {key}={actual}, manifest says {getattr(info, key)}")
     if problem:
         raise ShardFormatError(problem)
     return attrs

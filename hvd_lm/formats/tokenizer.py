@@ -113,9 +113,7 @@ def encode_document(text: str, normalize: bool = False) -> np.ndarray:
     Raises:
         TypeError: ``text`` is not a ``str``.
     """
-    data = bytearray(encode_bytes(text, normalize))
-    data.append(EOD)
-    return np.frombuffer(data, dtype=np.uint8)
+    return np.frombuffer(bytearray(encode_bytes(text, normalize) + _EOD_BYTE), dtype=np.uint8)
 
 
 def decode(ids) -> str:

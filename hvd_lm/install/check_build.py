@@ -72,15 +72,11 @@ def missing_components(info: BuildInfo, need_nccl: bool = False) -> list[str]:
     Needed: the PyTorch framework, the MPI and Gloo controllers, and with ``need_nccl`` (CUDA
     hosts) the NCCL tensor operations.
     """
-    missing = []
-    if not info.frameworks.get("PyTorch"):
-        missing.append("PyTorch framework")
-    for ctl in ("MPI", "Gloo"):
-        if not info.controllers.get(ctl):
-            missing.append(f"{ctl} controller")
-    if need_nccl and not info.tensor_operations.get("NCCL"):
-        missing.append("NCCL tensor operations")
-    return missing
+    needed = [(info.frameworks, "PyTorch", "framework"), (info.controllers, "MPI", "controller"),
+              (info.controllers, "Gloo", "controller")]
+    if need_nccl:
+        needed.append((info.tensor_operations, "NCCL", "tensor operations"))
+    return [f"{name} {what}" for section, name, what in needed if not section.get(name)]
 
 
 def check_build(need_nccl: bool | None = None) -> BuildInfo:
@@ -102,9 +98,7 @@ def check_build(need_nccl: bool | None = None) -> BuildInfo:
     if proc.returncode != 0:
         raise RuntimeError(f"horovodrun --check-build failed ({proc.returncode}):\n{proc.stderr}")
     info = parse_check_build(proc.stdout)
-    if need_nccl is None:
-        need_nccl = bool(torch.version.cuda)
-    missing = missing_components(info, need_nccl=need_nccl)
+    missing = missing_components(info, bool(torch.version.cuda) if need_nccl is None else need_nccl)
     if missing:
         raise RuntimeError(
             f"Horovod {info.version} lacks: {', '.join(missing)}. Rebuild with "

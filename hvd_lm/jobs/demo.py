@@ -207,14 +207,13 @@ def demo(cfg: DemoConfig) -> int:
           + " | ".join(f"{c} -9 {v:.3f}" for c, v in comp.items())
           + ("  -> the LM beats them" if all(lm < v for v in comp.values())
              else "  -> the LM does not beat them all"))
-    tr = None
-    if transfer_dir:
-        tr = json.loads((transfer_dir / "transfer.json").read_text())
-        print("SST-2: " + transfer_line(tr))
+    tr = json.loads((transfer_dir / "transfer.json").read_text()) if transfer_dir else None
     total = time.time() - t0
+    headline = demo_summary(s, eval_result, comp, tr, total, timings)
+    if tr:
+        print("SST-2: " + transfer_line(headline["transfer"]))
     print(f"total {total:.0f} s ({', '.join(f'{k} {v:.0f}' for k, v in timings.items())})")
-    write_text(run_dir / "summary.json",
-               json.dumps(demo_summary(s, eval_result, comp, tr, total, timings), indent=1) + "\n")
+    write_text(run_dir / "summary.json", json.dumps(headline, indent=1) + "\n")
     print(f"report: {report} (headline figures: {run_dir / 'summary.json'})")
     return 0
 
@@ -247,16 +246,13 @@ def demo_summary(train: dict, eval_result: dict, compressors: dict[str, float],
     return out
 
 
-def transfer_line(tr: dict) -> str:
-    """One line of headline accuracies from a ``transfer.json`` report (hvd_lm.transfer)."""
-    clf, neuron = tr["classifier"], tr["neuron"]
-    acc = clf["accuracy"]
-    line = (f"LM {tr['features']['kind']} features val acc {acc['val']:.3f} "
-            f"(C={clf['C']:g} by {clf['cv']['folds']}-fold CV on train: {acc['cv']:.3f}; "
-            f"{clf['nonzero']} non-zero), neuron {neuron['index']} alone "
-            f"{neuron['accuracy']['val']:.3f}")
-    if tr.get("baseline"):
-        line += f"; TF-IDF baseline val acc {tr['baseline']['accuracy']['val']:.3f}"
+def transfer_line(t: dict) -> str:
+    """One line of headline accuracies from :func:`demo_summary`'s ``transfer`` figures."""
+    line = (f"LM {t['features']} features val acc {t['val_acc']:.3f} (C={t['C']:g} by "
+            f"{t['cv_folds']}-fold CV on train: {t['cv_acc']:.3f}; {t['nonzero']} non-zero), "
+            f"neuron {t['neuron']} alone {t['neuron_val_acc']:.3f}")
+    if t["baseline_val_acc"] is not None:
+        line += f"; TF-IDF baseline val acc {t['baseline_val_acc']:.3f}"
     return line
 
 

@@ -158,17 +158,22 @@ class Agent:
                 self.conn.shutdown(socket.SHUT_WR)
 
 
-def _pump(stream, sink, first=None) -> None:
-    """Every line of ``stream`` to ``sink``, then None; ``first()`` at the first line or the
-    end, whichever comes first."""
-    for line in stream:
+def _pump(stream, sink, first=None) -> threading.Thread:
+    """A started daemon thread passing every line of ``stream`` to ``sink``, then None;
+    ``first()`` at the first line or the end, whichever comes first."""
+    def run(first=first) -> None:
+        for line in stream:
+            if first:
+                first()
+                first = None
+            sink(line)
         if first:
             first()
-            first = None
-        sink(line)
-    if first:
-        first()
-    sink(None)
+        sink(None)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
 
 
 def _agent_argv(cfg: "DoctorConfig", *extra: str) -> list[str]:
@@ -200,11 +205,8 @@ def start_agent(host: str, cfg: "DoctorConfig", first: bool = False,
     a = Agent(host, local, proc, out=proc.stdin)
     if local:
         started()
-    a.readers = [threading.Thread(target=_pump, args=args, daemon=True) for args in (
-        (proc.stdout, a.lines.put, None if local else started),
-        (proc.stderr, lambda x: x and a.stderr.append(x)))]
-    for t in a.readers:
-        t.start()
+    a.readers = [_pump(proc.stdout, a.lines.put, None if local else started),
+                 _pump(proc.stderr, lambda x: x and a.stderr.append(x))]
     return a
 
 
@@ -269,8 +271,7 @@ def group_agents(hosts: list[tuple[str, int]], cfg: "DoctorConfig", deadline: fl
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         procs.append(proc)
         said: list[str] = []
-        threading.Thread(target=_pump, args=(proc.stdout, lambda x: x and said.append(x)),
-                         daemon=True).start()
+        reader = _pump(proc.stdout, lambda x: x and said.append(x))
         srv.settimeout(0.2)
         while len(facts) < len(names) and time.monotonic() < deadline:
             try:
@@ -281,8 +282,7 @@ def group_agents(hosts: list[tuple[str, int]], cfg: "DoctorConfig", deadline: fl
                 continue
             conn.settimeout(None)
             a = Agent("", False, None, out=conn.makefile("w"), conn=conn)
-            threading.Thread(target=_pump, args=(conn.makefile("r"), a.lines.put),
-                             daemon=True).start()
+            _pump(conn.makefile("r"), a.lines.put)
             try:
                 f = a.read_line(time.monotonic() + PROBE_TIMEOUT)
             except (DoctorError, ValueError):
@@ -297,6 +297,7 @@ def group_agents(hosts: list[tuple[str, int]], cfg: "DoctorConfig", deadline: fl
     if not missing:
         return facts, {}
     state = "is still running" if proc.poll() is None else f"exited {proc.returncode}"
+    reader.join(0 if proc.poll() is None else 5)  # (once it exited: every line it wrote read)
     said1 = next((x.strip() for x in said if any(c.isalpha() for c in x)), "no message")
     return facts, {missing: f"no agent reported from {missing} ({len(names) - len(facts)} of "
                    f"{len(names)} hosts; {cfg.launcher} started them and {state}; its first "

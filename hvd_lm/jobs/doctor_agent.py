@@ -7,12 +7,16 @@ results (one JSON line) and stays reachable until the doctor closes its input.
 Started over ssh it speaks on stdout and stdin; started by ``srun`` or ``mpirun`` (one per
 node, ``--report-to``) it connects back to the doctor and speaks on that connection, naming its
 node (``--node``, or SLURM's name for it: ``SLURMD_NODENAME``).
+
+Its facts: its GPUs, the shard folder as it reads it, the package versions every rank imports
+and a digest of hvd_lm's sources (two checkouts of one commit agree).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -21,17 +25,70 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
 import hvd_lm
 from hvd_lm.comm.hosts import interfaces, same_host
 from hvd_lm.comm.peers import PROBE_TIMEOUT, ask, serve
-from hvd_lm.jobs.doctor_facts import gpu_count, package_versions, shard_facts, source_digest
-from hvd_lm.options import Command, option
+from hvd_lm.options import Command, error_text, option
+from hvd_lm.util.files import open_regular, read_bounded
 
 BACKLOG = 1024          # connections a listener queues (every host probes host 0's at once)
 SSH_CONNECT = 5         # ssh ConnectTimeout, seconds
+
+
+def gpu_count() -> tuple[int, list[str]]:
+    """(GPUs, their names) from ``nvidia-smi`` (10 s at most), else the driver's
+    ``/proc/driver/nvidia/gpus`` entries, else (0, [])."""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10)
+        if proc.returncode == 0:
+            names = [x.strip() for x in proc.stdout.splitlines() if x.strip()]
+            return len(names), names
+    d = Path("/proc/driver/nvidia/gpus")
+    return len(list(d.iterdir())) if d.is_dir() else 0, []
+
+
+def shard_facts(folder: str) -> dict:
+    """What this host sees of a shard folder: ``{"manifest_sha256", "shards", "bytes"}``, or
+    ``{"error": one line}`` when the manifest or a shard cannot be read."""
+    from hvd_lm.formats.manifest import MAX_MANIFEST_BYTES, load_manifest
+
+    try:
+        man = load_manifest(folder)  # a regular file within MAX_MANIFEST_BYTES, or refused
+        total = 0
+        for s in man.shards:  # a FIFO or a device named like a shard is refused, never opened
+            with open_regular(s.path, "a shard is an HDF5 file") as f:
+                f.read(8)
+                total += os.fstat(f.fileno()).st_size
+        raw = read_bounded(Path(folder) / "manifest.json", MAX_MANIFEST_BYTES,
+                           "a manifest lists its shards (hvd_lm.formats.manifest)")
+        return {"manifest_sha256": hashlib.sha256(raw).hexdigest(),
+                "shards": len(man.shards), "bytes": total}
+    except (OSError, ValueError) as e:
+        return {"error": error_text(e)}
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions of the packages every rank imports (None when missing)."""
+    out = dict.fromkeys(("torch", "horovod", "mpi4py", "numpy"))
+    for name in out:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[name] = metadata.version(name)
+    return out
+
+
+def source_digest() -> str:
+    """sha256 over hvd_lm's Python sources (names and bytes): two checkouts of the same commit
+    agree, a host with another version of the code does not (version strings alone would)."""
+    h = hashlib.sha256()
+    pkg = Path(hvd_lm.__file__).parent
+    for p in sorted(pkg.rglob("*.py")):
+        h.update(str(p.relative_to(pkg)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def listeners(reply: dict, ifaces: dict[str, dict]) -> dict[str, list]:

@@ -138,16 +138,6 @@ LAUNCHER_LINES = (
 )
 
 
-def launcher_cause(path: str | Path | None) -> str:
-    """What the launcher said about a lost rank or a refused start (:data:`LAUNCHER_LINES`), from
-    the launch's kept lines; '' when it said nothing of the kind."""
-    for line in _kept_lines(path):
-        for pattern, text in LAUNCHER_LINES:
-            if m := pattern.search(_TAG.sub("", line)):
-                return text.format(**m.groupdict())
-    return ""
-
-
 #: horovodrun's line about a rank that ended with a non-zero status (its index is the rank; a
 #: status of 128 + N is signal N); torchrun's is its "Root Cause (first observed failure)" block
 #: (``rank : 7 (local_rank: 7)``, ``host : n2``, ``exitcode : -9 (pid: 123)``: -N is signal N).
@@ -158,7 +148,8 @@ def launcher_first(path: str | Path | None, hosts: list | None = None) -> tuple[
     """The rank the launcher saw fail first, in its words, and whether a signal killed it (then
     it could record nothing itself, and what the other ranks recorded followed from it):
     horovodrun's and torchrun's with the host from ``hosts[rank]`` (the run's ``start``
-    record), mpirun's and srun's through :data:`LAUNCHER_LINES`; ('', False) when none."""
+    record), mpirun's and srun's and a refused start through :data:`LAUNCHER_LINES`; ('',
+    False) when none."""
     lines = [_TAG.sub("", x).rstrip() for x in _kept_lines(path)]
     for i, line in enumerate(lines):
         rank, status, launcher = None, 0, ""
@@ -178,8 +169,13 @@ def launcher_first(path: str | Path | None, hosts: list | None = None) -> tuple[
                 return (f"{where} was killed by signal {status - 128} "
                         f"({signal.Signals(status - 128).name})"), True
             return f"{where} exited with status {status}", False
-    said = launcher_cause(path)
-    return said, bool(re.match(r"mpirun: rank |srun: rank .*: (Killed|Terminated)", said))
+    for line in _kept_lines(path):  # else what it said of a lost rank or a refused start
+        for pattern, text in LAUNCHER_LINES:
+            if m := pattern.search(_TAG.sub("", line)):
+                said = text.format(**m.groupdict())
+                return said, bool(re.match(r"mpirun: rank |srun: rank .*: (Killed|Terminated)",
+                                           said))
+    return "", False
 
 
 def first_error_line(path: str | Path | None) -> str:
@@ -223,6 +219,7 @@ def summary(out_dir: str, rc: int, since: float = 0.0, errors: str = "",
     lines = [f"==== hvd-lm: the job failed ({exit_text(rc)}) ===="]
     starts = run_records(out_dir, "start", since)
     said, killed = launcher_first(errors, starts[-1].get("hosts") if starts else None)
+    line = first_error_line(errors)
     if recs and not killed:
         # rank 0's view when it recorded one (the launcher runs beside it: a host cut off from
         # the others may still reach the shared disk and record the mirror image), else the first
@@ -233,7 +230,7 @@ def summary(out_dir: str, rc: int, since: float = 0.0, errors: str = "",
         lines.append(f"where: rank {r.get('rank')} on host {r.get('host')}, after step "
                      f"{r.get('step')} (recorded in {Path(out_dir) / 'metrics.jsonl'}{also})")
         ckpt = r.get("checkpoint") or "none (no step was saved)"
-        cause = r.get("error") or first_error_line(errors)
+        cause = r.get("error") or line
         # each host's first rank probed two hosts: every host's findings joined, rank 0's view
         # first (a host cut off records the mirror image: rank 0 lost, though it recorded too)
         recorded = {x.get("rank") for x in recs}
@@ -242,12 +239,10 @@ def summary(out_dir: str, rc: int, since: float = 0.0, errors: str = "",
         if lost:
             from hvd_lm.comm.peers import lost_text
             unique = list({p.get("rank"): p for p in lost}.values())
-            rest = cause[cause.find(": a collective failed"):] if ": a collective failed" \
-                in cause else ""
-            cause = lost_text(unique) + rest
+            # what the collective said, after the lost peers
+            cause = lost_text(unique) + "".join(cause.partition(": a collective failed")[1:])
         again = resume or (f"the same launcher with `{r['resume']}`" if r.get("resume") else "")
     else:
-        line = first_error_line(errors)
         unread = _metrics_tail(out_dir)[1]
         lines.append(("where: the launcher saw a rank killed first (what the other ranks "
                       "recorded followed from it)" if recs else

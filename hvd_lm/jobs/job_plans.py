@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional
 
@@ -90,21 +90,6 @@ def plan_job(gpus: int, gpus_per_node: int, cfg, nodes: int | None = None,
     return JobPlan(gpus, size.nodes, size.tasks_per_node, gb, lr, steps, out_dir)
 
 
-def plan_sweep(gpu_counts: list[int], gpus_per_node: int, cfg, steps: int,
-               runs_dir: str) -> list[JobPlan]:
-    """Weak-scaling jobs (per-GPU batch fixed; see :func:`plan_job`), ``steps`` each, run
-    directories ``<runs_dir>/gNNN``, fewest GPUs first.
-
-    Raises:
-        ValueError: empty/duplicate GPU counts, or a count that does not fill whole nodes
-            (``steps`` >= 1: ``--steps`` and ``--max-steps`` are bounded so).
-    """
-    if not gpu_counts or len(set(gpu_counts)) != len(gpu_counts):
-        raise ValueError(f"--sweep needs distinct GPU counts, got {gpu_counts}")
-    return [plan_job(g, gpus_per_node, cfg, steps=steps,
-                     out_dir=f"{runs_dir.rstrip('/')}/g{g:03d}") for g in sorted(gpu_counts)]
-
-
 def sweep_table(jobs: list[JobPlan]) -> str:
     """The sweep as a text table: GPUs, nodes, global batch, LR, steps, script."""
     rows = [f"{'GPUs':>5} {'nodes':>5} {'global batch':>12} {'LR':>9} {'steps':>7}  script"]
@@ -136,13 +121,20 @@ def lr_warning(cfg, job: JobPlan) -> str:
 
 
 def _parse_counts(text: str) -> list[int]:
+    """The GPU counts of ``--sweep N,N,...``, fewest first.
+
+    Raises:
+        ValueError: not integers, one below 1, none, or one given twice.
+    """
     try:
         counts = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"--sweep expects comma-separated GPU counts, got {text!r}") from None
     if any(c < 1 for c in counts):
         raise ValueError(f"--sweep GPU counts must be >= 1, got {text!r}")
-    return counts
+    if not counts or len(set(counts)) != len(counts):
+        raise ValueError(f"--sweep needs distinct GPU counts, got {counts}")
+    return sorted(counts)
 
 
 def _unit(device: str) -> str:
@@ -173,13 +165,11 @@ def _render_job(args: LaunchConfig, job: JobPlan, train_args: list[str], job_nam
               f"{_size_text(job, args.device)}; global batch {job.global_batch} ({per_gpu} per "
               f"{_unit(args.device)}); peak LR at that batch {job.lr:.4g} ({_lr_rule_text(cfg)})"
               + (f"; {job.steps} steps" if job.steps else ""), *([warning] if warning else []))
-    return render(RenderSpec(
-        scheduler=args.scheduler, size=job_size(job.gpus, job.tasks_per_node, job.nodes),
-        device=args.device, partition=args.partition, walltime=args.walltime, config=args.config,
-        out_dir=job.out_dir, train_args=tuple(train_args), job_name=job_name, python=args.python,
-        launcher=args.launcher, controller=args.controller, cpus_per_task=args.cpus_per_task,
-        hosts=_hosts(args.hosts, job.tasks_per_node), network_interface=args.network_interface,
-        header=header, elastic=args.elastic, min_np=args.min_np, engine=args.engine), templates)
+    same = {f.name: getattr(args, f.name) for f in fields(RenderSpec) if hasattr(args, f.name)}
+    return render(RenderSpec(**{
+        **same, "size": job_size(job.gpus, job.tasks_per_node, job.nodes), "out_dir": job.out_dir,
+        "train_args": tuple(train_args), "job_name": job_name, "header": header,
+        "hosts": _hosts(args.hosts, job.tasks_per_node)}), templates)
 
 
 def _hosts(text: str | None, per_node: int) -> tuple[str, ...]:
@@ -296,7 +286,9 @@ def launch(args: LaunchConfig) -> int:
         raise ValueError(f"--out {out} must be a directory for --sweep")
     gpn = args.gpus_per_node or 8
     runs_dir = (args.run_dir or "runs/scaling").rstrip("/")
-    jobs = plan_sweep(_parse_counts(args.sweep), gpn, cfg, steps, runs_dir)
+    # weak scaling: the per-GPU batch fixed (plan_job), steps each, a run folder per GPU count
+    jobs = [plan_job(g, gpn, cfg, steps=steps, out_dir=f"{runs_dir}/g{g:03d}")
+            for g in _parse_counts(args.sweep)]
     template = Path(SCHEDULERS[args.scheduler])
     for job in jobs:
         path = out / f"{template.stem}_g{job.gpus:03d}{template.suffix}"

@@ -29,6 +29,13 @@ SCHEDULERS = {"horovodrun": "horovodrun_local.sh",
               "horovodrun-multinode": "horovodrun_multinode.sh",
               "horovodrun-elastic": "horovodrun_elastic.sh", "mpirun": "mpirun.sh",
               "slurm": "slurm.sbatch", "pbs": "pbs.qsub", "torchrun": "torchrun.sh"}
+#: scheduler -> the knobs its template takes from the size and flags (each set when it has a
+#: value), beside CONFIG and OUT_DIR, which every template takes
+SCHEDULER_KNOBS = {"horovodrun": ("NP", "CONTROLLER"), "mpirun": ("NP",),
+                   "horovodrun-multinode": ("NP", "NETWORK_INTERFACE", "CONTROLLER"),
+                   "horovodrun-elastic": ("NP", "MAX_NP", "NETWORK_INTERFACE"),
+                   "torchrun": ("NETWORK_INTERFACE", "NPROC_PER_NODE", "NNODES"),
+                   "slurm": ("LAUNCHER",)}
 #: how each rendered job is started (for the sweep's submit script)
 SUBMIT = {k: {"slurm": "sbatch", "pbs": "qsub"}.get(k, "bash") for k in SCHEDULERS}
 
@@ -252,20 +259,15 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
     knobs = {"LAUNCH_DIR": str(templates.resolve()),
              "PYTHON": spec.python or sys.executable,
              "TRAIN_ARGS": " ".join(spec.train_args)}
-    if spec.config:
-        knobs["CONFIG"] = str(Path(spec.config).resolve())
-    if spec.out_dir:
-        knobs["OUT_DIR"] = spec.out_dir
     if spec.elastic and sched not in ("slurm", "horovodrun-elastic"):
         raise ValueError(f"--elastic works with --scheduler slurm or horovodrun-elastic, not "
                          f"{sched}")
-    if sched in ("horovodrun", "horovodrun-multinode", "mpirun", "horovodrun-elastic"):
-        knobs["NP"] = str(size.gpus)
-    if sched == "horovodrun-elastic":
-        knobs["MAX_NP"] = str(size.gpus)
-    if spec.network_interface and sched in ("horovodrun-elastic", "torchrun",
-                                            "horovodrun-multinode"):
-        knobs["NETWORK_INTERFACE"] = spec.network_interface
+    values = {"NP": size.gpus, "MAX_NP": size.gpus, "NETWORK_INTERFACE": spec.network_interface,
+              "CONTROLLER": spec.controller, "NPROC_PER_NODE": tpn, "NNODES": size.nodes,
+              "LAUNCHER": "elastic" if spec.elastic else spec.launcher, "OUT_DIR": spec.out_dir,
+              "CONFIG": spec.config and Path(spec.config).resolve()}
+    knobs.update({k: str(values[k]) for k in ("CONFIG", "OUT_DIR", *SCHEDULER_KNOBS.get(sched, ()))
+                  if values[k]})
     if spec.min_np is not None:
         if not (spec.elastic or sched == "horovodrun-elastic"):
             raise ValueError("--min-np is for elastic jobs (--elastic)")
@@ -280,13 +282,9 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
             raise ValueError(f"--engine torch runs under torchrun, mpirun, slurm or pbs, not "
                              f"{'--elastic (Horovod elastic)' if spec.elastic else sched}")
         knobs["ENGINE"] = "torch"
-    if sched == "torchrun":
-        knobs.update(NPROC_PER_NODE=str(tpn), NNODES=str(size.nodes))
     if sched == "horovodrun" and size.nodes > 1:
         raise ValueError(f"--scheduler horovodrun runs on one node, but {size.gpus} GPUs need "
                          f"{size.nodes} nodes: use horovodrun-multinode, mpirun, slurm or pbs")
-    if sched in ("horovodrun", "horovodrun-multinode") and spec.controller:
-        knobs["CONTROLLER"] = spec.controller
     if spec.hosts and sched in ("torchrun", "horovodrun-multinode", "mpirun"):
         knobs["HOSTS"] = ",".join(f"{h}:{tpn}" for h in spec.hosts)
     elif sched == "horovodrun-multinode" and size.nodes == 1:  # (torchrun without hosts: the
@@ -295,13 +293,8 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
         knobs["HOSTS"], knobs["HOSTFILE"] = "", "hostfile"
     elif sched == "mpirun" and size.nodes > 1:
         knobs["HOSTFILE"] = "hostfile"
-    if sched == "slurm":
-        if spec.elastic:
-            if spec.launcher not in (None, "elastic"):
-                raise ValueError("--elastic runs the ranks with horovodrun: drop --launcher")
-            knobs["LAUNCHER"] = "elastic"
-        elif spec.launcher:
-            knobs["LAUNCHER"] = spec.launcher
+    if sched == "slurm" and spec.elastic and spec.launcher not in (None, "elastic"):
+        raise ValueError("--elastic runs the ranks with horovodrun: drop --launcher")
     gpus = tpn if spec.device == "cuda" else None
     cores = spec.cpus_per_task or (PBS_CORES_PER_GPU_RANK if gpus else 1)
     select = (f"{size.nodes}:ncpus={tpn * cores}"

@@ -29,10 +29,8 @@ from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm as wn
 
 from hvd_lm.model.config import ModelConfig  # noqa: F401 - the model's settings, here too
-from hvd_lm.model.mlstm_fused import mlstm_window
-from hvd_lm.model.mlstm_graphs import WindowGraphs
+from hvd_lm.model.mlstm_fused import WindowGraphs, default_layout, mlstm_window, project
 from hvd_lm.model.mlstm_kernels import get_kernels
-from hvd_lm.model.mlstm_layout import default_layout, project
 from hvd_lm.options import validate
 
 State = tuple[torch.Tensor, torch.Tensor]
@@ -76,7 +74,7 @@ class MLSTM(nn.Module):
 
         Args:
             x: inputs [T, B, E] (contiguous: the input projections' bias is then added inside
-                their GEMM, :func:`hvd_lm.model.mlstm_layout.project`).
+                their GEMM, :func:`hvd_lm.model.mlstm_fused.project`).
             state: (h, c), each [B, H].
             mask: optional bool [T, B]; where False the step is padding and the state is carried
                 unchanged (so a padded batch gives the same final state as each text alone).

@@ -30,7 +30,7 @@ kernels::
     dm_t  = dg_t @ W_h                            GEMM 1            [B, H]
     da_t  = dm_t * xm_t
     dhprev = dhold + da_t @ W_mh                  GEMM 2, written in the state dtype
-                                                  (hvd_lm.model.mlstm_gemms.state_grad_mm)
+                                                  (:func:`state_grad_mm`)
 
 then, over all T*B rows at once: ``dW_h = dG^T M`` [4H, H], ``dW_mh = dA^T Hprev`` [H, H],
 ``dxm = dM * A``; ``dxg = dG`` flows back into the input projection's own single GEMM.
@@ -40,7 +40,7 @@ gradients 10 H^2, weight gradients 10 H^2 (same as the reference; what changes i
 K = T*B instead of K = B, and no per-step read-modify-write of the 4H x H gradient, 16 B x 5 H^2
 per step in fp32). Bytes saved per step and row: :func:`saved_bytes`.
 
-Layout: :mod:`hvd_lm.model.mlstm_layout` (``rows`` on CUDA, ``features`` on a multi-threaded
+Layout: :func:`default_layout` (``rows`` on CUDA, ``features`` on a multi-threaded
 CPU). The cell kernels are bound once per window (:meth:`Kernels.bind_forward`: Triton's
 arguments checked and launches prepared once, not per step).
 
@@ -57,12 +57,171 @@ import contextlib
 
 import torch
 
-from hvd_lm.model.mlstm_gemms import state_grad_mm, weight_grad_mm
 from hvd_lm.model.mlstm_graphs import WindowGraphs
 from hvd_lm.model.mlstm_kernels import Kernels
-from hvd_lm.model.mlstm_layout import default_layout, steps_empty, to_layout, uniform_steps
 
 State = tuple[torch.Tensor, torch.Tensor]
+
+
+# ---- the per-step buffers' layout ------------------------------------------------------------
+# How the window stores its per-step matrices.
+#
+# Every per-step buffer is [n, B, F]; on CUDA (and on a one-thread CPU) it is stored ``rows``
+# (contiguous, as cuDNN and haste do); on a multi-threaded CPU ``features``: storage [F, n*B], each
+# step's [B, F] matrix column-major, so that MKL runs each per-step GEMM as ``W X^T`` with the large
+# dimension first (docs/mlstm_fused.md section 5 has the measurement) while the weight gradients
+# stay single GEMMs over the [F, n*B] rows (the input projections are computed straight into it by
+# :func:`project`). ``hs`` and the returned state are contiguous in both.
+
+LAYOUTS = ("rows", "features")
+
+
+def default_layout(device: torch.device | str, kernels: Kernels, threads: int | None = None) -> str:
+    """How the fused window stores its per-step [B, F] matrices (:func:`steps_empty`):
+    ``features`` on a CPU running torch on two or more threads (``threads``, default
+    ``torch.get_num_threads()``) when the kernels take strided tensors
+    (:attr:`Kernels.strided`), else ``rows``.
+
+    Why (the measurements are in ``docs/mlstm_fused.md`` section 5): on two or more threads MKL
+    computes a per-step product ``Y [B, N] = X [B, K] W^T`` faster when Y and X are stored
+    transposed (``Y^T = W X^T``: the large N becomes the GEMM's row dimension, which MKL splits
+    across threads) and the weight operand is row-major in that form (the backward keeps a
+    transposed copy of each weight). On one thread the GEMMs run at the same rate either way
+    and the layout's extra copies cost time, so one thread keeps ``rows``. On CUDA the rows
+    layout of cuDNN and haste is kept (the Triton kernels index contiguous rows)."""
+    threads = torch.get_num_threads() if threads is None else threads
+    cpu = torch.device(device).type == "cpu"
+    return "features" if cpu and threads > 1 and kernels.strided else "rows"
+
+
+def steps_empty(n: int, B: int, F: int, dtype: torch.dtype, device: torch.device | str,
+                layout: str) -> torch.Tensor:
+    """An uninitialised [n, B, F] tensor of ``n`` per-step [B, F] matrices.
+
+    ``rows``: contiguous. ``features``: storage [F, n*B] (strides (B, 1, n*B)), step t's
+    matrix being columns t*B .. t*B+B-1: each step is one column-major [B, F] matrix (what the
+    per-step GEMMs write and read) and all steps together one row-major [F, n*B] matrix (the
+    operand of the weight-gradient GEMMs over n*B rows).
+
+    Raises:
+        ValueError: an unknown layout.
+    """
+    if layout == "rows":
+        return torch.empty(n, B, F, dtype=dtype, device=device)
+    if layout == "features":
+        return torch.empty(F, n * B, dtype=dtype, device=device).t().view(n, B, F)
+    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+
+
+def to_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """``x`` [T, B, F] stored as :func:`steps_empty` lays out ``layout``: ``x`` itself when it
+    already is, else one (differentiable) copy."""
+    if layout == "rows":
+        return x.contiguous()
+    if layout != "features":
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return x if x.permute(2, 0, 1).is_contiguous() else \
+        x.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            layout: str) -> torch.Tensor:
+    """The input projection ``x W^T (+ b)`` of all T*B positions in one GEMM, stored in
+    ``layout`` (:func:`steps_empty`), so the window reads it without a copy.
+
+    ``x`` is contiguous [T, B, E] on the training path (:meth:`LanguageModel.encode` embeds
+    the tokens in [T, B] order): ``F.linear`` on a contiguous 3-d input is one GEMM with the
+    bias added in its epilogue, where a strided one falls back to a matmul and a separate add
+    over the whole [T, B, F] output (two kernels; docs/mlstm_fused.md section 8 has its cost).
+
+    Args:
+        x: [T, B, E]; weight: [F, E]; bias: [F] or None.
+
+    Returns:
+        [T, B, F] (autocast's dtype when autocast is on, as ``F.linear``).
+    """
+    if layout == "rows":
+        return torch.nn.functional.linear(x, weight, bias)
+    T, B, E = x.shape
+    xt = x.reshape(T * B, E).t()  # [E, T*B]
+    y = torch.mm(weight, xt) if bias is None else torch.addmm(bias.unsqueeze(1), weight, xt)
+    return y.t().view(T, B, -1)  # [F, T*B] storage: features layout
+
+
+def uniform_steps(*buffers: torch.Tensor | None) -> bool:
+    """Whether step t's [B, F] slice of every [n, B, F] buffer (None: absent) starts at step 0's
+    alignment modulo 16 bytes (each buffer's step stride is a multiple of 16 bytes): then every
+    step's launch of a Triton kernel specialises as the first one does, and one binding serves
+    the window (:class:`hvd_lm.model.mlstm_triton.Launch`)."""
+    return all(b is None or b.stride(0) * b.element_size() % 16 == 0 for b in buffers)
+
+
+# ---- GEMMs written in fp32 -------------------------------------------------------------------
+# GEMMs of the window whose output dtype is not their operands': the weight gradients, summed over
+# a whole window, and the per-step gradient of the recurrent state, both written in fp32 from
+# half-precision operands under autocast.
+#
+# Where the device has it, the GEMM writes fp32 itself (cuBLAS accumulates in fp32 and writes fp32:
+# ``torch.mm(a, b, out_dtype=torch.float32)``, the ``aten::mm.dtype`` / ``mm.dtype_out`` overloads
+# of PyTorch >= 2.8, pytorch/pytorch#150812, CUDA only): one kernel, no rounding to the operands'
+# dtype and no cast kernel after it. Elsewhere (the CPU, whose torch has no such kernel, or an
+# older torch) the weight gradients are computed from fp32 operands and the state gradient is the
+# half-precision product cast to fp32.
+
+
+def out_dtype_gemm(device_type: str) -> bool:
+    """Whether ``torch.mm(a, b, out_dtype=torch.float32[, out=...])`` runs on ``device_type``
+    for fp16/bf16 operands (CUDA with PyTorch >= 2.8)."""
+    return device_type == "cuda" and hasattr(torch.ops.aten.mm, "dtype_out")
+
+
+def weight_grad_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` summed and returned in fp32 (or fp64 for fp64 operands) whatever the operands'
+    dtype: a weight gradient over all T*B rows of a window (``a`` [F1, T*B], ``b`` [T*B, F2]).
+
+    Why: under fp16 autocast a half-precision output would round, and can overflow (65504), a
+    sum of 32-65k rows of loss-scaled products that the per-step reference accumulates into an
+    fp32 ``.grad`` step by step.
+
+    How: fp32/fp64 operands: the GEMM's own dtype; fp16/bf16 operands on CUDA with PyTorch >=
+    2.8: cuBLAS accumulates in fp32 and writes fp32 (:func:`out_dtype_gemm`); otherwise (CPU,
+    or a torch without that overload) the operands are cast to fp32 first.
+
+    Returns:
+        [F1, F2] in fp32 (fp64 for fp64 operands).
+    """
+    if a.dtype in (torch.float32, torch.float64):
+        return a @ b
+    if out_dtype_gemm(a.device.type):
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
+
+
+def state_grad_mm(device_type: str, compute: torch.dtype, state: torch.dtype, held: bool):
+    """The per-step GEMM of the backward ``dh_{t-1} = da_t W_mh (+ dhold_t)`` written into the
+    state-dtype buffer ``out`` [B, H]: ``fn(da [B, H], w [H, H], out, dhold)`` (``dhold`` [B, H]
+    in the state dtype, the gradient that bypassed the cell on held rows, or None).
+
+    One kernel per step where it can be: the state's dtype itself (``compute == state``:
+    ``mm`` / ``addmm`` with ``out=``), or an fp32-output GEMM (:func:`out_dtype_gemm`);
+    otherwise the product in ``compute`` is cast into ``out`` (two kernels). With ``held`` (a
+    window with padding: never in training) the fp32-output GEMM is followed by an add.
+
+    Args:
+        device_type: where the window runs; compute / state: its compute and state dtypes.
+        held: whether ``dhold`` is given.
+    """
+    if compute == state:
+        if held:
+            return lambda da, w, out, dhold: torch.addmm(dhold, da, w, out=out)
+        return lambda da, w, out, dhold: torch.mm(da, w, out=out)
+    if out_dtype_gemm(device_type):
+        if held:
+            return lambda da, w, out, dhold: torch.mm(da, w, out_dtype=state, out=out).add_(dhold)
+        return lambda da, w, out, dhold: torch.mm(da, w, out_dtype=state, out=out)
+    if held:
+        return lambda da, w, out, dhold: torch.add(dhold, torch.mm(da, w), out=out)
+    return lambda da, w, out, dhold: out.copy_(torch.mm(da, w))
 
 
 def _no_autocast(device: torch.device):
@@ -77,14 +236,18 @@ def _allocator(B: int, device: torch.device, layout: str):
     return lambda n, F, dtype: steps_empty(n, B, F, dtype, device, layout)
 
 
-def _steps(keep: torch.Tensor | None, rk: torch.Tensor | None, T: int) -> tuple[list, list]:
+def _unbind(x: torch.Tensor | None, n: int) -> tuple | list:
+    """The per-step views ``x[0] .. x[n-1]`` of ``x`` [n, ...] (made once in C++ by unbind, not
+    by Python indexing at every step), or ``n`` Nones for an absent ``x``."""
+    return [None] * n if x is None else x.unbind(0)
+
+
+def _steps(keep: torch.Tensor | None, rk: torch.Tensor | None, T: int) -> tuple:
     """Per-step views: ``keep[t]`` and the *next* step's reset multiplier ``rk[t + 1]`` (ones
     after the last step: a multiply by 1.0 changes nothing and every step's cell kernel takes
     the same arguments), or Nones."""
-    keep_t = list(keep.unbind(0)) if keep is not None else [None] * T
-    if rk is None:
-        return keep_t, [None] * T
-    return keep_t, list(torch.cat((rk[1:], torch.ones_like(rk[:1]))).unbind(0))
+    rk_next = None if rk is None else torch.cat((rk[1:], torch.ones_like(rk[:1])))
+    return _unbind(keep, T), _unbind(rk_next, T)
 
 
 class MLSTMWindow(torch.autograd.Function):
@@ -138,8 +301,7 @@ class MLSTMWindow(torch.autograd.Function):
             hprev_c[0].copy_(hstate)
             # Per-step views made once in C++ (unbind), not by T x 13 Python indexing calls.
             xg_t, xm_t, hs_t = xg.unbind(0), xm.unbind(0), hs.unbind(0)
-            act_t = act.unbind(0) if save_act else [None] * n
-            tc_t = tc.unbind(0) if save_act else [None] * n
+            act_t, tc_t = _unbind(act, n), _unbind(tc, n)  # Nones unless save_act
             a_t, m_t, cp_t, hp_t = a.unbind(0), m.unbind(0), cprev.unbind(0), hprev_c.unbind(0)
             keep_t, rk_next = _steps(keep, rk, T)
             s1 = 1 if save else 0
@@ -192,9 +354,7 @@ class MLSTMWindow(torch.autograd.Function):
             dhs = dhs.contiguous() if layout == "rows" else dhs
             dhs_t, dM_t, dA_t = dhs.unbind(0), dM.unbind(0), dA.unbind(0)
             cp_t, xm_t = cprev.unbind(0), xm.unbind(0)
-            act_t = act.unbind(0) if act is not None else [None] * T
-            tc_t = tc.unbind(0) if tc is not None else [None] * T
-            g_t = g.unbind(0) if g is not None else [None] * T
+            act_t, tc_t, g_t = _unbind(act, T), _unbind(tc, T), _unbind(g, T)
             # over the pre-activations: the very same views (torch.compile's kernels take two
             # views of one memory as one input only when they are one object)
             dG_t = g_t if g is not None else dG.unbind(0)

@@ -32,6 +32,11 @@ def _dest(path: tuple[str, ...]) -> str:
     return "cfg__" + "__".join(path)
 
 
+def _cli_leaves(cls: type):
+    """:func:`~hvd_lm.options.tree.leaves` that have a flag (not ``cli=False``)."""
+    return ((path, f, tp) for path, f, tp in leaves(cls) if f.metadata.get("cli", True))
+
+
 def add_arguments(parser: argparse.ArgumentParser, cls: type, config_flag: bool = True) -> None:
     """Add ``--config FILE`` (optional) and one argument per leaf of ``cls`` to ``parser``.
 
@@ -39,22 +44,19 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, config_flag: bool 
     help text ends with ``[section.field, default X]``. Sections become argparse groups.
 
     Raises:
-        ValueError: two leaves with the same flag (a programming error in ``cls``).
+        argparse.ArgumentError: two leaves with the same flag ("conflicting option string": a
+            programming error in ``cls``).
     """
     if config_flag:
         parser.add_argument("--config", metavar="FILE",
                             help="YAML file with these settings; flags override its values")
-    seen: dict[str, str] = {}
-    group_of: dict[tuple[str, ...], Any] = {}
-    for path, f, tp in leaves(cls):
+    groups: dict[str, Any] = {"": parser}
+    for path, f, tp in _cli_leaves(cls):
         m = f.metadata
-        if not m.get("cli", True):
-            continue
-        target = parser
-        if len(path) > 1:
-            if path[:-1] not in group_of:
-                group_of[path[:-1]] = parser.add_argument_group(".".join(path[:-1]))
-            target = group_of[path[:-1]]
+        section = ".".join(path[:-1])
+        if section not in groups:
+            groups[section] = parser.add_argument_group(section)
+        target = groups[section]
         default = (f.default if f.default is not MISSING else
                    (f.default_factory() if f.default_factory is not MISSING else None))
         shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else default
@@ -66,11 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, config_flag: bool 
             target.add_argument(_dest(path), nargs="*" if elem is not None else "?", default=None,
                                 metavar=metavar or f.name.upper(), help=help_text)
             continue
-        names = [flag_text(f), *m.get("aliases", ())]
-        for n in names:
-            if n in seen:
-                raise ValueError(f"flag {n} is declared twice ({seen[n]} and {'.'.join(path)})")
-            seen[n] = ".".join(path)
+        names = [flag_text(f), *m.get("aliases", ())]  # (one declared twice: argparse refuses)
         if m.get("switch") is not None:
             target.add_argument(*names, dest=_dest(path), action="store_const",
                                 const=m["switch"], default=None, help=help_text)
@@ -95,11 +93,8 @@ def from_args(cls: type, args: argparse.Namespace, required: bool = True) -> Any
     for key, value in vars(args).items():
         if not key.startswith("cfg__") or value is None or value == []:  # ([]: no positionals)
             continue
-        node = data
-        *sections, name = key[5:].split("__")
-        for sec in sections:
-            node = node.setdefault(sec, {})
-        node[name] = value
+        *sections, name = key[5:].split("__")  # the leaf's mapping, its sections made
+        functools.reduce(lambda node, sec: node.setdefault(sec, {}), sections, data)[name] = value
     src = f"{config} + command line" if config else "command line"
     obj = from_dict(cls, data, src)
     if required:
@@ -118,10 +113,8 @@ def to_argv(obj: Any) -> list[str]:
     """
     words: list[str] = []
     positional: list[str] = []
-    for path, f, _ in leaves(type(obj)):
+    for path, f, _ in _cli_leaves(type(obj)):
         m = f.metadata
-        if not m.get("cli", True):
-            continue
         value = functools.reduce(getattr, path, obj)  # the leaf's value, through its sections
         if m.get("positional"):
             positional += [str(v) for v in value] if isinstance(value, (list, tuple)) else (
@@ -154,8 +147,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         """Print ``PROG: ERROR: MESSAGE`` (with the field) and exit 2."""
-        what = ("commands" if any(isinstance(a, argparse._SubParsersAction)
-                                  for a in self._actions) else "flags")
+        what = "commands" if self._subparsers is not None else "flags"
         self.exit(2, f"{self.prog}: ERROR: {self._with_field(message)}; {self.prog} --help "
                   f"lists the {what}\n")
 

@@ -86,10 +86,8 @@ def option(default: Any = MISSING, help: str = "", *, default_factory: Any = MIS
         nargs: for a list flag, ``"+"`` takes several words (``--workers 1 2``); by default a
             list flag takes one comma-separated word (``--sizes 4K,64K``).
     """
-    meta = {"help": help, "choices": choices, "flag": flag, "aliases": tuple(aliases),
-            "positional": positional, "switch": switch, "parse": parse, "metavar": metavar,
-            "ge": ge, "gt": gt, "le": le, "required": required, "finite": finite, "cli": cli,
-            "nargs": nargs}
+    meta = {k: v for k, v in locals().items() if k not in ("default", "default_factory")}
+    meta["aliases"] = tuple(aliases)
     return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
 
 
@@ -182,12 +180,9 @@ def coerce(value: Any, f: dataclasses.Field, tp: Any, where: str) -> Any:
                 items = [x for v in items for x in (v.split(",") if isinstance(v, str) else [v])
                          if not (isinstance(x, str) and not x.strip())]
             out = []
-            for v in items:
-                if parse and isinstance(v, str):  # a parse of a list leaf gives a sequence:
-                    got = parse(v)                # ["0.5", "1"] is (0.5, 1.0), not ((0.5,), (1,))
-                    out.extend(got if isinstance(got, (list, tuple)) else [got])
-                else:
-                    out.append(_scalar(v, elem, where))
+            for v in items:  # a parse of a list leaf gives a sequence: ["0.5", "1"] is (0.5, 1.0)
+                got = parse(v) if parse and isinstance(v, str) else [_scalar(v, elem, where)]
+                out.extend(got if isinstance(got, (list, tuple)) else [got])
             return tuple(out) if base is tuple else out
         return _scalar(value, base, where)
     except ConfigError:
@@ -211,8 +206,7 @@ def _check_leaf(value: Any, f: dataclasses.Field, where: str) -> None:
     # 1000000000000000 (--length)"
     flag = (f" ({flag_text(f)})" if "command line" in where and m.get("cli", True)
             and not m.get("positional") else "")
-    values = value if isinstance(value, (list, tuple)) else [value]
-    for v in values:
+    for v in value if isinstance(value, (list, tuple)) else [value]:
         if v is None:
             continue
         if m.get("choices") and v not in m["choices"]:
@@ -233,10 +227,9 @@ def validate(obj: Any, source: str = "config", path: tuple[str, ...] = ()) -> No
     Raises:
         ConfigError: naming ``source`` and the dotted field.
     """
-    hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
-        if _is_section(hints[f.name]):
+        if dataclasses.is_dataclass(value):  # a section
             validate(value, source, path + (f.name,))
         else:
             _check_leaf(value, f, f"{source}: {'.'.join(path + (f.name,))}")
@@ -258,17 +251,18 @@ def flag_text(f: dataclasses.Field) -> str:
             f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
 
 
+#: What a ``required`` leaf may not hold (:func:`check_required`).
+EMPTY = (None, "", [], ())
+
+
 def check_required(obj: Any, source: str = "command line") -> None:
     """Every leaf declared ``required`` is set (not None, not empty).
 
     Raises:
         ConfigError: naming the first missing one and its flag.
     """
-    for path, f, _ in leaves(type(obj)):
-        if not f.metadata.get("required"):
-            continue
-        value = functools.reduce(getattr, path, obj)  # the leaf's value, through its sections
-        if value is None or value == "" or value == [] or value == ():
+    for path, f, _ in leaves(type(obj)):  # (the leaf's value: through its sections)
+        if f.metadata.get("required") and functools.reduce(getattr, path, obj) in EMPTY:
             raise ConfigError(f"{source}: {'.'.join(path)} is required ({flag_text(f)})")
 
 
@@ -340,25 +334,23 @@ def _check_expansion(root: yaml.Node, source: str, limit: int) -> None:
     """
     sizes: dict[int, int] = {}
     open_nodes: set[int] = set()
-    stack = [(root, False)]
-    while stack:
-        node, done = stack.pop()
+
+    def count(node: yaml.Node) -> int:  # (nesting deeper than Python's stack: RecursionError)
         key = id(node)
-        if done:
+        if key in open_nodes:
+            raise ConfigError(f"{source}: line {node.start_mark.line + 1}: an alias refers "
+                              "to the value it is part of (a recursive YAML value)")
+        if key not in sizes:
+            open_nodes.add(key)
+            sizes[key] = 1 + sum(count(c) for c in _node_children(node))
             open_nodes.discard(key)
-            n = 1 + sum(sizes[id(c)] for c in _node_children(node))
-            if n > limit:
+            if sizes[key] > limit:
                 raise ConfigError(f"{source}: the YAML expands to more than {limit:,} values "
                                   f"(aliases of aliases, at line {node.start_mark.line + 1}); "
                                   "a config holds a few hundred")
-            sizes[key] = n
-        elif key not in sizes:
-            if key in open_nodes:
-                raise ConfigError(f"{source}: line {node.start_mark.line + 1}: an alias refers "
-                                  "to the value it is part of (a recursive YAML value)")
-            open_nodes.add(key)
-            stack.append((node, True))
-            stack.extend((c, False) for c in _node_children(node) if id(c) not in sizes)
+        return sizes[key]
+
+    count(root)
 
 
 def read_yaml(path: str | Path, max_bytes: int = MAX_YAML_BYTES,

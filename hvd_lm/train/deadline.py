@@ -138,9 +138,8 @@ class DeadlinePlanner:
         ValueError: neither a limit nor a budget, or one that is not positive.
     """
 
-    def __init__(self, limit_s: float | None, budget_s: float | None = None,
-                 trained_s: float = 0.0, started: float | None = None,
-                 cadence: Cadence | None = None, eval_estimate=None,
+    def __init__(self, limit_s: float | None, budget_s: float | None = None, trained_s: float = 0.0,
+                 started: float | None = None, cadence: Cadence | None = None, eval_estimate=None,
                  checkpoint_estimate_s: float = 0.0, margin_s: float | None = None,
                  clock=time.time, virtual_step_s: float | None = None):
         if limit_s is None and budget_s is None:
@@ -322,9 +321,8 @@ class DeadlinePlanner:
     def describe(self) -> dict:
         """The plan's inputs, for the ``plan`` record of ``metrics.jsonl``: seconds."""
         d = {"step_time": self.step_s, "eval_s": self.validation_s(),
-             "checkpoint_write_s": self.ckpt_write_s,
-             "checkpoint_measured": self.ckpt_measured, "reserve_s": self.reserve_s(),
-             "left_s": self.left()}
+             "checkpoint_write_s": self.ckpt_write_s, "checkpoint_measured": self.ckpt_measured,
+             "reserve_s": self.reserve_s(), "left_s": self.left()}
         if self.budget_s is not None:
             d.update(budget_s=self.budget_s, trained_s=self.trained_s(),
                      stop_left_s=self.stop_left())
@@ -380,8 +378,7 @@ class StopSignals:
     their console to /dev/null (``metrics.jsonl`` still gets every record).
     """
 
-    def __init__(self, watch_interval_s: float = 1.0, describe=None,
-                 announce: bool = True) -> None:
+    def __init__(self, watch_interval_s: float = 1.0, describe=None, announce: bool = True) -> None:
         self.received: int | None = None
         #: () -> str: when the stop happens (set by the loop: the step, the steps to go)
         self.describe = describe

@@ -70,8 +70,7 @@ class Elastic:
         checkpoint holds too (:func:`hvd_lm.train.resume.train_state`: all ranks agree on it;
         the recurrent rows are per rank and kept beside, :attr:`committed_rows`)."""
         r = self.parts
-        return train_state(pos, r.lr_plan, r.scaler, self.guard, r.ctx.size,
-                           r.windows_per_epoch)
+        return train_state(pos, r.lr_plan, r.scaler, self.guard, r.ctx.size, r.windows_per_epoch)
 
     def commit(self, state, pos: Position, rnn_state: State, chars: CharCount) -> None:
         """Commit the run in memory (every rank, same step): ``pos`` with the exact character

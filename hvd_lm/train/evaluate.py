@@ -41,39 +41,48 @@ from hvd_lm.util.files import check_output
 
 
 @torch.no_grad()
-def nll_bits(model, streams: RankStreams, device: torch.device, precision: str = "fp32",
-             progress: bool = False) -> tuple[float, int]:
-    """This rank's (sum of -log2 p over its targets, number of targets), state carried through.
+def bpc(model, streams: RankStreams, device: torch.device, precision: str = "fp32",
+        distributed: bool = True, progress: bool = False) -> tuple[float, int]:
+    """(BPC over all ranks, characters evaluated over all ranks): each rank's sum of -log2 p over
+    its targets and their number, the state carried through, summed over the ranks.
 
     Args:
         streams: this rank's eval streams (epoch 0 is used).
+        distributed: sum over the ranks (an allreduce: every rank calls it).
         progress: this rank's progress on stderr (:class:`hvd_lm.train.log.Progress`: a bar on a
             terminal, a line every 10 s in a log).
+
+    Raises:
+        ValueError: no characters to evaluate.
     """
     model.eval()
-    state, bits, chars = None, 0.0, 0
-    if streams.batch_size == 0:  # more ranks than validation rows: nothing here
-        return bits, chars
-    bar = Progress("hvd-lm eval (rank 0)", streams.chars_per_epoch, "char", enabled=progress)
-    for batch in streams:
-        x, y = batch.inputs.to(device), batch.targets.to(device)
-        with devices.autocast(device, precision):
-            logits, state = model(x, state, reset=batch.reset.to(device), time_major=True)
-        # float64 log-softmax: the sum over millions of chars stays exact (uniform -> 8.0 bits);
-        # logits [T, B, 256] as the model makes them, the targets transposed to match
-        nats = F.cross_entropy(logits.double().reshape(-1, logits.shape[-1]),
-                               y.t().reshape(-1), ignore_index=IGNORE, reduction="sum")
-        bits += float(nats) / math.log(2)
-        chars += batch.chars
-        bar.update(batch.chars)
-    bar.close()
-    return bits, chars
+    bits, chars = 0.0, 0
+    if streams.batch_size > 0:  # none when there are more ranks than validation rows
+        state = None
+        bar = Progress("hvd-lm eval (rank 0)", streams.chars_per_epoch, "char", enabled=progress)
+        for batch in streams:
+            x, y = batch.inputs.to(device), batch.targets.to(device)
+            with devices.autocast(device, precision):
+                logits, state = model(x, state, reset=batch.reset.to(device), time_major=True)
+            # float64 log-softmax: the sum over millions of chars stays exact (uniform -> 8.0
+            # bits); logits [T, B, 256] as the model makes them, the targets transposed to match
+            nats = F.cross_entropy(logits.double().reshape(-1, logits.shape[-1]),
+                                   y.t().reshape(-1), ignore_index=IGNORE, reduction="sum")
+            bits += float(nats) / math.log(2)
+            chars += batch.chars
+            bar.update(batch.chars)
+        bar.close()
+    if distributed:
+        bits, chars = engine.allreduce_sum([bits, float(chars)], name="eval_bpc")
+    if chars <= 0:
+        raise ValueError("no characters to evaluate (empty split?)")
+    return bits / chars, int(chars)
 
 
 @torch.no_grad()
 def estimate_seconds(model, streams: RankStreams, device: torch.device,
                      precision: str = "fp32") -> float:
-    """Seconds :func:`nll_bits` would take over ``streams``: the forward pass of two of its
+    """Seconds :func:`bpc` would take over ``streams``: the forward pass of two of its
     windows timed (after one untimed: kernels compiled for these shapes) and scaled to its
     windows per row; the model is left in training mode. What a run planned to a deadline
     (:mod:`hvd_lm.train.deadline`) reserves for its final validation before it has run one."""
@@ -95,21 +104,6 @@ def estimate_seconds(model, streams: RankStreams, device: torch.device,
         return 0.0
     per_window = min(times[1:] or times)
     return per_window * max(1, streams.windows_per_epoch)
-
-
-def bpc(model, streams: RankStreams, device: torch.device, precision: str = "fp32",
-        distributed: bool = True, progress: bool = False) -> tuple[float, int]:
-    """(BPC over all ranks, characters evaluated over all ranks); ``progress``: a bar.
-
-    Raises:
-        ValueError: no characters to evaluate.
-    """
-    bits, chars = nll_bits(model, streams, device, precision, progress)
-    if distributed:
-        bits, chars = engine.allreduce_sum([bits, float(chars)], name="eval_bpc")
-    if chars <= 0:
-        raise ValueError("no characters to evaluate (empty split?)")
-    return bits / chars, int(chars)
 
 
 def compressor_bpc(data: bytes, which: tuple[str, ...] = ("xz", "gzip")) -> dict[str, float]:
@@ -136,8 +130,7 @@ def split_bytes(manifest, split: str, max_bytes: int = 0) -> bytes:
     """The byte stream ``hvd-lm eval`` reads from ``split``: its shards' tokens in manifest order
     (documents separated by the EOD byte), the first ``max_bytes`` when > 0."""
     parts = [read_tokens(s.path, 0, s.tokens) for s in manifest.split(split)]
-    data = np.concatenate(parts).tobytes() if parts else b""
-    return data[:max_bytes] if max_bytes else data
+    return np.concatenate(parts).tobytes()[:max_bytes or None]
 
 
 def eval_window(model_cfg, manifest, cfg: "EvalConfig", seq_len: int, rows: int, ranks: int,
@@ -152,8 +145,7 @@ def eval_window(model_cfg, manifest, cfg: "EvalConfig", seq_len: int, rows: int,
     Raises:
         ConfigError: the window's estimate (bytes), the memory free, the flags to lower.
     """
-    total = sum(s.tokens for s in manifest.split(cfg.split))
-    total = min(total, cfg.max_bytes) if cfg.max_bytes else total
+    total = min(sum(s.tokens for s in manifest.split(cfg.split)), cfg.max_bytes or math.inf)
     longest = int(np.max(np.diff(stream_bounds(max(total, 2), rows))))
     seq_len = max(1, min(seq_len, longest))
     # logits in fp32 and two fp64 copies (the loss's), 20 bytes per class; the window's states
@@ -177,8 +169,7 @@ class EvalConfig:
 
     checkpoint: str = option("", "checkpoint file, run directory (its latest) or exported folder",
                              positional=True, required=True)
-    shards: str = option("", "shard directory (with manifest.json)", positional=True,
-                         required=True)
+    shards: str = option("", "shard directory (with manifest.json)", positional=True, required=True)
     split: str = option("val", "manifest split")
     batch_size: int = option(0, "rows in all, split over the ranks (0 = the rows the training "
                              "evaluated with, its --eval-batch-size, so the BPC is the val BPC "
@@ -231,9 +222,8 @@ def eval_command(cfg: EvalConfig) -> int:
                               "(or give --seq-len)")
     rows = eval_rows(cfg.batch_size, ck)
     seq_len = eval_window(model.config, manifest, cfg, seq_len, rows, ctx.size, device)
-    streams = RankStreams(manifest, cfg.split, ctx.rank, ctx.size, rows, seq_len,
-                          shuffle_shards=False, max_bytes=cfg.max_bytes, verify=True,
-                          global_rows=True)
+    streams = RankStreams(manifest, cfg.split, ctx.rank, ctx.size, rows, seq_len, verify=True,
+                          shuffle_shards=False, max_bytes=cfg.max_bytes, global_rows=True)
     value, chars = bpc(model, streams, device, cfg.precision, progress=ctx.is_root)
     if ctx.is_root:
         result = {"checkpoint": str(cfg.checkpoint), "split": cfg.split, "bpc": value,
@@ -249,7 +239,6 @@ def eval_command(cfg: EvalConfig) -> int:
     return 0
 
 
-EVAL = Command(EvalConfig, eval_command,
-               description="Bits per character of a checkpoint on a shard split: the sum of "
-               "-log2 p(next byte) over every predicted byte, divided by their number, summed "
-               "across ranks when launched on several.")
+EVAL = Command(EvalConfig, eval_command, description="Bits per character of a checkpoint on a "
+               "shard split: the sum of -log2 p(next byte) over every predicted byte, divided by "
+               "their number, summed across ranks when launched on several.")

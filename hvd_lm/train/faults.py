@@ -75,9 +75,9 @@ class Faults(NoFaults):
 
 
 def checkpoint_write_delay(step: int) -> float:
-    """Seconds the checkpoint writer (:mod:`hvd_lm.train.async_checkpoint`) sleeps before it
-    writes the checkpoint of ``step``: ``HVD_LM_CHECKPOINT_SLEEP``, for every checkpoint or,
-    with ``HVD_LM_CHECKPOINT_SLEEP_STEP``, for that step's only; 0 when unset."""
+    """Seconds the checkpoint writer (:class:`hvd_lm.train.checkpointer.CheckpointWriter`) sleeps
+    before it writes the checkpoint of ``step``: ``HVD_LM_CHECKPOINT_SLEEP``, for every checkpoint
+    or, with ``HVD_LM_CHECKPOINT_SLEEP_STEP``, for that step's only; 0 when unset."""
     sleep = float(os.environ.get("HVD_LM_CHECKPOINT_SLEEP", "0") or 0)
     only = os.environ.get("HVD_LM_CHECKPOINT_SLEEP_STEP", "")
     return sleep if not only or int(only) == step else 0.0

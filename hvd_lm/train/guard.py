@@ -169,8 +169,7 @@ class DivergenceGuard:
             (d / "latest").unlink()
         return (kept[-1] if kept else None), moved
 
-    def error(self, step: int, settled: tuple[Path | None, list[Path]] | None
-              ) -> TrainingDiverged:
+    def error(self, step: int, settled: tuple[Path | None, list[Path]] | None) -> TrainingDiverged:
         """The one-line error of a diverged run stopped at ``step``; ``settled`` is what
         :meth:`settle` returned (None on the ranks that did not settle: they leave the
         checkpoint to rank 0's line)."""

@@ -49,6 +49,7 @@ import sys
 import time
 
 from hvd_lm.comm import engine, peers
+from hvd_lm.model.mfu import device_peak
 from hvd_lm.options import Command, error_text
 from hvd_lm.train import faults, step
 from hvd_lm.train.checkpointer import Checkpointer
@@ -112,7 +113,8 @@ class Trainer:
             parts.total_steps  # summary.json's start_step: did this allocation train a step?
         self.start_step = self.pos.step
         # ---- the run folder, rank 0's log and the start record -----------------------------------
-        peak = parts.measure_peak()
+        # the peak the logged MFU is against (a CPU's: a matmul measured now)
+        peak = device_peak(parts.device, cfg.run.precision, cfg.run.peak_tflops, parts.threads)
         self.metrics = Metrics(parts.out_dir, cfg.run.tensorboard, peak)
         self.folder = RunFolder(cfg, parts.model, parts.resumed_from, self.metrics)
         self.folder.open(parts.ctx, parts.ctx.size * parts.B, self.pos.step,  # collective
@@ -120,8 +122,7 @@ class Trainer:
         self.metrics.record("start", self.pos.step, **parts.start_values(peak))
 
         # ---- control -----------------------------------------------------------------------------
-        self.signals = StopSignals(describe=lambda: self.stop_eta(),
-                                   announce=parts.ctx.local_rank == 0)
+        self.signals = StopSignals(describe=self.stop_eta, announce=parts.ctx.local_rank == 0)
         self.faults = faults.for_rank(parts.ctx.rank, cfg.run.inject_nan_steps)  # tests only
         self.chars = CharCount(self.pos.chars_trained)  # all ranks before, + this one's
         self.guard = DivergenceGuard(cfg.run.divergence_loss, cfg.run.divergence_logs,
@@ -148,10 +149,9 @@ class Trainer:
         # ---- the components ----------------------------------------------------------------------
         self.checkpointer = Checkpointer(cfg, parts.model, parts.optimizer, parts.lr_plan,
                                          parts.scaler, self.guard, self.metrics, self.planner)
-        self.counter = StepCounter(cfg.run, parts.k, parts.total_windows, parts.scaler,
-                                   self.guard, self.metrics,
-                                   restart_state=lambda: parts.model.init_state(parts.B,
-                                                                                parts.device))
+        self.counter = StepCounter(
+            cfg.run, parts.k, parts.total_windows, parts.scaler, self.guard, self.metrics,
+            restart_state=lambda: parts.model.init_state(parts.B, parts.device))
         self.elastic = (Elastic(parts, self.folder, self.checkpointer, self.metrics, self.guard)
                         if cfg.run.elastic else None)
 
@@ -251,7 +251,7 @@ class Trainer:
         """The loop under ``hvd.elastic.run``: the state (synced from rank 0) is where this rank
         starts (:meth:`Elastic.restore`); a commit every ``run.commit_every`` applied steps."""
         self.pos, self.rnn_state = self.elastic.restore(state, self.chars)
-        self.checkpointer.rolled_back()  # the last saved step's weights are not the model's
+        self.checkpointer.saved_step = None  # its weights are no longer the model's
         self.next_control = self.pos.attempts + 1  # every rank alike, a new worker too
         self.loop(state)
         self.finish()
@@ -267,9 +267,8 @@ class Trainer:
         # window i+1's bytes are read on a background thread while window i trains (elastic
         # runs wrap around epochs, so no read-ahead limit there)
         parts = self.parts
-        batches = Prefetcher(parts.streams,
-                             limit=None if state is not None else parts.total_windows,
-                             pin_memory=parts.device.type == "cuda")
+        limit = None if state is not None else parts.total_windows
+        batches = Prefetcher(parts.streams, limit=limit, pin_memory=parts.device.type == "cuda")
         try:
             self.steps(batches, state)
         finally:
@@ -414,10 +413,9 @@ class Trainer:
             # printed when it is the first plan, the end, or moves the end by over 5%
             shown = (previous >= sys.maxsize // 2 or self.total_steps == self.pos.step
                      or abs(self.total_steps - previous) > 0.05 * (previous - self.pos.step))
-            self.metrics.record("plan", self.pos.step, printed=shown,
-                                total_steps=self.total_steps,
-                                previous_total_steps=previous if previous < sys.maxsize // 2
-                                else None, **self.planner.describe())
+            self.metrics.record("plan", self.pos.step, printed=shown, total_steps=self.total_steps,
+                                previous_total_steps=(previous if previous < sys.maxsize // 2
+                                                      else None), **self.planner.describe())
 
     def finish(self) -> None:
         """Final validation and checkpoint of a run that reached its end (unless its newest
@@ -477,6 +475,5 @@ def train_command(cfg: TrainConfig) -> int:
     return 0 if summary["stop"] in ("done", "signal", "time-limit", "nothing-to-train") else 1
 
 
-TRAIN = Command(TrainConfig, train_command,
-                description="Train the LM. Flags override --config; each names its YAML field "
-                "and default in brackets.")
+TRAIN = Command(TrainConfig, train_command, description="Train the LM. Flags override --config; "
+                "each names its YAML field and default in brackets.")

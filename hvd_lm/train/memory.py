@@ -87,7 +87,7 @@ class StepMemory:
         graph_pool: the CUDA-graph pool of the fused window (``--cuda-graphs`` on a GPU;
             :func:`graph_pool_bytes`), 0 otherwise.
         checkpoint_copy: on the CPU with ``--async-checkpoint``, the host copy of a checkpoint
-            being written while the next steps run (:mod:`hvd_lm.train.async_checkpoint`): the
+            being written while the next steps run (:mod:`hvd_lm.train.checkpointer`): the
             weights, the optimizer state and every rank's recurrent state, fp32 (on a GPU it is
             host memory, not the device's), 0 otherwise.
     """

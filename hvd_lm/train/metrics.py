@@ -3,7 +3,7 @@ component (:class:`Metrics`), as torchtitan's trainer holds a metrics processor.
 
 * :class:`Metrics`: the component the trainer (:class:`hvd_lm.train.loop.Trainer`) holds: rank
   0's log (opened and handed back as rank 0 changes, :meth:`Metrics.open`,
-  :meth:`Metrics.hand_back`): ``<out-dir>/metrics.jsonl`` (one JSON record per line: ``kind`` =
+  :meth:`Metrics.close`): ``<out-dir>/metrics.jsonl`` (one JSON record per line: ``kind`` =
   start, train, eval, skip, checkpoint, plan, commit, resize, end; ``step``; ``time`` in Unix
   seconds; the values; a ``failure`` record comes from :func:`hvd_lm.train.log.write_failure`), a
   stdout line per record, a tqdm bar on a terminal, TensorBoard events with ``--tensorboard
@@ -80,9 +80,7 @@ class Metrics:
     """
 
     def __init__(self, out_dir: str | Path, tensorboard: bool, peak: Peak | None = None):
-        self.out_dir = Path(out_dir)
-        self.tensorboard = tensorboard
-        self.peak = peak
+        self.out_dir, self.tensorboard, self.peak = Path(out_dir), tensorboard, peak
         self.meter = StepMeter()
         self.enabled, self.bar, self.tb = False, None, None
 
@@ -101,13 +99,7 @@ class Metrics:
         elif self.tensorboard:
             print("hvd-lm train: WARNING: --tensorboard true, but the tensorboard package is not "
                   "installed (pip install tensorboard): no TensorBoard events are written; "
-                  f"{self.out_dir / 'metrics.jsonl'} has every record", file=sys.stderr,
-                  flush=True)
-
-    def hand_back(self) -> None:
-        """Close the log: this rank is no longer rank 0 (an elastic reset); records are then
-        not written."""
-        self.close()
+                  f"{self.out_dir / 'metrics.jsonl'} has every record", file=sys.stderr, flush=True)
 
     def record(self, kind: str, step: int, printed: bool = True, **values) -> None:
         """Append ``{"kind", "step", "time", **values}`` to ``metrics.jsonl`` and (``printed``)
@@ -149,8 +141,8 @@ class Metrics:
             self.bar.refresh()
 
     def close(self) -> None:
-        """Close the log (its bar, TensorBoard writer and file); records are then not
-        written."""
+        """Close the log (its bar, TensorBoard writer and file): the run is over, or this rank
+        is no longer rank 0 (an elastic reset); records are then not written."""
         if self.enabled:
             self.bar.close()
             if self.tb is not None:
@@ -203,8 +195,7 @@ class Metrics:
         rate, self.peak = rate_against(chars / wall / ranks, flops_per_char, self.peak)
         self.record("train", step, loss=loss, bpc=loss / LN2, lr=lr, loss_scale=loss_scale,
                     chars_per_s=chars / wall, step_time=wall / m.steps, **rate,
-                    allreduce_wait=waits / max(busy, 1e-9),
-                    compute_time_max=sum(slowest) / m.steps,
+                    allreduce_wait=waits / max(busy, 1e-9), compute_time_max=sum(slowest) / m.steps,
                     compute_time_mean=(busy - waits) / (ranks * m.steps), **tail)
         self.meter = StepMeter()
         return loss

@@ -29,20 +29,6 @@ from hvd_lm.train.settings import TrainConfig
 from hvd_lm.util.atomic import human
 
 
-def check_all(cfg: TrainConfig, manifest: Manifest, device: torch.device, world_size: int,
-              local_size: int) -> memory.StepMemory:
-    """:func:`check_splits`, :func:`check_vocab`, :func:`check_shapes` and :func:`check_memory`
-    for ``hvd-lm train``; returns the step's memory estimate.
-
-    Raises:
-        ValueError / ConfigError: as those.
-    """
-    check_splits(manifest, cfg)
-    check_vocab(cfg.model.vocab_size, manifest)
-    check_shapes(cfg, manifest, world_size)
-    return check_memory(cfg, manifest, device, world_size, local_size)
-
-
 def check_splits(manifest: Manifest, cfg: TrainConfig) -> None:
     """The manifest has the train split and (unless ``data.val_split`` is '') the val split.
 
@@ -54,9 +40,8 @@ def check_splits(manifest: Manifest, cfg: TrainConfig) -> None:
                               ("data.val_split", cfg.data.val_split)):
         if split and split not in have:
             hint = " (--val-split '' trains without validation)" if "val" in field_name else ""
-            raise ValueError(f"{field_name} {split!r} is not a split of "
-                             f"{manifest.directory}/{MANIFEST_NAME} (it has: {', '.join(have)})"
-                             f"{hint}")
+            raise ValueError(f"{field_name} {split!r} is not a split of {manifest.directory}/"
+                             f"{MANIFEST_NAME} (it has: {', '.join(have)}){hint}")
 
 
 def check_vocab(vocab_size: int, manifest: Manifest, what: str = "model.vocab_size",
@@ -108,10 +93,10 @@ def check_shapes(cfg: TrainConfig, manifest: Manifest, world_size: int) -> None:
         val = eval_bytes(cfg, manifest)
         if val - 1 < cfg.run.eval_batch_size:  # rows in all, whatever the world size
             raise ConfigError(
-                f"run.eval_batch_size {cfg.run.eval_batch_size} (--eval-batch-size) rows, but "
-                f"the {d.val_split} split evaluated ({val:,} bytes, --eval-chars "
-                f"{cfg.run.eval_chars}) has fewer targets; raise --eval-chars (0 = the whole "
-                "split) or lower --eval-batch-size")
+                f"run.eval_batch_size {cfg.run.eval_batch_size} (--eval-batch-size) rows, but the "
+                f"{d.val_split} split evaluated ({val:,} bytes, --eval-chars {cfg.run.eval_chars}) "
+                "has fewer targets; raise --eval-chars (0 = the whole split) or lower "
+                "--eval-batch-size")
 
 
 def eval_bytes(cfg: TrainConfig, manifest: Manifest) -> int:
@@ -176,8 +161,7 @@ def resume_end(step: int, window: int, total_steps: int, total_windows: int, k: 
                           f"{ends}; nothing to train: {more}")
     if warn:
         print(f"note: {source} is at step {step:,}, the last of this schedule ({ends}): nothing to "
-              "train, nothing written; raise --max-steps or --epochs to continue",
-              file=sys.stderr)
+              "train, nothing written; raise --max-steps or --epochs to continue", file=sys.stderr)
     return True
 
 
@@ -229,8 +213,7 @@ def run_length(cfg: TrainConfig, windows_per_epoch: int, k: int, warn: bool = Fa
     if max_steps and max_steps <= total_steps:
         return max_steps, total_windows, "max_steps"
     if max_steps and warn:
-        print(f"hvd-lm train: WARNING: --max-steps {max_steps} is not reached: --epochs "
-              f"{epochs:g} ends the run at step {total_steps} ({windows_per_epoch} windows per "
-              f"epoch / {k}); leave --epochs unset to let --max-steps decide", file=sys.stderr,
-              flush=True)
+        print(f"hvd-lm train: WARNING: --max-steps {max_steps} is not reached: --epochs {epochs:g} "
+              f"ends the run at step {total_steps} ({windows_per_epoch} windows per epoch / {k}); "
+              "leave --epochs unset to let --max-steps decide", file=sys.stderr, flush=True)
     return total_steps, total_windows, "epochs"

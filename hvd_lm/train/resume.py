@@ -191,8 +191,7 @@ class Resume:
         """The saved job's LR multiplier at its step (its last LR / its peak): where a run
         re-planned to a deadline continues the schedule from; None when not saved."""
         # ("scheduler": a LambdaLR's state, in checkpoints written before the LR plan)
-        return saved_factor(self.ckpt.get("lr_plan", self.ckpt.get("scheduler")),
-                            self.ckpt["step"])
+        return saved_factor(self.ckpt.get("lr_plan", self.ckpt.get("scheduler")), self.ckpt["step"])
 
     def restore_model(self, model: torch.nn.Module, scaler=None) -> None:
         """Load the model's weights (on a non-root rank: check their names and shapes only,

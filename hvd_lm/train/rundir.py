@@ -25,11 +25,16 @@ from hvd_lm.train.settings import TrainConfig
 from hvd_lm.util.atomic import DiskFullError, free_bytes, human
 from hvd_lm.util.lock import FolderLock
 
-#: Optimizer state tensors per parameter (for the checkpoint size estimate).
-OPTIMIZER_STATES = {"adam": 2, "sgd": 1}
 #: Files of a run besides its checkpoints that ``--overwrite`` deletes (``config.yaml`` is
 #: rewritten anyway; ``metrics.jsonl`` is appended to, so an old one would mix two runs).
 RUN_FILES = ("metrics.jsonl", "summary.json")
+
+
+def checkpoint_bytes(cfg: TrainConfig, model: torch.nn.Module, rows: int) -> int:
+    """A checkpoint's estimated size, bytes (:func:`hvd_lm.formats.checkpoint.estimate_bytes`):
+    ``model``'s weights, its optimizer state (one tensor per parameter for SGD's momentum, two
+    for the others' moments) and ``rows`` recurrent-state rows (world size x batch)."""
+    return ckpt_io.estimate_bytes(model, 1 if cfg.optim.optimizer == "sgd" else 2, rows)
 
 
 class RunFolderError(ConfigError):
@@ -63,8 +68,7 @@ def check_other_run(cfg: TrainConfig, resumed_from: str | Path | None) -> None:
             + ("continue it with --resume auto, " if resumable else "")
             + "start over with --overwrite (deletes them), or use another --out-dir")
     removed = ckpt_io.remove_all(out_dir)
-    for name in RUN_FILES:
-        p = out_dir / name
+    for p in (out_dir / name for name in RUN_FILES):
         if p.is_file():
             p.unlink()
             removed.append(p)
@@ -98,7 +102,7 @@ def open_run_folder(cfg: TrainConfig, model: torch.nn.Module, rows: int,
     try:
         if first:
             check_other_run(cfg, resumed_from)
-        need = ckpt_io.estimate_bytes(model, OPTIMIZER_STATES.get(cfg.optim.optimizer, 2), rows)
+        need = checkpoint_bytes(cfg, model, rows)
         free = free_bytes(out_dir)
         if cfg.run.check_free_space and free < need:
             raise DiskFullError(28, f"{out_dir}: a checkpoint needs about {human(need)} but only "
@@ -114,9 +118,8 @@ def open_run_folder(cfg: TrainConfig, model: torch.nn.Module, rows: int,
                   "once", file=sys.stderr)
         # --overwrite is an action on the folder, not a setting of the run: a config.yaml
         # given back with --resume auto must not carry it
-        options.save_yaml(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run,
-                                                                            overwrite=False)),
-                          out_dir / "config.yaml")
+        run = dataclasses.replace(cfg.run, overwrite=False)
+        options.save_yaml(dataclasses.replace(cfg, run=run), out_dir / "config.yaml")
     except BaseException:
         lock.release()
         raise
@@ -168,11 +171,10 @@ class RunFolder:
         longer 0 hands them back. ``first``: at the job's start (another run's checkpoints are
         refused then; later the folder's checkpoints are this job's)."""
         if ctx.is_root and self.lock is None:
-            self.lock = open_run_folder(self.cfg, self.model, rows, self.resumed_from,
-                                        first=first)
+            self.lock = open_run_folder(self.cfg, self.model, rows, self.resumed_from, first=first)
             self.metrics.open(None if self.cfg.timed else total_steps, step)
         elif not ctx.is_root and self.lock is not None:
-            self.metrics.hand_back()
+            self.metrics.close()
             self.release()
 
     def release(self) -> None:

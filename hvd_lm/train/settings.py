@@ -142,22 +142,20 @@ class RunConfig:
     async_checkpoint: bool = option(True, "write checkpoints on a background thread from a copy "
                                     "in host memory while training goes on (the next "
                                     "checkpoint, a signal, a reset and the end wait for it; "
-                                    "hvd_lm/train/async_checkpoint.py)")
-    time_limit: str = option("", "train until this long after the process started (90s, 6m, 1.5h, "
-                             "or as sbatch's --time: M, M:S, H:M:S, D-H[:M[:S]]): the steps that "
-                             "fit are measured as the run goes and the LR reaches 0 at the "
-                             "deadline, after which the final validation and checkpoint are "
-                             "written (--max-steps / --epochs still cap it; each invocation, a "
-                             "resumed one too, has its own limit; hvd_lm/train/deadline.py); with "
-                             "--time-budget, the end of this allocation: the run stops there with "
-                             "a checkpoint when its budget is not spent yet", parse=_time_limit)
-    time_budget: str = option("", "train this long in all, over every allocation of the run "
-                              "(40h, 2d, ...; the seconds trained so far are kept in the "
-                              "checkpoint and --resume continues them): the LR reaches 0 when "
-                              "the budget is spent, after which the final validation and "
-                              "checkpoint are written; each allocation's --time-limit stops "
-                              "it earlier with a checkpoint (hvd_lm/train/deadline.py)",
-                              parse=_time_limit)
+                                    "hvd_lm/train/checkpointer.py)")
+    time_limit: str = option(
+        "", "train until this long after the process started (90s, 6m, 1.5h, or as sbatch's "
+        "--time: M, M:S, H:M:S, D-H[:M[:S]]): the steps that fit are measured as the run goes and "
+        "the LR reaches 0 at the deadline, after which the final validation and checkpoint are "
+        "written (--max-steps / --epochs still cap it; each invocation, a resumed one too, has its "
+        "own limit; hvd_lm/train/deadline.py); with --time-budget, the end of this allocation: the "
+        "run stops there with a checkpoint when its budget is not spent yet", parse=_time_limit)
+    time_budget: str = option(
+        "", "train this long in all, over every allocation of the run (40h, 2d, ...; the seconds "
+        "trained so far are kept in the checkpoint and --resume continues them): the LR reaches 0 "
+        "when the budget is spent, after which the final validation and checkpoint are written; "
+        "each allocation's --time-limit stops it earlier with a checkpoint "
+        "(hvd_lm/train/deadline.py)", parse=_time_limit)
     resume: str = option("", "checkpoint file or run directory to resume from ('auto' = out_dir)")
     overwrite: bool = option(False, "start over in an out-dir that holds another run's "
                              "checkpoints: delete them (checkpoints/step_*.pt, latest, diverged/), "
@@ -188,8 +186,7 @@ class RunConfig:
                                "for without it: one warning, metrics.jsonl only)")
     peak_tflops: typing.Optional[float] = option(
         None, "one device's peak TFLOP/s for the logged MFU (default: the GPU's published dense "
-        "peak for --precision, or a matmul measured at start on a CPU; hvd_lm/model/mfu.py)",
-        gt=0)
+        "peak for --precision, or a matmul measured at start on a CPU; hvd_lm/model/mfu.py)", gt=0)
 
 
 @dataclass
@@ -221,45 +218,43 @@ class TrainConfig:
         return bool(self.run.time_limit or self.run.time_budget)
 
     def check(self) -> None:
-        """Rules across sections (the per-field bounds are declared on the fields)."""
-        if self.run.resume and self.run.overwrite:
-            raise ValueError("run.resume and run.overwrite exclude each other (--resume continues "
-                             "the run in --out-dir, --overwrite deletes it)")
-        if self.epochs_bound() <= 0 and not (self.optim.max_steps or self.timed):
-            raise ValueError("need data.epochs > 0, optim.max_steps, run.time_limit or "
-                             "run.time_budget")
-        if self.timed and self.run.elastic:
-            raise ValueError("run.time_limit and run.time_budget do not work with run.elastic: "
-                             "workers joining and leaving change the step time the plan is "
-                             "measured on (give --max-steps)")
-        if self.run.elastic and self.dist.backend == "torch":
-            raise ValueError("run.elastic is Horovod's elastic driver: train elastic jobs with "
-                             "--backend horovod")
-        if self.dist.backend == "torch":  # Horovod's knobs: the torch engine has no such thing
-            if self.dist.cycle_time_ms is not None:
-                raise ValueError("dist.cycle_time_ms (--cycle-time-ms) is Horovod's fusion cycle "
-                                 "(HOROVOD_CYCLE_TIME): the torch engine starts a bucket when "
-                                 "its last gradient is ready, with no cycle; drop it, or train "
-                                 "with --backend horovod")
-            if self.dist.allreduce_op == "adasum":
-                raise ValueError("dist.allreduce_op adasum (--allreduce-op) is Horovod's: train "
-                                 "it with --backend horovod")
-        if self.dist.compression == "bf16" and self.dist.backend == "horovod":
-            raise ValueError("dist.compression bf16 needs --backend torch: Horovod 0.28.1's "
-                             "PyTorch adapter has no bfloat16 (horovod#4049, unmerged)")
-        if self.optim.optimizer.startswith("onebit"):
-            if self.run.precision == "fp16":
-                raise ValueError("run.precision fp16 does not work with optim.optimizer "
-                                 f"{self.optim.optimizer}: GradScaler skips steps per rank, the "
-                                 "compressed phase needs every rank to skip together (use fp32 "
-                                 "or bf16)")
-            if self.dist.allreduce_op != "average":
-                raise ValueError(f"dist.allreduce_op must be average with optim.optimizer "
-                                 f"{self.optim.optimizer} (its compressed allreduce averages)")
-            if self.run.elastic:
-                raise ValueError(f"run.elastic does not work with optim.optimizer "
-                                 f"{self.optim.optimizer}: its error buffers are per rank and "
-                                 "laid out for one world size")
+        """Rules across sections (the per-field bounds are declared on the fields).
+
+        Raises:
+            ValueError: the first rule broken, naming its fields and what to give instead.
+        """
+        run, dist, opt = self.run, self.dist, self.optim.optimizer
+        torch_engine, onebit = dist.backend == "torch", opt.startswith("onebit")
+        rules = (
+            (run.resume and run.overwrite, "run.resume and run.overwrite exclude each other "
+             "(--resume continues the run in --out-dir, --overwrite deletes it)"),
+            (self.epochs_bound() <= 0 and not (self.optim.max_steps or self.timed),
+             "need data.epochs > 0, optim.max_steps, run.time_limit or run.time_budget"),
+            (self.timed and run.elastic, "run.time_limit and run.time_budget do not work with "
+             "run.elastic: workers joining and leaving change the step time the plan is "
+             "measured on (give --max-steps)"),
+            (run.elastic and torch_engine, "run.elastic is Horovod's elastic driver: train "
+             "elastic jobs with --backend horovod"),
+            # Horovod's knobs: the torch engine has no such thing
+            (torch_engine and dist.cycle_time_ms is not None, "dist.cycle_time_ms "
+             "(--cycle-time-ms) is Horovod's fusion cycle (HOROVOD_CYCLE_TIME): the torch engine "
+             "starts a bucket when its last gradient is ready, with no cycle; drop it, or train "
+             "with --backend horovod"),
+            (torch_engine and dist.allreduce_op == "adasum", "dist.allreduce_op adasum "
+             "(--allreduce-op) is Horovod's: train it with --backend horovod"),
+            (dist.compression == "bf16" and dist.backend == "horovod", "dist.compression bf16 "
+             "needs --backend torch: Horovod 0.28.1's PyTorch adapter has no bfloat16 "
+             "(horovod#4049, unmerged)"),
+            (onebit and run.precision == "fp16", f"run.precision fp16 does not work with "
+             f"optim.optimizer {opt}: GradScaler skips steps per rank, the compressed phase "
+             "needs every rank to skip together (use fp32 or bf16)"),
+            (onebit and dist.allreduce_op != "average", f"dist.allreduce_op must be average "
+             f"with optim.optimizer {opt} (its compressed allreduce averages)"),
+            (onebit and run.elastic, f"run.elastic does not work with optim.optimizer {opt}: "
+             "its error buffers are per rank and laid out for one world size"))
+        for broken, message in rules:
+            if broken:
+                raise ValueError(message)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -16,12 +16,11 @@ import torch
 from hvd_lm.comm import engine
 from hvd_lm.comm.peers import PeerWatch
 from hvd_lm.comm.threads import set_rank_threads
-from hvd_lm.formats import checkpoint as ckpt_io
 from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.formats.shards import SMALL_SPLIT_BYTES, check_layout, small_split_advice, verify_shard
 from hvd_lm.model import device as devices
 from hvd_lm.model.lm import LanguageModel
-from hvd_lm.model.mfu import Peak, device_peak
+from hvd_lm.model.mfu import Peak
 from hvd_lm.options import check_required
 from hvd_lm.train import preflight
 from hvd_lm.train import resume as resume_io
@@ -29,7 +28,7 @@ from hvd_lm.train.data import RankStreams, recut_bytes, window_in_new_cut
 from hvd_lm.train.deadline import CHECKPOINT_BYTES_PER_S
 from hvd_lm.train.evaluate import estimate_seconds
 from hvd_lm.train.optim import build_optimizer, distributed
-from hvd_lm.train.rundir import OPTIMIZER_STATES
+from hvd_lm.train.rundir import checkpoint_bytes
 from hvd_lm.train.schedule import LRPlan, scaled_lr
 from hvd_lm.train.settings import TrainConfig
 from hvd_lm.util.units import parse_duration
@@ -38,15 +37,13 @@ from hvd_lm.util.units import parse_duration
 def small_split_warning(manifest, split: str) -> None:
     """One line on stderr when ``split`` holds fewer than :data:`SMALL_SPLIT_BYTES` bytes: its
     BPC is too noisy to compare runs by."""
-    sizes = {name: sum(s.tokens for s in manifest.shards if s.split == name)
-             for name in {s.split for s in manifest.shards} | {split}}
+    sizes = {name: preflight.split_bytes(manifest, name) for name in {*manifest.split_names, split}}
     if sizes[split] < SMALL_SPLIT_BYTES:
         docs = sum(s.documents for s in manifest.shards if s.split == split)
+        advice = small_split_advice(split, sizes, manifest.meta.get("split_ratios"))
         print(f"hvd-lm train: WARNING: the {split} split holds {docs:,} document(s), "
               f"{sizes[split]:,} bytes: too few to measure BPC on (under "
-              f"{SMALL_SPLIT_BYTES // 1024} KiB); "
-              + small_split_advice(split, sizes, manifest.meta.get("split_ratios")),
-              file=sys.stderr, flush=True)
+              f"{SMALL_SPLIT_BYTES // 1024} KiB); {advice}", file=sys.stderr, flush=True)
 
 
 class RunParts:
@@ -87,8 +84,11 @@ class RunParts:
         # ---- data: the manifest, its splits and shards checked; streams cut for this world -------
         self.manifest = load_manifest(cfg.data.shards)
         # splits, vocabulary, window x rows against the split, one step's memory: before any read
-        self.step_memory = preflight.check_all(cfg, self.manifest, self.device, self.ctx.size,
-                                               self.ctx.local_size)
+        preflight.check_splits(self.manifest, cfg)
+        preflight.check_vocab(cfg.model.vocab_size, self.manifest)
+        preflight.check_shapes(cfg, self.manifest, self.ctx.size)
+        self.step_memory = preflight.check_memory(cfg, self.manifest, self.device, self.ctx.size,
+                                                  self.ctx.local_size)
         self.B, self.T = cfg.data.batch_size, cfg.data.seq_len
         self.k = cfg.dist.backward_passes_per_step
         for i, info in enumerate(self.manifest.shards):
@@ -123,8 +123,7 @@ class RunParts:
             auto = cfg.run.resume == "auto"
             source = self.out_dir if auto else cfg.run.resume
             if cfg.run.elastic:  # no collective before the state's first sync: each rank reads
-                resume = resume_io.Resume(source, self.device, fallback=auto,
-                                          warn=self.ctx.is_root)
+                resume = resume_io.Resume(source, self.device, fallback=auto, warn=self.ctx.is_root)
             else:  # rank 0 reads the checkpoint (--resume auto: the newest that loads) and
                 # broadcasts its weights and optimizer later; the others map the file it chose
                 # and read their own rows (collectives: rank 0's outcome, then the path)
@@ -204,20 +203,13 @@ class RunParts:
             return text
         epoch, old = divmod(saved_window, resume.windows_per_epoch)
         new = self.start_pos.window - epoch * self.windows_per_epoch
-        reread, skipped = recut_bytes(self.streams.total_bytes, self.T, resume.rows, old, rows,
-                                      new)
+        reread, skipped = recut_bytes(self.streams.total_bytes, self.T, resume.rows, old, rows, new)
         return (f"{text}; the streams are cut anew at the same point of epoch {epoch} (window "
                 f"{old} of {resume.windows_per_epoch} -> {new} of {self.windows_per_epoch}): "
                 f"this epoch re-reads {reread:,} bytes and skips {skipped:,} of "
                 f"{self.streams.chars_per_epoch:,}")
 
     # ---- the start record ------------------------------------------------------------------------
-
-    def measure_peak(self) -> Peak:
-        """The peak the logged MFU is against (a CPU's is a matmul measured now:
-        :mod:`hvd_lm.model.mfu`)."""
-        cfg = self.cfg
-        return device_peak(self.device, cfg.run.precision, cfg.run.peak_tflops, self.threads)
 
     def start_values(self, peak: Peak) -> dict:
         """The ``start`` record's values (after its step), ``peak`` the MFU's."""
@@ -243,9 +235,8 @@ class RunParts:
     def checkpoint_estimate_s(self) -> float:
         """Seconds one checkpoint write takes before one is measured (``--time-limit``): its
         estimated size at :data:`hvd_lm.train.deadline.CHECKPOINT_BYTES_PER_S`, plus 1 s."""
-        return 1.0 + ckpt_io.estimate_bytes(
-            self.model, OPTIMIZER_STATES.get(self.cfg.optim.optimizer, 2),
-            self.ctx.size * self.B) / CHECKPOINT_BYTES_PER_S
+        rows = self.ctx.size * self.B
+        return 1.0 + checkpoint_bytes(self.cfg, self.model, rows) / CHECKPOINT_BYTES_PER_S
 
     def eval_estimate_s(self) -> float:
         """Seconds one validation takes, estimated from two windows timed now

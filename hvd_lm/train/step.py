@@ -71,7 +71,7 @@ class SynchronizingOptimizer(StepOptimizer, Protocol):
     """An optimizer whose gradient allreduce the step waits for explicitly (Horovod docs,
     "Gradient clipping"; :func:`hvd_lm.comm.engine.synchronizes` tells one): Horovod's
     ``hvd.DistributedOptimizer`` and the 1-bit optimizers'
-    (:class:`hvd_lm.train.onebit_optimizers.OnebitDistributedOptimizer`)."""
+    (:class:`hvd_lm.train.optim.OnebitDistributedOptimizer`)."""
 
     def synchronize(self) -> None: ...
 
@@ -128,7 +128,7 @@ def unscale_and_clip(optimizer, params: list[torch.Tensor], max_norm: float,
     """:func:`grad_norm`, read on the host (a sync): the path of an optimizer that cannot take
     the skip decision as a tensor. An optimiser whose gradients stay local (a 1-bit optimiser's
     compressed phase) agrees on one norm through its ``agree_grad_norm``
-    (:meth:`hvd_lm.train.onebit_optimizers.OnebitDistributedOptimizer.agree_grad_norm`).
+    (:meth:`hvd_lm.train.optim.OnebitDistributedOptimizer.agree_grad_norm`).
 
     Returns:
         The norm before clipping (inf or NaN when a gradient is not finite).
@@ -288,7 +288,7 @@ class StepSpec:
         loss_hook: applied to each window's loss before backward (tests' fault injection:
             :mod:`hvd_lm.train.faults`).
         clock: called with ``"forward"``, ``"backward"`` (each window), ``"synchronized"`` and
-            ``"updated"`` as each part ends (``bench multinode`` times the parts).
+            ``"updated"`` as each part ends (``bench multinode`` times the parts; default: none).
     """
 
     device: torch.device
@@ -297,7 +297,7 @@ class StepSpec:
     check_finite: bool = True
     k: int = 1
     loss_hook: Callable[[torch.Tensor], torch.Tensor] | None = None
-    clock: Callable[[str], None] | None = None
+    clock: Callable[[str], None] = lambda part: None
 
 
 @dataclasses.dataclass
@@ -339,20 +339,19 @@ def backward(model, optimizer: StepOptimizer, scaler: torch.amp.GradScaler,
     Raises:
         ValueError: ``windows`` did not hold ``spec.k`` batches.
     """
-    mark = spec.clock or (lambda _: None)
     device, k = spec.device, spec.k
     nats_step, chars, seen = torch.zeros((), dtype=torch.float64, device=device), 0, 0
     for batch in windows:
         # the windows before the last only accumulate (DDP: no_sync; Horovod counts them)
         with engine.no_sync(model) if seen + 1 < k else contextlib.nullcontext():
             nats, state = window_nll(model, batch, state, device, spec.precision)  # fp32, sum
-            mark("forward")
+            spec.clock("forward")
             loss = nats / max(1, batch.chars) / k
             if spec.loss_hook is not None:
                 loss = spec.loss_hook(loss)
             # collective: each gradient's allreduce starts from its hook once it is ready
             scaler.scale(loss).backward()
-        mark("backward")
+        spec.clock("backward")
         nats_step += nats.detach().double()  # on the device: no host sync
         chars += batch.chars
         seen += 1
@@ -368,7 +367,7 @@ def backward(model, optimizer: StepOptimizer, scaler: torch.amp.GradScaler,
         # --compression fp16)
         engine.synchronize(optimizer)
         wait = time.perf_counter() - t_wait
-    mark("synchronized")
+    spec.clock("synchronized")
     return Gradients(nats_step, chars, wait, state)
 
 
@@ -383,20 +382,18 @@ def update(optimizer: StepOptimizer, scaler: torch.amp.GradScaler, g: Gradients,
         :class:`StepResult` (``applied`` and ``grad_norm`` as device tensors when the skip was
         decided on the device: :meth:`StepResult.read`).
     """
-    mark = spec.clock or (lambda _: None)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     on_device = decides_on_device(optimizer)
     # unscale (fp16) and clip: on the device, the norm a tensor; else read on the host (the
     # step's sync)
-    norm = (grad_norm if on_device else unscale_and_clip)(optimizer, params, spec.grad_clip,
-                                                          scaler)
+    norm = (grad_norm if on_device else unscale_and_clip)(optimizer, params, spec.grad_clip, scaler)
     # step, or skip a step whose gradients are not finite (every rank decides alike, from the
     # norm of the allreduced gradients): on the device, the decision a tensor
     with engine.skip_synchronize(optimizer):  # collective: synchronized in backward()
         applied = (step_or_skip_on_device if on_device else step_or_skip)(
             optimizer, scaler, norm, spec.check_finite)
     optimizer.zero_grad()
-    mark("updated")
+    spec.clock("updated")
     if not on_device:
         return StepResult(applied, norm, g.nats, g.chars, g.wait_s, g.state)
     checked = not isinstance(applied, bool)  # else nothing was checked: applied
@@ -409,5 +406,4 @@ def train_step(model, optimizer: StepOptimizer, scaler: torch.amp.GradScaler,
     """One optimizer step over ``spec.k`` TBPTT windows: :func:`backward` then :func:`update`
     (the benchmarks' step; the loop calls the two itself, counting the previous step between
     them). Arguments, result and errors: theirs."""
-    return update(optimizer, scaler, backward(model, optimizer, scaler, windows, state, spec),
-                  spec)
+    return update(optimizer, scaler, backward(model, optimizer, scaler, windows, state, spec), spec)

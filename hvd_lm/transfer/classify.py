@@ -118,9 +118,8 @@ def classify(cfg: ClassifyConfig) -> int:
     if cfg.input == "-" and world_size() > 1:
         raise ValueError("--input - (standard input) reaches rank 0 only: give a file when "
                          "launching several ranks")
-    stream = text_input.iter_texts(cfg.input, cfg.format, cfg.text_field,
-                                   cfg.label_field or None, cfg.max_line_bytes,
-                                   "--max-line-bytes")
+    stream = text_input.iter_texts(cfg.input, cfg.format, cfg.text_field, cfg.label_field or None,
+                                   cfg.max_line_bytes, "--max-line-bytes")
     lm, saved = open_classified(cfg, cfg.classifier, "classify", {"--output": cfg.output},
                                 [cfg.input], cfg.precision, cfg.backend)
     feat, is_root = saved.features, lm.ctx is None or lm.ctx.rank == 0

@@ -86,18 +86,18 @@ class LabelledSplit:
         return LabelledSplit(name or self.name, [self.texts[i] for i in idx], self.labels[idx],
                              f"{self.source}{' ' + how if how else ''}", list(self.notes))
 
+    def nonempty(self) -> "LabelledSplit":
+        """``self``, or DatasetError naming its source when it has no examples."""
+        if len(self) == 0:
+            raise DatasetError(f"{self.source}: split '{self.name}' has no examples")
+        return self
+
     def summary(self) -> dict:
         """``{"n", "positive", "negative", "chars", "source"}`` (chars = UTF-8 bytes)."""
         pos = int(self.labels.sum())
         return {"n": len(self), "positive": pos, "negative": len(self) - pos,
                 "chars": int(sum(len(t.encode("utf-8", "replace")) for t in self.texts)),
                 "source": self.source}
-
-
-def _check_nonempty(split: LabelledSplit, origin: str) -> LabelledSplit:
-    if len(split) == 0:
-        raise DatasetError(f"{origin}: split '{split.name}' has no examples")
-    return split
 
 
 def load_table(path: str | Path, split: str, text_field: str = "text",
@@ -124,8 +124,7 @@ def load_table(path: str | Path, split: str, text_field: str = "text",
         rows = [(text, normalize_label(label, f"{path}:{line}: field '{label_field}'"))
                 for line, text, label in text_input._records(path, f, text_input._kind(path),
                                                              text_field, label_field)]
-    return _check_nonempty(LabelledSplit(split, [t for t, _ in rows], [y for _, y in rows],
-                                         str(path)), str(path))
+    return LabelledSplit(split, [t for t, _ in rows], [y for _, y in rows], str(path)).nonempty()
 
 
 #: ``.review`` file (or folder) names that give its label (:func:`review_label`).
@@ -167,12 +166,10 @@ def load_review(path: str | Path, split: str, text_field: str | None = None) -> 
     label = review_label(path)
     try:
         spec = sniff.resolve_input(path, "review", text_field)
-        texts = [t for _, t in readers.read_documents(spec,
-                                                      max_line_bytes=DEFAULT_MAX_LINE_BYTES)]
+        texts = [t for _, t in readers.read_documents(spec, max_line_bytes=DEFAULT_MAX_LINE_BYTES)]
     except (InputError, BadRecord) as e:
         raise DatasetError(str(e)) from None
-    return _check_nonempty(LabelledSplit(split, texts, np.full(len(texts), label, np.int64),
-                                         str(path)), str(path))
+    return LabelledSplit(split, texts, np.full(len(texts), label, np.int64), str(path)).nonempty()
 
 
 def load_files(paths: str, split: str, text_field: str = "text",
@@ -197,14 +194,11 @@ def load_files(paths: str, split: str, text_field: str = "text",
                                    f"{[p.name for p in found] or 'none'}")
         else:
             files = [path]
-        for f in files:
-            field = None if text_field == "text" else text_field  # .review: review_text
-            parts.append(load_review(f, split, field) if f.name.lower().endswith(REVIEW_SUFFIXES)
-                         else load_table(f, split, text_field, label_field))
+        field = None if text_field == "text" else text_field  # .review: review_text
+        parts += [load_review(f, split, field) if f.name.lower().endswith(REVIEW_SUFFIXES)
+                  else load_table(f, split, text_field, label_field) for f in files]
     if not parts:
         raise DatasetError(f"--{split}: no file given")
-    if len(parts) == 1:
-        return parts[0]
     return LabelledSplit(split, [t for p in parts for t in p.texts],
                          np.concatenate([p.labels for p in parts]),
                          " + ".join(p.source for p in parts))
@@ -299,9 +293,8 @@ def carve_validation(train: LabelledSplit, fraction: float = DEFAULT_VAL_FRACTIO
     """
     if not 0 < fraction < 1:
         raise DatasetError(f"validation fraction must be in (0, 1), got {fraction}")
-    idx = np.arange(len(train))
     try:
-        tr, va = train_test_split(idx, test_size=fraction, random_state=seed,
+        tr, va = train_test_split(np.arange(len(train)), test_size=fraction, random_state=seed,
                                   stratify=train.labels)
     except ValueError as e:
         raise DatasetError(f"{train.source}: cannot carve a {fraction:.0%} validation split "
@@ -324,11 +317,10 @@ def carve_splits(data: LabelledSplit, ratios: tuple[float, float, float],
     if va <= 0:
         raise DatasetError(f"--split {tr:g},{va:g},{te:g}: give val a share (the C and the unit "
                            "are chosen on train, val is reported)")
-    total = tr + va + te
     how = f"[--split {tr:g},{va:g},{te:g}: stratified, seed {seed}]"
     idx = np.arange(len(data))
     try:
-        rest, test = (train_test_split(idx, test_size=te / total, random_state=seed,
+        rest, test = (train_test_split(idx, test_size=te / (tr + va + te), random_state=seed,
                                        stratify=data.labels) if te > 0 else (idx, idx[:0]))
         train, val = train_test_split(rest, test_size=va / (tr + va), random_state=seed,
                                       stratify=data.labels[rest])
@@ -444,7 +436,7 @@ def load_splits(dataset: str | None = None, data_dir: str | Path | None = None,
     if max_examples > 0:
         splits = {k: subsample(v, max_examples, seed) for k, v in splits.items()}
     for name, s in splits.items():
-        _check_nonempty(s, s.source)
+        s.nonempty()
         if len(np.unique(s.labels)) < 2 and name == "train":
             raise DatasetError(f"{s.source}: split 'train' has only one class "
                                f"({int(s.labels[0])}); need both 0 and 1")

@@ -231,10 +231,9 @@ def encode_batch(model, seqs: Sequence[np.ndarray], kind: str = "cell",
     if kind not in FEATURE_KINDS:
         raise ValueError(f"features must be one of {FEATURE_KINDS}, got {kind!r}")
     device = torch.device(device)
-    B = len(seqs)
     tokens, mask, lengths_d = pad_batch(seqs, device)
     T = max((len(s) for s in seqs), default=0)
-    h, c = model.init_state(B, device, torch.float32)
+    h, c = model.init_state(len(seqs), device, torch.float32)
     acc = torch.full(h.shape, float("-inf") if kind == "max" else 0.0, device=device)
     for t0 in range(0, T, time_chunk):
         t1 = min(T, t0 + time_chunk)
@@ -314,16 +313,15 @@ def featurize(model, texts: Sequence[str], kind: str = "cell",
     lengths = np.array([len(s) for s in seqs], dtype=np.int64)
     mine = plan_batches(lengths, batch_size, rank, size)
     H = model.config.hidden_size
-    bar = Progress(f"hvd-lm features of {desc}", int(sum(lengths[b].sum() for b in mine)), "char",
-                   enabled=progress)  # a bar on a terminal, a line every 10 s in a log
     # a sentinel row (index -1) first, so that no rank ever sends an empty tensor
     local_idx, local_feats = [torch.tensor([-1])], [torch.zeros(1, H)]
-    for b in mine:
-        local_feats.append(encode_batch(model, [seqs[i] for i in b], kind, device, time_chunk,
-                                        precision))
-        local_idx.append(torch.from_numpy(b.astype(np.int64)))
-        bar.update(int(lengths[b].sum()))
-    bar.close()
+    with Progress(f"hvd-lm features of {desc}", int(sum(lengths[b].sum() for b in mine)), "char",
+                  enabled=progress) as bar:  # a bar on a terminal, a line every 10 s in a log
+        for b in mine:
+            local_feats.append(encode_batch(model, [seqs[i] for i in b], kind, device,
+                                            time_chunk, precision))
+            local_idx.append(torch.from_numpy(b.astype(np.int64)))
+            bar.update(int(lengths[b].sum()))
     feats, idx = torch.cat(local_feats), torch.cat(local_idx)
     if size > 1:
         feats = engine.allgather(feats, name=f"transfer_feats_{desc}")

@@ -196,9 +196,8 @@ def fit_logreg(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray | None = None,
     fitted, scaler = (search.best_estimator_.named_steps[k] for k in ("lr", "scale"))
     d = X.shape[1]
     mean, scale = (scaler.mean_, scaler.scale_) if standardize else (np.zeros(d), np.ones(d))
-    model = LinearClassifier(fitted.coef_.ravel().astype(np.float64),
-                             float(fitted.intercept_[0]), np.asarray(mean, np.float64),
-                             np.asarray(scale, np.float64))
+    model = LinearClassifier(fitted.coef_.ravel().astype(np.float64), float(fitted.intercept_[0]),
+                             np.asarray(mean, np.float64), np.asarray(scale, np.float64))
     n_iter = int(np.max(fitted.n_iter_))
     return {"model": model, "coef": model.coef,
             **_search_result(search, "lr__C", model.accuracy(Xtr, ytr), model.accuracy(Xva, yva),
@@ -274,9 +273,8 @@ def plot_neuron_histogram(values: np.ndarray, labels: np.ndarray, index: int, th
         ax.hist(values[labels == cls], bins=bins, alpha=0.55, color=color,
                 label=f"{name} (n={int((labels == cls).sum())})")
     ax.axvline(threshold, color="k", ls="--", lw=1, label=f"threshold {threshold:.3g}")
-    ax.set_xlabel(f"unit {index} value")
-    ax.set_ylabel("texts")
-    ax.set_title(title or f"Sentiment unit {index} by class")
+    ax.set(xlabel=f"unit {index} value", ylabel="texts",
+           title=title or f"Sentiment unit {index} by class")
     ax.legend()
     fig.tight_layout()
     with atomic_path(path) as tmp:
@@ -303,11 +301,9 @@ def tfidf_baseline(train, val=None, test=None, grid: Sequence[float] = DEFAULT_B
     t0 = time.perf_counter()
     min_df = 2 if len(train) >= 100 else 1
     union = FeatureUnion([
-        ("word", TfidfVectorizer(analyzer="word", ngram_range=(1, 2), sublinear_tf=True,
-                                 min_df=min_df, max_features=300_000, dtype=np.float32)),
-        ("char", TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True,
-                                 min_df=min_df, max_features=300_000, dtype=np.float32)),
-    ])
+        (name, TfidfVectorizer(analyzer=analyzer, ngram_range=ngrams, sublinear_tf=True,
+                               min_df=min_df, max_features=300_000, dtype=np.float32))
+        for name, analyzer, ngrams in (("word", "word", (1, 2)), ("char", "char_wb", (2, 5)))])
     Xtr = union.fit_transform(train.texts)
     search = cross_validate(logistic_regression("l2", "liblinear", seed=seed), Xtr, train.labels,
                             grid, folds, seed, jobs)

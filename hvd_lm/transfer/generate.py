@@ -159,28 +159,21 @@ def generate(model, prime: str = "", length: int = 200, temperature: float = 1.0
     feed = ids.astype(np.int64) if len(ids) else np.array([tokenizer.EOD], np.int64)
     tokens = torch.from_numpy(feed).to(device).unsqueeze(0).repeat(samples, 1)  # [S, P']
     st = model.init_state(samples, device)
-    trace: list[torch.Tensor] = []
-    if neuron is None:
-        logits, st = model(tokens, st)
-    else:
-        for t in range(tokens.shape[1]):
-            logits, st = model(tokens[:, t:t + 1], st)
+    trace: list[torch.Tensor | None] = []  # (None without a neuron: not kept)
+    for chunk in [tokens] if neuron is None else tokens.split(1, dim=1):  # a unit: byte by byte
+        logits, st = model(chunk, st)
+        st, seen = _pin(st, neuron, overwrite, state)
+        trace.append(seen)
+    trace = trace if len(ids) else []  # the start byte is not part of the text
+    first = logits[:, -1].float().cpu().clone()
+    out = []
+    with Progress("hvd-lm generate", length * samples, "char", enabled=progress) as bar:
+        for _ in range(length):
+            bar.update(samples)
+            out.append(sample_next(logits[:, -1], temperature, top_k, gen))
+            logits, st = model(out[-1].to(device).unsqueeze(1), st)
             st, seen = _pin(st, neuron, overwrite, state)
             trace.append(seen)
-        trace = trace if len(ids) else []  # the start byte is not part of the text
-    last = logits[:, -1]
-    first = last.float().cpu().clone()
-    out = []
-    bar = Progress("hvd-lm generate", length * samples, "char", enabled=progress)
-    for _ in range(length):
-        bar.update(samples)
-        nxt = sample_next(last, temperature, top_k, gen)
-        out.append(nxt)
-        logits, st = model(nxt.to(device).unsqueeze(1), st)
-        st, seen = _pin(st, neuron, overwrite, state)
-        trace.append(seen)  # (None without a neuron: not kept)
-        last = logits[:, -1]
-    bar.close()
     result = Generation(ids.copy(), torch.stack(out, 1).numpy(), [], first,
                         torch.stack(trace, 1).numpy() if neuron is not None else None,
                         (st[0].detach(), st[1].detach()))
@@ -209,12 +202,11 @@ def trace_unit(model, seqs: Sequence[np.ndarray], neuron: int, state: str = "cel
     T = max((len(s) for s in seqs), default=0)
     st = model.init_state(len(seqs), device)
     vals = torch.zeros(len(seqs), T)
-    bar = Progress("hvd-lm visualize", int(lengths.sum()), "char", enabled=progress)
-    for t in range(T):
-        _, st = model.encode(tokens[:, t:t + 1], st, mask[:, t:t + 1])
-        vals[:, t] = st[1 if state == "cell" else 0][:, neuron].float().cpu()
-        bar.update(int((lengths > t).sum()))
-    bar.close()
+    with Progress("hvd-lm visualize", int(lengths.sum()), "char", enabled=progress) as bar:
+        for t in range(T):
+            _, st = model.encode(tokens[:, t:t + 1], st, mask[:, t:t + 1])
+            vals[:, t] = st[1 if state == "cell" else 0][:, neuron].float().cpu()
+            bar.update(int((lengths > t).sum()))
     return [vals[i, :len(s)].numpy().copy() for i, s in enumerate(seqs)]
 
 
@@ -242,10 +234,9 @@ def pinned_value(overwrite: float | None, steer: str, polarity: int) -> float | 
 
 def open_model(command: str, cfg, outputs: dict[str, str], reads: Sequence = ()) -> tuple:
     """The model, classifier and unit of ``generate``/``visualize`` (one process; ``cfg``: a
-    :class:`GenerateConfig` or ``VisualizeConfig``): the checkpoint's model and the classifier
-    at ``cfg.classifier`` (None for ""), each output (``{flag: path}``, "" = none) refused where
-    it names a file this run reads (:func:`hvd_lm.transfer.features.open_classified`), and the
-    unit.
+    :class:`UnitOptions`): the checkpoint's model and the classifier at ``cfg.classifier``
+    (None for ""), each output (``{flag: path}``, "" = none) refused where it names a file this
+    run reads (:func:`hvd_lm.transfer.features.open_classified`), and the unit.
 
     Returns:
         (checkpoint path, model, device, classifier or None, unit, polarity, state): the unit is
@@ -274,8 +265,23 @@ def open_model(command: str, cfg, outputs: dict[str, str], reads: Sequence = ())
 
 
 @dataclass
-class GenerateConfig(ModelOptions):
-    """Settings of ``hvd-lm generate`` (the shared ones: :class:`ModelOptions`)."""
+class UnitOptions(ModelOptions):
+    """The settings of the commands that read one unit (``generate``, ``visualize`` inherit
+    them; :func:`open_model` reads them)."""
+
+    neuron: int | None = option(None, "unit to draw (generate: and pin; default with "
+                                "--classifier: its sentiment unit)", ge=0)
+    state: str = option("auto", "state the unit is read from (generate: and pinned in; auto: the "
+                        "one the classifier's features come from, h_t for mean/max/hidden, else "
+                        "the cell state)", choices=("auto", *STATES))
+    classifier: str = option("", "classifier from hvd-lm transfer (its folder or file): the "
+                             "default --neuron (generate: and each sample's P(positive)); "
+                             "refused if fit on another checkpoint")
+
+
+@dataclass
+class GenerateConfig(UnitOptions):
+    """Settings of ``hvd-lm generate`` (the shared ones: :class:`UnitOptions`)."""
 
     prime: str = option("", "text the samples continue (empty: a new review)")
     length: int = option(200, "bytes to generate per sample (at most 1,048,576)", ge=1,
@@ -283,23 +289,14 @@ class GenerateConfig(ModelOptions):
     temperature: float = option(1.0, "softmax temperature (0 = greedy, else 0.001..100)", ge=0,
                                 le=100)
     top_k: int = option(0, "sample among the k most likely bytes (0 = all 256)", ge=0, le=256)
-    seed: int = option(0, "sampling seed (same seed, same samples on a device)", ge=0,
-                       le=2**32 - 1)
+    seed: int = option(0, "sampling seed (same seed, same samples on a device)", ge=0, le=2**32 - 1)
     samples: int = option(1, "samples drawn (one batch; at most 4,096)", ge=1, le=MAX_SAMPLES)
-    neuron: int | None = option(None, "unit to pin and/or draw (default with --classifier: its "
-                                "sentiment unit)", ge=0)
     overwrite: float | None = option(None, "hold the unit at this value while sampling "
                                      "(sentiment-discovery --overwrite)", ge=-1e4, le=1e4)
     steer: str = option("", "with --classifier: pin the sentiment unit toward this sentiment, at "
                         "|--overwrite| (default 3) with the sign the classifier's weight gives "
                         "it (a unit whose weight is < 0 is held negative to steer positive)",
                         choices=("", "positive", "negative"))
-    state: str = option("auto", "state the unit is read from and pinned in (auto: the one the "
-                        "classifier's features come from, h_t for mean/max/hidden, else the "
-                        "cell state)", choices=("auto", *STATES))
-    classifier: str = option("", "classifier from hvd-lm transfer (its folder or file): "
-                             "default --neuron, and each sample's P(positive); refused if fit on "
-                             "another checkpoint")
     heatmap: str = option("", "write the unit's value per character of prime + sample: "
                           "OUT.html or OUT.png")
     output: str = option("", "also write the samples as JSON lines to this file")
@@ -365,8 +362,7 @@ def generate_command(cfg: GenerateConfig) -> int:
         print(f"=== sample {i} (seed {cfg.seed}{extra}) ===\n{text}")
         records.append(rec)
     if cfg.output:
-        write_text(cfg.output, "".join(json.dumps(r, ensure_ascii=False) + "\n"
-                                       for r in records))
+        write_text(cfg.output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     if cfg.heatmap:
         rows = [HeatRow(f"sample {i}", *char_values(ids, res.unit[i, :len(ids)]))
                 for i, ids in enumerate(map(res.sample_bytes, range(len(res.texts))))]

@@ -67,16 +67,10 @@ def char_values(ids: Sequence[int], values: Sequence[float]) -> tuple[list[str],
     return [c for c, _ in pairs], np.asarray([v for _, v in pairs], dtype=np.float64)
 
 
-def _scale(rows: Sequence[HeatRow]) -> float:
-    vmax = max((float(np.abs(r.values).max()) for r in rows if len(r.values)), default=0.0)
-    return vmax if vmax > 0 else 1.0
-
-
-def render_html(rows: Sequence[HeatRow], path: str | Path, heading: str,
-                polarity: int = 1) -> None:
-    """Write an HTML page with one block per row and one ``<span>`` per character
-    (:func:`render` bounds the characters first: :data:`MAX_HTML_CHARS`)."""
-    vmax = _scale(rows)
+def render_html(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity: int,
+                vmax: float) -> None:
+    """Write an HTML page with one block per row and one ``<span>`` per character, coloured by
+    value / ``vmax`` (:func:`render` bounds the characters first: :data:`MAX_HTML_CHARS`)."""
     parts = ["<!DOCTYPE html>", "<html><head><meta charset=\"utf-8\">",
              f"<title>{html.escape(heading)}</title>",
              "<style>body{font-family:sans-serif;margin:1.5em}"
@@ -134,12 +128,11 @@ def check_chars(path: str | Path, n: int, lower: str) -> None:
                          + lower)
 
 
-def render_png(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity: int = 1,
-               width: int = 80) -> None:
-    """Write a PNG: each row's characters on coloured cells, ``width`` per line
-    (:func:`render` bounds the characters first: :data:`MAX_PNG_CHARS`, as matplotlib draws one
-    text object per character)."""
-    vmax = _scale(rows)
+def render_png(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity: int,
+               vmax: float, width: int = 80) -> None:
+    """Write a PNG: each row's characters on cells coloured by value / ``vmax``, ``width`` per
+    line (:func:`render` bounds the characters first: :data:`MAX_PNG_CHARS`, as matplotlib draws
+    one text object per character)."""
     layout = [(r, _grid(r.chars, width)) for r in rows]
     grid = np.full((sum(len(g) + 1 for _, g in layout), width), np.nan)  # + a title line each
     import matplotlib.pyplot as plt  # here: pyplot's import only for a PNG
@@ -156,12 +149,10 @@ def render_png(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity
                     ax.text(x, y, ch, ha="center", va="center", fontsize=8, family="monospace")
         y += 1
     im = ax.imshow(grid, cmap=CMAP, vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
-    ax.set_xticks([])
-    ax.set_yticks([])
+    ax.set(xticks=[], yticks=[])
     ax.set_title(heading, fontsize=9)
-    cb = fig.colorbar(im, ax=ax, fraction=0.03, pad=0.01)
-    cb.set_ticks([-1, 0, 1])
-    cb.set_ticklabels([f"{-polarity * vmax:.3g}", "0", f"{polarity * vmax:.3g}"])
+    fig.colorbar(im, ax=ax, fraction=0.03, pad=0.01).set_ticks(
+        [-1, 0, 1], labels=[f"{-polarity * vmax:.3g}", "0", f"{polarity * vmax:.3g}"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # glyphs the monospace font lacks (emoji)
         fig.tight_layout()
@@ -171,7 +162,8 @@ def render_png(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity
 
 
 def render(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity: int = 1) -> None:
-    """:func:`render_html` or :func:`render_png` by the suffix of ``path``.
+    """:func:`render_html` or :func:`render_png` by the suffix of ``path``, the colours symmetric
+    about 0 with the largest |value| of ``rows`` at the ends.
 
     Raises:
         ValueError: another suffix (:func:`check_suffix`), or more characters than that kind
@@ -179,8 +171,9 @@ def render(rows: Sequence[HeatRow], path: str | Path, heading: str, polarity: in
     """
     check_suffix(str(path))
     check_chars(path, sum(len(r.chars) for r in rows), "lower --max-chars")
+    vmax = max((float(np.abs(r.values).max()) for r in rows if len(r.values)), default=0.0)
     draw = render_png if Path(path).suffix.lower() == ".png" else render_html
-    draw(rows, path, heading, polarity)
+    draw(rows, path, heading, polarity, vmax if vmax > 0 else 1.0)
 
 
 def check_suffix(path: str) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -120,8 +120,7 @@ class TransferConfig(lm_features.RankOptions):
                          "reference's); the folds' fits run in parallel worker processes",
                          choices=fit.SOLVERS)
     tol: float = option(0.0, "stopping tolerance (0 = scikit-learn's default, 1e-4)", ge=0)
-    max_iter: int = option(0, "iterations per fit at most (0 = scikit-learn's default, 1000)",
-                           ge=0)
+    max_iter: int = option(0, "iterations per fit at most (0 = scikit-learn's default, 1000)", ge=0)
     baseline: bool = option(True, "TF-IDF baseline (--no-baseline: skip it)", switch=False,
                             flag="--no-baseline")
     baseline_c_grid: tuple[float, ...] = option(fit.DEFAULT_BASELINE_C_GRID, "C values for the "
@@ -141,10 +140,6 @@ class TransferConfig(lm_features.RankOptions):
 
 _KIND_LABEL = {"cell": "final cell state", "hidden": "final hidden state",
                "mean": "mean of h_t", "max": "max of h_t"}
-
-
-#: The accuracy columns of the report's table.
-ACC_SPLITS = ("train", "cv", "val", "test")
 
 
 def format_markdown(report: dict) -> str:
@@ -168,7 +163,7 @@ def format_markdown(report: dict) -> str:
     ]
     def row(method, features, C, acc: dict, nonzero) -> str:  # acc: split -> fraction or None
         cells = [method, features, C, *("-" if acc.get(k) is None else f"{100 * acc[k]:.2f}"
-                                         for k in ACC_SPLITS), nonzero]
+                                         for k in ("train", "cv", "val", "test")), nonzero]
         return "| " + " | ".join(map(str, cells)) + " |"
 
     lines.append(row(f"LM + {clf['penalty'].upper()} logistic regression",
@@ -182,30 +177,26 @@ def format_markdown(report: dict) -> str:
     if b := report.get("baseline"):
         lines.append(row("TF-IDF word 1-2 + char_wb 2-5, L2 LR", f"n-grams, {b['features']:,}",
                          f"{b['C']:g}", b["accuracy"], f"{b['nonzero']:,}"))
-    lines.append("")
-    lines.append(f"C is chosen by {clf['cv']['folds']}-fold cross-validation on the train split "
-                 "(CV acc: the chosen C's mean over the folds); val and test accuracy are "
-                 "measured once, on splits no choice looked at.")
-    for note in report.get("notes", []):
-        lines.append(f"Note: {note}")
+    lines += ["", f"C is chosen by {clf['cv']['folds']}-fold cross-validation on the train split "
+              "(CV acc: the chosen C's mean over the folds); val and test accuracy are measured "
+              "once, on splits no choice looked at.",
+              *(f"Note: {note}" for note in report.get("notes", []))]
     return "\n".join(lines) + "\n"
 
 
 @dataclass
-class SplitFeatures:
-    """LM features of every split (:func:`featurize_splits`; rank 0 only).
+class SplitFeatures(lm_features.FeatureResult):
+    """LM features of every split (:func:`featurize_splits`; rank 0 only): a
+    :class:`~hvd_lm.transfer.features.FeatureResult` of all of them.
 
     Attributes:
-        features: split -> float32 [N, H]; cache: split -> hit/path/seconds; chars, seconds:
-            bytes featurized and wall time (cache hits excluded); truncated: texts cut to
-            ``max_chars``.
+        features: split -> float32 [N, H]; chars, seconds: bytes featurized and wall time (cache
+            hits excluded); truncated: texts cut to ``max_chars``; cache: split ->
+            hit/path/seconds.
     """
 
     features: dict[str, np.ndarray]
-    cache: dict[str, dict]
-    chars: int
-    seconds: float
-    truncated: int
+    cache: dict[str, dict] = field(default_factory=dict)
 
 
 def feature_options(cfg: TransferConfig) -> dict:
@@ -226,7 +217,7 @@ def featurize_splits(lm: lm_features.LMSession, splits: dict[str, datasets.Label
     ctx, is_root = lm.ctx, lm.ctx is None or lm.ctx.rank == 0
     cache = None if not cfg.cache else lm_features.FeatureCache(cfg.cache_dir)
     options = feature_options(cfg)
-    out = SplitFeatures({}, {}, 0, 0.0, 0)
+    out = SplitFeatures({}, 0, 0.0, 0)
     for name, split in splits.items():
         key = hit = None
         if cache is not None and is_root:

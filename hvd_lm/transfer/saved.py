@@ -46,10 +46,8 @@ ARRAYS = ("coef", "intercept", "mean", "scale")
 
 def arrays_sha256(arrays: dict[str, np.ndarray]) -> str:
     """sha256 hex digest of the float64 bytes of :data:`ARRAYS`, in that order."""
-    digest = hashlib.sha256()
-    for k in ARRAYS:
-        digest.update(np.ascontiguousarray(arrays[k], np.float64).tobytes())
-    return digest.hexdigest()
+    return hashlib.sha256(b"".join(np.ascontiguousarray(arrays[k], np.float64).tobytes()
+                                   for k in ARRAYS)).hexdigest()
 
 
 @dataclass

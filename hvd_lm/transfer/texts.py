@@ -182,14 +182,12 @@ def _records(path: Path, stream, kind: str, text_field: str, label_field: str | 
                     raise DatasetError(f"{path}:{reader.line_num}: {len(cols) + len(row[None])} "
                                        f"fields, the header has {len(cols)} (quote fields that "
                                        f"hold a {'tab' if kind == 'tsv' else 'comma'})")
-                text = row.get(text_field)
-                label = row.get(label_field) if label_field is not None else ""
-                if text is None or label is None:
-                    missing = text_field if text is None else label_field
-                    raise DatasetError(f"{path}:{reader.line_num}: field '{missing}' missing "
+                missing = [n for n in (text_field, label_field) if n is not None and row[n] is None]
+                if missing:  # a short row: DictReader fills the fields it lacks with None
+                    raise DatasetError(f"{path}:{reader.line_num}: field '{missing[0]}' missing "
                                        f"(row has {len([v for v in row.values() if v is not None])}"
                                        " values)")
-                yield reader.line_num, text, (label if label_field is not None else None)
+                yield reader.line_num, row[text_field], row.get(label_field)
         except csv.Error as e:
             raise DatasetError(f"{path}:{reader.line_num}: bad CSV ({e})") from None
     elif kind == "jsonl":
@@ -212,8 +210,7 @@ def _records(path: Path, stream, kind: str, text_field: str, label_field: str | 
             if not isinstance(obj[text_field], str):
                 raise DatasetError(f"{where}: field '{text_field}' is "
                                    f"{type(obj[text_field]).__name__}, expected a string")
-            yield lineno, replace_surrogates(obj[text_field]), \
-                (obj[label_field] if label_field is not None else None)
+            yield lineno, replace_surrogates(obj[text_field]), obj.get(label_field)
     else:
         for lineno, line in enumerate(lines, 1):
             text = line.rstrip("\r\n")

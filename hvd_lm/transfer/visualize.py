@@ -19,25 +19,19 @@ from dataclasses import dataclass
 from hvd_lm.formats import tokenizer
 from hvd_lm.options import Command, option
 from hvd_lm.transfer import texts as text_input
-from hvd_lm.transfer.features import DEFAULT_MAX_CHARS, ModelOptions, encode_texts
-from hvd_lm.transfer.generate import STATES, open_model, trace_unit
+from hvd_lm.transfer.features import DEFAULT_MAX_CHARS, encode_texts
+from hvd_lm.transfer.generate import UnitOptions, open_model, trace_unit
 from hvd_lm.transfer.heatmap import HeatRow, char_values, check_chars, check_suffix, render
 from hvd_lm.transfer.saved import USAGE_ERRORS
 
 
 @dataclass
-class VisualizeConfig(text_input.TextOptions, ModelOptions):
-    """Settings of ``hvd-lm visualize`` (the shared ones: :class:`ModelOptions`,
+class VisualizeConfig(text_input.TextOptions, UnitOptions):
+    """Settings of ``hvd-lm visualize`` (the shared ones: :class:`UnitOptions`,
     :class:`~hvd_lm.transfer.texts.TextOptions`)."""
 
     out: str = option("", "heatmap file: OUT.html (one span per character) or OUT.png",
                       required=True)
-    neuron: int | None = option(None, "unit to draw (default: the classifier's sentiment unit)",
-                                ge=0)
-    classifier: str = option("", "classifier from hvd-lm transfer (its folder or file)")
-    state: str = option("auto", "state the unit is read from (auto: the one the classifier's "
-                        "features come from, h_t for mean/max/hidden, else the cell state)",
-                        choices=("auto", *STATES))
     max_texts: int = option(20, "draw at most the first N texts", ge=1)
     max_chars: int | None = option(None, "keep the first N bytes of each text (default: the "
                                    f"classifier's, else {DEFAULT_MAX_CHARS}; 0 = all)", ge=0)

@@ -115,25 +115,30 @@ def remove_stale_temps(folder: str | Path, owns: Callable[[str], bool]) -> list[
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | Path, suffix: str = "", needed: int | None = None) -> Iterator[Path]:
-    """Yield a temporary path (:func:`temp_path`) to write ``path``'s new content to; on a clean
-    exit it is fsync'd and renamed over ``path``, on an exception it is removed and the exception
-    re-raised (a full disk as :class:`DiskFullError`, naming ``needed`` bytes when given)."""
+def atomic_path(path: str | Path, suffix: str = "", needed: int | None = None,
+                then: str = "the previous file, if any, is unchanged") -> Iterator[Path]:
+    """Yield a temporary path (:func:`temp_path`) to write ``path``'s new content to: a file, or
+    a folder the caller makes there (an exported model), renamed onto a missing or empty
+    folder. On a clean exit it is fsync'd (a folder: each of its files, and the folder) and
+    renamed over ``path``; on an exception it is removed and the exception re-raised (a full
+    disk as :class:`DiskFullError`, naming ``needed`` bytes when given, and ``then``)."""
     path = Path(path)
     tmp = temp_path(path, suffix)
     try:
         yield tmp
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
+        for part in sorted(tmp.iterdir()) if tmp.is_dir() else [tmp]:
+            with open(part, "rb+") as fh:
+                os.fsync(fh.fileno())
+        if tmp.is_dir():
+            fsync_dir(tmp)
         os.replace(tmp, path)
-    except OSError as e:
-        written = tmp.stat().st_size if tmp.exists() else 0
-        tmp.unlink(missing_ok=True)
-        if e.errno in (errno.ENOSPC, errno.EDQUOT) and not isinstance(e, DiskFullError):
-            raise disk_full(e, path, needed, written) from None
-        raise
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as e:
+        size = tmp.stat().st_size if tmp.is_file() else 0
+        shutil.rmtree(tmp, ignore_errors=True)  # a folder
+        tmp.unlink(missing_ok=True)  # a file
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) \
+                and not isinstance(e, DiskFullError):
+            raise disk_full(e, path, needed, size, then) from None
         raise
     fsync_dir(path.parent)
 

@@ -109,8 +109,8 @@ def check_regular(path: str | Path, what: str = "", streams: bool = False,
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        kind = "folder" if folder else "file"
-        raise FileNotFoundError(errno.ENOENT, f"{shown(path)}: no such {kind}") from None
+        raise FileNotFoundError(errno.ENOENT, f"{shown(path)}: no such "
+                                f"{'folder' if folder else 'file'}") from None
     return _regular(path, st, what, streams, folder)
 
 
@@ -148,14 +148,28 @@ def open_regular(path: str | Path, what: str = "", streams: bool = False) -> IO[
         FileNotFoundError / FileRefused: as :func:`check_regular`. OSError: unreadable.
     """
     check_regular(path, what, streams)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    return os.fdopen(open_checked(path, os.O_RDONLY,
+                                  lambda st: _regular(path, st, what, streams)), "rb")
+
+
+def open_checked(path: str | Path, flags: int, check: Callable[[os.stat_result], Any]) -> int:
+    """A descriptor of ``os.open(path, flags)`` (a file it creates: 0o644) opened
+    ``O_NONBLOCK | O_CLOEXEC``, so a FIFO or device never blocks the open, and returned in
+    blocking mode once ``check`` (given the descriptor's stat) has not raised; the one way
+    this project opens a file it then checks (:func:`open_regular`, :func:`open_append`, a
+    folder's lock).
+
+    Raises:
+        What ``check`` raises (the descriptor closed). OSError: the open itself fails.
+    """
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     try:
-        _regular(path, os.fstat(fd), what, streams)
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
+        check(os.fstat(fd))
     except BaseException:
         os.close(fd)
         raise
+    os.set_blocking(fd, True)
+    return fd
 
 
 def read_bounded(path: str | Path, limit: int, what: str) -> bytes:
@@ -363,12 +377,10 @@ def check_output(path: str | Path, flag: str, *reads: str | Path,
             raise FileRefused(f"{flag} {shown(path)}: is {kind_of(st.st_mode)}, not a file; "
                               "give a file name")
         for k in reads:
-            same = False
-            with contextlib.suppress(OSError):
-                same = Path(k).exists() and os.path.samefile(p, k)
-            if same:
-                raise FileRefused(f"{flag} {shown(path)}: is {shown(k)}, which this command "
-                                  "reads; write the output elsewhere")
+            with contextlib.suppress(OSError):  # (an input that is not there: not this file)
+                if os.path.samefile(p, k):
+                    raise FileRefused(f"{flag} {shown(path)}: is {shown(k)}, which this command "
+                                      "reads; write the output elsewhere")
     resolved = p.resolve()
     for w in writes:
         hit = w(resolved) if callable(w) else inside(resolved, w) and f"{shown(w)}"
@@ -399,18 +411,17 @@ def open_append(folder: str | Path, name: str, buffering: int = -1) -> IO[str]:
                 raise FileRefused(f"{shown(path)}: a link to {shown(target)}, outside "
                                   f"{shown(d)}; {why}: remove the link")
             follow = True
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+    def regular(st: os.stat_result) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            raise FileRefused(f"{shown(path)}: {kind_of(st.st_mode)}, not a regular file; {why}")
+
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, flags | (0 if follow else os.O_NOFOLLOW), 0o644)
+        fd = open_checked(path, flags, regular)
     except OSError as e:
         if e.errno == errno.ELOOP:  # made a link since the check above
             raise FileRefused(f"{shown(path)}: a link; {why}: remove the link") from None
         if e.errno == errno.ENXIO:  # a FIFO without a reader, opened for writing
             raise FileRefused(f"{shown(path)}: a FIFO (named pipe), not a regular file") from None
         raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise FileRefused(f"{shown(path)}: {kind_of(st.st_mode)}, not a regular file; {why}")
-    os.set_blocking(fd, True)
     return os.fdopen(fd, "a", buffering=buffering)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import psutil
 
-from hvd_lm.util.files import FileRefused, kind_of, shown
+from hvd_lm.util.files import FileRefused, kind_of, open_checked, shown
 
 LOCK_NAME = ".lock"
 
@@ -55,9 +55,16 @@ def _open_lock(path: Path) -> int:
     Raises:
         LockFileError: a link, not a regular file, or a file of several names (hard links).
     """
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags, 0o644)
+    def own(st: os.stat_result) -> None:
+        why = (f"{kind_of(st.st_mode)}, not a regular file" if not stat.S_ISREG(st.st_mode) else
+               f"a file of {st.st_nlink} names (hard links), whose other names would be "
+               "overwritten" if st.st_nlink > 1 else "")
+        if why:
+            raise LockFileError(f"{shown(path)}: {why}; a folder's lock is a file of its own: "
+                                "remove it")
+
+    try:  # O_NOFOLLOW: a .lock that is a link is refused, never followed
+        return open_checked(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, own)
     except OSError as e:
         if e.errno != errno.ELOOP:
             raise
@@ -67,16 +74,6 @@ def _open_lock(path: Path) -> int:
         raise LockFileError(f"{shown(path)}: a link{target}; a folder's lock is a file of its "
                             "own (the holder written through the link would replace the file "
                             "it leads to): remove the link") from None
-    st = os.fstat(fd)
-    why = (f"{kind_of(st.st_mode)}, not a regular file" if not stat.S_ISREG(st.st_mode) else
-           f"a file of {st.st_nlink} names (hard links), whose other names would be overwritten"
-           if st.st_nlink > 1 else "")
-    if why:
-        os.close(fd)
-        raise LockFileError(f"{shown(path)}: {why}; a folder's lock is a file of its own: "
-                            "remove it")
-    os.set_blocking(fd, True)
-    return fd
 
 
 def _holder(info: dict) -> str:
@@ -100,7 +97,7 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
-class FolderLock:
+class FolderLock(contextlib.AbstractContextManager):
     """Exclusive lock of ``folder`` for this process (a context manager; :meth:`release` too).
 
     Args:
@@ -149,9 +146,8 @@ class FolderLock:
         os.fsync(self._fd)
 
     def _read(self) -> dict:
-        with contextlib.suppress(OSError, ValueError):
-            text = os.pread(self._fd, 1 << 16, 0).decode("utf-8", "replace").strip()
-            info = json.loads(text) if text else {}
+        with contextlib.suppress(OSError, ValueError):  # (an empty file: not JSON either)
+            info = json.loads(os.pread(self._fd, 1 << 16, 0).decode("utf-8", "replace"))
             return info if isinstance(info, dict) else {}
         return {}
 
@@ -165,9 +161,6 @@ class FolderLock:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
-
-    def __enter__(self) -> "FolderLock":
-        return self
 
     def __exit__(self, *exc) -> None:
         self.release()
