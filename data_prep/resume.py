@@ -111,8 +111,9 @@ def fingerprints(cfg: PrepareConfig, specs: list) -> tuple:
 STATE_MAX_BYTES = 16 << 20
 
 
-def _own_json(path: Path, limit: int) -> dict:
-    """A JSON object ``prepare`` wrote in its folder (the manifest, ``state.json``) as a dict;
+def _own_json(path: Path, limit: int = manifests.MAX_MANIFEST_BYTES) -> dict:
+    """A JSON object ``prepare`` wrote in its folder (the manifest, at most
+    :data:`hvd_lm.formats.manifest.MAX_MANIFEST_BYTES` by default; ``state.json``) as a dict;
     {} when there is none, or it is damaged (not JSON, not an object: the run is redone).
 
     Raises:
@@ -130,17 +131,6 @@ def _own_json(path: Path, limit: int) -> dict:
     except (ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def finished_manifest(out) -> dict:
-    """The manifest of the finished corpus in folder ``out`` as a dict; {} when there is none or it
-    is damaged (``prepare`` then redoes the run).
-
-    Raises:
-        hvd_lm.util.files.FileRefused: ``manifest.json`` is not a regular file, or is over
-            :data:`hvd_lm.formats.manifest.MAX_MANIFEST_BYTES`.
-    """
-    return _own_json(Path(out) / manifests.MANIFEST_NAME, manifests.MAX_MANIFEST_BYTES)
 
 
 def other_run(old: dict, config_fp: str, inputs_fp: str) -> str | None:
@@ -163,7 +153,7 @@ def finished_with_other_inputs(cfg: PrepareConfig) -> bool:
     Raises:
         data_prep.inputs.InputError: an input is missing, unreadable or of an unknown format.
     """
-    old = finished_manifest(cfg.out)
+    old = _own_json(Path(cfg.out) / manifests.MANIFEST_NAME)
     if not old.get("config_sha256"):
         return False
     specs = [sniff.resolve_input(p, cfg.format, cfg.text_field, cfg.tar_members)
@@ -206,7 +196,7 @@ def setup_output(cfg: PrepareConfig, config_fp: str, inputs_fp: str, layout: dic
     state_path = work / "state.json"
     # only a resumed run reuses work (else the work folder is redone)
     state = (_own_json(state_path, STATE_MAX_BYTES) or None) if cfg.resume else None
-    old = finished_manifest(out) if cfg.resume and accept_complete else {}
+    old = _own_json(manifest_path) if cfg.resume and accept_complete else {}
     if old.get("config_sha256"):  # a finished corpus: this run, or one of other inputs/settings
         what = other_run(old, config_fp, inputs_fp)
         if what is None:

@@ -35,11 +35,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                  "to new texts: probability and label per text"),
     "generate": ("hvd_lm.transfer.generate", "GENERATE", "sample text from the LM; steer it by "
                  "holding a unit (--neuron N --overwrite V); per-character heatmap"),
-    "visualize": ("hvd_lm.transfer.visualize", "VISUALIZE", "per-character heatmap (HTML/PNG) "
+    "visualize": ("hvd_lm.transfer.generate", "VISUALIZE", "per-character heatmap (HTML/PNG) "
                   "of a unit (default: the sentiment neuron) over given texts"),
     "export": ("hvd_lm.model.load", "EXPORT", "write a checkpoint's model as safetensors + "
                "config.json, which every command that takes a checkpoint also loads"),
-    "import-openai": ("hvd_lm.model.openai_import", "IMPORT_OPENAI", "OpenAI's released "
+    "import-openai": ("hvd_lm.model.load", "IMPORT_OPENAI", "OpenAI's released "
                       "sentiment-neuron mLSTM (15 .npy arrays) as an exported folder"),
     "kernels": ("hvd_lm.model.kernels_aot", "KERNELS_AOT", "build the fused mLSTM's Triton "
                 "kernels ahead of time for a GPU (no GPU needed): registers, spills, smem"),

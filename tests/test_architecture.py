@@ -247,7 +247,6 @@ OWN_READS = {
     ("hvd_lm/comm/threads.py", "open(BOOT_ID)"): "/proc/sys/kernel/random/boot_id",
     ("hvd_lm/model/mfu.py", "open('/proc/cpuinfo')"): "the CPU model, for the peak's key",
     ("hvd_lm/train/deadline.py", "os.open(os.devnull)"): "/dev/null, written to",
-    ("hvd_lm/util/atomic.py", "open('/proc/self/status')"): "this process's memory",
     # ---- what the command itself writes, in its own folders
     ("hvd_lm/util/atomic.py", "os.open(directory)"): "fsync of the folder it renamed into",
     ("hvd_lm/util/atomic.py", "open(part)"):

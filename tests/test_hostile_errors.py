@@ -151,7 +151,7 @@ def test_a_damaged_chunk_of_an_unverified_shard_names_the_shard(reviews, tmp_pat
 # ---- import-openai: the header before the array; finite real weights -----------------------------
 
 def openai_arrays(folder: Path, E: int = 4, H: int = 8) -> Path:
-    """OpenAI's 15 arrays (hvd_lm/model/openai_import.py's layout) at a tiny width."""
+    """OpenAI's 15 arrays (hvd_lm/model/load.py's layout) at a tiny width."""
     shapes = [(256, E), (E, 4 * H)] + [(H, H)] * 4 + [(E, H), (H, H), (4 * H,), (4 * H,),
                                                       (4 * H,), (H,), (H,), (H, 256), (256,)]
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """The tools on top of transfer: the saved classifier (hvd_lm.transfer.saved), ``hvd-lm
 classify`` (hvd_lm.transfer.classify), ``hvd-lm generate`` (hvd_lm.transfer.generate) and
-``hvd-lm visualize`` with its heatmaps (hvd_lm.transfer.visualize, hvd_lm.transfer.heatmap)."""
+``hvd-lm visualize`` with its heatmaps (hvd_lm.transfer.generate, hvd_lm.transfer.heatmap)."""
 from __future__ import annotations
 
 import csv

@@ -28,6 +28,7 @@ import os
 from typing import ContextManager
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from hvd_lm.comm.world import (  # noqa: F401 - BACKENDS, BACKEND_HELP: here too
     BACKEND_HELP,
@@ -197,10 +198,11 @@ def wrap_model(model: torch.nn.Module, compression: str = "fp16") -> torch.nn.Mo
 
 def no_sync(model: torch.nn.Module) -> ContextManager[None]:
     """The context of a backward pass that only accumulates (the windows before a step's last):
-    DDP's ``no_sync()`` for a :func:`wrap_model` wrapper; nothing under Horovod, whose
-    ``DistributedOptimizer`` counts ``backward_passes_per_step`` itself."""
-    own = getattr(_hvd(), "no_sync", None)
-    return contextlib.nullcontext() if own is None else own(model)
+    DDP's ``no_sync()`` for a :func:`wrap_model` wrapper; nothing for any other model (Horovod's
+    ``DistributedOptimizer`` counts ``backward_passes_per_step`` itself; one rank: nothing to
+    hold back)."""
+    ddp = isinstance(model, DistributedDataParallel)
+    return model.no_sync() if ddp else contextlib.nullcontext()
 
 
 def keep_gradients_local(optimizer) -> None:

@@ -126,10 +126,8 @@ def is_local(host: str) -> bool:
 def peers_of(i: int, n: int) -> list[int]:
     """Indices of the hosts host ``i`` checks: all others up to :data:`FULL_MESH_HOSTS` hosts,
     beyond that host 0 and its 4 ring neighbours on each side (O(n) checks per host)."""
-    if n <= FULL_MESH_HOSTS:
-        return [j for j in range(n) if j != i]
-    near = {(i + d) % n for d in (-4, -3, -2, -1, 1, 2, 3, 4)} | {0}
-    return sorted(near - {i})
+    near = range(n) if n <= FULL_MESH_HOSTS else {(i + d) % n for d in range(-4, 5)} | {0}
+    return sorted(set(near) - {i})
 
 
 def ssh_peers(i: int, n: int) -> list[int]:

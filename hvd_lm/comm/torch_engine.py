@@ -25,8 +25,9 @@ where Horovod is not installed.
   ``gather``, ``broadcast_parameters`` / ``broadcast_object``, ``allgather_object``.
 * Gradients: :func:`wrap_model` wraps the model in ``torch.nn.parallel.DistributedDataParallel``
   (its reducer: buckets of ``bucket_cap_mb`` whose allreduce starts from backward hooks; PyTorch
-  "DistributedDataParallel" design notes), ``no_sync()`` for the windows before a step's last,
-  and for ``--compression`` torch's ``fp16_compress_hook`` / ``bf16_compress_hook``
+  "DistributedDataParallel" design notes; DDP's ``no_sync()`` holds back the windows before a
+  step's last: :func:`hvd_lm.comm.engine.no_sync`), and for ``--compression`` torch's
+  ``fp16_compress_hook`` / ``bf16_compress_hook``
   (``torch.distributed.algorithms.ddp_comm_hooks``); :func:`keep_gradients_local` switches the
   hook to one that leaves the gradients as they are (a 1-bit optimizer's compressed phase
   reduces its momentum itself). ``DistributedOptimizer`` is then the optimizer itself: the
@@ -92,19 +93,6 @@ def timeout_s() -> float:
     return _settings["timeout_s"]
 
 
-def _rank0_address() -> str:
-    """How the other ranks reach rank 0: the IPv4 address of ``GLOO_SOCKET_IFNAME`` when set
-    (the doctor exports it), else this host's name (resolved on each peer, as the launchers do)."""
-    wanted = os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
-    if wanted:
-        from hvd_lm.comm.hosts import interfaces
-
-        addrs = interfaces().get(wanted, {}).get("addrs", [])
-        if addrs:
-            return addrs[0]
-    return socket.gethostname()
-
-
 def _store(ctx: RankContext, rdzv_timeout: datetime.timedelta):
     """The TCP store every rank connects to (see the module docstring for where it is)."""
     endpoint = rendezvous_endpoint()
@@ -118,7 +106,14 @@ def _store(ctx: RankContext, rdzv_timeout: datetime.timedelta):
             if ctx.rank == 0:
                 store = dist.TCPStore("0.0.0.0", 0, ctx.size, is_master=True,
                                       timeout=rdzv_timeout, wait_for_workers=False)
-                endpoint = (_rank0_address(), store.port, f"rank 0 via MPI ({ctx.launcher})")
+                # how the others reach rank 0: the IPv4 address of GLOO_SOCKET_IFNAME when set
+                # (the doctor exports it), else this host's name (resolved on each peer)
+                from hvd_lm.comm.hosts import interfaces
+
+                wanted = os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
+                addrs = interfaces().get(wanted, {}).get("addrs") if wanted else None
+                endpoint = ((addrs or [socket.gethostname()])[0], store.port,
+                            f"rank 0 via MPI ({ctx.launcher})")
             endpoint = mpi.bcast(endpoint)
             if store is not None:
                 return store, endpoint
@@ -214,12 +209,9 @@ def mpi_enabled() -> bool:
 def is_collective_failure(exc: BaseException) -> bool:
     """True when ``exc`` is a failed collective (a peer lost, a timeout): torch's ``DistError``
     family, or the ``RuntimeError`` Gloo raises when a peer's connection closes or times out."""
-    if isinstance(exc, dist.DistError):
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and any(
-        k in text for k in ("Gloo", "gloo", "Connection closed by peer", "Connection reset",
-                            "NCCL", "Timed out waiting"))
+    return isinstance(exc, dist.DistError) or isinstance(exc, RuntimeError) and any(
+        k in str(exc) for k in ("Gloo", "gloo", "Connection closed by peer", "Connection reset",
+                                "NCCL", "Timed out waiting"))
 
 
 # ---- collectives --------------------------------------------------------------------------------
@@ -314,20 +306,6 @@ _HOOKS = {"none": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compr
           "bf16": default_hooks.bf16_compress_hook}
 
 
-def _hook(compression: str):
-    """The DDP communication hook: torch's for ``compression`` (each averages the bucket over
-    the ranks), or while :func:`keep_gradients_local` is on, the bucket handed back as it is."""
-    reduce = _HOOKS[compression]
-
-    def hook(state, bucket):
-        if _settings["local"]:
-            done = torch.futures.Future()
-            done.set_result(bucket.buffer())
-            return done
-        return reduce(state, bucket)  # Horovod's role: the average over the ranks
-    return hook
-
-
 def wrap_model(model: torch.nn.Module, compression: str = "none") -> torch.nn.Module:
     """``model`` in ``DistributedDataParallel`` (buckets of at most the :func:`configure`'d MiB,
     0: one per tensor; the communication hook of ``compression``: "none", "fp16" or "bf16"),
@@ -346,7 +324,16 @@ def wrap_model(model: torch.nn.Module, compression: str = "none") -> torch.nn.Mo
     ddp = DistributedDataParallel(
         model, device_ids=[device] if device.type == "cuda" else None,
         bucket_cap_mb=_settings["bucket_mb"])  # (the LM has no buffers to sync)
-    ddp.register_comm_hook(None, _hook(compression))
+    reduce = _HOOKS[compression]
+
+    def hook(state, bucket):  # while keep_gradients_local is on: the bucket handed back as it is
+        if _settings["local"]:
+            done = torch.futures.Future()
+            done.set_result(bucket.buffer())
+            return done
+        return reduce(state, bucket)  # Horovod's role: the average over the ranks
+
+    ddp.register_comm_hook(None, hook)
     return ddp
 
 
@@ -355,13 +342,6 @@ def keep_gradients_local() -> None:
     optimizer's compressed phase), until :func:`wrap_model` wraps a model again. One flag per
     process: a process trains one model at a time."""
     _settings["local"] = True
-
-
-def no_sync(model: torch.nn.Module):
-    """The context for the backward passes that only accumulate (DDP's ``no_sync()``; a model
-    that is no DDP wrapper: nothing to hold back)."""
-    ddp = isinstance(model, DistributedDataParallel)
-    return model.no_sync() if ddp else contextlib.nullcontext()
 
 
 def DistributedOptimizer(optimizer, named_parameters=None,  # noqa: N802 - Horovod's name

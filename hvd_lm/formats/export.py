@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from hvd_lm.formats.checkpoint import CheckpointError
-from hvd_lm.util.atomic import atomic_path, current_umask
+from hvd_lm.util.atomic import atomic_path
 from hvd_lm.util.digest import file_sha256
 from hvd_lm.util.files import FileRefused, read_json
 
@@ -103,12 +103,12 @@ def write_export(out_dir: str | Path, tensors: dict[str, torch.Tensor], config: 
     with atomic_path(out, needed=need, then="nothing was written") as tmp:
         tmp.mkdir()
         save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        # safetensors creates its file 0600: give it the mode the umask gives every other
-        # file of the run (config.json, checkpoints), so others on a shared cluster can read it
-        os.chmod(tmp / WEIGHTS, 0o666 & ~current_umask())
         meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "weights": WEIGHTS,
                 "weights_sha256": file_sha256(tmp / WEIGHTS), **config}
         (tmp / CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
+        # safetensors creates its file 0600: give it the mode the umask gave config.json (and
+        # every other file of the run), so others on a shared cluster can read it
+        os.chmod(tmp / WEIGHTS, os.stat(tmp / CONFIG).st_mode & 0o777)
     return out
 
 

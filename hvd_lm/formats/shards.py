@@ -389,10 +389,9 @@ def check_shard(path, info=None) -> dict:
     """
     path = Path(path)
     attrs, digest, n, offsets, problem = _scan(path)
-    if info is not None and digest != info.sha256:
-        raise ShardChecksumError(path, info.sha256, digest)
-    if attrs.get("sha256") != digest:
-        raise ShardChecksumError(path, str(attrs.get("sha256")), digest)
+    for expected in ([info.sha256] if info is not None else []) + [attrs.get("sha256")]:
+        if expected != digest:  # the manifest's first, then the file's own
+            raise ShardChecksumError(path, str(expected), digest)
     for key, actual in (("tokens", n), ("documents", len(offsets) - 1)) if info is not None else ():
         if actual != getattr(info, key):
             raise ShardFormatError(f"{path}: {key}={actual}, manifest says {getattr(info, key)}")

@@ -65,6 +65,7 @@ agent 32 connections at once at most, each listener queueing 1024.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import queue
@@ -161,15 +162,11 @@ class Agent:
 def _pump(stream, sink, first=None) -> threading.Thread:
     """A started daemon thread passing every line of ``stream`` to ``sink``, then None;
     ``first()`` at the first line or the end, whichever comes first."""
-    def run(first=first) -> None:
-        for line in stream:
-            if first:
+    def run() -> None:
+        for i, line in enumerate(itertools.chain(stream, [None])):  # None: the end
+            if i == 0 and first:
                 first()
-                first = None
             sink(line)
-        if first:
-            first()
-        sink(None)
 
     t = threading.Thread(target=run, daemon=True)
     t.start()

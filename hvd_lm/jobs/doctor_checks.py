@@ -7,14 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: The environment variables the doctor sets (and checks when already set): name -> what for.
-EXPORTS = {
-    "NETWORK_INTERFACE": "the templates' knob -> horovodrun --network-interface",
-    "NCCL_SOCKET_IFNAME": "NCCL bootstrap and socket transport",
-    "GLOO_SOCKET_IFNAME": "torch.distributed Gloo",
-    "OMPI_MCA_btl_tcp_if_include": "OpenMPI TCP BTL (MPI traffic)",
-    "OMPI_MCA_oob_tcp_if_include": "OpenMPI runtime out-of-band channel",
-}
+#: The environment variables the doctor sets (and checks when already set), in order: the
+#: templates' knob (-> horovodrun --network-interface), NCCL's bootstrap and socket transport,
+#: torch.distributed's Gloo, OpenMPI's TCP BTL (MPI traffic) and its runtime's out-of-band channel.
+EXPORTS = ("NETWORK_INTERFACE", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
+           "OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_oob_tcp_if_include")
 #: The ``iface`` of the probes of the torch engine's rendezvous port (not an interface name).
 RENDEZVOUS = "(rendezvous)"
 

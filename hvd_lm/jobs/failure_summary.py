@@ -70,12 +70,13 @@ METRICS_TAIL_BYTES = 16 << 20
 ERRORS_HEAD_BYTES = 16 << 20
 
 
-def _metrics_tail(out_dir: str | Path) -> tuple[list[bytes], str]:
-    """(the lines of the last :data:`METRICS_TAIL_BYTES` of ``<out_dir>/metrics.jsonl``, why
-    none could be read: '' when the file was read or is absent)."""
-    path = Path(out_dir) / "metrics.jsonl"
+def _lines(path: str | Path, tail: bool) -> tuple[list[bytes], str]:
+    """(the lines of the last :data:`METRICS_TAIL_BYTES` of ``path`` (``tail``) or of its first
+    :data:`ERRORS_HEAD_BYTES`, why none could be read: '' when the file was read or is absent).
+    Never raises: the summary must print whatever happened."""
     try:
-        return tail_lines(path, METRICS_TAIL_BYTES), ""
+        return (tail_lines(path, METRICS_TAIL_BYTES) if tail
+                else head_lines(path, ERRORS_HEAD_BYTES)), ""
     except FileNotFoundError:
         return [], ""
     except (OSError, FileRefused) as e:  # a FIFO, a device: named, never opened
@@ -88,7 +89,7 @@ def run_records(out_dir: str | Path, kind: str, since: float = 0.0) -> list[dict
     a FIFO or a device is never opened, a file of any size is read in that many bytes); [] when
     there is no such file or it cannot be read (lines that are not JSON skipped)."""
     out = []
-    for line in _metrics_tail(out_dir)[0]:
+    for line in _lines(Path(out_dir) / "metrics.jsonl", tail=True)[0]:
         try:
             rec = json.loads(line)
             if isinstance(rec, dict) and rec.get("kind") == kind and \
@@ -102,12 +103,7 @@ def run_records(out_dir: str | Path, kind: str, since: float = 0.0) -> list[dict
 def _kept_lines(path: str | Path | None) -> list[str]:
     """The lines of the launch's kept output (``--errors``), its first :data:`ERRORS_HEAD_BYTES`;
     [] when there is none or it cannot be read (the summary must print whatever happened)."""
-    if not path:
-        return []
-    try:
-        return [x.decode("utf-8", "replace") for x in head_lines(path, ERRORS_HEAD_BYTES)]
-    except (OSError, FileRefused):
-        return []
+    return [x.decode("utf-8", "replace") for x in _lines(path, tail=False)[0]] if path else []
 
 
 def clean_stop(out_dir: str | Path, since: float = 0.0) -> str:
@@ -150,7 +146,7 @@ def launcher_first(path: str | Path | None, hosts: list | None = None) -> tuple[
     horovodrun's and torchrun's with the host from ``hosts[rank]`` (the run's ``start``
     record), mpirun's and srun's and a refused start through :data:`LAUNCHER_LINES`; ('',
     False) when none."""
-    lines = [_TAG.sub("", x).rstrip() for x in _kept_lines(path)]
+    lines = [_TAG.sub("", x) for x in _kept_lines(path)]
     for i, line in enumerate(lines):
         rank, status, launcher = None, 0, ""
         if "Root Cause (first observed failure)" in line:  # torchrun's block: the next fields
@@ -169,9 +165,9 @@ def launcher_first(path: str | Path | None, hosts: list | None = None) -> tuple[
                 return (f"{where} was killed by signal {status - 128} "
                         f"({signal.Signals(status - 128).name})"), True
             return f"{where} exited with status {status}", False
-    for line in _kept_lines(path):  # else what it said of a lost rank or a refused start
+    for line in lines:  # else what it said of a lost rank or a refused start
         for pattern, text in LAUNCHER_LINES:
-            if m := pattern.search(_TAG.sub("", line)):
+            if m := pattern.search(line):
                 said = text.format(**m.groupdict())
                 return said, bool(re.match(r"mpirun: rank |srun: rank .*: (Killed|Terminated)",
                                            said))
@@ -243,7 +239,7 @@ def summary(out_dir: str, rc: int, since: float = 0.0, errors: str = "",
             cause = lost_text(unique) + "".join(cause.partition(": a collective failed")[1:])
         again = resume or (f"the same launcher with `{r['resume']}`" if r.get("resume") else "")
     else:
-        unread = _metrics_tail(out_dir)[1]
+        unread = _lines(Path(out_dir) / "metrics.jsonl", tail=True)[1]
         lines.append(("where: the launcher saw a rank killed first (what the other ranks "
                       "recorded followed from it)" if recs else
                       "where: no rank recorded a failure in "

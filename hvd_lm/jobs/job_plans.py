@@ -349,7 +349,7 @@ class LaunchConfig:
     time_budget: Optional[str] = option(
         None, "the training's --time-budget: its time over every allocation (40h, 2d...); with "
         "--walltime each job trains its --time-limit of it and (SLURM) requeues itself until the "
-        "budget is spent, the LR reaching 0 at its end", parse=lambda v: _duration_text(v))
+        "budget is spent, the LR reaching 0 at its end", parse=_duration_text)
     job_name: str = option("hvd-lm", "job name (SLURM, PBS)")
     launcher: Optional[str] = option(None, "SLURM: how ranks start inside the allocation "
                                      "(template default srun)", choices=("srun", "mpirun"))

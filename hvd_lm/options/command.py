@@ -28,15 +28,6 @@ from hvd_lm.util.files import LINE_CHARS, shown
 
 # ---- command-line flags --------------------------------------------------------------------------
 
-def _dest(path: tuple[str, ...]) -> str:
-    return "cfg__" + "__".join(path)
-
-
-def _cli_leaves(cls: type):
-    """:func:`~hvd_lm.options.tree.leaves` that have a flag (not ``cli=False``)."""
-    return ((path, f, tp) for path, f, tp in leaves(cls) if f.metadata.get("cli", True))
-
-
 def add_arguments(parser: argparse.ArgumentParser, cls: type, config_flag: bool = True) -> None:
     """Add ``--config FILE`` (optional) and one argument per leaf of ``cls`` to ``parser``.
 
@@ -51,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, config_flag: bool 
         parser.add_argument("--config", metavar="FILE",
                             help="YAML file with these settings; flags override its values")
     groups: dict[str, Any] = {"": parser}
-    for path, f, tp in _cli_leaves(cls):
-        m = f.metadata
+    for path, f, tp in leaves(cls, flags=True):
+        m, dest = f.metadata, "cfg__" + "__".join(path)
         section = ".".join(path[:-1])
         if section not in groups:
             groups[section] = parser.add_argument_group(section)
@@ -65,18 +56,18 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, config_flag: bool 
         base, elem, _ = _kind(tp)
         metavar = m.get("metavar")
         if m.get("positional"):
-            target.add_argument(_dest(path), nargs="*" if elem is not None else "?", default=None,
+            target.add_argument(dest, nargs="*" if elem is not None else "?", default=None,
                                 metavar=metavar or f.name.upper(), help=help_text)
             continue
         names = [flag_text(f), *m.get("aliases", ())]  # (one declared twice: argparse refuses)
         if m.get("switch") is not None:
-            target.add_argument(*names, dest=_dest(path), action="store_const",
+            target.add_argument(*names, dest=dest, action="store_const",
                                 const=m["switch"], default=None, help=help_text)
             continue
         choices = m.get("choices") if (m.get("parse") is None and elem is None
                                       and base is str) else None
         metavar = metavar or (None if choices else (elem or base).__name__.upper())
-        target.add_argument(*names, dest=_dest(path), default=None, choices=choices,
+        target.add_argument(*names, dest=dest, default=None, choices=choices,
                             nargs=m.get("nargs"), metavar=metavar, help=help_text)
 
 
@@ -113,7 +104,7 @@ def to_argv(obj: Any) -> list[str]:
     """
     words: list[str] = []
     positional: list[str] = []
-    for path, f, _ in _cli_leaves(type(obj)):
+    for path, f, _ in leaves(type(obj), flags=True):
         m = f.metadata
         value = functools.reduce(getattr, path, obj)  # the leaf's value, through its sections
         if m.get("positional"):

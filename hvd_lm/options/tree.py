@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator
 import yaml
 
 from hvd_lm.util.atomic import write_text
-from hvd_lm.util.files import SHOWN_CHARS, FileRefused, open_regular
+from hvd_lm.util.files import SHOWN_CHARS, FileRefused, read_bounded
 from hvd_lm.util.files import shown as shown_path
 
 MISSING = dataclasses.MISSING
@@ -97,15 +97,16 @@ def _is_section(tp: Any) -> bool:
     return dataclasses.is_dataclass(tp) and isinstance(tp, type)
 
 
-def leaves(cls: type, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...],
-                                                                   dataclasses.Field, Any]]:
-    """(dotted path, field, type) of every leaf of the tree ``cls``, in declaration order."""
+def leaves(cls: type, path: tuple[str, ...] = (), flags: bool = False
+           ) -> Iterator[tuple[tuple[str, ...], dataclasses.Field, Any]]:
+    """(dotted path, field, type) of every leaf of the tree ``cls``, in declaration order; with
+    ``flags`` only the leaves that have a flag (not ``cli=False``)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         if _is_section(tp):
-            yield from leaves(tp, path + (f.name,))
-        else:
+            yield from leaves(tp, path + (f.name,), flags)
+        elif not flags or f.metadata.get("cli", True):
             yield path + (f.name,), f, tp
 
 
@@ -317,14 +318,6 @@ def to_dict(obj: Any) -> dict:
     return plain(dataclasses.asdict(obj))
 
 
-def _node_children(node: yaml.Node) -> list:
-    if isinstance(node, yaml.SequenceNode):
-        return node.value
-    if isinstance(node, yaml.MappingNode):
-        return [x for pair in node.value for x in pair]
-    return []
-
-
 def _check_expansion(root: yaml.Node, source: str, limit: int) -> None:
     """Count ``root``'s nodes with every alias expanded (each distinct node counted once with
     memoisation, so the count itself costs the document's size, not its expansion).
@@ -342,7 +335,10 @@ def _check_expansion(root: yaml.Node, source: str, limit: int) -> None:
                               "to the value it is part of (a recursive YAML value)")
         if key not in sizes:
             open_nodes.add(key)
-            sizes[key] = 1 + sum(count(c) for c in _node_children(node))
+            children = node.value if isinstance(node, yaml.SequenceNode) else []
+            if isinstance(node, yaml.MappingNode):
+                children = [x for pair in node.value for x in pair]
+            sizes[key] = 1 + sum(count(c) for c in children)
             open_nodes.discard(key)
             if sizes[key] > limit:
                 raise ConfigError(f"{source}: the YAML expands to more than {limit:,} values "
@@ -362,22 +358,19 @@ def read_yaml(path: str | Path, max_bytes: int = MAX_YAML_BYTES,
 
     Raises:
         ConfigError: missing or unreadable file, a FIFO, device or socket (refused before it is
-            opened: :func:`hvd_lm.util.files.open_regular`), too large, not UTF-8, not YAML,
+            opened: :func:`hvd_lm.util.files.read_bounded`), too large, not UTF-8, not YAML,
             nested too deeply, or expanding beyond the budget; one line naming the file.
     """
     path = Path(path)
     where = shown_path(path)
     try:  # a regular file (or <(cmd)): a FIFO nobody writes would block the open, forever
-        with open_regular(path, "a config is a YAML file") as f:
-            raw = f.read(max_bytes + 1)
-    except FileRefused as e:
+        raw = read_bounded(path, max_bytes, "a config is a YAML file", "a YAML config is a few kB")
+    except FileRefused as e:  # a FIFO, a device, a socket, too large
         raise ConfigError(str(e)) from None
     except FileNotFoundError:
         raise ConfigError(f"{where}: cannot read the config file (no such file)") from None
     except OSError as e:
         raise ConfigError(f"{where}: cannot read the config file ({e.strerror or e})") from None
-    if len(raw) > max_bytes:
-        raise ConfigError(f"{where}: more than {max_bytes:,} bytes; a YAML config is a few kB")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

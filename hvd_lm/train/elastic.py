@@ -60,32 +60,28 @@ class Elastic:
         first sync); ``on_reset(state)`` runs after every reset (it should call
         :meth:`on_reset`)."""
         r = self.parts
-        # Horovod: the state committed in memory and synced from rank 0 after every reset
-        state = engine.elastic_state(r.model, r.optimizer, train=self.train_state(pos))
+        # Horovod: the state committed in memory and synced from rank 0 after every reset; its
+        # train field what a checkpoint holds too (all ranks agree on it; the recurrent rows are
+        # per rank and kept beside, committed_rows)
+        state = engine.elastic_state(r.model, r.optimizer, train=train_state(
+            pos, r.lr_plan, r.scaler, self.guard, r.ctx.size, r.windows_per_epoch))
         state.register_reset_callbacks([lambda: on_reset(state)])
         engine.elastic_run(loop)(state)  # Horovod: re-forms the world on failures
-
-    def train_state(self, pos: Position) -> dict:
-        """What a commit holds besides model and optimizer (its ``train`` field), what a
-        checkpoint holds too (:func:`hvd_lm.train.resume.train_state`: all ranks agree on it;
-        the recurrent rows are per rank and kept beside, :attr:`committed_rows`)."""
-        r = self.parts
-        return train_state(pos, r.lr_plan, r.scaler, self.guard, r.ctx.size, r.windows_per_epoch)
 
     def commit(self, state, pos: Position, rnn_state: State, chars: CharCount) -> None:
         """Commit the run in memory (every rank, same step): ``pos`` with the exact character
         count (Horovod: a sum; ``chars`` counts on from it), schedule, scaler, this rank's
         recurrent rows ``rnn_state``, then ``state.commit()`` (copies of the model's and
         optimizer's state; may raise ``HostsUpdatedInterrupt``)."""
-        t0 = time.perf_counter()
+        t0, r = time.perf_counter(), self.parts
         pos.chars_trained = chars.total()  # Horovod: sum over ranks
         chars.rebase(pos.chars_trained)
-        state.train = self.train_state(pos)
-        ctx = self.parts.ctx
-        self.committed_rows = (ctx.rank, ctx.size, tuple(s.detach().clone() for s in rnn_state))
+        state.train = train_state(pos, r.lr_plan, r.scaler, self.guard, r.ctx.size,
+                                  r.windows_per_epoch)
+        self.committed_rows = (r.ctx.rank, r.ctx.size, tuple(s.detach().clone() for s in rnn_state))
         state.commit()  # Horovod: may raise HostsUpdatedInterrupt
         self.commit_seconds.append(time.perf_counter() - t0)
-        if len(self.commit_seconds) == 1 or pos.step % self.parts.cfg.run.log_every == 0:
+        if len(self.commit_seconds) == 1 or pos.step % r.cfg.run.log_every == 0:
             self.metrics.record("commit", pos.step, seconds=self.commit_seconds[-1])
 
     def restore(self, state, chars: CharCount) -> tuple[Position, State]:

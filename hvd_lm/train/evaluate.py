@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hvd_lm.comm import engine
 from hvd_lm.comm.threads import set_rank_threads
@@ -31,11 +30,12 @@ from hvd_lm.model import device as devices
 from hvd_lm.model.config import KERNELS
 from hvd_lm.model.load import load_model, model_files
 from hvd_lm.options import Command, ConfigError, option
-from hvd_lm.train.data import IGNORE, RankStreams, stream_bounds
+from hvd_lm.train.data import RankStreams, stream_bounds
 from hvd_lm.train.log import Progress
 from hvd_lm.train.memory import free_memory
 from hvd_lm.train.preflight import check_vocab
 from hvd_lm.train.settings import EVAL_BATCH_SIZE
+from hvd_lm.train.step import window_nll
 from hvd_lm.util.atomic import human, write_text
 from hvd_lm.util.files import check_output
 
@@ -61,13 +61,9 @@ def bpc(model, streams: RankStreams, device: torch.device, precision: str = "fp3
         state = None
         bar = Progress("hvd-lm eval (rank 0)", streams.chars_per_epoch, "char", enabled=progress)
         for batch in streams:
-            x, y = batch.inputs.to(device), batch.targets.to(device)
-            with devices.autocast(device, precision):
-                logits, state = model(x, state, reset=batch.reset.to(device), time_major=True)
             # float64 log-softmax: the sum over millions of chars stays exact (uniform -> 8.0
-            # bits); logits [T, B, 256] as the model makes them, the targets transposed to match
-            nats = F.cross_entropy(logits.double().reshape(-1, logits.shape[-1]),
-                                   y.t().reshape(-1), ignore_index=IGNORE, reduction="sum")
+            # bits)
+            nats, state = window_nll(model, batch, state, device, precision, torch.float64)
             bits += float(nats) / math.log(2)
             chars += batch.chars
             bar.update(batch.chars)
@@ -82,9 +78,9 @@ def bpc(model, streams: RankStreams, device: torch.device, precision: str = "fp3
 @torch.no_grad()
 def estimate_seconds(model, streams: RankStreams, device: torch.device,
                      precision: str = "fp32") -> float:
-    """Seconds :func:`bpc` would take over ``streams``: the forward pass of two of its
-    windows timed (after one untimed: kernels compiled for these shapes) and scaled to its
-    windows per row; the model is left in training mode. What a run planned to a deadline
+    """Seconds :func:`bpc` would take over ``streams``: two of its windows (forward and loss)
+    timed (after one untimed: kernels compiled for these shapes) and scaled to its windows per
+    row; the model is left in training mode. What a run planned to a deadline
     (:mod:`hvd_lm.train.deadline`) reserves for its final validation before it has run one."""
     if streams.batch_size == 0:  # more ranks than validation rows: nothing here
         return 0.0
@@ -93,10 +89,8 @@ def estimate_seconds(model, streams: RankStreams, device: torch.device,
     try:
         for batch in itertools.islice(streams, 3):
             t0 = time.perf_counter()
-            x = batch.inputs.to(device)
-            with devices.autocast(device, precision):
-                logits, state = model(x, state, reset=batch.reset.to(device))
-            float(logits[0, 0, 0])  # the device done
+            nats, state = window_nll(model, batch, state, device, precision, torch.float64)
+            float(nats)  # the device done
             times.append(time.perf_counter() - t0)
     finally:
         model.train()

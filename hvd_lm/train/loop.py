@@ -51,17 +51,18 @@ import time
 from hvd_lm.comm import engine, peers
 from hvd_lm.model.mfu import device_peak
 from hvd_lm.options import Command, error_text
-from hvd_lm.train import faults, step
+from hvd_lm.train import deadline, faults, step
 from hvd_lm.train.checkpointer import Checkpointer
 from hvd_lm.train.counting import CharCount, StepCounter
 from hvd_lm.train.data import Prefetcher
 from hvd_lm.train.deadline import Cadence, DeadlinePlanner, StopSignals, virtual_step_s
 from hvd_lm.train.elastic import Elastic
 from hvd_lm.train.evaluate import bpc as eval_bpc
+from hvd_lm.train.evaluate import estimate_seconds
 from hvd_lm.train.guard import DivergenceGuard, TrainingDiverged
 from hvd_lm.train.log import write_failure
 from hvd_lm.train.metrics import Metrics
-from hvd_lm.train.rundir import RunFolder
+from hvd_lm.train.rundir import RunFolder, checkpoint_bytes
 from hvd_lm.train.settings import TrainConfig
 from hvd_lm.train.startup import RunParts
 from hvd_lm.util.atomic import write_text
@@ -137,8 +138,12 @@ class Trainer:
             parts.time_limit_s, parts.time_budget_s, trained_s=self.pos.trained_s,
             cadence=Cadence(cfg.run.eval_every, cfg.run.checkpoint_every,
                             cfg.run.checkpoint_minutes, parts.val is not None),
-            eval_estimate=parts.eval_estimate_s,
-            checkpoint_estimate_s=parts.checkpoint_estimate_s(),
+            # one validation: two windows timed now; one checkpoint write: its estimated size
+            # at CHECKPOINT_BYTES_PER_S, plus 1 s
+            eval_estimate=lambda: estimate_seconds(parts.model, parts.val, parts.device,
+                                                   cfg.run.precision),
+            checkpoint_estimate_s=1.0 + checkpoint_bytes(
+                cfg, parts.model, parts.ctx.size * parts.B) / deadline.CHECKPOINT_BYTES_PER_S,
             virtual_step_s=virtual_step_s()) if cfg.timed else None
         self.stop_step = sys.maxsize  # the allocation's last step (--time-limit: planned)
         self.loop_started: float | None = None  # monotonic s: the first step's start
@@ -157,18 +162,15 @@ class Trainer:
 
     # ---- what the loop does besides the step -----------------------------------------------------
 
-    def trained_s(self) -> float:
-        """Seconds trained over every allocation of the run (``Position.trained_s``): the
-        earlier ones' and this one's loop so far (the planner's clock when it has one)."""
-        if self.planner is not None:
-            return self.planner.trained_s()
-        started = self.loop_started
-        return self.trained_before + (0.0 if started is None else time.monotonic() - started)
-
     def save_checkpoint(self) -> None:
         """Every rank: the checkpoint of the current step (:meth:`Checkpointer.save`: Horovod
-        allgathers and a sum); its seconds are not a step's (the deadline's plan)."""
-        self.pos.trained_s = self.trained_s()
+        allgathers and a sum), with the seconds trained over every allocation of the run
+        (``Position.trained_s``: the earlier ones' and this one's loop so far, on the planner's
+        clock when it has one); its seconds are not a step's (the deadline's plan)."""
+        started = self.loop_started
+        self.pos.trained_s = (self.planner.trained_s() if self.planner is not None else
+                              self.trained_before + (0.0 if started is None
+                                                     else time.monotonic() - started))
         self.extra_s += self.checkpointer.save(self.pos, self.rnn_state, self.chars,
                                                self.parts.ctx, self.parts.windows_per_epoch)
 

@@ -193,15 +193,13 @@ class Resume:
         # ("scheduler": a LambdaLR's state, in checkpoints written before the LR plan)
         return saved_factor(self.ckpt.get("lr_plan", self.ckpt.get("scheduler")), self.ckpt["step"])
 
-    def restore_model(self, model: torch.nn.Module, scaler=None) -> None:
+    def restore_model(self, model: torch.nn.Module) -> None:
         """Load the model's weights (on a non-root rank: check their names and shapes only,
-        the weights come from rank 0's broadcast) and the loss scaler's state when both exist.
+        the weights come from rank 0's broadcast).
 
         Raises:
             CheckpointError: the checkpoint is for a model of another shape."""
         load_state(model, self.ckpt["model"], self.path, copy=self.root)
-        if scaler is not None and scaler.is_enabled() and self.ckpt.get("scaler"):
-            scaler.load_state_dict(self.ckpt["scaler"])
 
     @property
     def rows(self) -> int:
@@ -222,14 +220,14 @@ class Resume:
         """Python, numpy and torch RNG states (the GPU's: this job's device)."""
         set_rng_state(self.ckpt["rng"], self.device)
 
-    def restore_optimizer(self, optimizer, lr_plan) -> None:
-        """Optimizer state and the LR plan (:class:`hvd_lm.train.schedule.LRPlan`: the caller
-        then sets its peak for this job's global batch); on a non-root rank the plan's alone (a
-        few numbers): the optimizer's comes from rank 0
-        (:func:`hvd_lm.comm.engine.broadcast_state`)."""
+    def restore_optimizer(self, optimizer, lr_plan, scaler=None) -> None:
+        """Optimizer state, the LR plan (:class:`hvd_lm.train.schedule.LRPlan`: the caller
+        then sets its peak for this job's global batch) and the loss scaler's state when both
+        exist; on a non-root rank the plan's and the scaler's alone (a few numbers): the
+        optimizer's comes from rank 0 (:func:`hvd_lm.comm.engine.broadcast_state`)."""
         if self.root:
             optimizer.load_state_dict(self.ckpt["optimizer"])
-        load_train_state(self.ckpt, lr_plan)
+        load_train_state(self.ckpt, lr_plan, scaler)
 
     def release(self) -> None:
         """Drop the loaded tensors (the model and optimizer hold their own copies)."""

@@ -25,10 +25,7 @@ from hvd_lm.options import check_required
 from hvd_lm.train import preflight
 from hvd_lm.train import resume as resume_io
 from hvd_lm.train.data import RankStreams, recut_bytes, window_in_new_cut
-from hvd_lm.train.deadline import CHECKPOINT_BYTES_PER_S
-from hvd_lm.train.evaluate import estimate_seconds
 from hvd_lm.train.optim import build_optimizer, distributed
-from hvd_lm.train.rundir import checkpoint_bytes
 from hvd_lm.train.schedule import LRPlan, scaled_lr
 from hvd_lm.train.settings import TrainConfig
 from hvd_lm.util.units import parse_duration
@@ -130,7 +127,7 @@ class RunParts:
                 resume = engine.root_call(lambda: resume_io.Resume(source, self.device, auto))
                 path = engine.broadcast_object(resume and resume.path, name="resume_path")
                 resume = resume or resume_io.Resume(path, self.device, root=False)
-            resume.restore_model(self.model, self.scaler)
+            resume.restore_model(self.model)
             pos = self.start_pos = resume.position
             self.resumed_from = resume.path
             saved_window = pos.window
@@ -165,7 +162,7 @@ class RunParts:
                               cfg.optim.lr_decay)
         if resume is not None:
             plan = self.lr_plan
-            resume.restore_optimizer(self.optimizer, plan)
+            resume.restore_optimizer(self.optimizer, plan, self.scaler)
             if (self.time_budget_s and plan.total_steps < sys.maxsize // 2
                     and plan.total_steps <= self.total_steps):
                 # the saved plan of the budget: the line goes on where it was until re-planned
@@ -231,17 +228,6 @@ class RunParts:
                     resumed_from=str(self.resumed_from) if self.resumed_from else None,
                     time_limit_s=self.time_limit_s, time_budget_s=self.time_budget_s,
                     trained_s=self.start_pos.trained_s)
-
-    def checkpoint_estimate_s(self) -> float:
-        """Seconds one checkpoint write takes before one is measured (``--time-limit``): its
-        estimated size at :data:`hvd_lm.train.deadline.CHECKPOINT_BYTES_PER_S`, plus 1 s."""
-        rows = self.ctx.size * self.B
-        return 1.0 + checkpoint_bytes(self.cfg, self.model, rows) / CHECKPOINT_BYTES_PER_S
-
-    def eval_estimate_s(self) -> float:
-        """Seconds one validation takes, estimated from two windows timed now
-        (:func:`hvd_lm.train.evaluate.estimate_seconds`)."""
-        return estimate_seconds(self.model, self.val, self.device, self.cfg.run.precision)
 
     # ---- layout ----------------------------------------------------------------------------------
 

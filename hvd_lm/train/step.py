@@ -78,17 +78,20 @@ class SynchronizingOptimizer(StepOptimizer, Protocol):
     def skip_synchronize(self) -> ContextManager[None]: ...
 
 
-def window_nll(model, batch: Batch, state: State, device: torch.device, precision: str):
-    """Forward one TBPTT window: (sum of -ln p over its real targets, a 0-d fp32 tensor with
-    grad; the new state). The incoming state is detached (truncated BPTT); the logits are upcast
-    so the softmax and loss are fp32 whatever the autocast precision (as the reference requires).
+def window_nll(model, batch: Batch, state: State | None, device: torch.device, precision: str,
+               dtype: torch.dtype = torch.float32):
+    """Forward one TBPTT window: (sum of -ln p over its real targets, a 0-d ``dtype`` tensor
+    with grad; the new state). The incoming state is detached (truncated BPTT; None: zeros); the
+    logits are upcast so the softmax and loss are fp32 (``dtype``: evaluation's fp64) whatever
+    the autocast precision (as the reference requires).
 
     Args:
         model: a :class:`hvd_lm.model.lm.LanguageModel` (or a wrapper that calls one).
         batch: inputs/targets [B, T] (targets ``IGNORE`` where padded), reset flags [B, T].
         state: (h, c), each [B, H].
     """
-    state = (state[0].detach(), state[1].detach())
+    if state is not None:
+        state = (state[0].detach(), state[1].detach())
     # non_blocking: a no-op on CPU; from pinned memory (train.data.Prefetcher) an async copy
     x = batch.inputs.to(device, non_blocking=True)
     y = batch.targets.to(device, non_blocking=True)
@@ -97,7 +100,7 @@ def window_nll(model, batch: Batch, state: State, device: torch.device, precisio
                               time_major=True)
     # logits [T, B, 256], contiguous as the decoder wrote them; the targets [B, T] transposed
     # to match (a [B, T] int64 copy instead of one of the [T, B, 256] logits)
-    nats = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.t().reshape(-1),
+    nats = F.cross_entropy(logits.to(dtype).reshape(-1, logits.shape[-1]), y.t().reshape(-1),
                            ignore_index=IGNORE, reduction="sum")
     return nats, state
 

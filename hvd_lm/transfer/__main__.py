@@ -2,6 +2,6 @@
 under ``horovodrun``/``mpirun``)."""
 import sys
 
-from hvd_lm.transfer.run import main
+from hvd_lm.transfer.run import TRANSFER
 
-sys.exit(main())
+sys.exit(TRANSFER.main(None, "python -m hvd_lm.transfer"))

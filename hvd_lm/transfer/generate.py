@@ -2,6 +2,9 @@
 holding one unit fixed, and draw that unit's per-character value (sentiment-discovery's
 ``generate.py``; Radford et al. 2017, "Learning to Generate Reviews and Discovering Sentiment",
 section 4: fixing the sentiment unit's value makes the model write positive or negative reviews).
+``hvd-lm visualize CHECKPOINT --input FILE --out OUT.html|OUT.png`` draws that value over given
+texts instead (sentiment-discovery's ``visualize.py``; the sentiment-neuron pictures of the same
+paper).
 
 Only the model's public API is used (:meth:`~hvd_lm.model.lm.LanguageModel.init_state`,
 ``forward``/``encode`` on [B, T] byte ids with an explicit state), one byte per call while a unit
@@ -21,10 +24,17 @@ is read or pinned.
   times the sign of the classifier weight; here the value is given as is).
 * **Trace** (:func:`trace_unit` for given texts): the unit's value after each byte, read before
   any pinning (what the model computed), for the heatmap (:mod:`hvd_lm.transfer.heatmap`).
+* **Visualize** (:func:`visualize`): the unit is ``--neuron N``, or by default the sentiment unit
+  that ``hvd-lm transfer`` found, read from its classifier (``--classifier OUT``; the checkpoint
+  must be the classifier's, by sha256), whose feature options (max chars, whitespace
+  normalisation) then apply too. Each text is read from the zero state, as transfer featurizes
+  it (:func:`trace_unit`); with a classifier the colours are oriented so that green is the
+  positive side of the unit.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from dataclasses import dataclass
@@ -36,6 +46,8 @@ import torch
 from hvd_lm.formats import tokenizer
 from hvd_lm.options import Command, option
 from hvd_lm.train.log import Progress
+from hvd_lm.transfer import features as lm_features
+from hvd_lm.transfer import texts as text_input
 from hvd_lm.transfer.features import ModelOptions, featurize, open_classified, pad_batch
 from hvd_lm.transfer.heatmap import HeatRow, char_values, check_chars, check_suffix, render
 from hvd_lm.transfer.saved import USAGE_ERRORS, ClassifierError
@@ -380,3 +392,65 @@ GENERATE = Command(
     "one unit at a value to steer it (the sentiment neuron: --classifier or --neuron N "
     "--overwrite V), and draw the unit's per-character value as HTML or PNG "
     "(NVIDIA/sentiment-discovery generate.py).")
+
+
+@dataclass
+class VisualizeConfig(text_input.TextOptions, UnitOptions):
+    """Settings of ``hvd-lm visualize`` (the shared ones: :class:`UnitOptions`,
+    :class:`~hvd_lm.transfer.texts.TextOptions`)."""
+
+    out: str = option("", "heatmap file: OUT.html (one span per character) or OUT.png",
+                      required=True)
+    max_texts: int = option(20, "draw at most the first N texts", ge=1)
+    max_chars: int | None = option(None, "keep the first N bytes of each text (default: the "
+                                   "classifier's, else "
+                                   f"{lm_features.DEFAULT_MAX_CHARS}; 0 = all)", ge=0)
+
+    def check(self) -> None:
+        """Cross-field rules."""
+        if self.neuron is None and not self.classifier:
+            raise ValueError("give the unit: --neuron N or --classifier (its sentiment unit)")
+        check_suffix(self.out)
+
+
+def visualize(cfg: VisualizeConfig) -> int:
+    """``hvd-lm visualize``: draw the heatmap (see the module docstring) and say what was
+    written.
+
+    Raises:
+        ClassifierError / DatasetError / FileNotFoundError / ValueError: bad classifier, input,
+            checkpoint or unit.
+    """
+    path, model, device, saved, neuron, polarity, state = open_model(
+        "visualize", cfg, {"--out": cfg.out}, [cfg.input] if cfg.input != "-" else [])
+    stream = text_input.iter_texts(cfg.input, cfg.format, cfg.text_field)
+    first = list(itertools.islice(stream.records, cfg.max_texts))  # the rest is never read
+    stream.records.close()
+    if not first:
+        raise text_input.DatasetError(f"{stream.name}: no texts")
+    feat = saved.features if saved else {"max_chars": lm_features.DEFAULT_MAX_CHARS,
+                                         "normalize": False}
+    max_chars = feat["max_chars"] if cfg.max_chars is None else cfg.max_chars
+    seqs = lm_features.encode_texts([t for _, t, _ in first], max_chars, bool(feat["normalize"]))
+    # before one model step per byte: the heatmap's size bound (HTML as PNG), the flags named
+    check_chars(cfg.out, sum(len(tokenizer.decode(s)) for s in seqs),
+                f"lower --max-chars ({max_chars:,}{': all' if max_chars == 0 else ''}) or "
+                f"--max-texts ({cfg.max_texts})")
+    values = trace_unit(model, seqs, neuron, state, device, progress=True)
+    rows = [HeatRow(f"line {line}", *char_values(s, v))
+            for (line, _, _), s, v in zip(first, seqs, values)]
+    orient = "" if saved is None else \
+        f"; classifier weight {'< 0: colours flipped' if polarity < 0 else '> 0'}"
+    render(rows, cfg.out, f"unit {neuron} ({state}) of {path.name} after each character"
+           f"{orient}", polarity)
+    print(f"wrote {cfg.out}: unit {neuron} over {len(rows)} text(s), "
+          f"{sum(len(r.chars) for r in rows):,} characters", file=sys.stderr)
+    return 0
+
+
+VISUALIZE = Command(
+    VisualizeConfig, visualize,
+    usage_errors=USAGE_ERRORS,
+    description="Per-character heatmap (HTML or PNG) of one LM unit over given texts: by "
+    "default the sentiment unit of a classifier saved by hvd-lm transfer "
+    "(NVIDIA/sentiment-discovery visualize.py).")

@@ -364,8 +364,3 @@ TRANSFER = Command(
     "an L1 logistic regression with C chosen by k-fold cross-validation on train, find the "
     "sentiment neuron, and compare with a TF-IDF baseline (Radford et al. 2017; "
     "NVIDIA/sentiment-discovery transfer.py).")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m hvd_lm.transfer CHECKPOINT ...`` (same flags as ``hvd-lm transfer``)."""
-    return TRANSFER.main(argv, "python -m hvd_lm.transfer")

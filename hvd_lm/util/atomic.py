@@ -46,17 +46,6 @@ def human(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def disk_full(e: OSError, path: Path, needed: int | None, written: int = 0,
-              then: str = "the previous file, if any, is unchanged") -> DiskFullError:
-    """The one-line :class:`DiskFullError` of ``e`` (``ENOSPC``/``EDQUOT``) writing ``path``:
-    the bytes ``needed`` (None: more than the ``written`` ones), the bytes free, and ``then``
-    (what became of the file)."""
-    need = (f"{human(needed)} needed" if needed is not None
-            else f"more than the {human(written)} written before it ran out")
-    return DiskFullError(e.errno, f"{path}: no space left on the device ({need}, "
-                         f"{human(free_bytes(path.parent))} free); {then}")
-
-
 def fsync_dir(directory: str | Path) -> None:
     """fsync a folder so a rename inside it is durable (best effort: some file systems refuse)."""
     with contextlib.suppress(OSError):
@@ -65,18 +54,6 @@ def fsync_dir(directory: str | Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def current_umask() -> int:
-    """This process's file-mode creation mask (``/proc/self/status``'s ``Umask``; elsewhere
-    read by setting it and back, which is not thread-safe)."""
-    with contextlib.suppress(OSError), open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    mask = os.umask(0o022)  # pragma: no cover - not Linux
-    os.umask(mask)
-    return mask
 
 
 def temp_path(path: str | Path, suffix: str = "") -> Path:
@@ -138,7 +115,10 @@ def atomic_path(path: str | Path, suffix: str = "", needed: int | None = None,
         tmp.unlink(missing_ok=True)  # a file
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) \
                 and not isinstance(e, DiskFullError):
-            raise disk_full(e, path, needed, size, then) from None
+            need = (f"{human(needed)} needed" if needed is not None
+                    else f"more than the {human(size)} written before it ran out")
+            raise DiskFullError(e.errno, f"{path}: no space left on the device ({need}, "
+                                f"{human(free_bytes(path.parent))} free); {then}") from None
         raise
     fsync_dir(path.parent)
 

@@ -172,19 +172,21 @@ def open_checked(path: str | Path, flags: int, check: Callable[[os.stat_result],
     return fd
 
 
-def read_bounded(path: str | Path, limit: int, what: str) -> bytes:
+def read_bounded(path: str | Path, limit: int, what: str, too_big: str = "") -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes (reading stops at ``limit`` + 1).
 
     Args:
         what: what such a file is, for the refusal (``"an export's config.json is a few kB"``).
+        too_big: the end of the refusal of a file larger than ``limit`` instead (default
+            ``what``).
 
     Raises:
         FileNotFoundError / FileRefused: not a regular file, or larger than ``limit``.
     """
     with open_regular(path, what) as f:
-        _within(path, os.fstat(f.fileno()).st_size, limit, what)  # before a byte is read
+        _within(path, os.fstat(f.fileno()).st_size, limit, too_big or what)  # before a read
         raw = f.read(limit + 1)  # (a /proc file, a pipe: sizes of 0)
-    _within(path, len(raw), limit, what)
+    _within(path, len(raw), limit, too_big or what)
     return raw
 
 
@@ -281,48 +283,37 @@ def read_json(path: str | Path, limit: int, what: str) -> Any:
 
 # ---- numpy arrays: the header before the data ----------------------------------------------------
 
-def _npy_header(fp: IO[bytes], where: str) -> tuple[tuple[int, ...], Any, int]:
-    """(shape, dtype, data bytes) from a ``.npy`` header at ``fp``'s position (NEP 1 / numpy's
-    ``format.py``: magic, version, a header of at most 10,000 bytes: a dict literal).
-
-    Raises:
-        FileRefused: not a .npy header, an object dtype (pickles), a negative dimension.
-    """
-    import numpy as np
-
-    fmt = np.lib.format
-    try:
-        version = fmt.read_magic(fp)
-        reader = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}.get(version)
-        if reader is None:
-            raise ValueError(f"format version {version}")
-        shape, _, dtype = reader(fp, max_header_size=10_000)
-    except (ValueError, OSError, SyntaxError, TypeError, EOFError) as e:
-        raise FileRefused(f"{where}: not a .npy array ({shown(str(e), 120)})") from None
-    if dtype.hasobject:
-        raise FileRefused(f"{where}: an array of Python objects (a pickle), not numbers")
-    if any(type(n) is not int or n < 0 for n in shape):
-        raise FileRefused(f"{where}: shape {shown(shape)} is not a shape")
-    return tuple(shape), dtype, math.prod(shape) * dtype.itemsize
-
-
 def load_npy(path: str | Path, budget: int, what: str = "") -> "np.ndarray":  # noqa: F821
     """A ``.npy`` array read only after its header says it fits: a regular file, a real .npy
-    header (not a zip: an ``.npz`` named ``.npy``), no object dtype, at most ``budget`` bytes of
-    data, and no more than the file holds (a 2 TiB header on a 128-byte file is refused, not
-    allocated).
+    header (not a zip: an ``.npz`` named ``.npy``; NEP 1 / numpy's ``format.py``: magic,
+    version, a header of at most 10,000 bytes: a dict literal), no object dtype (pickles), no
+    negative dimension, at most ``budget`` bytes of data, and no more than the file holds (a 2
+    TiB header on a 128-byte file is refused, not allocated).
 
     Raises:
         FileNotFoundError / FileRefused: naming the file and what its header says.
     """
     import numpy as np
 
-    where = shown(path)
+    where, fmt = shown(path), np.lib.format
     with open_regular(path, what) as f:
         if f.read(4) == b"PK\x03\x04":
             raise FileRefused(f"{where}: a zip archive (an .npz?), not a .npy array file")
         f.seek(0)
-        shape, dtype, nbytes = _npy_header(f, where)
+        try:
+            version = fmt.read_magic(f)
+            reader = {(1, 0): fmt.read_array_header_1_0,
+                      (2, 0): fmt.read_array_header_2_0}.get(version)
+            if reader is None:
+                raise ValueError(f"format version {version}")
+            shape, _, dtype = reader(f, max_header_size=10_000)
+        except (ValueError, OSError, SyntaxError, TypeError, EOFError) as e:
+            raise FileRefused(f"{where}: not a .npy array ({shown(str(e), 120)})") from None
+        if dtype.hasobject:
+            raise FileRefused(f"{where}: an array of Python objects (a pickle), not numbers")
+        if any(type(n) is not int or n < 0 for n in shape):
+            raise FileRefused(f"{where}: shape {shown(shape)} is not a shape")
+        nbytes = math.prod(shape) * dtype.itemsize
         holds = os.fstat(f.fileno()).st_size - f.tell()
         desc = f"its header declares {shown(list(shape), 80)} {dtype} ({nbytes:,} bytes)"
         if nbytes > budget:
@@ -411,13 +402,9 @@ def open_append(folder: str | Path, name: str, buffering: int = -1) -> IO[str]:
                 raise FileRefused(f"{shown(path)}: a link to {shown(target)}, outside "
                                   f"{shown(d)}; {why}: remove the link")
             follow = True
-    def regular(st: os.stat_result) -> None:
-        if not stat.S_ISREG(st.st_mode):
-            raise FileRefused(f"{shown(path)}: {kind_of(st.st_mode)}, not a regular file; {why}")
-
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = open_checked(path, flags, regular)
+        fd = open_checked(path, flags, lambda st: _regular(path, st, why, streams=False))
     except OSError as e:
         if e.errno == errno.ELOOP:  # made a link since the check above
             raise FileRefused(f"{shown(path)}: a link; {why}: remove the link") from None

@@ -127,11 +127,9 @@ class FolderLock(contextlib.AbstractContextManager):
                     " wait for it to finish, stop it, or use another folder") from None
             # A releasing holder may have unlinked the file between our open and flock: then
             # we hold a lock on a file nobody else can see, so start again on the new one.
-            same = False
             with contextlib.suppress(FileNotFoundError):
-                same = os.stat(self.path).st_ino == os.fstat(self._fd).st_ino
-            if same:
-                break
+                if os.path.samestat(os.stat(self.path), os.fstat(self._fd)):
+                    break
             os.close(self._fd)
         previous = self._read()
         pid = previous.get("pid")
