@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None, commands: dict | None = None, prog: str 
          description: str = DESCRIPTION) -> int:
     """Entry point of the ``hvd-lm`` console script (and, given its table, of ``python -m
     benchmarks``); returns the exit status."""
+    from hvd_lm.comm.world import stand_in_for_horovodrun_shell
+
+    stand_in_for_horovodrun_shell()  # a rank under horovodrun --gloo where /bin/sh is bash
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv, commands, prog, description).parse_args(argv)
     return args.command_obj.invoke(args, f"{prog} {args.command}")

@@ -367,3 +367,39 @@ def horovodrun_mpi_shell() -> int | None:
             and cmd[2].lstrip().startswith("mpirun"):
         return shell.pid
     return None
+
+
+def stand_in_for_horovodrun_shell() -> None:
+    """Under ``horovodrun --gloo`` where ``/bin/sh`` is bash (RHEL and its kin), fork: the
+    child goes on as the rank, this process waits for it and exits with its status.
+
+    Horovod 0.28.1 starts each rank as ``/bin/sh -c "env ... python ..."``
+    (``runner/common/util/safe_shell_exec.py``) and stops a job by SIGTERM to that shell's
+    children, a wait of up to 5 s for them, then SIGSTOP, SIGTERM and SIGKILL to the shell.
+    dash forks the command, so the rank is the child and gets the SIGTERM it checkpoints on; bash
+    execs it, so the rank *is* the shell and is frozen and killed without one (no checkpoint,
+    exit 137). Standing in for the shell gives the rank dash's place on every host. Nothing
+    happens elsewhere: the parent must be Horovod's spawned middleman (psutil; unreadable: no
+    fork). A signal sent to this stand-in is passed on to the rank. Call before anything starts
+    a thread (torch, Horovod).
+    """
+    if "HOROVOD_GLOO_RENDEZVOUS_ADDR" not in os.environ:
+        return
+    import signal
+
+    import psutil
+
+    try:
+        if "multiprocessing.spawn" not in " ".join(psutil.Process().parent().cmdline()):
+            return
+    except (psutil.Error, AttributeError):  # gone, unreadable, or no parent
+        return
+    rank = os.fork()
+    if rank == 0:
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, lambda s, _frame: os.kill(rank, s))
+    status = os.waitpid(rank, 0)[1]
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # from here on a shell's fate, as dash's
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(128 - code if code < 0 else code)
