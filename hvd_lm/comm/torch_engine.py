@@ -208,10 +208,12 @@ def mpi_enabled() -> bool:
 
 def is_collective_failure(exc: BaseException) -> bool:
     """True when ``exc`` is a failed collective (a peer lost, a timeout): torch's ``DistError``
-    family, or the ``RuntimeError`` Gloo raises when a peer's connection closes or times out."""
+    family, or the ``RuntimeError`` Gloo raises when a peer's connection closes or times out
+    (in a collective, or in the store wait of its lazy connect to a stalled peer: "wait timeout
+    after 2000ms, keys: //worker/attempt_0/0//cpu//0/0")."""
     return isinstance(exc, dist.DistError) or isinstance(exc, RuntimeError) and any(
         k in str(exc) for k in ("Gloo", "gloo", "Connection closed by peer", "Connection reset",
-                                "NCCL", "Timed out waiting"))
+                                "NCCL", "Timed out waiting", "wait timeout after"))
 
 
 # ---- collectives --------------------------------------------------------------------------------
