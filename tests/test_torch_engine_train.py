@@ -92,8 +92,10 @@ def test_what_one_engine_lacks_is_refused_in_one_line(shards, tmp_path):
 def test_a_stalled_peer_fails_after_the_gloo_timeout_in_one_line(shards, tmp_path):
     """Rank 1 sleeps 6 s in every step; --gloo-timeout-s 2 is the torch engine's collective
     timeout: rank 0's collective gives up after it, says so in one line (its peer still
-    answers: not a lost host) and the job fails instead of hanging."""
-    env = launch_env(HVD_LM_STEP_SLEEP="6", HVD_LM_STEP_SLEEP_RANK="1")
+    answers: not a lost host) and the job fails instead of hanging. Rank 1 is also 4 s late
+    for startup's weights broadcast: no failure there (startup waits as long as the
+    rendezvous; a loaded machine's late rank failed this test at 2 s)."""
+    env = launch_env(HVD_LM_STEP_SLEEP="6", HVD_LM_STEP_SLEEP_RANK="1", HVD_LM_STARTUP_SLEEP="4")
     proc = run(torchrun_cmd(2, train_argv(shards, tmp_path / "run", "--batch-size", "2",
                                           "--max-steps", "6", "--backend", "torch",
                                           "--gloo-timeout-s", "2")),

@@ -109,7 +109,8 @@ def init(fusion_threshold_mb: float | None = None, cycle_time_ms: float | None =
         gloo_timeout_s: seconds a Gloo operation (rendezvous, every collective of the Gloo
             controller) waits for a peer -> ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (whole seconds,
             rounded up; default 30). None keeps the environment's value. The torch engine: the
-            timeout of every Gloo and NCCL collective (the same default).
+            timeout of every Gloo and NCCL collective once :func:`begin_steps` is called (the
+            same default).
         backend: the engine (:func:`use_backend`); None keeps the one chosen.
 
     Raises:
@@ -356,6 +357,14 @@ def gloo_timeout_s() -> float | None:
     if hvd.mpi_enabled():
         return None
     return float(os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS") or HOROVOD_DEFAULT_GLOO_TIMEOUT_S)
+
+
+def begin_steps() -> None:
+    """The training steps begin: the torch engine's collectives wait at most
+    ``--gloo-timeout-s`` from here (:func:`hvd_lm.comm.torch_engine.begin_steps`; at startup as
+    long as its rendezvous). Nothing on Horovod: its background thread waits for a late rank
+    without a timeout; only a lost peer fails after ``HOROVOD_GLOO_TIMEOUT_SECONDS``."""
+    getattr(_hvd(), "begin_steps", lambda: None)()
 
 
 def timeout_phrase(timeout: float) -> str:

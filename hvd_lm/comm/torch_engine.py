@@ -5,10 +5,13 @@ where Horovod is not installed.
 
 * Process group: Gloo for CPU tensors, and on a machine with CUDA, NCCL for CUDA tensors in the
   same group (``init_process_group("cpu:gloo,cuda:nccl")``: metrics, objects and the barrier
-  travel on Gloo, gradients on NCCL). Every collective waits at most the timeout of
-  :func:`configure` (``--gloo-timeout-s``, default 30 s as Horovod's Gloo): Gloo then raises on
-  the waiting rank; NCCL's watchdog aborts the communicator (``TORCH_NCCL_ASYNC_ERROR_HANDLING``,
-  PyTorch's default 3: tear the process down) and the launcher reports the rank.
+  travel on Gloo, gradients on NCCL). Once the steps begin (:func:`begin_steps`) every
+  collective waits at most the timeout of :func:`configure` (``--gloo-timeout-s``, default 30 s
+  as Horovod's Gloo); before, at startup, as long as the rendezvous (ranks load data and build
+  the model at different speeds: a rank 2 s late at the weights' broadcast is no failure, as a
+  rank late for Horovod's background negotiation is none). Gloo then raises on the waiting
+  rank; NCCL's watchdog aborts the communicator (``TORCH_NCCL_ASYNC_ERROR_HANDLING``, PyTorch's
+  default 3: tear the process down) and the launcher reports the rank.
 * Rendezvous (where the ranks meet: a ``TCPStore`` rank 0 opens), in this order:
   ``MASTER_ADDR``/``MASTER_PORT`` (torchrun sets them;
   :func:`hvd_lm.comm.world.rendezvous_endpoint`), else under an MPI launcher (mpirun, MPICH,
@@ -93,6 +96,19 @@ def timeout_s() -> float:
     return _settings["timeout_s"]
 
 
+def _startup_timeout_s() -> float:
+    return max(RENDEZVOUS_TIMEOUT_S, timeout_s())
+
+
+def begin_steps() -> None:
+    """From now on every collective of the group waits at most :func:`timeout_s` (until now: the
+    rendezvous timeout, 300 s), on Gloo and NCCL alike
+    (``torch.distributed.distributed_c10d._set_pg_timeout``); nothing in a world of one."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+        _set_pg_timeout(datetime.timedelta(seconds=timeout_s()))
+
+
 def _store(ctx: RankContext, rdzv_timeout: datetime.timedelta):
     """The TCP store every rank connects to (see the module docstring for where it is)."""
     endpoint = rendezvous_endpoint()
@@ -158,11 +174,11 @@ def init() -> None:
     if ctx.size == 1:  # nobody to meet
         store, where = dist.HashStore(), "in memory"
     else:
-        rdzv = datetime.timedelta(seconds=max(RENDEZVOUS_TIMEOUT_S, timeout_s()))
+        rdzv = datetime.timedelta(seconds=_startup_timeout_s())
         store, (addr, port, source) = _store(ctx, rdzv)
         where = f"{addr}:{port} from {source}"
     dist.init_process_group(backend, store=store, rank=ctx.rank, world_size=ctx.size,
-                            timeout=datetime.timedelta(seconds=timeout_s()))
+                            timeout=datetime.timedelta(seconds=_startup_timeout_s()))
     # PyTorch's advice: destroy the group before the interpreter exits (left to the static
     # destructors, Gloo's threads could end the process with "terminate called without an
     # active exception" after a finished run: a rank torchrun reported as failed)

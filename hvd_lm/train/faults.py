@@ -10,6 +10,9 @@ fault with one of these:
   model trains (the elastic tests kill and add workers mid-run); with ``HVD_LM_STEP_SLEEP_RANK``
   only that rank sleeps (a straggler), or, given as ``r0,r1,...``, rank ``r[s % len]`` at step s
   (a straggler that moves: the ``compute_time_max`` test).
+* ``HVD_LM_STARTUP_SLEEP`` (environment): seconds the ``HVD_LM_STEP_SLEEP_RANK`` rank (every
+  rank when unset) sleeps at startup before the weights' broadcast
+  (:func:`startup_delay`): a rank that loads slowly, late for startup's first collective.
 * ``HVD_LM_CHECKPOINT_SLEEP`` (environment): seconds the checkpoint writer sleeps before it
   writes (:func:`checkpoint_write_delay`; with ``HVD_LM_CHECKPOINT_SLEEP_STEP`` only before the
   checkpoint of that step), so a test can signal or kill a process while a write is in flight.
@@ -81,3 +84,12 @@ def checkpoint_write_delay(step: int) -> float:
     sleep = float(os.environ.get("HVD_LM_CHECKPOINT_SLEEP", "0") or 0)
     only = os.environ.get("HVD_LM_CHECKPOINT_SLEEP_STEP", "")
     return sleep if not only or int(only) == step else 0.0
+
+
+def startup_delay(rank: int) -> None:
+    """Sleep ``HVD_LM_STARTUP_SLEEP`` seconds on the ``HVD_LM_STEP_SLEEP_RANK`` rank (every rank
+    when unset); nothing when unset."""
+    sleep = float(os.environ.get("HVD_LM_STARTUP_SLEEP", "0") or 0)
+    who = os.environ.get("HVD_LM_STEP_SLEEP_RANK", "")
+    if sleep and (not who or rank in {int(r) for r in who.split(",") if r.strip()}):
+        time.sleep(sleep)

@@ -210,6 +210,7 @@ class Trainer:
         if self.summary is not None:  # nothing to train (preflight.resume_end)
             return self.summary
         parts = self.parts
+        engine.begin_steps()  # the torch engine's collectives: --gloo-timeout-s from here
         try:
             if self.elastic is not None:
                 self.elastic.train(self.pos, self.elastic_loop, self.on_reset)

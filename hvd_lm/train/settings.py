@@ -112,7 +112,7 @@ class DistConfig:
     gloo_timeout_s: typing.Optional[float] = option(
         None, "seconds a Gloo collective waits for a peer before the job fails naming the lost "
         "host -> HOROVOD_GLOO_TIMEOUT_SECONDS (Horovod default 30; the torch engine: every "
-        "Gloo and NCCL collective's timeout, default 30)", gt=0)
+        "Gloo and NCCL collective's timeout from the first step, default 30)", gt=0)
 
 
 @dataclass

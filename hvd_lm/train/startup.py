@@ -22,7 +22,7 @@ from hvd_lm.model import device as devices
 from hvd_lm.model.lm import LanguageModel
 from hvd_lm.model.mfu import Peak
 from hvd_lm.options import check_required
-from hvd_lm.train import preflight
+from hvd_lm.train import faults, preflight
 from hvd_lm.train import resume as resume_io
 from hvd_lm.train.data import RankStreams, recut_bytes, window_in_new_cut
 from hvd_lm.train.optim import build_optimizer, distributed
@@ -181,6 +181,7 @@ class RunParts:
             # collective: every rank starts from rank 0's weights (and optimizer state when
             # resuming: an empty Adam state would make Horovod take a zero-gradient step).
             # Elastic runs get it from the state's sync instead (no collective before it).
+            faults.startup_delay(self.ctx.rank)  # tests only: a rank late for the broadcast
             engine.broadcast_state(self.model, self.optimizer if resume is not None else None)
         self.peers: list[dict] = []  # every rank's {rank, host, port} (non-elastic, > 1 rank)
         if not cfg.run.elastic and self.ctx.size > 1:
