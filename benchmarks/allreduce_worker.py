@@ -140,19 +140,6 @@ class HorovodComm:
         """Nothing to do."""
 
 
-def make_comm(backend: str):
-    """The communicator of ``backend``: raw MPI or torch gloo (:mod:`benchmarks.baselines`) or
-    Horovod (:class:`HorovodComm`).
-
-    Raises:
-        ValueError: unknown backend.
-    """
-    comms = {"mpi": MpiComm, "torch_gloo": TorchGlooComm, "horovod": HorovodComm}
-    if backend not in comms:
-        raise ValueError(f"unknown backend {backend!r}")
-    return comms[backend]()
-
-
 def _bytes(comp: str, numel: int, n: int, args, measured: bool, wrote: float | None) -> dict:
     """The record's bytes on the wire per operation: computed, and measured when ``measured``."""
     return {"wire_bytes": wire_bytes(comp, numel, n, args.onebit_chunk),
@@ -211,7 +198,7 @@ def wire_bytes(compression: str, numel: int, n: int, chunk: int) -> int:
 def worker(args: AllreduceWorkerConfig) -> int:
     """Time every size and group on this rank's backend; rank 0 prints ``RESULT [records]``."""
     torch.set_num_threads(1)
-    coll = make_comm(args.backend)
+    coll = {"mpi": MpiComm, "torch_gloo": TorchGlooComm, "horovod": HorovodComm}[args.backend]()
     n = coll.size
     base = {"backend": args.backend, "ranks": n}
     if args.backend == "horovod":

@@ -47,14 +47,12 @@ from benchmarks.baselines import TorchGlooComm, ddp
 from benchmarks.harness import lm_step, print_table, random_batches, rnn_impls, run_child, save_json
 from hvd_lm import options
 from hvd_lm.comm import engine
-from hvd_lm.formats.manifest import load_manifest
 from hvd_lm.jobs.job_scripts import local_mpi_env, mpirun_argv
 from hvd_lm.model import device as devices
 from hvd_lm.model.config import KERNELS
 from hvd_lm.model.lm import ModelConfig, recurrence_label
 from hvd_lm.model.mfu import matmul_gflops
 from hvd_lm.options import Command, option
-from hvd_lm.train.data import RankStreams
 from hvd_lm.train.step import train_step
 
 
@@ -78,14 +76,12 @@ class StepConfig:
 
     hidden_size: int = option(1024, "mLSTM width H", ge=1)
     embed_dim: int = option(64, "byte embedding width", ge=1)
-    cell: str = option("mlstm", "recurrent cell", choices=("mlstm", "lstm"))
     batch_size: int = option(32, "per-rank batch (weak scaling)", ge=1)
     seq_len: int = option(64, "TBPTT window, chars", ge=1)
     steps: int = option(5, "timed steps per run", ge=1)
     warmup: int = option(2, "untimed steps first", ge=0)
     threads: int = option(1, "torch threads per rank", ge=1)
     compression: str = option("fp16", "Horovod allreduce compression", choices=("none", "fp16"))
-    shards: str = option("", "train on a shard directory instead of random bytes")
     device: str = option("cpu", "cpu, or cuda (one GPU per rank: cuda:local_rank)",
                          choices=("cpu", "cuda"))
     precision: str = option("fp32", "fp32, or bf16/fp16 autocast (fp16: CUDA only)",
@@ -134,9 +130,6 @@ class BenchTrainConfig(StepConfig):
                                      help="fused variants: CUDA graphs off/on (e.g. false,true)")
     ddp: bool = option(True, "also run the DistributedDataParallel peer (--no-ddp: skip it)",
                        switch=False, flag="--no-ddp")
-    paired: bool = option(True, "time all variants in one process per rank count, their steps "
-                          "alternating (--no-paired: one launch per variant)", switch=False,
-                          flag="--no-paired")
     repeats: int = option(3, "interleaved runs per config; the median is reported", ge=1)
     timeout: float = option(900.0, "per-run limit, s", gt=0)
     json: str = option("", "write the results here")
@@ -163,7 +156,7 @@ def worker(cfg: WorkerConfig) -> int:
     B, T = cfg.batch_size, cfg.seq_len
     runs = []
     for impl, kernels, graphs in zip(cfg.rnn_impl, cfg.rnn_kernels, cfg.cuda_graphs):
-        r = lm_step(ModelConfig(cell=cfg.cell, hidden_size=cfg.hidden_size, embed_dim=cfg.embed_dim,
+        r = lm_step(ModelConfig(hidden_size=cfg.hidden_size, embed_dim=cfg.embed_dim,
                                 rnn_impl=impl, rnn_kernels=kernels, cuda_graphs=graphs),
                     device, cfg.precision, B)  # Adam as in training (fused)
         if cfg.backend != "ddp":
@@ -176,14 +169,7 @@ def worker(cfg: WorkerConfig) -> int:
                        graphs=graphs, times=[], waits=[])
         runs.append(r)
 
-    if cfg.shards:
-        streams = RankStreams(load_manifest(cfg.shards), "train", rank, size, B, T)
-        batches = [streams.window(0, i % streams.windows_per_epoch)
-                   for i in range(cfg.warmup + cfg.steps)]
-    else:
-        batches = random_batches(cfg.warmup + cfg.steps, B, T, 1000 + rank)
-
-    for i, batch in enumerate(batches):
+    for i, batch in enumerate(random_batches(cfg.warmup + cfg.steps, B, T, 1000 + rank)):
         for r in runs:  # round robin over the variants, step by step
             t0 = time.perf_counter()
             # the loop's own step (hvd_lm.train.step.train_step): Horovod's synchronize inside,
@@ -248,9 +234,7 @@ def launch(backend: str, ranks: int, step: StepConfig, timeout: float,
 def variants(cfg: BenchTrainConfig) -> list[tuple[str, dict]]:
     """(label, worker settings) of every mLSTM implementation to time: ``reference`` once,
     ``fused`` once per (kernels, CUDA graphs) pair, in ``--rnn-impl`` order (e.g.
-    ``fused/auto``, ``fused/triton+graphs``, ``reference``); the plain LSTM has one."""
-    if cfg.cell != "mlstm":
-        return [("lstm", {"rnn_impl": "fused"})]
+    ``fused/auto``, ``fused/triton+graphs``, ``reference``)."""
     return [(recurrence_label(*r), dict(zip(("rnn_impl", "rnn_kernels", "cuda_graphs"), r)))
             for r in rnn_impls(cfg.rnn_impl, cfg.rnn_kernels, cfg.cuda_graphs)]
 
@@ -325,10 +309,9 @@ def bench_train(cfg: BenchTrainConfig) -> int:
     peak, what = peak_gflops(cfg)
     print(f"matmul peak ({what}): {peak:.1f} GFLOP/s per rank")
     var = variants(cfg)
-    # one launch per group: every variant together (paired: steps alternate in one process);
-    # the engines back to back at each rank count
-    groups = ([(e, n, var) for n in ranks for e in engines] if cfg.paired
-              else [(e, n, [v]) for v in var for n in ranks for e in engines])
+    # one launch per group: every variant together (their steps alternate in one process); the
+    # engines back to back at each rank count
+    groups = [(e, n, var) for n in ranks for e in engines]
     if cfg.ddp:
         groups.append(("ddp", ranks[-1], [var[0]]))
     trials: dict[tuple[str, str, int], list[dict]] = {
@@ -340,8 +323,7 @@ def bench_train(cfg: BenchTrainConfig) -> int:
                 trials[(name, backend, n)].append(rec)
     summary = summarize_train(trials, peak)
     runs = summary["runs"]
-    peak_after, _ = peak_gflops(cfg)
-    print(f"model: {cfg.cell} H={cfg.hidden_size} E={cfg.embed_dim}, per-rank batch "
+    print(f"model: mLSTM H={cfg.hidden_size} E={cfg.embed_dim}, per-rank batch "
           f"{cfg.batch_size} x {cfg.seq_len} chars, {runs[0]['flops_per_char'] / 1e6:.2f} "
           f"MFLOP/char (fwd+bwd), {cfg.device} {cfg.precision}")
     print_table(runs, [
@@ -373,8 +355,7 @@ def bench_train(cfg: BenchTrainConfig) -> int:
             print(f"{name} / DDP throughput at {ranks[-1]} ranks ({var[0][0]}): "
                   f"{summary[f'{e}_over_ddp']:.3f}x")
     print(f"(medians of {cfg.repeats} interleaved runs; per-run totals, chars/s: {spread})")
-    print(f"matmul peak re-measured after the runs: {peak_after:.1f} GFLOP/s")
-    save_json(cfg.json, {"matmul_gflops": peak, "matmul_gflops_after": peak_after, **summary,
+    save_json(cfg.json, {"matmul_gflops": peak, **summary,
                          "args": options.to_dict(cfg)})
     return 0
 

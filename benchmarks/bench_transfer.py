@@ -40,7 +40,7 @@ from hvd_lm.options import Command, option, to_argv
 from hvd_lm.transfer import datasets
 from hvd_lm.transfer import fit as classify
 from hvd_lm.transfer.features import DEFAULT_CACHE_DIR, FEATURE_KINDS, open_lm
-from hvd_lm.transfer.run import TransferConfig, featurize_splits, parse_c_grid
+from hvd_lm.transfer.run import TransferConfig, featurize_splits
 from hvd_lm.util.digest import file_sha256
 
 
@@ -89,8 +89,7 @@ class FitConfig:
     """The fit every solver runs."""
 
     c_grid: tuple[float, ...] = option(classify.DEFAULT_C_GRID, "comma-separated C values (default "
-                                       "the transfer grid, 2^-8..2^2: 11 values)",
-                                       parse=parse_c_grid, gt=0)
+                                       "the transfer grid, 2^-8..2^2: 11 values)", gt=0)
     penalty: str = option("l1", "penalty", choices=("l1", "l2"))
     tol: float = option(0.0, "tolerance (0 = scikit-learn's, 1e-4)", ge=0)
     max_iter: int = option(0, "iterations per fit (0 = scikit-learn's, 1000)", ge=0)

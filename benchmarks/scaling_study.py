@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Sequence
 
 import matplotlib
 
@@ -302,8 +302,7 @@ def _load_calibration(args: "ScalingModelConfig") -> Calibration | None:
     path = SHIPPED_CALIBRATION if args.bench_json == "shipped" else Path(args.bench_json)
     data = load_bench_json(path)
     data["source"] = str(path)
-    return calibrate_from_bench(data, args.horovod_label, args.mpi_label,
-                                args.latency_label or None)
+    return calibrate_from_bench(data)
 
 
 def _print_validation(v: dict) -> None:
@@ -363,25 +362,9 @@ def run(args: "ScalingModelConfig") -> int:
         print("calibration: none (Horovod's overhead over raw MPI taken as 0)")
     out: dict = {"calibration": asdict(cal) if cal else None}
     if args.mode == "predict":
-        params = ([("all", args.params)] if args.params
-                  else mlstm_parameters(args.hidden_size, args.embed_dim))
-        intra = (Link(args.intra_bw, args.intra_latency) if args.intra_bw
-                 else DGX1V_LINKS["nvlink"])
-        inter = (Link(args.inter_bw, args.inter_latency) if args.inter_bw
-                 else DGX1V_LINKS[args.inter])
-        sync = _sync(cal, args.sync_overhead)
-        cfg = ScalingConfig(
-            compute_time_s=args.compute_time, params=params, grad_bytes=args.grad_bytes,
-            compression=args.compression, onebit_chunk=args.onebit_chunk,
-            batch_per_gpu=args.batch_per_gpu or args.ref_batch,
-            ref_batch=args.ref_batch, gpus_per_node=args.gpus_per_node, intra=intra,
-            inter=inter, algorithm=args.algorithm,
-            staging_GBps=args.staging_bw or None,
-            fusion_threshold_bytes=args.fusion_threshold_mb * MIB,
-            cycle_time_s=args.cycle_time_ms / 1e3,
-            per_cycle_overhead_s=cal.per_cycle_overhead_s if cal else 0.0,
-            fusion_copy_GBps=args.copy_bw or None,
-            bandwidth_factor=cal.bandwidth_factor if cal else 1.0, sync_overhead_s=sync)
+        sync = _sync(cal, None)
+        cfg = reference_config(args.hidden_size, args.inter, args.compute_time, cal, sync,
+                               batch_per_gpu=args.batch_per_gpu, algorithm=args.algorithm)
         rows = predict(cfg, list(args.gpus))
         print(f"{cfg.gradient_bytes / 1e6:.1f} MB of gradients per step, overlappable "
               f"{rows[0]['overlappable_fraction']:.1%}, t_sync {sync * 1e3:.1f} ms")
@@ -406,8 +389,7 @@ def run(args: "ScalingModelConfig") -> int:
             plot_validation(v, args.plot)
             print(f"plot: {args.plot}")
     elif args.mode == "onebit":
-        r = onebit_study(cal, args.sync_overhead, list(args.gpus),
-                         args.onebit_warmup_fraction, args.onebit_chunk)
+        r = onebit_study(cal, None, list(args.gpus))
         _print_onebit(r)
         out["onebit"] = r
     else:
@@ -434,43 +416,17 @@ class ScalingModelConfig:
                        "fp16 on the talk's 10 GbE and IB columns", positional=True,
                        choices=("predict", "validate", "recommend", "onebit"))
     hidden_size: int = option(4096, "mLSTM width H", ge=1)
-    embed_dim: int = option(64, "byte embedding width", ge=1)
-    params: int = option(0, "parameter count instead of H (then no overlap is assumed)", ge=0)
-    compute_time: float = option(0.81, "1-GPU compute s/iter at --ref-batch (reference: 0.81 for "
+    compute_time: float = option(0.81, "1-GPU compute s/iter at batch 256 (reference: 0.81 for "
                                  "4096-d on a V100)", gt=0)
-    ref_batch: int = option(256, "batch --compute-time was measured at", ge=1)
-    batch_per_gpu: int = option(0, "per-GPU batch (0: --ref-batch)", ge=0)
+    batch_per_gpu: int = option(256, "per-GPU batch", ge=1)
     gpus: list[int] = option(default_factory=lambda: [1, 8, 16, 32, 64, 128],
                              help="GPU counts, comma-separated", ge=1)
-    gpus_per_node: int = option(8, "GPUs per node", ge=1)
     inter: str = option("ib", "DGX-1V inter-node link preset", choices=("ib", "10gbe"))
-    intra_bw: float = option(0.0, "intra-node GB/s (0: NVLink preset)", ge=0)
-    intra_latency: float = option(5e-6, "intra-node latency, s", ge=0)
-    inter_bw: float = option(0.0, "inter-node GB/s per node (0: --inter preset)", ge=0)
-    inter_latency: float = option(5e-6, "inter-node latency, s", ge=0)
     algorithm: str = option("ring", "allreduce algorithm", choices=("ring", "hierarchical"))
-    staging_bw: float = option(0.0, "hierarchical host staging GB/s (0: none)", ge=0)
-    grad_bytes: int = option(2, "bytes per gradient value (2: mixed-precision training)",
-                             choices=(2, 4))
-    compression: str = option("fp16", "gradient compression on the wire (onebit: the "
-                              "compressed phase of 1-bit Adam/LAMB)",
-                              choices=("none", "fp16", "onebit"))
-    onebit_chunk: int = option(DEFAULT_CHUNK, "onebit: values per fp32 scale", ge=0)
-    onebit_warmup_fraction: float = option(0.15, "onebit mode: share of the steps in the "
-                                           "uncompressed warmup", ge=0, le=1)
-    fusion_threshold_mb: float = option(128.0, "HOROVOD_FUSION_THRESHOLD, MiB", ge=0)
-    copy_bw: float = option(V100_COPY_GBPS, "fusion-buffer copy GB/s (0: free)", ge=0)
-    cycle_time_ms: float = option(1.0, "HOROVOD_CYCLE_TIME, ms", ge=0)
-    sync_overhead: Optional[float] = option(None, "t_sync, s (default: calibrated on the "
-                                            "reference's 8-GPU row)", ge=0)
     bench_json: str = option("shipped", "`python -m benchmarks allreduce --json` output "
                              "calibrating Horovod's per-op overhead and bandwidth factor: a file, "
                              "'shipped' (docs/results/allreduce_calibration.json, what the docs "
                              "used) or 'none'")
-    horovod_label: str = option("hvd-mpi", "bench configuration of Horovod")
-    mpi_label: str = option("mpi4py", "bench configuration of raw MPI")
-    latency_label: str = option("", "configuration for the per-op overhead (default: the "
-                                "--horovod-label one with the smallest cycle time)")
     plot: str = option("", "validate: write a PNG here")
     json: str = option("", "write the results here")
 

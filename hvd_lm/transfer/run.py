@@ -46,21 +46,6 @@ from hvd_lm.util.digest import file_sha256
 from hvd_lm.util.units import parse_split
 
 
-def parse_c_grid(text: str) -> tuple[float, ...]:
-    """``"0.1,1,10"`` -> (0.1, 1.0, 10.0).
-
-    Raises:
-        ValueError: not comma-separated numbers, or a C <= 0.
-    """
-    try:
-        vals = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
-    if not vals or min(vals) <= 0:
-        raise ValueError(f"C values must be > 0, got {text!r}")
-    return vals
-
-
 @dataclass
 class TransferConfig(lm_features.RankOptions):
     """Settings of ``hvd-lm transfer`` (flags; or a YAML file's keys, e.g. the demo's
@@ -110,7 +95,7 @@ class TransferConfig(lm_features.RankOptions):
     penalty: str = option("l1", "logistic-regression penalty", choices=("l1", "l2"))
     c_grid: tuple[float, ...] = option(fit.DEFAULT_C_GRID, "comma-separated C values, one "
                                        "chosen by k-fold cross-validation on train (default "
-                                       "2^-8..2^2)", parse=parse_c_grid, gt=0)
+                                       "2^-8..2^2)", gt=0)
     cv_folds: int = option(fit.DEFAULT_FOLDS, "folds of the stratified cross-validation on train "
                            "that chooses C (fewer when a label has fewer examples)", ge=2)
     standardize: bool = option(True, "z-score features with train statistics, kept with the "
@@ -124,8 +109,7 @@ class TransferConfig(lm_features.RankOptions):
     baseline: bool = option(True, "TF-IDF baseline (--no-baseline: skip it)", switch=False,
                             flag="--no-baseline")
     baseline_c_grid: tuple[float, ...] = option(fit.DEFAULT_BASELINE_C_GRID, "C values for the "
-                                                "TF-IDF baseline (default 2^-3..2^5)",
-                                                parse=parse_c_grid, gt=0)
+                                                "TF-IDF baseline (default 2^-3..2^5)", gt=0)
 
     def check(self) -> None:
         """Each C grid holds at least one value (an empty one failed only after the
