@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional, Sequence
 from tqdm import tqdm
 
 from hvd_lm.comm import mpi
-from hvd_lm.comm.world import started_by_mpi
+from hvd_lm.comm.world import root_call, started_by_mpi
 from hvd_lm.util.atomic import DiskFullError, free_bytes, human
 
 _COUNTER = None  # shared progress counter inside pool workers
@@ -96,18 +96,7 @@ class Context:
         raised on every rank (as :class:`PhaseError` elsewhere, as itself on rank 0)."""
         if self.mpi is None:  # the one rank
             return fn()
-        result, error = None, None
-        if self.is_root:
-            try:
-                result = fn()
-            except Exception as e:  # noqa: BLE001 - re-raised below on every rank
-                error = e
-        status = self.mpi.bcast((None, result) if error is None else (str(error), None))
-        if error is not None:
-            raise error
-        if status[0] is not None:
-            raise PhaseError(status[0])
-        return status[1]
+        return root_call(self.is_root, self.mpi.bcast, fn, PhaseError, share=True)
 
     def run(self, fn: Callable[[Any, Optional[Callable[[int], None]]], Any], tasks: Sequence,
             desc: str = "", weight: Optional[Callable[[Any], int]] = None) -> list:

@@ -216,3 +216,31 @@ def test_a_failures_probes_are_bounded_by_the_hosts_not_the_world():
     assert set(seen) == set(range(128)) and max(seen.values()) == 2
     assert sum(seen.values()) == 2 * 128 - 16
     assert probe_targets(table[:8], 3) == [p for p in table[:8] if p["rank"] != 3]  # one host
+
+
+def test_root_call_gives_rank_0s_outcome_to_every_rank():
+    """world.root_call (engine.root_call and data_prep's Context.root_call): rank 0 runs the
+    function; its result reaches the others only when shared; its error is rank 0's own there and
+    the given class, with the same message, on the others. The broadcast is rank 0's object
+    carried over by hand (rank 0 runs first, then rank 1 receives what it sent)."""
+    from hvd_lm.comm.world import root_call
+
+    sent = []
+
+    def bcast_root(x):
+        sent.append(x)
+        return x
+
+    def boom():
+        raise OSError("run folder r is locked")
+
+    for share in (False, True):
+        sent.clear()
+        assert root_call(True, bcast_root, lambda: 7, KeyError, share) == 7
+        assert root_call(False, lambda _: sent[-1], lambda: 1 / 0, KeyError, share) == (
+            7 if share else None)
+    sent.clear()
+    with pytest.raises(OSError, match="locked"):
+        root_call(True, bcast_root, boom, KeyError)
+    with pytest.raises(KeyError, match="locked"):
+        root_call(False, lambda _: sent[-1], boom, KeyError)

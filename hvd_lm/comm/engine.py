@@ -30,6 +30,7 @@ from typing import ContextManager
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from hvd_lm.comm import world
 from hvd_lm.comm.world import (  # noqa: F401 - BACKENDS, BACKEND_HELP: here too
     BACKEND_HELP,
     BACKENDS,
@@ -431,23 +432,11 @@ class RootError(RuntimeError):
 
 
 def root_call(fn):
-    """Run ``fn()`` on rank 0 and make every rank agree on the outcome: its result on rank 0 and
-    None elsewhere, or the same error everywhere (rank 0 re-raises its own exception, the others
-    :class:`RootError` with its message) — so a failure of rank 0's setup (a locked run folder, a
-    full disk) stops every rank with one clear line instead of leaving them in a collective."""
-    hvd = _hvd()
-    result, error = None, None
-    if hvd.rank() == 0:
-        try:
-            result = fn()
-        except Exception as e:  # noqa: BLE001 - re-raised below on every rank
-            error = e
-    message = broadcast_object(None if error is None else str(error), name="root_call")
-    if error is not None:
-        raise error
-    if message is not None:
-        raise RootError(message)
-    return result
+    """Run ``fn()`` on rank 0 and make every rank agree on the outcome
+    (:func:`hvd_lm.comm.world.root_call`): its result on rank 0 and None elsewhere, or the same
+    error everywhere (:class:`RootError` on the other ranks)."""
+    return world.root_call(_hvd().rank() == 0, lambda x: broadcast_object(x, name="root_call"),
+                           fn, RootError)
 
 
 # ---- elastic training (Horovod docs, "Elastic Horovod") -----------------------------------------

@@ -328,6 +328,27 @@ def resolve_host(host: str, port: int, source: str, timeout_s: float = RESOLVE_T
                                f"({shown(why, 120)}); {hint}")
 
 
+def root_call(is_root: bool, bcast, fn, error: type[Exception], share: bool = False):
+    """Run ``fn()`` on rank 0 (``is_root``) and make every rank agree on the outcome, through
+    ``bcast`` (a broadcast from rank 0 of a picklable object): rank 0 re-raises its own exception,
+    the others ``error(its message)``, so a failure of rank 0's part (a locked run folder, a full
+    disk) stops every rank with one clear line instead of leaving them in a collective. Returns
+    ``fn()``'s result on rank 0, and with ``share`` on every rank (else None there)."""
+    result, failure = None, None
+    if is_root:
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - re-raised below on every rank
+            failure = e
+    message, shared = bcast((None if failure is None else str(failure),
+                             result if share and failure is None else None))
+    if failure is not None:
+        raise failure
+    if message is not None:
+        raise error(message)
+    return result if is_root else shared
+
+
 def started_by_mpi(environ: Mapping[str, str] | None = None) -> bool:
     """True when an MPI launcher (OpenMPI, MPICH/Intel PMI, srun) started this process with more
     than one rank, so that an MPI library can be initialised (mpi4py, Horovod's MPI controller)."""

@@ -25,7 +25,7 @@ from hvd_lm.train.schedule import scaled_lr
 from hvd_lm.train.settings import add_arguments, from_args
 from hvd_lm.util.atomic import write_text
 from hvd_lm.util.files import check_output
-from hvd_lm.util.units import parse_duration
+from hvd_lm.util.units import duration_text, parse_duration
 
 
 class _Raising(argparse.ArgumentParser):
@@ -232,12 +232,6 @@ def derived_time_limit(walltime: str | None, margin: str, cfg,
     return f"{total - keep}s"
 
 
-def _duration_text(text: str) -> str:
-    """A duration flag kept as written, once :func:`parse_duration` reads it."""
-    parse_duration(text, "--time-budget")
-    return str(text).strip()
-
-
 def _write_script(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, text)
@@ -349,7 +343,7 @@ class LaunchConfig:
     time_budget: Optional[str] = option(
         None, "the training's --time-budget: its time over every allocation (40h, 2d...); with "
         "--walltime each job trains its --time-limit of it and (SLURM) requeues itself until the "
-        "budget is spent, the LR reaching 0 at its end", parse=_duration_text)
+        "budget is spent, the LR reaching 0 at its end", parse=duration_text)
     job_name: str = option("hvd-lm", "job name (SLURM, PBS)")
     launcher: Optional[str] = option(None, "SLURM: how ranks start inside the allocation "
                                      "(template default srun)", choices=("srun", "mpirun"))

@@ -19,21 +19,12 @@ from hvd_lm.comm.world import BACKEND_HELP, BACKENDS
 from hvd_lm.model.config import ModelConfig
 from hvd_lm.options import option
 from hvd_lm.train.guard import DEFAULT_BOUND, UNIFORM_LOSS
-from hvd_lm.util.units import parse_duration
+from hvd_lm.util.units import duration_text
 
 #: Validation rows in all (split over the ranks) of `hvd-lm eval` and of training's evaluations:
 #: each row starts from a zero state, so the BPC of a split depends on how many rows it is cut
 #: into, and a count fixed whatever the world size gives the same BPC on 1 or 1,024 ranks.
 EVAL_BATCH_SIZE = 32
-
-
-def _time_limit(text: str) -> str:
-    """A ``run.time_limit`` value: a duration :func:`hvd_lm.util.units.parse_duration` reads, or
-    '' (none)."""
-    text = str(text).strip()
-    if text:
-        parse_duration(text, "time limit")
-    return text
 
 
 def _device(text: str) -> str:
@@ -149,13 +140,13 @@ class RunConfig:
         "the LR reaches 0 at the deadline, after which the final validation and checkpoint are "
         "written (--max-steps / --epochs still cap it; each invocation, a resumed one too, has its "
         "own limit; hvd_lm/train/deadline.py); with --time-budget, the end of this allocation: the "
-        "run stops there with a checkpoint when its budget is not spent yet", parse=_time_limit)
+        "run stops there with a checkpoint when its budget is not spent yet", parse=duration_text)
     time_budget: str = option(
         "", "train this long in all, over every allocation of the run (40h, 2d, ...; the seconds "
         "trained so far are kept in the checkpoint and --resume continues them): the LR reaches 0 "
         "when the budget is spent, after which the final validation and checkpoint are written; "
         "each allocation's --time-limit stops it earlier with a checkpoint "
-        "(hvd_lm/train/deadline.py)", parse=_time_limit)
+        "(hvd_lm/train/deadline.py)", parse=duration_text)
     resume: str = option("", "checkpoint file or run directory to resume from ('auto' = out_dir)")
     overwrite: bool = option(False, "start over in an out-dir that holds another run's "
                              "checkpoints: delete them (checkpoints/step_*.pt, latest, diverged/), "

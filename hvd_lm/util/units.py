@@ -85,6 +85,18 @@ def parse_duration(text: str, what: str = "duration", bare: str = "minutes") -> 
     return int(total)
 
 
+def duration_text(text: str) -> str:
+    """A duration option kept as written ('' for none), once :func:`parse_duration` reads it.
+
+    Raises:
+        ValueError: as :func:`parse_duration`.
+    """
+    text = str(text).strip()
+    if text:
+        parse_duration(text, "duration")
+    return text
+
+
 def scheduler_time(text: str, scheduler: str, what: str = "--walltime") -> str:
     """The value of a job's time directive (``#SBATCH --time=``, ``#PBS -l walltime=``) for a
     duration :func:`parse_duration` reads: the text unchanged when it is already one of that
