@@ -96,17 +96,21 @@ def timeout_s() -> float:
     return _settings["timeout_s"]
 
 
+#: Sets a group's timeout after its creation (recent PyTorch; None in older releases).
+_SET_TIMEOUT = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+
+
 def _startup_timeout_s() -> float:
-    return max(RENDEZVOUS_TIMEOUT_S, timeout_s())
+    # a torch that cannot change the timeout later waits --gloo-timeout-s at startup too
+    return max(RENDEZVOUS_TIMEOUT_S, timeout_s()) if _SET_TIMEOUT else timeout_s()
 
 
 def begin_steps() -> None:
     """From now on every collective of the group waits at most :func:`timeout_s` (until now: the
     rendezvous timeout, 300 s), on Gloo and NCCL alike
     (``torch.distributed.distributed_c10d._set_pg_timeout``); nothing in a world of one."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        from torch.distributed.distributed_c10d import _set_pg_timeout
-        _set_pg_timeout(datetime.timedelta(seconds=timeout_s()))
+    if _SET_TIMEOUT and dist.is_initialized() and dist.get_world_size() > 1:
+        _SET_TIMEOUT(datetime.timedelta(seconds=timeout_s()))
 
 
 def _store(ctx: RankContext, rdzv_timeout: datetime.timedelta):
@@ -174,7 +178,7 @@ def init() -> None:
     if ctx.size == 1:  # nobody to meet
         store, where = dist.HashStore(), "in memory"
     else:
-        rdzv = datetime.timedelta(seconds=_startup_timeout_s())
+        rdzv = datetime.timedelta(seconds=max(RENDEZVOUS_TIMEOUT_S, timeout_s()))
         store, (addr, port, source) = _store(ctx, rdzv)
         where = f"{addr}:{port} from {source}"
     dist.init_process_group(backend, store=store, rank=ctx.rank, world_size=ctx.size,
