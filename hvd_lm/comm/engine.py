@@ -361,10 +361,11 @@ def gloo_timeout_s() -> float | None:
 
 
 def begin_steps() -> None:
-    """The training steps begin: the torch engine's collectives wait at most
-    ``--gloo-timeout-s`` from here (:func:`hvd_lm.comm.torch_engine.begin_steps`; at startup as
-    long as its rendezvous). Nothing on Horovod: its background thread waits for a late rank
-    without a timeout; only a lost peer fails after ``HOROVOD_GLOO_TIMEOUT_SECONDS``."""
+    """The work begins (training's steps; eval's and the transfer commands' batches): the torch
+    engine's collectives wait at most ``--gloo-timeout-s`` (30 s unless set) from here
+    (:func:`hvd_lm.comm.torch_engine.begin_steps`; at startup as long as its rendezvous).
+    Nothing on Horovod: its background thread waits for a late rank without a timeout; only a
+    lost peer fails after ``HOROVOD_GLOO_TIMEOUT_SECONDS``."""
     getattr(_hvd(), "begin_steps", lambda: None)()
 
 

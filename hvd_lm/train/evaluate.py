@@ -218,6 +218,7 @@ def eval_command(cfg: EvalConfig) -> int:
     seq_len = eval_window(model.config, manifest, cfg, seq_len, rows, ctx.size, device)
     streams = RankStreams(manifest, cfg.split, ctx.rank, ctx.size, rows, seq_len, verify=True,
                           shuffle_shards=False, max_bytes=cfg.max_bytes, global_rows=True)
+    engine.begin_steps()  # the torch engine's collectives: its timeout from here
     value, chars = bpc(model, streams, device, cfg.precision, progress=ctx.is_root)
     if ctx.is_root:
         result = {"checkpoint": str(cfg.checkpoint), "split": cfg.split, "bpc": value,

@@ -122,6 +122,8 @@ def open_lm(checkpoint: str | Path, device: str = "auto", precision: str = "fp32
     dev = devices.resolve_device(device, ctx.local_rank if ctx else 0, ctx.local_size if ctx else 1)
     devices.check(dev, precision)
     model, ckpt = load_model(path, map_location=dev, rnn_kernels=rnn_kernels)
+    if ctx is not None:
+        engine.begin_steps()  # the torch engine's collectives: its timeout from here
     return LMSession(ctx, path, model, ckpt, dev)
 
 
