@@ -362,7 +362,7 @@ def run(args: "ScalingModelConfig") -> int:
         print("calibration: none (Horovod's overhead over raw MPI taken as 0)")
     out: dict = {"calibration": asdict(cal) if cal else None}
     if args.mode == "predict":
-        sync = _sync(cal, None)
+        sync = calibrate_sync_overhead(cal)
         cfg = reference_config(args.hidden_size, args.inter, args.compute_time, cal, sync,
                                batch_per_gpu=args.batch_per_gpu, algorithm=args.algorithm)
         rows = predict(cfg, list(args.gpus))
@@ -389,7 +389,7 @@ def run(args: "ScalingModelConfig") -> int:
             plot_validation(v, args.plot)
             print(f"plot: {args.plot}")
     elif args.mode == "onebit":
-        r = onebit_study(cal, None, list(args.gpus))
+        r = onebit_study(cal, gpus=list(args.gpus))
         _print_onebit(r)
         out["onebit"] = r
     else:

@@ -58,8 +58,7 @@ class Faults(NoFaults):
         s = env_int("HVD_LM_FAULT_STEP", 0, 2**62, "a step")
         self.die_at = s if (r is not None and s is not None and r == rank) else None
         self.sleep = float(os.environ.get("HVD_LM_STEP_SLEEP", "0") or 0)
-        who = os.environ.get("HVD_LM_STEP_SLEEP_RANK", "")
-        self.sleepers = [int(r) for r in who.split(",") if r.strip()]  # [] = every rank
+        self.sleepers = _sleepers()  # [] = every rank
 
     def before_step(self, step: int) -> None:
         """Exit the process (code 3) when this rank was told to die at ``step``."""
@@ -86,10 +85,14 @@ def checkpoint_write_delay(step: int) -> float:
     return sleep if not only or int(only) == step else 0.0
 
 
+def _sleepers() -> list[int]:
+    """The ranks of ``HVD_LM_STEP_SLEEP_RANK`` ([] when unset: every rank)."""
+    return [int(r) for r in os.environ.get("HVD_LM_STEP_SLEEP_RANK", "").split(",") if r.strip()]
+
+
 def startup_delay(rank: int) -> None:
-    """Sleep ``HVD_LM_STARTUP_SLEEP`` seconds on the ``HVD_LM_STEP_SLEEP_RANK`` rank (every rank
+    """Sleep ``HVD_LM_STARTUP_SLEEP`` seconds on the ``HVD_LM_STEP_SLEEP_RANK`` ranks (every rank
     when unset); nothing when unset."""
     sleep = float(os.environ.get("HVD_LM_STARTUP_SLEEP", "0") or 0)
-    who = os.environ.get("HVD_LM_STEP_SLEEP_RANK", "")
-    if sleep and (not who or rank in {int(r) for r in who.split(",") if r.strip()}):
+    if sleep and (not (who := _sleepers()) or rank in who):
         time.sleep(sleep)
