@@ -87,3 +87,7 @@ def main(argv: list[str] | None = None, commands: dict | None = None, prog: str 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv, commands, prog, description).parse_args(argv)
     return args.command_obj.invoke(args, f"{prog} {args.command}")
+
+
+if __name__ == "__main__":  # python -m hvd_lm.cli, as python -m hvd_lm
+    sys.exit(main())

@@ -267,7 +267,9 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     counts = [torch.zeros_like(rows) for _ in range(n)]
     dist.all_gather(counts, rows)
     counts = [int(c) for c in counts]
-    padded = torch.cat([tensor, tensor.new_zeros((max(counts) - len(tensor), *tensor.shape[1:]))])
+    top = max(counts)  # (the 1-bit allreduce's every step: equal rows, no copy)
+    padded = tensor if len(tensor) == top else torch.cat(
+        [tensor, tensor.new_zeros((top - len(tensor), *tensor.shape[1:]))])
     parts = [torch.empty_like(padded) for _ in range(n)]
     dist.all_gather(parts, padded)
     return torch.cat([p[:c] for p, c in zip(parts, counts)])
