@@ -67,15 +67,11 @@ def _blocks_gzipfile(path: str, compressed: bool, block_size: int,
         with open(path, "rb") as f:
             raw = CountingReader(f, progress)
             read = gzip.GzipFile(fileobj=raw, mode="rb").read1 if compressed else raw.read
-            while True:
-                try:
-                    piece = read(block_size)
-                except EOFError as e:
-                    truncated.append(e)
-                    piece = b""
-                if not piece:
-                    return
-                yield piece
+            try:
+                while piece := read(block_size):
+                    yield piece
+            except EOFError as e:  # truncated: every byte inflated before the cut was yielded
+                truncated.append(e)
 
     yield from _reblock(pieces(), block_size)
     if truncated:
@@ -99,14 +95,10 @@ def _inflate_blocks(path: str, block_size: int,
     cap = max(block_size, 1 << 16)
 
     def pieces():
-        d = zlib.decompressobj(31)
         in_member = False
         with open(path, "rb") as f:
             raw = CountingReader(f, progress)
-            while True:
-                data = raw.read(1 << 20)  # compressed bytes per read
-                if not data:
-                    break
+            while data := raw.read(1 << 20):  # compressed bytes per read
                 while data:
                     if not in_member:  # a member starts (after zero padding, as GzipFile)
                         data = data.lstrip(b"\0")

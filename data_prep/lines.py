@@ -41,9 +41,8 @@ def iter_lines(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *, keepends
         CorruptInput: failed CRC or invalid compressed data.
     """
     for first, chunk in iter_segments(spec, stripe, n_stripes, **kw):
-        lines = chunk.split(b"\n")
-        if ends_nl := not lines[-1]:
-            lines.pop()
+        ends_nl = chunk.endswith(b"\n")
+        lines = chunk.removesuffix(b"\n").split(b"\n")
         last = first + len(lines) - 1
         for line_no, raw in enumerate(lines, first):
             if keepends and (line_no < last or ends_nl):
@@ -123,19 +122,14 @@ def iter_segments(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
                         yield pending_no, b"".join(pending)
                         pending = None
             end = data.rfind(b"\n") + 1
-            if owned:
-                chunk = data[start:end] if end > start else b""
-                if pending is not None:  # the completed line opens this block's run
-                    chunk = b"".join(pending) + chunk
-                    first, pending = pending_no, None
-                else:
-                    first = line_no
-                if end > start:
-                    line_no += data.count(b"\n", start, end)
-                if chunk:
-                    yield first, chunk
-            elif end > start:
+            chunk = data[start:end] if owned and end > start else b""
+            first = line_no
+            if pending is not None:  # (owned) the completed line opens this block's run
+                chunk, first, pending = b"".join(pending) + chunk, pending_no, None
+            if end > start:
                 line_no += data.count(b"\n", start, end)
+            if chunk:
+                yield first, chunk
             if end < len(data) and len(data) > start:
                 open_line = True
                 pending_no = line_no

@@ -116,7 +116,8 @@ def prepare(cfg: PrepareConfig, ctx: Optional[Context] = None) -> dict:
 class _Run:
     """What the phases of one :func:`prepare` share: settings, ranks, folders, the resolved
     inputs with their names and fingerprints, and the layout of the work (``units``: (input,
-    stripe, stripes) each; ``2**bits`` buckets; ``per_proc``: bytes of memory per process)."""
+    stripe, stripes) each; ``n_buckets`` = ``2**bits`` buckets; ``per_proc``: bytes of memory
+    per process)."""
 
     cfg: PrepareConfig
     ctx: Context
@@ -128,12 +129,8 @@ class _Run:
     inputs_fp: str
     units: list
     bits: int
+    n_buckets: int
     per_proc: int
-
-    @property
-    def n_buckets(self) -> int:
-        """``2**bits``."""
-        return 1 << self.bits
 
 
 def _plan_run(cfg: PrepareConfig, ctx: Context, out: Path) -> _Run:
@@ -144,20 +141,19 @@ def _plan_run(cfg: PrepareConfig, ctx: Context, out: Path) -> _Run:
                                                        cfg.tar_members) for p in cfg.inputs])
     config_fp, inputs_fp = resume.fingerprints(cfg, specs)
     slots = ctx.slots
-    units = []
-    for i, s in enumerate(specs):
-        n = slots if (len(specs) < slots and s.format in inputs.LINE_FORMATS) else 1
-        units.extend((i, k, n) for k in range(n))
+    stripes = [slots if len(specs) < slots and s.format in inputs.LINE_FORMATS else 1
+               for s in specs]
+    units = [(i, k, n) for i, n in enumerate(stripes) for k in range(n)]
     per_proc = cfg.max_memory_mb * MIB // cfg.workers
     est = sum(_estimate_bytes(s) for s in specs)
     # a full disk names the folder and what the job needs there: the map spills and the sorted
     # buckets (each about the corpus) beside the shards (about the corpus again)
     ctx.disk = (out, 3 * est)
-    bits = max(math.ceil(math.log2(max(1, 4 * slots))),
-               math.ceil(math.log2(max(1.0, 1.2 * est / (per_proc / 3)))))
+    bits = min(MAX_BUCKET_BITS, max(math.ceil(math.log2(max(1, 4 * slots))),
+                                    math.ceil(math.log2(max(1.0, 1.2 * est / (per_proc / 3))))))
     return _Run(cfg, ctx, out, out / resume.WORK_DIR, specs,
-                resume.input_names([s.path for s in specs]), config_fp, inputs_fp, units,
-                min(bits, MAX_BUCKET_BITS), per_proc)
+                resume.input_names([s.path for s in specs]), config_fp, inputs_fp, units, bits,
+                1 << bits, per_proc)
 
 
 def _finished(run: _Run, prefix: str, n: int) -> set:
@@ -220,8 +216,7 @@ def _plan(run: _Run) -> tuple:
 
 def _write(run: _Run, plans: list) -> list:
     """Phase 4 on every rank: every shard of the plan; [(sha256, kept)] in plan order."""
-    attrs = {"tokenizer": TOKENIZER_NAME, "source_files": run.names,
-             "config_sha256": run.config_fp}
+    attrs = {"tokenizer": TOKENIZER_NAME, "source_files": run.names, "config_sha256": run.config_fp}
     tasks = [WriteTask(plan=p, out=str(run.out), work=str(run.work), attrs=attrs,
                        compression=run.cfg.compression, resume=run.cfg.resume) for p in plans]
     return run.ctx.run(write_task, tasks, desc="write", weight=lambda w: w.plan.tokens)
@@ -245,13 +240,10 @@ def _finish(run: _Run, plans: list, results: list, stats: UnitStats, dups: int, 
     counters.update(duplicates=dups, documents=sum(counts.values()),
                     tokens=sum(p.tokens for p in plans), shards_kept=sum(k for _, k in results))
     meta = {
-        "created_by": "hvd_lm data_prep prepare",
-        "command": list(cfg.command),
-        "config_sha256": run.config_fp,
-        "inputs_sha256": run.inputs_fp,
+        "created_by": "hvd_lm data_prep prepare", "command": list(cfg.command),
+        "config_sha256": run.config_fp, "inputs_sha256": run.inputs_fp,
         **{k: v for k, v in settings.items() if k != "tokenizer"},
-        "split_ratios": dict(zip(shards.SPLITS, settings["split"])),
-        "split_documents": counts,
+        "split_ratios": dict(zip(shards.SPLITS, settings["split"])), "split_documents": counts,
         "inputs": [{"path": s.path, "name": name, "bytes": s.size,
                     "gzip": s.compressed, "format": s.format,
                     "format_source": s.format_source, "text_field": s.text_field,
@@ -259,8 +251,7 @@ def _finish(run: _Run, plans: list, results: list, stats: UnitStats, dups: int, 
         "versions": {"hvd_lm": hvd_lm.__version__, "h5py": h5py.__version__,
                      "hdf5": h5py.version.hdf5_version, "numpy": np.__version__,
                      "python": platform.python_version()},
-        "counters": counters,
-        "bad_samples": [f"{p}:{n}: {r}" for p, n, r in stats.bad_samples],
+        "counters": counters, "bad_samples": [f"{p}:{n}: {r}" for p, n, r in stats.bad_samples],
         "run": {"world_size": run.ctx.size, "workers": cfg.workers,
                 "max_memory_mb": cfg.max_memory_mb, "buckets": run.n_buckets,
                 "units": len(run.units), "elapsed_s": round(elapsed, 3),
@@ -307,8 +298,7 @@ def _prepare(cfg: PrepareConfig, ctx: Context, out: Path) -> dict:
 def format_summary(summary: dict) -> str:
     """Human-readable summary of :func:`prepare`'s result (documents, bytes in/out, drops,
     MB/s, inferred formats, bad-record samples)."""
-    c = summary["counters"]
-    run = summary.get("run", {})
+    c, run = summary["counters"], summary.get("run", {})
     lines = [f"prepared {summary['output']}"]
     if summary.get("resumed_complete"):
         lines.append("  already complete: every shard verified, nothing rewritten")

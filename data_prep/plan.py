@@ -58,8 +58,7 @@ def split_counts(n: int, ratios: tuple) -> dict:
     counts = {name: max(1, int(n * r // total)) if r > 0 else 0
               for name, r in zip(shards.SPLITS[1:], ratios[1:])}
     counts["train"] = n - sum(counts.values())
-    need = sum(1 for r in ratios if r > 0)
-    if n < need or (ratios[0] > 0 and counts["train"] < 1):
+    if n < sum(r > 0 for r in ratios) or (ratios[0] > 0 and counts["train"] < 1):
         raise PrepareError(f"{n} documents are too few for the split {ratios} "
                            f"(every split with a positive ratio needs one)")
     return {name: counts[name] for name in shards.SPLITS}
@@ -98,8 +97,7 @@ def plan_shards(work: Path, n_buckets: int, counts: dict, shard_size: int) -> li
 
     for b in range(n_buckets):
         lens = np.load(work / "sorted" / f"b{b:05d}" / "lengths.npy")
-        cum = np.zeros(len(lens) + 1, dtype=np.int64)
-        np.cumsum(lens, out=cum[1:])
+        cum = np.r_[0, np.cumsum(lens, dtype=np.int64)]
         i = 0
         while i < len(lens):
             room = shard_size - cur_tokens
@@ -147,10 +145,9 @@ def write_task(task: WriteTask, progress=None) -> tuple:
     if task.resume and path.exists():
         with contextlib.suppress(ValueError, OSError):  # a shard that fails is rewritten below
             attrs = shards.check_shard(path)
-            if (attrs.get("config_sha256") == task.attrs["config_sha256"]
-                    and attrs.get("split") == plan.split
-                    and attrs.get("documents") == plan.documents
-                    and attrs.get("bytes") == plan.tokens):
+            want = {"config_sha256": task.attrs["config_sha256"], "split": plan.split,
+                    "documents": plan.documents, "bytes": plan.tokens}
+            if all(attrs.get(k) == v for k, v in want.items()):
                 return attrs["sha256"], True
     tokens = np.empty(plan.tokens, dtype=np.uint8)
     offsets = np.zeros(plan.documents + 1, dtype=np.int64)

@@ -92,10 +92,7 @@ def _json_records(spec, segments, stats, skip_bad, utf8_errors):
     key, loose = spec.text_field, spec.format == "loose-json"
     parse, what = (ast.literal_eval, "Python literal") if loose else (json.loads, "JSON")
     for first, chunk in segments:
-        lines = chunk.split(b"\n")
-        if not lines[-1]:
-            lines.pop()
-        for line_no, raw in enumerate(lines, first):
+        for line_no, raw in enumerate(chunk.removesuffix(b"\n").split(b"\n"), first):
             if not loose and (len(raw) < _DEEP_LINE or (
                     b"[" not in raw and raw.find(b"{", raw.find(b"{") + 1) < 0)
                     or raw.count(b"[") + raw.count(b"{") < _DEEP_LINE):
@@ -218,9 +215,8 @@ def _review_records(spec, lines, stats, skip_bad, utf8_errors, cap=None):
         if cap is not None and size > cap and not skipping:  # a block of many short lines
             bad(start, inputs.over_budget(f"a <review> block of more than {cap:,} characters", cap))
             skipping, value, cur = True, None, None  # --skip-bad: on to its </review>
-        if skipping:
-            if s == "</review>":
-                in_review = False
+        if skipping:  # until the block's end
+            in_review = s != "</review>"
             continue
         if cur is None:
             if s == "</review>":
@@ -305,8 +301,7 @@ def read_documents(spec: InputSpec, stripe: int = 0, n_stripes: int = 1, *,
         raise ValueError(f"utf8_errors must be 'replace' or 'strict', got {utf8_errors!r}")
     stats = stats if stats is not None else ReadStats()
     if spec.format == "tar":
-        return read_tar_members(spec, stats, skip_bad, utf8_errors, progress,
-                                max_line_bytes)
+        return read_tar_members(spec, stats, skip_bad, utf8_errors, progress, max_line_bytes)
     read = dict(stats=stats, skip_bad=skip_bad, progress=progress, block_size=block_size,
                 max_line_bytes=max_line_bytes)
     if spec.format in ("json", "loose-json"):

@@ -44,8 +44,7 @@ def owned_by_prepare(path: Path, out: str | Path) -> bool:
     """Whether ``path`` (links resolved) is a file ``prepare`` writes or deletes in ``out``: a
     shard, the manifest, the lock, or anything in the work directory (what ``--summary-json``
     may not name: the summary would replace it, or be replaced)."""
-    d = Path(out).resolve()
-    p = Path(path).resolve()
+    d, p = Path(out).resolve(), Path(path).resolve()
     return (p.parent == d and (written_by_prepare(p.name) or p.name in (WORK_DIR, LOCK_NAME))) \
         or d / WORK_DIR in p.parents
 
@@ -102,8 +101,7 @@ def fingerprints(cfg: PrepareConfig, specs: list) -> tuple:
     names = input_names([s.path for s in specs])
     config_fp = json_sha256({**shard_settings(cfg), "inputs": [
         [name, s.size, s.format, s.text_field] for name, s in zip(names, specs)]})
-    inputs_fp = json_sha256([[s.path, s.size, os.stat(s.path).st_mtime_ns] for s in specs])
-    return config_fp, inputs_fp
+    return config_fp, json_sha256([[s.path, s.size, os.stat(s.path).st_mtime_ns] for s in specs])
 
 
 #: Largest ``.prepare/state.json`` read: fingerprints and the layout (a few numbers per unit
@@ -198,8 +196,7 @@ def setup_output(cfg: PrepareConfig, config_fp: str, inputs_fp: str, layout: dic
     state = (_own_json(state_path, STATE_MAX_BYTES) or None) if cfg.resume else None
     old = _own_json(manifest_path) if cfg.resume and accept_complete else {}
     if old.get("config_sha256"):  # a finished corpus: this run, or one of other inputs/settings
-        what = other_run(old, config_fp, inputs_fp)
-        if what is None:
+        if (what := other_run(old, config_fp, inputs_fp)) is None:
             return old
         raise PrepareError(
             f"{out} holds a finished corpus prepared with other {what}; --resume only "

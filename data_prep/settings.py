@@ -119,8 +119,7 @@ def check_config(cfg: PrepareConfig) -> None:
     validate(cfg, "prepare")
     if not cfg.inputs:
         raise PrepareError("no input files")
-    per_proc = cfg.max_memory_mb * MIB // max(1, cfg.workers)
-    if 2 * cfg.shard_size > per_proc:
+    if 2 * cfg.shard_size > cfg.max_memory_mb * MIB // max(1, cfg.workers):  # per process
         raise PrepareError(f"--shard-size {cfg.shard_size / MIB:.1f} MiB needs --max-memory-mb >= "
                            f"{math.ceil(2 * cfg.shard_size * cfg.workers / MIB)} with "
                            f"{cfg.workers} worker(s) (a shard is assembled in memory)")

@@ -32,9 +32,8 @@ def infer_format(path: str) -> Optional[str]:
     ``.txt``/``.text`` -> text, ``.tar`` (``.tar.gz``, ``.tgz``, ``.tar.bz2``, ``.tar.xz``)
     -> tar; ``None`` when unknown."""
     name = os.path.basename(path).lower()
-    if name.endswith(_TAR_SUFFIXES):
-        return "tar"
-    return _SUFFIX_FORMATS.get(os.path.splitext(re.sub(r"\.gz(ip)?$", "", name))[1])
+    return "tar" if name.endswith(_TAR_SUFFIXES) else _SUFFIX_FORMATS.get(
+        os.path.splitext(re.sub(r"\.gz(ip)?$", "", name))[1])
 
 
 def _head_lines(path: str, compressed: bool, max_lines: int = 64) -> list[tuple[int, str]]:
@@ -87,8 +86,7 @@ def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = N
     except FileRefused as e:
         raise InputError(str(e)) from None
     try:
-        size = os.path.getsize(path)
-        compressed = is_gzip(path)
+        size, compressed = os.path.getsize(path), is_gzip(path)
     except OSError as e:
         raise InputError(f"{path}: cannot read ({e})") from e
     if fmt is not None and fmt not in FORMATS:
@@ -162,9 +160,8 @@ def resolve_input(path, fmt: Optional[str] = None, text_field: Optional[str] = N
                     "no text column among " + ", ".join(names))
             raise InputError(f"{path}: {what} in the {fmt.upper()} header "
                              f"(columns: {', '.join(columns)}); pass --text-field")
-        if not columns:  # empty file: nothing to read
-            text_field = text_field or names[0]
-        return InputSpec(text_field=text_field, field_source=fld_src, columns=columns,
+        # (an empty file has no columns and nothing to read: the field is the first name)
+        return InputSpec(text_field=text_field or names[0], field_source=fld_src, columns=columns,
                          header_lines=consumed, **kw)
     # json / loose-json
     if one:

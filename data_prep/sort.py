@@ -215,8 +215,7 @@ def _load_sorted(pairs: list, dedup: bool):
             raise OSError(f"{dt}: short read ({got} of {size} bytes)")
         pos += size
     lengths = recs["n"].astype(np.int64)
-    starts = np.zeros(len(recs), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
+    starts = np.cumsum(lengths) - lengths
     if int(lengths.sum()) != len(dat):
         raise OSError(f"spill files of {pairs[0][0] if pairs else '?'} are inconsistent")
     k0, k1 = recs["k0"].astype(np.uint64), recs["k1"].astype(np.uint64)
@@ -259,8 +258,7 @@ def _sort_into(pairs: list, pos: int, budget: int, dedup: bool, out, lengths_out
                     data = fd.read(int(recs["n"].sum()))
                     view = memoryview(data)
                     nib = _nibble(recs, pos)
-                    offs = np.zeros(len(recs) + 1, dtype=np.int64)
-                    np.cumsum(recs["n"].astype(np.int64), out=offs[1:])
+                    offs = np.r_[0, np.cumsum(recs["n"].astype(np.int64))]
                     for k in np.unique(nib).tolist():
                         sel = np.flatnonzero(nib == k)
                         hi, hd = handles[k]

@@ -58,8 +58,7 @@ def verify_directory(directory, ctx: Optional[Context] = None) -> tuple[list, li
     ctx = ctx or Context(1, progress=False)
     manifest = manifests.load_manifest(Path(directory))
     problems = [p for p in ctx.run(_check, manifest.shards, desc="verify",
-                                   weight=lambda s: s.tokens)
-                if p is not None]
+                                   weight=lambda s: s.tokens) if p is not None]
     totals = manifest.meta.get("totals", {})
     listed = {"shards": len(manifest.shards), "tokens": sum(s.tokens for s in manifest.shards),
               "documents": sum(s.documents for s in manifest.shards)}

@@ -130,10 +130,9 @@ def init(fusion_threshold_mb: float | None = None, cycle_time_ms: float | None =
     if gloo_timeout_s is not None:
         os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(math.ceil(gloo_timeout_s))
     hvd = _hvd()
-    configure = getattr(hvd, "configure", None)  # the torch engine's knobs
-    if configure is not None:
-        configure(gloo_timeout_s if gloo_timeout_s is not None else
-                  env_seconds("HOROVOD_GLOO_TIMEOUT_SECONDS", None), fusion_threshold_mb)
+    if hasattr(hvd, "configure"):  # the torch engine's knobs
+        hvd.configure(gloo_timeout_s if gloo_timeout_s is not None else
+                      env_seconds("HOROVOD_GLOO_TIMEOUT_SECONDS", None), fusion_threshold_mb)
     hvd.init()  # Horovod
     return rank_context()
 
@@ -330,8 +329,7 @@ def gather(tensor: torch.Tensor, name: str) -> torch.Tensor:
     hvd = _hvd()
     if engine_name() != "horovod":
         return hvd.gather(tensor, name=name)
-    splits = torch.zeros(hvd.size(), dtype=torch.int32)
-    splits[0] = tensor.shape[0]
+    splits = torch.tensor([tensor.shape[0]] + [0] * (hvd.size() - 1), dtype=torch.int32)
     return alltoall(tensor, name, splits)
 
 
@@ -417,8 +415,8 @@ def allreduce_group(tensors: list[torch.Tensor], prefix: str, op: str = "average
     hvd = _hvd()
     hop = {"sum": hvd.Sum, "average": hvd.Average}[op]
     wire = [t.to(torch.float16) for t in tensors] if compression == "fp16" else tensors
-    handles = [hvd.allreduce_async_(t, op=hop, name=f"{prefix}.{i}")  # Horovod
-               for i, t in enumerate(wire)]
+    # Horovod: every allreduce started, then each waited for
+    handles = [hvd.allreduce_async_(t, op=hop, name=f"{prefix}.{i}") for i, t in enumerate(wire)]
     for h in handles:
         hvd.synchronize(h)  # Horovod
     if wire is not tensors:

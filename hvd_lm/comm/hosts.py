@@ -89,10 +89,9 @@ def parse_hostfile(path: str, what: str = "--hostfile") -> list[tuple[str, int]]
         raise ValueError(f"{what} {error_text(e)}") from None
     out: dict[str, int] = {}
     for i, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
+        words = raw.split("#", 1)[0].split()
+        if not words:
             continue
-        words = line.split()
         host, colon, count = words[0].partition(":")
         slots = int(count) if colon and count.isdigit() else (None if colon else 1)
         for w in words[1:]:
@@ -160,7 +159,7 @@ def interfaces() -> dict[str, dict]:
         st = stats.get(name)
         if not v4 or (st is not None and not st.isup):
             continue
-        speed = st.speed if st is not None and st.speed > 0 else -1  # psutil: 0 when unknown
-        out[name] = {"addrs": v4, "speed_mbit": speed,
+        # (psutil's speed is 0 when unknown)
+        out[name] = {"addrs": v4, "speed_mbit": st.speed if st is not None and st.speed > 0 else -1,
                      "loopback": all(a.startswith("127.") for a in v4)}
     return out

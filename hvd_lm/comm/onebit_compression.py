@@ -57,8 +57,7 @@ def pack_signs(x: torch.Tensor) -> torch.Tensor:
     """Sign bits of ``x`` (float, [..., N]) packed 8 per byte: uint8 [..., ceil(N / 8)]; bit 1
     where ``x >= 0`` (sign(0) = +1), the first element in the most significant bit
     (``numpy.packbits`` order); a partial last byte is padded with 0 bits."""
-    bits = (x >= 0).to(torch.uint8)
-    bits = F.pad(bits, (0, (-bits.shape[-1]) % BITS))
+    bits = F.pad((x >= 0).to(torch.uint8), (0, (-x.shape[-1]) % BITS))
     return (bits.view(*bits.shape[:-1], -1, BITS) * _WEIGHTS.to(bits.device)).sum(
         -1, dtype=torch.uint8)
 
@@ -129,14 +128,10 @@ class Layout:
         return self.chunk or self.part
 
     @property
-    def scales_per_part(self) -> int:
-        """fp32 scales in one part: ceil(P / chunk)."""
-        return math.ceil(self.part / self.chunk_elems)
-
-    @property
     def part_bytes(self) -> int:
-        """Bytes of one compressed part: P / 8 sign bytes + 4 bytes per scale."""
-        return self.part // BITS + SCALE_BYTES * self.scales_per_part
+        """Bytes of one compressed part: P / 8 sign bytes + 4 bytes per scale (ceil(P / chunk)
+        fp32 scales)."""
+        return self.part // BITS + SCALE_BYTES * math.ceil(self.part / self.chunk_elems)
 
     def valid(self, rank: int) -> int:
         """Real (non-padding) elements of rank ``rank``'s part."""
@@ -187,8 +182,7 @@ class ErrorFeedback:
     def __init__(self, layout: Layout, rank: int, device: torch.device | str = "cpu"):
         if not 0 <= rank < layout.world_size:
             raise ValueError(f"rank {rank} outside 0..{layout.world_size - 1}")
-        self.layout = layout
-        self.rank = rank
+        self.layout, self.rank = layout, rank
         self.worker_error = torch.zeros(layout.padded, device=device)
         self.server_error = torch.zeros(layout.part, device=device)
         self._valid = torch.tensor([layout.valid(j) for j in range(layout.world_size)],

@@ -39,8 +39,7 @@ class PeerWatch:
     """
 
     def __init__(self, rank: int):
-        self.rank = rank
-        self.host = socket.gethostname()
+        self.rank, self.host = rank, socket.gethostname()
         self.sock = serve(socket.create_server(("", 0)), {"rank": rank, "host": self.host})
         self.port = self.sock.getsockname()[1]
 
@@ -93,17 +92,17 @@ def ask(addr: str, port: int, timeout: float = PROBE_TIMEOUT) -> dict:
     return answer
 
 
-def probe(peer: dict, timeout: float = PROBE_TIMEOUT) -> str | None:
+def probe(peer: dict) -> str | None:
     """None when ``peer``'s listener answers as that rank, else why not (one phrase)."""
     try:
         addr = socket.gethostbyname(peer["host"])
     except OSError as e:
         return f"its host name does not resolve ({e})"
     try:
-        answer = ask(addr, peer["port"], timeout)
+        answer = ask(addr, peer["port"])
     except socket.timeout:
-        return (f"{addr} does not answer within {timeout:g} s: its network link is down or the "
-                "host is gone")
+        return (f"{addr} does not answer within {PROBE_TIMEOUT:g} s: its network link is down or "
+                "the host is gone")
     except ConnectionRefusedError:
         return f"{addr} refuses the connection: the host is up but the rank's process is gone"
     except ValueError:
@@ -126,12 +125,12 @@ def probe_targets(table: list[dict], me: int) -> list[dict]:
     return [p for p in table if p["rank"] != me and p["host"] in (mine, nxt)]
 
 
-def probe_lost(table: list[dict], me: int, timeout: float = PROBE_TIMEOUT) -> list[dict]:
+def probe_lost(table: list[dict], me: int) -> list[dict]:
     """``[{rank, host, why}]`` for each of :func:`probe_targets` that does not answer, in rank
-    order; empty when all do. All probes run at once (at most ``timeout`` s)."""
+    order; empty when all do. All probes run at once (at most :data:`PROBE_TIMEOUT` s)."""
     targets = probe_targets(table, me)
     with cf.ThreadPoolExecutor(max_workers=min(64, len(targets) or 1)) as pool:
-        results = list(pool.map(lambda p: probe(p, timeout), targets))
+        results = list(pool.map(probe, targets))
     return [{"rank": p["rank"], "host": p["host"], "why": why}
             for p, why in zip(targets, results) if why]
 
@@ -170,8 +169,7 @@ class LostPeer(RuntimeError):
         self.report, self.record, self.lost = report, record, lost
 
 
-def failure(table: list[dict], ctx, step: int, waited: float, newest, signalled,
-            timeout: float = PROBE_TIMEOUT) -> LostPeer:
+def failure(table: list[dict], ctx, step: int, waited: float, newest, signalled) -> LostPeer:
     """The error of a collective that failed during ``step``, on the rank ``ctx``
     (:class:`hvd_lm.comm.world.RankContext`), ``waited`` seconds into it, ``newest`` the newest
     complete checkpoint (None: none). ``signalled()`` says whether a stop signal has come: then
@@ -196,7 +194,7 @@ def failure(table: list[dict], ctx, step: int, waited: float, newest, signalled,
     limit = engine.gloo_timeout_s()
     bound = (f" ({engine.timeout_phrase(limit)})" if limit and waited >= 0.8 * limit else
              f" after {waited:.1f} s (its peer's connection closed)")
-    lost = probe_lost(table, ctx.rank, timeout)
+    lost = probe_lost(table, ctx.rank)
     if signalled():
         return torn_down
     return LostPeer(f"{lost_text(lost)}: a collective failed at step {step}{bound}; {ckpt}; "

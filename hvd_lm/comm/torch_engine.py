@@ -44,9 +44,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import datetime
 import os
 import socket
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -100,20 +100,15 @@ def timeout_s() -> float:
 _SET_TIMEOUT = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
 
 
-def _startup_timeout_s() -> float:
-    # a torch that cannot change the timeout later waits --gloo-timeout-s at startup too
-    return max(RENDEZVOUS_TIMEOUT_S, timeout_s()) if _SET_TIMEOUT else timeout_s()
-
-
 def begin_steps() -> None:
     """From now on every collective of the group waits at most :func:`timeout_s` (until now: the
     rendezvous timeout, 300 s), on Gloo and NCCL alike
     (``torch.distributed.distributed_c10d._set_pg_timeout``); nothing in a world of one."""
     if _SET_TIMEOUT and dist.is_initialized() and dist.get_world_size() > 1:
-        _SET_TIMEOUT(datetime.timedelta(seconds=timeout_s()))
+        _SET_TIMEOUT(timedelta(seconds=timeout_s()))
 
 
-def _store(ctx: RankContext, rdzv_timeout: datetime.timedelta):
+def _store(ctx: RankContext, rdzv_timeout: timedelta):
     """The TCP store every rank connects to (see the module docstring for where it is)."""
     endpoint = rendezvous_endpoint()
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun hosts it
@@ -175,14 +170,15 @@ def init() -> None:
     ctx = from_environment()
     cuda = torch.cuda.is_available() and dist.is_nccl_available()
     backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
+    rdzv = timedelta(seconds=max(RENDEZVOUS_TIMEOUT_S, timeout_s()))
     if ctx.size == 1:  # nobody to meet
         store, where = dist.HashStore(), "in memory"
     else:
-        rdzv = datetime.timedelta(seconds=max(RENDEZVOUS_TIMEOUT_S, timeout_s()))
         store, (addr, port, source) = _store(ctx, rdzv)
         where = f"{addr}:{port} from {source}"
+    # a torch that cannot change the timeout later waits --gloo-timeout-s at startup too
     dist.init_process_group(backend, store=store, rank=ctx.rank, world_size=ctx.size,
-                            timeout=datetime.timedelta(seconds=_startup_timeout_s()))
+                            timeout=rdzv if _SET_TIMEOUT else timedelta(seconds=timeout_s()))
     # PyTorch's advice: destroy the group before the interpreter exits (left to the static
     # destructors, Gloo's threads could end the process with "terminate called without an
     # active exception" after a finished run: a rank torchrun reported as failed)
@@ -261,8 +257,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     """Every rank's ``tensor`` concatenated along dim 0 in rank order; the first dimensions may
     differ (each is padded to the largest for the collective, then cut back)."""
     n = size()
-    if tensor.dim() == 0:
-        tensor = tensor.reshape(1)
+    tensor = torch.atleast_1d(tensor)
     rows = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
     counts = [torch.zeros_like(rows) for _ in range(n)]
     dist.all_gather(counts, rows)

@@ -57,8 +57,7 @@ LAUNCHER_VARS = (
     ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE"),
     ("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-    ("slurm", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID",
-     "SLURM_STEP_TASKS_PER_NODE"),
+    ("slurm", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE"),
     ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
 )
 #: Families that start MPI processes (an MPI library can then be initialised).
@@ -279,8 +278,7 @@ def rendezvous_endpoint(environ: Mapping[str, str] | None = None) -> tuple[str, 
                                    "a host name or address (rank 0's host: letters, digits, "
                                    "'.', '-', ':'; no spaces)")
         return addr, port or DEFAULT_MASTER_PORT, "MASTER_ADDR"
-    nodelist = env.get("SLURM_STEP_NODELIST") or ""
-    if from_environment(env).launcher == "slurm" and nodelist:
+    if from_environment(env).launcher == "slurm" and (nodelist := env.get("SLURM_STEP_NODELIST")):
         job = env_int("SLURM_JOB_ID", 0, 2**63 - 1, "a job id", env) or 0
         return (first_slurm_host(nodelist), port or DEFAULT_MASTER_PORT + job % 1000,
                 "SLURM_STEP_NODELIST")
@@ -384,10 +382,8 @@ def horovodrun_mpi_shell() -> int | None:
         cmd = shell.cmdline() if shell else []
     except psutil.Error:
         return None
-    if len(cmd) >= 3 and Path(cmd[0]).name in ("sh", "dash", "bash") and cmd[1] == "-c" \
-            and cmd[2].lstrip().startswith("mpirun"):
-        return shell.pid
-    return None
+    by_shell = len(cmd) >= 3 and Path(cmd[0]).name in ("sh", "dash", "bash") and cmd[1] == "-c"
+    return shell.pid if by_shell and cmd[2].lstrip().startswith("mpirun") else None
 
 
 def stand_in_for_horovodrun_shell() -> None:
@@ -415,12 +411,10 @@ def stand_in_for_horovodrun_shell() -> None:
             return
     except (psutil.Error, AttributeError):  # gone, unreadable, or no parent
         return
-    rank = os.fork()
-    if rank == 0:
+    if (rank := os.fork()) == 0:
         return
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(sig, lambda s, _frame: os.kill(rank, s))
-    status = os.waitpid(rank, 0)[1]
+    code = os.waitstatus_to_exitcode(os.waitpid(rank, 0)[1])
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # from here on a shell's fate, as dash's
-    code = os.waitstatus_to_exitcode(status)
     os._exit(128 - code if code < 0 else code)

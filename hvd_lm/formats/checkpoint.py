@@ -141,11 +141,8 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """Step checkpoints of a run, oldest first; a step file that is a link leading out of the
     folder is none of them (as ``latest`` is never followed out, :func:`latest_path`)."""
     d = checkpoint_dir(run_dir)
-    if not d.is_dir():
-        return []
-    home = d.resolve()
-    return sorted(p for p in d.iterdir() if _STEP_FILE.match(p.name)
-                  and (not p.is_symlink() or p.resolve().parent == home))
+    return sorted(p for p in (d.iterdir() if d.is_dir() else ()) if _STEP_FILE.match(p.name)
+                  and (not p.is_symlink() or p.resolve().parent == d.resolve()))
 
 
 def latest_path(run_dir: str | Path) -> Path | None:
@@ -215,10 +212,8 @@ def describe(run_dir: str | Path) -> str | None:
     found = list_checkpoints(run_dir)
     if not found:
         aside = sorted((checkpoint_dir(run_dir) / "diverged").glob("step_*.pt"))
-        if aside:
-            return (f"a run that diverged ({len(aside)} checkpoint{'s' * (len(aside) > 1)} set "
-                    f"aside in {aside[0].parent})")
-        return None
+        return (f"a run that diverged ({len(aside)} checkpoint{'s' * (len(aside) > 1)} set "
+                f"aside in {aside[0].parent})") if aside else None
     newest = found[-1]
     with contextlib.suppress(CheckpointError):
         newest = latest_path(run_dir) or newest
@@ -239,9 +234,7 @@ def remove_all(run_dir: str | Path) -> list[Path]:
     d = checkpoint_dir(run_dir)
     removed = remove_stale_temps(d, lambda name: name == "latest" or bool(_STEP_FILE.match(name)))
     for folder in (d, d / "diverged"):
-        if not folder.is_dir():
-            continue
-        for p in folder.iterdir():
+        for p in folder.iterdir() if folder.is_dir() else ():
             if (_STEP_FILE.match(p.name) or (folder == d and p.name == "latest")) \
                     and not p.is_dir():
                 p.unlink()
@@ -268,8 +261,7 @@ def to_host(obj):
             out._metadata = copy.deepcopy(obj._metadata)
         return out
     if isinstance(obj, (list, tuple)):
-        items = [to_host(v) for v in obj]
-        return items if isinstance(obj, list) else tuple(items)
+        return [to_host(v) for v in obj] if isinstance(obj, list) else tuple(map(to_host, obj))
     return obj
 
 
@@ -364,8 +356,7 @@ def first_sentence(e: BaseException, limit: int = 200) -> str:
     """The first sentence of an exception's message (its type's name when empty), whole: torch's
     zip reader appends a paragraph of advice to its one-line reason; cut at a word boundary with
     "..." only when that sentence alone is longer than ``limit`` characters."""
-    text = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    text = text.split(". ")[0].rstrip(".")
+    text = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0].rstrip(".")
     if len(text) > limit:
         text = text[:limit].rsplit(" ", 1)[0] + " ..."
     return text

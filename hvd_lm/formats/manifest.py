@@ -99,8 +99,7 @@ def write_manifest(directory, manifest_dict: dict) -> Path:
     Raises:
         TypeError: the dict is not JSON-serialisable. OSError: write failure.
     """
-    path = Path(directory) / MANIFEST_NAME
-    return write_text(path, json.dumps(manifest_dict, indent=1, sort_keys=False) + "\n")
+    return write_text(Path(directory) / MANIFEST_NAME, json.dumps(manifest_dict, indent=1) + "\n")
 
 
 def manifest_entry(file_name: str, tokens: int, documents: int, sha256: str) -> dict:

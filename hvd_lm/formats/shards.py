@@ -244,9 +244,7 @@ def _check_storage(path: Path, ds: h5py.Dataset) -> None:
     if ds.is_virtual:
         raise ShardFormatError(f"{where} is a virtual dataset; a shard holds its own data")
     n = ds.shape[0]
-    if n == 0:
-        return
-    if ds.chunks:
+    if ds.chunks:  # (an empty dataset stores nothing and needs nothing)
         want = -(-n // ds.chunks[0])
         have = ds.id.get_num_chunks()
         if have < want:

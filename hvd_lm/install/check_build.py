@@ -100,10 +100,8 @@ def check_build(need_nccl: bool | None = None) -> BuildInfo:
     info = parse_check_build(proc.stdout)
     missing = missing_components(info, bool(torch.version.cuda) if need_nccl is None else need_nccl)
     if missing:
-        raise RuntimeError(
-            f"Horovod {info.version} lacks: {', '.join(missing)}. Rebuild with "
-            "HVD_LM_REBUILD=1 scripts/setup.sh (see scripts/build_horovod.sh)."
-        )
+        raise RuntimeError(f"Horovod {info.version} lacks: {', '.join(missing)}. Rebuild with "
+                           "HVD_LM_REBUILD=1 scripts/setup.sh (see scripts/build_horovod.sh).")
     return info
 
 

@@ -103,21 +103,18 @@ def _run(cmd: list, env: dict | None = None) -> float:
     """
     print("$ " + " ".join(map(str, cmd)), flush=True)
     t = time.time()
-    proc = subprocess.run([str(c) for c in cmd], env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"step failed ({proc.returncode}): {' '.join(map(str, cmd))}")
+    if rc := subprocess.run([str(c) for c in cmd], env=env).returncode:
+        raise RuntimeError(f"step failed ({rc}): {' '.join(map(str, cmd))}")
     return time.time() - t
 
 
 def corpus_files(cfg: CorpusConfig) -> list[Path]:
     """Input files: the shared real files if present, else the verified downloads."""
     shared = Path(cfg.shared_dir).resolve()
-    if shared.is_dir():
-        files = sorted(p for p in shared.rglob("*") if p.is_file()
-                       and p.suffix in CORPUS_SUFFIXES)
-        if files:
-            print(f"corpus: {len(files)} real review files from {shared}")
-            return files
+    # (rglob finds nothing where the folder is missing)
+    if files := sorted(p for p in shared.rglob("*") if p.is_file() and p.suffix in CORPUS_SUFFIXES):
+        print(f"corpus: {len(files)} real review files from {shared}")
+        return files
     print(f"corpus: {shared} not found; downloading the public sources of {cfg.sources}")
     return download_all(Path(cfg.sources), Path(cfg.download_dir))
 
@@ -126,9 +123,7 @@ def launcher_argv(cfg: DemoLaunchConfig, argv: list[str]) -> list[str]:
     """``argv`` (after the interpreter) started by ``cfg``'s launcher on this machine."""
     if cfg.launcher == "horovodrun":
         return horovodrun_argv(cfg.np, argv, cfg.controller)
-    if cfg.launcher == "mpirun":
-        return mpirun_argv(cfg.np, argv)
-    return [sys.executable, *argv]
+    return mpirun_argv(cfg.np, argv) if cfg.launcher == "mpirun" else [sys.executable, *argv]
 
 
 def demo(cfg: DemoConfig) -> int:
@@ -164,8 +159,7 @@ def demo(cfg: DemoConfig) -> int:
                                  run_dir / "prepare.yaml"], env)
 
     print("\n== 3/5 train ==", flush=True)
-    cfg.train.data.shards = str(shards)
-    cfg.train.run.out_dir = str(train_dir)
+    cfg.train.data.shards, cfg.train.run.out_dir = str(shards), str(train_dir)
     if (train_dir / "checkpoints").is_dir():
         cfg.train.run.resume = "auto"  # a second `make demo` continues (or ends at once)
     options.save_yaml(cfg.train, run_dir / "train.yaml")
@@ -203,8 +197,7 @@ def demo(cfg: DemoConfig) -> int:
     print("\n== summary ==")
     print(f"trained {s['steps']} steps on {s['world_size']} ranks, "
           f"{s['median_chars_per_s']:.0f} chars/s")
-    print("validation BPC: LM {:.3f} | ".format(lm)
-          + " | ".join(f"{c} -9 {v:.3f}" for c, v in comp.items())
+    print(f"validation BPC: LM {lm:.3f} | " + " | ".join(f"{c} -9 {v:.3f}" for c, v in comp.items())
           + ("  -> the LM beats them" if all(lm < v for v in comp.values())
              else "  -> the LM does not beat them all"))
     tr = json.loads((transfer_dir / "transfer.json").read_text()) if transfer_dir else None

@@ -181,8 +181,7 @@ def _agent_argv(cfg: "DoctorConfig", *extra: str) -> list[str]:
             *(["--ssh-port", str(cfg.ssh_port)] if cfg.ssh_port else [])]
 
 
-def start_agent(host: str, cfg: "DoctorConfig", first: bool = False,
-                started=lambda: None) -> Agent:
+def start_agent(host: str, cfg: "DoctorConfig", first: bool, started) -> Agent:
     """The agent on ``host``: directly when the host is this machine, else over ssh, with this
     process's working directory and ``PYTHONPATH`` (what the launchers pass to ranks); the
     ``first`` host's also listens on ``--rendezvous-port``. ``started()`` is called once ssh is
@@ -301,7 +300,7 @@ def group_agents(hosts: list[tuple[str, int]], cfg: "DoctorConfig", deadline: fl
                    f"line: {said1})"}
 
 
-def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> checks.Report:
+def run_doctor(cfg: "DoctorConfig") -> checks.Report:
     """Start the agents, collect facts, run the checks (see the module docstring).
 
     Raises:
@@ -309,7 +308,6 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> checks
         DoctorError: hosts did not answer (ssh, Python) within the timeout: one line naming
             every one of them.
     """
-    env = dict(os.environ if env is None else env)
     hosts = parse_hostfile(cfg.hostfile) if cfg.hostfile else parse_hosts(cfg.hosts)
     names = [h for h, _ in hosts]
     check_host_names(names)
@@ -361,9 +359,9 @@ def run_doctor(cfg: "DoctorConfig", env: dict[str, str] | None = None) -> checks
     lacking = checks.check_paths(report, results, paths, socket.gethostname())
     checks.check_versions(report)
     checks.analyse_reach(report, results)
-    checks.choose(report, cfg.network_interface, env)
+    checks.choose(report, cfg.network_interface, os.environ)
     if cfg.rendezvous_port:
-        checks.check_rendezvous(report, results, cfg.rendezvous_port, env)
+        checks.check_rendezvous(report, results, cfg.rendezvous_port, os.environ)
     if cfg.shards:
         checks.check_shards(report, cfg.shards, skip=lacking)
     checks.check_gpus(report, cfg.device)

@@ -163,8 +163,7 @@ def ssh_check(host: str, port: int | None) -> dict:
     except OSError as e:
         return {"ok": False, "error": str(e)}
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
-    return {"ok": proc.returncode == 0,
-            "error": lines[-1] if lines and proc.returncode else ""}
+    return {"ok": proc.returncode == 0, "error": lines[-1] if lines and proc.returncode else ""}
 
 
 @dataclass
@@ -204,19 +203,16 @@ def agent(cfg: AgentConfig) -> int:
     input's end; 2 when the doctor at ``--report-to`` cannot be reached."""
     signal.signal(signal.SIGALRM, lambda *_: os._exit(3))
     signal.alarm(max(1, int(cfg.timeout)))
-    hostname = socket.gethostname()
-    token = secrets.token_hex(8)
+    reply = {"host": socket.gethostname(), "token": secrets.token_hex(8)}  # who was reached
     ifaces = interfaces()
-    reply = {"host": hostname, "token": token}
     gpus, gpu_names = gpu_count()
     # started by srun or mpirun: which listed host this is
     node = cfg.node or os.environ.get("SLURMD_NODENAME", "")
     first = not cfg.rendezvous_host or same_host(node, cfg.rendezvous_host)
-    facts = {"host": hostname, "token": token, "python": sys.version.split()[0],
-             "executable": sys.executable, "hvd_lm": hvd_lm.__version__,
-             "hvd_lm_path": str(Path(hvd_lm.__file__).parent), "hvd_lm_digest": source_digest(),
-             "packages": package_versions(), "interfaces": ifaces,
-             "listeners": listeners(reply, ifaces),
+    facts = {**reply, "python": sys.version.split()[0], "executable": sys.executable,
+             "hvd_lm": hvd_lm.__version__, "hvd_lm_path": str(Path(hvd_lm.__file__).parent),
+             "hvd_lm_digest": source_digest(), "packages": package_versions(),
+             "interfaces": ifaces, "listeners": listeners(reply, ifaces),
              "gpus": gpus, "gpu_names": gpu_names, "node": node, "key": cfg.key,
              "shards": shard_facts(cfg.shards) if cfg.shards else None,
              "rendezvous": listen_on(cfg.rendezvous_port, reply)
@@ -224,12 +220,11 @@ def agent(cfg: AgentConfig) -> int:
     out, inp = ((connect_back(cfg.report_to) or (None, None)) if cfg.report_to
                 else (sys.stdout, sys.stdin))
     if out is None:
-        print(f"hvd-lm doctor: ERROR: {node or hostname} cannot reach the doctor at "
+        print(f"hvd-lm doctor: ERROR: {node or reply['host']} cannot reach the doctor at "
               f"{cfg.report_to}", file=sys.stderr)
         return 2
     print(json.dumps(facts), file=out, flush=True)
-    line = inp.readline()
-    if not line:
+    if not (line := inp.readline()):
         return 0
     plan = json.loads(line)
     with cf.ThreadPoolExecutor(max_workers=32) as pool:

@@ -50,10 +50,9 @@ def check_versions(report: Report) -> None:
     """Same Python (version and path), hvd_lm (version and source digest) and torch/Horovod/
     mpi4py/numpy everywhere; a difference is one error naming both hosts."""
     hosts = list(report.facts)
-    ref = report.facts[hosts[0]]
     for h in hosts[1:]:
         mine, want = ({**{k: x[k] for k in ("python", "executable", "hvd_lm", "hvd_lm_digest")},
-                       **x["packages"]} for x in (report.facts[h], ref))
+                       **x["packages"]} for x in (report.facts[h], report.facts[hosts[0]]))
         diff = [f"{k} {v} on {h} vs {want.get(k)} on {hosts[0]}" for k, v in mine.items()
                 if v != want.get(k)]
         if diff:
@@ -84,10 +83,7 @@ def check_shards(report: Report, folder: str, skip: set[str] = frozenset()) -> N
     """Every host reads the shard folder and sees the same manifest (hosts in ``skip`` are
     already reported as lacking a path)."""
     ref_host, ref = None, None
-    for h, f in report.facts.items():
-        s = f["shards"]
-        if h in skip:
-            continue
+    for h, s in ((h, f["shards"]) for h, f in report.facts.items() if h not in skip):
         if "error" in s:
             report.errors.append(f"{h}: cannot read the shards: {s['error']}")
         elif ref is None:
@@ -100,11 +96,9 @@ def check_shards(report: Report, folder: str, skip: set[str] = frozenset()) -> N
 
 def check_gpus(report: Report, device: str) -> None:
     """``cuda``: every host needs a GPU per slot; ``auto``: the same, where a host has GPUs."""
-    if device == "cpu":
-        return
     for h, slots in report.hosts:
         g = report.facts[h]["gpus"]
-        if (device == "cuda" or g) and g < slots:
+        if device != "cpu" and (device == "cuda" or g) and g < slots:
             report.errors.append(f"{h}: {slots} slots but {g} GPU(s): one rank per GPU (lower "
                                  f"its slots to {g}, or --device cpu)")
 
@@ -117,7 +111,7 @@ def analyse_reach(report: Report, results: dict[str, dict]) -> None:
     names = set.intersection(*(set(report.facts[h]["interfaces"]) for h in hosts))
     own = {h: {a for i in report.facts[h]["interfaces"].values() for a in i["addrs"]}
            for h in hosts}
-    reach: dict[str, list[str]] = {n: [] for n in sorted(names)}
+    report.reach = reach = {n: [] for n in sorted(names)}  # interface -> its failures
     for a, res in results.items():
         for p in res["probes"]:
             b, addr = p["target"], p["addr"]
@@ -129,7 +123,6 @@ def analyse_reach(report: Report, results: dict[str, dict]) -> None:
     for n in reach:
         if report.facts[hosts[0]]["interfaces"][n]["loopback"] and len(hosts) > 1:
             reach[n].append("loopback: reaches only its own host")
-    report.reach = reach
     report.shared = [n for n, fails in reach.items() if not fails]
 
 
@@ -155,11 +148,9 @@ def choose(report: Report, wanted: str, env: dict[str, str]) -> None:
         verify(names, "--network-interface")
         report.chosen = ",".join(names)
     elif len(hosts) > 1:  # (one host: nothing crosses a network, no interface is chosen)
-        usable = sorted(report.shared, key=lambda n: (f0[n]["loopback"], -min(
+        report.chosen = min(report.shared, default="", key=lambda n: (f0[n]["loopback"], -min(
             report.facts[h]["interfaces"][n]["speed_mbit"] for h in hosts), n))  # fastest
-        if usable:
-            report.chosen = usable[0]
-        else:
+        if not report.chosen:
             first = next((f"{n}: {fails[0]}" for n, fails in report.reach.items()
                           if fails and not f0[n]["loopback"]), "no interface name is common "
                          "to all hosts")
@@ -199,9 +190,8 @@ def check_rendezvous(report: Report, results: dict[str, dict], port: int,
                 f"the name {first} means another machine there (/etc/hosts, DNS)")
     if len(report.errors) == before:
         report.rendezvous = f"{first}:{port}"
-        report.exports.update({var: value for var, value in (("MASTER_ADDR", first),
-                                                             ("MASTER_PORT", str(port)))
-                               if not env.get(var)})
+        meet = {"MASTER_ADDR": first, "MASTER_PORT": str(port)}
+        report.exports.update({var: value for var, value in meet.items() if not env.get(var)})
 
 
 def render(report: Report) -> str:
@@ -213,9 +203,8 @@ def render(report: Report) -> str:
              f"{report.seconds:.1f} s"]
     if report.ssh:
         bad = [k for k, v in report.ssh.items() if not v["ok"]]
-        lines.append(f"  ssh          {len(report.ssh) - len(bad)} of {len(report.ssh)} host "
-                     f"pairs ok (batch mode, both ways)" + (f"; FAILED: {', '.join(bad)}"
-                                                             if bad else ""))
+        lines.append(f"  ssh          {len(report.ssh) - len(bad)} of {len(report.ssh)} host pairs "
+                     "ok (batch mode, both ways)" + (f"; FAILED: {', '.join(bad)}" if bad else ""))
     elif report.launcher != "ssh" and len(hosts) > 1:
         lines.append(f"  ssh          not checked: {report.launcher} started the agents, one per "
                      "host")

@@ -104,8 +104,7 @@ def fetch(url: str, dest: Path, sha256: str, size: int) -> Path:
             (the message names ``url`` and ``--mirror``; nothing is left at ``dest``).
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
-    h = hashlib.sha256()
-    n = 0
+    h, n = hashlib.sha256(), 0  # the digest and size of what arrived
     with atomic_path(dest) as tmp:  # a mismatch raises inside: the temporary file is removed
         try:
             with urllib.request.urlopen(url, timeout=60) as resp, open(tmp, "wb") as out:
@@ -158,8 +157,8 @@ def download_all(sources_file: str | Path, out_dir: str | Path, mirror: str | No
         raise ValueError(f"{shown_path(sources_file)}: {e}") from None
     first: dict[Path, int] = {}
     for i, dest in enumerate(dests):
-        j = first.setdefault(dest.resolve(), i)
-        if j != i:  # two sources, one file: the second would replace the first, both "verified"
+        # two sources, one file: the second would replace the first, both "verified"
+        if (j := first.setdefault(dest.resolve(), i)) != i:
             raise ValueError(f"{shown_path(sources_file)}: files[{j}].save_as "
                              f"{shown(sources[j].save_as)} and files[{i}].save_as "
                              f"{shown(sources[i].save_as)} are the same file {shown_path(dest)}")

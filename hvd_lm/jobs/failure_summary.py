@@ -109,10 +109,9 @@ def _kept_lines(path: str | Path | None) -> list[str]:
 def clean_stop(out_dir: str | Path, since: float = 0.0) -> str:
     """The line saying the launch stopped cleanly (every rank checkpointed on a signal, no
     failure recorded), or '' when it did not."""
-    ends = run_records(out_dir, "end", since)
-    if not ends or ends[-1].get("stop") != "signal" or run_records(out_dir, "failure", since):
+    end = (run_records(out_dir, "end", since) or [{}])[-1]  # the launch's last end record
+    if end.get("stop") != "signal" or run_records(out_dir, "failure", since):
         return ""
-    end = ends[-1]
     return (f"==== hvd-lm: stopped on a signal: every rank checkpointed at step {end['step']} "
             f"({end.get('world_size', '?')} ranks; {Path(out_dir) / 'summary.json'}): "
             "a clean stop, whatever the launcher's exit status; continue it with the same "
@@ -194,10 +193,9 @@ def newest_checkpoint(out_dir: str | Path) -> str:
     try:
         from hvd_lm.formats.checkpoint import newest_complete
 
-        found = newest_complete(out_dir)
+        return str(newest_complete(out_dir) or "none")
     except Exception:  # noqa: BLE001 - the summary must print whatever happened
         return "none"
-    return str(found) if found else "none"
 
 
 def summary(out_dir: str, rc: int, since: float = 0.0, errors: str = "",
@@ -220,7 +218,8 @@ def summary(out_dir: str, rc: int, since: float = 0.0, errors: str = "",
         # rank 0's view when it recorded one (the launcher runs beside it: a host cut off from
         # the others may still reach the shared disk and record the mirror image), else the first
         r = next((x for x in recs if x.get("rank") == 0), recs[0])
-        others = sorted({x.get("rank") for x in recs} - {r.get("rank")}, key=str)
+        recorded = {x.get("rank") for x in recs}
+        others = sorted(recorded - {r.get("rank")}, key=str)
         also = (f"; rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} recorded "
                 "one too" if others else "")
         lines.append(f"where: rank {r.get('rank')} on host {r.get('host')}, after step "
@@ -229,7 +228,6 @@ def summary(out_dir: str, rc: int, since: float = 0.0, errors: str = "",
         cause = r.get("error") or line
         # each host's first rank probed two hosts: every host's findings joined, rank 0's view
         # first (a host cut off records the mirror image: rank 0 lost, though it recorded too)
-        recorded = {x.get("rank") for x in recs}
         lost = [p for x in recs for p in x.get("lost") or [] if isinstance(p, dict)
                 and (x is r or p.get("rank") not in recorded)]
         if lost:
@@ -242,8 +240,7 @@ def summary(out_dir: str, rc: int, since: float = 0.0, errors: str = "",
         unread = _lines(Path(out_dir) / "metrics.jsonl", tail=True)[1]
         lines.append(("where: the launcher saw a rank killed first (what the other ranks "
                       "recorded followed from it)" if recs else
-                      "where: no rank recorded a failure in "
-                      f"{Path(out_dir) / 'metrics.jsonl'}")
+                      f"where: no rank recorded a failure in {Path(out_dir) / 'metrics.jsonl'}")
                      + (f" (unreadable: {unread})" if unread else "")
                      + ("; the launcher's own words follow" if said else
                         "; the first ERROR line of the launch follows" if line else ""))
@@ -252,10 +249,8 @@ def summary(out_dir: str, rc: int, since: float = 0.0, errors: str = "",
                                  "outright (out of memory, kill -9, its node lost?); the "
                                  "launcher's output above says which")
         again = resume
-    lines.append(f"newest complete checkpoint: {ckpt}")
-    if again:
-        lines.append(f"resume: {again}")
-    lines.append(f"cause: {cause}")
+    lines += [f"newest complete checkpoint: {ckpt}", *([f"resume: {again}"] if again else []),
+              f"cause: {cause}"]
     return "\n".join(lines)
 
 

@@ -219,10 +219,9 @@ def derived_time_limit(walltime: str | None, margin: str, cfg,
         raise ValueError(
             f"--time-margin {margin} ({keep} s) would let the training run into SLURM's warning "
             f"signal: the job's --signal=B:USR1@{SLURM_SIGNAL_LEAD_S} comes {SLURM_SIGNAL_LEAD_S}"
-            f" s before the walltime and up to {SLURM_SIGNAL_EARLY_S} s earlier (sbatch's "
-            f"--signal docs), so the training must end "
-            f"{SLURM_SIGNAL_LEAD_S + SLURM_SIGNAL_EARLY_S} s before it, after a start of at "
-            f"least {MIN_START_S} s: give --time-margin {least}s or more (the default 5m fits)")
+            f" s before the walltime and up to {SLURM_SIGNAL_EARLY_S} s earlier (sbatch's --signal "
+            f"docs), so the training must end {least - MIN_START_S} s before it, after a start of "
+            f"at least {MIN_START_S} s: give --time-margin {least}s or more (the default 5m fits)")
     if keep >= total:
         reader = "qsub" if scheduler == "pbs" else "sbatch"
         raise ValueError(f"--time-margin {margin} ({keep} s) is not below --walltime {walltime} "
@@ -272,8 +271,7 @@ def launch(args: LaunchConfig) -> int:
 
     if args.gpus is not None or args.nodes is not None:
         raise ValueError("--sweep sets the GPU and node counts: drop --gpus/--nodes")
-    steps = args.steps or cfg.optim.max_steps
-    if not steps:
+    if not (steps := args.steps or cfg.optim.max_steps):
         raise ValueError("a sweep needs a step count per job: --steps N (or --max-steps after --)")
     out = Path(args.out or "sweep")
     if out.exists() and not out.is_dir():
@@ -377,8 +375,7 @@ class LaunchConfig:
 
 
 LAUNCH = Command(
-    LaunchConfig, launch, config_flag=False, usage_errors=(ValueError, KeyError,
-                                                            FileNotFoundError),
+    LaunchConfig, launch, config_flag=False, usage_errors=(ValueError, KeyError, FileNotFoundError),
     description="Render a launch template (launch/) for a scheduler and size, or write the jobs "
     "of a weak-scaling sweep. Flags after -- are hvd-lm train flags.",
     epilog="examples:\n"

@@ -31,11 +31,10 @@ SCHEDULERS = {"horovodrun": "horovodrun_local.sh",
               "slurm": "slurm.sbatch", "pbs": "pbs.qsub", "torchrun": "torchrun.sh"}
 #: scheduler -> the knobs its template takes from the size and flags (each set when it has a
 #: value), beside CONFIG and OUT_DIR, which every template takes
-SCHEDULER_KNOBS = {"horovodrun": ("NP", "CONTROLLER"), "mpirun": ("NP",),
+SCHEDULER_KNOBS = {"horovodrun": ("NP", "CONTROLLER"), "mpirun": ("NP",), "slurm": ("LAUNCHER",),
                    "horovodrun-multinode": ("NP", "NETWORK_INTERFACE", "CONTROLLER"),
                    "horovodrun-elastic": ("NP", "MAX_NP", "NETWORK_INTERFACE"),
-                   "torchrun": ("NETWORK_INTERFACE", "NPROC_PER_NODE", "NNODES"),
-                   "slurm": ("LAUNCHER",)}
+                   "torchrun": ("NETWORK_INTERFACE", "NPROC_PER_NODE", "NNODES")}
 #: how each rendered job is started (for the sweep's submit script)
 SUBMIT = {k: {"slurm": "sbatch", "pbs": "qsub"}.get(k, "bash") for k in SCHEDULERS}
 
@@ -256,8 +255,7 @@ def render(spec: RenderSpec, templates: Path | None = None) -> str:
             raise ValueError(f"training flag {arg!r}: values with whitespace cannot go into "
                              "TRAIN_ARGS; put them in the YAML config (--config)")
 
-    knobs = {"LAUNCH_DIR": str(templates.resolve()),
-             "PYTHON": spec.python or sys.executable,
+    knobs = {"LAUNCH_DIR": str(templates.resolve()), "PYTHON": spec.python or sys.executable,
              "TRAIN_ARGS": " ".join(spec.train_args)}
     if spec.elastic and sched not in ("slurm", "horovodrun-elastic"):
         raise ValueError(f"--elastic works with --scheduler slurm or horovodrun-elastic, not "
@@ -360,10 +358,9 @@ def mpirun_argv(np_: int, argv: list[str], hosts: str = "", network_interface: s
     cmd = ["mpirun", "-np", str(np_)]
     if hosts:
         cmd += ["-H", hosts]
-        names = sorted(n for n in (os.environ if env is None else env)
-                       if n in FORWARDED or n.startswith(tuple(x for x in FORWARDED
-                                                               if x.endswith("_"))))
-        cmd += [w for n in names for w in ("-x", n)]
+        prefixes = tuple(x for x in FORWARDED if x.endswith("_"))
+        cmd += [w for n in sorted(os.environ if env is None else env)
+                if n in FORWARDED or n.startswith(prefixes) for w in ("-x", n)]
     if network_interface:
         cmd += ["-mca", "btl_tcp_if_include", network_interface,
                 "-mca", "oob_tcp_if_include", network_interface]

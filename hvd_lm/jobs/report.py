@@ -31,14 +31,19 @@ def training_summary(records: list[dict]) -> dict:
     end = next((r for r in records if r["kind"] == "end"), None)
     return {
         "steps": train[-1]["step"] if train else 0,
-        "world_size": start["world_size"], "global_batch": start["global_batch"],
-        "params": start["params"],
+        **{k: start[k] for k in ("world_size", "global_batch", "params")},
         "chars_trained": end["chars_trained"] if end else None,
         "final_train_bpc": train[-1]["bpc"] if train else None,
         "final_val_bpc": evals[-1]["val_bpc"] if evals else None,
         "median_chars_per_s": statistics.median(r["chars_per_s"] for r in train) if train else None,
         "wall_s": records[-1]["time"] - start["time"],
     }
+
+
+#: The training plots :func:`plot_training` writes: (file, x key, x label, y label).
+PLOTS = (("bpc_vs_step.png", "step", "optimizer step", "bits per character"),
+         ("bpc_vs_time.png", "time", "wall time (s)", "bits per character"),
+         ("chars_per_s.png", "step", "optimizer step", "chars/s (all ranks)"))
 
 
 def plot_training(records: list[dict], out_dir: str | Path) -> list[Path]:
@@ -48,11 +53,7 @@ def plot_training(records: list[dict], out_dir: str | Path) -> list[Path]:
     start = next(r for r in records if r["kind"] == "start")["time"]
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval"]
-    files = []
-    for name, key, xlabel, ylabel in (
-            ("bpc_vs_step.png", "step", "optimizer step", "bits per character"),
-            ("bpc_vs_time.png", "time", "wall time (s)", "bits per character"),
-            ("chars_per_s.png", "step", "optimizer step", "chars/s (all ranks)")):
+    for name, key, xlabel, ylabel in PLOTS:
         fig, ax = plt.subplots(figsize=(6, 4))
         x = [r[key] - (start if key == "time" else 0) for r in train]
         if name == "chars_per_s.png":
@@ -69,8 +70,7 @@ def plot_training(records: list[dict], out_dir: str | Path) -> list[Path]:
         fig.tight_layout()
         fig.savefig(out_dir / name, dpi=100)
         plt.close(fig)
-        files.append(out_dir / name)
-    return files
+    return [out_dir / name for name, *_ in PLOTS]
 
 
 def write_report(run_dir: str | Path, train_dir: str | Path, name: str, eval_result: dict,

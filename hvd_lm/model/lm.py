@@ -179,8 +179,7 @@ class LanguageModel(nn.Module):
             state = self.init_state(B, tokens.device, self.embed.weight.dtype)
         fused = isinstance(self.rnn, MLSTM) and self.rnn.impl == "fused"
         if not fused and reset is not None and bool(reset.any()):
-            cols = torch.nonzero(reset.any(0)).flatten().tolist()
-            edges = sorted(set([0, *cols, T]))
+            edges = sorted({0, *torch.nonzero(reset.any(0)).flatten().tolist(), T})
             outs = []
             for a, b in zip(edges[:-1], edges[1:]):
                 keep = (~reset[:, a]).unsqueeze(1).to(state[0].dtype)
@@ -195,12 +194,11 @@ class LanguageModel(nn.Module):
                                  reset.t() if fused and reset is not None else None)
         else:
             x, hc = self.embed(tokens.t()), (state[0].unsqueeze(0), state[1].unsqueeze(0))
-            if mask is None:
-                hs, (h, c) = self.rnn(x, hc)
-            else:
+            if mask is not None:
                 x = nn.utils.rnn.pack_padded_sequence(x, mask.sum(1).cpu(), enforce_sorted=False)
-                out, (h, c) = self.rnn(x, hc)
-                hs, _ = nn.utils.rnn.pad_packed_sequence(out, total_length=T)
+            hs, (h, c) = self.rnn(x, hc)
+            if mask is not None:
+                hs = nn.utils.rnn.pad_packed_sequence(hs, total_length=T)[0]
             state = (h[0], c[0])
         return (hs if time_major else hs.transpose(0, 1)), state
 

@@ -183,8 +183,7 @@ def architecture(model: dict, source: str | Path) -> dict:
     Raises:
         CheckpointError: a field ModelConfig does not have, naming ``source``.
     """
-    fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(model) - fields)
+    unknown = sorted(set(model) - {f.name for f in dataclasses.fields(ModelConfig)})
     if unknown:
         raise CheckpointError(f"{source}: model config field {unknown[0]!r} is not one of "
                               f"hvd_lm's ({', '.join(ARCHITECTURE)})")
@@ -234,8 +233,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu",
     check_state(ckpt["model"], model_cfg, path)
     model = LanguageModel(model_config(model_cfg, path, rnn_kernels=rnn_kernels))
     load_state(model, ckpt["model"], path)
-    model.to(map_location)
-    model.eval()
+    model.to(map_location).eval()
     return model, ckpt
 
 

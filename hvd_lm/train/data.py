@@ -78,10 +78,6 @@ class ConcatStream:
         self._buf: dict[int, tuple[int, np.ndarray]] = {}
         self.reads = 0
 
-    def shard_starts(self) -> np.ndarray:
-        """Global offsets where each shard begins, int64 [num_shards]."""
-        return self.starts[:-1]
-
     def _shard_of(self, pos: int) -> int:
         return int(np.searchsorted(self.starts, pos, side="right")) - 1
 
@@ -166,8 +162,7 @@ class RankStreams:
         if verify:
             for info in self.shards:
                 verify_shard(info)
-        self.rank, self.world_size = rank, world_size
-        self.batch_size, self.seq_len = batch_size, seq_len
+        self.rank, self.world_size, self.seq_len = rank, world_size, seq_len
         self.seed, self.shuffle_shards, self.max_bytes = seed, shuffle_shards, max_bytes
         self.total_bytes = min(sum(s.tokens for s in self.shards), max_bytes or math.inf)
         streams = batch_size if global_rows else world_size * batch_size
@@ -199,7 +194,7 @@ class RankStreams:
         inputs = np.zeros((B, T), np.int64)
         targets = np.full((B, T), IGNORE, np.int64)
         reset = np.zeros((B, T), bool)
-        shard_starts = stream.shard_starts()
+        shard_starts = stream.starts[:-1]  # global offsets where each shard begins
         chars = 0
         for b in range(B):
             lo, hi = int(self.row_bounds[b]), int(self.row_bounds[b + 1])
@@ -246,8 +241,7 @@ class Prefetcher:
                  pin_memory: bool = False):
         if depth < 1:
             raise ValueError(f"prefetch depth must be >= 1, got {depth}")
-        self.streams, self.depth, self.limit = streams, depth, limit
-        self.pin_memory = pin_memory
+        self.streams, self.depth, self.limit, self.pin_memory = streams, depth, limit, pin_memory
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hvd-lm-prefetch")
         self._ahead: dict[int, Future] = {}
 

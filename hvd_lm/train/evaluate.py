@@ -112,12 +112,10 @@ def compressor_bpc(data: bytes, which: tuple[str, ...] = ("xz", "gzip")) -> dict
         raise ValueError("no bytes to compress")
     funcs = {"xz": lambda b: lzma.compress(b, preset=9),
              "gzip": lambda b: gzip.compress(b, compresslevel=9, mtime=0)}
-    out = {}
-    for name in which:
-        if name not in funcs:
-            raise ValueError(f"unknown compressor {name!r} (known: {list(funcs)})")
-        out[name] = 8.0 * len(funcs[name](data)) / len(data)
-    return out
+    unknown = [name for name in which if name not in funcs]
+    if unknown:
+        raise ValueError(f"unknown compressor {unknown[0]!r} (known: {list(funcs)})")
+    return {name: 8.0 * len(funcs[name](data)) / len(data) for name in which}
 
 
 def split_bytes(manifest, split: str, max_bytes: int = 0) -> bytes:

@@ -89,12 +89,10 @@ def iter_metrics(path: str | Path) -> Iterator[dict]:
         line = raw.decode("utf-8", "replace")
         if line.strip():
             try:
-                rec = json.loads(line)
+                yield json.loads(line)
             except (json.JSONDecodeError, RecursionError) as e:
                 print(f"warning: {shown(path)}:{i}: not a JSON record, skipped "
                       f"({shown(str(e), 120)})", file=sys.stderr)
-                continue
-            yield rec
 
 
 def read_metrics(path: str | Path) -> list[dict]:

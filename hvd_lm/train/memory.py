@@ -194,11 +194,9 @@ def step_memory(cfg: TrainConfig, device_type: str, world_size: int = 1,
         else HOROVOD_DEFAULT_FUSION_BYTES
     allreduce = (min(4 * P, fusion) + (2 * P if cfg.dist.compression == "fp16" else 0)
                  if world_size > 1 else 0)
-    states = OPTIMIZER_STATES.get(cfg.optim.optimizer, 2)
-    if cfg.optim.optimizer == "sgd" and cfg.optim.momentum == 0:
-        states = 0
+    states = (0 if cfg.optim.optimizer == "sgd" and cfg.optim.momentum == 0
+              else OPTIMIZER_STATES.get(cfg.optim.optimizer, 2))
     fused_gpu = device_type == "cuda" and m.cell == "mlstm" and m.rnn_impl == "fused"
-    graphed = fused_gpu and m.cuda_graphs
     return StepMemory(
         activations=activation_bytes(d.seq_len, d.batch_size, m.hidden_size, m.embed_dim,
                                      m.vocab_size, C, m.rnn_impl, m.cell),
@@ -210,8 +208,8 @@ def step_memory(cfg: TrainConfig, device_type: str, world_size: int = 1,
         # each row's shard reader buffers (hvd_lm.train.data.ConcatStream), on the host
         data=d.batch_size * sum(min(READ_AHEAD, n) for n in split_bytes)
         if device_type == "cpu" else 0,
-        graph_pool=graph_pool_bytes(d.seq_len, d.batch_size, m.hidden_size, C) if graphed
-        else 0,
+        graph_pool=graph_pool_bytes(d.seq_len, d.batch_size, m.hidden_size, C)
+        if fused_gpu and m.cuda_graphs else 0,
         checkpoint_copy=(4 * P * (1 + states) + 2 * 4 * world_size * d.batch_size * m.hidden_size
                          if device_type == "cpu" and cfg.run.async_checkpoint else 0))
 

@@ -37,9 +37,6 @@ try:  # optional: TensorBoard events only when the package is installed
 except ImportError:  # pragma: no cover - depends on the environment
     SummaryWriter = None
 
-LN2 = math.log(2.0)
-
-
 def fmt(v) -> str:
     """A metric value for a log line (floats to 4 significant digits)."""
     return f"{v:.4g}" if isinstance(v, float) else str(v)
@@ -121,8 +118,7 @@ class Metrics:
                     self.tb.add_scalar(f"{kind}/{k}", v, step)
         if not printed:
             return
-        shown = " ".join(f"{k}={fmt(v)}" for k, v in values.items())
-        msg = f"[{kind}] step={step} {shown}"
+        msg = f"[{kind}] step={step} " + " ".join(f"{k}={fmt(v)}" for k, v in values.items())
         if not self.bar.disable:  # a terminal: keep the bar below
             self.bar.write(msg, file=sys.stdout)
         else:  # one write per line: launchers tag each write (stdout may be unbuffered)
@@ -193,7 +189,7 @@ class Metrics:
         loss = nats / max(1.0, chars)
         # per rank: TFLOP/s and MFU against one device's peak (hvd_lm.model.mfu)
         rate, self.peak = rate_against(chars / wall / ranks, flops_per_char, self.peak)
-        self.record("train", step, loss=loss, bpc=loss / LN2, lr=lr, loss_scale=loss_scale,
+        self.record("train", step, loss=loss, bpc=loss / math.log(2), lr=lr, loss_scale=loss_scale,
                     chars_per_s=chars / wall, step_time=wall / m.steps, **rate,
                     allreduce_wait=waits / max(busy, 1e-9), compute_time_max=sum(slowest) / m.steps,
                     compute_time_mean=(busy - waits) / (ranks * m.steps), **tail)

@@ -102,8 +102,7 @@ def check_shapes(cfg: TrainConfig, manifest: Manifest, world_size: int) -> None:
 def eval_bytes(cfg: TrainConfig, manifest: Manifest) -> int:
     """Bytes of the validation split one evaluation reads: the split, capped at
     ``run.eval_chars`` (0 = no cap)."""
-    val = split_bytes(manifest, cfg.data.val_split)
-    return min(val, cfg.run.eval_chars) if cfg.run.eval_chars else val
+    return min(split_bytes(manifest, cfg.data.val_split), cfg.run.eval_chars or sys.maxsize)
 
 
 def check_memory(cfg: TrainConfig, manifest: Manifest, device: torch.device, world_size: int,

@@ -138,15 +138,11 @@ def classify(cfg: ClassifyConfig) -> int:
             if not is_root:
                 continue
             prob, pred = saved.model.predict_proba(res.features), saved.model.predict(res.features)
-            rows = []
-            for (line, text, label), p, y in zip(block, prob, pred):
-                row = {"line": line, "probability": round(float(p), 6), "label": int(y)}
-                if label is not None:
-                    row["true_label"] = label
-                    correct += int(y) == label
-                if cfg.keep_text:
-                    row["text"] = text
-                rows.append(row)
+            rows = [{"line": line, "probability": round(float(p), 6), "label": int(y),
+                     **({"true_label": label} if label is not None else {}),
+                     **({"text": text} if cfg.keep_text else {})}
+                    for (line, text, label), p, y in zip(block, prob, pred)]
+            correct += sum(r["label"] == r.get("true_label") for r in rows)
             if kind == "jsonl":
                 out.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
             else:
@@ -173,8 +169,7 @@ def classify(cfg: ClassifyConfig) -> int:
 
 
 CLASSIFY = Command(
-    ClassifyConfig, classify,
-    usage_errors=USAGE_ERRORS,
+    ClassifyConfig, classify, usage_errors=USAGE_ERRORS,
     description="Apply a classifier saved by hvd-lm transfer to new texts: probability and "
     "label per text as CSV/TSV/JSON lines (NVIDIA/sentiment-discovery run_classifier.py). The "
     "checkpoint must be the one the classifier was fit on (sha256).")

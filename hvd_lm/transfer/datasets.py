@@ -44,7 +44,7 @@ from sklearn.model_selection import train_test_split
 
 from hvd_lm.options import error_text
 from hvd_lm.transfer import texts as text_input
-from hvd_lm.transfer.texts import DEFAULT_MAX_LINE_BYTES, LABEL_MAP, DatasetError, normalize_label
+from hvd_lm.transfer.texts import DEFAULT_MAX_LINE_BYTES, LABEL_MAP, DatasetError
 from hvd_lm.util.files import check_folder, check_regular
 
 #: Default fraction of a training split carved off as validation when none is given.
@@ -121,10 +121,8 @@ def load_table(path: str | Path, split: str, text_field: str = "text",
     """
     path = Path(path)
     with text_input._open_text(path, what or f"split '{split}' is read from a regular file") as f:
-        rows = [(text, normalize_label(label, f"{path}:{line}: field '{label_field}'"))
-                for line, text, label in text_input._records(path, f, text_input._kind(path),
-                                                             text_field, label_field)]
-    return LabelledSplit(split, [t for t, _ in rows], [y for _, y in rows], str(path)).nonempty()
+        rows = list(text_input._records(path, f, text_input._kind(path), text_field, label_field))
+    return LabelledSplit(split, [r[1] for r in rows], [r[2] for r in rows], str(path)).nonempty()
 
 
 #: ``.review`` file (or folder) names that give its label (:func:`review_label`).
@@ -258,17 +256,15 @@ def load_imdb(path: str | Path) -> dict[str, LabelledSplit]:
         try:
             with tarfile.open(p, "r:*") as tf:
                 for m in tf:
-                    hit = _IMDB_MEMBER.search(m.name) if m.isfile() else None
-                    if hit:
+                    if m.isfile() and (hit := _IMDB_MEMBER.search(m.name)):
                         add(hit, f"{p}[{m.name!r}]", m.size, tf.extractfile(m).read)
         except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
             raise DatasetError(f"{p}: not a readable tar archive, or a damaged or truncated "
                                f"one ({error_text(e)})") from None
     else:
         root = p / "aclImdb" if (p / "aclImdb").is_dir() else p
-        for f in root.glob("*/*/*.txt"):
-            hit = _IMDB_MEMBER.search(f.relative_to(root).as_posix())
-            if hit and f.is_file():  # a regular file (a link to /dev/zero is none)
+        for f in root.glob("*/*/*.txt"):  # regular files only (a link to /dev/zero is none)
+            if (hit := _IMDB_MEMBER.search(f.relative_to(root).as_posix())) and f.is_file():
                 add(hit, str(f), f.stat().st_size, f.read_bytes)
     found.sort(key=lambda r: (r[0], -r[1], r[2]))  # by split, pos first, numeric id order
     out = {}
@@ -418,12 +414,10 @@ def load_splits(dataset: str | None = None, data_dir: str | Path | None = None,
             published.discard(name)
     if "train" not in splits:
         raise DatasetError("no training split: give --dataset NAME --data-dir DIR or --train FILE")
-    if split is not None:
-        given = [k for k in ("val", "test") if k in splits]
-        if given:
-            raise DatasetError(f"--split carves the training set into train, val and test, and "
-                               f"{' and '.join(given)} split(s) are given too (--{given[0]} or "
-                               f"--dataset's files): give one or the other")
+    if split is not None and (given := [k for k in ("val", "test") if k in splits]):
+        raise DatasetError(f"--split carves the training set into train, val and test, and "
+                           f"{' and '.join(given)} split(s) are given too (--{given[0]} or "
+                           f"--dataset's files): give one or the other")
     drop_overlap(splits, dataset, published)
     if split is not None or "val" not in splits:  # copies of a text would land on both sides
         splits["train"] = drop_duplicates(splits["train"])

@@ -250,13 +250,11 @@ def encode_batch(model, seqs: Sequence[np.ndarray], kind: str = "cell",
         elif kind == "max":
             part = hs.float().masked_fill(~m.unsqueeze(-1), float("-inf")).amax(1)
             acc = acc.index_copy(0, active, torch.maximum(acc[active], part))
-    if kind in ("cell", "hidden"):
-        out = c if kind == "cell" else h
-    elif kind == "mean":
-        out = acc / lengths_d.clamp(min=1).unsqueeze(1).to(acc.dtype)
-    else:
-        out = torch.where(lengths_d.unsqueeze(1) > 0, acc, torch.zeros_like(acc))
-    return out.float().cpu()
+    if kind == "mean":
+        acc = acc / lengths_d.clamp(min=1).unsqueeze(1).to(acc.dtype)
+    elif kind == "max":
+        acc = torch.where(lengths_d.unsqueeze(1) > 0, acc, torch.zeros_like(acc))
+    return {"cell": c, "hidden": h}.get(kind, acc).float().cpu()
 
 
 @dataclass
@@ -346,8 +344,7 @@ def cache_key(checkpoint_sha256: str, split: str, texts: Sequence[str], options:
     h = hashlib.sha256()
     for t in texts:
         b = t.encode("utf-8", "surrogatepass")
-        h.update(len(b).to_bytes(8, "little"))
-        h.update(b)
+        h.update(len(b).to_bytes(8, "little") + b)
     return json_sha256({"version": CACHE_VERSION, "checkpoint_sha256": checkpoint_sha256,
                         "split": split, "texts_sha256": h.hexdigest(), "options": options})
 

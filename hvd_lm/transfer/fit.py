@@ -238,8 +238,7 @@ def fit_threshold(x: np.ndarray, y: np.ndarray) -> tuple[float, int, float]:
 
 def threshold_accuracy(x: np.ndarray, y: np.ndarray, threshold: float, sign: int) -> float:
     """Accuracy of ``1 if sign * (x - threshold) > 0`` against y."""
-    pred = (sign * (np.asarray(x, np.float64) - threshold) > 0).astype(np.int64)
-    return float((pred == np.asarray(y)).mean())
+    return float(((sign * (np.asarray(x, np.float64) - threshold) > 0) == np.asarray(y)).mean())
 
 
 def sentiment_neuron(coef: np.ndarray, splits: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict:

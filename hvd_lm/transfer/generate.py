@@ -386,8 +386,7 @@ def generate_command(cfg: GenerateConfig) -> int:
 
 
 GENERATE = Command(
-    GenerateConfig, generate_command,
-    usage_errors=USAGE_ERRORS,
+    GenerateConfig, generate_command, usage_errors=USAGE_ERRORS,
     description="Sample text from the LM (prime, temperature, top-k, seed), optionally holding "
     "one unit at a value to steer it (the sentiment neuron: --classifier or --neuron N "
     "--overwrite V), and draw the unit's per-character value as HTML or PNG "
@@ -449,8 +448,7 @@ def visualize(cfg: VisualizeConfig) -> int:
 
 
 VISUALIZE = Command(
-    VisualizeConfig, visualize,
-    usage_errors=USAGE_ERRORS,
+    VisualizeConfig, visualize, usage_errors=USAGE_ERRORS,
     description="Per-character heatmap (HTML or PNG) of one LM unit over given texts: by "
     "default the sentiment unit of a classifier saved by hvd-lm transfer "
     "(NVIDIA/sentiment-discovery visualize.py).")

@@ -129,8 +129,7 @@ _KIND_LABEL = {"cell": "final cell state", "hidden": "final hidden state",
 def format_markdown(report: dict) -> str:
     """The report as a markdown table (LM classifier, sentiment unit, TF-IDF baseline rows) with
     a header of checkpoint, dataset and featurization details."""
-    f, clf, neu = report["features"], report["classifier"], report["neuron"]
-    ds = report["dataset"]
+    f, clf, neu, ds = report["features"], report["classifier"], report["neuron"], report["dataset"]
     sizes = ", ".join(f"{k} {v['n']:,}" for k, v in ds["splits"].items())
     cps = f"{f['chars_per_s']:,.0f} chars/s" if f.get("chars_per_s") else "cached"
     lines = [
@@ -342,8 +341,7 @@ def run(cfg: TransferConfig) -> int:
 
 
 TRANSFER = Command(
-    TransferConfig, run,
-    usage_errors=(datasets.DatasetError, FileNotFoundError, ValueError),
+    TransferConfig, run, usage_errors=(datasets.DatasetError, FileNotFoundError, ValueError),
     description="Featurize labelled texts with a trained LM (final cell state by default), fit "
     "an L1 logistic regression with C chosen by k-fold cross-validation on train, find the "
     "sentiment neuron, and compare with a TF-IDF baseline (Radford et al. 2017; "

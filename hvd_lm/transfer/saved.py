@@ -90,9 +90,7 @@ class LinearClassifier:
 
     def accuracy(self, X: np.ndarray | None, y: np.ndarray | None) -> float | None:
         """Fraction of ``predict(X) == y``; None without data."""
-        if X is None or y is None:
-            return None
-        return float((self.predict(X) == np.asarray(y)).mean())
+        return None if X is None or y is None else float((self.predict(X) == np.asarray(y)).mean())
 
 
 class ClassifierError(ValueError):
@@ -197,9 +195,8 @@ def load_classifier(path: str | Path) -> SavedClassifier:
         raise ClassifierError(f"{shown(p)}: its arrays' sha256 {arrays_sha256(arrays)[:12]}... is "
                               f"not the recorded {meta['arrays_sha256'][:12]}... (a damaged "
                               "file): run hvd-lm transfer again")
-    model = LinearClassifier(arrays["coef"], float(arrays["intercept"][0]), arrays["mean"],
-                             arrays["scale"])
-    return SavedClassifier(model, meta, p)
+    return SavedClassifier(LinearClassifier(arrays["coef"], float(arrays["intercept"][0]),
+                                            arrays["mean"], arrays["scale"]), meta, p)
 
 
 def check_checkpoint(saved: SavedClassifier, checkpoint: str | Path, weights: str) -> None:

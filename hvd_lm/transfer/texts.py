@@ -153,17 +153,23 @@ def _kind(path: Path, fallback: str | None = None) -> str:
 
 def _records(path: Path, stream, kind: str, text_field: str, label_field: str | None,
              max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-             flag: str | None = None) -> Iterator[tuple[int, str, object]]:
-    """(line number, text, raw label or None) of each record of an open ``stream`` of ``kind``
+             flag: str | None = None) -> Iterator[tuple[int, str, int | None]]:
+    """(line number, text, label 0/1 or None) of each record of an open ``stream`` of ``kind``
     (``csv``, ``tsv``, ``jsonl``, ``lines``), read one at a time (:func:`read_lines`);
-    ``label_field`` None reads no label. Blank lines of JSON-lines and plain-lines input are
-    skipped.
+    ``label_field`` None reads no label, else labels are mapped by :func:`normalize_label`.
+    Blank lines of JSON-lines and plain-lines input are skipped.
 
     Raises:
-        DatasetError: missing column/key, short row, invalid CSV or JSON, non-string text, a line
-            over ``max_line_bytes``; naming the file and line.
+        DatasetError: missing column/key, short row, invalid CSV or JSON, non-string text, an
+            unknown label, a line over ``max_line_bytes``; naming the file and line.
     """
     lines = read_lines(stream, path, max_line_bytes, flag)
+    fields = [n for n in (text_field, label_field) if n is not None]
+
+    def label(raw, line: int) -> int | None:
+        return None if label_field is None else normalize_label(
+            raw, f"{path}:{line}: field '{label_field}'")
+
     if kind in ("csv", "tsv"):
         # TSV as Amazon's *.tsv and data_prep read it: tab-separated, no quoting (a quote is text)
         dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if kind == "tsv" else {}
@@ -174,20 +180,19 @@ def _records(path: Path, stream, kind: str, text_field: str, label_field: str | 
             if twice:
                 raise DatasetError(f"{path}: line 1: column(s) {twice} appear more than once in "
                                    f"the header {cols}")
-            for name in (text_field, label_field):
-                if name is not None and name not in cols:
-                    raise DatasetError(f"{path}: line 1: no column '{name}' in header {cols}")
+            if missing := [n for n in fields if n not in cols]:
+                raise DatasetError(f"{path}: line 1: no column '{missing[0]}' in header {cols}")
             for row in reader:
                 if None in row:  # more fields than the header names: a misquoted row
                     raise DatasetError(f"{path}:{reader.line_num}: {len(cols) + len(row[None])} "
                                        f"fields, the header has {len(cols)} (quote fields that "
                                        f"hold a {'tab' if kind == 'tsv' else 'comma'})")
-                missing = [n for n in (text_field, label_field) if n is not None and row[n] is None]
-                if missing:  # a short row: DictReader fills the fields it lacks with None
+                # a short row: DictReader fills the fields it lacks with None
+                if missing := [n for n in fields if row[n] is None]:
                     raise DatasetError(f"{path}:{reader.line_num}: field '{missing[0]}' missing "
                                        f"(row has {len([v for v in row.values() if v is not None])}"
                                        " values)")
-                yield reader.line_num, row[text_field], row.get(label_field)
+                yield reader.line_num, row[text_field], label(row.get(label_field), reader.line_num)
         except csv.Error as e:
             raise DatasetError(f"{path}:{reader.line_num}: bad CSV ({e})") from None
     elif kind == "jsonl":
@@ -204,13 +209,12 @@ def _records(path: Path, stream, kind: str, text_field: str, label_field: str | 
                                    f"{str(e)[:80]})") from None
             if not isinstance(obj, dict):
                 raise DatasetError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-            for name in (text_field, label_field):
-                if name is not None and name not in obj:
-                    raise DatasetError(f"{where}: field '{name}' missing (keys: {sorted(obj)})")
+            if missing := [n for n in fields if n not in obj]:
+                raise DatasetError(f"{where}: field '{missing[0]}' missing (keys: {sorted(obj)})")
             if not isinstance(obj[text_field], str):
                 raise DatasetError(f"{where}: field '{text_field}' is "
                                    f"{type(obj[text_field]).__name__}, expected a string")
-            yield lineno, replace_surrogates(obj[text_field]), obj.get(label_field)
+            yield lineno, replace_surrogates(obj[text_field]), label(obj.get(label_field), lineno)
     else:
         for lineno, line in enumerate(lines, 1):
             text = line.rstrip("\r\n")
@@ -281,9 +285,7 @@ def iter_texts(path: str | Path, fmt: str = "auto", text_field: str = "text",
 
     def records() -> Iterator[tuple]:
         with _open_text(path, "texts are read from a file or a pipe", streams=True) as f:
-            for line, text, label in _records(Path(name), f, kind, text_field,
-                                              label_field or None, max_line_bytes, flag):
-                yield line, text, (normalize_label(label, f"{name}:{line}: field "
-                                                   f"'{label_field}'") if label_field else None)
+            yield from _records(Path(name), f, kind, text_field, label_field or None,
+                                max_line_bytes, flag)
 
     return TextStream(name, records())
