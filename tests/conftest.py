@@ -52,27 +52,13 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
-#: The test files that keep a worker busy longest (seconds of the parallel part on 2 cores,
-#: ``--durations``, 2026-12-07), run first, the longest first, the rest in collection order.
-#: With ``--no-loadscope-reorder`` (the Makefile's) xdist hands files out in this order, and
-#: the part no longer ends on one worker running a long file alone while the other waits
-#: (by default xdist hands out files with many tests first: a file of two long tests last).
-#: Order only: no verdict depends on it.
-LONG_FILES = {"test_docs.py": 230, "test_train.py": 125, "test_gpu_node.py": 100,
-              "test_gpu_emulated.py": 95, "test_launch_stops.py": 91, "test_parallel.py": 88,
-              "test_slurm.py": 83, "test_job_scripts.py": 72, "test_cli_fresh.py": 53,
-              "test_reliability.py": 49, "test_elastic.py": 49}
-
-
 def pytest_collection_modifyitems(config, items):
     """Every ``cluster`` test is ``serial`` too: ``make test`` runs the serial tests alone, after
     the others ran two at a time (the box is one set of namespaces, and its shaped links are
-    measured). The files of :data:`LONG_FILES` first (a stable sort: each file's own order
-    kept)."""
+    measured)."""
     for item in items:
         if item.get_closest_marker("cluster") and not item.get_closest_marker("serial"):
             item.add_marker(pytest.mark.serial)
-    items.sort(key=lambda item: -LONG_FILES.get(item.path.name, 0))
 
 
 #: what a test that skips for want of ../shared adds to its reason, where it says only what
