@@ -65,7 +65,6 @@ def wire_summary(records: list[dict]) -> list[dict]:
         row = rows.setdefault(key, {"controller": key[0], "case": r["case"], "what": key[2]})
         row[r["compression"]] = r["wire_bytes"]
         row[r["compression"] + "_measured"] = r.get("wire_bytes_measured")
-    out = []
     for row in rows.values():
         if row.get("onebit"):
             for comp in ("none", "fp16"):
@@ -73,8 +72,7 @@ def wire_summary(records: list[dict]) -> list[dict]:
                     a, b = row.get(comp + suffix), row.get("onebit" + suffix)
                     if a and b:
                         row[f"{comp}_over_onebit{suffix}"] = a / b
-        out.append(row)
-    return out
+    return list(rows.values())
 
 
 def _wire_table(records: list[dict]) -> None:

@@ -154,10 +154,8 @@ def _grouped(coll, tensors: list[torch.Tensor], mode: str, flat: torch.Tensor,
     if mode in ("flat", "onebit"):
         torch.cat([t.view(-1) for t in tensors], out=flat)
         coll.allreduce(flat, "none" if mode == "flat" else "onebit", f"{prefix}.flat")
-        off = 0
-        for t in tensors:
-            t.view(-1).copy_(flat[off:off + t.numel()])
-            off += t.numel()
+        for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+            t.view(-1).copy_(part)
     else:
         coll.allreduce_group(tensors, prefix, "fp16" if mode == "async+fp16" else "none")
 

@@ -182,9 +182,8 @@ def worker(cfg: WorkerConfig) -> int:
                 r.times.append(time.perf_counter() - t0)
                 r.waits.append(res.wait_s)
     for r in runs:
-        times, waits = r.times, r.waits
-        step_time = sum(times) / len(times)
-        sums = [B * T / step_time, sum(waits), sum(times)]  # chars/s of this rank, seconds
+        step_time = sum(r.times) / len(r.times)
+        sums = [B * T / step_time, sum(r.waits), sum(r.times)]  # chars/s of this rank, seconds
         tot, wait_sum, time_sum = (peer.sum(sums) if cfg.backend == "ddp"
                                    else engine.allreduce_sum(sums, "bench"))
         if rank == 0:
@@ -192,7 +191,7 @@ def worker(cfg: WorkerConfig) -> int:
                 "backend": cfg.backend, "ranks": size, "hidden_size": cfg.hidden_size,
                 "variant": r.label, "rnn_impl": r.impl, "rnn_kernels": r.kernels,
                 "cuda_graphs": r.graphs, "device": str(device), "precision": cfg.precision,
-                "batch_size": B, "seq_len": T, "step_time_s": step_time, "step_times_s": times,
+                "batch_size": B, "seq_len": T, "step_time_s": step_time, "step_times_s": r.times,
                 "chars_per_s_per_rank": tot / size, "chars_per_s_total": tot,
                 "allreduce_wait_share": wait_sum / time_sum if cfg.backend != "ddp" else None,
                 "flops_per_char": r.model.flops_per_char()}), flush=True)
@@ -253,11 +252,9 @@ def summarize_train(trials: dict[tuple[str, str, int], list[dict]], peak: float)
         cancels)], "horovod_over_ddp" / "torch_over_ddp": ratio or None, "torch_over_horovod":
         [{"variant", "ranks", "ratio", "paired_ratios", "paired_ratio_median"}]}``.
     """
-    runs = []
-    for (label, backend, n), recs in trials.items():
-        ts = sorted(recs, key=lambda r: r["chars_per_s_total"])
-        runs.append(dict(ts[len(ts) // 2], variant=label,
-                         chars_per_s_total_trials=[r["chars_per_s_total"] for r in recs]))
+    runs = [dict(sorted(recs, key=lambda r: r["chars_per_s_total"])[len(recs) // 2],
+                 variant=label, chars_per_s_total_trials=[r["chars_per_s_total"] for r in recs])
+            for (label, _, _), recs in trials.items()]
     engines = [e for e in ("horovod", "torch") if any(r["backend"] == e for r in runs)]
     first = engines[0] if engines else "horovod"
     for r in runs:

@@ -164,11 +164,10 @@ def stop_run(launcher: str, n: int, shards: Path, folder: Path, timeout: float) 
     run.proc.send_signal(signal.SIGTERM)
     rc = run.finish(timeout)
     ckpt = sorted((run.out / "checkpoints").glob("step_*.pt"))[-1]
-    steps = [r["step_time"] for r in run.records("train")]
     rss = sorted(run.rss.values())
     return {"launcher": launcher, "ranks": n, "rc": rc,
             "startup_s": start["time"] - run.t0,
-            "step_s": statistics.median(steps),
+            "step_s": statistics.median(r["step_time"] for r in run.records("train")),
             "rss_mb_median": rss[len(rss) // 2] / 2**20, "rss_mb_max": rss[-1] / 2**20,
             "checkpoint_bytes": ckpt.stat().st_size, "rows_bytes": 2 * n * B * H * 4,
             "lines_before_first_step": sum(1 for s, _ in run.lines if s < first),

@@ -168,8 +168,7 @@ def scaling_rows(runs: list[RunTiming], baseline: str = "one",
                f"; no 1-GPU run, so speedup is relative to {base.gpus} GPUs, not to one"))
     base_rate = base.global_batch / base.step_time
     rows = []
-    for g in sorted(by_gpus):
-        r = by_gpus[g]
+    for g, r in sorted(by_gpus.items()):
         speedup = (r.global_batch / r.step_time) / base_rate
         ref = REFERENCE[reference].get(g) if reference else None
         rows.append(ScalingRow(g, r.step_time, speedup, speedup / (g / base.gpus), r.chars_per_s,
@@ -197,8 +196,7 @@ def plot(rows: list[ScalingRow], path: str | Path, reference: str | None = None,
     backend (no display needed)."""
     gpus = [r.gpus for r in rows]
     base = gpus[0]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-    ax_t, ax_s, ax_e = axes
+    fig, (ax_t, ax_s, ax_e) = plt.subplots(1, 3, figsize=(13, 4))
     ax_t.set_ylabel("s/iter")
     ax_s.plot(gpus, [g / base for g in gpus], "k--", lw=1, label="ideal (linear)")
     ax_s.set_ylabel(f"speedup vs {base} GPU{'s' * (base > 1)}")

@@ -44,8 +44,7 @@ def parts(out: Path, stage: str) -> dict | None:
         return None
     total: dict = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "seconds": 0.0,
                    "failed": [], "parts": len(xmls)}
-    for x in xmls:
-        r = junit(x)
+    for r in map(junit, xmls):
         for k in ("tests", "failures", "errors", "skipped", "seconds", "failed"):
             total[k] += r[k]
     report = out / f"{stage}-{number(xmls[-1])}.budget.json"
@@ -55,14 +54,10 @@ def parts(out: Path, stage: str) -> dict | None:
 
 def summarize(out: Path) -> dict:
     """The merged summary of the stages recorded in ``out``."""
-    summary: dict = {"stages": {}}
-    for stage in STAGES:
-        f = out / f"{stage}.json"
-        if f.exists():
-            summary["stages"][stage] = json.loads(f.read_text())
+    summary: dict = {"stages": {stage: json.loads((out / f"{stage}.json").read_text())
+                                for stage in STAGES if (out / f"{stage}.json").exists()}}
     for stage in ("cuda", "suite"):
-        r = parts(out, stage) if stage in summary["stages"] else None
-        if r is not None:
+        if stage in summary["stages"] and (r := parts(out, stage)) is not None:
             summary[stage] = r
     bench = out / "bench_gpu.json"
     if "bench" in summary["stages"] and bench.exists():

@@ -59,19 +59,16 @@ def summarise(log: Path) -> str:
     for line in log.read_text(errors="replace").splitlines():
         fields = line.split("\t")
         try:  # processes ending at once may interleave their appends: such a line is skipped
-            cpu, torch, dynamo = float(fields[1]), int(fields[2]), int(fields[3])
-            argv = fields[4]
+            cpu, torch, dynamo, argv = float(fields[1]), int(fields[2]), int(fields[3]), fields[4]
         except (IndexError, ValueError):
             torn += 1
             continue
         r = rows[command_of(argv)]
-        r[0] += 1
-        r[1] += cpu
-        r[2] += torch
-        r[3] += dynamo
+        for i, x in enumerate((1, cpu, torch, dynamo)):
+            r[i] += x
     out = [f"{'processes':>9} {'CPU s':>8} {'torch':>6} {'dynamo':>6}  command"]
-    for cmd, (n, cpu, t, d) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
-        out.append(f"{n:9d} {cpu:8.1f} {t:6d} {d:6d}  {cmd}")
+    out += [f"{n:9d} {cpu:8.1f} {t:6d} {d:6d}  {cmd}"
+            for cmd, (n, cpu, t, d) in sorted(rows.items(), key=lambda kv: -kv[1][1])]
     total = [sum(r[i] for r in rows.values()) for i in range(4)]
     out.append(f"{total[0]:9d} {total[1]:8.1f} {total[2]:6d} {total[3]:6d}  (all Python "
                "processes that ended normally)" + (f"; {torn} torn line(s) skipped" if torn
