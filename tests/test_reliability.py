@@ -159,13 +159,16 @@ def test_signal_to_the_launcher_checkpoints_every_rank(shards, tmp_path, kind, s
     # the ranks exit 0; OpenMPI's mpirun returns 1 after a SIGTERM it forwarded; under
     # horovodrun --mpi the signalled process is the /bin/sh horovodrun became, which the signal
     # kills (its status says nothing about the ranks); horovodrun --gloo returns 0, or 1 naming
-    # exit code 143: its teardown (safe_shell_exec.terminate_executor_shell_and_children, 0.28.1)
-    # SIGSTOPs and SIGTERMs the /bin/sh around each rank once the rank is gone, and a shell not
-    # yet exited then dies of it (seen twice in make test under load)
+    # exit code 143 or 137: its teardown (safe_shell_exec.terminate_executor_shell_and_children,
+    # 0.28.1) SIGTERMs each rank, SIGKILLs one not gone 5 s later (GRACEFUL_TERMINATION_TIME_S:
+    # a rank still exiting after the checkpoint under load, 137), then SIGSTOPs and SIGTERMs the
+    # /bin/sh around it, and a shell not yet exited dies of it (143); seen in make test under
+    # load. The checkpoint below holds both ranks' rows: every rank took part in it
     if kind == "mpirun":
         assert proc.returncode == 1, (proc.returncode, log[-3000:])
     elif kind.startswith("horovodrun-gloo") and proc.returncode != 0:
-        assert proc.returncode == 1 and "Exit code: 143" in log, (proc.returncode, log[-3000:])
+        assert proc.returncode == 1 and ("Exit code: 143" in log or "Exit code: 137" in log), (
+            proc.returncode, log[-3000:])
     saved = ck.load(ck.resolve(out))
     assert saved["step"] == end[0]["step"] and saved["rnn_state"][0].shape == (4, 32)
 
