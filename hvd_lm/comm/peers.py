@@ -39,7 +39,8 @@ class PeerWatch:
     """
 
     def __init__(self, rank: int):
-        self.rank, self.host = rank, socket.gethostname()
+        self.rank = rank
+        self.host = socket.gethostname()
         self.sock = serve(socket.create_server(("", 0)), {"rank": rank, "host": self.host})
         self.port = self.sock.getsockname()[1]
 

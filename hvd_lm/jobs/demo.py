@@ -159,7 +159,8 @@ def demo(cfg: DemoConfig) -> int:
                                  run_dir / "prepare.yaml"], env)
 
     print("\n== 3/5 train ==", flush=True)
-    cfg.train.data.shards, cfg.train.run.out_dir = str(shards), str(train_dir)
+    cfg.train.data.shards = str(shards)
+    cfg.train.run.out_dir = str(train_dir)
     if (train_dir / "checkpoints").is_dir():
         cfg.train.run.resume = "auto"  # a second `make demo` continues (or ends at once)
     options.save_yaml(cfg.train, run_dir / "train.yaml")

@@ -83,20 +83,23 @@ def resolve_device(name: str, local_rank: int, local_size: int = 1,
         raise DeviceError(f"run.device={name!r} but torch sees no CUDA device (a CPU build of "
                           "torch, or no GPU visible: check CUDA_VISIBLE_DEVICES); use --device "
                           "cpu")
-    index = int(name.split(":", 1)[1]) if ":" in name else local_rank
-    if ":" in name and local_size > 1:
-        raise DeviceError(
-            f"run.device={name!r} puts all {local_size} ranks of this node on one GPU (NCCL "
-            "refuses: duplicate GPU); use --device cuda (one GPU per local rank, "
-            "cuda:<local_rank>), or launch one rank per node")
-    if ":" in name and index >= n:
-        raise DeviceError(f"run.device={name!r} but torch sees {n} GPU(s) (cuda:0.."
-                          f"cuda:{n - 1})")
-    if ":" not in name and local_size > n:
-        raise DeviceError(
-            f"{local_size} ranks run on this node but torch sees {n} GPU(s): one rank per "
-            f"GPU (launch at most {n} rank(s) per node, e.g. horovodrun -np {n}), or train "
-            "on the CPU with --device cpu")
+    if ":" in name:
+        index = int(name.split(":", 1)[1])
+        if local_size > 1:
+            raise DeviceError(
+                f"run.device={name!r} puts all {local_size} ranks of this node on one GPU (NCCL "
+                "refuses: duplicate GPU); use --device cuda (one GPU per local rank, "
+                "cuda:<local_rank>), or launch one rank per node")
+        if index >= n:
+            raise DeviceError(f"run.device={name!r} but torch sees {n} GPU(s) (cuda:0.."
+                              f"cuda:{n - 1})")
+    else:
+        if local_size > n:
+            raise DeviceError(
+                f"{local_size} ranks run on this node but torch sees {n} GPU(s): one rank per "
+                f"GPU (launch at most {n} rank(s) per node, e.g. horovodrun -np {n}), or train "
+                "on the CPU with --device cpu")
+        index = local_rank
     dev = torch.device(f"cuda:{index}")
     if gpus is None:
         torch.cuda.set_device(dev)
